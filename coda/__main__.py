@@ -1,0 +1,5 @@
+import sys
+
+from coda.cli import main
+
+sys.exit(main())

