@@ -1,0 +1,371 @@
+"""IEEE-754 floating-point units of the NME (Amaranth 0.5, purely combinational).
+
+Every unit is parameterised by an :class:`FPFormat` ``(exp_bits, man_bits)``, so one
+implementation serves bf16, fp16 and fp32. Arithmetic follows IEEE-754 binary formats with
+round-to-nearest-even, subnormal inputs and outputs kept (no flush-to-zero), signed zeros,
+infinities and NaN. A NaN result is always the canonical quiet NaN (sign 0, exponent all
+ones, top mantissa bit 1, other bits 0); NaN is compared by class, so any NaN is acceptable
+where IEEE-754 gives NaN.
+
+This equals torch eager on CPU bit for bit: for bf16/fp16 tensors torch computes the fp32
+result (exact for one add or mul of two 16-bit values up to one rounding, see
+``DESIGN.md`` section 6) then rounds to the format with RNE, which is one correctly rounded
+operation; fp32 add is the native correctly rounded add.
+
+Datapath structure (for area): each unit has one alignment shifter (add only), one
+leading-zero count and one normalisation shifter, and one rounding incrementer that adds
+the round-up bit to the packed ``{exponent, mantissa}`` word, so a mantissa carry
+propagates into the exponent (subnormal -> normal, binade carry, overflow to infinity).
+
+Units:
+    FPAdd(fmt)          a + b, or a - b when ``sub`` is 1
+    FPMul(fmt)          a * b
+    FPWiden(src, dst)   exact conversion to a wider format (bf16/fp16 -> fp32)
+    Int8ToFP(fmt)       exact conversion of a two's-complement int8
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = [
+    "FPFormat", "BF16", "FP16", "FP32", "fp_format",
+    "FPAdd", "FPMul", "FPWiden", "Int8ToFP",
+]
+
+
+@dataclass(frozen=True)
+class FPFormat:
+    """An IEEE-754 style binary format.
+
+    Attributes:
+        name: short name (``"bf16"``, ``"fp16"``, ``"fp32"``).
+        exp_bits: width of the biased exponent field, bits (>= 2).
+        man_bits: width of the stored mantissa (fraction) field, bits (>= 1).
+    """
+    name: str
+    exp_bits: int
+    man_bits: int
+
+    def __post_init__(self):
+        if self.exp_bits < 2:
+            raise ValueError(f"exp_bits={self.exp_bits}: expected >= 2")
+        if self.man_bits < 1:
+            raise ValueError(f"man_bits={self.man_bits}: expected >= 1")
+
+    @property
+    def width(self) -> int:
+        """Total width in bits: sign + exponent + mantissa."""
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def bias(self) -> int:
+        """Exponent bias, ``2**(exp_bits-1) - 1`` (IEEE-754 section 3.3)."""
+        return (1 << (self.exp_bits - 1)) - 1
+
+    @property
+    def exp_max(self) -> int:
+        """The all-ones exponent field (infinity / NaN)."""
+        return (1 << self.exp_bits) - 1
+
+    @property
+    def quiet_nan(self) -> int:
+        """Bit pattern of the canonical quiet NaN emitted by the units."""
+        return (self.exp_max << self.man_bits) | (1 << (self.man_bits - 1))
+
+    @property
+    def inf(self) -> int:
+        """Bit pattern of +infinity (set bit ``width-1`` for -infinity)."""
+        return self.exp_max << self.man_bits
+
+
+BF16 = FPFormat("bf16", 8, 7)
+FP16 = FPFormat("fp16", 5, 10)
+FP32 = FPFormat("fp32", 8, 23)
+
+_FORMATS = {f.name: f for f in (BF16, FP16, FP32)}
+
+
+def fp_format(name: str) -> FPFormat:
+    """The format called ``name`` (``"bf16"``, ``"fp16"`` or ``"fp32"``).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown FP format {name!r}: expected one of "
+                         f"{sorted(_FORMATS)}") from None
+
+
+def _check_format(fmt) -> FPFormat:
+    if not isinstance(fmt, FPFormat):
+        raise TypeError(f"fmt={fmt!r}: expected an FPFormat (e.g. BF16, FP16, FP32)")
+    return fmt
+
+
+# --------------------------------------------------------------------------------------
+# Shared datapath pieces (they add logic to the given Module)
+# --------------------------------------------------------------------------------------
+
+class _Unpacked:
+    """Fields of one operand: sign, effective exponent, significand and class flags."""
+
+    def __init__(self, m: Module, fmt: FPFormat, bits, name: str):
+        M, E = fmt.man_bits, fmt.exp_bits
+        man, exp = bits[:M], bits[M:M + E]
+        self.sign = Signal(name=f"{name}_sign")
+        # Subnormals share the exponent of the smallest normal (1); their hidden bit is 0.
+        self.exp = Signal(E, name=f"{name}_exp")
+        self.sig = Signal(M + 1, name=f"{name}_sig")
+        self.is_inf = Signal(name=f"{name}_inf")
+        self.is_nan = Signal(name=f"{name}_nan")
+        self.is_zero = Signal(name=f"{name}_zero")
+        hidden = exp != 0
+        exp_ones = exp == fmt.exp_max
+        m.d.comb += [
+            self.sign.eq(bits[M + E]),
+            self.exp.eq(Mux(hidden, exp, 1)),
+            self.sig.eq(Cat(man, hidden)),
+            self.is_inf.eq(exp_ones & (man == 0)),
+            self.is_nan.eq(exp_ones & (man != 0)),
+            self.is_zero.eq(~hidden & (man == 0)),
+        ]
+
+
+def _leading_zeros(m: Module, value, name: str) -> Signal:
+    """Leading-zero count of ``value`` by a log-depth tree (count = len(value) if zero).
+
+    Returns an unsigned Signal wide enough for ``len(value)``.
+    """
+    width = len(value)
+    n = 1
+    while n < width:
+        n *= 2
+    # Pad below with ones so a zero input counts exactly ``width`` leading zeros.
+    padded = Cat(Const((1 << (n - width)) - 1, n - width), value) if n > width else value
+
+    def tree(v):
+        if len(v) == 1:
+            return v[0], Const(0, 0)
+        half = len(v) // 2
+        lo_any, lo_cnt = tree(v[:half])
+        hi_any, hi_cnt = tree(v[half:])
+        # Counts of both halves have the same width; the top bit says "high half empty".
+        return hi_any | lo_any, Cat(Mux(hi_any, hi_cnt, lo_cnt), ~hi_any)
+
+    nonzero, count = tree(padded)
+    lz = Signal(range(width + 1), name=name)
+    # An all-zero power-of-two-wide input leaves the tree at width-1: fix it up.
+    m.d.comb += lz.eq(Mux(nonzero, count, width))
+    return lz
+
+
+def _round_pack(m: Module, fmt: FPFormat, norm, e_field, overflow, name: str):
+    """Round-to-nearest-even of a normalised significand and pack ``{exp, mantissa}``.
+
+    Args:
+        norm: significand whose top bit is the hidden bit (1 for a normal result, 0 for a
+            subnormal one); below it ``man_bits`` mantissa bits, then the round bit, then
+            sticky bits (at least one).
+        e_field: biased exponent field of the result before rounding (0 for subnormal).
+        overflow: 1 when the exponent is already beyond the largest finite one.
+    Returns:
+        Signal of ``width - 1`` bits: the magnitude bits (exponent and mantissa) of the
+        result; infinity on overflow or when rounding carries past the largest finite.
+    """
+    M, E = fmt.man_bits, fmt.exp_bits
+    w = len(norm)
+    mant = norm[w - 1 - M:w - 1]
+    round_bit = norm[w - 2 - M]
+    sticky = norm[:w - 2 - M].any()
+    lsb = norm[w - 1 - M]
+    round_up = round_bit & (sticky | lsb)
+    mag = Signal(E + M, name=name)
+    # The increment carries mantissa overflow into the exponent; all-ones exponent with
+    # zero mantissa is exactly infinity, so rounding past max finite needs no extra case.
+    m.d.comb += mag.eq(Mux(overflow, fmt.inf, Cat(mant, e_field[:E]) + round_up))
+    return mag
+
+
+def _specials(fmt: FPFormat, sign, mag, nan, inf, inf_sign):
+    """Final result word: NaN beats infinity beats the computed ``{sign, mag}``."""
+    return Mux(nan, fmt.quiet_nan,
+               Mux(inf, Cat(Const(fmt.inf, fmt.width - 1), inf_sign), Cat(mag, sign)))
+
+
+# --------------------------------------------------------------------------------------
+# FPAdd
+# --------------------------------------------------------------------------------------
+
+class FPAdd(wiring.Component):
+    """Combinational IEEE-754 adder/subtractor, round-to-nearest-even.
+
+    Ports:
+        a, b: In(fmt.width), operand bit patterns.
+        sub: In(1), 1 computes ``a - b`` (the sign of ``b`` is flipped, NaN stays NaN).
+        y: Out(fmt.width), result bit pattern.
+
+    Special cases: NaN operand -> canonical qNaN; inf - inf -> qNaN; inf +- finite -> inf;
+    an exact zero sum of operands of opposite signs is +0, ``(-0) + (-0) = -0``;
+    overflow rounds to infinity. Subnormal inputs and results are kept.
+
+    Datapath: swap so ``|x| >= |y|``; shift ``y`` right by the exponent difference keeping
+    a guard, a round and a sticky bit (enough for correct RNE, since a subtraction with
+    exponent difference >= 2 needs at most one bit of left normalisation); add or
+    subtract; one leading-zero count; one left shift, limited so the exponent never goes
+    below that of the smallest normal (giving subnormals); round and pack.
+
+    Raises:
+        TypeError: ``fmt`` is not an :class:`FPFormat`.
+    """
+
+    def __init__(self, fmt: FPFormat):
+        self.fmt = _check_format(fmt)
+        super().__init__({"a": In(fmt.width), "b": In(fmt.width), "sub": In(1),
+                          "y": Out(fmt.width)})
+
+    def elaborate(self, platform):
+        fmt = self.fmt
+        M, E = fmt.man_bits, fmt.exp_bits
+        m = Module()
+        a = _Unpacked(m, fmt, self.a, "a")
+        b = _Unpacked(m, fmt, self.b, "b")
+        b_sign = Signal()
+        m.d.comb += b_sign.eq(b.sign ^ self.sub)
+
+        # Magnitude order of IEEE patterns equals integer order of {exp, mantissa}.
+        swap = Signal()
+        m.d.comb += swap.eq(self.a[:E + M] < self.b[:E + M])
+        x_sign, y_sign = Signal(), Signal()
+        x_exp, y_exp = Signal(E), Signal(E)
+        x_sig, y_sig = Signal(M + 1), Signal(M + 1)
+        m.d.comb += [
+            x_sign.eq(Mux(swap, b_sign, a.sign)), y_sign.eq(Mux(swap, a.sign, b_sign)),
+            x_exp.eq(Mux(swap, b.exp, a.exp)), y_exp.eq(Mux(swap, a.exp, b.exp)),
+            x_sig.eq(Mux(swap, b.sig, a.sig)), y_sig.eq(Mux(swap, a.sig, b.sig)),
+        ]
+        eff_sub = Signal()
+        m.d.comb += eff_sub.eq(x_sign ^ y_sign)
+
+        # Alignment: significands carry 3 extra low bits (guard, round, sticky).
+        ext = M + 4
+        diff = Signal(E)
+        m.d.comb += diff.eq(x_exp - y_exp)
+        shift = Signal(range(ext + 1))
+        m.d.comb += shift.eq(Mux(diff > ext, ext, diff))
+        y_wide = Signal(2 * ext)
+        m.d.comb += y_wide.eq(Cat(Const(0, ext), y_sig << 3) >> shift)
+        y_al = Signal(ext)
+        m.d.comb += y_al.eq(Cat(y_wide[:ext + 1].any(), y_wide[ext + 1:]))
+
+        # Sum with one carry bit on top: bit M+4 carry, bit M+3 units of x.
+        total = Signal(ext + 1)
+        x_al = Cat(Const(0, 3), x_sig)
+        m.d.comb += total.eq(Mux(eff_sub, x_al - y_al, x_al + y_al))
+
+        # Normalise: the shift is capped by x_exp so the exponent stays >= 1; a result
+        # still without hidden bit is then subnormal (exponent field 0).
+        lz = _leading_zeros(m, total, "add_lz")
+        norm_shift = Signal(range(ext + 2))
+        m.d.comb += norm_shift.eq(Mux(lz < x_exp, lz, x_exp))
+        norm = Signal(ext + 1)
+        m.d.comb += norm.eq(total << norm_shift)
+        e_res = Signal(E + 1)
+        m.d.comb += e_res.eq(x_exp + 1 - norm_shift)
+        e_field = Signal(E + 1)
+        m.d.comb += e_field.eq(Mux(norm[ext], e_res, 0))
+        overflow = Signal()
+        m.d.comb += overflow.eq(e_field >= fmt.exp_max)
+        mag = _round_pack(m, fmt, norm, e_field, overflow, "add_mag")
+
+        # Exact zero of a true subtraction is +0 in RNE; otherwise the sign of |x|.
+        sign = Signal()
+        m.d.comb += sign.eq(Mux(eff_sub & (total == 0), 0, x_sign))
+        nan = Signal()
+        m.d.comb += nan.eq(a.is_nan | b.is_nan | (a.is_inf & b.is_inf & (a.sign ^ b_sign)))
+        inf = Signal()
+        m.d.comb += inf.eq(a.is_inf | b.is_inf)
+        inf_sign = Mux(a.is_inf, a.sign, b_sign)
+        m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, inf_sign))
+        return m
+
+
+# --------------------------------------------------------------------------------------
+# FPMul
+# --------------------------------------------------------------------------------------
+
+class FPMul(wiring.Component):
+    """Combinational IEEE-754 multiplier, round-to-nearest-even.
+
+    Ports:
+        a, b: In(fmt.width), operand bit patterns.
+        y: Out(fmt.width), result bit pattern.
+
+    Special cases: NaN operand or ``0 * inf`` -> canonical qNaN; inf * nonzero -> inf;
+    the sign is always ``sign(a) ^ sign(b)`` (also for zeros); overflow rounds to
+    infinity; underflow rounds to a subnormal or zero with correct sticky.
+
+    Datapath: one ``(man_bits+1)``-bit square multiplier; one leading-zero count of the
+    product; one left shift by ``min(lz, ea + eb - bias)`` applied to the product
+    extended by ``man_bits + 2`` zero bits below, so a negative amount (underflow) is a
+    right shift that keeps every bit for the sticky; amounts below ``-(man_bits+2)`` are
+    clamped, which leaves the whole product under the round bit (result rounds to zero).
+
+    Raises:
+        TypeError: ``fmt`` is not an :class:`FPFormat`.
+    """
+
+    def __init__(self, fmt: FPFormat):
+        self.fmt = _check_format(fmt)
+        super().__init__({"a": In(fmt.width), "b": In(fmt.width), "y": Out(fmt.width)})
+
+    def elaborate(self, platform):
+        fmt = self.fmt
+        M, E = fmt.man_bits, fmt.exp_bits
+        m = Module()
+        a = _Unpacked(m, fmt, self.a, "a")
+        b = _Unpacked(m, fmt, self.b, "b")
+
+        n = 2 * M + 2                       # product width; bit 2M is the units bit
+        low = M + 2                         # zero extension below for underflow shifts
+        prod = Signal(n)
+        m.d.comb += prod.eq(a.sig * b.sig)
+        lz = _leading_zeros(m, prod, "mul_lz")
+
+        # e_sum = ea + eb - bias: biased exponent of the product if it has its top bit
+        # at position 2M+1 minus one; the normalised exponent is e_sum + 1 - lz.
+        ew = E + 3
+        ea, eb, e_sum = Signal(signed(ew)), Signal(signed(ew)), Signal(signed(ew))
+        # Signed operands first: unsigned a.exp + b.exp - bias would wrap, not go negative.
+        m.d.comb += [ea.eq(a.exp), eb.eq(b.exp), e_sum.eq(ea + eb - fmt.bias)]
+        shift = Signal(signed(ew))
+        m.d.comb += shift.eq(Mux(e_sum < lz, e_sum, lz))
+        amount = Signal(range(n + low + 1))
+        m.d.comb += amount.eq(Mux(shift < -low, 0, shift + low))
+        norm = Signal(n + low)
+        m.d.comb += norm.eq(prod << amount)
+        e_res = Signal(signed(ew))
+        m.d.comb += e_res.eq(e_sum + 1 - lz)
+
+        # Hidden bit set <=> the shift was the full lz, so e_res >= 1 (normal result).
+        e_field = Signal(E + 1)
+        m.d.comb += e_field.eq(Mux(norm[-1], e_res, 0))
+        overflow = Signal()
+        m.d.comb += overflow.eq(norm[-1] & (e_res >= fmt.exp_max))
+        mag = _round_pack(m, fmt, norm, e_field, overflow, "mul_mag")
+
+        sign = Signal()
+        m.d.comb += sign.eq(a.sign ^ b.sign)
+        nan = Signal()
+        m.d.comb += nan.eq(a.is_nan | b.is_nan | (a.is_inf & b.is_zero)
+                           | (a.is_zero & b.is_inf))
+        inf = Signal()
+        m.d.comb += inf.eq(a.is_inf | b.is_inf)
+        m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, sign))
+        return m
