@@ -260,7 +260,7 @@ class FPAdd(wiring.Component):
         shift = Signal(range(ext + 1))
         m.d.comb += shift.eq(Mux(diff > ext, ext, diff))
         y_wide = Signal(2 * ext)
-        m.d.comb += y_wide.eq(Cat(Const(0, ext), y_sig << 3) >> shift)
+        m.d.comb += y_wide.eq(Cat(Const(0, ext), y_sig.shift_left(3)) >> shift)
         y_al = Signal(ext)
         m.d.comb += y_al.eq(Cat(y_wide[:ext + 1].any(), y_wide[ext + 1:]))
 
@@ -368,4 +368,116 @@ class FPMul(wiring.Component):
         inf = Signal()
         m.d.comb += inf.eq(a.is_inf | b.is_inf)
         m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, sign))
+        return m
+
+
+# --------------------------------------------------------------------------------------
+# Conversions
+# --------------------------------------------------------------------------------------
+
+class FPWiden(wiring.Component):
+    """Combinational exact conversion of ``src`` to a wider format ``dst``.
+
+    Used for bf16 -> fp32 and fp16 -> fp32 (the fp32 L1 accumulation).
+
+    Ports:
+        a: In(src.width), source bit pattern.
+        y: Out(dst.width), the same value in ``dst``.
+
+    Every finite value is exact; a source subnormal becomes a ``dst`` normal when ``dst``
+    has a wider exponent range (fp16 -> fp32), or stays subnormal when the ranges are the
+    same (bf16 -> fp32). Zeros and infinities keep their sign; a NaN keeps its sign and
+    payload (left-aligned) and is made quiet (top mantissa bit set), as IEEE-754
+    conversions do.
+
+    Raises:
+        TypeError: ``src`` or ``dst`` is not an :class:`FPFormat`.
+        ValueError: ``dst`` cannot hold every ``src`` value exactly (fewer mantissa or
+            exponent bits, or a range that does not reach the smallest ``src`` subnormal).
+    """
+
+    def __init__(self, src: FPFormat, dst: FPFormat):
+        self.src, self.dst = _check_format(src), _check_format(dst)
+        if dst.man_bits < src.man_bits or dst.exp_bits < src.exp_bits:
+            raise ValueError(f"FPWiden({src.name} -> {dst.name}): expected dst to have at "
+                             f"least the exponent and mantissa bits of src")
+        # Smallest src subnormal is 2**(1 - bias - man_bits); it must be a dst normal
+        # unless both formats share the exponent field (then it maps to a dst subnormal).
+        if (dst.exp_bits > src.exp_bits
+                and 1 - src.bias - src.man_bits < 1 - dst.bias):
+            raise ValueError(f"FPWiden({src.name} -> {dst.name}): src subnormals fall "
+                             f"below the normal range of dst")
+        super().__init__({"a": In(src.width), "y": Out(dst.width)})
+
+    def elaborate(self, platform):
+        src, dst = self.src, self.dst
+        Ms, Es, Md = src.man_bits, src.exp_bits, dst.man_bits
+        pad = Md - Ms
+        m = Module()
+        man, exp, sign = self.a[:Ms], self.a[Ms:Ms + Es], self.a[Ms + Es]
+        man_d = Signal(Md)
+        m.d.comb += man_d.eq(man.shift_left(pad))
+
+        if dst.exp_bits == src.exp_bits:
+            # Same exponent range: exact by appending zero mantissa bits (subnormal,
+            # inf and zero included); only NaNs are quieted.
+            is_nan = Signal()
+            m.d.comb += is_nan.eq((exp == src.exp_max) & (man != 0))
+            m.d.comb += self.y.eq(Cat(man_d | is_nan.shift_left(Md - 1), exp, sign))
+            return m
+
+        # Wider exponent: rebias normals; normalise subnormals with one lz count + shift.
+        lz = _leading_zeros(m, man, "widen_lz")
+        sub_man = Signal(Ms)
+        m.d.comb += sub_man.eq(man << (lz + 1))     # drops the leading one
+        exp_d = Signal(dst.exp_bits)
+        man_out = Signal(Md)
+        with m.If(exp == src.exp_max):
+            m.d.comb += [exp_d.eq(dst.exp_max),
+                         man_out.eq(man_d | (man != 0).shift_left(Md - 1))]
+        with m.Elif(exp != 0):
+            m.d.comb += [exp_d.eq(exp + (dst.bias - src.bias)), man_out.eq(man_d)]
+        with m.Elif(man != 0):
+            # Leading one of man at bit Ms-1-lz: value 2**(-lz - src.bias) * 1.f
+            m.d.comb += [exp_d.eq(dst.bias - src.bias - lz), man_out.eq(sub_man.shift_left(pad))]
+        m.d.comb += self.y.eq(Cat(man_out, exp_d, sign))
+        return m
+
+
+class Int8ToFP(wiring.Component):
+    """Combinational exact conversion of a two's-complement int8 to ``fmt``.
+
+    Ports:
+        a: In(8), int8 bit pattern (two's complement, -128..127).
+        y: Out(fmt.width), the same value in ``fmt`` (0 -> +0).
+
+    Raises:
+        TypeError: ``fmt`` is not an :class:`FPFormat`.
+        ValueError: ``fmt`` cannot hold every int8 exactly (needs man_bits >= 6 for the
+            7 significant bits of 127, and a largest finite exponent >= 7 for -128).
+    """
+
+    def __init__(self, fmt: FPFormat):
+        self.fmt = _check_format(fmt)
+        if fmt.man_bits < 6 or fmt.exp_max - 1 - fmt.bias < 7:
+            raise ValueError(f"Int8ToFP({fmt.name}): expected man_bits >= 6 and a max "
+                             f"exponent >= 7 to hold int8 exactly")
+        super().__init__({"a": In(8), "y": Out(fmt.width)})
+
+    def elaborate(self, platform):
+        fmt = self.fmt
+        M = fmt.man_bits
+        m = Module()
+        sign = self.a[7]
+        mag = Signal(8)                      # |a| in 0..128; -(-128) wraps to 128 exactly
+        m.d.comb += mag.eq(Mux(sign, -self.a, self.a))
+        lz = _leading_zeros(m, mag, "int8_lz")
+        frac = Signal(8)
+        m.d.comb += frac.eq(mag << (lz + 1))  # drops the leading one, fraction left-aligned
+        # At most 6 fraction bits are nonzero (127 = 1.111111b * 2**6), so narrowing
+        # the 8-bit fraction to man_bits >= 6 loses only zeros.
+        man = frac.shift_left(M - 8) if M >= 8 else frac[8 - M:]
+        exp = Signal(fmt.exp_bits)
+        m.d.comb += exp.eq(Mux(mag != 0, fmt.bias + 7 - lz, 0))
+        m.d.comb += self.y.eq(Cat(man, exp, sign & (mag != 0)))
         return m
