@@ -1,0 +1,118 @@
+"""Hex files between numpy memory images and the cosimulation top's ``$readmemh``/``$writememh``.
+
+A memory image is a numpy ``uint16`` array of shape ``(mem_words, lanes)``: ``mem[w, j]`` is
+element ``j`` of word ``w``, i.e. bits ``[16j, 16j+16)`` of the ``16*lanes``-bit word (see
+:mod:`coda.hw.isa`). In a hex file a word is written most significant digit first, so element
+``lanes-1`` comes first. Sparse files put ``@addr`` (hex word address) before each word, which
+``$readmemh`` understands and which the top's dirty-word dump writes.
+
+No per-word Python loops: words are converted with numpy and ``bytes.hex``/``bytes.fromhex``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["check_image", "words_to_hex", "hex_to_words", "write_image", "write_sparse",
+           "read_sparse", "read_full", "write_commands"]
+
+
+def check_image(mem: np.ndarray, mem_words: int, lanes: int) -> np.ndarray:
+    """Validate a memory image; returns it as a C-contiguous uint16 array.
+
+    Raises:
+        TypeError: ``mem`` is not a numpy array of dtype uint16.
+        ValueError: its shape is not ``(mem_words, lanes)``.
+    """
+    if not isinstance(mem, np.ndarray) or mem.dtype != np.uint16:
+        raise TypeError(f"memory image of type {type(mem).__name__} "
+                        f"dtype {getattr(mem, 'dtype', None)}: expected numpy uint16")
+    if mem.shape != (mem_words, lanes):
+        raise ValueError(f"memory image shape {mem.shape}: expected ({mem_words}, {lanes}) "
+                         "(mem_words, lanes)")
+    return np.ascontiguousarray(mem)
+
+
+def words_to_hex(words: np.ndarray) -> list[str]:
+    """Hex strings (``4*lanes`` digits, element ``lanes-1`` first) of uint16 words ``[n, lanes]``."""
+    n, lanes = words.shape
+    digits = np.ascontiguousarray(words[:, ::-1]).astype(">u2").tobytes().hex()
+    width = 4 * lanes
+    return [digits[i * width:(i + 1) * width] for i in range(n)]
+
+
+def hex_to_words(tokens: list[str], lanes: int) -> np.ndarray:
+    """Inverse of :func:`words_to_hex`: uint16 array ``[len(tokens), lanes]``.
+
+    Tokens shorter than ``4*lanes`` digits are zero-extended (``$writememh`` pads, but be lenient).
+    Raises ValueError on a token longer than a word or not hexadecimal.
+    """
+    width = 4 * lanes
+    if any(len(t) > width for t in tokens):
+        bad = next(t for t in tokens if len(t) > width)
+        raise ValueError(f"hex word {bad[:40]!r}... has {len(bad)} digits: expected <= {width}")
+    joined = "".join(t.rjust(width, "0") for t in tokens)
+    raw = np.frombuffer(bytes.fromhex(joined), dtype=">u2").astype(np.uint16)
+    return raw.reshape(len(tokens), lanes)[:, ::-1].copy()
+
+
+def write_image(path: Path, mem: np.ndarray) -> None:
+    """Write a whole image, one word per line from address 0."""
+    Path(path).write_text("\n".join(words_to_hex(mem)) + "\n")
+
+
+def write_sparse(path: Path, mem: np.ndarray, addrs: np.ndarray) -> None:
+    """Write the words ``mem[addrs]`` as ``@addr word`` lines (addresses in hex)."""
+    addrs = np.asarray(addrs, dtype=np.int64)
+    lines = (f"@{a:x} {h}" for a, h in zip(addrs.tolist(), words_to_hex(mem[addrs])))
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def read_sparse(path: Path, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``@addr word`` lines: (addresses int64 ``[n]``, words uint16 ``[n, lanes]``)."""
+    text = Path(path).read_text().split()
+    if len(text) % 2:
+        raise ValueError(f"{path}: odd number of tokens in a sparse '@addr word' file")
+    addr_tokens, word_tokens = text[0::2], text[1::2]
+    if any(not a.startswith("@") for a in addr_tokens):
+        raise ValueError(f"{path}: expected '@addr word' pairs")
+    addrs = np.array([int(a[1:], 16) for a in addr_tokens], dtype=np.int64)
+    return addrs, hex_to_words(word_tokens, lanes)
+
+
+def read_full(path: Path, mem_words: int, lanes: int) -> np.ndarray:
+    """Read a ``$writememh`` dump of the whole memory: uint16 ``[mem_words, lanes]``.
+
+    Comment lines (``//``) are skipped; ``@addr`` markers are honoured.
+    """
+    out = np.zeros((mem_words, lanes), dtype=np.uint16)
+    addr = 0
+    run_start, run = 0, []
+    for line in Path(path).read_text().splitlines():
+        line = line.split("//", 1)[0].strip()
+        if not line:
+            continue
+        for tok in line.split():
+            if tok.startswith("@"):
+                if run:
+                    out[run_start:run_start + len(run)] = hex_to_words(run, lanes)
+                addr = int(tok[1:], 16)
+                run_start, run = addr, []
+            else:
+                run.append(tok)
+                addr += 1
+    if run:
+        out[run_start:run_start + len(run)] = hex_to_words(run, lanes)
+    if addr > mem_words:
+        raise ValueError(f"{path}: {addr} words, expected <= {mem_words}")
+    return out
+
+
+def write_commands(path: Path, words: list[int]) -> None:
+    """Write 64-bit command words (header then micro-ops), one per line."""
+    for w in words:
+        if not 0 <= int(w) < (1 << 64):
+            raise ValueError(f"command word {w}: expected 0..2**64-1")
+    Path(path).write_text("".join(f"{int(w):016x}\n" for w in words))

@@ -1,0 +1,343 @@
+"""The ``rtl`` backend: NME programs executed by the Verilated NME, from plain Python.
+
+:class:`RTLBackend` implements the :class:`coda.host.backend.Backend` protocol. For each NME
+configuration it builds the cosimulation once (:func:`coda.cosim.build.build_sim`, cached on
+disk) and starts ONE simulator process running the cocotb job server (:mod:`coda.cosim.server`);
+every program is then a request over a TCP socket on 127.0.0.1, run at full Verilator speed with
+no Python per clock. Only the memory words that changed since the previous job are loaded and
+only the words the NME wrote are read back, so a long stream of programs costs little.
+
+Results are bit-identical to :class:`coda.host.backend.TorchBackend` for ``mem``, ``status`` and
+``l1``; ``cycles`` are the RTL's measured clock cycles from the header being presented to
+``done`` (inclusive).
+
+Every wait has a timeout; a simulator that dies, hangs or fails to build raises
+:class:`~coda.cosim.build.CosimRunError` / :class:`~coda.cosim.build.CosimBuildError` with the
+tail of its log. Simulators are stopped by :meth:`RTLBackend.close` (also at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import socket
+import struct
+import subprocess
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from coda.cosim import memfile
+from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_command,
+                              sim_env)
+from coda.hw.isa import NMEConfig, Program, Status
+
+__all__ = ["RTLBackend", "SimSession"]
+
+SERVER_MODULE = "coda.cosim.server"
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0]
+
+
+def cycle_limit(cfg: NMEConfig, program: Program, latency: int, stall: float) -> int:
+    """Watchdog limit (cycles) for one program: a generous multiple of the work it implies.
+
+    Each micro-op passes over every word; each pass may wait ``latency`` cycles per block and
+    stalls stretch every memory cycle by ``1/(1-stall)``. Beyond 16x that plus 10^5 cycles of
+    slack the NME is considered hung.
+    """
+    n_words = -(-max(program.n_elems, 1) // cfg.lanes)
+    blocks = -(-n_words // cfg.depth)
+    work = (len(program.uops) + 2) * (n_words + blocks * (latency + 8)) + 4 * cfg.lanes
+    limit = int(16 * work / max(1e-3, (1.0 - stall)) ** 2) + 100_000
+    return min(limit, (1 << 32) - 1)
+
+
+class SimSession:
+    """One persistent simulator process for one NME configuration.
+
+    Args:
+        build: the built cosimulation.
+        workdir: folder for the hex files and ``sim.log`` (created).
+        start_timeout_s: wall limit for the simulator to start and connect (s).
+        job_timeout_s: wall limit for one request (s).
+    Raises:
+        CosimRunError: the simulator did not start or connect in time (with its log tail).
+    """
+
+    def __init__(self, build: SimBuild, workdir: Path, *, start_timeout_s: float = 120.0,
+                 job_timeout_s: float = 600.0):
+        self.build = build
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.job_timeout_s = job_timeout_s
+        self.log = self.workdir / "sim.log"
+        self.shadow: np.ndarray | None = None   # what the simulator's memory holds
+        self.jobs = 0
+        self.seconds = 0.0
+        token = secrets.token_hex(8)
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        env = sim_env(SERVER_MODULE, extra={
+            "CODA_COSIM_PORT": str(port), "CODA_COSIM_TOKEN": token,
+            "CODA_COSIM_LANES": str(build.lanes), "CODA_COSIM_MEM_WORDS": str(build.mem_words),
+            "COCOTB_RESULTS_FILE": str(self.workdir / "results.xml")})
+        self._logfh = open(self.log, "w")
+        self.proc = subprocess.Popen(sim_command(build, self.workdir), cwd=self.workdir, env=env,
+                                     stdout=self._logfh, stderr=subprocess.STDOUT)
+        try:
+            self.sock = self._accept(listener, start_timeout_s)
+        finally:
+            listener.close()
+        self.sock.settimeout(0.5)
+        self._rbuf = b""
+        hello = self._read_line(start_timeout_s)
+        if hello.get("hello") != token:
+            self.kill()
+            raise CosimRunError(f"simulator answered {hello!r}, not the expected hello")
+
+    # ------------------------------------------------------------------ transport
+    def _accept(self, listener: socket.socket, timeout_s: float) -> socket.socket:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = listener.accept()
+                return conn
+            except (TimeoutError, socket.timeout):
+                if self.proc.poll() is not None:
+                    raise CosimRunError(self._died("while starting"))
+        self.kill()
+        raise CosimRunError(f"simulator did not connect within {timeout_s} s:\n"
+                            + log_tail(self.log))
+
+    def _died(self, when: str) -> str:
+        self._logfh.flush()
+        return (f"simulator {self.build.binary} exited with code {self.proc.returncode} "
+                f"{when}; log {self.log}:\n" + log_tail(self.log))
+
+    def _read_line(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._rbuf:
+            if time.monotonic() > deadline:
+                self.kill()
+                raise CosimRunError(f"no answer from the simulator within {timeout_s} s "
+                                    f"(killed):\n" + log_tail(self.log))
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except (TimeoutError, socket.timeout):
+                if self.proc.poll() is not None:
+                    raise CosimRunError(self._died("during a request"))
+                continue
+            if not chunk:
+                self.proc.wait(timeout=10)
+                raise CosimRunError(self._died("and closed the connection"))
+            self._rbuf += chunk
+        line, self._rbuf = self._rbuf.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, req: dict, timeout_s: float | None = None) -> dict:
+        """Send one request and return the answer. Raises CosimRunError on any failure."""
+        if self.proc.poll() is not None:
+            raise CosimRunError(self._died("before a request"))
+        self.sock.sendall((json.dumps(req) + "\n").encode())
+        answer = self._read_line(self.job_timeout_s if timeout_s is None else timeout_s)
+        if not answer.get("ok"):
+            raise CosimRunError(f"simulator refused {req.get('op')!r}: {answer.get('error')}")
+        return answer
+
+    # ------------------------------------------------------------------ jobs
+    def sync_memory(self, mem: np.ndarray) -> bool:
+        """Write the words of ``mem`` the simulator does not hold yet; True if a load is due."""
+        if self.shadow is None:
+            memfile.write_image(self.workdir / "mem_in.hex", mem)
+        else:
+            changed = np.flatnonzero((mem != self.shadow).any(axis=1))
+            if changed.size == 0:
+                return False
+            if changed.size > mem.shape[0] // 2:
+                memfile.write_image(self.workdir / "mem_in.hex", mem)
+            else:
+                memfile.write_sparse(self.workdir / "mem_in.hex", mem, changed)
+        return True
+
+    def run(self, words: list[int], mem: np.ndarray, *, latency: int, req_stall: float,
+            rsp_stall: float, seed: int, max_cycles: int) -> tuple[dict, np.ndarray]:
+        """Run command ``words`` on image ``mem``; (the server's answer, the image after)."""
+        t0 = time.perf_counter()
+        load = self.sync_memory(mem)
+        self.shadow = None   # unknown until the answer arrives
+        answer = self.request({"op": "run", "words": [f"{w:x}" for w in words], "load": load,
+                               "latency": latency, "req_stall": req_stall,
+                               "rsp_stall": rsp_stall, "seed": seed, "max_cycles": max_cycles})
+        out = mem.copy()
+        if answer["ndirty"]:
+            addrs, dirty = memfile.read_sparse(self.workdir / "mem_out.hex", mem.shape[1])
+            if addrs.size != answer["ndirty"]:
+                raise CosimRunError(f"dirty dump has {addrs.size} words, expected "
+                                    f"{answer['ndirty']}")
+            out[addrs] = dirty
+        if answer["timeout"] or answer["aborted"] or answer["faults"]:
+            raise CosimRunError(f"NME protocol fault {answer['faults']} (timeout "
+                                f"{answer['timeout']}, aborted {answer['aborted']}) on program "
+                                f"{[hex(w) for w in words]}:\n" + log_tail(self.log))
+        self.shadow = out.copy()
+        self.jobs += 1
+        self.seconds += time.perf_counter() - t0
+        return answer, out
+
+    def dump(self) -> np.ndarray:
+        """The simulator's whole memory (uint16 ``[mem_words, lanes]``)."""
+        self.request({"op": "dump"})
+        return memfile.read_full(self.workdir / "mem_out.hex", self.build.mem_words,
+                                 self.build.lanes)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask the simulator to quit; kill it if it does not within ``timeout_s``."""
+        if self.proc.poll() is None:
+            try:
+                self.sock.sendall(b'{"op": "quit"}\n')
+                self.proc.wait(timeout=timeout_s)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._logfh.close()
+
+    def kill(self) -> None:
+        """Stop the simulator process at once."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+_LIVE: "weakref.WeakSet[RTLBackend]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for backend in list(_LIVE):
+        backend.close()
+
+
+class RTLBackend:
+    """Backend running programs on the Verilated NME (one persistent simulator per config).
+
+    Args:
+        latency: memory read latency in cycles (1..255).
+        req_stall, rsp_stall: probabilities (0 <= p < 1) that the memory refuses a request /
+            withholds a due response in a cycle (pseudo-random, in HDL).
+        seed: seed of the stall generator (the same seed gives the same stalls).
+        job_timeout_s: wall limit of one program (s); start_timeout_s: of a simulator start.
+        keep_logs: keep the simulators' work folders (logs, hex files) after :meth:`close`.
+    Raises:
+        ValueError: a parameter out of range.
+    """
+    name = "rtl"
+
+    def __init__(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
+                 seed: int = 1, job_timeout_s: float = 600.0, start_timeout_s: float = 180.0,
+                 keep_logs: bool = False):
+        if not 1 <= int(latency) <= 255:
+            raise ValueError(f"latency={latency}: expected 1..255 cycles")
+        for nm, p in (("req_stall", req_stall), ("rsp_stall", rsp_stall)):
+            if not 0.0 <= float(p) < 1.0:
+                raise ValueError(f"{nm}={p}: expected a probability in [0, 1)")
+        if not 0 <= int(seed) < (1 << 32):
+            raise ValueError(f"seed={seed}: expected 0..2**32-1")
+        if job_timeout_s <= 0 or start_timeout_s <= 0:
+            raise ValueError(f"timeouts {job_timeout_s}, {start_timeout_s}: expected > 0 s")
+        self.latency = int(latency)
+        self.req_stall = float(req_stall)
+        self.rsp_stall = float(rsp_stall)
+        self.seed = int(seed)
+        self.job_timeout_s = float(job_timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self.keep_logs = keep_logs
+        self.sessions: dict[NMEConfig, SimSession] = {}
+        self.stats = {"programs": 0, "cycles": 0, "seconds": 0.0, "starts": 0,
+                      "start_seconds": 0.0, "toggles": 0}
+        _LIVE.add(self)
+
+    def session(self, cfg: NMEConfig) -> SimSession:
+        """The simulator of ``cfg``, built and started on first use."""
+        if not isinstance(cfg, NMEConfig):
+            raise TypeError(f"cfg of type {type(cfg).__name__}: expected NMEConfig")
+        sess = self.sessions.get(cfg)
+        if sess is None or sess.proc.poll() is not None:
+            t0 = time.perf_counter()
+            build = build_sim(cfg)
+            workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
+            sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,
+                              job_timeout_s=self.job_timeout_s)
+            self.sessions[cfg] = sess
+            self.stats["starts"] += 1
+            self.stats["start_seconds"] += time.perf_counter() - t0
+        return sess
+
+    def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray):
+        """Run ``program`` on a copy of ``mem`` (uint16 ``[cfg.mem_words, cfg.lanes]``).
+
+        Returns:
+            :class:`coda.host.backend.ExecResult` (``cycles``: measured RTL clock cycles).
+        Raises:
+            TypeError / ValueError: malformed image, or program fields that do not encode.
+            CosimBuildError / CosimRunError: the simulator could not be built / failed.
+        """
+        from coda.host.backend import ExecResult
+
+        mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
+        words = program.words()
+        stall = max(self.req_stall, self.rsp_stall)
+        answer, out = self.session(cfg).run(
+            words, mem, latency=self.latency, req_stall=self.req_stall,
+            rsp_stall=self.rsp_stall, seed=self.seed,
+            max_cycles=cycle_limit(cfg, program, self.latency, stall))
+        try:
+            status = Status(answer["status"])
+        except ValueError:
+            raise CosimRunError(f"NME reported undefined status {answer['status']}") from None
+        self.stats["programs"] += 1
+        self.stats["cycles"] += answer["cycles"]
+        self.stats["toggles"] += answer["toggles"]
+        self.stats["seconds"] = sum(s.seconds for s in self.sessions.values())
+        l1 = _f32(answer["l1_bits"])
+        return ExecResult(out, status, l1, int(answer["cycles"]))
+
+    def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]]) -> list:
+        """Run each (program, image) job in order on the one simulator of ``cfg``.
+
+        Ranks run in lockstep in the modelled system; here they run one after the other on the
+        same RTL, each on its own image (the result is the same bits).
+        """
+        return [self.execute(cfg, program, mem) for program, mem in jobs]
+
+    def close(self) -> None:
+        """Stop every simulator this backend started (idempotent)."""
+        for sess in self.sessions.values():
+            sess.close()
+            if not self.keep_logs:
+                shutil.rmtree(sess.workdir, ignore_errors=True)
+        self.sessions.clear()
+
+    def __enter__(self) -> "RTLBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,108 @@
+"""The persistent simulator: a cocotb test that serves jobs to :class:`RTLBackend` over TCP.
+
+Started once per NME configuration by :mod:`coda.cosim.rtl_backend`. It connects back to the
+backend on ``127.0.0.1:$CODA_COSIM_PORT``, says hello with ``$CODA_COSIM_TOKEN`` and then serves
+one JSON line per request, one JSON line per answer. Memory images travel in the hex files named
+by the top's plusargs (the backend writes ``+MEM_IN`` and reads ``+MEM_OUT``; command words come
+in the request); between requests the simulator is blocked on the socket (no simulated time
+passes), during a request it runs the program in HDL with no Python per clock.
+
+Requests (``op`` field):
+
+- ``run``: ``{"op": "run", "words": [hex, ...], "load": bool, "latency": c, "req_stall": p,
+  "rsp_stall": p, "seed": s, "max_cycles": m}``: optionally ``$readmemh`` the memory file, run
+  the command words (header then micro-ops, hex strings), answer ``status``, ``l1_bits``,
+  ``cycles``, ``toggles``, ``ndirty`` (the dirty words are in ``+MEM_OUT``), ``timeout``, ``faults``, ``sim_ns``.
+- ``dump``: write the whole memory to ``+MEM_OUT``.
+- ``reset``: pulse the reset.
+- ``quit``: end the simulation.
+
+Errors inside a request answer ``{"ok": false, "error": ...}`` and keep serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import cocotb
+from cocotb.utils import get_sim_time
+
+from coda.cosim.tb import OP_LOAD, NMEHarness
+
+__all__ = ["serve"]
+
+#: seconds the server waits for the next request before giving up (backend gone silent)
+IDLE_TIMEOUT_S = float(os.environ.get("CODA_COSIM_IDLE_S", "3600"))
+
+
+def _connect() -> socket.socket:
+    port = int(os.environ["CODA_COSIM_PORT"])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.settimeout(IDLE_TIMEOUT_S)
+    return sock
+
+
+async def _handle(h: NMEHarness, req: dict) -> dict:
+    op = req.get("op")
+    if op == "run":
+        h.memory.configure(latency=int(req.get("latency", 1)),
+                           req_stall=float(req.get("req_stall", 0.0)),
+                           rsp_stall=float(req.get("rsp_stall", 0.0)),
+                           seed=int(req.get("seed", 1)))
+        if req.get("load"):
+            await h.port.call(OP_LOAD)
+        words = [int(w, 16) for w in req["words"]]
+        t0 = get_sim_time("ns")
+        res = await h.driver.run(words, int(req.get("max_cycles", 50_000_000)))
+        return {"ok": True, "status": int(res.status), "l1_bits": res.l1_bits,
+                "cycles": res.cycles, "toggles": res.toggles, "ndirty": int(res.dirty_addrs.size),
+                "timeout": res.timeout, "aborted": res.aborted, "faults": res.protocol_faults(),
+                "nreads": res.nreads, "nwrites": res.nwrites,
+                "sim_ns": get_sim_time("ns") - t0}
+    if op == "dump":
+        await h.memory.dump()
+        return {"ok": True}
+    if op == "reset":
+        await h.driver.reset(int(req.get("cycles", 3)))
+        return {"ok": True}
+    raise ValueError(f"unknown request op {op!r}: expected run, dump, reset or quit")
+
+
+@cocotb.test()
+async def serve(dut):
+    """Serve backend requests until ``quit`` or the backend closes the connection."""
+    h = NMEHarness(dut)
+    await h.start()
+    sock = _connect()
+    reader = sock.makefile("r", encoding="utf-8")
+    writer = sock.makefile("w", encoding="utf-8")
+    writer.write(json.dumps({"hello": os.environ.get("CODA_COSIM_TOKEN", "")}) + "\n")
+    writer.flush()
+    try:
+        while True:
+            try:
+                line = reader.readline()
+            except (TimeoutError, socket.timeout):
+                dut._log.warning("no request for %.0f s: server stops", IDLE_TIMEOUT_S)
+                return
+            if not line:
+                return
+            req = json.loads(line)
+            if req.get("op") == "quit":
+                writer.write(json.dumps({"ok": True}) + "\n")
+                writer.flush()
+                return
+            try:
+                answer = await _handle(h, req)
+            except (ValueError, KeyError, RuntimeError, OSError) as exc:
+                answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            writer.write(json.dumps(answer) + "\n")
+            writer.flush()
+    finally:
+        for f in (reader, writer, sock):
+            try:
+                f.close()
+            except OSError:
+                pass
