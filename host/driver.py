@@ -1,0 +1,450 @@
+"""The NMP driver: cache slots in rank memories and cache operators run on the ranks' NMEs.
+
+A system has ``dimms * ranks`` NMEs; rank ``i`` (``i = dimm * ranks + rank``) owns a memory
+image of ``cfg.mem_words`` words. A tensor ``[T, C]`` is tiled over tokens across all ranks
+(rank ``i`` holds rows ``i*T//n ..``: the first ``T % n`` ranks hold one row more, see
+:func:`tile_bounds`); flat ``[N]`` operands are tiled over elements the same way; per-channel
+vectors (gates ``[C]``) and scalars are replicated to every rank. An operator compiles to one
+program per rank (tiles may differ by one row), all run in lockstep through
+``backend.execute_many``, and the host gathers the tiles of the result.
+
+Memory: each rank has a first-fit allocator over word ranges. Cache slots stay until freed;
+operands and results of an operator live in scratch ranges freed when it returns. A request
+that does not fit raises :class:`NMPCapacityError` (a ``MemoryError``) naming the rank, the
+bytes requested and the bytes free.
+
+``stats`` (cumulative, :meth:`NMPDriver.reset_stats` clears it):
+
+- ``programs``: lockstep program launches (one per operator call);
+- ``rank_programs``: programs summed over ranks;
+- ``nme_cycles``: per launch the slowest rank's cycles, summed (NME clock cycles);
+- ``bytes_written`` / ``bytes_read``: bytes moved between host and rank memories, whole
+  words (``2 * lanes`` bytes each) as they cross the bus;
+- ``cmd_bytes``: bytes of command words sent (8 per header / micro-op word, per rank).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+import torch
+
+from coda.hw.isa import NMEConfig, Program, Status
+from coda.host import compiler
+from coda.host import ops as ref
+from coda.host.backend import Backend
+from coda.host.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
+                            unpack_words)
+
+__all__ = ["NMPDriver", "NMPCapacityError", "PLACEMENT", "tile_bounds", "tile_shapes"]
+
+# How each operand of an operator is placed on the ranks: split along dim 0 (rows, or
+# elements of a flat vector), split along dim 1 (segment's c [K, T, C]), or replicated.
+_SPLIT0, _SPLIT1, _REPLICATE = "split0", "split1", "replicate"
+#: op -> input name -> placement on the ranks
+PLACEMENT = {
+    "add": {"a": _SPLIT0, "b": _SPLIT0},
+    "sub": {"a": _SPLIT0, "b": _SPLIT0},
+    "mul": {"a": _SPLIT0, "b": _SPLIT0},
+    "l1_distance": {"a": _SPLIT0, "b": _SPLIT0},
+    "scale": {"a": _SPLIT0, "s": _REPLICATE},
+    "gated_residual": {"x": _SPLIT0, "g": _REPLICATE, "c": _SPLIT0},
+    "segment": {"x": _SPLIT0, "g": _REPLICATE, "c": _SPLIT1},
+    "cfg_combine": {"u": _SPLIT0, "c": _SPLIT0, "s": _REPLICATE},
+    "dequant_int8": {"q": _SPLIT0, "scale": _SPLIT0},
+}
+
+
+class NMPCapacityError(MemoryError):
+    """A rank memory cannot hold a requested range (message: rank, bytes requested, free)."""
+
+
+def tile_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``range(n)`` into ``parts`` contiguous [start, end) ranges whose sizes differ by
+    at most one, the larger ones first (like ``torch.tensor_split``)."""
+    base, extra = divmod(int(n), int(parts))
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (i < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def tile_shapes(op: str, shapes: dict[str, tuple], n_ranks: int) -> list[dict | None]:
+    """Per rank, the shapes of ``op``'s operand tiles (None for a rank with an empty tile).
+
+    ``shapes`` maps the op's input names to full shapes; the split operands are cut with
+    :func:`tile_bounds` along their token (or element) axis, the others replicated.
+    """
+    spec = ref.get_op(op)
+    split_name = next(n for n in spec.inputs if PLACEMENT[op][n] == _SPLIT0)
+    out: list[dict | None] = []
+    for r0, r1 in tile_bounds(shapes[split_name][0], n_ranks):
+        if r1 == r0:
+            out.append(None)
+            continue
+        tiled = {}
+        for name, shape in shapes.items():
+            shape = list(shape)
+            axis = {_SPLIT0: 0, _SPLIT1: 1}.get(PLACEMENT[op][name])
+            if axis is not None:
+                shape[axis] = r1 - r0
+            tiled[name] = tuple(shape)
+        out.append(tiled)
+    return out
+
+
+class _FirstFit:
+    """First-fit allocator over the word range [0, words) of one rank memory."""
+
+    def __init__(self, words: int):
+        self.words = words
+        self.starts = [0]      # free ranges, sorted by start
+        self.lengths = [words]
+
+    def alloc(self, n: int) -> int | None:
+        for i, length in enumerate(self.lengths):
+            if length >= n:
+                start = self.starts[i]
+                if length == n:
+                    del self.starts[i], self.lengths[i]
+                else:
+                    self.starts[i] += n
+                    self.lengths[i] -= n
+                return start
+        return None
+
+    def release(self, start: int, n: int) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        self.starts.insert(i, start)
+        self.lengths.insert(i, n)
+        if i + 1 < len(self.starts) and start + n == self.starts[i + 1]:  # merge right
+            self.lengths[i] += self.lengths.pop(i + 1)
+            self.starts.pop(i + 1)
+        if i > 0 and self.starts[i - 1] + self.lengths[i - 1] == start:  # merge left
+            self.lengths[i - 1] += self.lengths.pop(i)
+            self.starts.pop(i)
+
+    def free_words(self) -> int:
+        return sum(self.lengths)
+
+    def largest(self) -> int:
+        return max(self.lengths, default=0)
+
+
+@dataclass
+class _Slot:
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    rows: list[tuple[int, int]]    # token range of each rank's tile
+    addrs: list[int | None]        # word address of each rank's tile (None: empty tile)
+    words: list[int]               # words of each rank's tile
+
+
+class NMPDriver:
+    """Cache slots and cache operators on ``dimms * ranks`` NMEs.
+
+    Args:
+        backend: executes programs (:class:`coda.host.backend.TorchBackend`, ``RTLBackend``).
+        cfg: the NME configuration of every rank (its ``fmt`` is the cache dtype).
+        dimms, ranks: DIMMs, and ranks per DIMM (>= 1 each).
+    Raises:
+        ValueError: dimms or ranks < 1.
+    """
+
+    def __init__(self, backend: Backend, cfg: NMEConfig, dimms: int = 1, ranks: int = 1):
+        if int(dimms) < 1 or int(ranks) < 1:
+            raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
+        self.backend = backend
+        self.cfg = cfg
+        self.dimms, self.ranks = int(dimms), int(ranks)
+        self.n_ranks = self.dimms * self.ranks
+        self.dtype = torch_dtype(cfg.fmt)
+        self.word_bytes = 2 * cfg.lanes
+        self.mems = [np.zeros((cfg.mem_words, cfg.lanes), np.uint16) for _ in range(self.n_ranks)]
+        self._allocs = [_FirstFit(cfg.mem_words) for _ in range(self.n_ranks)]
+        self._slots: dict[Hashable, _Slot] = {}
+        self.stats: dict = {}
+        self.reset_stats()
+
+    # ---------------------------------------------------------------- bookkeeping
+    def reset_stats(self) -> None:
+        """Zero the counters of :attr:`stats`."""
+        self.stats = {"programs": 0, "rank_programs": 0, "nme_cycles": 0,
+                      "bytes_written": 0, "bytes_read": 0, "cmd_bytes": 0}
+
+    def reset(self) -> None:
+        """Drop every cache slot and zero the rank memories (``stats`` are kept)."""
+        self._slots.clear()
+        self._allocs = [_FirstFit(self.cfg.mem_words) for _ in range(self.n_ranks)]
+        for mem in self.mems:
+            mem.fill(0)
+
+    def __contains__(self, key) -> bool:
+        return key in self._slots
+
+    def keys(self) -> list:
+        """Keys of the cache slots, in insertion order."""
+        return list(self._slots)
+
+    def free_bytes(self) -> list[int]:
+        """Free bytes of each rank memory."""
+        return [a.free_words() * self.word_bytes for a in self._allocs]
+
+    def _alloc(self, words_per_rank: list[int], what: str) -> list[int | None]:
+        """One range per rank (0 words: None), all or nothing."""
+        got: list[int | None] = []
+        for rank, words in enumerate(words_per_rank):
+            addr = self._allocs[rank].alloc(words) if words else None
+            if words and addr is None:
+                self._release(got, words_per_rank)
+                alloc = self._allocs[rank]
+                raise NMPCapacityError(
+                    f"rank {rank}: cannot allocate {words * self.word_bytes} bytes "
+                    f"({words} words) for {what}; {alloc.free_words() * self.word_bytes} "
+                    f"bytes free (largest free range {alloc.largest() * self.word_bytes} "
+                    f"bytes) of {self.cfg.mem_words * self.word_bytes}")
+            got.append(addr)
+        return got
+
+    def _release(self, addrs: list[int | None], words_per_rank: list[int]) -> None:
+        for rank, addr in enumerate(addrs):
+            if addr is not None:
+                self._allocs[rank].release(addr, words_per_rank[rank])
+
+    def _write(self, rank: int, addr: int, words: np.ndarray) -> None:
+        self.mems[rank][addr:addr + words.shape[0]] = words
+        self.stats["bytes_written"] += words.nbytes
+
+    def _read(self, rank: int, addr: int, n_words: int) -> np.ndarray:
+        self.stats["bytes_read"] += n_words * self.word_bytes
+        return self.mems[rank][addr:addr + n_words]
+
+    # ---------------------------------------------------------------- cache slots
+    def _check_cache_tensor(self, what: str, t) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what} is {type(t).__name__}, expected a torch.Tensor")
+        if t.dtype != self.dtype:
+            raise ValueError(f"{what} has dtype {t.dtype}, expected {self.dtype} "
+                             f"(the NME format {self.cfg.fmt!r})")
+        if t.dim() != 2:
+            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [T, C]")
+        return t
+
+    def store(self, key: Hashable, tensor: torch.Tensor) -> None:
+        """Write (or overwrite) cache slot ``key`` with ``tensor`` [T, C] of the cache dtype,
+        tiled over tokens across the ranks.
+
+        Raises ValueError for a bad tensor, :class:`NMPCapacityError` when a rank is full
+        (an overwritten slot of another shape is then gone).
+        """
+        tensor = self._check_cache_tensor(f"slot {key!r}", tensor)
+        shape = tuple(tensor.shape)
+        old = self._slots.get(key)
+        if old is None or old.shape != shape:
+            if old is not None:
+                self.free(key)
+            rows = tile_bounds(shape[0], self.n_ranks)
+            words = [compiler.words_for((r1 - r0) * shape[1], self.cfg.lanes)
+                     for r0, r1 in rows]
+            addrs = self._alloc(words, f"slot {key!r} {list(shape)}")
+            self._slots[key] = _Slot(shape, tensor.dtype, rows, addrs, words)
+        slot = self._slots[key]
+        bits = to_bits(tensor)
+        for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs)):
+            if addr is not None:
+                self._write(rank, addr, pack_words(bits[r0:r1], self.cfg.lanes))
+
+    def load(self, key: Hashable) -> torch.Tensor:
+        """Read cache slot ``key`` back: [T, C] in the cache dtype, bit-exact.
+        Raises KeyError naming the key if there is no such slot."""
+        slot = self._slot(key)
+        tiles = [unpack_words(self._read(rank, addr, slot.words[rank]), (r1 - r0) * slot.shape[1])
+                 for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs))
+                 if addr is not None]
+        flat = np.concatenate(tiles) if tiles else np.zeros(0, np.uint16)
+        return from_bits(flat.reshape(slot.shape), self.cfg.fmt)
+
+    def free(self, key: Hashable) -> None:
+        """Release cache slot ``key``. Raises KeyError if there is no such slot."""
+        slot = self._slot(key)
+        self._release(slot.addrs, slot.words)
+        del self._slots[key]
+
+    def _slot(self, key) -> _Slot:
+        try:
+            return self._slots[key]
+        except KeyError:
+            raise KeyError(f"no cache slot {key!r} (slots: {len(self._slots)})") from None
+
+    # ---------------------------------------------------------------- operators
+    def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
+        """A coalesced segment on cached slots: ``((x + g0*c0) + g1*c1) + ...``, c_k = slot keys[k].
+
+        Args:
+            x: [T, C] segment input, cache dtype (written to the ranks, tiled like the slots).
+            gates: K vectors [C] of the cache dtype (replicated), 1 <= K <= 8.
+            keys: K slot keys, each slot [T, C].
+        Returns:
+            [T, C] in the cache dtype, bit-exact with :func:`coda.host.ops.segment`.
+        Raises:
+            ValueError: bad shapes/dtypes or K; KeyError: unknown slot; NMPCapacityError.
+        """
+        x = self._check_cache_tensor("segment input x", x)
+        if len(gates) != len(keys):
+            raise ValueError(f"segment: {len(gates)} gates for {len(keys)} cached slots, "
+                             f"expected one gate per slot")
+        if not 1 <= len(keys) <= ref.MAX_SEGMENT_TERMS:
+            raise ValueError(f"segment: K={len(keys)} terms, expected 1..{ref.MAX_SEGMENT_TERMS}")
+        slots = [self._slot(k) for k in keys]
+        for key, slot in zip(keys, slots):
+            if slot.shape != tuple(x.shape):
+                raise ValueError(f"segment: slot {key!r} has shape {list(slot.shape)}, "
+                                 f"expected {list(x.shape)} (the shape of x)")
+        g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
+        return self._run("segment", {"x": x, "g": g}, None,
+                         cached={"c": [s.addrs for s in slots]})
+
+    def _check_gate(self, i: int, g, channels: int) -> torch.Tensor:
+        if not isinstance(g, torch.Tensor) or g.dtype != self.dtype or \
+                tuple(g.shape) != (channels,):
+            desc = (f"{getattr(g, 'dtype', type(g).__name__)} "
+                    f"{list(getattr(g, 'shape', []))}")
+            raise ValueError(f"segment: gate {i} is {desc}, expected {self.dtype} [{channels}]")
+        return g
+
+    def run_op(self, op: str, **tensors) -> torch.Tensor | float:
+        """Run any reference operator of :mod:`coda.host.ops` on the NMP.
+
+        Keyword arguments are the operator's inputs (and ``group`` for dequant_int8), as the
+        reference takes them; float inputs must be in the cache dtype. Returns the result
+        tensor (bit-exact with the reference), or for ``l1_distance`` a float: the ranks'
+        fp32 partial sums added in rank order in fp32.
+        Raises ValueError (bad op / inputs, as the reference does), NMPCapacityError.
+        """
+        spec = ref.get_op(op)
+        params = {n: tensors.pop(n) for n in spec.params if n in tensors}
+        meta = {n: torch.empty_like(t, device="meta") if isinstance(t, torch.Tensor) else t
+                for n, t in tensors.items()}
+        spec(**meta, **params)  # the reference's own shape / dtype checks
+        for name, t in tensors.items():
+            if t.dtype != torch.int8 and t.dtype != self.dtype:
+                raise ValueError(f"{op}: argument {name!r} has dtype {t.dtype}, expected "
+                                 f"{self.dtype} (the NME format {self.cfg.fmt!r})")
+        return self._run(op, tensors, params.get("group"))
+
+    # ---------------------------------------------------------------- execution
+    def _tile(self, op: str, name: str, t: torch.Tensor, bounds: tuple[int, int]) -> torch.Tensor:
+        mode = PLACEMENT[op][name]
+        r0, r1 = bounds
+        if mode == _SPLIT0:
+            return t[r0:r1]
+        if mode == _SPLIT1:
+            return t[:, r0:r1]
+        return t
+
+    def _run(self, op: str, tensors: dict, group: int | None,
+             cached: dict[str, list[list[int | None]]] | None = None):
+        """Tile, place scratch streams, compile per rank, launch in lockstep, gather."""
+        spec = ref.get_op(op)
+        cached = cached or {}
+        shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+        for name, slot_addrs in cached.items():  # cached operand: K slots tiled like x
+            shapes[name] = (len(slot_addrs),) + shapes["x"]
+        split_name = next(n for n in spec.inputs if PLACEMENT[op][n] == _SPLIT0)
+        bounds = tile_bounds(shapes[split_name][0], self.n_ranks)
+        plans = []  # per rank: (tiles, tile shapes), or None for an empty tile
+        for (r0, r1), tiled in zip(bounds, tile_shapes(op, shapes, self.n_ranks)):
+            if tiled is None:
+                plans.append(None)
+                continue
+            tiles = {n: self._tile(op, n, t, (r0, r1)) for n, t in tensors.items()}
+            plans.append((tiles, tiled))
+        if not any(plans):
+            return self._empty_result(spec, tensors, group)
+        scratch = [self._scratch_words(op, p, group, cached) for p in plans]
+        addrs = self._alloc(scratch, f"{op} operands and result")
+        try:
+            jobs, layouts = [], []
+            for rank, plan in enumerate(plans):
+                if plan is None:
+                    layouts.append(None)
+                    continue
+                layout = self._place(op, rank, plan, addrs[rank], group, cached)
+                layouts.append(layout)
+                jobs.append((rank, compiler.compile_op(op, self.cfg, plan[1], layout, group)))
+            results = self._launch(jobs)
+            return self._gather(spec, tensors, plans, layouts, results, jobs)
+        finally:
+            self._release(addrs, scratch)
+
+    def _scratch_words(self, op: str, plan, group, cached) -> int:
+        if plan is None:
+            return 0
+        words = compiler.stream_words(op, self.cfg, plan[1], group)
+        k = plan[1]["g"][0] if op == "segment" else 1
+        return sum(w * (k if op == "segment" and n in ("g", "c") else 1)
+                   for n, w in words.items() if n not in cached)
+
+    def _place(self, op: str, rank: int, plan, base: int, group, cached) -> dict:
+        """Write the rank's scratch operands from word ``base``; return the program layout."""
+        tiles, shapes = plan
+        words = compiler.stream_words(op, self.cfg, shapes, group)
+        layout: dict = {}
+        addr = base
+        for name, n_words in words.items():
+            if name in cached:
+                layout[name] = [slot_addrs[rank] for slot_addrs in cached[name]]
+                continue
+            layout[name] = addr
+            if name in tiles:
+                t = tiles[name]
+                packed = pack_int8_words(t, self.cfg.lanes) if name == "q" else \
+                    self._pack_rows(op, name, t)
+                self._write(rank, addr, packed)
+                addr += packed.shape[0]
+            else:
+                addr += n_words
+        return layout
+
+    def _pack_rows(self, op: str, name: str, t: torch.Tensor) -> np.ndarray:
+        if op == "segment" and name in ("g", "c"):  # K rows, each from a word boundary
+            return np.concatenate([pack_words(to_bits(row), self.cfg.lanes) for row in t])
+        return pack_words(to_bits(t), self.cfg.lanes)
+
+    def _launch(self, jobs: list[tuple[int, Program]]):
+        results = self.backend.execute_many(self.cfg, [(p, self.mems[r]) for r, p in jobs])
+        for (rank, program), res in zip(jobs, results):
+            if res.status != Status.OK:
+                raise RuntimeError(f"rank {rank}: NME rejected a compiled program with status "
+                                   f"{Status(res.status).name} (a compiler or backend bug)")
+            self.mems[rank] = res.mem
+            self.stats["cmd_bytes"] += 8 * (1 + len(program.uops))
+        self.stats["programs"] += 1
+        self.stats["rank_programs"] += len(jobs)
+        self.stats["nme_cycles"] += max(res.cycles for res in results)
+        return results
+
+    def _gather(self, spec, tensors, plans, layouts, results, jobs):
+        if spec.output == "l1":
+            total = np.float32(0.0)
+            for res in results:  # rank order
+                total = np.float32(total + np.float32(res.l1))
+            return float(total)
+        parts = []
+        for (rank, program), _res in zip(jobs, results):
+            n = program.n_elems
+            words = compiler.words_for(n, self.cfg.lanes)
+            parts.append(unpack_words(self._read(rank, layouts[rank]["y"], words), n))
+        first = tensors[spec.inputs[0]]
+        out_shape = tuple(first.shape)
+        return from_bits(np.concatenate(parts).reshape(out_shape), self.cfg.fmt)
+
+    def _empty_result(self, spec, tensors, group):
+        if spec.output == "l1":
+            return 0.0
+        return torch.empty(tuple(tensors[spec.inputs[0]].shape), dtype=self.dtype)

@@ -1,0 +1,221 @@
+"""``coda nme run``: tensors from a .npz file through one cache operator on the NMP.
+
+Usage::
+
+    coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz \\
+                 [--backend torch|rtl] [--lanes N] [--dimms D] [--ranks R] [--mem-words W]
+    coda nme run --op OP --fmt F --make-example IN.npz [--lanes N] [--seed S]
+
+IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.ops`:
+``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
+dequant_int8): floating-point inputs as uint16 arrays of raw bf16/fp16 bit patterns, ``q`` as
+int8, ``group`` as an integer scalar. OUT.npz receives ``y`` (uint16 bit patterns) or, for
+l1_distance, ``l1`` (a float32 scalar). A one-line summary goes to stdout. Bad files, keys,
+dtypes or shapes print one clear error line and exit with status 2.
+
+``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
+with a masked tail and a token count that splits unevenly over ranks) instead of running.
+Also runnable as ``python -m coda.host.nme_cli ...`` (the same options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coda.hw.isa import NMEConfig
+from coda.host import ops as ref
+from coda.host.backend import BACKENDS, get_backend
+from coda.host.bits import from_bits, to_bits, torch_dtype
+from coda.host.driver import NMPCapacityError, NMPDriver, tile_shapes
+from coda.host import compiler
+
+__all__ = ["configure", "main", "make_example", "read_inputs"]
+
+# Smallest and largest rank memory the CLI picks when --mem-words is not given (words).
+_MIN_MEM_WORDS = 1 << 10
+_MAX_MEM_WORDS = 1 << 24
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``coda nme run`` to ``parser``."""
+    parser.add_argument("--op", required=True, help=f"operator: {', '.join(ref.OPS)}")
+    parser.add_argument("--fmt", default="bf16", help="element format: bf16 or fp16")
+    parser.add_argument("--inputs", help="input .npz (see module doc)")
+    parser.add_argument("--out", help="output .npz (y or l1)")
+    parser.add_argument("--backend", default="torch", help=f"one of {', '.join(BACKENDS)}")
+    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes (1..64)")
+    parser.add_argument("--depth", type=int, default=64, help="NME buffer depth in words")
+    parser.add_argument("--dimms", type=int, default=1, help="DIMMs")
+    parser.add_argument("--ranks", type=int, default=1, help="ranks per DIMM")
+    parser.add_argument("--mem-words", type=int, default=None,
+                        help="words per rank memory (default: smallest power of two that fits)")
+    parser.add_argument("--make-example", metavar="IN.npz", default=None,
+                        help="write a random example input file for --op/--fmt and exit")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --make-example")
+
+
+def _fail(msg: str) -> int:
+    print(f"coda nme run: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the command; returns the exit status (0 ok, 2 bad input)."""
+    try:
+        if args.make_example:
+            path = make_example(args.make_example, args.op, args.fmt, args.lanes, args.seed)
+            print(f"wrote example inputs of {args.op} ({args.fmt}) to {path}")
+            return 0
+        if not args.inputs or not args.out:
+            raise ValueError("--inputs IN.npz and --out OUT.npz are required "
+                             "(or --make-example IN.npz)")
+        return _run(args)
+    except (ValueError, KeyError, FileNotFoundError, NMPCapacityError, RuntimeError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        return _fail(str(msg))
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = ref.get_op(args.op)
+    inputs = read_inputs(args.inputs, args.op, args.fmt)
+    tensors = {n: inputs[n] for n in spec.inputs}
+    params = {n: inputs[n] for n in spec.params}
+    meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
+    spec(**meta, **params)  # shape errors before any memory is sized
+    n_ranks = args.dimms * args.ranks
+    mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
+                                                 params.get("group"), n_ranks)
+    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
+    driver = NMPDriver(get_backend(args.backend), cfg, dimms=args.dimms, ranks=args.ranks)
+    start = time.perf_counter()
+    result = driver.run_op(args.op, **tensors, **params)
+    wall = time.perf_counter() - start
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if spec.output == "l1":
+        np.savez(out, l1=np.float32(result))
+        shown = f"l1={result:.6g}"
+    else:
+        np.savez(out, y=to_bits(result))
+        shown = f"y{list(result.shape)}"
+    first = tensors[spec.inputs[0]]
+    print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
+          f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
+          f"nme_cycles={driver.stats['nme_cycles']} programs={driver.stats['rank_programs']} "
+          f"wall={wall * 1e3:.1f} ms -> {out}")
+    return 0
+
+
+def read_inputs(path: str | Path, op: str, fmt: str) -> dict:
+    """Load the inputs of ``op`` from a .npz file: float inputs as ``fmt`` tensors (from
+    uint16 bit patterns), ``q`` as an int8 tensor, ``group`` as an int.
+
+    Raises FileNotFoundError, or ValueError naming the missing key / bad dtype / what was
+    expected.
+    """
+    spec = ref.get_op(op)
+    torch_dtype(fmt)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"inputs file {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise ValueError(f"{str(path)!r} is not a readable .npz file ({exc})") from None
+    needed = spec.inputs + spec.params
+    missing = [n for n in needed if n not in arrays]
+    if missing:
+        raise ValueError(f"{str(path)!r} has no array {missing[0]!r}: op {op} needs "
+                         f"{list(needed)}, the file has {sorted(arrays)}")
+    out: dict = {}
+    for name in spec.inputs:
+        arr = arrays[name]
+        if name == "q":
+            if arr.dtype != np.int8:
+                raise ValueError(f"array 'q' has dtype {arr.dtype}, expected int8")
+            out[name] = torch.from_numpy(arr.copy())
+        else:
+            if arr.dtype != np.uint16:
+                raise ValueError(f"array {name!r} has dtype {arr.dtype}, expected uint16 "
+                                 f"(raw {fmt} bit patterns)")
+            out[name] = from_bits(arr, fmt)
+    for name in spec.params:
+        arr = arrays[name]
+        if arr.shape != () or arr.dtype.kind not in "iu":
+            raise ValueError(f"array {name!r} is {arr.dtype} of shape {arr.shape}, "
+                             f"expected an integer scalar")
+        out[name] = int(arr)
+    return out
+
+
+def _fit_mem_words(op: str, lanes: int, fmt: str, tensors: dict, group, n_ranks: int) -> int:
+    """Smallest power of two of words (>= 1024) that holds the largest rank's operands."""
+    cfg = NMEConfig(lanes=lanes, fmt=fmt, mem_words=_MAX_MEM_WORDS)
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    ends = [compiler.plan_layout(op, cfg, tiled, group)[1]
+            for tiled in tile_shapes(op, shapes, n_ranks) if tiled is not None]
+    words = _MIN_MEM_WORDS
+    while words < max(ends, default=0) and words < _MAX_MEM_WORDS:
+        words *= 2
+    return words
+
+
+def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
+                 seed: int = 0) -> Path:
+    """Write a runnable example input file for ``op``: T = 37 tokens (uneven over ranks),
+    C = 4 * lanes channels, N = T*C + 5 elements for flat operators (a masked tail), K = 3
+    segment terms, group G = 2 * lanes; values normal(0, 1) rounded to ``fmt`` (scales and
+    gates uniform in [0, 1)); deterministic for a given ``seed``. Returns the path.
+    """
+    spec = ref.get_op(op)
+    dtype = torch_dtype(fmt)
+    gen = torch.Generator().manual_seed(int(seed))
+    t, c, k, group = 37, 4 * int(lanes), 3, 2 * int(lanes)
+    n = t * c + 5
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    def unit(*shape):
+        return torch.rand(*shape, generator=gen).to(dtype)
+
+    if op in ("add", "sub", "mul", "l1_distance"):
+        arrays = {"a": normal(n), "b": normal(n)}
+    elif op == "scale":
+        arrays = {"a": normal(t, c), "s": unit(c)}
+    elif op == "gated_residual":
+        arrays = {"x": normal(t, c), "g": unit(c), "c": normal(t, c)}
+    elif op == "segment":
+        arrays = {"x": normal(t, c), "g": unit(k, c), "c": normal(k, t, c)}
+    elif op == "cfg_combine":
+        arrays = {"u": normal(t, c), "c": normal(t, c), "s": torch.tensor(7.5, dtype=dtype)}
+    else:  # dequant_int8
+        q = torch.randint(-128, 128, (t, c), generator=gen, dtype=torch.int8)
+        arrays = {"q": q, "scale": unit(t, c // group) / 64}
+    assert set(arrays) == set(spec.inputs)
+    out = {name: (v.numpy() if v.dtype == torch.int8 else to_bits(v)) for name, v in arrays.items()}
+    if spec.params:
+        out["group"] = np.int64(group)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **out)
+    return path
+
+
+def _standalone(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coda.host.nme_cli",
+                                     description="run one cache operator on the NMP")
+    configure(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(_standalone())
