@@ -1,0 +1,156 @@
+"""One SIMD lane of the NME: FPMul then FPAdd in series, and the fp32 |a-b| accumulator.
+
+The lane is a 3-stage pipeline (plus the accumulator stage) fed by the NME's stage-1 operands
+``p``, ``q``, ``r`` (one element each, format bit patterns):
+
+====== ==================================================================================
+stage  what happens
+====== ==================================================================================
+S1     operands arrive; the FPMul operand registers load (MUL: P, R; MAC: Q, R)
+S2     ``prod = FPMul(mul_a, mul_b)``; the FPAdd operand registers load
+       (ADD/SUB: P, R; MAC: P, prod) and the L1 subtractor's widened operands load
+S3     ``sum = FPAdd(add_a, add_b, sub)``; ``y`` is valid (MOV: R, MUL: prod, else sum);
+       L1: ``|f32(P) - f32(R)|`` loads the accumulator's operand register
+S4     L1: ``acc += |d|`` (fp32)
+====== ==================================================================================
+
+Each ``+ - *`` is one IEEE-754 operation of :mod:`coda.hw.fp` (two roundings for MAC, as the
+ISA requires). With operand isolation the operand registers of a functional unit load only
+when the lane holds a valid element and the current micro-op uses that unit; without it they
+load every cycle. ``toggles`` counts the bits of those registers that changed in the previous
+cycle (from shadow copies, so the count sits beside the datapath, not on it).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .fp import FP32, FPAdd, FPFormat, FPMul, FPWiden
+
+__all__ = ["NMELane", "RES_R", "RES_PROD", "RES_SUM", "popcount"]
+
+# y selection (``res_sel``): which stage-3 value is the lane's result.
+RES_R = 0      # MOV
+RES_PROD = 1   # MUL
+RES_SUM = 2    # ADD, SUB, MAC
+
+
+def popcount(value) -> "Value":
+    """Number of 1 bits of ``value`` as a balanced adder tree (width grows by 1 per level)."""
+    bits = [value[i] for i in range(len(value))]
+    if not bits:
+        return Const(0, 1)
+    level = [b.as_unsigned() for b in bits]
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+class NMELane(wiring.Component):
+    """One lane's datapath.
+
+    Parameters:
+        fmt: element format (:class:`coda.hw.fp.FPFormat`, 16 bits wide).
+        operand_isolation: gate the FU operand registers (see module docstring).
+
+    Members (controls are constant during a pass, so they are not pipelined):
+        op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
+        op_add, add_b_mul, sub: In(1): the op uses FPAdd; its ``b`` is the product (MAC)
+            rather than R; subtract (SUB).
+        op_l1: In(1): the op accumulates ``|f32(P) - f32(R)|``.
+        res_sel: In(2): ``RES_R``, ``RES_PROD`` or ``RES_SUM``.
+        v1: In(1): a word is in stage 1; m1: In(1): this lane of it is valid (not tail-masked).
+        p, q, r: In(16): stage-1 operands.
+        y: Out(16): the stage-3 result (valid 2 cycles after ``v1``).
+        acc_clear: In(1): set the accumulator to +0 (program start).
+        acc: Out(32): fp32 accumulator bits.
+        toggles: Out(8): operand-register bit toggles seen in the previous cycle (<= 160).
+    """
+
+    def __init__(self, fmt: FPFormat, operand_isolation: bool = True):
+        if not isinstance(fmt, FPFormat):
+            raise TypeError(f"fmt={fmt!r}: expected a coda.hw.fp.FPFormat")
+        self.fmt = fmt
+        if fmt.width != 16:
+            raise ValueError(f"fmt={fmt.name}: expected a 16-bit element format (bf16, fp16)")
+        self.operand_isolation = bool(operand_isolation)
+        super().__init__({
+            "op_mul": In(1), "mul_a_q": In(1), "op_add": In(1), "add_b_mul": In(1),
+            "sub": In(1), "op_l1": In(1), "res_sel": In(2),
+            "v1": In(1), "m1": In(1), "p": In(16), "q": In(16), "r": In(16),
+            "y": Out(16), "acc_clear": In(1), "acc": Out(32), "toggles": Out(8),
+        })
+
+    def _load_when(self, valid, lane_ok, used):
+        """Load enable of an FU operand register: always, or only when it does useful work."""
+        return (valid & lane_ok & used) if self.operand_isolation else Const(1, 1)
+
+    def elaborate(self, platform):
+        m = Module()
+        fmt = self.fmt
+        m.submodules.mul = mul = FPMul(fmt)
+        m.submodules.add = add = FPAdd(fmt)
+        m.submodules.widen_p = widen_p = FPWiden(fmt, FP32)
+        m.submodules.widen_r = widen_r = FPWiden(fmt, FP32)
+        m.submodules.diff = diff = FPAdd(FP32)
+        m.submodules.accum = accum = FPAdd(FP32)
+
+        # S1 -> S2
+        mul_a, mul_b = Signal(16), Signal(16)
+        p2, r2 = Signal(16), Signal(16)
+        v2, m2 = Signal(), Signal()
+        with m.If(self._load_when(self.v1, self.m1, self.op_mul)):
+            m.d.sync += [mul_a.eq(Mux(self.mul_a_q, self.q, self.p)), mul_b.eq(self.r)]
+        with m.If(self.v1):
+            m.d.sync += [p2.eq(self.p), r2.eq(self.r)]
+        m.d.sync += [v2.eq(self.v1), m2.eq(self.m1)]
+        m.d.comb += [mul.a.eq(mul_a), mul.b.eq(mul_b)]
+
+        # S2 -> S3
+        add_a, add_b = Signal(16), Signal(16)
+        l1_a, l1_b = Signal(32), Signal(32)
+        bypass3 = Signal(16)
+        v3, m3 = Signal(), Signal()
+        with m.If(self._load_when(v2, m2, self.op_add)):
+            m.d.sync += [add_a.eq(p2), add_b.eq(Mux(self.add_b_mul, mul.y, r2))]
+        m.d.comb += [widen_p.a.eq(p2), widen_r.a.eq(r2)]
+        with m.If(self._load_when(v2, m2, self.op_l1)):
+            m.d.sync += [l1_a.eq(widen_p.y), l1_b.eq(widen_r.y)]
+        with m.If(v2):
+            m.d.sync += bypass3.eq(Mux(self.res_sel == RES_PROD, mul.y, r2))
+        m.d.sync += [v3.eq(v2), m3.eq(m2)]
+        m.d.comb += [add.a.eq(add_a), add.b.eq(add_b), add.sub.eq(self.sub)]
+        m.d.comb += self.y.eq(Mux(self.res_sel == RES_SUM, add.y, bypass3))
+
+        # S3 -> S4: |f32(P) - f32(R)|, the sign bit cleared (|NaN| stays a NaN)
+        m.d.comb += [diff.a.eq(l1_a), diff.b.eq(l1_b), diff.sub.eq(1)]
+        l1_d = Signal(32)
+        v4 = Signal()
+        with m.If(self._load_when(v3, m3, self.op_l1)):
+            m.d.sync += l1_d.eq(Cat(diff.y[:31], Const(0, 1)))
+        m.d.sync += v4.eq(v3 & m3 & self.op_l1)
+
+        # S4: the accumulator
+        acc = Signal(32)
+        m.d.comb += [accum.a.eq(acc), accum.b.eq(l1_d), accum.sub.eq(0), self.acc.eq(acc)]
+        with m.If(self.acc_clear):
+            m.d.sync += acc.eq(0)
+        with m.Elif(v4):
+            m.d.sync += acc.eq(accum.y)
+
+        self._count_toggles(m, [mul_a, mul_b, add_a, add_b, l1_a, l1_b, l1_d])
+        return m
+
+    def _count_toggles(self, m, regs):
+        """Shadow each operand register one cycle late; count differing bits (registered)."""
+        flips = []
+        for reg in regs:
+            shadow = Signal.like(reg, name=f"{reg.name}_prev")
+            m.d.sync += shadow.eq(reg)
+            flips.append(reg ^ shadow)
+        m.d.sync += self.toggles.eq(popcount(Cat(*flips)))

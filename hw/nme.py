@@ -1,0 +1,560 @@
+"""The Near-Memory Engine: command intake, program check, strip-mined execution over streams.
+
+The instruction set, the validation rules and the encodings are :mod:`coda.hw.isa` (binding);
+this module is one implementation of it.
+
+Organisation
+------------
+- **Intake**: the header then ``n_uops`` micro-op words go into the instruction memory
+  (``imem_depth`` x 64 bits). All ``n_uops`` words are consumed even when there are more
+  than ``imem_depth`` (they are dropped and the program is rejected with ``BAD_LENGTH``).
+- **Check**: a walk over the micro-ops applies exactly :func:`coda.hw.isa.validate`, with a
+  sequential divider for ``W = ceil(N / lanes)`` (only when ``lanes`` is not a power of two,
+  32 cycles) and a sequential shift-add multiplier for the GROUP extent (<= 22 cycles). The
+  GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
+  ``W - 1 >= (mem_words - addr) * param * L`` (same truth value for positive integers,
+  no division). Nothing touches memory before the whole program is accepted.
+- **Execution**: for each block of ``depth`` words, for each micro-op, one *pass* over the
+  block. A pass whose R operand comes from memory issues its read requests back to back and
+  feeds each response into the lane pipeline as it arrives (responses are always accepted:
+  the pipeline never stalls during a read pass). A pass with R from a buffer feeds one word
+  per cycle; with ``store`` its results go through an 8-word FIFO to the memory request port,
+  and words enter the pipeline only while the FIFO has room for them (credit count), so
+  ``mem_req_ready`` back-pressure loses nothing. Passes drain completely before the next one
+  starts (buffer read-after-write and memory write-then-read order are then trivially kept).
+- **Stream phases**: each instruction slot has a phase record (next request address,
+  CHAN/GROUP counter, GROUP lane) carried from one block's pass to the next, so no division
+  happens at run time.
+- **Buffers**: ``nbuf`` memories of ``depth`` x ``16*lanes`` bits, one synchronous read port
+  (all of P, Q, R read the same word index in a pass) and one write port each.
+- **Reset**: the synchronous ``rst`` returns everything to idle. Read responses still in
+  flight from before a reset are counted by a reset-less counter and dropped: a read pass
+  starts only when no read is outstanding.
+
+Cycle cost (measured by ``tests/test_nme_sim.py``): about ``blen + 6`` cycles per buffer
+pass and ``blen + latency + 5`` per memory pass, plus a few cycles of intake and check.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .fp import FP32, FPAdd, Int8ToFP, fp_format
+from .isa import ADDR_BITS, PARAM_BITS, NMEConfig, Op, RSrc, Status
+from .lane import RES_PROD, RES_R, RES_SUM, NMELane
+
+__all__ = ["NME", "STORE_FIFO_DEPTH"]
+
+#: Words of store results the NME can hold while the memory refuses requests; 8 covers the
+#: issue-to-transfer round trip (about 6 cycles) so a store pass keeps one word per cycle.
+STORE_FIFO_DEPTH = 8
+
+
+class NME(wiring.Component):
+    """One Near-Memory Engine (clock domain ``sync``; Verilog ports ``clk``, ``rst``).
+
+    Parameters:
+        cfg: :class:`coda.hw.isa.NMEConfig` (lanes L, fmt, depth, nbuf, imem_depth,
+            max_streams, mem_words, max_elems, operand_isolation).
+
+    Members (L = ``cfg.lanes``):
+        cmd_valid: In(1), cmd_ready: Out(1), cmd_data: In(64): command words (header, then
+            micro-ops, :mod:`coda.hw.isa` encodings); a word transfers on valid & ready.
+        mem_req_valid: Out(1), mem_req_ready: In(1): one memory request per valid & ready;
+            valid is a register output and never waits on ready.
+        mem_req_we: Out(1): 1 write, 0 read. mem_req_addr: Out(24): word address.
+        mem_req_wdata: Out(16*L): word to write. mem_req_wmask: Out(L): per-element write
+            enable (tail lanes 0).
+        mem_rsp_valid: In(1), mem_rsp_data: In(16*L): read data, one per read, in order,
+            latency >= 1 cycle, always accepted.
+        busy: Out(1): from the accepted header until (not including) the ``done`` cycle.
+        done: Out(1): one-cycle pulse at the end of every program (good or bad).
+        status: Out(3): :class:`coda.hw.isa.Status` of the last program.
+        l1: Out(32): fp32 bits of the last program's L1 sum (0 if it had no L1 op / failed).
+        dbg_fu_toggles: Out(32): saturating count of bit toggles of all FU operand
+            registers of all lanes since reset (for the operand-isolation measurement).
+
+    Raises:
+        TypeError: ``cfg`` is not an :class:`NMEConfig`.
+    """
+
+    def __init__(self, cfg: NMEConfig):
+        if not isinstance(cfg, NMEConfig):
+            raise TypeError(f"cfg={cfg!r}: expected a coda.hw.isa.NMEConfig")
+        self.cfg = cfg
+        lanes = cfg.lanes
+        super().__init__({
+            "cmd_valid": In(1), "cmd_ready": Out(1), "cmd_data": In(64),
+            "mem_req_valid": Out(1), "mem_req_ready": In(1), "mem_req_we": Out(1),
+            "mem_req_addr": Out(ADDR_BITS), "mem_req_wdata": Out(16 * lanes),
+            "mem_req_wmask": Out(lanes),
+            "mem_rsp_valid": In(1), "mem_rsp_data": In(16 * lanes),
+            "busy": Out(1), "done": Out(1), "status": Out(3), "l1": Out(32),
+            "dbg_fu_toggles": Out(32),
+        })
+
+    # ------------------------------------------------------------------------------------
+    def elaborate(self, platform):
+        cfg = self.cfg
+        L, D, NB, IM = cfg.lanes, cfg.depth, cfg.nbuf, cfg.imem_depth
+        m = Module()
+        fmt = fp_format(cfg.fmt)
+
+        # ---- storage ----------------------------------------------------------------------
+        m.submodules.imem = imem = Memory(shape=64, depth=IM, init=[])
+        imem_w, imem_r = imem.write_port(), imem.read_port()
+        slot_bits = ADDR_BITS + PARAM_BITS + 6
+        m.submodules.slots = slots = Memory(shape=slot_bits, depth=IM, init=[])
+        slot_w, slot_r = slots.write_port(), slots.read_port()
+        bufs, buf_rd, buf_wr = [], [], []
+        for b in range(NB):
+            mem = Memory(shape=16 * L, depth=D, init=[])
+            m.submodules[f"buf{b}"] = mem
+            buf_rd.append(mem.read_port())
+            buf_wr.append(mem.write_port())
+        m.submodules.store_fifo = fifo = SyncFIFO(width=16 * L, depth=STORE_FIFO_DEPTH)
+
+        lanes = []
+        for j in range(L):
+            lane = NMELane(fmt, cfg.operand_isolation)
+            m.submodules[f"lane{j}"] = lane
+            lanes.append(lane)
+
+        # ---- program registers -------------------------------------------------------------
+        n_uops = Signal(8)
+        n_elems = Signal(32)
+        n_words = Signal(32)                 # W = ceil(N / L)
+        tail_mask = Signal(L)                # valid lanes of word W-1
+        ld_cnt = Signal(8)
+        k = Signal(8)                        # micro-op index (check and execution)
+        streams = Signal(9)
+        has_l1 = Signal()
+        status_r = Signal(3)
+        l1_r = Signal(32)
+        m.d.comb += [self.status.eq(status_r), self.l1.eq(l1_r)]
+        m.d.comb += [imem_r.addr.eq(k), slot_r.addr.eq(k), slot_w.addr.eq(k)]
+
+        # current micro-op (latched per pass)
+        cur_op, cur_rsrc, cur_store = Signal(4), Signal(3), Signal()
+        cur_d, cur_p, cur_q, cur_r = Signal(4), Signal(4), Signal(4), Signal(4)
+        cur_addr, cur_param = Signal(ADDR_BITS), Signal(PARAM_BITS)
+        read_pass = Signal()                 # R comes from memory
+        m.d.comb += read_pass.eq(cur_rsrc != RSrc.BUF)
+
+        # block and pass counters
+        base = Signal(32)
+        blen = Signal(range(D + 1))
+        last_block = Signal()
+        idx_w = max(1, ceil_log2(D))
+        i_cnt = Signal(range(D + 1))         # words entered (BUF pass) / requested (read pass)
+        j_cnt = Signal(range(D + 1))         # responses taken (read pass)
+        s_cnt = Signal(range(D + 1))         # stores requested (store pass)
+        # stream phase, issue side (saved per slot) and response side
+        ra = Signal(ADDR_BITS)
+        ph, ph_r = Signal(PARAM_BITS), Signal(PARAM_BITS)
+        elane, elane_r = Signal(6), Signal(6)
+        par_i, par_r = Signal(), Signal()    # parity of the word index (INT8 half)
+
+        # ---- memory request register -------------------------------------------------------
+        req_valid, req_we = Signal(), Signal()
+        req_addr = Signal(ADDR_BITS)
+        req_wdata, req_wmask = Signal(16 * L), Signal(L)
+        m.d.comb += [self.mem_req_valid.eq(req_valid), self.mem_req_we.eq(req_we),
+                     self.mem_req_addr.eq(req_addr), self.mem_req_wdata.eq(req_wdata),
+                     self.mem_req_wmask.eq(req_wmask)]
+        req_free = Signal()
+        m.d.comb += req_free.eq(~req_valid | self.mem_req_ready)
+        read_xfer = Signal()
+        store_xfer = Signal()
+        m.d.comb += [read_xfer.eq(req_valid & self.mem_req_ready & ~req_we),
+                     store_xfer.eq(req_valid & self.mem_req_ready & req_we)]
+
+        # reads in flight survive a reset (the memory will still answer them)
+        outstanding = Signal(range(D + 2), reset_less=True)
+        m.d.sync += outstanding.eq(outstanding + read_xfer - self.mem_rsp_valid)
+
+        # store credits: words entered into the pipeline whose store has not transferred
+        used = Signal(range(STORE_FIFO_DEPTH + 1))
+
+        # ---- pipeline control --------------------------------------------------------------
+        run = Signal()                       # in X_RUN
+        issue_read = Signal()
+        enter = Signal()                     # a word enters stage 0 this cycle
+        idx0 = Signal(idx_w)
+        v1, v2, v3, v4 = Signal(), Signal(), Signal(), Signal()
+        idx1, idx2, idx3 = Signal(idx_w), Signal(idx_w), Signal(idx_w)
+        last1 = Signal()
+        half1 = Signal()
+        elane1 = Signal(6)
+        rsp1 = Signal(16 * L)
+        acc_clear = Signal()
+
+        m.d.comb += [
+            issue_read.eq(run & read_pass & (i_cnt < blen) & req_free),
+            enter.eq(run & Mux(read_pass, self.mem_rsp_valid,
+                               (i_cnt < blen) & (~cur_store | (used < STORE_FIFO_DEPTH)))),
+            idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
+        ]
+        for rp in buf_rd:
+            m.d.comb += rp.addr.eq(idx0)
+        m.d.sync += [v1.eq(enter), idx1.eq(idx0), idx2.eq(idx1), idx3.eq(idx2),
+                     v2.eq(v1), v3.eq(v2), v4.eq(v3),
+                     last1.eq(last_block & (idx0 == blen - 1)),
+                     half1.eq(par_r), elane1.eq(elane_r)]
+        with m.If(self.mem_rsp_valid & run & read_pass):
+            m.d.sync += rsp1.eq(self.mem_rsp_data)
+        pipe_empty = Signal()
+        m.d.comb += pipe_empty.eq(~enter & ~v1 & ~v2 & ~v3 & ~v4)
+
+        self._stream_advance(m, cfg, issue_read, enter & read_pass, cur_rsrc, cur_param,
+                             cur_addr, ra, ph, ph_r, elane, elane_r, par_i, par_r)
+        self._lanes_stage1(m, cfg, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
+                           cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
+
+        # stage 3: buffer write or store FIFO
+        result = Signal(16 * L)
+        m.d.comb += result.eq(Cat(*[lane.y for lane in lanes]))
+        writes_buf = Signal()
+        m.d.comb += writes_buf.eq(~cur_store & (cur_op != Op.L1))
+        for b, wp in enumerate(buf_wr):
+            m.d.comb += [wp.addr.eq(idx3), wp.data.eq(result),
+                         wp.en.eq(v3 & writes_buf & (cur_d == b))]
+        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(v3 & cur_store)]
+
+        # ---- request register: reads of a read pass, or the store FIFO's head ----------------
+        store_last = Signal()
+        m.d.comb += store_last.eq(last_block & (s_cnt == blen - 1))
+        with m.If(req_free):
+            m.d.sync += req_valid.eq(0)
+            with m.If(issue_read):
+                m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
+                             i_cnt.eq(i_cnt + 1)]
+            with m.Elif(run & cur_store & fifo.r_rdy):
+                m.d.comb += fifo.r_en.eq(1)
+                m.d.sync += [req_valid.eq(1), req_we.eq(1), req_addr.eq(ra),
+                             req_wdata.eq(fifo.r_data),
+                             req_wmask.eq(Mux(store_last, tail_mask, Const((1 << L) - 1, L))),
+                             ra.eq(ra + 1), s_cnt.eq(s_cnt + 1)]
+        with m.If(enter & ~read_pass):
+            m.d.sync += i_cnt.eq(i_cnt + 1)
+        with m.If(enter & read_pass):
+            m.d.sync += j_cnt.eq(j_cnt + 1)
+        m.d.sync += used.eq(used + (enter & cur_store) - store_xfer)
+
+        # ---- the sequencer -----------------------------------------------------------------
+        div_q = Signal(32)
+        div_r = Signal(range(2 * L + 1))
+        div_n = Signal(6)
+        mul_acc = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
+        mul_cand = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
+        mul_plier = Signal(PARAM_BITS + 7)
+        sum_acc = Signal(32)
+        sum_j = Signal(range(L))
+        m.submodules.l1_sum = l1_add = FPAdd(FP32)
+        acc_sel = Array([lane.acc for lane in lanes])[sum_j]
+        m.d.comb += [l1_add.a.eq(sum_acc), l1_add.b.eq(acc_sel), l1_add.sub.eq(0)]
+
+        op_f = imem_r.data[0:4]
+        rsrc_f = imem_r.data[4:7]
+        store_f = imem_r.data[7]
+        d_f, p_f, q_f, r_f = (imem_r.data[8:12], imem_r.data[12:16],
+                              imem_r.data[16:20], imem_r.data[20:24])
+        addr_f = imem_r.data[24:48]
+        param_f = imem_r.data[48:64]
+
+        def finish(code, l1_bits=0):
+            m.d.sync += [status_r.eq(code), l1_r.eq(l1_bits)]
+            m.next = "FINISH"
+
+        with m.FSM(name="seq") as fsm:
+            with m.State("IDLE"):
+                m.d.comb += self.cmd_ready.eq(1)
+                with m.If(self.cmd_valid):
+                    m.d.sync += [n_uops.eq(self.cmd_data[0:8]), n_elems.eq(self.cmd_data[8:40]),
+                                 ld_cnt.eq(0)]
+                    with m.If(self.cmd_data[0:8] == 0):
+                        m.next = "V_LEN"
+                    with m.Else():
+                        m.next = "LOAD"
+
+            with m.State("LOAD"):
+                m.d.comb += self.cmd_ready.eq(1)
+                with m.If(self.cmd_valid):
+                    m.d.comb += [imem_w.addr.eq(ld_cnt), imem_w.data.eq(self.cmd_data),
+                                 imem_w.en.eq(ld_cnt < IM)]
+                    m.d.sync += ld_cnt.eq(ld_cnt + 1)
+                    with m.If(ld_cnt == n_uops - 1):
+                        m.next = "V_LEN"
+
+            with m.State("V_LEN"):
+                m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0),
+                             div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
+                with m.If((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
+                          | (n_elems > cfg.max_elems)):
+                    finish(Status.BAD_LENGTH)
+                with m.Else():
+                    m.next = "V_DIV"
+
+            with m.State("V_DIV"):
+                self._words_and_tail(m, cfg, n_elems, n_words, tail_mask, div_q, div_r, div_n,
+                                     done_state="V_FETCH")
+
+            with m.State("V_FETCH"):
+                m.next = "V_CHECK"
+
+            with m.State("V_CHECK"):
+                self._check_uop(m, cfg, op_f, rsrc_f, store_f, d_f, p_f, q_f, r_f, addr_f,
+                                param_f, n_words, streams, has_l1, slot_w, finish,
+                                mul_acc, mul_cand, mul_plier)
+
+            with m.State("V_GROUP"):
+                # shift-add: mul_acc = (mem_words - addr) * (param * L)
+                with m.If(mul_plier == 0):
+                    with m.If(n_words - 1 >= mul_acc):
+                        finish(Status.BAD_ADDR)
+                    with m.Else():
+                        m.next = "V_NEXT"
+                with m.Else():
+                    with m.If(mul_plier[0]):
+                        m.d.sync += mul_acc.eq(mul_acc + mul_cand)
+                    m.d.sync += [mul_plier.eq(mul_plier >> 1), mul_cand.eq(mul_cand << 1)]
+
+            with m.State("V_NEXT"):
+                m.d.sync += k.eq(k + 1)
+                with m.If(k == n_uops - 1):
+                    m.next = "V_END"
+                with m.Else():
+                    m.next = "V_FETCH"
+
+            with m.State("V_END"):
+                with m.If(streams > cfg.max_streams):
+                    finish(Status.TOO_MANY_STREAMS)
+                with m.Else():
+                    m.d.comb += acc_clear.eq(1)
+                    m.d.sync += base.eq(0)
+                    m.next = "X_BLOCK"
+
+            with m.State("X_BLOCK"):
+                left = n_words - base
+                m.d.sync += [k.eq(0), blen.eq(Mux(left >= D, D, left)),
+                             last_block.eq(left <= D)]
+                m.next = "X_FETCH"
+
+            with m.State("X_FETCH"):
+                m.next = "X_LOAD"
+
+            with m.State("X_LOAD"):
+                m.d.sync += [cur_op.eq(op_f), cur_rsrc.eq(rsrc_f), cur_store.eq(store_f),
+                             cur_d.eq(d_f), cur_p.eq(p_f), cur_q.eq(q_f), cur_r.eq(r_f),
+                             cur_addr.eq(addr_f), cur_param.eq(param_f),
+                             ra.eq(slot_r.data[0:ADDR_BITS]),
+                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
+                             ph_r.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
+                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:]),
+                             elane_r.eq(slot_r.data[ADDR_BITS + PARAM_BITS:]),
+                             par_i.eq(base[0]), par_r.eq(base[0]),
+                             i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0)]
+                with m.If(outstanding == 0):
+                    m.next = "X_RUN"
+
+            with m.State("X_RUN"):
+                m.d.comb += run.eq(1)
+                with m.If(Mux(read_pass, j_cnt == blen, (i_cnt == blen) & (used == 0))
+                          & pipe_empty):
+                    m.next = "X_END"
+
+            with m.State("X_END"):
+                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
+                m.d.sync += k.eq(k + 1)
+                with m.If(k == n_uops - 1):
+                    m.d.sync += base.eq(base + blen)
+                    with m.If(~last_block):
+                        m.next = "X_BLOCK"
+                    with m.Elif(has_l1):
+                        m.d.sync += [sum_acc.eq(0), sum_j.eq(0)]
+                        m.next = "X_SUM"
+                    with m.Else():
+                        finish(Status.OK)
+                with m.Else():
+                    m.next = "X_FETCH"
+
+            with m.State("X_SUM"):
+                # lanes summed in order 0..L-1 in fp32 (ISA), starting from +0
+                m.d.sync += [sum_acc.eq(l1_add.y), sum_j.eq(sum_j + 1)]
+                with m.If(sum_j == L - 1):
+                    finish(Status.OK, l1_add.y)
+
+            with m.State("FINISH"):
+                m.d.comb += self.done.eq(1)
+                m.next = "IDLE"
+
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") & ~fsm.ongoing("FINISH"))
+        m.d.comb += self.dbg_fu_toggles.eq(self._toggle_counter(m, lanes))
+        return m
+
+    # ------------------------------------------------------------------------------------
+    @staticmethod
+    def _words_and_tail(m, cfg, n_elems, n_words, tail_mask, div_q, div_r, div_n, done_state):
+        """W = ceil(N/L) and the tail lane mask: a shift for a power-of-two L, else a
+        restoring divider (one quotient bit per cycle, 32 cycles)."""
+        L = cfg.lanes
+        if L & (L - 1) == 0:
+            sh = ceil_log2(L)
+            rem = n_elems[:sh] if sh else Const(0, 1)
+            m.d.sync += [n_words.eq((n_elems + (L - 1)) >> sh),
+                         tail_mask.eq(Cat(*[(rem == 0) | (rem > j) for j in range(L)]))]
+            m.next = done_state
+            return
+        with m.If(div_n == 32):
+            m.d.sync += [n_words.eq(div_q + (div_r != 0)),
+                         tail_mask.eq(Cat(*[(div_r == 0) | (div_r > j) for j in range(L)]))]
+            m.next = done_state
+        with m.Else():
+            trial = Cat(div_q[31], div_r)    # (rem << 1) | next dividend bit
+            fits = trial >= L
+            m.d.sync += [div_r.eq(Mux(fits, trial - L, trial)),
+                         div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
+
+    @staticmethod
+    def _check_uop(m, cfg, op_f, rsrc_f, store_f, d_f, p_f, q_f, r_f, addr_f, param_f,
+                   n_words, streams, has_l1, slot_w, finish, mul_acc, mul_cand, mul_plier):
+        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order)."""
+        NB, L = cfg.nbuf, cfg.lanes
+        bad_opcode = (op_f > max(Op)) | (rsrc_f > max(RSrc))
+        is_l1 = op_f == Op.L1
+        d_used = ~store_f & ~is_l1
+        p_used = (op_f >= Op.ADD) & (op_f <= Op.L1)
+        q_used = op_f == Op.MAC
+        r_used = rsrc_f == RSrc.BUF
+        bad_buf = ((d_used & (d_f >= NB)) | (p_used & (p_f >= NB)) | (q_used & (q_f >= NB))
+                   | (r_used & (r_f >= NB)))
+        bad_operand = (bad_buf | (store_f & ((rsrc_f != RSrc.BUF) | is_l1))
+                       | ((rsrc_f == RSrc.CHAN) & (param_f == 0)))
+        is_mem = store_f | (rsrc_f != RSrc.BUF)
+        group_scaled = (rsrc_f == RSrc.GROUP) & (param_f != 0)
+        extent = Signal(33)
+        with m.If(store_f | (rsrc_f == RSrc.MEM)):
+            m.d.comb += extent.eq(n_words)
+        with m.Elif(rsrc_f == RSrc.CHAN):
+            m.d.comb += extent.eq(param_f)
+        with m.Elif(rsrc_f == RSrc.INT8):
+            m.d.comb += extent.eq((n_words + 1) >> 1)
+        with m.Elif(rsrc_f == RSrc.GROUP):
+            m.d.comb += extent.eq(1)         # scalar; the scaled case is V_GROUP
+        bad_addr = is_mem & (addr_f + extent > cfg.mem_words)
+
+        m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(addr_f, Const(0, PARAM_BITS + 6)))]
+        m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1)]
+        with m.If(bad_opcode):
+            finish(Status.BAD_OPCODE)
+        with m.Elif(bad_operand):
+            finish(Status.BAD_OPERAND)
+        with m.Elif(bad_addr):               # also GROUP with addr >= mem_words
+            finish(Status.BAD_ADDR)
+        with m.Elif(group_scaled):
+            m.d.sync += [mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
+                         mul_plier.eq(param_f * L)]
+            m.next = "V_GROUP"
+        with m.Else():
+            m.next = "V_NEXT"
+
+    @staticmethod
+    def _stream_advance(m, cfg, issue, take, rsrc, param, addr, ra, ph, ph_r, elane, elane_r,
+                        par_i, par_r):
+        """Next-request address and CHAN/GROUP/INT8 phase after a read issue (issue side)
+        and after a response (response side: GROUP lane, INT8 half)."""
+        L = cfg.lanes
+        with m.If(issue):
+            m.d.sync += par_i.eq(~par_i)
+            with m.Switch(rsrc):
+                with m.Case(RSrc.MEM):
+                    m.d.sync += ra.eq(ra + 1)
+                with m.Case(RSrc.CHAN):
+                    with m.If(ph == param - 1):
+                        m.d.sync += [ph.eq(0), ra.eq(addr)]
+                    with m.Else():
+                        m.d.sync += [ph.eq(ph + 1), ra.eq(ra + 1)]
+                with m.Case(RSrc.INT8):
+                    with m.If(par_i):
+                        m.d.sync += ra.eq(ra + 1)
+                with m.Case(RSrc.GROUP):
+                    with m.If((param != 0) & (ph == param - 1)):
+                        m.d.sync += ph.eq(0)
+                        with m.If(elane == L - 1):
+                            m.d.sync += [elane.eq(0), ra.eq(ra + 1)]
+                        with m.Else():
+                            m.d.sync += elane.eq(elane + 1)
+                    with m.Elif(param != 0):
+                        m.d.sync += ph.eq(ph + 1)
+        with m.If(take):
+            m.d.sync += par_r.eq(~par_r)
+            with m.If((rsrc == RSrc.GROUP) & (param != 0)):
+                with m.If(ph_r == param - 1):
+                    m.d.sync += [ph_r.eq(0), elane_r.eq(Mux(elane_r == L - 1, 0, elane_r + 1))]
+                with m.Else():
+                    m.d.sync += ph_r.eq(ph_r + 1)
+
+    @staticmethod
+    def _lanes_stage1(m, cfg, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
+                      cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
+        """Stage-1 operands of every lane (P, Q, R selection) and the per-pass controls."""
+        L = cfg.lanes
+        fmt = fp_format(cfg.fmt)
+        rd = Array([rp.data for rp in buf_rd])
+        p_word, q_word, r_word = rd[cur_p], rd[cur_q], rd[cur_r]
+        group_elem = rsp1.word_select(elane1, 16)
+        for j, lane in enumerate(lanes):
+            conv = Int8ToFP(fmt)
+            m.submodules[f"int8_{j}"] = conv
+            m.d.comb += conv.a.eq(Mux(half1, rsp1[8 * (L + j):8 * (L + j) + 8],
+                                      rsp1[8 * j:8 * j + 8]))
+            r_val = Signal(16, name=f"r_lane{j}")
+            with m.Switch(cur_rsrc):
+                with m.Case(RSrc.BUF):
+                    m.d.comb += r_val.eq(r_word[16 * j:16 * j + 16])
+                with m.Case(RSrc.GROUP):
+                    m.d.comb += r_val.eq(group_elem)
+                with m.Case(RSrc.INT8):
+                    m.d.comb += r_val.eq(conv.y)
+                with m.Default():
+                    m.d.comb += r_val.eq(rsp1[16 * j:16 * j + 16])
+            m.d.comb += [
+                lane.p.eq(p_word[16 * j:16 * j + 16]), lane.q.eq(q_word[16 * j:16 * j + 16]),
+                lane.r.eq(r_val), lane.v1.eq(v1), lane.m1.eq(~last1 | tail_mask[j]),
+                lane.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
+                lane.mul_a_q.eq(cur_op == Op.MAC),
+                lane.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
+                lane.add_b_mul.eq(cur_op == Op.MAC),
+                lane.sub.eq(cur_op == Op.SUB),
+                lane.op_l1.eq(cur_op == Op.L1),
+                lane.res_sel.eq(Mux(cur_op == Op.MOV, RES_R,
+                                    Mux(cur_op == Op.MUL, RES_PROD, RES_SUM))),
+                lane.acc_clear.eq(acc_clear),
+            ]
+
+    @staticmethod
+    def _toggle_counter(m, lanes):
+        """dbg_fu_toggles: lane counts summed (registered), then a saturating accumulate."""
+        total = Signal(16)
+        m.d.sync += total.eq(sum_tree([lane.toggles for lane in lanes]))
+        count = Signal(32)
+        nxt = Signal(33)
+        m.d.comb += nxt.eq(count + total)
+        m.d.sync += count.eq(Mux(nxt[32], 0xFFFF_FFFF, nxt[:32]))
+        return count
+
+
+def sum_tree(values):
+    """Balanced adder tree over ``values`` (unsigned)."""
+    level = list(values)
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]

