@@ -504,7 +504,7 @@ def print_report(report: dict) -> None:
     cells.add_column("count", justify="right")
     for cell, count in res["cells"].items():
         cells.add_row(cell, str(count))
-    console = Console()
+    console = Console(width=120)
     console.print(summary)
     console.print(cells)
 

@@ -1,0 +1,322 @@
+"""Energy per element of each cache operator on the NME — an ESTIMATE, not a measurement.
+
+Method (``python -m coda.synth.energy``)
+-----------------------------------------
+Each operator is compiled to its NME program (:mod:`coda.host.compiler`). Per element of the
+output stream, the program implies
+
+- **FP operations** per micro-op: ADD/SUB one add, MUL one mul, MAC one mul and one add (two
+  roundings), L1 two fp32 adds (``f32(P) - f32(R)`` and the accumulate); MOV and the
+  int8 -> float conversion of ``dequant_int8`` are not counted (no cited figure; the
+  conversion is a priority encoder and a shifter, not an FU of the lane);
+- **buffer (SRAM) accesses** of 16 bits: a read of ``P`` (ADD/SUB/MUL/MAC/L1), of ``Q`` (MAC),
+  of ``R`` when it is a buffer (stores included), a write of ``d`` unless the micro-op stores
+  or is L1;
+- **DRAM traffic**: the read and write requests the RTL issued (measured, ``16 * lanes`` bits
+  each), plus row activations assuming streams run sequentially through rows (one activation
+  per row of the rank, :attr:`coda.hw.dram_standards.DRAMStandard` columns x rank width bits).
+
+Per-event energies and their sources:
+
+========================  =========  =====================================================
+event                     energy     source
+========================  =========  =====================================================
+16-bit FP add             0.4 pJ     Horowitz, ISSCC 2014, 45 nm (fp16; used for bf16 too:
+                                     its 8-bit significand is narrower, so an upper bound)
+16-bit FP mul             1.1 pJ     Horowitz 2014 (fp16; bf16 as above)
+fp32 add                  0.9 pJ     Horowitz 2014
+SRAM access               10 pJ per  Horowitz 2014, 8 KB SRAM, 64-bit access; scaled per
+                          64 bits    bit (0.156 pJ/bit). The NME buffers are smaller
+                                     (``depth * 16 * lanes`` bits), so this is an upper bound
+DRAM read/write           6 pJ/bit   DESIGN.md §5: 4-8 pJ/bit core energy (DDR4, Micron
+                                     TN-40-07 method); the midpoint, range kept in the report.
+                                     The NME sits in the buffer chip: no off-DIMM I/O energy
+row activation            4 nJ/rank  DESIGN.md §5 (Micron TN-40-07 method)
+========================  =========  =====================================================
+
+**Toggle activity.** The Horowitz figures are per operation on typical (random) data. The FU
+energy is scaled by the toggle activity measured in the RTL: the NME's ``dbg_fu_toggles``
+counts bit flips of the lane's FU operand registers (mul a/b, add a/b, L1 a/b/d). For the
+program's FU operations a *nominal* toggle count is half the operand bits that can change
+(add or mul: 16 per operation; L1: 16 for the widened 16-bit operands plus 15.5 for the
+31-bit magnitude), so the energy per toggle is ``sum(E_op) / sum(nominal toggles)`` for the
+program's operation mix, and the FU energy is that times the measured toggles. With operand
+isolation off, idle units' register toggles are charged at the same per-toggle rate.
+Operands are seeded N(0, 1) values in the format (:mod:`coda.synth.stimuli`, "activations").
+
+Everything here is a first-order estimate at 45 nm; control logic, clocking and leakage are
+not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coda.hw.dram_standards import get_standard
+from coda.hw.isa import NMEConfig, Op, Program, RSrc
+
+__all__ = ["EnergyConstants", "HOROWITZ_45NM", "program_events", "Activity",
+           "measure_activity", "energy_per_element", "estimate", "OPERATORS", "main"]
+
+#: the cache operators of the report, in order (segment with K = 4 terms)
+OPERATORS = ("add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_combine",
+             "l1_distance", "dequant_int8")
+
+
+@dataclass(frozen=True)
+class EnergyConstants:
+    """Per-event energies in pJ (sources in the module docstring).
+
+    Attributes:
+        add16_pj, mul16_pj, add32_pj: one FP operation.
+        sram_pj_per_bit: buffer access energy per bit.
+        dram_pj_per_bit: DRAM read/write core energy per bit; dram_pj_per_bit_range: (low, high).
+        act_pj: one row activation of a rank.
+        dram: DRAM standard whose row size per rank sets activations (preset name).
+    """
+    add16_pj: float = 0.4
+    mul16_pj: float = 1.1
+    add32_pj: float = 0.9
+    sram_pj_per_bit: float = 10.0 / 64
+    dram_pj_per_bit: float = 6.0
+    dram_pj_per_bit_range: tuple = (4.0, 8.0)
+    act_pj: float = 4000.0
+    dram: str = "DDR4-3200"
+
+
+HOROWITZ_45NM = EnergyConstants()
+
+# Nominal operand-register toggles of one FU operation on random data (module docstring).
+NOMINAL_TOGGLES = {"add16": 16.0, "mul16": 16.0, "l1": 31.5}
+
+
+def program_events(program: Program, lanes: int) -> dict[str, float]:
+    """FP operations and 16-bit buffer accesses per output element of ``program``.
+
+    Every micro-op is one pass over every element of the stream, so counts per element are
+    counts per micro-op (tail-masked lanes do nothing).
+
+    Returns:
+        ``{"add16", "mul16", "add32", "l1_ops", "sram_reads", "sram_writes", "uops",
+        "mem_uops"}`` (per element, except ``uops`` / ``mem_uops`` per program).
+    """
+    ev = dict.fromkeys(("add16", "mul16", "add32", "l1_ops", "sram_reads", "sram_writes"), 0.0)
+    for u in program.uops:
+        op = Op(u.op)
+        if op in (Op.ADD, Op.SUB, Op.MAC):
+            ev["add16"] += 1
+        if op in (Op.MUL, Op.MAC):
+            ev["mul16"] += 1
+        if op == Op.L1:
+            ev["add32"] += 2
+            ev["l1_ops"] += 1
+        ev["sram_reads"] += (op in (Op.ADD, Op.SUB, Op.MUL, Op.MAC, Op.L1)) + (op == Op.MAC) \
+            + (RSrc(u.rsrc) == RSrc.BUF)
+        ev["sram_writes"] += not (u.store or op == Op.L1)
+    ev["uops"] = len(program.uops)
+    ev["mem_uops"] = sum(u.touches_memory for u in program.uops)
+    return ev
+
+
+@dataclass
+class Activity:
+    """What the RTL did for one operator with operand isolation on or off.
+
+    Attributes:
+        op: operator. isolation: operand isolation of the NME. n_elems: output elements.
+        toggles: FU operand-register bit toggles (``dbg_fu_toggles``) over the program.
+        nreads, nwrites: memory word requests. cycles: NME clock cycles.
+    """
+    op: str
+    isolation: bool
+    n_elems: int
+    toggles: int
+    nreads: int
+    nwrites: int
+    cycles: int
+
+
+def measure_activity(cfg: NMEConfig, ops=OPERATORS, *, tokens: int = 64, channels: int | None = None,
+                     k: int = 4, seed: int = 0) -> list[Activity]:
+    """Run every operator on the Verilated NME (:class:`coda.cosim.rtl_backend.RTLBackend`'s
+    simulator) with operand isolation on and off; seeded N(0, 1) operands.
+
+    Args:
+        cfg: the NME (its ``operand_isolation`` is overridden both ways).
+        tokens, channels: operand shape T x C (C default ``8 * lanes``); segment has ``k`` terms.
+    Returns:
+        One :class:`Activity` per (isolation, op).
+    Raises:
+        CosimBuildError / CosimRunError from the simulator; ValueError from the compiler.
+    """
+    from coda.cosim.rtl_backend import RTLBackend, cycle_limit
+    from coda.synth.stimuli import op_case
+
+    channels = 8 * cfg.lanes if channels is None else channels
+    out = []
+    for isolation in (True, False):
+        icfg = dataclasses.replace(cfg, operand_isolation=isolation)
+        backend = RTLBackend()
+        try:
+            session = backend.session(icfg)
+            for i, op in enumerate(ops):
+                case = op_case(op, icfg, tokens, channels, k=k, kind="activations", seed=seed + i)
+                answer, _ = session.run(case.program.words(), case.mem, latency=1, req_stall=0.0,
+                                        rsp_stall=0.0, seed=1,
+                                        max_cycles=cycle_limit(icfg, case.program, 1, 0.0))
+                if answer["status"] != 0:
+                    raise RuntimeError(f"{op}: NME status {answer['status']}, expected OK")
+                out.append(Activity(op, isolation, case.n_elems, int(answer["toggles"]),
+                                    int(answer["nreads"]), int(answer["nwrites"]),
+                                    int(answer["cycles"])))
+        finally:
+            backend.close()
+    return out
+
+
+def energy_per_element(program: Program, cfg: NMEConfig, activity: Activity | None = None,
+                       constants: EnergyConstants = HOROWITZ_45NM) -> dict:
+    """Energy estimate per output element (pJ) of one program.
+
+    Without ``activity`` the FU energy is nominal (random data) and DRAM traffic is one word
+    per memory micro-op per stream word (INT8 streams half a word); with it, FU energy is
+    scaled by the measured toggles and DRAM traffic is the measured requests.
+
+    Returns:
+        ``{"fu_pj", "sram_pj", "dram_pj", "dram_pj_low", "dram_pj_high", "act_pj",
+        "nme_pj" (fu + sram), "total_pj", "toggles_per_elem", "nominal_toggles_per_elem",
+        "dram_bits_per_elem", "events": program_events(...)}``.
+    """
+    c = constants
+    n = program.n_elems
+    ev = program_events(program, cfg.lanes)
+    fu_nominal = ev["add16"] * c.add16_pj + ev["mul16"] * c.mul16_pj + ev["add32"] * c.add32_pj
+    nominal_toggles = (ev["add16"] * NOMINAL_TOGGLES["add16"]
+                       + ev["mul16"] * NOMINAL_TOGGLES["mul16"]
+                       + ev["l1_ops"] * NOMINAL_TOGGLES["l1"])
+    if activity is None:
+        toggles = nominal_toggles
+        dram_bits = _modelled_dram_words(program, cfg) * 16 * cfg.lanes / n
+    else:
+        toggles = activity.toggles / n
+        dram_bits = (activity.nreads + activity.nwrites) * 16 * cfg.lanes / n
+    fu = fu_nominal / nominal_toggles * toggles if nominal_toggles else 0.0
+    sram = (ev["sram_reads"] + ev["sram_writes"]) * 16 * c.sram_pj_per_bit
+    std = get_standard(c.dram)
+    row_bits = std.columns * std.rank_width
+    act = dram_bits / row_bits * c.act_pj
+    dram = dram_bits * c.dram_pj_per_bit
+    lo, hi = (dram_bits * p for p in c.dram_pj_per_bit_range)
+    return {
+        "fu_pj": fu, "fu_nominal_pj": fu_nominal, "sram_pj": sram, "dram_pj": dram,
+        "dram_pj_low": lo, "dram_pj_high": hi, "act_pj": act, "nme_pj": fu + sram,
+        "total_pj": fu + sram + dram + act, "toggles_per_elem": toggles,
+        "nominal_toggles_per_elem": nominal_toggles, "dram_bits_per_elem": dram_bits,
+        "events": ev,
+    }
+
+
+def _modelled_dram_words(program: Program, cfg: NMEConfig) -> float:
+    words = -(-program.n_elems // cfg.lanes)
+    total = 0.0
+    for u in program.uops:
+        if u.store or RSrc(u.rsrc) in (RSrc.MEM, RSrc.CHAN, RSrc.GROUP):
+            total += words
+        elif RSrc(u.rsrc) == RSrc.INT8:
+            total += -(-words // 2)
+    return total
+
+
+def estimate(cfg: NMEConfig, *, measure: bool = True, tokens: int = 64,
+             channels: int | None = None, seed: int = 0,
+             constants: EnergyConstants = HOROWITZ_45NM) -> dict:
+    """Energy per element of every operator of :data:`OPERATORS`.
+
+    With ``measure`` the RTL is simulated (isolation on and off, :func:`measure_activity`);
+    otherwise only the nominal estimate is given.
+
+    Returns:
+        ``{"cfg", "constants", "method", "shape", "ops": {op: {"nominal": {...},
+        "isolation_on": {...}, "isolation_off": {...}, "cycles_per_elem": float}}}``.
+    """
+    from coda.synth.stimuli import op_case
+
+    channels = 8 * cfg.lanes if channels is None else channels
+    activities = {}
+    if measure:
+        for a in measure_activity(cfg, tokens=tokens, channels=channels, seed=seed):
+            activities[(a.op, a.isolation)] = a
+    result = {"cfg": dataclasses.asdict(cfg), "constants": dataclasses.asdict(constants),
+              "method": "estimate: Horowitz ISSCC 2014 45 nm per-op energies scaled by RTL FU "
+                        "toggle activity; SRAM per bit from the 8 KB figure; DRAM core energy "
+                        "per bit and activation per DESIGN.md §5 (Micron TN-40-07 method)",
+              "shape": {"tokens": tokens, "channels": channels, "segment_k": 4}, "ops": {}}
+    for i, op in enumerate(OPERATORS):
+        case = op_case(op, cfg, tokens, channels, kind="activations", seed=seed + i)
+        entry = {"nominal": energy_per_element(case.program, cfg, None, constants)}
+        for isolation in (True, False):
+            act = activities.get((op, isolation))
+            if act is not None:
+                key = "isolation_on" if isolation else "isolation_off"
+                entry[key] = energy_per_element(case.program, cfg, act, constants)
+                entry[f"cycles_per_elem_{key}"] = act.cycles / act.n_elems
+        result["ops"][op] = entry
+    return result
+
+
+def print_table(result: dict) -> None:
+    """Rich table of :func:`estimate`'s result (pJ per element)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="NME energy per element (ESTIMATE, pJ, 45 nm; method in "
+                        "coda.synth.energy)")
+    for col in ("op", "FP ops", "SRAM acc", "DRAM bits", "tog on", "tog off", "FU on",
+                "FU off", "SRAM", "DRAM+act", "total on", "total off"):
+        table.add_column(col, justify="right")
+    for op, e in result["ops"].items():
+        nom = e["nominal"]
+        on, off = e.get("isolation_on", nom), e.get("isolation_off", nom)
+        ev = nom["events"]
+        table.add_row(op, f"{ev['add16'] + ev['mul16'] + ev['add32']:g}",
+                      f"{ev['sram_reads'] + ev['sram_writes']:g}",
+                      f"{on['dram_bits_per_elem']:.1f}", f"{on['toggles_per_elem']:.1f}",
+                      f"{off['toggles_per_elem']:.1f}", f"{on['fu_pj']:.2f}",
+                      f"{off['fu_pj']:.2f}", f"{on['sram_pj']:.2f}",
+                      f"{on['dram_pj'] + on['act_pj']:.1f}", f"{on['total_pj']:.1f}",
+                      f"{off['total_pj']:.1f}")
+    Console(width=160).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m coda.synth.energy``: measure toggles on the RTL, write ``energy.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument("--fmt", default="bf16", choices=("bf16", "fp16"))
+    parser.add_argument("--depth", type=int, default=NMEConfig.depth)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-measure", action="store_true",
+                        help="nominal estimate only (no RTL simulation)")
+    parser.add_argument("--out", type=Path, default=Path("build/synth/energy"))
+    args = parser.parse_args(argv)
+    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth)
+    t0 = time.perf_counter()
+    result = estimate(cfg, measure=not args.no_measure, tokens=args.tokens, seed=args.seed)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"energy_l{cfg.lanes}_{cfg.fmt}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+    print(f"report: {path} ({result['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
