@@ -57,7 +57,7 @@ def from_bits(bits: np.ndarray, fmt: str) -> torch.Tensor:
     bits = np.asarray(bits)
     if bits.dtype not in (np.uint16, np.int16):
         raise ValueError(f"bit patterns of dtype {bits.dtype}: expected uint16 (or int16)")
-    raw = np.ascontiguousarray(bits).view(np.int16).copy()
+    raw = np.array(bits, order="C", copy=True).view(np.int16)  # keeps 0-d shapes
     return torch.from_numpy(raw).view(torch_dtype(fmt))
 
 

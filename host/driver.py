@@ -432,8 +432,9 @@ class NMPDriver:
     def _gather(self, spec, tensors, plans, layouts, results, jobs):
         if spec.output == "l1":
             total = np.float32(0.0)
-            for res in results:  # rank order
-                total = np.float32(total + np.float32(res.l1))
+            with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN are results
+                for res in results:  # rank order
+                    total = np.float32(total + np.float32(res.l1))
             return float(total)
         parts = []
         for (rank, program), _res in zip(jobs, results):

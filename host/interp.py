@@ -235,10 +235,12 @@ class _Machine:
         if not self.l1_parts:
             return 0.0
         stacked = torch.cat(self._l1_in_nme_order()).numpy()
-        acc = np.cumsum(stacked, axis=0, dtype=np.float32)[-1]
+        with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN sums are results
+            acc = np.cumsum(stacked, axis=0, dtype=np.float32)[-1]
         total = np.float32(0.0)
         for lane_sum in acc:  # lane order 0..L-1
-            total = np.float32(total + lane_sum)
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = np.float32(total + lane_sum)
         return float(total)
 
     def _l1_in_nme_order(self) -> list[torch.Tensor]:

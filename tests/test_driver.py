@@ -1,0 +1,213 @@
+"""The NMP driver: tiling over ranks, cache slots, capacity, lockstep launches, statistics."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coda.hw.isa import NMEConfig, Status
+from coda.host import ops
+from coda.host.backend import ExecResult, TorchBackend
+from coda.host.bits import from_bits, same_bits, to_bits
+from coda.host.driver import NMPCapacityError, NMPDriver, tile_bounds
+
+RANK_SHAPES = [(1, 1), (1, 2), (3, 1), (2, 2), (1, 5), (2, 3)]  # 1..6 ranks
+
+
+def rand(gen, *shape, fmt="bf16"):
+    bits = torch.randint(0, 1 << 16, shape, generator=gen, dtype=torch.int32).numpy()
+    return from_bits(bits.astype(np.uint16), fmt)
+
+
+class CountingBackend(TorchBackend):
+    """TorchBackend that records each lockstep launch and makes the ranks' cycles differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.launches = []
+
+    def execute_many(self, cfg, jobs):
+        self.launches.append(len(jobs))
+        out = super().execute_many(cfg, jobs)
+        return [ExecResult(r.mem, r.status, r.l1, r.cycles + 10 * i) for i, r in enumerate(out)]
+
+
+def test_tile_bounds_are_even_and_cover():
+    assert tile_bounds(11, 3) == [(0, 4), (4, 8), (8, 11)]
+    assert tile_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    for n in range(0, 30):
+        for parts in range(1, 7):
+            b = tile_bounds(n, parts)
+            sizes = [e - s for s, e in b]
+            assert b[0][0] == 0 and b[-1][1] == n and max(sizes) - min(sizes) <= 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(RANK_SHAPES), st.sampled_from(["bf16", "fp16"]),
+       st.integers(1, 13), st.integers(1, 3), st.integers(1, 8), st.integers(0, 2 ** 31))
+def test_segment_on_cached_slots_is_bit_exact_over_ranks(ranks, fmt, t, cw, k, seed):
+    dimms, per_dimm = ranks
+    cfg = NMEConfig(lanes=4, fmt=fmt, depth=3, mem_words=2048)
+    drv = NMPDriver(TorchBackend(), cfg, dimms=dimms, ranks=per_dimm)
+    gen = torch.Generator().manual_seed(seed)
+    c = 4 * cw
+    x, cs = rand(gen, t, c, fmt=fmt), [rand(gen, t, c, fmt=fmt) for _ in range(k)]
+    gates = [rand(gen, c, fmt=fmt) for _ in range(k)]
+    for i, ck in enumerate(cs):
+        drv.store(("blk", i), ck)
+    y = drv.segment(x, gates, [("blk", i) for i in range(k)])
+    want = ops.segment(x, torch.stack(gates), torch.stack(cs))
+    assert same_bits(to_bits(y), to_bits(want), fmt)
+    for i, ck in enumerate(cs):
+        assert np.array_equal(to_bits(drv.load(("blk", i))), to_bits(ck))
+    assert drv.stats["programs"] == 1
+    assert drv.stats["rank_programs"] == min(t, dimms * per_dimm)
+
+
+def _op_inputs(op, gen, t, c, n, fmt):
+    f = lambda *s: rand(gen, *s, fmt=fmt)  # noqa: E731
+    return {
+        "add": lambda: {"a": f(n), "b": f(n)}, "sub": lambda: {"a": f(n), "b": f(n)},
+        "mul": lambda: {"a": f(n), "b": f(n)}, "l1_distance": lambda: {"a": f(n), "b": f(n)},
+        "scale": lambda: {"a": f(t, c), "s": f(c)},
+        "gated_residual": lambda: {"x": f(t, c), "g": f(c), "c": f(t, c)},
+        "segment": lambda: {"x": f(t, c), "g": f(3, c), "c": f(3, t, c)},
+        "cfg_combine": lambda: {"u": f(t, c), "c": f(t, c), "s": f()},
+        "dequant_int8": lambda: {"q": torch.randint(-128, 128, (t, c), generator=gen,
+                                                    dtype=torch.int8),
+                                 "scale": f(t, c // 8), "group": 8},
+    }[op]()
+
+
+@pytest.mark.parametrize("op", sorted(ops.OPS))
+@pytest.mark.parametrize("ranks", RANK_SHAPES)
+def test_run_op_over_ranks_is_bit_exact(op, ranks):
+    fmt = "fp16" if sum(ranks) % 2 else "bf16"
+    cfg = NMEConfig(lanes=8, fmt=fmt, depth=2, mem_words=1024)
+    drv = NMPDriver(TorchBackend(), cfg, *ranks)
+    gen = torch.Generator().manual_seed(7)
+    inputs = _op_inputs(op, gen, t=7, c=16, n=61, fmt=fmt)
+    got = drv.run_op(op, **inputs)
+    want = ops.OPS[op](**inputs)
+    if op == "l1_distance":
+        want = want.item()
+        assert (np.isnan(got) and np.isnan(want)) or got == pytest.approx(want, rel=1e-5)
+    else:
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert same_bits(to_bits(got), to_bits(want), fmt)
+    assert drv.free_bytes() == [1024 * 16] * (ranks[0] * ranks[1])  # scratch released
+
+
+def test_lockstep_launch_and_stats():
+    cfg = NMEConfig(lanes=8, fmt="bf16", depth=4, mem_words=1024)
+    backend = CountingBackend()
+    drv = NMPDriver(backend, cfg, dimms=2, ranks=2)
+    gen = torch.Generator().manual_seed(1)
+    x, c, g = rand(gen, 10, 16), rand(gen, 10, 16), rand(gen, 16)
+    drv.store("c", c)
+    assert drv.stats["bytes_written"] == 10 * 16 * 2  # 3+3+2+2 rows of 2 words
+    drv.segment(x, [g], ["c"])
+    assert backend.launches == [4]
+    rows = [3, 3, 2, 2]
+    per_rank = [TorchBackend().execute(cfg, p, np.zeros((1024, 8), np.uint16)).cycles
+                for p in _segment_programs(cfg, rows)]
+    assert drv.stats["nme_cycles"] == max(cy + 10 * i for i, cy in enumerate(per_rank))
+    # x tiles + the gate on every rank; y tiles back
+    assert drv.stats["bytes_written"] == 320 + 320 + 4 * 32
+    assert drv.stats["bytes_read"] == 320
+    assert drv.stats["cmd_bytes"] == 4 * 8 * 5
+    drv.load("c")
+    assert drv.stats["bytes_read"] == 640
+    drv.reset_stats()
+    assert drv.stats["programs"] == 0
+
+
+def _segment_programs(cfg, rows):
+    from coda.host import compiler
+    progs = []
+    for r in rows:
+        sh = {"x": (r, 16), "g": (1, 16), "c": (1, r, 16)}
+        progs.append(compiler.compile_op("segment", cfg, sh,
+                                         compiler.plan_layout("segment", cfg, sh)[0]))
+    return progs
+
+
+def test_capacity_error_names_bytes_and_rolls_back():
+    cfg = NMEConfig(lanes=8, fmt="bf16", mem_words=64)  # 1024 bytes per rank
+    drv = NMPDriver(TorchBackend(), cfg, ranks=2)
+    gen = torch.Generator().manual_seed(2)
+    drv.store("a", rand(gen, 40, 16))       # 20 rows = 40 words per rank
+    assert drv.free_bytes() == [384, 384]
+    with pytest.raises(NMPCapacityError, match=r"rank 0: cannot allocate 1024 bytes "
+                                               r"\(64 words\) for slot 'b' \[64, 16\]; "
+                                               r"384 bytes free"):
+        drv.store("b", rand(gen, 64, 16))
+    assert drv.free_bytes() == [384, 384] and "b" not in drv
+    with pytest.raises(MemoryError):
+        drv.segment(rand(gen, 40, 16), [rand(gen, 16)], ["a"])  # scratch x + y does not fit
+    assert drv.free_bytes() == [384, 384]
+
+
+def test_first_fit_reuses_freed_ranges():
+    cfg = NMEConfig(lanes=8, fmt="bf16", mem_words=64)
+    drv = NMPDriver(TorchBackend(), cfg)
+    gen = torch.Generator().manual_seed(3)
+    slabs = {k: rand(gen, 16, 8) for k in "abcd"}  # 16 words each: memory full
+    for k, v in slabs.items():
+        drv.store(k, v)
+    assert drv.free_bytes() == [0]
+    drv.free("b")
+    drv.free("c")                                   # b and c merge into 32 free words
+    drv.store("e", rand(gen, 32, 8))
+    assert drv.free_bytes() == [0] and drv.keys() == ["a", "d", "e"]
+    for k in "ad":
+        assert np.array_equal(to_bits(drv.load(k)), to_bits(slabs[k]))
+    new = rand(gen, 16, 8)
+    drv.store("a", new)                             # same shape: overwritten in place
+    assert np.array_equal(to_bits(drv.load("a")), to_bits(new))
+    drv.reset()
+    assert drv.keys() == [] and drv.free_bytes() == [1024] and not drv.mems[0].any()
+
+
+def test_slot_and_operand_errors():
+    cfg = NMEConfig(lanes=8, fmt="bf16", mem_words=256)
+    drv = NMPDriver(TorchBackend(), cfg, ranks=2)
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    drv.store("c", x)
+    with pytest.raises(ValueError, match=r"slot 'h' has dtype torch.float16, expected "
+                                         r"torch.bfloat16 \(the NME format 'bf16'\)"):
+        drv.store("h", x.half())
+    with pytest.raises(ValueError, match=r"slot 'v' has shape \(16,\), expected \[T, C\]"):
+        drv.store("v", x[0])
+    with pytest.raises(KeyError, match=r"no cache slot 'missing'"):
+        drv.segment(x, [x[0]], ["missing"])
+    with pytest.raises(ValueError, match=r"segment: slot 'c' has shape \[4, 16\], "
+                                         r"expected \[3, 16\]"):
+        drv.segment(x[:3], [x[0]], ["c"])
+    with pytest.raises(ValueError, match=r"segment: K=9 terms, expected 1..8"):
+        drv.segment(x, [x[0]] * 9, ["c"] * 9)
+    with pytest.raises(ValueError, match=r"segment: gate 0 is torch.bfloat16 \[8\], "
+                                         r"expected torch.bfloat16 \[16\]"):
+        drv.segment(x, [x[0, :8]], ["c"])
+    with pytest.raises(ValueError, match=r"add: argument 'a' has dtype torch.float16, expected "
+                                         r"torch.bfloat16 \(the NME format 'bf16'\)"):
+        drv.run_op("add", a=x[0].half(), b=x[0].half())
+    with pytest.raises(ValueError, match=r"scale: argument 's' has shape"):
+        drv.run_op("scale", a=x, s=x[0, :3])
+    with pytest.raises(ValueError, match=r"unknown op 'fma'"):
+        drv.run_op("fma", a=x)
+    with pytest.raises(ValueError, match=r"dimms=0, ranks=1: expected >= 1 each"):
+        NMPDriver(TorchBackend(), cfg, dimms=0)
+
+
+def test_rejected_program_is_reported():
+    class Rejecting(TorchBackend):
+        def execute(self, cfg, program, mem):
+            return ExecResult(mem, Status.BAD_ADDR, 0.0, 1)
+    drv = NMPDriver(Rejecting(), NMEConfig(lanes=8, mem_words=64))
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"rank 0: NME rejected a compiled program with "
+                                           r"status BAD_ADDR"):
+        drv.run_op("add", a=x, b=x)
+    assert drv.free_bytes() == [1024]

@@ -1,0 +1,360 @@
+"""The NME compiler + torch interpreter against the reference (bit for bit), and the
+interpreter against a word-by-word model of the ISA written from hw/isa.py."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp, encode_header, validate
+from coda.host import compiler, interp, ops
+from coda.host.backend import TorchBackend, get_backend, model_cycles
+from coda.host.bits import (canonical_nan_bits, from_bits, int8_words_for, is_nan_bits,
+                            pack_int8_words, pack_words, same_bits, to_bits, torch_dtype,
+                            unpack_words, words_for)
+
+SPECIALS = {
+    "bf16": [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x0001, 0x807F, 0x007F,
+             0x7F7F, 0xFF7F, 0x3F80, 0xBF80, 0x0080],
+    "fp16": [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE01, 0x0001, 0x83FF, 0x03FF,
+             0x7BFF, 0xFBFF, 0x3C00, 0xBC00, 0x0400],
+}
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def random_bits(rng: np.random.Generator, shape, fmt: str) -> np.ndarray:
+    """Uniform 16-bit patterns with about a third replaced by zeros/inf/NaN/subnormals/extremes."""
+    bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    special = rng.random(shape) < 0.3
+    bits[special] = rng.choice(np.array(SPECIALS[fmt], np.uint16), size=int(special.sum()))
+    return bits
+
+
+def random_inputs(op, fmt, rng, t, c, n, k, group):
+    f = lambda *shape: from_bits(random_bits(rng, shape, fmt), fmt)  # noqa: E731
+    if op in ("add", "sub", "mul", "l1_distance"):
+        return {"a": f(n), "b": f(n)}
+    if op == "scale":
+        return {"a": f(t, c), "s": f(c)}
+    if op == "gated_residual":
+        return {"x": f(t, c), "g": f(c), "c": f(t, c)}
+    if op == "segment":
+        return {"x": f(t, c), "g": f(k, c), "c": f(k, t, c)}
+    if op == "cfg_combine":
+        return {"u": f(t, c), "c": f(t, c), "s": f()}
+    q = torch.from_numpy(rng.integers(-128, 128, size=(t, c), dtype=np.int8))
+    return {"q": q, "scale": f(t, c // group)}
+
+
+def write_stream(mem, lanes, addr, name, tensor, op, k=None):
+    if name == "q":
+        words = pack_int8_words(tensor, lanes)
+    else:
+        words = pack_words(to_bits(tensor), lanes)
+    mem[addr:addr + words.shape[0]] = words
+
+
+def run_compiled(op, cfg, inputs, group, base, rng):
+    """Compile op at word ``base`` of a memory full of garbage, run the interpreter.
+    Returns (result, layout, image before)."""
+    shapes = {name: tuple(v.shape) for name, v in inputs.items()}
+    layout, _end = compiler.plan_layout(op, cfg, shapes, group, base=base)
+    mem = rng.integers(0, 1 << 16, size=(cfg.mem_words, cfg.lanes), dtype=np.uint16)
+    for name, value in inputs.items():
+        if op == "segment" and name in ("g", "c"):
+            for k in range(value.shape[0]):
+                write_stream(mem, cfg.lanes, layout[name][k], name, value[k], op)
+        else:
+            write_stream(mem, cfg.lanes, layout[name], name, value, op)
+    program = compiler.compile_op(op, cfg, shapes, layout, group)
+    before = mem.copy()
+    res = interp.run_program(cfg, program, mem)
+    assert np.array_equal(mem, before), "run_program must not modify its input image"
+    return res, layout, before, program
+
+
+@st.composite
+def cases(draw, op):
+    fmt = draw(st.sampled_from(["bf16", "fp16"]))
+    lanes = draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
+    depth = draw(st.sampled_from([1, 2, 3, 8, 64]))
+    group = lanes * draw(st.integers(1, 2))
+    c = group * draw(st.integers(1, 2)) if op == "dequant_int8" else lanes * draw(st.integers(1, 3))
+    t = draw(st.integers(1, 9))
+    n = draw(st.integers(1, 70))
+    k = draw(st.integers(1, 8))
+    base = draw(st.integers(0, 5))
+    seed = draw(st.integers(0, 2 ** 32 - 1))
+    return fmt, lanes, depth, t, c, n, k, group, base, seed
+
+
+def check_op(op, case):
+    fmt, lanes, depth, t, c, n, k, group, base, seed = case
+    rng = np.random.default_rng(seed)
+    inputs = random_inputs(op, fmt, rng, t, c, n, k, group)
+    params = {"group": group} if op == "dequant_int8" else {}
+    shapes = {name: tuple(v.shape) for name, v in inputs.items()}
+    _layout, end = compiler.plan_layout(op, NMEConfig(lanes=lanes, fmt=fmt), shapes,
+                                        group if params else None, base=base)
+    cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=depth, mem_words=end + 3)
+    res, layout, before, _prog = run_compiled(op, cfg, inputs, group if params else None,
+                                              base, rng)
+    assert res.status == Status.OK
+    want = ops.OPS[op](**inputs, **params)
+    if op == "l1_distance":
+        want = want.item()
+        if np.isnan(want) or np.isinf(want):
+            assert res.l1 == want or (np.isnan(want) and np.isnan(res.l1))
+        else:
+            assert res.l1 == pytest.approx(want, rel=1e-5, abs=0.0)
+        assert np.array_equal(res.mem, before)
+        return
+    n_out = want.numel()
+    y_words = words_for(n_out, lanes)
+    y = unpack_words(res.mem[layout["y"]:layout["y"] + y_words], n_out)
+    assert same_bits(y, to_bits(want).reshape(-1), fmt)
+    assert np.all(y[is_nan_bits(y, fmt)] == canonical_nan_bits(fmt))
+    # nothing outside the output elements changed (masked tail lanes included)
+    after = res.mem.copy().reshape(-1)
+    start = layout["y"] * lanes
+    after[start:start + n_out] = before.reshape(-1)[start:start + n_out]
+    assert np.array_equal(after, before.reshape(-1))
+
+
+@pytest.mark.parametrize("op", sorted(ops.OPS))
+def test_compiled_op_matches_reference_bit_for_bit(op):
+    @SETTINGS
+    @given(cases(op))
+    def prop(case):
+        check_op(op, case)
+    prop()
+
+
+def test_program_shapes_are_minimal():
+    cfg = NMEConfig(lanes=8)
+    expected = {"add": (3, 3), "scale": (3, 3), "gated_residual": (4, 4), "cfg_combine": (5, 4),
+                "l1_distance": (2, 2), "dequant_int8": (3, 3)}
+    shapes = {"add": {"a": (64,), "b": (64,)}, "scale": {"a": (4, 16), "s": (16,)},
+              "gated_residual": {"x": (4, 16), "g": (16,), "c": (4, 16)},
+              "cfg_combine": {"u": (4, 16), "c": (4, 16), "s": ()},
+              "l1_distance": {"a": (64,), "b": (64,)},
+              "dequant_int8": {"q": (4, 16), "scale": (4, 2)}}
+    for op, (n_uops, n_streams) in expected.items():
+        group = 8 if op == "dequant_int8" else None
+        layout, _ = compiler.plan_layout(op, cfg, shapes[op], group)
+        prog = compiler.compile_op(op, cfg, shapes[op], layout, group)
+        assert (len(prog.uops), compiler.program_streams(prog)) == (n_uops, n_streams), op
+    for k in (1, 8):
+        sh = {"x": (4, 16), "g": (k, 16), "c": (k, 4, 16)}
+        prog = compiler.compile_op("segment", cfg, sh, compiler.plan_layout("segment", cfg, sh)[0])
+        assert len(prog.uops) == compiler.program_streams(prog) == 2 * k + 2
+
+
+@pytest.mark.parametrize("op, shapes, group, cfg, message", [
+    ("scale", {"a": (2, 12), "s": (12,)}, None, NMEConfig(lanes=8),
+     r"C=12 channels: CHAN needs C % lanes == 0 \(lanes=8\)"),
+    ("dequant_int8", {"q": (2, 16), "scale": (2, 4)}, 4, NMEConfig(lanes=8),
+     r"group=4: GROUP needs G % lanes == 0 \(lanes=8\)"),
+    ("segment", {"x": (2, 8), "g": (8, 8), "c": (8, 2, 8)}, None,
+     NMEConfig(lanes=8, max_streams=12), r"segment: 18 memory streams, expected at most "
+                                         r"max_streams=12"),
+    ("segment", {"x": (2, 8), "g": (8, 8), "c": (8, 2, 8)}, None,
+     NMEConfig(lanes=8, imem_depth=10), r"segment: 18 micro-ops, expected at most imem_depth=10"),
+    ("add", {"a": (100,), "b": (100,)}, None, NMEConfig(lanes=8, max_elems=64),
+     r"add: 100 elements, expected 1..max_elems=64"),
+    ("add", {"a": (100,), "b": (50,)}, None, NMEConfig(lanes=8),
+     r"add: argument 'b' has shape \(50,\)"),
+    ("add", {"a": (100,)}, None, NMEConfig(lanes=8),
+     r"add: got shapes for \['a'\], expected \['a', 'b'\]"),
+])
+def test_compiler_constraints_are_clear_errors(op, shapes, group, cfg, message):
+    with pytest.raises(ValueError, match=message):
+        layout = {name: 0 for name in list(shapes) + ["y"]}
+        compiler.compile_op(op, cfg, shapes, layout, group)
+
+
+def test_layout_outside_memory_is_an_error():
+    cfg = NMEConfig(lanes=8, mem_words=16)
+    with pytest.raises(ValueError, match=r"stream 'y' at words 10..17 exceeds mem_words=16"):
+        compiler.compile_op("add", cfg, {"a": (64,), "b": (64,)}, {"a": 0, "b": 0, "y": 10})
+    with pytest.raises(ValueError, match=r"layout has no address for stream 'y'"):
+        compiler.compile_op("add", cfg, {"a": (64,), "b": (64,)}, {"a": 0, "b": 0})
+
+
+# ---------------------------------------------------------------- the ISA, word by word
+
+def word_model(cfg: NMEConfig, program: Program, mem: np.ndarray):
+    """hw/isa.py executed literally: blocks, passes, words; lanes as small torch vectors."""
+    words = [int(w) for w in program.words()[1:]]
+    status = validate(len(words), program.n_elems, words, cfg)
+    mem = mem.copy()
+    if status != Status.OK:
+        return mem, status, 0.0
+    dtype, lanes, depth = torch_dtype(cfg.fmt), cfg.lanes, cfg.depth
+    mem_f = torch.from_numpy(mem.view(np.int16)).view(dtype)
+    mem_i8 = mem.view(np.int8)
+    nan = torch.tensor(canonical_nan_bits(cfg.fmt), dtype=torch.int16).view(dtype)
+    n_words = -(-program.n_elems // lanes)
+    bufs = torch.zeros(cfg.nbuf, depth, lanes, dtype=dtype)
+    acc = np.zeros(lanes, np.float32)
+    for b0 in range(0, n_words, depth):
+        for u in program.uops:
+            for w in range(b0, min(b0 + depth, n_words)):
+                valid = lanes if w < n_words - 1 else program.n_elems - w * lanes
+                if u.rsrc == RSrc.BUF:
+                    r = bufs[u.r, w % depth].clone()
+                elif u.rsrc == RSrc.MEM:
+                    r = mem_f[u.addr + w].clone()
+                elif u.rsrc == RSrc.CHAN:
+                    r = mem_f[u.addr + w % u.param].clone()
+                elif u.rsrc == RSrc.GROUP:
+                    e = 0 if u.param == 0 else w // u.param
+                    r = mem_f[u.addr + e // lanes, e % lanes].repeat(lanes)
+                else:
+                    half = w % 2
+                    raw = mem_i8[u.addr + w // 2, half * lanes:(half + 1) * lanes]
+                    r = torch.from_numpy(raw.copy()).to(dtype)
+                p, q = bufs[u.p, w % depth], bufs[u.q, w % depth]
+                if u.op == Op.L1:
+                    d = torch.abs(p.float() - r.float()).numpy()
+                    acc[:valid] = (acc[:valid] + d[:valid]).astype(np.float32)
+                    continue
+                res = {Op.MOV: lambda: r, Op.ADD: lambda: p + r, Op.SUB: lambda: p - r,
+                       Op.MUL: lambda: p * r, Op.MAC: lambda: p + q * r}[Op(u.op)]()
+                if u.op != Op.MOV:
+                    res = torch.where(torch.isnan(res), nan, res)
+                if u.store:
+                    mem_f[u.addr + w, :valid] = res[:valid]
+                else:
+                    bufs[u.d, w % depth] = res
+    total = np.float32(0)
+    for lane in range(lanes):
+        total = np.float32(total + acc[lane])
+    return mem, status, float(total)
+
+
+@st.composite
+def random_programs(draw):
+    fmt = draw(st.sampled_from(["bf16", "fp16"]))
+    lanes = draw(st.integers(1, 4))
+    cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=draw(st.integers(1, 5)),
+                    nbuf=draw(st.integers(2, 4)), mem_words=48, max_streams=4, imem_depth=6)
+    uops = []
+    for _ in range(draw(st.integers(1, 6))):
+        op = draw(st.sampled_from(list(Op)))
+        store = op != Op.L1 and draw(st.booleans()) and draw(st.booleans())
+        rsrc = RSrc.BUF if store else draw(st.sampled_from(list(RSrc)))
+        reg = st.integers(0, cfg.nbuf - (draw(st.integers(0, 9)) > 0))  # sometimes nbuf (bad)
+        uops.append(UOp(op, rsrc, store, d=draw(reg), p=draw(reg), q=draw(reg), r=draw(reg),
+                        addr=draw(st.integers(0, 40)), param=draw(st.integers(0, 4))))
+    prog = Program(n_elems=draw(st.integers(1, 28)), uops=tuple(uops))
+    return cfg, prog, draw(st.integers(0, 2 ** 32 - 1))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_programs())
+def test_interpreter_equals_word_by_word_model(case):
+    cfg, program, seed = case
+    mem = random_bits(np.random.default_rng(seed), (cfg.mem_words, cfg.lanes), cfg.fmt)
+    res = interp.run_program(cfg, program, mem)
+    want_mem, want_status, want_l1 = word_model(cfg, program, mem)
+    assert res.status == want_status
+    assert np.array_equal(res.mem, want_mem)
+    assert np.float32(res.l1).tobytes() == np.float32(want_l1).tobytes() or \
+        (np.isnan(res.l1) and np.isnan(want_l1))
+
+
+# ---------------------------------------------------------------- directed ISA cases
+
+def _image(cfg, seed=1):
+    return random_bits(np.random.default_rng(seed), (cfg.mem_words, cfg.lanes), cfg.fmt)
+
+
+@pytest.mark.parametrize("uops, n_elems, status", [
+    ((UOp(Op.MOV, RSrc.MEM, addr=0),) * 40, 8, Status.BAD_LENGTH),
+    ((UOp(Op.MOV, RSrc.MEM, addr=0),), 0, Status.BAD_LENGTH),
+    ((UOp(9, RSrc.MEM, addr=0),), 8, Status.BAD_OPCODE),
+    ((UOp(Op.MOV, 6, addr=0),), 8, Status.BAD_OPCODE),
+    ((UOp(Op.ADD, RSrc.MEM, p=4, addr=0),), 8, Status.BAD_OPERAND),
+    ((UOp(Op.MOV, RSrc.MEM, True, addr=0),), 8, Status.BAD_OPERAND),
+    ((UOp(Op.MOV, RSrc.CHAN, addr=0, param=0),), 8, Status.BAD_OPERAND),
+    ((UOp(Op.MOV, RSrc.MEM, addr=62),), 24, Status.BAD_ADDR),
+    ((UOp(Op.MOV, RSrc.MEM, addr=0),) * 25, 8, Status.TOO_MANY_STREAMS),
+])
+def test_bad_programs_change_nothing(uops, n_elems, status):
+    cfg = NMEConfig(lanes=8, mem_words=64)
+    mem = _image(cfg)
+    good_then_bad = (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MOV, RSrc.BUF, True, addr=8)) + uops
+    for prog_uops in (uops, good_then_bad if len(good_then_bad) <= 32 else uops):
+        res = interp.run_program(cfg, Program(n_elems, prog_uops), mem)
+        assert res.status == status and res.l1 == 0.0
+        assert np.array_equal(res.mem, mem)
+        cycles = TorchBackend().execute(cfg, Program(n_elems, prog_uops), mem).cycles
+        assert cycles == 2 * len(prog_uops) + 2
+
+
+def test_mov_copies_bits_and_arithmetic_nan_is_canonical():
+    cfg = NMEConfig(lanes=2, fmt="fp16", mem_words=8)
+    mem = np.zeros((8, 2), np.uint16)
+    mem[0] = [0x7C01, 0xFE55]            # two NaN payloads
+    mem[1] = [0x3C00, 0x3C00]
+    copy = Program(2, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MOV, RSrc.BUF, True, addr=2)))
+    add = Program(2, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.ADD, RSrc.MEM, addr=1),
+                      UOp(Op.MOV, RSrc.BUF, True, addr=3)))
+    out = interp.run_program(cfg, add, interp.run_program(cfg, copy, mem).mem).mem
+    assert out[2].tolist() == [0x7C01, 0xFE55]
+    assert out[3].tolist() == [0x7E00, 0x7E00]
+
+
+def test_masked_tail_stores_nothing_and_l1_sums_lanes_in_order():
+    cfg = NMEConfig(lanes=2, fmt="bf16", mem_words=16, depth=2)
+    a = np.array([2.0 ** 24, 0, 1, 5, 1, 7], np.float32)
+    mem = np.full((16, 2), 0xFFFF, np.uint16)
+    mem[0:3] = pack_words(to_bits(torch.tensor(a).to(torch.bfloat16)), 2)
+    mem[3:6] = 0
+    # 5 elements: the 6th (7.0) is a masked tail lane: it must not count
+    prog = Program(5, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.L1, RSrc.MEM, p=0, addr=3),
+                       UOp(Op.MOV, RSrc.BUF, True, r=0, addr=8)))
+    res = interp.run_program(cfg, prog, mem)
+    # lane 0: ((2^24 + 1) -> 2^24) + 1 -> 2^24 in fp32; lane 1: 5; total 2^24 + 5 -> 2^24 + 4
+    assert res.l1 == 2.0 ** 24 + 4
+    assert res.mem[10, 1] == 0xFFFF and res.mem[10, 0] == to_bits(
+        torch.tensor([1.0], dtype=torch.bfloat16))[0]
+
+
+def test_int8_and_group_sources_follow_the_word_layout():
+    cfg = NMEConfig(lanes=2, fmt="bf16", mem_words=16)
+    q = np.array([1, -2, 3, -4, 5, -6, 7, -128], np.int8)
+    mem = np.zeros((16, 2), np.uint16)
+    mem[0:int8_words_for(8, 2)] = pack_int8_words(q, 2)
+    mem[4] = to_bits(torch.tensor([0.5, 4.0], dtype=torch.bfloat16))  # one scale per 4 elems
+    prog = Program(8, (UOp(Op.MOV, RSrc.INT8, addr=0),
+                       UOp(Op.MUL, RSrc.GROUP, addr=4, param=2),
+                       UOp(Op.MOV, RSrc.BUF, True, addr=6)))
+    res = interp.run_program(cfg, prog, mem)
+    y = from_bits(unpack_words(res.mem[6:10], 8), "bf16")
+    assert y.tolist() == [0.5, -1.0, 1.5, -2.0, 20.0, -24.0, 28.0, -512.0]
+
+
+def test_image_and_framing_errors():
+    cfg = NMEConfig(lanes=4, mem_words=8)
+    prog = Program(4, (UOp(Op.MOV, RSrc.MEM, addr=0),))
+    with pytest.raises(ValueError, match=r"memory image of shape \(8, 2\): expected "
+                                         r"\(mem_words, lanes\) = \(8, 4\)"):
+        interp.run_program(cfg, prog, np.zeros((8, 2), np.uint16))
+    with pytest.raises(ValueError, match=r"expected a numpy uint16 array"):
+        interp.run_program(cfg, prog, np.zeros((8, 4), np.float32))
+    with pytest.raises(ValueError, match=r"header says n_uops=2, got 1 micro-op words"):
+        interp.run_words(cfg, [encode_header(2, 4), 0], np.zeros((8, 4), np.uint16))
+
+
+def test_cycle_model_and_backend_lookup():
+    cfg = NMEConfig(lanes=8, depth=4)
+    prog = Program(100, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.L1, RSrc.MEM, addr=20)))
+    # 13 words in 4 blocks; 2 passes of 13 words + 4*3 latency each; L1 lane sum 8 cycles
+    assert model_cycles(cfg, prog, Status.OK) == (1 + 2) + 2 + 1 + 2 * (13 + 4 * 3) + 8
+    assert get_backend("torch").name == "torch"
+    with pytest.raises(ValueError, match=r"unknown backend 'gpu': expected one of"):
+        get_backend("gpu")

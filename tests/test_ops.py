@@ -1,0 +1,128 @@
+"""The torch reference of the cache operators (coda.host.ops): exact known values, the order
+of roundings, and the input checks."""
+
+import numpy as np
+import pytest
+import torch
+
+from coda.host import ops
+from coda.host.bits import from_bits, same_bits, to_bits
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def t(values, dtype=BF16):
+    return torch.tensor(values, dtype=dtype)
+
+
+def test_elementwise_known_values():
+    a, b = t([1.0, 2.5, -3.0]), t([0.5, 0.5, 2.0])
+    assert ops.add(a, b).tolist() == [1.5, 3.0, -1.0]
+    assert ops.sub(a, b).tolist() == [0.5, 2.0, -5.0]
+    assert ops.mul(a, b).tolist() == [0.5, 1.25, -6.0]
+
+
+def test_add_rounds_to_nearest_even_in_bf16():
+    # 1 + 2^-8 is exactly half an ulp of bf16 at 1.0: ties to even -> 1.0;
+    # 1 + 3*2^-8 is a tie between 1+2^-7 (odd mantissa) and 1+2^-6 (even) -> 1+2^-6.
+    one = t([1.0, 1.0])
+    assert ops.add(one, t([2.0 ** -8, 3 * 2.0 ** -8])).tolist() == [1.0, 1.0 + 2.0 ** -6]
+
+
+def test_gated_residual_rounds_the_product_first():
+    # fp16 (ulp 2^-10 at 1): g*c = 1 + 2^-9 + 2^-20 rounds to 1 + 2^-9; adding x = 2^-11 is
+    # then an exact tie, broken to the even mantissa 1 + 2^-9. One fused rounding would see
+    # the 2^-20 and round up to 1 + 2^-9 + 2^-10.
+    x, g, c = t([[2.0 ** -11]], FP16), t([1 + 2.0 ** -10], FP16), t([[1 + 2.0 ** -10]], FP16)
+    y = ops.gated_residual(x, g, c)
+    assert y.item() == 1 + 2.0 ** -9
+    fused = (x.double() + g.double() * c.double()).to(FP16)
+    assert fused.item() != y.item()  # a single-rounding FMA would differ
+
+
+def test_segment_is_left_to_right_chain_of_gated_residuals():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 8, generator=gen).to(BF16)
+    g = torch.randn(3, 8, generator=gen).to(BF16)
+    c = torch.randn(3, 5, 8, generator=gen).to(BF16)
+    chain = x
+    for k in range(3):
+        chain = ops.gated_residual(chain, g[k], c[k])
+    assert torch.equal(ops.segment(x, g, c).view(torch.int16), chain.view(torch.int16))
+
+
+def test_cfg_combine_scalar_in_the_format():
+    u, c = t([[1.0, 2.0]]), t([[3.0, 2.0]])
+    assert ops.cfg_combine(u, c, t(7.5)).tolist() == [[16.0, 2.0]]
+    with pytest.raises(ValueError, match=r"'s' is float, expected a torch.Tensor"):
+        ops.cfg_combine(u, c, 7.5)
+    with pytest.raises(ValueError, match=r"'s' has dtype torch.float32, expected torch.bfloat16"):
+        ops.cfg_combine(u, c, torch.tensor(7.5))
+
+
+def test_l1_distance_in_float32():
+    a, b = t([1.0, -2.0, 0.5], FP16), t([0.0, 2.0, 0.75], FP16)
+    y = ops.l1_distance(a, b)
+    assert y.dtype == torch.float32 and y.shape == () and y.item() == 5.25
+
+
+def test_dequant_int8_per_group():
+    q = torch.tensor([[1, -2, 3, 127], [-128, 0, 5, 1]], dtype=torch.int8)
+    scale = t([[0.5, 2.0], [1.0, -0.25]])
+    y = ops.dequant_int8(q, scale, 2)
+    assert y.dtype == BF16
+    assert y.tolist() == [[0.5, -1.0, 6.0, 254.0], [-128.0, 0.0, -1.25, -0.25]]
+
+
+def test_special_values_follow_ieee():
+    inf, nan = float("inf"), float("nan")
+    a, b = t([inf, inf, 0.0, -0.0, 1.0]), t([-inf, 1.0, -0.0, -0.0, nan])
+    y = ops.add(a, b)
+    bits = to_bits(y)
+    assert np.isnan(y[0].item()) and y[1].item() == inf and np.isnan(y[4].item())
+    assert bits[2] == 0x0000 and bits[3] == 0x8000  # x + (-x) = +0, (-0) + (-0) = -0
+    assert np.isnan(ops.mul(t([0.0]), t([inf]))[0].item())
+
+
+def test_subnormals_are_kept():
+    tiny = from_bits(np.array([0x0001, 0x0001], np.uint16), "fp16")  # 2^-24
+    assert to_bits(ops.add(tiny, tiny)).tolist() == [0x0002, 0x0002]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ops.add(t([1.0, 2.0]), t([1.0])),
+     r"add: argument 'b' has shape \(1,\), expected \[N\] like 'a' = \(2,\)"),
+    (lambda: ops.add(t([1.0]), t([1.0], FP16)),
+     r"add: argument 'b' has dtype torch.float16, expected torch.bfloat16"),
+    (lambda: ops.scale(t([[1.0, 2.0]]), t([1.0])),
+     r"scale: argument 's' has shape \(1,\), expected \[C\] = \(2,\)"),
+    (lambda: ops.gated_residual(t([[1.0]]), t([1.0]), t([[1.0], [2.0]])),
+     r"gated_residual: argument 'c' has shape \(2, 1\), expected \[T, C\] like 'x' = \(1, 1\)"),
+    (lambda: ops.segment(t([[1.0]]), t([[1.0]] * 9), t([[[1.0]]] * 9)),
+     r"segment: argument 'g' has K=9 rows, expected 1..8"),
+    (lambda: ops.segment(t([[1.0]]), t([[1.0]]), t([[[1.0]], [[1.0]]])),
+     r"segment: argument 'c' has shape \(2, 1, 1\), expected \[K, T, C\] = \(1, 1, 1\)"),
+    (lambda: ops.mul(torch.tensor([1.0]), torch.tensor([1.0])),
+     r"mul: argument 'a' has dtype torch.float32, expected torch.bfloat16 or torch.float16"),
+    (lambda: ops.dequant_int8(torch.zeros(2, 4, dtype=torch.int8), t([[1.0]] * 2), 3),
+     r"dequant_int8: group=3, expected a positive divisor of C=4"),
+    (lambda: ops.dequant_int8(torch.zeros(2, 4, dtype=torch.int8), t([[1.0]] * 2), 2),
+     r"dequant_int8: argument 'scale' has shape \(2, 1\), expected \[T, C/G\] = \(2, 2\)"),
+    (lambda: ops.dequant_int8(torch.zeros(2, 4), t([[1.0]] * 2), 4),
+     r"dequant_int8: argument 'q' has dtype torch.float32, expected torch.int8"),
+    (lambda: ops.get_op("nope"), r"unknown op 'nope': expected one of"),
+    (lambda: ops.OPS["add"](a=t([1.0])), r"add: got arguments \['a'\], expected \['a', 'b'\]"),
+])
+def test_bad_inputs_name_argument_and_expectation(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_registry_covers_every_operator():
+    assert set(ops.OPS) == {"add", "sub", "mul", "scale", "gated_residual", "segment",
+                            "cfg_combine", "l1_distance", "dequant_int8"}
+    assert ops.OPS["l1_distance"].output == "l1"
+    assert ops.OPS["dequant_int8"].params == ("group",)
+    x = t([[1.0, 2.0]])
+    assert same_bits(to_bits(ops.OPS["scale"](a=x, s=t([2.0, 0.5]))),
+                     to_bits(t([[2.0, 1.0]])), "bf16")
