@@ -1,0 +1,118 @@
+"""Classifier-free-guidance sampling of the digit DiT with diffusers' ``DDIMScheduler``.
+
+Every transformer call is wrapped in diffusers' ``transformer.cache_context(name,
+step_index=i, num_inference_steps=n)`` so cache hooks (:mod:`coda.host.cache_engine`) know the
+CFG branch and the step; without hooks the context is inert. Two CFG modes:
+
+- ``"batched"``: one call per step on ``[uncond; cond]`` (context name ``"uncond|cond"``);
+- ``"separate"``: two calls per step, ``"uncond"`` then ``"cond"``.
+
+Guidance: ``pred = uncond + scale * (cond - uncond)`` in float32. DDIM with eta = 0 and
+``"trailing"`` timestep spacing (so the first step starts from pure noise at t = 999), x0
+clipped to [-1, 1] (pixel space). The initial noise of sample i comes from its own generator
+seeded ``seeds[i]``, so a sample does not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .data import NULL_LABEL
+
+__all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "make_scheduler", "initial_noise",
+           "generate"]
+
+CFG_MODES = ("batched", "separate")
+DEFAULT_STEPS = 50
+DEFAULT_GUIDANCE = 3.0
+
+
+def make_scheduler(config: dict):
+    """The DDIM scheduler matching the training noise schedule in ``config["scheduler"]``."""
+    from diffusers import DDIMScheduler
+
+    return DDIMScheduler(**config["scheduler"], timestep_spacing="trailing", clip_sample=True,
+                         set_alpha_to_one=False)
+
+
+def initial_noise(seeds: list[int], frames: int, size: int) -> torch.Tensor:
+    """float32 [len(seeds), 1, frames, size, size]: sample i from ``torch.Generator`` seeded
+    ``seeds[i]``."""
+    return torch.cat([torch.randn((1, 1, frames, size, size),
+                                  generator=torch.Generator().manual_seed(int(s))) for s in seeds])
+
+
+@torch.no_grad()
+def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
+             guidance_scale: float = DEFAULT_GUIDANCE, seeds: list[int] | None = None,
+             seed: int = 0, frames: int | None = None, size: int | None = None,
+             cfg_mode: str = "batched", progress: bool = False,
+             reset_cache: bool = True) -> torch.Tensor:
+    """Denoise videos of the given digits with CFG.
+
+    Args:
+        model: :class:`coda.host.model.dit.DigitLatte` (eval mode), cache hooks optional.
+        labels: digits 0..9, int sequence or int64 tensor [B].
+        num_steps: DDIM steps (>= 1).
+        guidance_scale: CFG scale s (1 = conditional only, still both branches run).
+        seeds: per-sample noise seeds (default ``seed + i``).
+        seed: base seed when ``seeds`` is None.
+        frames, size: F and H = W (default: the training data's, from the model config);
+            F <= the model's ``video_length``, size a multiple of the patch size.
+        cfg_mode: ``"batched"`` or ``"separate"``.
+        progress: show a tqdm bar.
+        reset_cache: reset stateful hooks (cache engine) before the first step, so no cache
+            is carried over from an earlier generation.
+    Returns:
+        float32 [B, 1, F, size, size], clipped to [-1, 1].
+    Raises:
+        ValueError: bad labels, steps, mode, frames or size.
+    """
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if labels.numel() == 0 or labels.min() < 0 or labels.max() > 9:
+        raise ValueError(f"labels={labels.tolist()}: expected at least one digit, each 0..9")
+    if num_steps < 1:
+        raise ValueError(f"num_steps={num_steps}: expected >= 1")
+    if cfg_mode not in CFG_MODES:
+        raise ValueError(f"cfg_mode={cfg_mode!r}: expected one of {CFG_MODES}")
+    cfg = model.config
+    frames = cfg["data"]["frames"] if frames is None else int(frames)
+    size = cfg["data"]["size"] if size is None else int(size)
+    patch, max_frames = cfg["transformer"]["patch_size"], cfg["transformer"]["video_length"]
+    if not 1 <= frames <= max_frames or size < patch or size % patch:
+        raise ValueError(f"frames={frames}, size={size}: expected 1..{max_frames} frames and a "
+                         f"size that is a positive multiple of the patch size {patch}")
+    b = labels.numel()
+    seeds = [seed + i for i in range(b)] if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != b:
+        raise ValueError(f"{len(seeds)} seeds for {b} labels: expected one per sample")
+    transformer = model.transformer
+    if reset_cache:
+        transformer._reset_stateful_cache()
+    sched = make_scheduler(cfg)
+    sched.set_timesteps(num_steps)
+    x = initial_noise(seeds, frames, size)
+    null = torch.full_like(labels, NULL_LABEL)
+    steps = sched.timesteps
+    if progress:
+        from tqdm.auto import tqdm
+        steps = tqdm(steps, desc="denoise", leave=False)
+    for i, t in enumerate(steps):
+        uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
+        pred = uncond + guidance_scale * (cond - uncond)
+        x = sched.step(pred, t, x, eta=0.0).prev_sample
+    return x.clamp(-1.0, 1.0)
+
+
+def _predict(model, x, t, labels, null, step, num_steps, cfg_mode):
+    transformer = model.transformer
+    tt = torch.full((x.shape[0],), int(t), dtype=torch.long)
+    if cfg_mode == "batched":
+        with transformer.cache_context("uncond|cond", step_index=step, num_inference_steps=num_steps):
+            out = model(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([null, labels]))
+        return out.chunk(2)
+    with transformer.cache_context("uncond", step_index=step, num_inference_steps=num_steps):
+        uncond = model(x, tt, null)
+    with transformer.cache_context("cond", step_index=step, num_inference_steps=num_steps):
+        cond = model(x, tt, labels)
+    return uncond, cond
