@@ -31,7 +31,7 @@ from coda.hw.dram_standards import DRAMStandard, STANDARDS, get_standard
 
 from .toolchain import build_dir, setup_verilator_env
 
-__all__ = ["parse_trace", "stream_add_trace", "build_model", "run_requests", "replay",
+__all__ = ["parse_trace", "stream_add_trace", "build_model", "run_requests", "replay", "run_words",
            "parse_size", "configure", "main", "verilator_params"]
 
 _HERE = Path(__file__).resolve().parent
@@ -207,6 +207,29 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
     if raw["timed_out"]:
         raise ValueError(f"replay stopped at max_cycles={max_cycles} before the trace finished")
     return _results(std, raw, build_s, sim_s)
+
+
+def run_words(std: DRAMStandard | str, lanes: int, ops: list[tuple[int, int, int, int]], *,
+              commands: str | Path | None = None) -> list[int]:
+    """Run NME word-port requests through WordAdapter + controller + device (Verilated).
+
+    Args:
+        ops: ``[(we, word_addr, wdata, wmask), ...]`` offered back to back in order;
+            ``wdata`` a ``16*lanes``-bit int, ``wmask`` an ``lanes``-bit element mask.
+    Returns:
+        The read responses' words (ints), in order.
+    """
+    std = get_standard(std)
+    exe = build_model(std, top="word", lanes=lanes)
+    with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
+        words, rsp = Path(tmp) / "words.hex", Path(tmp) / "rsp.hex"
+        with open(words, "w") as fh:
+            fh.writelines(f"{w:x} {a:x} {d:x} {k:x}\n" for w, a, d, k in ops)
+        args = [str(exe), f"+words={words}", f"+rsp={rsp}"]
+        if commands:
+            args.append(f"+dram_cmds={Path(commands).resolve()}")
+        subprocess.run(args, check=True, capture_output=True, text=True)
+        return [int(x, 16) for x in rsp.read_text().split()]
 
 
 def _results(std: DRAMStandard, raw: dict, build_s: float, sim_s: float) -> dict:

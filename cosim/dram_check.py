@@ -1,0 +1,208 @@
+"""Independent JEDEC timing checker of a DRAM command trace (CSV from ``coda dram replay
+--commands`` or the cosimulation's ``+dram_cmds``).
+
+Written from the standard's timing table (:class:`coda.hw.dram_standards.DRAMStandard`), not
+from the controller: it replays the log, keeps per-bank / per-bank-group / per-rank command
+history and reports every pair of commands closer than the standard allows, every command
+illegal in the bank's state (ACT to an open bank, RD/WR to a closed bank or another row,
+REF with a bank open), every overlap of data bursts on the shared data bus, and refresh
+falling behind (fewer REFs by cycle t than ``t // tREFI - refresh_postpone``).
+
+Usage: ``python -m coda.cosim.dram_check --standard DDR4-3200 CMDS.csv`` (exit 1 on
+violations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from coda.hw.dram_standards import DRAMStandard, get_standard
+
+__all__ = ["Violation", "check_commands", "check_file", "main"]
+
+NEVER = -(1 << 62)
+HEADER = ["cycle", "channel", "rank", "bankgroup", "bank", "command", "row", "column"]
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: at ``cycle`` the ``command`` broke ``rule`` (e.g. ``"tRCD"``)."""
+    cycle: int
+    channel: int
+    rank: int
+    command: str
+    rule: str
+    detail: str
+
+    def __str__(self):
+        return f"cycle {self.cycle} ch{self.channel} r{self.rank} {self.command}: {self.rule}: {self.detail}"
+
+
+class _Rank:
+    """Command history of one rank."""
+
+    def __init__(self):
+        self.open_row: dict[tuple[int, int], int] = {}
+        self.act = defaultdict(lambda: NEVER)    # per bank
+        self.pre = defaultdict(lambda: NEVER)    # per bank (PRE only)
+        self.rd = defaultdict(lambda: NEVER)     # per bank
+        self.wr = defaultdict(lambda: NEVER)     # per bank
+        self.bg_rd = defaultdict(lambda: NEVER)
+        self.bg_wr = defaultdict(lambda: NEVER)
+        self.bg_act = defaultdict(lambda: NEVER)
+        self.acts: list[int] = []                # all ACT cycles, for tRRD_S and tFAW
+        self.last_rd = self.last_wr = self.last_prea = self.last_ref = NEVER
+        self.last_pre_any = NEVER
+        self.refs = 0
+        self.last_cycle = NEVER
+        self.bursts: list[tuple[int, int, str, int]] = []  # (start, end, kind, cmd cycle)
+
+
+def _need(out, r, t, cmd, rule, since, gap, what):
+    if t - since < gap:
+        out.append(Violation(t, r[0], r[1], cmd, rule,
+                             f"{t - since} cycles after {what} at {since}, needs {gap}"))
+
+
+def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
+    """Check an iterable of CSV rows (dicts with the :data:`HEADER` keys).
+
+    Returns all violations, in log order. Raises ValueError on an unknown command or a
+    malformed row (naming it).
+    """
+    std = get_standard(std)
+    ranks: dict[tuple[int, int], _Rank] = defaultdict(_Rank)
+    out: list[Violation] = []
+    for n, row in enumerate(rows, 2):
+        try:
+            t, ch, rk = int(row["cycle"]), int(row["channel"]), int(row["rank"])
+            cmd = row["command"].strip()
+            bg = int(row["bankgroup"]) if row["bankgroup"] not in ("", None) else None
+            ba = int(row["bank"]) if row["bank"] not in ("", None) else None
+            rw = int(row["row"]) if row["row"] not in ("", None) else None
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"line {n}: {row!r}: expected columns {','.join(HEADER)} ({exc})")
+        key = (ch, rk)
+        s = ranks[key]
+        if t <= s.last_cycle:
+            out.append(Violation(t, ch, rk, cmd, "order",
+                                 f"not after the previous command at {s.last_cycle}"))
+        s.last_cycle = t
+        if t - s.last_ref < std.tRFC:
+            _need(out, key, t, cmd, "tRFC", s.last_ref, std.tRFC, "REF")
+        if cmd in ("ACT", "PRE", "RD", "WR"):
+            if bg is None or ba is None or not 0 <= bg < std.bank_groups or not 0 <= ba < std.banks_per_group:
+                raise ValueError(f"line {n}: {cmd} needs bankgroup/bank in range, got {bg},{ba}")
+            b = (bg, ba)
+        if cmd == "ACT":
+            if b in s.open_row:
+                out.append(Violation(t, ch, rk, cmd, "state", f"bank {b} already open"))
+            _need(out, key, t, cmd, "tRC", s.act[b], std.tRC, "ACT same bank")
+            _need(out, key, t, cmd, "tRP", s.pre[b], std.tRP, "PRE same bank")
+            _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
+            _need(out, key, t, cmd, "tRRD_L", s.bg_act[bg], std.tRRD_L, "ACT same bank group")
+            if s.acts:
+                _need(out, key, t, cmd, "tRRD_S", s.acts[-1], std.tRRD_S, "ACT")
+            if len(s.acts) >= 4:
+                _need(out, key, t, cmd, "tFAW", s.acts[-4], std.tFAW, "4th previous ACT")
+            s.open_row[b] = rw
+            s.act[b] = s.bg_act[bg] = t
+            s.acts.append(t)
+        elif cmd in ("PRE", "PREA"):
+            banks = [b] if cmd == "PRE" else list(s.open_row)
+            for pb in banks:
+                _need(out, key, t, cmd, "tRAS", s.act[pb], std.tRAS, f"ACT bank {pb}")
+                _need(out, key, t, cmd, "tRTP", s.rd[pb], std.tRTP, f"RD bank {pb}")
+                _need(out, key, t, cmd, "tWR", s.wr[pb], std.CWL + std.nBL + std.tWR,
+                      f"WR bank {pb} (CWL+nBL+tWR)")
+                s.open_row.pop(pb, None)
+                s.pre[pb] = t
+            if cmd == "PREA":
+                s.last_prea = t
+            else:
+                s.last_pre_any = t
+        elif cmd in ("RD", "WR"):
+            if s.open_row.get(b, None) != rw or b not in s.open_row:
+                out.append(Violation(t, ch, rk, cmd, "state",
+                                     f"bank {b} has row {s.open_row.get(b)} open, not {rw}"))
+            _need(out, key, t, cmd, "tRCD", s.act[b], std.tRCD, "ACT same bank")
+            if cmd == "RD":
+                _need(out, key, t, cmd, "tCCD_L", s.bg_rd[bg], std.tCCD_L, "RD same bank group")
+                _need(out, key, t, cmd, "tCCD_S", s.last_rd, std.tCCD_S, "RD")
+                _need(out, key, t, cmd, "tWTR_L", s.bg_wr[bg], std.CWL + std.nBL + std.tWTR_L,
+                      "WR same bank group (CWL+nBL+tWTR_L)")
+                _need(out, key, t, cmd, "tWTR_S", s.last_wr, std.CWL + std.nBL + std.tWTR_S,
+                      "WR (CWL+nBL+tWTR_S)")
+                s.rd[b] = s.bg_rd[bg] = s.last_rd = t
+                start = t + std.CL
+            else:
+                _need(out, key, t, cmd, "tCCD_L_WR", s.bg_wr[bg], std.tCCD_L_WR, "WR same bank group")
+                _need(out, key, t, cmd, "tCCD_S", s.last_wr, std.tCCD_S, "WR")
+                _need(out, key, t, cmd, "tRTW", s.last_rd, std.tRTW, "RD")
+                s.wr[b] = s.bg_wr[bg] = s.last_wr = t
+                start = t + std.CWL
+            s.bursts.append((start, start + std.nBL, cmd, t))
+        elif cmd == "REF":
+            if s.open_row:
+                out.append(Violation(t, ch, rk, cmd, "state", f"banks {sorted(s.open_row)} open"))
+            if s.acts:
+                _need(out, key, t, cmd, "tRC", s.acts[-1], std.tRC, "ACT")
+            _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
+            _need(out, key, t, cmd, "tRP", s.last_pre_any, std.tRP, "PRE")
+            _refresh_rate(out, key, std, t, s.refs, cmd)
+            s.refs += 1
+            s.last_ref = t
+        else:
+            raise ValueError(f"line {n}: command {cmd!r}: expected ACT, PRE, PREA, RD, WR or REF")
+    for key, s in ranks.items():
+        _refresh_rate(out, key, std, s.last_cycle, s.refs, "end")
+        _bus(out, key, s.bursts)
+    return out
+
+
+def _refresh_rate(out, key, std, t, refs_before, cmd):
+    owed = t // std.tREFI - std.refresh_postpone
+    if refs_before < owed:
+        out.append(Violation(t, key[0], key[1], cmd, "tREFI",
+                             f"{refs_before} REF by cycle {t}, at least {owed} required"))
+
+
+def _bus(out, key, bursts):
+    bursts = sorted(bursts)
+    for (s0, e0, k0, c0), (s1, e1, k1, c1) in zip(bursts, bursts[1:]):
+        if s1 < e0:
+            out.append(Violation(c1, key[0], key[1], k1, "data bus",
+                                 f"burst [{s1},{e1}) overlaps {k0} at {c0} burst [{s0},{e0})"))
+
+
+def check_file(std: DRAMStandard | str, path: str | Path) -> list[Violation]:
+    """Check a command CSV file. Raises ValueError on a wrong header."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames != HEADER:
+            raise ValueError(f"{path}: header {reader.fieldnames}: expected {','.join(HEADER)}")
+        return check_commands(std, reader)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coda.cosim.dram_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--standard", required=True)
+    parser.add_argument("csv", nargs="+")
+    args = parser.parse_args(argv)
+    bad = 0
+    for path in args.csv:
+        found = check_file(args.standard, path)
+        bad += len(found)
+        for v in found[:50]:
+            print(f"{path}: {v}")
+        print(f"{path}: {len(found)} violations")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

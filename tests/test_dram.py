@@ -1,0 +1,198 @@
+"""DRAM timing model: presets, address mapping, Verilated replay, independent checker,
+exact latencies of known cases, and the NME word adapter bit-exact through the device.
+
+The Verilated models are built once per standard and cached under build/dram/."""
+
+import random
+
+import pytest
+
+from coda.cosim import dram_check, dram_replay
+from coda.hw.dram import map_burst_address
+from coda.hw.dram_standards import STANDARDS, get_standard
+
+ALL = list(STANDARDS)
+
+
+# ---- presets ---------------------------------------------------------------------------
+def test_presets_peak_bandwidth_and_bursts():
+    assert get_standard("DDR4-3200").peak_gbps == pytest.approx(25.6)
+    assert get_standard("ddr5_4800").peak_gbps == pytest.approx(19.2)
+    assert get_standard("LPDDR5-6400").peak_gbps == pytest.approx(12.8)
+    assert [STANDARDS[n].burst_bytes for n in ALL] == [64, 64, 32]
+    # DDR5-4800 refresh-limited ceiling ~92 % (1 - 295 ns / 3.9 us)
+    assert get_standard("DDR5-4800").refresh_ceiling == pytest.approx(0.9244, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_presets_consistent(name):
+    s = STANDARDS[name]
+    assert s.tRC >= s.tRAS + s.tRP and s.tCCD_L >= s.tCCD_S >= s.nBL
+    assert s.tRRD_L >= s.tRRD_S and s.tWTR_L >= s.tWTR_S and s.CL > s.CWL
+    assert s.tRTW + s.CWL >= s.CL + s.nBL  # write data never starts before read data ends
+    assert s.rank_bytes == s.rows * s.columns * s.banks * s.rank_width // 8
+
+
+def test_unknown_standard_lists_valid_names():
+    with pytest.raises(ValueError, match="DDR4-3200, DDR5-4800, LPDDR5-6400"):
+        get_standard("DDR3-1600")
+
+
+# ---- address mapping -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ALL)
+def test_mapping_bijective_and_bank_group_interleaved(name):
+    s = STANDARDS[name]
+    rng = random.Random(1)
+    addrs = rng.sample(range(1 << s.burst_addr_bits), 4000) + list(range(4096))
+    mapped = {a: map_burst_address(s, a) for a in addrs}
+    assert len(set(mapped.values())) == len(mapped)
+    assert [map_burst_address(s, a)[0] for a in range(s.bank_groups)] == list(range(s.bank_groups))
+    # STREAM arrays 2 MiB apart open rows in different banks
+    n = (2 << 20) // s.burst_bytes
+    banks = {map_burst_address(s, k * n)[1] for k in range(3)}
+    assert len(banks) == 3
+    with pytest.raises(ValueError, match="burst address"):
+        map_burst_address(s, 1 << s.burst_addr_bits)
+
+
+# ---- trace parsing ---------------------------------------------------------------------
+def test_parse_both_formats(tmp_path):
+    p = tmp_path / "t.trace"
+    p.write_text("# comment\n0x40 READ 3\n128 WRITE 9\nLD 0x80\nST 64\n")
+    assert dram_replay.parse_trace(p) == [(3, 0, 0x40), (9, 1, 128), (0, 0, 0x80), (0, 1, 64)]
+    p.write_text("0x40 FETCH 3\n")
+    with pytest.raises(ValueError, match="t.trace:1"):
+        dram_replay.parse_trace(p)
+    assert dram_replay.parse_size("2MiB") == 2 << 20
+    with pytest.raises(ValueError, match="size"):
+        dram_replay.parse_size("2 parsecs")
+
+
+# ---- exact numbers on known cases ------------------------------------------------------
+@pytest.mark.parametrize("name", ALL)
+def test_closed_bank_read_then_row_hit(name, tmp_path):
+    s = STANDARDS[name]
+    trace = tmp_path / "t.trace"
+    trace.write_text("0x0 READ 0\n0x0 READ 400\n")
+    cmds = tmp_path / "c.csv"
+    res = dram_replay.replay(s, trace, commands=cmds)
+    rows = (cmds.read_text().splitlines())
+    assert rows[0] == "cycle,channel,rank,bankgroup,bank,command,row,column"
+    # accepted at cycle 1, ACT at 2, RD tRCD later; the hit is accepted at 400, RD at 401
+    assert rows[1:] == ["2,0,0,0,0,ACT,0,0", f"{2 + s.tRCD},0,0,0,0,RD,0,0",
+                        "401,0,0,0,0,RD,0,0"]
+    miss = 1 + s.tRCD + s.CL + s.nBL     # acceptance -> data: ACT slot + tRCD + CL + BL/2
+    hit = 1 + s.CL + s.nBL
+    assert res["requests"] == 2 and res["row_misses"] == 1 and res["row_hits"] == 1
+    assert res["avg_read_latency_cycles"] == pytest.approx((miss + hit) / 2)
+
+
+# ---- random and adversarial traces: zero violations ------------------------------------
+def _adversarial(s, seed, n=1500):
+    rng = random.Random(seed)
+    bb = s.burst_bytes
+    stride = bb * s.bank_groups * s.bursts_per_row * s.banks_per_group  # same bank, next row
+    out, cycle = [], 0
+    for i in range(n):
+        mode = rng.random()
+        if mode < 0.3:       # bank conflicts: same bank group/bank, other rows
+            addr = rng.randrange(64) * stride * s.banks_per_group
+        elif mode < 0.6:     # a sequential burst run
+            addr = (i * bb) % (1 << 20)
+        else:                # anywhere in the rank
+            addr = rng.randrange(s.rank_bytes // bb) * bb
+        cycle += rng.choice((0, 0, 0, 1, 5, 40))
+        out.append((cycle, int(rng.random() < 0.4), addr))
+    # read-after-write and write-after-read to the same burst
+    out += [(cycle + 1, 1, 0), (cycle + 1, 0, 0), (cycle + 1, 1, 0), (cycle + 1, 0, 0)]
+    # idle time past two tREFI so refresh happens with and without traffic
+    out.append((cycle + 2 * s.tREFI + 10, 0, 4 * bb))
+    return out
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_replay_random_and_adversarial_no_violations(name, tmp_path):
+    s = STANDARDS[name]
+    reqs = _adversarial(s, seed=7)
+    cmds = tmp_path / "c.csv"
+    res = dram_replay.run_requests(s, reqs, commands=cmds)
+    assert res["requests"] == len(reqs)
+    assert res["reads"] == sum(1 for r in reqs if not r[1])
+    assert res["row_conflicts"] > 50 and res["refreshes"] >= 2
+    assert res["row_hits"] + res["row_misses"] + res["row_conflicts"] == len(reqs)
+    violations = dram_check.check_file(s, cmds)
+    assert violations == [], "\n".join(map(str, violations[:20]))
+
+
+@pytest.mark.parametrize("name", ["DDR4-3200", "DDR5-4800"])
+def test_stream_add_small_ldst(name, tmp_path):
+    s = STANDARDS[name]
+    trace = tmp_path / "stream.trace"
+    trace.write_text("".join(f"{'ST' if w else 'LD'} {a:#x}\n"
+                             for _, w, a in dram_replay.stream_add_trace(s, 64 << 10)))
+    cmds = tmp_path / "c.csv"
+    res = dram_replay.replay(s, trace, commands=cmds)
+    assert res["requests"] == 3 * (64 << 10) // s.burst_bytes
+    assert res["row_hit_rate"] > 0.9 and 0.4 < res["utilisation"] < s.refresh_ceiling
+    assert dram_check.check_file(s, cmds) == []
+
+
+# ---- the checker catches seeded violations ---------------------------------------------
+def test_checker_catches_seeded_violations(tmp_path):
+    s = get_standard("DDR4-3200")
+    bad = tmp_path / "bad.csv"
+    lines = ["cycle,channel,rank,bankgroup,bank,command,row,column",
+             "10,0,0,0,0,ACT,5,0",
+             "12,0,0,0,1,ACT,7,0",                         # tRRD_L (same bank group)
+             "14,0,0,1,0,ACT,1,0",                         # tRRD_S
+             f"{10 + s.tRCD - 1},0,0,0,0,RD,5,0",          # tRCD - 1
+             "40,0,0,1,0,PRE,0,0",                         # tRAS
+             "50,0,0,1,0,ACT,1,0",                         # tRP, tRC
+             "60,0,0,0,0,RD,9,8",                          # wrong row
+             "61,0,0,2,0,RD,0,0",                          # closed bank
+             "62,0,0,1,0,RD,1,0",                          # tCCD_S, data bus overlap
+             "300,0,0,,,REF,,",                            # REF with banks open
+             f"{300 + s.tRFC - 5},0,0,3,3,ACT,0,0",        # tRFC
+             f"{40 * s.tREFI},0,0,3,2,ACT,0,0"]            # refresh fell behind
+    bad.write_text("\n".join(lines) + "\n")
+    rules = {v.rule for v in dram_check.check_file(s, bad)}
+    assert {"tRCD", "tRRD_L", "tRRD_S", "state", "tCCD_S", "data bus", "tRAS", "tRP", "tRC",
+            "tRFC", "tREFI"} <= rules
+    good = tmp_path / "good.csv"
+    good.write_text("\n".join(lines[:2] + [f"{10 + s.tRCD},0,0,0,0,RD,5,0"]) + "\n")
+    assert dram_check.check_file(s, good) == []
+    with pytest.raises(ValueError, match="NOP"):
+        dram_check.check_commands(s, [{"cycle": "1", "channel": "0", "rank": "0",
+                                       "bankgroup": "", "bank": "", "command": "NOP",
+                                       "row": "", "column": ""}])
+
+
+# ---- word adapter: write then read back through the device, bit-exact ------------------
+@pytest.mark.parametrize("name,lanes", [("DDR4-3200", 8), ("LPDDR5-6400", 64)])
+def test_word_adapter_bit_exact(name, lanes, tmp_path):
+    rng = random.Random(3)
+    words = 512
+    model = [0] * words
+    ops = []
+    for w in range(words):                   # full writes, sequential (write combining)
+        d = rng.getrandbits(16 * lanes)
+        ops.append((1, w, d, (1 << lanes) - 1))
+        model[w] = d
+    expect = []
+    for _ in range(1500):                    # random mix: masked writes, reads, runs
+        w = rng.randrange(words)
+        if rng.random() < 0.4:
+            d, k = rng.getrandbits(16 * lanes), rng.getrandbits(lanes)
+            ops.append((1, w, d, k))
+            model[w] = sum(((d if k >> j & 1 else model[w]) >> 16 * j & 0xFFFF) << 16 * j
+                           for j in range(lanes))
+        else:
+            for x in range(w, min(words, w + rng.choice((1, 1, 4, 9)))):
+                ops.append((0, x, 0, 0))
+                expect.append(model[x])
+    cmds = tmp_path / "c.csv"
+    got = dram_replay.run_words(name, lanes, ops, commands=cmds)
+    assert len(got) == len(expect)
+    bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
+    assert not bad, f"{len(bad)} wrong words, first at response {bad[0]}"
+    assert dram_check.check_file(name, cmds) == []
