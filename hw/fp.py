@@ -144,15 +144,15 @@ def _leading_zeros(m: Module, value, name: str) -> Signal:
     Returns an unsigned Signal wide enough for ``len(value)``.
     """
     width = len(value)
-    n = 1
+    n = 2
     while n < width:
         n *= 2
     # Pad below with ones so a zero input counts exactly ``width`` leading zeros.
     padded = Cat(Const((1 << (n - width)) - 1, n - width), value) if n > width else value
 
     def tree(v):
-        if len(v) == 1:
-            return v[0], Const(0, 0)
+        if len(v) == 2:
+            return v.any(), ~v[1]
         half = len(v) // 2
         lo_any, lo_cnt = tree(v[:half])
         hi_any, hi_cnt = tree(v[half:])
