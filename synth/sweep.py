@@ -1,0 +1,251 @@
+"""Area / Fmax sweep of the NME over lanes and formats, and where DRAM bandwidth caps lanes.
+
+``python -m coda.synth.sweep`` (long: minutes per configuration on a shared machine; NOT part
+of ``make test``) runs :func:`coda.synth.flow.synthesize` for every (target, lanes, format)
+into ``build/synth/sweep/<target>_l<lanes>_<fmt>/`` and skips configurations that already have
+a ``report.json`` (a sweep can be stopped and resumed). It then writes ``sweep.json``, a
+table, and ``sweep.png`` into ``build/synth/``.
+
+Bandwidth bound
+---------------
+The NME's memory port moves one word of ``lanes`` 16-bit elements per clock, so it asks for
+``lanes * 2 B * f_clk`` bytes/s; a rank delivers at most its peak
+``rank_width / 8 B * 2 / tCK`` bytes/s (:mod:`coda.hw.dram_standards`; DDR4-3200 x64:
+25.6 GB/s). Useful element throughput is ``min(lanes * f_clk, peak / 2 B)`` elements/s, and
+performance per area is that over LUT4s (ECP5) or generic cells. The knee is the smallest
+``lanes`` whose demand reaches the rank peak: beyond it more lanes add area, not throughput.
+``f_clk`` is the ECP5 Fmax of that configuration (nextpnr), or of the nearest lanes count that
+was placed and routed (said so in the table). If the cosim bench left throughput results in
+``build/bench/*.json`` they are listed next to the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from coda.hw.dram_standards import get_standard
+from coda.hw.isa import NMEConfig
+from coda.synth.flow import SynthError, synthesize
+
+__all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
+           "bandwidth_table", "plot", "main"]
+
+LANES = (1, 2, 4, 8, 16, 32)
+FORMATS = ("bf16", "fp16")
+
+
+def _folder(root: Path, target: str, lanes: int, fmt: str) -> Path:
+    return root / f"{target}_l{lanes}_{fmt}"
+
+
+def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5"), *,
+              ecp5_max_lanes: int = 8, timeout_s: float | None = None, freq_mhz: float = 100.0,
+              log=print) -> list[dict]:
+    """Synthesise every missing (target, lanes, fmt) configuration under ``root``.
+
+    ECP5 place and route runs only up to ``ecp5_max_lanes`` (synthesis alone above). A tool
+    failure or timeout is recorded in ``<folder>/error.txt`` and the sweep goes on.
+
+    Returns the reports of the configurations run now (not the skipped ones).
+    """
+    done = []
+    for target in targets:
+        for fmt in fmts:
+            for n in lanes:
+                folder = _folder(root, target, n, fmt)
+                if (folder / "report.json").exists():
+                    continue
+                cfg = NMEConfig(lanes=n, fmt=fmt)
+                t0 = time.monotonic()
+                try:
+                    report = synthesize(cfg, target, folder, freq_mhz=freq_mhz,
+                                        pnr=n <= ecp5_max_lanes, timeout_s=timeout_s)
+                except SynthError as exc:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    (folder / "error.txt").write_text(str(exc))
+                    log(f"{target} lanes={n} {fmt}: FAILED ({exc.args[0][:200]})")
+                    continue
+                res = report[target]
+                log(f"{target} lanes={n} {fmt}: "
+                    + (f"{res['cells_total']} cells" if target == "generic" else
+                       f"{res['lut4']} LUT4 {res['ff']} FF {res['mult18']} MULT18 "
+                       f"{res['bram']} DP16KD fmax {res['fmax_mhz']} MHz on {res['device']}")
+                    + f" ({time.monotonic() - t0:.0f} s)")
+                done.append(report)
+    return done
+
+
+def collect(root: Path) -> list[dict]:
+    """One row per (lanes, fmt) found under ``root``: generic and ECP5 numbers side by side."""
+    rows: dict[tuple, dict] = {}
+    for path in sorted(root.glob("*/report.json")):
+        report = json.loads(path.read_text())
+        cfg, target = report["config"], report["target"]
+        row = rows.setdefault((cfg["lanes"], cfg["fmt"]), {"lanes": cfg["lanes"],
+                                                            "fmt": cfg["fmt"]})
+        res = report[target]
+        if target == "generic":
+            row.update(cells_total=res["cells_total"], generic_ff=res["ff"],
+                       logic_depth=res["logic_depth"],
+                       generic_s=report["runtime_s"]["total"])
+        else:
+            row.update(lut4=res["lut4"], ecp5_ff=res["ff"], mult18=res["mult18"],
+                       bram=res["bram"], lutram=res["lutram"], device=res["device"],
+                       fmax_mhz=res["fmax_mhz"], ecp5_s=report["runtime_s"]["total"])
+    return [rows[k] for k in sorted(rows)]
+
+
+def rank_peak_bytes_per_s(dram: str = "DDR4-3200") -> float:
+    """Peak data rate of one rank in bytes/s: ``rank_width/8`` bytes per beat, 2 beats per tCK."""
+    std = get_standard(dram)
+    return std.rank_width / 8 * 2 / (std.tCK_ns * 1e-9)
+
+
+def bandwidth_table(rows: list[dict], dram: str = "DDR4-3200") -> list[dict]:
+    """Add the bandwidth-bound throughput and performance per area to each row.
+
+    Adds ``f_clk_mhz`` (+ ``f_from_lanes``), ``demand_gbs`` (``lanes*2*f``), ``peak_gbs``,
+    ``gelem_s`` (useful Gelements/s), ``bound`` ("compute" or "DRAM"), ``melem_s_per_klut``
+    and ``melem_s_per_kcell`` where the area is known, and ``knee`` (True on the first lanes
+    count of a format whose demand reaches the peak).
+    """
+    peak = rank_peak_bytes_per_s(dram)
+    out = []
+    for fmt in sorted({r["fmt"] for r in rows}):
+        mine = [dict(r) for r in rows if r["fmt"] == fmt]
+        routed = [r for r in mine if r.get("fmax_mhz")]
+        knee_seen = False
+        for r in mine:
+            src = r if r.get("fmax_mhz") else (
+                min(routed, key=lambda x: abs(x["lanes"] - r["lanes"])) if routed else None)
+            if src is None:
+                out.append(r)
+                continue
+            f = src["fmax_mhz"] * 1e6
+            demand = r["lanes"] * 2 * f
+            useful = min(demand, peak) / 2
+            r.update(f_clk_mhz=src["fmax_mhz"], f_from_lanes=src["lanes"],
+                     demand_gbs=demand / 1e9, peak_gbs=peak / 1e9, gelem_s=useful / 1e9,
+                     bound="DRAM" if demand >= peak else "compute", dram=dram)
+            r["knee"] = demand >= peak and not knee_seen
+            knee_seen = knee_seen or demand >= peak
+            if r.get("lut4"):
+                r["melem_s_per_klut"] = useful / 1e6 / (r["lut4"] / 1e3)
+            if r.get("cells_total"):
+                r["melem_s_per_kcell"] = useful / 1e6 / (r["cells_total"] / 1e3)
+            out.append(r)
+    return out
+
+
+def _bench_results(bench_dir: Path) -> list[dict]:
+    """Throughput results the cosim bench left (any JSON under ``bench_dir``), as found."""
+    found = []
+    for path in sorted(bench_dir.glob("*.json")):
+        try:
+            found.append({"file": str(path), "data": json.loads(path.read_text())})
+        except (OSError, json.JSONDecodeError):
+            continue
+    return found
+
+
+def plot(rows: list[dict], path: Path, dram: str = "DDR4-3200") -> None:
+    """Area vs lanes, and memory demand vs the rank's peak, per format (matplotlib PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_area, ax_bw) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for fmt, marker in zip(FORMATS, ("o", "s")):
+        mine = [r for r in rows if r["fmt"] == fmt]
+        gen = [r for r in mine if r.get("cells_total")]
+        lut = [r for r in mine if r.get("lut4")]
+        if gen:
+            ax_area.plot([r["lanes"] for r in gen], [r["cells_total"] for r in gen],
+                         marker=marker, label=f"{fmt} generic cells")
+        if lut:
+            ax_area.plot([r["lanes"] for r in lut], [r["lut4"] for r in lut], marker=marker,
+                         linestyle="--", label=f"{fmt} ECP5 LUT4")
+        bw = [r for r in mine if r.get("demand_gbs")]
+        if bw:
+            ax_bw.plot([r["lanes"] for r in bw], [r["demand_gbs"] for r in bw], marker=marker,
+                       label=f"{fmt} NME demand (lanes x 2 B x Fmax)")
+    peak = rank_peak_bytes_per_s(dram) / 1e9
+    ax_bw.axhline(peak, color="k", linestyle=":", label=f"{dram} rank peak {peak:.1f} GB/s")
+    for ax, ylabel in ((ax_area, "cells / LUT4"), (ax_bw, "GB/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("lanes")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_area.set_title("NME area (yosys)")
+    ax_bw.set_title("memory-port demand vs DRAM rank bandwidth")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_table(rows: list[dict]) -> None:
+    """Rich table of the sweep rows (after :func:`bandwidth_table`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = ("fmt", "lanes", "cells_total", "generic_ff", "logic_depth", "lut4", "ecp5_ff",
+            "mult18", "bram", "device", "fmax_mhz", "f_clk_mhz", "demand_gbs", "gelem_s",
+            "bound", "melem_s_per_klut", "melem_s_per_kcell")
+    table = Table(title="NME synthesis sweep")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for r in rows:
+        cells = []
+        for col in cols:
+            v = r.get(col)
+            if isinstance(v, float):
+                v = f"{v:.3g}"
+            if col == "f_clk_mhz" and v is not None and r.get("f_from_lanes") != r["lanes"]:
+                v = f"{v} (l{r['f_from_lanes']})"
+            if col == "bound" and r.get("knee"):
+                v = f"{v} <- knee"
+            cells.append("" if v is None else str(v))
+        table.add_row(*cells)
+    Console(width=220).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep (resuming), then tabulate, analyse bandwidth and plot. Returns 0."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lanes", type=int, nargs="+", default=list(LANES))
+    parser.add_argument("--fmts", nargs="+", default=list(FORMATS), choices=FORMATS)
+    parser.add_argument("--targets", nargs="+", default=["generic", "ecp5"],
+                        choices=("generic", "ecp5"))
+    parser.add_argument("--ecp5-max-lanes", type=int, default=8,
+                        help="place and route only up to this many lanes (default 8)")
+    parser.add_argument("--timeout", type=float, default=None, help="per tool run, seconds")
+    parser.add_argument("--dram", default="DDR4-3200", help="DRAM preset for the bound")
+    parser.add_argument("--root", type=Path, default=Path("build/synth/sweep"))
+    parser.add_argument("--report-only", action="store_true", help="tabulate what exists")
+    args = parser.parse_args(argv)
+    args.root.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        run_sweep(args.root, args.lanes, args.fmts, args.targets,
+                  ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout)
+    rows = bandwidth_table(collect(args.root), args.dram)
+    print_table(rows)
+    out = args.root.parent
+    bench = _bench_results(Path("build/bench"))
+    (out / "sweep.json").write_text(json.dumps({"rows": rows, "dram": args.dram,
+                                                "bench": bench}, indent=1) + "\n")
+    if rows:
+        plot(rows, out / "sweep.png", args.dram)
+    print(f"wrote {out / 'sweep.json'}" + (f", {out / 'sweep.png'}" if rows else ""))
+    if bench:
+        print(f"cosim bench results found: {[b['file'] for b in bench]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Synthesis flow, energy estimate and sweep analysis (synth/).
+
+The flow test synthesises one small NME (generic target, ~1 minute on a shared machine);
+the netlist-equivalence test (yosys netlist vs RTL vs torch under Verilator) is ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.synth import energy, flow, sweep
+
+SMALL = NMEConfig(lanes=1, fmt="bf16", depth=16, mem_words=4096)
+
+TOY = """
+module toy(clk, rst, a, b, y, z);
+  input clk;
+  input rst;
+  input [7:0] a;
+  input [3:0] b;
+  output [7:0] y;
+  output z;
+  reg [7:0] y;
+  always @(posedge clk) y <= rst ? 8'd0 : a + b;
+  assign z = ^a;
+endmodule
+"""
+
+
+def test_top_ports_parses_declarations():
+    ports = flow.top_ports(TOY, "toy")
+    assert ports == [flow.Port("clk", "input", 1), flow.Port("rst", "input", 1),
+                     flow.Port("a", "input", 8), flow.Port("b", "input", 4),
+                     flow.Port("y", "output", 8), flow.Port("z", "output", 1)]
+
+
+def test_top_ports_missing_module_names_it():
+    with pytest.raises(ValueError, match="'nope'"):
+        flow.top_ports(TOY, "nope")
+
+
+def test_io_wrapper_shift_register_widths():
+    text = flow.io_wrapper("toy", flow.top_ports(TOY, "toy"))
+    # inputs without the clock: rst + a + b = 13 bits; outputs y + z = 9 bits
+    assert "reg [12:0] in_sr" in text and "reg [8:0] out_sr" in text
+    assert ".clk(clk)" in text and ".b(in_sr[12:9])" in text and ".z(core_out[8:8])" in text
+
+
+def test_pick_device_smallest_that_fits():
+    assert flow.pick_device(10_000, 8, 4).name == "LFE5U-25F"
+    assert flow.pick_device(30_000, 8, 4).name == "LFE5U-45F"
+    assert flow.pick_device(10_000, 100, 4).name == "LFE5U-85F"   # DSPs decide
+    assert flow.pick_device(80_000, 8, 4) is None                  # 10 % margin over 84K
+
+
+def test_synthesize_rejects_unknown_target(tmp_path):
+    with pytest.raises(ValueError, match="target='asic'"):
+        flow.synthesize(SMALL, "asic", tmp_path)
+
+
+def test_generic_synthesis_of_small_nme(tmp_path):
+    report = flow.synthesize(SMALL, "generic", tmp_path)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk == report
+    res = report["generic"]
+    assert res["cells_total"] == sum(res["cells"].values())
+    # memory_map turns the instruction memory and the buffers into flip-flops
+    storage_bits = SMALL.imem_depth * 64 + SMALL.nbuf * SMALL.depth * 16 * SMALL.lanes
+    assert res["ff"] >= storage_bits
+    assert res["logic_depth"] > 20                   # at least an FP add deep
+    netlist = (tmp_path / "netlist.v").read_text()
+    assert "module nme(" in netlist and "dbg_fu_toggles" in netlist
+    assert report["tools"]["yosys"].startswith("Yosys 0.70")
+    assert report["config"]["lanes"] == 1 and report["config"]["depth"] == 16
+
+
+def test_program_events_gated_residual():
+    program = Program(16, (UOp(Op.MOV, RSrc.MEM, addr=0),
+                           UOp(Op.MOV, RSrc.CHAN, d=1, addr=8, param=2),
+                           UOp(Op.MAC, RSrc.MEM, p=0, q=1, addr=10),
+                           UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=30)))
+    ev = energy.program_events(program, lanes=8)
+    assert (ev["add16"], ev["mul16"], ev["add32"]) == (1, 1, 0)
+    assert ev["sram_reads"] == 3        # MAC reads P and Q, the store reads R
+    assert ev["sram_writes"] == 3       # two loads and the MAC write a buffer
+    assert (ev["uops"], ev["mem_uops"]) == (4, 4)
+
+
+def test_nominal_energy_of_add_is_exact():
+    program = Program(64, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.ADD, RSrc.MEM, addr=8),
+                           UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=16)))
+    e = energy.energy_per_element(program, NMEConfig(lanes=8), None)
+    assert e["fu_pj"] == pytest.approx(0.4)                    # one fp16 add (Horowitz)
+    assert e["sram_pj"] == pytest.approx(4 * 16 * 10 / 64)     # 4 accesses of 16 bits
+    assert e["dram_bits_per_elem"] == pytest.approx(48)        # 2 reads + 1 write of 16 bits
+    assert e["dram_pj"] == pytest.approx(48 * 6.0)
+    assert e["act_pj"] == pytest.approx(48 / (1024 * 64) * 4000)
+
+
+def test_measured_toggles_scale_fu_energy():
+    program = Program(64, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MUL, RSrc.MEM, addr=8),
+                           UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=16)))
+    act = energy.Activity("mul", True, 64, toggles=64 * 8, nreads=16, nwrites=8, cycles=100)
+    e = energy.energy_per_element(program, NMEConfig(lanes=8), act)
+    assert e["fu_pj"] == pytest.approx(1.1 * 8 / 16)           # half the nominal toggles
+    assert e["dram_bits_per_elem"] == pytest.approx(24 * 128 / 64)
+
+
+def test_rank_peak_and_knee():
+    assert sweep.rank_peak_bytes_per_s("DDR4-3200") == pytest.approx(25.6e9)
+    rows = [{"lanes": n, "fmt": "bf16", "lut4": 1000 * n, "fmax_mhz": 100.0} for n in (32, 64, 128, 256)]
+    table = sweep.bandwidth_table(rows, "DDR4-3200")
+    # demand = lanes * 2 B * 100 MHz: 6.4, 12.8, 25.6, 51.2 GB/s
+    assert [r["bound"] for r in table] == ["compute", "compute", "DRAM", "DRAM"]
+    assert [r["knee"] for r in table] == [False, False, True, False]
+    assert table[3]["gelem_s"] == pytest.approx(12.8)
+
+
+@pytest.mark.slow
+def test_netlist_equivalent_to_rtl_and_torch():
+    from coda.synth.netlist_sim import check_equivalence
+
+    report = check_equivalence(NMEConfig(lanes=2, fmt="bf16", depth=16, mem_words=4096))
+    assert report.jobs >= 20
+    assert report.mismatches == []
