@@ -319,3 +319,237 @@ def test_l1_accumulate():
     want = (a - b).abs().sum().item()
     got = np.array([out.l1], dtype=np.uint32).view(np.float32)[0]
     assert abs(got - want) <= 1e-5 * abs(want)
+
+
+# ---------------------------------------------------------------------------------------
+# bad programs: every error class of isa.validate
+# ---------------------------------------------------------------------------------------
+def _bad_programs(cfg: NMEConfig) -> list[tuple[Program, Status]]:
+    mov = UOp(Op.MOV, RSrc.MEM, d=0, addr=0)
+    st = UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=32)
+    nb = cfg.nbuf
+    return [
+        (Program(4, ()), Status.BAD_LENGTH),                                  # n_uops 0
+        (Program(4, (mov,) * (cfg.imem_depth + 1)), Status.BAD_LENGTH),      # too many uops
+        (Program(0, (mov, st)), Status.BAD_LENGTH),                           # n_elems 0
+        (Program(cfg.max_elems + 1, (mov, st)), Status.BAD_LENGTH),
+        (Program(4, (mov, UOp(6, RSrc.BUF))), Status.BAD_OPCODE),             # undefined op
+        (Program(4, (mov, UOp(Op.MOV, 5))), Status.BAD_OPCODE),               # undefined rsrc
+        (Program(4, (UOp(Op.MOV, RSrc.MEM, d=nb),)), Status.BAD_OPERAND),     # d >= nbuf
+        (Program(4, (mov, UOp(Op.ADD, RSrc.MEM, p=nb))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.MAC, RSrc.MEM, q=nb))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.MOV, RSrc.BUF, r=nb))), Status.BAD_OPERAND),
+        (Program(4, (UOp(Op.MOV, RSrc.MEM, store=True),)), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.L1, RSrc.BUF, store=True))), Status.BAD_OPERAND),
+        (Program(4, (UOp(Op.MOV, RSrc.CHAN, param=0),)), Status.BAD_OPERAND),
+        (Program(4, (mov,) * (cfg.max_streams + 1)), Status.TOO_MANY_STREAMS),
+        (Program(4, (UOp(Op.MOV, RSrc.MEM, addr=cfg.mem_words - 1),)), Status.BAD_ADDR),
+        (Program(4, (mov, UOp(Op.MOV, RSrc.BUF, store=True, addr=cfg.mem_words - 1))),
+         Status.BAD_ADDR),
+        (Program(4, (UOp(Op.MOV, RSrc.CHAN, addr=cfg.mem_words - 2, param=3),)), Status.BAD_ADDR),
+        (Program(4 * cfg.lanes, (UOp(Op.MOV, RSrc.INT8, addr=cfg.mem_words - 1),)),
+         Status.BAD_ADDR),
+        (Program(9 * cfg.lanes, (UOp(Op.MOV, RSrc.GROUP, addr=cfg.mem_words - 2, param=2),)),
+         Status.BAD_ADDR),
+        (Program(4, (UOp(Op.MOV, RSrc.GROUP, addr=cfg.mem_words, param=0),)), Status.BAD_ADDR),
+        (Program(4, (UOp(Op.MOV, RSrc.GROUP, addr=(1 << 24) - 1, param=9),)), Status.BAD_ADDR),
+        # precedence: the first bad micro-op decides; opcode before operand before address
+        (Program(4, (UOp(Op.MOV, RSrc.MEM, addr=cfg.mem_words), UOp(7, RSrc.BUF))),
+         Status.BAD_ADDR),
+        (Program(4, (UOp(9, RSrc.MEM, d=nb, addr=cfg.mem_words),)), Status.BAD_OPCODE),
+        (Program(4, (UOp(Op.MOV, RSrc.MEM, d=nb, addr=cfg.mem_words),)), Status.BAD_OPERAND),
+    ]
+
+
+def test_bad_programs_leave_memory_untouched():
+    cfg = NMEConfig(lanes=2, fmt="bf16", depth=4, nbuf=3, imem_depth=4, max_streams=3,
+                    mem_words=48, max_elems=40)
+    mem = random_image(cfg, 8)
+    good = Program(7, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                       UOp(Op.ADD, RSrc.MEM, d=1, p=0, addr=8),
+                       UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=32)))
+    progs, want = [], []
+    for bad, status in _bad_programs(cfg):
+        words = bad.words()
+        assert validate(len(bad.uops), bad.n_elems, words[1:], cfg) == status, bad
+        progs += [bad, good]
+        want += [status, Status.OK]
+    # the good program writes the same values each time, so memory == one good run
+    _, outcomes = check(cfg, progs, mem, seed=3)
+    assert [o.status for o in outcomes] == want
+
+
+def test_group_extent_boundary():
+    """GROUP scaled extent exactly at the end of memory passes; one word more fails."""
+    cfg = NMEConfig(lanes=2, fmt="bf16", depth=4, nbuf=2, imem_depth=4, max_streams=3,
+                    mem_words=32)
+    # W = 9 words, G = param*L = 4 elements: groups 0..4 -> elements 0..4 -> words 0..2
+    ok = Program(18, (UOp(Op.MOV, RSrc.GROUP, d=0, addr=29, param=2),
+                      UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=0)))
+    bad = Program(18, (UOp(Op.MOV, RSrc.GROUP, d=0, addr=30, param=2),))
+    _, outs = check(cfg, [ok, bad], random_image(cfg, 9))
+    assert [o.status for o in outs] == [Status.OK, Status.BAD_ADDR]
+
+
+# ---------------------------------------------------------------------------------------
+# random programs
+# ---------------------------------------------------------------------------------------
+def _random_program(rng: random.Random, cfg: NMEConfig) -> Program:
+    """Mostly valid programs that read only buffers they wrote; some fields go out of range."""
+    L, nb = cfg.lanes, cfg.nbuf
+    n = rng.randint(1, 3 * cfg.depth * L)
+    words = -(-n // L)
+    written: list[int] = []
+    uops = []
+    for _ in range(rng.randint(1, cfg.imem_depth - 1)):
+        op = rng.choice(list(Op))
+        rsrc = rng.choice(list(RSrc)) if written else rng.choice(list(RSrc)[1:])
+        if op != Op.MOV and not written:
+            op = Op.MOV
+        addr, param = rng.randint(0, cfg.mem_words - words - 1), 0
+        if rsrc == RSrc.CHAN:
+            param = rng.randint(1, 5)
+        elif rsrc == RSrc.GROUP:
+            param = rng.randint(0, 3)
+        store = rsrc == RSrc.BUF and op != Op.L1 and rng.random() < 0.4
+        src = lambda: rng.choice(written)  # noqa: E731
+        u = UOp(op, rsrc, store, d=rng.randrange(nb), p=src() if written else 0,
+                q=src() if written else 0, r=src() if written else 0, addr=addr, param=param)
+        if rng.random() < 0.08:                      # an out-of-range field now and then
+            u = UOp(u.op, u.rsrc, u.store, d=rng.randrange(16), p=u.p, q=u.q, r=u.r,
+                    addr=rng.randrange(1 << 24), param=u.param)
+        uops.append(u)
+        if not u.store and u.op != Op.L1:
+            written.append(u.d)
+    if written and not uops[-1].store:               # make the result visible
+        final = UOp(Op.MOV, RSrc.BUF, store=True, r=written[-1],
+                    addr=rng.randint(0, cfg.mem_words - words))
+        uops.append(final)
+    return Program(n, tuple(uops))
+
+
+def _canon_nan(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """Any NaN pattern -> one pattern (the ISA accepts any NaN where IEEE gives NaN)."""
+    exp_mask, man_mask = (0x7F80, 0x007F) if fmt == "bf16" else (0x7C00, 0x03FF)
+    bits = bits.copy()
+    nan = ((bits & exp_mask) == exp_mask) & ((bits & man_mask) != 0)
+    bits[nan] = exp_mask | (man_mask + 1) >> 1
+    return bits
+
+
+@pytest.mark.parametrize("lanes,fmt,seed", [(2, "bf16", 11), (3, "fp16", 12)])
+def test_random_programs(lanes, fmt, seed):
+    cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=3, nbuf=3, imem_depth=5, max_streams=5,
+                    mem_words=40)
+    rng = random.Random(seed)
+    progs = [_random_program(rng, cfg) for _ in range(6)]
+    mem = random_image(cfg, seed, scale=2.0)
+    got, outcomes, _ = simulate(cfg, [p.words() for p in progs], mem, seed=seed)
+    want = mem
+    for prog, out in zip(progs, outcomes):
+        want, status, l1 = reference(cfg, prog, want)
+        assert out.status == validate(len(prog.uops), prog.n_elems, prog.words()[1:], cfg)
+        assert out.status == status
+        if not np.isnan(np.array([l1], np.uint32).view(np.float32)[0]):
+            assert out.l1 == l1
+    np.testing.assert_array_equal(_canon_nan(got, fmt), _canon_nan(want, fmt))
+    assert {o.status for o in outcomes} >= {Status.OK}
+
+
+# ---------------------------------------------------------------------------------------
+# reset, stalls, operand isolation, cycles
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reset_at", [2, 14, 40])
+def test_reset_mid_program(reset_at):
+    """rst during intake / check / execution: no write afterwards, stale read data dropped,
+    the next program correct."""
+    cfg = NMEConfig(lanes=2, fmt="bf16", **SMALL)
+    mem = random_image(cfg, 13)
+    victim = Program(2 * 12, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                              UOp(Op.MUL, RSrc.MEM, d=0, p=0, addr=12),
+                              UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=48)))
+    good = Program(2 * 10 - 1, (UOp(Op.MOV, RSrc.MEM, d=1, addr=24),
+                                UOp(Op.SUB, RSrc.MEM, d=2, p=1, addr=0),
+                                UOp(Op.MOV, RSrc.BUF, store=True, r=2, addr=36)))
+    slow = MemTiming(lat_min=30, lat_max=45, p_ready=0.8, p_gap=0.1)
+    got, outcomes, log = simulate(cfg, [victim.words(), good.words()], mem, seed=reset_at,
+                                  timing=slow, reset_after={0: reset_at})
+    assert outcomes[0] is None and outcomes[1].status == Status.OK
+    assert log["writes_after_reset"] == len(range(36, 46))     # only the good program's
+    want, _, _ = reference(cfg, good, mem)
+    np.testing.assert_array_equal(got[36:46], want[36:46])
+
+
+def test_operand_isolation_toggles():
+    """Isolation on: a MOV-only program toggles no FU operand register, and an ADD program
+    toggles fewer bits than with isolation off; results are identical."""
+    progs = [Program(2 * 7 - 1, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                 UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=40))),
+             Program(2 * 7 - 1, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                 UOp(Op.ADD, RSrc.MEM, d=1, p=0, addr=20),
+                                 UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=40)))]
+    runs = {}
+    for iso in (True, False):
+        cfg = NMEConfig(lanes=2, fmt="fp16", operand_isolation=iso, **SMALL)
+        runs[iso] = check(cfg, progs, random_image(cfg, 14), seed=5)
+    (mem_on, (mov_on, add_on)), (mem_off, (mov_off, add_off)) = runs[True], runs[False]
+    np.testing.assert_array_equal(mem_on, mem_off)
+    assert mov_on.toggles == 0 < mov_off.toggles
+    assert 0 < add_on.toggles < add_off.toggles - mov_off.toggles
+
+
+def test_store_backpressure_and_latency():
+    """Long store pass against a memory that is rarely ready, with long read latency."""
+    cfg = NMEConfig(lanes=2, fmt="bf16", depth=16, nbuf=2, imem_depth=4, max_streams=4,
+                    mem_words=96)
+    prog = Program(2 * 30, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                            UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=40)))
+    check(cfg, [prog], random_image(cfg, 15), timing=MemTiming(3, 12, 0.25, 0.3))
+
+
+def test_gated_residual_cycles_1000_elements():
+    """Default config, always-ready memory with 1-cycle latency: y = x + g*c over 1000
+    elements (C = 40 channels) takes one word per cycle per pass plus per-pass overhead."""
+    cfg = NMEConfig()
+    mem = random_image(cfg, 16)
+    prog = Program(1000, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                          UOp(Op.MOV, RSrc.CHAN, d=1, addr=400, param=5),
+                          UOp(Op.MAC, RSrc.MEM, d=0, p=0, q=1, addr=200),
+                          UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=1000)))
+    t0 = time.perf_counter()
+    _, (out,) = check(cfg, [prog], mem, timing=ALWAYS_READY_1CYCLE)
+    words, passes = 125, 4 * 2
+    print(f"gated residual 1000 elems: {out.cycles} cycles "
+          f"({4 * words} word-passes, {time.perf_counter() - t0:.1f} s sim)")
+    assert 4 * words <= out.cycles <= 4 * words + passes * 10 + 16
+
+
+# ---------------------------------------------------------------------------------------
+# Verilog
+# ---------------------------------------------------------------------------------------
+PORTS = ["clk", "rst", "cmd_valid", "cmd_ready", "cmd_data", "mem_req_valid", "mem_req_ready",
+         "mem_req_we", "mem_req_addr", "mem_req_wdata", "mem_req_wmask", "mem_rsp_valid",
+         "mem_rsp_data", "busy", "done", "status", "l1", "dbg_fu_toggles"]
+
+
+@pytest.mark.parametrize("lanes,fmt", [
+    (1, "bf16"), (1, "fp16"), (3, "bf16"), (3, "fp16"),
+    pytest.param(8, "bf16", marks=pytest.mark.slow), pytest.param(8, "fp16", marks=pytest.mark.slow),
+    pytest.param(64, "bf16", marks=pytest.mark.slow), pytest.param(64, "fp16", marks=pytest.mark.slow),
+])
+def test_verilog_converts(lanes, fmt):
+    text = nme_verilog(NMEConfig(lanes=lanes, fmt=fmt), name="nme_t")
+    assert "module nme_t(" in text
+    header = text[text.index("module nme_t("):text.index(");")]
+    for port in PORTS:
+        assert f" {port}" in header or f"({port}" in header, port
+    assert f"[{16 * lanes - 1}:0] mem_req_wdata" in text
+
+
+def test_verilog_cli(tmp_path):
+    from coda.cli import main
+    out = tmp_path / "nme.v"
+    assert main(["verilog", "--lanes", "2", "--fmt", "fp16", "--depth", "8",
+                 "--operand-isolation", "off", "-o", str(out)]) == 0
+    assert "module nme(" in out.read_text()
+    assert main(["verilog", "--lanes", "65", "-o", str(out)]) == 2    # ValueError -> 2
