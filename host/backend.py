@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from coda.hw.isa import NMEConfig, Op, Program, Status
+from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status
 from coda.host.interp import run_program
 
 __all__ = ["ExecResult", "Backend", "TorchBackend", "get_backend", "BACKENDS", "model_cycles"]
@@ -50,32 +50,48 @@ class Backend(Protocol):
                      jobs: list[tuple[Program, np.ndarray]]) -> list[ExecResult]: ...
 
 
-def model_cycles(cfg: NMEConfig, program: Program, status: Status, pass_latency: int = 3) -> int:
-    """Analytic cycle count of one program on the NME, in NME clock cycles.
+# Cycle constants of the NME RTL (hw/nme.py at commit 3ca384b), fitted exactly to cycle counts
+# measured with coda.cosim.rtl_backend.RTLBackend (lanes=8, depth=4, memory latency 1 cycle,
+# no stalls; 54 programs of 1-2 micro-ops over 1-40 words): see model_cycles.
+INTAKE_CYCLES = 5            # header handshake, start and done
+CYCLES_PER_UOP = 4           # intake of the micro-op word and its check
+REJECT_CYCLES = 3            # a rejected program: 3 + 4 per micro-op
+BLOCK_CYCLES = 1             # start of each block
+READ_PASS_CYCLES = 9         # + memory latency: issue, response, lane pipeline, drain
+BUFFER_PASS_CYCLES = 8       # buffer read, lane pipeline, drain
+STORE_PASS_CYCLES = 9        # buffer pass whose results go through the store FIFO
+GROUP_CHECK_CYCLES = 5       # shift-add multiply of the GROUP extent check (at param=1)
+DIVIDER_CYCLES = 32          # W = ceil(N / lanes) when lanes is not a power of two
 
-    Model (one command word and one memory word per cycle; the rank's internal bus delivers a
-    full ``16 * lanes``-bit word per cycle):
 
-    - command: ``1 + n_uops`` cycles (header and micro-op words, one per cycle);
-    - validation: ``n_uops`` cycles (one micro-op checked per cycle, before any memory access);
-    - rejected program: ``done`` one cycle later, nothing else;
-    - execution: for each block of ``depth`` words and each micro-op, one pass of
-      ``words_in_block`` cycles plus ``pass_latency`` cycles to fill and drain the pipeline;
-    - L1: ``lanes`` cycles to sum the lane accumulators in order;
-    - ``done``: 1 cycle.
+def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: int = 1) -> int:
+    """Analytic cycle count of one program on the NME, in NME clock cycles (header presented
+    to ``done``), calibrated on the RTL (constants above):
 
-    ``pass_latency`` = 3 by default: 1 cycle of memory response latency (the minimum the NME
-    memory interface allows), 1 operand-register and 1 result-register stage. It is the
-    model's assumption; calibrate it against RTL counts (:class:`coda.cosim.rtl_backend.RTLBackend`).
+    - rejected program: ``3 + 4 * n_uops``;
+    - accepted: ``5 + 4 * n_uops`` (intake and check), ``+ 32`` if ``lanes`` is not a power
+      of two (the divider), ``+ 5`` per GROUP micro-op (extent multiply);
+    - for each block of ``blen <= depth`` words: ``1 +`` for each micro-op ``blen +``
+      ``9 + mem_latency`` (R from memory), ``9`` (store), ``8`` (R from a buffer);
+    - ``+ lanes`` if the program has an L1 micro-op (lane accumulators summed in order).
+
+    Exact for the measured programs (memory latency 1, no stalls). The GROUP check is
+    measured at ``param = 1``; the RTL's multiplier may take up to 22 cycles for large
+    params, and DRAM stalls add cycles the model does not see.
     """
     n_uops = len(program.uops)
-    cycles = (1 + n_uops) + n_uops + 1
     if status != Status.OK:
-        return cycles
+        return REJECT_CYCLES + CYCLES_PER_UOP * n_uops
+    cycles = INTAKE_CYCLES + CYCLES_PER_UOP * n_uops
+    if cfg.lanes & (cfg.lanes - 1):
+        cycles += DIVIDER_CYCLES
+    cycles += GROUP_CHECK_CYCLES * sum(u.rsrc == RSrc.GROUP for u in program.uops)
+    per_pass = sum(STORE_PASS_CYCLES if u.store else
+                   READ_PASS_CYCLES + mem_latency if u.rsrc != RSrc.BUF else
+                   BUFFER_PASS_CYCLES for u in program.uops)
     n_words = -(-program.n_elems // cfg.lanes)
-    full, rest = divmod(n_words, cfg.depth)
-    blocks = full + (rest > 0)
-    cycles += n_uops * (n_words + blocks * pass_latency)
+    blocks = -(-n_words // cfg.depth)
+    cycles += blocks * (BLOCK_CYCLES + per_pass) + n_uops * n_words
     if any(u.op == Op.L1 for u in program.uops):
         cycles += cfg.lanes
     return cycles
@@ -85,21 +101,22 @@ class TorchBackend:
     """The functional backend: :func:`coda.host.interp.run_program` plus the cycle model.
 
     Args:
-        pass_latency: cycles per pass of the cycle model (:func:`model_cycles`), >= 0.
+        mem_latency: memory read latency of the cycle model (:func:`model_cycles`), cycles
+            >= 1 (the NME memory interface's minimum; RTLBackend's default is 1).
     """
     name = "torch"
 
-    def __init__(self, pass_latency: int = 3):
-        if int(pass_latency) < 0:
-            raise ValueError(f"pass_latency={pass_latency}: expected >= 0 cycles")
-        self.pass_latency = int(pass_latency)
+    def __init__(self, mem_latency: int = 1):
+        if int(mem_latency) < 1:
+            raise ValueError(f"mem_latency={mem_latency}: expected >= 1 cycle")
+        self.mem_latency = int(mem_latency)
 
     def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray) -> ExecResult:
         """Run ``program`` on a copy of ``mem`` (uint16 [mem_words, lanes]); ``mem`` is not
         modified. Raises ValueError for a malformed image or unencodable program fields."""
         res = run_program(cfg, program, mem)
         return ExecResult(res.mem, res.status, res.l1,
-                          model_cycles(cfg, program, res.status, self.pass_latency))
+                          model_cycles(cfg, program, res.status, self.mem_latency))
 
     def execute_many(self, cfg: NMEConfig,
                      jobs: list[tuple[Program, np.ndarray]]) -> list[ExecResult]:

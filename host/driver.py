@@ -36,6 +36,7 @@ from coda.hw.isa import NMEConfig, Program, Status
 from coda.host import compiler
 from coda.host import ops as ref
 from coda.host.backend import Backend
+from coda.host.interp import CANONICAL_NAN_F32
 from coda.host.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
                             unpack_words)
 
@@ -435,7 +436,7 @@ class NMPDriver:
             with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN are results
                 for res in results:  # rank order
                     total = np.float32(total + np.float32(res.l1))
-            return float(total)
+            return CANONICAL_NAN_F32 if np.isnan(total) else float(total)
         parts = []
         for (rank, program), _res in zip(jobs, results):
             n = program.n_elems

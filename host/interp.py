@@ -14,7 +14,7 @@ over words with torch (no Python per element or per word):
 - the last word's tail lanes are masked: they store nothing and accumulate nothing;
 - L1: per-lane fp32 accumulators ``acc[lane] += |f32(P) - f32(R)|`` in the order the NME
   visits words (block by block, micro-op by micro-op, word by word), then summed in lane
-  order 0..lanes-1 in fp32.
+  order 0..lanes-1 in fp32; a NaN sum is the canonical fp32 NaN (0x7FC00000).
 
 Executing whole streams at once instead of block by block is only a speed-up: it is used
 when it gives the same result (one block, or no buffer read before it is written and no
@@ -37,7 +37,10 @@ import torch
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, decode_header, decode_uop, validate
 from coda.host.bits import canonical_nan_bits, torch_dtype
 
-__all__ = ["InterpResult", "check_image", "run_program", "run_words"]
+__all__ = ["InterpResult", "check_image", "run_program", "run_words", "CANONICAL_NAN_F32"]
+
+#: fp32 canonical quiet NaN (bits 0x7FC00000) as a Python float: the l1 result of a NaN sum
+CANONICAL_NAN_F32 = float(np.array(0x7FC00000, np.uint32).view(np.float32))
 
 
 @dataclass
@@ -241,6 +244,8 @@ class _Machine:
         for lane_sum in acc:  # lane order 0..L-1
             with np.errstate(over="ignore", invalid="ignore"):
                 total = np.float32(total + lane_sum)
+        if np.isnan(total):
+            return CANONICAL_NAN_F32  # the NME's FP32 adder emits the canonical quiet NaN
         return float(total)
 
     def _l1_in_nme_order(self) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp, encode_header, validate
 from coda.host import compiler, interp, ops
-from coda.host.backend import TorchBackend, get_backend, model_cycles
+from coda.host.backend import TorchBackend, get_backend
 from coda.host.bits import (canonical_nan_bits, from_bits, int8_words_for, is_nan_bits,
                             pack_int8_words, pack_words, same_bits, to_bits, torch_dtype,
                             unpack_words, words_for)
@@ -216,7 +216,9 @@ def word_model(cfg: NMEConfig, program: Program, mem: np.ndarray):
                     half = w % 2
                     raw = mem_i8[u.addr + w // 2, half * lanes:(half + 1) * lanes]
                     r = torch.from_numpy(raw.copy()).to(dtype)
-                p, q = bufs[u.p, w % depth], bufs[u.q, w % depth]
+                # unused fields may name any register (isa.validate ignores them)
+                p = bufs[u.p, w % depth] if u.op != Op.MOV else None
+                q = bufs[u.q, w % depth] if u.op == Op.MAC else None
                 if u.op == Op.L1:
                     d = torch.abs(p.float() - r.float()).numpy()
                     acc[:valid] = (acc[:valid] + d[:valid]).astype(np.float32)
@@ -292,7 +294,7 @@ def test_bad_programs_change_nothing(uops, n_elems, status):
         assert res.status == status and res.l1 == 0.0
         assert np.array_equal(res.mem, mem)
         cycles = TorchBackend().execute(cfg, Program(n_elems, prog_uops), mem).cycles
-        assert cycles == 2 * len(prog_uops) + 2
+        assert cycles == 3 + 4 * len(prog_uops)
 
 
 def test_mov_copies_bits_and_arithmetic_nan_is_canonical():
@@ -350,11 +352,38 @@ def test_image_and_framing_errors():
         interp.run_words(cfg, [encode_header(2, 4), 0], np.zeros((8, 4), np.uint16))
 
 
-def test_cycle_model_and_backend_lookup():
-    cfg = NMEConfig(lanes=8, depth=4)
-    prog = Program(100, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.L1, RSrc.MEM, addr=20)))
-    # 13 words in 4 blocks; 2 passes of 13 words + 4*3 latency each; L1 lane sum 8 cycles
-    assert model_cycles(cfg, prog, Status.OK) == (1 + 2) + 2 + 1 + 2 * (13 + 4 * 3) + 8
+# (program, n_elems, cycles measured on the RTL: lanes=8, depth=4, memory latency 1)
+RTL_CYCLES = [
+    ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MOV, RSrc.BUF, True, addr=200)), 33, 63),
+    ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MOV, RSrc.BUF, True, addr=200)), 320, 293),
+    ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.ADD, RSrc.BUF, d=1, r=0)), 160, 148),
+    ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.L1, RSrc.MEM, addr=100)), 8, 44),
+    ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.L1, RSrc.MEM, addr=100)), 320, 311),
+    ((UOp(Op.MOV, RSrc.GROUP, addr=0, param=1),), 320, 164),
+    ((UOp(Op.MOV, RSrc.INT8, addr=0),), 160, 84),
+    ((UOp(Op.MOV, RSrc.MEM, addr=1020),), 33, 7),  # rejected: BAD_ADDR
+]
+
+
+@pytest.mark.parametrize("uops, n_elems, cycles", RTL_CYCLES)
+def test_cycle_model_reproduces_rtl_counts(uops, n_elems, cycles):
+    cfg = NMEConfig(lanes=8, fmt="bf16", depth=4, mem_words=1024)
+    res = TorchBackend().execute(cfg, Program(n_elems, uops), np.zeros((1024, 8), np.uint16))
+    assert res.cycles == cycles
+
+
+def test_backend_lookup():
     assert get_backend("torch").name == "torch"
     with pytest.raises(ValueError, match=r"unknown backend 'gpu': expected one of"):
         get_backend("gpu")
+    with pytest.raises(ValueError, match=r"mem_latency=0: expected >= 1 cycle"):
+        TorchBackend(mem_latency=0)
+
+
+def test_nan_l1_sum_is_the_canonical_fp32_nan():
+    cfg = NMEConfig(lanes=2, fmt="fp16", mem_words=8)
+    mem = np.zeros((8, 2), np.uint16)
+    mem[0] = [0xFE01, 0x3C00]  # a negative NaN with a payload
+    prog = Program(2, (UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.L1, RSrc.MEM, p=0, addr=1)))
+    l1 = interp.run_program(cfg, prog, mem).l1
+    assert np.float32(l1).view(np.uint32) == 0x7FC00000
