@@ -81,8 +81,8 @@ class DigitClassifier:
 
     def frame_accuracy(self, videos: torch.Tensor, labels: torch.Tensor) -> float:
         """Fraction of all frames whose predicted digit is the video's label."""
-        pred = self.predict_frames(videos)
-        return float((pred == np.asarray(torch.as_tensor(labels).reshape(-1, 1))).mean())
+        _, per_frame = _frames_and_labels(videos, labels)
+        return float((self.predict_frames(videos).reshape(-1) == per_frame).mean())
 
 
 @lru_cache(maxsize=1)

@@ -58,7 +58,8 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
         seeds: per-sample noise seeds (default ``seed + i``).
         seed: base seed when ``seeds`` is None.
         frames, size: F and H = W (default: the training data's, from the model config);
-            F <= the model's ``video_length``, size a multiple of the patch size.
+            F is 1 (images) or the model's ``video_length``; size a multiple of the patch size
+            (other sizes interpolate the patch position embedding, as diffusers does).
         cfg_mode: ``"batched"`` or ``"separate"``.
         progress: show a tqdm bar.
         reset_cache: reset stateful hooks (cache engine) before the first step, so no cache
@@ -79,9 +80,10 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     frames = cfg["data"]["frames"] if frames is None else int(frames)
     size = cfg["data"]["size"] if size is None else int(size)
     patch, max_frames = cfg["transformer"]["patch_size"], cfg["transformer"]["video_length"]
-    if not 1 <= frames <= max_frames or size < patch or size % patch:
-        raise ValueError(f"frames={frames}, size={size}: expected 1..{max_frames} frames and a "
-                         f"size that is a positive multiple of the patch size {patch}")
+    if frames not in (1, max_frames) or size < patch or size % patch:
+        raise ValueError(f"frames={frames}, size={size}: expected 1 or {max_frames} frames (Latte's "
+                         f"temporal embedding has video_length={max_frames} entries) and a size "
+                         f"that is a positive multiple of the patch size {patch}")
     b = labels.numel()
     seeds = [seed + i for i in range(b)] if seeds is None else [int(s) for s in seeds]
     if len(seeds) != b:

@@ -1,0 +1,295 @@
+"""The cross-timestep cache engine on a small random Latte, with the real NMPDriver.
+
+Each of the generation tests comes from a failure seen in public caching code: CFG branches
+sharing one cache, state carried across generations, shape errors when the video size or
+step count changes, per-sample results depending on the batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from coda.host import ops
+from coda.host.backend import TorchBackend
+from coda.host.cache_engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
+                                    remove_coda_cache, reset_coda_cache)
+from coda.host.driver import NMPDriver
+from coda.host.model.dit import DEFAULT_CONFIG, build_model
+from coda.host.model.sample import generate
+from coda.host.schedule import (OP_TYPES, Schedule, ScheduleError, UniformIntervalPolicy,
+                                operator_order, segment_runs)
+from coda.hw.isa import NMEConfig
+
+STEPS = 6
+POLICY = UniformIntervalPolicy(intervals={"cross_attn": 3}, default_interval=2, warmup=1)
+TINY = dict(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+            num_layers=2, sample_size=16, video_length=4, caption_channels=16)
+
+# Built in a fresh interpreter by the subprocess test: keep it in sync with tiny_model().
+_TINY_SRC = f"""
+import copy, torch
+torch.set_num_threads(1)
+from coda.host.model.dit import DEFAULT_CONFIG, build_model
+from coda.host.backend import TorchBackend
+from coda.host.driver import NMPDriver
+from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache
+from coda.host.schedule import UniformIntervalPolicy
+from coda.host.model.sample import generate
+from coda.hw.isa import NMEConfig
+cfg = copy.deepcopy(DEFAULT_CONFIG)
+cfg["transformer"].update({TINY!r})
+cfg["data"].update(frames=4, size=16)
+model = build_model(cfg, seed=1).eval()
+driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
+apply_coda_cache(model.transformer, CodaCacheConfig(driver, UniformIntervalPolicy(
+    intervals={{"cross_attn": 3}}, default_interval=2, warmup=1)))
+"""
+
+
+def tiny_model():
+    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    cfg["transformer"].update(TINY)
+    cfg["data"].update(frames=4, size=16)
+    return build_model(cfg, seed=1).eval()
+
+
+def nmp_driver():
+    return NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
+
+
+class TorchSegmentDriver:
+    """Reference: slots in a dict, segments by coda.host.ops.segment (plain torch bf16)."""
+
+    def __init__(self):
+        self.slots = {}
+
+    def store(self, key, tensor):
+        self.slots[key] = tensor.clone()
+
+    def free(self, key):
+        del self.slots[key]
+
+    def __contains__(self, key):
+        return key in self.slots
+
+    def segment(self, x, gates, keys):
+        return ops.segment(x, torch.stack(gates), torch.stack([self.slots[k] for k in keys]))
+
+
+class SpyDriver(NMPDriver):
+    """The real driver, recording which CFG context wrote and read each slot."""
+
+    def __init__(self, transformer):
+        super().__init__(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
+        self.transformer = transformer
+        self.events = []
+
+    def _context(self):
+        return get_coda_cache_hook(self.transformer).context_manager.context.name
+
+    def store(self, key, tensor):
+        self.events.append(("store", self._context(), key[1]))
+        super().store(key, tensor)
+
+    def segment(self, x, gates, keys):
+        self.events.extend(("segment", self._context(), k[1]) for k in keys)
+        return super().segment(x, gates, keys)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cached(model, driver, policy=POLICY):
+    remove_coda_cache(model.transformer)
+    return apply_coda_cache(model.transformer, CodaCacheConfig(driver, policy))
+
+
+# ---------------------------------------------------------------- exactness
+def test_reusing_nothing_is_bit_identical_to_the_unhooked_model():
+    model = tiny_model()
+    plain = generate(model, [3, 7], num_steps=STEPS)
+    hook = cached(model, nmp_driver(), Schedule(STEPS, 2))
+    hooked = generate(model, [3, 7], num_steps=STEPS)
+    assert torch.equal(hooked, plain)
+    assert hook.state.stats["ops_reused"] == 0 and hook.state.stats["segments"] == 0
+
+
+def test_nmp_segments_are_bit_identical_to_torch_and_skip_operators():
+    model = tiny_model()
+    plain = generate(model, [3, 7], num_steps=STEPS)
+    hook = cached(model, nmp_driver())
+    on_nmp = generate(model, [3, 7], num_steps=STEPS)
+    stats = dict(hook.state.stats)
+    cached(model, TorchSegmentDriver())
+    in_torch = generate(model, [3, 7], num_steps=STEPS)
+    assert torch.equal(on_nmp, in_torch)
+    assert not torch.equal(on_nmp, plain)  # reuse really changed the computation
+    sched = POLICY.build(STEPS, 2)
+    reused = sum(len(sched.reused(s, b)) for s in range(STEPS) for b in ("cond", "uncond"))
+    assert stats["ops_reused"] == reused == stats["segment_ops"]
+    assert stats["segments"] == sched.segment_count(frames=4)
+    assert stats["ops_computed"] + stats["ops_reused"] == STEPS * 2 * len(operator_order(2))
+
+
+# ---------------------------------------------------------------- CFG branches
+def test_unconditional_branch_never_reads_conditional_cache_and_vice_versa():
+    model = tiny_model()
+    spy = SpyDriver(model.transformer)
+    cached(model, spy)
+    separate = generate(model, [3, 7], num_steps=STEPS, cfg_mode="separate")
+    events = [e for e in spy.events]
+    assert any(kind == "segment" for kind, _, _ in events)
+    for kind, context, slot_branch in events:
+        assert context == slot_branch, (kind, context, slot_branch)
+    # Batched CFG splits the batch by branch: the same bits as separate calls.
+    cached(model, nmp_driver())
+    batched = generate(model, [3, 7], num_steps=STEPS, cfg_mode="batched")
+    assert torch.equal(batched, separate)
+
+
+def test_branch_specific_schedule_batched_equals_separate():
+    # cond reuses at steps 2..3 while uncond computes: rows of one call follow two schedules.
+    model = tiny_model()
+    everything = frozenset(operator_order(2))
+    sched = Schedule(4, 2, {(2, "cond"): everything, (3, "cond"): everything,
+                            (3, "uncond"): frozenset({(1, "temporal_ffn")})})
+    cached(model, nmp_driver(), sched)
+    batched = generate(model, [5], num_steps=4)
+    cached(model, nmp_driver(), sched)
+    separate = generate(model, [5], num_steps=4, cfg_mode="separate")
+    assert torch.equal(batched, separate)
+
+
+# ---------------------------------------------------------------- generations
+def test_batch_of_three_equals_three_batches_of_one():
+    model = tiny_model()
+    cached(model, nmp_driver())
+    three = generate(model, [1, 4, 9], num_steps=STEPS, seeds=[10, 11, 12])
+    for i, (label, seed) in enumerate(zip([1, 4, 9], [10, 11, 12])):
+        one = generate(model, [label], num_steps=STEPS, seeds=[seed])
+        assert torch.equal(three[i:i + 1], one), f"sample {i}"
+
+
+def test_cache_is_not_carried_over_between_generations():
+    model = tiny_model()
+    driver = nmp_driver()
+    hook = cached(model, driver)
+    generate(model, [2], num_steps=STEPS, seed=5)
+    assert driver.keys(), "the schedule stores outputs for reuse"
+    second = generate(model, [8], num_steps=STEPS, seed=6)
+    cached(model, nmp_driver())
+    fresh = generate(model, [8], num_steps=STEPS, seed=6)
+    assert torch.equal(second, fresh)
+    # Even without the explicit reset, step 0 of a branch drops that branch's old slots.
+    cached(model, driver)
+    generate(model, [2], num_steps=STEPS, seed=5)
+    again = generate(model, [8], num_steps=STEPS, seed=6, reset_cache=False)
+    assert torch.equal(again, fresh)
+    reset_coda_cache(model.transformer)
+    assert driver.keys() == [] and get_coda_cache_hook(model.transformer).state.stats["calls"] == 0
+    assert hook is not get_coda_cache_hook(model.transformer)
+
+
+def test_changing_the_step_count_between_runs():
+    model = tiny_model()
+    cached(model, nmp_driver())
+    generate(model, [6], num_steps=STEPS)
+    shorter = generate(model, [6], num_steps=4)
+    longer = generate(model, [6], num_steps=9)
+    cached(model, nmp_driver())
+    assert torch.equal(shorter, generate(model, [6], num_steps=4))
+    cached(model, nmp_driver())
+    assert torch.equal(longer, generate(model, [6], num_steps=9))
+
+
+def test_second_generation_with_other_frames_and_size_equals_a_fresh_process(tmp_path):
+    model = tiny_model()
+    cached(model, nmp_driver())
+    first = generate(model, [3], num_steps=STEPS, frames=4, size=16)
+    second = generate(model, [3], num_steps=STEPS, frames=1, size=8)
+    assert first.shape == (1, 1, 4, 16, 16) and second.shape == (1, 1, 1, 8, 8)
+    out = tmp_path / "second.pt"
+    script = _TINY_SRC + textwrap.dedent(f"""
+        video = generate(model, [3], num_steps={STEPS}, frames=1, size=8)
+        torch.save(video, {str(out)!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    assert torch.equal(second, torch.load(out))
+
+
+# ---------------------------------------------------------------- errors
+def test_run_rejects_a_schedule_for_another_step_count():
+    model = tiny_model()
+    cached(model, nmp_driver(), Schedule(STEPS, 2))
+    with pytest.raises(ScheduleError, match="6 steps"):
+        generate(model, [1], num_steps=4)
+
+
+def test_steps_out_of_order_and_missing_context_are_errors():
+    model = tiny_model()
+    cached(model, nmp_driver())
+    x = torch.zeros(1, 1, 4, 16, 16)
+    with pytest.raises(ValueError, match="No cache context"):
+        model(x, torch.tensor([10]), torch.tensor([1]))
+    with model.transformer.cache_context("cond", step_index=0, num_inference_steps=3):
+        model(x, torch.tensor([10]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="step 2 after step 0"):
+        with model.transformer.cache_context("cond", step_index=2, num_inference_steps=3):
+            model(x, torch.tensor([10]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="context name 'both'"):
+        with model.transformer.cache_context("both", step_index=0, num_inference_steps=3):
+            model(x, torch.tensor([10]), torch.tensor([1]))
+
+
+# ---------------------------------------------------------------- schedules
+def test_schedule_rejects_reuse_of_something_never_computed():
+    with pytest.raises(ScheduleError, match=r"step 0, branch cond: reuses \(0, 'cross_attn'\)"):
+        Schedule(4, 2, {(0, "cond"): frozenset({(0, "cross_attn")})})
+    # Computed in the other branch only does not count.
+    with pytest.raises(ScheduleError, match="branch uncond"):
+        Schedule(4, 1, {(1, "cond"): frozenset({(0, "spatial_ffn")}),
+                        (0, "uncond"): frozenset({(0, "spatial_ffn")})})
+    with pytest.raises(ScheduleError, match="unknown operators"):
+        Schedule(4, 2, {(1, "cond"): frozenset({(2, "cross_attn")})})
+    with pytest.raises(ScheduleError, match="branch 'both'"):
+        Schedule(4, 2, {(1, "both"): frozenset()})
+    with pytest.raises(ScheduleError, match="warmup=0"):
+        UniformIntervalPolicy(warmup=0)
+
+
+def test_uniform_interval_schedule_known_case():
+    sched = UniformIntervalPolicy(default_interval=2, warmup=2).build(10, 3)
+    # Steps 3, 5, 7, 9 reuse everything; the others compute everything.
+    assert [s for s in range(10) if sched.reused(s, "cond")] == [3, 5, 7, 9]
+    assert sched.reused(5, "uncond") == frozenset(operator_order(3))
+    assert sched.ops_skipped_fraction() == pytest.approx(0.4)
+    # Each reusing step: two segments (layer 0's temporal embedding splits the run).
+    assert sched.segment_count(frames=8) == 4 * 2 * 2
+    assert sched.segment_count(frames=1) == 4 * 2 * 1
+    assert sched.store_after_compute(2, "cond", (0, "cross_attn"))
+    assert not sched.store_after_compute(3, "cond", (0, "cross_attn"))
+    assert Schedule.from_json(sched.to_json()) == sched
+
+
+def test_uniform_interval_per_operator_type():
+    policy = UniformIntervalPolicy(intervals={op: k for op, k in zip(OP_TYPES, [1, 2, 3, 4, 5])},
+                                   warmup=1, cooldown=1)
+    sched = policy.build(12, 1)
+    for step in range(12):
+        reused = {op for _, op in sched.reused(step, "cond")}
+        expect = set() if step < 1 or step >= 11 else \
+            {op for op, k in zip(OP_TYPES, [1, 2, 3, 4, 5]) if (step - 1) % k}
+        assert reused == expect, step
+    runs = segment_runs({(0, "spatial_ffn"), (0, "temporal_attn"), (0, "temporal_ffn")}, 1, frames=8)
+    assert runs == [[(0, "spatial_ffn")], [(0, "temporal_attn"), (0, "temporal_ffn")]]

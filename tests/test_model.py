@@ -1,0 +1,131 @@
+"""Moving-digit data, the shipped Latte digit model, the frame classifier and CFG sampling."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from coda.host.model import data
+from coda.host.model.classifier import digit_classifier, frame_features, label_accuracy
+from coda.host.model.dit import (CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model,
+                                 load_model, save_model)
+from coda.host.model.sample import generate
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_config():
+    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    cfg["transformer"].update(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                              num_layers=1, sample_size=16, video_length=4, caption_channels=16)
+    cfg["data"].update(frames=4, size=16)
+    return cfg
+
+
+# ---------------------------------------------------------------- data
+def test_moving_digits_shape_range_and_determinism():
+    v1, l1 = data.moving_digits(5, seed=3)
+    v2, l2 = data.moving_digits(5, seed=3)
+    assert v1.shape == (5, 1, 8, 32, 32) and v1.dtype == torch.float32 and l1.dtype == torch.int64
+    assert torch.equal(v1, v2) and torch.equal(l1, l2)
+    assert v1.min() == -1.0 and v1.max() <= 1.0 and v1.max() > 0.5
+    assert not torch.equal(v1, data.moving_digits(5, seed=4)[0])
+
+
+def test_moving_digits_move_and_stay_inside_the_frame():
+    videos, _ = data.moving_digits(64, seed=0)
+    ink = (videos[:, 0] + 1) / 2                                     # [B, F, H, W]
+    mass = ink.sum(dim=(2, 3))
+    # Every frame shows the whole digit (no clipping at the walls): same ink in all frames.
+    assert torch.allclose(mass, mass[:, :1].expand_as(mass), rtol=1e-5)
+    rows = (ink.sum(3) * torch.arange(32.0)).sum(2) / mass           # centre of mass, row
+    cols = (ink.sum(2) * torch.arange(32.0)).sum(2) / mass
+    step = torch.hypot(rows.diff(dim=1), cols.diff(dim=1))
+    assert (step.amax(dim=1) > 0.5).all()                            # every digit moves
+    assert step.max() <= data.SPEED_PX[1] * 2 ** 0.5 + 1.0           # at most speed (+ rounding)
+
+
+def test_requested_labels_and_errors():
+    videos, labels = data.moving_digits(3, seed=1, labels=torch.tensor([0, 5, 9]))
+    assert labels.tolist() == [0, 5, 9]
+    with pytest.raises(ValueError, match="labels"):
+        data.moving_digits(2, seed=1, labels=torch.tensor([3, 10]))
+    with pytest.raises(ValueError, match="split"):
+        data.digit_images("validation")
+    with pytest.raises(ValueError, match="size=8"):
+        data.moving_digits(1, seed=0, size=8)
+
+
+def test_heldout_split_is_disjoint_and_sized():
+    train, _ = data.digit_images("train")
+    test, _ = data.digit_images("test")
+    assert len(train) + len(test) == 1797 and len(test) == round(0.2 * 1797)
+    flat_train = {bytes(t.numpy().tobytes()) for t in train}
+    overlap = sum(bytes(t.numpy().tobytes()) in flat_train for t in test)
+    assert overlap <= 3  # sklearn's digits holds a few exact duplicate images, nothing more
+
+
+# ---------------------------------------------------------------- classifier
+def test_classifier_recognises_heldout_digits():
+    clf = digit_classifier()
+    assert clf.heldout_accuracy > 0.97
+    videos, labels = data.moving_digits(20, seed=99, split="test")
+    assert label_accuracy(videos, labels) > 0.9
+    noise = torch.rand(4, 1, 8, 32, 32) * 2 - 1
+    assert clf.predict_frames(noise).shape == (4, 8)
+    with pytest.raises(ValueError, match="expected one per video"):
+        label_accuracy(videos, labels[:3])
+
+
+def test_frame_features_center_the_digit():
+    videos, _ = data.moving_digits(2, seed=5)
+    feats = frame_features(videos[:, 0].reshape(-1, 32, 32)).reshape(2, 8, -1)
+    # The digit moved, but its centred window is the same image (up to edge rounding).
+    assert np.abs(feats[:, 0] - feats[:, -1]).mean() < 0.05
+    with pytest.raises(ValueError, match="expected"):
+        frame_features(torch.zeros(3, 8, 8))
+
+
+# ---------------------------------------------------------------- model and sampling
+def test_save_and_load_roundtrip(tmp_path):
+    model = build_model(tiny_config(), seed=2)
+    save_model(model, tmp_path / "w.safetensors", tmp_path / "c.json")
+    loaded, cfg = load_model(weights=tmp_path / "w.safetensors", config=tmp_path / "c.json")
+    assert cfg == model.config
+    x = torch.randn(2, 1, 4, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, torch.tensor([5, 900]), torch.tensor([1, 10])),
+                           model.eval()(x, torch.tensor([5, 900]), torch.tensor([1, 10])))
+    with pytest.raises(FileNotFoundError, match="train"):
+        load_model(weights=tmp_path / "missing.safetensors", config=tmp_path / "c.json")
+
+
+def test_batched_and_separate_cfg_agree_and_are_deterministic():
+    model = build_model(tiny_config(), seed=2).eval()
+    a = generate(model, [1, 2], num_steps=4, seed=3)
+    b = generate(model, [1, 2], num_steps=4, seed=3, cfg_mode="separate")
+    assert a.shape == (2, 1, 4, 16, 16) and torch.equal(a, b)
+    assert torch.equal(a[1:], generate(model, [2], num_steps=4, seeds=[4]))
+    with pytest.raises(ValueError, match="cfg_mode"):
+        generate(model, [1], num_steps=2, cfg_mode="fused")
+    with pytest.raises(ValueError, match="frames=2"):
+        generate(model, [1], num_steps=2, frames=2)
+    with pytest.raises(ValueError, match="labels"):
+        generate(model, [11], num_steps=2)
+
+
+@pytest.mark.skipif(not WEIGHTS_FILE.exists(), reason="weights not trained yet")
+def test_shipped_weights_are_small_and_load():
+    assert WEIGHTS_FILE.stat().st_size < 20 * 2 ** 20
+    model, cfg = load_model()
+    assert cfg["transformer"]["video_length"] >= 8 and cfg["transformer"]["sample_size"] >= 32
+    assert CONFIG_FILE.exists() and not model.training
