@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -53,6 +53,23 @@ __all__ = ["NME", "STORE_FIFO_DEPTH"]
 #: Words of store results the NME can hold while the memory refuses requests; 8 covers the
 #: issue-to-transfer round trip (about 6 cycles) so a store pass keeps one word per cycle.
 STORE_FIFO_DEPTH = 8
+#: Bits travelling with each read (INT8 half, GROUP element lane).
+TAG_BITS = 7
+#: Width of the pass counters of the issue and execution sides. The issue side is at most
+#: about two blocks (2 * 255 passes) ahead, so 11 bits never alias.
+PASS_BITS = 11
+
+
+class _UopFields:
+    """Fields of a micro-op word (a Value), per the :mod:`coda.hw.isa` encoding."""
+
+    def __init__(self, word):
+        self.op, self.rsrc, self.store = word[0:4], word[4:7], word[7]
+        self.d, self.p, self.q, self.r = word[8:12], word[12:16], word[16:20], word[20:24]
+        self.addr, self.param = word[24:48], word[48:64]
+
+
+_fields = _UopFields
 
 
 class NME(wiring.Component):
@@ -102,22 +119,25 @@ class NME(wiring.Component):
     def elaborate(self, platform):
         cfg = self.cfg
         L, D, NB, IM = cfg.lanes, cfg.depth, cfg.nbuf, cfg.imem_depth
+        RF = max(D, 2)                       # read-response FIFO: up to `depth` reads ahead
         m = Module()
         fmt = fp_format(cfg.fmt)
 
         # ---- storage ----------------------------------------------------------------------
         m.submodules.imem = imem = Memory(shape=64, depth=IM, init=[])
-        imem_w, imem_r = imem.write_port(), imem.read_port()
+        imem_w, imem_x, imem_i = imem.write_port(), imem.read_port(), imem.read_port()
         slot_bits = ADDR_BITS + PARAM_BITS + 6
         m.submodules.slots = slots = Memory(shape=slot_bits, depth=IM, init=[])
         slot_w, slot_r = slots.write_port(), slots.read_port()
-        bufs, buf_rd, buf_wr = [], [], []
+        buf_rd, buf_wr = [], []
         for b in range(NB):
             mem = Memory(shape=16 * L, depth=D, init=[])
             m.submodules[f"buf{b}"] = mem
             buf_rd.append(mem.read_port())
             buf_wr.append(mem.write_port())
         m.submodules.store_fifo = fifo = SyncFIFO(width=16 * L, depth=STORE_FIFO_DEPTH)
+        m.submodules.rsp_fifo = rsp_fifo = SyncFIFOBuffered(width=16 * L + TAG_BITS, depth=RF)
+        m.submodules.tag_fifo = tag_fifo = SyncFIFO(width=TAG_BITS, depth=RF)
 
         lanes = []
         for j in range(L):
@@ -131,34 +151,43 @@ class NME(wiring.Component):
         n_words = Signal(32)                 # W = ceil(N / L)
         tail_mask = Signal(L)                # valid lanes of word W-1
         ld_cnt = Signal(8)
-        k = Signal(8)                        # micro-op index (check and execution)
         streams = Signal(9)
         has_l1 = Signal()
         status_r = Signal(3)
         l1_r = Signal(32)
         m.d.comb += [self.status.eq(status_r), self.l1.eq(l1_r)]
-        m.d.comb += [imem_r.addr.eq(k), slot_r.addr.eq(k), slot_w.addr.eq(k)]
 
-        # current micro-op (latched per pass)
+        # execution side: current micro-op, block, pass counters
+        k = Signal(8)                        # micro-op index (check and execution)
         cur_op, cur_rsrc, cur_store = Signal(4), Signal(3), Signal()
         cur_d, cur_p, cur_q, cur_r = Signal(4), Signal(4), Signal(4), Signal(4)
-        cur_addr, cur_param = Signal(ADDR_BITS), Signal(PARAM_BITS)
-        read_pass = Signal()                 # R comes from memory
+        read_pass = Signal()                 # R comes from memory (through rsp_fifo)
         m.d.comb += read_pass.eq(cur_rsrc != RSrc.BUF)
-
-        # block and pass counters
         base = Signal(32)
         blen = Signal(range(D + 1))
         last_block = Signal()
         idx_w = max(1, ceil_log2(D))
-        i_cnt = Signal(range(D + 1))         # words entered (BUF pass) / requested (read pass)
+        i_cnt = Signal(range(D + 1))         # words entered (BUF pass)
         j_cnt = Signal(range(D + 1))         # responses taken (read pass)
         s_cnt = Signal(range(D + 1))         # stores requested (store pass)
-        # stream phase, issue side (saved per slot) and response side
-        ra = Signal(ADDR_BITS)
-        ph, ph_r = Signal(PARAM_BITS), Signal(PARAM_BITS)
-        elane, elane_r = Signal(6), Signal(6)
-        par_i, par_r = Signal(), Signal()    # parity of the word index (INT8 half)
+        st_addr = Signal(ADDR_BITS)
+        x_passes = Signal(PASS_BITS)         # passes completed
+
+        # issue side: its own walk over (block, micro-op), ahead of execution
+        ik = Signal(8)
+        ibase = Signal(32)
+        iblen = Signal(range(D + 1))
+        i_rsrc, i_store = Signal(3), Signal()
+        i_addr, i_param = Signal(ADDR_BITS), Signal(PARAM_BITS)
+        icnt = Signal(range(D + 1))
+        i_passes = Signal(PASS_BITS)
+        fresh = Signal()                     # first pass of a program: wait for stale reads
+        ra = Signal(ADDR_BITS)               # next read address
+        ph = Signal(PARAM_BITS)              # CHAN phase / GROUP count within a group
+        elane = Signal(6)                    # GROUP element lane
+        par_i = Signal()                     # parity of the word index (INT8 half)
+        m.d.comb += [imem_x.addr.eq(k), imem_i.addr.eq(ik), slot_r.addr.eq(ik),
+                     slot_w.addr.eq(ik)]
 
         # ---- memory request register -------------------------------------------------------
         req_valid, req_we = Signal(), Signal()
@@ -169,24 +198,27 @@ class NME(wiring.Component):
                      self.mem_req_wmask.eq(req_wmask)]
         req_free = Signal()
         m.d.comb += req_free.eq(~req_valid | self.mem_req_ready)
-        read_xfer = Signal()
-        store_xfer = Signal()
+        read_xfer, store_xfer = Signal(), Signal()
         m.d.comb += [read_xfer.eq(req_valid & self.mem_req_ready & ~req_we),
                      store_xfer.eq(req_valid & self.mem_req_ready & req_we)]
 
-        # reads in flight survive a reset (the memory will still answer them)
-        outstanding = Signal(range(D + 2), reset_less=True)
+        # reads in flight survive a reset (the memory still answers them): count them
+        outstanding = Signal(range(RF + 2), reset_less=True)
         m.d.sync += outstanding.eq(outstanding + read_xfer - self.mem_rsp_valid)
-
-        # store credits: words entered into the pipeline whose store has not transferred
-        used = Signal(range(STORE_FIFO_DEPTH + 1))
+        # a response belongs to this program iff its tag is waiting (tags are reset)
+        m.d.comb += [rsp_fifo.w_data.eq(Cat(self.mem_rsp_data, tag_fifo.r_data)),
+                     rsp_fifo.w_en.eq(self.mem_rsp_valid & tag_fifo.r_rdy),
+                     tag_fifo.r_en.eq(self.mem_rsp_valid)]
+        rd_used = Signal(range(RF + 1))      # reads issued and not yet taken by execution
+        used = Signal(range(STORE_FIFO_DEPTH + 1))   # store credits in use
 
         # ---- pipeline control --------------------------------------------------------------
-        run = Signal()                       # in X_RUN
+        run = Signal()                       # execution in X_RUN
+        issuing = Signal()                   # issue side in I_RUN of a read pass
         issue_read = Signal()
         enter = Signal()                     # a word enters stage 0 this cycle
         idx0 = Signal(idx_w)
-        v1, v2, v3, v4 = Signal(), Signal(), Signal(), Signal()
+        v1, v2, v3 = Signal(), Signal(), Signal()
         idx1, idx2, idx3 = Signal(idx_w), Signal(idx_w), Signal(idx_w)
         last1 = Signal()
         half1 = Signal()
@@ -195,24 +227,29 @@ class NME(wiring.Component):
         acc_clear = Signal()
 
         m.d.comb += [
-            issue_read.eq(run & read_pass & (i_cnt < blen) & req_free),
-            enter.eq(run & Mux(read_pass, self.mem_rsp_valid,
+            issue_read.eq(issuing & (icnt < iblen) & (rd_used < RF) & req_free),
+            enter.eq(run & Mux(read_pass, rsp_fifo.r_rdy & (j_cnt < blen),
                                (i_cnt < blen) & (~cur_store | (used < STORE_FIFO_DEPTH)))),
+            rsp_fifo.r_en.eq(enter & read_pass),
             idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
+            tag_fifo.w_data.eq(Cat(par_i, elane)),
+            tag_fifo.w_en.eq(issue_read),
         ]
         for rp in buf_rd:
             m.d.comb += rp.addr.eq(idx0)
         m.d.sync += [v1.eq(enter), idx1.eq(idx0), idx2.eq(idx1), idx3.eq(idx2),
-                     v2.eq(v1), v3.eq(v2), v4.eq(v3),
-                     last1.eq(last_block & (idx0 == blen - 1)),
-                     half1.eq(par_r), elane1.eq(elane_r)]
-        with m.If(self.mem_rsp_valid & run & read_pass):
-            m.d.sync += rsp1.eq(self.mem_rsp_data)
+                     v2.eq(v1), v3.eq(v2),
+                     last1.eq(last_block & (idx0 == blen - 1))]
+        with m.If(enter & read_pass):
+            m.d.sync += [rsp1.eq(rsp_fifo.r_data[:16 * L]),
+                         half1.eq(rsp_fifo.r_data[16 * L]),
+                         elane1.eq(rsp_fifo.r_data[16 * L + 1:])]
+        # the L1 accumulate (stage 4) may still run: X_SUM starts two cycles later
         pipe_empty = Signal()
-        m.d.comb += pipe_empty.eq(~enter & ~v1 & ~v2 & ~v3 & ~v4)
+        m.d.comb += pipe_empty.eq(~enter & ~v1 & ~v2 & ~v3)
+        m.d.sync += rd_used.eq(rd_used + issue_read - (enter & read_pass))
 
-        self._stream_advance(m, cfg, issue_read, enter & read_pass, cur_rsrc, cur_param,
-                             cur_addr, ra, ph, ph_r, elane, elane_r, par_i, par_r)
+        self._stream_advance(m, cfg, issue_read, i_rsrc, i_param, i_addr, ra, ph, elane, par_i)
         self._lanes_stage1(m, cfg, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
                            cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
 
@@ -226,27 +263,27 @@ class NME(wiring.Component):
                          wp.en.eq(v3 & writes_buf & (cur_d == b))]
         m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(v3 & cur_store)]
 
-        # ---- request register: reads of a read pass, or the store FIFO's head ----------------
+        # ---- request register: reads of the issue side, or the store FIFO's head -----------
         store_last = Signal()
         m.d.comb += store_last.eq(last_block & (s_cnt == blen - 1))
         with m.If(req_free):
             m.d.sync += req_valid.eq(0)
             with m.If(issue_read):
                 m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
-                             i_cnt.eq(i_cnt + 1)]
+                             icnt.eq(icnt + 1)]
             with m.Elif(run & cur_store & fifo.r_rdy):
                 m.d.comb += fifo.r_en.eq(1)
-                m.d.sync += [req_valid.eq(1), req_we.eq(1), req_addr.eq(ra),
+                m.d.sync += [req_valid.eq(1), req_we.eq(1), req_addr.eq(st_addr),
                              req_wdata.eq(fifo.r_data),
                              req_wmask.eq(Mux(store_last, tail_mask, Const((1 << L) - 1, L))),
-                             ra.eq(ra + 1), s_cnt.eq(s_cnt + 1)]
+                             st_addr.eq(st_addr + 1), s_cnt.eq(s_cnt + 1)]
         with m.If(enter & ~read_pass):
             m.d.sync += i_cnt.eq(i_cnt + 1)
         with m.If(enter & read_pass):
             m.d.sync += j_cnt.eq(j_cnt + 1)
         m.d.sync += used.eq(used + (enter & cur_store) - store_xfer)
 
-        # ---- the sequencer -----------------------------------------------------------------
+        # ---- check and execution sequencer --------------------------------------------------
         div_q = Signal(32)
         div_r = Signal(range(2 * L + 1))
         div_n = Signal(6)
@@ -258,14 +295,9 @@ class NME(wiring.Component):
         m.submodules.l1_sum = l1_add = FPAdd(FP32)
         acc_sel = Array([lane.acc for lane in lanes])[sum_j]
         m.d.comb += [l1_add.a.eq(sum_acc), l1_add.b.eq(acc_sel), l1_add.sub.eq(0)]
+        iss_start = Signal()
 
-        op_f = imem_r.data[0:4]
-        rsrc_f = imem_r.data[4:7]
-        store_f = imem_r.data[7]
-        d_f, p_f, q_f, r_f = (imem_r.data[8:12], imem_r.data[12:16],
-                              imem_r.data[16:20], imem_r.data[20:24])
-        addr_f = imem_r.data[24:48]
-        param_f = imem_r.data[48:64]
+        f = _fields(imem_x.data)
 
         def finish(code, l1_bits=0):
             m.d.sync += [status_r.eq(code), l1_r.eq(l1_bits)]
@@ -308,8 +340,8 @@ class NME(wiring.Component):
                 m.next = "V_CHECK"
 
             with m.State("V_CHECK"):
-                self._check_uop(m, cfg, op_f, rsrc_f, store_f, d_f, p_f, q_f, r_f, addr_f,
-                                param_f, n_words, streams, has_l1, slot_w, finish,
+                m.d.comb += slot_w.addr.eq(k)
+                self._check_uop(m, cfg, f, n_words, streams, has_l1, slot_w, finish,
                                 mul_acc, mul_cand, mul_plier)
 
             with m.State("V_GROUP"):
@@ -335,8 +367,8 @@ class NME(wiring.Component):
                 with m.If(streams > cfg.max_streams):
                     finish(Status.TOO_MANY_STREAMS)
                 with m.Else():
-                    m.d.comb += acc_clear.eq(1)
-                    m.d.sync += base.eq(0)
+                    m.d.comb += [acc_clear.eq(1), iss_start.eq(1)]
+                    m.d.sync += [base.eq(0), x_passes.eq(0)]
                     m.next = "X_BLOCK"
 
             with m.State("X_BLOCK"):
@@ -349,18 +381,11 @@ class NME(wiring.Component):
                 m.next = "X_LOAD"
 
             with m.State("X_LOAD"):
-                m.d.sync += [cur_op.eq(op_f), cur_rsrc.eq(rsrc_f), cur_store.eq(store_f),
-                             cur_d.eq(d_f), cur_p.eq(p_f), cur_q.eq(q_f), cur_r.eq(r_f),
-                             cur_addr.eq(addr_f), cur_param.eq(param_f),
-                             ra.eq(slot_r.data[0:ADDR_BITS]),
-                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
-                             ph_r.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
-                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:]),
-                             elane_r.eq(slot_r.data[ADDR_BITS + PARAM_BITS:]),
-                             par_i.eq(base[0]), par_r.eq(base[0]),
+                m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
+                             cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
+                             st_addr.eq(f.addr + base),
                              i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0)]
-                with m.If(outstanding == 0):
-                    m.next = "X_RUN"
+                m.next = "X_RUN"
 
             with m.State("X_RUN"):
                 m.d.comb += run.eq(1)
@@ -369,19 +394,24 @@ class NME(wiring.Component):
                     m.next = "X_END"
 
             with m.State("X_END"):
-                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
-                m.d.sync += k.eq(k + 1)
+                # the next micro-op is read now, so X_LOAD follows directly
+                m.d.sync += x_passes.eq(x_passes + 1)
                 with m.If(k == n_uops - 1):
-                    m.d.sync += base.eq(base + blen)
+                    left = n_words - (base + blen)
+                    m.d.comb += imem_x.addr.eq(0)
+                    m.d.sync += [k.eq(0), base.eq(base + blen),
+                                 blen.eq(Mux(left >= D, D, left)), last_block.eq(left <= D)]
                     with m.If(~last_block):
-                        m.next = "X_BLOCK"
+                        m.next = "X_LOAD"
                     with m.Elif(has_l1):
                         m.d.sync += [sum_acc.eq(0), sum_j.eq(0)]
                         m.next = "X_SUM"
                     with m.Else():
                         finish(Status.OK)
                 with m.Else():
-                    m.next = "X_FETCH"
+                    m.d.comb += imem_x.addr.eq(k + 1)
+                    m.d.sync += k.eq(k + 1)
+                    m.next = "X_LOAD"
 
             with m.State("X_SUM"):
                 # lanes summed in order 0..L-1 in fp32 (ISA), starting from +0
@@ -392,6 +422,56 @@ class NME(wiring.Component):
             with m.State("FINISH"):
                 m.d.comb += self.done.eq(1)
                 m.next = "IDLE"
+
+        # ---- issue side: read requests of every read pass, up to RF words ahead ------------
+        fi = _fields(imem_i.data)
+        with m.FSM(name="issue"):
+            with m.State("I_IDLE"):
+                with m.If(iss_start):
+                    m.d.sync += [ibase.eq(0), i_passes.eq(0), fresh.eq(1)]
+                    m.next = "I_BLOCK"
+
+            with m.State("I_BLOCK"):
+                left = n_words - ibase
+                m.d.sync += [ik.eq(0), iblen.eq(Mux(left >= D, D, left))]
+                m.next = "I_FETCH"
+
+            with m.State("I_FETCH"):
+                m.next = "I_LOAD"
+
+            with m.State("I_LOAD"):
+                m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
+                             i_param.eq(fi.param), icnt.eq(0), par_i.eq(ibase[0]),
+                             ra.eq(slot_r.data[0:ADDR_BITS]),
+                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
+                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:])]
+                with m.If(~fresh | (outstanding == 0)):
+                    m.next = "I_RUN"
+
+            with m.State("I_RUN"):
+                m.d.comb += issuing.eq(i_rsrc != RSrc.BUF)
+                m.d.sync += fresh.eq(0)
+                with m.If(i_rsrc != RSrc.BUF):
+                    with m.If(icnt == iblen):
+                        m.next = "I_END"
+                with m.Elif(i_store):
+                    # reads after a store pass go out only after its last store
+                    with m.If(x_passes == (i_passes + 1)[:PASS_BITS]):
+                        m.next = "I_END"
+                with m.Else():
+                    m.next = "I_END"
+
+            with m.State("I_END"):
+                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
+                m.d.sync += [ik.eq(ik + 1), i_passes.eq(i_passes + 1)]
+                with m.If(ik == n_uops - 1):
+                    m.d.sync += ibase.eq(ibase + iblen)
+                    with m.If(n_words - ibase <= D):
+                        m.next = "I_IDLE"
+                    with m.Else():
+                        m.next = "I_BLOCK"
+                with m.Else():
+                    m.next = "I_FETCH"
 
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") & ~fsm.ongoing("FINISH"))
         m.d.comb += self.dbg_fu_toggles.eq(self._toggle_counter(m, lanes))
@@ -421,10 +501,13 @@ class NME(wiring.Component):
                          div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
 
     @staticmethod
-    def _check_uop(m, cfg, op_f, rsrc_f, store_f, d_f, p_f, q_f, r_f, addr_f, param_f,
-                   n_words, streams, has_l1, slot_w, finish, mul_acc, mul_cand, mul_plier):
-        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order)."""
+    def _check_uop(m, cfg, f, n_words, streams, has_l1, slot_w, finish, mul_acc, mul_cand,
+                   mul_plier):
+        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order);
+        also initialises the micro-op's stream phase record."""
         NB, L = cfg.nbuf, cfg.lanes
+        op_f, rsrc_f, store_f, addr_f, param_f = f.op, f.rsrc, f.store, f.addr, f.param
+        d_f, p_f, q_f, r_f = f.d, f.p, f.q, f.r
         bad_opcode = (op_f > max(Op)) | (rsrc_f > max(RSrc))
         is_l1 = op_f == Op.L1
         d_used = ~store_f & ~is_l1
@@ -464,10 +547,8 @@ class NME(wiring.Component):
             m.next = "V_NEXT"
 
     @staticmethod
-    def _stream_advance(m, cfg, issue, take, rsrc, param, addr, ra, ph, ph_r, elane, elane_r,
-                        par_i, par_r):
-        """Next-request address and CHAN/GROUP/INT8 phase after a read issue (issue side)
-        and after a response (response side: GROUP lane, INT8 half)."""
+    def _stream_advance(m, cfg, issue, rsrc, param, addr, ra, ph, elane, par_i):
+        """Next read address and CHAN/GROUP/INT8 phase after issuing one read."""
         L = cfg.lanes
         with m.If(issue):
             m.d.sync += par_i.eq(~par_i)
@@ -491,13 +572,6 @@ class NME(wiring.Component):
                             m.d.sync += elane.eq(elane + 1)
                     with m.Elif(param != 0):
                         m.d.sync += ph.eq(ph + 1)
-        with m.If(take):
-            m.d.sync += par_r.eq(~par_r)
-            with m.If((rsrc == RSrc.GROUP) & (param != 0)):
-                with m.If(ph_r == param - 1):
-                    m.d.sync += [ph_r.eq(0), elane_r.eq(Mux(elane_r == L - 1, 0, elane_r + 1))]
-                with m.Else():
-                    m.d.sync += ph_r.eq(ph_r + 1)
 
     @staticmethod
     def _lanes_stage1(m, cfg, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
