@@ -200,6 +200,9 @@ class CodaCacheHook(ModelHook):
     def new_forward(self, module, hidden_states: torch.Tensor, timestep=None,
                     encoder_hidden_states=None, encoder_attention_mask=None,
                     enable_temporal_attentions: bool = True, return_dict: bool = True):
+        if encoder_attention_mask is not None:
+            raise ValueError("encoder_attention_mask: the CODA cache engine supports unmasked "
+                             "conditions only (pass None)")
         if not enable_temporal_attentions:
             raise ValueError("enable_temporal_attentions=False: the CODA cache engine runs "
                              "the full spatio-temporal Latte only")

@@ -129,3 +129,34 @@ def test_shipped_weights_are_small_and_load():
     model, cfg = load_model()
     assert cfg["transformer"]["video_length"] >= 8 and cfg["transformer"]["sample_size"] >= 32
     assert CONFIG_FILE.exists() and not model.training
+
+
+def test_quality_metrics_known_values():
+    from coda.host.model.sample import video_psnr, video_ssim
+
+    ref = torch.rand(2, 1, 3, 16, 16) * 1.6 - 0.8
+    assert video_psnr(ref, ref) == float("inf") and video_ssim(ref, ref) == pytest.approx(1.0)
+    assert video_psnr(ref + 0.2, ref) == pytest.approx(20.0, abs=1e-9)  # 10 log10(2^2 / 0.04)
+    noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))
+    s_small, s_big = video_ssim(ref + 0.05 * noise, ref), video_ssim(ref + 0.5 * noise, ref)
+    assert 0 < s_big < s_small < 1
+    with pytest.raises(ValueError, match="expected equal"):
+        video_psnr(ref, ref[:1])
+
+
+def test_cached_generate_reports_and_detaches():
+    from coda.host.backend import TorchBackend
+    from coda.host.cache_engine import get_coda_cache_hook
+    from coda.host.driver import NMPDriver
+    from coda.host.model.sample import cached_generate
+    from coda.host.schedule import UniformIntervalPolicy
+    from coda.hw.isa import NMEConfig
+
+    model = build_model(tiny_config(), seed=2).eval()
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14))
+    policy = UniformIntervalPolicy(default_interval=2, warmup=2)
+    videos, stats = cached_generate(model, [4], driver, policy, num_steps=6, seed=1)
+    assert videos.shape == (1, 1, 4, 16, 16)
+    assert stats["ops_skipped_fraction"] == policy.build(6, 1).ops_skipped_fraction() == 2 / 6
+    assert stats["segments"] == 2 * 2 * 2 and driver.stats["programs"] == stats["programs"]
+    assert get_coda_cache_hook(model.transformer) is None and driver.keys() == []
