@@ -352,7 +352,8 @@ def test_image_and_framing_errors():
         interp.run_words(cfg, [encode_header(2, 4), 0], np.zeros((8, 4), np.uint16))
 
 
-# (program, n_elems, cycles measured on the RTL: lanes=8, depth=4, memory latency 1)
+# (program, n_elems, cycles measured on the RTL of hw/nme.py at commit 3ca384b: lanes=8,
+# depth=4, memory latency 1); the model is fitted to that RTL (coda.host.backend constants)
 RTL_CYCLES = [
     ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MOV, RSrc.BUF, True, addr=200)), 33, 63),
     ((UOp(Op.MOV, RSrc.MEM, addr=0), UOp(Op.MOV, RSrc.BUF, True, addr=200)), 320, 293),
