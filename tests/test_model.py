@@ -160,3 +160,16 @@ def test_cached_generate_reports_and_detaches():
     assert stats["ops_skipped_fraction"] == policy.build(6, 1).ops_skipped_fraction() == 2 / 6
     assert stats["segments"] == 2 * 2 * 2 and driver.stats["programs"] == stats["programs"]
     assert get_coda_cache_hook(model.transformer) is None and driver.keys() == []
+
+
+def test_side_by_side_gif(tmp_path):
+    from PIL import Image
+
+    from coda.host.model.sample import side_by_side_gif
+
+    a, _ = data.moving_digits(2, seed=0)
+    side_by_side_gif(tmp_path / "v.gif", a, -a, scale=2, gap=2)
+    img = Image.open(tmp_path / "v.gif")
+    assert img.n_frames == 8 and img.size == (2 * (32 + 2) * 2, 2 * (32 + 2) * 2)
+    with pytest.raises(ValueError, match="one shape"):
+        side_by_side_gif(tmp_path / "w.gif", a, a[:1])

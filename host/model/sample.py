@@ -20,7 +20,7 @@ import torch
 from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "make_scheduler", "initial_noise",
-           "generate"]
+           "generate", "video_psnr", "video_ssim", "side_by_side_gif", "cached_generate", "main"]
 
 CFG_MODES = ("batched", "separate")
 DEFAULT_STEPS = 50
@@ -147,6 +147,38 @@ def video_ssim(test: torch.Tensor, reference: torch.Tensor, data_range: float = 
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
     ssim = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2))
     return float(ssim.mean())
+
+
+def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int = 150,
+                     gap: int = 2) -> None:
+    """Write an animated GIF: for each frame index, the given videos' frames side by side
+    (left to right in argument order) and the batch's samples stacked top to bottom.
+
+    Args:
+        path: output file (``.gif``).
+        *videos: float [B, 1, F, H, W] in [-1, 1], all the same shape (e.g. full, cached).
+        scale: integer upscaling (nearest) of each pixel.
+        frame_ms: display time of one frame in milliseconds.
+        gap: mid-grey pixels between panels (before scaling).
+    Raises:
+        ValueError: no videos or different shapes.
+    """
+    from PIL import Image
+
+    if not videos or any(v.shape != videos[0].shape or v.ndim != 5 for v in videos):
+        raise ValueError(f"videos {[tuple(v.shape) for v in videos]}: expected one or more of one "
+                         "shape [B, 1, F, H, W]")
+    b, _, f, h, w = videos[0].shape
+    pad = lambda t, dim: torch.nn.functional.pad(t, (0, gap) if dim == 1 else (0, 0, 0, gap),  # noqa: E731
+                                                 value=0.0)
+    frames = []
+    for i in range(f):
+        rows = [torch.cat([pad(v[s, 0, i], 1) for v in videos], dim=1) for s in range(b)]
+        grid = torch.cat([pad(r, 0) for r in rows], dim=0)
+        pixels = ((grid.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+        img = Image.fromarray(pixels)  # uint8 [H, W] -> mode "L"
+        frames.append(img.resize((img.width * scale, img.height * scale), Image.NEAREST))
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
 
 
 def cached_generate(model, labels, driver, schedule=None, **kwargs) -> tuple[torch.Tensor, dict]:
