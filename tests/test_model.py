@@ -169,7 +169,7 @@ def test_side_by_side_gif(tmp_path):
 
     a, _ = data.moving_digits(2, seed=0)
     side_by_side_gif(tmp_path / "v.gif", a, -a, scale=2, gap=2)
-    img = Image.open(tmp_path / "v.gif")
-    assert img.n_frames == 8 and img.size == (2 * (32 + 2) * 2, 2 * (32 + 2) * 2)
+    with Image.open(tmp_path / "v.gif") as img:
+        assert img.n_frames == 8 and img.size == (2 * (32 + 2) * 2, 2 * (32 + 2) * 2)
     with pytest.raises(ValueError, match="one shape"):
         side_by_side_gif(tmp_path / "w.gif", a, a[:1])
