@@ -16,13 +16,15 @@ over words with torch (no Python per element or per word):
   visits words (block by block, micro-op by micro-op, word by word), then summed in lane
   order 0..lanes-1 in fp32; a NaN sum is the canonical fp32 NaN (0x7FC00000).
 
-Executing whole streams at once instead of block by block is only a speed-up: it is used
-when it gives the same result (one block, or no buffer read before it is written and no
-store overlapping another stream at a different offset); otherwise the interpreter walks
-the blocks.
+Buffers have no initial value: :func:`coda.hw.isa.validate` rejects (``BAD_OPERAND``) a
+program that reads a buffer no earlier micro-op wrote, so no accepted program can see what
+a previous program left in the NME's buffers. The interpreter relies on that: a buffer comes
+into being at its first write.
 
-Buffers start at zero for every program (the NME's buffers hold whatever the last program
-left; compiled programs never read a buffer before writing it).
+Executing whole streams at once instead of block by block is only a speed-up: it is used
+when it gives the same result (one block, or no store overlapping another stream at a
+different offset; every buffer read sees a write of the same block because validate
+guarantees an earlier write); otherwise the interpreter walks the blocks.
 """
 
 from __future__ import annotations
@@ -100,21 +102,6 @@ def run_words(cfg: NMEConfig, words: Sequence[int], mem: np.ndarray, *,
     return InterpResult(out, Status.OK, l1)
 
 
-def _reads(uop) -> list[int]:
-    op, rsrc, _store, _d, p, q, r, _addr, _param = uop
-    used = [p] if op in (Op.ADD, Op.SUB, Op.MUL, Op.MAC, Op.L1) else []
-    if op == Op.MAC:
-        used.append(q)
-    if rsrc == RSrc.BUF:
-        used.append(r)
-    return used
-
-
-def _writes(uop) -> int | None:
-    op, _rsrc, store, d = uop[:4]
-    return None if store or op == Op.L1 else d
-
-
 def _word_span(uop, n_words: int, lanes: int) -> tuple[int, int] | None:
     """Memory words [start, end) a micro-op touches (None if it touches none)."""
     _op, rsrc, store, _d, _p, _q, _r, addr, param = uop
@@ -133,12 +120,6 @@ def _whole_stream_ok(uops: list, n_words: int, cfg: NMEConfig) -> bool:
     """True if running each micro-op over the whole stream equals the blocked execution."""
     if n_words <= cfg.depth:
         return True
-    written: set[int] = set()
-    for u in uops:
-        if any(b not in written for b in _reads(u)):
-            return False  # would see the previous block's value
-        if _writes(u) is not None:
-            written.add(_writes(u))
     spans = [(u, _word_span(u, n_words, cfg.lanes)) for u in uops]
     for s, s_span in spans:
         if not s[2]:
@@ -172,9 +153,8 @@ class _Machine:
     def run(self, uops: list) -> float:
         whole = _whole_stream_ok(uops, self.n_words, self.cfg)
         step = self.n_words if whole else self.cfg.depth
-        used = {b for u in uops for b in _reads(u)} | {_writes(u) for u in uops}
-        bufs = {b: torch.zeros(step, self.lanes, dtype=self.dtype)
-                for b in used if b is not None}
+        self.step = step
+        bufs: dict[int, torch.Tensor] = {}  # a buffer exists from its first write on
         for w0 in range(0, self.n_words, step):
             w1 = min(w0 + step, self.n_words)
             for i, u in enumerate(uops):
@@ -225,6 +205,8 @@ class _Machine:
         if store:
             self._store(addr, w0, w1, res)
         else:
+            if d not in bufs:  # validate() rejected any read before this first write
+                bufs[d] = torch.empty(self.step, self.lanes, dtype=self.dtype)
             bufs[d][:n] = res
 
     def _store(self, addr: int, w0: int, w1: int, res: torch.Tensor) -> None:

@@ -73,6 +73,11 @@ Validation (all checked before the first memory access):
   (``d`` is used unless ``store`` or L1; ``p`` by ADD/SUB/MUL/MAC/L1; ``q`` by MAC;
   ``r`` when ``rsrc == BUF``)
 - ``store`` with ``rsrc != BUF``, ``store`` with ``L1``, CHAN with param 0 -> BAD_OPERAND
+- a buffer the op reads (``p`` by ADD/SUB/MUL/MAC/L1, ``q`` by MAC, ``r`` when
+  ``rsrc == BUF``) that no *earlier* micro-op of the program wrote (``d`` of a micro-op
+  that is neither a store nor L1)             -> BAD_OPERAND
+  (so no program can observe what a previous program left in the buffers: the NME keeps
+  them, a fresh model would start from zeros; the op's own ``d`` does not count)
 - memory micro-ops (rsrc != BUF, or store) > ``max_streams`` -> TOO_MANY_STREAMS
 - any word the op would touch >= ``mem_words``  -> BAD_ADDR
   (extent in words: MEM/store ``W``; CHAN ``param``; INT8 ``ceil(W/2)``;
@@ -262,8 +267,9 @@ def decode_uop(word: int) -> tuple[int, int, bool, int, int, int, int, int, int]
 
 def validate(n_uops: int, n_elems: int, uop_words: list[int], cfg: NMEConfig) -> Status:
     """Golden model of the NME's program check (rules in the module docstring, in that order
-    of precedence: lengths, then per micro-op in program order opcode, operand, address;
-    the stream count is checked after all micro-ops).
+    of precedence: lengths, then per micro-op in program order opcode, operand (buffer index
+    range, store/CHAN rules, reads of buffers not written earlier), address; the stream count
+    is checked after all micro-ops).
 
     Args:
         n_uops, n_elems: header fields.
@@ -276,24 +282,26 @@ def validate(n_uops: int, n_elems: int, uop_words: list[int], cfg: NMEConfig) ->
         return Status.BAD_LENGTH
     n_words = -(-n_elems // cfg.lanes)
     streams = 0
+    written: set[int] = set()    # buffers some earlier micro-op wrote (the NME's nbuf-bit mask)
     for word in uop_words:
         op, rsrc, store, d, p, q, r, addr, param = decode_uop(word)
         if op not in Op._value2member_map_ or rsrc not in RSrc._value2member_map_:
             return Status.BAD_OPCODE
-        used = []
-        if not store and op != Op.L1:
-            used.append(d)
+        writes = not store and op != Op.L1
+        reads = []
         if op in (Op.ADD, Op.SUB, Op.MUL, Op.MAC, Op.L1):
-            used.append(p)
+            reads.append(p)
         if op == Op.MAC:
-            used.append(q)
+            reads.append(q)
         if rsrc == RSrc.BUF:
-            used.append(r)
-        if any(b >= cfg.nbuf for b in used):
+            reads.append(r)
+        if any(b >= cfg.nbuf for b in reads + ([d] if writes else [])):
             return Status.BAD_OPERAND
         if store and (rsrc != RSrc.BUF or op == Op.L1):
             return Status.BAD_OPERAND
         if rsrc == RSrc.CHAN and param == 0:
+            return Status.BAD_OPERAND
+        if any(b not in written for b in reads):
             return Status.BAD_OPERAND
         if store or rsrc == RSrc.MEM:
             extent = n_words
@@ -308,6 +316,8 @@ def validate(n_uops: int, n_elems: int, uop_words: list[int], cfg: NMEConfig) ->
         if extent and addr + extent > cfg.mem_words:
             return Status.BAD_ADDR
         streams += bool(extent)
+        if writes:
+            written.add(d)
     if streams > cfg.max_streams:
         return Status.TOO_MANY_STREAMS
     return Status.OK

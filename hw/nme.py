@@ -13,7 +13,9 @@ Organisation
   32 cycles) and a sequential shift-add multiplier for the GROUP extent (<= 22 cycles). The
   GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
   ``W - 1 >= (mem_words - addr) * param * L`` (same truth value for positive integers,
-  no division). Nothing touches memory before the whole program is accepted.
+  no division). An ``nbuf``-bit mask of the buffers written so far (``d`` of each earlier
+  non-store, non-L1 micro-op) rejects reads of unwritten buffers in the same cycle as the
+  other operand rules. Nothing touches memory before the whole program is accepted.
 - **Execution** (the ``seq`` FSM): for each block of ``depth`` words, for each micro-op,
   one *pass* over the block. A pass whose R operand comes from memory takes one response per
   cycle from the read-response FIFO; a pass with R from a buffer feeds one word per cycle;
@@ -161,6 +163,7 @@ class NME(wiring.Component):
         ld_cnt = Signal(8)
         streams = Signal(9)
         has_l1 = Signal()
+        written = Signal(NB)                 # check: buffers an earlier micro-op wrote
         status_r = Signal(3)
         l1_r = Signal(32)
         m.d.comb += [self.status.eq(status_r), self.l1.eq(l1_r)]
@@ -332,7 +335,7 @@ class NME(wiring.Component):
                         m.next = "V_LEN"
 
             with m.State("V_LEN"):
-                m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0),
+                m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0), written.eq(0),
                              div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
                 with m.If((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
                           | (n_elems > cfg.max_elems)):
@@ -349,7 +352,7 @@ class NME(wiring.Component):
 
             with m.State("V_CHECK"):
                 m.d.comb += slot_w.addr.eq(k)
-                self._check_uop(m, cfg, f, n_words, streams, has_l1, slot_w, finish,
+                self._check_uop(m, cfg, f, n_words, streams, has_l1, written, slot_w, finish,
                                 mul_acc, mul_cand, mul_plier)
 
             with m.State("V_GROUP"):
@@ -509,10 +512,11 @@ class NME(wiring.Component):
                          div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
 
     @staticmethod
-    def _check_uop(m, cfg, f, n_words, streams, has_l1, slot_w, finish, mul_acc, mul_cand,
-                   mul_plier):
+    def _check_uop(m, cfg, f, n_words, streams, has_l1, written, slot_w, finish, mul_acc,
+                   mul_cand, mul_plier):
         """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order);
-        also initialises the micro-op's stream phase record."""
+        also initialises the micro-op's stream phase record and marks its ``d`` in the
+        ``written`` mask (nbuf bits) that the later micro-ops' reads are checked against."""
         NB, L = cfg.nbuf, cfg.lanes
         op_f, rsrc_f, store_f, addr_f, param_f = f.op, f.rsrc, f.store, f.addr, f.param
         d_f, p_f, q_f, r_f = f.d, f.p, f.q, f.r
@@ -524,8 +528,15 @@ class NME(wiring.Component):
         r_used = rsrc_f == RSrc.BUF
         bad_buf = ((d_used & (d_f >= NB)) | (p_used & (p_f >= NB)) | (q_used & (q_f >= NB))
                    | (r_used & (r_f >= NB)))
+
+        def unwritten(idx):
+            # an index >= NB matches no bit: it is already bad_buf
+            return ~Cat(*[written[b] & (idx == b) for b in range(NB)]).any()
+
+        bad_read = ((p_used & unwritten(p_f)) | (q_used & unwritten(q_f))
+                    | (r_used & unwritten(r_f)))
         bad_operand = (bad_buf | (store_f & ((rsrc_f != RSrc.BUF) | is_l1))
-                       | ((rsrc_f == RSrc.CHAN) & (param_f == 0)))
+                       | ((rsrc_f == RSrc.CHAN) & (param_f == 0)) | bad_read)
         is_mem = store_f | (rsrc_f != RSrc.BUF)
         group_scaled = (rsrc_f == RSrc.GROUP) & (param_f != 0)
         extent = Signal(33)
@@ -540,7 +551,8 @@ class NME(wiring.Component):
         bad_addr = is_mem & (addr_f + extent > cfg.mem_words)
 
         m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(addr_f, Const(0, PARAM_BITS + 6)))]
-        m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1)]
+        m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1),
+                     written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)]))]
         with m.If(bad_opcode):
             finish(Status.BAD_OPCODE)
         with m.Elif(bad_operand):

@@ -185,8 +185,11 @@ def test_layout_outside_memory_is_an_error():
 
 # ---------------------------------------------------------------- the ISA, word by word
 
-def word_model(cfg: NMEConfig, program: Program, mem: np.ndarray):
-    """hw/isa.py executed literally: blocks, passes, words; lanes as small torch vectors."""
+def word_model(cfg: NMEConfig, program: Program, mem: np.ndarray, buf_bits=None):
+    """hw/isa.py executed literally: blocks, passes, words; lanes as small torch vectors.
+
+    ``buf_bits`` (uint16 [nbuf, depth, lanes]) is what the buffers hold at the start (what a
+    previous program left), zeros by default: an accepted program must not depend on it."""
     words = [int(w) for w in program.words()[1:]]
     status = validate(len(words), program.n_elems, words, cfg)
     mem = mem.copy()
@@ -198,6 +201,8 @@ def word_model(cfg: NMEConfig, program: Program, mem: np.ndarray):
     nan = torch.tensor(canonical_nan_bits(cfg.fmt), dtype=torch.int16).view(dtype)
     n_words = -(-program.n_elems // lanes)
     bufs = torch.zeros(cfg.nbuf, depth, lanes, dtype=dtype)
+    if buf_bits is not None:
+        bufs = torch.from_numpy(buf_bits.astype(np.uint16).view(np.int16).copy()).view(dtype)
     acc = np.zeros(lanes, np.float32)
     for b0 in range(0, n_words, depth):
         for u in program.uops:
@@ -243,14 +248,21 @@ def random_programs(draw):
     lanes = draw(st.integers(1, 4))
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=draw(st.integers(1, 5)),
                     nbuf=draw(st.integers(2, 4)), mem_words=48, max_streams=4, imem_depth=6)
-    uops = []
+    uops, written = [], []
     for _ in range(draw(st.integers(1, 6))):
         op = draw(st.sampled_from(list(Op)))
         store = op != Op.L1 and draw(st.booleans()) and draw(st.booleans())
         rsrc = RSrc.BUF if store else draw(st.sampled_from(list(RSrc)))
+        if not written and draw(st.integers(0, 9)):  # mostly start with a load
+            op, store, rsrc = Op.MOV, False, draw(st.sampled_from(list(RSrc)[1:]))
         reg = st.integers(0, cfg.nbuf - (draw(st.integers(0, 9)) > 0))  # sometimes nbuf (bad)
-        uops.append(UOp(op, rsrc, store, d=draw(reg), p=draw(reg), q=draw(reg), r=draw(reg),
-                        addr=draw(st.integers(0, 40)), param=draw(st.integers(0, 4))))
+        # reads mostly of buffers written before (else BAD_OPERAND), sometimes of any
+        src = st.sampled_from(written) if written and draw(st.integers(0, 9)) else reg
+        u = UOp(op, rsrc, store, d=draw(reg), p=draw(src), q=draw(src), r=draw(src),
+                addr=draw(st.integers(0, 40)), param=draw(st.integers(0, 4)))
+        uops.append(u)
+        if not store and op != Op.L1:
+            written.append(u.d)
     prog = Program(n_elems=draw(st.integers(1, 28)), uops=tuple(uops))
     return cfg, prog, draw(st.integers(0, 2 ** 32 - 1))
 
@@ -258,10 +270,14 @@ def random_programs(draw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_programs())
 def test_interpreter_equals_word_by_word_model(case):
+    """Also: what the buffers held before (zeros or another program's leftovers) does not
+    matter, because validate() rejects reads of buffers the program has not written."""
     cfg, program, seed = case
-    mem = random_bits(np.random.default_rng(seed), (cfg.mem_words, cfg.lanes), cfg.fmt)
+    rng = np.random.default_rng(seed)
+    mem = random_bits(rng, (cfg.mem_words, cfg.lanes), cfg.fmt)
+    leftovers = random_bits(rng, (cfg.nbuf, cfg.depth, cfg.lanes), cfg.fmt)
     res = interp.run_program(cfg, program, mem)
-    want_mem, want_status, want_l1 = word_model(cfg, program, mem)
+    want_mem, want_status, want_l1 = word_model(cfg, program, mem, leftovers)
     assert res.status == want_status
     assert np.array_equal(res.mem, want_mem)
     assert np.float32(res.l1).tobytes() == np.float32(want_l1).tobytes() or \
@@ -295,6 +311,50 @@ def test_bad_programs_change_nothing(uops, n_elems, status):
         assert np.array_equal(res.mem, mem)
         cycles = TorchBackend().execute(cfg, Program(n_elems, prog_uops), mem).cycles
         assert cycles == 3 + 4 * len(prog_uops)
+
+
+_X = UOp(Op.MOV, RSrc.MEM, d=0, addr=0)   # writes buffer 0
+
+
+@pytest.mark.parametrize("uops, status", [
+    # every read field, of a buffer no earlier micro-op wrote
+    ((UOp(Op.ADD, RSrc.MEM, d=1, p=0, addr=8),), Status.BAD_OPERAND),
+    ((_X, UOp(Op.SUB, RSrc.MEM, d=1, p=2, addr=8)), Status.BAD_OPERAND),
+    ((_X, UOp(Op.MUL, RSrc.BUF, d=1, p=0, r=3)), Status.BAD_OPERAND),
+    ((_X, UOp(Op.MAC, RSrc.MEM, d=1, p=0, q=1, addr=8)), Status.BAD_OPERAND),
+    ((_X, UOp(Op.L1, RSrc.MEM, p=1, addr=8)), Status.BAD_OPERAND),
+    ((_X, UOp(Op.L1, RSrc.BUF, p=0, r=1)), Status.BAD_OPERAND),
+    ((_X, UOp(Op.MOV, RSrc.BUF, True, r=1, addr=8)), Status.BAD_OPERAND),
+    # the op's own d is not an earlier write; a store's or an L1's d field writes nothing
+    ((_X, UOp(Op.ADD, RSrc.MEM, d=1, p=1, addr=8)), Status.BAD_OPERAND),
+    ((_X, UOp(Op.MOV, RSrc.BUF, True, d=1, r=0, addr=8), UOp(Op.MOV, RSrc.BUF, d=2, r=1)),
+     Status.BAD_OPERAND),
+    ((_X, UOp(Op.L1, RSrc.MEM, d=1, p=0, addr=8), UOp(Op.MOV, RSrc.BUF, d=2, r=1)),
+     Status.BAD_OPERAND),
+    # fields the op does not use are not reads
+    ((UOp(Op.MOV, RSrc.MEM, d=0, p=3, q=3, r=3, addr=0),), Status.OK),
+    ((_X, UOp(Op.ADD, RSrc.CHAN, d=1, p=0, q=3, r=3, addr=8, param=1)), Status.OK),
+    ((_X, UOp(Op.MOV, RSrc.BUF, d=0, r=0), UOp(Op.MAC, RSrc.BUF, d=0, p=0, q=0, r=0)),
+     Status.OK),
+    ((_X, UOp(Op.MOV, RSrc.BUF, True, r=0, addr=8)), Status.OK),
+    # precedence: opcode, then operand, then address of the same micro-op; earlier micro-ops
+    # first; the stream count last
+    ((UOp(9, RSrc.BUF, p=1, r=1),), Status.BAD_OPCODE),
+    ((UOp(Op.MOV, 6, d=0, r=1),), Status.BAD_OPCODE),
+    ((UOp(Op.ADD, RSrc.MEM, d=0, p=1, addr=63),), Status.BAD_OPERAND),
+    ((UOp(Op.MOV, RSrc.MEM, d=0, addr=63), UOp(Op.ADD, RSrc.BUF, p=1, r=1)), Status.BAD_ADDR),
+    ((_X,) * 24 + (UOp(Op.ADD, RSrc.MEM, d=1, p=1, addr=0),), Status.BAD_OPERAND),
+    ((_X,) * 25 + (UOp(Op.ADD, RSrc.MEM, d=1, p=0, addr=0),), Status.TOO_MANY_STREAMS),
+])
+def test_validate_rejects_reads_of_unwritten_buffers(uops, status):
+    cfg = NMEConfig(lanes=4, nbuf=4, mem_words=64)
+    words = Program(16, uops).words()
+    assert validate(len(uops), 16, words[1:], cfg) == status
+    mem = _image(cfg)
+    res = interp.run_program(cfg, Program(16, uops), mem)
+    assert res.status == status
+    if status != Status.OK:
+        assert np.array_equal(res.mem, mem)
 
 
 def test_mov_copies_bits_and_arithmetic_nan_is_canonical():

@@ -358,6 +358,23 @@ def _bad_programs(cfg: NMEConfig) -> list[tuple[Program, Status]]:
          Status.BAD_ADDR),
         (Program(4, (UOp(9, RSrc.MEM, d=nb, addr=cfg.mem_words),)), Status.BAD_OPCODE),
         (Program(4, (UOp(Op.MOV, RSrc.MEM, d=nb, addr=cfg.mem_words),)), Status.BAD_OPERAND),
+        # reads of buffers no earlier micro-op of the program wrote (buffer 1 still holds the
+        # previous good program's result: it must not be visible)
+        (Program(4, (mov, UOp(Op.ADD, RSrc.MEM, d=1, p=1))), Status.BAD_OPERAND),   # own d
+        (Program(4, (mov, UOp(Op.MAC, RSrc.MEM, d=1, p=0, q=2))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.MOV, RSrc.BUF, d=2, r=1))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.L1, RSrc.MEM, p=1, addr=8))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=32))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.MOV, RSrc.BUF, store=True, d=1, r=0, addr=32),  # a store's d
+                     UOp(Op.ADD, RSrc.MEM, d=2, p=1, addr=8))), Status.BAD_OPERAND),
+        (Program(4, (mov, UOp(Op.L1, RSrc.MEM, d=1, p=0, addr=8),              # an L1's d
+                     UOp(Op.MUL, RSrc.BUF, d=2, p=0, r=1))), Status.BAD_OPERAND),
+        # ... after the opcode check, before the address check, before the stream count
+        (Program(4, (UOp(9, RSrc.BUF, p=1),)), Status.BAD_OPCODE),
+        (Program(4, (UOp(Op.ADD, RSrc.MEM, p=1, addr=cfg.mem_words),)), Status.BAD_OPERAND),
+        (Program(4, (UOp(Op.MOV, RSrc.MEM, addr=cfg.mem_words), UOp(Op.ADD, RSrc.BUF, p=2, r=2))),
+         Status.BAD_ADDR),
+        (Program(4, (mov,) * cfg.max_streams + (UOp(Op.ADD, RSrc.MEM, p=2),)), Status.BAD_OPERAND),
     ]
 
 
@@ -377,6 +394,26 @@ def test_bad_programs_leave_memory_untouched():
     # the good program writes the same values each time, so memory == one good run
     _, outcomes = check(cfg, progs, mem, seed=3)
     assert [o.status for o in outcomes] == want
+
+
+def test_read_of_unwritten_buffer_is_rejected():
+    """A program that reads buffer 1 without writing it would see what the previous program
+    left there (the RTL keeps buffers; the torch interpreter would see nothing): the NME
+    rejects it with BAD_OPERAND before any memory access, and the next program runs."""
+    cfg = NMEConfig(lanes=3, fmt="fp16", **SMALL)
+    mem = random_image(cfg, 10)
+    fill = Program(3 * 5 - 1, (UOp(Op.MOV, RSrc.MEM, d=1, addr=0),
+                               UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=20)))
+    leak = Program(3 * 5 - 1, (UOp(Op.MOV, RSrc.MEM, d=0, addr=10),
+                               UOp(Op.ADD, RSrc.BUF, d=2, p=0, r=1),
+                               UOp(Op.MOV, RSrc.BUF, store=True, r=2, addr=40)))
+    after_fill = reference(cfg, fill, mem)[0]
+    got, outs = check(cfg, [fill, leak], mem, seed=4)
+    np.testing.assert_array_equal(got, after_fill)      # the rejected program wrote nothing
+    fixed = Program(leak.n_elems, (UOp(Op.MOV, RSrc.MEM, d=1, addr=0),) + leak.uops)
+    _, (again,) = check(cfg, [fixed], got, seed=5)
+    assert [o.status for o in outs] + [again.status] == [Status.OK, Status.BAD_OPERAND,
+                                                         Status.OK]
 
 
 def test_group_extent_boundary():
