@@ -9,7 +9,8 @@
 //              wait for `done`, latch status / l1 / cycles / toggles, and (tb_dump_dirty) write
 //              the words written during the run to +MEM_OUT as "@addr data" lines
 //   OP_DUMP  : $writememh(+MEM_OUT) of the whole memory
-// A reset (tb_rst) aborts a running job (tb_aborted) and empties the memory pipeline.
+// A reset (tb_rst) aborts a running job (tb_aborted); the memory is not reset: reads in flight
+// are still answered, as a real memory would.
 `timescale 1ns/1ps
 
 `ifndef NME_MODULE
@@ -178,10 +179,34 @@ module nme_tb_top #(
     always @(posedge clk) begin
         tb_clk_count <= tb_clk_count + 64'd1;
         lfsr <= xorshift32(lfsr);
+        // The memory is not reset with the NME: a request transfers on valid & ready at any
+        // edge (also one the NME resets at) and reads in flight are still answered (the NME
+        // counts them across its reset).
+        if (mem_req_valid && mem_req_ready) begin
+            if (32'(mem_req_addr) >= MEM_WORDS) begin
+                tb_oob <= tb_oob + 32'd1;
+            end else if (mem_req_we) begin
+                logic [WB-1:0] word;
+                word = mem[mem_req_addr];
+                for (int j = 0; j < LANES; j++)
+                    if (mem_req_wmask[j]) word[16*j +: 16] = mem_req_wdata[16*j +: 16];
+                mem[mem_req_addr] = word;
+                dirty[mem_req_addr] = 1'b1;
+                tb_nwrites <= tb_nwrites + 32'd1;
+            end
+            if (!mem_req_we) begin
+                if (rsp_count == (RSP_AW+1)'(RSP_DEPTH)) tb_overflow <= tb_overflow + 32'd1;
+                rsp_data[rsp_tail] <= (32'(mem_req_addr) < MEM_WORDS) ? mem[mem_req_addr] : '0;
+                rsp_due[rsp_tail] <= tb_clk_count + 64'(tb_latency == 0 ? 8'd1 : tb_latency);
+                rsp_tail <= rsp_tail + 1'b1;
+                tb_nreads <= tb_nreads + 32'd1;
+            end
+        end
+        rsp_count <= rsp_count + ((mem_req_valid && mem_req_ready && !mem_req_we) ? 1 : 0)
+                               - (mem_rsp_valid ? 1 : 0);
+        if (mem_rsp_valid) rsp_head <= rsp_head + 1'b1;
+
         if (rst) begin
-            rsp_head <= '0;
-            rsp_tail <= '0;
-            rsp_count <= '0;
             cmd_idx <= 16'd0;
             if (jstate != J_IDLE) begin
                 tb_aborted <= 1'b1;
@@ -189,31 +214,6 @@ module nme_tb_top #(
                 jstate <= J_IDLE;
             end
         end else begin
-            // memory requests: writes land at once, reads queue a response due after latency
-            if (mem_req_valid && mem_req_ready) begin
-                if (32'(mem_req_addr) >= MEM_WORDS) begin
-                    tb_oob <= tb_oob + 32'd1;
-                end else if (mem_req_we) begin
-                    logic [WB-1:0] word;
-                    word = mem[mem_req_addr];
-                    for (int j = 0; j < LANES; j++)
-                        if (mem_req_wmask[j]) word[16*j +: 16] = mem_req_wdata[16*j +: 16];
-                    mem[mem_req_addr] = word;
-                    dirty[mem_req_addr] = 1'b1;
-                    tb_nwrites <= tb_nwrites + 32'd1;
-                end
-                if (!mem_req_we) begin
-                    if (rsp_count == (RSP_AW+1)'(RSP_DEPTH)) tb_overflow <= tb_overflow + 32'd1;
-                    rsp_data[rsp_tail] <= (32'(mem_req_addr) < MEM_WORDS) ? mem[mem_req_addr] : '0;
-                    rsp_due[rsp_tail] <= tb_clk_count + 64'(tb_latency == 0 ? 8'd1 : tb_latency);
-                    rsp_tail <= rsp_tail + 1'b1;
-                    tb_nreads <= tb_nreads + 32'd1;
-                end
-            end
-            rsp_count <= rsp_count + ((mem_req_valid && mem_req_ready && !mem_req_we) ? 1 : 0)
-                                   - (mem_rsp_valid ? 1 : 0);
-            if (mem_rsp_valid) rsp_head <= rsp_head + 1'b1;
-
             if (cmd_valid && cmd_ready) cmd_idx <= cmd_idx + 16'd1;
 
             case (jstate)

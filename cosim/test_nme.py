@@ -1,0 +1,631 @@
+"""cocotb tests of the NME RTL against the torch reference (run inside the simulator).
+
+Started by ``tests/test_cosim_nme.py`` (or :func:`coda.cosim.build.run_cocotb`) with:
+
+- ``CODA_COSIM_CFG``: the :class:`~coda.hw.isa.NMEConfig` of the build, as JSON;
+- ``CODA_COSIM_LANES`` / ``CODA_COSIM_MEM_WORDS``: memory geometry (for the models);
+- ``CODA_COSIM_SCALE``: sample-size multiplier (default 1: a few minutes for all tests);
+- ``CODA_COSIM_REPORT``: optional JSON file where tests record numbers (cycles, toggles).
+
+Every check compares the whole memory image (so masked tail lanes and bytes outside the output
+must be untouched) and the L1 bits, NaNs by class (the NME emits a canonical NaN, torch keeps
+x86 payloads for fp16). References: :mod:`coda.host.interp` (the program interpreter) and, for
+micro-ops and operators, torch computed directly here or through :mod:`coda.host.ops`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import cocotb
+import numpy as np
+import torch
+from cocotb.triggers import Timer
+
+from coda.cosim.tb import CLOCK_NS, NMEHarness
+from coda.host import bits as hb
+from coda.host import ops as ref
+from coda.host.compiler import compile_op, plan_layout
+from coda.host.interp import run_words
+from coda.hw.isa import (NMEConfig, Op, Program, RSrc, Status, UOp, encode_header, encode_uop,
+                         validate)
+
+torch.set_num_threads(1)
+
+CFG = NMEConfig(**json.loads(os.environ.get("CODA_COSIM_CFG", "{}")))
+SCALE = max(1, int(os.environ.get("CODA_COSIM_SCALE", "1")))
+DTYPE = hb.torch_dtype(CFG.fmt)
+L = CFG.lanes
+EXP_BITS, MAN_BITS = {"bf16": (8, 7), "fp16": (5, 10)}[CFG.fmt]
+
+
+# ----------------------------------------------------------------------------- helpers
+def record(key: str, value) -> None:
+    """Add ``key: value`` to the JSON report named by CODA_COSIM_REPORT (if any)."""
+    path = os.environ.get("CODA_COSIM_REPORT")
+    if not path:
+        return
+    p = Path(path)
+    data = json.loads(p.read_text()) if p.exists() else {}
+    data[key] = value
+    p.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def f32_bits(x: float | torch.Tensor) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.to(torch.float32).reshape(()).view(torch.int32).item()) & 0xFFFF_FFFF
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def f32_same(a: int, b: int) -> bool:
+    """fp32 bit patterns equal, NaNs by class."""
+    nan = lambda v: (v & 0x7F80_0000) == 0x7F80_0000 and (v & 0x007F_FFFF) != 0  # noqa: E731
+    return (nan(a) and nan(b)) or a == b
+
+
+def random_image(rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, 1 << 16, size=(CFG.mem_words, L), dtype=np.uint16)
+
+
+def finite_bits(rng: np.random.Generator, n: int, scale: float = 4.0) -> np.ndarray:
+    """Bit patterns of n normal-distributed finite values of the format."""
+    t = (torch.from_numpy(rng.standard_normal(n).astype(np.float32)) * scale).to(DTYPE)
+    return hb.to_bits(t)
+
+
+def place(mem: np.ndarray, addr: int, bits: np.ndarray) -> int:
+    """Write flat 16-bit patterns as words from ``addr`` (tail lanes of the last word kept as
+    they were); returns the number of words."""
+    flat = np.asarray(bits).view(np.uint16).reshape(-1)
+    words = hb.words_for(flat.size, L)
+    view = mem[addr:addr + words].reshape(-1)
+    view[:flat.size] = flat
+    mem[addr:addr + words] = view.reshape(words, L)
+    return words
+
+
+def assert_image(got: np.ndarray, exp: np.ndarray, what: str) -> None:
+    if hb.same_bits(got, exp, CFG.fmt):
+        return
+    nan_g, nan_e = hb.is_nan_bits(got, CFG.fmt), hb.is_nan_bits(exp, CFG.fmt)
+    bad = np.argwhere((got != exp) & ~(nan_g & nan_e))
+    w, j = bad[0]
+    raise AssertionError(f"{what}: {len(bad)} elements differ; first word {w} lane {j}: "
+                         f"rtl {got[w, j]:#06x} expected {exp[w, j]:#06x}")
+
+
+class Checker:
+    """Runs programs on the RTL and on the interpreter, compares everything, keeps counts."""
+
+    def __init__(self, dut):
+        self.h = NMEHarness(dut)
+        self.dut = dut
+        self.programs = 0
+        self.elements = 0
+        self.cycles = 0
+
+    async def start(self):
+        await self.h.start()
+
+    async def run(self, words: list[int], mem: np.ndarray, what: str, *, expect_l1=None):
+        """Run ``words`` on ``mem`` in RTL; check image, status and L1 against the
+        interpreter; returns (RunResult, image after)."""
+        res, out = await self.h.execute(words, mem, cycle_limit(words))
+        assert not res.protocol_faults(), f"{what}: protocol faults {res.protocol_faults()}"
+        gold = run_words(CFG, words, mem)
+        assert res.status == gold.status, f"{what}: status {res.status!r}, expected {gold.status!r}"
+        assert_image(out, gold.mem, what)
+        assert f32_same(res.l1_bits, f32_bits(gold.l1)), \
+            f"{what}: l1 {res.l1_bits:#010x}, interpreter {f32_bits(gold.l1):#010x}"
+        if expect_l1 is not None:
+            assert f32_same(res.l1_bits, expect_l1), \
+                f"{what}: l1 {res.l1_bits:#010x}, torch {expect_l1:#010x}"
+        self.programs += 1
+        self.elements += decode_n(words[0])
+        self.cycles += res.cycles
+        return res, out
+
+
+def cycle_limit(words: list[int]) -> int:
+    """Watchdog for one program: far more cycles than it can need even at 85% stalls and a
+    31-cycle latency (a hung NME fails in seconds, not after 50M cycles)."""
+    n_uops, n = words[0] & 0xFF, decode_n(words[0])
+    n_words = -(-n // L)
+    return min((1 << 32) - 1, 60 * (n_uops + 2) * (n_words + 40) + 20_000)
+
+
+def decode_n(header: int) -> int:
+    return (header >> 8) & 0xFFFF_FFFF
+
+
+def prog_words(n_elems: int, uops: list[UOp]) -> list[int]:
+    return Program(n_elems, tuple(uops)).words()
+
+
+# ----------------------------------------------------------------------------- micro-ops
+OPS_UNDER_TEST = [Op.MOV, Op.ADD, Op.SUB, Op.MUL, Op.MAC, Op.L1]
+RSRCS = [RSrc.BUF, RSrc.MEM, RSrc.CHAN, RSrc.GROUP, RSrc.INT8]
+
+
+def torch_op(op: Op, p: torch.Tensor, q: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    if op == Op.MOV:
+        return r
+    if op == Op.ADD:
+        return p + r
+    if op == Op.SUB:
+        return p - r
+    if op == Op.MUL:
+        return p * r
+    if op == Op.MAC:
+        return p + q * r
+    raise ValueError(op)
+
+
+def l1_torch(p: torch.Tensor, r: torch.Tensor) -> int:
+    """L1 the NME way: per-lane fp32 accumulation in word order, lanes summed 0..L-1."""
+    n = p.numel()
+    d = (p.to(torch.float32) - r.to(torch.float32)).abs()
+    pad = torch.zeros(hb.words_for(n, L) * L, dtype=torch.float32)
+    pad[:n] = d
+    per_word = pad.reshape(-1, L)
+    acc = torch.zeros(L, dtype=torch.float32)
+    for row in per_word:
+        acc = acc + row
+    total = torch.zeros((), dtype=torch.float32)
+    for j in range(L):
+        total = total + acc[j]
+    return f32_bits(total)
+
+
+def r_operand(rsrc: RSrc, n: int, b: np.ndarray, chan: np.ndarray, group_vec: np.ndarray,
+              group_words: int, q8: np.ndarray) -> torch.Tensor:
+    """The R operand per element, computed from the isa definition (independent of interp)."""
+    w = np.arange(n) // L
+    j = np.arange(n) % L
+    if rsrc in (RSrc.BUF, RSrc.MEM):
+        bits = b[:n]
+    elif rsrc == RSrc.CHAN:
+        cw = chan.reshape(-1, L)
+        bits = cw[w % cw.shape[0], j]
+    elif rsrc == RSrc.GROUP:
+        bits = group_vec[0] * np.ones(n, np.uint16) if group_words == 0 else \
+            group_vec[w // group_words]
+    else:
+        vals = q8[(w % 2) * L + j + (w // 2) * 2 * L]
+        return torch.from_numpy(vals.astype(np.int8)).to(DTYPE)
+    return hb.from_bits(np.ascontiguousarray(bits), CFG.fmt)
+
+
+async def uop_case(ck: Checker, rng, op: Op, rsrc: RSrc, n: int, *, store_direct: bool,
+                   finite: bool) -> None:
+    mem = random_image(rng)
+    words_n = hb.words_for(n, L)
+    gen = (lambda k: finite_bits(rng, k)) if finite else \
+        (lambda k: rng.integers(0, 1 << 16, k, dtype=np.uint16))
+    a, b, c = gen(n), gen(n), gen(n)
+    chan_words = 3
+    chan = gen(chan_words * L)
+    group_words = 2 if rsrc != RSrc.GROUP or rng.random() < 0.5 else 0  # 0: scalar
+    group_vec = gen(1 if group_words == 0 else (words_n - 1) // group_words + 1)
+    q8 = rng.integers(-128, 128, 2 * L * (-(-words_n // 2)), dtype=np.int8)
+    A, B, C, Y = 0, words_n, 2 * words_n, 3 * words_n
+    CH = 4 * words_n
+    GV = CH + chan_words
+    Q = GV + hb.words_for(group_vec.size, L)
+    if Q + q8.size // (2 * L) > CFG.mem_words:
+        raise ValueError(f"uop_case n={n}: needs {Q + q8.size // (2 * L)} words, "
+                         f"the memory has {CFG.mem_words}")
+    for addr, bits in ((A, a), (B, b), (C, c), (CH, chan), (GV, group_vec)):
+        place(mem, addr, bits)
+    mem[Q:Q + q8.size // (2 * L)] = q8.view(np.uint16).reshape(-1, L)
+    addr = {RSrc.BUF: 0, RSrc.MEM: B, RSrc.CHAN: CH, RSrc.GROUP: GV, RSrc.INT8: Q}[rsrc]
+    param = {RSrc.CHAN: chan_words, RSrc.GROUP: group_words}.get(rsrc, 0)
+    uops = [UOp(Op.MOV, RSrc.MEM, d=0, addr=A), UOp(Op.MOV, RSrc.MEM, d=1, addr=B),
+            UOp(Op.MOV, RSrc.MEM, d=2, addr=C)]
+    if store_direct:
+        uops.append(UOp(op, RSrc.BUF, store=True, p=0, q=2, r=1, addr=Y))
+    else:
+        uops.append(UOp(op, rsrc, d=3, p=0, q=2, r=1, addr=addr, param=param))
+        if op != Op.L1:
+            uops.append(UOp(Op.MOV, RSrc.BUF, store=True, r=3, addr=Y))
+    words = prog_words(n, uops)
+    P = hb.from_bits(a, CFG.fmt)
+    Q_ = hb.from_bits(c, CFG.fmt)
+    R = r_operand(RSrc.BUF if store_direct else rsrc, n, b, chan, group_vec, group_words, q8)
+    what = f"{op.name} {'store' if store_direct else rsrc.name} n={n}"
+    if op == Op.L1:
+        await ck.run(words, mem, what, expect_l1=l1_torch(P, R))
+        return
+    _, out = await ck.run(words, mem, what)
+    exp = hb.to_bits(torch_op(op, P, Q_, R))
+    got = hb.unpack_words(out[Y:Y + words_n], n)
+    assert hb.same_bits(got, exp, CFG.fmt), f"{what}: differs from torch computed directly"
+
+
+@cocotb.test()
+async def test_uop_matrix(dut):
+    """Every micro-op x every R source (and the direct store), random bits and finite values,
+    lengths not a multiple of lanes, against torch directly and the interpreter."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(101)
+    for op in OPS_UNDER_TEST:
+        for rsrc in RSRCS:
+            for finite in (False, True):
+                n = int(rng.integers(1, 3 * CFG.depth * L)) | 1
+                await uop_case(ck, rng, op, rsrc, n, store_direct=False, finite=finite)
+        if op != Op.L1:
+            await uop_case(ck, rng, op, RSrc.BUF, 5 * L + 3, store_direct=True, finite=False)
+    record("uop_matrix_programs", ck.programs)
+    dut._log.info("micro-op matrix: %d programs, %d elements, %d cycles, 0 mismatches",
+                  ck.programs, ck.elements, ck.cycles)
+
+
+# ----------------------------------------------------------------------------- operators
+def operator_inputs(op: str, rng, t: int, c: int, k: int = 3, group: int | None = None,
+                    finite: bool = True) -> dict:
+    def fl(*shape):
+        n = int(np.prod(shape))
+        bits = finite_bits(rng, n) if finite else rng.integers(0, 1 << 16, n, dtype=np.uint16)
+        return hb.from_bits(bits.reshape(shape), CFG.fmt)
+
+    if op in ("add", "sub", "mul", "l1_distance"):
+        return {"a": fl(t * c + 3), "b": fl(t * c + 3)}
+    if op == "scale":
+        return {"a": fl(t, c), "s": fl(c)}
+    if op == "gated_residual":
+        return {"x": fl(t, c), "g": fl(c), "c": fl(t, c)}
+    if op == "segment":
+        return {"x": fl(t, c), "g": fl(k, c), "c": fl(k, t, c)}
+    if op == "cfg_combine":
+        return {"u": fl(t, c), "c": fl(t, c), "s": fl()}
+    if op == "dequant_int8":
+        q = torch.from_numpy(rng.integers(-128, 128, (t, c), dtype=np.int8))
+        return {"q": q, "scale": fl(t, c // group)}
+    raise ValueError(op)
+
+
+def image_with(inputs: dict, layout: dict, rng) -> np.ndarray:
+    mem = random_image(rng)
+    for name, tensor in inputs.items():
+        addrs = layout[name]
+        if isinstance(addrs, list):
+            for kk, a in enumerate(addrs):
+                place(mem, a, hb.to_bits(tensor[kk]))
+        elif tensor.dtype == torch.int8:
+            packed = hb.pack_int8_words(tensor, L)
+            mem[addrs:addrs + packed.shape[0]] = packed
+        else:
+            place(mem, addrs, hb.to_bits(tensor))
+    return mem
+
+
+async def operator_case(ck: Checker, rng, op: str, t: int, c: int, *, k: int = 3,
+                        group: int | None = None, finite: bool = True) -> None:
+    inputs = operator_inputs(op, rng, t, c, k, group, finite)
+    shapes = {n: tuple(v.shape) for n, v in inputs.items()}
+    layout, _ = plan_layout(op, CFG, shapes, group, base=int(rng.integers(0, 64)))
+    program = compile_op(op, CFG, shapes, layout, group)
+    mem = image_with(inputs, layout, rng)
+    kw = dict(inputs)
+    if op == "dequant_int8":
+        kw["group"] = group
+    expected = ref.get_op(op)(**kw)
+    what = f"{op} T={t} C={c} K={k} G={group}"
+    if op == "l1_distance":
+        await ck.run(program.words(), mem, what, expect_l1=f32_bits(expected))
+        return
+    _, out = await ck.run(program.words(), mem, what)
+    y = layout["y"]
+    got = hb.unpack_words(out[y:y + hb.words_for(expected.numel(), L)], expected.numel())
+    assert hb.same_bits(got, hb.to_bits(expected).reshape(-1), CFG.fmt), \
+        f"{what}: differs from coda.host.ops"
+
+
+@cocotb.test()
+async def test_operators(dut):
+    """Every operator of the reference table, compiled and run, vs coda.host.ops."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(202)
+    c = 3 * L
+    for rep in range(SCALE):
+        for op in ("add", "sub", "mul", "scale", "gated_residual", "cfg_combine",
+                   "l1_distance"):
+            for finite in (True, False):
+                await operator_case(ck, rng, op, t=int(rng.integers(1, 9)), c=c, finite=finite)
+        for k in (1, 2, 5, 8):
+            await operator_case(ck, rng, "segment", t=int(rng.integers(1, 7)), c=c, k=k)
+        for group in (L, 3 * L):
+            await operator_case(ck, rng, "dequant_int8", t=int(rng.integers(1, 7)), c=6 * L,
+                                group=group)
+    dut._log.info("operators: %d programs, %d elements, 0 mismatches", ck.programs, ck.elements)
+    record("operator_programs", ck.programs)
+
+
+# ----------------------------------------------------------------------------- FP edge cases
+def edge_values() -> np.ndarray:
+    """Bit patterns of directed FP edge cases of the format (both signs)."""
+    e, m = EXP_BITS, MAN_BITS
+    bias = (1 << (e - 1)) - 1
+    exp_max = (1 << e) - 1
+
+    def enc(exp, man):
+        return (exp << m) | man
+
+    pos = {0, 1, 2, 3, (1 << m) - 1, 1 << (m - 1),               # zero, subnormals
+           enc(1, 0), enc(1, 1), enc(2, 0),                       # smallest normals
+           enc(exp_max - 1, (1 << m) - 1), enc(exp_max - 1, (1 << m) - 2),  # largest
+           enc(exp_max, 0), enc(exp_max, 1 << (m - 1)), enc(exp_max, 1)}     # inf, NaNs
+    # 1.0 and neighbours, and powers of two / halfway points relative to 1.0
+    for k in range(-(m + 3), 3):
+        ex = bias + k
+        if 1 <= ex < exp_max:
+            pos |= {enc(ex, 0), enc(ex, 1), enc(ex, (1 << m) - 1), enc(ex, 1 << (m - 1)),
+                    enc(ex, (1 << (m - 1)) + 1)}
+    vals = sorted(pos)
+    return np.array(vals + [v | 0x8000 for v in vals], dtype=np.uint16)
+
+
+@cocotb.test()
+async def test_fp_edge_cases(dut):
+    """All pairs of directed edge values (ties, sticky bits, subnormal results, cancellation,
+    overflow, inf-inf, 0*inf, signed zeros, largest/smallest) through ADD, SUB, MUL, MAC."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(303)
+    vals = edge_values()
+    a = np.repeat(vals, vals.size)
+    b = np.tile(vals, vals.size)
+    c = np.roll(b, 7)
+    n = a.size
+    chunk = (CFG.mem_words // 5) * L
+    total = 0
+    for start in range(0, n, chunk):
+        sl = slice(start, min(n, start + chunk))
+        aa, bb, cc = a[sl], b[sl], c[sl]
+        k = aa.size
+        wn = hb.words_for(k, L)
+        for op in (Op.ADD, Op.SUB, Op.MUL, Op.MAC):
+            mem = random_image(rng)
+            place(mem, 0, aa)
+            place(mem, wn, bb)
+            place(mem, 2 * wn, cc)
+            uops = [UOp(Op.MOV, RSrc.MEM, d=0, addr=0), UOp(Op.MOV, RSrc.MEM, d=2, addr=2 * wn),
+                    UOp(op, RSrc.MEM, d=1, p=0, q=2, addr=wn),
+                    UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=3 * wn)]
+            _, out = await ck.run(prog_words(k, uops), mem, f"edge {op.name}")
+            P, R, Q = (hb.from_bits(x, CFG.fmt) for x in (aa, bb, cc))
+            exp = hb.to_bits(torch_op(op, P, Q, R))
+            got = hb.unpack_words(out[3 * wn:4 * wn], k)
+            if not hb.same_bits(got, exp, CFG.fmt):
+                i = int(np.flatnonzero((got != exp) & ~(hb.is_nan_bits(got, CFG.fmt)
+                                                        & hb.is_nan_bits(exp, CFG.fmt)))[0])
+                raise AssertionError(f"edge {op.name}: a={aa[i]:#06x} b={bb[i]:#06x} "
+                                     f"c={cc[i]:#06x}: rtl {got[i]:#06x} torch {exp[i]:#06x}")
+            total += k
+    dut._log.info("FP edge cases: %d values, %d operand pairs per op, %d checked, 0 mismatches",
+                  vals.size, n, total)
+    record("edge_pairs_per_op", int(n))
+
+
+# ----------------------------------------------------------------------------- random bits
+@cocotb.test()
+async def test_random_bits_with_stalls(dut):
+    """Uniform random 16-bit patterns through ADD/SUB/MUL/MAC/L1 while the memory stalls at
+    random with several latencies."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(404)
+    settings = [(1, 0.0, 0.0), (2, 0.25, 0.25), (7, 0.5, 0.1), (31, 0.1, 0.6), (3, 0.85, 0.85)]
+    cycles = {}
+    for latency, ps_req, ps_rsp in settings:
+        ck.h.memory.configure(latency=latency, req_stall=ps_req, rsp_stall=ps_rsp,
+                              seed=int(rng.integers(1, 1 << 31)))
+        for op in (Op.ADD, Op.SUB, Op.MUL, Op.MAC, Op.L1):
+            n = int(rng.integers(2 * CFG.depth * L, 4 * CFG.depth * L)) * SCALE
+            n = min(n, (CFG.mem_words // 5) * L) - 1
+            finite = op == Op.L1
+            before = ck.cycles
+            await uop_case(ck, rng, op, RSrc.MEM, n, store_direct=False, finite=finite)
+            cycles[f"{op.name}@lat{latency}/req{ps_req}/rsp{ps_rsp}/n{n}"] = ck.cycles - before
+    ck.h.memory.configure()
+    record("random_stall_cycles", cycles)
+    dut._log.info("random bits with stalls: %d programs, %d elements, 0 mismatches",
+                  ck.programs, ck.elements)
+
+
+# ----------------------------------------------------------------------------- tails
+@cocotb.test()
+async def test_tails(dut):
+    """Every length 1 .. 2*lanes+1 and around block boundaries: masked lanes stay untouched."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(505)
+    lengths = list(range(1, 2 * L + 2))
+    for blocks in (1, 2):
+        edge = blocks * CFG.depth * L
+        lengths += [edge - L - 1, edge - 1, edge, edge + 1, edge + L + 1]
+    lengths = sorted({n for n in lengths if n >= 1})
+    for n in lengths:
+        op = (Op.MOV, Op.ADD, Op.MAC)[n % 3]
+        await uop_case(ck, rng, op, RSrc.MEM, n, store_direct=False, finite=False)
+    await uop_case(ck, rng, Op.L1, RSrc.MEM, 2 * L + 1, store_direct=False, finite=True)
+    dut._log.info("tails: lengths %s, 0 mismatches", lengths)
+
+
+# ----------------------------------------------------------------------------- bad commands
+def bad_programs() -> list[tuple[str, list[int]]]:
+    """(name, command words) of programs the NME must reject, one per error rule."""
+    ok_uop = UOp(Op.MOV, RSrc.MEM, d=0, addr=0)
+    st = UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=64)
+    enc = encode_uop
+    raw = lambda op=0, rsrc=0, store=0, d=0, p=0, q=0, r=0, addr=0, param=0: (  # noqa: E731
+        op | rsrc << 4 | store << 7 | d << 8 | p << 12 | q << 16 | r << 20 | addr << 24
+        | param << 48)
+    nb = CFG.nbuf
+    cases = [
+        ("n_uops=0", [encode_header(0, 8)]),
+        ("n_uops>imem_depth", [encode_header(CFG.imem_depth + 1, 8)]
+         + [enc(ok_uop)] * (CFG.imem_depth + 1)),
+        ("n_elems=0", [encode_header(2, 0), enc(ok_uop), enc(st)]),
+        ("n_elems>max_elems", [encode_header(2, CFG.max_elems + 1), enc(ok_uop), enc(st)]),
+        ("opcode 7", [encode_header(2, 8), enc(ok_uop), raw(op=7)]),
+        ("opcode 15", [encode_header(1, 8), raw(op=15, rsrc=1)]),
+        ("rsrc 5", [encode_header(2, 8), enc(ok_uop), raw(op=1, rsrc=5, d=1, p=0)]),
+        ("rsrc 7", [encode_header(1, 8), raw(op=0, rsrc=7)]),
+        ("store with MEM", [encode_header(2, 8), enc(ok_uop), raw(op=0, rsrc=1, store=1)]),
+        ("store with L1", [encode_header(2, 8), enc(ok_uop), raw(op=5, rsrc=0, store=1)]),
+        ("CHAN param 0", [encode_header(2, 8), enc(ok_uop), raw(op=1, rsrc=2, d=1)]),
+        ("MEM past end", [encode_header(2, 8 * L), enc(ok_uop),
+                          raw(op=0, rsrc=1, d=1, addr=CFG.mem_words - 7)]),
+        ("store past end", [encode_header(2, 8 * L), enc(ok_uop),
+                            raw(op=0, store=1, addr=CFG.mem_words - 1)]),
+        ("CHAN past end", [encode_header(2, 8), enc(ok_uop),
+                           raw(op=1, rsrc=2, d=1, addr=CFG.mem_words - 2, param=3)]),
+        ("INT8 past end", [encode_header(2, 4 * L), enc(ok_uop),
+                           raw(op=0, rsrc=4, d=1, addr=CFG.mem_words - 1)]),
+        ("GROUP past end", [encode_header(2, 4 * L), enc(ok_uop),
+                            raw(op=0, rsrc=3, d=1, addr=min(CFG.mem_words, (1 << 24) - 1),
+                                param=1)]),
+        ("addr 2**24-1", [encode_header(1, 8), raw(op=0, rsrc=1, addr=(1 << 24) - 1)]),
+    ]
+    if nb < 16:   # with 16 buffers no 4-bit index is out of range
+        cases += [
+            ("d>=nbuf", [encode_header(1, 8), raw(op=0, rsrc=1, d=nb)]),
+            ("p>=nbuf", [encode_header(2, 8), enc(ok_uop), raw(op=1, rsrc=1, d=0, p=nb)]),
+            ("q>=nbuf (MAC)", [encode_header(2, 8), enc(ok_uop), raw(op=4, rsrc=1, q=nb)]),
+            ("r>=nbuf (BUF)", [encode_header(2, 8), enc(ok_uop), raw(op=1, rsrc=0, r=nb)]),
+        ]
+    if CFG.max_streams + 1 <= CFG.imem_depth:
+        n = CFG.max_streams + 1
+        cases.append(("too many streams", [encode_header(n, 8)] + [enc(ok_uop)] * n))
+    cases.append(("read of an unwritten buffer",
+                  [encode_header(2, 8), enc(ok_uop), raw(op=1, rsrc=1, d=1, p=1)]))
+    # a bad operand after a bad opcode: the earlier rule in program order wins
+    cases.append(("opcode then operand", [encode_header(2, 8), raw(op=9), raw(op=0, d=nb)]))
+    return cases
+
+
+@cocotb.test()
+async def test_bad_commands(dut):
+    """Each error status: the code isa.validate gives, memory untouched (full dump), nothing
+    written, and the next good program runs correctly."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(606)
+    seen = set()
+    for name, words in bad_programs():
+        mem = random_image(rng)
+        await ck.h.memory.load(mem)
+        ck.h.forget()
+        res = await ck.h.driver.run(words, cycle_limit(words))
+        n_uops, n_elems = words[0] & 0xFF, (words[0] >> 8) & 0xFFFF_FFFF
+        expected = validate(n_uops, n_elems, words[1:], CFG)
+        assert expected != Status.OK, f"{name}: test bug, validate() accepts it"
+        assert res.status == expected, f"{name}: status {res.status!r}, expected {expected!r}"
+        assert res.dirty_addrs.size == 0 and res.nwrites == 0, f"{name}: memory written"
+        assert not res.protocol_faults(), f"{name}: protocol faults {res.protocol_faults()}"
+        after = await ck.h.memory.dump()
+        assert np.array_equal(after, mem), f"{name}: memory changed"
+        seen.add(expected)
+        # the NME is ready for the next program, which must work
+        await uop_case(ck, rng, Op.ADD, RSrc.MEM, 3 * L + 1, store_direct=False, finite=False)
+    errors = {s for s in Status if s != Status.OK}
+    assert seen == errors, f"error classes covered {sorted(seen)}, expected {sorted(errors)}"
+    dut._log.info("bad commands: %d programs, classes %s", len(bad_programs()),
+                  sorted(s.name for s in seen))
+
+
+# ----------------------------------------------------------------------------- reset
+@cocotb.test()
+async def test_reset_mid_program(dut):
+    """A reset in the middle of a long program: the NME goes idle at once, accepts the next
+    program and computes it correctly (also with stalls and reads in flight)."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(707)
+    n = (CFG.mem_words // 5) * L - 3
+    for delay in (6, 17, 150, 1500):
+        ck.h.memory.configure(latency=5, req_stall=0.3, rsp_stall=0.3, seed=delay)
+        mem = random_image(rng)
+        await ck.h.sync_memory(mem)
+        words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                               UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=n // L + 1),
+                               UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=3 * (n // L + 1))])
+        ck.h.driver.start(words)
+        await Timer(delay * CLOCK_NS, unit="ns")
+        assert int(dut.tb_nme_busy.value) == 1, f"delay {delay}: NME not busy mid-program"
+        await ck.h.driver.reset(3)
+        res = await ck.h.driver.wait()
+        assert res.aborted, "reset did not abort the job"
+        assert not res.timeout
+        assert int(dut.tb_nme_busy.value) == 0, "NME busy after reset"
+        ck.h.forget()
+        ck.h.memory.configure()
+        await uop_case(ck, rng, Op.MAC, RSrc.MEM, 5 * L + 3, store_direct=False, finite=False)
+        await uop_case(ck, rng, Op.L1, RSrc.MEM, 5 * L + 3, store_direct=False, finite=True)
+    dut._log.info("reset mid-program: 3 resets, programs after each correct")
+
+
+# ----------------------------------------------------------------------------- toggles
+def isolation_program(rng) -> tuple[list[int], np.ndarray]:
+    """Gated residual with a masked tail followed by a MOV/ADD mix (the representative
+    program of the operand-isolation measurement)."""
+    t, c = 5, 3 * L
+    n = t * c - (L // 2 + 1)                  # masked tail
+    wn = hb.words_for(n, L)
+    mem = random_image(rng)
+    X, G, C, Y, Z = 0, wn, wn + 3, 2 * wn + 3, 3 * wn + 3
+    for addr, bits in ((X, finite_bits(rng, n)), (G, finite_bits(rng, c)),
+                       (C, finite_bits(rng, n))):
+        place(mem, addr, bits)
+    uops = [UOp(Op.MOV, RSrc.MEM, d=0, addr=X), UOp(Op.MOV, RSrc.CHAN, d=1, addr=G, param=3),
+            UOp(Op.MAC, RSrc.MEM, d=0, p=0, q=1, addr=C),
+            UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=Y),
+            UOp(Op.MOV, RSrc.MEM, d=2, addr=C), UOp(Op.ADD, RSrc.BUF, d=3, p=2, r=0),
+            UOp(Op.MOV, RSrc.BUF, d=2, r=3), UOp(Op.ADD, RSrc.BUF, store=True, p=2, r=3, addr=Z)]
+    return prog_words(n, uops), mem
+
+
+@cocotb.test()
+async def test_operand_isolation_toggles(dut):
+    """Toggle count of the FU operand registers (dbg_fu_toggles) over the representative
+    program; the pytest side compares the isolation-on and -off builds."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(808)
+    words, mem = isolation_program(rng)
+    res, _ = await ck.run(words, mem, "isolation program")
+    key = f"toggles_isolation_{'on' if CFG.operand_isolation else 'off'}"
+    record(key, res.toggles)
+    record("cycles_isolation_program", res.cycles)
+    dut._log.info("%s = %d over %d cycles", key, res.toggles, res.cycles)
+
+
+# ----------------------------------------------------------------------------- speed
+@cocotb.test()
+async def test_speed(dut):
+    """Big MOV/ADD program: simulated NME cycles per second of wall time (recorded)."""
+    import time as _time
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(909)
+    wn = CFG.mem_words // 3 - 1
+    n = wn * L
+    mem = random_image(rng)
+    words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                           UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=wn),
+                           UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=2 * wn)])
+    await ck.h.sync_memory(mem)
+    t0 = _time.perf_counter()
+    res = await ck.h.driver.run(words, cycle_limit(words))
+    dt = _time.perf_counter() - t0
+    assert res.status == Status.OK and not res.protocol_faults()
+    record("speed_cycles", res.cycles)
+    record("speed_cycles_per_s", res.cycles / dt)
+    dut._log.info("speed: %d cycles in %.3f s = %.0f cycles/s (%d elements)", res.cycles, dt,
+                  res.cycles / dt, n)

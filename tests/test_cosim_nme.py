@@ -1,0 +1,167 @@
+"""cocotb + Verilator cosimulation of the NME, and the ``rtl`` backend, vs the torch reference.
+
+Builds each configuration once per session (and reuses it across sessions: build/cosim/<key>/),
+runs the cocotb tests of :mod:`coda.cosim.test_nme` in the simulator, and checks
+:class:`coda.cosim.rtl_backend.RTLBackend` against :class:`coda.host.backend.TorchBackend`.
+
+Configuration: 8 lanes, depth 16 (so small programs already span several blocks), a 4096-word
+memory (whole-memory dumps stay cheap).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+import torch
+
+from coda.cosim.build import build_sim, log_tail, run_cocotb
+from coda.cosim.toolchain import build_dir
+from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp
+
+BASE = NMEConfig(lanes=8, depth=16, mem_words=4096)
+_BUILDS: dict = {}
+
+
+def _build(cfg: NMEConfig):
+    if cfg not in _BUILDS:
+        _BUILDS[cfg] = build_sim(cfg)
+    return _BUILDS[cfg]
+
+
+def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1) -> dict:
+    build = _build(cfg)
+    workdir = build_dir("cosim", "pytest", tag)
+    report = workdir / "report.json"
+    report.unlink(missing_ok=True)
+    env = {"CODA_COSIM_CFG": json.dumps(asdict(cfg)), "CODA_COSIM_LANES": str(cfg.lanes),
+           "CODA_COSIM_MEM_WORDS": str(cfg.mem_words), "CODA_COSIM_SCALE": str(scale),
+           "CODA_COSIM_REPORT": str(report)}
+    tally = run_cocotb(build, "coda.cosim.test_nme", workdir, testcase=testcase, seed=1,
+                       extra_env=env, timeout_s=1500)
+    assert tally["tests"] > 0, f"no cocotb test ran:\n{log_tail(tally['log'])}"
+    assert tally["failed"] == 0, (f"{tally['failed']} of {tally['tests']} cocotb tests failed "
+                                  f"({tally['log']}):\n{log_tail(tally['log'], 80)}")
+    tally["report"] = json.loads(report.read_text()) if report.exists() else {}
+    return tally
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+def test_cocotb_regression(fmt):
+    """All cocotb tests (micro-ops, operators, FP edge cases, random bits with stalls, tails,
+    bad commands, reset mid-program, toggles, speed) pass on the RTL of this format."""
+    tally = _run(replace(BASE, fmt=fmt), f"regression-{fmt}")
+    print(f"\n{fmt}: {tally['tests']} cocotb tests, {tally['failed']} failed, "
+          f"{tally['seconds']:.1f} s; report {tally['report']}")
+    assert tally["tests"] >= 9
+
+
+def test_operand_isolation_reduces_toggles():
+    """The representative program toggles the FU operand registers less with operand
+    isolation than without (same results: the cocotb test checks bits)."""
+    on = _run(BASE, "isolation-on", testcase="test_operand_isolation_toggles")
+    off = _run(replace(BASE, operand_isolation=False), "isolation-off",
+               testcase="test_operand_isolation_toggles")
+    t_on = on["report"]["toggles_isolation_on"]
+    t_off = off["report"]["toggles_isolation_off"]
+    print(f"\noperand-isolation toggles: on {t_on}, off {t_off} "
+          f"({100 * (1 - t_on / t_off):.1f}% fewer)")
+    assert _build(BASE).has_toggles, "the NME exposes no dbg_fu_toggles"
+    assert 0 < t_on < t_off
+
+
+# ----------------------------------------------------------------------------- RTL backend
+def _operator_jobs(cfg: NMEConfig, rng: np.random.Generator):
+    """(name, program, image) of a few compiled operators on random images."""
+    from coda.host import bits as hb
+    from coda.host.compiler import compile_op, plan_layout
+
+    dtype = hb.torch_dtype(cfg.fmt)
+    jobs = []
+    t, c = 7, 2 * cfg.lanes
+    cases = {"gated_residual": {"x": (t, c), "g": (c,), "c": (t, c)},
+             "segment": {"x": (t, c), "g": (3, c), "c": (3, t, c)},
+             "l1_distance": {"a": (t * c + 5,), "b": (t * c + 5,)},
+             "cfg_combine": {"u": (t, c), "c": (t, c), "s": ()}}
+    for name, shapes in cases.items():
+        layout, _ = plan_layout(name, cfg, shapes, base=int(rng.integers(0, 100)))
+        program = compile_op(name, cfg, shapes, layout)
+        mem = rng.integers(0, 1 << 16, size=(cfg.mem_words, cfg.lanes), dtype=np.uint16)
+        # finite inputs where the operator reads, so the L1 sum is a real number
+        for stream, shape in shapes.items():
+            addrs = layout[stream] if isinstance(layout[stream], list) else [layout[stream]]
+            per = int(np.prod(shape[1:])) if isinstance(layout[stream], list) else \
+                int(np.prod(shape))
+            for a in addrs:
+                vals = torch.from_numpy(rng.standard_normal(per).astype(np.float32)).to(dtype)
+                words = hb.pack_words(hb.to_bits(vals), cfg.lanes)
+                mem[a:a + words.shape[0]] = words
+        jobs.append((name, program, mem))
+    bad = Program(8, (UOp(Op.ADD, RSrc.MEM, d=9, addr=0),))
+    jobs.append(("bad operand", bad, jobs[0][2]))
+    return jobs
+
+
+def _same(res_a, res_b, fmt: str) -> bool:
+    from coda.host import bits as hb
+    l1a = np.float32(res_a.l1).view(np.uint32)
+    l1b = np.float32(res_b.l1).view(np.uint32)
+    l1_ok = l1a == l1b or (np.isnan(res_a.l1) and np.isnan(res_b.l1))
+    return hb.same_bits(res_a.mem, res_b.mem, fmt) and res_a.status == res_b.status and l1_ok
+
+
+def test_rtl_backend_matches_torch_backend():
+    """RTLBackend gives TorchBackend's bits (mem, status, l1) for compiled operators and a bad
+    program, one persistent simulator serving all jobs; execute_many too; close stops it."""
+    from coda.cosim.rtl_backend import RTLBackend
+    from coda.host.backend import TorchBackend
+
+    cfg = BASE
+    _build(cfg)
+    rng = np.random.default_rng(11)
+    jobs = _operator_jobs(cfg, rng)
+    torch_be = TorchBackend()
+    with RTLBackend(latency=3, req_stall=0.2, rsp_stall=0.2, seed=5) as rtl:
+        for name, program, mem in jobs:
+            before = mem.copy()
+            got = rtl.execute(cfg, program, mem)
+            exp = torch_be.execute(cfg, program, mem)
+            assert np.array_equal(mem, before), f"{name}: execute modified its input image"
+            assert _same(got, exp, cfg.fmt), (f"{name}: rtl status {got.status!r} l1 {got.l1} "
+                                              f"vs torch {exp.status!r} l1 {exp.l1}")
+            assert got.cycles > 0
+        assert jobs[-1][0] == "bad operand" and got.status == Status.BAD_OPERAND
+        many = rtl.execute_many(cfg, [(p, m) for _, p, m in jobs])
+        for (name, program, mem), res in zip(jobs, many):
+            assert _same(res, torch_be.execute(cfg, program, mem), cfg.fmt), name
+        sess = rtl.sessions[cfg]
+        assert rtl.stats["starts"] == 1 and rtl.stats["programs"] == 2 * len(jobs)
+        # per-job overhead: a tiny program repeated
+        tiny = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                   UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=100)))
+        import time
+        mem = jobs[0][2]
+        t0 = time.perf_counter()
+        n = 20
+        for _ in range(n):
+            mem = rtl.execute(cfg, tiny, mem).mem
+        per_job = (time.perf_counter() - t0) / n
+        print(f"\nRTLBackend: simulator start {rtl.stats['start_seconds']:.2f} s, "
+              f"{per_job * 1e3:.1f} ms per tiny job (mem {cfg.mem_words} words)")
+        proc = sess.proc
+    assert proc.poll() is not None, "simulator still running after close()"
+
+
+def test_rtl_backend_rejects_bad_image():
+    from coda.cosim.rtl_backend import RTLBackend
+
+    with RTLBackend() as rtl:
+        program = Program(8, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),))
+        with pytest.raises(ValueError, match="expected"):
+            rtl.execute(BASE, program, np.zeros((10, BASE.lanes), np.uint16))
+        with pytest.raises(TypeError, match="uint16"):
+            rtl.execute(BASE, program, np.zeros((BASE.mem_words, BASE.lanes), np.float32))
+    with pytest.raises(ValueError, match="latency"):
+        RTLBackend(latency=0)
