@@ -36,7 +36,8 @@ def check_image(mem: np.ndarray, mem_words: int, lanes: int) -> np.ndarray:
 
 
 def words_to_hex(words: np.ndarray) -> list[str]:
-    """Hex strings (``4*lanes`` digits, element ``lanes-1`` first) of uint16 words ``[n, lanes]``."""
+    """Hex strings (``4*lanes`` digits, element ``lanes-1`` first) of uint16 words
+    ``[n, lanes]``."""
     n, lanes = words.shape
     digits = np.ascontiguousarray(words[:, ::-1]).astype(">u2").tobytes().hex()
     width = 4 * lanes

@@ -37,7 +37,7 @@ from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_
                               sim_env)
 from coda.hw.isa import NMEConfig, Program, Status
 
-__all__ = ["RTLBackend", "SimSession"]
+__all__ = ["RTLBackend", "SimSession", "cycle_limit"]
 
 SERVER_MODULE = "coda.cosim.server"
 

@@ -12,7 +12,8 @@ Requests (``op`` field):
 - ``run``: ``{"op": "run", "words": [hex, ...], "load": bool, "latency": c, "req_stall": p,
   "rsp_stall": p, "seed": s, "max_cycles": m}``: optionally ``$readmemh`` the memory file, run
   the command words (header then micro-ops, hex strings), answer ``status``, ``l1_bits``,
-  ``cycles``, ``toggles``, ``ndirty`` (the dirty words are in ``+MEM_OUT``), ``timeout``, ``faults``, ``sim_ns``.
+  ``cycles``, ``toggles``, ``ndirty`` (the dirty words are in ``+MEM_OUT``), ``timeout``,
+  ``aborted``, ``faults``, ``nreads``, ``nwrites``, ``sim_ns``.
 - ``dump``: write the whole memory to ``+MEM_OUT``.
 - ``reset``: pulse the reset.
 - ``quit``: end the simulation.
