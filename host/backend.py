@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status
+from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp, validate
 from coda.host.interp import run_program
 
 __all__ = ["ExecResult", "Backend", "TorchBackend", "get_backend", "BACKENDS", "model_cycles"]
@@ -50,51 +50,144 @@ class Backend(Protocol):
                      jobs: list[tuple[Program, np.ndarray]]) -> list[ExecResult]: ...
 
 
-# Cycle constants of the NME RTL (hw/nme.py at commit 3ca384b), fitted exactly to cycle counts
-# measured with coda.cosim.rtl_backend.RTLBackend (lanes=8, depth=4, memory latency 1 cycle,
-# no stalls; 54 programs of 1-2 micro-ops over 1-40 words): see model_cycles.
-INTAKE_CYCLES = 5            # header handshake, start and done
-CYCLES_PER_UOP = 4           # intake of the micro-op word and its check
-REJECT_CYCLES = 3            # a rejected program: 3 + 4 per micro-op
-BLOCK_CYCLES = 1             # start of each block
-READ_PASS_CYCLES = 9         # + memory latency: issue, response, lane pipeline, drain
-BUFFER_PASS_CYCLES = 8       # buffer read, lane pipeline, drain
-STORE_PASS_CYCLES = 9        # buffer pass whose results go through the store FIFO
-GROUP_CHECK_CYCLES = 5       # shift-add multiply of the GROUP extent check (at param=1)
-DIVIDER_CYCLES = 32          # W = ceil(N / lanes) when lanes is not a power of two
+# Cycle costs of the NME RTL (hw/nme.py), read off its two FSMs (``seq``: intake, check,
+# execution; ``issue``: read requests ahead of execution) and its FIFOs; model_cycles says
+# where each one is spent. Checked exactly against RTLBackend counts (tests/test_interp.py).
+V_LEN_CYCLES = 1             # V_LEN: header length checks
+DIV_CYCLES_POW2 = 1          # V_DIV for lanes a power of two: W = ceil(N/L) by a shift
+DIV_CYCLES = 33              # V_DIV otherwise: restoring divider, 32 quotient bits + 1
+CHECK_CYCLES_PER_UOP = 3     # V_FETCH, V_CHECK, V_NEXT
+V_END_CYCLES = 1             # V_END: stream count, start of execution
+EXEC_START_CYCLES = 2        # X_BLOCK, X_FETCH (first block only; later blocks follow X_END)
+PASS_CYCLES = 6              # X_LOAD + X_RUN's lane pipeline drain (4) + X_END, plus blen
+STORE_PASS_EXTRA = 2         # store FIFO (1) and request register (1) before the last write
+FIFO_READ_CYCLES = 2         # read response -> SyncFIFOBuffered output (r_rdy)
+ISSUE_BUF_PASS_CYCLES = 4    # issue side over a pass with no read: I_FETCH, I_LOAD, I_RUN, I_END
+FINISH_CYCLES = 1            # FINISH: the done pulse
+
+
+def _div_cycles(cfg: NMEConfig) -> int:
+    return DIV_CYCLES_POW2 if cfg.lanes & (cfg.lanes - 1) == 0 else DIV_CYCLES
+
+
+def _group_cycles(cfg: NMEConfig, u: UOp) -> int:
+    """V_GROUP: shift-add multiply of ``param * lanes``, one cycle per bit, one to decide."""
+    if u.rsrc != RSrc.GROUP or u.param == 0:
+        return 0
+    return (u.param * cfg.lanes).bit_length() + 1
+
+
+def _first_bad_uop(cfg: NMEConfig, program: Program) -> int:
+    """Index of the micro-op whose check fails (opcode, operand or address rule)."""
+    words = program.words()[1:]
+    for k in range(len(words)):
+        if validate(k + 1, program.n_elems, words[:k + 1], cfg) in (
+                Status.BAD_OPCODE, Status.BAD_OPERAND, Status.BAD_ADDR):
+            return k
+    raise ValueError("no micro-op of the program fails its check")
+
+
+def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
+    n = len(program.uops)
+    intake = 1 + n
+    if status == Status.BAD_LENGTH:
+        return intake + V_LEN_CYCLES + FINISH_CYCLES
+    check = intake + V_LEN_CYCLES + _div_cycles(cfg)
+    if status == Status.TOO_MANY_STREAMS:
+        return (check + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in program.uops)
+                + V_END_CYCLES + FINISH_CYCLES)
+    k = _first_bad_uop(cfg, program)
+    bad = program.uops[k]
+    # a scaled GROUP whose start address is in memory fails after its multiply (V_GROUP)
+    late = (status == Status.BAD_ADDR and bad.rsrc == RSrc.GROUP and bad.param != 0
+            and bad.addr < cfg.mem_words)
+    return (check + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in program.uops[:k])
+            + 2 + (_group_cycles(cfg, bad) if late else 0) + FINISH_CYCLES)
+
+
+def _sync_stalls(uops: tuple, blen: int, next_blen: int | None, latency: int) -> int:
+    """Execution stall (cycles) of the first read pass after each store pass of one block.
+
+    The issue side holds at a store pass until execution has finished it (X_END), then needs
+    I_END, [I_BLOCK,] and per pass without a read 4 cycles, then I_FETCH, I_LOAD before its
+    first request; the data reaches the lanes ``1 + latency + FIFO_READ_CYCLES`` later.
+    Execution meanwhile starts the next passes at once (``blen + 6`` each).
+    """
+    total = 0
+    walk = [(u, blen, 0) for u in uops]
+    if next_blen is not None:
+        walk += [(u, next_blen, 1) for u in uops]
+    for i, u in enumerate(uops):
+        if not u.store:
+            continue
+        # cycles after the store's X_END: the issue side sees it one cycle later, then
+        # I_END; execution goes X_LOAD, X_RUN at once
+        issue, x_run = 3, 2
+        for v, bl, crossed in walk[i + 1:]:
+            if v.store:
+                break
+            if v.rsrc != RSrc.BUF:
+                first_read = issue + crossed + 2               # [I_BLOCK,] I_FETCH, I_LOAD
+                ready = first_read + 1 + latency + FIFO_READ_CYCLES
+                total += max(0, ready - x_run)
+                break
+            issue += ISSUE_BUF_PASS_CYCLES
+            x_run += bl + PASS_CYCLES
+    return total
 
 
 def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: int = 1) -> int:
-    """Analytic cycle count of one program on the NME, in NME clock cycles (header presented
-    to ``done``), calibrated on the RTL (constants above):
+    """Cycle count of one program on the NME (hw/nme.py), in NME clock cycles from the header
+    being presented to ``done`` inclusive, with a memory that is always ready and answers
+    every read ``mem_latency`` cycles after accepting it.
 
-    - rejected program: ``3 + 4 * n_uops``;
-    - accepted: ``5 + 4 * n_uops`` (intake and check), ``+ 32`` if ``lanes`` is not a power
-      of two (the divider), ``+ 5`` per GROUP micro-op (extent multiply);
-    - for each block of ``blen <= depth`` words: ``1 +`` for each micro-op ``blen +``
-      ``9 + mem_latency`` (R from memory), ``9`` (store), ``8`` (R from a buffer);
-    - ``+ lanes`` if the program has an L1 micro-op (lane accumulators summed in order).
+    Derived from the RTL (n = micro-ops, L = lanes, D = depth, W = ceil(N/L) words in
+    blocks of ``blen <= D`` words; constants above):
 
-    Exact for the measured programs (memory latency 1, no stalls). The GROUP check is
-    measured at ``param = 1``; the RTL's multiplier may take up to 22 cycles for large
-    params, and DRAM stalls add cycles the model does not see.
+    - intake: ``1 + n`` (header, one micro-op word per cycle);
+    - rejected: BAD_LENGTH ``n + 3``; a failing micro-op ``k``: ``n + 5 + div +
+      sum_{i<k}(3 + g_i)`` (``+ g_k`` when a scaled GROUP fails its multiply);
+      TOO_MANY_STREAMS ``n + 4 + div + sum_i(3 + g_i)``; ``div`` = 1 (L a power of two)
+      or 33 (divider), ``g_i = bitlen(param*L) + 1`` for a scaled GROUP micro-op, else 0;
+    - accepted: ``n + 5 + div + sum_i(3 + g_i) + 2`` to the first X_LOAD, then each pass
+      ``blen + 6`` (X_LOAD, one word per cycle, 4-cycle lane pipeline drain, X_END),
+      ``+ 2`` for a store pass (store FIFO and request register before the last write),
+      ``+ L`` if there is an L1 micro-op (lanes summed in order), ``+ 1`` (FINISH);
+    - read stalls: the issue side runs ahead of execution (reads of the next passes go out
+      during the current one, ``blen + 4`` cycles per read pass, 4 per other pass), so a
+      read pass waits only where the issue side had to wait: the program's first pass
+      (a read: ``3 + latency`` cycles), and the first read pass after each store pass
+      (the issue side holds at a store until its last write): ``6 + latency`` cycles,
+      ``+ 1`` if it starts the next block, ``+ 4 - (blen + 6)`` per pass without a read
+      in between, never below 0.
+
+    Exact against the RTL with memory latency 1 (the measured table in tests/test_interp.py).
+    For larger latencies the same derivation holds as long as the response FIFO's credits
+    (``max(D, 2)`` reads ahead) do not bind, i.e. ``latency <= blen + 2``; beyond that the
+    model undercounts. DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
     """
-    n_uops = len(program.uops)
     if status != Status.OK:
-        return REJECT_CYCLES + CYCLES_PER_UOP * n_uops
-    cycles = INTAKE_CYCLES + CYCLES_PER_UOP * n_uops
-    if cfg.lanes & (cfg.lanes - 1):
-        cycles += DIVIDER_CYCLES
-    cycles += GROUP_CHECK_CYCLES * sum(u.rsrc == RSrc.GROUP for u in program.uops)
-    per_pass = sum(STORE_PASS_CYCLES if u.store else
-                   READ_PASS_CYCLES + mem_latency if u.rsrc != RSrc.BUF else
-                   BUFFER_PASS_CYCLES for u in program.uops)
+        return _reject_cycles(cfg, program, status)
+    uops = program.uops
+    n = len(uops)
+    cycles = (1 + n + V_LEN_CYCLES + _div_cycles(cfg)
+              + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in uops)
+              + V_END_CYCLES + EXEC_START_CYCLES)
     n_words = -(-program.n_elems // cfg.lanes)
     blocks = -(-n_words // cfg.depth)
-    cycles += blocks * (BLOCK_CYCLES + per_pass) + n_uops * n_words
-    if any(u.op == Op.L1 for u in program.uops):
+    last = n_words - (blocks - 1) * cfg.depth
+    n_store = sum(u.store for u in uops)
+    cycles += n * (n_words + PASS_CYCLES * blocks) + STORE_PASS_EXTRA * n_store * blocks
+    cycles += 1 + mem_latency + FIFO_READ_CYCLES      # the first pass reads: nothing ahead
+    if blocks == 1:
+        cycles += _sync_stalls(uops, last, None, mem_latency)
+    else:
+        cycles += (blocks - 2) * _sync_stalls(uops, cfg.depth, cfg.depth, mem_latency)
+        cycles += _sync_stalls(uops, cfg.depth, last, mem_latency)
+        cycles += _sync_stalls(uops, last, None, mem_latency)
+    if any(u.op == Op.L1 for u in uops):
         cycles += cfg.lanes
-    return cycles
+    return cycles + FINISH_CYCLES
 
 
 class TorchBackend:

@@ -38,11 +38,14 @@ Organisation
   flight from before a reset are counted by a reset-less counter; they find no tag and are
   dropped, and a program's first read waits until none is outstanding.
 
-Cycle cost (measured by ``tests/test_nme_sim.py``): ``blen + 5`` cycles per pass when the
-memory keeps up, plus the read latency about once per block, plus intake (``n_uops + 1``)
-and check (about ``3 * n_uops + 3``; 32 more when ``lanes`` is not a power of two, up to 22
-more per scaled GROUP micro-op). Default config, y = x + g*c over 1000 elements,
-1-cycle always-ready memory: 587 cycles.
+Cycle cost (memory always ready, read latency ``lat``; :func:`coda.host.backend.model_cycles`
+is this model, checked exactly against Verilator counts): intake ``n_uops + 1``; check
+``3 * n_uops + 3`` (32 more when ``lanes`` is not a power of two, ``bitlen(param*L) + 1``
+more per scaled GROUP micro-op); execution ``2`` plus ``blen + 6`` per pass (``blen + 8``
+for a store pass), plus ``3 + lat`` before the first word, plus ``6 + lat`` (``+ 1`` across
+a block boundary) before the first read pass after each store pass, less the cycles buffer
+passes in between give the issue side; ``L`` for the L1 sum; ``1`` for ``done``. Default
+config, y = x + g*c over 1000 elements, 1-cycle memory: 587 cycles.
 """
 
 from __future__ import annotations
