@@ -24,7 +24,7 @@ Organisation
   ``mem_req_ready`` back-pressure loses nothing. Passes drain the lane pipeline (3 cycles)
   before the next one starts, so buffer read-after-write needs no further check.
 - **Issue** (the ``issue`` FSM): a second walk over (block, micro-op) that sends the read
-  requests of every memory pass, up to ``max(depth, 2)`` words ahead of execution (credits
+  requests of every memory pass, up to ``max(depth, 3)`` words ahead of execution (credits
   of the response FIFO), so memory latency is paid about once per block rather than once per
   pass. Each read carries a tag (INT8 half, GROUP element lane) through a tag FIFO. Memory
   order is program order: the issue side does not pass a store pass until execution has
@@ -132,7 +132,10 @@ class NME(wiring.Component):
     def elaborate(self, platform):
         cfg = self.cfg
         L, D, NB, IM = cfg.lanes, cfg.depth, cfg.nbuf, cfg.imem_depth
-        RF = max(D, 2)                       # read-response FIFO: up to `depth` reads ahead
+        # read-response FIFO and read credits: up to `depth` reads ahead, at least 3 because a
+        # SyncFIFOBuffered of depth 2 (one inner entry) refuses a write in the cycle after a
+        # write, and back-to-back responses (latency 1, depth 2) would be lost: the NME hung
+        RF = max(D, 3)
         m = Module()
         fmt = fp_format(cfg.fmt)
 
