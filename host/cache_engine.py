@@ -23,14 +23,16 @@ gives bit-identical outputs to the unhooked model. Per step and branch:
 - a *reused* operator skips its norm, modulation and attention entirely; only its current
   adaLN gate is computed (cross attention has none: gate = 1). Each maximal run of consecutive
   reused operators is one segment ``y = ((x + g0*c0) + g1*c1) + ...`` run by
-  ``driver.segment`` with x, the gates and the caches in the NME format (bf16 or fp16, from
+  ``driver.segment`` (per sample) with x, the gates and the caches in the NME format (bf16 or fp16, from
   the driver's ``cfg.fmt``); the host casts y back to float32. This is what a deployment does:
   the xPU keeps float32 activations, the DIMMs hold 16-bit caches, and segment inputs/outputs
   cross PCIe in the 16-bit format.
 
-Cache slots are per branch (the conditional and unconditional outputs never mix), hold all
-samples of that branch in token order (sample, frame, patch), and are freed on ``reset``;
-a generation starting at step 0 frees its branch's slots first, so nothing is carried over.
+Cache slots are per branch and sample (the conditional and unconditional outputs never mix;
+a sample's tensor is [F*N, C] in token order (frame, patch)), and are freed on ``reset``; a
+generation starting at step 0 frees its branch's slots first, so nothing is carried over.
+A segment runs once per sample of its branch: the digit model's label enters adaLN, so each
+sample has its own gates, and a gate is one [C] vector per NME program.
 """
 
 from __future__ import annotations
@@ -217,8 +219,9 @@ class CodaCacheHook(ModelHook):
         from diffusers.models.modeling_outputs import Transformer2DModelOutput
         return Transformer2DModelOutput(sample=output)
 
-    def key(self, branch: str, layer: int, op: str) -> Hashable:
-        return (self._tag, branch, layer, op)
+    def key(self, branch: str, sample: int, layer: int, op: str) -> Hashable:
+        """Slot key of one sample's (index within its branch) cached operator output."""
+        return (self._tag, branch, sample, layer, op)
 
 
 
@@ -237,7 +240,7 @@ class _StepRun:
         self.branches = branches
         self.rows = {b: torch.tensor([i for i, n in enumerate(branches) if n == b], dtype=torch.long)
                      for b in dict.fromkeys(branches)}
-        self.pending: dict[str, list[tuple[torch.Tensor, Hashable, int, str]]] = {b: [] for b in self.rows}
+        self.pending: dict[str, list[tuple[torch.Tensor, int, str]]] = {b: [] for b in self.rows}
 
     # The embedding and output stages are Latte's own code (diffusers 0.42
     # latte_transformer_3d.py), unchanged, so the cache engine is exact where nothing is reused.
@@ -280,8 +283,7 @@ class _StepRun:
         compute = [br for br in self.rows if (layer, op) not in self.schedule.reused(self.step, br)]
         for br in self.rows:
             if br not in compute:
-                self.pending[br].append((self.gate(block, op, self.rows[br]), self.hook.key(br, layer, op),
-                                         layer, op))
+                self.pending[br].append((self.gate(block, op, self.rows[br]), layer, op))
                 self.stats["ops_reused"] += 1
         if not compute:
             return
@@ -300,14 +302,11 @@ class _StepRun:
         return (block.scale_shift_table[None] + t.reshape(t.shape[0], 6, -1)).chunk(6, dim=1)
 
     def gate(self, block, op: str, samples: torch.Tensor) -> torch.Tensor:
-        """The op's adaLN gate [C] at this step for these samples, in the NME format."""
+        """The op's adaLN gates [len(samples), C] at this step, in the NME format (the digit
+        model's label enters adaLN too, so gates differ between samples of one branch)."""
         if op == "cross_attn":
-            return torch.ones(self.c, dtype=self.dtype)
-        gates = self._modulation(block, samples, 1)[_GATE_CHUNK[op]][:, 0, :]
-        if not bool((gates == gates[:1]).all()):
-            raise ValueError(f"{op}: samples of one CFG branch have different timesteps; the cache "
-                             "engine needs one timestep per branch and step")
-        return gates[0].to(self.dtype)
+            return torch.ones(len(samples), self.c, dtype=self.dtype)
+        return self._modulation(block, samples, 1)[_GATE_CHUNK[op]][:, 0, :].to(self.dtype)
 
     def compute(self, block, op: str, samples: torch.Tensor) -> torch.Tensor:
         """Run ``op`` on the xPU for ``samples``; update self.h; return the pre-gate output in
@@ -349,36 +348,40 @@ class _StepRun:
         return out
 
     def store(self, br: str, layer: int, op: str, out: torch.Tensor, samples: torch.Tensor) -> None:
+        """Write the pre-gate output of each of the branch's samples to its slot."""
         pos = torch.searchsorted(samples, self.rows[br])
-        tensor = out.index_select(0, pos).reshape(-1, self.c).to(self.dtype).contiguous()
-        key = self.hook.key(br, layer, op)
-        self.driver.store(key, tensor)
-        self.hook.state.branches[br].slots[key] = tuple(tensor.shape)
-        self.stats["stores"] += 1
+        slots = self.hook.state.branches[br].slots
+        for j, p in enumerate(pos.tolist()):
+            tensor = out[p].reshape(-1, self.c).to(self.dtype).contiguous()
+            key = self.hook.key(br, j, layer, op)
+            self.driver.store(key, tensor)
+            slots[key] = tuple(tensor.shape)
+            self.stats["stores"] += 1
 
     # ---- segments -----------------------------------------------------------------
     def flush(self, br: str) -> None:
-        """Run the branch's pending reused operators as one NMP segment."""
+        """Run the branch's pending reused operators as one segment: per sample (each has
+        its own gates and slots) ``y = x + Σ g_k ⊙ c_k`` on the NMP."""
         run = self.pending[br]
         if not run:
             return
-        rows = self.rows[br]
-        x = self.h.index_select(0, rows)
-        shape = x.shape
-        x16 = x.reshape(-1, self.c).to(self.dtype).contiguous()
         slots = self.hook.state.branches[br].slots
-        for _, key, layer, op in run:
-            if slots.get(key) != tuple(x16.shape) or key not in self.driver:
-                raise ScheduleError(f"step {self.step}, branch {br}: reuse of ({layer}, {op!r}) needs a "
-                                    f"cached tensor of shape {tuple(x16.shape)}, found {slots.get(key)}")
-        # One logical segment; the NME takes at most MAX_SEGMENT_TERMS terms per program, and
-        # chaining programs rounds exactly as one left-to-right evaluation does.
-        y = x16
-        for i in range(0, len(run), MAX_SEGMENT_TERMS):
-            part = run[i:i + MAX_SEGMENT_TERMS]
-            y = self.driver.segment(y, [g for g, *_ in part], [k for _, k, *_ in part])
-            self.stats["programs"] += 1
-        self.h = self.h.index_copy(0, rows, y.to(self.h.dtype).reshape(shape))
+        for j, sample in enumerate(self.rows[br].tolist()):
+            x16 = self.h[sample].reshape(-1, self.c).to(self.dtype).contiguous()
+            keys = [self.hook.key(br, j, layer, op) for _, layer, op in run]
+            for key, (_, layer, op) in zip(keys, run):
+                if slots.get(key) != tuple(x16.shape) or key not in self.driver:
+                    raise ScheduleError(
+                        f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) needs "
+                        f"a cached tensor of shape {tuple(x16.shape)}, found {slots.get(key)}")
+            # The NME takes at most MAX_SEGMENT_TERMS terms per program; chaining programs
+            # rounds exactly as one left-to-right evaluation does.
+            y = x16
+            for i in range(0, len(run), MAX_SEGMENT_TERMS):
+                y = self.driver.segment(y, [g[j] for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
+                                        keys[i:i + MAX_SEGMENT_TERMS])
+                self.stats["programs"] += 1
+            self.h[sample] = y.to(self.h.dtype).reshape(self.h.shape[1:])
         self.stats["segments"] += 1
         self.stats["segment_ops"] += len(run)
         self.pending[br] = []
