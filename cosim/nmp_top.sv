@@ -1,0 +1,211 @@
+// Cosimulation top of a DIMM-NMP (coda.hw.nmp.DIMMNMP): NR = dimms * ranks RankNMPs, one
+// coda_dram_device (dram_top.sv) per rank, HDL clock (one cycle = one DRAM tCK), a command
+// feeder and a job controller, so whole programs run with no Python per clock.
+//
+// cocotb drives the job port (tb_* signals, public) and waits for tb_ack to change:
+//   OP_LOAD : for every rank i with tb_load_mask[i]: $readmemh(+MEM_IN.<i>) into its device
+//             store (full or sparse "@idx data" lines; idx = device burst index)
+//   OP_RUN  : $readmemh(+CMD_IN) into the command buffer (lines: {rank mask, 64-bit word} in
+//             hex), feed tb_ncmd words to the DIMM-NMP, wait for its combined done, then for
+//             every rank's memory to drain (mem_idle), and write
+//               +RES_OUT : one line per rank "rank status l1 cycles ndirty <stat_*...>"
+//               +MEM_OUT.<i> : the bursts of rank i written during the run ("@idx data")
+//   OP_DUMP : $writememh(+MEM_OUT.<i>) of every rank's whole store
+// Command log: +dram_cmds=FILE (per device, see coda_dram_device). tb_cycles counts the clock
+// cycles from the first command word being presented to the combined done (inclusive).
+`timescale 1ns/1ps
+
+`ifndef DIMM_MODULE
+`define DIMM_MODULE coda_dimm
+`endif
+
+module nmp_tb_top #(
+    parameter int NR = 2, RANKS_PER_DIMM = 2, LANES = 4,
+    parameter int BG_BITS = 3, BA_BITS = 2, ROW_BITS = 16, COL_BITS = 10, BL_BITS = 4,
+    parameter int DATA_BITS = 512, RL = 42, STORE_BITS = 13,
+    parameter int CMD_DEPTH = 1024
+);
+    localparam logic [2:0] OP_LOAD = 3'd1, OP_RUN = 3'd3, OP_DUMP = 3'd4;
+    localparam int NSTAT = 8;   // coda.hw.dram.STAT_NAMES order
+
+    logic clk = 1'b0;
+    initial forever #5 clk = ~clk;
+
+    logic [2:0] por_count = 3'd4;
+    wire rst = (por_count != 0);
+    always @(posedge clk) if (por_count != 0) por_count <= por_count - 3'd1;
+
+    // ---------------------------------------------------------------- job port (cocotb)
+    logic [31:0] tb_req /*verilator public_flat_rw*/ = 32'd0;
+    logic [2:0]  tb_op /*verilator public_flat_rw*/ = 3'd0;
+    logic [15:0] tb_ncmd /*verilator public_flat_rw*/ = 16'd0;
+    logic [31:0] tb_load_mask /*verilator public_flat_rw*/ = 32'd0;
+    logic [31:0] tb_max_cycles /*verilator public_flat_rw*/ = 32'd100000000;
+    logic [31:0] tb_ack /*verilator public_flat_rw*/ = 32'd0;
+    logic [31:0] tb_cycles /*verilator public_flat_rw*/ = 32'd0;
+    logic        tb_timeout /*verilator public_flat_rw*/ = 1'b0;
+    logic        tb_error /*verilator public_flat_rw*/ = 1'b0;
+    logic [15:0] tb_cmd_left /*verilator public_flat_rw*/ = 16'd0;
+    logic [63:0] tb_clk_count /*verilator public_flat_rw*/ = 64'd0;
+
+    string mem_in_path = "mem_in.hex", mem_out_path = "mem_out.hex", cmd_in_path = "cmd_in.hex";
+    string res_out_path = "res_out.txt";
+    initial begin
+        void'($value$plusargs("MEM_IN=%s", mem_in_path));
+        void'($value$plusargs("MEM_OUT=%s", mem_out_path));
+        void'($value$plusargs("CMD_IN=%s", cmd_in_path));
+        void'($value$plusargs("RES_OUT=%s", res_out_path));
+    end
+
+    // ---------------------------------------------------------------- the DIMM-NMP
+    logic cmd_valid, cmd_ready, busy, done, error;
+    logic [63:0] cmd_data;
+    logic [NR-1:0] cmd_ranks, rank_done, rank_busy, mem_idle;
+    logic [3*NR-1:0] rank_status;
+    logic [32*NR-1:0] rank_l1;
+    logic [3*NR-1:0] d_kind;
+    logic [BG_BITS*NR-1:0] d_bg;
+    logic [BA_BITS*NR-1:0] d_ba;
+    logic [ROW_BITS*NR-1:0] d_row;
+    logic [COL_BITS*NR-1:0] d_col;
+    logic [DATA_BITS*NR-1:0] d_wdata, d_rdata;
+    logic [DATA_BITS/8*NR-1:0] d_wmask;
+    logic [NR-1:0] d_rvalid;
+    logic [48*NR-1:0] st [NSTAT];
+
+    `DIMM_MODULE dut (
+        .clk(clk), .rst(rst),
+        .cmd_valid(cmd_valid), .cmd_ready(cmd_ready), .cmd_data(cmd_data), .cmd_ranks(cmd_ranks),
+        .busy(busy), .done(done), .error(error), .rank_done(rank_done), .rank_busy(rank_busy),
+        .rank_status(rank_status), .rank_l1(rank_l1), .mem_idle(mem_idle),
+        .dram_cmd_kind(d_kind), .dram_cmd_bg(d_bg), .dram_cmd_ba(d_ba), .dram_cmd_row(d_row),
+        .dram_cmd_col(d_col), .dram_cmd_wdata(d_wdata), .dram_cmd_wmask(d_wmask),
+        .dram_rd_valid(d_rvalid), .dram_rd_data(d_rdata),
+        .stat_reads(st[0]), .stat_writes(st[1]), .stat_row_hits(st[2]),
+        .stat_row_misses(st[3]), .stat_row_conflicts(st[4]), .stat_read_latency(st[5]),
+        .stat_cycles(st[6]), .stat_refreshes(st[7]));
+
+    // ---------------------------------------------------------------- jobs
+    typedef enum logic [1:0] { J_IDLE, J_RUN, J_DRAIN } job_state_t;
+    job_state_t jstate = J_IDLE;
+    logic [63+NR:0] cmd_buf [CMD_DEPTH];
+    logic [15:0] cmd_idx = 16'd0;
+    logic [31:0] last_req = 32'd0;
+    logic [31:0] rank_cycles [NR];
+    logic [NR-1:0] rank_ended = '0;
+    logic load_go = 1'b0, dump_go = 1'b0, dirty_clear = 1'b0, dirty_dump = 1'b0;
+    int ndirty [NR];
+
+    assign cmd_valid = (jstate == J_RUN) && (cmd_idx < tb_ncmd);
+    assign cmd_data = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]][63:0];
+    assign cmd_ranks = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]][64 +: NR];
+
+    for (genvar i = 0; i < NR; i++) begin : g_rank
+        wire [2:0] kind = d_kind[3*i +: 3];
+        wire [ROW_BITS+BA_BITS+BG_BITS+COL_BITS-BL_BITS-1:0] full =
+            {d_row[ROW_BITS*i +: ROW_BITS], d_ba[BA_BITS*i +: BA_BITS], d_bg[BG_BITS*i +: BG_BITS],
+             d_col[COL_BITS*i + BL_BITS +: COL_BITS - BL_BITS]};
+        wire [STORE_BITS-1:0] widx = full[STORE_BITS-1:0];
+        bit dirty [1 << STORE_BITS];
+
+        coda_dram_device #(.BG_BITS(BG_BITS), .BA_BITS(BA_BITS), .ROW_BITS(ROW_BITS),
+            .COL_BITS(COL_BITS), .BL_BITS(BL_BITS), .DATA_BITS(DATA_BITS), .RL(RL),
+            .STORE_BITS(STORE_BITS), .CHANNEL(i / RANKS_PER_DIMM), .RANK(i % RANKS_PER_DIMM)) dev (
+            .clk(clk), .rst(rst), .cmd_kind(kind), .cmd_bg(d_bg[BG_BITS*i +: BG_BITS]),
+            .cmd_ba(d_ba[BA_BITS*i +: BA_BITS]), .cmd_row(d_row[ROW_BITS*i +: ROW_BITS]),
+            .cmd_col(d_col[COL_BITS*i +: COL_BITS]),
+            .cmd_wdata(d_wdata[DATA_BITS*i +: DATA_BITS]),
+            .cmd_wmask(d_wmask[DATA_BITS/8*i +: DATA_BITS/8]),
+            .rd_valid(d_rvalid[i]), .rd_data(d_rdata[DATA_BITS*i +: DATA_BITS]));
+
+        always @(posedge clk) begin
+            if (!rst && kind == 3'd5) dirty[widx] <= 1'b1;
+            if (dirty_clear) for (int k = 0; k < (1 << STORE_BITS); k++) dirty[k] = 1'b0;
+            if (load_go && tb_load_mask[i]) $readmemh($sformatf("%s.%0d", mem_in_path, i), dev.store);
+            if (dump_go) $writememh($sformatf("%s.%0d", mem_out_path, i), dev.store);
+            if (dirty_dump) begin
+                int fd, n;
+                n = 0;
+                fd = $fopen($sformatf("%s.%0d", mem_out_path, i), "w");
+                for (int k = 0; k < (1 << STORE_BITS); k++)
+                    if (dirty[k]) begin
+                        $fwrite(fd, "@%0h %h\n", k, dev.store[k]);
+                        n++;
+                    end
+                $fclose(fd);
+                ndirty[i] = n;
+            end
+        end
+    end
+
+    task automatic write_results();
+        int fd;
+        fd = $fopen(res_out_path, "w");
+        for (int i = 0; i < NR; i++) begin
+            $fwrite(fd, "%0d %0d %0d %0d %0d", i, rank_status[3*i +: 3], rank_l1[32*i +: 32],
+                    rank_cycles[i], ndirty[i]);
+            for (int s = 0; s < NSTAT; s++) $fwrite(fd, " %0d", st[s][48*i +: 48]);
+            $fwrite(fd, "\n");
+        end
+        $fclose(fd);
+    endtask
+
+    // dirty_dump runs in the rank blocks at the edge after it is set; results the edge after.
+    logic results_due = 1'b0;
+    always @(posedge clk) begin
+        tb_clk_count <= tb_clk_count + 64'd1;
+        load_go <= 1'b0; dump_go <= 1'b0; dirty_clear <= 1'b0; dirty_dump <= 1'b0;
+        results_due <= dirty_dump;
+        if (results_due) begin
+            write_results();
+            tb_ack <= last_req;
+        end
+        if (!rst) begin
+            if (cmd_valid && cmd_ready) cmd_idx <= cmd_idx + 16'd1;
+            for (int i = 0; i < NR; i++)
+                if (jstate == J_RUN && rank_done[i] && !rank_ended[i]) begin
+                    rank_cycles[i] <= tb_cycles + 32'd1;
+                    rank_ended[i] <= 1'b1;
+                end
+            case (jstate)
+                J_IDLE: begin
+                    if (tb_req != last_req) begin
+                        last_req <= tb_req;
+                        case (tb_op)
+                            OP_LOAD: begin load_go <= 1'b1; tb_ack <= tb_req; end
+                            OP_DUMP: begin dump_go <= 1'b1; tb_ack <= tb_req; end
+                            OP_RUN: begin
+                                $readmemh(cmd_in_path, cmd_buf);
+                                dirty_clear <= 1'b1;
+                                cmd_idx <= 16'd0;
+                                tb_cycles <= 32'd0;
+                                tb_timeout <= 1'b0;
+                                rank_ended <= '0;
+                                for (int i = 0; i < NR; i++) rank_cycles[i] <= 32'd0;
+                                jstate <= J_RUN;
+                            end
+                            default: tb_ack <= tb_req;
+                        endcase
+                    end
+                end
+                J_RUN: begin
+                    tb_cycles <= tb_cycles + 32'd1;
+                    if (done || tb_cycles >= tb_max_cycles) begin
+                        tb_error <= error;
+                        tb_timeout <= !done;
+                        tb_cmd_left <= tb_ncmd - cmd_idx;
+                        jstate <= J_DRAIN;
+                    end
+                end
+                J_DRAIN: begin
+                    // writes still queued in the controllers reach the devices before the dump
+                    if (&mem_idle || tb_timeout) begin
+                        dirty_dump <= 1'b1;
+                        jstate <= J_IDLE;
+                    end
+                end
+                default: jstate <= J_IDLE;
+            endcase
+        end
+    end
+endmodule

@@ -1,0 +1,276 @@
+"""Rank-level DIMM-NMP: one NME per DRAM rank, ranks of DIMMs driven by one host command port.
+
+:class:`RankNMP` is one rank's buffer-chip engine: an :class:`coda.hw.nme.NME` whose memory is
+the rank's DRAM through :class:`coda.hw.dram.DRAMWordMemory` (word adapter + JEDEC-timed
+controller). The NME and the controller share one clock domain, the DRAM command clock
+(one NME cycle = one tCK of the standard), so every NME access is timed by the controller.
+
+:class:`DIMMNMP` holds ``dimms * ranks`` RankNMPs (global rank ``i = dimm * ranks + rank``).
+
+Command port (per-rank lengths)
+-------------------------------
+The host drives one 64-bit command stream (``cmd_valid``/``cmd_ready``/``cmd_data``, the ISA
+words of :mod:`coda.hw.isa`) plus a rank-select mask ``cmd_ranks[N]``, like the chip selects of a
+DIMM bus: a word goes to every rank whose mask bit is set and transfers when *all* selected
+ranks are ready (one broadcast beat). A program with per-rank ``n_elems`` (uneven tiles) is sent
+as one header word per rank (mask = that rank only, its own ``n_elems``) followed by the
+micro-op words once, broadcast (mask = all ranks). An NME checks a program only after its last
+micro-op, so all ranks start in the same cycle and run in lockstep. Equal lengths need a single
+broadcast header. Ranks may also receive different programs (masks of disjoint rank sets).
+
+Completion: a rank *participates* once it has taken a command word since the last ``done``.
+``done`` pulses one cycle after every participating rank's NME has pulsed its own done;
+``error`` (held until the next ``done``) is 1 if any participating rank ended with a status
+other than OK; ``rank_status[3*i+2:3*i]`` / ``rank_l1[32*i+31:32*i]`` are each NME's status /
+L1 outputs; ``rank_done[i]`` is each NME's done pulse; ``busy`` is any NME busy.
+
+Verilog: :func:`dimm_verilog` writes the rank once as module ``<name>_rank`` and instantiates it
+``N`` times in the ``<name>`` module (the per-rank DRAM ports are concatenated vectors, rank 0 in
+the low bits), so Verilator compiles one rank and elaboration costs one NME, not N.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, ClockSignal, Instance, Module, ResetSignal, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .dram import STAT_BITS, STAT_NAMES, DRAMWordMemory, _ensure_yosys
+from .dram_standards import DRAMStandard, get_standard
+from .isa import NMEConfig
+
+__all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths"]
+
+#: DRAM-side members of a rank (``dram_`` + the controller's name), in/out direction.
+DRAM_PORTS = ("cmd_kind", "cmd_bg", "cmd_ba", "cmd_row", "cmd_col", "cmd_wdata", "cmd_wmask",
+              "rd_valid", "rd_data")
+
+
+def _log2(n: int) -> int:
+    return (n - 1).bit_length()
+
+
+def dram_port_widths(std: DRAMStandard) -> dict[str, int]:
+    """Bit widths of one rank's DRAM device port (``dram_<name>``) for ``std``."""
+    D = 8 * std.burst_bytes
+    return {"cmd_kind": 3, "cmd_bg": _log2(std.bank_groups), "cmd_ba": _log2(std.banks_per_group),
+            "cmd_row": _log2(std.rows), "cmd_col": _log2(std.columns), "cmd_wdata": D,
+            "cmd_wmask": D // 8, "rd_valid": 1, "rd_data": D}
+
+
+def _check(cfg, std) -> DRAMStandard:
+    if not isinstance(cfg, NMEConfig):
+        raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.isa.NMEConfig")
+    std = get_standard(std)
+    word_bytes = 2 * cfg.lanes
+    if std.burst_bytes % word_bytes:
+        raise ValueError(f"lanes={cfg.lanes}: a {word_bytes}-byte NME word must divide the "
+                         f"{std.burst_bytes}-byte {std.name} burst (lanes <= "
+                         f"{std.burst_bytes // 2}, a power of two)")
+    if cfg.mem_words * word_bytes > std.rank_bytes:
+        raise ValueError(f"mem_words={cfg.mem_words}: {cfg.mem_words * word_bytes} bytes exceed "
+                         f"the {std.rank_bytes}-byte {std.name} rank")
+    return std
+
+
+def _rank_members(cfg: NMEConfig, std: DRAMStandard) -> dict:
+    members = {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_data": In(64),
+               "busy": Out(1), "done": Out(1), "status": Out(3), "l1": Out(32),
+               "mem_idle": Out(1)}
+    for name, width in dram_port_widths(std).items():
+        members[f"dram_{name}"] = (In if name.startswith("rd_") else Out)(width)
+    for name in STAT_NAMES:
+        members[f"stat_{name}"] = Out(STAT_BITS)
+    return members
+
+
+class RankNMP(wiring.Component):
+    """One rank: NME + word adapter + DRAM controller, on the DRAM command clock.
+
+    Args:
+        cfg: the NME configuration (``2*lanes`` bytes per word must divide the burst).
+        std: DRAM standard or preset name (:mod:`coda.hw.dram_standards`).
+        controller_kw: passed to :class:`coda.hw.dram.DRAMController` (queue sizes...).
+
+    Ports: ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]``
+    (the NME's, see :mod:`coda.hw.nme`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data``
+    (the controller's device port, to a DRAM device model); ``stat_<name>[48]`` controller
+    counters (:data:`coda.hw.dram.STAT_NAMES`); ``mem_idle`` (no access pending in the memory).
+
+    Raises:
+        TypeError: cfg is not an NMEConfig. ValueError: word/burst sizes incompatible or
+        ``mem_words`` larger than the rank.
+    """
+
+    def __init__(self, cfg: NMEConfig, std, **controller_kw):
+        self.std = _check(cfg, std)
+        self.cfg = cfg
+        self.controller_kw = controller_kw
+        super().__init__(_rank_members(cfg, self.std))
+
+    def elaborate(self, platform):
+        from .nme import NME
+
+        m = Module()
+        m.submodules.nme = nme = NME(self.cfg)
+        m.submodules.mem = mem = DRAMWordMemory(self.std, self.cfg.lanes, **self.controller_kw)
+        m.d.comb += [
+            nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
+            nme.cmd_data.eq(self.cmd_data),
+            self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
+            self.l1.eq(nme.l1), self.mem_idle.eq(mem.idle),
+            mem.mem_req_valid.eq(nme.mem_req_valid), nme.mem_req_ready.eq(mem.mem_req_ready),
+            mem.mem_req_we.eq(nme.mem_req_we), mem.mem_req_addr.eq(nme.mem_req_addr),
+            mem.mem_req_wdata.eq(nme.mem_req_wdata), mem.mem_req_wmask.eq(nme.mem_req_wmask),
+            nme.mem_rsp_valid.eq(mem.mem_rsp_valid), nme.mem_rsp_data.eq(mem.mem_rsp_data),
+        ]
+        for name in DRAM_PORTS:
+            if name.startswith("rd_"):
+                m.d.comb += getattr(mem, name).eq(getattr(self, f"dram_{name}"))
+            else:
+                m.d.comb += getattr(self, f"dram_{name}").eq(getattr(mem, name))
+        for name in STAT_NAMES:
+            m.d.comb += getattr(self, f"stat_{name}").eq(getattr(mem, f"stat_{name}"))
+        return m
+
+
+class DIMMNMP(wiring.Component):
+    """``dimms * ranks`` RankNMPs behind one host command port (see the module docstring).
+
+    Args:
+        cfg, std: as :class:`RankNMP`; dimms, ranks: DIMMs and ranks per DIMM (>= 1 each).
+        rank_module: if given, each rank is an ``Instance`` of that Verilog module name (for
+            :func:`dimm_verilog`, which supplies the module); default: RankNMP submodules
+            (simulatable with ``amaranth.sim``).
+
+    Ports (N = dimms * ranks; per-rank fields concatenated, rank 0 in the low bits):
+        cmd_valid, cmd_ready, cmd_data[64], cmd_ranks[N] (rank-select mask of the word);
+        busy, done, error, rank_done[N], rank_busy[N], rank_status[3N], rank_l1[32N],
+        mem_idle[N]; dram_<port>[N * width] for the device ports of :data:`DRAM_PORTS`;
+        stat_<name>[48N].
+
+    Raises:
+        ValueError: dimms or ranks < 1, or as RankNMP.
+    """
+
+    def __init__(self, cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, *,
+                 rank_module: str | None = None, **controller_kw):
+        if int(dimms) < 1 or int(ranks) < 1:
+            raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
+        self.std = _check(cfg, std)
+        self.cfg, self.dimms, self.ranks = cfg, int(dimms), int(ranks)
+        self.n = self.dimms * self.ranks
+        self.rank_module = rank_module
+        self.controller_kw = controller_kw
+        n = self.n
+        members = {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_data": In(64),
+                   "cmd_ranks": In(n), "busy": Out(1), "done": Out(1), "error": Out(1),
+                   "rank_done": Out(n), "rank_busy": Out(n), "rank_status": Out(3 * n),
+                   "rank_l1": Out(32 * n), "mem_idle": Out(n)}
+        for name, width in dram_port_widths(self.std).items():
+            members[f"dram_{name}"] = (In if name.startswith("rd_") else Out)(width * n)
+        for name in STAT_NAMES:
+            members[f"stat_{name}"] = Out(STAT_BITS * n)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.n
+        widths = dram_port_widths(self.std)
+        ranks = []
+        for i in range(n):
+            port = {nm: Signal(mb.shape, name=f"r{i}_{nm}")
+                    for nm, mb in _rank_members(self.cfg, self.std).items()}
+            if self.rank_module is None:
+                r = RankNMP(self.cfg, self.std, **self.controller_kw)
+                m.submodules[f"rank{i}"] = r
+                for nm, mb in _rank_members(self.cfg, self.std).items():
+                    if mb.flow == wiring.In:
+                        m.d.comb += getattr(r, nm).eq(port[nm])
+                    else:
+                        m.d.comb += port[nm].eq(getattr(r, nm))
+            else:
+                conns = {}
+                for nm, mb in _rank_members(self.cfg, self.std).items():
+                    conns[("i_" if mb.flow == wiring.In else "o_") + nm] = port[nm]
+                m.submodules[f"rank{i}"] = Instance(self.rank_module, i_clk=ClockSignal("sync"),
+                                                    i_rst=ResetSignal("sync"), **conns)
+            ranks.append(port)
+
+        # ---- broadcast command port: a word transfers when every selected rank is ready
+        sel_ready = Signal(n)
+        for i, p in enumerate(ranks):
+            m.d.comb += sel_ready[i].eq(~self.cmd_ranks[i] | p["cmd_ready"])
+        all_ready = sel_ready.all() & self.cmd_ranks.any()
+        m.d.comb += self.cmd_ready.eq(all_ready)
+        for i, p in enumerate(ranks):
+            m.d.comb += [p["cmd_valid"].eq(self.cmd_valid & self.cmd_ranks[i] & all_ready),
+                         p["cmd_data"].eq(self.cmd_data)]
+
+        # ---- completion: participating ranks, combined done / error
+        joined = Signal(n)      # took a command word since the last done
+        finished = Signal(n)    # its NME pulsed done since then
+        failed = Signal()       # a finished rank reported an error status
+        error_r = Signal()
+        took = Cat(p["cmd_valid"] & p["cmd_ready"] for p in ranks)
+        ended = Cat(p["done"] for p in ranks)
+        bad = Cat(p["done"] & (p["status"] != 0) for p in ranks)
+        joined_now = joined | took
+        finished_now = finished | ended
+        all_done = joined_now.any() & ((joined_now & ~finished_now) == 0) & ended.any()
+        with m.If(all_done):
+            m.d.sync += [joined.eq(0), finished.eq(0), failed.eq(0),
+                         self.done.eq(1), error_r.eq(failed | bad.any())]
+        with m.Else():
+            m.d.sync += [joined.eq(joined_now), finished.eq(finished_now),
+                         failed.eq(failed | bad.any()), self.done.eq(0)]
+        m.d.comb += [
+            self.error.eq(error_r),
+            self.busy.eq(Cat(p["busy"] for p in ranks).any()),
+            self.rank_done.eq(ended), self.rank_busy.eq(Cat(p["busy"] for p in ranks)),
+            self.rank_status.eq(Cat(p["status"] for p in ranks)),
+            self.rank_l1.eq(Cat(p["l1"] for p in ranks)),
+            self.mem_idle.eq(Cat(p["mem_idle"] for p in ranks)),
+        ]
+        for name, width in widths.items():
+            if name.startswith("rd_"):
+                for i, p in enumerate(ranks):
+                    m.d.comb += p[f"dram_{name}"].eq(
+                        getattr(self, f"dram_{name}")[width * i:width * (i + 1)])
+            else:
+                m.d.comb += getattr(self, f"dram_{name}").eq(Cat(p[f"dram_{name}"] for p in ranks))
+        for name in STAT_NAMES:
+            m.d.comb += getattr(self, f"stat_{name}").eq(Cat(p[f"stat_{name}"] for p in ranks))
+        return m
+
+
+def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", **controller_kw) -> str:
+    """Verilog of one :class:`RankNMP` as module ``name`` (ports ``clk``, ``rst`` + members).
+
+    Raises:
+        ValueError: ``name`` not an identifier, or as RankNMP. FileNotFoundError: no yosys.
+    """
+    from amaranth.back import verilog
+
+    if not name.isidentifier():
+        raise ValueError(f"name={name!r}: expected a Verilog identifier")
+    _ensure_yosys()
+    return verilog.convert(RankNMP(cfg, std, **controller_kw), name=name, emit_src=False)
+
+
+def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str = "dimm_nmp",
+                 **controller_kw) -> str:
+    """Verilog of a :class:`DIMMNMP`: module ``name`` instantiating ``dimms * ranks`` copies of
+    module ``<name>_rank`` (one :class:`RankNMP`, emitted once in the same text).
+
+    Raises:
+        ValueError: bad name, dimms/ranks < 1, or as RankNMP. FileNotFoundError: no yosys.
+    """
+    from amaranth.back import verilog
+
+    if not name.isidentifier():
+        raise ValueError(f"name={name!r}: expected a Verilog identifier")
+    top = DIMMNMP(cfg, std, dimms, ranks, rank_module=f"{name}_rank", **controller_kw)
+    rank = rank_verilog(cfg, std, f"{name}_rank", **controller_kw)
+    _ensure_yosys()
+    return rank + "\n" + verilog.convert(top, name=name, emit_src=False)
