@@ -527,11 +527,12 @@ def cycle_cases(cfg: NMEConfig, seed: int) -> list[Program]:
     return _compiled_cases(cfg) + _directed_cases(cfg) + _random_cases(cfg, seed)
 
 
-def measure_rtl_cycles() -> dict[str, list[int]]:
-    """RTLBackend cycle counts (memory latency 1, no stalls) of :func:`cycle_cases`."""
+def measure_rtl_cycles(latency: int = 1) -> dict[str, list[int]]:
+    """RTLBackend cycle counts (memory read latency in cycles, no stalls) of
+    :func:`cycle_cases`."""
     from coda.cosim.rtl_backend import RTLBackend
     table = {}
-    with RTLBackend(latency=1) as rtl:
+    with RTLBackend(latency=latency) as rtl:
         for seed, (name, cfg) in enumerate(CYCLE_CONFIGS.items()):
             mem = np.zeros((cfg.mem_words, cfg.lanes), np.uint16)
             table[name] = [rtl.execute(cfg, p, mem).cycles for p in cycle_cases(cfg, seed)]
@@ -539,7 +540,8 @@ def measure_rtl_cycles() -> dict[str, list[int]]:
 
 
 # Measured with `nice python tests/test_interp.py` (prints this table): Verilated hw/nme.py
-# with the read-before-write check (commit 86fe57c), coda.cosim.rtl_backend.RTLBackend,
+# with the read-before-write check (commits 86fe57c, e537a66: the same Verilog for depth
+# >= 3), coda.cosim.rtl_backend.RTLBackend,
 # memory latency 1, no stalls; per configuration 76 programs: 33 compiled operators, 21
 # directed, 10 rejected (every error class), 12 random. Model == RTL on all 304.
 RTL_CYCLES = {
@@ -570,16 +572,62 @@ RTL_CYCLES = {
     ],
 }
 
+# The same programs at memory latency 4: `nice python tests/test_interp.py 4`.
+RTL_CYCLES_LATENCY_4 = {
+    "L8-bf16-D4": [
+        49, 76, 64, 64, 44, 49, 52, 64, 112, 232, 49, 92, 139, 150, 117, 64, 92, 95, 117, 205,
+        425, 92, 141, 212, 279, 178, 88, 141, 144, 178, 314, 654, 141, 80, 51, 73, 96, 55, 63, 89,
+        92, 60, 88, 116, 64, 72, 104, 218, 141, 203, 266, 115, 149, 213, 3, 36, 5, 22, 18, 22, 18,
+        18, 24, 112, 328, 137, 153, 280, 201, 83, 121, 59, 71, 350, 56, 329
+    ],
+    "L8-fp16-D64": [
+        49, 76, 64, 64, 44, 49, 52, 64, 112, 232, 49, 272, 439, 510, 357, 184, 272, 275, 357, 685,
+        1505, 272, 681, 1112, 1359, 898, 448, 681, 684, 898, 1754, 3894, 681, 80, 51, 73, 96, 55,
+        63, 89, 388, 240, 388, 536, 244, 252, 404, 810, 501, 803, 1106, 475, 509, 813, 3, 36, 5,
+        22, 18, 22, 18, 18, 24, 112, 515, 224, 578, 874, 706, 1378, 1597, 730, 1353, 155, 527,
+        1618
+    ],
+    "L3-fp16-D5": [
+        81, 108, 94, 96, 71, 81, 84, 96, 144, 264, 81, 127, 171, 180, 149, 93, 127, 127, 149, 237,
+        457, 127, 182, 254, 321, 218, 121, 182, 182, 218, 362, 722, 182, 112, 83, 105, 128, 82,
+        94, 116, 128, 95, 125, 155, 94, 106, 136, 258, 179, 245, 312, 148, 186, 250, 3, 36, 5, 52,
+        48, 52, 48, 48, 53, 142, 73, 338, 384, 265, 235, 370, 208, 91, 359, 234, 209, 61
+    ],
+    "L2-bf16-D3": [
+        49, 76, 93, 64, 38, 49, 52, 64, 112, 232, 49, 89, 129, 136, 109, 56, 89, 89, 109, 189,
+        389, 89, 132, 192, 253, 162, 76, 132, 132, 162, 282, 582, 132, 80, 51, 73, 96, 49, 61, 83,
+        88, 57, 83, 109, 55, 67, 93, 210, 135, 193, 252, 103, 141, 197, 3, 36, 5, 20, 16, 20, 16,
+        16, 20, 110, 260, 37, 423, 248, 101, 101, 344, 335, 330, 266, 164, 226
+    ],
+}
 
+
+@pytest.mark.parametrize("latency", [1, 4])
 @pytest.mark.parametrize("name", sorted(CYCLE_CONFIGS))
-def test_cycle_model_reproduces_rtl_counts(name):
+def test_cycle_model_reproduces_rtl_counts(name, latency):
     cfg = CYCLE_CONFIGS[name]
     seed = list(CYCLE_CONFIGS).index(name)
     mem = np.zeros((cfg.mem_words, cfg.lanes), np.uint16)
     progs = cycle_cases(cfg, seed)
-    assert len(progs) == len(RTL_CYCLES[name])
-    for prog, want in zip(progs, RTL_CYCLES[name]):
-        assert TorchBackend().execute(cfg, prog, mem).cycles == want, prog
+    table = {1: RTL_CYCLES, 4: RTL_CYCLES_LATENCY_4}[latency][name]
+    assert len(progs) == len(table)
+    backend = TorchBackend(mem_latency=latency)
+    for prog, want in zip(progs, table):
+        assert backend.execute(cfg, prog, mem).cycles == want, prog
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["L8-bf16-D4", "L3-fp16-D5"])
+def test_cycle_table_matches_the_current_rtl(name):
+    """Re-measure rows of RTL_CYCLES on the Verilated NME of today's hw/ (a Verilator build
+    of a few minutes if not cached), so the table cannot go stale silently."""
+    from coda.cosim.rtl_backend import RTLBackend
+    cfg = CYCLE_CONFIGS[name]
+    mem = np.zeros((cfg.mem_words, cfg.lanes), np.uint16)
+    with RTLBackend(latency=1) as rtl:
+        got = [rtl.execute(cfg, p, mem).cycles
+               for p in cycle_cases(cfg, list(CYCLE_CONFIGS).index(name))]
+    assert got == RTL_CYCLES[name]
 
 
 def test_backend_lookup():
@@ -601,4 +649,6 @@ def test_nan_l1_sum_is_the_canonical_fp32_nan():
 
 if __name__ == "__main__":
     import pprint
-    pprint.pprint(measure_rtl_cycles(), width=100, compact=True)
+    import sys
+    pprint.pprint(measure_rtl_cycles(int(sys.argv[1]) if len(sys.argv) > 1 else 1),
+                  width=100, compact=True)
