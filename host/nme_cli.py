@@ -54,6 +54,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=64, help="NME buffer depth in words")
     parser.add_argument("--dimms", type=int, default=1, help="DIMMs")
     parser.add_argument("--ranks", type=int, default=1, help="ranks per DIMM")
+    parser.add_argument("--dram", default=None,
+                        help="DRAM preset of the ranks (DDR4-3200, DDR5-4800, LPDDR5-6400): with "
+                             "--backend rtl, run the whole DIMM-NMP with DRAM timing "
+                             "(coda.cosim.nmp_backend); default: one NME with an ideal memory")
     parser.add_argument("--mem-words", type=int, default=None,
                         help="words per rank memory (default: smallest power of two that fits)")
     parser.add_argument("--make-example", metavar="IN.npz", default=None,
@@ -93,7 +97,15 @@ def _run(args: argparse.Namespace) -> int:
     mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
                                                  params.get("group"), n_ranks)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
-    driver = NMPDriver(get_backend(args.backend), cfg, dimms=args.dimms, ranks=args.ranks)
+    if args.dram is not None and args.backend == "rtl":
+        from coda.cosim.nmp_backend import NMPRTLBackend
+        backend = NMPRTLBackend(args.dram, dimms=args.dimms, ranks=args.ranks)
+    elif args.dram is not None:
+        raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl "
+                         f"(got --backend {args.backend})")
+    else:
+        backend = get_backend(args.backend)
+    driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
     start = time.perf_counter()
     result = driver.run_op(args.op, **tensors, **params)
     wall = time.perf_counter() - start
@@ -108,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     first = tensors[spec.inputs[0]]
     print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
           f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
+          f"{'dram=' + args.dram + ' ' if args.dram else ''}"
           f"nme_cycles={driver.stats['nme_cycles']} programs={driver.stats['rank_programs']} "
           f"wall={wall * 1e3:.1f} ms -> {out}")
     return 0

@@ -52,8 +52,18 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme") -> str:
     return verilog.convert(NME(cfg), name=name)
 
 
-#: Tops the CLI can write: name -> function(cfg, module name) -> Verilog text.
-TOPS: dict[str, Callable[[NMEConfig, str], str]] = {"nme": nme_verilog}
+def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-4800",
+                     dimms: int = 1, ranks: int = 1) -> str:
+    """Verilog of a whole DIMM-NMP (:func:`coda.hw.nmp.dimm_verilog`): ``dimms * ranks``
+    rank NMEs with their DRAM controllers behind one command port."""
+    from .nmp import dimm_verilog
+    return dimm_verilog(cfg, dram, dimms, ranks, name)
+
+
+#: Tops the CLI can write: name -> function(cfg, module name, **top options) -> Verilog text.
+TOPS: dict[str, Callable[..., str]] = {"nme": nme_verilog, "dimm": dimm_top_verilog}
+#: options of ``coda verilog`` passed to a top's function (beyond cfg and name)
+TOP_OPTIONS: dict[str, tuple[str, ...]] = {"dimm": ("dram", "dimms", "ranks")}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +87,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"rank-local memory size in words (default {defaults.mem_words})")
     parser.add_argument("--operand-isolation", choices=("on", "off"), default="on",
                         help="gate FU operand registers of idle lanes/units (default on)")
+    parser.add_argument("--dimms", type=int, default=1, help="--top dimm: DIMMs (default 1)")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="--top dimm: ranks per DIMM (default 1)")
+    parser.add_argument("--dram", default="DDR5-4800",
+                        help="--top dimm: DRAM preset of the ranks (default DDR5-4800)")
     parser.add_argument("--name", default=None, help="Verilog module name (default: the top)")
     parser.add_argument("-o", "--output", required=True, help="Verilog file to write ('-': stdout)")
 
@@ -92,7 +107,8 @@ def config_from_args(args: argparse.Namespace) -> NMEConfig:
 def main(args: argparse.Namespace) -> int:
     """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0."""
     cfg = config_from_args(args)
-    text = TOPS[args.top](cfg, args.name or args.top)
+    extra = {k: getattr(args, k) for k in TOP_OPTIONS.get(args.top, ())}
+    text = TOPS[args.top](cfg, args.name or args.top, **extra)
     if args.output == "-":
         sys.stdout.write(text)
     else:
