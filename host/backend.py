@@ -137,6 +137,51 @@ def _sync_stalls(uops: tuple, blen: int, next_blen: int | None, latency: int) ->
     return total
 
 
+def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency: int) -> int:
+    """Index of the last X_END, from the two FSMs word by word (O(passes) numpy steps).
+
+    Used where the read credits may hold the issue side back (``latency > blen + 2``): the
+    issue side's m-th read of the program may go out only one cycle after execution took
+    read ``m - RF`` (``RF = max(D, 3)`` response-FIFO entries). Sequences of one word per
+    cycle are running maxima: ``t_j = j + max_{i<=j}(earliest_i - i)``. Cost: one numpy step
+    per pass (tens of microseconds), e.g. about 10 s for 100 000 words x 18 micro-ops at
+    depth 4.
+    """
+    depth = cfg.depth
+    credits = max(depth, 3)
+    recent = np.zeros(0, dtype=np.int64)    # take cycles of the last `credits` reads
+    fetch, x_load = v_end + 2, v_end + 3    # I_FETCH and X_LOAD of the first pass
+    x_end = 0
+    for base in range(0, n_words, depth):
+        blen = min(depth, n_words - base)
+        if base:
+            fetch += 1                      # I_BLOCK
+        for u in uops:
+            x_run = x_load + 1
+            j = np.arange(blen)
+            if u.rsrc != RSrc.BUF:
+                # read j's credit comes back one cycle after the take of the read `credits`
+                # before it (blen <= credits, so that one is among the recent ones)
+                m = len(recent) + j - credits
+                earliest = np.full(blen, fetch + 2, dtype=np.int64)
+                freed = m >= 0
+                earliest[freed] = np.maximum(earliest[freed], recent[m[freed]] + 1)
+                issue = j + np.maximum.accumulate(earliest - j)
+                ready = issue + 1 + latency + FIFO_READ_CYCLES
+                take = j + np.maximum.accumulate(np.maximum(ready, x_run) - j)
+                recent = np.concatenate([recent, take])[-credits:]
+                x_end = int(take[-1]) + 5
+                fetch = int(issue[-1]) + 3
+            elif u.store:
+                x_end = x_run + blen + 6
+                fetch = max(fetch + 2, x_end + 1) + 2
+            else:
+                x_end = x_run + blen + 4
+                fetch += ISSUE_BUF_PASS_CYCLES
+            x_load = x_end + 1
+    return x_end
+
+
 def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: int = 1) -> int:
     """Cycle count of one program on the NME (hw/nme.py), in NME clock cycles from the header
     being presented to ``done`` inclusive, with a memory that is always ready and answers
@@ -160,16 +205,18 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
       (a read: ``3 + latency`` cycles), and the first read pass after each store pass
       (the issue side holds at a store until its last write): ``6 + latency`` cycles,
       ``+ 1`` if it starts the next block, ``+ 4 - (blen + 6)`` per pass without a read
-      in between, never below 0.
+      in between, never below 0;
+    - read credits: the issue side may have at most ``max(D, 3)`` reads not yet taken by
+      execution. That never delays a read pass while ``latency <= blen + 2`` (the closed
+      form above); for longer latencies the model walks the two FSMs word by word
+      (:func:`_walk_cycles`, the same cycle costs plus the credit rule), which equals the
+      closed form wherever both apply.
 
     Agreement with the Verilated RTL (tests/test_interp.py: 304 programs, every compiled
     operator, both formats, lanes 2/3/8, depth 3/4/5/64, all error classes): exact at memory
-    latency 1 and 4 (also 2 and 3 in a one-off sweep); tests/test_nme_sim.py checks lanes
-    1/2/5 at depth 1/2 exactly against the amaranth.sim NME at latency 1. The derivation
-    assumes the read credits (``max(D, 3)`` reads ahead) never hold the issue side back,
-    true while ``latency <= blen + 2``; beyond that the model undercounts: measured at
-    latency 8 by up to 17 % (depth 3..5; exact at depth 64), at latency 20 by up to 49 %.
-    DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
+    latency 1, 4 and 20 (closed form at 1 and 4, the walk at 20 for depth <= 5);
+    tests/test_nme_sim.py checks lanes 1/2/5 at depth 1/2 exactly against the amaranth.sim
+    NME at latency 1. DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
 
     Args:
         cfg: the NME configuration.
@@ -189,6 +236,10 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
     n_words = -(-program.n_elems // cfg.lanes)
     blocks = -(-n_words // cfg.depth)
     last = n_words - (blocks - 1) * cfg.depth
+    l1_sum = cfg.lanes if any(u.op == Op.L1 for u in uops) else 0
+    if mem_latency > min(cfg.depth, last) + 2:   # read credits may bind: walk the words
+        v_end = cycles - EXEC_START_CYCLES - 1
+        return _walk_cycles(cfg, uops, n_words, v_end, mem_latency) + 1 + l1_sum + FINISH_CYCLES
     n_store = sum(u.store for u in uops)
     cycles += n * (n_words + PASS_CYCLES * blocks) + STORE_PASS_EXTRA * n_store * blocks
     cycles += 1 + mem_latency + FIFO_READ_CYCLES      # the first pass reads: nothing ahead
@@ -198,9 +249,7 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
         cycles += (blocks - 2) * _sync_stalls(uops, cfg.depth, cfg.depth, mem_latency)
         cycles += _sync_stalls(uops, cfg.depth, last, mem_latency)
         cycles += _sync_stalls(uops, last, None, mem_latency)
-    if any(u.op == Op.L1 for u in uops):
-        cycles += cfg.lanes
-    return cycles + FINISH_CYCLES
+    return cycles + l1_sum + FINISH_CYCLES
 
 
 class TorchBackend:
