@@ -9,7 +9,15 @@ builds (or reuses) the Verilated NME, then through :class:`~coda.cosim.rtl_backe
 - many tiny programs on an unchanged image: wall time per job (the persistent simulator's
   overhead: socket round trip, file traffic, cocotb handshakes).
 
-Prints one JSON object; writes it to ``--out`` if given.
+and of a whole DIMM-NMP (:func:`measure_nmp`, default 2 DIMMs x 2 ranks of DDR5-4800 through
+:class:`~coda.cosim.nmp_backend.NMPRTLBackend`): simulated cycles (one cycle = one DRAM tCK =
+one NME cycle) per wall second of a long residual add and of a 4-stream segment on every rank in
+lockstep, and the DRAM bandwidth utilisation each achieves, per rank:
+``bytes moved by RD/WR / (cycles * burst_bytes / nBL)`` (the rank's peak bytes per cycle).
+``--nmp-flags`` measures other Verilator/C++ option sets (:data:`coda.cosim.nmp_backend.FLAG_SETS`,
+one build each).
+
+Prints one JSON object; writes it to ``--out`` (default ``build/bench/cosim.json``).
 """
 
 from __future__ import annotations
@@ -62,16 +70,109 @@ def measure(cfg: NMEConfig, tiny_jobs: int = 50) -> dict:
     return out
 
 
+def _segment_programs(cfg: NMEConfig, words: int) -> dict[str, Program]:
+    """The long programs of :func:`measure_nmp`, ``words`` words per stream.
+
+    residual_add: ``y = x + c`` (2 read streams, 1 write stream);
+    segment4: ``y = (x + c0) + c1`` (3 read streams, 1 write stream).
+    """
+    n = words * cfg.lanes
+    mov = UOp(Op.MOV, RSrc.MEM, d=0, addr=0)
+    return {
+        "residual_add": Program(n, (mov, UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=words),
+                                    UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=2 * words))),
+        "segment4": Program(n, (mov, UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=words),
+                                UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=2 * words),
+                                UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=3 * words))),
+    }
+
+
+def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
+                flags: str | None = None) -> dict:
+    """Speed and bandwidth of a ``dimms x ranks`` DIMM-NMP on long programs (see docstring).
+
+    Returns a dict with the build time and, per program: cycles (to the combined done),
+    wall seconds of the job (simulation + the job's file traffic, no image load), cycles per
+    second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes.
+    """
+    from coda.cosim.nmp_backend import DEFAULT_FLAGS, NMPRTLBackend, build_nmp_sim
+    from coda.hw.dram_standards import get_standard
+
+    flags = flags or DEFAULT_FLAGS
+    std = get_standard(dram)
+    t0 = time.perf_counter()
+    build = build_nmp_sim(cfg, std, dimms, ranks, flags=flags)
+    out = {"system": f"{dimms}x{ranks} {std.name}", "flags": flags,
+           "cfg": {"lanes": cfg.lanes, "depth": cfg.depth, "mem_words": cfg.mem_words},
+           "build_seconds_recorded": round(build.build_seconds, 1),
+           "build_or_cache_seconds_now": round(time.perf_counter() - t0, 1),
+           "peak_bytes_per_cycle": std.burst_bytes / std.nBL,
+           "refresh_ceiling": round(std.refresh_ceiling, 4)}
+    rng = np.random.default_rng(7)
+    n = dimms * ranks
+    # finite bf16 values (exponent field < 0xFF) so the datapath sees ordinary numbers
+    mems = [((rng.integers(0, 1 << 16, size=(cfg.mem_words, cfg.lanes), dtype=np.uint16)
+              & 0xBFFF) | 0x0400).astype(np.uint16) for _ in range(n)]
+    words = cfg.mem_words // 4 - 1
+    with NMPRTLBackend(std.name, dimms, ranks, flags=flags) as be:
+        warm = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                   UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=3 * words)))
+        t0 = time.perf_counter()
+        mems = [r.mem for r in be.execute_many(cfg, [(warm, m) for m in mems])]
+        out["start_and_load_seconds"] = round(time.perf_counter() - t0, 2)
+        for name, prog in _segment_programs(cfg, words).items():
+            before = be.last.stats
+            t0 = time.perf_counter()
+            res = be.execute_many(cfg, [(prog, m) for m in mems])
+            wall = time.perf_counter() - t0
+            mems = [r.mem for r in res]
+            last = be.last
+            per_rank = []
+            for b, a in zip(before, last.stats):
+                d = {k: a[k] - b[k] for k in a}
+                moved = (d["reads"] + d["writes"]) * std.burst_bytes
+                per_rank.append({
+                    "utilisation": round(moved / (last.cycles * std.burst_bytes / std.nBL), 4),
+                    "gbps": round(moved / (last.cycles * std.tCK_ns), 2),
+                    "row_hits": d["row_hits"], "row_misses": d["row_misses"],
+                    "row_conflicts": d["row_conflicts"], "refreshes": d["refreshes"]})
+            out[name] = {"elements_per_rank": prog.n_elems, "cycles": last.cycles,
+                         "seconds": round(wall, 3),
+                         "cycles_per_s": round(last.cycles / wall),
+                         # the simulator's own run (feed, program, drain, dirty dump) only
+                         "sim_wall_s": round(last.extra["sim_wall_s"], 3),
+                         "sim_cycles_per_s": round(last.cycles / last.extra["sim_wall_s"]),
+                         "cycles_per_element": round(last.cycles / prog.n_elems, 3),
+                         "min_utilisation": min(r["utilisation"] for r in per_rank),
+                         "ranks": per_rank}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="coda.cosim.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--lanes", type=int, default=8)
     ap.add_argument("--fmt", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--mem-words", type=int, default=1 << 16)
     ap.add_argument("--depth", type=int, default=64)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("build/bench/cosim.json"))
+    ap.add_argument("--nmp-dimms", type=int, default=2)
+    ap.add_argument("--nmp-ranks", type=int, default=2)
+    ap.add_argument("--nmp-dram", default="DDR5-4800")
+    ap.add_argument("--nmp-lanes", type=int, default=8,
+                    help="NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's 8 B/tCK)")
+    ap.add_argument("--nmp-flags", default=None,
+                    help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
+                         "backend's default set only)")
+    ap.add_argument("--skip-nme", action="store_true", help="only the DIMM-NMP figures")
     args = ap.parse_args(argv)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, mem_words=args.mem_words, depth=args.depth)
-    result = measure(cfg)
+    result = {} if args.skip_nme else measure(cfg)
+    from coda.cosim.nmp_backend import FLAG_SETS
+    flag_sets = ([None] if args.nmp_flags is None else
+                 list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
+    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=64, mem_words=1 << 16)
+    result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f)
+                          for f in flag_sets]
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -468,7 +468,8 @@ class NMPRTLBackend:
             results.append(ExecResult(new, status, _f32(l1_bits), cyc))
         dt = time.perf_counter() - t0
         self.last = JobReport(answer["cycles"], bool(answer["error"]), rcycles, statuses,
-                              stats, dt, len(stream), {"sim_ns": answer.get("sim_ns", 0)})
+                              stats, dt, len(stream), {"sim_ns": answer.get("sim_ns", 0),
+                                                     "sim_wall_s": answer.get("sim_wall_s", 0.0)})
         self.stats["jobs"] += 1
         self.stats["programs"] += len(jobs)
         self.stats["cycles"] += answer["cycles"]
@@ -532,8 +533,10 @@ async def _handle(dut, req: dict) -> dict:
         dut.tb_ncmd.value = int(req["ncmd"])
         dut.tb_max_cycles.value = int(req["max_cycles"])
         t0 = get_sim_time("ns")
+        w0 = time.perf_counter()
         await _call(dut, OP_RUN)
         return {"ok": True, "cycles": int(dut.tb_cycles.value),
+                "sim_wall_s": time.perf_counter() - w0,
                 "timeout": int(dut.tb_timeout.value), "error": int(dut.tb_error.value),
                 "cmd_left": int(dut.tb_cmd_left.value), "sim_ns": get_sim_time("ns") - t0}
     if op == "dump":
