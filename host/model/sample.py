@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     full = generate(model, labels, **common)
     full_s = time.perf_counter() - start
-    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 20), ranks=4)
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 19), ranks=4)
     policy = UniformIntervalPolicy(default_interval=args.interval, warmup=args.warmup)
     start = time.perf_counter()
     cached, stats = cached_generate(model, labels, driver, policy, **common)
