@@ -22,7 +22,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coda", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="coda", description="CODA: near-memory cache offload for video diffusion transformers")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, module, help_ in COMMANDS:
@@ -33,20 +34,21 @@ def _build_parser() -> argparse.ArgumentParser:
                 groups[words[0]] = grp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND",
                                                       required=True)
             holder = groups[words[0]]
-        sub = holder.add_parser(words[-1], help=help_, description=help_)
-        sub.set_defaults(_module=module)
-        sub.set_defaults(_words=words)
+        holder.add_parser(words[-1], help=help_, description=help_)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _build_parser()
-    # First pass finds the command; its module then adds its own options.
-    known, _ = parser.parse_known_args(argv)
-    module = importlib.import_module(known._module)
+    # The command words pick the module; the module then adds its own options.
+    words = _command_words(argv)
+    if words is None:
+        parser.parse_args(argv)  # no complete command: argparse prints usage/help and exits
+    module_name = next(mod for w, mod, _ in COMMANDS if w == words)
+    module = importlib.import_module(module_name)
     parser = _build_parser()
-    sub = _find_subparser(parser, known._words)
+    sub = _find_subparser(parser, words)
     module.configure(sub)
     args = parser.parse_args(argv)
     try:
@@ -54,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"coda: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _command_words(argv: list[str]) -> tuple[str, ...] | None:
+    """The command words at the start of ``argv`` (e.g. ("nme", "run")), or None."""
+    for words, _, _ in COMMANDS:
+        if tuple(argv[:len(words)]) == words:
+            return words
+    return None
 
 
 def _find_subparser(parser: argparse.ArgumentParser, words: tuple[str, ...]):
