@@ -15,7 +15,9 @@ one NME cycle) per wall second of a long residual add and of a 4-stream segment 
 lockstep, and the DRAM bandwidth utilisation each achieves, per rank:
 ``bytes moved by RD/WR / (cycles * burst_bytes / nBL)`` (the rank's peak bytes per cycle).
 ``--nmp-flags`` measures other Verilator/C++ option sets (:data:`coda.cosim.nmp_backend.FLAG_SETS`,
-one build each).
+one build each). The default NME depth of the DIMM-NMP is 256 words (4 KiB per stream block at
+8 lanes): with 64 words the read/write turnarounds of the short blocks hold DDR5-4800 to about
+75 % of peak, with 256 words about 85 %.
 
 Prints one JSON object; writes it to ``--out`` (default ``build/bench/cosim.json``).
 """
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nmp-dram", default="DDR5-4800")
     ap.add_argument("--nmp-lanes", type=int, default=8,
                     help="NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's 8 B/tCK)")
+    ap.add_argument("--nmp-depth", type=int, default=256,
+                    help="NME buffer depth in words of the DIMM-NMP (words per stream block)")
     ap.add_argument("--nmp-flags", default=None,
                     help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
                          "backend's default set only)")
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     from coda.cosim.nmp_backend import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
-    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=64, mem_words=1 << 16)
+    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth, mem_words=1 << 16)
     result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f)
                           for f in flag_sets]
     text = json.dumps(result, indent=1)
