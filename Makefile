@@ -24,7 +24,7 @@ demo: $(STAMP)
 
 # Unit, property, cocotb-on-Verilator and end-to-end tests (well under 20 minutes on 2 cores).
 test: $(STAMP)
-	$(RUN) $(PY) -m pytest -q
+	$(RUN) $(PY) -m pytest -q --durations=15
 
 # Long regression: >= 10^6 random operand pairs per arithmetic op and format through the RTL.
 verify-long: $(STAMP)

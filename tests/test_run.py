@@ -1,0 +1,32 @@
+"""End to end: `coda run` on the shipped model, cache segments through the Verilated NME."""
+
+import json
+
+import pytest
+
+from coda.cli import main
+
+
+def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path):
+    rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--warmup", "2", "--interval", "2",
+               "--prompts", "3,8", "--threads", "1"])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["bit_exact_rtl_vs_torch"] is True
+    assert report["segments"] > 0 and report["nme_cycles"] > 0 and report["nme_programs"] > 0
+    assert 0 < report["ops_skipped_fraction"] < 1
+    assert report["sim_cycles_per_s"] > 0
+    for key in ("psnr_db", "ssim", "label_accuracy_full", "label_accuracy_cached", "wall_s"):
+        assert isinstance(report[key], float)
+    assert [p.split("/")[-1] for p in report["gifs"]] == ["3_0.gif", "8_1.gif"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("3_0.gif", "8_1.gif"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts", "3,x"], "expected comma-separated digits 0..9"),
+    (["--prompts", "12"], "expected comma-separated digits 0..9"),
+    (["--steps", "0"], "--steps 0: expected >= 1"),
+])
+def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
+    assert main(["run", "--out", str(tmp_path), "--backend", "torch", *argv]) == 2
+    assert message in capsys.readouterr().err
