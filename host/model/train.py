@@ -107,11 +107,11 @@ def train(steps: int, batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (1 is robust on a shared machine; the "
                              "result's last bits may depend on it)")
     parser.add_argument("--weights", type=Path, default=WEIGHTS_FILE)
