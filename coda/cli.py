@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(module.main(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"coda: error: {exc}", file=sys.stderr)
+    except (ValueError, KeyError, OSError, EOFError) as exc:
+        # bad input or an unusable path (missing, a directory, read-only, empty file)
+        print(f"coda: error: {type(exc).__name__}: {exc}" if isinstance(exc, (OSError, EOFError))
+              else f"coda: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -87,6 +87,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.dimms < 1 or args.ranks < 1:
+        raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
     spec = ref.get_op(args.op)
     inputs = read_inputs(args.inputs, args.op, args.fmt)
     tensors = {n: inputs[n] for n in spec.inputs}
