@@ -46,7 +46,7 @@ LINT_FLAGS = [
     "-Wno-UNUSEDPARAM", "-Wno-UNDRIVEN", "-Wno-CASEINCOMPLETE", "-Wno-CASEOVERLAP",
     "-Wno-PINCONNECTEMPTY", "-Wno-DECLFILENAME", "-Wno-MULTIDRIVEN", "-Wno-LATCH",
     "-Wno-BLKSEQ", "-Wno-SYNCASYNCNET", "-Wno-PROCASSINIT", "-Wno-INITIALDLY", "-Wno-CMPCONST",
-    "-Wno-VARHIDDEN", "-Wno-TIMESCALEMOD",
+    "-Wno-VARHIDDEN", "-Wno-TIMESCALEMOD", "-Wno-ASCRANGE",
 ]
 BUILD_FLAGS = ["--timing", "-O3", "--x-assign", "fast", "--x-initial", "fast",
                "-CFLAGS", "-std=c++20 -fcoroutines"] + LINT_FLAGS
