@@ -269,6 +269,10 @@ class RTLBackend:
                       "start_seconds": 0.0, "toggles": 0}
         _LIVE.add(self)
 
+    def build(self, cfg: NMEConfig):
+        """The Verilated model this backend runs for ``cfg`` (subclasses swap the Verilog)."""
+        return build_sim(cfg)
+
     def session(self, cfg: NMEConfig) -> SimSession:
         """The simulator of ``cfg``, built and started on first use."""
         if not isinstance(cfg, NMEConfig):
@@ -276,7 +280,7 @@ class RTLBackend:
         sess = self.sessions.get(cfg)
         if sess is None or sess.proc.poll() is not None:
             t0 = time.perf_counter()
-            build = build_sim(cfg)
+            build = self.build(cfg)
             workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
             sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,
                               job_timeout_s=self.job_timeout_s)

@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import struct
 import sys
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from coda.cosim.build import DUT_NAME, build_sim
-from coda.cosim.rtl_backend import RTLBackend, SimSession, cycle_limit
+from coda.cosim.rtl_backend import RTLBackend, cycle_limit
 from coda.cosim.toolchain import build_dir
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.host import ops as ref
@@ -106,21 +105,9 @@ class NetlistBackend(RTLBackend):
     """
     name = "netlist"
 
-    def session(self, cfg: NMEConfig) -> SimSession:
-        """The netlist simulator of ``cfg``, synthesised, built and started on first use."""
-        if not isinstance(cfg, NMEConfig):
-            raise TypeError(f"cfg of type {type(cfg).__name__}: expected NMEConfig")
-        sess = self.sessions.get(cfg)
-        if sess is None or sess.proc.poll() is not None:
-            t0 = time.perf_counter()
-            build = build_sim(cfg, verilog=netlist_verilog(cfg)[0])
-            workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
-            sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,
-                              job_timeout_s=self.job_timeout_s)
-            self.sessions[cfg] = sess
-            self.stats["starts"] += 1
-            self.stats["start_seconds"] += time.perf_counter() - t0
-        return sess
+    def build(self, cfg: NMEConfig):
+        """The Verilated gate-level netlist of ``cfg`` (synthesised on first use)."""
+        return build_sim(cfg, verilog=netlist_verilog(cfg)[0])
 
 
 # --------------------------------------------------------------------------------------------
