@@ -69,8 +69,13 @@ def parse_trace(path: str | Path) -> list[tuple[int, int, int]]:
         FileNotFoundError: no such file. ValueError: a line in neither format (named).
     """
     out = []
-    with open(path) as fh:
-        for n, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("ascii")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{n}: not a text trace (non-ASCII bytes); expected "
+                                 f"'0xADDR READ|WRITE CYCLE' or 'LD|ST ADDR' lines") from None
             text = line.split("#", 1)[0].strip()
             if not text:
                 continue
@@ -174,17 +179,35 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     return exe
 
 
+MAX_DEFAULT_CYCLE = 200_000_000  # ~4 min of simulation at the model's ~0.8 M cycles/s
+
+
 def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], *,
                  commands: str | Path | None = None, max_cycles: int | None = None) -> dict:
     """Replay ``[(cycle, we, byte_addr), ...]`` on the Verilated model of ``std``.
 
+    ``max_cycles`` None bounds the run at the last request's cycle + 1,000 cycles per request
+    + 100,000 (far above any JEDEC service time incl. refresh), so a run always ends.
+
     Returns the result dict (see :func:`replay`), plus ``build_s`` and ``sim_s`` (wall s).
     Raises:
-        ValueError: empty trace, or the run hit ``max_cycles``.
+        ValueError: empty trace; without ``max_cycles``, a request later than
+            :data:`MAX_DEFAULT_CYCLE` (the run would take hours: the model ticks every cycle);
+            the run hit ``max_cycles``. OSError: ``commands`` cannot be written.
     """
     std = get_standard(std)
     if not requests:
         raise ValueError("empty trace: expected at least one request")
+    last = max(c for c, _, _ in requests)
+    if max_cycles is None:
+        if last > MAX_DEFAULT_CYCLE:
+            raise ValueError(f"a request at cycle {last}: later than {MAX_DEFAULT_CYCLE} DRAM "
+                             f"cycles, which would take hours to simulate; pass --max-cycles "
+                             f"to run it anyway")
+        max_cycles = last + 1000 * len(requests) + 100_000
+    if commands:
+        Path(commands).parent.mkdir(parents=True, exist_ok=True)
+        open(commands, "w").close()   # fail now, with the path, not silently in the model
     t0 = time.perf_counter()
     exe = build_model(std)
     build_s = time.perf_counter() - t0

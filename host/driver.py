@@ -26,6 +26,7 @@ bytes requested and the bytes free.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -76,7 +77,8 @@ def tile_bounds(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def tile_shapes(op: str, shapes: dict[str, tuple], n_ranks: int) -> list[dict | None]:
-    """Per rank, the shapes of ``op``'s operand tiles (None for a rank with an empty tile).
+    """Per rank, the shapes of ``op``'s operand tiles (None for a rank with an empty tile:
+    no rows, or rows of zero elements such as ``[T, 0]``).
 
     ``shapes`` maps the op's input names to full shapes; the split operands are cut with
     :func:`tile_bounds` along their token (or element) axis, the others replicated.
@@ -95,7 +97,7 @@ def tile_shapes(op: str, shapes: dict[str, tuple], n_ranks: int) -> list[dict | 
             if axis is not None:
                 shape[axis] = r1 - r0
             tiled[name] = tuple(shape)
-        out.append(tiled)
+        out.append(tiled if math.prod(tiled[split_name]) else None)
     return out
 
 

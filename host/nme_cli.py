@@ -113,12 +113,10 @@ def _run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if spec.output == "l1":
-        np.savez(out, l1=np.float32(result))
-        shown = f"l1={result:.6g}"
-    else:
-        np.savez(out, y=to_bits(result))
-        shown = f"y{list(result.shape)}"
+    arrays = ({"l1": np.float32(result)} if spec.output == "l1" else {"y": to_bits(result)})
+    with open(out, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
+        np.savez(fh, **arrays)
+    shown = f"l1={result:.6g}" if spec.output == "l1" else f"y{list(result.shape)}"
     first = tensors[spec.inputs[0]]
     print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
           f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "

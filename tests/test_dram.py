@@ -196,3 +196,18 @@ def test_word_adapter_bit_exact(name, lanes, tmp_path):
     bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
     assert not bad, f"{len(bad)} wrong words, first at response {bad[0]}"
     assert dram_check.check_file(name, cmds) == []
+
+
+def test_replay_input_errors_are_clear(tmp_path):
+    p = tmp_path / "bin.trace"
+    p.write_bytes(b"0x40 READ 3\n\xff\xfe\x00\n")
+    with pytest.raises(ValueError, match=r"bin.trace:2: not a text trace"):
+        dram_replay.parse_trace(p)
+    # a far-future request would tick for hours: refused before building or running
+    with pytest.raises(ValueError, match=r"cycle 10000000000000.*--max-cycles"):
+        dram_replay.run_requests("DDR4-3200", [(0, 0, 0), (10**13, 0, 64)])
+    # an unwritable command trace fails up front, naming the path
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="file"):
+        dram_replay.run_requests("DDR4-3200", [(0, 0, 0)], commands=blocker / "cmds.csv")

@@ -211,3 +211,20 @@ def test_rejected_program_is_reported():
                                            r"status BAD_ADDR"):
         drv.run_op("add", a=x, b=x)
     assert drv.free_bytes() == [1024]
+
+
+@pytest.mark.parametrize("op", sorted(ops.OPS))
+@pytest.mark.parametrize("t, c, n", [(7, 0, 0), (0, 16, 0)])
+def test_empty_operands_run_no_program(op, t, c, n):
+    """Zero tokens or zero channels: the reference's (empty) result, nothing launched."""
+    cfg = NMEConfig(lanes=8, fmt="bf16", depth=2, mem_words=1024)
+    backend = CountingBackend()
+    drv = NMPDriver(backend, cfg, 1, 2)
+    inputs = _op_inputs(op, torch.Generator().manual_seed(3), t=t, c=c, n=n, fmt="bf16")
+    got = drv.run_op(op, **inputs)
+    want = ops.OPS[op](**inputs)
+    if op == "l1_distance":
+        assert got == want.item() == 0.0
+    else:
+        assert got.shape == want.shape and got.dtype == want.dtype
+    assert backend.launches == [] and drv.stats["rank_programs"] == 0

@@ -112,3 +112,12 @@ def test_values_survive_the_round_trip(tmp_path):
     assert run(["--op", "add", "--inputs", inp, "--out", tmp_path / "o.npz"]) == 0
     with np.load(tmp_path / "o.npz") as f:
         assert f["y"].tolist() == [0x7F80, 0x0002, 0x8000, 0x4000]
+
+
+def test_out_is_written_under_the_given_name(tmp_path, capsys):
+    inp = tmp_path / "in.npz"
+    assert run(["--op", "add", "--make-example", inp]) == 0
+    assert run(["--op", "add", "--inputs", inp, "--out", tmp_path / "y.txt"]) == 0
+    assert (tmp_path / "y.txt").exists() and not (tmp_path / "y.txt.npz").exists()
+    with np.load(tmp_path / "y.txt") as got:
+        assert same_bits(got["y"], to_bits(ops.OPS["add"](**read_inputs(inp, "add", "bf16"))), "bf16")
