@@ -17,6 +17,16 @@ performance per area is that over LUT4s (ECP5) or generic cells. The knee is the
 ``f_clk`` is the ECP5 Fmax of that configuration (nextpnr), or of the nearest lanes count that
 was placed and routed (said so in the table). If the cosim bench left throughput results in
 ``build/bench/*.json`` they are listed next to the bound.
+
+Measured throughput
+-------------------
+With the DIMM-NMP design-space sweep of ``make bench`` (``build/bench/dse.json``, from
+:func:`coda.cosim.bench.sweep`: one rank, NME clocked at the DRAM tCK, best buffer depth per
+lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
+a residual add and of a 4-stream segment, and that per 1,000 generic cells / ECP5 LUT4s
+(performance per area, frequency-free because the cosim NME runs at tCK). The *measured knee*
+is the smallest lanes count reaching 95 % of the best elements/cycle: beyond it the DRAM, not
+the lanes, sets the throughput, and perf/area falls.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from coda.hw.isa import NMEConfig
 from coda.synth.flow import SynthError, synthesize
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
-           "bandwidth_table", "plot", "main"]
+           "bandwidth_table", "measured_table", "plot", "main"]
 
 LANES = (1, 2, 4, 8, 16, 32)
 FORMATS = ("bf16", "fp16")
@@ -141,6 +151,53 @@ def bandwidth_table(rows: list[dict], dram: str = "DDR4-3200") -> list[dict]:
     return out
 
 
+KNEE_FRACTION = 0.95
+DSE_PROGRAMS = ("residual_add", "segment4")
+
+
+def measured_table(rows: list[dict], dse: dict) -> list[dict]:
+    """Add the DIMM-NMP sweep's measured throughput and performance per area to ``rows``.
+
+    Args:
+        rows: synthesis rows (:func:`collect`, one per lanes x fmt).
+        dse: the JSON of ``build/bench/dse.json`` ({"dram", "rows": [{lanes, depth, program,
+            elements_per_cycle, utilisation, ...}]}).
+    Adds per row and program P in :data:`DSE_PROGRAMS` where measured: ``P_elem_per_cycle``
+    (best depth), ``P_depth``, ``P_utilisation``, ``P_per_kcell`` / ``P_per_klut`` (elements per
+    cycle per 1,000 cells / LUT4s), ``P_knee`` (True on the measured knee, see module doc).
+    The DSE runs bf16; the datapath's cycle behaviour is the same for fp16, so both formats
+    use it.
+    """
+    best: dict[tuple[int, str], dict] = {}
+    for r in dse.get("rows", []):
+        key = (r["lanes"], r["program"])
+        if key not in best or r["elements_per_cycle"] > best[key]["elements_per_cycle"]:
+            best[key] = r
+    out = []
+    knees = {}
+    for prog in DSE_PROGRAMS:
+        pts = sorted((lanes, r["elements_per_cycle"]) for (lanes, p), r in best.items() if p == prog)
+        if pts:
+            top = max(e for _, e in pts)
+            knees[prog] = min(lanes for lanes, e in pts if e >= KNEE_FRACTION * top)
+    for r in rows:
+        r = dict(r)
+        for prog in DSE_PROGRAMS:
+            m = best.get((r["lanes"], prog))
+            if m is None:
+                continue
+            e = m["elements_per_cycle"]
+            r.update({f"{prog}_elem_per_cycle": e, f"{prog}_depth": m["depth"],
+                      f"{prog}_utilisation": m["utilisation"],
+                      f"{prog}_knee": knees.get(prog) == r["lanes"]})
+            if r.get("cells_total"):
+                r[f"{prog}_per_kcell"] = e / (r["cells_total"] / 1e3)
+            if r.get("lut4"):
+                r[f"{prog}_per_klut"] = e / (r["lut4"] / 1e3)
+        out.append(r)
+    return out
+
+
 def _bench_results(bench_dir: Path) -> list[dict]:
     """Throughput results the cosim bench left (any JSON under ``bench_dir``), as found."""
     found = []
@@ -158,7 +215,9 @@ def plot(rows: list[dict], path: Path, dram: str = "DDR4-3200") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_area, ax_bw) = plt.subplots(1, 2, figsize=(11, 4.2))
+    measured = any(r.get("segment4_elem_per_cycle") for r in rows)
+    fig, axes = plt.subplots(1, 3 if measured else 2, figsize=(16 if measured else 11, 4.2))
+    ax_area, ax_bw = axes[0], axes[1]
     for fmt, marker in zip(FORMATS, ("o", "s")):
         mine = [r for r in rows if r["fmt"] == fmt]
         gen = [r for r in mine if r.get("cells_total")]
@@ -182,6 +241,26 @@ def plot(rows: list[dict], path: Path, dram: str = "DDR4-3200") -> None:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    if measured:
+        ax_pa = axes[2]
+        for fmt, marker in zip(FORMATS, ("o", "s")):
+            for prog, ls in zip(DSE_PROGRAMS, ("-", "--")):
+                pts = [r for r in rows if r["fmt"] == fmt and r.get(f"{prog}_per_kcell")]
+                if not pts:
+                    continue
+                ax_pa.plot([r["lanes"] for r in pts], [r[f"{prog}_per_kcell"] for r in pts],
+                           marker=marker, linestyle=ls, label=f"{fmt} {prog}")
+                for r in pts:
+                    if r.get(f"{prog}_knee"):
+                        ax_pa.annotate("knee", (r["lanes"], r[f"{prog}_per_kcell"]),
+                                       textcoords="offset points", xytext=(4, 6), fontsize=7)
+        ax_pa.set_xscale("log", base=2)
+        ax_pa.set_yscale("log")
+        ax_pa.set_xlabel("lanes")
+        ax_pa.set_ylabel("elements / cycle / 1k generic cells")
+        ax_pa.set_title("measured DIMM-NMP throughput per area")
+        ax_pa.grid(True, which="both", alpha=0.3)
+        ax_pa.legend(fontsize=7)
     ax_area.set_title("NME area (yosys)")
     ax_bw.set_title("memory-port demand vs DRAM rank bandwidth")
     fig.tight_layout()
@@ -196,7 +275,9 @@ def print_table(rows: list[dict]) -> None:
 
     cols = ("fmt", "lanes", "cells_total", "generic_ff", "logic_depth", "lut4", "ecp5_ff",
             "mult18", "bram", "device", "fmax_mhz", "f_clk_mhz", "demand_gbs", "gelem_s",
-            "bound", "melem_s_per_klut", "melem_s_per_kcell")
+            "bound", "melem_s_per_klut", "melem_s_per_kcell",
+            "residual_add_elem_per_cycle", "segment4_elem_per_cycle", "segment4_utilisation",
+            "segment4_per_kcell")
     table = Table(title="NME synthesis sweep")
     for col in cols:
         table.add_column(col, justify="right")
@@ -209,6 +290,8 @@ def print_table(rows: list[dict]) -> None:
             if col == "f_clk_mhz" and v is not None and r.get("f_from_lanes") != r["lanes"]:
                 v = f"{v} (l{r['f_from_lanes']})"
             if col == "bound" and r.get("knee"):
+                v = f"{v} <- knee"
+            if col == "segment4_per_kcell" and v is not None and r.get("segment4_knee"):
                 v = f"{v} <- knee"
             cells.append("" if v is None else str(v))
         table.add_row(*cells)
@@ -234,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,
                   ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout)
     rows = bandwidth_table(collect(args.root), args.dram)
+    dse_path = Path("build/bench/dse.json")
+    if dse_path.exists():
+        rows = measured_table(rows, json.loads(dse_path.read_text()))
+        print(f"measured throughput from {dse_path}")
     print_table(rows)
     out = args.root.parent
     bench = _bench_results(Path("build/bench"))

@@ -119,6 +119,24 @@ def test_rank_peak_and_knee():
     assert table[3]["gelem_s"] == pytest.approx(12.8)
 
 
+def test_measured_knee_and_perf_per_area(tmp_path):
+    rows = [{"lanes": n, "fmt": "bf16", "cells_total": 1000 * n} for n in (1, 2, 4)]
+    dse = {"rows": [
+        {"lanes": 1, "depth": 16, "program": "segment4", "elements_per_cycle": 0.9, "utilisation": 0.9},
+        {"lanes": 2, "depth": 16, "program": "segment4", "elements_per_cycle": 1.0, "utilisation": 0.6},
+        {"lanes": 2, "depth": 64, "program": "segment4", "elements_per_cycle": 1.2, "utilisation": 0.8},
+        {"lanes": 4, "depth": 64, "program": "segment4", "elements_per_cycle": 1.25, "utilisation": 0.85}]}
+    table = sweep.measured_table(rows, dse)
+    # best depth per lanes; knee = first lanes >= 95 % of the best (1.25): lanes 2 (1.2)
+    assert [r["segment4_elem_per_cycle"] for r in table] == [0.9, 1.2, 1.25]
+    assert [r["segment4_depth"] for r in table] == [16, 64, 64]
+    assert [r["segment4_knee"] for r in table] == [False, True, False]
+    assert table[2]["segment4_per_kcell"] == pytest.approx(1.25 / 4)
+    assert "residual_add_elem_per_cycle" not in table[0]
+    sweep.plot(table, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_netlist_equivalent_to_rtl_and_torch():
     from coda.synth.netlist_sim import check_equivalence
