@@ -19,6 +19,12 @@ one build each). The default NME depth of the DIMM-NMP is 256 words (4 KiB per s
 8 lanes): with 64 words the read/write turnarounds of the short blocks hold DDR5-4800 to about
 75 % of peak, with 256 words about 85 %.
 
+First (unless ``--sweep-lanes ''``) the design-space sweep :func:`sweep`: lanes x buffer depth
+of one DIMM-NMP rank, cycles per element and achieved bandwidth of the residual add and the
+4-stream segment, written to ``build/bench/dse.json`` (+ ``dse.png``, and a table on stdout);
+``--sweep-only`` stops there. Every point is its own Verilator build (cached under
+``build/cosim/``), so the first sweep takes a while.
+
 Prints one JSON object; writes it to ``--out`` (default ``build/bench/cosim.json``).
 """
 
@@ -90,9 +96,12 @@ def _segment_programs(cfg: NMEConfig, words: int) -> dict[str, Program]:
 
 
 def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
-                flags: str | None = None) -> dict:
+                flags: str | None = None, stream_words: int | None = None) -> dict:
     """Speed and bandwidth of a ``dimms x ranks`` DIMM-NMP on long programs (see docstring).
 
+    Args:
+        stream_words: NME words per stream of each program (default: a quarter of the rank's
+            ``cfg.mem_words``, minus one); ``4 * stream_words + 1 <= cfg.mem_words``.
     Returns a dict with the build time and, per program: cycles (to the combined done),
     wall seconds of the job (simulation + the job's file traffic, no image load), cycles per
     second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes.
@@ -115,7 +124,10 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     # finite bf16 values (exponent field < 0xFF) so the datapath sees ordinary numbers
     mems = [((rng.integers(0, 1 << 16, size=(cfg.mem_words, cfg.lanes), dtype=np.uint16)
               & 0xBFFF) | 0x0400).astype(np.uint16) for _ in range(n)]
-    words = cfg.mem_words // 4 - 1
+    words = cfg.mem_words // 4 - 1 if stream_words is None else int(stream_words)
+    if not 1 <= words <= cfg.mem_words // 4 - 1:
+        raise ValueError(f"stream_words={stream_words}: expected 1..{cfg.mem_words // 4 - 1} "
+                         f"for mem_words={cfg.mem_words}")
     with NMPRTLBackend(std.name, dimms, ranks, flags=flags) as be:
         warm = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
                                    UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=3 * words)))
@@ -150,6 +162,104 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     return out
 
 
+SWEEP_LANES = (1, 2, 4, 8, 16, 32)
+SWEEP_DEPTHS = (16, 64, 256)
+SWEEP_STREAM_BYTES = 256 << 10
+
+
+def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16", dram: str = "DDR5-4800",
+          stream_bytes: int = SWEEP_STREAM_BYTES, out: Path | None = None) -> list[dict]:
+    """Design-space exploration of one rank: NME lanes x buffer depth (words per stream block).
+
+    Each point builds (or reuses) a 1 DIMM x 1 rank DIMM-NMP of ``dram`` and runs the residual
+    add and the 4-stream segment of :func:`_segment_programs` over ``stream_bytes`` bytes per
+    stream (default 256 KiB: several refresh intervals long). One rank suffices: the ranks of a
+    DIMM-NMP run the same program in lockstep, each on its own DRAM, so per-rank cycles and
+    bandwidth are those of the whole system (measured: 2 x 2 at lanes 8 / depth 256 gives the
+    same utilisation to the third digit).
+
+    Returns one row per (lanes, depth, program): ``cycles_per_element`` (NME cycles = DRAM tCK
+    per element per rank), ``utilisation`` (DRAM bytes moved / peak bytes of the cycles),
+    ``gbps`` (GB/s per rank), ``elements_per_cycle`` and the compute bound ``lanes`` elements per
+    cycle. Rows are appended to ``out`` (JSON, rewritten after every point) so an interrupted
+    sweep keeps what it measured.
+    """
+    rows: list[dict] = []
+    for n_lanes in lanes:
+        for depth in depths:
+            words = stream_bytes // (2 * n_lanes)
+            mem_words = 1 << max(10, (4 * words).bit_length())
+            cfg = NMEConfig(lanes=n_lanes, fmt=fmt, depth=depth, mem_words=mem_words)
+            r = measure_nmp(cfg, dram, 1, 1, stream_words=words)
+            for prog in ("residual_add", "segment4"):
+                m = r[prog]
+                rows.append({"lanes": n_lanes, "depth": depth, "program": prog,
+                             "elements": m["elements_per_rank"], "cycles": m["cycles"],
+                             "cycles_per_element": m["cycles_per_element"],
+                             "elements_per_cycle": round(1 / m["cycles_per_element"], 4),
+                             "utilisation": m["ranks"][0]["utilisation"],
+                             "gbps": m["ranks"][0]["gbps"],
+                             "sim_cycles_per_s": m["sim_cycles_per_s"],
+                             "build_seconds": r["build_seconds_recorded"]})
+            if out:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"dram": dram, "fmt": fmt, "stream_bytes": stream_bytes,
+                                           "rows": rows}, indent=1) + "\n")
+    return rows
+
+
+def print_sweep(rows: list[dict]) -> None:
+    """The sweep as a rich table: one line per (lanes, depth), both programs side by side."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="DIMM-NMP design space (per rank)")
+    for col in ("lanes", "depth", "add cyc/elem", "add util", "add GB/s",
+                "seg4 cyc/elem", "seg4 util", "seg4 GB/s"):
+        t.add_column(col, justify="right")
+    by = {(r["lanes"], r["depth"], r["program"]): r for r in rows}
+    for lanes, depth in sorted({(r["lanes"], r["depth"]) for r in rows}):
+        cells = [str(lanes), str(depth)]
+        for prog in ("residual_add", "segment4"):
+            r = by.get((lanes, depth, prog))
+            cells += ([f"{r['cycles_per_element']:.3f}", f"{100 * r['utilisation']:.1f} %",
+                       f"{r['gbps']:.2f}"] if r else ["-"] * 3)
+        t.add_row(*cells)
+    Console().print(t)
+
+
+def plot_sweep(rows: list[dict], path: Path, dram: str = "DDR5-4800") -> None:
+    """Elements per cycle and DRAM utilisation against lanes, one line per depth (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    for col, prog in enumerate(("residual_add", "segment4")):
+        for depth in sorted({r["depth"] for r in rows}):
+            pts = sorted((r["lanes"], r) for r in rows if r["depth"] == depth and r["program"] == prog)
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            axes[0, col].plot(x, [p[1]["elements_per_cycle"] for p in pts], "o-", label=f"depth {depth}")
+            axes[1, col].plot(x, [100 * p[1]["utilisation"] for p in pts], "o-", label=f"depth {depth}")
+        xs = sorted({r["lanes"] for r in rows})
+        axes[0, col].plot(xs, xs, "k:", label="compute bound (lanes)")
+        axes[0, col].set_title(prog)
+        axes[0, col].set_ylabel("elements / cycle / rank")
+        axes[1, col].set_ylabel(f"{dram} utilisation (%)")
+        axes[1, col].set_xlabel("NME lanes")
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[0, col].set_yscale("log", base=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="coda.cosim.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--lanes", type=int, default=8)
@@ -168,7 +278,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
                          "backend's default set only)")
     ap.add_argument("--skip-nme", action="store_true", help="only the DIMM-NMP figures")
+    ap.add_argument("--sweep-lanes", default=",".join(map(str, SWEEP_LANES)),
+                    help="lanes of the design-space sweep ('' = no sweep)")
+    ap.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
+    ap.add_argument("--sweep-only", action="store_true", help="only the lanes x depth sweep")
     args = ap.parse_args(argv)
+    sweep_lanes = [int(v) for v in args.sweep_lanes.split(",") if v]
+    sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]
+    if sweep_lanes:
+        sweep_json = args.out.with_name("dse.json")
+        rows = sweep(sweep_lanes, sweep_depths, args.fmt, args.nmp_dram, out=sweep_json)
+        plot_sweep(rows, sweep_json.with_suffix(".png"), args.nmp_dram)
+        print_sweep(rows)
+        print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')}")
+        if args.sweep_only:
+            return 0
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, mem_words=args.mem_words, depth=args.depth)
     result = {} if args.skip_nme else measure(cfg)
     from coda.cosim.nmp_backend import FLAG_SETS

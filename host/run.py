@@ -5,7 +5,11 @@ For a few digit prompts it generates, with the same seeds and CFG:
 
 1. the full-compute video (every operator of every step computed by the DiT);
 2. the cached video with the cache segments ``y = x + sum_k g_k * c_k`` run on the NMP
-   driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME);
+   driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
+   with an ideal 1-cycle memory, ranks simulated one after another; with ``--dram STD`` the
+   whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
+   ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
+   timing);
 3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
    that latents and videos are bit-identical.
 
@@ -40,6 +44,9 @@ def configure(parser) -> None:
                         help="uniform-interval policy: recompute every k steps (k >= 1)")
     parser.add_argument("--warmup", type=int, default=5,
                         help="first steps always computed (>= 1)")
+    parser.add_argument("--dram", default=None, metavar="STD",
+                        help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
+                             "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
     parser.add_argument("--dimms", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
@@ -77,6 +84,9 @@ def main(args) -> int:
     from coda.host.schedule import UniformIntervalPolicy
 
     digits = _parse_prompts(args.prompts)
+    if args.dram is not None:
+        from coda.hw.dram_standards import get_standard
+        get_standard(args.dram)   # unknown preset: clear error before any work
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: expected >= 1")
     torch.set_num_threads(args.threads)
@@ -95,8 +105,16 @@ def main(args) -> int:
     full = generate(model, labels, **common)
 
     console.print(f"[bold]cached[/], segments on the [cyan]{args.backend}[/] backend "
-                  f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes)")
-    backend = get_backend(args.backend)
+                  f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
+                  f"{args.dram or 'ideal memory'})")
+    if args.dram is not None:
+        if args.backend != "rtl":
+            raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl "
+                             f"(got --backend {args.backend})")
+        from coda.cosim.nmp_backend import NMPRTLBackend
+        backend = NMPRTLBackend(args.dram, dimms=args.dimms, ranks=args.ranks)
+    else:
+        backend = get_backend(args.backend)
     driver = _driver(backend, args)
     t0 = time.perf_counter()
     cached, stats = cached_generate(model, labels, driver, policy, **common)
@@ -125,6 +143,7 @@ def main(args) -> int:
         "steps": args.steps,
         "guidance_scale": args.guidance,
         "backend": args.backend,
+        "dram": args.dram,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
         "policy": {"name": "uniform-interval", "interval": args.interval, "warmup": args.warmup},
         "bit_exact_rtl_vs_torch": bit_exact,

@@ -30,3 +30,22 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path):
 def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
     assert main(["run", "--out", str(tmp_path), "--backend", "torch", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path):
+    """--dram: every segment through the DIMM-NMP cosimulation (NMEs behind DDR5 controllers,
+    ranks in lockstep), still bit-identical to the torch backend."""
+    rc = main(["run", "--out", str(tmp_path), "--steps", "4", "--warmup", "2", "--interval", "2",
+               "--prompts", "5", "--threads", "1", "--dram", "DDR5-4800"])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["bit_exact_rtl_vs_torch"] is True and report["dram"] == "DDR5-4800"
+    assert report["segments"] > 0 and report["nme_cycles"] > 0
+
+
+def test_coda_run_dram_needs_rtl_and_a_known_preset(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path), "--backend", "torch", "--dram", "DDR5-4800",
+                 "--steps", "1"]) == 2
+    assert "--dram DDR5-4800: DRAM timing needs --backend rtl" in capsys.readouterr().err
+    assert main(["run", "--out", str(tmp_path), "--dram", "DDR9"]) == 2
+    assert "DDR9" in capsys.readouterr().err

@@ -33,7 +33,9 @@ CONFIG_FILE = WEIGHTS_DIR / "latte_digits.json"
 
 # A small Latte: hidden 64 = 4 heads x 16, 4 spatial + 4 temporal blocks, 4x4 patches
 # (8x8 = 64 tokens per 32x32 frame, 512 tokens per 8-frame video). Sized so that training
-# fits ~30 min on 2 CPU cores (measured: 0.37 s per step of 16 videos, 0.52 M parameters).
+# fits an hour on 2 CPU cores (0.52 M parameters; 0.31 s per step of 8 videos + 64 images
+# measured over 20 steps on the idle machine, so 10,000 steps take about 52 min; the shipped
+# run took 68 min while the machine also ran Verilator builds and synthesis).
 DEFAULT_CONFIG: dict = {
     "transformer": {
         "num_attention_heads": 4,
@@ -134,7 +136,7 @@ class DigitLatte(nn.Module):
         return self.label_embedding(labels)[:, None, :]
 
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
-                labels: torch.Tensor) -> torch.Tensor:
+                labels: torch.Tensor, temporal: bool = True) -> torch.Tensor:
         """Model prediction (v or epsilon, see config["scheduler"]).
 
         Args:
@@ -142,6 +144,8 @@ class DigitLatte(nn.Module):
                 of patch_size).
             timestep: int64 [B] or scalar, 0..num_train_timesteps-1.
             labels: int64 [B], 0..9 or 10 (null).
+            temporal: run the temporal blocks; False for single images in Latte's
+                image-video joint training (the temporal blocks are skipped, as in the paper).
         Returns:
             float32 [B, 1, F, H, W].
         """
@@ -153,7 +157,7 @@ class DigitLatte(nn.Module):
         ada.class_condition = self.class_embedding(labels)
         try:
             return self.transformer(sample, timestep=timestep, encoder_hidden_states=condition,
-                                    return_dict=False)[0]
+                                    enable_temporal_attentions=temporal, return_dict=False)[0]
         finally:
             ada.class_condition = None
 
