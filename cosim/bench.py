@@ -162,6 +162,7 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     return out
 
 
+PROGRAM_STREAMS = {"residual_add": 3, "segment4": 4}   # DRAM streams of _segment_programs
 SWEEP_LANES = (1, 2, 4, 8, 16, 32)
 SWEEP_DEPTHS = (16, 64, 256)
 SWEEP_STREAM_BYTES = 256 << 10
@@ -229,11 +230,17 @@ def print_sweep(rows: list[dict]) -> None:
 
 
 def plot_sweep(rows: list[dict], path: Path, dram: str = "DDR5-4800") -> None:
-    """Elements per cycle and DRAM utilisation against lanes, one line per depth (PNG)."""
+    """Elements per cycle and DRAM utilisation against lanes, one line per depth (PNG), with
+    the two ceilings: the NME memory port (one word of ``lanes`` elements per cycle, shared
+    by the program's streams) and the rank's DRAM peak (2 bytes per element per stream)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from coda.hw.dram_standards import get_standard
+
+    std = get_standard(dram)
+    peak = std.burst_bytes / std.nBL   # bytes per cycle of one rank
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     for col, prog in enumerate(("residual_add", "segment4")):
         for depth in sorted({r["depth"] for r in rows}):
@@ -244,7 +251,11 @@ def plot_sweep(rows: list[dict], path: Path, dram: str = "DDR5-4800") -> None:
             axes[0, col].plot(x, [p[1]["elements_per_cycle"] for p in pts], "o-", label=f"depth {depth}")
             axes[1, col].plot(x, [100 * p[1]["utilisation"] for p in pts], "o-", label=f"depth {depth}")
         xs = sorted({r["lanes"] for r in rows})
-        axes[0, col].plot(xs, xs, "k:", label="compute bound (lanes)")
+        streams = PROGRAM_STREAMS[prog]
+        axes[0, col].plot(xs, [x / streams for x in xs], "k:",
+                          label=f"NME port bound (lanes / {streams} streams)")
+        axes[0, col].axhline(peak / (2 * streams), color="r", linestyle="--",
+                             label=f"DRAM peak / ({streams} x 2 B)")
         axes[0, col].set_title(prog)
         axes[0, col].set_ylabel("elements / cycle / rank")
         axes[1, col].set_ylabel(f"{dram} utilisation (%)")
