@@ -168,6 +168,11 @@ SWEEP_DEPTHS = (16, 64, 256)
 SWEEP_STREAM_BYTES = 256 << 10
 
 
+def _mem_words(stream_words: int) -> int:
+    """Rank memory (power of two, >= 1024 words) holding the 4 streams of segment4 (+1 word)."""
+    return 1 << max(10, (4 * stream_words).bit_length())
+
+
 def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16", dram: str = "DDR5-4800",
           stream_bytes: int = SWEEP_STREAM_BYTES, out: Path | None = None) -> list[dict]:
     """Design-space exploration of one rank: NME lanes x buffer depth (words per stream block).
@@ -189,8 +194,7 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16", dram: str =
     for n_lanes in lanes:
         for depth in depths:
             words = stream_bytes // (2 * n_lanes)
-            mem_words = 1 << max(10, (4 * words).bit_length())
-            cfg = NMEConfig(lanes=n_lanes, fmt=fmt, depth=depth, mem_words=mem_words)
+            cfg = NMEConfig(lanes=n_lanes, fmt=fmt, depth=depth, mem_words=_mem_words(words))
             r = measure_nmp(cfg, dram, 1, 1, stream_words=words)
             for prog in ("residual_add", "segment4"):
                 m = r[prog]
@@ -309,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     from coda.cosim.nmp_backend import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
-    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth, mem_words=1 << 16)
-    result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f)
-                          for f in flag_sets]
+    # the sweep's stream size (256 KiB per stream), so the 2 x 2 figures compare with its rows
+    words = SWEEP_STREAM_BYTES // (2 * args.nmp_lanes)
+    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth,
+                     mem_words=_mem_words(words))
+    result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f,
+                                      stream_words=words) for f in flag_sets]
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
