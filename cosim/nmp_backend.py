@@ -555,35 +555,5 @@ if _cocotb is not None:
         """Serve :class:`NMPRTLBackend` requests until ``quit`` or the connection closes."""
         from cocotb.triggers import Timer
         await Timer(80, unit="ns")   # power-on reset of the top
-        sock = socket.create_connection(("127.0.0.1", int(os.environ["CODA_COSIM_PORT"])),
-                                        timeout=30)
-        sock.settimeout(float(os.environ.get("CODA_COSIM_IDLE_S", "3600")))
-        reader = sock.makefile("r", encoding="utf-8")
-        writer = sock.makefile("w", encoding="utf-8")
-        writer.write(json.dumps({"hello": os.environ.get("CODA_COSIM_TOKEN", "")}) + "\n")
-        writer.flush()
-        try:
-            while True:
-                try:
-                    line = reader.readline()
-                except (TimeoutError, socket.timeout):
-                    return
-                if not line:
-                    return
-                req = json.loads(line)
-                if req.get("op") == "quit":
-                    writer.write(json.dumps({"ok": True}) + "\n")
-                    writer.flush()
-                    return
-                try:
-                    answer = await _handle(dut, req)
-                except (ValueError, KeyError, RuntimeError, OSError) as exc:
-                    answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                writer.write(json.dumps(answer) + "\n")
-                writer.flush()
-        finally:
-            for f in (reader, writer, sock):
-                try:
-                    f.close()
-                except OSError:
-                    pass
+        from coda.cosim.server import serve_requests
+        await serve_requests(lambda req: _handle(dut, req), dut._log)

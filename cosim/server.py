@@ -71,11 +71,13 @@ async def _handle(h: NMEHarness, req: dict) -> dict:
     raise ValueError(f"unknown request op {op!r}: expected run, dump, reset or quit")
 
 
-@cocotb.test()
-async def serve(dut):
-    """Serve backend requests until ``quit`` or the backend closes the connection."""
-    h = NMEHarness(dut)
-    await h.start()
+async def serve_requests(handle, log=None) -> None:
+    """The job loop of a persistent simulator: connect to the backend (``CODA_COSIM_PORT``),
+    say hello with ``CODA_COSIM_TOKEN``, then answer one JSON request per line with
+    ``await handle(request)`` until ``{"op": "quit"}``, the connection closes, or no request
+    comes for ``CODA_COSIM_IDLE_S`` seconds. A handler's ValueError / KeyError / RuntimeError /
+    OSError becomes ``{"ok": false, "error": ...}`` and the loop goes on. Shared by the NME
+    server below and the DIMM-NMP one (:mod:`coda.cosim.nmp_backend`)."""
     sock = _connect()
     reader = sock.makefile("r", encoding="utf-8")
     writer = sock.makefile("w", encoding="utf-8")
@@ -86,7 +88,8 @@ async def serve(dut):
             try:
                 line = reader.readline()
             except (TimeoutError, socket.timeout):
-                dut._log.warning("no request for %.0f s: server stops", IDLE_TIMEOUT_S)
+                if log is not None:
+                    log.warning("no request for %.0f s: server stops", IDLE_TIMEOUT_S)
                 return
             if not line:
                 return
@@ -96,7 +99,7 @@ async def serve(dut):
                 writer.flush()
                 return
             try:
-                answer = await _handle(h, req)
+                answer = await handle(req)
             except (ValueError, KeyError, RuntimeError, OSError) as exc:
                 answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             writer.write(json.dumps(answer) + "\n")
@@ -107,3 +110,11 @@ async def serve(dut):
                 f.close()
             except OSError:
                 pass
+
+
+@cocotb.test()
+async def serve(dut):
+    """Serve backend requests until ``quit`` or the backend closes the connection."""
+    h = NMEHarness(dut)
+    await h.start()
+    await serve_requests(lambda req: _handle(h, req), dut._log)
