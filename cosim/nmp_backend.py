@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import socket
 import struct
 import subprocess
@@ -43,7 +42,7 @@ import numpy as np
 from coda.cosim import memfile
 from coda.cosim.build import (LINT_FLAGS, CosimBuildError, CosimRunError, _locked, log_tail,
                               sim_env)
-from coda.cosim.rtl_backend import SimSession
+from coda.cosim.rtl_backend import SessionOwner, SimSession
 from coda.cosim.toolchain import build_dir, setup_verilator_env
 from coda.hw.dram import STAT_NAMES, map_burst_address
 from coda.hw.dram_standards import DRAMStandard, get_standard
@@ -338,7 +337,7 @@ def _close_all() -> None:
         backend.close()
 
 
-class NMPRTLBackend:
+class NMPRTLBackend(SessionOwner):
     """Backend running the ranks' programs on a Verilated DIMM-NMP with DRAM timing.
 
     Args:
@@ -486,24 +485,8 @@ class NMPRTLBackend:
 
     def close(self) -> None:
         """Stop the simulators (this flushes the command logs); idempotent."""
-        for sess in self.sessions.values():
-            sess.close()
-            if not self.keep_logs:
-                shutil.rmtree(sess.workdir, ignore_errors=True)
-        self.sessions.clear()
+        super().close()
         self._shadow.clear()
-
-    def __enter__(self) -> "NMPRTLBackend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _write_bursts(path: Path, bursts: np.ndarray, rows: np.ndarray, idx: np.ndarray) -> None:

@@ -37,7 +37,7 @@ from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_
                               sim_env)
 from coda.hw.isa import NMEConfig, Program, Status
 
-__all__ = ["RTLBackend", "SimSession", "cycle_limit"]
+__all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit"]
 
 SERVER_MODULE = "coda.cosim.server"
 
@@ -230,7 +230,36 @@ def _close_all() -> None:
         backend.close()
 
 
-class RTLBackend:
+class SessionOwner:
+    """Owner of persistent simulator sessions (``self.sessions``: config -> session with
+    ``close()`` and ``workdir``; ``self.keep_logs``): stops them on :meth:`close`, at the end
+    of a ``with`` block and on garbage collection. Base of both RTL backends."""
+
+    sessions: dict
+    keep_logs: bool
+
+    def close(self) -> None:
+        """Stop every simulator this backend started (idempotent; flushes their logs)."""
+        for sess in self.sessions.values():
+            sess.close()
+            if not self.keep_logs:
+                shutil.rmtree(sess.workdir, ignore_errors=True)
+        self.sessions.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class RTLBackend(SessionOwner):
     """Backend running programs on the Verilated NME (one persistent simulator per config).
 
     Args:
@@ -326,22 +355,3 @@ class RTLBackend:
         """
         return [self.execute(cfg, program, mem) for program, mem in jobs]
 
-    def close(self) -> None:
-        """Stop every simulator this backend started (idempotent)."""
-        for sess in self.sessions.values():
-            sess.close()
-            if not self.keep_logs:
-                shutil.rmtree(sess.workdir, ignore_errors=True)
-        self.sessions.clear()
-
-    def __enter__(self) -> "RTLBackend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
