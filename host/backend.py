@@ -279,13 +279,23 @@ class TorchBackend:
         return [self.execute(cfg, program, mem) for program, mem in jobs]
 
 
-def get_backend(name: str, **kw) -> Backend:
+def get_backend(name: str, *, dram: str | None = None, dimms: int = 1, ranks: int = 1,
+                **kw) -> Backend:
     """A backend by name: ``"torch"`` (:class:`TorchBackend`) or ``"rtl"`` (the Verilated NME,
-    :class:`coda.cosim.rtl_backend.RTLBackend`, imported only when asked for).
+    :class:`coda.cosim.rtl_backend.RTLBackend`, imported only when asked for). With ``dram``
+    (a preset of :mod:`coda.hw.dram_standards`, ``"rtl"`` only) the whole ``dimms x ranks``
+    DIMM-NMP with DRAM timing instead (:class:`coda.cosim.nmp_backend.NMPRTLBackend`).
 
     Keyword arguments go to the backend's constructor.
-    Raises ValueError for an unknown name, RuntimeError if the RTL backend cannot be imported.
+    Raises ValueError for an unknown name or preset, or ``dram`` with ``"torch"``;
+    RuntimeError if the RTL backend cannot be imported.
     """
+    if dram is not None:
+        if name != "rtl":
+            raise ValueError(f"--dram {dram}: DRAM timing needs --backend rtl "
+                             f"(got --backend {name})")
+        from coda.cosim.nmp_backend import NMPRTLBackend
+        return NMPRTLBackend(dram, dimms=dimms, ranks=ranks, **kw)
     if name == "torch":
         return TorchBackend(**kw)
     if name == "rtl":

@@ -99,14 +99,7 @@ def _run(args: argparse.Namespace) -> int:
     mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
                                                  params.get("group"), n_ranks)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
-    if args.dram is not None and args.backend == "rtl":
-        from coda.cosim.nmp_backend import NMPRTLBackend
-        backend = NMPRTLBackend(args.dram, dimms=args.dimms, ranks=args.ranks)
-    elif args.dram is not None:
-        raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl "
-                         f"(got --backend {args.backend})")
-    else:
-        backend = get_backend(args.backend)
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
     driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
     start = time.perf_counter()
     result = driver.run_op(args.op, **tensors, **params)

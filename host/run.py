@@ -84,11 +84,11 @@ def main(args) -> int:
     from coda.host.schedule import UniformIntervalPolicy
 
     digits = _parse_prompts(args.prompts)
-    if args.dram is not None:
-        from coda.hw.dram_standards import get_standard
-        get_standard(args.dram)   # unknown preset: clear error before any work
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: expected >= 1")
+    # before any work: bad --backend/--dram combinations and presets fail here (simulators
+    # are built and started only when the first segment runs)
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
     torch.set_num_threads(args.threads)
     console = Console()
     out = Path(args.out)
@@ -107,14 +107,6 @@ def main(args) -> int:
     console.print(f"[bold]cached[/], segments on the [cyan]{args.backend}[/] backend "
                   f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
                   f"{args.dram or 'ideal memory'})")
-    if args.dram is not None:
-        if args.backend != "rtl":
-            raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl "
-                             f"(got --backend {args.backend})")
-        from coda.cosim.nmp_backend import NMPRTLBackend
-        backend = NMPRTLBackend(args.dram, dimms=args.dimms, ranks=args.ranks)
-    else:
-        backend = get_backend(args.backend)
     driver = _driver(backend, args)
     t0 = time.perf_counter()
     cached, stats = cached_generate(model, labels, driver, policy, **common)

@@ -36,9 +36,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .dram import STAT_BITS, STAT_NAMES, DRAMWordMemory
-from .verilog import use_pinned_yosys
 from .dram_standards import DRAMStandard, get_standard
 from .isa import NMEConfig
+from .verilog import use_pinned_yosys
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths"]
 

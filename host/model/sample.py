@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from coda.host.backend import TorchBackend
     from coda.host.driver import NMPDriver
-    from coda.host.schedule import UniformIntervalPolicy
+    from coda.host.schedule import BRANCHES, OP_TYPES, UniformIntervalPolicy
     from coda.hw.isa import NMEConfig
 
     from .classifier import label_accuracy
@@ -241,13 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     full = generate(model, labels, **common)
     full_s = time.perf_counter() - start
-    # Cache slots: per video, 2 CFG branches x 5 operators (spatial attn, cross attn, spatial
-    # FFN, temporal attn, temporal FFN) x layers x [F*N tokens, hidden] 16-bit elements, over
-    # 4 ranks of 8-lane (16-byte) words; 1.5x for scratch and fragmentation.
+    # Cache slots: per video, every CFG branch x operator type x layer holds [F*N tokens,
+    # hidden] 16-bit elements, over 4 ranks of 8-lane (16-byte) words; 1.5x for scratch and
+    # fragmentation.
     tcfg = model.config["transformer"]
     tokens = model.config["data"]["frames"] * (model.config["data"]["size"] // tcfg["patch_size"]) ** 2
     hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
-    slot_bytes = 2 * 5 * len(model.transformer.transformer_blocks) * tokens * hidden * 2
+    slot_bytes = (len(BRANCHES) * len(OP_TYPES) * len(model.transformer.transformer_blocks)
+                  * tokens * hidden * 2)
     words = int(1.5 * len(labels) * slot_bytes / 4 / (2 * 8))
     driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << max(19, words.bit_length())),
                        ranks=4)
