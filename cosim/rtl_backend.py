@@ -2,10 +2,12 @@
 
 :class:`RTLBackend` implements the :class:`coda.host.backend.Backend` protocol. For each NME
 configuration it builds the cosimulation once (:func:`coda.cosim.build.build_sim`, cached on
-disk) and starts ONE simulator process running the cocotb job server (:mod:`coda.cosim.server`);
-every program is then a request over a TCP socket on 127.0.0.1, run at full Verilator speed with
-no Python per clock. Only the memory words that changed since the previous job are loaded and
-only the words the NME wrote are read back, so a long stream of programs costs little.
+disk) and starts simulator processes running the cocotb job server (:mod:`coda.cosim.server`),
+one per rank of the driver's jobs (up to ``max_sims``), which run in parallel; every program is
+a request over a TCP socket on 127.0.0.1, run at full Verilator speed with no Python per clock.
+Each simulator keeps its rank's memory image: only the words that changed since its previous job
+are loaded and only the words the NME wrote are read back, so a long stream of programs costs
+little.
 
 Results are bit-identical to :class:`coda.host.backend.TorchBackend` for ``mem``, ``status`` and
 ``l1``; ``cycles`` are the RTL's measured clock cycles from the header being presented to
@@ -82,6 +84,7 @@ class SimSession:
         self.shadow: np.ndarray | None = None   # what the simulator's memory holds
         self.jobs = 0
         self.seconds = 0.0
+        self._pending: tuple | None = None   # (words, mem, t0) of a submitted program
         token = secrets.token_hex(8)
         listener = socket.create_server(("127.0.0.1", 0))
         listener.settimeout(0.5)
@@ -143,15 +146,21 @@ class SimSession:
         line, self._rbuf = self._rbuf.split(b"\n", 1)
         return json.loads(line)
 
-    def request(self, req: dict, timeout_s: float | None = None) -> dict:
-        """Send one request and return the answer. Raises CosimRunError on any failure."""
+    def _send(self, req: dict) -> None:
         if self.proc.poll() is not None:
             raise CosimRunError(self._died("before a request"))
         self.sock.sendall((json.dumps(req) + "\n").encode())
+
+    def _answer(self, op: str, timeout_s: float | None = None) -> dict:
         answer = self._read_line(self.job_timeout_s if timeout_s is None else timeout_s)
         if not answer.get("ok"):
-            raise CosimRunError(f"simulator refused {req.get('op')!r}: {answer.get('error')}")
+            raise CosimRunError(f"simulator refused {op!r}: {answer.get('error')}")
         return answer
+
+    def request(self, req: dict, timeout_s: float | None = None) -> dict:
+        """Send one request and return the answer. Raises CosimRunError on any failure."""
+        self._send(req)
+        return self._answer(req.get("op"), timeout_s)
 
     # ------------------------------------------------------------------ jobs
     def sync_memory(self, mem: np.ndarray) -> bool:
@@ -168,15 +177,32 @@ class SimSession:
                 memfile.write_sparse(self.workdir / "mem_in.hex", mem, changed)
         return True
 
-    def run(self, words: list[int], mem: np.ndarray, *, latency: int, req_stall: float,
-            rsp_stall: float, seed: int, max_cycles: int) -> tuple[dict, np.ndarray]:
-        """Run command ``words`` on image ``mem``; (the server's answer, the image after)."""
+    def submit(self, words: list[int], mem: np.ndarray, *, latency: int, req_stall: float,
+               rsp_stall: float, seed: int, max_cycles: int) -> None:
+        """Start command ``words`` on image ``mem`` without waiting; :meth:`collect` ends it.
+        Several sessions' programs thus run in parallel (one simulator process each)."""
+        if self._pending is not None:
+            raise CosimRunError("submit while a program is pending: collect it first")
         t0 = time.perf_counter()
         load = self.sync_memory(mem)
         self.shadow = None   # unknown until the answer arrives
-        answer = self.request({"op": "run", "words": [f"{w:x}" for w in words], "load": load,
-                               "latency": latency, "req_stall": req_stall,
-                               "rsp_stall": rsp_stall, "seed": seed, "max_cycles": max_cycles})
+        self._send({"op": "run", "words": [f"{w:x}" for w in words], "load": load,
+                    "latency": latency, "req_stall": req_stall, "rsp_stall": rsp_stall,
+                    "seed": seed, "max_cycles": max_cycles})
+        self._pending = (words, mem, t0)
+
+    @property
+    def pending(self) -> bool:
+        """A submitted program has not been collected yet."""
+        return self._pending is not None
+
+    def collect(self) -> tuple[dict, np.ndarray]:
+        """Wait for the pending program; (the server's answer, the image after)."""
+        if self._pending is None:
+            raise CosimRunError("collect without a submitted program")
+        words, mem, t0 = self._pending
+        self._pending = None
+        answer = self._answer("run")
         out = mem.copy()
         if answer["ndirty"]:
             addrs, dirty = memfile.read_sparse(self.workdir / "mem_out.hex", mem.shape[1])
@@ -192,6 +218,12 @@ class SimSession:
         self.jobs += 1
         self.seconds += time.perf_counter() - t0
         return answer, out
+
+    def run(self, words: list[int], mem: np.ndarray, **kw) -> tuple[dict, np.ndarray]:
+        """Run command ``words`` on image ``mem`` (keywords of :meth:`submit`); (the server's
+        answer, the image after)."""
+        self.submit(words, mem, **kw)
+        return self.collect()
 
     def dump(self) -> np.ndarray:
         """The simulator's whole memory (uint16 ``[mem_words, lanes]``)."""
@@ -269,14 +301,20 @@ class RTLBackend(SessionOwner):
         seed: seed of the stall generator (the same seed gives the same stalls).
         job_timeout_s: wall limit of one program (s); start_timeout_s: of a simulator start.
         keep_logs: keep the simulators' work folders (logs, hex files) after :meth:`close`.
+        max_sims: simulator processes per configuration (1..64) that :meth:`execute_many`
+            spreads its jobs over (one per rank of the driver).
     Raises:
         ValueError: a parameter out of range.
+
+    ``stats``: ``programs``, ``cycles`` (summed over jobs), ``seconds`` (wall time inside
+    :meth:`execute` / :meth:`execute_many` less simulator builds and starts), ``starts``,
+    ``start_seconds``, ``toggles``.
     """
     name = "rtl"
 
     def __init__(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
                  seed: int = 1, job_timeout_s: float = 600.0, start_timeout_s: float = 180.0,
-                 keep_logs: bool = False):
+                 keep_logs: bool = False, max_sims: int = 8):
         if not 1 <= int(latency) <= 255:
             raise ValueError(f"latency={latency}: expected 1..255 cycles")
         for nm, p in (("req_stall", req_stall), ("rsp_stall", rsp_stall)):
@@ -286,6 +324,9 @@ class RTLBackend(SessionOwner):
             raise ValueError(f"seed={seed}: expected 0..2**32-1")
         if job_timeout_s <= 0 or start_timeout_s <= 0:
             raise ValueError(f"timeouts {job_timeout_s}, {start_timeout_s}: expected > 0 s")
+        if not 1 <= int(max_sims) <= 64:
+            raise ValueError(f"max_sims={max_sims}: expected 1..64 simulator processes")
+        self.max_sims = int(max_sims)
         self.latency = int(latency)
         self.req_stall = float(req_stall)
         self.rsp_stall = float(rsp_stall)
@@ -293,7 +334,7 @@ class RTLBackend(SessionOwner):
         self.job_timeout_s = float(job_timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.keep_logs = keep_logs
-        self.sessions: dict[NMEConfig, SimSession] = {}
+        self.sessions: dict[tuple[NMEConfig, int], SimSession] = {}
         self.stats = {"programs": 0, "cycles": 0, "seconds": 0.0, "starts": 0,
                       "start_seconds": 0.0, "toggles": 0}
         _LIVE.add(self)
@@ -302,24 +343,27 @@ class RTLBackend(SessionOwner):
         """The Verilated model this backend runs for ``cfg`` (subclasses swap the Verilog)."""
         return build_sim(cfg)
 
-    def session(self, cfg: NMEConfig) -> SimSession:
-        """The simulator of ``cfg``, built and started on first use."""
+    def session(self, cfg: NMEConfig, slot: int = 0) -> SimSession:
+        """Simulator ``slot`` of ``cfg`` (0 .. max_sims-1), built and started on first use."""
         if not isinstance(cfg, NMEConfig):
             raise TypeError(f"cfg of type {type(cfg).__name__}: expected NMEConfig")
-        sess = self.sessions.get(cfg)
+        if not 0 <= slot < self.max_sims:
+            raise ValueError(f"slot={slot}: expected 0..{self.max_sims - 1}")
+        sess = self.sessions.get((cfg, slot))
         if sess is None or sess.proc.poll() is not None:
             t0 = time.perf_counter()
             build = self.build(cfg)
             workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
             sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,
                               job_timeout_s=self.job_timeout_s)
-            self.sessions[cfg] = sess
+            self.sessions[cfg, slot] = sess
             self.stats["starts"] += 1
             self.stats["start_seconds"] += time.perf_counter() - t0
         return sess
 
     def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray):
-        """Run ``program`` on a copy of ``mem`` (uint16 ``[cfg.mem_words, cfg.lanes]``).
+        """Run ``program`` on a copy of ``mem`` (uint16 ``[cfg.mem_words, cfg.lanes]``) on
+        simulator 0 of ``cfg``.
 
         Returns:
             :class:`coda.host.backend.ExecResult` (``cycles``: measured RTL clock cycles).
@@ -327,31 +371,59 @@ class RTLBackend(SessionOwner):
             TypeError / ValueError: malformed image, or program fields that do not encode.
             CosimBuildError / CosimRunError: the simulator could not be built / failed.
         """
-        from coda.host.backend import ExecResult
-
-        mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
-        words = program.words()
-        stall = max(self.req_stall, self.rsp_stall)
-        answer, out = self.session(cfg).run(
-            words, mem, latency=self.latency, req_stall=self.req_stall,
-            rsp_stall=self.rsp_stall, seed=self.seed,
-            max_cycles=cycle_limit(cfg, program, self.latency, stall))
-        try:
-            status = Status(answer["status"])
-        except ValueError:
-            raise CosimRunError(f"NME reported undefined status {answer['status']}") from None
-        self.stats["programs"] += 1
-        self.stats["cycles"] += answer["cycles"]
-        self.stats["toggles"] += answer["toggles"]
-        self.stats["seconds"] = sum(s.seconds for s in self.sessions.values())
-        l1 = _f32(answer["l1_bits"])
-        return ExecResult(out, status, l1, int(answer["cycles"]))
+        return self.execute_many(cfg, [(program, mem)])[0]
 
     def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]]) -> list:
-        """Run each (program, image) job in order on the one simulator of ``cfg``.
+        """Run each (program, image) job; results in job order.
 
-        Ranks run in lockstep in the modelled system; here they run one after the other on the
-        same RTL, each on its own image (the result is the same bits).
+        Job ``i`` runs on simulator ``i % max_sims`` of ``cfg``, up to ``max_sims`` at a time
+        in parallel processes. Why: the driver passes one job per rank, so each rank's memory
+        image stays resident in its own simulator (only the words the host changed are loaded)
+        and the ranks' programs overlap on a multi-core machine, as they run in lockstep in the
+        modelled system. Bits do not depend on the placement. Errors as :meth:`execute`.
         """
-        return [self.execute(cfg, program, mem) for program, mem in jobs]
+        from coda.host.backend import ExecResult
+
+        t0, starts_s = time.perf_counter(), self.stats["start_seconds"]
+        prepared = []
+        for program, mem in jobs:
+            mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
+            stall = max(self.req_stall, self.rsp_stall)
+            prepared.append((program.words(), mem, cycle_limit(cfg, program, self.latency, stall)))
+        results = []
+        try:
+            for wave in range(0, len(prepared), self.max_sims):
+                batch = prepared[wave:wave + self.max_sims]
+                sessions = [self.session(cfg, slot) for slot in range(len(batch))]
+                done, errors = [], []
+                for sess, (words, mem, limit) in zip(sessions, batch):
+                    try:
+                        sess.submit(words, mem, latency=self.latency, req_stall=self.req_stall,
+                                    rsp_stall=self.rsp_stall, seed=self.seed, max_cycles=limit)
+                    except CosimRunError as exc:
+                        errors.append(exc)
+                        break
+                for sess in sessions:   # collect every submitted one, so none stays pending
+                    if sess.pending:
+                        try:
+                            done.append(sess.collect())
+                        except CosimRunError as exc:
+                            errors.append(exc)
+                if errors:
+                    raise errors[0]
+                for answer, out in done:
+                    try:
+                        status = Status(answer["status"])
+                    except ValueError:
+                        raise CosimRunError(f"NME reported undefined status "
+                                            f"{answer['status']}") from None
+                    self.stats["programs"] += 1
+                    self.stats["cycles"] += answer["cycles"]
+                    self.stats["toggles"] += answer["toggles"]
+                    results.append(ExecResult(out, status, _f32(answer["l1_bits"]),
+                                              int(answer["cycles"])))
+        finally:
+            self.stats["seconds"] += (time.perf_counter() - t0
+                                      - (self.stats["start_seconds"] - starts_s))
+        return results
 

@@ -6,7 +6,7 @@ For a few digit prompts it generates, with the same seeds and CFG:
 1. the full-compute video (every operator of every step computed by the DiT);
 2. the cached video with the cache segments ``y = x + sum_k g_k * c_k`` run on the NMP
    driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
-   with an ideal 1-cycle memory, ranks simulated one after another; with ``--dram STD`` the
+   with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
    whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
    ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
    timing);
@@ -64,11 +64,13 @@ def _parse_prompts(text: str) -> list[int]:
     return digits
 
 
-def _driver(backend, args):
+def _driver(backend, args, model, videos: int):
     from coda.host.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words
     from coda.hw.isa import NMEConfig
 
-    cfg = NMEConfig(lanes=args.lanes, mem_words=1 << 18)
+    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes)
+    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words)
     return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
 
 
@@ -107,7 +109,7 @@ def main(args) -> int:
     console.print(f"[bold]cached[/], segments on the [cyan]{args.backend}[/] backend "
                   f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
                   f"{args.dram or 'ideal memory'})")
-    driver = _driver(backend, args)
+    driver = _driver(backend, args, model, len(digits))
     t0 = time.perf_counter()
     cached, stats = cached_generate(model, labels, driver, policy, **common)
     cached_s = time.perf_counter() - t0
@@ -118,7 +120,7 @@ def main(args) -> int:
     bit_exact = None
     if args.backend == "rtl":
         console.print("[bold]cached[/], segments on the [cyan]torch[/] backend (bit-exactness check)")
-        ref_driver = _driver(get_backend("torch"), args)
+        ref_driver = _driver(get_backend("torch"), args, model, len(digits))
         reference, _ = cached_generate(model, labels, ref_driver, policy, **common)
         bit_exact = bool(torch.equal(reference.view(torch.int32), cached.view(torch.int32)))
 

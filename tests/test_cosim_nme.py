@@ -114,7 +114,8 @@ def _same(res_a, res_b, fmt: str) -> bool:
 
 def test_rtl_backend_matches_torch_backend():
     """RTLBackend gives TorchBackend's bits (mem, status, l1) for compiled operators and a bad
-    program, one persistent simulator serving all jobs; execute_many too; close stops it."""
+    program, one persistent simulator serving all jobs; execute_many too, spread over
+    ``max_sims`` parallel simulators; close stops them all."""
     from coda.cosim.rtl_backend import RTLBackend
     from coda.host.backend import TorchBackend
 
@@ -123,7 +124,7 @@ def test_rtl_backend_matches_torch_backend():
     rng = np.random.default_rng(11)
     jobs = _operator_jobs(cfg, rng)
     torch_be = TorchBackend()
-    with RTLBackend(latency=3, req_stall=0.2, rsp_stall=0.2, seed=5) as rtl:
+    with RTLBackend(latency=3, req_stall=0.2, rsp_stall=0.2, seed=5, max_sims=2) as rtl:
         for name, program, mem in jobs:
             before = mem.copy()
             got = rtl.execute(cfg, program, mem)
@@ -136,8 +137,9 @@ def test_rtl_backend_matches_torch_backend():
         many = rtl.execute_many(cfg, [(p, m) for _, p, m in jobs])
         for (name, program, mem), res in zip(jobs, many):
             assert _same(res, torch_be.execute(cfg, program, mem), cfg.fmt), name
-        sess = rtl.sessions[cfg]
-        assert rtl.stats["starts"] == 1 and rtl.stats["programs"] == 2 * len(jobs)
+        assert sorted(rtl.sessions) == [(cfg, 0), (cfg, 1)]
+        assert rtl.stats["starts"] == 2 and rtl.stats["programs"] == 2 * len(jobs)
+        procs = [s.proc for s in rtl.sessions.values()]
         # per-job overhead: a tiny program repeated
         tiny = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
                                    UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=100)))
@@ -150,8 +152,7 @@ def test_rtl_backend_matches_torch_backend():
         per_job = (time.perf_counter() - t0) / n
         print(f"\nRTLBackend: simulator start {rtl.stats['start_seconds']:.2f} s, "
               f"{per_job * 1e3:.1f} ms per tiny job (mem {cfg.mem_words} words)")
-        proc = sess.proc
-    assert proc.poll() is not None, "simulator still running after close()"
+    assert all(p.poll() is not None for p in procs), "simulator still running after close()"
 
 
 def test_rtl_backend_rejects_bad_image():

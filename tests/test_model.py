@@ -162,6 +162,19 @@ def test_cached_generate_reports_and_detaches():
     assert get_coda_cache_hook(model.transformer) is None and driver.keys() == []
 
 
+def test_cache_mem_words_sizes_rank_memory():
+    from coda.host.model.sample import cache_mem_words
+
+    model = build_model(tiny_config())
+    # slot: 2 branches x 4 operator types x 1 layer x (4 frames x 16 tokens) x 32 hidden x 2 B
+    # = 32,768 B; 1.5 x videos x slot / 2 ranks / 16 B per 8-lane word
+    assert cache_mem_words(model, 100, ranks=2, lanes=8) == 1 << 18    # 153,600 words
+    assert cache_mem_words(model, 200, ranks=2, lanes=8) == 1 << 19    # 307,200 words
+    assert cache_mem_words(model, 200, ranks=4, lanes=8) == 1 << 18
+    with pytest.raises(ValueError, match="videos=0"):
+        cache_mem_words(model, 0, ranks=2, lanes=8)
+
+
 def test_side_by_side_gif(tmp_path):
     from PIL import Image
 

@@ -20,7 +20,8 @@ import torch
 from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "make_scheduler", "initial_noise",
-           "generate", "video_psnr", "video_ssim", "side_by_side_gif", "cached_generate", "main"]
+           "generate", "cache_mem_words", "video_psnr", "video_ssim", "side_by_side_gif",
+           "cached_generate", "main"]
 
 CFG_MODES = ("batched", "separate")
 DEFAULT_STEPS = 50
@@ -210,6 +211,28 @@ def cached_generate(model, labels, driver, schedule=None, **kwargs) -> tuple[tor
     return videos, stats
 
 
+def cache_mem_words(model, videos: int, ranks: int, lanes: int) -> int:
+    """Words of rank memory (a power of two, >= 2**18) that hold the cache of ``videos``
+    videos generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
+
+    Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
+    16-bit elements; 1.5x leaves room for the operators' scratch and fragmentation.
+    Raises ValueError if videos, ranks or lanes < 1.
+    """
+    from coda.host.schedule import BRANCHES, OP_TYPES
+
+    if min(videos, ranks, lanes) < 1:
+        raise ValueError(f"videos={videos}, ranks={ranks}, lanes={lanes}: expected >= 1 each")
+    cfg = model.config
+    tcfg = cfg["transformer"]
+    tokens = cfg["data"]["frames"] * (cfg["data"]["size"] // tcfg["patch_size"]) ** 2
+    hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+    slot_bytes = (len(BRANCHES) * len(OP_TYPES) * len(model.transformer.transformer_blocks)
+                  * tokens * hidden * 2)
+    words = int(1.5 * videos * slot_bytes / ranks / (2 * lanes))
+    return 1 << max(18, words.bit_length())
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m coda.host.model.sample``: full-compute vs cached generation of every digit
     with the shipped model (cache segments on the torch backend); prints a JSON report."""
@@ -219,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from coda.host.backend import TorchBackend
     from coda.host.driver import NMPDriver
-    from coda.host.schedule import BRANCHES, OP_TYPES, UniformIntervalPolicy
+    from coda.host.schedule import UniformIntervalPolicy
     from coda.hw.isa import NMEConfig
 
     from .classifier import label_accuracy
@@ -241,17 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     full = generate(model, labels, **common)
     full_s = time.perf_counter() - start
-    # Cache slots: per video, every CFG branch x operator type x layer holds [F*N tokens,
-    # hidden] 16-bit elements, over 4 ranks of 8-lane (16-byte) words; 1.5x for scratch and
-    # fragmentation.
-    tcfg = model.config["transformer"]
-    tokens = model.config["data"]["frames"] * (model.config["data"]["size"] // tcfg["patch_size"]) ** 2
-    hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
-    slot_bytes = (len(BRANCHES) * len(OP_TYPES) * len(model.transformer.transformer_blocks)
-                  * tokens * hidden * 2)
-    words = int(1.5 * len(labels) * slot_bytes / 4 / (2 * 8))
-    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << max(19, words.bit_length())),
-                       ranks=4)
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=cache_mem_words(
+        model, len(labels), ranks=4, lanes=8)), ranks=4)
     policy = UniformIntervalPolicy(default_interval=args.interval, warmup=args.warmup)
     start = time.perf_counter()
     cached, stats = cached_generate(model, labels, driver, policy, **common)
