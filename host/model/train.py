@@ -1,6 +1,7 @@
 """Train the shipped video DiT on moving digits: ``python -m coda.host.model.train``.
 
 Recipe (all fixed, so the same command reproduces the weights on the same torch build):
+Latte's initialisation (adaLN-Zero, zero final layer: :func:`coda.host.model.dit.latte_init`),
 diffusers ``DDPMScheduler`` (1000 steps, cosine ``squaredcos_cap_v2`` betas, v-prediction),
 AdamW (lr 1e-3, betas (0.9, 0.99), weight decay 0.01) with 200 linear warm-up steps then
 cosine decay to 10 %, Latte's image-video joint training: each step a batch of fresh videos
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .data import NULL_LABEL, moving_digits
-from .dit import CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model, save_model
+from .dit import CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model, latte_init, save_model
 
 __all__ = ["train", "main"]
 
@@ -68,9 +69,9 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
         batch_size: videos per step.
         image_batch_size: single frames per step (0 = videos only). Why: the frames of one
             video show one digit, so a video step teaches few digit shapes; images cost 1/F
-            of a video each. Measured here (``python -m coda.host.model.sample --per-digit 2``,
-            20 videos, CFG 3, 50 steps): 16 videos x 4,000 steps (0.33 s/step) gave 20.6 %
-            label accuracy; 8 videos + 64 images x 10,000 steps (0.31 s/step) gives 35 %.
+            of a video each. Measured here at hidden 64 (``python -m coda.host.model.sample
+            --per-digit 2``, 20 videos, CFG 3, 50 steps): 16 videos x 4,000 steps gave 20.6 %
+            label accuracy, 8 videos + 64 images x 10,000 steps 35 %.
         lr: peak learning rate.
         seed: seeds the initial weights, the data stream, the noise and the label dropout.
         weights, config_path: where to write the safetensors file and its JSON config.
@@ -89,6 +90,7 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
                          f"{image_batch_size}: expected >= 1, >= 1, >= 0")
     cfg = copy.deepcopy(DEFAULT_CONFIG)
     model = build_model(cfg, seed=seed).train()
+    latte_init(model)
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     sched = DDPMScheduler(**cfg["scheduler"])
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
@@ -133,7 +135,7 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10000)
+    parser.add_argument("--steps", type=int, default=7000)
     parser.add_argument("--batch-size", type=int, default=8, help="videos per step")
     parser.add_argument("--image-batch-size", type=int, default=64,
                         help="single frames per step (image-video joint training; 0 = off)")
