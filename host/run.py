@@ -86,8 +86,9 @@ def main(args) -> int:
     from coda.host.schedule import UniformIntervalPolicy
 
     digits = _parse_prompts(args.prompts)
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps}: expected >= 1")
+    for flag in ("steps", "lanes", "dimms", "ranks"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
     # before any work: bad --backend/--dram combinations and presets fail here (simulators
     # are built and started only when the first segment runs)
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
@@ -103,13 +104,14 @@ def main(args) -> int:
                   progress=True)
     policy = UniformIntervalPolicy(default_interval=args.interval, warmup=args.warmup)
 
+    driver = _driver(backend, args, model, len(digits))   # bad --lanes etc. fail before work
+
     console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
     full = generate(model, labels, **common)
 
     console.print(f"[bold]cached[/], segments on the [cyan]{args.backend}[/] backend "
                   f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
                   f"{args.dram or 'ideal memory'})")
-    driver = _driver(backend, args, model, len(digits))
     t0 = time.perf_counter()
     cached, stats = cached_generate(model, labels, driver, policy, **common)
     cached_s = time.perf_counter() - t0

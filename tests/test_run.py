@@ -26,6 +26,8 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path):
     (["--prompts", "3,x"], "expected comma-separated digits 0..9"),
     (["--prompts", "12"], "expected comma-separated digits 0..9"),
     (["--steps", "0"], "--steps 0: expected >= 1"),
+    (["--ranks", "0"], "--ranks 0: expected >= 1"),
+    (["--lanes", "0"], "--lanes 0: expected >= 1"),
 ])
 def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
     assert main(["run", "--out", str(tmp_path), "--backend", "torch", *argv]) == 2
