@@ -7,7 +7,11 @@ builds (or reuses) the Verilated NME, then through :class:`~coda.cosim.rtl_backe
   the job (the job includes loading the changed words and reading back the written ones, so it
   is a lower bound of the simulator's raw speed);
 - many tiny programs on an unchanged image: wall time per job (the persistent simulator's
-  overhead: socket round trip, file traffic, cocotb handshakes).
+  overhead: socket round trip, file traffic, cocotb handshakes);
+- ``two_ranks``: ``launches`` lockstep launches of the big program on two ranks' images through
+  ``execute_many``, with one shared simulator (``max_sims=1``: each job reloads the other
+  rank's image) and one simulator per rank (``max_sims=2``: images stay resident, the two run
+  in parallel): wall seconds per launch and simulated cycles (both ranks) per wall second.
 
 and of a whole DIMM-NMP (:func:`measure_nmp`, default 2 DIMMs x 2 ranks of DDR5-4800 through
 :class:`~coda.cosim.nmp_backend.NMPRTLBackend`): simulated cycles (one cycle = one DRAM tCK =
@@ -40,7 +44,7 @@ import numpy as np
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
 
 
-def measure(cfg: NMEConfig, tiny_jobs: int = 50) -> dict:
+def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3) -> dict:
     """Numbers of the module docstring for ``cfg`` (seconds, cycles, cycles/s)."""
     from coda.cosim.build import build_sim
     from coda.cosim.rtl_backend import RTLBackend
@@ -75,6 +79,23 @@ def measure(cfg: NMEConfig, tiny_jobs: int = 50) -> dict:
         per = (time.perf_counter() - t0) / tiny_jobs
         out["tiny_job"] = {"cycles": rtl.execute(cfg, tiny, mem).cycles,
                            "ms_per_job": round(per * 1e3, 2)}
+    # two ranks in lockstep (the driver's execute_many): each launch runs the big program on
+    # both ranks' images; one shared simulator (max_sims=1) reloads the other rank's image
+    # every job, one simulator per rank keeps it resident and runs the two in parallel
+    images = [mem, rng.integers(0, 1 << 16, size=mem.shape, dtype=np.uint16)]
+    out["two_ranks"] = {}
+    for sims in (1, 2):
+        with RTLBackend(max_sims=sims) as rtl:
+            imgs = [r.mem for r in rtl.execute_many(cfg, [(big, m) for m in images])]  # warm
+            t0, cycles = time.perf_counter(), 0
+            for _ in range(launches):
+                res = rtl.execute_many(cfg, [(big, m) for m in imgs])
+                imgs = [r.mem for r in res]
+                cycles += sum(r.cycles for r in res)
+            dt = time.perf_counter() - t0
+        out["two_ranks"][f"max_sims={sims}"] = {
+            "launches": launches, "seconds_per_launch": round(dt / launches, 3),
+            "cycles_per_s": round(cycles / dt)}
     return out
 
 
