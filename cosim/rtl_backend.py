@@ -263,7 +263,7 @@ def _close_all() -> None:
 
 
 class SessionOwner:
-    """Owner of persistent simulator sessions (``self.sessions``: config -> session with
+    """Owner of persistent simulator sessions (``self.sessions``: key -> session with
     ``close()`` and ``workdir``; ``self.keep_logs``): stops them on :meth:`close`, at the end
     of a ``with`` block and on garbage collection. Base of both RTL backends."""
 
@@ -292,7 +292,8 @@ class SessionOwner:
 
 
 class RTLBackend(SessionOwner):
-    """Backend running programs on the Verilated NME (one persistent simulator per config).
+    """Backend running programs on the Verilated NME (persistent simulators per config, one
+    per rank of a lockstep launch).
 
     Args:
         latency: memory read latency in cycles (1..255).
@@ -385,10 +386,10 @@ class RTLBackend(SessionOwner):
         from coda.host.backend import ExecResult
 
         t0, starts_s = time.perf_counter(), self.stats["start_seconds"]
+        stall = max(self.req_stall, self.rsp_stall)
         prepared = []
         for program, mem in jobs:
             mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
-            stall = max(self.req_stall, self.rsp_stall)
             prepared.append((program.words(), mem, cycle_limit(cfg, program, self.latency, stall)))
         results = []
         try:
