@@ -2,10 +2,18 @@
 
 One :class:`DRAMController` drives one rank (see :mod:`coda.hw.dram_standards` for what a
 rank is per standard). It runs on the DRAM command clock (one cycle = one tCK) and issues at
-most one command per cycle. Every JEDEC constraint is a down-counter that a command loads and
-that must read zero before a dependent command may issue, so the command stream obeys the
-standard cycle by cycle *by construction*; :mod:`coda.cosim.dram_check` verifies it
+most one command per cycle. Every JEDEC constraint is a timestamp: a command sets the earliest
+cycle at which a dependent command may issue (``now + tXX``, keeping a later one already set),
+and the dependent command waits until the cycle counter reaches it, so the command stream obeys
+the standard cycle by cycle *by construction*; :mod:`coda.cosim.dram_check` verifies it
 independently from the command log.
+
+Per-bank and per-bank-group timestamps and open rows live in small RAMs indexed by bank, and
+the request queues are circular buffers in RAMs: a cycle reads only the entries the scheduler
+looks at and writes only what the issued command changes, which keeps the Verilated model fast
+(a cycle costs O(lookahead), not O(banks x queue depth)). A constraint a command puts on every
+*other* bank group (tCCD_S, tRRD_S, tWTR_S) is one shared timestamp; the group's own (the _L
+value) is at least as long, so max(own, shared) equals the per-group constraint.
 
 Address mapping (burst address ``a``, one burst = ``std.burst_bytes``), LSB first::
 
@@ -113,30 +121,6 @@ class _Fields:
         self.bank = Cat(self.bg, self.ba)  # bank index = ba * bank_groups + bg
 
 
-class _Counter:
-    """A saturating down-counter holding 'cycles until allowed - 1'; zero means allowed."""
-
-    def __init__(self, max_value: int, name: str):
-        self.sig = Signal(range(max(max_value, 2)), name=name)
-        self.loads: list[tuple[object, int]] = []
-
-    def load(self, cond, cycles: int):
-        """When ``cond`` (a command issued this cycle), the next command may come ``cycles``
-        cycles later (cycles >= 1)."""
-        self.loads.append((cond, cycles))
-
-    @property
-    def ready(self):
-        return self.sig == 0
-
-    def elaborate(self, m: Module):
-        dec = Mux(self.sig == 0, 0, self.sig - 1)
-        nxt = dec
-        for cond, cycles in self.loads:
-            nxt = Mux(cond & (dec < cycles - 1), cycles - 1, nxt)
-        m.d.sync += self.sig.eq(nxt)
-
-
 class DRAMController(wiring.Component):
     """In-order-with-lookahead, open-page controller of one DRAM rank (one clock = one tCK).
 
@@ -179,6 +163,12 @@ class DRAMController(wiring.Component):
             raise ValueError(f"lookahead={lookahead}: expected >= 1")
         if std.bank_groups < 2 or std.banks_per_group < 2:
             raise ValueError(f"{std.name}: expected >= 2 bank groups and banks per group")
+        for same, other in (("tCCD_L", "tCCD_S"), ("write_to_read_l", "write_to_read_s"),
+                            ("tCCD_L_WR", "tCCD_S"), ("tRRD_L", "tRRD_S")):
+            if getattr(std, same) < getattr(std, other):
+                raise ValueError(f"{std.name}: {same}={getattr(std, same)} < "
+                                 f"{other}={getattr(std, other)}; expected the same-bank-group "
+                                 f"constraint to be at least the other-group one")
         self.std = std
         self.read_queue, self.write_queue = read_queue, write_queue
         self.write_high, self.write_low, self.lookahead = write_high, write_low, lookahead
@@ -204,62 +194,83 @@ class DRAMController(wiring.Component):
         A, D = std.burst_addr_bits, 8 * std.burst_bytes
         nbank, nbg = std.banks, std.bank_groups
         RQ, WQ, L = self.read_queue, self.write_queue, self.lookahead
+        gb = _log2(nbg)
+        T = STAT_BITS
 
-        cycle = Signal(STAT_BITS)
-        m.d.sync += cycle.eq(cycle + 1)
+        cycle = Signal(T)                   # cycles since reset (stat_cycles, request stamps)
+        now = Signal(T, reset_less=True)    # time base of the constraint timestamps
+        m.d.sync += [cycle.eq(cycle + 1), now.eq(now + 1)]
 
-        # ---- queues: metadata in shift registers (entry 0 = oldest), write data in a RAM
+        def after(stamp):
+            """The constraint whose earliest cycle is ``stamp`` allows a command now."""
+            return now >= stamp
+
+        def later(a, b):
+            return Mux(a > b, a, b)
+
+        # ---- queues: circular buffers in RAMs (bank index stored at push), write data RAM
         def queue(depth, name, with_ts):
-            q = {
-                "addr": [Signal(A, name=f"{name}_addr{k}") for k in range(depth)],
-                "act": [Signal(name=f"{name}_act{k}") for k in range(depth)],
-                "pre": [Signal(name=f"{name}_pre{k}") for k in range(depth)],
-                "count": Signal(range(depth + 1), name=f"{name}_count"),
-                "depth": depth,
-            }
+            slots = max(2, 1 << _log2(depth))
+            mem = Memory(shape=unsigned(A + _log2(nbank)), depth=slots, init=[])
+            m.submodules[f"{name}_entries"] = mem
+            q = {"mem": mem, "wr": mem.write_port(), "depth": depth, "slots": slots,
+                 "head": Signal(range(slots), name=f"{name}_head"),
+                 "tail": Signal(range(slots), name=f"{name}_tail"),
+                 "count": Signal(range(depth + 1), name=f"{name}_count"),
+                 "used": Signal(slots, name=f"{name}_used"),     # slot holds an entry
+                 "act": Signal(slots, name=f"{name}_act"),       # its bank needed an ACT
+                 "pre": Signal(slots, name=f"{name}_pre")}       # ... and a PRE
             if with_ts:
-                q["ts"] = [Signal(32, name=f"{name}_ts{k}") for k in range(depth)]
-            q["fields"] = [_Fields(std, a) for a in q["addr"]]
-            q["valid"] = [q["count"] > k for k in range(depth)]
+                ts = Memory(shape=unsigned(32), depth=slots, init=[])
+                m.submodules[f"{name}_stamps"] = ts
+                q["ts_wr"], q["ts_rd"] = ts.write_port(), ts.read_port(domain="comb")
+                m.d.comb += q["ts_rd"].addr.eq(q["head"])
             return q
+
+        def entry(q, index):
+            """(valid, addr, bank) of the queue's entry ``index`` (0 = oldest)."""
+            if index >= q["depth"]:
+                return Const(0), Const(0, A), Const(0, _log2(nbank))
+            port = q["mem"].read_port(domain="comb")
+            m.d.comb += port.addr.eq(q["head"] + index)
+            return q["count"] > index, port.data[:A], port.data[A:]
+
+        def slot_addr(q, k):
+            """(holds an entry, its address) of physical slot ``k`` (for the hazard CAMs)."""
+            port = q["mem"].read_port(domain="comb")
+            m.d.comb += port.addr.eq(k)
+            return q["used"][k], port.data[:A]
 
         rq, wq = queue(RQ, "rq", True), queue(WQ, "wq", False)
         m.submodules.wdata = wmem = Memory(shape=unsigned(D + D // 8), depth=WQ, init=[])
         wmem_w = wmem.write_port()
         wmem_r = wmem.read_port(domain="comb")
-        w_in = Signal(range(WQ))
-        w_out = Signal(range(WQ))
-        m.d.comb += wmem_r.addr.eq(w_out)
+        m.d.comb += wmem_r.addr.eq(wq["head"])
 
-        # ---- bank / bank-group / rank state
+        # ---- bank / bank-group state: open rows and constraint timestamps, one RAM word per
+        # bank (group); a command updates one word. A constraint that a command puts on every
+        # bank (group) other than its own is a single "_any" timestamp: with same-group values
+        # >= other-group values (checked in __init__) max(own, any) is the per-group counter.
+        def table(depth, name, shape):
+            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
+            m.submodules[name] = mem
+            return mem
+
+        def read(mem, index):
+            port = mem.read_port(domain="comb")
+            m.d.comb += port.addr.eq(index)
+            return port.data
+
         is_open = Signal(nbank)
-        open_row = Array(Signal(_log2(std.rows), name=f"open_row{b}") for b in range(nbank))
-        max_act = max(std.tRC, std.tRP, std.tRPab, std.tRFC)
-        act_wait = [_Counter(max_act, f"act_wait{b}") for b in range(nbank)]
-        pre_wait = [_Counter(max(std.tRAS, std.tRTP, std.write_to_pre), f"pre_wait{b}")
-                    for b in range(nbank)]
-        col_wait = [_Counter(std.tRCD, f"col_wait{b}") for b in range(nbank)]
-        rd_wait = [_Counter(max(std.tCCD_L, std.write_to_read_l), f"rd_wait_bg{g}")
-                   for g in range(nbg)]
-        wr_wait = [_Counter(max(std.tCCD_L_WR, std.tRTW, std.tCCD_L), f"wr_wait_bg{g}")
-                   for g in range(nbg)]
-        rrd_wait = [_Counter(std.tRRD_L, f"rrd_wait_bg{g}") for g in range(nbg)]
+        open_row = table(nbank, "open_row", _log2(std.rows))
+        act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
+        rd_at, wr_at, rrd_at = (table(nbg, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
+        act_any, rd_any, wr_any, rrd_any = (Signal(T, name=n) for n in
+                                            ("act_any", "rd_any", "wr_any", "rrd_any"))
+        act_all = Signal(T)   # latest ACT-allowed stamp of any bank: all banks may ACT (REF)
+        pre_all = Signal(T)   # latest PRE-allowed stamp of any bank: all banks may PRE (PREA)
         faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
-        act_ok_bank = Signal(nbank)
-        pre_ok_bank = Signal(nbank)
-        col_ok_bank = Signal(nbank)
-        rd_ok_bg = Signal(nbg)
-        wr_ok_bg = Signal(nbg)
         faw_ok = faw[3] == 0
-        for b in range(nbank):
-            g = b % nbg
-            m.d.comb += [
-                act_ok_bank[b].eq(act_wait[b].ready & rrd_wait[g].ready & faw_ok),
-                pre_ok_bank[b].eq(pre_wait[b].ready),
-                col_ok_bank[b].eq(col_wait[b].ready),
-            ]
-        for g in range(nbg):
-            m.d.comb += [rd_ok_bg[g].eq(rd_wait[g].ready), wr_ok_bg[g].eq(wr_wait[g].ready)]
 
         # ---- refresh timer
         ref_timer = Signal(range(std.tREFI), init=std.tREFI - 1)  # first REF after tREFI
@@ -269,12 +280,14 @@ class DRAMController(wiring.Component):
         with m.Else():
             m.d.sync += ref_timer.eq(ref_timer - 1)
 
-        # ---- write mode and hazards
+        # ---- write mode and hazards (the CAM compares every queued address)
         wmode = Signal()
-        head_r, head_w = rq["fields"][0], wq["fields"][0]
+        r0 = entry(rq, 0)
+        r0_valid, r0_addr = r0[0], r0[1]
         raw = Signal()
-        m.d.comb += raw.eq(rq["valid"][0] & _any(
-            wq["valid"][k] & (wq["addr"][k] == rq["addr"][0]) for k in range(WQ)))
+        w_slots = [slot_addr(wq, k) for k in range(wq["slots"])]
+        r_slots = [slot_addr(rq, k) for k in range(rq["slots"])]
+        m.d.comb += raw.eq(r0_valid & _any(u & (a == r0_addr) for u, a in w_slots))
         with m.If(~wmode):
             with m.If((wq["count"] >= self.write_high) | ((rq["count"] == 0) & (wq["count"] > 0))
                       | raw):
@@ -284,79 +297,72 @@ class DRAMController(wiring.Component):
                       | ((wq["count"] <= self.write_low) & (rq["count"] > 0) & ~raw)):
                 m.d.sync += wmode.eq(0)
 
-        # ---- column command candidate (head of the active queue)
-        def hit(f):
-            return is_open.bit_select(f.bank, 1) & (open_row[f.bank] == f.row)
+        # ---- the active queue's first `lookahead` entries
+        n_look = max(min(L, RQ), min(L, WQ))
+        look = []
+        for i in range(n_look):
+            rv, ra, rb = entry(rq, i) if i > 0 else r0
+            wv, wa, wb = entry(wq, i)
+            look.append((Mux(wmode, wv, rv), _Fields(std, Mux(wmode, wa, ra)), Mux(wmode, wb, rb)))
 
+        # ---- column command candidate (the active queue's head)
+        v0, f0, b0 = look[0]
+        hit0 = is_open.bit_select(b0, 1) & (read(open_row, b0) == f0.row)
+        col_ok0 = after(read(col_at, b0))
         rd_go = Signal()
         wr_go = Signal()
         m.d.comb += [
-            rd_go.eq(~ref_pending & ~wmode & rq["valid"][0] & hit(head_r)
-                     & col_ok_bank.bit_select(head_r.bank, 1) & rd_ok_bg.bit_select(head_r.bg, 1)
-                     & ~raw),
-            wr_go.eq(~ref_pending & wmode & wq["valid"][0] & hit(head_w)
-                     & col_ok_bank.bit_select(head_w.bank, 1) & wr_ok_bg.bit_select(head_w.bg, 1)),
+            rd_go.eq(~ref_pending & ~wmode & v0 & hit0 & col_ok0
+                     & after(read(rd_at, f0.bg)) & after(rd_any) & ~raw),
+            wr_go.eq(~ref_pending & wmode & v0 & hit0 & col_ok0
+                     & after(read(wr_at, f0.bg)) & after(wr_any)),
         ]
 
         # ---- row command candidates (lookahead over the active queue)
-        def row_candidates(q):
-            n = min(L, q["depth"])
-            acts, pres = [], []
-            for i in range(n):
-                f = q["fields"][i]
-                front = q["valid"][i]
-                for j in range(i):
-                    front = front & ~(q["valid"][j] & (q["fields"][j].bank == f.bank))
-                opened = is_open.bit_select(f.bank, 1)
-                need_act = front & ~opened
-                need_pre = front & opened & (open_row[f.bank] != f.row)
-                acts.append(need_act & act_ok_bank.bit_select(f.bank, 1))
-                pres.append(need_pre & pre_ok_bank.bit_select(f.bank, 1))
-            return acts, pres
-
-        r_acts, r_pres = row_candidates(rq)
-        w_acts, w_pres = row_candidates(wq)
-        n_look = max(len(r_acts), len(w_acts))
+        act_common = after(act_any) & after(rrd_any) & faw_ok & ~ref_pending
         cand_act = [Signal(name=f"cand_act{i}") for i in range(n_look)]
         cand_pre = [Signal(name=f"cand_pre{i}") for i in range(n_look)]
-        for i in range(n_look):
-            ra = r_acts[i] if i < len(r_acts) else Const(0)
-            rp = r_pres[i] if i < len(r_pres) else Const(0)
-            wa = w_acts[i] if i < len(w_acts) else Const(0)
-            wp = w_pres[i] if i < len(w_pres) else Const(0)
-            m.d.comb += [cand_act[i].eq(Mux(wmode, wa, ra) & ~ref_pending),
-                         cand_pre[i].eq(Mux(wmode, wp, rp) & ~ref_pending)]
+        for i, (v, f, b) in enumerate(look):
+            front = v   # entries older than a valid one are valid
+            for j in range(i):
+                front = front & (look[j][2] != b)
+            opened = is_open.bit_select(b, 1)
+            m.d.comb += [
+                cand_act[i].eq(front & ~opened & after(read(act_at, b))
+                               & after(read(rrd_at, f.bg)) & act_common),
+                cand_pre[i].eq(front & opened & (read(open_row, b) != f.row)
+                               & after(read(pre_at, b)) & ~ref_pending),
+            ]
 
         # ---- refresh commands
         any_open = is_open.any()
         prea_go = Signal()
         ref_go = Signal()
         m.d.comb += [
-            prea_go.eq(ref_pending & any_open & pre_ok_bank.all()),
-            ref_go.eq(ref_pending & ~any_open & Cat(a.ready for a in act_wait).all()),
+            prea_go.eq(ref_pending & any_open & after(pre_all)),
+            ref_go.eq(ref_pending & ~any_open & after(act_all)),
         ]
 
         # ---- choose one command
         kind = Signal(3)
-        sel = Signal(range(max(n_look, 2)))  # lookahead entry of a row command
-        sel_addr = Signal(A)
+        sel = Signal(range(max(n_look, 2)))  # lookahead entry of the command (0: RD/WR)
         with m.If(prea_go):
             m.d.comb += kind.eq(Cmd.PREA)
         with m.Elif(ref_go):
             m.d.comb += kind.eq(Cmd.REF)
         with m.Elif(rd_go):
-            m.d.comb += [kind.eq(Cmd.RD), sel_addr.eq(rq["addr"][0])]
+            m.d.comb += kind.eq(Cmd.RD)
         with m.Elif(wr_go):
-            m.d.comb += [kind.eq(Cmd.WR), sel_addr.eq(wq["addr"][0])]
+            m.d.comb += kind.eq(Cmd.WR)
         with m.Else():
             for i in reversed(range(n_look)):  # the oldest candidate wins (last assignment)
                 with m.If(cand_act[i] | cand_pre[i]):
                     m.d.comb += [kind.eq(Mux(cand_act[i], Cmd.ACT, Cmd.PRE)), sel.eq(i)]
-            qaddr = Array(Mux(wmode, wq["addr"][i] if i < WQ else 0, rq["addr"][i] if i < RQ else 0)
-                          for i in range(n_look))
-            m.d.comb += sel_addr.eq(qaddr[sel])
-
-        f = _Fields(std, sel_addr)
+        r_sel = read(rq["mem"], rq["head"] + sel)
+        w_sel = read(wq["mem"], wq["head"] + sel)
+        sel_entry = Mux(kind.matches(Cmd.PREA, Cmd.REF), 0, Mux(wmode, w_sel, r_sel))
+        f = _Fields(std, sel_entry[:A])
+        bank = sel_entry[A:]
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
         is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
         is_prea, is_ref = kind == Cmd.PREA, kind == Cmd.REF
@@ -366,34 +372,43 @@ class DRAMController(wiring.Component):
             self.cmd_wdata.eq(wmem_r.data[:D]), self.cmd_wmask.eq(wmem_r.data[D:]),
         ]
 
-        # ---- state updates from the issued command
-        for b in range(nbank):
-            here = f.bank == b
-            act_wait[b].load(is_act & here, std.tRC)
-            act_wait[b].load(is_pre & here, std.tRP)
-            act_wait[b].load(is_prea, std.tRPab)
-            act_wait[b].load(is_ref, std.tRFC)
-            pre_wait[b].load(is_act & here, std.tRAS)
-            pre_wait[b].load(is_rd & here, std.tRTP)
-            pre_wait[b].load(is_wr & here, std.write_to_pre)
-            col_wait[b].load(is_act & here, std.tRCD)
-            with m.If(is_act & here):
-                m.d.sync += [is_open[b].eq(1), open_row[b].eq(f.row)]
-            with m.If((is_pre & here) | is_prea):
-                m.d.sync += is_open[b].eq(0)
-        for g in range(nbg):
-            same = f.bg == g
-            rd_wait[g].load(is_rd & same, std.tCCD_L)
-            rd_wait[g].load(is_rd & ~same, std.tCCD_S)
-            rd_wait[g].load(is_wr & same, std.write_to_read_l)
-            rd_wait[g].load(is_wr & ~same, std.write_to_read_s)
-            wr_wait[g].load(is_wr & same, std.tCCD_L_WR)
-            wr_wait[g].load(is_wr & ~same, std.tCCD_S)
-            wr_wait[g].load(is_rd, max(std.tRTW, std.tCCD_L))
-            rrd_wait[g].load(is_act & same, std.tRRD_L)
-            rrd_wait[g].load(is_act & ~same, std.tRRD_S)
-        for c in act_wait + pre_wait + col_wait + rd_wait + wr_wait + rrd_wait:
-            c.elaborate(m)
+        # ---- state updates from the issued command (stamp = now + the constraint's cycles)
+        def update(mem, index, en, stamp, keep_later=True):
+            port = mem.write_port()
+            m.d.comb += [port.addr.eq(index), port.en.eq(en),
+                         port.data.eq(later(read(mem, index), stamp) if keep_later else stamp)]
+            return stamp
+
+        act_stamp = now + Mux(is_act, std.tRC, std.tRP)
+        update(act_at, bank, is_act | is_pre, act_stamp)
+        pre_stamp = now + Mux(is_act, std.tRAS, Mux(is_rd, std.tRTP, std.write_to_pre))
+        update(pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
+        update(col_at, bank, is_act, now + std.tRCD, keep_later=False)
+        update(rd_at, f.bg, is_rd | is_wr, now + Mux(is_rd, std.tCCD_L, std.write_to_read_l))
+        update(wr_at, f.bg, is_wr, now + std.tCCD_L_WR, keep_later=False)
+        update(rrd_at, f.bg, is_act, now + std.tRRD_L, keep_later=False)
+        orow_w = open_row.write_port()
+        m.d.comb += [orow_w.addr.eq(bank), orow_w.data.eq(f.row), orow_w.en.eq(is_act)]
+        all_stamp = now + Mux(is_prea, std.tRPab, std.tRFC)
+        with m.If(is_prea | is_ref):
+            m.d.sync += [act_any.eq(later(act_any, all_stamp)),
+                         act_all.eq(later(act_all, all_stamp))]
+        with m.If(is_act | is_pre):
+            m.d.sync += act_all.eq(later(act_all, act_stamp))
+        with m.If(is_act | is_rd | is_wr):
+            m.d.sync += pre_all.eq(later(pre_all, pre_stamp))
+        with m.If(is_rd | is_wr):
+            m.d.sync += rd_any.eq(later(rd_any, now + Mux(is_rd, std.tCCD_S,
+                                                          std.write_to_read_s)))
+            m.d.sync += wr_any.eq(later(wr_any, now + Mux(is_rd, max(std.tRTW, std.tCCD_L),
+                                                          std.tCCD_S)))
+        with m.If(is_act):
+            m.d.sync += [rrd_any.eq(now + std.tRRD_S),
+                         is_open.eq(is_open | (Const(1, nbank) << bank)[:nbank])]
+        with m.If(is_pre):
+            m.d.sync += is_open.eq(is_open & ~(Const(1, nbank) << bank)[:nbank])
+        with m.If(is_prea):
+            m.d.sync += is_open.eq(0)
         # four-activate window: faw[k] = cycles until the (k+1)-th latest ACT leaves the window
         dec = [Mux(x == 0, 0, x - 1) for x in faw]
         with m.If(is_act):
@@ -407,19 +422,32 @@ class DRAMController(wiring.Component):
 
         # ---- queue updates
         push = self.req_valid & self.req_ready
-        war = _any(rq["valid"][k] & (rq["addr"][k] == self.req_addr) for k in range(RQ))
+        war = _any(u & (a == self.req_addr) for u, a in r_slots)
         m.d.comb += self.req_ready.eq(Mux(self.req_we, (wq["count"] < WQ) & ~war,
                                           rq["count"] < RQ))
-        self._update_queue(m, rq, is_rd, push & ~self.req_we, is_act | is_pre, ~wmode, sel,
-                           is_act, cycle)
-        self._update_queue(m, wq, is_wr, push & self.req_we, is_act | is_pre, wmode, sel,
-                           is_act, cycle)
-        m.d.comb += [wmem_w.addr.eq(w_in), wmem_w.data.eq(Cat(self.req_wdata, self.req_wmask)),
+        req_bank = _Fields(std, self.req_addr).bank
+        row_cmd = is_act | is_pre
+        for q, pop, push_q, active in ((rq, is_rd, push & ~self.req_we, ~wmode),
+                                       (wq, is_wr, push & self.req_we, wmode)):
+            slots = q["slots"]
+            one = Const(1, slots)
+            m.d.comb += [q["wr"].addr.eq(q["tail"]), q["wr"].en.eq(push_q),
+                         q["wr"].data.eq(Cat(self.req_addr, req_bank))]
+            if "ts_wr" in q:
+                m.d.comb += [q["ts_wr"].addr.eq(q["tail"]), q["ts_wr"].en.eq(push_q),
+                             q["ts_wr"].data.eq(cycle[:32])]
+            at_tail = Mux(push_q, (one << q["tail"])[:slots], 0)
+            at_head = Mux(pop, (one << q["head"])[:slots], 0)
+            at_sel = Mux(row_cmd & active, (one << (q["head"] + sel)[:len(q["head"])])[:slots], 0)
+            m.d.sync += [
+                q["used"].eq((q["used"] & ~at_head) | at_tail),
+                q["act"].eq((q["act"] & ~at_tail) | Mux(is_act, at_sel, 0)),
+                q["pre"].eq((q["pre"] & ~at_tail) | Mux(is_pre, at_sel, 0)),
+                q["head"].eq(q["head"] + pop), q["tail"].eq(q["tail"] + push_q),
+                q["count"].eq(q["count"] + push_q - pop),
+            ]
+        m.d.comb += [wmem_w.addr.eq(wq["tail"]), wmem_w.data.eq(Cat(self.req_wdata, self.req_wmask)),
                      wmem_w.en.eq(push & self.req_we)]
-        with m.If(push & self.req_we):
-            m.d.sync += w_in.eq(w_in + 1)
-        with m.If(is_wr):
-            m.d.sync += w_out.eq(w_out + 1)
 
         # ---- responses, idle, statistics
         inflight = Signal(range(64))
@@ -427,8 +455,10 @@ class DRAMController(wiring.Component):
         m.d.comb += [self.rsp_valid.eq(self.rd_valid), self.rsp_data.eq(self.rd_data),
                      self.idle.eq((rq["count"] == 0) & (wq["count"] == 0) & (inflight == 0))]
         stats = {n: Signal(STAT_BITS, name=f"st_{n}") for n in STAT_NAMES}
-        head_act = Mux(is_rd, rq["act"][0], wq["act"][0])
-        head_pre = Mux(is_rd, rq["pre"][0], wq["pre"][0])
+        head_act = Mux(is_rd, rq["act"].bit_select(rq["head"], 1),
+                       wq["act"].bit_select(wq["head"], 1))
+        head_pre = Mux(is_rd, rq["pre"].bit_select(rq["head"], 1),
+                       wq["pre"].bit_select(wq["head"], 1))
         col = is_rd | is_wr
         m.d.sync += [
             stats["reads"].eq(stats["reads"] + is_rd),
@@ -440,33 +470,11 @@ class DRAMController(wiring.Component):
         ]
         with m.If(is_rd):
             m.d.sync += stats["read_latency"].eq(
-                stats["read_latency"] + (cycle[:32] - rq["ts"][0])[:32] + std.read_latency)
+                stats["read_latency"] + (cycle[:32] - rq["ts_rd"].data)[:32] + std.read_latency)
         m.d.comb += stats["cycles"].eq(cycle)
         for n in STAT_NAMES:
             m.d.comb += getattr(self, f"stat_{n}").eq(stats[n])
         return m
-
-    def _update_queue(self, m, q, pop, push, row_cmd, active, sel, is_act, cycle):
-        depth = q["depth"]
-        # entry k takes entry k+1 on a pop (a pop is a column command: never a row command)
-        for k in range(depth):
-            with m.If(pop):
-                if k + 1 < depth:
-                    m.d.sync += [q["addr"][k].eq(q["addr"][k + 1]), q["act"][k].eq(q["act"][k + 1]),
-                                 q["pre"][k].eq(q["pre"][k + 1])]
-                    if "ts" in q:
-                        m.d.sync += q["ts"][k].eq(q["ts"][k + 1])
-            if k < self.lookahead:
-                with m.If(row_cmd & active & (sel == k)):
-                    with m.If(is_act):
-                        m.d.sync += q["act"][k].eq(1)
-                    with m.Else():
-                        m.d.sync += q["pre"][k].eq(1)
-            with m.If(push & (q["count"] - pop == k)):
-                m.d.sync += [q["addr"][k].eq(self.req_addr), q["act"][k].eq(0), q["pre"][k].eq(0)]
-                if "ts" in q:
-                    m.d.sync += q["ts"][k].eq(cycle[:32])
-        m.d.sync += q["count"].eq(q["count"] + push - pop)
 
 
 def _any(terms):
