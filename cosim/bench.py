@@ -16,7 +16,9 @@ builds (or reuses) the Verilated NME, then through :class:`~coda.cosim.rtl_backe
 and of a whole DIMM-NMP (:func:`measure_nmp`, default 2 DIMMs x 2 ranks of DDR5-4800 through
 :class:`~coda.cosim.nmp_backend.NMPRTLBackend`): simulated cycles (one cycle = one DRAM tCK =
 one NME cycle) per wall second of a long residual add and of a 4-stream segment on every rank in
-lockstep, and the DRAM bandwidth utilisation each achieves, per rank:
+lockstep (``sim_cycles_per_s``: system cycles per wall second of the simulator's own run;
+``rank_cycles_per_s``: the same times the number of ranks, i.e. NME cycles summed over the
+system's NMEs), and the DRAM bandwidth utilisation each achieves, per rank:
 ``bytes moved by RD/WR / (cycles * burst_bytes / nBL)`` (the rank's peak bytes per cycle).
 ``--nmp-flags`` measures other Verilator/C++ option sets (:data:`coda.cosim.nmp_backend.FLAG_SETS`,
 one build each). The default NME depth of the DIMM-NMP is 256 words (4 KiB per stream block at
@@ -177,6 +179,8 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
                          # the simulator's own run (feed, program, drain, dirty dump) only
                          "sim_wall_s": round(last.extra["sim_wall_s"], 3),
                          "sim_cycles_per_s": round(last.cycles / last.extra["sim_wall_s"]),
+                         # the same run counted per NME: n ranks each run that many cycles
+                         "rank_cycles_per_s": round(n * last.cycles / last.extra["sim_wall_s"]),
                          "cycles_per_element": round(last.cycles / prog.n_elems, 3),
                          "min_utilisation": min(r["utilisation"] for r in per_rank),
                          "ranks": per_rank}

@@ -179,7 +179,7 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     return exe
 
 
-MAX_DEFAULT_CYCLE = 200_000_000  # ~4 min of simulation at the model's ~0.8 M cycles/s
+MAX_DEFAULT_CYCLE = 200_000_000  # ~1 min of simulation at the model's ~4 M cycles/s
 
 
 def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], *,
@@ -202,7 +202,8 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
     if max_cycles is None:
         if last > MAX_DEFAULT_CYCLE:
             raise ValueError(f"a request at cycle {last}: later than {MAX_DEFAULT_CYCLE} DRAM "
-                             f"cycles, which would take hours to simulate; pass --max-cycles "
+                             f"cycles (the model ticks every cycle, ~4 M cycles/s, so more than a minute); "
+                             f"pass --max-cycles "
                              f"to run it anyway")
         max_cycles = last + 1000 * len(requests) + 100_000
     if commands:

@@ -4,7 +4,7 @@
 // coda_dram_device: behavioural rank. Stores bursts in an array of 2**STORE_BITS entries
 // indexed by the low bits of {row, bank, bankgroup, column burst}; a WR writes its burst
 // (byte mask) at the command, a RD returns its burst RL = CL + nBL cycles later on
-// rd_valid/rd_data (data captured at the command). Plusargs:
+// rd_valid/rd_data (data captured at the command; rd_data holds the last burst otherwise). Plusargs:
 //   +dram_cmds=FILE   command log CSV: cycle,channel,rank,bankgroup,bank,command,row,column
 //                     (devices other than channel 0 rank 0 append .c<ch>r<rank> to FILE)
 //   +dram_init=FILE   $readmemh initial contents;  +dram_dump=FILE  $writememh at the end
@@ -46,16 +46,21 @@ module coda_dram_device #(
         if (log_fd != 0) $fclose(log_fd);
     end
 
-    assign rd_valid = ring_v[slot];
-    assign rd_data = ring_d[slot];
+    // rd_valid/rd_data are registers loaded one cycle ahead from the next slot, so the wide
+    // data moves only when a burst returns (a cheaper model: nothing copies 512 bits a cycle)
+    int unsigned next_slot;
+    assign next_slot = (slot == RL - 1) ? 0 : slot + 1;
+    initial if (RL < 2) $fatal(1, "coda_dram_device: RL=%0d, expected >= 2", RL);
 
     always_ff @(posedge clk) begin
         if (rst) begin
-            cycle <= 0; slot <= 0; ring_v <= '0;
+            cycle <= 0; slot <= 0; ring_v <= '0; rd_valid <= 1'b0;
         end else begin
             cycle <= cycle + 1;
-            slot <= (slot == RL - 1) ? 0 : slot + 1;
+            slot <= next_slot;
             ring_v[slot] <= (cmd_kind == 3'd4);
+            rd_valid <= ring_v[next_slot];
+            if (ring_v[next_slot]) rd_data <= ring_d[next_slot];
             if (cmd_kind == 3'd4) ring_d[slot] <= store[idx];
             if (cmd_kind == 3'd5)
                 for (int i = 0; i < DATA_BITS / 8; i++)
