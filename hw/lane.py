@@ -19,6 +19,16 @@ ISA requires). With operand isolation the operand registers of a functional unit
 when the lane holds a valid element and the current micro-op uses that unit; without it they
 load every cycle. ``toggles`` counts the bits of those registers that changed in the previous
 cycle (from shadow copies, so the count sits beside the datapath, not on it).
+
+Clock gating (``gated=True``, with operand isolation only): the data registers are clocked by
+the gated clocks :data:`GATED_DOMAINS` that the NME provides (see :class:`coda.hw.nme.NME`),
+one per register group, each running only in cycles in which its group may load (the FPMul
+operands when a stage-1 word is valid and the micro-op multiplies, and so on); the valid bits
+stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands so that
+every functional unit's inputs come from one gated clock. Every register
+loads under the same condition as without gating, so the lane's outputs are identical cycle by
+cycle (``toggles`` then counts per gated cycle). A functional unit's logic thus only switches
+in the cycles it works, and a Verilated model only evaluates it then.
 """
 
 from __future__ import annotations
@@ -29,7 +39,12 @@ from amaranth.lib.wiring import In, Out
 
 from .fp import FP32, FPAdd, FPFormat, FPMul, FPWiden
 
-__all__ = ["NMELane", "RES_R", "RES_PROD", "RES_SUM", "popcount"]
+__all__ = ["NMELane", "RES_R", "RES_PROD", "RES_SUM", "popcount", "GATED_DOMAINS"]
+
+#: Clock domains of a gated lane's registers, one per group that loads together: stage-2
+#: operands (P, R), FPMul operands, FPAdd operands, the stage-3 bypass, the L1 subtractor's
+#: operands, its result (stage 4) and the accumulator.
+GATED_DOMAINS = ("lane_s2", "lane_mul", "lane_add", "lane_s3", "lane_l1", "lane_s4", "lane_acc")
 
 # y selection (``res_sel``): which stage-3 value is the lane's result.
 RES_R = 0      # MOV
@@ -57,6 +72,7 @@ class NMELane(wiring.Component):
     Parameters:
         fmt: element format (:class:`coda.hw.fp.FPFormat`, 16 bits wide).
         operand_isolation: gate the FU operand registers (see module docstring).
+        gated: clock the stage registers from :data:`GATED_DOMAINS` (needs operand isolation).
 
     Members (controls are constant during a pass, so they are not pipelined):
         op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
@@ -70,15 +86,23 @@ class NMELane(wiring.Component):
         acc_clear: In(1): set the accumulator to +0 (program start).
         acc: Out(32): fp32 accumulator bits.
         toggles: Out(8): operand-register bit toggles seen in the previous cycle (<= 160).
+
+    Raises:
+        TypeError: ``fmt`` is not an FPFormat. ValueError: a format that is not 16 bits wide,
+            or ``gated`` without operand isolation.
     """
 
-    def __init__(self, fmt: FPFormat, operand_isolation: bool = True):
+    def __init__(self, fmt: FPFormat, operand_isolation: bool = True, gated: bool = False):
         if not isinstance(fmt, FPFormat):
             raise TypeError(f"fmt={fmt!r}: expected a coda.hw.fp.FPFormat")
         self.fmt = fmt
         if fmt.width != 16:
             raise ValueError(f"fmt={fmt.name}: expected a 16-bit element format (bf16, fp16)")
         self.operand_isolation = bool(operand_isolation)
+        if gated and not self.operand_isolation:
+            raise ValueError("gated=True: expected operand_isolation=True (without it the "
+                             "operand registers load every cycle, so no clock may stop)")
+        self.gated = bool(gated)
         super().__init__({
             "op_mul": In(1), "mul_a_q": In(1), "op_add": In(1), "add_b_mul": In(1),
             "sub": In(1), "op_l1": In(1), "res_sel": In(2),
@@ -100,14 +124,17 @@ class NMELane(wiring.Component):
         m.submodules.diff = diff = FPAdd(FP32)
         m.submodules.accum = accum = FPAdd(FP32)
 
+        d2, dmul, dadd, d3, dl1, d4, dacc = (GATED_DOMAINS if self.gated
+                                             else ("sync",) * len(GATED_DOMAINS))
+
         # S1 -> S2
         mul_a, mul_b = Signal(16), Signal(16)
         p2, r2 = Signal(16), Signal(16)
         v2, m2 = Signal(), Signal()
         with m.If(self._load_when(self.v1, self.m1, self.op_mul)):
-            m.d.sync += [mul_a.eq(Mux(self.mul_a_q, self.q, self.p)), mul_b.eq(self.r)]
+            m.d[dmul] += [mul_a.eq(Mux(self.mul_a_q, self.q, self.p)), mul_b.eq(self.r)]
         with m.If(self.v1):
-            m.d.sync += [p2.eq(self.p), r2.eq(self.r)]
+            m.d[d2] += [p2.eq(self.p), r2.eq(self.r)]
         m.d.sync += [v2.eq(self.v1), m2.eq(self.m1)]
         m.d.comb += [mul.a.eq(mul_a), mul.b.eq(mul_b)]
 
@@ -116,15 +143,19 @@ class NMELane(wiring.Component):
         l1_a, l1_b = Signal(32), Signal(32)
         bypass3 = Signal(16)
         v3, m3 = Signal(), Signal()
+        add_sub = self.sub
         with m.If(self._load_when(v2, m2, self.op_add)):
-            m.d.sync += [add_a.eq(p2), add_b.eq(Mux(self.add_b_mul, mul.y, r2))]
+            m.d[dadd] += [add_a.eq(p2), add_b.eq(Mux(self.add_b_mul, mul.y, r2))]
+            if self.gated:
+                add_sub = Signal()
+                m.d[dadd] += add_sub.eq(self.sub)
         m.d.comb += [widen_p.a.eq(p2), widen_r.a.eq(r2)]
         with m.If(self._load_when(v2, m2, self.op_l1)):
-            m.d.sync += [l1_a.eq(widen_p.y), l1_b.eq(widen_r.y)]
+            m.d[dl1] += [l1_a.eq(widen_p.y), l1_b.eq(widen_r.y)]
         with m.If(v2):
-            m.d.sync += bypass3.eq(Mux(self.res_sel == RES_PROD, mul.y, r2))
+            m.d[d3] += bypass3.eq(Mux(self.res_sel == RES_PROD, mul.y, r2))
         m.d.sync += [v3.eq(v2), m3.eq(m2)]
-        m.d.comb += [add.a.eq(add_a), add.b.eq(add_b), add.sub.eq(self.sub)]
+        m.d.comb += [add.a.eq(add_a), add.b.eq(add_b), add.sub.eq(add_sub)]
         m.d.comb += self.y.eq(Mux(self.res_sel == RES_SUM, add.y, bypass3))
 
         # S3 -> S4: |f32(P) - f32(R)|, the sign bit cleared (|NaN| stays a NaN)
@@ -132,16 +163,16 @@ class NMELane(wiring.Component):
         l1_d = Signal(32)
         v4 = Signal()
         with m.If(self._load_when(v3, m3, self.op_l1)):
-            m.d.sync += l1_d.eq(Cat(diff.y[:31], Const(0, 1)))
+            m.d[d4] += l1_d.eq(Cat(diff.y[:31], Const(0, 1)))
         m.d.sync += v4.eq(v3 & m3 & self.op_l1)
 
         # S4: the accumulator
         acc = Signal(32)
         m.d.comb += [accum.a.eq(acc), accum.b.eq(l1_d), accum.sub.eq(0), self.acc.eq(acc)]
         with m.If(self.acc_clear):
-            m.d.sync += acc.eq(0)
+            m.d[dacc] += acc.eq(0)
         with m.Elif(v4):
-            m.d.sync += acc.eq(accum.y)
+            m.d[dacc] += acc.eq(accum.y)
 
         self._count_toggles(m, [mul_a, mul_b, add_a, add_b, l1_a, l1_b, l1_d])
         return m

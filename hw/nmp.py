@@ -91,6 +91,8 @@ class RankNMP(wiring.Component):
     Args:
         cfg: the NME configuration (``2*lanes`` bytes per word must divide the burst).
         std: DRAM standard or preset name (:mod:`coda.hw.dram_standards`).
+        clock_gating: gate the NME lanes' clocks (:class:`coda.hw.nme.NME`; default on: the
+            lanes sit idle while the rank waits on DRAM, and the Verilated model skips them).
         controller_kw: passed to :class:`coda.hw.dram.DRAMController` (queue sizes...).
 
     Ports: ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]``
@@ -103,9 +105,10 @@ class RankNMP(wiring.Component):
         ``mem_words`` larger than the rank.
     """
 
-    def __init__(self, cfg: NMEConfig, std, **controller_kw):
+    def __init__(self, cfg: NMEConfig, std, *, clock_gating: bool = True, **controller_kw):
         self.std = _check(cfg, std)
         self.cfg = cfg
+        self.clock_gating = clock_gating
         self.controller_kw = controller_kw
         super().__init__(_rank_members(cfg, self.std))
 
@@ -113,7 +116,7 @@ class RankNMP(wiring.Component):
         from .nme import NME
 
         m = Module()
-        m.submodules.nme = nme = NME(self.cfg)
+        m.submodules.nme = nme = NME(self.cfg, clock_gating=self.clock_gating)
         m.submodules.mem = mem = DRAMWordMemory(self.std, self.cfg.lanes, **self.controller_kw)
         m.d.comb += [
             nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
@@ -141,8 +144,9 @@ class DIMMNMP(wiring.Component):
     Args:
         cfg, std: as :class:`RankNMP`; dimms, ranks: DIMMs and ranks per DIMM (>= 1 each).
         rank_module: if given, each rank is an ``Instance`` of that Verilog module name (for
-            :func:`dimm_verilog`, which supplies the module); default: RankNMP submodules
-            (simulatable with ``amaranth.sim``).
+            :func:`dimm_verilog`, which supplies the module: ranks with gated lane clocks);
+            default: RankNMP submodules without clock gating (simulatable with
+            ``amaranth.sim``).
 
     Ports (N = dimms * ranks; per-rank fields concatenated, rank 0 in the low bits):
         cmd_valid, cmd_ready, cmd_data[64], cmd_ranks[N] (rank-select mask of the word);
@@ -183,7 +187,8 @@ class DIMMNMP(wiring.Component):
             port = {nm: Signal(mb.shape, name=f"r{i}_{nm}")
                     for nm, mb in _rank_members(self.cfg, self.std).items()}
             if self.rank_module is None:
-                r = RankNMP(self.cfg, self.std, **self.controller_kw)
+                # amaranth.sim would race on the gated lane clocks (see coda.hw.nme.NME)
+                r = RankNMP(self.cfg, self.std, clock_gating=False, **self.controller_kw)
                 m.submodules[f"rank{i}"] = r
                 for nm, mb in _rank_members(self.cfg, self.std).items():
                     if mb.flow == wiring.In:
