@@ -153,18 +153,19 @@ class NMPBuild:
         return self.path / TOP_NAME
 
 
-def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int) -> str:
+def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
+                    clock_gating: bool = True) -> str:
     from dataclasses import asdict
 
     from coda.cosim.build import _hw_sources_digest
-    key = hashlib.sha256(json.dumps([asdict(cfg), std.name, dimms, ranks,
+    key = hashlib.sha256(json.dumps([asdict(cfg), std.name, dimms, ranks, clock_gating,
                                      _hw_sources_digest()]).encode()).hexdigest()
     path = build_dir("cosim", "verilog") / f"dimm-{key[:20]}.v"
     if path.exists():
         return path.read_text()
     from coda.hw.nmp import dimm_verilog
     try:
-        text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME)
+        text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating)
     except Exception as exc:
         raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
                               f"failed: {exc!r}") from exc
@@ -188,12 +189,14 @@ def _runner(make_flags: list[str]):
 
 
 def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: int = 1,
-                  ranks: int = 2, *, flags: str = DEFAULT_FLAGS) -> NMPBuild:
+                  ranks: int = 2, *, flags: str = DEFAULT_FLAGS,
+                  clock_gating: bool = True) -> NMPBuild:
     """Build (or reuse, cached under ``build/cosim/nmp-<key>``) the DIMM-NMP cosimulation.
 
     Args:
         cfg: NME configuration of every rank; std: DRAM preset; dimms, ranks: system shape.
         flags: a key of :data:`FLAG_SETS` (Verilator and C++ optimisation levers).
+        clock_gating: gated lane clocks in every rank's NME (:class:`coda.hw.nme.NME`).
     Raises:
         ValueError: unknown flags or an incompatible cfg/std. CosimBuildError: build failed.
     """
@@ -204,7 +207,7 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
         raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
     from coda.cosim.dram_replay import verilator_params
     vflags, mflags = FLAG_SETS[flags]
-    verilog = _verilog_cached(cfg, std, dimms, ranks)
+    verilog = _verilog_cached(cfg, std, dimms, ranks, clock_gating)
     params = dict(verilator_params(std, store_bits(cfg, std)))
     params.update(NR=dimms * ranks, RANKS_PER_DIMM=ranks, LANES=cfg.lanes, CMD_DEPTH=CMD_DEPTH)
     import cocotb
@@ -345,6 +348,8 @@ class NMPRTLBackend(SessionOwner):
         dram: DRAM preset name (``coda.hw.dram_standards.STANDARDS``).
         dimms, ranks: system shape (>= 1 each); ``execute_many`` maps job k to rank k.
         flags: Verilator option set (:data:`FLAG_SETS`).
+        clock_gating: gated lane clocks in the ranks' NMEs (the default; same results and
+            cycles, a faster model).
         commands: path prefix for the DRAM command logs (CSV per rank, see
             ``coda_dram_device``), written when the simulator ends (:meth:`close`); None: no log.
         keep_logs: keep the simulator work folder after :meth:`close`.
@@ -354,8 +359,9 @@ class NMPRTLBackend(SessionOwner):
     name = "rtl-nmp"
 
     def __init__(self, dram: str = "DDR5-4800", dimms: int = 1, ranks: int = 2, *,
-                 flags: str = DEFAULT_FLAGS, commands: str | Path | None = None,
-                 keep_logs: bool = False, job_timeout_s: float = 1800.0):
+                 flags: str = DEFAULT_FLAGS, clock_gating: bool = True,
+                 commands: str | Path | None = None, keep_logs: bool = False,
+                 job_timeout_s: float = 1800.0):
         self.std = get_standard(dram)
         if int(dimms) < 1 or int(ranks) < 1:
             raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
@@ -363,6 +369,7 @@ class NMPRTLBackend(SessionOwner):
             raise ValueError(f"flags={flags!r}: expected one of {', '.join(FLAG_SETS)}")
         self.dimms, self.ranks, self.n = int(dimms), int(ranks), int(dimms) * int(ranks)
         self.flags = flags
+        self.clock_gating = bool(clock_gating)
         self.commands = None if commands is None else Path(commands)
         self.keep_logs = keep_logs
         self.job_timeout_s = job_timeout_s
@@ -380,7 +387,8 @@ class NMPRTLBackend(SessionOwner):
         sess = self.sessions.get(cfg)
         if sess is None or sess.proc.poll() is not None:
             t0 = time.perf_counter()
-            build = build_nmp_sim(cfg, self.std, self.dimms, self.ranks, flags=self.flags)
+            build = build_nmp_sim(cfg, self.std, self.dimms, self.ranks, flags=self.flags,
+                                  clock_gating=self.clock_gating)
             workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
             sess = NMPSession(build, workdir, commands=self.commands,
                               job_timeout_s=self.job_timeout_s)

@@ -250,7 +250,8 @@ class DIMMNMP(wiring.Component):
         return m
 
 
-def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", **controller_kw) -> str:
+def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", *, clock_gating: bool = True,
+                 **controller_kw) -> str:
     """Verilog of one :class:`RankNMP` as module ``name`` (ports ``clk``, ``rst`` + members).
 
     Raises:
@@ -261,13 +262,15 @@ def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", **controller_kw) -
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     use_pinned_yosys()
-    return verilog.convert(RankNMP(cfg, std, **controller_kw), name=name, emit_src=False)
+    return verilog.convert(RankNMP(cfg, std, clock_gating=clock_gating, **controller_kw),
+                           name=name, emit_src=False)
 
 
 def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str = "dimm_nmp",
-                 **controller_kw) -> str:
+                 *, clock_gating: bool = True, **controller_kw) -> str:
     """Verilog of a :class:`DIMMNMP`: module ``name`` instantiating ``dimms * ranks`` copies of
-    module ``<name>_rank`` (one :class:`RankNMP`, emitted once in the same text).
+    module ``<name>_rank`` (one :class:`RankNMP`, emitted once in the same text;
+    ``clock_gating`` as RankNMP).
 
     Raises:
         ValueError: bad name, dimms/ranks < 1, or as RankNMP. FileNotFoundError: no yosys.
@@ -277,6 +280,6 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     top = DIMMNMP(cfg, std, dimms, ranks, rank_module=f"{name}_rank", **controller_kw)
-    rank = rank_verilog(cfg, std, f"{name}_rank", **controller_kw)
+    rank = rank_verilog(cfg, std, f"{name}_rank", clock_gating=clock_gating, **controller_kw)
     use_pinned_yosys()
     return rank + "\n" + verilog.convert(top, name=name, emit_src=False)

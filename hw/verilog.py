@@ -39,8 +39,9 @@ def use_pinned_yosys() -> None:
     os.environ["YOSYS"] = found
 
 
-def nme_verilog(cfg: NMEConfig, name: str = "nme") -> str:
-    """Verilog source of one NME with configuration ``cfg``, module called ``name``.
+def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False) -> str:
+    """Verilog source of one NME with configuration ``cfg``, module called ``name``
+    (``clock_gating``: gated lane clocks, see :class:`coda.hw.nme.NME`).
 
     Raises:
         TypeError: ``cfg`` is not an NMEConfig.
@@ -54,15 +55,15 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme") -> str:
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     use_pinned_yosys()
-    return verilog.convert(NME(cfg), name=name)
+    return verilog.convert(NME(cfg, clock_gating=clock_gating), name=name)
 
 
 def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-4800",
-                     dimms: int = 1, ranks: int = 1) -> str:
+                     dimms: int = 1, ranks: int = 1, clock_gating: bool = True) -> str:
     """Verilog of a whole DIMM-NMP (:func:`coda.hw.nmp.dimm_verilog`): ``dimms * ranks``
     rank NMEs with their DRAM controllers behind one command port."""
     from .nmp import dimm_verilog
-    return dimm_verilog(cfg, dram, dimms, ranks, name)
+    return dimm_verilog(cfg, dram, dimms, ranks, name, clock_gating=clock_gating)
 
 
 #: Tops the CLI can write: name -> function(cfg, module name, **top options) -> Verilog text.
@@ -92,6 +93,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"rank-local memory size in words (default {defaults.mem_words})")
     parser.add_argument("--operand-isolation", choices=("on", "off"), default="on",
                         help="gate FU operand registers of idle lanes/units (default on)")
+    parser.add_argument("--clock-gating", choices=("on", "off"), default=None,
+                        help="gate the lanes' clocks while they idle (default: on for dimm, "
+                             "off for nme)")
     parser.add_argument("--dimms", type=int, default=1, help="--top dimm: DIMMs (default 1)")
     parser.add_argument("--ranks", type=int, default=1,
                         help="--top dimm: ranks per DIMM (default 1)")
@@ -113,6 +117,8 @@ def main(args: argparse.Namespace) -> int:
     """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0."""
     cfg = config_from_args(args)
     extra = {k: getattr(args, k) for k in TOP_OPTIONS.get(args.top, ())}
+    if args.clock_gating is not None:
+        extra["clock_gating"] = args.clock_gating == "on"
     text = TOPS[args.top](cfg, args.name or args.top, **extra)
     if args.output == "-":
         sys.stdout.write(text)
@@ -122,5 +128,6 @@ def main(args: argparse.Namespace) -> int:
         out.write_text(text)
         print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
               f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
-              f"isolation={'on' if cfg.operand_isolation else 'off'})", file=sys.stderr)
+              f"isolation={'on' if cfg.operand_isolation else 'off'} "
+              f"clock_gating={extra.get('clock_gating', args.top == 'dimm')})", file=sys.stderr)
     return 0
