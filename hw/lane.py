@@ -72,7 +72,8 @@ class NMELane(wiring.Component):
     Parameters:
         fmt: element format (:class:`coda.hw.fp.FPFormat`, 16 bits wide).
         operand_isolation: gate the FU operand registers (see module docstring).
-        gated: clock the stage registers from :data:`GATED_DOMAINS` (needs operand isolation).
+        gated: clock the data registers from :data:`GATED_DOMAINS` (with operand isolation
+            only; ignored without it).
 
     Members (controls are constant during a pass, so they are not pipelined):
         op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
@@ -88,8 +89,7 @@ class NMELane(wiring.Component):
         toggles: Out(8): operand-register bit toggles seen in the previous cycle (<= 160).
 
     Raises:
-        TypeError: ``fmt`` is not an FPFormat. ValueError: a format that is not 16 bits wide,
-            or ``gated`` without operand isolation.
+        TypeError: ``fmt`` is not an FPFormat. ValueError: a format that is not 16 bits wide.
     """
 
     def __init__(self, fmt: FPFormat, operand_isolation: bool = True, gated: bool = False):
@@ -99,10 +99,8 @@ class NMELane(wiring.Component):
         if fmt.width != 16:
             raise ValueError(f"fmt={fmt.name}: expected a 16-bit element format (bf16, fp16)")
         self.operand_isolation = bool(operand_isolation)
-        if gated and not self.operand_isolation:
-            raise ValueError("gated=True: expected operand_isolation=True (without it the "
-                             "operand registers load every cycle, so no clock may stop)")
-        self.gated = bool(gated)
+        # without operand isolation the operand registers load every cycle: no clock may stop
+        self.gated = bool(gated) and self.operand_isolation
         super().__init__({
             "op_mul": In(1), "mul_a_q": In(1), "op_add": In(1), "add_b_mul": In(1),
             "sub": In(1), "op_l1": In(1), "res_sel": In(2),

@@ -129,5 +129,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
               f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
               f"isolation={'on' if cfg.operand_isolation else 'off'} "
-              f"clock_gating={extra.get('clock_gating', args.top == 'dimm')})", file=sys.stderr)
+              f"clock_gating={extra.get('clock_gating', args.top == 'dimm') and cfg.operand_isolation})",
+              file=sys.stderr)
     return 0
