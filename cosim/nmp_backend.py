@@ -23,7 +23,6 @@ done; :attr:`NMPRTLBackend.last` has the whole job (combined done, controller co
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import json
@@ -33,7 +32,6 @@ import socket
 import struct
 import subprocess
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,15 +330,6 @@ class JobReport:
     extra: dict = field(default_factory=dict)
 
 
-_LIVE: "weakref.WeakSet[NMPRTLBackend]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for backend in list(_LIVE):
-        backend.close()
-
-
 class NMPRTLBackend(SessionOwner):
     """Backend running the ranks' programs on a Verilated DIMM-NMP with DRAM timing.
 
@@ -378,7 +367,7 @@ class NMPRTLBackend(SessionOwner):
         self.last: JobReport | None = None
         self.stats = {"jobs": 0, "programs": 0, "cycles": 0, "seconds": 0.0,
                       "start_seconds": 0.0}
-        _LIVE.add(self)
+        self._track()
 
     def session(self, cfg: NMEConfig) -> NMPSession:
         """The simulator of ``cfg`` on this system, built and started on first use."""

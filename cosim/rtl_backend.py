@@ -253,7 +253,7 @@ class SimSession:
             self.proc.wait(timeout=10)
 
 
-_LIVE: "weakref.WeakSet[RTLBackend]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[SessionOwner]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -265,10 +265,15 @@ def _close_all() -> None:
 class SessionOwner:
     """Owner of persistent simulator sessions (``self.sessions``: key -> session with
     ``close()`` and ``workdir``; ``self.keep_logs``): stops them on :meth:`close`, at the end
-    of a ``with`` block and on garbage collection. Base of both RTL backends."""
+    of a ``with`` block, on garbage collection and at interpreter exit (once :meth:`_track`
+    has registered it). Base of both RTL backends."""
 
     sessions: dict
     keep_logs: bool
+
+    def _track(self) -> None:
+        """Close this owner's simulators at interpreter exit if nobody did before."""
+        _LIVE.add(self)
 
     def close(self) -> None:
         """Stop every simulator this backend started (idempotent; flushes their logs)."""
@@ -338,7 +343,7 @@ class RTLBackend(SessionOwner):
         self.sessions: dict[tuple[NMEConfig, int], SimSession] = {}
         self.stats = {"programs": 0, "cycles": 0, "seconds": 0.0, "starts": 0,
                       "start_seconds": 0.0, "toggles": 0}
-        _LIVE.add(self)
+        self._track()
 
     def build(self, cfg: NMEConfig):
         """The Verilated model this backend runs for ``cfg`` (subclasses swap the Verilog)."""
