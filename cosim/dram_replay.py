@@ -179,7 +179,8 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     return exe
 
 
-MAX_DEFAULT_CYCLE = 200_000_000  # ~1 min of simulation at the model's ~4 M cycles/s
+SIM_CYCLES_PER_S = 4e6          # the DDR5-4800 model's speed here (README, Figures)
+MAX_DEFAULT_CYCLE = 200_000_000  # ~1 min of simulation at that speed
 
 
 def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], *,
@@ -191,20 +192,23 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
 
     Returns the result dict (see :func:`replay`), plus ``build_s`` and ``sim_s`` (wall s).
     Raises:
-        ValueError: empty trace; without ``max_cycles``, a request later than
-            :data:`MAX_DEFAULT_CYCLE` (the run would take hours: the model ticks every cycle);
+        ValueError: empty trace; ``max_cycles`` < 1; without ``max_cycles``, a request later than
+            :data:`MAX_DEFAULT_CYCLE` (a long run: the model ticks every cycle);
             the run hit ``max_cycles``. OSError: ``commands`` cannot be written.
     """
     std = get_standard(std)
     if not requests:
         raise ValueError("empty trace: expected at least one request")
     last = max(c for c, _, _ in requests)
+    if max_cycles is not None and int(max_cycles) < 1:
+        raise ValueError(f"max_cycles={max_cycles}: expected >= 1 DRAM cycles")
     if max_cycles is None:
         if last > MAX_DEFAULT_CYCLE:
+            hours = last / SIM_CYCLES_PER_S / 3600
             raise ValueError(f"a request at cycle {last}: later than {MAX_DEFAULT_CYCLE} DRAM "
-                             f"cycles (the model ticks every cycle, ~4 M cycles/s, so more than a minute); "
-                             f"pass --max-cycles "
-                             f"to run it anyway")
+                             f"cycles; the model ticks every cycle (~{SIM_CYCLES_PER_S / 1e6:.0f}"
+                             f" M cycles/s), so about {hours:.3g} h; pass --max-cycles to run it "
+                             f"anyway")
         max_cycles = last + 1000 * len(requests) + 100_000
     if commands:
         Path(commands).parent.mkdir(parents=True, exist_ok=True)
@@ -221,8 +225,7 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
         args = [str(exe), f"+trace={hexf}", f"+stats={stats}"]
         if commands:
             args.append(f"+dram_cmds={Path(commands).resolve()}")
-        if max_cycles:
-            args.append(f"+max_cycles={max_cycles}")
+        args.append(f"+max_cycles={int(max_cycles)}")
         t1 = time.perf_counter()
         subprocess.run(args, check=True, capture_output=True, text=True)
         sim_s = time.perf_counter() - t1

@@ -64,7 +64,8 @@ OP_LOAD, OP_RUN, OP_DUMP = 1, 3, 4
 #: controller kept its state in RAMs: plain ~0.11 M cycles/s, O3 + x-fast + C++ -O2 ~0.10 M (no
 #: gain, within noise), --threads 2 from 0.13 M down to 0.002 M cycles/s (Verilator's worker
 #: threads spin-wait and collapse when other jobs hold the cores); after it (depth 256, idle
-#: machine): default 0.16 M, --threads 2 0.17 M; with gated lane clocks (the default) 0.30 M.
+#: machine): default 0.16-0.19 M, --threads 2 0.17 M; with gated lane clocks (the default)
+#: 0.30 M.
 #: The default stays single-threaded.
 _BASE = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines", "--noassert"] + LINT_FLAGS
 FLAG_SETS: dict[str, tuple[list[str], list[str]]] = {

@@ -2,18 +2,23 @@
 
 One :class:`DRAMController` drives one rank (see :mod:`coda.hw.dram_standards` for what a
 rank is per standard). It runs on the DRAM command clock (one cycle = one tCK) and issues at
-most one command per cycle. Every JEDEC constraint is a timestamp: a command sets the earliest
-cycle at which a dependent command may issue (``now + tXX``, keeping a later one already set),
-and the dependent command waits until the cycle counter reaches it, so the command stream obeys
-the standard cycle by cycle *by construction*; :mod:`coda.cosim.dram_check` verifies it
-independently from the command log.
+most one command per cycle. Every bank and bank-group constraint is a timestamp: a command sets
+the earliest cycle at which a dependent command may issue (``now + tXX``, keeping a later one
+already set), and the dependent command waits until the free-running cycle counter ``now``
+reaches it; tFAW (the four latest ACTs) and the refresh interval are down-counters. So the
+command stream obeys the standard cycle by cycle *by construction*; :mod:`coda.cosim.dram_check`
+verifies it independently from the command log.
 
 Per-bank and per-bank-group timestamps and open rows live in small RAMs indexed by bank, and
-the request queues are circular buffers in RAMs: a cycle reads only the entries the scheduler
-looks at and writes only what the issued command changes, which keeps the Verilated model fast
-(a cycle costs O(lookahead), not O(banks x queue depth)). A constraint a command puts on every
+the request queues are circular buffers in RAMs: a cycle reads the bank state only of the
+entries the scheduler looks at and writes only what the issued command changes, which keeps
+the Verilated model fast: a cycle costs O(lookahead^2) bank comparisons plus the hazard
+comparisons against every queued address (O(read_queue + write_queue)), not
+O(banks x queue depth) counter and shift-register updates. A constraint a command puts on every
 *other* bank group (tCCD_S, tRRD_S, tWTR_S) is one shared timestamp; the group's own (the _L
-value) is at least as long, so max(own, shared) equals the per-group constraint.
+value) is at least as long, so max(own, shared) equals the per-group constraint. The timestamps
+and ``now`` are not reset: a controller reset forgets queued requests and open rows, not the
+timing constraints the DRAM still obeys.
 
 Address mapping (burst address ``a``, one burst = ``std.burst_bytes``), LSB first::
 
@@ -143,7 +148,8 @@ class DRAMController(wiring.Component):
             total read latency (acceptance to response, cycles), cycles since reset, REFs.
 
     Raises:
-        ValueError: bad queue parameters.
+        ValueError: bad queue parameters, or a standard whose same-bank-group constraint is
+            shorter than the other-group one (tCCD_L < tCCD_S...; no JEDEC preset).
     """
 
     def __init__(self, std, *, read_queue: int = 16, write_queue: int = 32,
@@ -265,10 +271,12 @@ class DRAMController(wiring.Component):
         open_row = table(nbank, "open_row", _log2(std.rows))
         act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
         rd_at, wr_at, rrd_at = (table(nbg, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
-        act_any, rd_any, wr_any, rrd_any = (Signal(T, name=n) for n in
+        # in the time base of `now`: kept over a reset, like the RAMs
+        act_any, rd_any, wr_any, rrd_any = (Signal(T, name=n, reset_less=True) for n in
                                             ("act_any", "rd_any", "wr_any", "rrd_any"))
-        act_all = Signal(T)   # latest ACT-allowed stamp of any bank: all banks may ACT (REF)
-        pre_all = Signal(T)   # latest PRE-allowed stamp of any bank: all banks may PRE (PREA)
+        # latest ACT- / PRE-allowed stamp of any bank: all banks may ACT (REF) / PRE (PREA)
+        act_all = Signal(T, reset_less=True)
+        pre_all = Signal(T, reset_less=True)
         faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
         faw_ok = faw[3] == 0
 
@@ -446,7 +454,8 @@ class DRAMController(wiring.Component):
                 q["head"].eq(q["head"] + pop), q["tail"].eq(q["tail"] + push_q),
                 q["count"].eq(q["count"] + push_q - pop),
             ]
-        m.d.comb += [wmem_w.addr.eq(wq["tail"]), wmem_w.data.eq(Cat(self.req_wdata, self.req_wmask)),
+        m.d.comb += [wmem_w.addr.eq(wq["tail"]),
+                     wmem_w.data.eq(Cat(self.req_wdata, self.req_wmask)),
                      wmem_w.en.eq(push & self.req_we)]
 
         # ---- responses, idle, statistics

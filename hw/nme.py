@@ -50,7 +50,8 @@ config, y = x + g*c over 1000 elements, 1-cycle memory: 587 cycles.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, ClockDomain, ClockSignal, Const, Module, Mux, ResetSignal, Signal
+from amaranth.hdl import (Array, Cat, ClockDomain, ClockSignal, Const, Module, Mux, ResetSignal,
+                          Signal)
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -95,12 +96,13 @@ class NME(wiring.Component):
             isolation only; ignored without it). Each register group of a lane gets a gated
             clock (:data:`coda.hw.lane.GATED_DOMAINS`) that runs in the cycles in which the
             group may load (the FPMul operands when a word is in stage 1 and the micro-op
-            multiplies, and so on; the accumulator also on a clear; every group during reset). A gate is the usual latch-and-AND cell made of a
-            falling-edge flip-flop that samples the enable in the middle of the cycle and an
-            AND with the clock. Results and timing are identical to the ungated NME; the lanes'
-            logic only switches (and a Verilated model only evaluates it) when a stage works.
-            amaranth.sim would see the gated clocks a delta cycle late (a race), so simulate a
-            gated NME with Verilator.
+            multiplies, and so on; the accumulator also on a clear; every group during
+            reset, which must span a falling clock edge). A gate is the usual latch-and-AND
+            cell made of a falling-edge flip-flop that samples the enable in the middle of the
+            cycle and an AND with the clock. Results and timing are identical to the ungated
+            NME; the lanes' logic only switches (and a Verilated model only evaluates it) when
+            a group works. amaranth.sim would see the gated clocks a delta cycle late (a
+            race), so simulate a gated NME with Verilator.
 
     Members (L = ``cfg.lanes``):
         cmd_valid: In(1), cmd_ready: Out(1), cmd_data: In(64): command words (header, then

@@ -92,7 +92,8 @@ class RankNMP(wiring.Component):
         cfg: the NME configuration (``2*lanes`` bytes per word must divide the burst).
         std: DRAM standard or preset name (:mod:`coda.hw.dram_standards`).
         clock_gating: gate the NME lanes' clocks (:class:`coda.hw.nme.NME`; default on: the
-            lanes sit idle while the rank waits on DRAM, and the Verilated model skips them).
+            lanes sit idle while the rank waits on DRAM, and the Verilated model skips them;
+            simulate a gated rank with Verilator: ``amaranth.sim`` races on gated clocks).
         controller_kw: passed to :class:`coda.hw.dram.DRAMController` (queue sizes...).
 
     Ports: ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]``
@@ -144,9 +145,10 @@ class DIMMNMP(wiring.Component):
     Args:
         cfg, std: as :class:`RankNMP`; dimms, ranks: DIMMs and ranks per DIMM (>= 1 each).
         rank_module: if given, each rank is an ``Instance`` of that Verilog module name (for
-            :func:`dimm_verilog`, which supplies the module: ranks with gated lane clocks);
-            default: RankNMP submodules without clock gating (simulatable with
-            ``amaranth.sim``).
+            :func:`dimm_verilog`, which supplies the module); default: RankNMP submodules.
+        clock_gating: gated lane clocks in the RankNMP submodules (default off, so that the
+            design simulates with ``amaranth.sim``, which races on gated clocks; the Verilog
+            of :func:`dimm_verilog` has them on by default).
 
     Ports (N = dimms * ranks; per-rank fields concatenated, rank 0 in the low bits):
         cmd_valid, cmd_ready, cmd_data[64], cmd_ranks[N] (rank-select mask of the word);
@@ -159,13 +161,14 @@ class DIMMNMP(wiring.Component):
     """
 
     def __init__(self, cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, *,
-                 rank_module: str | None = None, **controller_kw):
+                 rank_module: str | None = None, clock_gating: bool = False, **controller_kw):
         if int(dimms) < 1 or int(ranks) < 1:
             raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
         self.std = _check(cfg, std)
         self.cfg, self.dimms, self.ranks = cfg, int(dimms), int(ranks)
         self.n = self.dimms * self.ranks
         self.rank_module = rank_module
+        self.clock_gating = clock_gating
         self.controller_kw = controller_kw
         n = self.n
         members = {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_data": In(64),
@@ -187,8 +190,8 @@ class DIMMNMP(wiring.Component):
             port = {nm: Signal(mb.shape, name=f"r{i}_{nm}")
                     for nm, mb in _rank_members(self.cfg, self.std).items()}
             if self.rank_module is None:
-                # amaranth.sim would race on the gated lane clocks (see coda.hw.nme.NME)
-                r = RankNMP(self.cfg, self.std, clock_gating=False, **self.controller_kw)
+                r = RankNMP(self.cfg, self.std, clock_gating=self.clock_gating,
+                            **self.controller_kw)
                 m.submodules[f"rank{i}"] = r
                 for nm, mb in _rank_members(self.cfg, self.std).items():
                     if mb.flow == wiring.In:

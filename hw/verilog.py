@@ -114,11 +114,19 @@ def config_from_args(args: argparse.Namespace) -> NMEConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0."""
+    """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0.
+
+    Raises:
+        ValueError: a bad option value (named), or ``--clock-gating on`` without operand
+            isolation."""
     cfg = config_from_args(args)
     extra = {k: getattr(args, k) for k in TOP_OPTIONS.get(args.top, ())}
     if args.clock_gating is not None:
+        if args.clock_gating == "on" and not cfg.operand_isolation:
+            raise ValueError("--clock-gating on needs --operand-isolation on (without it the "
+                             "operand registers load every cycle, so no clock may stop)")
         extra["clock_gating"] = args.clock_gating == "on"
+    gated = extra.get("clock_gating", args.top == "dimm") and cfg.operand_isolation
     text = TOPS[args.top](cfg, args.name or args.top, **extra)
     if args.output == "-":
         sys.stdout.write(text)
@@ -129,6 +137,5 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
               f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
               f"isolation={'on' if cfg.operand_isolation else 'off'} "
-              f"clock_gating={extra.get('clock_gating', args.top == 'dimm') and cfg.operand_isolation})",
-              file=sys.stderr)
+              f"clock_gating={'on' if gated else 'off'})", file=sys.stderr)
     return 0

@@ -206,6 +206,10 @@ def test_replay_input_errors_are_clear(tmp_path):
     # a far-future request would tick for hours: refused before building or running
     with pytest.raises(ValueError, match=r"cycle 10000000000000.*--max-cycles"):
         dram_replay.run_requests("DDR4-3200", [(0, 0, 0), (10**13, 0, 64)])
+    # a bound below one cycle would run unbounded (0) or wrap around (negative)
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match=f"max_cycles={bad}: expected >= 1"):
+            dram_replay.run_requests("DDR4-3200", [(0, 0, 0)], max_cycles=bad)
     # an unwritable command trace fails up front, naming the path
     blocker = tmp_path / "file"
     blocker.write_text("")

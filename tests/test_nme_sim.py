@@ -649,14 +649,16 @@ def test_verilog_cli(tmp_path):
 
 def test_clock_gating_cli(tmp_path):
     """``--clock-gating`` adds one falling-edge gate flip-flop and one gated clock per lane
-    register group (:data:`GATED_DOMAINS`); off, or without operand isolation (whose registers
-    load every cycle), the design has the one clock."""
+    register group (:data:`GATED_DOMAINS`); off, the design has the one clock; asked for
+    without operand isolation (whose registers load every cycle) it is refused."""
     import re
 
     from coda.cli import main
     from coda.hw.lane import GATED_DOMAINS
+    assert main(["verilog", "--lanes", "2", "--clock-gating", "on", "--operand-isolation",
+                 "off", "-o", str(tmp_path / "bad.v")]) == 2
     for flag, isolation, gated in (("on", "on", True), ("off", "on", False),
-                                   ("on", "off", False)):
+                                   ("off", "off", False)):
         out = tmp_path / f"nme_{flag}_{isolation}.v"
         assert main(["verilog", "--lanes", "2", "--depth", "8", "--clock-gating", flag,
                      "--operand-isolation", isolation, "-o", str(out)]) == 0
