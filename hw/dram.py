@@ -214,11 +214,21 @@ class DRAMController(wiring.Component):
         def later(a, b):
             return Mux(a > b, a, b)
 
+        def table(depth, name, shape):
+            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
+            m.submodules[name] = mem
+            return mem
+
+        def read(mem, index):
+            """Data of a new combinational read port of ``mem`` at ``index``."""
+            port = mem.read_port(domain="comb")
+            m.d.comb += port.addr.eq(index)
+            return port.data
+
         # ---- queues: circular buffers in RAMs (bank index stored at push), write data RAM
         def queue(depth, name, with_ts):
             slots = max(2, 1 << _log2(depth))
-            mem = Memory(shape=unsigned(A + _log2(nbank)), depth=slots, init=[])
-            m.submodules[f"{name}_entries"] = mem
+            mem = table(slots, f"{name}_entries", A + _log2(nbank))
             q = {"mem": mem, "wr": mem.write_port(), "depth": depth, "slots": slots,
                  "head": Signal(range(slots), name=f"{name}_head"),
                  "tail": Signal(range(slots), name=f"{name}_tail"),
@@ -227,25 +237,20 @@ class DRAMController(wiring.Component):
                  "act": Signal(slots, name=f"{name}_act"),       # its bank needed an ACT
                  "pre": Signal(slots, name=f"{name}_pre")}       # ... and a PRE
             if with_ts:
-                ts = Memory(shape=unsigned(32), depth=slots, init=[])
-                m.submodules[f"{name}_stamps"] = ts
-                q["ts_wr"], q["ts_rd"] = ts.write_port(), ts.read_port(domain="comb")
-                m.d.comb += q["ts_rd"].addr.eq(q["head"])
+                ts = table(slots, f"{name}_stamps", 32)
+                q["ts_wr"], q["ts"] = ts.write_port(), read(ts, q["head"])
             return q
 
         def entry(q, index):
             """(valid, addr, bank) of the queue's entry ``index`` (0 = oldest)."""
             if index >= q["depth"]:
                 return Const(0), Const(0, A), Const(0, _log2(nbank))
-            port = q["mem"].read_port(domain="comb")
-            m.d.comb += port.addr.eq(q["head"] + index)
-            return q["count"] > index, port.data[:A], port.data[A:]
+            data = read(q["mem"], q["head"] + index)
+            return q["count"] > index, data[:A], data[A:]
 
         def slot_addr(q, k):
             """(holds an entry, its address) of physical slot ``k`` (for the hazard CAMs)."""
-            port = q["mem"].read_port(domain="comb")
-            m.d.comb += port.addr.eq(k)
-            return q["used"][k], port.data[:A]
+            return q["used"][k], read(q["mem"], k)[:A]
 
         rq, wq = queue(RQ, "rq", True), queue(WQ, "wq", False)
         m.submodules.wdata = wmem = Memory(shape=unsigned(D + D // 8), depth=WQ, init=[])
@@ -257,16 +262,6 @@ class DRAMController(wiring.Component):
         # bank (group); a command updates one word. A constraint that a command puts on every
         # bank (group) other than its own is a single "_any" timestamp: with same-group values
         # >= other-group values (checked in __init__) max(own, any) is the per-group counter.
-        def table(depth, name, shape):
-            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem
-
-        def read(mem, index):
-            port = mem.read_port(domain="comb")
-            m.d.comb += port.addr.eq(index)
-            return port.data
-
         is_open = Signal(nbank)
         open_row = table(nbank, "open_row", _log2(std.rows))
         act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
@@ -385,7 +380,6 @@ class DRAMController(wiring.Component):
             port = mem.write_port()
             m.d.comb += [port.addr.eq(index), port.en.eq(en),
                          port.data.eq(later(read(mem, index), stamp) if keep_later else stamp)]
-            return stamp
 
         act_stamp = now + Mux(is_act, std.tRC, std.tRP)
         update(act_at, bank, is_act | is_pre, act_stamp)
@@ -479,7 +473,7 @@ class DRAMController(wiring.Component):
         ]
         with m.If(is_rd):
             m.d.sync += stats["read_latency"].eq(
-                stats["read_latency"] + (cycle[:32] - rq["ts_rd"].data)[:32] + std.read_latency)
+                stats["read_latency"] + (cycle[:32] - rq["ts"])[:32] + std.read_latency)
         m.d.comb += stats["cycles"].eq(cycle)
         for n in STAT_NAMES:
             m.d.comb += getattr(self, f"stat_{n}").eq(stats[n])
