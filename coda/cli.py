@@ -55,9 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(args) or 0)
     except (ValueError, KeyError, OSError, EOFError) as exc:
         # bad input or an unusable path (missing, a directory, read-only, empty file)
-        print(f"coda: error: {type(exc).__name__}: {exc}" if isinstance(exc, (OSError, EOFError))
-              else f"coda: error: {exc}", file=sys.stderr)
+        print(f"coda: error: {_describe(exc)}", file=sys.stderr)
         return 2
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a user: ``PATH: reason`` for a file error, the message otherwise."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        return exc.args[0]      # str(KeyError) would quote the message
+    return str(exc) or type(exc).__name__
 
 
 def _command_words(argv: list[str]) -> tuple[str, ...] | None:

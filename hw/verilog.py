@@ -68,8 +68,9 @@ def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-48
 
 #: Tops the CLI can write: name -> function(cfg, module name, **top options) -> Verilog text.
 TOPS: dict[str, Callable[..., str]] = {"nme": nme_verilog, "dimm": dimm_top_verilog}
-#: options of ``coda verilog`` passed to a top's function (beyond cfg and name)
-TOP_OPTIONS: dict[str, tuple[str, ...]] = {"dimm": ("dram", "dimms", "ranks")}
+#: options of ``coda verilog`` passed to a top's function (beyond cfg and name), with the
+#: value each takes when not given
+TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimms": 1, "ranks": 1}}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -96,10 +97,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clock-gating", choices=("on", "off"), default=None,
                         help="gate the lanes' clocks while they idle (default: on for dimm, "
                              "off for nme)")
-    parser.add_argument("--dimms", type=int, default=1, help="--top dimm: DIMMs (default 1)")
-    parser.add_argument("--ranks", type=int, default=1,
+    parser.add_argument("--dimms", type=int, default=None, help="--top dimm: DIMMs (default 1)")
+    parser.add_argument("--ranks", type=int, default=None,
                         help="--top dimm: ranks per DIMM (default 1)")
-    parser.add_argument("--dram", default="DDR5-4800",
+    parser.add_argument("--dram", default=None,
                         help="--top dimm: DRAM preset of the ranks (default DDR5-4800)")
     parser.add_argument("--name", default=None, help="Verilog module name (default: the top)")
     parser.add_argument("-o", "--output", required=True, help="Verilog file to write ('-': stdout)")
@@ -117,10 +118,18 @@ def main(args: argparse.Namespace) -> int:
     """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0.
 
     Raises:
-        ValueError: a bad option value (named), or ``--clock-gating on`` without operand
-            isolation."""
+        ValueError: a bad option value (named), an option another top takes (e.g. ``--dimms``
+            with ``--top nme``), or ``--clock-gating on`` without operand isolation."""
     cfg = config_from_args(args)
-    extra = {k: getattr(args, k) for k in TOP_OPTIONS.get(args.top, ())}
+    options = TOP_OPTIONS.get(args.top, {})
+    foreign = sorted({k for opts in TOP_OPTIONS.values() for k in opts} - set(options))
+    given = [f"--{k}" for k in foreign if getattr(args, k) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} given with --top {args.top}: only "
+                         + "; ".join(f"--top {t} takes {', '.join('--' + k for k in o)}"
+                                     for t, o in TOP_OPTIONS.items() if o))
+    extra = {k: default if getattr(args, k) is None else getattr(args, k)
+             for k, default in options.items()}
     if args.clock_gating is not None:
         if args.clock_gating == "on" and not cfg.operand_isolation:
             raise ValueError("--clock-gating on needs --operand-isolation on (without it the "

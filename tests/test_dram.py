@@ -215,3 +215,11 @@ def test_replay_input_errors_are_clear(tmp_path):
     blocker.write_text("")
     with pytest.raises(OSError, match="file"):
         dram_replay.run_requests("DDR4-3200", [(0, 0, 0)], commands=blocker / "cmds.csv")
+
+
+def test_replay_cli_names_a_missing_trace(tmp_path, capsys):
+    """The CLI's one-line error for a missing file is ``PATH: reason`` (no exception name)."""
+    from coda.cli import main
+    missing = tmp_path / "none.trace"
+    assert main(["dram", "replay", "--standard", "DDR4-3200", "--trace", str(missing)]) == 2
+    assert capsys.readouterr().err.strip() == f"coda: error: {missing}: No such file or directory"

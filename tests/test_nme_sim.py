@@ -647,6 +647,18 @@ def test_verilog_cli(tmp_path):
     assert main(["verilog", "--lanes", "65", "-o", str(out)]) == 2    # ValueError -> 2
 
 
+def test_verilog_cli_refuses_options_of_another_top(tmp_path, capsys):
+    """``--dimms/--ranks/--dram`` describe the DIMM-NMP; with ``--top nme`` they are refused
+    by name (they used to be ignored silently), and nothing is written."""
+    from coda.cli import main
+    out = tmp_path / "nme.v"
+    assert main(["verilog", "--top", "nme", "--dimms", "3", "--dram", "DDR4-3200",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--dimms, --dram given with --top nme" in err and "--top dimm takes" in err
+    assert not out.exists()
+
+
 def test_clock_gating_cli(tmp_path):
     """``--clock-gating`` adds one falling-edge gate flip-flop and one gated clock per lane
     register group (:data:`GATED_DOMAINS`); off, the design has the one clock; asked for
