@@ -661,15 +661,19 @@ class NME(wiring.Component):
         """One clock gate per lane domain of :data:`GATED_DOMAINS`: the domain's clock is
         ``clk & gate`` where ``gate`` samples ``enable | rst`` on the falling edge (so it is
         stable while ``clk`` is high: no glitch), and the domain shares the NME's reset."""
+        # the domains' clock and reset go through nets named clk / rst: without them the
+        # NME's ports, once it is a submodule (the DIMM-NMP rank), take an alias's name
+        # (lane_gate_clk, lane_s2_rst)
+        clk, rst = Signal(name="clk"), Signal(name="rst")
+        m.d.comb += [clk.eq(ClockSignal("sync")), rst.eq(ResetSignal("sync"))]
         m.domains.lane_gate = ClockDomain("lane_gate", clk_edge="neg", reset_less=True,
                                           local=True)
-        m.d.comb += ClockSignal("lane_gate").eq(ClockSignal("sync"))
+        m.d.comb += ClockSignal("lane_gate").eq(clk)
         for name, enable in zip(GATED_DOMAINS, enables):
             m.domains += ClockDomain(name, local=True)
             gate = Signal(name=f"{name}_gate", init=1)
-            m.d.lane_gate += gate.eq(enable | ResetSignal("sync"))
-            m.d.comb += [ClockSignal(name).eq(ClockSignal("sync") & gate),
-                         ResetSignal(name).eq(ResetSignal("sync"))]
+            m.d.lane_gate += gate.eq(enable | rst)
+            m.d.comb += [ClockSignal(name).eq(clk & gate), ResetSignal(name).eq(rst)]
 
     @staticmethod
     def _toggle_counter(m, lanes):
