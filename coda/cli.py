@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -59,8 +61,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def check_output_path(path: str | os.PathLike, flag: str) -> Path:
+    """Check, before any work, that an output file can be created at ``path``.
+
+    Returns ``Path(path)``. Raises ValueError naming ``flag`` when ``path`` is empty or an
+    existing folder, or when a folder on its way is a file (folders that do not exist yet
+    are fine: the writer creates them)."""
+    out = Path(path)
+    if str(path) == "":
+        raise ValueError(f"{flag} '': expected a file path")
+    if out.is_dir():
+        raise ValueError(f"{flag} {path}: is a folder, expected a file path")
+    for folder in out.parents:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag} {path}: {folder} is a file, expected a folder")
+    return out
+
+
+def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
+    """Like :func:`check_output_path` for an output *folder*: it may exist as a folder."""
+    out = Path(path)
+    if str(path) == "":
+        raise ValueError(f"{flag} '': expected a folder path")
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag} {path}: {folder} is a file, expected a folder")
+    return out
+
+
 def _describe(exc: BaseException) -> str:
     """One line for a user: ``PATH: reason`` for a file error, the message otherwise."""
+    if isinstance(exc, FileExistsError) and os.path.isfile(exc.filename or ""):
+        return f"{exc.filename}: is a file, expected a folder"   # a mkdir met a file on the path
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
     if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -78,6 +77,7 @@ def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from coda.cli import check_output_folder
     from coda.host.backend import get_backend
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
@@ -85,17 +85,17 @@ def main(args) -> int:
                                         video_psnr, video_ssim)
     from coda.host.schedule import UniformIntervalPolicy
 
+    # every check before any work or any file: flags, output folder, backend, driver
     digits = _parse_prompts(args.prompts)
-    for flag in ("steps", "lanes", "dimms", "ranks"):
+    for flag in ("steps", "interval", "warmup", "lanes", "dimms", "ranks", "threads"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
-    # before any work: bad --backend/--dram combinations and presets fail here (simulators
-    # are built and started only when the first segment runs)
+    out = check_output_folder(args.out, "--out")
+    # bad --backend/--dram combinations and presets fail here (simulators are built and
+    # started only when the first segment runs)
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
     torch.set_num_threads(args.threads)
     console = Console()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
     model, _ = load_model()
@@ -105,6 +105,7 @@ def main(args) -> int:
     policy = UniformIntervalPolicy(default_interval=args.interval, warmup=args.warmup)
 
     driver = _driver(backend, args, model, len(digits))   # bad --lanes etc. fail before work
+    out.mkdir(parents=True, exist_ok=True)
 
     console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
     full = generate(model, labels, **common)

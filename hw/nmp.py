@@ -40,7 +40,13 @@ from .dram_standards import DRAMStandard, get_standard
 from .isa import NMEConfig
 from .verilog import use_pinned_yosys
 
-__all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths"]
+__all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
+           "MAX_RANKS"]
+
+#: most ranks (dimms x ranks) one DIMM-NMP may have: a bound of this tool, not of JEDEC, so
+#: that a typo (``--dimms 1000``) fails at once instead of elaborating for hours (an 8 x 8
+#: system elaborates in about 5 s on the 2-core development machine)
+MAX_RANKS = 256
 
 #: DRAM-side members of a rank (``dram_`` + the controller's name), in/out direction.
 DRAM_PORTS = ("cmd_kind", "cmd_bg", "cmd_ba", "cmd_row", "cmd_col", "cmd_wdata", "cmd_wmask",
@@ -57,6 +63,16 @@ def dram_port_widths(std: DRAMStandard) -> dict[str, int]:
     return {"cmd_kind": 3, "cmd_bg": _log2(std.bank_groups), "cmd_ba": _log2(std.banks_per_group),
             "cmd_row": _log2(std.rows), "cmd_col": _log2(std.columns), "cmd_wdata": D,
             "cmd_wmask": D // 8, "rd_valid": 1, "rd_data": D}
+
+
+def _check_system(cfg, std, dimms, ranks) -> DRAMStandard:
+    """:func:`_check` plus the system size (1 <= dimms, ranks; dimms * ranks <= MAX_RANKS)."""
+    if int(dimms) < 1 or int(ranks) < 1:
+        raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
+    if int(dimms) * int(ranks) > MAX_RANKS:
+        raise ValueError(f"dimms={dimms} x ranks={ranks} = {int(dimms) * int(ranks)} ranks: "
+                         f"expected at most {MAX_RANKS}")
+    return _check(cfg, std)
 
 
 def _check(cfg, std) -> DRAMStandard:
@@ -157,14 +173,13 @@ class DIMMNMP(wiring.Component):
         stat_<name>[48N].
 
     Raises:
-        ValueError: dimms or ranks < 1, or as RankNMP.
+        ValueError: dimms or ranks < 1, more than :data:`MAX_RANKS` ranks in all, or as
+            RankNMP.
     """
 
     def __init__(self, cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, *,
                  rank_module: str | None = None, clock_gating: bool = False, **controller_kw):
-        if int(dimms) < 1 or int(ranks) < 1:
-            raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
-        self.std = _check(cfg, std)
+        self.std = _check_system(cfg, std, dimms, ranks)
         self.cfg, self.dimms, self.ranks = cfg, int(dimms), int(ranks)
         self.n = self.dimms * self.ranks
         self.rank_module = rank_module
@@ -276,12 +291,14 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
     ``clock_gating`` as RankNMP).
 
     Raises:
-        ValueError: bad name, dimms/ranks < 1, or as RankNMP. FileNotFoundError: no yosys.
+        ValueError: bad name, dimms/ranks < 1, more than :data:`MAX_RANKS` ranks, or as
+            RankNMP. FileNotFoundError: no yosys.
     """
     from amaranth.back import verilog
 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
+    _check_system(cfg, std, dimms, ranks)   # before any Elaboratable exists (none left unused)
     top = DIMMNMP(cfg, std, dimms, ranks, rank_module=f"{name}_rank", **controller_kw)
     rank = rank_verilog(cfg, std, f"{name}_rank", clock_gating=clock_gating, **controller_kw)
     use_pinned_yosys()

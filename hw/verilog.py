@@ -120,7 +120,9 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad option value (named), an option another top takes (e.g. ``--dimms``
             with ``--top nme``), or ``--clock-gating on`` without operand isolation."""
+    from coda.cli import check_output_path
     cfg = config_from_args(args)
+    out = None if args.output == "-" else check_output_path(args.output, "-o")
     options = TOP_OPTIONS.get(args.top, {})
     foreign = sorted({k for opts in TOP_OPTIONS.values() for k in opts} - set(options))
     given = [f"--{k}" for k in foreign if getattr(args, k) is not None]
@@ -136,15 +138,16 @@ def main(args: argparse.Namespace) -> int:
                              "operand registers load every cycle, so no clock may stop)")
         extra["clock_gating"] = args.clock_gating == "on"
     gated = extra.get("clock_gating", args.top == "dimm") and cfg.operand_isolation
-    text = TOPS[args.top](cfg, args.name or args.top, **extra)
+    text = TOPS[args.top](cfg, args.top if args.name is None else args.name, **extra)
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
               f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
               f"isolation={'on' if cfg.operand_isolation else 'off'} "
-              f"clock_gating={'on' if gated else 'off'})", file=sys.stderr)
+              f"clock_gating={'on' if gated else 'off'}"
+              + "".join(f" {k}={v}" for k, v in extra.items() if k in options) + ")",
+              file=sys.stderr)
     return 0

@@ -657,6 +657,17 @@ def test_verilog_cli_refuses_options_of_another_top(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--dimms, --dram given with --top nme" in err and "--top dimm takes" in err
     assert not out.exists()
+    # unusable output paths and oversized systems fail before any elaboration
+    (tmp_path / "afile").write_text("")
+    for bad, message in ((["-o", str(tmp_path)], "is a folder, expected a file path"),
+                         (["-o", ""], "-o '': expected a file path"),
+                         (["-o", str(tmp_path / "afile" / "x.v")], "afile is a file"),
+                         (["--top", "dimm", "--dimms", "1000", "--ranks", "1000", "-o", str(out)],
+                          "= 1000000 ranks: expected at most 256"),
+                         (["--name", "", "-o", str(out)], "name='': expected a Verilog identifier")):
+        assert main(["verilog", "--lanes", "1", "--depth", "8", *bad]) == 2, bad
+        assert message in capsys.readouterr().err, bad
+    assert not out.exists()
 
 
 def test_clock_gating_cli(tmp_path):

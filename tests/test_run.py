@@ -28,10 +28,23 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path):
     (["--steps", "0"], "--steps 0: expected >= 1"),
     (["--ranks", "0"], "--ranks 0: expected >= 1"),
     (["--lanes", "0"], "--lanes 0: expected >= 1"),
+    (["--interval", "0"], "--interval 0: expected >= 1"),
+    (["--warmup", "0"], "--warmup 0: expected >= 1"),
+    (["--threads", "0"], "--threads 0: expected >= 1"),
 ])
 def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
-    assert main(["run", "--out", str(tmp_path), "--backend", "torch", *argv]) == 2
+    out = tmp_path / "out"
+    assert main(["run", "--out", str(out), "--backend", "torch", *argv]) == 2
     assert message in capsys.readouterr().err
+    assert not out.exists()          # refused before any file is written
+
+
+def test_coda_run_refuses_an_out_folder_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    assert main(["run", "--out", str(tmp_path / "f" / "out"), "--backend", "torch"]) == 2
+    assert f"{tmp_path / 'f'} is a file, expected a folder" in capsys.readouterr().err
+    assert main(["run", "--out", "", "--backend", "torch"]) == 2
+    assert "--out '': expected a folder path" in capsys.readouterr().err
 
 
 def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path):
