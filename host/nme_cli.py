@@ -15,7 +15,7 @@ dtypes or shapes print one clear error line and exit with status 2.
 
 ``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
 with a masked tail and a token count that splits unevenly over ranks) instead of running.
-Also runnable as ``python -m coda.host.nme_cli ...`` (the same options).
+Also runnable as ``python -m coda.host.nme_cli ...`` (the same options, the same errors).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coda.cli import check_output_path, main as coda_main
 from coda.hw.isa import NMEConfig
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
@@ -66,15 +67,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(msg: str) -> int:
-    print(f"coda nme run: error: {msg}", file=sys.stderr)
+    print(f"coda: error: {msg}", file=sys.stderr)   # the prefix of coda.cli's errors
     return 2
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the command; returns the exit status (0 ok, 2 bad input)."""
+    """Run the command; returns the exit status (0 ok, 2 bad input). Options and output path
+    are checked before any work; nothing is written when the command fails."""
     try:
-        if args.make_example:
-            path = make_example(args.make_example, args.op, args.fmt, args.lanes, args.seed)
+        _check_options(args)
+        if args.make_example is not None:
+            path = _check_out(args.make_example, "--make-example")
+            if path.suffix != ".npz":
+                raise ValueError(f"--make-example {args.make_example}: expected a file name "
+                                 f"ending in .npz")
+            make_example(path, args.op, args.fmt, args.lanes, args.seed)
             print(f"wrote example inputs of {args.op} ({args.fmt}) to {path}")
             return 0
         if not args.inputs or not args.out:
@@ -86,10 +93,31 @@ def main(args: argparse.Namespace) -> int:
         return _fail(str(msg))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _check_options(args: argparse.Namespace) -> None:
+    """The format and geometry options, checked as a run checks them (NMEConfig), with the
+    message naming the option: ``--lanes 0: expected 1..64``."""
+    torch_dtype(args.fmt)
     if args.dimms < 1 or args.ranks < 1:
         raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
+    mem_words = _MAX_MEM_WORDS if args.mem_words is None else args.mem_words
+    try:
+        NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
+    except ValueError as exc:   # NMEConfig's messages read "field=value: expected ..."
+        field, _, rest = str(exc).partition("=")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+
+
+def _check_out(path: str, flag: str) -> Path:
+    """``Path(path)`` if an output .npz file can be created there (coda.cli's check, and no
+    "-": an .npz file cannot go to stdout); ValueError naming ``flag`` otherwise."""
+    if path == "-":
+        raise ValueError(f"{flag} -: an .npz file cannot go to stdout, expected a file path")
+    return check_output_path(path, flag)
+
+
+def _run(args: argparse.Namespace) -> int:
     spec = ref.get_op(args.op)
+    out = _check_out(args.out, "--out")
     inputs = read_inputs(args.inputs, args.op, args.fmt)
     tensors = {n: inputs[n] for n in spec.inputs}
     params = {n: inputs[n] for n in spec.params}
@@ -104,7 +132,6 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = driver.run_op(args.op, **tensors, **params)
     wall = time.perf_counter() - start
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = ({"l1": np.float32(result)} if spec.output == "l1" else {"y": to_bits(result)})
     with open(out, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
@@ -123,19 +150,17 @@ def read_inputs(path: str | Path, op: str, fmt: str) -> dict:
     """Load the inputs of ``op`` from a .npz file: float inputs as ``fmt`` tensors (from
     uint16 bit patterns), ``q`` as an int8 tensor, ``group`` as an int.
 
-    Raises FileNotFoundError, or ValueError naming the missing key / bad dtype / what was
-    expected.
+    Raises FileNotFoundError, or ValueError naming the file and what is wrong with it (not
+    an .npz archive of arrays, missing key, bad dtype) and what was expected.
     """
     spec = ref.get_op(op)
     torch_dtype(fmt)
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"inputs file {str(path)!r} is a folder, expected an .npz file")
     if not path.is_file():
         raise FileNotFoundError(f"inputs file {str(path)!r} does not exist")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ValueError(f"{str(path)!r} is not a readable .npz file ({exc})") from None
+    arrays = _load_npz(path)
     needed = spec.inputs + spec.params
     missing = [n for n in needed if n not in arrays]
     if missing:
@@ -162,6 +187,24 @@ def read_inputs(path: str | Path, op: str, fmt: str) -> dict:
     return out
 
 
+def _load_npz(path: Path) -> dict:
+    """The arrays of an .npz file (a zip archive of .npy arrays, loaded without pickle)."""
+    def bad(why) -> ValueError:
+        return ValueError(f"{str(path)!r} is not a readable .npz file ({why})")
+
+    if not zipfile.is_zipfile(path):   # else np.load tries .npy, then pickle
+        raise bad("not a zip archive")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise bad(exc) from None
+    for name, arr in arrays.items():
+        if not isinstance(arr, np.ndarray):   # np.load gives other members as bytes
+            raise bad(f"member {name!r} is not a .npy array")
+    return arrays
+
+
 def _fit_mem_words(op: str, lanes: int, fmt: str, tensors: dict, group, n_ranks: int) -> int:
     """Smallest power of two of words (>= 1024) that holds the largest rank's operands."""
     cfg = NMEConfig(lanes=lanes, fmt=fmt, mem_words=_MAX_MEM_WORDS)
@@ -179,10 +222,12 @@ def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
     """Write a runnable example input file for ``op``: T = 37 tokens (uneven over ranks),
     C = 4 * lanes channels, N = T*C + 5 elements for flat operators (a masked tail), K = 3
     segment terms, group G = 2 * lanes; values normal(0, 1) rounded to ``fmt`` (scales and
-    gates uniform in [0, 1)); deterministic for a given ``seed``. Returns the path.
+    gates uniform in [0, 1)); deterministic for a given ``seed``. Returns the path, written
+    under exactly that name.
     """
     spec = ref.get_op(op)
     dtype = torch_dtype(fmt)
+    NMEConfig(lanes=int(lanes), fmt=fmt)   # lanes / fmt as an NME accepts them
     gen = torch.Generator().manual_seed(int(seed))
     t, c, k, group = 37, 4 * int(lanes), 3, 2 * int(lanes)
     n = t * c + 5
@@ -212,15 +257,14 @@ def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
         out["group"] = np.int64(group)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **out)
+    with open(path, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
+        np.savez(fh, **out)
     return path
 
 
 def _standalone(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coda.host.nme_cli",
-                                     description="run one cache operator on the NMP")
-    configure(parser)
-    return main(parser.parse_args(argv))
+    """``python -m coda.host.nme_cli ARGS`` = ``coda nme run ARGS`` (same options, errors)."""
+    return coda_main(["nme", "run", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """`coda nme run`: example files, results equal to the reference, clear errors (exit 2)."""
 
 import re
+import subprocess
+import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ import torch
 from coda.cli import main as coda_main
 from coda.host import ops
 from coda.host.bits import from_bits, same_bits, to_bits
+from coda.host import nme_cli
 from coda.host.nme_cli import _standalone, make_example, read_inputs
 
 
@@ -97,6 +101,100 @@ def test_missing_or_broken_files(tmp_path, capsys):
     assert "--inputs IN.npz and --out OUT.npz are required" in capsys.readouterr().err
     assert run(["--op", "add", "--fmt", "fp8", "--make-example", tmp_path / "x.npz"]) == 2
     assert "fmt='fp8': expected one of" in capsys.readouterr().err
+    # not zip archives: np.load would return an array or try pickle / raise EOFError
+    np.save(tmp_path / "x.npy", np.arange(3, dtype=np.uint16))
+    (tmp_path / "rand.npz").write_bytes(bytes(range(256)))
+    (tmp_path / "text.npz").write_text("a = 1\n")
+    (tmp_path / "zero.npz").write_bytes(b"")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as z:
+        z.writestr("a", "not a .npy member")
+    np.savez(tmp_path / "empty.npz")
+    (tmp_path / "folder.npz").mkdir()
+    for name, message in [("x.npy", "is not a readable .npz file (not a zip archive)"),
+                          ("rand.npz", "is not a readable .npz file (not a zip archive)"),
+                          ("text.npz", "is not a readable .npz file (not a zip archive)"),
+                          ("zero.npz", "is not a readable .npz file (not a zip archive)"),
+                          ("other.zip", "is not a readable .npz file (member 'a' is not a "
+                                        ".npy array)"),
+                          ("empty.npz", "has no array 'a': op add needs ['a', 'b'], the file "
+                                        "has []"),
+                          ("folder.npz", "is a folder, expected an .npz file")]:
+        inp = tmp_path / name
+        assert run(["--op", "add", "--inputs", inp, "--out", tmp_path / "o"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("coda: error: ") and len(err.strip().splitlines()) == 1, err
+        assert f"{str(inp)!r} " in err and message in err, err
+        assert "pickle" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def _refused(argv, message, capsys):
+    code = run(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("coda: error: ") and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--lanes", 0], "--lanes 0: expected 1..64"),
+    (["--lanes", -1], "--lanes -1: expected 1..64"),
+    (["--lanes", 1000], "--lanes 1000: expected 1..64"),
+    (["--depth", 0], "--depth 0: expected >= 1 word"),
+    (["--mem-words", 0], "--mem-words 0: expected 1..2**24"),
+    (["--dimms", 0], "--dimms 0 --ranks 1: expected >= 1 each"),
+])
+def test_geometry_options_checked_for_runs_and_examples(option, message, tmp_path, capsys):
+    inp = tmp_path / "in.npz"
+    assert run(["--op", "dequant_int8", "--make-example", inp]) == 0
+    _refused(["--op", "dequant_int8", "--make-example", tmp_path / "e.npz", *option],
+             message, capsys)
+    _refused(["--op", "dequant_int8", "--inputs", inp, "--out", tmp_path / "o.npz", *option],
+             message, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
+
+
+def test_output_paths_checked_before_any_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    inp = tmp_path / "in.npz"
+    assert run(["--op", "add", "--make-example", inp]) == 0
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f.txt").write_text("a file")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the run started before the output path was checked")
+
+    monkeypatch.setattr(nme_cli, "get_backend", no_work)
+    for flag, path, message in [
+            ("--make-example", "d", "--make-example d: is a folder, expected a file path"),
+            ("--make-example", "e", "--make-example e: expected a file name ending in .npz"),
+            ("--make-example", "-", "--make-example -: an .npz file cannot go to stdout"),
+            ("--make-example", "f.txt/e.npz", "f.txt is a file, expected a folder"),
+            ("--out", "-", "--out -: an .npz file cannot go to stdout"),
+            ("--out", "d", "--out d: is a folder, expected a file path"),
+            ("--out", "f.txt/sub/o.npz", "--out f.txt/sub/o.npz: f.txt is a file, expected a "
+                                         "folder")]:
+        argv = ["--op", "add", flag, path] + (["--inputs", inp] if flag == "--out" else [])
+        _refused(argv, message, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f.txt", "in.npz"]
+    assert not any((tmp_path / "d").iterdir())
+    # a run that fails creates no output folder either
+    monkeypatch.undo()
+    _refused(["--op", "scale", "--inputs", inp, "--out", tmp_path / "new" / "sub" / "o.npz"],
+             "has no array 's'", capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_module_entry_point_reports_errors_like_coda(tmp_path, capsys):
+    long_name = tmp_path / ("x" * 300 + ".npz")
+    assert _standalone(["--op", "add", "--make-example", str(long_name)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error: ") and err.strip().endswith("File name too long"), err
+    proc = subprocess.run([sys.executable, "-m", "coda.host.nme_cli", "--op", "add",
+                           "--make-example", str(long_name)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("coda: error: ") and len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.strip().endswith("File name too long")
 
 
 def test_capacity_error_is_clear(tmp_path, capsys):
