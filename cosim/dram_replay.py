@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import tempfile
 import time
@@ -58,24 +59,36 @@ int main(int argc, char** argv) {{
 
 _DRAMSIM = re.compile(r"^\s*(0x[0-9a-fA-F]+|\d+)\s+(READ|WRITE|read|write)\s+(\d+)\s*$")
 _LDST = re.compile(r"^\s*(LD|ST|ld|st)\s+(0x[0-9a-fA-F]+|\d+)\s*$")
+_FORMATS = "'0xADDR READ|WRITE CYCLE' (DRAMsim3) or 'LD|ST ADDR' (Ramulator)"
+MAX_LINE = 4096   # characters per trace line: a longer one is no trace (e.g. /dev/zero)
+
+
+def _need_name(path, what: str) -> None:
+    if not str(path):
+        raise ValueError(f"{what} path '': expected a file name")
 
 
 def parse_trace(path: str | Path) -> list[tuple[int, int, int]]:
-    """Read a DRAMsim3 or Ramulator load/store trace.
+    """Read a DRAMsim3 or Ramulator load/store trace, line by line.
 
     Returns:
         ``[(cycle, we, byte_addr), ...]`` in file order (cycle 0 for load/store traces).
     Raises:
-        FileNotFoundError: no such file. ValueError: a line in neither format (named).
+        FileNotFoundError: no such file. ValueError: empty path; a line in neither format or
+        longer than :data:`MAX_LINE` (named, quoted up to 60 characters); no request at all.
     """
+    _need_name(path, "trace")
     out = []
     with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
+        for n, raw in enumerate(iter(lambda: fh.readline(MAX_LINE + 2), b""), 1):
+            if len(raw.rstrip(b"\r\n")) > MAX_LINE:
+                raise ValueError(f"{path}:{n}: line longer than {MAX_LINE} characters; "
+                                 f"expected {_FORMATS} lines")
             try:
                 line = raw.decode("ascii")
             except UnicodeDecodeError:
-                raise ValueError(f"{path}:{n}: not a text trace (non-ASCII bytes); expected "
-                                 f"'0xADDR READ|WRITE CYCLE' or 'LD|ST ADDR' lines") from None
+                raise ValueError(f"{path}:{n}: not a text trace (non-ASCII bytes); "
+                                 f"expected {_FORMATS} lines") from None
             text = line.split("#", 1)[0].strip()
             if not text:
                 continue
@@ -84,8 +97,10 @@ def parse_trace(path: str | Path) -> list[tuple[int, int, int]]:
             elif (mt := _LDST.match(text)):
                 out.append((0, int(mt[1].upper() == "ST"), int(mt[2], 0)))
             else:
-                raise ValueError(f"{path}:{n}: {text!r}: expected '0xADDR READ|WRITE CYCLE' "
-                                 f"(DRAMsim3) or 'LD|ST ADDR' (Ramulator)")
+                quoted = text if len(text) <= 60 else text[:60] + "..."
+                raise ValueError(f"{path}:{n}: {quoted!r}: expected {_FORMATS}")
+    if not out:
+        raise ValueError(f"{path}: empty trace: expected at least one request")
     return out
 
 
@@ -108,12 +123,19 @@ def stream_add_trace(std: DRAMStandard | str, array_bytes: int) -> list[tuple[in
     """
     std = get_standard(std)
     bb = std.burst_bytes
-    if array_bytes <= 0 or array_bytes % bb:
-        raise ValueError(f"array_bytes={array_bytes}: expected a positive multiple of {bb}")
+    _stream_add_requests(std, array_bytes)   # checks the size
     out = []
     for off in range(0, array_bytes, bb):
         out += [(0, 0, off), (0, 0, array_bytes + off), (0, 1, 2 * array_bytes + off)]
     return out
+
+
+def _stream_add_requests(std: DRAMStandard, array_bytes: int) -> int:
+    """Requests of :func:`stream_add_trace` (3 per burst), without building them."""
+    bb = std.burst_bytes
+    if array_bytes <= 0 or array_bytes % bb:
+        raise ValueError(f"array_bytes={array_bytes}: expected a positive multiple of {bb}")
+    return 3 * (array_bytes // bb)
 
 
 def verilator_params(std: DRAMStandard, store_bits: int = 12) -> dict[str, int]:
@@ -189,51 +211,127 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
 
     ``max_cycles`` None bounds the run at the last request's cycle + 1,000 cycles per request
     + 100,000 (far above any JEDEC service time incl. refresh), so a run always ends.
+    The command trace is written to ``commands`` only when the run succeeded.
 
     Returns the result dict (see :func:`replay`), plus ``build_s`` and ``sim_s`` (wall s).
     Raises:
-        ValueError: empty trace; ``max_cycles`` < 1; without ``max_cycles``, a request later than
-            :data:`MAX_DEFAULT_CYCLE` (a long run: the model ticks every cycle);
-            the run hit ``max_cycles``. OSError: ``commands`` cannot be written.
+        ValueError: empty trace; ``max_cycles`` < 1; a run that needs more than ``max_cycles``
+            (default :data:`MAX_DEFAULT_CYCLE`) by its request count alone, or, without
+            ``max_cycles``, has a request later than :data:`MAX_DEFAULT_CYCLE` (a long run: the
+            model ticks every cycle); the run hit ``max_cycles``; an incomplete command trace.
+            OSError: ``commands`` cannot be written.
     """
     std = get_standard(std)
     if not requests:
         raise ValueError("empty trace: expected at least one request")
-    last = max(c for c, _, _ in requests)
+    max_cycles = _cycle_bound(std, len(requests), max(c for c, _, _ in requests), max_cycles)
+    created = commands is not None and _claim_output(commands, "commands")
+    try:
+        t0 = time.perf_counter()
+        exe = build_model(std)
+        build_s = time.perf_counter() - t0
+        mask = (1 << std.burst_addr_bits) - 1
+        with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
+            hexf, stats, cmds = (Path(tmp) / n for n in ("trace.hex", "stats.txt", "cmds.csv"))
+            with open(hexf, "w") as fh:
+                fh.writelines(f"{c:x} {w:x} {(a // std.burst_bytes) & mask:x}\n"
+                              for c, w, a in requests)
+            args = [str(exe), f"+trace={hexf}", f"+stats={stats}"]
+            if commands is not None:
+                args.append(f"+dram_cmds={cmds}")
+            args.append(f"+max_cycles={max_cycles}")
+            t1 = time.perf_counter()
+            subprocess.run(args, check=True, capture_output=True, text=True)
+            sim_s = time.perf_counter() - t1
+            raw = {k: int(v) for k, v in (ln.split("=", 1) for ln in stats.read_text().split())}
+            if raw["timed_out"]:
+                raise ValueError(f"replay stopped at max_cycles={max_cycles} before the trace "
+                                 f"finished")
+            if commands is not None:
+                _copy_command_trace(cmds, commands, raw)
+    except BaseException:
+        if created:
+            _discard(commands)
+        raise
+    return _results(std, raw, build_s, sim_s)
+
+
+def _cycle_bound(std: DRAMStandard, n: int, last: int, max_cycles: int | None) -> int:
+    """The ``+max_cycles`` of a run of ``n`` requests, the last offered at cycle ``last``.
+
+    Raises ValueError (see :func:`run_requests`) for a bound below 1 and a run that could not
+    finish within the bound: every request moves one burst over the rank's data bus, which
+    takes ``nBL`` cycles, so ``n * nBL`` cycles is a lower bound of any run.
+    """
     if max_cycles is not None and int(max_cycles) < 1:
         raise ValueError(f"max_cycles={max_cycles}: expected >= 1 DRAM cycles")
+
+    def speed(cycles):
+        sec = cycles / SIM_CYCLES_PER_S
+        took = f"{sec / 3600:.3g} h" if sec >= 3600 else f"{sec / 60:.3g} min"
+        return (f"at least {took} of simulation (the model ticks every cycle, "
+                f"~{SIM_CYCLES_PER_S / 1e6:.0f} M cycles/s)")
+
+    need = n * std.nBL
+    bound = MAX_DEFAULT_CYCLE if max_cycles is None else int(max_cycles)
+    if need > bound:
+        what = f"max_cycles={bound}" if max_cycles is not None else f"the default bound {bound}"
+        raise ValueError(f"{n} requests need at least {need} DRAM cycles ({std.nBL} per burst), "
+                         f"more than {what}: {speed(need)}; pass --max-cycles above {need} "
+                         f"to run it, or a smaller trace or size")
     if max_cycles is None:
         if last > MAX_DEFAULT_CYCLE:
-            hours = last / SIM_CYCLES_PER_S / 3600
             raise ValueError(f"a request at cycle {last}: later than {MAX_DEFAULT_CYCLE} DRAM "
-                             f"cycles; the model ticks every cycle (~{SIM_CYCLES_PER_S / 1e6:.0f}"
-                             f" M cycles/s), so about {hours:.3g} h; pass --max-cycles to run it "
-                             f"anyway")
-        max_cycles = last + 1000 * len(requests) + 100_000
-    if commands:
-        Path(commands).parent.mkdir(parents=True, exist_ok=True)
-        open(commands, "w").close()   # fail now, with the path, not silently in the model
-    t0 = time.perf_counter()
-    exe = build_model(std)
-    build_s = time.perf_counter() - t0
-    mask = (1 << std.burst_addr_bits) - 1
-    with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
-        hexf, stats = Path(tmp) / "trace.hex", Path(tmp) / "stats.txt"
-        with open(hexf, "w") as fh:
-            fh.writelines(f"{c:x} {w:x} {(a // std.burst_bytes) & mask:x}\n"
-                          for c, w, a in requests)
-        args = [str(exe), f"+trace={hexf}", f"+stats={stats}"]
-        if commands:
-            args.append(f"+dram_cmds={Path(commands).resolve()}")
-        args.append(f"+max_cycles={int(max_cycles)}")
-        t1 = time.perf_counter()
-        subprocess.run(args, check=True, capture_output=True, text=True)
-        sim_s = time.perf_counter() - t1
-        raw = dict(line.split("=", 1) for line in stats.read_text().split())
-    raw = {k: int(v) for k, v in raw.items()}
-    if raw["timed_out"]:
-        raise ValueError(f"replay stopped at max_cycles={max_cycles} before the trace finished")
-    return _results(std, raw, build_s, sim_s)
+                             f"cycles: {speed(last)}; pass --max-cycles to run it anyway")
+        return last + 1000 * n + 100_000
+    return int(max_cycles)
+
+
+def _claim_output(path: str | Path, what: str) -> bool:
+    """Check up front that ``path`` can be written, without truncating it (creates it empty
+    and its folder if missing). Returns whether it was created here (to remove on failure).
+    Raises ValueError (empty path) or OSError naming the path (a directory, read-only...)."""
+    _need_name(path, what)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    existed = os.path.lexists(path)
+    open(path, "a").close()
+    return not existed
+
+
+def _discard(path: str | Path) -> None:
+    """Remove a partial or empty output file; never a device, pipe, link or directory."""
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def _write_output(path: str | Path, chunks) -> None:
+    """Write the byte strings ``chunks`` to ``path``; a failed write (e.g. a full disk) leaves
+    no partial file and raises OSError naming ``path``."""
+    try:
+        with open(path, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+    except OSError as exc:
+        _discard(path)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def _copy_command_trace(src: Path, dst: str | Path, raw: dict) -> None:
+    """Copy the model's command trace to ``dst`` after checking it is complete: the model's
+    file writes fail silently, so count its lines against the statistics (a lower bound:
+    the header, one line per RD, WR and REF, an ACT per row miss and a PRE per conflict)."""
+    need = 1 + sum(raw[k] for k in ("reads", "writes", "refreshes", "row_misses",
+                                    "row_conflicts"))
+    with open(src, "rb") as fh:
+        got = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    if got < need:
+        raise ValueError(f"{dst}: the model wrote {got} command lines, expected at least "
+                         f"{need} (could it write under {src.parent.parent}?)")
+    with open(src, "rb") as fh:
+        _write_output(dst, iter(lambda: fh.read(1 << 20), b""))
 
 
 def run_words(std: DRAMStandard | str, lanes: int, ops: list[tuple[int, int, int, int]], *,
@@ -304,17 +402,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     std = get_standard(args.standard)
-    if args.trace:
+    if args.trace is not None:
         requests = parse_trace(args.trace)
         source = str(args.trace)
     else:
-        requests = stream_add_trace(std, parse_size(args.stream_add))
+        size = parse_size(args.stream_add)
+        # refuse a run too long for its size before building its (maybe huge) request list
+        _cycle_bound(std, _stream_add_requests(std, size), 0, args.max_cycles)
+        requests = stream_add_trace(std, size)
         source = f"stream-add {args.stream_add}"
-    res = run_requests(std, requests, commands=args.commands, max_cycles=args.max_cycles)
+    created = args.json is not None and _claim_output(args.json, "json")
+    try:
+        res = run_requests(std, requests, commands=args.commands, max_cycles=args.max_cycles)
+    except BaseException:
+        if created:
+            _discard(args.json)
+        raise
     res["trace"] = source
+    ns = res["time_ns"]
+    span = f"{ns:.1f} ns" if ns < 1e3 else f"{ns / 1e3:.1f} us"   # short runs: ns, not 0.0 us
     print(f"{std.name}  {source}")
     print(f"  requests served    {res['requests']} ({res['reads']} RD, {res['writes']} WR)")
-    print(f"  DRAM cycles        {res['dram_cycles']} ({res['time_ns'] / 1e3:.1f} us)")
+    print(f"  DRAM cycles        {res['dram_cycles']} ({span})")
     print(f"  bandwidth          {res['gbps']:.2f} GB/s of {res['peak_gbps']:.1f} "
           f"({100 * res['utilisation']:.1f} %)")
     print(f"  row hits/miss/conf {res['row_hits']} / {res['row_misses']} / "
@@ -324,7 +433,6 @@ def main(args) -> int:
     print(f"  refreshes          {res['refreshes']}")
     print(f"  simulation         {res['sim_s']:.2f} s ({res['sim_cycles_per_s'] / 1e6:.2f} M "
           f"cycles/s), model build {res['build_s']:.1f} s")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    if args.json is not None:
+        _write_output(args.json, [(json.dumps(res, indent=2) + "\n").encode()])
     return 0

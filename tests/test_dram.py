@@ -3,7 +3,10 @@ exact latencies of known cases, and the NME word adapter bit-exact through the d
 
 The Verilated models are built once per standard and cached under build/dram/."""
 
+import json
 import random
+import re
+from pathlib import Path
 
 import pytest
 
@@ -215,6 +218,41 @@ def test_replay_input_errors_are_clear(tmp_path):
     blocker.write_text("")
     with pytest.raises(OSError, match="file"):
         dram_replay.run_requests("DDR4-3200", [(0, 0, 0)], commands=blocker / "cmds.csv")
+    # a long bad line is quoted only in part: the error stays one short line
+    p.write_text("0x40 READ 3\n" + "x" * 1000 + "\n")
+    with pytest.raises(ValueError) as err:
+        dram_replay.parse_trace(p)
+    assert str(err.value) == f"{p}:2: '{'x' * 60}...': expected {dram_replay._FORMATS}"
+    # an empty or comments-only trace names its path
+    for text in ("", "# nothing here\n\n"):
+        p.write_text(text)
+        with pytest.raises(ValueError, match=f"^{re.escape(str(p))}: empty trace: expected "
+                                             f"at least one request$"):
+            dram_replay.parse_trace(p)
+    # reading is line-bounded: a huge line is refused at its number, not read into memory
+    p.write_text("0x40 READ 3\n" + "0" * (dram_replay.MAX_LINE + 1))
+    with pytest.raises(ValueError, match=r"bin.trace:2: line longer than 4096 characters"):
+        dram_replay.parse_trace(p)
+    p.write_text("0x40 READ 3\n" + "LD " + "0" * (dram_replay.MAX_LINE - 3) + "\r\n")
+    assert dram_replay.parse_trace(p) == [(3, 0, 0x40), (0, 0, 0)]   # 4096 characters: fine
+    if Path("/dev/zero").exists():
+        with pytest.raises(ValueError, match=r"/dev/zero:1: line longer than 4096"):
+            dram_replay.parse_trace("/dev/zero")
+    # the request count alone can make a run too long: each burst takes nBL cycles of the
+    # data bus, so 30 requests need >= 120 DDR4 cycles (refused before building or running)
+    with pytest.raises(ValueError, match=r"30 requests need at least 120 DRAM cycles "
+                                         r"\(4 per burst\), more than max_cycles=100"):
+        dram_replay.run_requests("DDR4-3200", [(0, 0, 64 * k) for k in range(30)],
+                                 max_cycles=100)
+    # the model's command-log writes fail silently: a log shorter than its statistics imply
+    # (header + RD/WR/REF + an ACT per miss) is refused and not copied to the destination
+    short, dest = tmp_path / "model.csv", tmp_path / "cmds.csv"
+    short.write_text("cycle,channel,rank,bankgroup,bank,command,row,column\n2,0,0,0,0,ACT,0,0\n")
+    raw = {"reads": 2, "writes": 0, "refreshes": 0, "row_misses": 1, "row_conflicts": 0}
+    with pytest.raises(ValueError, match=r"cmds.csv: the model wrote 2 command lines, expected "
+                                         r"at least 4"):
+        dram_replay._copy_command_trace(short, dest, raw)
+    assert not dest.exists()
 
 
 def test_replay_cli_names_a_missing_trace(tmp_path, capsys):
@@ -223,3 +261,66 @@ def test_replay_cli_names_a_missing_trace(tmp_path, capsys):
     missing = tmp_path / "none.trace"
     assert main(["dram", "replay", "--standard", "DDR4-3200", "--trace", str(missing)]) == 2
     assert capsys.readouterr().err.strip() == f"coda: error: {missing}: No such file or directory"
+
+
+def _replay_cli(*args):
+    from coda.cli import main
+    return main(["dram", "replay", "--standard", "DDR4-3200", *map(str, args)])
+
+
+def test_replay_cli_refuses_bad_paths_and_sizes_up_front(tmp_path, capsys):
+    """Empty paths, a directory for --json, a full device and a huge STREAM size: exit 2 with
+    one line, before any simulation (nothing printed on stdout, nothing left behind)."""
+    trace = tmp_path / "t.trace"
+    trace.write_text("0x0 READ 0\n")
+    cases = [(["--trace", ""], "trace path '': expected a file name"),
+             (["--trace", trace, "--json", ""], "json path '': expected a file name"),
+             (["--trace", trace, "--commands", ""], "commands path '': expected a file name"),
+             (["--trace", trace, "--json", tmp_path, "--commands", tmp_path / "c.csv"],
+              f"{tmp_path}: Is a directory")]
+    for args, msg in cases:
+        assert _replay_cli(*args) == 2
+        out, err = capsys.readouterr()
+        assert (out, err.strip()) == ("", f"coda: error: {msg}")
+    # 100 GiB arrays: 5 G requests; refused from the size, no request list is built
+    assert _replay_cli("--stream-add", "100GiB") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert re.search(r"5033164800 requests need at least 20132659200 DRAM cycles \(4 per burst\)"
+                     r", more than the default bound 200000000: at least 1.4 h of simulation.*"
+                     r"pass --max-cycles above 20132659200", err)
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["t.trace"]
+    # the model's command trace goes to a full device: an error, and the device stays
+    if Path("/dev/full").exists():
+        assert _replay_cli("--trace", trace, "--commands", "/dev/full") == 2
+        assert capsys.readouterr().err.strip() == \
+            "coda: error: /dev/full: No space left on device"
+        assert Path("/dev/full").exists()
+
+
+def test_replay_cli_failed_run_leaves_no_partial_output(tmp_path, capsys):
+    """A run stopped by --max-cycles removes the command trace and JSON it created and leaves
+    files that were there before as they were; a short run's time is printed in ns."""
+    trace = tmp_path / "t.trace"
+    trace.write_text("0x0 READ 0\n")
+    cmds, res = tmp_path / "out" / "c.csv", tmp_path / "out" / "r.json"
+    assert _replay_cli("--trace", trace, "--max-cycles", 10, "--commands", cmds,
+                       "--json", res) == 2
+    assert capsys.readouterr().err.strip() == \
+        "coda: error: replay stopped at max_cycles=10 before the trace finished"
+    assert not cmds.exists() and not res.exists()
+    cmds.write_text("old\n")
+    res.write_text("{}\n")
+    assert _replay_cli("--trace", trace, "--max-cycles", 10, "--commands", cmds,
+                       "--json", res) == 2
+    assert cmds.read_text() == "old\n" and res.read_text() == "{}\n"
+    capsys.readouterr()
+    # the same trace run to the end: complete outputs, and "DRAM cycles N (T ns)"
+    assert _replay_cli("--trace", trace, "--commands", cmds, "--json", res) == 0
+    out = capsys.readouterr().out
+    got = json.loads(res.read_text())
+    cycles = got["dram_cycles"]
+    assert f"  DRAM cycles        {cycles} ({cycles * 0.625:.1f} ns)\n" in out
+    assert cmds.read_text().splitlines()[1:] == ["2,0,0,0,0,ACT,0,0",
+                                                 f"{2 + get_standard('DDR4-3200').tRCD},0,0,0,0,"
+                                                 f"RD,0,0"]
