@@ -3,6 +3,10 @@
 Each sub-command lives in the module that owns it; that module provides
 ``configure(parser: argparse.ArgumentParser) -> None`` and ``main(args) -> int``.
 Modules are imported only when their command runs, so ``coda --help`` stays fast.
+
+Exit status: 0 done; 2 bad input or an unusable path (one line ``coda: error: ...``); 1 a
+tool the command runs failed (Verilator, a simulator: one line plus the end of its output).
+Anything else is a bug of ours and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         # bad input or an unusable path (missing, a directory, read-only, empty file)
         print(f"coda: error: {_describe(exc)}", file=sys.stderr)
         return 2
+    except (subprocess.CalledProcessError, RuntimeError) as exc:
+        if not _is_tool_failure(exc):
+            raise                    # a bug: keep the traceback
+        print(f"coda: error: {_describe_tool_failure(exc)}", file=sys.stderr)
+        return 1
 
 
 def check_output_path(path: str | os.PathLike, flag: str) -> Path:
@@ -98,6 +108,24 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
         return exc.args[0]      # str(KeyError) would quote the message
     return str(exc) or type(exc).__name__
+
+
+def _is_tool_failure(exc: BaseException) -> bool:
+    """A tool this command runs failed (Verilator, a simulator binary): a CalledProcessError
+    or one of coda.cosim's errors (CosimBuildError, CosimRunError), not a bug of ours."""
+    return (isinstance(exc, subprocess.CalledProcessError)
+            or type(exc).__module__.startswith("coda.cosim"))
+
+
+def _describe_tool_failure(exc: BaseException) -> str:
+    """The failed tool and the end of its output (coda.cosim's errors carry their log tail)."""
+    if not isinstance(exc, subprocess.CalledProcessError):
+        return str(exc)
+    tool = exc.cmd[0] if isinstance(exc.cmd, (list, tuple)) else str(exc.cmd).split()[0]
+    tail = exc.stderr or exc.stdout or ""
+    tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+    return (f"{Path(str(tool)).name} exited with status {exc.returncode}"
+            + (f"; the end of its output:\n{tail.strip()[-2000:]}" if tail.strip() else ""))
 
 
 def _command_words(argv: list[str]) -> tuple[str, ...] | None:

@@ -324,3 +324,29 @@ def test_replay_cli_failed_run_leaves_no_partial_output(tmp_path, capsys):
     assert cmds.read_text().splitlines()[1:] == ["2,0,0,0,0,ACT,0,0",
                                                  f"{2 + get_standard('DDR4-3200').tRCD},0,0,0,0,"
                                                  f"RD,0,0"]
+
+
+def test_cli_reports_a_failed_tool_in_one_message(tmp_path, capsys, monkeypatch):
+    """A tool that fails under a command (here the replay model) gives exit 1 and its name,
+    status and output tail, no traceback; an error of ours (a plain RuntimeError) still
+    raises with its traceback."""
+    import subprocess
+
+    from coda.cli import main
+
+    def crash(*a, **k):
+        raise subprocess.CalledProcessError(134, ["/b/dram/Vreplay", "+trace=t.hex"],
+                                            stderr="%Error: replay.sv:12: assertion failed\n")
+
+    monkeypatch.setattr(dram_replay, "run_requests", crash)
+    assert main(["dram", "replay", "--standard", "DDR4-3200", "--stream-add", "64KiB"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error: Vreplay exited with status 134; the end of its output:")
+    assert "assertion failed" in err and "Traceback" not in err
+
+    def bug(*a, **k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(dram_replay, "run_requests", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["dram", "replay", "--standard", "DDR4-3200", "--stream-add", "64KiB"])
