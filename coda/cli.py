@@ -71,31 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def check_output_path(path: str | os.PathLike, flag: str) -> Path:
-    """Check, before any work, that an output file can be created at ``path``.
+def check_output_path(path: str | os.PathLike, flag: str, *, folder: bool = False) -> Path:
+    """Check, before any work, that an output file (``folder``: an output folder) can be
+    created at ``path``.
 
-    Returns ``Path(path)``. Raises ValueError naming ``flag`` when ``path`` is empty or an
-    existing folder, or when a folder on its way is a file (folders that do not exist yet
-    are fine: the writer creates them)."""
+    Returns ``Path(path)``. Raises ValueError naming ``flag`` when ``path`` is empty, is an
+    existing folder where a file is wanted, or has a file where a folder is needed (folders
+    that do not exist yet are fine: the writer creates them)."""
     out = Path(path)
+    what = "folder" if folder else "file"
     if str(path) == "":
-        raise ValueError(f"{flag} '': expected a file path")
-    if out.is_dir():
+        raise ValueError(f"{flag} '': expected a {what} path")
+    if not folder and out.is_dir():
         raise ValueError(f"{flag} {path}: is a folder, expected a file path")
-    for folder in out.parents:
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{flag} {path}: {folder} is a file, expected a folder")
-    return out
-
-
-def check_output_folder(path: str | os.PathLike, flag: str) -> Path:
-    """Like :func:`check_output_path` for an output *folder*: it may exist as a folder."""
-    out = Path(path)
-    if str(path) == "":
-        raise ValueError(f"{flag} '': expected a folder path")
-    for folder in (out, *out.parents):
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{flag} {path}: {folder} is a file, expected a folder")
+    for up in ((out,) if folder else ()) + tuple(out.parents):
+        if up.exists() and not up.is_dir():
+            raise ValueError(f"{flag} {path}: {up} is a file, expected a folder")
     return out
 
 

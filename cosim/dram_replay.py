@@ -320,18 +320,25 @@ def _write_output(path: str | Path, chunks) -> None:
 
 
 def _copy_command_trace(src: Path, dst: str | Path, raw: dict) -> None:
-    """Copy the model's command trace to ``dst`` after checking it is complete: the model's
-    file writes fail silently, so count its lines against the statistics (a lower bound:
+    """Copy the model's command trace to ``dst``, checking it is complete: the model's file
+    writes fail silently, so its lines are counted against the statistics (a lower bound:
     the header, one line per RD, WR and REF, an ACT per row miss and a PRE per conflict)."""
     need = 1 + sum(raw[k] for k in ("reads", "writes", "refreshes", "row_misses",
                                     "row_conflicts"))
-    with open(src, "rb") as fh:
-        got = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
-    if got < need:
-        raise ValueError(f"{dst}: the model wrote {got} command lines, expected at least "
+    lines = 0
+
+    def chunks():
+        nonlocal lines
+        with open(src, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                lines += chunk.count(b"\n")
+                yield chunk
+
+    _write_output(dst, chunks())
+    if lines < need:
+        _discard(dst)
+        raise ValueError(f"{dst}: the model wrote {lines} command lines, expected at least "
                          f"{need} (could it write under {src.parent.parent}?)")
-    with open(src, "rb") as fh:
-        _write_output(dst, iter(lambda: fh.read(1 << 20), b""))
 
 
 def run_words(std: DRAMStandard | str, lanes: int, ops: list[tuple[int, int, int, int]], *,

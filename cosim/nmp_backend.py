@@ -45,6 +45,7 @@ from coda.cosim.toolchain import build_dir, setup_verilator_env
 from coda.hw.dram import STAT_NAMES, map_burst_address
 from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.isa import NMEConfig, Program, Status
+from coda.hw.nmp import check_shape
 
 __all__ = ["NMPRTLBackend", "NMPBuild", "build_nmp_sim", "burst_index_map", "store_bits",
            "command_stream", "FLAG_SETS", "TOP_NAME", "CMD_DEPTH"]
@@ -55,6 +56,7 @@ DEVICE_SV = HERE / "dram_top.sv"
 TOP_NAME = "nmp_tb_top"
 DUT_NAME = "coda_dimm"
 CMD_DEPTH = 1024         # command words per job (nmp_top.sv CMD_DEPTH)
+MAX_COSIM_RANKS = 32     # ranks the cosimulation top can load (nmp_top.sv tb_load_mask[31:0])
 SERVER_MODULE = "coda.cosim.nmp_backend"
 OP_LOAD, OP_RUN, OP_DUMP = 1, 3, 4
 
@@ -199,13 +201,13 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
         flags: a key of :data:`FLAG_SETS` (Verilator and C++ optimisation levers).
         clock_gating: gated lane clocks in every rank's NME (:class:`coda.hw.nme.NME`).
     Raises:
-        ValueError: unknown flags or an incompatible cfg/std. CosimBuildError: build failed.
+        ValueError: unknown flags, an incompatible cfg/std, or a shape outside 1..
+            :data:`MAX_COSIM_RANKS` ranks. CosimBuildError: build failed.
     """
     std = get_standard(std)
     if flags not in FLAG_SETS:
         raise ValueError(f"flags={flags!r}: expected one of {', '.join(FLAG_SETS)}")
-    if int(dimms) < 1 or int(ranks) < 1:
-        raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
+    check_shape(dimms, ranks, MAX_COSIM_RANKS)
     from coda.cosim.dram_replay import verilator_params
     vflags, mflags = FLAG_SETS[flags]
     verilog = _verilog_cached(cfg, std, dimms, ranks, clock_gating)
@@ -346,7 +348,7 @@ class NMPRTLBackend(SessionOwner):
             ``coda_dram_device``), written when the simulator ends (:meth:`close`); None: no log.
         keep_logs: keep the simulator work folder after :meth:`close`.
     Raises:
-        ValueError: bad shape, preset or flags.
+        ValueError: bad preset or flags, or a shape outside 1..:data:`MAX_COSIM_RANKS` ranks.
     """
     name = "rtl-nmp"
 
@@ -355,8 +357,7 @@ class NMPRTLBackend(SessionOwner):
                  commands: str | Path | None = None, keep_logs: bool = False,
                  job_timeout_s: float = 1800.0):
         self.std = get_standard(dram)
-        if int(dimms) < 1 or int(ranks) < 1:
-            raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
+        check_shape(dimms, ranks, MAX_COSIM_RANKS)
         if flags not in FLAG_SETS:
             raise ValueError(f"flags={flags!r}: expected one of {', '.join(FLAG_SETS)}")
         self.dimms, self.ranks, self.n = int(dimms), int(ranks), int(dimms) * int(ranks)

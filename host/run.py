@@ -77,7 +77,7 @@ def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from coda.cli import check_output_folder
+    from coda.cli import check_output_path
     from coda.host.backend import get_backend
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
@@ -90,7 +90,7 @@ def main(args) -> int:
     for flag in ("steps", "interval", "warmup", "lanes", "dimms", "ranks", "threads"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
-    out = check_output_folder(args.out, "--out")
+    out = check_output_path(args.out, "--out", folder=True)
     # bad --backend/--dram combinations and presets fail here (simulators are built and
     # started only when the first segment runs)
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)

@@ -41,7 +41,7 @@ from .isa import NMEConfig
 from .verilog import use_pinned_yosys
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
-           "MAX_RANKS"]
+           "MAX_RANKS", "check_shape"]
 
 #: most ranks (dimms x ranks) one DIMM-NMP may have: a bound of this tool, not of JEDEC, so
 #: that a typo (``--dimms 1000``) fails at once instead of elaborating for hours (an 8 x 8
@@ -65,13 +65,21 @@ def dram_port_widths(std: DRAMStandard) -> dict[str, int]:
             "cmd_wmask": D // 8, "rd_valid": 1, "rd_data": D}
 
 
-def _check_system(cfg, std, dimms, ranks) -> DRAMStandard:
-    """:func:`_check` plus the system size (1 <= dimms, ranks; dimms * ranks <= MAX_RANKS)."""
-    if int(dimms) < 1 or int(ranks) < 1:
+def check_shape(dimms, ranks, max_ranks: int = MAX_RANKS) -> tuple[int, int]:
+    """``(int(dimms), int(ranks))`` of a DIMM-NMP; ValueError unless both are >= 1 and
+    ``dimms * ranks <= max_ranks`` (default :data:`MAX_RANKS`; a simulator may allow fewer)."""
+    dimms, ranks = int(dimms), int(ranks)
+    if dimms < 1 or ranks < 1:
         raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
-    if int(dimms) * int(ranks) > MAX_RANKS:
-        raise ValueError(f"dimms={dimms} x ranks={ranks} = {int(dimms) * int(ranks)} ranks: "
-                         f"expected at most {MAX_RANKS}")
+    if dimms * ranks > max_ranks:
+        raise ValueError(f"dimms={dimms} x ranks={ranks} = {dimms * ranks} ranks: "
+                         f"expected at most {max_ranks}")
+    return dimms, ranks
+
+
+def _check_system(cfg, std, dimms, ranks) -> DRAMStandard:
+    """:func:`_check` plus the system shape (:func:`check_shape`)."""
+    check_shape(dimms, ranks)
     return _check(cfg, std)
 
 

@@ -173,3 +173,18 @@ def test_clock_gating_changes_no_bit_and_no_cycle():
         assert np.array_equal(gated[1], plain[1]), gated[0]
         assert gated[2:] == plain[2:], gated[0]
     assert any(st["refreshes"] > 0 for st in runs[0][-1][4])
+
+
+def test_system_shape_is_checked_before_any_build():
+    """A shape the cosimulation top cannot load (its load mask holds 32 ranks) or a system
+    beyond the tool's bound is refused at once, naming the shape; nothing is built."""
+    from coda.cosim.nmp_backend import MAX_COSIM_RANKS, build_nmp_sim
+    from coda.hw.nmp import MAX_RANKS, check_shape
+    assert MAX_COSIM_RANKS == 32
+    with pytest.raises(ValueError, match=r"dimms=4 x ranks=9 = 36 ranks: expected at most 32"):
+        NMPRTLBackend(STD, dimms=4, ranks=9)
+    with pytest.raises(ValueError, match=r"dimms=0, ranks=2: expected >= 1 each"):
+        build_nmp_sim(NMEConfig(lanes=8), STD, 0, 2)
+    assert check_shape(16, 16) == (16, 16)
+    with pytest.raises(ValueError, match=f"expected at most {MAX_RANKS}"):
+        check_shape(16, 17)
