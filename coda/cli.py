@@ -71,25 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def check_output_path(path: str | os.PathLike, flag: str, *, folder: bool = False) -> Path:
-    """Check, before any work, that an output file (``folder``: an output folder) can be
-    created at ``path``.
-
-    Returns ``Path(path)``. Raises ValueError naming ``flag`` when ``path`` is empty, is an
-    existing folder where a file is wanted, or has a file where a folder is needed (folders
-    that do not exist yet are fine: the writer creates them)."""
-    out = Path(path)
-    what = "folder" if folder else "file"
-    if str(path) == "":
-        raise ValueError(f"{flag} '': expected a {what} path")
-    if not folder and out.is_dir():
-        raise ValueError(f"{flag} {path}: is a folder, expected a file path")
-    for up in ((out,) if folder else ()) + tuple(out.parents):
-        if up.exists() and not up.is_dir():
-            raise ValueError(f"{flag} {path}: {up} is a file, expected a folder")
-    return out
-
-
 def _describe(exc: BaseException) -> str:
     """One line for a user: ``PATH: reason`` for a file error, the message otherwise."""
     if isinstance(exc, FileExistsError) and os.path.isfile(exc.filename or ""):

@@ -44,6 +44,7 @@ from coda.cosim.rtl_backend import SessionOwner, SimSession
 from coda.cosim.toolchain import build_dir, setup_verilator_env
 from coda.hw.dram import STAT_NAMES, map_burst_address
 from coda.hw.dram_standards import DRAMStandard, get_standard
+from coda.hw.executor import ExecResult
 from coda.hw.isa import NMEConfig, Program, Status
 from coda.hw.nmp import check_shape
 
@@ -409,7 +410,6 @@ class NMPRTLBackend(SessionOwner):
         return out
 
     def _run_batch(self, cfg, jobs):
-        from coda.host.backend import ExecResult
 
         std = self.std
         wpb = _words_per_burst(cfg, std)

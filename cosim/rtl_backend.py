@@ -37,6 +37,7 @@ import numpy as np
 from coda.cosim import memfile
 from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_command,
                               sim_env)
+from coda.hw.executor import ExecResult
 from coda.hw.isa import NMEConfig, Program, Status
 
 __all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit"]
@@ -388,7 +389,6 @@ class RTLBackend(SessionOwner):
         and the ranks' programs overlap on a multi-core machine, as they run in lockstep in the
         modelled system. Bits do not depend on the placement. Errors as :meth:`execute`.
         """
-        from coda.host.backend import ExecResult
 
         t0, starts_s = time.perf_counter(), self.stats["start_seconds"]
         stall = max(self.req_stall, self.rsp_stall)

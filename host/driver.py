@@ -36,7 +36,7 @@ import torch
 from coda.hw.isa import NMEConfig, Program, Status
 from coda.host import compiler
 from coda.host import ops as ref
-from coda.host.backend import Backend
+from coda.hw.executor import Backend
 from coda.host.interp import CANONICAL_NAN_F32
 from coda.host.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
                             unpack_words)

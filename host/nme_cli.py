@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coda.cli import check_output_path, main as coda_main
+from coda.paths import check_output_path
 from coda.hw.isa import NMEConfig
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
@@ -260,12 +260,3 @@ def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
     with open(path, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
         np.savez(fh, **out)
     return path
-
-
-def _standalone(argv: list[str] | None = None) -> int:
-    """``python -m coda.host.nme_cli ARGS`` = ``coda nme run ARGS`` (same options, errors)."""
-    return coda_main(["nme", "run", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(_standalone())

@@ -77,7 +77,7 @@ def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from coda.cli import check_output_path
+    from coda.paths import check_output_path
     from coda.host.backend import get_backend
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model

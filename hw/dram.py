@@ -715,7 +715,7 @@ def dram_verilog(component: wiring.Component, name: str) -> str:
     """
     from amaranth.back import verilog
 
-    from .verilog import use_pinned_yosys
+    from .yosys import use_pinned_yosys
 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")

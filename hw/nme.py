@@ -38,7 +38,7 @@ Organisation
   flight from before a reset are counted by a reset-less counter; they find no tag and are
   dropped, and a program's first read waits until none is outstanding.
 
-Cycle cost (memory always ready, read latency ``lat``; :func:`coda.host.backend.model_cycles`
+Cycle cost (memory always ready, read latency ``lat``; :func:`coda.hw.nme_cycles.model_cycles`
 is this model, checked exactly against Verilator counts): intake ``n_uops + 1``; check
 ``3 * n_uops + 3`` (32 more when ``lanes`` is not a power of two, ``bitlen(param*L) + 1``
 more per scaled GROUP micro-op); execution ``2`` plus ``blen + 6`` per pass (``blen + 8``

@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out
 from .dram import STAT_BITS, STAT_NAMES, DRAMWordMemory
 from .dram_standards import DRAMStandard, get_standard
 from .isa import NMEConfig
-from .verilog import use_pinned_yosys
+from .yosys import use_pinned_yosys
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
            "MAX_RANKS", "check_shape"]

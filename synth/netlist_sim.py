@@ -48,7 +48,10 @@ from coda.synth.stimuli import op_case
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
            "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "main"]
 
-#: the cosim's cocotb tests of the NME (:mod:`coda.cosim.test_nme`) run on the netlist:
+#: where the NME's cocotb tests live (``tests/cocotb_nme.py``: they compare the RTL with the
+#: torch reference of coda.host, so they sit above every layer, with the other tests)
+TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"
+#: the cosim's cocotb tests of the NME (tests/cocotb_nme.py) run on the netlist:
 #: FP edge cases, operators, masked tails, bad commands, reset in the middle of a program
 COCOTB_SUBSET = "test_fp_edge_cases|test_operators|test_tails|test_bad_commands|test_reset_mid_program"
 
@@ -256,7 +259,7 @@ def check_equivalence(cfg: NMEConfig, jobs: list[Job] | None = None, *,
 
 
 def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
-                      module: str = "coda.cosim.test_nme", seed: int = 0,
+                      module: str = "cocotb_nme", seed: int = 0,
                       timeout_s: float = 1800.0) -> dict:
     """Run cocotb tests of the NME (``module``, names matching ``testcase``) on the netlist.
 
@@ -270,6 +273,8 @@ def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
     """
     from coda.cosim.build import run_cocotb
 
+    if str(TESTS_DIR) not in sys.path:   # the simulator's Python path is this one's
+        sys.path.append(str(TESTS_DIR))
     build = build_sim(cfg, verilog=netlist_verilog(cfg)[0])
     env = {"CODA_COSIM_CFG": json.dumps(dataclasses.asdict(cfg)),
            "CODA_COSIM_LANES": str(cfg.lanes), "CODA_COSIM_MEM_WORDS": str(cfg.mem_words)}

@@ -1,7 +1,7 @@
 """cocotb + Verilator cosimulation of the NME, and the ``rtl`` backend, vs the torch reference.
 
 Builds each configuration once per session (and reuses it across sessions: build/cosim/<key>/),
-runs the cocotb tests of :mod:`coda.cosim.test_nme` in the simulator, and checks
+runs the cocotb tests of tests/cocotb_nme.py in the simulator, and checks
 :class:`coda.cosim.rtl_backend.RTLBackend` against :class:`coda.host.backend.TorchBackend`.
 
 Configuration: 8 lanes, depth 16 (so small programs already span several blocks), a 4096-word
@@ -39,7 +39,7 @@ def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1) 
     env = {"CODA_COSIM_CFG": json.dumps(asdict(cfg)), "CODA_COSIM_LANES": str(cfg.lanes),
            "CODA_COSIM_MEM_WORDS": str(cfg.mem_words), "CODA_COSIM_SCALE": str(scale),
            "CODA_COSIM_REPORT": str(report)}
-    tally = run_cocotb(build, "coda.cosim.test_nme", workdir, testcase=testcase, seed=1,
+    tally = run_cocotb(build, "cocotb_nme", workdir, testcase=testcase, seed=1,
                        extra_env=env, timeout_s=1500)
     assert tally["tests"] > 0, f"no cocotb test ran:\n{log_tail(tally['log'])}"
     assert tally["failed"] == 0, (f"{tally['failed']} of {tally['tests']} cocotb tests failed "

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from coda.hw.isa import NMEConfig, Status
 from coda.host import ops
-from coda.host.backend import ExecResult, TorchBackend
+from coda.hw.executor import ExecResult
+from coda.host.backend import TorchBackend
 from coda.host.bits import from_bits, same_bits, to_bits
 from coda.host.driver import NMPCapacityError, NMPDriver, tile_bounds
 

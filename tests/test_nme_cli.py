@@ -13,7 +13,7 @@ from coda.cli import main as coda_main
 from coda.host import ops
 from coda.host.bits import from_bits, same_bits, to_bits
 from coda.host import nme_cli
-from coda.host.nme_cli import _standalone, make_example, read_inputs
+from coda.host.nme_cli import make_example, read_inputs
 
 
 def run(argv):
@@ -46,13 +46,6 @@ def test_example_is_deterministic(tmp_path):
     with np.load(a) as fa, np.load(b) as fb:
         assert all(np.array_equal(fa[k], fb[k]) for k in ("x", "g", "c"))
         assert fa["x"].shape == (37, 32) and fa["g"].shape == (32,)
-
-
-def test_standalone_entry_point(tmp_path, capsys):
-    inp, out = tmp_path / "in.npz", tmp_path / "out.npz"
-    assert _standalone(["--op", "scale", "--make-example", str(inp)]) == 0
-    assert _standalone(["--op", "scale", "--inputs", str(inp), "--out", str(out)]) == 0
-    assert out.exists()
 
 
 def _write(path, **arrays):
@@ -187,10 +180,10 @@ def test_output_paths_checked_before_any_work(tmp_path, capsys, monkeypatch):
 
 def test_module_entry_point_reports_errors_like_coda(tmp_path, capsys):
     long_name = tmp_path / ("x" * 300 + ".npz")
-    assert _standalone(["--op", "add", "--make-example", str(long_name)]) == 2
+    assert run(["--op", "add", "--make-example", str(long_name)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("coda: error: ") and err.strip().endswith("File name too long"), err
-    proc = subprocess.run([sys.executable, "-m", "coda.host.nme_cli", "--op", "add",
+    proc = subprocess.run([sys.executable, "-m", "coda", "nme", "run", "--op", "add",
                            "--make-example", str(long_name)], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("coda: error: ") and len(proc.stderr.splitlines()) == 1

@@ -595,10 +595,10 @@ def _cycle_programs(cfg: NMEConfig) -> list[Program]:
 
 @pytest.mark.parametrize("lanes,depth,fmt", [(1, 1, "bf16"), (2, 2, "fp16"), (5, 1, "fp16")])
 def test_cycle_model_matches_the_nme(lanes, depth, fmt):
-    """coda.host.backend.model_cycles == the NME's cycles with a 1-cycle always-ready memory,
+    """coda.hw.nme_cycles.model_cycles == the NME's cycles with a 1-cycle always-ready memory,
     for configurations the Verilator cosim cannot build (lanes 1, depth <= 2: zero-width
     wires); tests/test_interp.py checks the others against Verilated counts."""
-    from coda.host.backend import model_cycles
+    from coda.hw.nme_cycles import model_cycles
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=depth, nbuf=4, imem_depth=8, max_streams=8,
                     mem_words=128)
     progs = _cycle_programs(cfg)

@@ -1,0 +1,43 @@
+"""What an executor of NME programs is, and what it returns: the contract between the
+driver (``coda.host.driver``) and every backend (the torch interpreter, the Verilated NME,
+the Verilated DIMM-NMP), kept beside the ISA (:mod:`coda.hw.isa`) it executes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .isa import NMEConfig, Program, Status
+
+__all__ = ["ExecResult", "Backend"]
+
+
+@dataclass
+class ExecResult:
+    """One program's outcome on one NME.
+
+    Attributes:
+        mem: uint16 [mem_words, lanes], the memory image after the program.
+        status: :class:`coda.hw.isa.Status` of the program.
+        l1: fp32 L1 sum (0.0 if the program has no L1 micro-op or was rejected).
+        cycles: NME clock cycles from the first command word to ``done`` (torch backend:
+            the analytic model of :func:`coda.hw.nme_cycles.model_cycles`).
+    """
+    mem: np.ndarray
+    status: Status
+    l1: float
+    cycles: int
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the driver needs from an executor of NME programs."""
+    name: str
+
+    def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray) -> ExecResult: ...
+
+    def execute_many(self, cfg: NMEConfig,
+                     jobs: list[tuple[Program, np.ndarray]]) -> list[ExecResult]: ...
