@@ -14,25 +14,32 @@ What the hook does
 It takes over the transformer's forward and replays Latte's blocks operator by operator
 (spatial self-attention, cross attention, spatial FFN, temporal self-attention, temporal FFN;
 see :mod:`coda.host.schedule`), with the same torch calls in the same order as diffusers'
-``BasicTransformerBlock`` (``norm_type="ada_norm_single"``), so a schedule that reuses nothing
-gives bit-identical outputs to the unhooked model. Per step and branch:
+``BasicTransformerBlock`` (``norm_type="ada_norm_single"``), so a policy that reuses nothing
+gives bit-identical outputs to the unhooked model. For every operator and every sample of
+every branch it asks its policy (:mod:`coda.host.policies`) for a :class:`Decision`:
 
-- a *computed* operator runs norm -> adaLN modulation -> attention/FFN on the xPU (float32),
-  is added as ``x + gate * out``, and its pre-gate output ``out`` is written to its NMP cache
-  slot (``driver.store``, in the NME format) if the next step reuses it;
-- a *reused* operator skips its norm, modulation and attention entirely; only its current
-  adaLN gate is computed (cross attention has none: gate = 1). Each maximal run of consecutive
-  reused operators is one segment ``y = ((x + g0*c0) + g1*c1) + ...`` run by
-  ``driver.segment`` (per sample) with x, the gates and the caches in the NME format (bf16 or fp16, from
+- *compute*: norm -> adaLN modulation -> attention/FFN on the xPU (float32), added as
+  ``x + gate * out``; the pre-gate output ``out`` is written to the sample's NMP cache slot
+  (``driver.store``, in the NME format) if the decision says ``store``, and the operator's
+  input kept as a monitor reference if it says ``keep_input``;
+- *reuse*: its norm, modulation and attention are skipped; only its current adaLN gate is
+  computed (cross attention has none: gate = 1). Each maximal run of consecutive reused
+  operators of a sample is one segment ``y = ((x + g0*c0) + g1*c1) + ...`` run by
+  ``driver.segment`` with x, the gates and the caches in the NME format (bf16 or fp16, from
   the driver's ``cfg.fmt``); the host casts y back to float32. This is what a deployment does:
   the xPU keeps float32 activations, the DIMMs hold 16-bit caches, and segment inputs/outputs
   cross PCIe in the 16-bit format.
 
+Everything it does is emitted as operator events (:mod:`coda.host.events`) into
+``hook.events``; ``hook.state.stats`` are counted from them.
+
 Cache slots are per branch and sample (the conditional and unconditional outputs never mix;
-a sample's tensor is [F*N, C] in token order (frame, patch)), and are freed on ``reset``; a
-generation starting at step 0 frees its branch's slots first, so nothing is carried over.
-A segment runs once per sample of its branch: the digit model's label enters adaLN, so each
-sample has its own gates, and a gate is one [C] vector per NME program.
+a sample's tensor is [F*N, C] in token order (frame, patch)). They are freed when a
+generation's last step is done (``CodaCacheConfig.keep_slots=True`` keeps them until the next
+generation starts or ``reset``); a generation starting at step 0 frees its branch's slots
+first, so nothing is carried over. A segment runs once per sample: the digit model's label
+enters adaLN, so each sample has its own gates, and a gate is one [C] vector per NME program.
+Decisions are per sample too, so a sample's result never depends on the rest of its batch.
 """
 
 from __future__ import annotations
@@ -44,8 +51,11 @@ from typing import Any, Hashable
 import torch
 from diffusers.hooks.hooks import ModelHook, StateManager
 
+from .events import EventLog, MonitorEvent, OpEvent, SegmentEvent
 from .ops import MAX_SEGMENT_TERMS
-from .schedule import BRANCHES, Schedule, ScheduleError, UniformIntervalPolicy, operator_order
+from .policies import as_policy
+from .policies.base import CachePolicy, Decision, OpQuery
+from .schedule import BRANCHES, ScheduleError
 
 __all__ = ["BATCHED_CFG", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
            "apply_coda_cache", "remove_coda_cache", "reset_coda_cache", "get_coda_cache_hook",
@@ -54,6 +64,7 @@ __all__ = ["BATCHED_CFG", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
 HOOK_NAME = "coda_cache"
 BATCHED_CFG = "uncond|cond"
 _NME_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPE_NAMES = {v: k for k, v in _NME_DTYPES.items()}
 _GATE_CHUNK = {"spatial_attn": 2, "temporal_attn": 2, "spatial_ffn": 5, "temporal_ffn": 5}
 _hook_ids = itertools.count()
 
@@ -64,50 +75,60 @@ class CodaCacheConfig:
 
     Attributes:
         driver: the NMP driver (``coda.host.driver.NMPDriver``) holding the cache slots and
-            running segments; anything with its ``store/segment/free/__contains__`` works.
-        schedule: a concrete :class:`Schedule` (its ``num_steps`` must match the run) or a
-            policy with ``build(num_steps, num_layers) -> Schedule`` (e.g.
-            :class:`UniformIntervalPolicy`), built anew whenever the step count changes.
+            running segments; anything with its ``store/segment/free/__contains__``,
+            ``l1_to_slot`` (for monitors) and ``stats`` works.
+        policy: a :class:`coda.host.policies.base.CachePolicy` (e.g.
+            ``UniformIntervalPolicy()``, ``SchedulePolicy(schedule)``, a DRA wrapper), or a
+            :class:`coda.host.schedule.Schedule` (run as a ``SchedulePolicy``).
         cache_dtype: NME element format; default: from ``driver.cfg.fmt`` (bf16 if absent).
+            Must agree with the driver's format.
+        keep_slots: keep the cache slots after a generation's last step (default: free them,
+            so an idle model holds no rank memory).
+        events: where events go (default: a new :class:`EventLog`, ``hook.events``).
+    Raises (on apply):
+        ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver.
     """
     driver: Any
-    schedule: Any = field(default_factory=UniformIntervalPolicy)
+    policy: Any = None
     cache_dtype: torch.dtype | None = None
+    keep_slots: bool = False
+    events: EventLog | None = None
 
     def resolved_dtype(self) -> torch.dtype:
-        if self.cache_dtype is not None:
-            if self.cache_dtype not in _NME_DTYPES.values():
-                raise ValueError(f"cache_dtype={self.cache_dtype}: expected torch.bfloat16 or torch.float16")
-            return self.cache_dtype
-        fmt = getattr(getattr(self.driver, "cfg", None), "fmt", "bf16")
-        if fmt not in _NME_DTYPES:
+        fmt = getattr(getattr(self.driver, "cfg", None), "fmt", None)
+        if fmt is not None and fmt not in _NME_DTYPES:
             raise ValueError(f"driver cfg.fmt={fmt!r}: expected one of {sorted(_NME_DTYPES)}")
-        return _NME_DTYPES[fmt]
+        if self.cache_dtype is None:
+            return _NME_DTYPES[fmt or "bf16"]
+        if self.cache_dtype not in _NME_DTYPES.values():
+            raise ValueError(f"cache_dtype={self.cache_dtype}: expected torch.bfloat16 or torch.float16")
+        if fmt is not None and _NME_DTYPES[fmt] != self.cache_dtype:
+            raise ValueError(f"cache_dtype={self.cache_dtype} disagrees with the driver's NME "
+                             f"format {fmt!r} ({_NME_DTYPES[fmt]}): leave cache_dtype unset or "
+                             "make them equal")
+        return self.cache_dtype
 
 
 @dataclass
 class _BranchState:
     last_step: int = -1
-    slots: dict = field(default_factory=dict)      # key -> shape of the stored tensor
+    slots: dict = field(default_factory=dict)   # key -> (shape, step written)
+    kept: dict = field(default_factory=dict)    # key -> (shape, step kept, Σ|x_ref| fp32)
 
 
 class CodaCacheState:
-    """Per-generation state: the schedule in use, per-branch step counters and slots, stats.
-
-    ``stats`` (per generation): ``ops_computed``, ``ops_reused``, ``segments``,
-    ``segment_ops`` (reused operators run in segments), ``programs`` (NMP segment launches:
-    a segment longer than the NME's 8 terms takes several), ``stores`` (slots written),
-    ``calls`` (transformer forwards).
-    """
+    """Per-generation state: the generation in the event log, per-branch step counters, cache
+    slots and kept monitor references, the transformer calls and segments so far."""
 
     def __init__(self):
         self.reset()
 
     def reset(self) -> None:
-        self.schedule: Schedule | None = None
+        self.generation: int | None = None
+        self.num_steps: int | None = None
         self.branches: dict[str, _BranchState] = {b: _BranchState() for b in BRANCHES}
-        self.stats: dict[str, int] = dict(ops_computed=0, ops_reused=0, segments=0,
-                                          segment_ops=0, programs=0, stores=0, calls=0)
+        self.calls = 0
+        self.segments = 0      # segment ids issued in this generation
 
 
 def _parse_branches(name: str, batch: int) -> list[str]:
@@ -125,8 +146,8 @@ class CodaCacheHook(ModelHook):
     """Stateful hook that runs a Latte transformer's forward with cross-timestep caching.
 
     Attributes:
-        config: the :class:`CodaCacheConfig`.
-        state: the :class:`CodaCacheState` (``state.stats`` for reports).
+        config: the :class:`CodaCacheConfig`. policy: the resolved policy.
+        state: the :class:`CodaCacheState`. events: the :class:`EventLog`.
     """
     _is_stateful = True
 
@@ -134,10 +155,14 @@ class CodaCacheHook(ModelHook):
         super().__init__()
         self.config = config
         self.dtype = config.resolved_dtype()
+        self.fmt = _DTYPE_NAMES[self.dtype]
+        self.policy: CachePolicy = as_policy(config.policy)
+        self.events = config.events if config.events is not None else EventLog()
         self.state = CodaCacheState()
         # diffusers' cache_context() delivers the CacheContext to StateManager attributes.
         self.context_manager = StateManager(CodaCacheState)
         self._tag = f"coda{next(_hook_ids)}"
+        self._last_generation: int | None = None
 
     def initialize_hook(self, module):
         from diffusers import LatteTransformer3DModel
@@ -149,28 +174,28 @@ class CodaCacheHook(ModelHook):
         self.num_layers = len(module.transformer_blocks)
         return module
 
+    @property
+    def stats(self) -> dict:
+        """Counters of the current (or last) generation (:meth:`EventLog.stats`) plus
+        ``calls`` (its transformer forwards); zeros before the first one or after a reset."""
+        out = self.events.stats(-1 if self._last_generation is None else self._last_generation)
+        out["calls"] = self.state.calls
+        return out
+
     # ---- generation bookkeeping -------------------------------------------------
     def reset_state(self, module):
         for branch in self.state.branches.values():
             self._free_slots(branch)
         self.state.reset()
+        self._last_generation = None
         return module
 
     def _free_slots(self, branch: _BranchState) -> None:
-        for key in list(branch.slots):
+        for key in list(branch.slots) + list(branch.kept):
             if key in self.config.driver:
                 self.config.driver.free(key)
         branch.slots.clear()
-
-    def _schedule_for(self, num_steps: int) -> Schedule:
-        sched = self.config.schedule
-        if isinstance(sched, Schedule):
-            if sched.num_steps != num_steps or sched.num_layers != self.num_layers:
-                raise ScheduleError(
-                    f"schedule {sched.name!r} is for {sched.num_steps} steps x {sched.num_layers} "
-                    f"layers; this run has {num_steps} steps x {self.num_layers} layers")
-            return sched
-        return sched.build(num_steps, self.num_layers)
+        branch.kept.clear()
 
     def _begin_call(self, ctx, branches: list[str]) -> int:
         if ctx.step_index is None or ctx.num_inference_steps is None:
@@ -180,23 +205,43 @@ class CodaCacheHook(ModelHook):
         if not 0 <= step < n:
             raise ValueError(f"step_index={step}: expected 0..{n - 1}")
         st = self.state
-        for name in dict.fromkeys(branches):
+        names = list(dict.fromkeys(branches))
+        if step == 0 and (st.generation is None
+                          or any(st.branches[b].last_step >= 0 for b in names)):
+            self._start_generation(n)
+        elif st.generation is None:
+            raise ValueError(f"step {step} without a generation: start it at step 0 "
+                             "(reset between generations)")
+        elif n != st.num_steps:
+            raise ValueError(f"num_inference_steps changed to {n} at step {step}: "
+                             "start the new generation at step 0")
+        for name in names:
             branch = st.branches[name]
-            if step == 0:
-                # A new generation of this branch: never reuse anything older.
-                self._free_slots(branch)
-                branch.last_step = -1
-            elif step != branch.last_step + 1:
+            if step != branch.last_step + 1:
                 raise ValueError(f"branch {name}: step {step} after step {branch.last_step}; "
                                  "steps must run in order from 0 (reset between generations)")
             branch.last_step = step
-        if st.schedule is None or st.schedule.num_steps != n:
-            if step != 0:
-                raise ValueError(f"num_inference_steps changed to {n} at step {step}: "
-                                 "start the new generation at step 0")
-            st.schedule = self._schedule_for(n)
-        st.stats["calls"] += 1
+        st.calls += 1
         return step
+
+    def _start_generation(self, num_steps: int) -> None:
+        for branch in self.state.branches.values():
+            self._free_slots(branch)
+        self.state.reset()
+        self.state.num_steps = num_steps
+        self.state.generation = self._last_generation = self.events.start_generation()
+        self.policy.reset()
+
+    def _end_call(self) -> None:
+        """After a call: a generation whose every branch that ran has done its last step is
+        over; its slots are freed unless ``keep_slots``."""
+        st = self.state
+        ran = [b for b in st.branches.values() if b.last_step >= 0]
+        if ran and all(b.last_step == st.num_steps - 1 for b in ran):
+            if not self.config.keep_slots:
+                for branch in st.branches.values():
+                    self._free_slots(branch)
+            st.generation = None
 
     # ---- the forward ----------------------------------------------------------
     def new_forward(self, module, hidden_states: torch.Tensor, timestep=None,
@@ -214,33 +259,49 @@ class CodaCacheHook(ModelHook):
         run = _StepRun(self, module, hidden_states, timestep, encoder_hidden_states,
                        encoder_attention_mask, branches, step)
         output = run.execute()
+        self._end_call()
         if not return_dict:
             return (output,)
         from diffusers.models.modeling_outputs import Transformer2DModelOutput
         return Transformer2DModelOutput(sample=output)
 
-    def key(self, branch: str, sample: int, layer: int, op: str) -> Hashable:
-        """Slot key of one sample's (index within its branch) cached operator output."""
-        return (self._tag, branch, sample, layer, op)
+    def key(self, branch: str, sample: int, layer: int, op: str, what: str = "out") -> Hashable:
+        """Slot key of one sample's (index within its branch) cached operator output
+        (``what="out"``) or kept input (``what="in"``)."""
+        key = (self._tag, branch, sample, layer, op)
+        return key if what == "out" else key + (what,)
 
+    def emit(self, event) -> None:
+        self.events.append(event)
+        self.policy.observe(event)
 
 
 class _StepRun:
-    """One transformer forward (one step, one or two branches) under a schedule."""
+    """One transformer forward (one step, one or two branches) under the hook's policy.
+
+    Rows are the batch indices; row ``i`` is sample ``sample_of[i]`` of branch ``branch_of[i]``.
+    """
 
     def __init__(self, hook, model, hidden_states, timestep, encoder_hidden_states,
                  encoder_attention_mask, branches, step):
         self.hook, self.m = hook, model
         self.driver, self.dtype = hook.config.driver, hook.dtype
-        self.schedule: Schedule = hook.state.schedule
-        self.stats = hook.state.stats
-        self.step = step
+        self.step, self.num_steps = step, hook.state.num_steps
         self.x_in = hidden_states
         self.t_in, self.ehs_in, self.mask = timestep, encoder_hidden_states, encoder_attention_mask
-        self.branches = branches
-        self.rows = {b: torch.tensor([i for i, n in enumerate(branches) if n == b], dtype=torch.long)
-                     for b in dict.fromkeys(branches)}
-        self.pending: dict[str, list[tuple[torch.Tensor, int, str]]] = {b: [] for b in self.rows}
+        self.branch_of = branches
+        counters: dict[str, int] = {}
+        self.sample_of = []
+        for br in branches:
+            self.sample_of.append(counters.get(br, 0))
+            counters[br] = counters.get(br, 0) + 1
+        self.pending: list[list[tuple]] = [[] for _ in branches]
+        self.index = 0
+
+    def _event_fields(self, row: int) -> dict:
+        return dict(generation=self.hook.state.generation, step=self.step,
+                    num_steps=self.num_steps, branch=self.branch_of[row],
+                    sample=self.sample_of[row])
 
     # The embedding and output stages are Latte's own code (diffusers 0.42
     # latte_transformer_3d.py), unchanged, so the cache engine is exact where nothing is reused.
@@ -278,23 +339,54 @@ class _StepRun:
         out = x.reshape(shape=(-1, oc, ph * p, pw * p))
         return out.reshape(b, -1, out.shape[-3], out.shape[-2], out.shape[-1]).permute(0, 2, 1, 3, 4)
 
-    # ---- one operator for every branch of the call --------------------------------
+    # ---- one operator for every row of the call -------------------------------------
     def operator(self, layer: int, op: str, block) -> None:
-        compute = [br for br in self.rows if (layer, op) not in self.schedule.reused(self.step, br)]
-        for br in self.rows:
-            if br not in compute:
-                self.pending[br].append((self.gate(block, op, self.rows[br]), layer, op))
-                self.stats["ops_reused"] += 1
+        hook, st = self.hook, self.hook.state
+        index = self.index
+        self.index += 1
+        decisions: list[Decision] = []
+        for row in range(len(self.branch_of)):
+            br, j = self.branch_of[row], self.sample_of[row]
+            bstate = st.branches[br]
+            out_key, in_key = hook.key(br, j, layer, op), hook.key(br, j, layer, op, "in")
+            slot, kept = bstate.slots.get(out_key), bstate.kept.get(in_key)
+            q = OpQuery(step=self.step, num_steps=self.num_steps, branch=br, sample=j,
+                        layer=layer, op=op, index=index, num_layers=hook.num_layers,
+                        cached_step=None if slot is None else slot[1],
+                        kept_step=None if kept is None else kept[1],
+                        segment_open=bool(self.pending[row]),
+                        _input_change=lambda row=row: self.input_change(row, layer, op, index))
+            d = hook.policy.decide(q)
+            if d.reuse and slot is None:
+                raise ScheduleError(
+                    f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) "
+                    "needs a cached output, but none was stored")
+            decisions.append(d)
+        compute = [row for row, d in enumerate(decisions) if not d.reuse]
+        reuse = [row for row, d in enumerate(decisions) if d.reuse]
+        if reuse:
+            gates = self.gate(block, op, torch.tensor(reuse, dtype=torch.long))
+            for g, row in zip(gates, reuse):
+                self.pending[row].append((g, layer, op, index, decisions[row].reason))
         if not compute:
             return
-        for br in compute:
-            self.flush(br)
-        samples = torch.cat([self.rows[br] for br in compute]).sort().values
+        for row in compute:
+            self.flush(row)
+        samples = torch.tensor(compute, dtype=torch.long)
+        x_before = {row: self.h[row] for row in compute if decisions[row].keep_input}
         out = self.compute(block, op, samples)
-        self.stats["ops_computed"] += len(compute)
-        for br in compute:
-            if self.schedule.store_after_compute(self.step, br, (layer, op)):
-                self.store(br, layer, op, out, samples)
+        for pos, row in enumerate(compute):
+            d = decisions[row]
+            stored = self.store(row, layer, op, out[pos]) if d.store else 0
+            kept = self.keep_input(row, layer, op, x_before[row]) if d.keep_input else 0
+            hook.emit(OpEvent(**self._event_fields(row), layer=layer, op=op, index=index,
+                              reused=False, reason=d.reason, tokens=self.f * self.n,
+                              channels=self.c, dtype=hook.fmt, stored_bytes=stored,
+                              kept_bytes=kept))
+
+    def _bytes_moved(self) -> int:
+        s = self.driver.stats
+        return s["bytes_written"] + s["bytes_read"] + s["cmd_bytes"]
 
     def _modulation(self, block, samples: torch.Tensor, repeat: int):
         t = self.t_emb if len(samples) == self.b else self.t_emb.index_select(0, samples)
@@ -347,48 +439,94 @@ class _StepRun:
             self.h = self.h.index_copy(0, samples, x.contiguous())
         return out
 
-    def store(self, br: str, layer: int, op: str, out: torch.Tensor, samples: torch.Tensor) -> None:
-        """Write the pre-gate output of each of the branch's samples to its slot."""
-        pos = torch.searchsorted(samples, self.rows[br])
-        slots = self.hook.state.branches[br].slots
-        for j, p in enumerate(pos.tolist()):
-            tensor = out[p].reshape(-1, self.c).to(self.dtype).contiguous()
-            key = self.hook.key(br, j, layer, op)
-            self.driver.store(key, tensor)
-            slots[key] = tuple(tensor.shape)
-            self.stats["stores"] += 1
+    def store(self, row: int, layer: int, op: str, out: torch.Tensor) -> int:
+        """Write one row's pre-gate output [F, N, C] to its slot; returns the bytes written."""
+        br, j = self.branch_of[row], self.sample_of[row]
+        tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
+        key = self.hook.key(br, j, layer, op)
+        before = self._bytes_moved()
+        self.driver.store(key, tensor)
+        self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
+        return self._bytes_moved() - before
+
+    def keep_input(self, row: int, layer: int, op: str, x: torch.Tensor) -> int:
+        """Keep one row's operator input [F, N, C] (its value before the operator) in rank
+        memory as a monitor reference, with ``Σ|x|`` in fp32; returns the bytes written."""
+        br, j = self.branch_of[row], self.sample_of[row]
+        tensor = x.reshape(-1, self.c).to(self.dtype).contiguous()
+        key = self.hook.key(br, j, layer, op, "in")
+        before = self._bytes_moved()
+        self.driver.store(key, tensor)
+        norm = float(tensor.float().abs().sum())
+        self.hook.state.branches[br].kept[key] = (tuple(tensor.shape), self.step, norm)
+        return self._bytes_moved() - before
+
+    def input_change(self, row: int, layer: int, op: str, index: int) -> float:
+        """The relative L1 change of a row's operator input against its kept reference, the
+        numerator on the NMEs (``driver.l1_to_slot``); emits a MonitorEvent."""
+        self.flush(row)
+        br, j = self.branch_of[row], self.sample_of[row]
+        key = self.hook.key(br, j, layer, op, "in")
+        shape, ref_step, norm = self.hook.state.branches[br].kept[key]
+        x16 = self.h[row].reshape(-1, self.c).to(self.dtype).contiguous()
+        before, cycles, programs = (self._bytes_moved(), self.driver.stats["nme_cycles"],
+                                    self.driver.stats["programs"])
+        l1 = self.driver.l1_to_slot(x16, key)
+        value = l1 / norm if norm > 0 else (0.0 if l1 == 0 else float("inf"))
+        self.hook.emit(MonitorEvent(
+            **self._event_fields(row), layer=layer, op=op, index=index, reference_step=ref_step,
+            value=value, bytes_to_nmp=self._bytes_moved() - before,
+            programs=self.driver.stats["programs"] - programs,
+            nme_cycles=self.driver.stats["nme_cycles"] - cycles))
+        return value
 
     # ---- segments -----------------------------------------------------------------
-    def flush(self, br: str) -> None:
-        """Run the branch's pending reused operators as one segment: per sample (each has
-        its own gates and slots) ``y = x + Σ g_k ⊙ c_k`` on the NMP."""
-        run = self.pending[br]
+    def flush(self, row: int) -> None:
+        """Run the row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k`` on
+        the NMP; emit their OpEvents and the SegmentEvent."""
+        run = self.pending[row]
         if not run:
             return
-        slots = self.hook.state.branches[br].slots
-        for j, sample in enumerate(self.rows[br].tolist()):
-            x16 = self.h[sample].reshape(-1, self.c).to(self.dtype).contiguous()
-            keys = [self.hook.key(br, j, layer, op) for _, layer, op in run]
-            for key, (_, layer, op) in zip(keys, run):
-                if slots.get(key) != tuple(x16.shape) or key not in self.driver:
-                    raise ScheduleError(
-                        f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) needs "
-                        f"a cached tensor of shape {tuple(x16.shape)}, found {slots.get(key)}")
-            # The NME takes at most MAX_SEGMENT_TERMS terms per program; chaining programs
-            # rounds exactly as one left-to-right evaluation does.
-            y = x16
-            for i in range(0, len(run), MAX_SEGMENT_TERMS):
-                y = self.driver.segment(y, [g[j] for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
-                                        keys[i:i + MAX_SEGMENT_TERMS])
-                self.stats["programs"] += 1
-            self.h[sample] = y.to(self.h.dtype).reshape(self.h.shape[1:])
-        self.stats["segments"] += 1
-        self.stats["segment_ops"] += len(run)
-        self.pending[br] = []
+        hook = self.hook
+        br, j = self.branch_of[row], self.sample_of[row]
+        slots = hook.state.branches[br].slots
+        x16 = self.h[row].reshape(-1, self.c).to(self.dtype).contiguous()
+        keys = [hook.key(br, j, layer, op) for _, layer, op, _, _ in run]
+        for key, (_, layer, op, _, _) in zip(keys, run):
+            if key not in slots or slots[key][0] != tuple(x16.shape) or key not in self.driver:
+                raise ScheduleError(
+                    f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) needs "
+                    f"a cached tensor of shape {tuple(x16.shape)}, found "
+                    f"{slots[key][0] if key in slots else None}")
+        s = self.driver.stats
+        w0, r0, c0, cyc0, p0 = (s["bytes_written"], s["bytes_read"], s["cmd_bytes"],
+                                s["nme_cycles"], s["programs"])
+        # The NME takes at most MAX_SEGMENT_TERMS terms per program; chaining programs
+        # rounds exactly as one left-to-right evaluation does.
+        y = x16
+        for i in range(0, len(run), MAX_SEGMENT_TERMS):
+            y = self.driver.segment(y, [g for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
+                                    keys[i:i + MAX_SEGMENT_TERMS])
+        self.h[row] = y.to(self.h.dtype).reshape(self.h.shape[1:])
+        seg = hook.state.segments
+        hook.state.segments += 1
+        fields = self._event_fields(row)
+        for _, layer, op, index, reason in run:
+            hook.emit(OpEvent(**fields, layer=layer, op=op, index=index, reused=True,
+                              reason=reason, tokens=self.f * self.n, channels=self.c,
+                              dtype=hook.fmt, segment=seg))
+        s = self.driver.stats
+        hook.emit(SegmentEvent(
+            **fields, segment=seg, ops=tuple((layer, op) for _, layer, op, _, _ in run),
+            first_index=run[0][3], tokens=self.f * self.n, channels=self.c, dtype=hook.fmt,
+            bytes_to_nmp=s["bytes_written"] - w0 + s["cmd_bytes"] - c0,
+            bytes_from_nmp=s["bytes_read"] - r0, programs=s["programs"] - p0,
+            nme_cycles=s["nme_cycles"] - cyc0))
+        self.pending[row] = []
 
     def flush_all(self) -> None:
-        for br in self.rows:
-            self.flush(br)
+        for row in range(len(self.branch_of)):
+            self.flush(row)
 
 
 def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> CodaCacheHook:
@@ -396,16 +534,18 @@ def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> C
 
     Args:
         transformer: the diffusers Latte transformer (``DigitLatte.transformer``).
-        config: driver, schedule or policy, cache dtype.
+        config: driver, policy, cache dtype, slot keeping, event log.
     Returns:
-        the hook (``hook.state.stats`` has the per-generation counters).
+        the hook (``hook.events``: the operator events; ``hook.stats``: the counters of the
+        current or last generation).
     Raises:
-        TypeError / ValueError: not a Latte transformer with adaLN-single; a hook already there.
+        TypeError / ValueError: not a Latte transformer with adaLN-single; a hook already
+        there; a cache dtype that disagrees with the driver; a policy that is not one.
     """
     from diffusers.hooks import HookRegistry
 
+    hook = CodaCacheHook(config)     # checks the config before anything is registered
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
-    hook = CodaCacheHook(config)
     registry.register_hook(hook, HOOK_NAME)
     return hook
 

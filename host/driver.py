@@ -312,6 +312,45 @@ class NMPDriver:
         return self._run("segment", {"x": x, "g": g}, None,
                          cached={"c": [s.addrs for s in slots]})
 
+    def l1_to_slot(self, x: torch.Tensor, key: Hashable) -> float:
+        """``Σ|x - c|`` in fp32 on the NMEs, ``c`` = cache slot ``key`` (the ``l1_distance``
+        operator with its second stream read in place: only x crosses the host link).
+
+        Args:
+            x: [T, C] in the cache dtype, the shape of the slot (tiled like it).
+            key: a cache slot.
+        Returns:
+            float: the ranks' fp32 partial sums added in rank order in fp32 (as
+            :meth:`run_op` does for ``l1_distance``).
+        Raises:
+            ValueError: bad x or a shape other than the slot's; KeyError: unknown slot;
+            NMPCapacityError.
+        """
+        x = self._check_cache_tensor("l1 input x", x)
+        slot = self._slot(key)
+        if slot.shape != tuple(x.shape):
+            raise ValueError(f"l1_to_slot: slot {key!r} has shape {list(slot.shape)}, "
+                             f"expected {list(x.shape)} (the shape of x)")
+        scratch = [w if a is not None else 0 for w, a in zip(slot.words, slot.addrs)]
+        addrs = self._alloc(scratch, "l1 input")
+        try:
+            jobs = []
+            bits = to_bits(x)
+            for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs)):
+                if addr is None:
+                    continue
+                self._write(rank, addrs[rank], pack_words(bits[r0:r1], self.cfg.lanes))
+                n = (r1 - r0) * x.shape[1]
+                jobs.append((rank, compiler.compile_op("l1_distance", self.cfg,
+                                                       {"a": (n,), "b": (n,)},
+                                                       {"a": addrs[rank], "b": addr})))
+            if not jobs:
+                return 0.0
+            results = self._launch(jobs)
+            return self._gather(ref.get_op("l1_distance"), {}, None, None, results, jobs)
+        finally:
+            self._release(addrs, scratch)
+
     def _check_gate(self, i: int, g, channels: int) -> torch.Tensor:
         if not isinstance(g, torch.Tensor) or g.dtype != self.dtype or \
                 tuple(g.shape) != (channels,):

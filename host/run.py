@@ -83,7 +83,7 @@ def main(args) -> int:
     from coda.host.model.dit import load_model
     from coda.host.model.sample import (cached_generate, generate, side_by_side_gif,
                                         video_psnr, video_ssim)
-    from coda.host.schedule import UniformIntervalPolicy
+    from coda.host.policies import UniformIntervalPolicy
 
     # every check before any work or any file: flags, output folder, backend, driver
     digits = _parse_prompts(args.prompts)

@@ -15,8 +15,7 @@ that step; everything else is computed. A *segment* is a maximal run of consecut
 operators in this order within one step and branch (``../shared/DESIGN.md`` §7); it runs on the
 NMEs as one ``y = x + Σ g_k ⊙ c_k`` program.
 
-:class:`UniformIntervalPolicy` is the DeepCache/FORA-style baseline: after ``warmup`` fully
-computed steps, each operator type is recomputed every ``k`` steps and reused in between.
+Policies that make or follow schedules live in :mod:`coda.host.policies`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 __all__ = ["OP_TYPES", "BRANCHES", "OpRef", "operator_order", "segment_runs", "Schedule",
-           "UniformIntervalPolicy", "ScheduleError"]
+           "ScheduleError"]
 
 OP_TYPES: tuple[str, ...] = ("spatial_attn", "cross_attn", "spatial_ffn",
                              "temporal_attn", "temporal_ffn")
@@ -161,50 +160,3 @@ class Schedule:
         reuse = {(int(i["step"]), i["branch"]): frozenset((int(l), o) for l, o in i["reuse"])
                  for i in data["reuse"]}
         return cls(data["num_steps"], data["num_layers"], reuse, data.get("name", "custom"))
-
-
-@dataclass(frozen=True)
-class UniformIntervalPolicy:
-    """Recompute each operator type every ``intervals[op]`` steps; the first ``warmup`` steps
-    and, optionally, the last ``cooldown`` steps are always computed.
-
-    At step s (warmup <= s < num_steps - cooldown), operator type ``op`` is recomputed when
-    ``(s - warmup) % k == 0`` and reused otherwise; k = 1 never reuses. Same for both branches.
-
-    Attributes:
-        intervals: op type -> k >= 1 (types not listed use ``default_interval``).
-        default_interval: k for unlisted op types.
-        warmup: leading steps always computed (>= 1, so every operator is computed before reuse).
-        cooldown: trailing steps always computed.
-    """
-    intervals: Mapping[str, int] = field(default_factory=dict)
-    default_interval: int = 2
-    warmup: int = 2
-    cooldown: int = 0
-
-    def __post_init__(self):
-        for op, k in self.intervals.items():
-            if op not in OP_TYPES:
-                raise ScheduleError(f"op type {op!r}: expected one of {OP_TYPES}")
-            if int(k) < 1:
-                raise ScheduleError(f"interval {op}={k}: expected >= 1")
-        if self.default_interval < 1:
-            raise ScheduleError(f"default_interval={self.default_interval}: expected >= 1")
-        if self.warmup < 1 or self.cooldown < 0:
-            raise ScheduleError(f"warmup={self.warmup}, cooldown={self.cooldown}: "
-                                "expected warmup >= 1 and cooldown >= 0")
-
-    def interval(self, op: str) -> int:
-        return int(self.intervals.get(op, self.default_interval))
-
-    def build(self, num_steps: int, num_layers: int) -> Schedule:
-        """The concrete :class:`Schedule` for a run of ``num_steps`` steps."""
-        reuse: dict[tuple[int, str], frozenset] = {}
-        for step in range(self.warmup, max(self.warmup, num_steps - self.cooldown)):
-            refs = frozenset((layer, op) for layer, op in operator_order(num_layers)
-                             if (step - self.warmup) % self.interval(op) != 0)
-            for branch in BRANCHES:
-                reuse[(step, branch)] = refs
-        label = ",".join(f"{op}={self.interval(op)}" for op in OP_TYPES)
-        return Schedule(num_steps, num_layers, reuse,
-                        name=f"uniform({label},warmup={self.warmup},cooldown={self.cooldown})")

@@ -22,8 +22,8 @@ from coda.host.cache_engine import (CodaCacheConfig, apply_coda_cache, get_coda_
 from coda.host.driver import NMPDriver
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import generate
-from coda.host.schedule import (OP_TYPES, Schedule, ScheduleError, UniformIntervalPolicy,
-                                operator_order, segment_runs)
+from coda.host.policies import UniformIntervalPolicy
+from coda.host.schedule import OP_TYPES, Schedule, ScheduleError, operator_order, segment_runs
 from coda.hw.isa import NMEConfig
 
 STEPS = 6
@@ -39,7 +39,7 @@ from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.backend import TorchBackend
 from coda.host.driver import NMPDriver
 from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache
-from coda.host.schedule import UniformIntervalPolicy
+from coda.host.policies import UniformIntervalPolicy
 from coda.host.model.sample import generate
 from coda.hw.isa import NMEConfig
 cfg = copy.deepcopy(DEFAULT_CONFIG)
@@ -68,6 +68,8 @@ class TorchSegmentDriver:
 
     def __init__(self):
         self.slots = {}
+        self.stats = dict.fromkeys(("bytes_written", "bytes_read", "cmd_bytes", "nme_cycles",
+                                    "programs"), 0)
 
     def store(self, key, tensor):
         self.slots[key] = tensor.clone()
@@ -122,7 +124,7 @@ def test_reusing_nothing_is_bit_identical_to_the_unhooked_model():
     hook = cached(model, nmp_driver(), Schedule(STEPS, 2))
     hooked = generate(model, [3, 7], num_steps=STEPS)
     assert torch.equal(hooked, plain)
-    assert hook.state.stats["ops_reused"] == 0 and hook.state.stats["segments"] == 0
+    assert hook.stats["ops_reused"] == 0 and hook.stats["segments"] == 0
 
 
 def test_nmp_segments_are_bit_identical_to_torch_and_skip_operators():
@@ -130,16 +132,17 @@ def test_nmp_segments_are_bit_identical_to_torch_and_skip_operators():
     plain = generate(model, [3, 7], num_steps=STEPS)
     hook = cached(model, nmp_driver())
     on_nmp = generate(model, [3, 7], num_steps=STEPS)
-    stats = dict(hook.state.stats)
+    stats = dict(hook.stats)
     cached(model, TorchSegmentDriver())
     in_torch = generate(model, [3, 7], num_steps=STEPS)
     assert torch.equal(on_nmp, in_torch)
     assert not torch.equal(on_nmp, plain)  # reuse really changed the computation
     sched = POLICY.build(STEPS, 2)
     reused = sum(len(sched.reused(s, b)) for s in range(STEPS) for b in ("cond", "uncond"))
-    assert stats["ops_reused"] == reused == stats["segment_ops"]
-    assert stats["segments"] == sched.segment_count(frames=4)
-    assert stats["ops_computed"] + stats["ops_reused"] == STEPS * 2 * len(operator_order(2))
+    # counted per sample (2 samples): each sample's segments run on the NMEs separately
+    assert stats["ops_reused"] == 2 * reused == stats["segment_ops"]
+    assert stats["segments"] == 2 * sched.segment_count(frames=4)
+    assert stats["ops_computed"] + stats["ops_reused"] == 2 * STEPS * 2 * len(operator_order(2))
 
 
 # ---------------------------------------------------------------- CFG branches
@@ -186,19 +189,52 @@ def test_cache_is_not_carried_over_between_generations():
     driver = nmp_driver()
     hook = cached(model, driver)
     generate(model, [2], num_steps=STEPS, seed=5)
-    assert driver.keys(), "the schedule stores outputs for reuse"
+    assert hook.stats["stores"] > 0, "the schedule stores outputs for reuse"
+    assert driver.keys() == [], "a finished generation frees its slots"
     second = generate(model, [8], num_steps=STEPS, seed=6)
     cached(model, nmp_driver())
     fresh = generate(model, [8], num_steps=STEPS, seed=6)
     assert torch.equal(second, fresh)
-    # Even without the explicit reset, step 0 of a branch drops that branch's old slots.
-    cached(model, driver)
+    # Slots kept after the last step (keep_slots) are dropped by step 0 of the next one.
+    remove_coda_cache(model.transformer)
+    hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, POLICY, keep_slots=True))
     generate(model, [2], num_steps=STEPS, seed=5)
+    assert driver.keys(), "keep_slots keeps them"
     again = generate(model, [8], num_steps=STEPS, seed=6, reset_cache=False)
     assert torch.equal(again, fresh)
     reset_coda_cache(model.transformer)
-    assert driver.keys() == [] and get_coda_cache_hook(model.transformer).state.stats["calls"] == 0
-    assert hook is not get_coda_cache_hook(model.transformer)
+    assert driver.keys() == [] and get_coda_cache_hook(model.transformer).stats["calls"] == 0
+    assert hook is get_coda_cache_hook(model.transformer)
+
+
+def test_stats_are_per_generation():
+    model = tiny_model()
+    hook = cached(model, nmp_driver())
+    generate(model, [2], num_steps=STEPS, seed=5, reset_cache=False)
+    first = hook.stats
+    generate(model, [2], num_steps=STEPS, seed=5, reset_cache=False)
+    assert hook.stats == first and first["calls"] == STEPS
+    assert hook.events.generations == 2
+    assert hook.events.stats(0) == hook.events.stats(1)
+
+
+def test_a_second_model_can_use_the_rank_memory_of_an_idle_one():
+    # one rank memory that holds one model's cache, not two
+    model_a, model_b = tiny_model(), tiny_model()
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 13), ranks=2)
+    apply_coda_cache(model_a.transformer, CodaCacheConfig(driver, POLICY))
+    apply_coda_cache(model_b.transformer, CodaCacheConfig(driver, POLICY))
+    a = generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    b = generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    assert torch.equal(a, b)
+
+
+def test_a_cache_dtype_other_than_the_drivers_is_refused_when_applied():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="disagrees with the driver's NME format 'bf16'"):
+        apply_coda_cache(model.transformer, CodaCacheConfig(nmp_driver(), POLICY,
+                                                            cache_dtype=torch.float16))
+    assert get_coda_cache_hook(model.transformer) is None
 
 
 def test_changing_the_step_count_between_runs():
@@ -293,3 +329,66 @@ def test_uniform_interval_per_operator_type():
         assert reused == expect, step
     runs = segment_runs({(0, "spatial_ffn"), (0, "temporal_attn"), (0, "temporal_ffn")}, 1, frames=8)
     assert runs == [[(0, "spatial_ffn")], [(0, "temporal_attn"), (0, "temporal_ffn")]]
+
+
+# ---------------------------------------------------------------- operator events
+def test_events_follow_the_schedule_operator_by_operator():
+    model = tiny_model()
+    hook = cached(model, nmp_driver())
+    generate(model, [3, 7], num_steps=STEPS)
+    sched = POLICY.build(STEPS, 2)
+    ops_ev = hook.events.of("op")
+    assert len(ops_ev) == STEPS * 2 * 2 * len(operator_order(2))    # steps x branches x samples
+    for e in ops_ev:
+        assert e.reused == (e.ref in sched.reused(e.step, e.branch))
+        assert (e.tokens, e.channels, e.dtype) == (4 * 16, 32, "bf16")   # F*N tokens, hidden
+        assert operator_order(2)[e.index] == e.ref
+        # stored exactly when the next step reuses it: [64, 32] bf16 = 4096 bytes
+        assert e.stored_bytes == (4096 if sched.store_after_compute(e.step, e.branch, e.ref)
+                                  and not e.reused else 0)
+    for seg in hook.events.of("segment"):
+        runs = segment_runs(sched.reused(seg.step, seg.branch), 2, frames=4)
+        assert list(seg.ops) in runs
+        members = [e for e in ops_ev if e.segment == seg.segment]
+        assert [e.ref for e in members] == list(seg.ops)
+        assert {(e.step, e.branch, e.sample) for e in members} == {(seg.step, seg.branch,
+                                                                   seg.sample)}
+        assert seg.bytes_from_nmp == 4096 and seg.programs == 1 and seg.nme_cycles > 0
+    assert hook.stats["pcie_bytes"] == sum(e.stored_bytes for e in ops_ev) + sum(
+        s.bytes_to_nmp + s.bytes_from_nmp for s in hook.events.of("segment"))
+    from coda.host.events import EventLog
+    assert EventLog.from_jsonl(hook.events.to_jsonl()).events == hook.events.events
+
+
+class _KeepAndWatch(UniformIntervalPolicy):
+    """Keeps every stored operator's input and measures its change before each reuse."""
+
+    def decide(self, q):
+        d = super().decide(q)
+        if d.reuse and not q.segment_open:
+            self.seen.append((q.step, q.branch, q.sample, q.ref, q.input_change()))
+        return type(d)(d.reuse, d.store, keep_input=d.store, reason=d.reason)
+
+    def reset(self):
+        self.seen = []
+
+
+def test_input_change_runs_on_the_nme_against_the_kept_input():
+    model = tiny_model()
+    policy = _KeepAndWatch(intervals={"cross_attn": 3}, default_interval=2, warmup=1)
+    cached(model, nmp_driver())
+    expected = generate(model, [3], num_steps=STEPS)
+    hook = cached(model, nmp_driver(), policy)
+    watched = generate(model, [3], num_steps=STEPS)
+    assert torch.equal(watched, expected)        # watching changes nothing
+    mons = hook.events.of("monitor")
+    assert len(mons) == len(policy.seen) > 0
+    for m, (step, branch, sample, ref, value) in zip(mons, policy.seen):
+        assert (m.step, m.branch, m.sample, (m.layer, m.op), m.value) == (step, branch, sample,
+                                                                          ref, value)
+        # the reference is the input at the last step the operator was computed
+        computed = [e.step for e in hook.events.of("op") if not e.reused and e.step < m.step
+                    and (e.branch, e.sample, e.layer, e.op) == (m.branch, m.sample, m.layer, m.op)]
+        assert m.reference_step == max(computed) and 0 < m.value < float("inf")
+        assert m.programs == 1 and m.nme_cycles > 0 and m.bytes_to_nmp > 0
+    assert any(e.kept_bytes == 4096 for e in hook.events.of("op"))

@@ -229,3 +229,31 @@ def test_empty_operands_run_no_program(op, t, c, n):
     else:
         assert got.shape == want.shape and got.dtype == want.dtype
     assert backend.launches == [] and drv.stats["rank_programs"] == 0
+
+
+@pytest.mark.parametrize("dimms, ranks", [(1, 1), (1, 3), (2, 2)])
+def test_l1_to_slot_is_the_rank_order_sum_of_each_tiles_l1(dimms, ranks):
+    gen = torch.Generator().manual_seed(7)
+    cfg = NMEConfig(lanes=4, mem_words=4096)
+    x = torch.randn(13, 8, generator=gen).to(torch.bfloat16)
+    c = torch.randn(13, 8, generator=gen).to(torch.bfloat16)
+    drv = NMPDriver(TorchBackend(), cfg, dimms=dimms, ranks=ranks)
+    drv.store("c", c)
+    free, written = drv.free_bytes(), drv.stats["bytes_written"]
+    got = drv.l1_to_slot(x, "c")
+    tiles = [(r0, r1) for r0, r1 in tile_bounds(13, dimms * ranks) if r1 > r0]
+    # only x crossed the link (whole 4-lane words per rank tile); c was read in place
+    assert drv.stats["bytes_written"] - written == sum(-(-(r1 - r0) * 8 // 4) * 8
+                                                       for r0, r1 in tiles)
+    assert drv.free_bytes() == free          # the scratch for x is released
+    one = NMPDriver(TorchBackend(), cfg)
+    total = np.float32(0.0)
+    for r0, r1 in tiles:
+        part = one.run_op("l1_distance", a=x[r0:r1].flatten(), b=c[r0:r1].flatten())
+        total = np.float32(total + np.float32(part))
+    assert np.float32(got).tobytes() == total.tobytes()
+    assert got == pytest.approx(float(ops.l1_distance(x.flatten(), c.flatten())), rel=1e-5)
+    with pytest.raises(ValueError, match=r"slot 'c' has shape \[13, 8\], expected \[12, 8\]"):
+        drv.l1_to_slot(x[:12], "c")
+    with pytest.raises(KeyError, match="no cache slot 'd'"):
+        drv.l1_to_slot(x, "d")

@@ -149,7 +149,7 @@ def test_cached_generate_reports_and_detaches():
     from coda.host.cache_engine import get_coda_cache_hook
     from coda.host.driver import NMPDriver
     from coda.host.model.sample import cached_generate
-    from coda.host.schedule import UniformIntervalPolicy
+    from coda.host.policies import UniformIntervalPolicy
     from coda.hw.isa import NMEConfig
 
     model = build_model(tiny_config(), seed=2).eval()

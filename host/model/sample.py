@@ -182,32 +182,32 @@ def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int 
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
 
 
-def cached_generate(model, labels, driver, schedule=None, **kwargs) -> tuple[torch.Tensor, dict]:
+def cached_generate(model, labels, driver, policy=None, *, events=None,
+                    **kwargs) -> tuple[torch.Tensor, dict]:
     """Generate with the CODA cache engine attached for this call only.
 
     Args:
         model: the DigitLatte.
         labels: digits 0..9.
         driver: an ``NMPDriver`` (its backend decides torch or RTL execution of segments).
-        schedule: a ``Schedule`` or policy (default ``UniformIntervalPolicy()``).
+        policy: a cache policy or ``Schedule`` (default ``UniformIntervalPolicy()``).
+        events: an :class:`coda.host.events.EventLog` that receives the operator events
+            (default: a fresh one, dropped).
         **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode, ...).
     Returns:
-        (videos [B, 1, F, H, W], stats): the engine's per-generation counters (ops_computed,
-        ops_reused, segments, segment_ops, programs, stores, calls) plus
-        ``ops_skipped_fraction`` = ops_reused / (ops_reused + ops_computed).
+        (videos [B, 1, F, H, W], stats): the generation's counters
+        (:meth:`coda.host.events.EventLog.stats`: ops_computed, ops_reused,
+        ops_skipped_fraction, segments, programs, stores, nme_cycles, pcie_bytes, ...; and
+        calls).
     """
     from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache, remove_coda_cache
-    from coda.host.schedule import UniformIntervalPolicy
 
-    schedule = UniformIntervalPolicy() if schedule is None else schedule
-    hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, schedule))
+    hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, policy, events=events))
     try:
         videos = generate(model, labels, **kwargs)
-        stats = dict(hook.state.stats)
+        stats = hook.stats
     finally:
         remove_coda_cache(model.transformer)
-    total = stats["ops_reused"] + stats["ops_computed"]
-    stats["ops_skipped_fraction"] = stats["ops_reused"] / total if total else 0.0
     return videos, stats
 
 
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from coda.host.backend import TorchBackend
     from coda.host.driver import NMPDriver
-    from coda.host.schedule import UniformIntervalPolicy
+    from coda.host.policies import UniformIntervalPolicy
     from coda.hw.isa import NMEConfig
 
     from .classifier import label_accuracy
