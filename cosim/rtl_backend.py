@@ -190,7 +190,9 @@ class SimSession:
         self._send({"op": "run", "words": [f"{w:x}" for w in words], "load": load,
                     "latency": latency, "req_stall": req_stall, "rsp_stall": rsp_stall,
                     "seed": seed, "max_cycles": max_cycles})
-        self._pending = (words, mem, t0)
+        # a snapshot: the caller may write its image (other cache slots) while this runs,
+        # and what the simulator holds afterwards is this image plus the NME's writes
+        self._pending = (words, mem.copy(), t0)
 
     @property
     def pending(self) -> bool:
@@ -313,8 +315,10 @@ class RTLBackend(SessionOwner):
     Raises:
         ValueError: a parameter out of range.
 
-    ``stats``: ``programs``, ``cycles`` (summed over jobs), ``seconds`` (wall time inside
-    :meth:`execute` / :meth:`execute_many` less simulator builds and starts), ``starts``,
+    ``stats``: ``programs``, ``cycles`` (summed over jobs), ``seconds`` (wall time from each
+    launch to its collection, less simulator builds and starts: an upper bound of the time
+    the simulators ran when the caller computes between :meth:`submit_many` and
+    :meth:`collect`), ``starts``,
     ``start_seconds``, ``toggles``.
     """
     name = "rtl"
@@ -389,47 +393,64 @@ class RTLBackend(SessionOwner):
         and the ranks' programs overlap on a multi-core machine, as they run in lockstep in the
         modelled system. Bits do not depend on the placement. Errors as :meth:`execute`.
         """
+        results = []
+        for wave in range(0, len(jobs), self.max_sims):
+            results += self.collect(self.submit_many(cfg, jobs[wave:wave + self.max_sims]))
+        return results
 
-        t0, starts_s = time.perf_counter(), self.stats["start_seconds"]
+    def submit_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]]):
+        """Start up to ``max_sims`` (program, image) jobs on their simulators and return at
+        once; :meth:`collect` waits for them. The simulators run in their own processes, so
+        the caller computes meanwhile (the other CFG branch). Errors as :meth:`execute`
+        (ValueError for more jobs than ``max_sims``)."""
+        if len(jobs) > self.max_sims:
+            raise ValueError(f"{len(jobs)} jobs at once: expected at most max_sims="
+                             f"{self.max_sims} (use execute_many)")
+        starts_s = self.stats["start_seconds"]
         stall = max(self.req_stall, self.rsp_stall)
         prepared = []
         for program, mem in jobs:
             mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
             prepared.append((program.words(), mem, cycle_limit(cfg, program, self.latency, stall)))
-        results = []
-        try:
-            for wave in range(0, len(prepared), self.max_sims):
-                batch = prepared[wave:wave + self.max_sims]
-                sessions = [self.session(cfg, slot) for slot in range(len(batch))]
-                done, errors = [], []
-                for sess, (words, mem, limit) in zip(sessions, batch):
-                    try:
-                        sess.submit(words, mem, latency=self.latency, req_stall=self.req_stall,
-                                    rsp_stall=self.rsp_stall, seed=self.seed, max_cycles=limit)
-                    except CosimRunError as exc:
-                        errors.append(exc)
-                        break
-                for sess in sessions:   # collect every submitted one, so none stays pending
-                    if sess.pending:
-                        try:
-                            done.append(sess.collect())
-                        except CosimRunError as exc:
-                            errors.append(exc)
-                if errors:
-                    raise errors[0]
-                for answer, out in done:
-                    try:
-                        status = Status(answer["status"])
-                    except ValueError:
-                        raise CosimRunError(f"NME reported undefined status "
-                                            f"{answer['status']}") from None
-                    self.stats["programs"] += 1
-                    self.stats["cycles"] += answer["cycles"]
-                    self.stats["toggles"] += answer["toggles"]
-                    results.append(ExecResult(out, status, _f32(answer["l1_bits"]),
-                                              int(answer["cycles"])))
-        finally:
-            self.stats["seconds"] += (time.perf_counter() - t0
-                                      - (self.stats["start_seconds"] - starts_s))
-        return results
+        sessions = [self.session(cfg, slot) for slot in range(len(prepared))]
+        error = None
+        for sess, (words, mem, limit) in zip(sessions, prepared):
+            try:
+                sess.submit(words, mem, latency=self.latency, req_stall=self.req_stall,
+                            rsp_stall=self.rsp_stall, seed=self.seed, max_cycles=limit)
+            except CosimRunError as exc:
+                error = exc
+                break
+        # in flight from here (simulator starts excluded) until collect() returns
+        handle = (sessions, error, time.perf_counter() - (self.stats["start_seconds"] - starts_s))
+        if error is not None:
+            self.collect(handle)      # collects what was submitted, then raises
+        return handle
 
+    def collect(self, handle) -> list[ExecResult]:
+        """Wait for the jobs of :meth:`submit_many`; results in job order. Every submitted
+        job is collected (none stays pending) before an error is raised."""
+        sessions, error, t_submit = handle
+        done, errors = [], [error] if error is not None else []
+        for sess in sessions:
+            if sess.pending:
+                try:
+                    done.append(sess.collect())
+                except CosimRunError as exc:
+                    errors.append(exc)
+        self.stats["seconds"] += time.perf_counter() - t_submit
+        if errors:
+            raise errors[0]
+        results = []
+        for answer, out in done:
+            try:
+                status = Status(answer["status"])
+            except ValueError:
+                raise CosimRunError(f"NME reported undefined status "
+                                    f"{answer['status']}") from None
+            self.stats["programs"] += 1
+            self.stats["cycles"] += answer["cycles"]
+            self.stats["toggles"] += answer["toggles"]
+            results.append(ExecResult(out, status, _f32(answer["l1_bits"]),
+                                      int(answer["cycles"])))
+        return results

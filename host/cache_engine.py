@@ -51,11 +51,12 @@ from typing import Any, Hashable
 import torch
 from diffusers.hooks.hooks import ModelHook, StateManager
 
+from .driver import PendingOp
 from .events import EventLog, MonitorEvent, OpEvent, SegmentEvent
 from .ops import MAX_SEGMENT_TERMS
 from .policies import as_policy
 from .policies.base import CachePolicy, Decision, OpQuery
-from .schedule import BRANCHES, ScheduleError
+from .schedule import BRANCHES, OP_TYPES, ScheduleError
 
 __all__ = ["BATCHED_CFG", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
            "apply_coda_cache", "remove_coda_cache", "reset_coda_cache", "get_coda_cache_hook",
@@ -75,8 +76,9 @@ class CodaCacheConfig:
 
     Attributes:
         driver: the NMP driver (``coda.host.driver.NMPDriver``) holding the cache slots and
-            running segments; anything with its ``store/segment/free/__contains__``,
-            ``l1_to_slot`` (for monitors) and ``stats`` works.
+            running segments; anything with its ``store/segment/free/__contains__`` and
+            ``stats["bytes_written"]`` works (``segment_submit`` for overlapped segments and
+            ``l1_to_slot``, ``wait`` for monitors are used where present / needed).
         policy: a :class:`coda.host.policies.base.CachePolicy` (e.g.
             ``UniformIntervalPolicy()``, ``SchedulePolicy(schedule)``, a DRA wrapper), or a
             :class:`coda.host.schedule.Schedule` (run as a ``SchedulePolicy``).
@@ -85,6 +87,10 @@ class CodaCacheConfig:
         keep_slots: keep the cache slots after a generation's last step (default: free them,
             so an idle model holds no rank memory).
         events: where events go (default: a new :class:`EventLog`, ``hook.events``).
+        interleave_cfg: in a call that batches both CFG branches, run each branch's blocks
+            as its own trunk and switch trunks whenever one launches a segment, so the xPU
+            computes one branch while the NMEs run the other's segment (CODA's CFG-interleaved
+            pipelining; the bits are those of the plain order, see the tests).
     Raises (on apply):
         ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver.
     """
@@ -93,6 +99,7 @@ class CodaCacheConfig:
     cache_dtype: torch.dtype | None = None
     keep_slots: bool = False
     events: EventLog | None = None
+    interleave_cfg: bool = True
 
     def resolved_dtype(self) -> torch.dtype:
         fmt = getattr(getattr(self.driver, "cfg", None), "fmt", None)
@@ -296,7 +303,6 @@ class _StepRun:
             self.sample_of.append(counters.get(br, 0))
             counters[br] = counters.get(br, 0) + 1
         self.pending: list[list[tuple]] = [[] for _ in branches]
-        self.index = 0
 
     def _event_fields(self, row: int) -> dict:
         return dict(generation=self.hook.state.generation, step=self.step,
@@ -317,15 +323,21 @@ class _StepRun:
         self.b, self.f, self.n, self.c = b, f, ph * pw, x.shape[-1]
         self.t_emb, self.ehs = t_emb, ehs
         self.h = x.reshape(b, f, self.n, self.c)
-        for layer, (sblock, tblock) in enumerate(zip(m.transformer_blocks, m.temporal_transformer_blocks)):
-            for op in ("spatial_attn", "cross_attn", "spatial_ffn"):
-                self.operator(layer, op, sblock)
-            if layer == 0 and f > 1:
-                self.flush_all()
-                self.h = self.h + m.temp_pos_embed.to(self.h.dtype).reshape(1, f, 1, self.c)
-            for op in ("temporal_attn", "temporal_ffn"):
-                self.operator(layer, op, tblock)
-        self.flush_all()
+        branches = list(dict.fromkeys(self.branch_of))
+        if self.hook.config.interleave_cfg and len(branches) > 1:
+            groups = [[r for r, br in enumerate(self.branch_of) if br == name] for name in branches]
+        else:
+            groups = [list(range(b))]
+        # CFG interleaving: each branch's trunk pauses right after launching a segment, so the
+        # other branch computes on the xPU while the NMEs run it (the RTL simulators are
+        # processes of their own); the step ends when both trunks are done (CFG fusion).
+        trunks = [self._trunk(rows) for rows in groups]
+        while trunks:
+            for trunk in list(trunks):
+                try:
+                    next(trunk)
+                except StopIteration:
+                    trunks.remove(trunk)
         x = self.h.reshape(b * f, self.n, self.c)
         embedded_t = embedded_t.repeat_interleave(f, dim=0, output_size=embedded_t.shape[0] * f
                                                   ).view(-1, embedded_t.shape[-1])
@@ -339,13 +351,33 @@ class _StepRun:
         out = x.reshape(shape=(-1, oc, ph * p, pw * p))
         return out.reshape(b, -1, out.shape[-3], out.shape[-2], out.shape[-1]).permute(0, 2, 1, 3, 4)
 
-    # ---- one operator for every row of the call -------------------------------------
-    def operator(self, layer: int, op: str, block) -> None:
+    def _trunk(self, rows: list[int]):
+        """The transformer blocks for ``rows`` (a generator: it yields after launching
+        segments, so another branch's trunk may run meanwhile)."""
+        m, f = self.m, self.f
+        for layer, (sblock, tblock) in enumerate(zip(m.transformer_blocks, m.temporal_transformer_blocks)):
+            for op in ("spatial_attn", "cross_attn", "spatial_ffn"):
+                yield from self.operator(layer, op, sblock, rows)
+            if layer == 0 and f > 1:
+                yield from self.flush_rows(rows)
+                temp = m.temp_pos_embed.to(self.h.dtype).reshape(1, f, 1, self.c)
+                if len(rows) == self.b:
+                    self.h = self.h + temp
+                else:   # the same elementwise add, on these rows only
+                    idx = torch.tensor(rows, dtype=torch.long)
+                    self.h = self.h.index_copy(0, idx, self.h.index_select(0, idx) + temp)
+            for op in ("temporal_attn", "temporal_ffn"):
+                yield from self.operator(layer, op, tblock, rows)
+        yield from self.flush_rows(rows)
+
+    # ---- one operator for some rows of the call -------------------------------------
+    def operator(self, layer: int, op: str, block, rows: list[int]):
+        """Decide, then compute or queue for a segment, ``(layer, op)`` for ``rows`` (a
+        generator, see :meth:`flush_rows`)."""
         hook, st = self.hook, self.hook.state
-        index = self.index
-        self.index += 1
-        decisions: list[Decision] = []
-        for row in range(len(self.branch_of)):
+        index = layer * len(OP_TYPES) + OP_TYPES.index(op)
+        decisions: dict[int, Decision] = {}
+        for row in rows:
             br, j = self.branch_of[row], self.sample_of[row]
             bstate = st.branches[br]
             out_key, in_key = hook.key(br, j, layer, op), hook.key(br, j, layer, op, "in")
@@ -361,17 +393,16 @@ class _StepRun:
                 raise ScheduleError(
                     f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) "
                     "needs a cached output, but none was stored")
-            decisions.append(d)
-        compute = [row for row, d in enumerate(decisions) if not d.reuse]
-        reuse = [row for row, d in enumerate(decisions) if d.reuse]
+            decisions[row] = d
+        compute = [row for row in rows if not decisions[row].reuse]
+        reuse = [row for row in rows if decisions[row].reuse]
         if reuse:
             gates = self.gate(block, op, torch.tensor(reuse, dtype=torch.long))
             for g, row in zip(gates, reuse):
                 self.pending[row].append((g, layer, op, index, decisions[row].reason))
         if not compute:
             return
-        for row in compute:
-            self.flush(row)
+        yield from self.flush_rows(compute)
         samples = torch.tensor(compute, dtype=torch.long)
         x_before = {row: self.h[row] for row in compute if decisions[row].keep_input}
         out = self.compute(block, op, samples)
@@ -384,9 +415,8 @@ class _StepRun:
                               channels=self.c, dtype=hook.fmt, stored_bytes=stored,
                               kept_bytes=kept))
 
-    def _bytes_moved(self) -> int:
-        s = self.driver.stats
-        return s["bytes_written"] + s["bytes_read"] + s["cmd_bytes"]
+    def _bytes_written(self) -> int:
+        return self.driver.stats["bytes_written"]
 
     def _modulation(self, block, samples: torch.Tensor, repeat: int):
         t = self.t_emb if len(samples) == self.b else self.t_emb.index_select(0, samples)
@@ -444,10 +474,10 @@ class _StepRun:
         br, j = self.branch_of[row], self.sample_of[row]
         tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
         key = self.hook.key(br, j, layer, op)
-        before = self._bytes_moved()
+        before = self._bytes_written()
         self.driver.store(key, tensor)
         self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
-        return self._bytes_moved() - before
+        return self._bytes_written() - before
 
     def keep_input(self, row: int, layer: int, op: str, x: torch.Tensor) -> int:
         """Keep one row's operator input [F, N, C] (its value before the operator) in rank
@@ -455,11 +485,11 @@ class _StepRun:
         br, j = self.branch_of[row], self.sample_of[row]
         tensor = x.reshape(-1, self.c).to(self.dtype).contiguous()
         key = self.hook.key(br, j, layer, op, "in")
-        before = self._bytes_moved()
+        before = self._bytes_written()
         self.driver.store(key, tensor)
         norm = float(tensor.float().abs().sum())
         self.hook.state.branches[br].kept[key] = (tuple(tensor.shape), self.step, norm)
-        return self._bytes_moved() - before
+        return self._bytes_written() - before
 
     def input_change(self, row: int, layer: int, op: str, index: int) -> float:
         """The relative L1 change of a row's operator input against its kept reference, the
@@ -469,24 +499,39 @@ class _StepRun:
         key = self.hook.key(br, j, layer, op, "in")
         shape, ref_step, norm = self.hook.state.branches[br].kept[key]
         x16 = self.h[row].reshape(-1, self.c).to(self.dtype).contiguous()
-        before, cycles, programs = (self._bytes_moved(), self.driver.stats["nme_cycles"],
-                                    self.driver.stats["programs"])
+        self.driver.wait()      # so the counters below see this check alone
+        s = self.driver.stats
+        before, cycles, programs = (s["bytes_written"] + s["cmd_bytes"], s["nme_cycles"],
+                                    s["programs"])
         l1 = self.driver.l1_to_slot(x16, key)
         value = l1 / norm if norm > 0 else (0.0 if l1 == 0 else float("inf"))
         self.hook.emit(MonitorEvent(
             **self._event_fields(row), layer=layer, op=op, index=index, reference_step=ref_step,
-            value=value, bytes_to_nmp=self._bytes_moved() - before,
+            value=value, bytes_to_nmp=s["bytes_written"] + s["cmd_bytes"] - before,
             programs=self.driver.stats["programs"] - programs,
             nme_cycles=self.driver.stats["nme_cycles"] - cycles))
         return value
 
     # ---- segments -----------------------------------------------------------------
+    def flush_rows(self, rows: list[int]):
+        """Run the pending segments of ``rows`` (a generator): launch them on the NMEs, yield
+        once so another branch's trunk computes meanwhile, then take their results."""
+        launched = [self._launch_segment(row) for row in rows if self.pending[row]]
+        if launched:
+            yield
+        for item in launched:
+            self._finish_segment(*item)
+
     def flush(self, row: int) -> None:
-        """Run the row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k`` on
-        the NMP; emit their OpEvents and the SegmentEvent."""
-        run = self.pending[row]
-        if not run:
-            return
+        """Run a row's pending segment now (no other work overlaps it)."""
+        if self.pending[row]:
+            self._finish_segment(*self._launch_segment(row))
+
+    def _launch_segment(self, row: int):
+        """Launch a row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k``.
+        The NME takes at most MAX_SEGMENT_TERMS terms per program; chained programs round
+        exactly as one left-to-right evaluation does: all but the last are waited for."""
+        run, self.pending[row] = self.pending[row], []
         hook = self.hook
         br, j = self.branch_of[row], self.sample_of[row]
         slots = hook.state.branches[br].slots
@@ -498,15 +543,21 @@ class _StepRun:
                     f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) needs "
                     f"a cached tensor of shape {tuple(x16.shape)}, found "
                     f"{slots[key][0] if key in slots else None}")
-        s = self.driver.stats
-        w0, r0, c0, cyc0, p0 = (s["bytes_written"], s["bytes_read"], s["cmd_bytes"],
-                                s["nme_cycles"], s["programs"])
-        # The NME takes at most MAX_SEGMENT_TERMS terms per program; chaining programs
-        # rounds exactly as one left-to-right evaluation does.
-        y = x16
+        submit = getattr(self.driver, "segment_submit", None)
+        if submit is None:      # a driver without asynchronous launches
+            submit = lambda *a: PendingOp.done(self.driver.segment(*a))  # noqa: E731
+        launches, y = [], x16
         for i in range(0, len(run), MAX_SEGMENT_TERMS):
-            y = self.driver.segment(y, [g for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
-                                    keys[i:i + MAX_SEGMENT_TERMS])
+            if launches:
+                y = launches[-1].result()
+            launches.append(submit(y, [g for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
+                                   keys[i:i + MAX_SEGMENT_TERMS]))
+        return row, run, launches
+
+    def _finish_segment(self, row: int, run: list, launches: list) -> None:
+        """Take a launched segment's result into the row; emit its OpEvents and SegmentEvent."""
+        hook = self.hook
+        y = launches[-1].result()
         self.h[row] = y.to(self.h.dtype).reshape(self.h.shape[1:])
         seg = hook.state.segments
         hook.state.segments += 1
@@ -515,18 +566,13 @@ class _StepRun:
             hook.emit(OpEvent(**fields, layer=layer, op=op, index=index, reused=True,
                               reason=reason, tokens=self.f * self.n, channels=self.c,
                               dtype=hook.fmt, segment=seg))
-        s = self.driver.stats
         hook.emit(SegmentEvent(
             **fields, segment=seg, ops=tuple((layer, op) for _, layer, op, _, _ in run),
             first_index=run[0][3], tokens=self.f * self.n, channels=self.c, dtype=hook.fmt,
-            bytes_to_nmp=s["bytes_written"] - w0 + s["cmd_bytes"] - c0,
-            bytes_from_nmp=s["bytes_read"] - r0, programs=s["programs"] - p0,
-            nme_cycles=s["nme_cycles"] - cyc0))
-        self.pending[row] = []
-
-    def flush_all(self) -> None:
-        for row in range(len(self.branch_of)):
-            self.flush(row)
+            bytes_to_nmp=sum(p.bytes_to_nmp for p in launches),
+            bytes_from_nmp=sum(p.bytes_from_nmp for p in launches),
+            programs=sum(p.programs for p in launches),
+            nme_cycles=sum(p.nme_cycles for p in launches)))
 
 
 def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> CodaCacheHook:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
-from typing import Hashable
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import torch
@@ -41,7 +42,8 @@ from coda.host.interp import CANONICAL_NAN_F32
 from coda.host.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
                             unpack_words)
 
-__all__ = ["NMPDriver", "NMPCapacityError", "PLACEMENT", "tile_bounds", "tile_shapes"]
+__all__ = ["NMPDriver", "NMPCapacityError", "PendingOp", "PLACEMENT", "tile_bounds",
+           "tile_shapes"]
 
 # How each operand of an operator is placed on the ranks: split along dim 0 (rows, or
 # elements of a flat vector), split along dim 1 (segment's c [K, T, C]), or replicated.
@@ -148,6 +150,61 @@ class _Slot:
     words: list[int]               # words of each rank's tile
 
 
+@dataclass
+class _Ticket:
+    """One lockstep launch: its jobs (rank, program), their layouts, the backend's handle
+    (None: done at once), the results once collected, the submit time (perf_counter s)."""
+    jobs: list
+    layouts: list
+    handle: Any
+    results: list | None
+    t_submit: float
+    merged: bool = False
+
+
+@dataclass
+class PendingOp:
+    """An operator launched on the NMEs whose result has not been taken yet.
+
+    :meth:`result` waits for the launch (if it is still in flight), merges what the programs
+    wrote into the rank images and returns the operator's result; later calls return the same
+    object. Meanwhile the host may compute (the other CFG branch) and write cache slots; a
+    second launch first completes this one (the NMEs run one program at a time).
+    """
+    driver: "NMPDriver | None"
+    gather: Callable[[list], Any] | None
+    ticket: _Ticket | None
+    release: Callable[[], None] | None
+    bytes_to_nmp: int = 0
+    bytes_from_nmp: int = 0
+    nme_cycles: int = 0
+    programs: int = 0
+    _value: Any = None
+    _done: bool = False
+
+    @classmethod
+    def done(cls, value) -> "PendingOp":
+        return cls(None, None, None, None, _value=value, _done=True)
+
+    def result(self):
+        """The operator's result (waits for the launch). After it: ``bytes_to_nmp``
+        (operands written and command words), ``bytes_from_nmp`` (result read back),
+        ``nme_cycles`` (the slowest rank's), ``programs`` (lockstep launches) of this
+        operator alone."""
+        if not self._done:
+            try:
+                results = self.driver._complete(self.ticket)
+                read = self.driver.stats["bytes_read"]
+                self._value = self.gather(results)
+                self.bytes_from_nmp = self.driver.stats["bytes_read"] - read
+                self.nme_cycles = max(r.cycles for r in results)
+                self.programs = 1
+            finally:
+                self.release()
+            self._done = True
+        return self._value
+
+
 class NMPDriver:
     """Cache slots and cache operators on ``dimms * ranks`` NMEs.
 
@@ -171,6 +228,7 @@ class NMPDriver:
         self.mems = [np.zeros((cfg.mem_words, cfg.lanes), np.uint16) for _ in range(self.n_ranks)]
         self._allocs = [_FirstFit(cfg.mem_words) for _ in range(self.n_ranks)]
         self._slots: dict[Hashable, _Slot] = {}
+        self._inflight: _Ticket | None = None
         self.stats: dict = {}
         self.reset_stats()
 
@@ -178,10 +236,12 @@ class NMPDriver:
     def reset_stats(self) -> None:
         """Zero the counters of :attr:`stats`."""
         self.stats = {"programs": 0, "rank_programs": 0, "nme_cycles": 0,
-                      "bytes_written": 0, "bytes_read": 0, "cmd_bytes": 0}
+                      "bytes_written": 0, "bytes_read": 0, "cmd_bytes": 0,
+                      "async_launches": 0, "overlap_s": 0.0, "wait_s": 0.0}
 
     def reset(self) -> None:
         """Drop every cache slot and zero the rank memories (``stats`` are kept)."""
+        self.wait()
         self._slots.clear()
         self._allocs = [_FirstFit(self.cfg.mem_words) for _ in range(self.n_ranks)]
         for mem in self.mems:
@@ -265,6 +325,7 @@ class NMPDriver:
     def load(self, key: Hashable) -> torch.Tensor:
         """Read cache slot ``key`` back: [T, C] in the cache dtype, bit-exact.
         Raises KeyError naming the key if there is no such slot."""
+        self.wait()
         slot = self._slot(key)
         tiles = [unpack_words(self._read(rank, addr, slot.words[rank]), (r1 - r0) * slot.shape[1])
                  for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs))
@@ -273,7 +334,9 @@ class NMPDriver:
         return from_bits(flat.reshape(slot.shape), self.cfg.fmt)
 
     def free(self, key: Hashable) -> None:
-        """Release cache slot ``key``. Raises KeyError if there is no such slot."""
+        """Release cache slot ``key`` (after the launch in flight, which may read it).
+        Raises KeyError if there is no such slot."""
+        self.wait()
         slot = self._slot(key)
         self._release(slot.addrs, slot.words)
         del self._slots[key]
@@ -285,7 +348,7 @@ class NMPDriver:
             raise KeyError(f"no cache slot {key!r} (slots: {len(self._slots)})") from None
 
     # ---------------------------------------------------------------- operators
-    def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
+    def segment_submit(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
         """A coalesced segment on cached slots: ``((x + g0*c0) + g1*c1) + ...``, c_k = slot keys[k].
 
         Args:
@@ -293,7 +356,9 @@ class NMPDriver:
             gates: K vectors [C] of the cache dtype (replicated), 1 <= K <= 8.
             keys: K slot keys, each slot [T, C].
         Returns:
-            [T, C] in the cache dtype, bit-exact with :func:`coda.host.ops.segment`.
+            a :class:`PendingOp` whose ``result()`` is y [T, C] in the cache dtype, bit-exact
+            with :func:`coda.host.ops.segment`; on a backend with ``submit_many`` (the RTL
+            NMEs) the segment runs while the host goes on.
         Raises:
             ValueError: bad shapes/dtypes or K; KeyError: unknown slot; NMPCapacityError.
         """
@@ -309,8 +374,13 @@ class NMPDriver:
                 raise ValueError(f"segment: slot {key!r} has shape {list(slot.shape)}, "
                                  f"expected {list(x.shape)} (the shape of x)")
         g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
-        return self._run("segment", {"x": x, "g": g}, None,
-                         cached={"c": [s.addrs for s in slots]})
+        return self._start("segment", {"x": x, "g": g}, None,
+                           cached={"c": [s.addrs for s in slots]})
+
+    def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
+        """:meth:`segment_submit` and wait: y [T, C] in the cache dtype (same arguments and
+        errors)."""
+        return self.segment_submit(x, gates, keys).result()
 
     def l1_to_slot(self, x: torch.Tensor, key: Hashable) -> float:
         """``Σ|x - c|`` in fp32 on the NMEs, ``c`` = cache slot ``key`` (the ``l1_distance``
@@ -346,8 +416,9 @@ class NMPDriver:
                                                        {"a": addrs[rank], "b": addr})))
             if not jobs:
                 return 0.0
-            results = self._launch(jobs)
-            return self._gather(ref.get_op("l1_distance"), {}, None, None, results, jobs)
+            ticket = self._submit(jobs, [{"a": addrs[r]} for r, _ in jobs])
+            return self._gather(ref.get_op("l1_distance"), {}, None, None,
+                                self._complete(ticket), jobs)
         finally:
             self._release(addrs, scratch)
 
@@ -392,6 +463,12 @@ class NMPDriver:
     def _run(self, op: str, tensors: dict, group: int | None,
              cached: dict[str, list[list[int | None]]] | None = None):
         """Tile, place scratch streams, compile per rank, launch in lockstep, gather."""
+        return self._start(op, tensors, group, cached).result()
+
+    def _start(self, op: str, tensors: dict, group: int | None,
+               cached: dict[str, list[list[int | None]]] | None = None) -> "PendingOp":
+        """Tile, place scratch streams, compile per rank and launch in lockstep; the
+        :class:`PendingOp` gathers the result."""
         spec = ref.get_op(op)
         cached = cached or {}
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
@@ -407,9 +484,10 @@ class NMPDriver:
             tiles = {n: self._tile(op, n, t, (r0, r1)) for n, t in tensors.items()}
             plans.append((tiles, tiled))
         if not any(plans):
-            return self._empty_result(spec, tensors, group)
+            return PendingOp.done(self._empty_result(spec, tensors, group))
         scratch = [self._scratch_words(op, p, group, cached) for p in plans]
         addrs = self._alloc(scratch, f"{op} operands and result")
+        written = self.stats["bytes_written"]
         try:
             jobs, layouts = [], []
             for rank, plan in enumerate(plans):
@@ -419,10 +497,15 @@ class NMPDriver:
                 layout = self._place(op, rank, plan, addrs[rank], group, cached)
                 layouts.append(layout)
                 jobs.append((rank, compiler.compile_op(op, self.cfg, plan[1], layout, group)))
-            results = self._launch(jobs)
-            return self._gather(spec, tensors, plans, layouts, results, jobs)
-        finally:
+            bytes_in = self.stats["bytes_written"] - written + sum(
+                8 * (1 + len(p.uops)) for _, p in jobs)
+            ticket = self._submit(jobs, [layouts[r] for r, _ in jobs])
+        except BaseException:
             self._release(addrs, scratch)
+            raise
+        return PendingOp(self, lambda results: self._gather(spec, tensors, plans, layouts,
+                                                            results, jobs),
+                         ticket, lambda: self._release(addrs, scratch), bytes_to_nmp=bytes_in)
 
     def _scratch_words(self, op: str, plan, group, cached) -> int:
         if plan is None:
@@ -458,18 +541,58 @@ class NMPDriver:
             return np.concatenate([pack_words(to_bits(row), self.cfg.lanes) for row in t])
         return pack_words(to_bits(t), self.cfg.lanes)
 
-    def _launch(self, jobs: list[tuple[int, Program]]):
-        results = self.backend.execute_many(self.cfg, [(p, self.mems[r]) for r, p in jobs])
-        for (rank, program), res in zip(jobs, results):
+    def _submit(self, jobs: list[tuple[int, Program]], layouts: list) -> "_Ticket":
+        """Launch one program per rank in lockstep without waiting (backends with
+        ``submit_many``), after the launch still in flight, if any, has completed: the
+        ranks' NMEs run one program at a time."""
+        self.wait()
+        images = [(p, self.mems[r]) for r, p in jobs]
+        submit = getattr(self.backend, "submit_many", None)
+        if submit is None:     # a synchronous backend: the results are there at once
+            handle, results = None, self.backend.execute_many(self.cfg, images)
+        else:
+            handle, results = submit(self.cfg, images), None
+        ticket = _Ticket(jobs, layouts, handle, results, time.perf_counter())
+        self._inflight = ticket if results is None else None
+        if results is not None:
+            self._complete(ticket)
+        return ticket
+
+    def wait(self) -> None:
+        """Wait for the launch in flight (if any) to complete."""
+        if self._inflight is not None:
+            self._complete(self._inflight)
+
+    def _complete(self, ticket: "_Ticket") -> list:
+        """Collect a launch's results (once) and merge what the programs wrote into the rank
+        images: only their output streams, so host writes made meanwhile (cache stores of the
+        other CFG branch) are kept."""
+        if ticket.results is None:
+            t_collect = time.perf_counter()
+            ticket.results = self.backend.collect(ticket.handle)
+            done = time.perf_counter()
+            self.stats["overlap_s"] += t_collect - ticket.t_submit
+            self.stats["wait_s"] += done - t_collect
+            self.stats["async_launches"] += 1
+        if self._inflight is ticket:
+            self._inflight = None
+        if ticket.merged:
+            return ticket.results
+        for (rank, program), layout, res in zip(ticket.jobs, ticket.layouts,
+                                                ticket.results):
             if res.status != Status.OK:
                 raise RuntimeError(f"rank {rank}: NME rejected a compiled program with status "
                                    f"{Status(res.status).name} (a compiler or backend bug)")
-            self.mems[rank] = res.mem
+            if "y" in layout:
+                y0 = layout["y"]
+                y1 = y0 + compiler.words_for(program.n_elems, self.cfg.lanes)
+                self.mems[rank][y0:y1] = res.mem[y0:y1]
             self.stats["cmd_bytes"] += 8 * (1 + len(program.uops))
         self.stats["programs"] += 1
-        self.stats["rank_programs"] += len(jobs)
-        self.stats["nme_cycles"] += max(res.cycles for res in results)
-        return results
+        self.stats["rank_programs"] += len(ticket.jobs)
+        self.stats["nme_cycles"] += max(res.cycles for res in ticket.results)
+        ticket.merged = True
+        return ticket.results
 
     def _gather(self, spec, tensors, plans, layouts, results, jobs):
         if spec.output == "l1":

@@ -99,9 +99,9 @@ class SpyDriver(NMPDriver):
         self.events.append(("store", self._context(), key[1]))
         super().store(key, tensor)
 
-    def segment(self, x, gates, keys):
+    def segment_submit(self, x, gates, keys):
         self.events.extend(("segment", self._context(), k[1]) for k in keys)
-        return super().segment(x, gates, keys)
+        return super().segment_submit(x, gates, keys)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -218,15 +218,21 @@ def test_stats_are_per_generation():
     assert hook.events.stats(0) == hook.events.stats(1)
 
 
-def test_a_second_model_can_use_the_rank_memory_of_an_idle_one():
-    # one rank memory that holds one model's cache, not two
+@pytest.mark.parametrize("keep_slots", [False, True])
+def test_a_second_model_can_use_the_rank_memory_of_an_idle_one(keep_slots):
+    # rank memories that hold one model's cache, not two
+    from coda.host.driver import NMPCapacityError
+
     model_a, model_b = tiny_model(), tiny_model()
-    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 13), ranks=2)
-    apply_coda_cache(model_a.transformer, CodaCacheConfig(driver, POLICY))
-    apply_coda_cache(model_b.transformer, CodaCacheConfig(driver, POLICY))
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14), ranks=2)
+    for model in (model_a, model_b):
+        apply_coda_cache(model.transformer, CodaCacheConfig(driver, POLICY, keep_slots=keep_slots))
     a = generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False)
-    b = generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False)
-    assert torch.equal(a, b)
+    if keep_slots:       # the idle model still holds its cache
+        with pytest.raises(NMPCapacityError, match="rank 0: cannot allocate"):
+            generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    else:
+        assert torch.equal(a, generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False))
 
 
 def test_a_cache_dtype_other_than_the_drivers_is_refused_when_applied():
@@ -392,3 +398,52 @@ def test_input_change_runs_on_the_nme_against_the_kept_input():
         assert m.reference_step == max(computed) and 0 < m.value < float("inf")
         assert m.programs == 1 and m.nme_cycles > 0 and m.bytes_to_nmp > 0
     assert any(e.kept_bytes == 4096 for e in hook.events.of("op"))
+
+
+# ---------------------------------------------------------------- CFG interleaving
+def _longest_branch_run(events) -> int:
+    longest = run = 0
+    for prev, e in zip([None] + events[:-1], events):
+        run = run + 1 if prev is not None and prev.branch == e.branch else 1
+        longest = max(longest, run)
+    return longest
+
+
+def test_interleaved_cfg_gives_the_bits_of_the_plain_order():
+    model = tiny_model()
+    remove_coda_cache(model.transformer)
+    plain_hook = apply_coda_cache(model.transformer, CodaCacheConfig(nmp_driver(), POLICY,
+                                                                     interleave_cfg=False))
+    plain = generate(model, [3, 7], num_steps=STEPS)
+    hook = cached(model, nmp_driver())
+    assert hook.config.interleave_cfg
+    interleaved = generate(model, [3, 7], num_steps=STEPS)
+    assert torch.equal(interleaved, plain)
+    # Plain: each operator for every row of the batched call in turn (uncond, cond, ...).
+    # Interleaved: a branch runs on alone until it launches a segment.
+    step = [e for e in plain_hook.events.of("op") if e.step == 3 and not e.reused]
+    assert _longest_branch_run(step) == 2        # the two samples of one branch
+    step = [e for e in hook.events.of("op") if e.step == 3 and not e.reused]
+    assert _longest_branch_run(step) > 2
+    assert sorted(map(repr, hook.events)) == sorted(map(repr, plain_hook.events))
+
+
+def test_interleaved_cfg_overlaps_the_rtl_nmes_with_the_other_branch():
+    """On the Verilated NMEs (one simulator process per rank) a branch's segment is still
+    running while the host computes the other branch: the overlap is measured; the bits, the
+    events and the NME cycles are those of the torch backend."""
+    from coda.host.backend import get_backend
+
+    model = tiny_model()
+    cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # the build tests/test_run.py uses too
+    reference = cached(model, NMPDriver(TorchBackend(), cfg, ranks=2))
+    expected = generate(model, [3, 7], num_steps=4)
+    with get_backend("rtl") as backend:
+        driver = NMPDriver(backend, cfg, ranks=2)
+        hook = cached(model, driver)
+        got = generate(model, [3, 7], num_steps=4)
+    assert torch.equal(got, expected)
+    assert hook.events.events == reference.events.events
+    assert hook.stats["segments"] > 0
+    assert driver.stats["async_launches"] == driver.stats["programs"] >= hook.stats["segments"]
+    assert driver.stats["overlap_s"] > 0
