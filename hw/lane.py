@@ -17,8 +17,9 @@ S4     L1: ``acc += |d|`` (fp32)
 Each ``+ - *`` is one IEEE-754 operation of :mod:`coda.hw.fp` (two roundings for MAC, as the
 ISA requires). With operand isolation the operand registers of a functional unit load only
 when the lane holds a valid element and the current micro-op uses that unit; without it they
-load every cycle. ``toggles`` counts the bits of those registers that changed in the previous
-cycle (from shadow copies, so the count sits beside the datapath, not on it).
+load every cycle. With ``measure_toggles`` (a simulation-only option: the shadow registers are
+not part of the synthesised lane), ``toggles`` counts the bits of those registers that changed
+in the previous cycle (from shadow copies, so the count sits beside the datapath, not on it).
 
 Clock gating (``gated=True``, with operand isolation only): the data registers are clocked by
 the gated clocks :data:`GATED_DOMAINS` that the NME provides (see :class:`coda.hw.nme.NME`),
@@ -26,7 +27,7 @@ one per register group, each running only in cycles in which its group may load 
 operands when a stage-1 word is valid and the micro-op multiplies, and so on); the valid bits
 stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands so that
 every functional unit's inputs come from one gated clock. Every register loads under the same
-condition as without gating, so the lane's outputs (``toggles`` included: its shadow registers
+condition as without gating, so the lane's outputs (``toggles`` included: the shadow registers
 stay on the free-running clock) are identical cycle by cycle. A functional unit's logic thus
 only switches in the cycles it works, and a Verilated model only evaluates it then.
 """
@@ -74,6 +75,7 @@ class NMELane(wiring.Component):
         operand_isolation: gate the FU operand registers (see module docstring).
         gated: clock the data registers from :data:`GATED_DOMAINS` (with operand isolation
             only; ignored without it).
+        measure_toggles: add the ``toggles`` output and its shadow registers (simulation only).
 
     Members (controls are constant during a pass, so they are not pipelined):
         op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
@@ -86,13 +88,15 @@ class NMELane(wiring.Component):
         y: Out(16): the stage-3 result (valid 2 cycles after ``v1``).
         acc_clear: In(1): set the accumulator to +0 (program start).
         acc: Out(32): fp32 accumulator bits.
-        toggles: Out(8): operand-register bit toggles seen in the previous cycle (<= 160).
+        toggles: Out(8), with ``measure_toggles`` only: operand-register bit toggles seen in
+            the previous cycle (<= 160).
 
     Raises:
         TypeError: ``fmt`` is not an FPFormat. ValueError: a format that is not 16 bits wide.
     """
 
-    def __init__(self, fmt: FPFormat, operand_isolation: bool = True, gated: bool = False):
+    def __init__(self, fmt: FPFormat, operand_isolation: bool = True, gated: bool = False,
+                 measure_toggles: bool = False):
         if not isinstance(fmt, FPFormat):
             raise TypeError(f"fmt={fmt!r}: expected a coda.hw.fp.FPFormat")
         self.fmt = fmt
@@ -101,12 +105,16 @@ class NMELane(wiring.Component):
         self.operand_isolation = bool(operand_isolation)
         # without operand isolation the operand registers load every cycle: no clock may stop
         self.gated = bool(gated) and self.operand_isolation
-        super().__init__({
+        self.measure_toggles = bool(measure_toggles)
+        members = {
             "op_mul": In(1), "mul_a_q": In(1), "op_add": In(1), "add_b_mul": In(1),
             "sub": In(1), "op_l1": In(1), "res_sel": In(2),
             "v1": In(1), "m1": In(1), "p": In(16), "q": In(16), "r": In(16),
-            "y": Out(16), "acc_clear": In(1), "acc": Out(32), "toggles": Out(8),
-        })
+            "y": Out(16), "acc_clear": In(1), "acc": Out(32),
+        }
+        if self.measure_toggles:
+            members["toggles"] = Out(8)
+        super().__init__(members)
 
     def _load_when(self, valid, lane_ok, used):
         """Load enable of an FU operand register: always, or only when it does useful work."""
@@ -172,7 +180,8 @@ class NMELane(wiring.Component):
         with m.Elif(v4):
             m.d[dacc] += acc.eq(accum.y)
 
-        self._count_toggles(m, [mul_a, mul_b, add_a, add_b, l1_a, l1_b, l1_d])
+        if self.measure_toggles:
+            self._count_toggles(m, [mul_a, mul_b, add_a, add_b, l1_a, l1_b, l1_d])
         return m
 
     def _count_toggles(self, m, regs):

@@ -14,8 +14,9 @@ from .isa import NMEConfig, Op, Program, RSrc, Status, UOp, validate
 __all__ = ["model_cycles"]
 
 
-# Cycle costs of the NME RTL (hw/nme.py), read off its two FSMs (``seq``: intake, check,
-# execution; ``issue``: read requests ahead of execution) and its FIFOs; model_cycles says
+# Cycle costs of the NME RTL (hw/nme.py), read off the FSMs of its units (``intake``: IDLE,
+# LOAD; ``check``: V_*; ``execute``: X_*, the hand-overs between them one cycle each, as one
+# sequence; ``issue``: I_*, read requests ahead of execution) and its FIFOs; model_cycles says
 # where each one is spent. Checked exactly against RTLBackend counts (tests/test_interp.py).
 V_LEN_CYCLES = 1             # V_LEN: header length checks
 DIV_CYCLES_POW2 = 1          # V_DIV for lanes a power of two: W = ceil(N/L) by a shift
@@ -102,7 +103,8 @@ def _sync_stalls(uops: tuple, blen: int, next_blen: int | None, latency: int) ->
 
 
 def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency: int) -> int:
-    """Index of the last X_END, from the two FSMs word by word (O(passes) numpy steps).
+    """Index of the last X_END, from the execute and issue FSMs word by word (O(passes)
+    numpy steps).
 
     Used where the read credits may hold the issue side back (``latency > blen + 2``): the
     issue side's m-th read of the program may go out only one cycle after execution took
@@ -172,7 +174,7 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
       in between, never below 0;
     - read credits: the issue side may have at most ``max(D, 3)`` reads not yet taken by
       execution. That never delays a read pass while ``latency <= blen + 2`` (the closed
-      form above); for longer latencies the model walks the two FSMs word by word
+      form above); for longer latencies the model follows execution and the issue side word by word
       (:func:`_walk_cycles`, the same cycle costs plus the credit rule), which equals the
       closed form wherever both apply.
 

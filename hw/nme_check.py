@@ -1,0 +1,218 @@
+"""The NME's program check: exactly :func:`coda.hw.isa.validate`, before any memory access.
+
+Walk (FSM ``check``): ``V_LEN`` checks the header's lengths; ``V_DIV`` computes
+``W = ceil(N / lanes)`` and the tail lane mask (a shift when ``lanes`` is a power of two, one
+cycle; otherwise a restoring divider, one quotient bit per cycle, 33 cycles); then per micro-op
+``V_FETCH`` (read it from the instruction memory), ``V_CHECK`` (opcode, operand and address
+rules in one cycle), for a scaled GROUP ``V_GROUP`` (a sequential shift-add multiplier for its
+extent, ``bitlen(param * lanes) + 1`` cycles), ``V_NEXT``; and ``V_END`` the stream count.
+
+The GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
+``W - 1 >= (mem_words - addr) * param * L`` (the same truth value for positive integers, no
+division). An ``nbuf``-bit mask of the buffers written so far (``d`` of each earlier non-store,
+non-L1 micro-op) rejects reads of unwritten buffers in the same cycle as the other operand
+rules. ``V_CHECK`` also initialises each micro-op's stream phase record (its start address)
+for the issue side.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .isa import ADDR_BITS, PARAM_BITS, NMEConfig, Op, RSrc, Status
+from .nme_iface import UOP_INDEX_BITS, PhaseInit, UopFields, UopRead
+
+__all__ = ["NMECheck"]
+
+
+class NMECheck(wiring.Component):
+    """Program check of one NME.
+
+    Parameters:
+        cfg: :class:`coda.hw.isa.NMEConfig` (lanes, nbuf, imem_depth, max_streams,
+            mem_words, max_elems).
+
+    Members (L = ``cfg.lanes``):
+        start: In(1): check the program whose header and micro-ops the intake holds
+            (``V_LEN`` in the next cycle).
+        n_uops: In(8), n_elems: In(32): the header's fields.
+        uop: Out(:data:`coda.hw.nme_iface.UopRead`): the instruction memory's read port.
+        n_words: Out(32): ``W = ceil(n_elems / L)`` (valid from the first ``V_FETCH``).
+        tail_mask: Out(L): valid lanes of word ``W - 1``.
+        has_l1: Out(1): the program has an L1 micro-op.
+        phase_init: Out(:data:`coda.hw.nme_iface.PhaseInit`): each micro-op's stream start.
+        accept: Out(1): one-cycle pulse: the program may run (execution and the issue side
+            start in the next cycle).
+        reject: Out(1), status: Out(3): one-cycle pulse: the program is refused with
+            :class:`coda.hw.isa.Status` ``status``.
+        busy: Out(1): checking (``V_*``).
+    """
+
+    def __init__(self, cfg: NMEConfig):
+        self.cfg = cfg
+        super().__init__({
+            "start": In(1), "n_uops": In(UOP_INDEX_BITS), "n_elems": In(32),
+            "uop": Out(UopRead),
+            "n_words": Out(32), "tail_mask": Out(cfg.lanes), "has_l1": Out(1),
+            "phase_init": Out(PhaseInit),
+            "accept": Out(1), "reject": Out(1), "status": Out(3), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.cfg
+        L, IM = cfg.lanes, cfg.imem_depth
+        m = Module()
+        n_uops, n_elems = self.n_uops, self.n_elems
+        n_words = Signal(32)                 # W = ceil(N / L)
+        tail_mask = Signal(L)                # valid lanes of word W-1
+        streams = Signal(9)
+        has_l1 = Signal()
+        written = Signal(cfg.nbuf)           # buffers an earlier micro-op wrote
+        k = Signal(UOP_INDEX_BITS)           # micro-op index
+        m.d.comb += [self.n_words.eq(n_words), self.tail_mask.eq(tail_mask),
+                     self.has_l1.eq(has_l1), self.uop.addr.eq(k)]
+        div_q = Signal(32)
+        div_r = Signal(range(2 * L + 1))
+        div_n = Signal(6)
+        mul_acc = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
+        mul_cand = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
+        mul_plier = Signal(PARAM_BITS + 7)
+        f = UopFields(self.uop.data)
+
+        def reject(code):
+            m.d.comb += [self.reject.eq(1), self.status.eq(code)]
+            m.next = "IDLE"
+
+        with m.FSM(name="check") as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.next = "V_LEN"
+
+            with m.State("V_LEN"):
+                m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0), written.eq(0),
+                             div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
+                with m.If((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
+                          | (n_elems > cfg.max_elems)):
+                    reject(Status.BAD_LENGTH)
+                with m.Else():
+                    m.next = "V_DIV"
+
+            with m.State("V_DIV"):
+                self._words_and_tail(m, n_elems, n_words, tail_mask, div_q, div_r, div_n,
+                                     done_state="V_FETCH")
+
+            with m.State("V_FETCH"):
+                m.next = "V_CHECK"
+
+            with m.State("V_CHECK"):
+                self._check_uop(m, f, k, n_words, streams, has_l1, written, reject, mul_acc,
+                                mul_cand, mul_plier)
+
+            with m.State("V_GROUP"):
+                # shift-add: mul_acc = (mem_words - addr) * (param * L)
+                with m.If(mul_plier == 0):
+                    with m.If(n_words - 1 >= mul_acc):
+                        reject(Status.BAD_ADDR)
+                    with m.Else():
+                        m.next = "V_NEXT"
+                with m.Else():
+                    with m.If(mul_plier[0]):
+                        m.d.sync += mul_acc.eq(mul_acc + mul_cand)
+                    m.d.sync += [mul_plier.eq(mul_plier >> 1), mul_cand.eq(mul_cand << 1)]
+
+            with m.State("V_NEXT"):
+                m.d.sync += k.eq(k + 1)
+                with m.If(k == n_uops - 1):
+                    m.next = "V_END"
+                with m.Else():
+                    m.next = "V_FETCH"
+
+            with m.State("V_END"):
+                with m.If(streams > cfg.max_streams):
+                    reject(Status.TOO_MANY_STREAMS)
+                with m.Else():
+                    m.d.comb += self.accept.eq(1)
+                    m.next = "IDLE"
+
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        return m
+
+    def _words_and_tail(self, m, n_elems, n_words, tail_mask, div_q, div_r, div_n, done_state):
+        """W = ceil(N/L) and the tail lane mask: a shift for a power-of-two L, else a
+        restoring divider (one quotient bit per cycle, 32 cycles)."""
+        L = self.cfg.lanes
+        if L & (L - 1) == 0:
+            sh = ceil_log2(L)
+            rem = n_elems[:sh] if sh else Const(0, 1)
+            m.d.sync += [n_words.eq((n_elems + (L - 1)) >> sh),
+                         tail_mask.eq(Cat(*[(rem == 0) | (rem > j) for j in range(L)]))]
+            m.next = done_state
+            return
+        with m.If(div_n == 32):
+            m.d.sync += [n_words.eq(div_q + (div_r != 0)),
+                         tail_mask.eq(Cat(*[(div_r == 0) | (div_r > j) for j in range(L)]))]
+            m.next = done_state
+        with m.Else():
+            trial = Cat(div_q[31], div_r)    # (rem << 1) | next dividend bit
+            fits = trial >= L
+            m.d.sync += [div_r.eq(Mux(fits, trial - L, trial)),
+                         div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
+
+    def _check_uop(self, m, f, k, n_words, streams, has_l1, written, reject, mul_acc,
+                   mul_cand, mul_plier):
+        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order);
+        also initialises the micro-op's stream phase record and marks its ``d`` in the
+        ``written`` mask (nbuf bits) that the later micro-ops' reads are checked against."""
+        cfg = self.cfg
+        NB, L = cfg.nbuf, cfg.lanes
+        op_f, rsrc_f, store_f, addr_f, param_f = f.op, f.rsrc, f.store, f.addr, f.param
+        d_f, p_f, q_f, r_f = f.d, f.p, f.q, f.r
+        bad_opcode = (op_f > max(Op)) | (rsrc_f > max(RSrc))
+        is_l1 = op_f == Op.L1
+        d_used = ~store_f & ~is_l1
+        p_used = (op_f >= Op.ADD) & (op_f <= Op.L1)
+        q_used = op_f == Op.MAC
+        r_used = rsrc_f == RSrc.BUF
+        bad_buf = ((d_used & (d_f >= NB)) | (p_used & (p_f >= NB)) | (q_used & (q_f >= NB))
+                   | (r_used & (r_f >= NB)))
+
+        def unwritten(idx):
+            # an index >= NB matches no bit: it is already bad_buf
+            return ~Cat(*[written[b] & (idx == b) for b in range(NB)]).any()
+
+        bad_read = ((p_used & unwritten(p_f)) | (q_used & unwritten(q_f))
+                    | (r_used & unwritten(r_f)))
+        bad_operand = (bad_buf | (store_f & ((rsrc_f != RSrc.BUF) | is_l1))
+                       | ((rsrc_f == RSrc.CHAN) & (param_f == 0)) | bad_read)
+        is_mem = store_f | (rsrc_f != RSrc.BUF)
+        group_scaled = (rsrc_f == RSrc.GROUP) & (param_f != 0)
+        extent = Signal(33)
+        with m.If(store_f | (rsrc_f == RSrc.MEM)):
+            m.d.comb += extent.eq(n_words)
+        with m.Elif(rsrc_f == RSrc.CHAN):
+            m.d.comb += extent.eq(param_f)
+        with m.Elif(rsrc_f == RSrc.INT8):
+            m.d.comb += extent.eq((n_words + 1) >> 1)
+        with m.Elif(rsrc_f == RSrc.GROUP):
+            m.d.comb += extent.eq(1)         # scalar; the scaled case is V_GROUP
+        bad_addr = is_mem & (addr_f + extent > cfg.mem_words)
+
+        m.d.comb += [self.phase_init.en.eq(1), self.phase_init.index.eq(k),
+                     self.phase_init.addr.eq(addr_f)]
+        m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1),
+                     written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)]))]
+        with m.If(bad_opcode):
+            reject(Status.BAD_OPCODE)
+        with m.Elif(bad_operand):
+            reject(Status.BAD_OPERAND)
+        with m.Elif(bad_addr):               # also GROUP with addr >= mem_words
+            reject(Status.BAD_ADDR)
+        with m.Elif(group_scaled):
+            m.d.sync += [mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
+                         mul_plier.eq(param_f * L)]
+            m.next = "V_GROUP"
+        with m.Else():
+            m.next = "V_NEXT"

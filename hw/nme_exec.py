@@ -1,0 +1,341 @@
+"""The NME's execution: strip-mined passes over the buffers and streams, through the lanes.
+
+Sequencer (FSM ``execute``): for each block of ``depth`` words (``X_BLOCK``), for each micro-op
+(``X_FETCH``/``X_LOAD``), one *pass* over the block (``X_RUN``, then ``X_END``). A pass whose R
+operand comes from memory takes one read response per cycle from the issue side's response
+stream; a pass with R from a buffer feeds one word per cycle; with ``store`` its results go
+through an 8-word FIFO to the memory request register (the store stream), and words enter the
+pipeline only while that FIFO has room for them (a credit count), so ``mem_req_ready``
+back-pressure loses nothing. Passes drain the lane pipeline (3 cycles) before the next one
+starts, so buffer read-after-write needs no further check. After the last block, ``X_SUM``
+adds the lanes' L1 accumulators in order 0..L-1 in fp32 when the program has an L1 micro-op.
+
+Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
+of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each
+lane's P, Q, R (buffer word, memory word, per-group element, int8 converted); the lanes
+(:class:`coda.hw.lane.NMELane`) are the stages 2 and 3; stage 3 writes a buffer or the store
+FIFO. With clock gating every lane register group has its own gated clock (:meth:`_clock_gates`).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import (Array, Cat, ClockDomain, ClockSignal, Const, Module, Mux, ResetSignal,
+                          Signal)
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .fp import FP32, FPAdd, Int8ToFP, fp_format
+from .isa import NMEConfig, Op, RSrc
+from .lane import GATED_DOMAINS, RES_PROD, RES_R, RES_SUM, NMELane
+from .nme_iface import (PASS_BITS, STORE_FIFO_DEPTH, UOP_INDEX_BITS, UopFields, UopRead,
+                        response_signature, store_signature)
+
+__all__ = ["NMEExec", "sum_tree"]
+
+
+class NMEExec(wiring.Component):
+    """Execution sequencer and datapath of one NME.
+
+    Parameters:
+        cfg: :class:`coda.hw.isa.NMEConfig` (lanes, fmt, depth, nbuf, operand_isolation).
+        clock_gating: clock the lanes' register groups through clock gates (with operand
+            isolation only; ignored without it); see :class:`coda.hw.nme.NME`.
+        measure_toggles: count the FU operand registers' bit toggles (``toggles``; shadow
+            registers in every lane: simulation only, not part of the synthesised NME).
+
+    Members (L = ``cfg.lanes``):
+        start: In(1): the program was accepted: clear the lanes' L1 accumulators now, start
+            the first block (``X_BLOCK``) in the next cycle.
+        n_uops: In(8), n_words: In(32), tail_mask: In(L), has_l1: In(1): the program (from
+            the intake and the check).
+        uop: Out(:data:`coda.hw.nme_iface.UopRead`): the instruction memory's read port.
+        rsp: In(stream.Signature(response_layout(L))): read responses, one word per cycle.
+        store: Out(stream.Signature(store_layout(L))): store words with address and mask.
+        store_done: In(1): a store request left the NME (returns a store FIFO credit).
+        passes: Out(11): passes completed in this program (mod 2**11; the issue side holds
+            at a store pass until execution has completed it).
+        finish: Out(1): one-cycle pulse at the end of the program; l1: Out(32): fp32 bits of
+            the L1 sum in that cycle (0 without an L1 micro-op).
+        busy: Out(1): executing (``X_*``).
+        toggles: Out(32), with ``measure_toggles`` only: saturating count of bit toggles of
+            all FU operand registers of all lanes since reset.
+
+    Raises:
+        TypeError: ``cfg`` is not an :class:`NMEConfig`.
+    """
+
+    def __init__(self, cfg: NMEConfig, *, clock_gating: bool = False,
+                 measure_toggles: bool = False):
+        if not isinstance(cfg, NMEConfig):
+            raise TypeError(f"cfg={cfg!r}: expected a coda.hw.isa.NMEConfig")
+        self.cfg = cfg
+        self.clock_gating = bool(clock_gating) and cfg.operand_isolation
+        self.measure_toggles = bool(measure_toggles)
+        L = cfg.lanes
+        members = {
+            "start": In(1), "n_uops": In(UOP_INDEX_BITS), "n_words": In(32),
+            "tail_mask": In(L), "has_l1": In(1),
+            "uop": Out(UopRead), "rsp": In(response_signature(L)),
+            "store": Out(store_signature(L)), "store_done": In(1),
+            "passes": Out(PASS_BITS), "finish": Out(1), "l1": Out(32), "busy": Out(1),
+        }
+        if self.measure_toggles:
+            members["toggles"] = Out(32)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        cfg = self.cfg
+        L, D, NB = cfg.lanes, cfg.depth, cfg.nbuf
+        m = Module()
+        fmt = fp_format(cfg.fmt)
+        n_uops, n_words, tail_mask = self.n_uops, self.n_words, self.tail_mask
+
+        buf_rd, buf_wr = [], []
+        for b in range(NB):
+            mem = Memory(shape=16 * L, depth=D, init=[])
+            m.submodules[f"buf{b}"] = mem
+            buf_rd.append(mem.read_port())
+            buf_wr.append(mem.write_port())
+        m.submodules.store_fifo = fifo = SyncFIFO(width=16 * L, depth=STORE_FIFO_DEPTH)
+        lanes = []
+        for j in range(L):
+            lane = NMELane(fmt, cfg.operand_isolation, gated=self.clock_gating,
+                           measure_toggles=self.measure_toggles)
+            m.submodules[f"lane{j}"] = lane
+            lanes.append(lane)
+
+        # current micro-op, block, pass counters
+        k = Signal(UOP_INDEX_BITS)           # micro-op index
+        cur_op, cur_rsrc, cur_store = Signal(4), Signal(3), Signal()
+        cur_d, cur_p, cur_q, cur_r = Signal(4), Signal(4), Signal(4), Signal(4)
+        read_pass = Signal()                 # R comes from memory (the response stream)
+        m.d.comb += read_pass.eq(cur_rsrc != RSrc.BUF)
+        base = Signal(32)
+        blen = Signal(range(D + 1))
+        last_block = Signal()
+        idx_w = max(1, ceil_log2(D))
+        i_cnt = Signal(range(D + 1))         # words entered (BUF pass)
+        j_cnt = Signal(range(D + 1))         # responses taken (read pass)
+        s_cnt = Signal(range(D + 1))         # stores requested (store pass)
+        st_addr = Signal(len(self.store.payload.addr))
+        x_passes = Signal(PASS_BITS)         # passes completed
+        used = Signal(range(STORE_FIFO_DEPTH + 1))   # store credits in use
+        m.d.comb += [self.uop.addr.eq(k), self.passes.eq(x_passes)]
+
+        # ---- pipeline control
+        run = Signal()                       # in X_RUN
+        enter = Signal()                     # a word enters stage 0 this cycle
+        idx0 = Signal(idx_w)
+        v1, v2, v3 = Signal(), Signal(), Signal()
+        idx1, idx2, idx3 = Signal(idx_w), Signal(idx_w), Signal(idx_w)
+        last1 = Signal()
+        half1 = Signal()
+        elane1 = Signal(6)
+        rsp1 = Signal(16 * L)
+        acc_clear = self.start
+        m.d.comb += [
+            enter.eq(run & Mux(read_pass, self.rsp.valid & (j_cnt < blen),
+                               (i_cnt < blen) & (~cur_store | (used < STORE_FIFO_DEPTH)))),
+            self.rsp.ready.eq(enter & read_pass),
+            idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
+        ]
+        for rp in buf_rd:
+            m.d.comb += rp.addr.eq(idx0)
+        m.d.sync += [v1.eq(enter), idx1.eq(idx0), idx2.eq(idx1), idx3.eq(idx2),
+                     v2.eq(v1), v3.eq(v2),
+                     last1.eq(last_block & (idx0 == blen - 1))]
+        with m.If(enter & read_pass):
+            m.d.sync += [rsp1.eq(self.rsp.payload.data), half1.eq(self.rsp.payload.half),
+                         elane1.eq(self.rsp.payload.elane)]
+        # the L1 accumulate (stage 4) may still run: X_SUM starts two cycles later
+        pipe_empty = Signal()
+        m.d.comb += pipe_empty.eq(~enter & ~v1 & ~v2 & ~v3)
+
+        self._lanes_stage1(m, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
+                           cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
+        if self.clock_gating:
+            ctl = lanes[0]   # the per-pass controls, the same for every lane
+            v4 = Signal()    # an L1 element may be in the lanes' stage 4
+            m.d.sync += v4.eq(v3 & ctl.op_l1)
+            self._clock_gates(m, (v1, v1 & ctl.op_mul, v2 & ctl.op_add, v2, v2 & ctl.op_l1,
+                                  v3 & ctl.op_l1, v4 | acc_clear))
+
+        # stage 3: buffer write or store FIFO
+        result = Signal(16 * L)
+        m.d.comb += result.eq(Cat(*[lane.y for lane in lanes]))
+        writes_buf = Signal()
+        m.d.comb += writes_buf.eq(~cur_store & (cur_op != Op.L1))
+        for b, wp in enumerate(buf_wr):
+            m.d.comb += [wp.addr.eq(idx3), wp.data.eq(result),
+                         wp.en.eq(v3 & writes_buf & (cur_d == b))]
+        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(v3 & cur_store)]
+
+        # ---- the store stream: the store FIFO's head, the tail lanes masked in the last word
+        store_last = Signal()
+        m.d.comb += [
+            store_last.eq(last_block & (s_cnt == blen - 1)),
+            self.store.valid.eq(run & cur_store & fifo.r_rdy),
+            self.store.payload.addr.eq(st_addr), self.store.payload.data.eq(fifo.r_data),
+            self.store.payload.mask.eq(Mux(store_last, tail_mask, Const((1 << L) - 1, L))),
+        ]
+        with m.If(self.store.valid & self.store.ready):
+            m.d.comb += fifo.r_en.eq(1)
+            m.d.sync += [st_addr.eq(st_addr + 1), s_cnt.eq(s_cnt + 1)]
+        with m.If(enter & ~read_pass):
+            m.d.sync += i_cnt.eq(i_cnt + 1)
+        with m.If(enter & read_pass):
+            m.d.sync += j_cnt.eq(j_cnt + 1)
+        m.d.sync += used.eq(used + (enter & cur_store) - self.store_done)
+
+        # ---- the L1 sum of the lanes
+        sum_acc = Signal(32)
+        sum_j = Signal(range(L))
+        m.submodules.l1_sum = l1_add = FPAdd(FP32)
+        acc_sel = Array([lane.acc for lane in lanes])[sum_j]
+        m.d.comb += [l1_add.a.eq(sum_acc), l1_add.b.eq(acc_sel), l1_add.sub.eq(0)]
+
+        f = UopFields(self.uop.data)
+
+        def finish(l1_bits=0):
+            m.d.comb += [self.finish.eq(1), self.l1.eq(l1_bits)]
+            m.next = "IDLE"
+
+        with m.FSM(name="execute") as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [base.eq(0), x_passes.eq(0)]
+                    m.next = "X_BLOCK"
+
+            with m.State("X_BLOCK"):
+                left = n_words - base
+                m.d.sync += [k.eq(0), blen.eq(Mux(left >= D, D, left)),
+                             last_block.eq(left <= D)]
+                m.next = "X_FETCH"
+
+            with m.State("X_FETCH"):
+                m.next = "X_LOAD"
+
+            with m.State("X_LOAD"):
+                m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
+                             cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
+                             st_addr.eq(f.addr + base),
+                             i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0)]
+                m.next = "X_RUN"
+
+            with m.State("X_RUN"):
+                m.d.comb += run.eq(1)
+                with m.If(Mux(read_pass, j_cnt == blen, (i_cnt == blen) & (used == 0))
+                          & pipe_empty):
+                    m.next = "X_END"
+
+            with m.State("X_END"):
+                # the next micro-op is read now, so X_LOAD follows directly
+                m.d.sync += x_passes.eq(x_passes + 1)
+                with m.If(k == n_uops - 1):
+                    left = n_words - (base + blen)
+                    m.d.comb += self.uop.addr.eq(0)
+                    m.d.sync += [k.eq(0), base.eq(base + blen),
+                                 blen.eq(Mux(left >= D, D, left)), last_block.eq(left <= D)]
+                    with m.If(~last_block):
+                        m.next = "X_LOAD"
+                    with m.Elif(self.has_l1):
+                        m.d.sync += [sum_acc.eq(0), sum_j.eq(0)]
+                        m.next = "X_SUM"
+                    with m.Else():
+                        finish()
+                with m.Else():
+                    m.d.comb += self.uop.addr.eq(k + 1)
+                    m.d.sync += k.eq(k + 1)
+                    m.next = "X_LOAD"
+
+            with m.State("X_SUM"):
+                # lanes summed in order 0..L-1 in fp32 (ISA), starting from +0
+                m.d.sync += [sum_acc.eq(l1_add.y), sum_j.eq(sum_j + 1)]
+                with m.If(sum_j == L - 1):
+                    finish(l1_add.y)
+
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        if self.measure_toggles:
+            m.d.comb += self.toggles.eq(self._toggle_counter(m, lanes))
+        return m
+
+    def _lanes_stage1(self, m, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
+                      cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
+        """Stage-1 operands of every lane (P, Q, R selection) and the per-pass controls."""
+        L = self.cfg.lanes
+        fmt = fp_format(self.cfg.fmt)
+        rd = Array([rp.data for rp in buf_rd])
+        p_word, q_word, r_word = rd[cur_p], rd[cur_q], rd[cur_r]
+        group_elem = rsp1.word_select(elane1, 16)
+        for j, lane in enumerate(lanes):
+            conv = Int8ToFP(fmt)
+            m.submodules[f"int8_{j}"] = conv
+            m.d.comb += conv.a.eq(Mux(half1, rsp1[8 * (L + j):8 * (L + j) + 8],
+                                      rsp1[8 * j:8 * j + 8]))
+            r_val = Signal(16, name=f"r_lane{j}")
+            with m.Switch(cur_rsrc):
+                with m.Case(RSrc.BUF):
+                    m.d.comb += r_val.eq(r_word[16 * j:16 * j + 16])
+                with m.Case(RSrc.GROUP):
+                    m.d.comb += r_val.eq(group_elem)
+                with m.Case(RSrc.INT8):
+                    m.d.comb += r_val.eq(conv.y)
+                with m.Default():
+                    m.d.comb += r_val.eq(rsp1[16 * j:16 * j + 16])
+            m.d.comb += [
+                lane.p.eq(p_word[16 * j:16 * j + 16]), lane.q.eq(q_word[16 * j:16 * j + 16]),
+                lane.r.eq(r_val), lane.v1.eq(v1), lane.m1.eq(~last1 | tail_mask[j]),
+                lane.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
+                lane.mul_a_q.eq(cur_op == Op.MAC),
+                lane.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
+                lane.add_b_mul.eq(cur_op == Op.MAC),
+                lane.sub.eq(cur_op == Op.SUB),
+                lane.op_l1.eq(cur_op == Op.L1),
+                lane.res_sel.eq(Mux(cur_op == Op.MOV, RES_R,
+                                    Mux(cur_op == Op.MUL, RES_PROD, RES_SUM))),
+                lane.acc_clear.eq(acc_clear),
+            ]
+
+    @staticmethod
+    def _clock_gates(m, enables):
+        """One clock gate per lane domain of :data:`GATED_DOMAINS`: the domain's clock is
+        ``clk & gate`` where ``gate`` samples ``enable | rst`` on the falling edge (so it is
+        stable while ``clk`` is high: no glitch), and the domain shares the NME's reset."""
+        # the domains' clock and reset go through nets named clk / rst: without them the
+        # NME's ports, once it is a submodule (the DIMM-NMP rank), take an alias's name
+        # (lane_gate_clk, lane_s2_rst)
+        clk, rst = Signal(name="clk"), Signal(name="rst")
+        m.d.comb += [clk.eq(ClockSignal("sync")), rst.eq(ResetSignal("sync"))]
+        m.domains.lane_gate = ClockDomain("lane_gate", clk_edge="neg", reset_less=True,
+                                          local=True)
+        m.d.comb += ClockSignal("lane_gate").eq(clk)
+        for name, enable in zip(GATED_DOMAINS, enables):
+            m.domains += ClockDomain(name, local=True)
+            gate = Signal(name=f"{name}_gate", init=1)
+            m.d.lane_gate += gate.eq(enable | rst)
+            m.d.comb += [ClockSignal(name).eq(clk & gate), ResetSignal(name).eq(rst)]
+
+    @staticmethod
+    def _toggle_counter(m, lanes):
+        """The lanes' toggle counts summed (registered), then a saturating accumulate."""
+        total = Signal(16)
+        m.d.sync += total.eq(sum_tree([lane.toggles for lane in lanes]))
+        count = Signal(32)
+        nxt = Signal(33)
+        m.d.comb += nxt.eq(count + total)
+        m.d.sync += count.eq(Mux(nxt[32], 0xFFFF_FFFF, nxt[:32]))
+        return count
+
+
+def sum_tree(values):
+    """Balanced adder tree over ``values`` (unsigned)."""
+    level = list(values)
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]

@@ -1,0 +1,225 @@
+"""The NME's issue side: read requests ahead of execution, read responses, the memory port.
+
+The issue FSM (``issue``) walks (block, micro-op) like execution does and sends the read
+requests of every pass whose R operand comes from memory, up to ``max(depth, 3)`` words ahead
+of execution (:func:`coda.hw.nme_iface.read_credits`: the entries of the read-response FIFO),
+so memory latency is paid about once per block rather than once per pass. Each read carries a
+tag (INT8 half, GROUP element lane) through a tag FIFO that joins the response. Memory order
+is program order: the issue side does not pass a store pass until execution has sent its last
+store (execution's pass counter).
+
+Stream phases: each instruction slot has a phase record (next request address, CHAN/GROUP
+counter, GROUP element lane), initialised by the check and carried by the issue side from one
+block's pass to the next, so no division happens at run time.
+
+The memory request register takes a read of the issue side or else the store at the head of
+execution's store stream. Reads in flight survive a reset (the memory still answers them):
+a reset-less counter tracks them, their responses find no tag and are dropped, and a
+program's first read waits until none is outstanding.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .isa import ADDR_BITS, PARAM_BITS, NMEConfig, RSrc
+from .nme_iface import (PASS_BITS, TAG_BITS, UOP_INDEX_BITS, PhaseInit, UopFields, UopRead,
+                        read_credits, response_signature, store_signature)
+
+__all__ = ["NMEIssue"]
+
+
+class NMEIssue(wiring.Component):
+    """Read issue, response FIFO and memory request register of one NME.
+
+    Parameters:
+        cfg: :class:`coda.hw.isa.NMEConfig` (lanes, depth, imem_depth).
+
+    Members (L = ``cfg.lanes``):
+        start: In(1): the program was accepted (the walk starts in the next cycle).
+        n_uops: In(8), n_words: In(32): the program's micro-ops and words.
+        uop: Out(:data:`coda.hw.nme_iface.UopRead`): the instruction memory's read port.
+        phase_init: In(:data:`coda.hw.nme_iface.PhaseInit`): the check's phase records.
+        x_passes: In(11): passes execution has completed (mod 2**11).
+        store: In(stream.Signature(store_layout(L))): execution's store words; taken when
+            the request register is free and no read goes out this cycle.
+        store_done: Out(1): a store request transferred to the memory this cycle.
+        rsp: Out(stream.Signature(response_layout(L))): read responses of this program, in
+            order, with their tags.
+        mem_req_valid: Out(1), mem_req_ready: In(1), mem_req_we: Out(1), mem_req_addr:
+            Out(24), mem_req_wdata: Out(16*L), mem_req_wmask: Out(L): the NME's memory
+            request port (:class:`coda.hw.nme.NME`); valid is a register output.
+        mem_rsp_valid: In(1), mem_rsp_data: In(16*L): read data, one per read, in order.
+    """
+
+    def __init__(self, cfg: NMEConfig):
+        self.cfg = cfg
+        L = cfg.lanes
+        super().__init__({
+            "start": In(1), "n_uops": In(UOP_INDEX_BITS), "n_words": In(32),
+            "uop": Out(UopRead), "phase_init": In(PhaseInit), "x_passes": In(PASS_BITS),
+            "store": In(store_signature(L)), "store_done": Out(1),
+            "rsp": Out(response_signature(L)),
+            "mem_req_valid": Out(1), "mem_req_ready": In(1), "mem_req_we": Out(1),
+            "mem_req_addr": Out(ADDR_BITS), "mem_req_wdata": Out(16 * L),
+            "mem_req_wmask": Out(L),
+            "mem_rsp_valid": In(1), "mem_rsp_data": In(16 * L),
+        })
+
+    def elaborate(self, platform):
+        cfg = self.cfg
+        L, D, IM = cfg.lanes, cfg.depth, cfg.imem_depth
+        RF = read_credits(D)
+        m = Module()
+        n_uops, n_words = self.n_uops, self.n_words
+
+        slot_bits = ADDR_BITS + PARAM_BITS + 6
+        m.submodules.slots = slots = Memory(shape=slot_bits, depth=IM, init=[])
+        slot_w, slot_r = slots.write_port(), slots.read_port()
+        m.submodules.rsp_fifo = rsp_fifo = SyncFIFOBuffered(width=16 * L + TAG_BITS, depth=RF)
+        m.submodules.tag_fifo = tag_fifo = SyncFIFO(width=TAG_BITS, depth=RF)
+
+        # the walk over (block, micro-op)
+        ik = Signal(UOP_INDEX_BITS)
+        ibase = Signal(32)
+        iblen = Signal(range(D + 1))
+        i_rsrc, i_store = Signal(3), Signal()
+        i_addr, i_param = Signal(ADDR_BITS), Signal(PARAM_BITS)
+        icnt = Signal(range(D + 1))
+        i_passes = Signal(PASS_BITS)
+        fresh = Signal()                     # first pass of a program: wait for stale reads
+        ra = Signal(ADDR_BITS)               # next read address
+        ph = Signal(PARAM_BITS)              # CHAN phase / GROUP count within a group
+        elane = Signal(6)                    # GROUP element lane
+        par_i = Signal()                     # parity of the word index (INT8 half)
+        m.d.comb += [self.uop.addr.eq(ik), slot_r.addr.eq(ik), slot_w.addr.eq(ik)]
+        with m.If(self.phase_init.en):
+            m.d.comb += [slot_w.addr.eq(self.phase_init.index), slot_w.en.eq(1),
+                         slot_w.data.eq(Cat(self.phase_init.addr, Const(0, PARAM_BITS + 6)))]
+
+        # ---- memory request register
+        req_valid, req_we = Signal(), Signal()
+        req_addr = Signal(ADDR_BITS)
+        req_wdata, req_wmask = Signal(16 * L), Signal(L)
+        m.d.comb += [self.mem_req_valid.eq(req_valid), self.mem_req_we.eq(req_we),
+                     self.mem_req_addr.eq(req_addr), self.mem_req_wdata.eq(req_wdata),
+                     self.mem_req_wmask.eq(req_wmask)]
+        req_free = Signal()
+        m.d.comb += req_free.eq(~req_valid | self.mem_req_ready)
+        read_xfer = Signal()
+        m.d.comb += [read_xfer.eq(req_valid & self.mem_req_ready & ~req_we),
+                     self.store_done.eq(req_valid & self.mem_req_ready & req_we)]
+
+        # reads in flight survive a reset (the memory still answers them): count them
+        outstanding = Signal(range(RF + 2), reset_less=True)
+        m.d.sync += outstanding.eq(outstanding + read_xfer - self.mem_rsp_valid)
+        # a response belongs to this program iff its tag is waiting (tags are reset)
+        m.d.comb += [rsp_fifo.w_data.eq(Cat(self.mem_rsp_data, tag_fifo.r_data)),
+                     rsp_fifo.w_en.eq(self.mem_rsp_valid & tag_fifo.r_rdy),
+                     tag_fifo.r_en.eq(self.mem_rsp_valid),
+                     self.rsp.valid.eq(rsp_fifo.r_rdy), self.rsp.payload.eq(rsp_fifo.r_data),
+                     rsp_fifo.r_en.eq(self.rsp.ready)]
+        rd_used = Signal(range(RF + 1))      # reads issued and not yet taken by execution
+        issuing = Signal()                   # in I_RUN of a read pass
+        issue_read = Signal()
+        m.d.comb += [
+            issue_read.eq(issuing & (icnt < iblen) & (rd_used < RF) & req_free),
+            tag_fifo.w_data.eq(Cat(par_i, elane)),
+            tag_fifo.w_en.eq(issue_read),
+        ]
+        m.d.sync += rd_used.eq(rd_used + issue_read - (self.rsp.valid & self.rsp.ready))
+        self._stream_advance(m, issue_read, i_rsrc, i_param, i_addr, ra, ph, elane, par_i)
+
+        # a read of the issue side, or else the head of execution's store stream
+        m.d.comb += self.store.ready.eq(req_free & ~issue_read)
+        with m.If(req_free):
+            m.d.sync += req_valid.eq(0)
+            with m.If(issue_read):
+                m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
+                             icnt.eq(icnt + 1)]
+            with m.Elif(self.store.valid):
+                m.d.sync += [req_valid.eq(1), req_we.eq(1),
+                             req_addr.eq(self.store.payload.addr),
+                             req_wdata.eq(self.store.payload.data),
+                             req_wmask.eq(self.store.payload.mask)]
+
+        # ---- the walk: read requests of every read pass, up to RF words ahead
+        fi = UopFields(self.uop.data)
+        with m.FSM(name="issue"):
+            with m.State("I_IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [ibase.eq(0), i_passes.eq(0), fresh.eq(1)]
+                    m.next = "I_BLOCK"
+
+            with m.State("I_BLOCK"):
+                left = n_words - ibase
+                m.d.sync += [ik.eq(0), iblen.eq(Mux(left >= D, D, left))]
+                m.next = "I_FETCH"
+
+            with m.State("I_FETCH"):
+                m.next = "I_LOAD"
+
+            with m.State("I_LOAD"):
+                m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
+                             i_param.eq(fi.param), icnt.eq(0), par_i.eq(ibase[0]),
+                             ra.eq(slot_r.data[0:ADDR_BITS]),
+                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
+                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:])]
+                with m.If(~fresh | (outstanding == 0)):
+                    m.next = "I_RUN"
+
+            with m.State("I_RUN"):
+                m.d.comb += issuing.eq(i_rsrc != RSrc.BUF)
+                m.d.sync += fresh.eq(0)
+                with m.If(i_rsrc != RSrc.BUF):
+                    with m.If(icnt == iblen):
+                        m.next = "I_END"
+                with m.Elif(i_store):
+                    # reads after a store pass go out only after its last store
+                    with m.If(self.x_passes == (i_passes + 1)[:PASS_BITS]):
+                        m.next = "I_END"
+                with m.Else():
+                    m.next = "I_END"
+
+            with m.State("I_END"):
+                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
+                m.d.sync += [ik.eq(ik + 1), i_passes.eq(i_passes + 1)]
+                with m.If(ik == n_uops - 1):
+                    m.d.sync += ibase.eq(ibase + iblen)
+                    with m.If(n_words - ibase <= D):
+                        m.next = "I_IDLE"
+                    with m.Else():
+                        m.next = "I_BLOCK"
+                with m.Else():
+                    m.next = "I_FETCH"
+        return m
+
+    def _stream_advance(self, m, issue, rsrc, param, addr, ra, ph, elane, par_i):
+        """Next read address and CHAN/GROUP/INT8 phase after issuing one read."""
+        L = self.cfg.lanes
+        with m.If(issue):
+            m.d.sync += par_i.eq(~par_i)
+            with m.Switch(rsrc):
+                with m.Case(RSrc.MEM):
+                    m.d.sync += ra.eq(ra + 1)
+                with m.Case(RSrc.CHAN):
+                    with m.If(ph == param - 1):
+                        m.d.sync += [ph.eq(0), ra.eq(addr)]
+                    with m.Else():
+                        m.d.sync += [ph.eq(ph + 1), ra.eq(ra + 1)]
+                with m.Case(RSrc.INT8):
+                    with m.If(par_i):
+                        m.d.sync += ra.eq(ra + 1)
+                with m.Case(RSrc.GROUP):
+                    with m.If((param != 0) & (ph == param - 1)):
+                        m.d.sync += ph.eq(0)
+                        with m.If(elane == L - 1):
+                            m.d.sync += [elane.eq(0), ra.eq(ra + 1)]
+                        with m.Else():
+                            m.d.sync += elane.eq(elane + 1)
+                    with m.Elif(param != 0):
+                        m.d.sync += ph.eq(ph + 1)
