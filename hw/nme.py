@@ -81,8 +81,9 @@ class NME(wiring.Component):
             a group works. amaranth.sim would see the gated clocks a delta cycle late (a
             race), so simulate a gated NME with Verilator.
         measure_toggles: add ``dbg_fu_toggles`` and the lanes' shadow registers that count
-            FU operand toggles (the operand-isolation measurement); results and cycles are
-            the same either way.
+            FU operand toggles (the operand-isolation measurement of a simulation). Off by
+            default: measurement logic is not part of the NME that is synthesised or built
+            into a system; results and cycles are the same either way.
 
     Members (L = ``cfg.lanes``):
         cmd_valid: In(1), cmd_ready: Out(1), cmd_data: In(64): command words (header, then
@@ -106,7 +107,7 @@ class NME(wiring.Component):
     """
 
     def __init__(self, cfg: NMEConfig, clock_gating: bool = False, *,
-                 measure_toggles: bool = True):
+                 measure_toggles: bool = False):
         if not isinstance(cfg, NMEConfig):
             raise TypeError(f"cfg={cfg!r}: expected a coda.hw.isa.NMEConfig")
         self.cfg = cfg

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from coda.cosim.build import build_sim, log_tail, run_cocotb
+from coda.cosim.build import build_sim, log_tail, nme_verilog_cached, run_cocotb
 from coda.cosim.toolchain import build_dir
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp
 
@@ -25,14 +25,28 @@ BASE = NMEConfig(lanes=8, depth=16, mem_words=4096)
 _BUILDS: dict = {}
 
 
-def _build(cfg: NMEConfig):
-    if cfg not in _BUILDS:
-        _BUILDS[cfg] = build_sim(cfg)
-    return _BUILDS[cfg]
+def _build(cfg: NMEConfig, measure_toggles: bool = False):
+    """The cosimulation of ``cfg``: the NME as ``coda verilog`` writes it, or with
+    ``measure_toggles`` one whose lanes count FU operand toggles (``dbg_fu_toggles``, a
+    simulation-only option of :class:`coda.hw.nme.NME`)."""
+    key = (cfg, measure_toggles)
+    if key not in _BUILDS:
+        verilog = None
+        if measure_toggles:
+            from amaranth.back import verilog as amaranth_verilog
+
+            from coda.cosim.build import DUT_NAME
+            from coda.hw.nme import NME
+            from coda.hw.yosys import use_pinned_yosys
+            use_pinned_yosys()
+            verilog = amaranth_verilog.convert(NME(cfg, measure_toggles=True), name=DUT_NAME)
+        _BUILDS[key] = build_sim(cfg, verilog=verilog)
+    return _BUILDS[key]
 
 
-def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1) -> dict:
-    build = _build(cfg)
+def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1,
+         measure_toggles: bool = False) -> dict:
+    build = _build(cfg, measure_toggles)
     workdir = build_dir("cosim", "pytest", tag)
     report = workdir / "report.json"
     report.unlink(missing_ok=True)
@@ -60,16 +74,20 @@ def test_cocotb_regression(fmt):
 
 def test_operand_isolation_reduces_toggles():
     """The representative program toggles the FU operand registers less with operand
-    isolation than without (same results: the cocotb test checks bits)."""
-    on = _run(BASE, "isolation-on", testcase="test_operand_isolation_toggles")
+    isolation than without (same results: the cocotb test checks bits), measured on NMEs
+    built with their toggle counter; the NME of ``coda verilog`` has none."""
+    on = _run(BASE, "isolation-on", testcase="test_operand_isolation_toggles",
+              measure_toggles=True)
     off = _run(replace(BASE, operand_isolation=False), "isolation-off",
-               testcase="test_operand_isolation_toggles")
+               testcase="test_operand_isolation_toggles", measure_toggles=True)
     t_on = on["report"]["toggles_isolation_on"]
     t_off = off["report"]["toggles_isolation_off"]
     print(f"\noperand-isolation toggles: on {t_on}, off {t_off} "
           f"({100 * (1 - t_on / t_off):.1f}% fewer)")
-    assert _build(BASE).has_toggles, "the NME exposes no dbg_fu_toggles"
+    assert _build(BASE, measure_toggles=True).has_toggles, "no dbg_fu_toggles in the build"
+    assert "dbg_fu_toggles" not in nme_verilog_cached(BASE), "measurement logic in the NME"
     assert 0 < t_on < t_off
+    assert on["report"]["cycles_isolation_program"] == off["report"]["cycles_isolation_program"]
 
 
 # ----------------------------------------------------------------------------- RTL backend

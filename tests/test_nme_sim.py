@@ -60,7 +60,8 @@ def _int_word(value: int, lanes: int) -> np.ndarray:
 
 def simulate(cfg: NMEConfig, programs: list[list[int]], mem: np.ndarray, *, seed: int = 0,
              timing: MemTiming = MemTiming(), reset_after: dict[int, int] | None = None,
-             max_cycles: int = 20000) -> tuple[np.ndarray, list[Outcome], dict]:
+             max_cycles: int = 20000, measure_toggles: bool = True,
+             ) -> tuple[np.ndarray, list[Outcome], dict]:
     """Run command-word lists one after the other on an NME against memory ``mem``.
 
     Args:
@@ -68,13 +69,15 @@ def simulate(cfg: NMEConfig, programs: list[list[int]], mem: np.ndarray, *, seed
         mem: uint16 [mem_words, lanes] image (copied).
         reset_after: {program index: cycles after its first word} to pulse ``rst`` for one
             cycle; that program then gets no Outcome (``None``) and the next one follows.
+        measure_toggles: elaborate the NME with its toggle counter (``Outcome.toggles``;
+            0 without it).
     Returns:
         (memory image after all programs, outcomes, log) where log counts writes seen
         after each reset (``writes_after_reset``).
     """
     mem = mem.copy()
     lanes = cfg.lanes
-    dut = NME(cfg)
+    dut = NME(cfg, measure_toggles=measure_toggles)
     top = Module()
     top.domains.sync = cd = ClockDomain("sync")
     top.submodules.dut = dut
@@ -127,7 +130,9 @@ def simulate(cfg: NMEConfig, programs: list[list[int]], mem: np.ndarray, *, seed
                 done = ctx.get(dut.done)
                 if done:
                     outcomes.append(Outcome(Status(ctx.get(dut.status)), ctx.get(dut.l1),
-                                            cycle - start + 1, ctx.get(dut.dbg_fu_toggles)))
+                                            cycle - start + 1,
+                                            ctx.get(dut.dbg_fu_toggles) if measure_toggles
+                                            else 0))
                     assert not ctx.get(dut.busy)
                 await ctx.tick()
                 cycle += 1
@@ -535,6 +540,22 @@ def test_operand_isolation_toggles():
     assert 0 < add_on.toggles < add_off.toggles - mov_off.toggles
 
 
+def test_toggle_measurement_is_an_option_that_changes_nothing_else():
+    """The toggle counter is simulation-only: without ``measure_toggles`` the NME has no
+    ``dbg_fu_toggles`` (nor the lanes' shadow registers) and gives the same bits, statuses,
+    L1 sums and cycles under the same random memory timing."""
+    cfg = NMEConfig(lanes=3, fmt="bf16", **SMALL)
+    rng = random.Random(21)
+    progs = [_random_program(rng, cfg).words() for _ in range(4)]
+    mem = random_image(cfg, 21)
+    runs = [simulate(cfg, progs, mem, seed=21, measure_toggles=on) for on in (True, False)]
+    (mem_on, outs_on, _), (mem_off, outs_off, _) = runs
+    np.testing.assert_array_equal(mem_on, mem_off)
+    assert [(o.status, o.l1, o.cycles) for o in outs_on] == \
+        [(o.status, o.l1, o.cycles) for o in outs_off]
+    assert sum(o.toggles for o in outs_on) > 0 == sum(o.toggles for o in outs_off)
+
+
 def test_store_backpressure_and_latency():
     """Long store pass against a memory that is rarely ready, with long read latency."""
     cfg = NMEConfig(lanes=2, fmt="bf16", depth=16, nbuf=2, imem_depth=4, max_streams=4,
@@ -621,7 +642,7 @@ def test_cycle_model_matches_the_nme(lanes, depth, fmt):
 # ---------------------------------------------------------------------------------------
 PORTS = ["clk", "rst", "cmd_valid", "cmd_ready", "cmd_data", "mem_req_valid", "mem_req_ready",
          "mem_req_we", "mem_req_addr", "mem_req_wdata", "mem_req_wmask", "mem_rsp_valid",
-         "mem_rsp_data", "busy", "done", "status", "l1", "dbg_fu_toggles"]
+         "mem_rsp_data", "busy", "done", "status", "l1"]
 
 
 @pytest.mark.parametrize("lanes,fmt", [
@@ -636,6 +657,8 @@ def test_verilog_converts(lanes, fmt):
     for port in PORTS:
         assert f" {port}" in header or f"({port}" in header, port
     assert f"[{16 * lanes - 1}:0] mem_req_wdata" in text
+    # the toggle counter is measurement logic: not in the generated (synthesised) NME
+    assert "dbg_fu_toggles" not in text and "_prev" not in text
 
 
 def test_verilog_cli(tmp_path):

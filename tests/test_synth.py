@@ -72,7 +72,8 @@ def test_generic_synthesis_of_small_nme(tmp_path):
     assert res["ff"] >= storage_bits
     assert res["logic_depth"] > 20                   # at least an FP add deep
     netlist = (tmp_path / "netlist.v").read_text()
-    assert "module nme(" in netlist and "dbg_fu_toggles" in netlist
+    # the toggle counter is a simulation option, not part of the synthesised NME
+    assert "module nme(" in netlist and "dbg_fu_toggles" not in netlist
     assert report["tools"]["yosys"].startswith("Yosys 0.70")
     assert report["config"]["lanes"] == 1 and report["config"]["depth"] == 16
 
