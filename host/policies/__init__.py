@@ -4,22 +4,27 @@
 |-------------|-----------------|---------|------|
 | ``uniform`` | ``uniform.py``  | static  | DeepCache/FORA: every operator type recomputed every k steps |
 | ``schedule``| ``static.py``   | static  | a fixed :class:`coda.host.schedule.Schedule` (e.g. annealed by ``coda schedule search``) |
+| ``coda``    | ``static.py``   | static  | the annealed schedule (``coda schedule search``; the shipped one by default) |
+| ``pab``     | ``pab.py``      | static  | PAB: broadcast ranges per attention type inside step windows |
+| ``teacache``| ``teacache.py`` | dynamic | TeaCache: accumulated rescaled relative L1 of the first operator's input |
+| ``magcache``| ``magcache.py`` | static  | MagCache: accumulated magnitude-ratio error per operator |
+| ``coda+dra``| ``dra.py``      | dynamic | the annealed schedule plus DRA's run-time fallback (a wrapper of any policy) |
 
 Every policy is a :class:`coda.host.policies.base.CachePolicy` (decide before each operator,
 observe the events after it, reset between generations); :func:`as_policy` turns what a user
-passes to the engine into one.
+passes to the engine into one; :func:`get_policy` makes one by name (:data:`POLICIES`).
 """
 
 from __future__ import annotations
 
-from coda.host.schedule import Schedule
+from coda.host.schedule import OP_TYPES, Schedule
 
 from .base import COMPUTE, CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy, StaticPolicy
 from .uniform import UniformIntervalPolicy
 
 __all__ = ["CachePolicy", "Decision", "OpQuery", "COMPUTE", "StaticPolicy", "SchedulePolicy",
-           "UniformIntervalPolicy", "as_policy"]
+           "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip"]
 
 
 def as_policy(policy) -> CachePolicy:
@@ -34,3 +39,123 @@ def as_policy(policy) -> CachePolicy:
     if isinstance(policy, CachePolicy):
         return policy
     raise TypeError(f"policy {policy!r}: expected a CachePolicy (coda.host.policies) or a Schedule")
+
+
+def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 0.02):
+    """The uniform-interval policy (one interval for every operator type if one is within
+    ``tol`` of ``skip``, else two neighbouring intervals over the types) whose skip fraction
+    is closest to ``skip`` (to 0.005), with the shortest interval and then the most warmup
+    steps (1..20) among the closest.
+    Returns a :class:`coda.host.policies.UniformIntervalPolicy`."""
+    from itertools import product
+
+    def reused_steps(k: int, warmup: int) -> int:     # steps >= warmup off the interval
+        span = max(0, num_steps - warmup)
+        return span - -(-span // k)
+
+    best = None
+    for k in range(1, 12):
+        for combo in product((k, k + 1), repeat=len(OP_TYPES)):
+            mixed = len(set(combo)) > 1
+            for warmup in range(1, min(21, num_steps)):
+                got = sum(reused_steps(kk, warmup) for kk in combo) / (len(combo) * num_steps)
+                err = abs(got - skip)
+                key = (err > tol + 1e-9, mixed, round(err / 0.005), k, -warmup, err)
+                if best is None or key < best[0]:
+                    best = (key, (combo, k, warmup))
+    combo, k, warmup = best[1]
+    return UniformIntervalPolicy(intervals=dict(zip(OP_TYPES, combo)), default_interval=k,
+                                 warmup=warmup)
+
+
+# ---------------------------------------------------------------- the registry
+#: policy names :func:`get_policy` knows, with what each needs besides ``skip``
+POLICIES = {
+    "uniform": "interval/warmup, or skip + num_steps + num_layers",
+    "pab": "ranges/windows, or skip + num_steps + num_layers",
+    "teacache": "profile + (threshold or skip)",
+    "magcache": "profile + (threshold or skip)",
+    "coda": "schedule (a Schedule: coda.host.search.load_schedule or anneal)",
+    "coda+dra": "as coda, plus profile (DRA's thresholds); margin, window",
+}
+
+
+def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=None,
+               num_steps: int | None = None, num_layers: int | None = None,
+               **params) -> CachePolicy:
+    """A policy by name (:data:`POLICIES`).
+
+    Args:
+        name: ``uniform``, ``pab``, ``teacache``, ``magcache``, ``coda`` or ``coda+dra``.
+        skip: target fraction of operator executions reused; each policy is calibrated to it
+            (uniform / PAB: the closest parameters; TeaCache / MagCache: the threshold on the
+            profile; coda: the ``schedule`` given, made for it).
+        profile: a :class:`coda.host.profile.Profile` (teacache, magcache, DRA).
+        schedule: a :class:`Schedule` (coda, coda+dra): read one with
+            :func:`coda.host.search.load_schedule` or anneal one with
+            :func:`coda.host.search.anneal`.
+        num_steps, num_layers: the run's shape (uniform and PAB with ``skip``).
+        **params: the policy's own parameters (``interval``, ``warmup`` for uniform;
+            ``threshold``; DRA's ``margin``, ``window``; the search's ``seed``, ``moves``).
+    Raises:
+        ValueError: an unknown name, a skip outside (0, 1), a missing profile / shape, or
+            parameters the policy does not take.
+    """
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}: expected one of {', '.join(POLICIES)}")
+    if skip is not None and not 0.0 < float(skip) < 1.0:
+        raise ValueError(f"skip {skip}: expected a fraction in (0, 1)")
+
+    def need(what, value):
+        if value is None:
+            raise ValueError(f"policy {name!r} needs {what}")
+        return value
+
+    def take(*allowed):
+        extra = set(params) - set(allowed)
+        if extra:
+            raise ValueError(f"policy {name!r}: unknown parameters {sorted(extra)}; "
+                             f"expected {list(allowed) or 'none'}")
+        return {k: params[k] for k in allowed if k in params}
+
+    if name == "uniform":
+        p = take("interval", "warmup")
+        if skip is not None:
+            return uniform_for_skip(skip, need("num_steps", num_steps),
+                                    need("num_layers", num_layers))
+        return UniformIntervalPolicy(default_interval=p.get("interval", 2),
+                                     warmup=p.get("warmup", 5))
+    if name == "pab":
+        from .pab import PABPolicy
+        p = take("ranges", "windows")
+        if skip is not None:
+            return PABPolicy.for_skip(skip, need("num_steps", num_steps),
+                                      need("num_layers", num_layers))
+        return PABPolicy(**p)
+    if name == "teacache":
+        from .teacache import TeaCachePolicy, fit_rescale
+        p = take("threshold")
+        prof = need("a profile", profile)
+        if "threshold" in p:
+            return TeaCachePolicy(float(p["threshold"]), tuple(fit_rescale(prof)))
+        return TeaCachePolicy.calibrate(prof, need("skip or threshold", skip))
+    if name == "magcache":
+        from .magcache import MagCachePolicy, magnitude_ratios
+        p = take("threshold")
+        prof = need("a profile", profile)
+        if "threshold" in p:
+            return MagCachePolicy(magnitude_ratios(prof), float(p["threshold"]))
+        return MagCachePolicy.calibrate(prof, need("skip or threshold", skip))
+    # coda, coda+dra
+    p = take("margin", "window", "quantile")
+    if not isinstance(schedule, Schedule):
+        raise ValueError(f"policy {name!r} needs a schedule (coda.host.search.load_schedule "
+                         f"or anneal), got {type(schedule).__name__}")
+    sched = schedule
+    policy: CachePolicy = SchedulePolicy(sched)
+    if name == "coda+dra":
+        from .dra import DRAPolicy, input_change_limits
+        prof = need("a profile (DRA's thresholds)", profile)
+        policy = DRAPolicy(policy, input_change_limits(prof, p.get("quantile", 1.0)),
+                           margin=p.get("margin", 1.0), window=p.get("window", 2))
+    return policy

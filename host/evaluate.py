@@ -1,0 +1,329 @@
+"""``coda eval``: cache policies compared on the same engine, seeds and metrics (Pareto).
+
+For every policy x target skip fraction, the cached CFG generations of ``prompts x seeds``
+(seeds held out from the profile's) are compared with full compute: achieved
+``ops_skipped_fraction``, PSNR and SSIM (torchmetrics, data range 2 for pixels in [-1, 1]),
+label accuracy (:mod:`coda.host.model.classifier`), segments and host-link bytes per video.
+Each policy is calibrated to the target on the profile (:func:`coda.host.policies.get_policy`);
+the CODA schedule is annealed on it (:func:`coda.host.search.anneal`).
+
+Corner cases: the held-out videos on which the static CODA schedule degrades most (the
+quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, so DRA, which
+never sees that choice, is scored on exactly those videos) and, separately, the quarter
+with the fastest motion of the digit in the full-compute video (centre-of-mass travel per
+frame, what :mod:`coda.host.model.data` varies). For both: PSNR without and with DRA and the
+extra operator executions DRA spent on them.
+
+Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
+label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
+(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
+
+POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "coda", "coda+dra")
+_NEEDS_PROFILE = ("teacache", "magcache", "coda", "coda+dra")
+
+
+# ---------------------------------------------------------------- metrics
+def _frames(video: torch.Tensor) -> torch.Tensor:
+    if video.ndim != 5:
+        raise ValueError(f"video shape {tuple(video.shape)}: expected [B, 1, F, H, W]")
+    return video.double().reshape(-1, 1, *video.shape[-2:])
+
+
+def psnr_db(test: torch.Tensor, reference: torch.Tensor) -> float:
+    """PSNR (dB) over all elements, data range 2 (pixels in [-1, 1]); torchmetrics."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
+    if test.shape != reference.shape:
+        raise ValueError(f"shapes {tuple(test.shape)} vs {tuple(reference.shape)}: expected equal")
+    if torch.equal(test, reference):
+        return float("inf")
+    return float(peak_signal_noise_ratio(_frames(test), _frames(reference), data_range=2.0))
+
+
+def ssim(test: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean SSIM over all frames (11x11 Gaussian window, sigma 1.5, data range 2);
+    torchmetrics."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    if test.shape != reference.shape:
+        raise ValueError(f"shapes {tuple(test.shape)} vs {tuple(reference.shape)}: expected equal")
+    return float(structural_similarity_index_measure(_frames(test), _frames(reference),
+                                                     data_range=2.0))
+
+
+def motion_px(video: torch.Tensor) -> np.ndarray:
+    """Per video, the mean travel (pixels per frame) of the ink's centre of mass."""
+    ink = ((video[:, 0].double() + 1) / 2).clamp(0, 1)         # [B, F, H, W]
+    h, w = ink.shape[-2:]
+    mass = ink.sum(dim=(-1, -2)).clamp_min(1e-6)
+    cy = (ink.sum(-1) * torch.arange(h, dtype=torch.float64)).sum(-1) / mass
+    cx = (ink.sum(-2) * torch.arange(w, dtype=torch.float64)).sum(-1) / mass
+    step = torch.sqrt(torch.diff(cy, dim=1) ** 2 + torch.diff(cx, dim=1) ** 2)
+    return step.mean(dim=1).numpy()
+
+
+# ---------------------------------------------------------------- one policy
+def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_scale,
+                    driver_factory, batch: int = 2) -> dict:
+    """Cached generations of every (label, seed) video under ``policy``, in chunks of
+    ``batch`` videos (each chunk one generation with a fresh driver), against ``full``.
+
+    Returns a dict: videos [N, 1, F, H, W], per-video PSNR, executions per video (computed,
+    reused, fallbacks), and totals over all generations (EventLog.stats)."""
+    from coda.host.events import EventLog
+    from coda.host.model.sample import cached_generate
+
+    log = EventLog()
+    videos = []
+    vid_seeds = [s for s in seeds for _ in labels]
+    vid_labels = [p for _ in seeds for p in labels]
+    gen_of = []
+    for i in range(0, len(vid_labels), batch):
+        lab, sd = vid_labels[i:i + batch], vid_seeds[i:i + batch]
+        v, _ = cached_generate(model, lab, driver_factory(len(lab)), policy, events=log,
+                               num_steps=num_steps, guidance_scale=guidance_scale, seeds=sd)
+        gen_of.extend((log.generations - 1, j) for j in range(len(lab)))
+        videos.append(v)
+    videos = torch.cat(videos)
+    per_video = []
+    index = {g: n for n, g in enumerate(gen_of)}
+    counts = np.zeros((len(gen_of), 3), np.int64)   # computed, reused, fallback
+    mon_cycles = np.zeros(len(gen_of), np.int64)
+    for e in log.of("op"):
+        n = index[(e.generation, e.sample)]
+        counts[n, 1 if e.reused else 0] += 1
+        counts[n, 2] += e.reason == "fallback"
+    for e in log.of("monitor"):
+        mon_cycles[index[(e.generation, e.sample)]] += e.nme_cycles
+    for n in range(len(gen_of)):
+        per_video.append({"prompt": vid_labels[n], "seed": vid_seeds[n],
+                          "psnr_db": psnr_db(videos[n:n + 1], full[n:n + 1]),
+                          "computed": int(counts[n, 0]), "reused": int(counts[n, 1]),
+                          "fallbacks": int(counts[n, 2]),
+                          "monitor_nme_cycles": int(mon_cycles[n])})
+    stats = log.stats()
+    mons = log.of("monitor")
+    stats["monitor_nme_cycles"] = sum(m.nme_cycles for m in mons)
+    stats["monitor_bytes"] = sum(m.bytes_to_nmp for m in mons)
+    stats["kept_bytes"] = sum(e.kept_bytes for e in log.of("op"))
+    return {"videos": videos, "per_video": per_video, "stats": stats}
+
+
+def pareto_plot(rows: list[dict], path) -> None:
+    """PSNR and SSIM against the achieved skip fraction, one line per policy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        pts = sorted((r["ops_skipped_fraction"], r["psnr_db"], r["ssim"]) for r in rows
+                     if r["policy"] == name)
+        x = [p[0] for p in pts]
+        axes[0].plot(x, [p[1] for p in pts], "o-", label=name)
+        axes[1].plot(x, [p[2] for p in pts], "o-", label=name)
+    axes[0].set_ylabel("PSNR vs full compute (dB)")
+    axes[1].set_ylabel("SSIM vs full compute")
+    for ax in axes:
+        ax.set_xlabel("operator executions skipped (fraction)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("cache policies on the shipped Latte (held-out seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the command
+def configure(parser) -> None:
+    parser.add_argument("--policy", default=",".join(POLICY_NAMES[:2] + POLICY_NAMES[2:3]
+                                                      + POLICY_NAMES[4:]),
+                        help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
+                             "(default uniform,pab,teacache,coda,coda+dra)")
+    parser.add_argument("--skip", default="0.3,0.5,0.6",
+                        help="comma-separated target skip fractions in (0, 1)")
+    parser.add_argument("--prompts", default="0-9", help="digits (default 0-9)")
+    parser.add_argument("--seeds", default="0", help="noise seeds, disjoint from the "
+                        "profile's (default 0)")
+    parser.add_argument("--steps", type=int, default=50, help="DDIM steps (default 50)")
+    parser.add_argument("--guidance", type=float, default=3.0, help="CFG scale (default 3)")
+    parser.add_argument("--profile", default=None,
+                        help="profile.npz of coda profile (default: the shipped one for "
+                             "50 steps)")
+    parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
+                        help="where segments and monitors run (default torch)")
+    parser.add_argument("--batch", type=int, default=2, help="videos per generation")
+    parser.add_argument("--moves", type=int, default=200_000, help="annealing moves (coda)")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+
+def _parse_list(text: str, flag: str, kind):
+    try:
+        out = [kind(t.strip()) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        out = []
+    if not out:
+        raise ValueError(f"{flag} {text!r}: expected a comma-separated list")
+    return out
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from coda.host.backend import get_backend
+    from coda.host.driver import NMPDriver
+    from coda.host.model.classifier import label_accuracy
+    from coda.host.model.dit import load_model
+    from coda.host.model.sample import cache_mem_words, generate
+    from coda.host.policies import get_policy
+    from coda.host.profile import Profile, model_hash, parse_int_list
+    from coda.host.search import SHIPPED_PROFILE, anneal
+    from coda.hw.isa import NMEConfig
+    from coda.paths import check_output_path
+
+    # ---- every check before any work
+    policies = _parse_list(args.policy, "--policy", str)
+    for name in policies:
+        if name not in POLICY_NAMES:
+            raise ValueError(f"--policy {name!r}: unknown policy, expected one of "
+                             f"{', '.join(POLICY_NAMES)}")
+    skips = _parse_list(args.skip, "--skip", float)
+    for s in skips:
+        if not 0.0 < s < 1.0:
+            raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
+    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
+    seeds = parse_int_list(args.seeds, "--seeds", 0, 2**31 - 1)
+    for flag in ("steps", "batch", "moves", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    out = check_output_path(args.out, "--out", folder=True)
+    profile = None
+    if any(p in _NEEDS_PROFILE for p in policies):
+        profile = Profile.load(args.profile or SHIPPED_PROFILE)
+    backend = get_backend(args.backend)
+    torch.set_num_threads(args.threads)
+    model, _ = load_model()
+    layers = len(model.transformer.transformer_blocks)
+    if profile is not None:
+        profile.check_for(model_hash(model), args.steps, layers,
+                          what=f"--profile {args.profile or SHIPPED_PROFILE}")
+        overlap = set(profile.meta.get("seeds", [])) & set(seeds)
+        if overlap:
+            raise ValueError(f"--seeds {args.seeds}: seeds {sorted(overlap)} were profiled; "
+                             "expected held-out seeds (disjoint from the profile's)")
+    console = Console()
+    out.mkdir(parents=True, exist_ok=True)
+
+    def driver_factory(videos: int):
+        # slots for outputs and kept inputs (DRA, TeaCache)
+        words = cache_mem_words(model, 2 * videos, 2, 8)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
+
+    common = dict(num_steps=args.steps, guidance_scale=args.guidance)
+    vid_labels = torch.tensor([p for _ in seeds for p in prompts])
+    vid_seeds = [s for s in seeds for _ in prompts]
+    t0 = time.perf_counter()
+    console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {args.steps} steps")
+    full = generate(model, vid_labels, seeds=vid_seeds, **common)
+    motion = motion_px(full)
+    acc_full = label_accuracy(full, vid_labels)
+
+    rows, per_video, annealed = [], {}, {}
+    for skip in skips:
+        for name in policies:
+            t1 = time.perf_counter()
+            sched = None
+            if name.startswith("coda"):
+                if skip not in annealed:
+                    annealed[skip] = anneal(profile, skip, seed=0, moves=args.moves)
+                    console.print(f"  annealed coda schedule for skip {skip}: "
+                                  f"{annealed[skip].seconds:.0f} s, terms {annealed[skip].terms}")
+                sched = annealed[skip].schedule
+            policy = get_policy(name, skip=skip, profile=profile, schedule=sched,
+                                num_steps=args.steps, num_layers=layers)
+            res = evaluate_policy(model, policy, prompts, seeds, full,
+                                  driver_factory=driver_factory, batch=args.batch, **common)
+            st, n = res["stats"], len(vid_labels)
+            row = {"policy": name, "target_skip": skip,
+                   "ops_skipped_fraction": st["ops_skipped_fraction"],
+                   "psnr_db": psnr_db(res["videos"], full), "ssim": ssim(res["videos"], full),
+                   "label_accuracy": label_accuracy(res["videos"], vid_labels),
+                   "segments": st["segments"] / n, "pcie_bytes": st["pcie_bytes"] / n,
+                   "videos": n, "per_video_counts": True,
+                   "fallbacks": st["fallbacks"] / n, "monitors": st["monitors"] / n,
+                   "nme_cycles": st["nme_cycles"] / n,
+                   "monitor_nme_cycles": st["monitor_nme_cycles"] / n,
+                   "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
+                   "params": policy.describe(), "seconds": time.perf_counter() - t1}
+            rows.append(row)
+            per_video[(name, skip)] = res["per_video"]
+            console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
+                          f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
+                          f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
+            (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+    corner = _corner_cases(per_video, skips, motion)
+    videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
+               **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
+              for i in range(len(vid_labels))]
+    summary = {"label_accuracy_full": acc_full, "profile": str(args.profile or SHIPPED_PROFILE),
+               "prompts": prompts, "seeds": seeds, "steps": args.steps,
+               "wall_s": time.perf_counter() - t0}
+    (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "videos.json").write_text(json.dumps({"summary": summary, "videos": videos},
+                                                indent=1) + "\n")
+    (out / "corner_cases.json").write_text(json.dumps(corner, indent=1) + "\n")
+    pareto_plot(rows, out / "pareto.png")
+
+    table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
+                        f"{acc_full:.3f})")
+    for col in ("policy", "target", "skipped", "PSNR dB", "SSIM", "label acc", "segments/video",
+                "PCIe MB/video", "fallbacks/video"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["policy"], f"{r['target_skip']:.2f}", f"{r['ops_skipped_fraction']:.3f}",
+                      f"{r['psnr_db']:.2f}", f"{r['ssim']:.4f}", f"{r['label_accuracy']:.3f}",
+                      f"{r['segments']:.0f}", f"{r['pcie_bytes'] / 1e6:.1f}",
+                      f"{r['fallbacks']:.1f}")
+    console.print(table)
+    for c in corner:
+        console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
+                      f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
+                      f"executions {100 * c['extra_executions']:.2f} %")
+    return 0
+
+
+def _corner_cases(per_video: dict, skips, motion) -> list[dict]:
+    out = []
+    for skip in skips:
+        if ("coda", skip) not in per_video or ("coda+dra", skip) not in per_video:
+            continue
+        static, dra = per_video[("coda", skip)], per_video[("coda+dra", skip)]
+        n = len(static)
+        quarter = max(1, n // 4)
+        sets = {"worst-static-psnr": list(np.argsort([v["psnr_db"] for v in static])[:quarter]),
+                "fastest-motion": list(np.argsort(-np.asarray(motion))[:quarter]),
+                "all": list(range(n))}
+        for label, idx in sets.items():
+            execs = sum(static[i]["computed"] + static[i]["reused"] for i in idx)
+            extra = sum(dra[i]["computed"] - static[i]["computed"] for i in idx)
+            out.append({"set": label, "target_skip": skip, "videos": [int(i) for i in idx],
+                        "psnr_coda": float(np.mean([static[i]["psnr_db"] for i in idx])),
+                        "psnr_coda_dra": float(np.mean([dra[i]["psnr_db"] for i in idx])),
+                        "extra_executions": extra / execs if execs else 0.0,
+                        "fallbacks": int(sum(dra[i]["fallbacks"] for i in idx))})
+    return out

@@ -1,0 +1,517 @@
+"""``coda schedule search``: a static cache schedule by simulated annealing over a profile.
+
+The search space is every :class:`coda.host.schedule.Schedule` of the profiled model: per
+(step, CFG branch) the set of reused operators. Constraints hold by construction: exactly
+``round(F * N)`` of the ``N`` operator executions are reused (the target skip fraction F),
+step 0 computes everything (nothing is reused before it was computed), the branches have
+schedules (and caches) of their own, and segments are cut at step ends and at Latte's
+temporal position embedding (:func:`coda.host.schedule.segment_runs`).
+
+Cost (:class:`CostModel`), three terms, each divided by its value on a reference schedule
+(the uniform-interval schedule closest to F) so that the weights are scale free::
+
+    cost = Q / Q_ref + w_transfer * T / T_ref + w_mismatch * M / M_ref
+
+- **Q, quality proxy**: over reused executions, the profiled relative L1 change of the
+  operator's output accumulated since the step it was last computed (the cached output is
+  that stale), times a per-operator weight (the output's mean magnitude relative to its
+  input, from the profile: a small output changes the residual stream less).
+- **T, transfer time** (s): per segment the host-link latency plus its bytes (x down, y up,
+  one gate vector per term and rank, command words), plus the bytes of every output stored
+  for a reuse at the next step, at the link bandwidth (:class:`LinkModel`).
+- **M, pipeline mismatch** (s): per segment, the part of its time (NME cycles of the
+  compiled segment program, :func:`coda.hw.nme_cycles.model_cycles`, at the NME clock, plus
+  its transfer) not covered by the *other* CFG branch's compute window at the same step and
+  operator positions (CODA's CFG interleave hides a segment behind the other branch's xPU
+  work). The window is a pluggable ``compute_time(op, shape) -> s``; the default counts FLOPs
+  (:func:`flop_compute_time`); the system model can be plugged in.
+
+The loop is our own Metropolis annealer (geometric cooling; a move swaps one reused execution
+with one computed execution, either anywhere or next to it in step, operator or branch), with
+incremental cost updates, seeded (``numpy.random.default_rng(seed)``): scipy's
+``dual_annealing`` works on continuous boxes and ``simanneal`` has not been released since
+2019, so neither fits a 2,000-bit schedule with exact-count moves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from coda.host.policies import uniform_for_skip
+from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
+
+__all__ = ["LinkModel", "NMEModel", "CostModel", "SearchResult", "anneal", "op_flops",
+           "flop_compute_time", "segment_nme_cycles", "schedule_to_matrix", "matrix_to_schedule",
+           "load_schedule", "save_schedule", "uniform_for_skip", "SHIPPED_SCHEDULE",
+           "SHIPPED_PROFILE"]
+
+ComputeTime = Callable[[str, dict], float]
+
+#: the searched schedule of the shipped model (50 steps) and the profile it was searched on
+SCHEDULES_DIR = Path(__file__).resolve().parent / "schedules"
+SHIPPED_SCHEDULE = SCHEDULES_DIR / "coda_latte_digits_50.json"
+SHIPPED_PROFILE = SCHEDULES_DIR / "latte_digits_50_profile.npz"
+_BARRIER = OP_TYPES.index("spatial_ffn")      # a segment ends after layer 0's spatial FFN
+
+
+# ---------------------------------------------------------------- hardware models
+@dataclass(frozen=True)
+class LinkModel:
+    """The host link (PCIe) between xPU and DIMMs.
+
+    Attributes:
+        bandwidth: bytes/s. Default 25 GB/s: PCIe 4.0 x16 measured host->device with pinned
+            memory on an RTX 4090 (../shared/SYSTEM.md, nvbandwidth issue 15; 31.5 GB/s
+            theoretical).
+        latency_s: fixed cost of one transfer (DMA setup + doorbell + completion), 5 us:
+            an assumption of the order measured for small PCIe DMAs; replace with the system
+            model's preset when it exists.
+    """
+    bandwidth: float = 25e9
+    latency_s: float = 5e-6
+
+
+@dataclass(frozen=True)
+class NMEModel:
+    """The NMEs that run segments: ``ranks`` ranks in lockstep, each an NME of ``lanes``
+    lanes and ``depth`` words of buffer, at ``clock_hz``.
+
+    ``clock_hz`` default 1.2 GHz: half the DDR5-4800 command clock (2.4 GHz), an assumption
+    for buffer-chip logic (our ECP5 prototype closes at 24.6 MHz; an ASIC is not an FPGA)."""
+    lanes: int = 8
+    ranks: int = 2
+    depth: int = 64
+    clock_hz: float = 1.2e9
+    fmt: str = "bf16"
+
+
+def segment_nme_cycles(nme: NMEModel, tokens: int, channels: int, terms: int) -> int:
+    """NME cycles of a segment of ``terms`` operators on the slowest rank: the programs the
+    driver launches (at most 8 terms each, chained), compiled and timed by the RTL's cycle
+    model."""
+    from coda.host.compiler import compile_op, plan_layout
+    from coda.host.ops import MAX_SEGMENT_TERMS
+    from coda.hw.isa import NMEConfig, Status
+    from coda.hw.nme_cycles import model_cycles
+
+    rows = -(-tokens // nme.ranks)                  # the largest tile (tile_bounds)
+    total = 0
+    left = terms
+    while left > 0:
+        k = min(left, MAX_SEGMENT_TERMS)
+        shapes = {"x": (rows, channels), "g": (k, channels), "c": (k, rows, channels)}
+        cfg = NMEConfig(lanes=nme.lanes, depth=nme.depth, fmt=nme.fmt, mem_words=1 << 24)
+        prog = compile_op("segment", cfg, shapes, plan_layout("segment", cfg, shapes)[0])
+        total += model_cycles(cfg, prog, Status.OK)
+        left -= k
+    return total
+
+
+def op_flops(op: str, shape: dict) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one operator of one sample on the xPU: projections
+    and attention products (norms, modulation and softmax are a few per element, left out).
+
+    ``shape``: frames F, tokens_per_frame N, hidden C, ffn_inner, cond_tokens."""
+    f, n, c = shape["frames"], shape["tokens_per_frame"], shape["hidden"]
+    t = f * n
+    if op == "spatial_attn":
+        return 2 * 4 * t * c * c + 2 * 2 * f * n * n * c
+    if op == "temporal_attn":
+        return 2 * 4 * t * c * c + 2 * 2 * n * f * f * c
+    if op == "cross_attn":
+        m = shape.get("cond_tokens", 1)
+        return 2 * 2 * t * c * c + 2 * 2 * m * c * c + 2 * 2 * t * m * c
+    if op in ("spatial_ffn", "temporal_ffn"):
+        return 2 * 2 * t * c * shape.get("ffn_inner", 4 * c)
+    raise ValueError(f"op {op!r}: expected one of {OP_TYPES}")
+
+
+def flop_compute_time(op: str, shape: dict, peak_flops: float = 165e12,
+                      efficiency: float = 0.4, launch_s: float = 4e-6) -> float:
+    """Default compute window of one operator of one sample on the xPU (s): FLOPs at
+    ``efficiency`` of ``peak_flops`` (165 TFLOPS: RTX 4090 bf16 dense, NVIDIA Ada
+    whitepaper) plus ``launch_s`` per operator (a few kernel launches; assumption).
+    Replace with the system model's estimate via ``CostModel(compute_time=...)``."""
+    return op_flops(op, shape) / (peak_flops * efficiency) + launch_s
+
+
+# ---------------------------------------------------------------- schedules as matrices
+def schedule_to_matrix(s: Schedule) -> np.ndarray:
+    """bool [steps, branches, L*5] (True = reused), operators in forward order."""
+    order = {ref: i for i, ref in enumerate(operator_order(s.num_layers))}
+    m = np.zeros((s.num_steps, len(BRANCHES), len(order)), bool)
+    for (step, branch), refs in s.reuse.items():
+        for ref in refs:
+            m[step, BRANCHES.index(branch), order[ref]] = True
+    return m
+
+
+def matrix_to_schedule(m: np.ndarray, num_layers: int, name: str) -> Schedule:
+    order = operator_order(num_layers)
+    reuse = {(s, b): frozenset(order[i] for i in np.flatnonzero(m[s, bi]))
+             for s in range(m.shape[0]) for bi, b in enumerate(BRANCHES) if m[s, bi].any()}
+    return Schedule(m.shape[0], num_layers, reuse, name=name)
+
+
+# ---------------------------------------------------------------- cost model
+@dataclass
+class CostModel:
+    """The three cost terms of a schedule matrix (see the module docstring), kept
+    incrementally: per (branch, operator) row (quality, stores) and per step (segments,
+    bytes, mismatch).
+
+    Args:
+        change: mean relative output change [steps, branches, ops] (step 0 ignored).
+        weight: per-(branch, op) weight of the quality term [branches, ops].
+        shape: the model's shapes (:func:`coda.host.profile.model_shape`).
+        link, nme: hardware models. compute_time: the xPU window model.
+    """
+    change: np.ndarray
+    weight: np.ndarray
+    shape: dict
+    link: LinkModel = field(default_factory=LinkModel)
+    nme: NMEModel = field(default_factory=NMEModel)
+    compute_time: ComputeTime = flop_compute_time
+    bytes_per_elem: int = 2
+
+    def __post_init__(self):
+        self.steps, _, self.n_ops = self.change.shape
+        self.layers = self.n_ops // len(OP_TYPES)
+        self.weight = np.asarray(self.weight, np.float64)
+        self.d = np.nan_to_num(np.asarray(self.change, np.float64), nan=0.0)
+        self.d[0] = 0.0
+        self.cum = np.cumsum(self.d, axis=0)                   # [S, B, K]
+        self.ops = [op for _, op in operator_order(self.layers)]
+        tokens = self.shape["frames"] * self.shape["tokens_per_frame"]
+        c = self.shape["hidden"]
+        self.tensor_bytes = tokens * c * self.bytes_per_elem
+        self.op_time = np.array([self.compute_time(op, self.shape) for op in self.ops])
+        self.op_time_cum = np.concatenate([[0.0], np.cumsum(self.op_time)])
+        lanes, ranks = self.nme.lanes, self.nme.ranks
+        self.seg_time = [0.0]
+        self.seg_bytes = [0]
+        for k in range(1, self.n_ops + 1):
+            cycles = segment_nme_cycles(self.nme, tokens, c, k)
+            programs = -(-k // 8)
+            cmd = 8 * ranks * (programs + 2 * k + 2 * programs)
+            nbytes = 2 * self.tensor_bytes + k * ranks * c * self.bytes_per_elem + cmd
+            self.seg_bytes.append(nbytes)
+            self.seg_time.append(cycles / self.nme.clock_hz + programs * self.link.latency_s
+                                 + nbytes / self.link.bandwidth)
+        self.seg_bytes = np.array(self.seg_bytes)
+        self.seg_time = np.array(self.seg_time)
+
+    # ---- per row: quality and stores
+    def row_terms(self, m: np.ndarray, b: int, k: int) -> tuple[float, int]:
+        r = m[:, b, k]
+        if not r.any():
+            return 0.0, 0
+        idx = np.arange(self.steps)
+        last = np.maximum.accumulate(np.where(r, 0, idx))      # last computed step <= s
+        acc = self.cum[:, b, k] - self.cum[last, b, k]
+        q = float(acc[r].sum()) * self.weight[b, k]
+        stores = int((~r[:-1] & r[1:]).sum())
+        return q, stores
+
+    # ---- per step: segments, their bytes and the mismatch
+    def runs(self, row: np.ndarray) -> list[tuple[int, int]]:
+        out, start = [], None
+        for i in range(self.n_ops):
+            if row[i]:
+                if start is None:
+                    start = i
+            elif start is not None:
+                out.append((start, i))
+                start = None
+            if i == _BARRIER and start is not None:
+                out.append((start, i + 1))
+                start = None
+        if start is not None:
+            out.append((start, self.n_ops))
+        return out
+
+    def step_terms(self, m: np.ndarray, s: int) -> tuple[int, int, float, float]:
+        """(segments, segment bytes, link time, mismatch) of step ``s``, both branches."""
+        segs = nbytes = 0
+        link = mism = 0.0
+        for b in range(len(BRANCHES)):
+            other = m[s, 1 - b]
+            for i, j in self.runs(m[s, b]):
+                k = j - i
+                segs += 1
+                nbytes += int(self.seg_bytes[k])
+                link += self.link.latency_s + self.seg_bytes[k] / self.link.bandwidth
+                window = float(self.op_time[i:j][~other[i:j]].sum())
+                mism += max(0.0, float(self.seg_time[k]) - window)
+        return segs, nbytes, link, mism
+
+    def evaluate(self, m: np.ndarray) -> dict:
+        """All terms of a matrix: quality, stores, segments, pcie_bytes, transfer_s,
+        mismatch_s (per video)."""
+        q = stores = 0
+        for b in range(len(BRANCHES)):
+            for k in range(self.n_ops):
+                qq, ss = self.row_terms(m, b, k)
+                q += qq
+                stores += ss
+        segs = nbytes = 0
+        link = mism = 0.0
+        for s in range(self.steps):
+            a, bb, c, d = self.step_terms(m, s)
+            segs, nbytes, link, mism = segs + a, nbytes + bb, link + c, mism + d
+        store_bytes = stores * self.tensor_bytes
+        return {"quality": float(q), "stores": int(stores), "segments": int(segs),
+                "pcie_bytes": int(nbytes + store_bytes),
+                "transfer_s": float(link + store_bytes / self.link.bandwidth),
+                "mismatch_s": float(mism),
+                "skip": float(m.mean())}
+
+
+def quality_weights(profile) -> np.ndarray:
+    """[branches, ops]: mean |output| / mean |input| over videos and steps >= 1 (how much of
+    the residual stream an operator writes); 1 where undefined."""
+    out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1))      # [B, L, K]
+    inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(inp > 0, out / inp, 1.0)
+    w = np.nan_to_num(w, nan=1.0)
+    return w.reshape(w.shape[0], -1)
+
+
+# ---------------------------------------------------------------- the annealer
+@dataclass
+class SearchResult:
+    schedule: Schedule
+    terms: dict          # the chosen schedule's cost terms
+    reference: dict      # the reference (uniform) schedule's terms
+    cost: float
+    seconds: float
+    moves: int
+    accepted: int
+
+
+def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
+           w_transfer: float = 0.1, w_mismatch: float = 0.1,
+           compute_time: ComputeTime = flop_compute_time, link: LinkModel | None = None,
+           nme: NMEModel | None = None, progress: Callable[[int, float], None] | None = None
+           ) -> SearchResult:
+    """Anneal a schedule skipping ``round(skip * N)`` operator executions.
+
+    Raises ValueError for a skip outside (0, 1) or more reuse than steps >= 1 allow."""
+    if not 0.0 < skip < 1.0:
+        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    steps, layers = profile.num_steps, profile.num_layers
+    n_b, n_k = len(BRANCHES), layers * len(OP_TYPES)
+    total = steps * n_b * n_k
+    target = int(round(skip * total))
+    if target > (steps - 1) * n_b * n_k or target < 1:
+        raise ValueError(f"--skip {skip}: {target} reused of {total} executions, expected "
+                         f"1..{(steps - 1) * n_b * n_k} (step 0 computes everything)")
+    t0 = time.perf_counter()
+    change = profile.mean("out_change").reshape(steps, n_b, n_k)
+    cm = CostModel(change, quality_weights(profile), profile.meta["shape"],
+                   link or LinkModel(), nme or NMEModel(), compute_time)
+    rng = np.random.default_rng(seed)
+
+    # reference for normalisation: the closest uniform-interval schedule
+    ref_sched = uniform_for_skip(skip, steps, layers).build(steps, layers)
+    ref = cm.evaluate(schedule_to_matrix(ref_sched))
+    norm_q = ref["quality"] or 1.0
+    norm_t = ref["transfer_s"] or 1.0
+    norm_m = ref["mismatch_s"] or max(1e-12, ref["transfer_s"] or 1.0)
+
+    # start: the cheapest single-step changes (greedy)
+    score = (cm.d * cm.weight[None]).copy()
+    score[0] = np.inf
+    m = np.zeros((steps, n_b, n_k), bool)
+    flat = np.argsort(score, axis=None, kind="stable")[:target]
+    m.reshape(-1)[flat] = True
+
+    rowq = np.zeros((n_b, n_k))
+    rows_st = np.zeros((n_b, n_k), int)
+    for b in range(n_b):
+        for k in range(n_k):
+            rowq[b, k], rows_st[b, k] = cm.row_terms(m, b, k)
+    st = [cm.step_terms(m, s) for s in range(steps)]
+    step_link = np.array([x[2] for x in st])
+    step_mism = np.array([x[3] for x in st])
+    tb, bw = cm.tensor_bytes, cm.link.bandwidth
+
+    def total_cost(q, stores, link_s, mism):
+        return (q / norm_q + w_transfer * (link_s + stores * tb / bw) / norm_t
+                + w_mismatch * mism / norm_m)
+
+    cur = total_cost(rowq.sum(), rows_st.sum(), step_link.sum(), step_mism.sum())
+    q_sum, st_sum, l_sum, m_sum = rowq.sum(), rows_st.sum(), step_link.sum(), step_mism.sum()
+    best, best_m = cur, m.copy()
+
+    reused = list(np.flatnonzero(m.reshape(-1)))
+    free = [i for i in np.flatnonzero(~m.reshape(-1)) if i >= n_b * n_k]   # steps >= 1
+    pos_r = {c: i for i, c in enumerate(reused)}
+    pos_f = {c: i for i, c in enumerate(free)}
+
+    # temperature: from the spread of cost changes of random moves
+    t_start = 0.02
+    t_end = 1e-5
+    accepted = 0
+    flat_m = m.reshape(-1)
+    for it in range(moves):
+        temp = t_start * (t_end / t_start) ** (it / max(1, moves - 1))
+        a = reused[rng.integers(len(reused))]
+        if rng.random() < 0.5:
+            c = free[rng.integers(len(free))]
+        else:   # a neighbour of a: +-1 step, +-1 operator, or the other branch
+            s, b, k = np.unravel_index(a, m.shape)
+            kind = rng.integers(5)
+            s2, b2, k2 = s, b, k
+            if kind == 0:
+                s2 = s - 1
+            elif kind == 1:
+                s2 = s + 1
+            elif kind == 2:
+                k2 = k - 1
+            elif kind == 3:
+                k2 = k + 1
+            else:
+                b2 = 1 - b
+            if not (1 <= s2 < steps and 0 <= k2 < n_k):
+                continue
+            c = np.ravel_multi_index((s2, b2, k2), m.shape)
+            if flat_m[c]:
+                continue
+        sa, ba, ka = np.unravel_index(a, m.shape)
+        sc, bc, kc = np.unravel_index(c, m.shape)
+        flat_m[a], flat_m[c] = False, True
+        rows = {(ba, ka), (bc, kc)}
+        new_rows = {r: cm.row_terms(m, *r) for r in rows}
+        steps_hit = {sa, sc}
+        new_steps = {s: cm.step_terms(m, s) for s in steps_hit}
+        dq = sum(new_rows[r][0] - rowq[r] for r in rows)
+        dst = sum(new_rows[r][1] - rows_st[r] for r in rows)
+        dl = sum(new_steps[s][2] - step_link[s] for s in steps_hit)
+        dm = sum(new_steps[s][3] - step_mism[s] for s in steps_hit)
+        new = total_cost(q_sum + dq, st_sum + dst, l_sum + dl, m_sum + dm)
+        delta = new - cur
+        if delta <= 0 or rng.random() < math.exp(-delta / temp):
+            accepted += 1
+            cur = new
+            q_sum, st_sum, l_sum, m_sum = q_sum + dq, st_sum + dst, l_sum + dl, m_sum + dm
+            for r in rows:
+                rowq[r], rows_st[r] = new_rows[r]
+            for s in steps_hit:
+                step_link[s], step_mism[s] = new_steps[s][2], new_steps[s][3]
+            i = pos_r.pop(a)
+            reused[i] = c
+            pos_r[c] = i
+            j = pos_f.pop(c)
+            free[j] = a
+            pos_f[a] = j
+            if cur < best - 1e-12:
+                best, best_m = cur, m.copy()
+        else:
+            flat_m[a], flat_m[c] = True, False
+        if progress is not None and it % 20000 == 0:
+            progress(it, cur)
+    terms = cm.evaluate(best_m)
+    name = f"coda(skip={skip:g},seed={seed})"
+    sched = matrix_to_schedule(best_m, layers, name)
+    return SearchResult(sched, terms, ref, float(best), time.perf_counter() - t0, moves,
+                        accepted)
+
+
+# ---------------------------------------------------------------- files
+def save_schedule(path: str | Path, schedule: Schedule, info: dict) -> None:
+    """The Schedule JSON (:meth:`Schedule.to_json`) plus a ``"coda"`` block of search info
+    (model hash, profile, target skip, cost terms); :meth:`Schedule.from_json` ignores it."""
+    data = json.loads(schedule.to_json())
+    data["coda"] = info
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def load_schedule(path: str | Path, *, model_id: str | None = None,
+                  num_steps: int | None = None, num_layers: int | None = None) -> Schedule:
+    """Read a schedule file; raise ValueError naming the file if it cannot be read, is not a
+    schedule, or was made for another model (its ``coda.model_hash``), step or layer count."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = json.loads(text)
+        sched = Schedule.from_json(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--schedule {path}: cannot read it ({exc.strerror or exc})") from None
+    except ScheduleError as exc:
+        raise ValueError(f"--schedule {path}: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--schedule {path}: not a schedule JSON written by coda schedule "
+                         f"search ({type(exc).__name__}: {exc})") from None
+    made_for = (data.get("coda") or {}).get("model_hash")
+    if model_id is not None and made_for is not None and made_for != model_id:
+        raise ValueError(f"--schedule {path}: made for model {made_for!r}, expected the model "
+                         f"in use ({model_id})")
+    if num_steps is not None and sched.num_steps != num_steps:
+        raise ValueError(f"--schedule {path}: made for {sched.num_steps} steps, expected "
+                         f"{num_steps} (--steps)")
+    if num_layers is not None and sched.num_layers != num_layers:
+        raise ValueError(f"--schedule {path}: made for {sched.num_layers} layers, expected "
+                         f"{num_layers}")
+    return sched
+
+
+# ---------------------------------------------------------------- the command
+def configure(parser) -> None:
+    parser.add_argument("--profile", required=True, help="profile.npz written by coda profile")
+    parser.add_argument("--skip", type=float, required=True,
+                        help="target fraction of operator executions reused, in (0, 1)")
+    parser.add_argument("--out", required=True, help="schedule JSON to write")
+    parser.add_argument("--seed", type=int, default=0, help="annealing seed (default 0)")
+    parser.add_argument("--moves", type=int, default=200_000,
+                        help="annealing moves (default 200000)")
+    parser.add_argument("--w-transfer", type=float, default=0.1,
+                        help="weight of the transfer term (default 0.1)")
+    parser.add_argument("--w-mismatch", type=float, default=0.1,
+                        help="weight of the pipeline-mismatch term (default 0.1)")
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from coda.host.profile import Profile
+    from coda.paths import check_output_path
+
+    if not 0.0 < args.skip < 1.0:
+        raise ValueError(f"--skip {args.skip}: expected a fraction in (0, 1)")
+    if args.moves < 1:
+        raise ValueError(f"--moves {args.moves}: expected >= 1")
+    if args.w_transfer < 0 or args.w_mismatch < 0:
+        raise ValueError(f"--w-transfer {args.w_transfer}, --w-mismatch {args.w_mismatch}: "
+                         "expected >= 0")
+    out = check_output_path(args.out, "--out")
+    profile = Profile.load(args.profile)
+    console = Console()
+    res = anneal(profile, args.skip, seed=args.seed, moves=args.moves,
+                 w_transfer=args.w_transfer, w_mismatch=args.w_mismatch)
+    info = {"model_hash": profile.meta.get("model_hash"), "profile": str(args.profile),
+            "profile_seeds": profile.meta.get("seeds"), "target_skip": args.skip,
+            "seed": args.seed, "moves": res.moves, "accepted": res.accepted,
+            "search_s": res.seconds, "cost": res.cost, "terms": res.terms,
+            "reference_uniform_terms": res.reference,
+            "weights": {"transfer": args.w_transfer, "mismatch": args.w_mismatch}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_schedule(out, res.schedule, info)
+    t, r = res.terms, res.reference
+    console.print(f"schedule {res.schedule.name} -> {out}  ({res.seconds:.1f} s, "
+                  f"{res.moves} moves, {res.accepted} accepted)")
+    console.print(f"  skip {t['skip']:.4f} | quality proxy {t['quality']:.3f} (uniform "
+                  f"{r['quality']:.3f}) | segments {t['segments']} ({r['segments']}) | "
+                  f"pcie bytes {t['pcie_bytes']} ({r['pcie_bytes']}) | transfer "
+                  f"{t['transfer_s'] * 1e3:.3f} ms ({r['transfer_s'] * 1e3:.3f}) | mismatch "
+                  f"{t['mismatch_s'] * 1e3:.3f} ms ({r['mismatch_s'] * 1e3:.3f}) | cost "
+                  f"{res.cost:.4f} (uniform 1 + {args.w_transfer:g} + {args.w_mismatch:g})")
+    return 0

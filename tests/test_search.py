@@ -1,0 +1,170 @@
+"""Annealed static schedules: constraints, cost terms derived from their definitions, the
+NME cycle model against the driver, determinism, and the command's refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from coda.cli import main
+from coda.host.backend import TorchBackend
+from coda.host.driver import NMPDriver
+from coda.host.profile import Profile
+from coda.host.schedule import BRANCHES, OP_TYPES, Schedule
+from coda.host.search import (CostModel, LinkModel, NMEModel, anneal, flop_compute_time,
+                              load_schedule, matrix_to_schedule, op_flops, quality_weights,
+                              schedule_to_matrix, segment_nme_cycles, uniform_for_skip)
+from coda.hw.isa import NMEConfig
+
+SHAPE = {"frames": 8, "tokens_per_frame": 64, "hidden": 96, "heads": 4, "ffn_inner": 384,
+         "cond_tokens": 1, "layers": 2}
+
+
+def synthetic_profile(steps=12, layers=2, videos=2, seed=0) -> Profile:
+    """Output changes that fall over the steps; cross attention constant; FFNs change most."""
+    rng = np.random.default_rng(seed)
+    shape = (videos, steps, 2, layers, 5)
+    base = np.array([0.3, 0.0, 0.6, 0.2, 0.5])[None, None, None, None, :]
+    decay = np.linspace(1.0, 0.1, steps)[None, :, None, None, None]
+    out = (base * decay * (1 + 0.2 * rng.random(shape))).astype(np.float32)
+    out[:, 0] = np.nan
+    inp = (0.5 * decay * (1 + 0.2 * rng.random(shape))).astype(np.float32) * np.ones(shape)
+    inp[:, 0] = np.nan
+    meta = {"model_hash": "synthetic", "shape": dict(SHAPE, layers=layers), "seeds": [100]}
+    return Profile(out, inp.astype(np.float32), np.ones(shape, np.float32),
+                   2 * np.ones(shape, np.float32), meta)
+
+
+def test_anneal_meets_the_constraints_and_beats_the_reference():
+    prof = synthetic_profile()
+    res = anneal(prof, 0.5, seed=1, moves=20_000)
+    s = res.schedule
+    total = 12 * 2 * 10
+    assert round(s.ops_skipped_fraction() * total) == round(0.5 * total)
+    assert not s.reused(0, "cond") and not s.reused(0, "uncond")     # nothing before computed
+    assert Schedule.from_json(s.to_json()) == s                       # validates
+    # normalised cost: the reference (closest uniform) scores 1 + 0.1 + 0.1
+    assert res.cost < 1.2
+    assert res.terms["quality"] < res.reference["quality"]
+    # cross attention never changes: the cheapest operator to reuse, reused wherever allowed
+    m = schedule_to_matrix(s)
+    cross = [k for k in range(10) if k % 5 == OP_TYPES.index("cross_attn")]
+    assert m[1:, :, cross].mean() > m[1:].mean()
+
+
+def test_anneal_is_deterministic_per_seed():
+    prof = synthetic_profile()
+    a = anneal(prof, 0.3, seed=4, moves=5_000).schedule
+    b = anneal(prof, 0.3, seed=4, moves=5_000).schedule
+    assert a.to_json() == b.to_json()
+
+
+def test_cost_terms_follow_their_definitions():
+    prof = synthetic_profile()
+    change = prof.mean("out_change").reshape(12, 2, 10)
+    cm = CostModel(change, quality_weights(prof), prof.meta["shape"])
+    sched = uniform_for_skip(0.4, 12, 2).build(12, 2)
+    m = schedule_to_matrix(sched)
+    t = cm.evaluate(m)
+    assert t["segments"] == sched.segment_count(frames=8)
+    stores = sum(sched.store_after_compute(s, b, ref) and ref not in sched.reused(s, b)
+                 for s in range(12) for b in BRANCHES for ref in
+                 [(l, o) for l in range(2) for o in OP_TYPES])
+    assert t["stores"] == stores
+    # quality: accumulated change since the last compute, weighted (weights: |out|/|in| = 0.5)
+    d = np.nan_to_num(change.astype(np.float64))
+    q = 0.0
+    for b in range(2):
+        for k in range(10):
+            last = 0
+            for s in range(12):
+                if m[s, b, k]:
+                    q += 0.5 * d[last + 1:s + 1, b, k].sum()
+                else:
+                    last = s
+    assert t["quality"] == pytest.approx(q)
+    # a slower xPU (a longer compute window) hides more of each segment
+    slow = CostModel(change, quality_weights(prof), prof.meta["shape"],
+                     compute_time=lambda op, shape: 10 * flop_compute_time(op, shape))
+    assert slow.evaluate(m)["mismatch_s"] <= t["mismatch_s"]
+    assert matrix_to_schedule(m, 2, "x").reuse == sched.reuse
+
+
+def test_segment_cycles_equal_the_drivers():
+    nme = NMEModel(lanes=8, ranks=2)
+    drv = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 16), ranks=2)
+    torch.manual_seed(0)
+    x = torch.randn(64, 32).bfloat16()
+    for k in (1, 3):
+        keys = [f"c{i}" for i in range(k)]
+        for key in keys:
+            drv.store(key, torch.randn(64, 32).bfloat16())
+        before = drv.stats["nme_cycles"]
+        drv.segment(x, [torch.randn(32).bfloat16() for _ in keys], keys)
+        assert drv.stats["nme_cycles"] - before == segment_nme_cycles(nme, 64, 32, k)
+
+
+def test_op_flops_scale():
+    # FFN = 2 matmuls of C x 4C per token: 16 T C^2
+    assert op_flops("spatial_ffn", SHAPE) == 16 * 512 * 96 * 96
+    assert op_flops("temporal_attn", SHAPE) < op_flops("spatial_attn", SHAPE)
+    with pytest.raises(ValueError, match="op 'x'"):
+        op_flops("x", SHAPE)
+
+
+def test_uniform_for_skip_hits_the_target():
+    for skip in (0.3, 0.5, 0.6):
+        got = uniform_for_skip(skip, 50, 4).build(50, 4).ops_skipped_fraction()
+        assert abs(got - skip) <= 0.02
+
+
+def test_coda_schedule_search_command(tmp_path, capsys):
+    prof = synthetic_profile()
+    prof.save(tmp_path)
+    out = tmp_path / "s.json"
+    assert main(["schedule", "search", "--profile", str(tmp_path / "profile.npz"), "--skip",
+                 "0.4", "--out", str(out), "--moves", "3000"]) == 0
+    printed = capsys.readouterr().out
+    assert "quality proxy" in printed and "mismatch" in printed
+    data = json.loads(out.read_text())
+    assert data["coda"]["target_skip"] == 0.4 and "terms" in data["coda"]
+    sched = load_schedule(out, num_steps=12, num_layers=2)
+    assert abs(sched.ops_skipped_fraction() - 0.4) < 1e-9 + 1 / 240
+    with pytest.raises(ValueError, match="made for 12 steps, expected 50"):
+        load_schedule(out, num_steps=50)
+    with pytest.raises(ValueError, match="made for model 'synthetic'"):
+        load_schedule(out, model_id="0123")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--skip", "1.0"], "--skip 1.0: expected a fraction in (0, 1)"),
+    (["--skip", "0"], "--skip 0.0: expected a fraction in (0, 1)"),
+    (["--profile", "missing.npz"], "missing.npz: no such file"),
+    (["--profile", "bad.npz"], "not a profile written by coda profile"),
+])
+def test_coda_schedule_search_refuses_bad_input(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    synthetic_profile().save(tmp_path)
+    (tmp_path / "bad.npz").write_text("garbage")
+    base = {"--profile": "profile.npz", "--skip": "0.5", "--out": "s.json"}
+    base.update(dict(zip(argv[::2], argv[1::2])))
+    args = [x for kv in base.items() for x in kv]
+    assert main(["schedule", "search", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_load_schedule_refuses_unreadable_files(tmp_path):
+    (tmp_path / "a.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a schedule JSON"):
+        load_schedule(tmp_path / "a.json")
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_schedule(tmp_path / "missing.json")
+    (tmp_path / "b.json").write_text(json.dumps({"num_steps": 4, "num_layers": 1, "reuse": [
+        {"step": 0, "branch": "cond", "reuse": [[0, "cross_attn"]]}]}))
+    with pytest.raises(ValueError, match="never computed"):
+        load_schedule(tmp_path / "b.json")
