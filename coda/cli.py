@@ -25,6 +25,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("dram", "replay"), "coda.cosim.dram_replay", "replay a memory trace on the DRAM timing model"),
     (("synth",), "coda.synth.flow", "synthesise the NME with yosys / nextpnr and report area, Fmax"),
     (("run",), "coda.host.run", "the main job: cached CFG denoising of the shipped video DiT"),
+    (("sim",), "coda.host.system.sim", "latency and energy of systems a..f (GPU, PCIe, DIMM-NMP) for a video DiT"),
     (("profile",), "coda.host.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
     (("schedule", "search"), "coda.host.search", "anneal a static cache schedule from a profile"),
     (("eval",), "coda.host.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),

@@ -1,0 +1,75 @@
+"""The system timing and energy model: how long a cached generation takes on a GPU + PCIe +
+DIMM-NMP machine, where the time goes, and what it costs in energy.
+
+| module | what |
+|---|---|
+| ``shapes.py`` | model presets: diffusers transformers traced on the meta device (kernels per cacheable operator), Open-Sora 1.2 by hand, the shipped model |
+| ``platforms.py`` | GPU, PCIe, DIMM and energy presets, every number with its source; measured DIMM-NMP DRAM utilisation |
+| ``nme.py`` | NME time of a segment: cycle model of the compiled program, DRAM-bounded |
+| ``schedules.py`` | schedules over any model's operators: uniform rule, transfer of a shipped-model Schedule, ``coda`` |
+| ``workload.py`` | a generation as calls x operators x rows, from a real EventLog or synthesised |
+| ``replay.py`` | the SimPy replay of systems a..f |
+| ``energy.py`` | joules from the replay |
+| ``ablation.py`` | the ablation: memory checks, speedups, bottlenecks |
+| ``plots.py`` | timeline and breakdown figures |
+| ``sim.py`` | ``coda sim`` |
+
+:func:`modelled` is the entry point for ``coda run``: the modelled systems of a real cached
+generation of the shipped model.
+"""
+
+from __future__ import annotations
+
+__all__ = ["modelled"]
+
+
+def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
+             depth: int = 64, dimms: int = 1, ranks: int = 2, cfg: str = "batched",
+             nme_timing: str = "model") -> dict:
+    """The modelled systems a..f of the last generation in ``events`` (an
+    :class:`coda.host.events.EventLog` of the shipped model, e.g. from
+    ``coda.host.model.sample.cached_generate(..., events=log)``).
+
+    Args:
+        events: the EventLog. model_config: the shipped model's config dict
+            (``host/model/weights/latte_digits.json``; default: read it).
+        platform: a :class:`coda.host.system.platforms.Platform` (default: RTX 4090, PCIe
+            4.0 x16, ``dimms x ranks`` DDR5-4800 with NMEs of ``lanes`` x ``depth``).
+        lanes, depth, dimms, ranks: the driver's NME configuration (NMEConfig's default
+            depth is 64); used for the default platform and to check the events' cycles.
+        cfg: how the generation's CFG ran (``"batched"``: coda.host.model.sample's default).
+        nme_timing: ``"model"`` (the platform's DRAM) or ``"events"`` (the events' cycles,
+            e.g. from ``coda run --dram``).
+    Returns:
+        JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report),
+        ``cache_bytes``, ``nme_check`` (per segment, the cycle model's ideal-memory cycles
+        against the events' ``nme_cycles``: ``segments``, ``max_rel_error``, sums).
+    """
+    from .ablation import run_ablation
+    from .nme import segment_timing
+    from .platforms import platform as make_platform
+    from .shapes import shipped_shape
+    from .workload import from_events
+
+    shape = shipped_shape(model_config)
+    wl = from_events(events, shape, cfg=cfg)
+    plat = platform or make_platform("rtx4090", "DDR5-4800", dimms, ranks, lanes=lanes,
+                                     depth=depth)
+    worst, ev_sum, model_sum = 0.0, 0, 0
+    for seg in wl.segments.values():
+        t = segment_timing(seg.tokens, seg.channels, seg.k, n_ranks=dimms * ranks,
+                           lanes=lanes, depth=depth)
+        ev_sum += seg.nme_cycles
+        model_sum += t.cycles_ideal
+        if seg.nme_cycles:
+            worst = max(worst, abs(t.cycles_ideal - seg.nme_cycles) / seg.nme_cycles)
+    abl = run_ablation(wl, plat, "abcdef", nme_timing=nme_timing, record=True)
+    return {
+        "platform": plat.describe(),
+        "cache_bytes": wl.cache_bytes,
+        "systems": abl["systems"],
+        "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
+        "nme_check": {"segments": len(wl.segments), "events_nme_cycles": ev_sum,
+                      "model_ideal_cycles": model_sum, "max_rel_error": worst},
+        "nme_timing": nme_timing,
+    }

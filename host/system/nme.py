@@ -1,0 +1,155 @@
+"""NME time of a cache segment: the RTL-exact cycle model on the compiled program of each
+rank's tile, bounded by the rank's DRAM bandwidth as the DIMM-NMP cosimulation measured it.
+
+A segment ``y = x + Σ_k g_k ⊙ c_k`` over ``[T, C]`` runs as the driver runs it
+(:meth:`coda.host.driver.NMPDriver.segment`): tiled over tokens across the ``n`` ranks (the
+first ``T mod n`` ranks hold one row more), one program per rank in lockstep, at most
+:data:`coda.host.ops.MAX_SEGMENT_TERMS` terms per program (longer segments chain launches),
+the host waiting for the slowest rank. Per launch:
+
+- ``cycles_ideal``: :func:`coda.hw.nme_cycles.model_cycles` of
+  ``compile_op("segment", ...)`` on the largest tile, at memory latency ``mem_latency``
+  (1 = the torch backend's and the Verilated NME's ideal memory): exactly the cycles the
+  torch backend reports in :class:`coda.host.events.SegmentEvent`;
+- ``cycles_dram``: the words the program moves on one rank (every memory read micro-op and
+  the store read or write the whole stream; a per-channel gate vector is re-read for every
+  token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
+  cycle and by the DRAM utilisation the DIMM-NMP cosimulation measured for long NME
+  programs (:func:`coda.host.system.platforms.nmp_efficiency`, 88.4 % for DDR5-4800 at 8
+  lanes, depth 256);
+- the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
+
+Why max: the NME's issue side runs ahead of execution, so lanes and DRAM overlap. A
+``K``-term segment is ``2K+2`` passes of one word (``lanes`` elements) per cycle, and every
+pass streams its words through the rank: at 8 lanes a word is 16 bytes against a DDR5-4800
+rank's 8 bytes per cycle (DDR4-3200 and LPDDR5-6400 ranks: 16), so long segments are
+DRAM-bound and take ``cycles_dram``. The utilisation is the one measured for that lanes x
+depth (for 1-4 lanes it already includes the lanes' own stalls: 0.614 at 4 lanes against
+0.884 at 8), so a configuration without a measurement is refused, never guessed.
+
+Where a rank tile exceeds the ISA's limits (``max_elems`` = 2^24 - 1 elements per
+program, 2^24 words of address space), it runs as several programs of whole rows
+(``row_chunks``), each timed the same way: the paper-scale models need that; the shipped
+model never does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from coda.host import compiler
+from coda.host.ops import MAX_SEGMENT_TERMS
+from coda.hw.isa import ADDR_BITS, NMEConfig, Program, RSrc, Status
+from coda.hw.nme_cycles import model_cycles
+
+__all__ = ["SegmentTiming", "segment_timing", "program_words", "launch_cycles"]
+
+
+@dataclass(frozen=True)
+class SegmentTiming:
+    """NME time of one segment (all its launches).
+
+    Attributes:
+        seconds: NME time, s. cycles: NME cycles (sum over launches of the slowest rank).
+        cycles_ideal: the same on an ideal memory (what the torch backend reports).
+        cycles_dram: DRAM-bound cycles (measured utilisation).
+        programs: lockstep launches. rank_dram_bytes: bytes one rank moves.
+        ops: 16-bit FP operations on all ranks (adds, muls), for the energy model.
+    """
+    seconds: float
+    cycles: int
+    cycles_ideal: int
+    cycles_dram: int
+    programs: int
+    rank_dram_bytes: int
+    adds: int
+    muls: int
+
+
+def program_words(program: Program, lanes: int) -> int:
+    """Words a program moves between its rank's DRAM and the NME (reads + stores)."""
+    words = -(-program.n_elems // lanes)
+    total = 0
+    for u in program.uops:
+        if u.store or RSrc(u.rsrc) in (RSrc.MEM, RSrc.CHAN, RSrc.GROUP):
+            total += words
+        elif RSrc(u.rsrc) == RSrc.INT8:
+            total += -(-words // 2)
+    return total
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int) -> Program:
+    words = -(-rows * channels // lanes)
+    cfg = NMEConfig(lanes=lanes, depth=depth, fmt=fmt,
+                    mem_words=min(1 << ADDR_BITS, max(1 << 16, (2 * k + 2) * words + 2 * k)),
+                    max_elems=(1 << 32) - 1)
+    shapes = {"x": (rows, channels), "g": (k, channels), "c": (k, rows, channels)}
+    layout, _ = compiler.plan_layout("segment", cfg, shapes)
+    return compiler.compile_op("segment", cfg, shapes, layout)
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int,
+                  mem_latency: int = 1) -> tuple[int, int, int]:
+    """(cycles_ideal, words moved, elements) of one segment launch of ``k`` terms on a
+    ``rows x channels`` rank tile, split in row chunks where the ISA needs it."""
+    limit = (1 << 24) - 1
+    words_row = -(-channels // lanes)
+    max_rows = max(1, min(limit // channels, ((1 << ADDR_BITS) - 2 * k - 1)
+                          // ((2 * k + 2) * words_row)))
+    cycles = words = 0
+    left = rows
+    while left > 0:
+        r = min(left, max_rows)
+        prog = _compiled(lanes, depth, fmt, r, channels, k)
+        cfg = NMEConfig(lanes=lanes, depth=depth, fmt=fmt)
+        cycles += model_cycles(cfg, prog, Status.OK, mem_latency)
+        words += program_words(prog, lanes)
+        left -= r
+    return cycles, words, rows * channels
+
+
+def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: int,
+                   depth: int, fmt: str = "bf16", clock_hz: float | None = None,
+                   rank_peak_bytes_per_cycle: float | None = None,
+                   dram_util: float | None = None, mem_latency: int = 1) -> SegmentTiming:
+    """NME time of a ``k``-term segment over ``[tokens, channels]`` on ``n_ranks`` ranks.
+
+    Args:
+        tokens, channels: the segment's ``[T, C]`` (C a multiple of ``lanes``).
+        k: terms (cached operators), >= 1; more than 8 chain launches as the driver does.
+        n_ranks: ranks (NMEs) the tensors are tiled over.
+        lanes, depth, fmt: the NME configuration.
+        clock_hz: NME clock (Hz) for ``seconds``; None: seconds = 0 (cycles only).
+        rank_peak_bytes_per_cycle, dram_util: one rank's peak DRAM bytes per NME cycle and
+            the measured utilisation; None: ideal memory (``cycles = cycles_ideal``).
+        mem_latency: memory latency of the ideal-memory cycle model.
+    Raises:
+        ValueError: k < 1, or shapes the compiler refuses (C not a multiple of lanes).
+    """
+    if k < 1:
+        raise ValueError(f"segment of {k} terms: expected >= 1")
+    rows = -(-int(tokens) // int(n_ranks))            # the slowest rank's tile
+    total = ideal = dram = programs = 0
+    rank_bytes = 0
+    for i in range(0, k, MAX_SEGMENT_TERMS):
+        kk = min(MAX_SEGMENT_TERMS, k - i)
+        cyc, words, _ = launch_cycles(lanes, depth, fmt, rows, int(channels), kk, mem_latency)
+        nbytes = words * 2 * lanes
+        if rank_peak_bytes_per_cycle is None:
+            cd = 0
+        else:
+            cd = math.ceil(nbytes / (rank_peak_bytes_per_cycle * dram_util))
+        ideal += cyc
+        dram += cd
+        total += max(cyc, cd)
+        rank_bytes += nbytes
+        programs += 1
+    elems = int(tokens) * int(channels)
+    seconds = total / clock_hz if clock_hz else 0.0
+    return SegmentTiming(seconds=seconds, cycles=total, cycles_ideal=ideal, cycles_dram=dram,
+                         programs=programs, rank_dram_bytes=rank_bytes, adds=k * elems,
+                         muls=k * elems)

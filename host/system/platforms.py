@@ -1,0 +1,346 @@
+"""Platform presets: GPU, PCIe link, host DIMMs with their NMEs, and energy per event.
+
+Every number carries its source in the ``sources`` mapping of its preset, tagged:
+
+- ``spec``: a vendor datasheet / JEDEC figure;
+- ``measured``: a public measurement (quoted) or this project's own (command given);
+- ``literature``: a published figure (paper cited);
+- ``assumed``: no source was found; the assumption is stated (few, and said so in reports).
+
+Units: FLOP/s, bytes/s, bytes, seconds, watts, picojoules (pJ).
+
+Conventions shared with the rest of the project:
+
+- a *rank* is what :mod:`coda.hw.dram_standards` calls one: what one controller drives on
+  its own data bus (DDR4: a 64-bit rank; DDR5: one 32-bit subchannel; LPDDR5: one x16
+  channel). Each rank has one NME (DESIGN.md §4.2), so ``--dimms D --ranks R`` gives ``D·R``
+  NMEs, as in the driver and the DIMM-NMP cosimulation;
+- the NME runs at the DRAM command clock (1 / tCK): the DIMM-NMP cosimulation clocks both
+  from one clock (``cosim/bench.py``: one cycle = one DRAM tCK = one NME cycle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from coda.hw.dram_standards import DRAMStandard, get_standard
+
+__all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
+           "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
+           "nmp_efficiency"]
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU.
+
+    Attributes:
+        name: preset name. peak_flops: dense bf16/fp16 tensor-core FLOP/s with fp32
+            accumulate. mem_bw: memory bandwidth, bytes/s. mem_bytes: memory, bytes.
+        power_busy_w: board power while kernels run (the board power limit), W.
+        power_stall_w: board power while no kernel runs (waiting on a copy or the NMEs), W.
+        eff_gemm, eff_attention, eff_memory: achieved fraction of peak FLOP/s (GEMM,
+            fused attention) and of memory bandwidth (elementwise kernels).
+        launch_s: CPU time to issue one kernel or copy in eager PyTorch, s (bounds an
+            operator's time from below when its kernels are tiny).
+        sources: field -> source.
+    """
+    name: str
+    peak_flops: float
+    mem_bw: float
+    mem_bytes: int
+    power_busy_w: float
+    power_stall_w: float
+    eff_gemm: float
+    eff_attention: float
+    eff_memory: float
+    launch_s: float
+    sources: dict = field(default_factory=dict, compare=False)
+
+
+# Efficiency factors shared by every GPU preset (the same kernels run on each).
+_EFF = dict(
+    eff_gemm=0.69, eff_attention=0.615, eff_memory=0.91, launch_s=20e-6)
+_EFF_SOURCES = {
+    "eff_gemm": "measured: 215 of 312 TFLOPS for an 8192^3 fp16 torch matmul on an A800 80GB "
+                "PCIe (github.com/mli/transformers-benchmarks issue #4): 0.69; used for every "
+                "GPU without its own measurement",
+    "eff_attention": "literature: FlashAttention-2 forward reaches 50-73 % of A100 peak "
+                     "(Dao, arXiv 2307.08691); the midpoint 61.5 %",
+    "eff_memory": "measured: clpeak global memory bandwidth float16 921 GB/s of 1008 GB/s on an "
+                  "RTX 4090 (github.com/krrishnarraj/clpeak issue #106): 91 %",
+    "launch_s": "measured: ~20 us host-to-device round trip of a PyTorch elementwise kernel "
+                "(NVIDIA Nsight Systems guide, V100); an upper bound on newer CPUs",
+}
+# Stalled power: nvidia-smi of RTX 4090s with a model loaded and 0 % utilisation read 57 W
+# (P0) and 70 W (P2) in public logs; the 4090's 60 W is 13.3 % of its board power and the
+# other GPUs are given the same fraction (assumed: no per-GPU figure was found).
+_STALL_FRACTION = 60.0 / 450.0
+
+GPUS: dict[str, GPU] = {
+    "rtx4090": GPU(
+        "rtx4090", peak_flops=165.2e12, mem_bw=1008e9, mem_bytes=24 * 2**30,
+        power_busy_w=450.0, power_stall_w=60.0, **{**_EFF, "eff_gemm": 0.96},
+        sources={"peak_flops": "spec: NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 "
+                               "peak BF16 tensor TFLOPS with FP32 accumulate 165.2 (330.4 sparse)",
+                 "mem_bw": "spec: 384-bit GDDR6X at 21 Gbps = 1008 GB/s (Ada whitepaper)",
+                 "mem_bytes": "spec: 24 GB GDDR6X",
+                 "power_busy_w": "spec: total graphics power 450 W (NVIDIA); FurMark measured "
+                                 "448 W on the Founders Edition (sportskeeda review)",
+                 "power_stall_w": "measured: nvidia-smi, RTX 4090 with a model loaded at 0 % "
+                                  "utilisation: 57 W (P0), 70 W (P2) (public logs); 60 W",
+                 **_EFF_SOURCES,
+                 "eff_gemm": "measured: 158.6 TFLOPS for an 8192^3 fp16 torch matmul on an RTX "
+                             "4090 (github.com/mli/transformers-benchmarks issue #4; fp32 "
+                             "accumulate, boost clock above spec): 0.96 of 165.2"}),
+    "l4": GPU(
+        "l4", peak_flops=121e12, mem_bw=300e9, mem_bytes=24 * 2**30,
+        power_busy_w=72.0, power_stall_w=72.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: NVIDIA L4 datasheet, FP16/BF16 tensor 242 TFLOPS with "
+                               "sparsity = 121 dense",
+                 "mem_bw": "spec: NVIDIA L4 datasheet, 300 GB/s GDDR6",
+                 "mem_bytes": "spec: 24 GB", "power_busy_w": "spec: 72 W max power",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
+    "a10": GPU(
+        "a10", peak_flops=125e12, mem_bw=600e9, mem_bytes=24 * 2**30,
+        power_busy_w=150.0, power_stall_w=150.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: NVIDIA A10 datasheet, BF16 tensor 125 TFLOPS dense "
+                               "(250 sparse)",
+                 "mem_bw": "spec: NVIDIA A10 datasheet, 600 GB/s GDDR6",
+                 "mem_bytes": "spec: 24 GB", "power_busy_w": "spec: 150 W max power",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
+    # Datacenter GPUs, only to check the GPU model against published generation times.
+    "a100": GPU(
+        "a100", peak_flops=312e12, mem_bw=2039e9, mem_bytes=80 * 2**30,
+        power_busy_w=400.0, power_stall_w=400.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: NVIDIA A100 datasheet, BF16 tensor 312 TFLOPS dense",
+                 "mem_bw": "spec: A100 80GB SXM 2,039 GB/s HBM2e",
+                 "mem_bytes": "spec: 80 GB", "power_busy_w": "spec: 400 W (SXM)",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
+    "a800": GPU(
+        "a800", peak_flops=312e12, mem_bw=2039e9, mem_bytes=80 * 2**30,
+        power_busy_w=400.0, power_stall_w=400.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: A800 80GB SXM = A100 80GB SXM compute (312 TFLOPS BF16 "
+                               "dense); only NVLink differs",
+                 "mem_bw": "spec: 2,039 GB/s HBM2e", "mem_bytes": "spec: 80 GB",
+                 "power_busy_w": "spec: 400 W (SXM)",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
+}
+
+
+@dataclass(frozen=True)
+class PCIeLink:
+    """The GPU's host link, each direction its own copy engine.
+
+    Attributes:
+        theoretical_bw: bytes/s per direction. h2d_bw, d2h_bw: measured effective bytes/s
+        (pinned memory, copy engines). latency_s: fixed cost per copy command, s.
+        pj_per_bit: link energy per bit moved. sources: field -> source.
+    """
+    name: str
+    theoretical_bw: float
+    h2d_bw: float
+    d2h_bw: float
+    latency_s: float
+    pj_per_bit: float
+    sources: dict = field(default_factory=dict, compare=False)
+
+
+PCIE4_X16 = PCIeLink(
+    "PCIe 4.0 x16", theoretical_bw=16e9 * 16 * 128 / 130 / 8, h2d_bw=26.09e9, d2h_bw=26.83e9,
+    latency_s=20e-6, pj_per_bit=1.9,
+    sources={"theoretical_bw": "spec: PCIe 4.0 16 GT/s x 16 lanes, 128b/130b = 31.5 GB/s per "
+                               "direction",
+             "h2d_bw": "measured: nvbandwidth host_to_device_memcpy_ce on 8 RTX 4090s, "
+                       "23.90-26.38 GB/s, median 26.09 (github.com/NVIDIA/nvbandwidth issue #15)",
+             "d2h_bw": "measured: same, device_to_host_memcpy_ce 26.25-27.11 GB/s, median 26.83",
+             "latency_s": "assumed: one driver command, the kernel launch figure (20 us)",
+             "pj_per_bit": "literature: 1.4-1.9 pJ/b for a 16 x 12 Gb/s I/O over 0.75-20 inch "
+                           "PCB (IBM, 32 nm SOI); a lower bound for a PCIe 4.0 SerDes"})
+
+
+@dataclass(frozen=True)
+class NMPEfficiency:
+    """Measured DRAM utilisation of one DIMM-NMP rank running long NME programs.
+
+    ``util[(lanes, depth)] = (residual_add, segment4)``: bytes moved / peak bytes of the
+    cycles, from ``coda.cosim.bench.sweep`` / ``measure_nmp`` on the DRAM-timed DIMM-NMP.
+    """
+    standard: str
+    util: dict
+    source: str
+
+
+_SWEEP_CMD = ("coda.cosim.bench.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
+              "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model; "
+              "build/system/nmp_*.json)")
+NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
+    "DDR5-4800": NMPEfficiency(
+        "DDR5-4800",
+        # segment4 utilisation = its elements/cycle (4 streams x 2 B = the 8 B/cycle peak)
+        {(8, 256): (0.8815, 0.8842), (8, 64): (0.8132, 0.8245),
+         (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.614),
+         (16, 256): (None, 0.888), (32, 256): (None, 0.898)},
+        "measured here: make bench (README Figures: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
+        "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.898 "
+        "elements/cycle of the 4-stream segment) and " + _SWEEP_CMD),
+    "DDR4-3200": NMPEfficiency(
+        "DDR4-3200", {(8, 256): (0.8643, 0.8686), (8, 64): (0.688, 0.7139)},
+        "measured here: " + _SWEEP_CMD),
+    "LPDDR5-6400": NMPEfficiency(
+        "LPDDR5-6400", {(8, 256): (0.5833, 0.5858), (8, 64): (0.5387, 0.5395)},
+        "measured here: " + _SWEEP_CMD),
+}
+
+
+def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float:
+    """The measured DRAM utilisation of an NME program with ``streams`` memory streams (3:
+    the residual add's, >= 4: the 4-stream segment's) on one rank of ``standard``.
+
+    Raises ValueError if the project has no measurement for that configuration.
+    """
+    eff = NMP_EFFICIENCY.get(get_standard(standard).name)
+    row = None if eff is None else eff.util.get((lanes, depth))
+    if row is None:
+        have = {k: sorted(v.util) for k, v in NMP_EFFICIENCY.items()}
+        raise ValueError(f"no DIMM-NMP measurement for {standard} with {lanes} lanes, depth "
+                         f"{depth}: measured (lanes, depth) are {have} (run coda.cosim.bench "
+                         "sweep to add one)")
+    add, seg = row
+    return seg if streams >= 4 or add is None else add
+
+
+@dataclass(frozen=True)
+class Energy:
+    """Energy per event, pJ (GPU energy is power x time, :class:`GPU`).
+
+    Attributes:
+        dram_pj_per_bit: DRAM read/write core energy per bit (NME accesses and host DMA).
+        dram_io_pj_per_bit: extra per bit for data crossing the DIMM's channel to the host.
+        act_pj: one row activation of a rank. add16_pj, mul16_pj: one 16-bit FP add / mul.
+        sram_pj_per_bit: NME buffer access per bit.
+    """
+    dram_pj_per_bit: float = 6.0
+    dram_io_pj_per_bit: float = 1.9
+    act_pj: float = 4000.0
+    add16_pj: float = 0.4
+    mul16_pj: float = 1.1
+    sram_pj_per_bit: float = 10.0 / 64
+    sources: dict = field(default_factory=lambda: {
+        "dram_pj_per_bit": "literature: DESIGN.md §5, 4-8 pJ/bit DDR4 core (Micron TN-40-07 "
+                           "method), midpoint 6 (as coda.synth.energy)",
+        "dram_io_pj_per_bit": "literature: the 1.4-1.9 pJ/b board-level I/O figure (IBM, 32 nm "
+                              "SOI) for the DDR channel to the CPU",
+        "act_pj": "literature: DESIGN.md §5, row activation ~4 nJ per rank (Micron TN-40-07)",
+        "add16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 add 0.4 pJ",
+        "mul16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 mul 1.1 pJ",
+        "sram_pj_per_bit": "literature: Horowitz ISSCC 2014, 8 KB SRAM 10 pJ per 64-bit access",
+    }, compare=False)
+
+
+ENERGY = Energy()
+
+
+@dataclass(frozen=True)
+class Platform:
+    """GPU + PCIe + ``dimms x ranks`` host ranks of ``dram`` with one NME each.
+
+    Attributes:
+        gpu, pcie, energy: the presets. dram: the :class:`DRAMStandard` of the host DIMMs.
+        dimms, ranks: DIMMs and ranks per DIMM (each rank as :mod:`coda.hw.dram_standards`
+            defines it). lanes, depth: the NME's SIMD lanes and buffer depth (words).
+    """
+    gpu: GPU
+    pcie: PCIeLink
+    dram: DRAMStandard
+    dimms: int
+    ranks: int
+    lanes: int = 8
+    depth: int = 256
+    energy: Energy = ENERGY
+
+    @property
+    def n_ranks(self) -> int:
+        return self.dimms * self.ranks
+
+    @property
+    def nme_clock_hz(self) -> float:
+        """NME clock = DRAM command clock (the DIMM-NMP cosimulation's convention)."""
+        return 1e9 / self.dram.tCK_ns
+
+    @property
+    def rank_peak_bw(self) -> float:
+        """One rank's peak data-bus bandwidth, bytes/s (burst bytes per nBL tCK)."""
+        return self.dram.peak_gbps * 1e9
+
+    @property
+    def rank_bytes(self) -> int:
+        """Capacity of one rank, bytes (the preset's device organisation)."""
+        return self.dram.rank_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Capacity of all host ranks, bytes."""
+        return self.n_ranks * self.rank_bytes
+
+    @property
+    def host_channel_bw(self) -> float:
+        """Peak bandwidth between the host and the DIMMs, bytes/s: one 64-bit channel per
+        DIMM (DDR4: one rank bus; DDR5: two 32-bit subchannels; LPDDR5: four x16 channels),
+        never more than all rank buses together."""
+        per_dimm = 64 // self.dram.rank_width
+        return self.dimms * min(self.ranks, per_dimm) * self.rank_peak_bw
+
+    def describe(self) -> dict:
+        return {"gpu": self.gpu.name, "pcie": self.pcie.name, "dram": self.dram.name,
+                "dimms": self.dimms, "ranks": self.ranks, "n_ranks": self.n_ranks,
+                "nme_lanes": self.lanes, "nme_depth": self.depth,
+                "nme_clock_hz": self.nme_clock_hz, "rank_peak_bw": self.rank_peak_bw,
+                "rank_bytes": self.rank_bytes, "host_bytes": self.host_bytes,
+                "gpu_peak_flops": self.gpu.peak_flops, "gpu_mem_bw": self.gpu.mem_bw,
+                "gpu_mem_bytes": self.gpu.mem_bytes, "pcie_h2d_bw": self.pcie.h2d_bw,
+                "pcie_d2h_bw": self.pcie.d2h_bw}
+
+    def sources(self) -> dict:
+        return {"gpu": self.gpu.sources, "pcie": self.pcie.sources,
+                "energy": self.energy.sources,
+                "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
+                "dram": f"hw/dram_standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
+
+
+PLATFORM_NAMES = tuple(GPUS)
+DEFAULT_PLATFORM = "rtx4090"
+
+
+def platform(gpu: str = DEFAULT_PLATFORM, dram: str = "DDR5-4800", dimms: int = 2,
+             ranks: int = 2, *, lanes: int = 8, depth: int = 256, pcie: PCIeLink = PCIE4_X16,
+             **overrides) -> Platform:
+    """A :class:`Platform` from preset names.
+
+    Args:
+        gpu: a key of :data:`GPUS`. dram: a :mod:`coda.hw.dram_standards` preset.
+        dimms, ranks: >= 1. lanes, depth: the NME (needs a DIMM-NMP measurement).
+        overrides: GPU or PCIe fields to replace (e.g. ``h2d_bw=1e15`` for "infinite" PCIe
+            in a sensitivity study), applied to whichever preset has the field.
+    Raises:
+        ValueError: unknown names, counts < 1, or an NME configuration never measured.
+    """
+    if gpu not in GPUS:
+        raise ValueError(f"--platform {gpu!r}: expected one of {', '.join(GPUS)}")
+    for flag, v in (("dimms", dimms), ("ranks", ranks), ("lanes", lanes), ("depth", depth)):
+        if int(v) < 1:
+            raise ValueError(f"--{flag} {v}: expected >= 1")
+    std = get_standard(dram)
+    nmp_efficiency(std.name, lanes, depth, 4)       # refuse an unmeasured NME up front
+    g, p = GPUS[gpu], pcie
+    g_over = {k: v for k, v in overrides.items() if hasattr(g, k)}
+    p_over = {k: v for k, v in overrides.items() if hasattr(p, k) and k not in g_over}
+    unknown = set(overrides) - set(g_over) - set(p_over)
+    if unknown:
+        raise ValueError(f"unknown platform fields {sorted(unknown)}")
+    return Platform(replace(g, **g_over), replace(p, **p_over), std, int(dimms), int(ranks),
+                    int(lanes), int(depth))

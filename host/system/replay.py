@@ -1,0 +1,473 @@
+"""Event-driven replay of a generation on GPU, PCIe, DIMMs and NMEs (SimPy), for the six
+systems of the CODA ablation.
+
+Resources (``simpy.Resource``; FIFO, deterministic):
+
+- ``gpu``: the compute stream (one kernel sequence at a time);
+- ``h2d``, ``d2h``: the two PCIe copy engines (the link is full duplex);
+- ``dimm``: host access to the NMP DIMMs, capacity 2 (one copy per direction); an NME
+  program takes both, because while the NMEs run a segment they own their ranks and host
+  copies to or from those ranks wait (the DIMM-NMP cosimulation gives the NMEs the ranks for
+  the whole program). Model weights, when streamed, come from other host memory;
+- ``nme``: the NMEs of all ranks, in lockstep (one launch at a time, as the driver issues).
+
+Work items are processes that ``yield`` requests and timeouts; each records its busy
+interval (resource, start, end, kind, branch, step): the timeline plot and the breakdown are
+computed from those records, not by peeking into SimPy.
+
+Times:
+
+- GPU kernel: ``max(b·F/(P·e_class), (b·A + W)/(BW·e_mem))`` per traced kernel (F FLOPs, A
+  activation bytes per sample, W weight bytes, b rows batched, P peak FLOP/s, BW memory
+  bandwidth, e the efficiency of the kernel's class), summed per operator and bounded below
+  by ``kernels x launch_s``;
+- copy: ``latency_s + bytes / min(PCIe bandwidth of the direction, host channel
+  bandwidth)``;
+- NME launch: :func:`coda.host.system.nme.segment_timing` (cycle model, bounded by the
+  measured DIMM-NMP DRAM utilisation) plus one command per launch (``latency_s``); or, with
+  ``nme_timing="events"``, the cycles the events report (e.g. a DRAM-timed cosimulation).
+
+Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
+
+- **a** GPU only: every operator computed, nothing cached.
+- **b** cache in GPU memory: computed outputs the next step reuses are copied to a GPU
+  cache slot (a read+write kernel); a reused operator is one GPU kernel ``y = x + g⊙c``.
+  Refused (``fits: false``) when the cache does not fit next to weights and activations.
+- **c** cache in host memory, cache operators on the GPU over PCIe: stores go down (D2H)
+  asynchronously; a reused operator's cached output comes up (H2D, prefetched ``prefetch``
+  operators ahead, i.e. double-buffered), then the GPU kernel runs.
+- **d** + DIMM-NMP, one transfer per cached operator: each reused operator is its own
+  1-term segment: x down, NME, y up; the GPU waits.
+- **e** + scheduler: consecutive reused operators run as one coalesced segment (as the
+  events group them): one round trip per segment; the GPU waits.
+- **f** + CFG-interleaved pipelining: e with each step's branches as separate calls that
+  share the GPU, the first branch of the step having priority (non-preemptive): while its
+  segment is on PCIe/NMEs the GPU computes the other branch; the timestep is the sync point (both branches finish before the next step). A
+  guidance-distilled model has one branch: f = e.
+
+When the weights do not fit next to the activations (and, for b, the cache) they are
+streamed H2D per operator, prefetched one operator ahead, in every system (counted in the
+PCIe bytes; the report says ``weights: streamed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from .nme import segment_timing
+from .platforms import Platform, nmp_efficiency
+from .shapes import ATTENTION, GEMM, Kernels
+from .workload import CALL_ORDER, Call, Workload, segment_bytes, tensor_bytes
+
+__all__ = ["SYSTEMS", "SystemResult", "replay", "gpu_time", "Interval", "breakdown"]
+
+SYSTEMS = {
+    "a": "GPU only, no cache",
+    "b": "cache in GPU memory",
+    "c": "cache in host memory, cache ops on the GPU over PCIe",
+    "d": "+ DIMM-NMP, one transfer per cached operator",
+    "e": "+ scheduler: coalesced segments",
+    "f": "+ CFG-interleaved pipelining",
+}
+
+
+@dataclass(frozen=True)
+class Interval:
+    lane: str          # "gpu", "h2d", "d2h", "nme"
+    start: float
+    end: float
+    kind: str          # "compute", "other", "cache_op", "store", "load", "weights", "x", "y", "segment", "monitor"
+    branch: str
+    step: int
+
+
+@dataclass
+class SystemResult:
+    """One system's replay.
+
+    Attributes:
+        system, name: letter and description. fits: False if the system cannot hold its
+            cache (``reason`` says why; the other fields are then zero).
+        latency_s: the generation. gpu_busy_s: GPU kernel time. nme_busy_s: NME time.
+        h2d_bytes, d2h_bytes: PCIe bytes per direction. host_dram_bytes: bytes the host
+            DIMMs / host memory served over PCIe. nme_rank_bytes: DRAM bytes the NMEs moved
+            (all ranks). nme_flops: 16-bit FP operations on the NMEs (adds + muls).
+        weights: ``"resident"`` or ``"streamed"``. segments: NME launches' segments.
+        intervals: busy intervals (for the timeline).
+    """
+    system: str
+    name: str
+    fits: bool = True
+    reason: str = ""
+    latency_s: float = 0.0
+    gpu_busy_s: float = 0.0
+    nme_busy_s: float = 0.0
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    host_dram_bytes: int = 0
+    nme_rank_bytes: int = 0
+    nme_adds: int = 0
+    nme_muls: int = 0
+    weights: str = "resident"
+    segments: int = 0
+    nme_launches: int = 0
+    intervals: list = field(default_factory=list, repr=False)
+
+
+def gpu_time(k: Kernels, batch: int, gpu) -> float:
+    """Seconds of ``k``'s kernels for ``batch`` rows on ``gpu`` (module docstring)."""
+    if k.count == 0:
+        return 0.0
+    eff = np.where(k.cls == GEMM, gpu.eff_gemm, np.where(k.cls == ATTENTION,
+                                                          gpu.eff_attention, 1.0))
+    t_c = batch * k.flops / (gpu.peak_flops * eff)
+    t_m = (batch * k.act_bytes + k.weight_bytes) / (gpu.mem_bw * gpu.eff_memory)
+    return max(float(np.maximum(t_c, t_m).sum()), k.count * gpu.launch_s)
+
+
+def _mem_kernel(nbytes: float, gpu) -> float:
+    return max(nbytes / (gpu.mem_bw * gpu.eff_memory), gpu.launch_s)
+
+
+class _Replay:
+    def __init__(self, wl: Workload, plat: Platform, system: str, nme_timing: str,
+                 prefetch: int, record: bool):
+        self.wl, self.p, self.sys = wl, plat, system
+        self.shape = wl.shape
+        self.nme_timing, self.prefetch, self.record = nme_timing, max(0, prefetch), record
+        self.env = simpy.Environment()
+        self.gpu = simpy.PriorityResource(self.env, 1)
+        self.h2d = simpy.Resource(self.env, 1)
+        self.d2h = simpy.Resource(self.env, 1)
+        self.dimm = simpy.Resource(self.env, 2)
+        self.nme = simpy.Resource(self.env, 1)
+        self.res = SystemResult(system, SYSTEMS[system])
+        # f: the GPU serves the first branch of a step whenever it has work and the other
+        # branch fills the gaps while the first waits on its segment (non-preemptive)
+        order = CALL_ORDER[wl.cfg]
+        self._priority = {b: i for i, b in enumerate(order)} if system == "f" else {}
+        self._gpu_t: dict = {}
+        self._seg_t: dict = {}
+        self.g = plat.gpu
+        self.elem = self.shape.dtype_bytes
+        self.lanes = plat.lanes
+
+    # ---------------------------------------------------------------- primitives
+    def _log(self, lane, t0, kind, branch, step):
+        if self.record:
+            self.res.intervals.append(Interval(lane, t0, self.env.now, kind, branch, step))
+
+    def gpu_run(self, seconds, kind, branch, step):
+        with self.gpu.request(priority=self._priority.get(branch, 0)) as req:
+            yield req
+            t0 = self.env.now
+            yield self.env.timeout(seconds)
+            self.res.gpu_busy_s += seconds
+            self._log("gpu", t0, kind, branch, step)
+
+    def copy(self, direction, nbytes, kind, branch, step, dimm=True):
+        """A PCIe copy (``"h2d"``/``"d2h"``); ``dimm``: its host end is the NMP DIMMs."""
+        if nbytes <= 0:
+            return
+        engine = self.h2d if direction == "h2d" else self.d2h
+        bw = min(self.p.pcie.h2d_bw if direction == "h2d" else self.p.pcie.d2h_bw,
+                 self.p.host_channel_bw)
+        dur = self.p.pcie.latency_s + nbytes / bw
+        slot = self.dimm.request() if dimm else None
+        if slot is not None:
+            yield slot
+        with engine.request() as req:
+            yield req
+            t0 = self.env.now
+            yield self.env.timeout(dur)
+            self._log(direction, t0, kind, branch, step)
+        if slot is not None:
+            self.dimm.release(slot)
+        if direction == "h2d":
+            self.res.h2d_bytes += nbytes
+        else:
+            self.res.d2h_bytes += nbytes
+        self.res.host_dram_bytes += nbytes
+
+    def nme_run(self, seconds, launches, kind, branch, step):
+        a = self.dimm.request()
+        yield a
+        b = self.dimm.request()
+        yield b
+        with self.nme.request() as req:
+            yield req
+            t0 = self.env.now
+            yield self.env.timeout(seconds + launches * self.p.pcie.latency_s)
+            self.res.nme_busy_s += self.env.now - t0
+            self._log("nme", t0, kind, branch, step)
+        self.dimm.release(a)
+        self.dimm.release(b)
+
+    # ---------------------------------------------------------------- costs
+    def op_time(self, index: int, batch: int) -> float:
+        key = (index, batch)
+        if key not in self._gpu_t:
+            k = self.shape.other if index < 0 else self.shape.ops[index].kernels
+            self._gpu_t[key] = gpu_time(k, batch, self.g)
+        return self._gpu_t[key]
+
+    def seg_cost(self, tokens, channels, k, events_cycles=None):
+        """(seconds, launches, rank bytes) of a k-term segment on this platform."""
+        key = (tokens, channels, k, events_cycles)
+        if key not in self._seg_t:
+            p = self.p
+            streams = 2 * k + 2
+            util = nmp_efficiency(p.dram.name, p.lanes, p.depth, min(streams, 4))
+            t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
+                               depth=p.depth, clock_hz=p.nme_clock_hz,
+                               rank_peak_bytes_per_cycle=p.dram.burst_bytes / p.dram.nBL,
+                               dram_util=util)
+            seconds = t.seconds
+            if events_cycles is not None and self.nme_timing == "events":
+                seconds = events_cycles / p.nme_clock_hz
+            self._seg_t[key] = (seconds, t.programs, t.rank_dram_bytes, t.adds, t.muls)
+        return self._seg_t[key]
+
+    # ---------------------------------------------------------------- work
+    def store(self, nbytes, branch, step):
+        yield from self.copy("d2h", nbytes, "store", branch, step)
+
+    def segment(self, seg_ops, row, tokens, channels, step, events_cycles=None,
+                bytes_down=None, bytes_up=None):
+        branch = row[0]
+        k = len(seg_ops)
+        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes)
+        down = sb["down"] if bytes_down is None else bytes_down
+        up = sb["up"] if bytes_up is None else bytes_up
+        seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
+                                                                  events_cycles)
+        yield from self.copy("d2h", down, "x", branch, step)
+        yield from self.nme_run(seconds, launches, "segment", branch, step)
+        self.res.nme_rank_bytes += rank_bytes * self.p.n_ranks
+        self.res.nme_adds += adds
+        self.res.nme_muls += muls
+        self.res.segments += 1
+        self.res.nme_launches += launches
+        yield from self.copy("h2d", up, "y", branch, step)
+
+    def monitor(self, m, step):
+        ops = self.shape.ops[m.index]
+        if self.sys in ("d", "e", "f"):
+            yield from self.copy("d2h", m.bytes_down, "x", m.row[0], step)
+            nbytes = 2 * tensor_bytes(ops.tokens, ops.channels, self.p.n_ranks, self.lanes)
+            util = nmp_efficiency(self.p.dram.name, self.p.lanes, self.p.depth, 3)
+            cyc = max(m.nme_cycles, nbytes / self.p.n_ranks
+                      / (self.p.dram.burst_bytes / self.p.dram.nBL * util))
+            yield from self.nme_run(cyc / self.p.nme_clock_hz, 1, "monitor", m.row[0], step)
+            self.res.nme_rank_bytes += nbytes
+        elif self.sys == "c":
+            yield from self.copy("h2d", ops.tokens * ops.channels * self.elem, "load",
+                                 m.row[0], step)
+            yield from self.gpu_run(_mem_kernel(2 * ops.tokens * ops.channels * self.elem,
+                                                self.g), "cache_op", m.row[0], step)
+        elif self.sys == "b":
+            yield from self.gpu_run(_mem_kernel(2 * ops.tokens * ops.channels * self.elem,
+                                                self.g), "cache_op", m.row[0], step)
+
+    def call(self, call: Call):
+        """One transformer call (generator)."""
+        env, sys, step = self.env, self.sys, call.step
+        rows, n_ops = call.rows, len(self.shape.ops)
+        label = "|".join(call.branches)
+        yield from self.gpu_run(self.op_time(-1, len(rows)), "other", label, step)
+        pending: dict = {r: None for r in rows}       # row -> (segment item or ops list)
+        loads: dict = {}
+        weights: dict = {}
+        nomodel = sys == "a"
+
+        def reused(i, j):
+            return (not nomodel) and call.actions[i][j].reused
+
+        def issue_ahead(i):
+            for ii in range(i, min(n_ops, i + self.prefetch + 1)):
+                if self.res.weights == "streamed" and ii not in weights and any(
+                        not reused(ii, j) for j in range(len(rows))):
+                    wb = float(self.shape.ops[ii].kernels.weight_bytes.sum())
+                    weights[ii] = env.process(self.copy("h2d", wb, "weights", label, step,
+                                                        dimm=False))
+                if sys == "c":
+                    for j, r in enumerate(rows):
+                        if reused(ii, j) and (ii, j) not in loads:
+                            o = self.shape.ops[ii]
+                            nb = o.tokens * o.channels * self.elem
+                            loads[(ii, j)] = env.process(self.copy("h2d", nb, "load", r[0],
+                                                                   step))
+
+        def flush(j):
+            item = pending[rows[j]]
+            pending[rows[j]] = None
+            if item is None:
+                return
+            if isinstance(item, list):     # synthesized in-replay (no SegmentItem)
+                o = self.shape.ops[item[0]]
+                yield from self.segment(item, rows[j], o.tokens, o.channels, step)
+            else:
+                yield from self.segment(item.ops, rows[j], item.tokens, item.channels, step,
+                                        item.nme_cycles, item.bytes_down, item.bytes_up)
+
+        for i in range(n_ops):
+            op = self.shape.ops[i]
+            acts = call.actions[i]
+            issue_ahead(i)
+            for m in call.monitors.get(i, ()):
+                j = rows.index(m.row)
+                if sys in ("e", "f"):
+                    yield from flush(j)
+                yield from self.monitor(m, step)
+            compute = [j for j in range(len(rows)) if not reused(i, j)]
+            reuse = [j for j in range(len(rows)) if reused(i, j)]
+            # reused rows
+            if reuse:
+                if sys == "b":
+                    yield from self.gpu_run(_mem_kernel(
+                        3 * len(reuse) * op.tokens * op.channels * self.elem, self.g),
+                        "cache_op", label, step)
+                elif sys == "c":
+                    for j in reuse:
+                        yield loads.pop((i, j))
+                    yield from self.gpu_run(_mem_kernel(
+                        3 * len(reuse) * op.tokens * op.channels * self.elem, self.g),
+                        "cache_op", label, step)
+                elif sys == "d":
+                    for j in reuse:
+                        yield from self.segment([i], rows[j], op.tokens, op.channels, step)
+                else:                           # e, f: join the row's open segment
+                    for j in reuse:
+                        seg = self.wl.segments.get(acts[j].segment)
+                        if pending[rows[j]] is None:
+                            pending[rows[j]] = seg if seg is not None else [i]
+                        elif isinstance(pending[rows[j]], list):
+                            pending[rows[j]].append(i)
+            # computed rows
+            if compute:
+                if sys in ("e", "f"):
+                    for j in compute:
+                        yield from flush(j)
+                if i in weights:
+                    yield weights.pop(i)
+                yield from self.gpu_run(self.op_time(i, len(compute)), "compute", label, step)
+                if sys != "a":
+                    for j in compute:
+                        sb = acts[j].store_bytes
+                        if sb and sys == "b":
+                            yield from self.gpu_run(_mem_kernel(
+                                2 * op.tokens * op.channels * self.elem, self.g), "store",
+                                rows[j][0], step)
+                        elif sb:
+                            env.process(self.store(sb + acts[j].kept_bytes, rows[j][0], step))
+            if op.barrier_after and sys in ("e", "f"):
+                for j in range(len(rows)):
+                    yield from flush(j)
+        if sys in ("e", "f"):
+            for j in range(len(rows)):
+                yield from flush(j)
+        for ev in list(loads.values()) + list(weights.values()):
+            yield ev
+
+    def run(self):
+        def main():
+            for calls in self.wl.calls:
+                if self.sys == "f":
+                    parts = [c2 for c in calls for c2 in self.wl.split_by_branch(c)]
+                    procs = [self.env.process(self.call(c)) for c in parts]
+                    yield simpy.AllOf(self.env, procs)
+                else:
+                    for c in calls:
+                        yield from self.call(c)
+        done = self.env.process(main())
+        self.env.run(until=done)
+        # async stores still in flight end the generation too
+        self.env.run()
+        self.res.latency_s = self.env.now
+        return self.res
+
+
+def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "model",
+           prefetch: int = 1, record: bool = True, weights: str = "resident") -> SystemResult:
+    """Replay ``wl`` on ``plat`` as system ``system`` (a..f).
+
+    Args:
+        nme_timing: ``"model"`` (segment_timing on the platform's DRAM) or ``"events"`` (the
+            cycles in the workload's SegmentEvents, at the NME clock; 1-term segments of
+            system d are always modelled).
+        prefetch: operators of look-ahead for H2D prefetches (cache loads in c, streamed
+            weights).
+        record: keep the busy intervals (for the timeline).
+        weights: ``"resident"`` or ``"streamed"`` (decided by the ablation's memory check).
+    Returns:
+        :class:`SystemResult`.
+    Raises:
+        ValueError: unknown system or nme_timing.
+    """
+    if system not in SYSTEMS:
+        raise ValueError(f"--system {system!r}: expected one of {', '.join(SYSTEMS)} or all")
+    if nme_timing not in ("model", "events"):
+        raise ValueError(f"nme_timing={nme_timing!r}: expected 'model' or 'events'")
+    r = _Replay(wl, plat, system, nme_timing, prefetch, record)
+    r.res.weights = weights
+    return r.run()
+
+
+def breakdown(res: SystemResult) -> dict:
+    """GPU time split into busy / stalled on the NMEs / stalled on PCIe / other idle (s),
+    from the intervals: a GPU-idle instant counts as NME-stalled if an NME launch runs then,
+    else PCIe-stalled if a copy runs, else other."""
+    gpu = _union([(iv.start, iv.end) for iv in res.intervals if iv.lane == "gpu"])
+    nme = _union([(iv.start, iv.end) for iv in res.intervals if iv.lane == "nme"])
+    pcie = _union([(iv.start, iv.end) for iv in res.intervals if iv.lane in ("h2d", "d2h")])
+    idle = _complement(gpu, 0.0, res.latency_s)
+    on_nme = _intersect(idle, nme)
+    rest = _subtract(idle, nme)
+    on_pcie = _intersect(rest, pcie)
+    total = lambda xs: sum(b - a for a, b in xs)   # noqa: E731
+    busy = total(gpu)
+    return {"gpu_busy_s": busy, "stall_nme_s": total(on_nme), "stall_pcie_s": total(on_pcie),
+            "idle_other_s": max(0.0, res.latency_s - busy - total(on_nme) - total(on_pcie))}
+
+
+def _union(xs):
+    out = []
+    for a, b in sorted(xs):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _complement(xs, lo, hi):
+    out, t = [], lo
+    for a, b in xs:
+        if a > t:
+            out.append((t, a))
+        t = max(t, b)
+    if t < hi:
+        out.append((t, hi))
+    return out
+
+
+def _intersect(xs, ys):
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _subtract(xs, ys):
+    return _intersect(xs, _complement(ys, min((a for a, _ in xs), default=0.0),
+                                      max((b for _, b in xs), default=0.0)))
+

@@ -1,0 +1,240 @@
+"""``coda sim``: latency and energy of a cached generation on a GPU + PCIe + DIMM-NMP machine,
+for the six systems of the CODA ablation, for the shipped model or a paper-scale video DiT.
+
+``coda sim --model wan2.1-14b --resolution 720p --seconds 4 --platform rtx4090 --dram
+DDR5-4800 --dimms 4 --ranks 8 --schedule uniform --system all --out DIR`` traces the model's
+shapes on the meta device (cached under ``build/system/shapes``), builds the schedule
+(``uniform``: the uniform-interval rule on the model's operators; ``FILE`` / ``coda``: a
+shipped-model Schedule JSON transferred by operator type, relative depth and relative step),
+synthesises the generation's operator events, replays them as systems a..f and writes
+
+- ``DIR/report.json``: ``cache_bytes``, the configuration (model, platform, schedule, memory
+  plan, every parameter's source) and ``systems`` keyed a..f (``name, latency_s,
+  latency_per_step_s, energy_j, speedup, energy_efficiency, speedup_vs_c,
+  energy_efficiency_vs_c, pcie_bytes, gpu_busy_fraction, breakdown, bottleneck`` or
+  ``fits: false`` with ``reason``);
+- ``DIR/timeline.png`` (GPU / PCIe / NME activity over two steps, segments shaded) and
+  ``DIR/breakdown.png`` (stacked time per system);
+
+and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+__all__ = ["configure", "main", "simulate", "parse_systems"]
+
+DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
+
+
+def configure(parser) -> None:
+    from .platforms import DEFAULT_PLATFORM, GPUS
+    from .shapes import model_names
+
+    parser.add_argument("--model", default="wan2.1-14b",
+                        help=f"one of {', '.join(model_names())} (default wan2.1-14b)")
+    parser.add_argument("--resolution", default=None,
+                        help="480p, 720p or WIDTHxHEIGHT (default 720p; latte-digits: 32x32)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="video length in seconds (default 4; fixed-length models: "
+                             "their frame count)")
+    parser.add_argument("--frames", type=int, default=None, help="frames instead of --seconds")
+    parser.add_argument("--steps", type=int, default=50, help="denoising steps (default 50)")
+    parser.add_argument("--platform", default=DEFAULT_PLATFORM,
+                        help=f"GPU: one of {', '.join(GPUS)} (default {DEFAULT_PLATFORM})")
+    parser.add_argument("--dram", default="DDR5-4800",
+                        help="host DIMMs: DDR4-3200, DDR5-4800 or LPDDR5-6400")
+    parser.add_argument("--dimms", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="ranks per DIMM, one NME each (a DDR5 rank = one 32-bit "
+                             "subchannel, as in hw/dram_standards)")
+    parser.add_argument("--lanes", type=int, default=8, help="NME lanes (default 8)")
+    parser.add_argument("--depth", type=int, default=256, help="NME buffer depth, words")
+    parser.add_argument("--schedule", default="uniform",
+                        help="uniform, coda (the annealed schedule, once shipped) or a "
+                             "Schedule JSON file (transferred to the model)")
+    parser.add_argument("--interval", type=int, default=2,
+                        help="uniform: recompute every k steps (default 2, as coda run)")
+    parser.add_argument("--intervals", default="",
+                        help="uniform: per operator type, e.g. cross_attn=6,temporal_attn=4 "
+                             "(types of the shipped model; each model operator has one)")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="uniform: first steps always computed (default 5, as coda run)")
+    parser.add_argument("--system", default="all",
+                        help="a..f, several (e.g. c,e,f) or all")
+    parser.add_argument("--prefetch", type=int, default=1,
+                        help="operators of H2D prefetch look-ahead (default 1)")
+    parser.add_argument("--out", default="out-sim", help="output folder (default out-sim/)")
+
+
+def parse_systems(text: str) -> str:
+    """``"all"``, ``"a"``..``"f"`` or a comma list -> the letters in order.
+    Raises ValueError naming the value."""
+    from .replay import SYSTEMS
+
+    t = str(text).strip().lower()
+    if t == "all":
+        return "".join(SYSTEMS)
+    parts = [p.strip() for p in t.replace(",", " ").split()]
+    if not parts or any(p not in SYSTEMS for p in parts):
+        raise ValueError(f"--system {text!r}: expected one of {', '.join(SYSTEMS)}, a comma "
+                         "list of them, or all")
+    return "".join(s for s in SYSTEMS if s in parts)
+
+
+def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: int = 50,
+             gpu: str = "rtx4090", dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
+             lanes: int = 8, depth: int = 256, schedule: str = "uniform", interval: int = 2,
+             warmup: int = 5, intervals: dict | None = None, systems: str = "abcdef",
+             prefetch: int = 1,
+             shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
+             **platform_overrides) -> dict:
+    """Everything ``coda sim`` computes, as a dict (no files).
+
+    Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
+    the Workload}``. Raises ValueError for bad input (message names the flag).
+    """
+    from .ablation import run_ablation
+    from .platforms import platform
+    from .schedules import resolve
+    from .shapes import model_shape
+    from .workload import from_events, synthesize
+
+    if steps < 1:
+        raise ValueError(f"--steps {steps}: expected >= 1")
+    if prefetch < 0:
+        raise ValueError(f"--prefetch {prefetch}: expected >= 0")
+    plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, **platform_overrides)
+    if resolution is None and model != "latte-digits":
+        resolution = "720p"
+    if seconds is None and frames is None and model not in ("latte-digits", "latte-1"):
+        seconds = 4
+    t0 = time.perf_counter()
+    shape = model_shape(model, resolution, seconds, frames, cache_dir=shape_cache)
+    t_shape = time.perf_counter() - t0
+    if shape.hidden % lanes:
+        raise ValueError(f"--lanes {lanes}: the NME needs the hidden size {shape.hidden} of "
+                         f"{model} to be a multiple of its lanes")
+    sched = resolve(schedule, shape, steps, interval=interval, warmup=warmup,
+                    intervals=intervals)
+    t0 = time.perf_counter()
+    log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=lanes, depth=depth)
+    wl = from_events(log, shape)
+    t_events = time.perf_counter() - t0
+    abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
+    report = {
+        "model": shape.describe(),
+        "cache_bytes": wl.cache_bytes,
+        "cache_bytes_per_branch": wl.cache_bytes_per_branch(),
+        "cache_bytes_all_ops_per_branch": shape.all_ops_cache_bytes(1),
+        "steps": steps,
+        "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
+        "platform": plat.describe(),
+        "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
+        "systems": abl["systems"],
+        "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
+                         "replay": round(abl["sim_s"], 3)},
+        "sources": plat.sources(),
+        "model_source": shape.source,
+        "assumptions": _ASSUMPTIONS,
+    }
+    return {"report": report, "ablation": abl, "workload": wl, "shape": shape}
+
+
+_ASSUMPTIONS = [
+    "GPU kernel time: roofline per traced kernel with per-class efficiencies (platforms.py)",
+    "NME time: cycle model of the compiled program, bounded by the DIMM-NMP DRAM utilisation "
+    "measured in the cosimulation (nme.py)",
+    "while the NMEs run a segment they own their ranks: host copies to those ranks wait",
+    "long segments chain launches of <= 8 terms, each round-tripping y through the host, as "
+    "NMPDriver.segment does today",
+    "c prefetches cached outputs one operator ahead (double buffering)",
+    "weights that do not fit next to the activations are streamed per operator over PCIe",
+    "GPU power while stalled: the RTX 4090 nvidia-smi figure; other GPUs the same fraction",
+    "host CPU, DIMM background power, text encoder and VAE are outside the model",
+]
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from coda.paths import check_output_path
+
+    from .plots import breakdown_bars, pick_steps, timeline
+
+    out = check_output_path(args.out, "--out", folder=True)
+    systems = parse_systems(args.system)
+    from .schedules import parse_intervals
+    intervals = parse_intervals(args.intervals)
+    for flag in ("steps", "dimms", "ranks", "lanes", "depth", "interval", "warmup"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    if args.seconds is not None and args.frames is not None:
+        raise ValueError("--seconds and --frames: give one of them")
+    console = Console(width=max(Console().width, 150))
+    t0 = time.perf_counter()
+    res = simulate(args.model, resolution=args.resolution, seconds=args.seconds,
+                   frames=args.frames, steps=args.steps, gpu=args.platform, dram=args.dram,
+                   dimms=args.dimms, ranks=args.ranks, lanes=args.lanes, depth=args.depth,
+                   schedule=args.schedule, interval=args.interval, warmup=args.warmup,
+                   intervals=intervals, systems=systems, prefetch=args.prefetch)
+    report, abl, wl = res["report"], res["ablation"], res["workload"]
+    report["wall_s"] = round(time.perf_counter() - t0, 3)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+    steps = pick_steps(wl, 2)
+    sh = res["shape"]
+    title = (f"{sh.name} {sh.width}x{sh.height} {sh.frames} frames, {report['steps']} steps, "
+             f"{args.platform} + {args.dimms}x{args.ranks} {args.dram}; steps {steps}")
+    timeline({s: r for s, r in abl["results"].items() if s in systems}, steps,
+             out / "timeline.png", title)
+    breakdown_bars(report["systems"], out / "breakdown.png", title)
+    console.print(_table(report, out))
+    for s, r in report["systems"].items():
+        if not r["fits"]:
+            console.print(f"{s} does not fit: {r['reason']}")
+    return 0
+
+
+def _table(report: dict, out: Path):
+    from rich.table import Table
+
+    m = report["model"]
+    t = Table(title=(f"coda sim: {m['name']} {m['width']}x{m['height']}, {m['frames']} frames, "
+                     f"{report['steps']} steps, cache {report['cache_bytes'] / 1e9:.1f} GB, "
+                     f"schedule {report['schedule']['name']}"
+                     f"{' (transferred)' if report['schedule']['transferred'] else ''}"),
+              caption=f"report: {out / 'report.json'}; speedup / energy efficiency against a "
+                      "and c; GPU stalls on NMEs / PCIe as % of latency")
+    for col in ("system", "s", "s/step", "kJ", "x a", "x c", "E x a", "E x c", "PCIe GB",
+                "GPU busy", "stall NME", "stall PCIe"):
+        t.add_column(col, justify="left" if col == "system" else "right")
+    for s, r in report["systems"].items():
+        if not r["fits"]:
+            t.add_row(f"{s} {r['name']}", "does not fit", *[""] * 10)
+            continue
+        f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"   # noqa: E731
+        b, lat = r.get("breakdown") or {}, r["latency_s"] or 1.0
+        pct = lambda k: f"{100 * b[k] / lat:.1f} %" if k in b else "-"   # noqa: E731
+        t.add_row(f"{s} {r['name']}", f(r["latency_s"], 1), f(r["latency_per_step_s"], 3),
+                  f(r["energy_j"] / 1e3, 1), f(r["speedup"]), f(r["speedup_vs_c"]),
+                  f(r["energy_efficiency"]), f(r["energy_efficiency_vs_c"]),
+                  f(r["pcie_bytes"] / 1e9, 0), f"{100 * r['gpu_busy_fraction']:.1f} %",
+                  pct("stall_nme_s"), pct("stall_pcie_s"))
+    return t
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    return obj

@@ -1,0 +1,281 @@
+"""The work of one generation, as the replay needs it: per step the transformer calls, per
+call and operator what each row (CFG branch x sample) does, and the segments.
+
+Two sources, one form:
+
+- :func:`from_events`: the :class:`coda.host.events.EventLog` of a real cached generation
+  (the shipped model: ``coda.host.model.sample.cached_generate(..., events=log)``);
+- :func:`synthesize`: for models whose weights cannot run here, the same event types made
+  from a :class:`coda.host.system.shapes.ModelShape` and a
+  :class:`coda.host.system.schedules.ModelSchedule` (no tensors): operators in forward
+  order, segments as the cache engine forms them (maximal runs, flushed before the row's
+  next computed operator, at a barrier and at the end of the call), bytes as the driver moves
+  them (:func:`segment_bytes`) and NME cycles from the cycle model
+  (:func:`coda.host.system.nme.segment_timing`, ideal memory, as the torch backend reports).
+
+How a generation's rows group into transformer calls follows the model's pipeline
+(``ModelShape.cfg``): ``batched`` (one call per step with both branches, diffusers' order
+uncond then cond), ``two_pass`` (a call per branch, cond then uncond as ``WanPipeline``) or
+``distilled`` (one call, cond only).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from coda.host.bits import words_for
+from coda.host.driver import tile_bounds
+from coda.host.events import EventLog, OpEvent, SegmentEvent
+from coda.host.ops import MAX_SEGMENT_TERMS
+
+from .nme import segment_timing
+from .schedules import ModelSchedule, branches_of, segment_runs
+from .shapes import ModelShape
+
+__all__ = ["Action", "SegmentItem", "MonitorItem", "Call", "Workload", "segment_bytes",
+           "tensor_bytes", "from_events", "synthesize", "CALL_ORDER"]
+
+#: branch order inside a call / between calls, per CFG mode
+CALL_ORDER = {"batched": ("uncond", "cond"), "two_pass": ("cond", "uncond"),
+              "distilled": ("cond",)}
+
+
+def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int) -> int:
+    """Bytes the driver moves for one [T, C] tensor tiled over ``n_ranks`` ranks (whole
+    ``2·lanes``-byte words per rank tile)."""
+    return sum(words_for((r1 - r0) * channels, lanes) * 2 * lanes
+               for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
+
+
+def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int) -> dict:
+    """Host-link bytes of a ``k``-term segment as :meth:`NMPDriver.segment` moves them:
+    ``x`` down, the gates replicated to every rank, the command words (8 bytes per header or
+    micro-op word per rank and launch; ``2K+2`` micro-ops), ``y`` up; launches of at most 8
+    terms chain, each writing its input and reading its output.
+
+    Returns ``{"x", "gates", "cmd", "y", "down", "up", "programs"}``.
+    """
+    ranks = sum(1 for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
+    t = tensor_bytes(tokens, channels, n_ranks, lanes)
+    gate = words_for(channels, lanes) * 2 * lanes
+    x = gates = cmd = y = 0
+    programs = 0
+    for i in range(0, k, MAX_SEGMENT_TERMS):
+        kk = min(MAX_SEGMENT_TERMS, k - i)
+        x += t
+        y += t
+        gates += kk * gate * ranks
+        cmd += 8 * (1 + 2 * kk + 2) * ranks
+        programs += 1
+    return {"x": x, "gates": gates, "cmd": cmd, "y": y, "down": x + gates + cmd, "up": y,
+            "programs": programs}
+
+
+@dataclass
+class Action:
+    """What one row does at one operator: ``reused`` (in ``segment``) or computed, with
+    the bytes written to the DIMMs for its cache store and kept input."""
+    reused: bool
+    segment: int | None = None
+    store_bytes: int = 0
+    kept_bytes: int = 0
+
+
+@dataclass
+class SegmentItem:
+    """One segment of one row: operator indices, its ``[T, C]``, bytes, NME cycles (as
+    the events report them: the backend's, per launch the slowest rank)."""
+    id: int
+    row: tuple[str, int]
+    ops: list[int]
+    tokens: int
+    channels: int
+    bytes_down: int
+    bytes_up: int
+    programs: int
+    nme_cycles: int
+
+    @property
+    def k(self) -> int:
+        return len(self.ops)
+
+
+@dataclass
+class MonitorItem:
+    row: tuple[str, int]
+    index: int
+    tokens: int
+    channels: int
+    bytes_down: int
+    nme_cycles: int
+
+
+@dataclass
+class Call:
+    """One transformer call: its rows and, per operator index, each row's action."""
+    step: int
+    rows: list[tuple[str, int]]
+    actions: list[list[Action]]
+    monitors: dict = field(default_factory=dict)     # op index -> [MonitorItem]
+
+    @property
+    def branches(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(b for b, _ in self.rows))
+
+
+@dataclass
+class Workload:
+    """A generation ready to replay.
+
+    Attributes:
+        shape: the model. num_steps: steps. cfg: CFG mode of the calls.
+        calls: per step, the calls in order. segments: id -> :class:`SegmentItem`.
+        cache_slots: (branch, sample, op index) -> bytes of every slot ever stored.
+        source: ``"events"`` (a real generation) or ``"synthesized"``.
+        schedule: the schedule's description (synthesized) or the log's stats.
+    """
+    shape: ModelShape
+    num_steps: int
+    cfg: str
+    calls: list[list[Call]]
+    segments: dict
+    cache_slots: dict
+    source: str
+    schedule: dict = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return 1 + max((s for c in self.calls[0] for _, s in c.rows), default=0)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of all cache slots (the footprint: slots are kept for the generation)."""
+        return sum(self.cache_slots.values())
+
+    def cache_bytes_per_branch(self) -> dict:
+        out: dict = defaultdict(int)
+        for (b, _, _), n in self.cache_slots.items():
+            out[b] += n
+        return dict(out)
+
+    def rows(self) -> list[tuple[str, int]]:
+        return sorted({r for calls in self.calls for c in calls for r in c.rows})
+
+    def split_by_branch(self, call: Call) -> list[Call]:
+        """``call`` as one call per branch (for CFG interleaving)."""
+        out = []
+        for b in call.branches:
+            keep = [i for i, r in enumerate(call.rows) if r[0] == b]
+            out.append(Call(call.step, [call.rows[i] for i in keep],
+                            [[acts[i] for i in keep] for acts in call.actions],
+                            {ix: [m for m in ms if m.row[0] == b]
+                             for ix, ms in call.monitors.items()}))
+        return out
+
+
+def _group_rows(rows: list[tuple[str, int]], cfg: str) -> list[list[tuple[str, int]]]:
+    order = CALL_ORDER[cfg]
+    rows = sorted(rows, key=lambda r: (order.index(r[0]) if r[0] in order else 9, r[1]))
+    if cfg == "two_pass":
+        return [[r for r in rows if r[0] == b] for b in order if any(r[0] == b for r in rows)]
+    return [rows]
+
+
+def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
+                cfg: str | None = None) -> Workload:
+    """The :class:`Workload` of one generation of ``log`` (default: the last one).
+
+    Raises ValueError if the log has no such generation or names operators ``shape`` lacks.
+    """
+    if log.generations == 0:
+        raise ValueError("the event log holds no generation")
+    gen = log.generations - 1 if generation is None else generation
+    ops = [e for e in log.of("op", gen)]
+    if not ops:
+        raise ValueError(f"generation {gen}: no operator events")
+    cfg = cfg or shape.cfg
+    if cfg not in CALL_ORDER:
+        raise ValueError(f"cfg={cfg!r}: expected one of {sorted(CALL_ORDER)}")
+    index = {o.ref: o.index for o in shape.ops}
+    num_steps = ops[0].num_steps
+    per_step: dict = defaultdict(dict)            # step -> (row, op index) -> Action
+    slots: dict = {}
+    for e in ops:
+        if e.ref not in index:
+            raise ValueError(f"event operator {e.ref} is not an operator of {shape.name}")
+        i = index[e.ref]
+        row = (e.branch, e.sample)
+        per_step[e.step][(row, i)] = Action(e.reused, e.segment, e.stored_bytes, e.kept_bytes)
+        if e.stored_bytes:
+            slots[(e.branch, e.sample, i)] = e.stored_bytes
+    segments = {}
+    for s in log.of("segment", gen):
+        segments[s.segment] = SegmentItem(
+            s.segment, (s.branch, s.sample), [index[tuple(r)] for r in s.ops], s.tokens,
+            s.channels, s.bytes_to_nmp, s.bytes_from_nmp, s.programs, s.nme_cycles)
+    monitors: dict = defaultdict(lambda: defaultdict(list))
+    for m in log.of("monitor", gen):
+        monitors[m.step][index[(m.layer, m.op)]].append(MonitorItem(
+            (m.branch, m.sample), index[(m.layer, m.op)], 0, 0, m.bytes_to_nmp, m.nme_cycles))
+    calls = []
+    for step in range(num_steps):
+        acts = per_step.get(step, {})
+        rows = sorted({r for r, _ in acts})
+        step_calls = []
+        for group in _group_rows(rows, cfg):
+            table = [[acts.get((r, o.index), Action(False)) for r in group] for o in shape.ops]
+            mons = {ix: [m for m in ms if m.row in group]
+                    for ix, ms in monitors.get(step, {}).items()}
+            step_calls.append(Call(step, group, table, mons))
+        calls.append(step_calls)
+    return Workload(shape, num_steps, cfg, calls, segments, slots, "events",
+                    schedule=log.stats(gen))
+
+
+def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = 8,
+               depth: int = 256, samples: int = 1, fmt: str = "bf16") -> EventLog:
+    """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
+    on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
+    shapes). One generation, ``samples`` samples per branch."""
+    log = EventLog()
+    gen = log.start_generation()
+    seg_id = 0
+    n = schedule.num_steps
+    for step in range(n):
+        for branch in branches_of(shape):
+            reused = schedule.reused(step, branch)
+            runs = {run[0]: run for run in segment_runs(shape, reused)}
+            for sample in range(samples):
+                base = dict(generation=gen, step=step, num_steps=n, branch=branch,
+                            sample=sample)
+                for op in shape.ops:
+                    if op.index in runs:
+                        run = runs[op.index]
+                        k = len(run)
+                        sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes)
+                        t = segment_timing(op.tokens, op.channels, k, n_ranks=n_ranks,
+                                           lanes=lanes, depth=depth, fmt=fmt)
+                        for i in run:
+                            o = shape.ops[i]
+                            log.append(OpEvent(**base, layer=o.layer, op=o.op, index=i,
+                                               reused=True, reason="schedule",
+                                               tokens=o.tokens, channels=o.channels,
+                                               dtype=fmt, segment=seg_id))
+                        log.append(SegmentEvent(
+                            **base, segment=seg_id,
+                            ops=tuple(shape.ops[i].ref for i in run), first_index=run[0],
+                            tokens=op.tokens, channels=op.channels, dtype=fmt,
+                            bytes_to_nmp=sb["down"], bytes_from_nmp=sb["up"],
+                            programs=sb["programs"], nme_cycles=t.cycles_ideal))
+                        seg_id += 1
+                    elif op.index not in reused:
+                        store = schedule.store_after_compute(step, branch, op.index)
+                        log.append(OpEvent(
+                            **base, layer=op.layer, op=op.op, index=op.index, reused=False,
+                            reason="schedule", tokens=op.tokens, channels=op.channels,
+                            dtype=fmt,
+                            stored_bytes=tensor_bytes(op.tokens, op.channels, n_ranks, lanes)
+                            if store else 0))
+    return log
+

@@ -1,0 +1,272 @@
+"""The system timing and energy model (coda.host.system): traced shapes against the
+arithmetic, the NME time of every segment of a real cached generation against the cycles the
+torch backend reported, synthesised events against real ones, ablation orderings derived from
+parameters, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from coda.host.system import modelled
+from coda.host.system.ablation import run_ablation
+from coda.host.system.nme import segment_timing
+from coda.host.system.platforms import platform
+from coda.host.system.replay import SYSTEMS, replay
+from coda.host.system.schedules import resolve, transfer, uniform
+from coda.host.system.shapes import (ATTENTION, GEMM, model_shape, opensora_shape,
+                                     shipped_shape)
+from coda.host.system.sim import parse_systems, simulate
+from coda.host.system.workload import from_events, segment_bytes, synthesize
+
+STEPS = 10
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def generation():
+    """A real cached generation of the shipped model on the torch backend (1 x 2 ranks)."""
+    from coda.host.backend import TorchBackend
+    from coda.host.driver import NMPDriver
+    from coda.host.events import EventLog
+    from coda.host.model.dit import load_model
+    from coda.host.model.sample import cache_mem_words, cached_generate
+    from coda.host.policies import UniformIntervalPolicy
+    from coda.hw.isa import NMEConfig
+
+    torch.set_num_threads(1)
+    model, _ = load_model()
+    log = EventLog()
+    cfg = NMEConfig(lanes=8, mem_words=cache_mem_words(model, 2, 2, 8))
+    driver = NMPDriver(TorchBackend(), cfg, dimms=1, ranks=2)
+    policy = UniformIntervalPolicy(intervals={"cross_attn": 3, "spatial_ffn": 1},
+                                   default_interval=2, warmup=2)
+    cached_generate(model, [3, 7], driver, policy, events=log, num_steps=STEPS)
+    return {"log": log, "cfg": cfg, "policy": policy, "model": model}
+
+
+@pytest.fixture(scope="module")
+def digits_shape():
+    return shipped_shape()
+
+
+# ------------------------------------------------------------------------------ shapes
+def test_wan14b_720p_4s_traced_matches_arithmetic():
+    s = model_shape("wan2.1-14b", "720p", 4)
+    assert s.frames == 65 and s.latent == (17, 90, 160)
+    assert s.video_tokens == 61_200 and s.hidden == 5_120
+    assert {(o.tokens, o.channels) for o in s.ops} == {(61_200, 5_120)}
+    assert len(s.ops) == 3 * 40
+    # per block: self-attn q,k,v,o 4*2TC^2 + scores 4T^2C; cross q,o 2*2TC^2, k,v 2*2LC^2,
+    # scores 4TLC; FFN 2*2TCF
+    t, c, f, L = 61_200, 5_120, 13_824, 512
+    block = 8 * t * c * c + 4 * t * t * c + 4 * t * c * c + 4 * L * c * c + 4 * t * L * c \
+        + 4 * t * c * f
+    assert s.forward_flops == pytest.approx(40 * block, rel=2e-3)
+    assert s.forward_flops / 1e15 == pytest.approx(4.56, abs=0.005)      # SYSTEM.md §6
+    assert s.all_ops_cache_bytes(2) > 40e9                               # seed 000: > 40 GB
+
+
+def test_opensora_hand_written_matches_traced_pixart_blocks():
+    """STDiT3 and Latte-1 blocks are the same PixArt-alpha block (1152 wide, 16 heads):
+    at 720p both have N = 3,600 tokens per frame, so per-token FLOPs must agree."""
+    osr = opensora_shape(720, 1280, 102)
+    latte = model_shape("latte-1", "720p", frames=16)
+    assert osr.video_tokens == 30 * 3_600 and latte.video_tokens == 16 * 3_600
+
+    def per_token(shape, op, classes=(GEMM, ATTENTION)):
+        o = next(x for x in shape.ops if x.op == op)
+        k = o.kernels
+        mask = sum(k.cls == c for c in classes).astype(bool)
+        return float(k.flops[mask].sum()) / o.tokens
+
+    for op in ("spatial_attn", "spatial_ffn", "temporal_ffn"):
+        assert per_token(osr, op) == pytest.approx(per_token(latte, op), rel=1e-3), op
+    assert per_token(osr, "temporal_attn", (GEMM,)) == pytest.approx(
+        per_token(latte, "temporal_attn", (GEMM,)), rel=1e-3)
+
+
+def test_shipped_model_shape(digits_shape):
+    s = digits_shape
+    assert (s.video_tokens, s.hidden, len(s.ops)) == (512, 96, 20)
+    assert [o.ref for o in s.ops[:5]] == [(0, "spatial_attn"), (0, "cross_attn"),
+                                          (0, "spatial_ffn"), (0, "temporal_attn"),
+                                          (0, "temporal_ffn")]
+    assert [o.index for o in s.ops if o.barrier_after] == [2]
+
+
+# ------------------------------------------------------------------------------ NME + events
+def test_modelled_nme_cycles_equal_cosim_events(generation):
+    """Every segment of a real cached generation: the cycle model of the compiled program
+    of each rank's tile gives the cycles the torch backend reported (exact, < 2 %)."""
+    segs = generation["log"].of("segment")
+    assert len(segs) > 10
+    cfg = generation["cfg"]
+    for s in segs:
+        t = segment_timing(s.tokens, s.channels, len(s.ops), n_ranks=2, lanes=cfg.lanes,
+                           depth=cfg.depth)
+        assert t.cycles_ideal == pytest.approx(s.nme_cycles, rel=0.02)
+        assert t.cycles_ideal == s.nme_cycles
+        sb = segment_bytes(s.tokens, s.channels, len(s.ops), 2, cfg.lanes)
+        assert (sb["down"], sb["up"], sb["programs"]) == (s.bytes_to_nmp, s.bytes_from_nmp,
+                                                          s.programs)
+
+
+def test_synthesized_events_equal_real_ones(generation, digits_shape):
+    """The engine's schedule on the traced shape, synthesised without tensors, gives the
+    same operators, segments, bytes and cycles as the real generation (per sample)."""
+    log, cfg = generation["log"], generation["cfg"]
+    sched = generation["policy"].build(STEPS, 4)
+    ms = transfer(sched, digits_shape, STEPS)
+    assert ms.source.startswith("identity") and ms.fixups == 0
+    synth = synthesize(digits_shape, ms, n_ranks=2, lanes=cfg.lanes, depth=cfg.depth,
+                       samples=2)
+    key = lambda e: (e.step, e.branch, e.sample, e.ops, e.bytes_to_nmp, e.bytes_from_nmp,  # noqa
+                     e.programs, e.nme_cycles)
+    assert sorted(map(key, synth.of("segment"))) == sorted(map(key, log.of("segment")))
+    ops = lambda l: sorted((e.step, e.branch, e.sample, e.index, e.reused, e.stored_bytes)  # noqa
+                           for e in l.of("op"))
+    assert ops(synth) == ops(log)
+
+
+def test_modelled_for_coda_run(generation):
+    out = modelled(generation["log"])
+    assert out["nme_check"]["max_rel_error"] == 0.0
+    assert out["nme_check"]["events_nme_cycles"] == out["nme_check"]["model_ideal_cycles"] > 0
+    assert set(out["systems"]) == set(SYSTEMS)
+    for s, row in out["systems"].items():
+        assert row["fits"], s
+        assert row["latency_s"] > 0 and 0 < row["gpu_busy_fraction"] <= 1
+    json.dumps(out)                                   # JSON-able for coda run's report
+
+
+# ------------------------------------------------------------------------------ ablation
+def _digits_workload(shape, **kw):
+    sched = uniform(shape, 20, interval=2, warmup=2, **kw)
+    return from_events(synthesize(shape, sched, n_ranks=2, lanes=8, depth=256), shape)
+
+
+def test_no_reuse_makes_every_system_system_a(digits_shape):
+    wl = _digits_workload(digits_shape)
+    wl_none = from_events(synthesize(digits_shape, uniform(digits_shape, 20, interval=1),
+                                     n_ranks=2, lanes=8, depth=256), digits_shape)
+    plat = platform("rtx4090", "DDR5-4800", 1, 2)
+    a = replay(wl_none, plat, "a").latency_s
+    for s in "bcde":
+        assert replay(wl_none, plat, s).latency_s == pytest.approx(a, rel=1e-12), s
+    assert replay(wl, plat, "a").latency_s == pytest.approx(a, rel=1e-12)
+
+
+def test_infinite_pcie_makes_c_approach_b():
+    shape = model_shape("wan2.1-1.3b", "480p", 2)
+    sched = uniform(shape, 12, interval=2, warmup=2)
+    wl = from_events(synthesize(shape, sched, n_ranks=16, lanes=8, depth=256), shape)
+    # 16 DIMMs: the host channels (16 x 38.4 GB/s) do not bound the copies either
+    slow = platform("a800", "DDR5-4800", 16, 4)
+    fast = platform("a800", "DDR5-4800", 16, 4, h2d_bw=1e18, d2h_bw=1e18, latency_s=0.0)
+    b = replay(wl, slow, "b").latency_s
+    c_slow, c_fast = replay(wl, slow, "c").latency_s, replay(wl, fast, "c").latency_s
+    assert c_fast < c_slow
+    assert abs(c_fast - b) / b < 0.01              # only b's on-GPU store copies differ
+
+
+def test_orderings_from_parameters():
+    """Coalescing never moves more bytes than one transfer per operator (e <= d); CFG
+    interleaving hides round trips when branches alternate compute and segments (f < e);
+    a guidance-distilled model has nothing to interleave (f = e)."""
+    shape = model_shape("wan2.1-1.3b", "480p", 2)
+    sched = uniform(shape, 14, interval=2, warmup=2, intervals={"cross_attn": 3,
+                                                                 "spatial_ffn": 4})
+    wl = from_events(synthesize(shape, sched, n_ranks=8, lanes=8, depth=256), shape)
+    res = run_ablation(wl, platform("rtx4090", "DDR5-4800", 2, 4), "abcdef")["systems"]
+    assert res["e"]["pcie_bytes"] <= res["d"]["pcie_bytes"]
+    assert res["e"]["latency_s"] <= res["d"]["latency_s"]
+    assert res["f"]["latency_s"] < res["e"]["latency_s"]
+    assert res["a"]["speedup"] == 1.0 and res["c"]["speedup_vs_c"] == 1.0
+    for row in res.values():
+        b = row["breakdown"]
+        assert sum(b.values()) == pytest.approx(row["latency_s"], rel=1e-9)
+    hy = model_shape("hunyuanvideo", "480x272", frames=9)
+    wlh = from_events(synthesize(hy, uniform(hy, 8, interval=2, warmup=2), n_ranks=4), hy)
+    ph = platform("rtx4090", "DDR5-4800", 2, 2)
+    assert replay(wlh, ph, "f").latency_s == pytest.approx(replay(wlh, ph, "e").latency_s)
+
+
+def test_deterministic(digits_shape):
+    wl = _digits_workload(digits_shape, intervals={"cross_attn": 3})
+    plat = platform("l4", "LPDDR5-6400", 1, 4)
+    r1, r2 = replay(wl, plat, "f"), replay(wl, plat, "f")
+    assert r1.latency_s == r2.latency_s and r1.intervals == r2.intervals
+
+
+# ------------------------------------------------------------------------------ input
+def test_cache_that_does_not_fit_is_a_row_not_an_error():
+    out = simulate("wan2.1-14b", resolution="720p", seconds=4, steps=12, dimms=1, ranks=2,
+                   warmup=2, systems="abcdef", record=False)["report"]
+    assert out["cache_bytes"] > 40e9
+    assert out["systems"]["a"]["fits"]
+    for s in "bcdef":
+        assert out["systems"][s]["fits"] is False and "GiB" in out["systems"][s]["reason"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(model="sora-2"), "--model"),
+    (dict(model="wan2.1-14b", resolution="1000x720"), "multiples of 16"),
+    (dict(model="wan2.1-14b", resolution="huge"), "--resolution"),
+    (dict(model="wan2.1-14b", seconds=None, frames=64), "4k\\+1"),
+    (dict(model="latte-1", frames=24), "exactly 16 frames"),
+    (dict(model="opensora-1.2", seconds=3), "2, 4, 8 or 16"),
+    (dict(model="wan2.1-14b", gpu="h100"), "--platform"),
+    (dict(model="wan2.1-14b", dram="DDR3"), "DRAM standard"),
+    (dict(model="wan2.1-14b", lanes=4, depth=64), "no DIMM-NMP measurement"),
+    (dict(model="wan2.1-14b", dimms=0), "--dimms"),
+    (dict(model="wan2.1-14b", schedule="/nonexistent.json"), "Schedule JSON"),
+])
+def test_bad_input_names_the_value(kwargs, match):
+    kwargs = {"steps": 4, "systems": "a", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        simulate(**kwargs)
+
+
+def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
+    with pytest.raises(ValueError, match="coda: the annealed CODA schedule is not shipped"):
+        resolve("coda", digits_shape, 10, coda_path=tmp_path / "coda.json")
+    from coda.host.policies import UniformIntervalPolicy
+    (tmp_path / "coda.json").write_text(UniformIntervalPolicy(warmup=3).build(50, 4).to_json())
+    wan = model_shape("wan2.1-1.3b", "480p", 2)
+    ms = resolve("coda", wan, 30, coda_path=tmp_path / "coda.json")
+    assert ms.source.startswith("transferred") and ms.num_steps == 30
+    assert 0 < ms.ops_skipped_fraction() < 1
+
+
+def test_parse_systems():
+    assert parse_systems("all") == "abcdef" and parse_systems("f,c") == "cf"
+    with pytest.raises(ValueError, match="--system 'g'"):
+        parse_systems("g")
+
+
+def test_cli(tmp_path, capsys):
+    from coda.cli import main
+
+    out = tmp_path / "sim"
+    rc = main(["sim", "--model", "latte-digits", "--steps", "12", "--warmup", "2",
+               "--dimms", "1", "--ranks", "2", "--intervals", "cross_attn=3",
+               "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["cache_bytes"] > 0 and set(rep["systems"]) == set(SYSTEMS)
+    for row in rep["systems"].values():
+        for key in ("name", "latency_s", "energy_j", "speedup", "energy_efficiency",
+                    "pcie_bytes", "gpu_busy_fraction"):
+            assert key in row
+    assert (out / "timeline.png").stat().st_size > 0
+    bad = tmp_path / "file"
+    bad.write_text("x")
+    assert main(["sim", "--model", "latte-digits", "--out", str(bad)]) == 2
+    assert main(["sim", "--model", "latte-digits", "--system", "z", "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("coda: error:") for line in err)
+    assert not (tmp_path / "o").exists()
