@@ -42,7 +42,8 @@ from coda.cosim.build import (LINT_FLAGS, CosimBuildError, CosimRunError, _locke
                               sim_env)
 from coda.cosim.rtl_backend import SessionOwner, SimSession
 from coda.cosim.toolchain import build_dir, setup_verilator_env
-from coda.hw.dram import STAT_NAMES, map_burst_address
+from coda.hw.dram import STAT_NAMES
+from coda.hw.dram_mapping import map_burst_address
 from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.executor import ExecResult
 from coda.hw.isa import NMEConfig, Program, Status

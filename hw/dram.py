@@ -2,45 +2,40 @@
 
 One :class:`DRAMController` drives one rank (see :mod:`coda.hw.dram_standards` for what a
 rank is per standard). It runs on the DRAM command clock (one cycle = one tCK) and issues at
-most one command per cycle. Every bank and bank-group constraint is a timestamp: a command sets
-the earliest cycle at which a dependent command may issue (``now + tXX``, keeping a later one
-already set), and the dependent command waits until the free-running cycle counter ``now``
-reaches it; tFAW (the four latest ACTs) and the refresh interval are down-counters. So the
-command stream obeys the standard cycle by cycle *by construction*; :mod:`coda.cosim.dram_check`
-verifies it independently from the command log.
+most one command per cycle. As in Ramulator 2, the controller is a frame around plug-in parts
+with small interfaces, each a component in its own file:
 
-Per-bank and per-bank-group timestamps and open rows live in small RAMs indexed by bank, and
-the request queues are circular buffers in RAMs: a cycle reads the bank state only of the
-entries the scheduler looks at and writes only what the issued command changes, which keeps
-the Verilated model fast: a cycle costs O(lookahead^2) bank comparisons plus the hazard
-comparisons against every queued address (O(read_queue + write_queue)), not
-O(banks x queue depth) counter and shift-register updates. A constraint a command puts on every
-*other* bank group (tCCD_S, tRRD_S, tWTR_S) is one shared timestamp; the group's own (the _L
-value) is at least as long, so max(own, shared) equals the per-group constraint. The timestamps
-and ``now`` are not reset: a controller reset forgets queued requests and open rows, not the
-timing constraints the DRAM still obeys.
+==========================================  ===================================================
+part                                        what it does
+==========================================  ===================================================
+:class:`~.dram_mapping.AddressMapping`      burst address -> bank group, bank, row, column
+                                            (bank groups rotate fastest, permutation-based
+                                            bank interleaving)
+:class:`~.dram_queue.RequestQueue`          the read and the write queue (circular buffers in
+                                            RAMs, a hazard comparison port)
+:class:`~.dram_scheduler.Scheduler`         the command of this cycle: refresh, then the
+                                            head's column command, then the oldest allowed
+                                            ACT/PRE within ``lookahead`` entries
+:class:`~.dram_refresh.AllBankRefresh`      a REF every tREFI, after a PREA closes the banks
+:class:`~.dram_timing.TimingTable`          open rows and every JEDEC constraint as
+                                            timestamps: what may issue now, updated by what
+                                            issued
+==========================================  ===================================================
 
-Address mapping (burst address ``a``, one burst = ``std.burst_bytes``), LSB first::
+The controller itself keeps the policy that joins them: open-page; separate read and write
+queues, each issued *in order* for column commands (so read responses return in request
+order, no reorder buffer); writes buffered and drained in batches (write mode from
+``write_high`` queued writes down to ``write_low``, or whenever no read waits); a read whose
+address has a queued write drains the writes first (read-after-write), and a write whose
+address matches a queued read is not accepted until that read has issued (write-after-read).
+It also counts the statistics. The command stream obeys the standard cycle by cycle *by
+construction* (the timing table); :mod:`coda.cosim.dram_check` verifies it independently from
+the command log.
 
-    [ bank group | column burst | bank | row ]
-
-consecutive bursts rotate through the bank groups (so a stream pays tCCD_S, not tCCD_L),
-then walk a row; the bank index is permuted with the row (Zhang et al., MICRO-33 2000,
-permutation-based page interleaving): ``bank = bank_field XOR fold(row)`` where ``fold``
-XORs the row's ``log2(banks_per_group)``-bit chunks. Streams a power-of-two distance apart
-(STREAM's arrays) thus open rows in different banks instead of conflicting in one.
-
-Scheduling: open-page policy; separate read and write queues, each issued *in order* for
-column commands (so read responses return in request order, no reorder buffer), with
-*row-command lookahead*: ACT/PRE may be issued for any of the first ``lookahead`` entries of
-the active queue whose bank no older entry of that queue uses (a row still needed by an older
-request is never closed). Column commands have priority over row commands. Writes are
-buffered and drained in batches (write mode from ``write_high`` queued writes down to
-``write_low``, or whenever no read waits); a read whose address has a queued write drains the
-writes first (read-after-write), and a write whose address matches a queued read is not
-accepted until that read has issued (write-after-read). Refresh: every tREFI cycles a REF
-becomes pending; new commands stop, PREA closes the open banks once tRAS/tRTP/tWR allow, and
-REF issues once tRPab/tRC allow; nothing else issues for tRFC.
+A cycle reads the bank state only of the entries the scheduler looks at and writes only what
+the issued command changes, which keeps the Verilated model fast: a cycle costs
+O(lookahead^2) bank comparisons plus the hazard comparisons against every queued address
+(O(read_queue + write_queue)), not O(banks x queue depth) counter and shift-register updates.
 
 Known simplifications: DDR5's two-cycle ACT/RD/WR command encoding and LPDDR5's
 WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; no
@@ -49,81 +44,28 @@ per-bank refresh.
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO
-from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In, Out, connect
+from amaranth.utils import ceil_log2
 
-from .dram_standards import DRAMStandard, get_standard
+from .dram_mapping import AddressMapping
+from .dram_queue import RequestQueue
+from .dram_refresh import AllBankRefresh
+from .dram_scheduler import Scheduler
+from .dram_standards import get_standard
+from .dram_timing import Cmd, TimingTable
 
-__all__ = ["Cmd", "DRAMController", "WordAdapter", "DRAMWordMemory", "map_burst_address", "dram_verilog",
-           "STAT_NAMES", "NME_ADDR_BITS"]
+__all__ = ["Cmd", "DRAMController", "WordAdapter", "DRAMWordMemory", "dram_verilog",
+           "STAT_NAMES", "STAT_BITS", "NME_ADDR_BITS"]
 
 NME_ADDR_BITS = 24  # coda.hw.isa.ADDR_BITS: the NME's word address width
-
-
-class Cmd:
-    """Command codes on ``cmd_kind`` (and in the SV device's log)."""
-    NOP, ACT, PRE, PREA, RD, WR, REF = range(7)
-    NAMES = {1: "ACT", 2: "PRE", 3: "PREA", 4: "RD", 5: "WR", 6: "REF"}
-
 
 # Statistics outputs of the controller, each ``stat_<name>``, 48 bits.
 STAT_NAMES = ("reads", "writes", "row_hits", "row_misses", "row_conflicts", "read_latency",
               "cycles", "refreshes")
 STAT_BITS = 48
-
-
-def _log2(n: int) -> int:
-    return (n - 1).bit_length()
-
-
-def _fold(row: int, row_bits: int, chunk: int) -> int:
-    out = 0
-    for lo in range(0, row_bits, chunk):
-        out ^= (row >> lo) & ((1 << chunk) - 1)
-    return out
-
-
-def map_burst_address(std: DRAMStandard | str, addr: int) -> tuple[int, int, int, int]:
-    """Python model of the controller's address mapping.
-
-    Args:
-        std: the DRAM standard; addr: burst address (bytes // std.burst_bytes),
-            ``0 <= addr < 2**std.burst_addr_bits``.
-    Returns:
-        ``(bankgroup, bank, row, column)`` with ``column`` the device column of the burst's
-        first beat (column burst * BL).
-    Raises:
-        ValueError: address out of the rank.
-    """
-    std = get_standard(std)
-    if not 0 <= addr < (1 << std.burst_addr_bits):
-        raise ValueError(f"burst address {addr}: expected 0..{(1 << std.burst_addr_bits) - 1}")
-    gb, cb, bb = _log2(std.bank_groups), _log2(std.bursts_per_row), _log2(std.banks_per_group)
-    rb = _log2(std.rows)
-    bg = addr & ((1 << gb) - 1)
-    col = (addr >> gb) & ((1 << cb) - 1)
-    ba = (addr >> (gb + cb)) & ((1 << bb) - 1)
-    row = (addr >> (gb + cb + bb)) & ((1 << rb) - 1)
-    return bg, ba ^ _fold(row, rb, bb), row, col * std.burst_length
-
-
-class _Fields:
-    """Amaranth expressions of the mapped fields of a burst address (see module docstring)."""
-
-    def __init__(self, std: DRAMStandard, addr):
-        gb, cb, bb = _log2(std.bank_groups), _log2(std.bursts_per_row), _log2(std.banks_per_group)
-        rb = _log2(std.rows)
-        self.bg = addr[0:gb]
-        self.col = addr[gb:gb + cb]
-        self.row = addr[gb + cb + bb:gb + cb + bb + rb]
-        fold = addr[gb + cb:gb + cb + bb]
-        for lo in range(0, rb, bb):
-            fold = fold ^ self.row[lo:min(lo + bb, rb)]
-        self.ba = fold[:bb]
-        self.bank = Cat(self.bg, self.ba)  # bank index = ba * bank_groups + bg
 
 
 class DRAMController(wiring.Component):
@@ -183,9 +125,10 @@ class DRAMController(wiring.Component):
             "req_valid": In(1), "req_ready": Out(1), "req_we": In(1), "req_addr": In(A),
             "req_wdata": In(D), "req_wmask": In(D // 8),
             "rsp_valid": Out(1), "rsp_data": Out(D),
-            "cmd_kind": Out(3), "cmd_bg": Out(_log2(std.bank_groups)),
-            "cmd_ba": Out(_log2(std.banks_per_group)), "cmd_row": Out(_log2(std.rows)),
-            "cmd_col": Out(_log2(std.columns)), "cmd_wdata": Out(D), "cmd_wmask": Out(D // 8),
+            "cmd_kind": Out(3), "cmd_bg": Out(ceil_log2(std.bank_groups)),
+            "cmd_ba": Out(ceil_log2(std.banks_per_group)),
+            "cmd_row": Out(ceil_log2(std.rows)), "cmd_col": Out(ceil_log2(std.columns)),
+            "cmd_wdata": Out(D), "cmd_wmask": Out(D // 8),
             "rd_valid": In(1), "rd_data": In(D),
             "idle": Out(1),
         }
@@ -193,275 +136,96 @@ class DRAMController(wiring.Component):
             members[f"stat_{name}"] = Out(STAT_BITS)
         super().__init__(members)
 
-    # ------------------------------------------------------------------------------------
     def elaborate(self, platform):
         std = self.std
         m = Module()
         A, D = std.burst_addr_bits, 8 * std.burst_bytes
-        nbank, nbg = std.banks, std.bank_groups
         RQ, WQ, L = self.read_queue, self.write_queue, self.lookahead
-        gb = _log2(nbg)
-        T = STAT_BITS
+        n_look = max(min(L, RQ), min(L, WQ))
+        mapping = AddressMapping(std)
+        bank_bits = ceil_log2(std.banks)
 
-        cycle = Signal(T)                   # cycles since reset (stat_cycles, request stamps)
-        now = Signal(T, reset_less=True)    # time base of the constraint timestamps
-        m.d.sync += [cycle.eq(cycle + 1), now.eq(now + 1)]
+        cycle = Signal(STAT_BITS)           # cycles since reset (stat_cycles, request stamps)
+        m.d.sync += cycle.eq(cycle + 1)
 
-        def after(stamp):
-            """The constraint whose earliest cycle is ``stamp`` allows a command now."""
-            return now >= stamp
+        # the read queue's payload is the request's acceptance cycle (read latency), the
+        # write queue's the write data and byte mask
+        m.submodules.rq = rq = RequestQueue(RQ, A, bank_bits, look=n_look, payload_bits=32)
+        m.submodules.wq = wq = RequestQueue(WQ, A, bank_bits, look=n_look,
+                                            payload_bits=D + D // 8)
+        m.submodules.timing = timing = TimingTable(std, n_look)
+        m.submodules.scheduler = sched = Scheduler(std, n_look)
+        m.submodules.refresh = refresh = AllBankRefresh(std)
 
-        def later(a, b):
-            return Mux(a > b, a, b)
-
-        def table(depth, name, shape):
-            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem
-
-        def read(mem, index):
-            """Data of a new combinational read port of ``mem`` at ``index``."""
-            port = mem.read_port(domain="comb")
-            m.d.comb += port.addr.eq(index)
-            return port.data
-
-        # ---- queues: circular buffers in RAMs (bank index stored at push), write data RAM
-        def queue(depth, name, with_ts):
-            slots = max(2, 1 << _log2(depth))
-            mem = table(slots, f"{name}_entries", A + _log2(nbank))
-            q = {"mem": mem, "wr": mem.write_port(), "depth": depth, "slots": slots,
-                 "head": Signal(range(slots), name=f"{name}_head"),
-                 "tail": Signal(range(slots), name=f"{name}_tail"),
-                 "count": Signal(range(depth + 1), name=f"{name}_count"),
-                 "used": Signal(slots, name=f"{name}_used"),     # slot holds an entry
-                 "act": Signal(slots, name=f"{name}_act"),       # its bank needed an ACT
-                 "pre": Signal(slots, name=f"{name}_pre")}       # ... and a PRE
-            if with_ts:
-                ts = table(slots, f"{name}_stamps", 32)
-                q["ts_wr"], q["ts"] = ts.write_port(), read(ts, q["head"])
-            return q
-
-        def entry(q, index):
-            """(valid, addr, bank) of the queue's entry ``index`` (0 = oldest)."""
-            if index >= q["depth"]:
-                return Const(0), Const(0, A), Const(0, _log2(nbank))
-            data = read(q["mem"], q["head"] + index)
-            return q["count"] > index, data[:A], data[A:]
-
-        def slot_addr(q, k):
-            """(holds an entry, its address) of physical slot ``k`` (for the hazard CAMs)."""
-            return q["used"][k], read(q["mem"], k)[:A]
-
-        rq, wq = queue(RQ, "rq", True), queue(WQ, "wq", False)
-        m.submodules.wdata = wmem = Memory(shape=unsigned(D + D // 8), depth=WQ, init=[])
-        wmem_w = wmem.write_port()
-        wmem_r = wmem.read_port(domain="comb")
-        m.d.comb += wmem_r.addr.eq(wq["head"])
-
-        # ---- bank / bank-group state: open rows and constraint timestamps, one RAM word per
-        # bank (group); a command updates one word. A constraint that a command puts on every
-        # bank (group) other than its own is a single "_any" timestamp: with same-group values
-        # >= other-group values (checked in __init__) max(own, any) is the per-group counter.
-        is_open = Signal(nbank)
-        open_row = table(nbank, "open_row", _log2(std.rows))
-        act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
-        rd_at, wr_at, rrd_at = (table(nbg, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
-        # in the time base of `now`: kept over a reset, like the RAMs
-        act_any, rd_any, wr_any, rrd_any = (Signal(T, name=n, reset_less=True) for n in
-                                            ("act_any", "rd_any", "wr_any", "rrd_any"))
-        # latest ACT- / PRE-allowed stamp of any bank: all banks may ACT (REF) / PRE (PREA)
-        act_all = Signal(T, reset_less=True)
-        pre_all = Signal(T, reset_less=True)
-        faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
-        faw_ok = faw[3] == 0
-
-        # ---- refresh timer
-        ref_timer = Signal(range(std.tREFI), init=std.tREFI - 1)  # first REF after tREFI
-        ref_pending = Signal()
-        with m.If(ref_timer == 0):
-            m.d.sync += [ref_timer.eq(std.tREFI - 1), ref_pending.eq(1)]
-        with m.Else():
-            m.d.sync += ref_timer.eq(ref_timer - 1)
-
-        # ---- write mode and hazards (the CAM compares every queued address)
+        # ---- write mode and the read-after-write hazard (the head read vs queued writes)
         wmode = Signal()
-        r0 = entry(rq, 0)
-        r0_valid, r0_addr = r0[0], r0[1]
         raw = Signal()
-        w_slots = [slot_addr(wq, k) for k in range(wq["slots"])]
-        r_slots = [slot_addr(rq, k) for k in range(rq["slots"])]
-        m.d.comb += raw.eq(r0_valid & _any(u & (a == r0_addr) for u, a in w_slots))
+        m.d.comb += [wq.match_addr.eq(rq.look[0].addr), raw.eq(rq.look[0].valid & wq.match)]
         with m.If(~wmode):
-            with m.If((wq["count"] >= self.write_high) | ((rq["count"] == 0) & (wq["count"] > 0))
+            with m.If((wq.count >= self.write_high) | ((rq.count == 0) & (wq.count > 0))
                       | raw):
                 m.d.sync += wmode.eq(1)
         with m.Else():
-            with m.If((wq["count"] == 0)
-                      | ((wq["count"] <= self.write_low) & (rq["count"] > 0) & ~raw)):
+            with m.If((wq.count == 0)
+                      | ((wq.count <= self.write_low) & (rq.count > 0) & ~raw)):
                 m.d.sync += wmode.eq(0)
 
-        # ---- the active queue's first `lookahead` entries
-        n_look = max(min(L, RQ), min(L, WQ))
-        look = []
-        for i in range(n_look):
-            rv, ra, rb = entry(rq, i) if i > 0 else r0
-            wv, wa, wb = entry(wq, i)
-            look.append((Mux(wmode, wv, rv), _Fields(std, Mux(wmode, wa, ra)), Mux(wmode, wb, rb)))
-
-        # ---- column command candidate (the active queue's head)
-        v0, f0, b0 = look[0]
-        hit0 = is_open.bit_select(b0, 1) & (read(open_row, b0) == f0.row)
-        col_ok0 = after(read(col_at, b0))
-        rd_go = Signal()
-        wr_go = Signal()
+        # ---- the scheduler sees the active queue's first entries, asks the timing table
+        for e, r, w in zip(sched.look, rq.look, wq.look):
+            f = mapping.fields(Mux(wmode, w.addr, r.addr))
+            m.d.comb += [e.valid.eq(Mux(wmode, w.valid, r.valid)),
+                         e.bank.eq(Mux(wmode, w.bank, r.bank)), e.bg.eq(f.bg), e.row.eq(f.row)]
+        for ask, answer in zip(sched.rows, timing.rows):
+            connect(m, ask, answer)
+        connect(m, sched.col, timing.col)
         m.d.comb += [
-            rd_go.eq(~ref_pending & ~wmode & v0 & hit0 & col_ok0
-                     & after(read(rd_at, f0.bg)) & after(rd_any) & ~raw),
-            wr_go.eq(~ref_pending & wmode & v0 & hit0 & col_ok0
-                     & after(read(wr_at, f0.bg)) & after(wr_any)),
+            sched.wmode.eq(wmode), sched.raw.eq(raw),
+            refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
+            refresh.ref_ok.eq(timing.ref_ok),
+            sched.ref_pending.eq(refresh.pending), sched.prea.eq(refresh.prea),
+            sched.ref.eq(refresh.ref),
         ]
 
-        # ---- row command candidates (lookahead over the active queue)
-        act_common = after(act_any) & after(rrd_any) & faw_ok & ~ref_pending
-        cand_act = [Signal(name=f"cand_act{i}") for i in range(n_look)]
-        cand_pre = [Signal(name=f"cand_pre{i}") for i in range(n_look)]
-        for i, (v, f, b) in enumerate(look):
-            front = v   # entries older than a valid one are valid
-            for j in range(i):
-                front = front & (look[j][2] != b)
-            opened = is_open.bit_select(b, 1)
-            m.d.comb += [
-                cand_act[i].eq(front & ~opened & after(read(act_at, b))
-                               & after(read(rrd_at, f.bg)) & act_common),
-                cand_pre[i].eq(front & opened & (read(open_row, b) != f.row)
-                               & after(read(pre_at, b)) & ~ref_pending),
-            ]
-
-        # ---- refresh commands
-        any_open = is_open.any()
-        prea_go = Signal()
-        ref_go = Signal()
-        m.d.comb += [
-            prea_go.eq(ref_pending & any_open & after(pre_all)),
-            ref_go.eq(ref_pending & ~any_open & after(act_all)),
-        ]
-
-        # ---- choose one command
-        kind = Signal(3)
-        sel = Signal(range(max(n_look, 2)))  # lookahead entry of the command (0: RD/WR)
-        with m.If(prea_go):
-            m.d.comb += kind.eq(Cmd.PREA)
-        with m.Elif(ref_go):
-            m.d.comb += kind.eq(Cmd.REF)
-        with m.Elif(rd_go):
-            m.d.comb += kind.eq(Cmd.RD)
-        with m.Elif(wr_go):
-            m.d.comb += kind.eq(Cmd.WR)
-        with m.Else():
-            for i in reversed(range(n_look)):  # the oldest candidate wins (last assignment)
-                with m.If(cand_act[i] | cand_pre[i]):
-                    m.d.comb += [kind.eq(Mux(cand_act[i], Cmd.ACT, Cmd.PRE)), sel.eq(i)]
-        r_sel = read(rq["mem"], rq["head"] + sel)
-        w_sel = read(wq["mem"], wq["head"] + sel)
-        sel_entry = Mux(kind.matches(Cmd.PREA, Cmd.REF), 0, Mux(wmode, w_sel, r_sel))
-        f = _Fields(std, sel_entry[:A])
+        # ---- the chosen command: its entry's fields, to the device and the timing table
+        kind, sel = sched.kind, sched.sel
+        m.d.comb += [rq.sel.eq(sel), wq.sel.eq(sel)]
+        sel_entry = Mux(kind.matches(Cmd.PREA, Cmd.REF), 0,
+                        Mux(wmode, Cat(wq.sel_addr, wq.sel_bank), Cat(rq.sel_addr, rq.sel_bank)))
+        f = mapping.fields(sel_entry[:A])
         bank = sel_entry[A:]
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
         is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
-        is_prea, is_ref = kind == Cmd.PREA, kind == Cmd.REF
+        is_ref = kind == Cmd.REF
         m.d.comb += [
             self.cmd_kind.eq(kind), self.cmd_bg.eq(f.bg), self.cmd_ba.eq(f.ba),
-            self.cmd_row.eq(f.row), self.cmd_col.eq(f.col << _log2(std.burst_length)),
-            self.cmd_wdata.eq(wmem_r.data[:D]), self.cmd_wmask.eq(wmem_r.data[D:]),
+            self.cmd_row.eq(f.row), self.cmd_col.eq(f.col << ceil_log2(std.burst_length)),
+            self.cmd_wdata.eq(wq.head_payload[:D]), self.cmd_wmask.eq(wq.head_payload[D:]),
+            timing.issue.kind.eq(kind), timing.issue.bank.eq(bank),
+            timing.issue.bg.eq(f.bg), timing.issue.row.eq(f.row),
+            refresh.issued.eq(is_ref),
         ]
 
-        # ---- state updates from the issued command (stamp = now + the constraint's cycles)
-        def update(mem, index, en, stamp, keep_later=True):
-            port = mem.write_port()
-            m.d.comb += [port.addr.eq(index), port.en.eq(en),
-                         port.data.eq(later(read(mem, index), stamp) if keep_later else stamp)]
-
-        act_stamp = now + Mux(is_act, std.tRC, std.tRP)
-        update(act_at, bank, is_act | is_pre, act_stamp)
-        pre_stamp = now + Mux(is_act, std.tRAS, Mux(is_rd, std.tRTP, std.write_to_pre))
-        update(pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
-        update(col_at, bank, is_act, now + std.tRCD, keep_later=False)
-        update(rd_at, f.bg, is_rd | is_wr, now + Mux(is_rd, std.tCCD_L, std.write_to_read_l))
-        update(wr_at, f.bg, is_wr, now + std.tCCD_L_WR, keep_later=False)
-        update(rrd_at, f.bg, is_act, now + std.tRRD_L, keep_later=False)
-        orow_w = open_row.write_port()
-        m.d.comb += [orow_w.addr.eq(bank), orow_w.data.eq(f.row), orow_w.en.eq(is_act)]
-        all_stamp = now + Mux(is_prea, std.tRPab, std.tRFC)
-        with m.If(is_prea | is_ref):
-            m.d.sync += [act_any.eq(later(act_any, all_stamp)),
-                         act_all.eq(later(act_all, all_stamp))]
-        with m.If(is_act | is_pre):
-            m.d.sync += act_all.eq(later(act_all, act_stamp))
-        with m.If(is_act | is_rd | is_wr):
-            m.d.sync += pre_all.eq(later(pre_all, pre_stamp))
-        with m.If(is_rd | is_wr):
-            m.d.sync += rd_any.eq(later(rd_any, now + Mux(is_rd, std.tCCD_S,
-                                                          std.write_to_read_s)))
-            m.d.sync += wr_any.eq(later(wr_any, now + Mux(is_rd, max(std.tRTW, std.tCCD_L),
-                                                          std.tCCD_S)))
-        with m.If(is_act):
-            m.d.sync += [rrd_any.eq(now + std.tRRD_S),
-                         is_open.eq(is_open | (Const(1, nbank) << bank)[:nbank])]
-        with m.If(is_pre):
-            m.d.sync += is_open.eq(is_open & ~(Const(1, nbank) << bank)[:nbank])
-        with m.If(is_prea):
-            m.d.sync += is_open.eq(0)
-        # four-activate window: faw[k] = cycles until the (k+1)-th latest ACT leaves the window
-        dec = [Mux(x == 0, 0, x - 1) for x in faw]
-        with m.If(is_act):
-            m.d.sync += [faw[0].eq(std.tFAW - 1)] + [faw[k].eq(dec[k - 1]) for k in range(1, 4)]
-        with m.Else():
-            m.d.sync += [faw[k].eq(dec[k]) for k in range(4)]
-        with m.If(is_ref):
-            m.d.sync += ref_pending.eq(0)
-            with m.If(ref_timer == 0):  # a new interval elapsed in the same cycle: keep it
-                m.d.sync += ref_pending.eq(1)
-
-        # ---- queue updates
+        # ---- queue updates; a write to the address of a queued read waits (write-after-read)
         push = self.req_valid & self.req_ready
-        war = _any(u & (a == self.req_addr) for u, a in r_slots)
-        m.d.comb += self.req_ready.eq(Mux(self.req_we, (wq["count"] < WQ) & ~war,
-                                          rq["count"] < RQ))
-        req_bank = _Fields(std, self.req_addr).bank
-        row_cmd = is_act | is_pre
-        for q, pop, push_q, active in ((rq, is_rd, push & ~self.req_we, ~wmode),
-                                       (wq, is_wr, push & self.req_we, wmode)):
-            slots = q["slots"]
-            one = Const(1, slots)
-            m.d.comb += [q["wr"].addr.eq(q["tail"]), q["wr"].en.eq(push_q),
-                         q["wr"].data.eq(Cat(self.req_addr, req_bank))]
-            if "ts_wr" in q:
-                m.d.comb += [q["ts_wr"].addr.eq(q["tail"]), q["ts_wr"].en.eq(push_q),
-                             q["ts_wr"].data.eq(cycle[:32])]
-            at_tail = Mux(push_q, (one << q["tail"])[:slots], 0)
-            at_head = Mux(pop, (one << q["head"])[:slots], 0)
-            at_sel = Mux(row_cmd & active, (one << (q["head"] + sel)[:len(q["head"])])[:slots], 0)
-            m.d.sync += [
-                q["used"].eq((q["used"] & ~at_head) | at_tail),
-                q["act"].eq((q["act"] & ~at_tail) | Mux(is_act, at_sel, 0)),
-                q["pre"].eq((q["pre"] & ~at_tail) | Mux(is_pre, at_sel, 0)),
-                q["head"].eq(q["head"] + pop), q["tail"].eq(q["tail"] + push_q),
-                q["count"].eq(q["count"] + push_q - pop),
-            ]
-        m.d.comb += [wmem_w.addr.eq(wq["tail"]),
-                     wmem_w.data.eq(Cat(self.req_wdata, self.req_wmask)),
-                     wmem_w.en.eq(push & self.req_we)]
+        m.d.comb += [rq.match_addr.eq(self.req_addr),
+                     self.req_ready.eq(Mux(self.req_we, (wq.count < WQ) & ~rq.match,
+                                           rq.count < RQ))]
+        req_bank = mapping.fields(self.req_addr).bank
+        for q, pop, push_q, active, payload in (
+                (rq, is_rd, push & ~self.req_we, ~wmode, cycle[:32]),
+                (wq, is_wr, push & self.req_we, wmode, Cat(self.req_wdata, self.req_wmask))):
+            m.d.comb += [q.push.eq(push_q), q.push_addr.eq(self.req_addr),
+                         q.push_bank.eq(req_bank), q.push_payload.eq(payload), q.pop.eq(pop),
+                         q.mark_act.eq(is_act & active), q.mark_pre.eq(is_pre & active)]
 
         # ---- responses, idle, statistics
         inflight = Signal(range(64))
         m.d.sync += inflight.eq(inflight + is_rd - self.rd_valid)
         m.d.comb += [self.rsp_valid.eq(self.rd_valid), self.rsp_data.eq(self.rd_data),
-                     self.idle.eq((rq["count"] == 0) & (wq["count"] == 0) & (inflight == 0))]
+                     self.idle.eq((rq.count == 0) & (wq.count == 0) & (inflight == 0))]
         stats = {n: Signal(STAT_BITS, name=f"st_{n}") for n in STAT_NAMES}
-        head_act = Mux(is_rd, rq["act"].bit_select(rq["head"], 1),
-                       wq["act"].bit_select(wq["head"], 1))
-        head_pre = Mux(is_rd, rq["pre"].bit_select(rq["head"], 1),
-                       wq["pre"].bit_select(wq["head"], 1))
+        head_act = Mux(is_rd, rq.head_act, wq.head_act)
+        head_pre = Mux(is_rd, rq.head_pre, wq.head_pre)
         col = is_rd | is_wr
         m.d.sync += [
             stats["reads"].eq(stats["reads"] + is_rd),
@@ -473,19 +237,11 @@ class DRAMController(wiring.Component):
         ]
         with m.If(is_rd):
             m.d.sync += stats["read_latency"].eq(
-                stats["read_latency"] + (cycle[:32] - rq["ts"])[:32] + std.read_latency)
+                stats["read_latency"] + (cycle[:32] - rq.head_payload)[:32] + std.read_latency)
         m.d.comb += stats["cycles"].eq(cycle)
         for n in STAT_NAMES:
             m.d.comb += getattr(self, f"stat_{n}").eq(stats[n])
         return m
-
-
-def _any(terms):
-    out = Const(0)
-    for t in terms:
-        out = out | t
-    return out
-
 
 
 class WordAdapter(wiring.Component):
@@ -550,7 +306,7 @@ class WordAdapter(wiring.Component):
     def _elaborate_narrow(self):
         m = Module()
         W, wpb, D = self.word_bytes, self.words_per_burst, 8 * self.burst_bytes
-        ob = _log2(wpb)
+        ob = ceil_log2(wpb)
         tag = self.mem_req_addr[ob:]
         off = self.mem_req_addr[:ob] if ob else Const(0, 1)
 
@@ -629,7 +385,7 @@ class WordAdapter(wiring.Component):
         k = self.bursts_per_word
         D = 8 * self.burst_bytes
         part = Signal(range(k))
-        base = Cat(Const(0, _log2(k)), self.mem_req_addr)
+        base = Cat(Const(0, ceil_log2(k)), self.mem_req_addr)
         bmask = self._byte_mask(self.mem_req_wmask)
         parts_d = Array(self.mem_req_wdata[i * D:(i + 1) * D] for i in range(k))
         parts_m = Array(bmask[i * D // 8:(i + 1) * D // 8] for i in range(k))

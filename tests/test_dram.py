@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coda.cosim import dram_check, dram_replay
-from coda.hw.dram import map_burst_address
+from coda.hw.dram_mapping import map_burst_address
 from coda.hw.dram_standards import STANDARDS, get_standard
 
 ALL = list(STANDARDS)

@@ -1,0 +1,208 @@
+"""Timing table of the rank memory controller: bank state and every JEDEC constraint.
+
+Every bank and bank-group constraint is a timestamp: a command sets the earliest cycle at which
+a dependent command may issue (``now + tXX``, keeping a later one already set), and the
+dependent command waits until the free-running cycle counter ``now`` reaches it; tFAW (the four
+latest ACTs) is a set of down-counters. So a command the table allows obeys the standard
+cycle by cycle *by construction*; :mod:`coda.cosim.dram_check` verifies the command stream
+independently from the command log.
+
+Per-bank and per-bank-group timestamps and open rows live in small RAMs indexed by bank (group):
+a query reads the state of one bank, an issued command writes only the words it changes. A
+constraint a command puts on every *other* bank group (tCCD_S, tRRD_S, tWTR_S) is one shared
+timestamp; the group's own (the _L value) is at least as long, so max(own, shared) equals the
+per-group constraint. The timestamps and ``now`` are not reset: a controller reset forgets open
+rows, not the timing constraints the DRAM still obeys.
+
+This is the part of Ramulator 2's DRAM model (``check_ready`` / ``update_timing`` over the
+timing constraints of the standard's table) that a scheduler consults; the standard itself is
+data (:mod:`coda.hw.dram_standards`).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .dram_standards import DRAMStandard, get_standard
+
+__all__ = ["Cmd", "TimingTable", "row_query", "column_query", "issued_command", "STAMP_BITS"]
+
+#: Width of the timestamps and of ``now`` (cycles): 2**48 cycles is days of DRAM time.
+STAMP_BITS = 48
+
+
+class Cmd:
+    """Command codes (on the controller's ``cmd_kind`` and in the SV device's log)."""
+    NOP, ACT, PRE, PREA, RD, WR, REF = range(7)
+    NAMES = {1: "ACT", 2: "PRE", 3: "PREA", 4: "RD", 5: "WR", 6: "REF"}
+
+
+def row_query(std: DRAMStandard) -> wiring.Signature:
+    """Question about one bank, seen from the asker: ``bank`` (index in the rank), its bank
+    group ``bg`` and a ``row``; answers ``opened`` (the bank has an open row), ``row_hit``
+    (the open row, if any, is ``row``), ``act_ok`` (an ACT to it may issue now: tRC, tRP,
+    tRRD_L/_S, tFAW, refresh recovery) and ``pre_ok`` (a PRE may issue now: tRAS, tRTP, tWR)."""
+    return wiring.Signature({
+        "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
+        "row": Out(ceil_log2(std.rows)),
+        "opened": In(1), "row_hit": In(1), "act_ok": In(1), "pre_ok": In(1)})
+
+
+def column_query(std: DRAMStandard) -> wiring.Signature:
+    """Question about a column command to ``bank`` in bank group ``bg``, seen from the asker:
+    ``col_ok`` (tRCD since the bank's ACT), ``rd_ok`` / ``wr_ok`` (a RD / WR may issue now:
+    tCCD_L/_S, tWTR, tRTW, the write-to-write spacing)."""
+    return wiring.Signature({
+        "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
+        "col_ok": In(1), "rd_ok": In(1), "wr_ok": In(1)})
+
+
+def issued_command(std: DRAMStandard) -> wiring.Signature:
+    """The command issued this cycle, seen from the controller: ``kind`` (:class:`Cmd`),
+    ``bank``, ``bg``, ``row`` (of ACT/PRE/RD/WR; ignored for NOP, PREA, REF)."""
+    return wiring.Signature({
+        "kind": Out(3), "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
+        "row": Out(ceil_log2(std.rows))})
+
+
+class TimingTable(wiring.Component):
+    """Bank state and timing constraints of one rank.
+
+    Parameters:
+        std: a :class:`DRAMStandard` or preset name (same-bank-group constraints at least
+            the other-group ones, as :class:`coda.hw.dram.DRAMController` checks).
+        row_queries: how many banks may be asked about at once (the scheduler's lookahead).
+
+    Members:
+        rows: In(:func:`row_query`) x ``row_queries``: per-bank questions (ACT / PRE).
+        col: In(:func:`column_query`): the column command's question.
+        any_open: Out(1): some bank has an open row.
+        prea_ok: Out(1): a PREA may issue now (every bank's tRAS/tRTP/tWR passed).
+        ref_ok: Out(1): a REF may issue now (every bank's tRP/tRC, tRPab, the last tRFC).
+        issue: In(:func:`issued_command`): the command issued this cycle updates the table.
+    """
+
+    def __init__(self, std, row_queries: int):
+        self.std = std = get_standard(std)
+        if row_queries < 1:
+            raise ValueError(f"row_queries={row_queries}: expected >= 1")
+        self.row_queries = row_queries
+        super().__init__({
+            "rows": In(row_query(std)).array(row_queries), "col": In(column_query(std)),
+            "any_open": Out(1), "prea_ok": Out(1), "ref_ok": Out(1),
+            "issue": In(issued_command(std)),
+        })
+
+    def elaborate(self, platform):
+        std = self.std
+        m = Module()
+        nbank, nbg, T = std.banks, std.bank_groups, STAMP_BITS
+
+        now = Signal(T, reset_less=True)    # time base of the constraint timestamps
+        m.d.sync += now.eq(now + 1)
+
+        def after(stamp):
+            """The constraint whose earliest cycle is ``stamp`` allows a command now."""
+            return now >= stamp
+
+        def later(a, b):
+            return Mux(a > b, a, b)
+
+        def table(depth, name, shape):
+            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
+            m.submodules[name] = mem
+            return mem
+
+        def read(mem, index):
+            """Data of a new combinational read port of ``mem`` at ``index``."""
+            port = mem.read_port(domain="comb")
+            m.d.comb += port.addr.eq(index)
+            return port.data
+
+        # open rows and constraint timestamps, one RAM word per bank (group). A constraint
+        # that a command puts on every bank (group) other than its own is a single "_any"
+        # timestamp: with same-group values >= other-group values max(own, any) is the
+        # per-group counter.
+        is_open = Signal(nbank)
+        open_row = table(nbank, "open_row", ceil_log2(std.rows))
+        act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
+        rd_at, wr_at, rrd_at = (table(nbg, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
+        # in the time base of `now`: kept over a reset, like the RAMs
+        act_any, rd_any, wr_any, rrd_any = (Signal(T, name=n, reset_less=True) for n in
+                                            ("act_any", "rd_any", "wr_any", "rrd_any"))
+        # latest ACT- / PRE-allowed stamp of any bank: all banks may ACT (REF) / PRE (PREA)
+        act_all = Signal(T, reset_less=True)
+        pre_all = Signal(T, reset_less=True)
+        faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
+        faw_ok = faw[3] == 0
+
+        # ---- answers
+        for q in self.rows:
+            m.d.comb += [
+                q.opened.eq(is_open.bit_select(q.bank, 1)),
+                q.row_hit.eq(read(open_row, q.bank) == q.row),
+                q.act_ok.eq(after(read(act_at, q.bank)) & after(read(rrd_at, q.bg))
+                            & after(act_any) & after(rrd_any) & faw_ok),
+                q.pre_ok.eq(after(read(pre_at, q.bank))),
+            ]
+        m.d.comb += [
+            self.col.col_ok.eq(after(read(col_at, self.col.bank))),
+            self.col.rd_ok.eq(after(read(rd_at, self.col.bg)) & after(rd_any)),
+            self.col.wr_ok.eq(after(read(wr_at, self.col.bg)) & after(wr_any)),
+            self.any_open.eq(is_open.any()),
+            self.prea_ok.eq(after(pre_all)),
+            self.ref_ok.eq(after(act_all)),
+        ]
+
+        # ---- updates from the issued command (stamp = now + the constraint's cycles)
+        kind, bank, bg = self.issue.kind, self.issue.bank, self.issue.bg
+        is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
+        is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
+        is_prea, is_ref = kind == Cmd.PREA, kind == Cmd.REF
+
+        def update(mem, index, en, stamp, keep_later=True):
+            port = mem.write_port()
+            m.d.comb += [port.addr.eq(index), port.en.eq(en),
+                         port.data.eq(later(read(mem, index), stamp) if keep_later else stamp)]
+
+        act_stamp = now + Mux(is_act, std.tRC, std.tRP)
+        update(act_at, bank, is_act | is_pre, act_stamp)
+        pre_stamp = now + Mux(is_act, std.tRAS, Mux(is_rd, std.tRTP, std.write_to_pre))
+        update(pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
+        update(col_at, bank, is_act, now + std.tRCD, keep_later=False)
+        update(rd_at, bg, is_rd | is_wr, now + Mux(is_rd, std.tCCD_L, std.write_to_read_l))
+        update(wr_at, bg, is_wr, now + std.tCCD_L_WR, keep_later=False)
+        update(rrd_at, bg, is_act, now + std.tRRD_L, keep_later=False)
+        orow_w = open_row.write_port()
+        m.d.comb += [orow_w.addr.eq(bank), orow_w.data.eq(self.issue.row), orow_w.en.eq(is_act)]
+        all_stamp = now + Mux(is_prea, std.tRPab, std.tRFC)
+        with m.If(is_prea | is_ref):
+            m.d.sync += [act_any.eq(later(act_any, all_stamp)),
+                         act_all.eq(later(act_all, all_stamp))]
+        with m.If(is_act | is_pre):
+            m.d.sync += act_all.eq(later(act_all, act_stamp))
+        with m.If(is_act | is_rd | is_wr):
+            m.d.sync += pre_all.eq(later(pre_all, pre_stamp))
+        with m.If(is_rd | is_wr):
+            m.d.sync += rd_any.eq(later(rd_any, now + Mux(is_rd, std.tCCD_S,
+                                                          std.write_to_read_s)))
+            m.d.sync += wr_any.eq(later(wr_any, now + Mux(is_rd, max(std.tRTW, std.tCCD_L),
+                                                          std.tCCD_S)))
+        with m.If(is_act):
+            m.d.sync += [rrd_any.eq(now + std.tRRD_S),
+                         is_open.eq(is_open | (Const(1, nbank) << bank)[:nbank])]
+        with m.If(is_pre):
+            m.d.sync += is_open.eq(is_open & ~(Const(1, nbank) << bank)[:nbank])
+        with m.If(is_prea):
+            m.d.sync += is_open.eq(0)
+        # four-activate window: faw[k] = cycles until the (k+1)-th latest ACT leaves the window
+        dec = [Mux(x == 0, 0, x - 1) for x in faw]
+        with m.If(is_act):
+            m.d.sync += [faw[0].eq(std.tFAW - 1)] + [faw[k].eq(dec[k - 1]) for k in range(1, 4)]
+        with m.Else():
+            m.d.sync += [faw[k].eq(dec[k]) for k in range(4)]
+        return m
