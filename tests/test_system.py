@@ -131,6 +131,18 @@ def test_synthesized_events_equal_real_ones(generation, digits_shape):
     assert ops(synth) == ops(log)
 
 
+def test_chained_segments_cross_the_link_once_when_chained_in_ranks():
+    for k in (1, 8):
+        assert segment_bytes(512, 96, k, 2, 8, "ranks") == segment_bytes(512, 96, k, 2, 8)
+    host, ranks = segment_bytes(512, 96, 20, 2, 8, "host"), segment_bytes(512, 96, 20, 2, 8,
+                                                                          "ranks")
+    assert host["programs"] == ranks["programs"] == 3
+    assert (host["x"], host["y"]) == (3 * ranks["x"], 3 * ranks["y"])
+    assert (host["gates"], host["cmd"]) == (ranks["gates"], ranks["cmd"])
+    with pytest.raises(ValueError, match="chain"):
+        segment_bytes(512, 96, 2, 2, 8, "pcie")
+
+
 def test_modelled_for_coda_run(generation):
     out = modelled(generation["log"])
     assert out["nme_check"]["max_rel_error"] == 0.0
@@ -247,6 +259,19 @@ def test_parse_systems():
         parse_systems("g")
 
 
+def test_schedule_file_is_transferred(tmp_path, generation):
+    path = tmp_path / "sched.json"
+    path.write_text(generation["policy"].build(STEPS, 4).to_json())
+    rep = simulate("wan2.1-1.3b", resolution="480p", seconds=1, steps=7, schedule=str(path),
+                   systems="ce", record=False, shape_cache=None)["report"]
+    assert rep["schedule"]["transferred"] is True
+    assert "relative depth" in rep["schedule"]["source"]
+    assert rep["systems"]["e"]["segments"] > 0
+    own = simulate("latte-digits", steps=STEPS, schedule=str(path), systems="e",
+                   record=False, shape_cache=None)["report"]
+    assert own["schedule"]["transferred"] is False       # the identity on its own model
+
+
 def test_cli(tmp_path, capsys):
     from coda.cli import main
 
@@ -262,6 +287,11 @@ def test_cli(tmp_path, capsys):
                     "pcie_bytes", "gpu_busy_fraction"):
             assert key in row
     assert (out / "timeline.png").stat().st_size > 0
+    none = tmp_path / "none"          # nothing requested fits: rows say so, exit 0
+    assert main(["sim", "--model", "wan2.1-14b", "--steps", "8", "--warmup", "2", "--dimms",
+                 "1", "--ranks", "1", "--system", "e", "--out", str(none)]) == 0
+    row = json.loads((none / "report.json").read_text())["systems"]["e"]
+    assert row["fits"] is False and "host DIMMs" in row["reason"]
     bad = tmp_path / "file"
     bad.write_text("x")
     assert main(["sim", "--model", "latte-digits", "--out", str(bad)]) == 2

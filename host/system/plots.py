@@ -36,6 +36,15 @@ def timeline(results: dict, steps: list[int], path: Path, title: str = "") -> Pa
     from matplotlib.patches import Patch
 
     systems = [s for s in results if results[s].intervals]
+    if not systems:                        # nothing replayed (e.g. no requested system fits)
+        fig, ax = plt.subplots(figsize=(8, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no requested system fits: nothing to plot", ha="center")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
     fig, axes = plt.subplots(len(systems), 1, figsize=(12, 1.5 + 1.3 * len(systems)),
                              squeeze=False)
     for ax, s in zip(axes[:, 0], systems):

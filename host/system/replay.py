@@ -39,7 +39,9 @@ Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
 - **d** + DIMM-NMP, one transfer per cached operator: each reused operator is its own
   1-term segment: x down, NME, y up; the GPU waits.
 - **e** + scheduler: consecutive reused operators run as one coalesced segment (as the
-  events group them): one round trip per segment; the GPU waits.
+  events group them): one round trip per segment (``chain="ranks"``: launches of more than
+  8 terms chain in rank memory; ``chain="host"`` replays today's driver, which
+  round-trips every launch); the GPU waits.
 - **f** + CFG-interleaved pipelining: e with each step's branches as separate calls that
   share the GPU, the first branch of the step having priority (non-preemptive): while its
   segment is on PCIe/NMEs the GPU computes the other branch; the timestep is the sync point (both branches finish before the next step). A
@@ -134,10 +136,11 @@ def _mem_kernel(nbytes: float, gpu) -> float:
 
 class _Replay:
     def __init__(self, wl: Workload, plat: Platform, system: str, nme_timing: str,
-                 prefetch: int, record: bool):
+                 prefetch: int, record: bool, chain: str = "ranks"):
         self.wl, self.p, self.sys = wl, plat, system
         self.shape = wl.shape
         self.nme_timing, self.prefetch, self.record = nme_timing, max(0, prefetch), record
+        self.chain = chain
         self.env = simpy.Environment()
         self.gpu = simpy.PriorityResource(self.env, 1)
         self.h2d = simpy.Resource(self.env, 1)
@@ -239,9 +242,11 @@ class _Replay:
                 bytes_down=None, bytes_up=None):
         branch = row[0]
         k = len(seg_ops)
-        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes)
-        down = sb["down"] if bytes_down is None else bytes_down
-        up = sb["up"] if bytes_up is None else bytes_up
+        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes, self.chain)
+        # a real run's bytes are the driver's (chain="host") on the run's ranks
+        use_events = self.chain == "host" and bytes_down is not None
+        down = bytes_down if use_events else sb["down"]
+        up = bytes_up if use_events else sb["up"]
         seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
                                                                   events_cycles)
         yield from self.copy("d2h", down, "x", branch, step)
@@ -391,7 +396,8 @@ class _Replay:
 
 
 def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "model",
-           prefetch: int = 1, record: bool = True, weights: str = "resident") -> SystemResult:
+           prefetch: int = 1, record: bool = True, weights: str = "resident",
+           chain: str = "ranks") -> SystemResult:
     """Replay ``wl`` on ``plat`` as system ``system`` (a..f).
 
     Args:
@@ -402,6 +408,9 @@ def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "mode
             weights).
         record: keep the busy intervals (for the timeline).
         weights: ``"resident"`` or ``"streamed"`` (decided by the ablation's memory check).
+        chain: how a segment of more than 8 terms chains NME launches
+            (:func:`coda.host.system.workload.segment_bytes`): ``"ranks"`` (the coalesced
+            segment of the paper: one round trip) or ``"host"`` (today's driver).
     Returns:
         :class:`SystemResult`.
     Raises:
@@ -411,7 +420,9 @@ def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "mode
         raise ValueError(f"--system {system!r}: expected one of {', '.join(SYSTEMS)} or all")
     if nme_timing not in ("model", "events"):
         raise ValueError(f"nme_timing={nme_timing!r}: expected 'model' or 'events'")
-    r = _Replay(wl, plat, system, nme_timing, prefetch, record)
+    if chain not in ("host", "ranks"):
+        raise ValueError(f"--chain {chain!r}: expected 'ranks' or 'host'")
+    r = _Replay(wl, plat, system, nme_timing, prefetch, record, chain)
     r.res.weights = weights
     return r.run()
 

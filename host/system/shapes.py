@@ -217,8 +217,9 @@ class OpGroup:
         ops: per operator ``(name, module attributes of the block ("" = the whole block),
             kind, gated)``; several modules make one operator (e.g. HunyuanVideo's image and
             text FFNs).
-        layer_of: block index -> model layer (Latte: the temporal block i is layer i).
-        barrier_after_block: block indices after which a computed operation follows.
+        layer_offset: model layer of the group's first block (HunyuanVideo's single-stream
+            blocks follow its 20 dual-stream ones); Latte's spatial and temporal block ``i``
+            are both layer ``i``.
     """
     blocks: str
     ops: tuple[tuple[str, tuple[str, ...], str, bool], ...]
@@ -240,7 +241,7 @@ class ModelSpec:
         text_tokens: prompt tokens the pipeline pads to. text_dim: text-encoder width.
         cfg: ``"batched"``, ``"two_pass"`` or ``"distilled"`` (the diffusers pipeline's loop).
         groups: the cacheable operators (:class:`OpGroup`).
-        barrier_blocks: (group index, block index) after which a computed op follows.
+        dtype: the run dtype of the weights and activations.
         notes: sources of the rest (fps, frame rule, CFG).
     """
     title: str
@@ -256,7 +257,6 @@ class ModelSpec:
     text_dim: int
     cfg: str
     groups: tuple[OpGroup, ...] = ()
-    barrier_blocks: tuple[tuple[int, int], ...] = ()
     dtype: str = "bf16"
     notes: str = ""
 

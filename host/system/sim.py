@@ -67,6 +67,10 @@ def configure(parser) -> None:
                         help="a..f, several (e.g. c,e,f) or all")
     parser.add_argument("--prefetch", type=int, default=1,
                         help="operators of H2D prefetch look-ahead (default 1)")
+    parser.add_argument("--chain", default="ranks", choices=("ranks", "host"),
+                        help="segments of > 8 terms chain NME launches in rank memory "
+                             "(ranks: one round trip per segment, default) or through the "
+                             "host (today's driver)")
     parser.add_argument("--out", default="out-sim", help="output folder (default out-sim/)")
 
 
@@ -89,7 +93,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
              gpu: str = "rtx4090", dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
              lanes: int = 8, depth: int = 256, schedule: str = "uniform", interval: int = 2,
              warmup: int = 5, intervals: dict | None = None, systems: str = "abcdef",
-             prefetch: int = 1,
+             prefetch: int = 1, chain: str = "ranks",
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files).
@@ -124,7 +128,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
     log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=lanes, depth=depth)
     wl = from_events(log, shape)
     t_events = time.perf_counter() - t0
-    abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
+    abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record, chain=chain)
     report = {
         "model": shape.describe(),
         "cache_bytes": wl.cache_bytes,
@@ -133,6 +137,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
         "steps": steps,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
+        "replay": {"prefetch": prefetch, "chain": chain, "nme_timing": "model"},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "systems": abl["systems"],
         "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
@@ -149,8 +154,9 @@ _ASSUMPTIONS = [
     "NME time: cycle model of the compiled program, bounded by the DIMM-NMP DRAM utilisation "
     "measured in the cosimulation (nme.py)",
     "while the NMEs run a segment they own their ranks: host copies to those ranks wait",
-    "long segments chain launches of <= 8 terms, each round-tripping y through the host, as "
-    "NMPDriver.segment does today",
+    "segments of > 8 terms chain NME launches; --chain ranks (default) keeps the partial "
+    "result in rank memory (one round trip per segment, the paper's coalescing), --chain "
+    "host round-trips every launch as NMPDriver.segment does today",
     "c prefetches cached outputs one operator ahead (double buffering)",
     "weights that do not fit next to the activations are streamed per operator over PCIe",
     "GPU power while stalled: the RTX 4090 nvidia-smi figure; other GPUs the same fraction",
@@ -181,7 +187,8 @@ def main(args) -> int:
                    frames=args.frames, steps=args.steps, gpu=args.platform, dram=args.dram,
                    dimms=args.dimms, ranks=args.ranks, lanes=args.lanes, depth=args.depth,
                    schedule=args.schedule, interval=args.interval, warmup=args.warmup,
-                   intervals=intervals, systems=systems, prefetch=args.prefetch)
+                   intervals=intervals, systems=systems, prefetch=args.prefetch,
+                   chain=args.chain)
     report, abl, wl = res["report"], res["ablation"], res["workload"]
     report["wall_s"] = round(time.perf_counter() - t0, 3)
     out.mkdir(parents=True, exist_ok=True)

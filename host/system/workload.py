@@ -48,14 +48,23 @@ def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int) -> int:
                for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
 
 
-def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int) -> dict:
-    """Host-link bytes of a ``k``-term segment as :meth:`NMPDriver.segment` moves them:
-    ``x`` down, the gates replicated to every rank, the command words (8 bytes per header or
-    micro-op word per rank and launch; ``2K+2`` micro-ops), ``y`` up; launches of at most 8
-    terms chain, each writing its input and reading its output.
+def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
+                  chain: str = "host") -> dict:
+    """Host-link bytes of a ``k``-term segment: ``x`` down, the gates replicated to every
+    rank, the command words (8 bytes per header or micro-op word per rank and launch;
+    ``2K+2`` micro-ops), ``y`` up. A segment of more than 8 terms chains launches:
+
+    - ``chain="host"``: as :meth:`NMPDriver.segment` does today, every launch writes its
+      input and reads its output over the host link (the events of a real run);
+    - ``chain="ranks"``: the intermediate result stays in rank memory (the next launch
+      reads it there), so the segment crosses the link once each way: the coalesced segment
+      of the CODA paper ("one transfer at the segment boundary").
 
     Returns ``{"x", "gates", "cmd", "y", "down", "up", "programs"}``.
+    Raises ValueError for another ``chain``.
     """
+    if chain not in ("host", "ranks"):
+        raise ValueError(f"chain={chain!r}: expected 'host' or 'ranks'")
     ranks = sum(1 for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
     t = tensor_bytes(tokens, channels, n_ranks, lanes)
     gate = words_for(channels, lanes) * 2 * lanes
@@ -63,8 +72,9 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int) 
     programs = 0
     for i in range(0, k, MAX_SEGMENT_TERMS):
         kk = min(MAX_SEGMENT_TERMS, k - i)
-        x += t
-        y += t
+        if chain == "host" or i == 0:
+            x += t
+            y += t
         gates += kk * gate * ranks
         cmd += 8 * (1 + 2 * kk + 2) * ranks
         programs += 1
