@@ -3,10 +3,11 @@
 Method
 ------
 1. The NME's Verilog (``coda.hw.verilog.nme_verilog(cfg, "coda_nme")``) goes through yosys'
-   technology-independent synthesis (:func:`coda.synth.flow.synth_generic`: ``synth -flatten``,
-   ``write_verilog -noattr``). The netlist is plain Verilog of yosys' internal gates
-   (``$_AND_``, ``$_MUX_``, ``$_DFF_*`` written as expressions and ``always`` blocks), so no
-   cell library (simcells.v) is needed; memories are mapped to flip-flops by ``memory_map``.
+   technology-independent synthesis (:func:`coda.synth.yosys_synth.synth_generic`:
+   ``synth -flatten``, ``write_verilog -noattr``). The netlist is plain Verilog of yosys'
+   internal gates (``$_AND_``, ``$_MUX_``, ``$_DFF_*`` written as expressions and ``always``
+   blocks), so no cell library (simcells.v) is needed; memories are mapped to flip-flops
+   by ``memory_map``.
 2. The cosimulation top of :mod:`coda.cosim` (HDL clock, memory model with latency and random
    stalls, job server) is built around the netlist instead of the RTL
    (:func:`coda.cosim.build.build_sim` with ``verilog=netlist``), and the same job server
@@ -42,8 +43,9 @@ from coda.cosim.toolchain import build_dir
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.host import ops as ref
 from coda.host.interp import run_program
-from coda.synth.flow import nme_source, synth_generic
+from coda.synth.flow import nme_source
 from coda.synth.stimuli import op_case
+from coda.synth.yosys_synth import synth_generic
 
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
            "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "main"]
@@ -83,7 +85,7 @@ def netlist_verilog(cfg: NMEConfig, *, timeout_s: float | None = None) -> tuple[
         (netlist Verilog text, ``{"cells_total", "ff", "logic_depth", "cells", "yosys_s",
         "path"}``).
     Raises:
-        coda.synth.flow.SynthError if yosys fails.
+        coda.synth.tools.SynthError if yosys fails.
     """
     rtl = nme_source(cfg, name=DUT_NAME)
     key = hashlib.sha256(rtl.encode()).hexdigest()[:16]

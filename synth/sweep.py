@@ -39,7 +39,8 @@ from pathlib import Path
 
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
-from coda.synth.flow import SynthError, synthesize
+from coda.synth.flow import synthesize
+from coda.synth.tools import SynthError
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
            "bandwidth_table", "measured_table", "plot", "main"]

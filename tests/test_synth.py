@@ -11,7 +11,7 @@ import json
 import pytest
 
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
-from coda.synth import energy, flow, sweep
+from coda.synth import ecp5, energy, flow, harness, sweep
 
 SMALL = NMEConfig(lanes=1, fmt="bf16", depth=16, mem_words=4096)
 
@@ -31,29 +31,29 @@ endmodule
 
 
 def test_top_ports_parses_declarations():
-    ports = flow.top_ports(TOY, "toy")
-    assert ports == [flow.Port("clk", "input", 1), flow.Port("rst", "input", 1),
-                     flow.Port("a", "input", 8), flow.Port("b", "input", 4),
-                     flow.Port("y", "output", 8), flow.Port("z", "output", 1)]
+    ports = harness.top_ports(TOY, "toy")
+    assert ports == [harness.Port("clk", "input", 1), harness.Port("rst", "input", 1),
+                     harness.Port("a", "input", 8), harness.Port("b", "input", 4),
+                     harness.Port("y", "output", 8), harness.Port("z", "output", 1)]
 
 
 def test_top_ports_missing_module_names_it():
     with pytest.raises(ValueError, match="'nope'"):
-        flow.top_ports(TOY, "nope")
+        harness.top_ports(TOY, "nope")
 
 
 def test_io_wrapper_shift_register_widths():
-    text = flow.io_wrapper("toy", flow.top_ports(TOY, "toy"))
+    text = harness.io_wrapper("toy", harness.top_ports(TOY, "toy"))
     # inputs without the clock: rst + a + b = 13 bits; outputs y + z = 9 bits
     assert "reg [12:0] in_sr" in text and "reg [8:0] out_sr" in text
     assert ".clk(clk)" in text and ".b(in_sr[12:9])" in text and ".z(core_out[8:8])" in text
 
 
 def test_pick_device_smallest_that_fits():
-    assert flow.pick_device(10_000, 8, 4).name == "LFE5U-25F"
-    assert flow.pick_device(30_000, 8, 4).name == "LFE5U-45F"
-    assert flow.pick_device(10_000, 100, 4).name == "LFE5U-85F"   # DSPs decide
-    assert flow.pick_device(80_000, 8, 4) is None                  # 10 % margin over 84K
+    assert ecp5.pick_device(10_000, 8, 4).name == "LFE5U-25F"
+    assert ecp5.pick_device(30_000, 8, 4).name == "LFE5U-45F"
+    assert ecp5.pick_device(10_000, 100, 4).name == "LFE5U-85F"   # DSPs decide
+    assert ecp5.pick_device(80_000, 8, 4) is None                  # 10 % margin over 84K
 
 
 def test_synthesize_rejects_unknown_target(tmp_path):
