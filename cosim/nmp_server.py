@@ -1,0 +1,61 @@
+"""The DIMM-NMP job server, run by cocotb inside the simulator (``cosim/nmp_top.sv``).
+
+It serves :class:`coda.cosim.nmp_session.NMPSession` requests: ``run`` (load the ranks' memory
+images that changed, feed the command words, run to the combined done) and ``dump``, by
+handshakes on the top's ``tb_*`` job port; :func:`coda.cosim.server.serve_requests` does the
+socket side.
+"""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["OP_LOAD", "OP_RUN", "OP_DUMP"]   # and serve(), where cocotb is importable
+
+#: job-port operations of nmp_top.sv
+OP_LOAD, OP_RUN, OP_DUMP = 1, 3, 4
+
+try:
+    import cocotb as _cocotb
+except ImportError:  # the server runs only inside the simulator, which has cocotb
+    _cocotb = None
+
+
+async def _call(dut, op: int) -> None:
+    seq = (int(dut.tb_ack.value) + 1) & 0xFFFF_FFFF
+    dut.tb_op.value = op
+    dut.tb_req.value = seq
+    while int(dut.tb_ack.value) != seq:
+        await dut.tb_ack.value_change
+
+
+async def _handle(dut, req: dict) -> dict:
+    from cocotb.utils import get_sim_time
+    op = req.get("op")
+    if op == "run":
+        if req.get("load_mask"):
+            dut.tb_load_mask.value = int(req["load_mask"])
+            await _call(dut, OP_LOAD)
+        dut.tb_ncmd.value = int(req["ncmd"])
+        dut.tb_max_cycles.value = int(req["max_cycles"])
+        t0 = get_sim_time("ns")
+        w0 = time.perf_counter()
+        await _call(dut, OP_RUN)
+        return {"ok": True, "cycles": int(dut.tb_cycles.value),
+                "sim_wall_s": time.perf_counter() - w0,
+                "timeout": int(dut.tb_timeout.value), "error": int(dut.tb_error.value),
+                "cmd_left": int(dut.tb_cmd_left.value), "sim_ns": get_sim_time("ns") - t0}
+    if op == "dump":
+        await _call(dut, OP_DUMP)
+        return {"ok": True}
+    raise ValueError(f"unknown request op {op!r}: expected run, dump or quit")
+
+
+if _cocotb is not None:
+    @_cocotb.test()
+    async def serve(dut):
+        """Serve :class:`NMPRTLBackend` requests until ``quit`` or the connection closes."""
+        from cocotb.triggers import Timer
+        await Timer(80, unit="ns")   # power-on reset of the top
+        from coda.cosim.server import serve_requests
+        await serve_requests(lambda req: _handle(dut, req), dut._log)
