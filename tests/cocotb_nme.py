@@ -594,7 +594,8 @@ def isolation_program(rng) -> tuple[list[int], np.ndarray]:
 @cocotb.test()
 async def test_operand_isolation_toggles(dut):
     """Toggle count of the FU operand registers (dbg_fu_toggles) over the representative
-    program; the pytest side compares the isolation-on and -off builds."""
+    program (0 on an NME built without its simulation-only toggle counter, the default);
+    the pytest side compares isolation-on and -off builds made with the counter."""
     ck = Checker(dut)
     await ck.start()
     rng = np.random.default_rng(808)
