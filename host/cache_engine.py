@@ -1,40 +1,50 @@
-"""Cross-timestep cache engine for diffusers' ``LatteTransformer3DModel``, with the cache
-operators executed on the DIMM-NMP through :class:`coda.host.driver.NMPDriver`.
+"""Cross-timestep cache engine for diffusers video transformers (Latte, CogVideoX, Wan,
+HunyuanVideo: :mod:`coda.host.arch`), with the cache operators executed on the DIMM-NMP
+through :class:`coda.host.driver.NMPDriver`.
 
 Follows diffusers' hook conventions (``diffusers.hooks``): a :class:`CodaCacheConfig`, a
 :class:`CodaCacheState` with ``reset()``, a stateful :class:`CodaCacheHook` (``ModelHook``)
-registered in the transformer's ``HookRegistry``, and :func:`apply_coda_cache`. The denoising
-loop tells the hook where it is with diffusers' ``transformer.cache_context(name,
+registered in the transformer's ``HookRegistry``, one block hook per transformer block found
+by name through the architecture registry, and :func:`apply_coda_cache`. The denoising loop
+tells the hook where it is with diffusers' ``transformer.cache_context(name,
 step_index=i, num_inference_steps=n)``; ``name`` is the CFG branch of the call (``"cond"`` or
 ``"uncond"``) or, for both branches batched in one call, the branches of equal consecutive
-batch chunks joined by ``"|"`` (:data:`BATCHED_CFG` = ``"uncond|cond"``, diffusers' order).
+batch chunks joined by ``"|"`` (:data:`BATCHED_CFG` = ``"uncond|cond"``, diffusers' order;
+CogVideoX's pipeline says ``"cond_uncond"`` for the same). A context without ``step_index``
+(diffusers 0.42's CogVideoX and HunyuanVideo pipelines) counts steps per branch from 0; one
+without ``num_inference_steps`` takes ``CodaCacheConfig.num_inference_steps``.
 
-What the hook does
-------------------
-It takes over the transformer's forward and replays Latte's blocks operator by operator
-(spatial self-attention, cross attention, spatial FFN, temporal self-attention, temporal FFN;
-see :mod:`coda.host.schedule`), with the same torch calls in the same order as diffusers'
-``BasicTransformerBlock`` (``norm_type="ada_norm_single"``), so a policy that reuses nothing
-gives bit-identical outputs to the unhooked model. For every operator and every sample of
-every branch it asks its policy (:mod:`coda.host.policies`) for a :class:`Decision`:
+What the hooks do
+-----------------
+The transformer's own forward runs (embeddings, its block loop, the output head); each block
+hook records its call and returns deferred outputs (:mod:`coda.host.arch.deferred`); the
+recorded blocks run, operator by operator, when something other than the next block needs
+their outputs. The architecture's block spec replays the block's forward with the same torch
+calls in the same order as the diffusers code, so a policy that reuses nothing gives
+bit-identical outputs to the unhooked model. For every operator and every sample of every
+branch the engine asks its policy (:mod:`coda.host.policies`) for a :class:`Decision`:
 
-- *compute*: norm -> adaLN modulation -> attention/FFN on the xPU (float32), added as
-  ``x + gate * out``; the pre-gate output ``out`` is written to the sample's NMP cache slot
-  (``driver.store``, in the NME format) if the decision says ``store``, and the operator's
-  input kept as a monitor reference if it says ``keep_input``;
+- *compute*: norm -> adaLN modulation -> attention/FFN on the xPU, added as
+  ``x + gate * out`` per residual stream; the pre-gate output ``out`` is written to the
+  sample's NMP cache slot (``driver.store``, in the NME format) if the decision says
+  ``store``, and the operator's input kept as a monitor reference if it says ``keep_input``;
 - *reuse*: its norm, modulation and attention are skipped; only its current adaLN gate is
-  computed (cross attention has none: gate = 1). Each maximal run of consecutive reused
+  computed (an ungated residual has gate = 1). Each maximal run of consecutive reused
   operators of a sample is one segment ``y = ((x + g0*c0) + g1*c1) + ...`` run by
   ``driver.segment`` with x, the gates and the caches in the NME format (bf16 or fp16, from
-  the driver's ``cfg.fmt``); the host casts y back to float32. This is what a deployment does:
-  the xPU keeps float32 activations, the DIMMs hold 16-bit caches, and segment inputs/outputs
-  cross PCIe in the 16-bit format.
+  the driver's ``cfg.fmt``), one program per residual stream (CogVideoX and HunyuanVideo
+  also carry the text tokens); the host casts y back to the model's dtype. This is what a
+  deployment does: the xPU keeps its activations, the DIMMs hold 16-bit caches, and segment
+  inputs/outputs cross PCIe in the 16-bit format. A segment runs on across block boundaries
+  where the model passes its streams straight from block to block; the model's own code in
+  between (Latte's temporal position embedding) ends it (:meth:`ModelOps.barriers`).
 
 Everything it does is emitted as operator events (:mod:`coda.host.events`) into
 ``hook.events``; ``hook.state.stats`` are counted from them.
 
-Cache slots are per branch and sample (the conditional and unconditional outputs never mix;
-a sample's tensor is [F*N, C] in token order (frame, patch)). They are freed when a
+Cache slots are per branch, sample and stream (the conditional and unconditional outputs never
+mix; a sample's tensor is [T, C] in the architecture's canonical token order, for Latte
+(frame, patch)). They are freed when a
 generation's last step is done (``CodaCacheConfig.keep_slots=True`` keeps them until the next
 generation starts or ``reset``); a generation starting at step 0 frees its branch's slots
 first, so nothing is carried over. A segment runs once per sample: the digit model's label
@@ -45,28 +55,35 @@ Decisions are per sample too, so a sample's result never depends on the rest of 
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 import torch
 from diffusers.hooks.hooks import ModelHook, StateManager
 
+from .arch import Architecture, get_architecture
+from .arch.base import BlockCall, BlockSpec
+from .arch.deferred import Deferred, continues, materialized
 from .driver import PendingOp
 from .events import EventLog, MonitorEvent, OpEvent, SegmentEvent
 from .ops import MAX_SEGMENT_TERMS
 from .policies import as_policy
 from .policies.base import CachePolicy, Decision, OpQuery
-from .schedule import BRANCHES, OP_TYPES, ScheduleError
+from .schedule import BRANCHES, ScheduleError
 
 __all__ = ["BATCHED_CFG", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
            "apply_coda_cache", "remove_coda_cache", "reset_coda_cache", "get_coda_cache_hook",
-           "HOOK_NAME"]
+           "HOOK_NAME", "BLOCK_HOOK_NAME"]
 
 HOOK_NAME = "coda_cache"
+BLOCK_HOOK_NAME = "coda_cache_block"
 BATCHED_CFG = "uncond|cond"
+#: context names of diffusers pipelines meaning a batched CFG call (CogVideoX: [uncond; cond])
+_CONTEXT_ALIASES = {"cond_uncond": BATCHED_CFG}
+_PRIMARY = "hidden"      # the video-token stream: monitors and the Latte-compatible slot keys
 _NME_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _DTYPE_NAMES = {v: k for k, v in _NME_DTYPES.items()}
-_GATE_CHUNK = {"spatial_attn": 2, "temporal_attn": 2, "spatial_ffn": 5, "temporal_ffn": 5}
 _hook_ids = itertools.count()
 
 
@@ -91,8 +108,12 @@ class CodaCacheConfig:
             as its own trunk and switch trunks whenever one launches a segment, so the xPU
             computes one branch while the NMEs run the other's segment (CODA's CFG-interleaved
             pipelining; the bits are those of the plain order, see the tests).
+        num_inference_steps: the generation's step count, for pipelines whose
+            ``cache_context`` does not give it (diffusers 0.42's CogVideoX and HunyuanVideo
+            pipelines); the context's value wins when it has one.
     Raises (on apply):
-        ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver.
+        ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver; a
+            ``num_inference_steps`` below 1.
     """
     driver: Any
     policy: Any = None
@@ -100,6 +121,7 @@ class CodaCacheConfig:
     keep_slots: bool = False
     events: EventLog | None = None
     interleave_cfg: bool = True
+    num_inference_steps: int | None = None
 
     def resolved_dtype(self) -> torch.dtype:
         fmt = getattr(getattr(self.driver, "cfg", None), "fmt", None)
@@ -139,7 +161,7 @@ class CodaCacheState:
 
 
 def _parse_branches(name: str, batch: int) -> list[str]:
-    parts = name.split("|")
+    parts = _CONTEXT_ALIASES.get(name, name).split("|")
     if any(p not in BRANCHES for p in parts) or len(set(parts)) != len(parts):
         raise ValueError(f"cache context name {name!r}: expected 'cond', 'uncond' or "
                          f"branches joined by '|' such as {BATCHED_CFG!r}")
@@ -150,17 +172,22 @@ def _parse_branches(name: str, batch: int) -> list[str]:
 
 
 class CodaCacheHook(ModelHook):
-    """Stateful hook that runs a Latte transformer's forward with cross-timestep caching.
+    """Stateful hook on the transformer: a forward with cross-timestep caching (its blocks
+    carry :class:`_BlockHook` s that hand their calls to the running step).
 
     Attributes:
         config: the :class:`CodaCacheConfig`. policy: the resolved policy.
         state: the :class:`CodaCacheState`. events: the :class:`EventLog`.
+        arch: the :class:`coda.host.arch.Architecture`; model_ops: the model's operators
+        (:class:`coda.host.schedule.ModelOps`); num_layers: ``model_ops.num_layers``.
     """
     _is_stateful = True
 
     def __init__(self, config: CodaCacheConfig):
         super().__init__()
         self.config = config
+        if config.num_inference_steps is not None and int(config.num_inference_steps) < 1:
+            raise ValueError(f"num_inference_steps={config.num_inference_steps}: expected >= 1")
         self.dtype = config.resolved_dtype()
         self.fmt = _DTYPE_NAMES[self.dtype]
         self.policy: CachePolicy = as_policy(config.policy)
@@ -170,15 +197,13 @@ class CodaCacheHook(ModelHook):
         self.context_manager = StateManager(CodaCacheState)
         self._tag = f"coda{next(_hook_ids)}"
         self._last_generation: int | None = None
+        self._run: _StepRun | None = None
 
     def initialize_hook(self, module):
-        from diffusers import LatteTransformer3DModel
-
-        if not isinstance(module, LatteTransformer3DModel):
-            raise TypeError(f"{type(module).__name__}: the CODA cache hook needs a LatteTransformer3DModel")
-        if module.config.norm_type != "ada_norm_single":
-            raise ValueError(f"norm_type={module.config.norm_type!r}: expected 'ada_norm_single' (Latte)")
-        self.num_layers = len(module.transformer_blocks)
+        self.arch: Architecture = get_architecture(module)
+        self.arch.check_model(module)
+        self.model_ops = self.arch.model_ops(module)
+        self.num_layers = self.model_ops.num_layers
         return module
 
     @property
@@ -205,14 +230,19 @@ class CodaCacheHook(ModelHook):
         branch.kept.clear()
 
     def _begin_call(self, ctx, branches: list[str]) -> int:
-        if ctx.step_index is None or ctx.num_inference_steps is None:
-            raise ValueError("cache_context must give step_index and num_inference_steps, e.g. "
-                             "transformer.cache_context('cond', step_index=i, num_inference_steps=n)")
-        step, n = int(ctx.step_index), int(ctx.num_inference_steps)
-        if not 0 <= step < n:
-            raise ValueError(f"step_index={step}: expected 0..{n - 1}")
+        n = ctx.num_inference_steps if ctx.num_inference_steps is not None \
+            else self.config.num_inference_steps
+        if n is None:
+            raise ValueError("the cache context gives no num_inference_steps: call "
+                             "transformer.cache_context('cond', step_index=i, num_inference_steps=n) "
+                             "or, for a pipeline that does not, set "
+                             "CodaCacheConfig(num_inference_steps=n)")
         st = self.state
         names = list(dict.fromkeys(branches))
+        step, n = (self._counted_step(names) if ctx.step_index is None
+                   else int(ctx.step_index)), int(n)
+        if not 0 <= step < n:
+            raise ValueError(f"step_index={step}: expected 0..{n - 1}")
         if step == 0 and (st.generation is None
                           or any(st.branches[b].last_step >= 0 for b in names)):
             self._start_generation(n)
@@ -230,6 +260,18 @@ class CodaCacheHook(ModelHook):
             branch.last_step = step
         st.calls += 1
         return step
+
+    def _counted_step(self, names: list[str]) -> int:
+        """The step of a call whose context has no step_index: 0 when no generation is
+        running, else one after the branches' last step (they must agree)."""
+        st = self.state
+        if st.generation is None:
+            return 0
+        steps = {st.branches[b].last_step + 1 for b in names}
+        if len(steps) != 1:
+            raise ValueError(f"branches {names} are at different steps {sorted(steps)}: give "
+                             "step_index in the cache context")
+        return steps.pop()
 
     def _start_generation(self, num_steps: int) -> None:
         for branch in self.state.branches.values():
@@ -251,31 +293,32 @@ class CodaCacheHook(ModelHook):
             st.generation = None
 
     # ---- the forward ----------------------------------------------------------
-    def new_forward(self, module, hidden_states: torch.Tensor, timestep=None,
-                    encoder_hidden_states=None, encoder_attention_mask=None,
-                    enable_temporal_attentions: bool = True, return_dict: bool = True):
-        if encoder_attention_mask is not None:
-            raise ValueError("encoder_attention_mask: the CODA cache engine supports unmasked "
-                             "conditions only (pass None)")
-        if not enable_temporal_attentions:
-            raise ValueError("enable_temporal_attentions=False: the CODA cache engine runs "
-                             "the full spatio-temporal Latte only")
+    def new_forward(self, module, *args, **kwargs):
+        """The transformer's own forward (under ``torch.no_grad``: the engine is for
+        inference), its blocks recorded and run by this call's :class:`_StepRun`.
+        Raises ValueError for a call the architecture does not cover, a missing or bad cache
+        context, steps out of order."""
+        call_args = self.arch.bind_call(module, args, kwargs)
+        self.arch.check_call(module, call_args)
         ctx = self.context_manager.context
-        branches = _parse_branches(ctx.name, hidden_states.shape[0])
+        branches = _parse_branches(ctx.name, self.arch.batch_size(call_args))
         step = self._begin_call(ctx, branches)
-        run = _StepRun(self, module, hidden_states, timestep, encoder_hidden_states,
-                       encoder_attention_mask, branches, step)
-        output = run.execute()
+        run = self._run = _StepRun(self, module, branches, step)
+        try:
+            with torch.no_grad():
+                output = run.finish(self.fn_ref.original_forward(*args, **kwargs))
+        finally:
+            self._run = None
         self._end_call()
-        if not return_dict:
-            return (output,)
-        from diffusers.models.modeling_outputs import Transformer2DModelOutput
-        return Transformer2DModelOutput(sample=output)
+        return output
 
-    def key(self, branch: str, sample: int, layer: int, op: str, what: str = "out") -> Hashable:
+    def key(self, branch: str, sample: int, layer: int, op: str, what: str = "out",
+            stream: str = _PRIMARY) -> Hashable:
         """Slot key of one sample's (index within its branch) cached operator output
-        (``what="out"``) or kept input (``what="in"``)."""
+        (``what="out"``) or kept input (``what="in"``), per residual stream."""
         key = (self._tag, branch, sample, layer, op)
+        if stream != _PRIMARY:
+            key += (stream,)
         return key if what == "out" else key + (what,)
 
     def emit(self, event) -> None:
@@ -283,99 +326,206 @@ class CodaCacheHook(ModelHook):
         self.policy.observe(event)
 
 
+@dataclass(eq=False)
+class _Node:
+    """One recorded block call of a program; ``lazies``: its deferred outputs still alive;
+    ``values``: its real outputs per stream once the program ran."""
+    call: BlockCall
+    lazies: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    values: dict[str, torch.Tensor] | None = None
+
+
+@dataclass(eq=False)
+class _Program:
+    """Consecutive block calls whose residual streams pass straight from one to the next:
+    run together, one trunk per CFG branch, segments spanning their boundaries.
+
+    inputs: stream -> the real tensor entering the first block; canon: their canonical
+    shapes; nodes: the calls in order; executed: it ran (or is running)."""
+    inputs: dict[str, torch.Tensor]
+    canon: dict[str, torch.Size]
+    nodes: list[_Node] = field(default_factory=list)
+    executed: bool = False
+
+
 class _StepRun:
-    """One transformer forward (one step, one or two branches) under the hook's policy.
+    """One transformer forward (one step, one or two branches) under the hook's policy: the
+    programs its block calls form, their execution, and the engine state the block specs see
+    (:class:`coda.host.arch.base.StepState`: ``b``, ``h``, ``take``, ``put``, ``rows``).
 
     Rows are the batch indices; row ``i`` is sample ``sample_of[i]`` of branch ``branch_of[i]``.
     """
 
-    def __init__(self, hook, model, hidden_states, timestep, encoder_hidden_states,
-                 encoder_attention_mask, branches, step):
+    def __init__(self, hook, model, branches, step):
         self.hook, self.m = hook, model
         self.driver, self.dtype = hook.config.driver, hook.dtype
+        self.ops = hook.model_ops
         self.step, self.num_steps = step, hook.state.num_steps
-        self.x_in = hidden_states
-        self.t_in, self.ehs_in, self.mask = timestep, encoder_hidden_states, encoder_attention_mask
         self.branch_of = branches
         counters: dict[str, int] = {}
         self.sample_of = []
         for br in branches:
             self.sample_of.append(counters.get(br, 0))
             counters[br] = counters.get(br, 0) + 1
+        self.b = len(branches)
         self.pending: list[list[tuple]] = [[] for _ in branches]
+        self.h: dict[str, torch.Tensor] = {}
+        self.program: _Program | None = None
+        self._called: set[int] = set()
 
     def _event_fields(self, row: int) -> dict:
         return dict(generation=self.hook.state.generation, step=self.step,
                     num_steps=self.num_steps, branch=self.branch_of[row],
                     sample=self.sample_of[row])
 
-    # The embedding and output stages are Latte's own code (diffusers 0.42
-    # latte_transformer_3d.py), unchanged, so the cache engine is exact where nothing is reused.
-    def execute(self) -> torch.Tensor:
-        m = self.m
-        b, c, f, hh, ww = self.x_in.shape
-        x = self.x_in.permute(0, 2, 1, 3, 4).reshape(-1, c, hh, ww)
-        ph, pw = hh // m.config.patch_size, ww // m.config.patch_size
-        x = m.pos_embed(x)
-        t_emb, embedded_t = m.adaln_single(self.t_in, added_cond_kwargs={"resolution": None, "aspect_ratio": None},
-                                           batch_size=b, hidden_dtype=x.dtype)
-        ehs = m.caption_projection(self.ehs_in)
-        self.b, self.f, self.n, self.c = b, f, ph * pw, x.shape[-1]
-        self.t_emb, self.ehs = t_emb, ehs
-        self.h = x.reshape(b, f, self.n, self.c)
+    # ---- StepState: what the block specs see ------------------------------------------
+    def take(self, stream: str, samples: torch.Tensor) -> torch.Tensor:
+        h = self.h[stream]
+        return h if len(samples) == self.b else h.index_select(0, samples)
+
+    def put(self, stream: str, samples: torch.Tensor, value: torch.Tensor) -> None:
+        if len(samples) == self.b:
+            self.h[stream] = value.contiguous()
+        else:   # the same values, on these rows only
+            self.h[stream] = self.h[stream].index_copy(0, samples, value.contiguous())
+
+    def rows(self, t, samples: torch.Tensor, per: int = 1):
+        if t is None or len(samples) == self.b:
+            return t
+        if per == 1:
+            return t.index_select(0, samples)
+        return t.reshape(self.b, per, *t.shape[1:]).index_select(0, samples).reshape(-1, *t.shape[1:])
+
+    @property
+    def c(self) -> int:
+        return self.h[_PRIMARY].shape[-1]
+
+    def _tokens(self) -> dict[str, int]:
+        """Tokens per sample of each stream."""
+        return {s: h[0].numel() // h.shape[-1] for s, h in self.h.items()}
+
+    # ---- the model's blocks: record, run on demand ------------------------------------
+    def block_call(self, spec: BlockSpec, block: torch.nn.Module, layer: int, args, kwargs):
+        """A hooked block's call: recorded into the open program (or a new one); returns its
+        outputs as :class:`Deferred` tensors."""
+        if id(block) in self._called:
+            raise ValueError(f"layer {layer} ({spec.block_class}) called twice in one forward: "
+                             "the CODA cache engine needs each block once per step")
+        self._called.add(id(block))
+        bound = spec.bind(block, args, kwargs)
+        streams = {s: bound.pop(param) for s, param in spec.streams.items()}
+        # anything else deferred that a block gets is computed now: the spec needs real values
+        bound = {k: materialized(v) for k, v in bound.items()}
+        call = BlockCall(spec, block, layer, bound)
+        spec.check(call)
+        if not self._continues(spec, streams):
+            real = {s: materialized(x) for s, x in streams.items()}
+            self.run_open()
+            self.program = _Program(real, {s: spec.to_canonical(s, x, self.b).shape
+                                           for s, x in real.items()})
+        call.prep = spec.prepare(call, self.b)
+        node = _Node(call)
+        self.program.nodes.append(node)
+        outs = [Deferred(self, node, s, x.shape, x.dtype, x.device) for s, x in streams.items()]
+        return tuple(outs) if spec.returns_tuple else outs[0]
+
+    def _continues(self, spec: BlockSpec, streams: dict) -> bool:
+        """Whether a block with these stream inputs continues the open program: each input is
+        the last block's output of that stream, moved at most by layout operations that land
+        on the same canonical tokens (:func:`coda.host.arch.deferred.continues`)."""
+        p = self.program
+        if p is None or p.executed or not p.nodes:
+            return False
+        last = p.nodes[-1]
+        if set(streams) != set(last.call.spec.streams):
+            return False
+        return all(isinstance(x, Deferred) and x._owner is self and x._node is last
+                   and x._stream == s and x._value is None
+                   and continues(x, last.call.spec, spec, s, p.canon[s], self.b)
+                   for s, x in streams.items())
+
+    def node_value(self, node: _Node, stream: str) -> torch.Tensor:
+        """A recorded block's real output (runs its program first). Raises RuntimeError for
+        an output dropped when its program ran (the engine keeps every one still referenced)."""
+        if node.values is None:
+            p = self.program
+            if p is None or p.executed or not any(n is node for n in p.nodes):
+                raise RuntimeError("CODA cache engine: a block output was needed after its "
+                                   "program ran without keeping it")
+            self._execute(p)
+        return node.values[stream]
+
+    def run_open(self) -> None:
+        """Run the open program, if any (a step's programs run in the order recorded)."""
+        if self.program is not None and not self.program.executed:
+            self._execute(self.program)
+
+    def finish(self, output):
+        """After the model's forward: run what is still recorded; the output with any deferred
+        tensor replaced by its value."""
+        self.run_open()
+        assert not any(self.pending), "segments left pending after a step"
+        if isinstance(output, Deferred):
+            return output.materialize()
+        if isinstance(output, tuple):
+            return type(output)(materialized(o) for o in output)
+        if isinstance(output, dict):    # diffusers' ModelOutput
+            for k, v in list(output.items()):
+                if isinstance(v, Deferred):
+                    output[k] = v.materialize()
+        return output
+
+    def _execute(self, p: _Program) -> None:
+        """Run a program: one trunk per CFG branch over its blocks, operator by operator. It is
+        cut after a block whose outputs someone else still holds (their values are kept)."""
+        p.executed = True
+        nodes = p.nodes
+        first = nodes[0].call.spec
+        # a copy the engine owns (segments write rows in place)
+        self.h = {s: first.to_canonical(s, x, self.b).clone(memory_format=torch.contiguous_format)
+                  for s, x in p.inputs.items()}
+        p.inputs = {}
+        cuts = [i for i, n in enumerate(nodes[:-1]) if len(n.lazies)] + [len(nodes) - 1]
+        start = 0
+        for cut in cuts:
+            self._run_trunks(nodes[start:cut + 1])
+            node, last = nodes[cut], cut == len(nodes) - 1
+            node.values = {s: node.call.spec.from_canonical(s, h if last else h.clone())
+                           for s, h in self.h.items()}
+            start = cut + 1
+
+    def _run_trunks(self, nodes: list[_Node]) -> None:
         branches = list(dict.fromkeys(self.branch_of))
         if self.hook.config.interleave_cfg and len(branches) > 1:
             groups = [[r for r, br in enumerate(self.branch_of) if br == name] for name in branches]
         else:
-            groups = [list(range(b))]
+            groups = [list(range(self.b))]
         # CFG interleaving: each branch's trunk pauses right after launching a segment, so the
         # other branch computes on the xPU while the NMEs run it (the RTL simulators are
-        # processes of their own); the step ends when both trunks are done (CFG fusion).
-        trunks = [self._trunk(rows) for rows in groups]
+        # processes of their own); the program ends when both trunks are done.
+        trunks = [self._trunk(nodes, rows) for rows in groups]
         while trunks:
             for trunk in list(trunks):
                 try:
                     next(trunk)
                 except StopIteration:
                     trunks.remove(trunk)
-        x = self.h.reshape(b * f, self.n, self.c)
-        embedded_t = embedded_t.repeat_interleave(f, dim=0, output_size=embedded_t.shape[0] * f
-                                                  ).view(-1, embedded_t.shape[-1])
-        shift, scale = (m.scale_shift_table[None] + embedded_t[:, None]).chunk(2, dim=1)
-        x = m.norm_out(x)
-        x = x * (1 + scale) + shift
-        x = m.proj_out(x)
-        p, oc = m.config.patch_size, m.out_channels
-        x = x.reshape(shape=(-1, ph, pw, p, p, oc))
-        x = torch.einsum("nhwpqc->nchpwq", x)
-        out = x.reshape(shape=(-1, oc, ph * p, pw * p))
-        return out.reshape(b, -1, out.shape[-3], out.shape[-2], out.shape[-1]).permute(0, 2, 1, 3, 4)
 
-    def _trunk(self, rows: list[int]):
-        """The transformer blocks for ``rows`` (a generator: it yields after launching
+    def _trunk(self, nodes: list[_Node], rows: list[int]):
+        """The blocks ``nodes`` for ``rows`` (a generator: it yields after launching
         segments, so another branch's trunk may run meanwhile)."""
-        m, f = self.m, self.f
-        for layer, (sblock, tblock) in enumerate(zip(m.transformer_blocks, m.temporal_transformer_blocks)):
-            for op in ("spatial_attn", "cross_attn", "spatial_ffn"):
-                yield from self.operator(layer, op, sblock, rows)
-            if layer == 0 and f > 1:
-                yield from self.flush_rows(rows)
-                temp = m.temp_pos_embed.to(self.h.dtype).reshape(1, f, 1, self.c)
-                if len(rows) == self.b:
-                    self.h = self.h + temp
-                else:   # the same elementwise add, on these rows only
-                    idx = torch.tensor(rows, dtype=torch.long)
-                    self.h = self.h.index_copy(0, idx, self.h.index_select(0, idx) + temp)
-            for op in ("temporal_attn", "temporal_ffn"):
-                yield from self.operator(layer, op, tblock, rows)
+        for node in nodes:
+            for op in node.call.spec.ops:
+                yield from self.operator(node.call, op, rows)
         yield from self.flush_rows(rows)
 
     # ---- one operator for some rows of the call -------------------------------------
-    def operator(self, layer: int, op: str, block, rows: list[int]):
-        """Decide, then compute or queue for a segment, ``(layer, op)`` for ``rows`` (a
+    def operator(self, call: BlockCall, op: str, rows: list[int]):
+        """Decide, then compute or queue for a segment, ``(call.layer, op)`` for ``rows`` (a
         generator, see :meth:`flush_rows`)."""
         hook, st = self.hook, self.hook.state
-        index = layer * len(OP_TYPES) + OP_TYPES.index(op)
+        layer, spec = call.layer, call.spec
+        index = self.ops.index((layer, op))
         decisions: dict[int, Decision] = {}
         for row in rows:
             br, j = self.branch_of[row], self.sample_of[row]
@@ -383,10 +533,10 @@ class _StepRun:
             out_key, in_key = hook.key(br, j, layer, op), hook.key(br, j, layer, op, "in")
             slot, kept = bstate.slots.get(out_key), bstate.kept.get(in_key)
             q = OpQuery(step=self.step, num_steps=self.num_steps, branch=br, sample=j,
-                        layer=layer, op=op, index=index, num_layers=hook.num_layers,
+                        layer=layer, op=op, index=index, num_layers=self.ops.num_layers,
                         cached_step=None if slot is None else slot[1],
                         kept_step=None if kept is None else kept[1],
-                        segment_open=bool(self.pending[row]),
+                        segment_open=bool(self.pending[row]), model_ops=self.ops,
                         _input_change=lambda row=row: self.input_change(row, layer, op, index))
             d = hook.policy.decide(q)
             if d.reuse and slot is None:
@@ -397,91 +547,45 @@ class _StepRun:
         compute = [row for row in rows if not decisions[row].reuse]
         reuse = [row for row in rows if decisions[row].reuse]
         if reuse:
-            gates = self.gate(block, op, torch.tensor(reuse, dtype=torch.long))
-            for g, row in zip(gates, reuse):
-                self.pending[row].append((g, layer, op, index, decisions[row].reason))
+            gates = {s: g.to(self.dtype) for s, g in
+                     spec.gates(self, call, op, torch.tensor(reuse, dtype=torch.long)).items()}
+            for pos, row in enumerate(reuse):
+                self.pending[row].append(({s: g[pos] for s, g in gates.items()}, layer, op, index,
+                                          decisions[row].reason))
         if not compute:
             return
         yield from self.flush_rows(compute)
         samples = torch.tensor(compute, dtype=torch.long)
-        x_before = {row: self.h[row] for row in compute if decisions[row].keep_input}
-        out = self.compute(block, op, samples)
+        x_before = {row: self.h[_PRIMARY][row] for row in compute if decisions[row].keep_input}
+        out = spec.compute(self, call, op, samples)
+        tokens = sum(self._tokens().values())
         for pos, row in enumerate(compute):
             d = decisions[row]
-            stored = self.store(row, layer, op, out[pos]) if d.store else 0
+            stored = self.store(row, layer, op, {s: o[pos] for s, o in out.items()}) if d.store else 0
             kept = self.keep_input(row, layer, op, x_before[row]) if d.keep_input else 0
             hook.emit(OpEvent(**self._event_fields(row), layer=layer, op=op, index=index,
-                              reused=False, reason=d.reason, tokens=self.f * self.n,
+                              reused=False, reason=d.reason, tokens=tokens,
                               channels=self.c, dtype=hook.fmt, stored_bytes=stored,
                               kept_bytes=kept))
 
     def _bytes_written(self) -> int:
         return self.driver.stats["bytes_written"]
 
-    def _modulation(self, block, samples: torch.Tensor, repeat: int):
-        t = self.t_emb if len(samples) == self.b else self.t_emb.index_select(0, samples)
-        t = t.repeat_interleave(repeat, dim=0, output_size=t.shape[0] * repeat).view(-1, t.shape[-1])
-        return (block.scale_shift_table[None] + t.reshape(t.shape[0], 6, -1)).chunk(6, dim=1)
-
-    def gate(self, block, op: str, samples: torch.Tensor) -> torch.Tensor:
-        """The op's adaLN gates [len(samples), C] at this step, in the NME format (the digit
-        model's label enters adaLN too, so gates differ between samples of one branch)."""
-        if op == "cross_attn":
-            return torch.ones(len(samples), self.c, dtype=self.dtype)
-        return self._modulation(block, samples, 1)[_GATE_CHUNK[op]][:, 0, :].to(self.dtype)
-
-    def compute(self, block, op: str, samples: torch.Tensor) -> torch.Tensor:
-        """Run ``op`` on the xPU for ``samples``; update self.h; return the pre-gate output in
-        canonical layout [len(samples), F, N, C]."""
-        full = len(samples) == self.b
-        h = self.h if full else self.h.index_select(0, samples)
-        s, f, n, c = h.shape
-        temporal = op.startswith("temporal")
-        if temporal:
-            x = h.permute(0, 2, 1, 3).reshape(s * n, f, c)
-            mods = self._modulation(block, samples, n)
-        else:
-            x = h.reshape(s * f, n, c)
-            mods = self._modulation(block, samples, f) if op != "cross_attn" else None
-        if op in ("spatial_attn", "temporal_attn"):
-            shift_msa, scale_msa, gate_msa = mods[0], mods[1], mods[2]
-            norm = block.norm1(x) * (1 + scale_msa) + shift_msa
-            out = block.attn1(norm, encoder_hidden_states=None, attention_mask=None)
-            x = gate_msa * out + x
-        elif op == "cross_attn":
-            ehs = self.ehs if full else self.ehs.index_select(0, samples)
-            ehs = ehs.repeat_interleave(f, dim=0, output_size=ehs.shape[0] * f).view(-1, ehs.shape[-2], ehs.shape[-1])
-            out = block.attn2(x, encoder_hidden_states=ehs, attention_mask=self.mask)
-            x = out + x
-        else:
-            shift_mlp, scale_mlp, gate_mlp = mods[3], mods[4], mods[5]
-            norm = block.norm2(x) * (1 + scale_mlp) + shift_mlp
-            out = block.ff(norm)
-            x = gate_mlp * out + x
-        if temporal:
-            x = x.reshape(s, n, f, c).permute(0, 2, 1, 3)
-            out = out.reshape(s, n, f, c).permute(0, 2, 1, 3)
-        else:
-            x, out = x.reshape(s, f, n, c), out.reshape(s, f, n, c)
-        if full:
-            self.h = x.contiguous()
-        else:
-            self.h = self.h.index_copy(0, samples, x.contiguous())
-        return out
-
-    def store(self, row: int, layer: int, op: str, out: torch.Tensor) -> int:
-        """Write one row's pre-gate output [F, N, C] to its slot; returns the bytes written."""
+    def store(self, row: int, layer: int, op: str, outs: dict[str, torch.Tensor]) -> int:
+        """Write one row's pre-gate outputs (per stream, canonical [..., C]) to their slots;
+        returns the bytes written."""
         br, j = self.branch_of[row], self.sample_of[row]
-        tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
-        key = self.hook.key(br, j, layer, op)
         before = self._bytes_written()
-        self.driver.store(key, tensor)
-        self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
+        for stream, out in outs.items():
+            tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
+            key = self.hook.key(br, j, layer, op, stream=stream)
+            self.driver.store(key, tensor)
+            self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
         return self._bytes_written() - before
 
     def keep_input(self, row: int, layer: int, op: str, x: torch.Tensor) -> int:
-        """Keep one row's operator input [F, N, C] (its value before the operator) in rank
-        memory as a monitor reference, with ``Σ|x|`` in fp32; returns the bytes written."""
+        """Keep one row's operator input (video stream, canonical) in rank memory as a monitor
+        reference, with ``Σ|x|`` in fp32; returns the bytes written."""
         br, j = self.branch_of[row], self.sample_of[row]
         tensor = x.reshape(-1, self.c).to(self.dtype).contiguous()
         key = self.hook.key(br, j, layer, op, "in")
@@ -492,13 +596,13 @@ class _StepRun:
         return self._bytes_written() - before
 
     def input_change(self, row: int, layer: int, op: str, index: int) -> float:
-        """The relative L1 change of a row's operator input against its kept reference, the
-        numerator on the NMEs (``driver.l1_to_slot``); emits a MonitorEvent."""
+        """The relative L1 change of a row's operator input (video stream) against its kept
+        reference, the numerator on the NMEs (``driver.l1_to_slot``); emits a MonitorEvent."""
         self.flush(row)
         br, j = self.branch_of[row], self.sample_of[row]
         key = self.hook.key(br, j, layer, op, "in")
         shape, ref_step, norm = self.hook.state.branches[br].kept[key]
-        x16 = self.h[row].reshape(-1, self.c).to(self.dtype).contiguous()
+        x16 = self.h[_PRIMARY][row].reshape(-1, self.c).to(self.dtype).contiguous()
         self.driver.wait()      # so the counters below see this check alone
         s = self.driver.stats
         before, cycles, programs = (s["bytes_written"] + s["cmd_bytes"], s["nme_cycles"],
@@ -528,71 +632,109 @@ class _StepRun:
             self._finish_segment(*self._launch_segment(row))
 
     def _launch_segment(self, row: int):
-        """Launch a row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k``.
-        The NME takes at most MAX_SEGMENT_TERMS terms per program; chained programs round
-        exactly as one left-to-right evaluation does: all but the last are waited for."""
+        """Launch a row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k`` per
+        residual stream. The NME takes at most MAX_SEGMENT_TERMS terms per program; chained
+        programs round exactly as one left-to-right evaluation does: all but the last are
+        waited for."""
         run, self.pending[row] = self.pending[row], []
         hook = self.hook
         br, j = self.branch_of[row], self.sample_of[row]
         slots = hook.state.branches[br].slots
-        x16 = self.h[row].reshape(-1, self.c).to(self.dtype).contiguous()
-        keys = [hook.key(br, j, layer, op) for _, layer, op, _, _ in run]
-        for key, (_, layer, op, _, _) in zip(keys, run):
-            if key not in slots or slots[key][0] != tuple(x16.shape) or key not in self.driver:
-                raise ScheduleError(
-                    f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) needs "
-                    f"a cached tensor of shape {tuple(x16.shape)}, found "
-                    f"{slots[key][0] if key in slots else None}")
         submit = getattr(self.driver, "segment_submit", None)
         if submit is None:      # a driver without asynchronous launches
             submit = lambda *a: PendingOp.done(self.driver.segment(*a))  # noqa: E731
-        launches, y = [], x16
-        for i in range(0, len(run), MAX_SEGMENT_TERMS):
-            if launches:
-                y = launches[-1].result()
-            launches.append(submit(y, [g for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
-                                   keys[i:i + MAX_SEGMENT_TERMS]))
+        launches: dict[str, list] = {}
+        for stream, h in self.h.items():
+            x16 = h[row].reshape(-1, self.c).to(self.dtype).contiguous()
+            keys = [hook.key(br, j, layer, op, stream=stream) for _, layer, op, _, _ in run]
+            for key, (_, layer, op, _, _) in zip(keys, run):
+                if key not in slots or slots[key][0] != tuple(x16.shape) or key not in self.driver:
+                    raise ScheduleError(
+                        f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) "
+                        f"needs a cached tensor of shape {tuple(x16.shape)}, found "
+                        f"{slots[key][0] if key in slots else None}")
+            pending, y = [], x16
+            for i in range(0, len(run), MAX_SEGMENT_TERMS):
+                if pending:
+                    y = pending[-1].result()
+                pending.append(submit(y, [g[stream] for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
+                                      keys[i:i + MAX_SEGMENT_TERMS]))
+            launches[stream] = pending
         return row, run, launches
 
-    def _finish_segment(self, row: int, run: list, launches: list) -> None:
-        """Take a launched segment's result into the row; emit its OpEvents and SegmentEvent."""
+    def _finish_segment(self, row: int, run: list, launches: dict[str, list]) -> None:
+        """Take a launched segment's results into the row; emit its OpEvents and SegmentEvent."""
         hook = self.hook
-        y = launches[-1].result()
-        self.h[row] = y.to(self.h.dtype).reshape(self.h.shape[1:])
+        for stream, pending in launches.items():
+            y = pending[-1].result()
+            h = self.h[stream]
+            h[row] = y.to(h.dtype).reshape(h.shape[1:])
+        every = [p for pending in launches.values() for p in pending]
+        per_stream = self._tokens()
+        tokens = sum(per_stream.values())
         seg = hook.state.segments
         hook.state.segments += 1
         fields = self._event_fields(row)
         for _, layer, op, index, reason in run:
             hook.emit(OpEvent(**fields, layer=layer, op=op, index=index, reused=True,
-                              reason=reason, tokens=self.f * self.n, channels=self.c,
+                              reason=reason, tokens=tokens, channels=self.c,
                               dtype=hook.fmt, segment=seg))
         hook.emit(SegmentEvent(
             **fields, segment=seg, ops=tuple((layer, op) for _, layer, op, _, _ in run),
-            first_index=run[0][3], tokens=self.f * self.n, channels=self.c, dtype=hook.fmt,
-            bytes_to_nmp=sum(p.bytes_to_nmp for p in launches),
-            bytes_from_nmp=sum(p.bytes_from_nmp for p in launches),
-            programs=sum(p.programs for p in launches),
-            nme_cycles=sum(p.nme_cycles for p in launches)))
+            first_index=run[0][3], tokens=tokens, channels=self.c, dtype=hook.fmt,
+            bytes_to_nmp=sum(p.bytes_to_nmp for p in every),
+            bytes_from_nmp=sum(p.bytes_from_nmp for p in every),
+            programs=sum(p.programs for p in every),
+            nme_cycles=sum(p.nme_cycles for p in every),
+            stream_tokens=tuple(per_stream.values()) if len(per_stream) > 1 else ()))
+
+
+class _BlockHook(ModelHook):
+    """On one transformer block: inside a hooked transformer forward, the call goes to the
+    step's :class:`_StepRun` (recorded, run with the cache); outside one, the block runs as
+    diffusers wrote it."""
+
+    def __init__(self, owner: CodaCacheHook, spec: BlockSpec, layer: int):
+        super().__init__()
+        self.owner, self.spec, self.layer = owner, spec, layer
+
+    def new_forward(self, block, *args, **kwargs):
+        run = self.owner._run
+        if run is None:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        return run.block_call(self.spec, block, self.layer, args, kwargs)
 
 
 def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> CodaCacheHook:
-    """Register the CODA cache hook on a ``LatteTransformer3DModel``.
+    """Register the CODA cache hook on a diffusers video transformer: one hook on the model,
+    one on each of its blocks (found by name through :mod:`coda.host.arch`).
 
     Args:
-        transformer: the diffusers Latte transformer (``DigitLatte.transformer``).
+        transformer: a ``LatteTransformer3DModel`` (e.g. ``DigitLatte.transformer``),
+            ``CogVideoXTransformer3DModel``, ``WanTransformer3DModel`` or
+            ``HunyuanVideoTransformer3DModel`` of diffusers 0.42.1.
         config: driver, policy, cache dtype, slot keeping, event log.
     Returns:
         the hook (``hook.events``: the operator events; ``hook.stats``: the counters of the
-        current or last generation).
+        current or last generation; ``hook.model_ops``: the model's operators).
     Raises:
-        TypeError / ValueError: not a Latte transformer with adaLN-single; a hook already
-        there; a cache dtype that disagrees with the driver; a policy that is not one.
+        coda.host.arch.UnsupportedModelError (a TypeError): another transformer class (the
+            message names it and the supported ones), a configuration or installed diffusers
+            code the architecture's adapter does not replay exactly.
+        ValueError: a hook already there; a cache dtype that disagrees with the driver.
+        TypeError: a policy that is not one.
     """
     from diffusers.hooks import HookRegistry
 
+    arch = get_architecture(transformer)
+    arch.check_model(transformer)
     hook = CodaCacheHook(config)     # checks the config before anything is registered
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     registry.register_hook(hook, HOOK_NAME)
+    for ref in arch.blocks(transformer):
+        HookRegistry.check_if_exists_or_initialize(ref.module).register_hook(
+            _BlockHook(hook, ref.spec, ref.layer), BLOCK_HOOK_NAME)
+    registry.invalidate_child_registries_cache()
     return hook
 
 
@@ -615,3 +757,8 @@ def remove_coda_cache(transformer: torch.nn.Module) -> None:
     if hook is not None:
         hook.reset_state(transformer)
         transformer._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
+        for ref in hook.arch.blocks(transformer):
+            registry = getattr(ref.module, "_diffusers_hook", None)
+            if registry is not None:
+                registry.remove_hook(BLOCK_HOOK_NAME, recurse=False)
+        transformer._diffusers_hook.invalidate_child_registries_cache()

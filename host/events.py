@@ -90,8 +90,12 @@ class SegmentEvent:
         bytes_to_nmp: host -> DIMM bytes: x, the K gate vectors (replicated to every rank)
             and the command words.
         bytes_from_nmp: DIMM -> host bytes: y.
-        programs: lockstep NME program launches (``ceil(K / 8)``: a program takes <= 8 terms).
+        programs: lockstep NME program launches (``ceil(K / 8)``: a program takes <= 8 terms;
+            per residual stream).
         nme_cycles: NME clock cycles, per launch the slowest rank, summed.
+        stream_tokens: for a model with more than one residual stream (CogVideoX and
+            HunyuanVideo: video, then text tokens, each stream with its own gates and its own
+            programs), the tokens of each stream (summing to ``tokens``); () for one stream.
     """
     generation: int
     step: int
@@ -108,6 +112,7 @@ class SegmentEvent:
     bytes_from_nmp: int
     programs: int
     nme_cycles: int
+    stream_tokens: tuple[int, ...] = ()
     kind: str = field(default="segment", init=False)
 
 
@@ -223,6 +228,7 @@ class EventLog:
                 kind = _KINDS[data.pop("kind")]
                 if kind is SegmentEvent:
                     data["ops"] = tuple((int(l), str(o)) for l, o in data["ops"])
+                    data["stream_tokens"] = tuple(int(t) for t in data.get("stream_tokens", ()))
                 events.append(kind(**data))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"event line {n}: {exc}: expected an OpEvent, SegmentEvent "

@@ -12,7 +12,7 @@ event it emitted (:mod:`coda.host.events`). A policy never sees the engine's int
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 __all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE"]
 
@@ -51,6 +51,8 @@ class OpQuery:
         kept_step: the step whose input was kept as reference (None: none kept).
         segment_open: the previous operator of this sample was reused and its segment has
             not run yet (this operator's input exists only after that segment).
+        model_ops: the model's operators in forward order
+            (:class:`coda.host.schedule.ModelOps`; None: Latte's of ``num_layers``).
     """
     step: int
     num_steps: int
@@ -63,6 +65,7 @@ class OpQuery:
     cached_step: int | None
     kept_step: int | None
     segment_open: bool
+    model_ops: Any = field(default=None, repr=False, compare=False)
     _input_change: Callable[[], float] | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coda.host.schedule import Schedule, ScheduleError
+from coda.host.schedule import ModelOps, Schedule, ScheduleError
 
 from .base import CachePolicy, Decision, OpQuery
 
@@ -24,14 +24,25 @@ class StaticPolicy(CachePolicy):
         Raises ScheduleError if the policy has none for that shape."""
         raise NotImplementedError
 
-    def _schedule(self, num_steps: int, num_layers: int) -> Schedule:
+    def build_for(self, num_steps: int, ops: ModelOps) -> Schedule:
+        """The schedule of a run on a model of another architecture than Latte (its operators
+        ``ops``). Raises ScheduleError unless the policy knows that architecture (the base
+        knows Latte only)."""
+        raise ScheduleError(f"policy {self.name!r} makes Latte schedules only; this model is "
+                            f"{ops.arch} (a uniform policy or a Schedule with its ops works)")
+
+    def _schedule(self, num_steps: int, num_layers: int, ops: ModelOps | None = None) -> Schedule:
         cache = self.__dict__.setdefault("_built", {})
-        if (num_steps, num_layers) not in cache:
-            cache[(num_steps, num_layers)] = self.build(num_steps, num_layers)
-        return cache[(num_steps, num_layers)]
+        if ops is not None and ops.arch == "latte" and ops == ModelOps.latte(num_layers):
+            ops = None          # Latte: the classic build, so every static policy serves it
+        key = (num_steps, num_layers) if ops is None else (num_steps, ops)
+        if key not in cache:
+            cache[key] = (self.build(num_steps, num_layers) if ops is None
+                          else self.build_for(num_steps, ops))
+        return cache[key]
 
     def decide(self, q: OpQuery) -> Decision:
-        sched = self._schedule(q.num_steps, q.num_layers)
+        sched = self._schedule(q.num_steps, q.num_layers, q.model_ops)
         if q.ref in sched.reused(q.step, q.branch):
             return Decision(True, reason="schedule")
         return Decision(False, store=sched.store_after_compute(q.step, q.branch, q.ref),
@@ -51,8 +62,19 @@ class SchedulePolicy(StaticPolicy):
     def name(self) -> str:
         return self.schedule.name
 
+    def build_for(self, num_steps: int, ops: ModelOps) -> Schedule:
+        s = self.schedule
+        if s.num_steps != num_steps or s.model_ops() != ops:
+            raise ScheduleError(
+                f"schedule {s.name!r} is for {s.num_steps} steps of a {s.model_ops().arch} model "
+                f"with {s.num_layers} layers; this run has {num_steps} steps of a {ops.arch} "
+                f"model with {ops.num_layers} layers")
+        return s
+
     def build(self, num_steps: int, num_layers: int) -> Schedule:
         s = self.schedule
+        if s.ops is not None:
+            return self.build_for(num_steps, ModelOps.latte(num_layers))
         if (s.num_steps, s.num_layers) != (num_steps, num_layers):
             raise ScheduleError(
                 f"schedule {s.name!r} is for {s.num_steps} steps x {s.num_layers} layers; "

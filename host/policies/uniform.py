@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from coda.host.schedule import OP_TYPES, BRANCHES, Schedule, ScheduleError, operator_order
+from coda.host.schedule import (ALL_OP_TYPES, OP_TYPES, BRANCHES, ModelOps, Schedule,
+                                ScheduleError, operator_order)
 
 from .static import StaticPolicy
 
@@ -24,7 +25,9 @@ class UniformIntervalPolicy(StaticPolicy):
     ``(s - warmup) % k == 0`` and reused otherwise; k = 1 never reuses. Same for both branches.
 
     Attributes:
-        intervals: op type -> k >= 1 (types not listed use ``default_interval``).
+        intervals: op type -> k >= 1 (types not listed use ``default_interval``); any op type
+            of any architecture (:data:`coda.host.schedule.ALL_OP_TYPES`), so one policy
+            serves Latte and the others (:meth:`build_for`).
         default_interval: k for unlisted op types.
         warmup: leading steps always computed (>= 1, so every operator is computed before reuse).
         cooldown: trailing steps always computed.
@@ -38,8 +41,8 @@ class UniformIntervalPolicy(StaticPolicy):
 
     def __post_init__(self):
         for op, k in self.intervals.items():
-            if op not in OP_TYPES:
-                raise ScheduleError(f"op type {op!r}: expected one of {OP_TYPES}")
+            if op not in ALL_OP_TYPES:
+                raise ScheduleError(f"op type {op!r}: expected one of {ALL_OP_TYPES}")
             if int(k) < 1:
                 raise ScheduleError(f"interval {op}={k}: expected >= 1")
         if self.default_interval < 1:
@@ -52,16 +55,25 @@ class UniformIntervalPolicy(StaticPolicy):
         return int(self.intervals.get(op, self.default_interval))
 
     def build(self, num_steps: int, num_layers: int) -> Schedule:
-        """The concrete :class:`Schedule` for a run of ``num_steps`` steps."""
+        """The concrete :class:`Schedule` for a run of ``num_steps`` steps (Latte)."""
+        return self._build(num_steps, num_layers, operator_order(num_layers), OP_TYPES, None)
+
+    def build_for(self, num_steps: int, ops: ModelOps) -> Schedule:
+        """The concrete :class:`Schedule` for a run of ``num_steps`` steps on a model with the
+        operators ``ops`` (any architecture)."""
+        return self._build(num_steps, ops.num_layers, ops.ops, ops.op_types, ops)
+
+    def _build(self, num_steps, num_layers, order, op_types, ops) -> Schedule:
         reuse: dict[tuple[int, str], frozenset] = {}
         for step in range(self.warmup, max(self.warmup, num_steps - self.cooldown)):
-            refs = frozenset((layer, op) for layer, op in operator_order(num_layers)
+            refs = frozenset((layer, op) for layer, op in order
                              if (step - self.warmup) % self.interval(op) != 0)
             for branch in BRANCHES:
                 reuse[(step, branch)] = refs
-        label = ",".join(f"{op}={self.interval(op)}" for op in OP_TYPES)
+        label = ",".join(f"{op}={self.interval(op)}" for op in op_types)
         return Schedule(num_steps, num_layers, reuse,
-                        name=f"uniform({label},warmup={self.warmup},cooldown={self.cooldown})")
+                        name=f"uniform({label},warmup={self.warmup},cooldown={self.cooldown})",
+                        ops=ops)
 
     def describe(self) -> dict:
         return {"name": self.name, "intervals": {op: self.interval(op) for op in OP_TYPES},
