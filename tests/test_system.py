@@ -253,6 +253,17 @@ def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
     assert 0 < ms.ops_skipped_fraction() < 1
 
 
+def test_segment_utilisation_table():
+    from coda.host.system.platforms import SEGMENT_UTIL, segment_utilisation
+
+    t = SEGMENT_UTIL[("DDR5-4800", 8, 256)]
+    assert segment_utilisation("DDR5-4800", 8, 256, 4) == t[4]
+    assert segment_utilisation("ddr5_4800", 8, 256, 5) == pytest.approx((t[4] + t[6]) / 2)
+    assert segment_utilisation("DDR5-4800", 2, 256, 3) == 0.311     # lanes sweep fallback
+    with pytest.raises(ValueError, match="no DIMM-NMP measurement"):
+        segment_utilisation("DDR5-4800", 4, 64, 1)
+
+
 def test_parse_systems():
     assert parse_systems("all") == "abcdef" and parse_systems("f,c") == "cf"
     with pytest.raises(ValueError, match="--system 'g'"):

@@ -14,8 +14,9 @@ the host waiting for the slowest rank. Per launch:
 - ``cycles_dram``: the words the program moves on one rank (every memory read micro-op and
   the store read or write the whole stream; a per-channel gate vector is re-read for every
   token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
-  cycle and by the DRAM utilisation the DIMM-NMP cosimulation measured for long NME
-  programs (:func:`coda.host.system.platforms.nmp_efficiency`, 88.4 % for DDR5-4800 at 8
+  cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for long
+  compiled segment programs of that many terms
+  (:func:`coda.host.system.platforms.segment_utilisation`: 86-87 % for DDR5-4800 at 8
   lanes, depth 256);
 - the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from coda.host import compiler
 from coda.host.ops import MAX_SEGMENT_TERMS
@@ -115,7 +117,8 @@ def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k:
 def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: int,
                    depth: int, fmt: str = "bf16", clock_hz: float | None = None,
                    rank_peak_bytes_per_cycle: float | None = None,
-                   dram_util: float | None = None, mem_latency: int = 1) -> SegmentTiming:
+                   dram_util: float | Callable[[int], float] | None = None,
+                   mem_latency: int = 1) -> SegmentTiming:
     """NME time of a ``k``-term segment over ``[tokens, channels]`` on ``n_ranks`` ranks.
 
     Args:
@@ -125,7 +128,9 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         lanes, depth, fmt: the NME configuration.
         clock_hz: NME clock (Hz) for ``seconds``; None: seconds = 0 (cycles only).
         rank_peak_bytes_per_cycle, dram_util: one rank's peak DRAM bytes per NME cycle and
-            the measured utilisation; None: ideal memory (``cycles = cycles_ideal``).
+            the measured utilisation (a number, or a function of a launch's terms, e.g.
+            :func:`coda.host.system.platforms.segment_utilisation`); None: ideal memory
+            (``cycles = cycles_ideal``).
         mem_latency: memory latency of the ideal-memory cycle model.
     Raises:
         ValueError: k < 1, or shapes the compiler refuses (C not a multiple of lanes).
@@ -142,7 +147,8 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         if rank_peak_bytes_per_cycle is None:
             cd = 0
         else:
-            cd = math.ceil(nbytes / (rank_peak_bytes_per_cycle * dram_util))
+            util = dram_util(kk) if callable(dram_util) else dram_util
+            cd = math.ceil(nbytes / (rank_peak_bytes_per_cycle * util))
         ideal += cyc
         dram += cd
         total += max(cyc, cd)

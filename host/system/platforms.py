@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from coda.hw.dram_standards import DRAMStandard, get_standard
 
 __all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
+           "SEGMENT_UTIL", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
            "nmp_efficiency"]
 
@@ -197,6 +198,38 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 }
 
 
+#: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
+#: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
+#: 512 channels (256 KiB per stream), per (standard, lanes, depth): {K: utilisation}. Measured
+#: here: ``python -m coda.host.system.validate --measure-nmp`` (DRAM-timed 1 x 1 DIMM-NMP).
+SEGMENT_UTIL: dict[tuple[str, int, int], dict[int, float]] = {
+    ("DDR5-4800", 8, 256): {1: 0.8698, 2: 0.8590, 3: 0.8703, 4: 0.8612, 6: 0.8639, 8: 0.8651},
+    ("DDR5-4800", 8, 64): {1: 0.7584, 2: 0.7191, 3: 0.7557, 4: 0.7296, 6: 0.7362, 8: 0.7274},
+    ("DDR4-3200", 8, 256): {1: 0.8482, 2: 0.8476, 3: 0.8489, 4: 0.8353, 6: 0.8428, 8: 0.8400},
+    ("DDR4-3200", 8, 64): {1: 0.6448, 2: 0.6401, 3: 0.6443, 4: 0.6126, 6: 0.6347, 8: 0.6194},
+    ("LPDDR5-6400", 8, 256): {1: 0.5739, 2: 0.4951, 3: 0.5434, 4: 0.5428, 6: 0.5064,
+                              8: 0.4889},
+    ("LPDDR5-6400", 8, 64): {1: 0.5000, 2: 0.4543, 3: 0.4685, 4: 0.4490, 6: 0.4427,
+                             8: 0.4458},
+}
+
+
+def segment_utilisation(standard: str, lanes: int, depth: int, k: int) -> float:
+    """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
+    k, linear interpolation). Without a segment measurement for the lanes x depth, the
+    4-stream segment's of the lanes sweep (:func:`nmp_efficiency`). Raises ValueError when
+    the project has neither."""
+    table = SEGMENT_UTIL.get((get_standard(standard).name, lanes, depth))
+    if table is None:
+        return nmp_efficiency(standard, lanes, depth, 4)
+    k = max(1, min(int(k), max(table)))
+    if k in table:
+        return table[k]
+    lo = max(x for x in table if x < k)
+    hi = min(x for x in table if x > k)
+    return table[lo] + (table[hi] - table[lo]) * (k - lo) / (hi - lo)
+
+
 def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float:
     """The measured DRAM utilisation of an NME program with ``streams`` memory streams (3:
     the residual add's, >= 4: the 4-stream segment's) on one rank of ``standard``.
@@ -233,8 +266,10 @@ class Energy:
     sources: dict = field(default_factory=lambda: {
         "dram_pj_per_bit": "literature: DESIGN.md §5, 4-8 pJ/bit DDR4 core (Micron TN-40-07 "
                            "method), midpoint 6 (as coda.synth.energy)",
-        "dram_io_pj_per_bit": "literature: the 1.4-1.9 pJ/b board-level I/O figure (IBM, 32 nm "
-                              "SOI) for the DDR channel to the CPU",
+        "dram_io_pj_per_bit": "assumed: the DDR channel between DIMM and CPU costs what the "
+                              "1.4-1.9 pJ/b board-level I/O of IBM's 32 nm SOI transceiver "
+                              "costs (literature figure for another link; no DDR5 I/O figure "
+                              "was found)",
         "act_pj": "literature: DESIGN.md §5, row activation ~4 nJ per rank (Micron TN-40-07)",
         "add16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 add 0.4 pJ",
         "mul16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 mul 1.1 pJ",
@@ -309,6 +344,8 @@ class Platform:
         return {"gpu": self.gpu.sources, "pcie": self.pcie.sources,
                 "energy": self.energy.sources,
                 "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
+                "segment_utilisation": "measured here: python -m coda.host.system.validate "
+                                       "--measure-nmp (SEGMENT_UTIL)",
                 "dram": f"hw/dram_standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
 
 
@@ -335,7 +372,7 @@ def platform(gpu: str = DEFAULT_PLATFORM, dram: str = "DDR5-4800", dimms: int = 
         if int(v) < 1:
             raise ValueError(f"--{flag} {v}: expected >= 1")
     std = get_standard(dram)
-    nmp_efficiency(std.name, lanes, depth, 4)       # refuse an unmeasured NME up front
+    segment_utilisation(std.name, lanes, depth, 1)  # refuse an unmeasured NME up front
     g, p = GPUS[gpu], pcie
     g_over = {k: v for k, v in overrides.items() if hasattr(g, k)}
     p_over = {k: v for k, v in overrides.items() if hasattr(p, k) and k not in g_over}

@@ -24,7 +24,8 @@ Times:
 - copy: ``latency_s + bytes / min(PCIe bandwidth of the direction, host channel
   bandwidth)``;
 - NME launch: :func:`coda.host.system.nme.segment_timing` (cycle model, bounded by the
-  measured DIMM-NMP DRAM utilisation) plus one command per launch (``latency_s``); or, with
+  DRAM utilisation measured for segment programs on the DIMM-NMP) plus one command per
+  launch (``latency_s``); or, with
   ``nme_timing="events"``, the cycles the events report (e.g. a DRAM-timed cosimulation).
 
 Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
@@ -60,7 +61,7 @@ import numpy as np
 import simpy
 
 from .nme import segment_timing
-from .platforms import Platform, nmp_efficiency
+from .platforms import Platform, nmp_efficiency, segment_utilisation
 from .shapes import ATTENTION, GEMM, Kernels
 from .workload import CALL_ORDER, Call, Workload, segment_bytes, tensor_bytes
 
@@ -222,12 +223,11 @@ class _Replay:
         key = (tokens, channels, k, events_cycles)
         if key not in self._seg_t:
             p = self.p
-            streams = 2 * k + 2
-            util = nmp_efficiency(p.dram.name, p.lanes, p.depth, min(streams, 4))
             t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
                                depth=p.depth, clock_hz=p.nme_clock_hz,
                                rank_peak_bytes_per_cycle=p.dram.burst_bytes / p.dram.nBL,
-                               dram_util=util)
+                               dram_util=lambda kk: segment_utilisation(
+                                   p.dram.name, p.lanes, p.depth, kk))
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":
                 seconds = events_cycles / p.nme_clock_hz

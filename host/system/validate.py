@@ -11,6 +11,15 @@
 2. **Simulation speed**: wall seconds to synthesise and replay a 50-step generation of
    Wan 2.1-14B at 720p x 4 s as each system (shapes traced once and cached). Written to
    ``bench.json``.
+
+With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth, minutes):
+
+3. the DRAM utilisation of compiled K-term segment programs on one DRAM-timed DIMM-NMP rank
+   (256 tokens x 512 channels, 256 KiB per stream), the table
+   :data:`coda.host.system.platforms.SEGMENT_UTIL` (``segment_util.json``);
+4. the NME time of segments of the shipped model's shape ([512, 96], 1 DIMM x 2 ranks of
+   DDR5-4800, K = 1, 2, 4, 8) as the DRAM-timed DIMM-NMP cosimulation measures it against
+   :func:`coda.host.system.nme.segment_timing` (``dram_check.json``).
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ import json
 import time
 from pathlib import Path
 
-__all__ = ["PUBLISHED", "validate", "bench", "main"]
+__all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation", "dram_check",
+           "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
 PUBLISHED = [
@@ -109,10 +119,103 @@ def bench(shape_cache: Path | None = None) -> dict:
             "generation_s_max": round(t_events + max(per.values()), 3)}
 
 
+def _segment_cycles(driver, tokens: int, channels: int, k: int, seed: int) -> int:
+    """NME cycles of one k-term segment of random bf16 data on ``driver``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    keys = []
+    for i in range(k):
+        driver.store(("check", k, i), torch.randn(tokens, channels, generator=g)
+                     .to(torch.bfloat16))
+        keys.append(("check", k, i))
+    x = torch.randn(tokens, channels, generator=g).to(torch.bfloat16)
+    gates = [torch.randn(channels, generator=g).to(torch.bfloat16) for _ in range(k)]
+    before = driver.stats["nme_cycles"]
+    driver.segment(x, gates, keys)
+    cycles = driver.stats["nme_cycles"] - before
+    for key in keys:
+        driver.free(key)
+    return cycles
+
+
+def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
+                                lanes: int = 8) -> dict:
+    """DRAM utilisation of compiled segment programs on a 1 x 1 DRAM-timed DIMM-NMP:
+    bytes the program streams / (cycles x the rank's peak bytes per cycle)."""
+    from coda.host.backend import get_backend
+    from coda.host.driver import NMPDriver
+    from coda.hw.dram_standards import get_standard
+    from coda.hw.isa import NMEConfig
+
+    from .nme import segment_timing
+
+    std = get_standard(dram)
+    tokens, channels = 256, 512
+    backend = get_backend("rtl", dram=std.name, dimms=1, ranks=1)
+    driver = NMPDriver(backend, NMEConfig(lanes=lanes, depth=depth, mem_words=1 << 19), 1, 1)
+    rows = {}
+    try:
+        for k in ks:
+            cycles = _segment_cycles(driver, tokens, channels, k, seed=k)
+            m = segment_timing(tokens, channels, k, n_ranks=1, lanes=lanes, depth=depth)
+            rows[k] = round(m.rank_dram_bytes / (cycles * std.burst_bytes / std.nBL), 4)
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+    return {"dram": std.name, "lanes": lanes, "depth": depth, "tokens": tokens,
+            "channels": channels, "utilisation": rows}
+
+
+def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800") -> list[dict]:
+    """Segments of the shipped model's shape on a 1 x 2 DRAM-timed DIMM-NMP: cosimulated
+    cycles against the model (cycle model bounded by SEGMENT_UTIL)."""
+    from coda.host.backend import get_backend
+    from coda.host.driver import NMPDriver
+    from coda.hw.dram_standards import get_standard
+    from coda.hw.isa import NMEConfig
+
+    from .nme import segment_timing
+    from .platforms import segment_utilisation
+
+    std = get_standard(dram)
+    backend = get_backend("rtl", dram=std.name, dimms=1, ranks=2)
+    driver = NMPDriver(backend, NMEConfig(lanes=8, depth=depth, mem_words=1 << 18), 1, 2)
+    rows = []
+    try:
+        for k in ks:
+            cycles = _segment_cycles(driver, 512, 96, k, seed=100 + k)
+            m = segment_timing(512, 96, k, n_ranks=2, lanes=8, depth=depth,
+                               clock_hz=1e9 / std.tCK_ns,
+                               rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
+                               dram_util=lambda kk: segment_utilisation(std.name, 8, depth, kk))
+            rows.append({"k": k, "depth": depth, "cosim_cycles": cycles,
+                         "model_cycles": m.cycles, "ideal_cycles": m.cycles_ideal,
+                         "rel_error": round(m.cycles / cycles - 1, 4)})
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m coda.host.system.validate")
     parser.add_argument("--out", type=Path, default=Path("build/system"))
+    parser.add_argument("--measure-nmp", action="store_true",
+                        help="also measure segment DRAM utilisation and check segment times "
+                             "on the DRAM-timed DIMM-NMP cosimulation (Verilator, minutes)")
     args = parser.parse_args(argv)
+    if args.measure_nmp:
+        args.out.mkdir(parents=True, exist_ok=True)
+        util = [measure_segment_utilisation(std, depth)
+                for std in ("DDR5-4800", "DDR4-3200", "LPDDR5-6400") for depth in (256, 64)]
+        (args.out / "segment_util.json").write_text(json.dumps(util, indent=1) + "\n")
+        for u in util:
+            print(u["dram"], "depth", u["depth"], u["utilisation"])
+        check = dram_check(64) + dram_check(256)
+        (args.out / "dram_check.json").write_text(json.dumps(check, indent=1) + "\n")
+        for r in check:
+            print(r)
     cache = args.out / "shapes"
     rows = validate(shape_cache=cache)
     args.out.mkdir(parents=True, exist_ok=True)
