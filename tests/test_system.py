@@ -88,6 +88,23 @@ def test_opensora_hand_written_matches_traced_pixart_blocks():
         per_token(latte, "temporal_attn", (GEMM,)), rel=1e-3)
 
 
+@pytest.mark.parametrize("name, frames", [("wan2.1-1.3b", 5), ("cogvideox-2b", 9),
+                                          ("hunyuanvideo", 5), ("latte-1", 16)])
+def test_traced_operators_are_the_cache_engines(name, frames):
+    """The traced operators, in forward order, are those the cache engine hooks
+    (coda.host.arch.model_ops), so a real EventLog of any of these models maps onto them."""
+    from coda.host.arch import model_ops
+    from coda.host.system.shapes import _build, get_spec
+
+    shape = model_shape(name, "256x256", frames=frames)
+    model, _ = _build(get_spec(name))
+    assert [o.ref for o in shape.ops] == [tuple(r) for r in model_ops(model).ops]
+    two = name in ("cogvideox-2b", "hunyuanvideo")
+    assert all(bool(o.stream_tokens) == two for o in shape.ops)
+    if two:
+        assert all(o.stream_tokens == (shape.video_tokens, shape.text_tokens) for o in shape.ops)
+
+
 def test_shipped_model_shape(digits_shape):
     s = digits_shape
     assert (s.video_tokens, s.hidden, len(s.ops)) == (512, 96, 20)
@@ -112,6 +129,51 @@ def test_modelled_nme_cycles_equal_cosim_events(generation):
         sb = segment_bytes(s.tokens, s.channels, len(s.ops), 2, cfg.lanes)
         assert (sb["down"], sb["up"], sb["programs"]) == (s.bytes_to_nmp, s.bytes_from_nmp,
                                                           s.programs)
+
+
+@torch.no_grad()
+def test_two_stream_segments_equal_the_engine_on_hunyuanvideo():
+    """HunyuanVideo keeps a video and a text stream, each with its own gates and NME programs
+    (host/arch): the modelled cycles and bytes of every segment, per stream, equal the
+    engine's events on a small random configuration."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    from coda.host.backend import TorchBackend
+    from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache
+    from coda.host.driver import NMPDriver
+    from coda.host.events import EventLog
+    from coda.host.policies import UniformIntervalPolicy
+    from coda.hw.isa import NMEConfig
+
+    torch.manual_seed(1)
+    model = HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+        num_layers=2, num_single_layers=2, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2,
+        patch_size_t=1, guidance_embeds=False, text_embed_dim=16, pooled_projection_dim=8,
+        rope_axes_dim=(4, 6, 6)).eval()
+    cfg = NMEConfig(lanes=8, mem_words=1 << 15)
+    log = EventLog()
+    apply_coda_cache(model, CodaCacheConfig(NMPDriver(TorchBackend(), cfg, ranks=2),
+                                            UniformIntervalPolicy(default_interval=2, warmup=1),
+                                            events=log))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 3, 8, 8, generator=g)
+    kw = dict(encoder_hidden_states=torch.randn(1, 6, 16, generator=g),
+              encoder_attention_mask=torch.ones(1, 6, dtype=torch.long),
+              pooled_projections=torch.randn(1, 8, generator=g))
+    for i in range(4):
+        with model.cache_context("cond", step_index=i, num_inference_steps=4):
+            x = x - 0.1 * model(hidden_states=x, timestep=torch.tensor([900 - 200 * i]), **kw,
+                                return_dict=False)[0]
+    segs = log.of("segment")
+    assert segs and all(len(s.stream_tokens) == 2 for s in segs)
+    for s in segs:
+        k = len(s.ops)
+        t = segment_timing(s.tokens, s.channels, k, n_ranks=2, lanes=8, depth=cfg.depth,
+                           stream_tokens=s.stream_tokens)
+        sb = segment_bytes(s.tokens, s.channels, k, 2, 8, stream_tokens=s.stream_tokens)
+        assert (t.cycles_ideal, sb["down"], sb["up"], sb["programs"]) == (
+            s.nme_cycles, s.bytes_to_nmp, s.bytes_from_nmp, s.programs)
 
 
 def test_synthesized_events_equal_real_ones(generation, digits_shape):

@@ -118,7 +118,7 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
                    depth: int, fmt: str = "bf16", clock_hz: float | None = None,
                    rank_peak_bytes_per_cycle: float | None = None,
                    dram_util: float | Callable[[int], float] | None = None,
-                   mem_latency: int = 1) -> SegmentTiming:
+                   mem_latency: int = 1, stream_tokens: tuple = ()) -> SegmentTiming:
     """NME time of a ``k``-term segment over ``[tokens, channels]`` on ``n_ranks`` ranks.
 
     Args:
@@ -132,11 +132,21 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
             :func:`coda.host.system.platforms.segment_utilisation`); None: ideal memory
             (``cycles = cycles_ideal``).
         mem_latency: memory latency of the ideal-memory cycle model.
+        stream_tokens: two residual streams (CogVideoX, HunyuanVideo): each its own segment
+            of that many tokens, one after the other (the cache engine's order).
     Raises:
         ValueError: k < 1, or shapes the compiler refuses (C not a multiple of lanes).
     """
     if k < 1:
         raise ValueError(f"segment of {k} terms: expected >= 1")
+    if stream_tokens:
+        parts = [segment_timing(t, channels, k, n_ranks=n_ranks, lanes=lanes, depth=depth,
+                                fmt=fmt, clock_hz=clock_hz,
+                                rank_peak_bytes_per_cycle=rank_peak_bytes_per_cycle,
+                                dram_util=dram_util, mem_latency=mem_latency)
+                 for t in stream_tokens]
+        return SegmentTiming(*(sum(getattr(p, f) for p in parts)
+                               for f in SegmentTiming.__dataclass_fields__))
     rows = -(-int(tokens) // int(n_ranks))            # the slowest rank's tile
     total = ideal = dram = programs = 0
     rank_bytes = 0

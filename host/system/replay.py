@@ -218,16 +218,18 @@ class _Replay:
             self._gpu_t[key] = gpu_time(k, batch, self.g)
         return self._gpu_t[key]
 
-    def seg_cost(self, tokens, channels, k, events_cycles=None):
-        """(seconds, launches, rank bytes) of a k-term segment on this platform."""
-        key = (tokens, channels, k, events_cycles)
+    def seg_cost(self, tokens, channels, k, events_cycles=None, streams=()):
+        """(seconds, launches, rank bytes, adds, muls) of a k-term segment on this
+        platform (``streams``: per-stream tokens of a two-stream model)."""
+        key = (tokens, channels, k, events_cycles, tuple(streams))
         if key not in self._seg_t:
             p = self.p
             t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
                                depth=p.depth, clock_hz=p.nme_clock_hz,
                                rank_peak_bytes_per_cycle=p.dram.burst_bytes / p.dram.nBL,
                                dram_util=lambda kk: segment_utilisation(
-                                   p.dram.name, p.lanes, p.depth, kk))
+                                   p.dram.name, p.lanes, p.depth, kk),
+                               stream_tokens=tuple(streams))
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":
                 seconds = events_cycles / p.nme_clock_hz
@@ -239,16 +241,17 @@ class _Replay:
         yield from self.copy("d2h", nbytes, "store", branch, step)
 
     def segment(self, seg_ops, row, tokens, channels, step, events_cycles=None,
-                bytes_down=None, bytes_up=None):
+                bytes_down=None, bytes_up=None, streams=()):
         branch = row[0]
         k = len(seg_ops)
-        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes, self.chain)
+        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes, self.chain,
+                           stream_tokens=tuple(streams))
         # a real run's bytes are the driver's (chain="host") on the run's ranks
         use_events = self.chain == "host" and bytes_down is not None
         down = bytes_down if use_events else sb["down"]
         up = bytes_up if use_events else sb["up"]
         seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
-                                                                  events_cycles)
+                                                                  events_cycles, streams)
         yield from self.copy("d2h", down, "x", branch, step)
         yield from self.nme_run(seconds, launches, "segment", branch, step)
         self.res.nme_rank_bytes += rank_bytes * self.p.n_ranks
@@ -262,7 +265,8 @@ class _Replay:
         ops = self.shape.ops[m.index]
         if self.sys in ("d", "e", "f"):
             yield from self.copy("d2h", m.bytes_down, "x", m.row[0], step)
-            nbytes = 2 * tensor_bytes(ops.tokens, ops.channels, self.p.n_ranks, self.lanes)
+            nbytes = 2 * tensor_bytes(ops.tokens, ops.channels, self.p.n_ranks, self.lanes,
+                                      ops.stream_tokens)
             util = nmp_efficiency(self.p.dram.name, self.p.lanes, self.p.depth, 3)
             cyc = max(m.nme_cycles, nbytes / self.p.n_ranks
                       / (self.p.dram.burst_bytes / self.p.dram.nBL * util))
@@ -313,10 +317,12 @@ class _Replay:
                 return
             if isinstance(item, list):     # synthesized in-replay (no SegmentItem)
                 o = self.shape.ops[item[0]]
-                yield from self.segment(item, rows[j], o.tokens, o.channels, step)
+                yield from self.segment(item, rows[j], o.tokens, o.channels, step,
+                                        streams=o.stream_tokens)
             else:
                 yield from self.segment(item.ops, rows[j], item.tokens, item.channels, step,
-                                        item.nme_cycles, item.bytes_down, item.bytes_up)
+                                        item.nme_cycles, item.bytes_down, item.bytes_up,
+                                        item.stream_tokens)
 
         for i in range(n_ops):
             op = self.shape.ops[i]
@@ -343,7 +349,8 @@ class _Replay:
                         "cache_op", label, step)
                 elif sys == "d":
                     for j in reuse:
-                        yield from self.segment([i], rows[j], op.tokens, op.channels, step)
+                        yield from self.segment([i], rows[j], op.tokens, op.channels, step,
+                                                streams=op.stream_tokens)
                 else:                           # e, f: join the row's open segment
                     for j in reuse:
                         seg = self.wl.segments.get(acts[j].segment)

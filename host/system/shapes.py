@@ -44,6 +44,9 @@ __all__ = ["GEMM", "ATTENTION", "MEMORY", "CLASSES", "Kernels", "OpShape", "Mode
 GEMM, ATTENTION, MEMORY = 0, 1, 2
 CLASSES = ("gemm", "attention", "memory")
 
+#: bumped when the traced fields change, so cached shape files of an older trace are not read
+SHAPES_VERSION = 2
+
 #: resolution name -> (height, width) in pixels
 RESOLUTIONS = {"480p": (480, 832), "720p": (720, 1280)}
 
@@ -102,7 +105,8 @@ class OpShape:
 
     Attributes:
         index: forward position. layer: the model's layer (block) index it belongs to.
-        op: operator name (e.g. ``"self_attn"``, Latte's ``"spatial_attn"``).
+        op: operator name, as the cache engine names it (``host/arch``: e.g. Wan's ``"attn"``,
+            Latte's ``"spatial_attn"``).
         kind: the shipped model's operator type it corresponds to, for transferring
             schedules (one of :data:`coda.host.schedule.OP_TYPES`).
         tokens, channels: the cached output per sample, ``[T, C]`` (for joint text-video
@@ -110,6 +114,9 @@ class OpShape:
         gated: an adaLN gate scales the output (else the gate is 1).
         barrier_after: a computed, non-cacheable operation follows (no segment spans it).
         kernels: its GPU kernels (norm and modulation before it included).
+        stream_tokens: for a model with two residual streams (CogVideoX, HunyuanVideo: video
+            then text tokens, each with its own gates and NME programs, as the cache engine
+            runs them: ``host/arch``), the tokens of each; () for one stream.
     """
     index: int
     layer: int
@@ -120,6 +127,7 @@ class OpShape:
     gated: bool
     barrier_after: bool
     kernels: Kernels
+    stream_tokens: tuple = ()
 
     @property
     def ref(self) -> tuple[int, str]:
@@ -203,7 +211,9 @@ class ModelShape:
         d = json.loads(text)
         d["latent"] = tuple(d["latent"])
         d["other"] = Kernels.from_dict(d["other"])
-        d["ops"] = [OpShape(**{**o, "kernels": Kernels.from_dict(o["kernels"])}) for o in d["ops"]]
+        d["ops"] = [OpShape(**{**o, "kernels": Kernels.from_dict(o["kernels"]),
+                               "stream_tokens": tuple(o.get("stream_tokens", ()))})
+                    for o in d["ops"]]
         return cls(**d)
 
 
@@ -217,13 +227,14 @@ class OpGroup:
         ops: per operator ``(name, module attributes of the block ("" = the whole block),
             kind, gated)``; several modules make one operator (e.g. HunyuanVideo's image and
             text FFNs).
-        layer_offset: model layer of the group's first block (HunyuanVideo's single-stream
-            blocks follow its 20 dual-stream ones); Latte's spatial and temporal block ``i``
-            are both layer ``i``.
+        layer_offset: model layer of the group's first block; None: after the previous
+            group's blocks (HunyuanVideo's single-stream blocks follow its dual-stream ones,
+            layers L..L+S-1 as ``host/arch`` numbers them); Latte's spatial and temporal
+            block ``i`` are both layer ``i``.
     """
     blocks: str
     ops: tuple[tuple[str, tuple[str, ...], str, bool], ...]
-    layer_offset: int = 0
+    layer_offset: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +253,7 @@ class ModelSpec:
         cfg: ``"batched"``, ``"two_pass"`` or ``"distilled"`` (the diffusers pipeline's loop).
         groups: the cacheable operators (:class:`OpGroup`).
         dtype: the run dtype of the weights and activations.
+        streams: residual streams the cache engine keeps per operator (2: video and text).
         notes: sources of the rest (fps, frame rule, CFG).
     """
     title: str
@@ -258,6 +270,7 @@ class ModelSpec:
     cfg: str
     groups: tuple[OpGroup, ...] = ()
     dtype: str = "bf16"
+    streams: int = 1
     notes: str = ""
 
 
@@ -307,7 +320,7 @@ MODELS: dict[str, ModelSpec] = {
             ("ffn", ("ff",), "spatial_ffn", True))),),
         notes="CogVideoX README: 8 fps, 49 frames = 6 s (num_seconds*fps + 1), 226 prompt "
               "tokens; pipeline CFG batched; runs in fp16 (README: FP16 recommended).",
-        dtype="fp16"),
+        dtype="fp16", streams=2),
     "cogvideox-5b": ModelSpec(
         title="CogVideoX-5B (42 blocks, joint text-video attention)",
         cls="CogVideoXTransformer3DModel",
@@ -328,7 +341,8 @@ MODELS: dict[str, ModelSpec] = {
             ("attn", ("attn1",), "spatial_attn", True),
             ("ffn", ("ff",), "spatial_ffn", True))),),
         notes="as CogVideoX-2B; bf16 (README); the 3D RoPE (elementwise on q, k) is not "
-              "passed in the trace: its kernels are missing (< 1 % of the FLOPs)."),
+              "passed in the trace: its kernels are missing (< 1 % of the FLOPs).",
+        streams=2),
     "wan2.1-1.3b": ModelSpec(
         title="Wan 2.1 T2V 1.3B (30 blocks)",
         cls="WanTransformer3DModel",
@@ -342,7 +356,7 @@ MODELS: dict[str, ModelSpec] = {
         vae=(4, 8), patch=(1, 2, 2), latent_channels=16, fps=16, frame_rule="4k+1",
         text_tokens=512, text_dim=4096, cfg="two_pass",
         groups=(OpGroup("blocks", (
-            ("self_attn", ("attn1",), "spatial_attn", True),
+            ("attn", ("attn1",), "spatial_attn", True),
             ("cross_attn", ("attn2",), "cross_attn", False),
             ("ffn", ("ffn",), "spatial_ffn", True))),),
         notes="Wan2.1 README: 16 fps, 81 frames = 5 s; umT5 text_len 512; WanPipeline runs "
@@ -360,7 +374,7 @@ MODELS: dict[str, ModelSpec] = {
         vae=(4, 8), patch=(1, 2, 2), latent_channels=16, fps=16, frame_rule="4k+1",
         text_tokens=512, text_dim=4096, cfg="two_pass",
         groups=(OpGroup("blocks", (
-            ("self_attn", ("attn1",), "spatial_attn", True),
+            ("attn", ("attn1",), "spatial_attn", True),
             ("cross_attn", ("attn2",), "cross_attn", False),
             ("ffn", ("ffn",), "spatial_ffn", True))),),
         notes="as Wan 2.1 1.3B."),
@@ -380,10 +394,11 @@ MODELS: dict[str, ModelSpec] = {
                     ("attn", ("attn",), "spatial_attn", True),
                     ("ffn", ("ff", "ff_context"), "spatial_ffn", True))),
                 OpGroup("single_transformer_blocks", (
-                    ("single", ("",), "spatial_ffn", True),), layer_offset=20)),
+                    ("single", ("",), "spatial_ffn", True),), layer_offset=None)),
         notes="HunyuanVideo README: 129 frames at 24 fps (5.4 s), 720x1280; LLaVA-LLaMA "
               "prompt padded to 256 tokens (pipeline max_sequence_length); guidance-distilled "
-              "(guidance_embeds): one call per step, true CFG off by default."),
+              "(guidance_embeds): one call per step, true CFG off by default.",
+        streams=2),
 }
 
 
@@ -717,15 +732,25 @@ def trace(name: str, height: int, width: int, frames: int) -> ModelShape:
         tracer.close()
     tracer.other += tracer.pending
     ops: list[OpShape] = []
+    f, h, w = latent
+    p = spec.patch
+    video_tokens = (f // p[0]) * (h // p[1]) * (w // p[2])
+    next_layer = 0
     for g, group in enumerate(spec.groups):
         n_blocks = len(getattr(model, group.blocks))
+        offset = next_layer if group.layer_offset is None else group.layer_offset
         for b in range(n_blocks):
             for name_, _, kind, gated in group.ops:
                 rec = tracer.ops[(g, b, name_)]
-                ops.append(OpShape(index=0, layer=b + group.layer_offset, op=name_, kind=kind,
-                                   tokens=int(rec["tokens"]), channels=int(rec["channels"]),
+                tokens = int(rec["tokens"])
+                streams = ((video_tokens, tokens - video_tokens)
+                           if spec.streams == 2 and tokens > video_tokens else ())
+                ops.append(OpShape(index=0, layer=b + offset, op=name_, kind=kind,
+                                   tokens=tokens, channels=int(rec["channels"]),
                                    gated=gated, barrier_after=False,
-                                   kernels=Kernels.from_rows(rec["rows"])))
+                                   kernels=Kernels.from_rows(rec["rows"]),
+                                   stream_tokens=streams))
+        next_layer = offset + n_blocks
     if spec.cls == "LatteTransformer3DModel":
         # Latte's forward order: spatial block i, then temporal block i (layer-major)
         order = {op: i for i, op in enumerate(("spatial_attn", "cross_attn", "spatial_ffn",
@@ -736,9 +761,6 @@ def trace(name: str, height: int, width: int, frames: int) -> ModelShape:
     for i, o in enumerate(ops):
         o.index = i
     params = sum(p.numel() for p in model.parameters())
-    f, h, w = latent
-    p = spec.patch
-    video_tokens = (f // p[0]) * (h // p[1]) * (w // p[2])
     hidden = ops[0].channels
     return ModelShape(
         name=name, title=spec.title, source=spec.source, traced=True, height=height,
@@ -854,7 +876,7 @@ def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
         return opensora_shape(height, width, n)
     _latent(name, height, width, n)     # refuse a bad size before anything else
     if cache_dir is not None:
-        path = Path(cache_dir) / f"{name}_{width}x{height}_{n}f.json"
+        path = Path(cache_dir) / f"{name}_{width}x{height}_{n}f_v{SHAPES_VERSION}.json"
         if path.is_file():
             return ModelShape.from_json(path.read_text())
     shape = trace(name, height, width, n)

@@ -41,15 +41,18 @@ CALL_ORDER = {"batched": ("uncond", "cond"), "two_pass": ("cond", "uncond"),
               "distilled": ("cond",)}
 
 
-def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int) -> int:
+def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int,
+                 stream_tokens: tuple = ()) -> int:
     """Bytes the driver moves for one [T, C] tensor tiled over ``n_ranks`` ranks (whole
-    ``2·lanes``-byte words per rank tile)."""
+    ``2·lanes``-byte words per rank tile); with ``stream_tokens``, one tensor per stream."""
+    if stream_tokens:
+        return sum(tensor_bytes(t, channels, n_ranks, lanes) for t in stream_tokens)
     return sum(words_for((r1 - r0) * channels, lanes) * 2 * lanes
                for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
 
 
 def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
-                  chain: str = "host") -> dict:
+                  chain: str = "host", stream_tokens: tuple = ()) -> dict:
     """Host-link bytes of a ``k``-term segment: ``x`` down, the gates replicated to every
     rank, the command words (8 bytes per header or micro-op word per rank and launch;
     ``2K+2`` micro-ops), ``y`` up. A segment of more than 8 terms chains launches:
@@ -60,11 +63,17 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
       reads it there), so the segment crosses the link once each way: the coalesced segment
       of the CODA paper ("one transfer at the segment boundary").
 
+    With ``stream_tokens`` (two residual streams), each stream is its own segment of that
+    many tokens (its own gates and programs), as the cache engine runs them.
+
     Returns ``{"x", "gates", "cmd", "y", "down", "up", "programs"}``.
     Raises ValueError for another ``chain``.
     """
     if chain not in ("host", "ranks"):
         raise ValueError(f"chain={chain!r}: expected 'host' or 'ranks'")
+    if stream_tokens:
+        parts = [segment_bytes(t, channels, k, n_ranks, lanes, chain) for t in stream_tokens]
+        return {key: sum(p[key] for p in parts) for key in parts[0]}
     ranks = sum(1 for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
     t = tensor_bytes(tokens, channels, n_ranks, lanes)
     gate = words_for(channels, lanes) * 2 * lanes
@@ -105,6 +114,7 @@ class SegmentItem:
     bytes_up: int
     programs: int
     nme_cycles: int
+    stream_tokens: tuple = ()
 
     @property
     def k(self) -> int:
@@ -223,7 +233,8 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
     for s in log.of("segment", gen):
         segments[s.segment] = SegmentItem(
             s.segment, (s.branch, s.sample), [index[tuple(r)] for r in s.ops], s.tokens,
-            s.channels, s.bytes_to_nmp, s.bytes_from_nmp, s.programs, s.nme_cycles)
+            s.channels, s.bytes_to_nmp, s.bytes_from_nmp, s.programs, s.nme_cycles,
+            tuple(getattr(s, "stream_tokens", ()) or ()))
     monitors: dict = defaultdict(lambda: defaultdict(list))
     for m in log.of("monitor", gen):
         monitors[m.step][index[(m.layer, m.op)]].append(MonitorItem(
@@ -263,9 +274,12 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                     if op.index in runs:
                         run = runs[op.index]
                         k = len(run)
-                        sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes)
+                        st = op.stream_tokens
+                        sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes,
+                                           stream_tokens=st)
                         t = segment_timing(op.tokens, op.channels, k, n_ranks=n_ranks,
-                                           lanes=lanes, depth=depth, fmt=fmt)
+                                           lanes=lanes, depth=depth, fmt=fmt,
+                                           stream_tokens=st)
                         for i in run:
                             o = shape.ops[i]
                             log.append(OpEvent(**base, layer=o.layer, op=o.op, index=i,
@@ -277,7 +291,8 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                             ops=tuple(shape.ops[i].ref for i in run), first_index=run[0],
                             tokens=op.tokens, channels=op.channels, dtype=fmt,
                             bytes_to_nmp=sb["down"], bytes_from_nmp=sb["up"],
-                            programs=sb["programs"], nme_cycles=t.cycles_ideal))
+                            programs=sb["programs"], nme_cycles=t.cycles_ideal,
+                            **({"stream_tokens": st} if st else {})))
                         seg_id += 1
                     elif op.index not in reused:
                         store = schedule.store_after_compute(step, branch, op.index)
@@ -285,7 +300,7 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                             **base, layer=op.layer, op=op.op, index=op.index, reused=False,
                             reason="schedule", tokens=op.tokens, channels=op.channels,
                             dtype=fmt,
-                            stored_bytes=tensor_bytes(op.tokens, op.channels, n_ranks, lanes)
-                            if store else 0))
+                            stored_bytes=tensor_bytes(op.tokens, op.channels, n_ranks, lanes,
+                                                      op.stream_tokens) if store else 0))
     return log
 
