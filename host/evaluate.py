@@ -226,6 +226,19 @@ def main(args) -> int:
             raise ValueError(f"--seeds {args.seeds}: seeds {sorted(overlap)} were profiled; "
                              "expected held-out seeds (disjoint from the profile's)")
     console = Console()
+    # every policy calibrated (and the coda schedules annealed) before any generation
+    policies_at = {}
+    for skip in skips:
+        sched = None
+        if any(name.startswith("coda") for name in policies):
+            res = anneal(profile, skip, seed=0, moves=args.moves)
+            console.print(f"annealed the coda schedule for skip {skip} in {res.seconds:.0f} s: "
+                          f"{res.terms}")
+            sched = res.schedule
+        for name in policies:
+            policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
+                                                   schedule=sched, num_steps=args.steps,
+                                                   num_layers=layers)
     out.mkdir(parents=True, exist_ok=True)
 
     def driver_factory(videos: int):
@@ -242,19 +255,11 @@ def main(args) -> int:
     motion = motion_px(full)
     acc_full = label_accuracy(full, vid_labels)
 
-    rows, per_video, annealed = [], {}, {}
+    rows, per_video = [], {}
     for skip in skips:
         for name in policies:
             t1 = time.perf_counter()
-            sched = None
-            if name.startswith("coda"):
-                if skip not in annealed:
-                    annealed[skip] = anneal(profile, skip, seed=0, moves=args.moves)
-                    console.print(f"  annealed coda schedule for skip {skip}: "
-                                  f"{annealed[skip].seconds:.0f} s, terms {annealed[skip].terms}")
-                sched = annealed[skip].schedule
-            policy = get_policy(name, skip=skip, profile=profile, schedule=sched,
-                                num_steps=args.steps, num_layers=layers)
+            policy = policies_at[(name, skip)]
             res = evaluate_policy(model, policy, prompts, seeds, full,
                                   driver_factory=driver_factory, batch=args.batch, **common)
             st, n = res["stats"], len(vid_labels)

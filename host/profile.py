@@ -39,6 +39,7 @@ from coda.host.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.schedule import BRANCHES, OP_TYPES
 
 __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
+           "step_sensitivity",
            "parse_int_list", "stability_ranking", "plot_heatmap", "ARRAYS"]
 
 #: the arrays of a profile, each [videos, steps, branches, layers, op types] float32
@@ -189,12 +190,15 @@ class Profile:
             step 0), numerators computed on the NMEs.
         out_abs, in_abs: mean |output| / |input| per element, same shape.
         meta: model hash, prompts, seeds, steps, guidance, shape, videos ((prompt, seed) each).
+        sensitivity: per step, the final video's squared error per unit of the quality proxy
+            when operators are reused at that step (:func:`step_sensitivity`), or None.
     """
     out_change: np.ndarray
     in_change: np.ndarray
     out_abs: np.ndarray
     in_abs: np.ndarray
     meta: dict
+    sensitivity: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -228,8 +232,9 @@ class Profile:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "profile.npz"
         meta = dict(self.meta, version=PROFILE_VERSION)
+        extra = {} if self.sensitivity is None else {"sensitivity": self.sensitivity}
         np.savez_compressed(path, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
-                            meta=np.array(json.dumps(meta)))
+                            meta=np.array(json.dumps(meta)), **extra)
         (folder / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
         return path
 
@@ -246,6 +251,8 @@ class Profile:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: np.asarray(data[k], dtype=np.float32) for k in ARRAYS}
                 meta = json.loads(str(data["meta"]))
+                sens = (np.asarray(data["sensitivity"], dtype=np.float64)
+                        if "sensitivity" in data.files else None)
         except (OSError, ValueError, KeyError, EOFError) as exc:
             raise ValueError(f"--profile {path}: not a profile written by coda profile "
                              f"({type(exc).__name__}: {exc})") from None
@@ -255,7 +262,10 @@ class Profile:
                 shape[4] != len(OP_TYPES) or shape[1] < 1:
             raise ValueError(f"--profile {path}: arrays of shape {sorted(shapes)}, expected one "
                              "shape [videos, steps, 2 branches, layers, 5 op types]")
-        return cls(**arrays, meta=meta)
+        if sens is not None and sens.shape != (shape[1],):
+            raise ValueError(f"--profile {path}: sensitivity of shape {sens.shape}, expected "
+                             f"({shape[1]},)")
+        return cls(**arrays, meta=meta, sensitivity=sens)
 
 
 def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
@@ -301,6 +311,51 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
             "guidance_scale": guidance_scale, "branches": list(BRANCHES),
             "op_types": list(OP_TYPES), "layers": layers, "shape": model_shape(model)}
     return Profile(**arrays, meta=meta)
+
+
+def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 10,
+                     videos: int = 2) -> np.ndarray:
+    """How much the final video suffers, per unit of the schedule search's quality proxy, when
+    operators are reused at each part of the run: for each of ``blocks`` blocks of steps, a
+    generation of the profile's first ``videos`` videos that reuses every operator at every
+    other step of the block (a one-step-old cache), against full compute:
+    ``sensitivity = MSE(final video) / proxy(the reuses)``, proxy as
+    :class:`coda.host.search.CostModel` computes it (profiled one-step output change x
+    |output| / |input|). Early steps weigh more than their change says (a deviation there
+    moves the whole remaining trajectory); returned per step, normalised to mean 1.
+    """
+    from coda.host.model.sample import cached_generate, generate
+    from coda.host.schedule import Schedule, operator_order
+
+    steps, layers = profile.num_steps, profile.num_layers
+    pairs = profile.meta["videos"][:videos]
+    labels, seeds = [p for p, _ in pairs], [s for _, s in pairs]
+    kw = dict(num_steps=steps, guidance_scale=profile.meta["guidance_scale"], seeds=seeds)
+    full = generate(model, labels, **kw)
+    change = np.nan_to_num(profile.mean("out_change").reshape(steps, len(BRANCHES), -1))
+    out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1)).reshape(len(BRANCHES), -1)
+    inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1)).reshape(len(BRANCHES), -1)
+    weight = np.nan_to_num(np.where(inp > 0, out / np.where(inp > 0, inp, 1), 1.0), nan=1.0)
+    everything = frozenset(operator_order(layers))
+    edges = np.linspace(0, steps, blocks + 1).round().astype(int)
+    sens = np.ones(steps)
+    per_block = []
+    for b0, b1 in zip(edges[:-1], edges[1:]):
+        reuse_steps = [s for s in range(b0 + 1, b1, 2)]
+        if not reuse_steps:
+            per_block.append(None)
+            continue
+        sched = Schedule(steps, layers, {(s, br): everything for s in reuse_steps
+                                         for br in BRANCHES}, name="sensitivity")
+        video, _ = cached_generate(model, labels, driver_factory(len(labels)), sched, **kw)
+        mse = float(((video.double() - full.double()) ** 2).mean())
+        proxy = float(sum((change[s] * weight).sum() for s in reuse_steps))
+        per_block.append(mse / proxy if proxy > 0 else None)
+    known = [v for v in per_block if v is not None]
+    fill = float(np.mean(known)) if known else 1.0
+    for (b0, b1), v in zip(zip(edges[:-1], edges[1:]), per_block):
+        sens[b0:b1] = fill if v is None else v
+    return sens / sens.mean()
 
 
 # ---------------------------------------------------------------- reading a profile
@@ -361,6 +416,10 @@ def configure(parser) -> None:
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
     parser.add_argument("--ranks", type=int, default=2, help="ranks (1 DIMM)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--sensitivity-blocks", type=int, default=10,
+                        help="blocks of steps of the step-sensitivity runs (0: none)")
+    parser.add_argument("--sensitivity-videos", type=int, default=2,
+                        help="profiled videos the step-sensitivity runs generate")
 
 
 def make_driver_factory(model, backend, lanes: int, ranks: int):
@@ -384,6 +443,9 @@ def main(args) -> int:
 
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
     seeds = parse_int_list(args.seeds, "--seeds", 0, 2**31 - 1)
+    if args.sensitivity_blocks < 0 or args.sensitivity_videos < 1:
+        raise ValueError(f"--sensitivity-blocks {args.sensitivity_blocks}, --sensitivity-videos "
+                         f"{args.sensitivity_videos}: expected >= 0 and >= 1")
     for flag in ("steps", "lanes", "ranks", "threads"):
         if getattr(args, flag) < 2 if flag == "steps" else getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= "
@@ -397,6 +459,13 @@ def main(args) -> int:
     prof = profile_model(model, prompts, seeds,
                          make_driver_factory(model, backend, args.lanes, args.ranks),
                          num_steps=args.steps, guidance_scale=args.guidance, progress=True)
+    if args.sensitivity_blocks:
+        console.print(f"step sensitivity: {args.sensitivity_blocks} blocks x "
+                      f"{min(args.sensitivity_videos, len(prof.meta['videos']))} videos")
+        plain = make_driver_factory(model, backend, args.lanes, args.ranks)
+        prof.sensitivity = step_sensitivity(model, prof, plain,
+                                            blocks=min(args.sensitivity_blocks, args.steps),
+                                            videos=args.sensitivity_videos)
     if hasattr(backend, "close"):
         backend.close()
     ranking = stability_ranking(prof)

@@ -4,8 +4,12 @@ operators executed by the NME RTL (Verilator cosimulation) or by the torch backe
 For a few digit prompts it generates, with the same seeds and CFG:
 
 1. the full-compute video (every operator of every step computed by the DiT);
-2. the cached video with the cache segments ``y = x + sum_k g_k * c_k`` run on the NMP
-   driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
+2. the cached video, under the cache policy ``--policy`` (default ``coda``: the annealed
+   schedule shipped for the model's 50 steps, ``host/schedules/coda_latte_digits_50.json``, or
+   ``--schedule FILE``; ``coda+dra`` adds the run-time fallback; ``uniform`` with
+   ``--interval``/``--warmup``; ``pab``, ``teacache``, ``magcache`` calibrated to ``--skip`` on
+   the shipped profile or ``--profile``), with the cache segments ``y = x + sum_k g_k * c_k``
+   run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
    with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
    whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
    ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
@@ -15,8 +19,11 @@ For a few digit prompts it generates, with the same seeds and CFG:
 
 It writes ``DIR/<digit>_<i>.gif`` (full compute | cached, side by side) and ``DIR/report.json``
 and prints a summary table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
-the cached videos against the full-compute ones; prompt adherence: the scikit-learn digit
-classifier's per-frame accuracy (:func:`coda.host.model.classifier.label_accuracy`).
+the cached videos against the full-compute ones (torchmetrics, :mod:`coda.host.evaluate`);
+prompt adherence: the scikit-learn digit classifier's per-frame accuracy
+(:func:`coda.host.model.classifier.label_accuracy`). The report names the ``policy``, counts
+DRA's ``dra_fallbacks`` and the ``pcie_bytes`` that crossed the host link (stores, kept
+inputs, segments, monitors).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import time
 import torch
 
 DEFAULT_PROMPTS = "0,3,7"
+POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache")
 
 
 def configure(parser) -> None:
@@ -39,10 +47,22 @@ def configure(parser) -> None:
     parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE, help="CFG scale")
     parser.add_argument("--backend", choices=("rtl", "torch"), default="rtl",
                         help="where cache segments run (default: rtl = Verilated NME)")
-    parser.add_argument("--interval", type=int, default=2,
-                        help="uniform-interval policy: recompute every k steps (k >= 1)")
-    parser.add_argument("--warmup", type=int, default=5,
-                        help="first steps always computed (>= 1)")
+    parser.add_argument("--policy", default=None,
+                        help=f"cache policy, one of {', '.join(POLICY_CHOICES)} (default coda: "
+                             "the shipped annealed schedule; uniform if --interval/--warmup "
+                             "are given)")
+    parser.add_argument("--schedule", default=None, metavar="FILE",
+                        help="coda / coda+dra: a schedule JSON of coda schedule search "
+                             "(default: the shipped one, 50 steps)")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="profile.npz for teacache, magcache and DRA (default: the "
+                             "shipped one, 50 steps)")
+    parser.add_argument("--skip", type=float, default=0.5,
+                        help="pab / teacache / magcache: target skip fraction (default 0.5)")
+    parser.add_argument("--interval", type=int, default=None,
+                        help="uniform policy: recompute every k steps (k >= 1, default 2)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="uniform policy: first steps always computed (>= 1, default 5)")
     parser.add_argument("--dram", default=None, metavar="STD",
                         help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
                              "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
@@ -81,16 +101,19 @@ def main(args) -> int:
     from coda.host.backend import get_backend
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
-    from coda.host.model.sample import (cached_generate, generate, side_by_side_gif,
-                                        video_psnr, video_ssim)
-    from coda.host.policies import UniformIntervalPolicy
+    from coda.host.evaluate import psnr_db, ssim
+    from coda.host.events import EventLog
+    from coda.host.model.sample import cached_generate, generate, side_by_side_gif
 
-    # every check before any work or any file: flags, output folder, backend, driver
+    # every check before any work or any file: flags, output folder, policy, backend, driver
     digits = _parse_prompts(args.prompts)
     for flag in ("steps", "interval", "warmup", "lanes", "dimms", "ranks", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} {value}: expected >= 1")
     out = check_output_path(args.out, "--out", folder=True)
+    model, _ = load_model()
+    policy_name, policy = _policy(args, model)
     # bad --backend/--dram combinations and presets fail here (simulators are built and
     # started only when the first segment runs)
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
@@ -98,11 +121,9 @@ def main(args) -> int:
     console = Console()
     t_start = time.perf_counter()
 
-    model, _ = load_model()
     labels = torch.tensor(digits, dtype=torch.int64)
     common = dict(num_steps=args.steps, guidance_scale=args.guidance, seed=args.seed,
                   progress=True)
-    policy = UniformIntervalPolicy(default_interval=args.interval, warmup=args.warmup)
 
     driver = _driver(backend, args, model, len(digits))   # bad --lanes etc. fail before work
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +135,8 @@ def main(args) -> int:
                   f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
                   f"{args.dram or 'ideal memory'})")
     t0 = time.perf_counter()
-    cached, stats = cached_generate(model, labels, driver, policy, **common)
+    events = EventLog()
+    cached, stats = cached_generate(model, labels, driver, policy, events=events, **common)
     cached_s = time.perf_counter() - t0
     sim = dict(getattr(backend, "stats", {}))
     if hasattr(backend, "close"):
@@ -142,14 +164,18 @@ def main(args) -> int:
         "backend": args.backend,
         "dram": args.dram,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
-        "policy": {"name": "uniform-interval", "interval": args.interval, "warmup": args.warmup},
+        "policy": policy_name,
+        "policy_params": policy.describe(),
         "bit_exact_rtl_vs_torch": bit_exact,
-        "psnr_db": video_psnr(cached, full),
-        "ssim": video_ssim(cached, full),
+        "psnr_db": psnr_db(cached, full),
+        "ssim": ssim(cached, full),
         "label_accuracy_full": label_accuracy(full, labels),
         "label_accuracy_cached": label_accuracy(cached, labels),
         "ops_skipped_fraction": stats["ops_skipped_fraction"],
         "segments": stats["segments"],
+        "dra_fallbacks": stats["fallbacks"],
+        "monitors": stats["monitors"],
+        "pcie_bytes": stats["pcie_bytes"],
         "nme_programs": driver.stats["programs"],
         "nme_cycles": driver.stats["nme_cycles"],
         "sim_cycles_per_s": sim_cycles / sim_seconds if sim_seconds else None,
@@ -163,8 +189,9 @@ def main(args) -> int:
     table = Table(title=f"coda run — report in {out / 'report.json'}")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    for key in ("bit_exact_rtl_vs_torch", "psnr_db", "ssim", "label_accuracy_full",
-                "label_accuracy_cached", "ops_skipped_fraction", "segments", "nme_cycles",
+    for key in ("policy", "bit_exact_rtl_vs_torch", "psnr_db", "ssim", "label_accuracy_full",
+                "label_accuracy_cached", "ops_skipped_fraction", "segments", "dra_fallbacks",
+                "pcie_bytes", "nme_cycles",
                 "sim_cycles_per_s", "wall_s"):
         value = report[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
@@ -173,6 +200,51 @@ def main(args) -> int:
         console.print("[red]RTL and torch backends disagree[/]")
         return 1
     return 0
+
+
+def _policy(args, model):
+    """(name, policy) from the flags; every file is read and checked here, before any work."""
+    from coda.host.policies import get_policy
+    from coda.host.profile import Profile, model_hash
+    from coda.host.search import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
+
+    uniform_flags = args.interval is not None or args.warmup is not None
+    name = args.policy or ("uniform" if uniform_flags else "coda")
+    if name not in POLICY_CHOICES:
+        raise ValueError(f"--policy {name!r}: unknown policy, expected one of "
+                         f"{', '.join(POLICY_CHOICES)}")
+    if uniform_flags and name != "uniform":
+        raise ValueError(f"--interval/--warmup: options of --policy uniform, expected no "
+                         f"--interval/--warmup with --policy {name}")
+    if args.schedule is not None and not name.startswith("coda"):
+        raise ValueError(f"--schedule {args.schedule}: a coda / coda+dra option, expected no "
+                         f"--schedule with --policy {name}")
+    if not 0.0 < args.skip < 1.0:
+        raise ValueError(f"--skip {args.skip}: expected a fraction in (0, 1)")
+    layers = len(model.transformer.transformer_blocks)
+    mhash = model_hash(model)
+    if name == "uniform":
+        return name, get_policy("uniform", interval=args.interval or 2,
+                                warmup=args.warmup or 5)
+    profile = None
+    if name in ("coda+dra", "teacache", "magcache"):
+        if args.profile is None and args.steps != 50:
+            raise ValueError(f"--policy {name} --steps {args.steps}: the shipped profile is "
+                             "for 50 steps; give --profile of coda profile --steps "
+                             f"{args.steps}")
+        path = args.profile or SHIPPED_PROFILE
+        profile = Profile.load(path)
+        profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+    if name in ("pab", "teacache", "magcache"):
+        return name, get_policy(name, skip=args.skip, profile=profile,
+                                num_steps=args.steps, num_layers=layers)
+    if args.schedule is None and args.steps != 50:
+        raise ValueError(f"--policy {name} --steps {args.steps}: the shipped schedule is for "
+                         "50 steps; give --schedule of coda schedule search for "
+                         f"{args.steps} steps, or --policy uniform")
+    sched = load_schedule(args.schedule or SHIPPED_SCHEDULE, model_id=mhash,
+                          num_steps=args.steps, num_layers=layers)
+    return name, get_policy(name, schedule=sched, profile=profile)
 
 
 def _machine() -> str:

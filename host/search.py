@@ -15,7 +15,8 @@ Cost (:class:`CostModel`), three terms, each divided by its value on a reference
 - **Q, quality proxy**: over reused executions, the profiled relative L1 change of the
   operator's output accumulated since the step it was last computed (the cached output is
   that stale), times a per-operator weight (the output's mean magnitude relative to its
-  input, from the profile: a small output changes the residual stream less).
+  input, from the profile: a small output changes the residual stream less) and a per-step
+  weight (the profile's measured step sensitivity, smoothed: :func:`step_weights`).
 - **T, transfer time** (s): per segment the host-link latency plus its bytes (x down, y up,
   one gate vector per term and rank, command words), plus the bytes of every output stored
   for a reuse at the next step, at the link bandwidth (:class:`LinkModel`).
@@ -274,6 +275,24 @@ class CostModel:
                 "skip": float(m.mean())}
 
 
+def step_weights(profile) -> tuple[float, np.ndarray]:
+    """(p, w[steps]): the weight of a reuse at each step in the quality proxy, the profile's
+    measured step sensitivity (:func:`coda.host.profile.step_sensitivity`) smoothed by the
+    least-squares fit ``log sens = c + p log(1 - s/S)`` (the measurement is noisy, a few
+    videos per block; its trend is a decay: a deviation early moves the rest of the
+    trajectory, one late does not). Mean 1; p = 0 (flat) without a measurement."""
+    steps = profile.num_steps
+    frac = 1.0 - (np.arange(steps) + 0.5) / steps
+    sens = profile.sensitivity
+    if sens is None or not np.all(np.isfinite(sens)) or np.any(np.asarray(sens) <= 0):
+        return 0.0, np.ones(steps)
+    a = np.stack([np.ones(steps), np.log(frac)], axis=1)
+    p = float(np.clip(np.linalg.lstsq(a, np.log(np.asarray(sens, np.float64)), rcond=None)[0][1],
+                      0.0, 8.0))
+    w = frac ** p
+    return p, w / w.mean()
+
+
 def quality_weights(profile) -> np.ndarray:
     """[branches, ops]: mean |output| / mean |input| over videos and steps >= 1 (how much of
     the residual stream an operator writes); 1 where undefined."""
@@ -289,7 +308,7 @@ def quality_weights(profile) -> np.ndarray:
 @dataclass
 class SearchResult:
     schedule: Schedule
-    terms: dict          # the chosen schedule's cost terms
+    terms: dict          # the chosen schedule's cost terms (with the step-weight exponent)
     reference: dict      # the reference (uniform) schedule's terms
     cost: float
     seconds: float
@@ -316,6 +335,8 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
                          f"1..{(steps - 1) * n_b * n_k} (step 0 computes everything)")
     t0 = time.perf_counter()
     change = profile.mean("out_change").reshape(steps, n_b, n_k)
+    decay, weights = step_weights(profile)
+    change = change * weights[:, None, None]
     cm = CostModel(change, quality_weights(profile), profile.meta["shape"],
                    link or LinkModel(), nme or NMEModel(), compute_time)
     rng = np.random.default_rng(seed)
@@ -420,6 +441,7 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
         if progress is not None and it % 20000 == 0:
             progress(it, cur)
     terms = cm.evaluate(best_m)
+    terms["step_decay"] = decay
     name = f"coda(skip={skip:g},seed={seed})"
     sched = matrix_to_schedule(best_m, layers, name)
     return SearchResult(sched, terms, ref, float(best), time.perf_counter() - t0, moves,

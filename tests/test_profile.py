@@ -152,3 +152,16 @@ def test_coda_profile_refuses_bad_input(tmp_path, capsys, argv, message):
     assert main(["profile", "--out", str(out), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("coda: error:") and message in err and not out.exists()
+
+
+def test_step_sensitivity_is_measured_per_block_and_saved(tiny_profile, tmp_path):
+    from coda.host.profile import step_sensitivity
+    model, prof = tiny_profile
+    plain = lambda n: NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
+    sens = step_sensitivity(model, prof, plain, blocks=2, videos=1)
+    assert sens.shape == (STEPS,) and np.all(sens > 0) and sens.mean() == pytest.approx(1.0)
+    assert len(set(sens[:2])) == 1 and len(set(sens[2:])) == 1      # one value per block
+    prof.sensitivity = sens
+    prof.save(tmp_path)
+    np.testing.assert_array_equal(Profile.load(tmp_path / "profile.npz").sensitivity, sens)
+    prof.sensitivity = None

@@ -7,19 +7,55 @@ import pytest
 from coda.cli import main
 
 
-def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path):
-    rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--warmup", "2", "--interval", "2",
+@pytest.fixture(scope="module")
+def schedule_6(tmp_path_factory):
+    """A 6-step profile of the shipped model and a schedule annealed on it."""
+    d = tmp_path_factory.mktemp("sched")
+    assert main(["profile", "--prompts", "3", "--seeds", "77", "--steps", "6",
+                 "--out", str(d / "p")]) == 0
+    assert main(["schedule", "search", "--profile", str(d / "p" / "profile.npz"),
+                 "--skip", "0.5", "--out", str(d / "s.json"), "--moves", "4000"]) == 0
+    return d
+
+
+def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6):
+    """An annealed schedule with DRA's monitors (l1_distance on the NME) and fallbacks: the
+    decisions depend on NME results, so equal bits also mean equal decisions."""
+    rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--policy", "coda+dra",
+               "--schedule", str(schedule_6 / "s.json"),
+               "--profile", str(schedule_6 / "p" / "profile.npz"),
                "--prompts", "3,8", "--threads", "1"])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["bit_exact_rtl_vs_torch"] is True
+    assert report["policy"] == "coda+dra" and report["policy_params"]["margin"] == 1.0
     assert report["segments"] > 0 and report["nme_cycles"] > 0 and report["nme_programs"] > 0
+    assert report["monitors"] > 0 and report["dra_fallbacks"] >= 0 and report["pcie_bytes"] > 0
     assert 0 < report["ops_skipped_fraction"] < 1
     assert report["sim_cycles_per_s"] > 0
     for key in ("psnr_db", "ssim", "label_accuracy_full", "label_accuracy_cached", "wall_s"):
         assert isinstance(report[key], float)
     assert [p.split("/")[-1] for p in report["gifs"]] == ["3_0.gif", "8_1.gif"]
     assert all((tmp_path / name).stat().st_size > 0 for name in ("3_0.gif", "8_1.gif"))
+
+
+def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
+    from coda.host.model.dit import load_model
+    from coda.host.profile import Profile, model_hash
+    from coda.host.run import _policy
+    from coda.host.search import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
+
+    model, _ = load_model()
+    sched = load_schedule(SHIPPED_SCHEDULE, model_id=model_hash(model), num_steps=50,
+                          num_layers=4)
+    assert abs(sched.ops_skipped_fraction() - 0.5) < 0.01
+    Profile.load(SHIPPED_PROFILE).check_for(model_hash(model), 50, 4)
+
+    class Args:
+        policy = schedule = profile = interval = warmup = None
+        steps, skip = 50, 0.5
+    name, policy = _policy(Args, model)
+    assert name == "coda" and policy.schedule == sched
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -31,12 +67,37 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path):
     (["--interval", "0"], "--interval 0: expected >= 1"),
     (["--warmup", "0"], "--warmup 0: expected >= 1"),
     (["--threads", "0"], "--threads 0: expected >= 1"),
+    (["--policy", "fora"], "--policy 'fora': unknown policy, expected one of coda"),
+    (["--policy", "pab", "--skip", "1.2"], "--skip 1.2: expected a fraction in (0, 1)"),
+    (["--steps", "6"], "the shipped schedule is for 50 steps"),
+    (["--policy", "teacache", "--steps", "6"], "the shipped profile is for 50 steps"),
+    (["--policy", "coda", "--interval", "3"], "--interval/--warmup: options of --policy uniform"),
+    (["--schedule", "missing.json"], "--schedule missing.json: cannot read it"),
+    (["--policy", "magcache", "--profile", "missing.npz"], "missing.npz: no such file"),
 ])
 def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
     assert main(["run", "--out", str(out), "--backend", "torch", *argv]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err
     assert not out.exists()          # refused before any file is written
+
+
+def test_coda_run_refuses_a_schedule_or_profile_for_another_model_or_step_count(
+        tmp_path, capsys, schedule_6):
+    sched = json.loads((schedule_6 / "s.json").read_text())
+    sched["coda"]["model_hash"] = "0000000000000000"
+    (tmp_path / "other.json").write_text(json.dumps(sched))
+    out = tmp_path / "out"
+    base = ["run", "--out", str(out), "--backend", "torch", "--steps", "6"]
+    assert main(base + ["--schedule", str(tmp_path / "other.json")]) == 2
+    assert "made for model '0000000000000000'" in capsys.readouterr().err
+    assert main(base[:-1] + ["50", "--schedule", str(schedule_6 / "s.json")]) == 2
+    assert "made for 6 steps, expected 50" in capsys.readouterr().err
+    assert main(base[:-1] + ["50", "--policy", "teacache", "--profile",
+                             str(schedule_6 / "p" / "profile.npz")]) == 2
+    assert "made for 6 steps, expected 50" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_coda_run_refuses_an_out_folder_that_is_a_file(tmp_path, capsys):
@@ -49,18 +110,20 @@ def test_coda_run_refuses_an_out_folder_that_is_a_file(tmp_path, capsys):
 
 def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path):
     """--dram: every segment through the DIMM-NMP cosimulation (NMEs behind DDR5 controllers,
-    ranks in lockstep), still bit-identical to the torch backend."""
+    ranks in lockstep), still bit-identical to the torch backend; --interval/--warmup
+    select the uniform policy."""
     rc = main(["run", "--out", str(tmp_path), "--steps", "4", "--warmup", "2", "--interval", "2",
                "--prompts", "5", "--threads", "1", "--dram", "DDR5-4800"])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["bit_exact_rtl_vs_torch"] is True and report["dram"] == "DDR5-4800"
     assert report["segments"] > 0 and report["nme_cycles"] > 0
+    assert report["policy"] == "uniform" and report["dra_fallbacks"] == 0
 
 
 def test_coda_run_dram_needs_rtl_and_a_known_preset(tmp_path, capsys):
     assert main(["run", "--out", str(tmp_path), "--backend", "torch", "--dram", "DDR5-4800",
-                 "--steps", "1"]) == 2
+                 "--steps", "1", "--policy", "uniform"]) == 2
     assert "--dram DDR5-4800: DRAM timing needs --backend rtl" in capsys.readouterr().err
-    assert main(["run", "--out", str(tmp_path), "--dram", "DDR9"]) == 2
+    assert main(["run", "--out", str(tmp_path), "--dram", "DDR9", "--policy", "uniform"]) == 2
     assert "DDR9" in capsys.readouterr().err

@@ -168,3 +168,17 @@ def test_load_schedule_refuses_unreadable_files(tmp_path):
         {"step": 0, "branch": "cond", "reuse": [[0, "cross_attn"]]}]}))
     with pytest.raises(ValueError, match="never computed"):
         load_schedule(tmp_path / "b.json")
+
+
+def test_step_weights_fit_the_measured_decay():
+    from coda.host.search import step_weights
+    prof = synthetic_profile(steps=20)
+    assert step_weights(prof)[0] == 0.0                       # no measurement: flat
+    frac = 1 - (np.arange(20) + 0.5) / 20
+    prof.sensitivity = 3.0 * frac ** 2
+    p, w = step_weights(prof)
+    assert p == pytest.approx(2.0) and w.mean() == pytest.approx(1.0)
+    assert np.all(np.diff(w) < 0)
+    res = anneal(prof, 0.4, moves=5000)
+    m = schedule_to_matrix(res.schedule)
+    assert m[:5].mean() < m[-5:].mean()          # early reuse costs more

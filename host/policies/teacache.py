@@ -18,6 +18,7 @@ slot (their bytes count on the host link).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,19 +31,24 @@ __all__ = ["TeaCachePolicy", "fit_rescale"]
 
 
 def fit_rescale(profile, degree: int = 4) -> np.ndarray:
-    """Polynomial coefficients (highest power first) mapping the first operator's relative
-    input change to the mean relative output change of the other operators, per (video,
-    step >= 1, branch) of the profile."""
+    """Polynomial coefficients (``degree + 1``, highest power first) mapping the first
+    operator's relative input change to the mean relative output change of the other
+    operators, per (video, step >= 1, branch) of the profile (a lower degree, zero-padded,
+    when the profile has too few points)."""
     x = profile.in_change[:, 1:, :, 0, 0].reshape(-1)
     out = profile.out_change[:, 1:].copy()                 # [V, S-1, B, L, K]
     out[:, :, :, 0, 0] = np.nan                           # the signal operator itself
     out[..., OP_TYPES.index("cross_attn")] = np.nan        # constant in a one-token condition
     y = np.nanmean(out.reshape(*out.shape[:3], -1), axis=-1).reshape(-1)
     ok = np.isfinite(x) & np.isfinite(y)
-    if ok.sum() <= degree:
-        raise ValueError(f"profile: {int(ok.sum())} finite points, expected more than {degree} "
-                         "to fit the rescaling polynomial")
-    return np.polyfit(x[ok].astype(np.float64), y[ok].astype(np.float64), degree)
+    if ok.sum() < 2:
+        raise ValueError(f"profile: {int(ok.sum())} finite points, expected at least 2 to fit "
+                         "the rescaling polynomial")
+    deg = min(degree, int(ok.sum()) - 1)        # a short profile gets a lower degree
+    with warnings.catch_warnings():     # few, clustered points: a rough fit is still a fit
+        warnings.simplefilter("ignore", np.exceptions.RankWarning)
+        coeffs = np.polyfit(x[ok].astype(np.float64), y[ok].astype(np.float64), deg)
+    return np.concatenate([np.zeros(degree - deg), coeffs])
 
 
 @dataclass(eq=False)

@@ -1,0 +1,73 @@
+"""`coda eval`: policies compared on held-out seeds, metrics from torchmetrics, refusals."""
+
+import json
+
+import pytest
+import torch
+
+from coda.cli import main
+from coda.host.evaluate import motion_px, psnr_db, ssim
+from coda.host.model.sample import video_psnr, video_ssim
+
+KEYS = {"policy", "target_skip", "ops_skipped_fraction", "psnr_db", "ssim", "label_accuracy",
+        "segments", "pcie_bytes"}
+
+
+def test_metrics_agree_with_the_definitions():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.rand(2, 1, 8, 32, 32, generator=g) * 2 - 1
+    test = (ref + 0.05 * torch.randn(ref.shape, generator=g)).clamp(-1, 1)
+    assert psnr_db(test, ref) == pytest.approx(video_psnr(test, ref), abs=1e-6)
+    assert ssim(test, ref) == pytest.approx(video_ssim(test, ref), abs=0.01)
+    assert psnr_db(ref, ref) == float("inf") and ssim(ref, ref) == pytest.approx(1.0)
+    # a 4-pixel square moving 2 pixels per frame along a row
+    v = -torch.ones(1, 1, 4, 16, 16)
+    for f in range(4):
+        v[0, 0, f, 4:8, 2 * f:2 * f + 4] = 1
+    assert motion_px(v)[0] == pytest.approx(2.0)
+
+
+@pytest.fixture(scope="module")
+def profile_3(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prof")
+    assert main(["profile", "--prompts", "3", "--seeds", "77", "--steps", "3",
+                 "--out", str(d)]) == 0
+    return d / "profile.npz"
+
+
+def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
+    out = tmp_path / "e"
+    assert main(["eval", "--policy", "uniform,pab,teacache,magcache,coda,coda+dra",
+                 "--skip", "0.3", "--prompts", "3,5", "--seeds", "5", "--steps", "3",
+                 "--profile", str(profile_3), "--moves", "2000", "--out", str(out)]) == 0
+    rows = json.loads((out / "pareto.json").read_text())
+    assert [r["policy"] for r in rows] == ["uniform", "pab", "teacache", "magcache", "coda",
+                                           "coda+dra"]
+    for r in rows:
+        assert KEYS <= set(r) and r["target_skip"] == 0.3 and r["videos"] == 2
+        assert 0 <= r["ops_skipped_fraction"] < 1 and 0 <= r["label_accuracy"] <= 1
+        assert r["pcie_bytes"] > 0
+    coda = next(r for r in rows if r["policy"] == "coda")
+    assert abs(coda["ops_skipped_fraction"] - 0.3) < 0.02 and coda["segments"] > 0
+    dra = next(r for r in rows if r["policy"] == "coda+dra")
+    assert dra["monitors"] > 0 and dra["monitor_nme_cycles"] > 0
+    assert (out / "pareto.png").stat().st_size > 1000
+    corner = json.loads((out / "corner_cases.json").read_text())
+    assert {c["set"] for c in corner} == {"worst-static-psnr", "fastest-motion", "all"}
+    videos = json.loads((out / "videos.json").read_text())["videos"]
+    assert [v["seed"] for v in videos] == [5, 5] and "coda+dra@0.3" in videos[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "uniform,fora"], "--policy 'fora': unknown policy"),
+    (["--skip", "0.5,1"], "--skip 1.0: expected fractions in (0, 1)"),
+    (["--skip", "0"], "--skip 0.0: expected fractions in (0, 1)"),
+    (["--steps", "6"], "made for 50 steps, expected 6"),
+    (["--seeds", "100"], "were profiled; expected held-out seeds"),
+    (["--profile", "nowhere.npz"], "nowhere.npz: no such file"),
+])
+def test_coda_eval_refuses_bad_input(tmp_path, capsys, argv, message):
+    out = tmp_path / "e"
+    assert main(["eval", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err and not out.exists()
