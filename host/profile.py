@@ -390,9 +390,13 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
     fig, axes = plt.subplots(len(OP_TYPES), 1, figsize=(10, 2.0 * len(OP_TYPES)), sharex=True)
     for k, (ax, op) in enumerate(zip(np.atleast_1d(axes), OP_TYPES)):
         grid = np.concatenate([logm[:, b, :, k].T for b in range(len(BRANCHES))])
+        raw = np.concatenate([mean[:, b, :, k].T for b in range(len(BRANCHES))])
+        grid = np.where(raw == 0, vmin, grid)        # exactly constant: the darkest colour
         im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax,
                        interpolation="nearest")
-        ax.set_title(op, fontsize=9)
+        zero = np.nanmax(raw[:, 1:]) == 0 if raw.shape[1] > 1 else False
+        ax.set_title(op + ("  (output exactly constant between steps: change 0)" if zero
+                           else ""), fontsize=9)
         ax.set_yticks(range(len(BRANCHES) * layers))
         ax.set_yticklabels([f"{b[:4]} L{l}" for b in BRANCHES for l in range(layers)], fontsize=6)
     np.atleast_1d(axes)[-1].set_xlabel("denoising step")
