@@ -152,20 +152,23 @@ def _hw_sources_digest() -> str:
     return digest.hexdigest()
 
 
-def nme_verilog_cached(cfg: NMEConfig) -> str:
-    """``coda.hw.verilog.nme_verilog(cfg, "coda_nme")``, cached in ``build/cosim/verilog/``.
+def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False) -> str:
+    """``coda.hw.verilog.nme_verilog(cfg, "coda_nme", measure_toggles=...)``, cached in
+    ``build/cosim/verilog/``.
 
     Elaborating the NME takes tens of seconds; the cache key is the configuration and the
     hash of every ``hw/*.py`` source, so any change of the hardware regenerates it.
     Raises CosimBuildError if generation fails.
     """
-    key = hashlib.sha256(json.dumps([asdict(cfg), _hw_sources_digest()]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([asdict(cfg), measure_toggles, _hw_sources_digest()]
+                                    if measure_toggles else [asdict(cfg), _hw_sources_digest()]
+                                    ).encode()).hexdigest()
     path = build_dir("cosim", "verilog") / f"{key[:20]}.v"
     if path.exists():
         return path.read_text()
     try:
         from coda.hw.verilog import nme_verilog
-        verilog = nme_verilog(cfg, DUT_NAME)
+        verilog = nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles)
     except Exception as exc:  # the message must say which config failed and why
         raise CosimBuildError(f"generating the NME Verilog for {cfg} failed: {exc!r}") from exc
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -174,7 +177,8 @@ def nme_verilog_cached(cfg: NMEConfig) -> str:
     return verilog
 
 
-def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False) -> SimBuild:
+def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False,
+              measure_toggles: bool = False) -> SimBuild:
     """Build (or reuse) the cosimulation of the NME ``cfg``.
 
     Args:
@@ -182,6 +186,8 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
         verilog: Verilog text of a module named ``coda_nme`` with the NME port contract; default
             ``coda.hw.verilog.nme_verilog(cfg, "coda_nme")``.
         force: rebuild even if a cached build exists.
+        measure_toggles: with the default Verilog, the NME with its simulation-only FU toggle
+            counter (``dbg_fu_toggles``; the job answers' ``toggles``, else 0).
     Returns:
         The :class:`SimBuild`. A cache hit costs only the Verilog generation and a hash.
     Raises:
@@ -190,7 +196,7 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
     if not isinstance(cfg, NMEConfig):
         raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.isa.NMEConfig")
     if verilog is None:
-        verilog = nme_verilog_cached(cfg)
+        verilog = nme_verilog_cached(cfg, measure_toggles)
     tog_w = _toggle_width(verilog, DUT_NAME)
     params = {"LANES": cfg.lanes, "MEM_WORDS": cfg.mem_words, "RSP_DEPTH": RSP_DEPTH,
               "CMD_DEPTH": CMD_DEPTH, "TOG_W": tog_w or 64}

@@ -36,8 +36,10 @@ __all__ = ["parse_trace", "stream_add_trace", "build_model", "run_requests", "re
            "parse_size", "configure", "main", "verilator_params"]
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = [_HERE / "dram_top.sv", _HERE.parent / "hw" / "dram.py",
-            _HERE.parent / "hw" / "dram_standards.py", Path(__file__).resolve()]
+# every part of the controller (hw/dram*.py: controller, mapping, queue, scheduler, refresh,
+# timing table, standards) and this harness: a change of any rebuilds the model
+_SOURCES = [_HERE / "dram_top.sv", *sorted((_HERE.parent / "hw").glob("dram*.py")),
+            Path(__file__).resolve()]
 
 _MAIN_CPP = r"""
 #include <memory>

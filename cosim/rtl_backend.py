@@ -312,6 +312,8 @@ class RTLBackend(SessionOwner):
         keep_logs: keep the simulators' work folders (logs, hex files) after :meth:`close`.
         max_sims: simulator processes per configuration (1..64) that :meth:`execute_many`
             spreads its jobs over (one per rank of the driver).
+        measure_toggles: simulate NMEs with the simulation-only FU toggle counter
+            (``stats["toggles"]``; 0 without it).
     Raises:
         ValueError: a parameter out of range.
 
@@ -325,7 +327,7 @@ class RTLBackend(SessionOwner):
 
     def __init__(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
                  seed: int = 1, job_timeout_s: float = 600.0, start_timeout_s: float = 180.0,
-                 keep_logs: bool = False, max_sims: int = 8):
+                 keep_logs: bool = False, max_sims: int = 8, measure_toggles: bool = False):
         if not 1 <= int(latency) <= 255:
             raise ValueError(f"latency={latency}: expected 1..255 cycles")
         for nm, p in (("req_stall", req_stall), ("rsp_stall", rsp_stall)):
@@ -338,6 +340,7 @@ class RTLBackend(SessionOwner):
         if not 1 <= int(max_sims) <= 64:
             raise ValueError(f"max_sims={max_sims}: expected 1..64 simulator processes")
         self.max_sims = int(max_sims)
+        self.measure_toggles = bool(measure_toggles)
         self.latency = int(latency)
         self.req_stall = float(req_stall)
         self.rsp_stall = float(rsp_stall)
@@ -352,7 +355,7 @@ class RTLBackend(SessionOwner):
 
     def build(self, cfg: NMEConfig):
         """The Verilated model this backend runs for ``cfg`` (subclasses swap the Verilog)."""
-        return build_sim(cfg)
+        return build_sim(cfg, measure_toggles=self.measure_toggles)
 
     def session(self, cfg: NMEConfig, slot: int = 0) -> SimSession:
         """Simulator ``slot`` of ``cfg`` (0 .. max_sims-1), built and started on first use."""

@@ -77,7 +77,7 @@ async def serve_requests(handle, log=None) -> None:
     ``await handle(request)`` until ``{"op": "quit"}``, the connection closes, or no request
     comes for ``CODA_COSIM_IDLE_S`` seconds. A handler's ValueError / KeyError / RuntimeError /
     OSError becomes ``{"ok": false, "error": ...}`` and the loop goes on. Shared by the NME
-    server below and the DIMM-NMP one (:mod:`coda.cosim.nmp_backend`)."""
+    server below and the DIMM-NMP one (:mod:`coda.cosim.nmp_server`)."""
     sock = _connect()
     reader = sock.makefile("r", encoding="utf-8")
     writer = sock.makefile("w", encoding="utf-8")

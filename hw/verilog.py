@@ -21,9 +21,11 @@ from .yosys import use_pinned_yosys
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main"]
 
 
-def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False) -> str:
+def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False,
+                measure_toggles: bool = False) -> str:
     """Verilog source of one NME with configuration ``cfg``, module called ``name``
-    (``clock_gating``: gated lane clocks, see :class:`coda.hw.nme.NME`).
+    (``clock_gating``: gated lane clocks; ``measure_toggles``: the simulation-only FU toggle
+    counter ``dbg_fu_toggles``; see :class:`coda.hw.nme.NME`).
 
     Raises:
         TypeError: ``cfg`` is not an NMEConfig.
@@ -37,7 +39,8 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     use_pinned_yosys()
-    return verilog.convert(NME(cfg, clock_gating=clock_gating), name=name)
+    return verilog.convert(NME(cfg, clock_gating=clock_gating,
+                               measure_toggles=measure_toggles), name=name)
 
 
 def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-4800",

@@ -162,7 +162,7 @@ def measure_activity(cfg: NMEConfig, ops=OPERATORS, *, tokens: int = 64, channel
     out = []
     for isolation in (True, False):
         icfg = dataclasses.replace(cfg, operand_isolation=isolation)
-        backend = RTLBackend()
+        backend = RTLBackend(measure_toggles=True)
         try:
             session = backend.session(icfg)
             for i, op in enumerate(ops):

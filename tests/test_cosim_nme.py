@@ -31,16 +31,7 @@ def _build(cfg: NMEConfig, measure_toggles: bool = False):
     simulation-only option of :class:`coda.hw.nme.NME`)."""
     key = (cfg, measure_toggles)
     if key not in _BUILDS:
-        verilog = None
-        if measure_toggles:
-            from amaranth.back import verilog as amaranth_verilog
-
-            from coda.cosim.build import DUT_NAME
-            from coda.hw.nme import NME
-            from coda.hw.yosys import use_pinned_yosys
-            use_pinned_yosys()
-            verilog = amaranth_verilog.convert(NME(cfg, measure_toggles=True), name=DUT_NAME)
-        _BUILDS[key] = build_sim(cfg, verilog=verilog)
+        _BUILDS[key] = build_sim(cfg, measure_toggles=measure_toggles)
     return _BUILDS[key]
 
 
@@ -184,3 +175,13 @@ def test_rtl_backend_rejects_bad_image():
             rtl.execute(BASE, program, np.zeros((BASE.mem_words, BASE.lanes), np.float32))
     with pytest.raises(ValueError, match="latency"):
         RTLBackend(latency=0)
+
+
+def test_energy_estimate_measures_toggles_on_nmes_that_count_them():
+    """synth.energy charges FU energy by measured toggles: its simulators must be built with
+    the (simulation-only) counter, and isolation must cut the count (the builds of the test
+    above are reused)."""
+    from coda.synth.energy import measure_activity
+
+    acts = {a.isolation: a for a in measure_activity(BASE, ("gated_residual",), tokens=16)}
+    assert acts[True].toggles > 0 and acts[False].toggles > acts[True].toggles
