@@ -633,15 +633,16 @@ class _StepRun:
 
     def _launch_segment(self, row: int):
         """Launch a row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k`` per
-        residual stream. The NME takes at most MAX_SEGMENT_TERMS terms per program; chained
-        programs round exactly as one left-to-right evaluation does: all but the last are
-        waited for."""
+        residual stream. The NME takes at most MAX_SEGMENT_TERMS terms per program: the
+        driver chains longer ones in rank memory (one round trip); a driver without
+        ``segment_submit`` gets one call per MAX_SEGMENT_TERMS terms (the same rounding)."""
         run, self.pending[row] = self.pending[row], []
         hook = self.hook
         br, j = self.branch_of[row], self.sample_of[row]
         slots = hook.state.branches[br].slots
         submit = getattr(self.driver, "segment_submit", None)
-        if submit is None:      # a driver without asynchronous launches
+        chunk = len(run) if submit is not None else MAX_SEGMENT_TERMS
+        if submit is None:      # a driver without asynchronous launches or chaining
             submit = lambda *a: PendingOp.done(self.driver.segment(*a))  # noqa: E731
         launches: dict[str, list] = {}
         for stream, h in self.h.items():
@@ -654,11 +655,11 @@ class _StepRun:
                         f"needs a cached tensor of shape {tuple(x16.shape)}, found "
                         f"{slots[key][0] if key in slots else None}")
             pending, y = [], x16
-            for i in range(0, len(run), MAX_SEGMENT_TERMS):
+            for i in range(0, len(run), chunk):
                 if pending:
                     y = pending[-1].result()
-                pending.append(submit(y, [g[stream] for g, *_ in run[i:i + MAX_SEGMENT_TERMS]],
-                                      keys[i:i + MAX_SEGMENT_TERMS]))
+                pending.append(submit(y, [g[stream] for g, *_ in run[i:i + chunk]],
+                                      keys[i:i + chunk]))
             launches[stream] = pending
         return row, run, launches
 

@@ -179,6 +179,7 @@ class PendingOp:
     bytes_from_nmp: int = 0
     nme_cycles: int = 0
     programs: int = 0
+    y_addrs: list = field(default_factory=list)   # per rank: word address of the output tile
     _value: Any = None
     _done: bool = False
 
@@ -203,6 +204,39 @@ class PendingOp:
                 self.release()
             self._done = True
         return self._value
+
+    def finish_in_place(self) -> None:
+        """Complete the launch and release its scratch without reading the result back (an
+        intermediate of a chained segment, already read by the next program)."""
+        if not self._done:
+            try:
+                results = self.driver._complete(self.ticket)
+                self.nme_cycles = max(r.cycles for r in results)
+                self.programs = 1
+            finally:
+                self.release()
+            self._done = True
+
+
+@dataclass
+class _ChainedSegment:
+    """A segment of more than MAX_SEGMENT_TERMS terms as programs chained in rank memory:
+    program i+1 reads program i's output where it lies, so only x goes down and y comes up.
+    Same interface as :class:`PendingOp`."""
+    parts: list
+
+    def result(self):
+        y = self.parts[-1].result()
+        for part in self.parts[:-1]:
+            part.finish_in_place()
+        return y
+
+    def __getattr__(self, name):
+        if name in ("bytes_to_nmp", "nme_cycles", "programs"):
+            return sum(getattr(p, name) for p in self.parts)
+        if name == "bytes_from_nmp":
+            return self.parts[-1].bytes_from_nmp
+        raise AttributeError(name)
 
 
 class NMPDriver:
@@ -353,12 +387,14 @@ class NMPDriver:
 
         Args:
             x: [T, C] segment input, cache dtype (written to the ranks, tiled like the slots).
-            gates: K vectors [C] of the cache dtype (replicated), 1 <= K <= 8.
+            gates: K >= 1 vectors [C] of the cache dtype (replicated).
             keys: K slot keys, each slot [T, C].
         Returns:
             a :class:`PendingOp` whose ``result()`` is y [T, C] in the cache dtype, bit-exact
-            with :func:`coda.host.ops.segment`; on a backend with ``submit_many`` (the RTL
-            NMEs) the segment runs while the host goes on.
+            with :func:`coda.host.ops.segment` (for K > 8, the NME's limit per program, with
+            its left-to-right evaluation continued: the programs are chained in rank memory,
+            each reading the previous one's output in place); on a backend with
+            ``submit_many`` (the RTL NMEs) the segment runs while the host goes on.
         Raises:
             ValueError: bad shapes/dtypes or K; KeyError: unknown slot; NMPCapacityError.
         """
@@ -366,16 +402,28 @@ class NMPDriver:
         if len(gates) != len(keys):
             raise ValueError(f"segment: {len(gates)} gates for {len(keys)} cached slots, "
                              f"expected one gate per slot")
-        if not 1 <= len(keys) <= ref.MAX_SEGMENT_TERMS:
-            raise ValueError(f"segment: K={len(keys)} terms, expected 1..{ref.MAX_SEGMENT_TERMS}")
+        if len(keys) < 1:
+            raise ValueError("segment: K=0 terms, expected at least one cached slot")
         slots = [self._slot(k) for k in keys]
         for key, slot in zip(keys, slots):
             if slot.shape != tuple(x.shape):
                 raise ValueError(f"segment: slot {key!r} has shape {list(slot.shape)}, "
                                  f"expected {list(x.shape)} (the shape of x)")
         g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
-        return self._start("segment", {"x": x, "g": g}, None,
-                           cached={"c": [s.addrs for s in slots]})
+        m = ref.MAX_SEGMENT_TERMS
+        parts = [self._start("segment", {"x": x, "g": g[:m]}, None,
+                             cached={"c": [s.addrs for s in slots[:m]]})]
+        shape_only = torch.empty(x.shape, dtype=x.dtype, device="meta")
+        try:
+            for i in range(m, len(keys), m):
+                parts.append(self._start("segment", {"x": shape_only, "g": g[i:i + m]}, None,
+                                         cached={"c": [s.addrs for s in slots[i:i + m]]},
+                                         resident={"x": parts[-1].y_addrs}))
+        except BaseException:
+            for part in parts:       # nothing left in flight or allocated
+                part.finish_in_place()
+            raise
+        return parts[0] if len(parts) == 1 else _ChainedSegment(parts)
 
     def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
         """:meth:`segment_submit` and wait: y [T, C] in the cache dtype (same arguments and
@@ -466,11 +514,15 @@ class NMPDriver:
         return self._start(op, tensors, group, cached).result()
 
     def _start(self, op: str, tensors: dict, group: int | None,
-               cached: dict[str, list[list[int | None]]] | None = None) -> "PendingOp":
+               cached: dict[str, list[list[int | None]]] | None = None,
+               resident: dict[str, list[int | None]] | None = None) -> "PendingOp":
         """Tile, place scratch streams, compile per rank and launch in lockstep; the
-        :class:`PendingOp` gathers the result."""
+        :class:`PendingOp` gathers the result. ``resident``: operands already in rank memory
+        (tiled like x) at these per-rank word addresses; their tensors give only the shape
+        (e.g. on the ``meta`` device) and are not written."""
         spec = ref.get_op(op)
         cached = cached or {}
+        resident = resident or {}
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
         for name, slot_addrs in cached.items():  # cached operand: K slots tiled like x
             shapes[name] = (len(slot_addrs),) + shapes["x"]
@@ -485,7 +537,7 @@ class NMPDriver:
             plans.append((tiles, tiled))
         if not any(plans):
             return PendingOp.done(self._empty_result(spec, tensors, group))
-        scratch = [self._scratch_words(op, p, group, cached) for p in plans]
+        scratch = [self._scratch_words(op, p, group, {**cached, **resident}) for p in plans]
         addrs = self._alloc(scratch, f"{op} operands and result")
         written = self.stats["bytes_written"]
         try:
@@ -494,7 +546,7 @@ class NMPDriver:
                 if plan is None:
                     layouts.append(None)
                     continue
-                layout = self._place(op, rank, plan, addrs[rank], group, cached)
+                layout = self._place(op, rank, plan, addrs[rank], group, cached, resident)
                 layouts.append(layout)
                 jobs.append((rank, compiler.compile_op(op, self.cfg, plan[1], layout, group)))
             bytes_in = self.stats["bytes_written"] - written + sum(
@@ -505,7 +557,8 @@ class NMPDriver:
             raise
         return PendingOp(self, lambda results: self._gather(spec, tensors, plans, layouts,
                                                             results, jobs),
-                         ticket, lambda: self._release(addrs, scratch), bytes_to_nmp=bytes_in)
+                         ticket, lambda: self._release(addrs, scratch), bytes_to_nmp=bytes_in,
+                         y_addrs=[lay.get("y") if lay else None for lay in layouts])
 
     def _scratch_words(self, op: str, plan, group, cached) -> int:
         if plan is None:
@@ -515,13 +568,17 @@ class NMPDriver:
         return sum(w * (k if op == "segment" and n in ("g", "c") else 1)
                    for n, w in words.items() if n not in cached)
 
-    def _place(self, op: str, rank: int, plan, base: int, group, cached) -> dict:
+    def _place(self, op: str, rank: int, plan, base: int, group, cached,
+               resident=None) -> dict:
         """Write the rank's scratch operands from word ``base``; return the program layout."""
         tiles, shapes = plan
         words = compiler.stream_words(op, self.cfg, shapes, group)
         layout: dict = {}
         addr = base
         for name, n_words in words.items():
+            if resident and name in resident:
+                layout[name] = resident[name][rank]
+                continue
             if name in cached:
                 layout[name] = [slot_addrs[rank] for slot_addrs in cached[name]]
                 continue

@@ -186,8 +186,8 @@ def test_slot_and_operand_errors():
     with pytest.raises(ValueError, match=r"segment: slot 'c' has shape \[4, 16\], "
                                          r"expected \[3, 16\]"):
         drv.segment(x[:3], [x[0]], ["c"])
-    with pytest.raises(ValueError, match=r"segment: K=9 terms, expected 1..8"):
-        drv.segment(x, [x[0]] * 9, ["c"] * 9)
+    with pytest.raises(ValueError, match=r"segment: K=0 terms, expected at least one"):
+        drv.segment(x, [], [])
     with pytest.raises(ValueError, match=r"segment: gate 0 is torch.bfloat16 \[8\], "
                                          r"expected torch.bfloat16 \[16\]"):
         drv.segment(x, [x[0, :8]], ["c"])
@@ -257,3 +257,32 @@ def test_l1_to_slot_is_the_rank_order_sum_of_each_tiles_l1(dimms, ranks):
         drv.l1_to_slot(x[:12], "c")
     with pytest.raises(KeyError, match="no cache slot 'd'"):
         drv.l1_to_slot(x, "d")
+
+
+@pytest.mark.parametrize("k, ranks", [(9, 2), (17, 3), (16, 1)])
+def test_a_long_segment_chains_programs_in_rank_memory(k, ranks):
+    """K > 8 terms: programs of <= 8 terms, each reading the previous one's output in place.
+    The bits are the reference's left-to-right evaluation; only x goes down and y comes up."""
+    gen = torch.Generator().manual_seed(k)
+    cfg = NMEConfig(lanes=8, mem_words=1 << 14)
+    x = torch.randn(11, 16, generator=gen).to(torch.bfloat16)
+    gates = [torch.randn(16, generator=gen).to(torch.bfloat16) for _ in range(k)]
+    caches = [torch.randn(11, 16, generator=gen).to(torch.bfloat16) for _ in range(k)]
+    drv = NMPDriver(TorchBackend(), cfg, ranks=ranks)
+    for i, c in enumerate(caches):
+        drv.store(i, c)
+    expect = x
+    for i in range(0, k, 8):
+        expect = ops.segment(expect, torch.stack(gates[i:i + 8]), torch.stack(caches[i:i + 8]))
+    free, before = drv.free_bytes(), dict(drv.stats)
+    pending = drv.segment_submit(x, gates, list(range(k)))
+    got = pending.result()
+    assert torch.equal(got.view(torch.int16), expect.view(torch.int16))
+    programs = -(-k // 8)
+    assert pending.programs == programs == drv.stats["programs"] - before["programs"]
+    x_bytes = sum(-(-(r1 - r0) * 16 // 8) * 16 for r0, r1 in tile_bounds(11, ranks))
+    assert pending.bytes_from_nmp == drv.stats["bytes_read"] - before["bytes_read"] == x_bytes
+    gate_bytes = k * 16 * 2 * ranks            # each gate replicated to every rank
+    assert drv.stats["bytes_written"] - before["bytes_written"] == x_bytes + gate_bytes
+    assert pending.nme_cycles == drv.stats["nme_cycles"] - before["nme_cycles"] > 0
+    assert drv.free_bytes() == free

@@ -193,16 +193,24 @@ def test_synthesized_events_equal_real_ones(generation, digits_shape):
     assert ops(synth) == ops(log)
 
 
-def test_chained_segments_cross_the_link_once_when_chained_in_ranks():
-    for k in (1, 8):
-        assert segment_bytes(512, 96, k, 2, 8, "ranks") == segment_bytes(512, 96, k, 2, 8)
-    host, ranks = segment_bytes(512, 96, 20, 2, 8, "host"), segment_bytes(512, 96, 20, 2, 8,
-                                                                          "ranks")
-    assert host["programs"] == ranks["programs"] == 3
-    assert (host["x"], host["y"]) == (3 * ranks["x"], 3 * ranks["y"])
-    assert (host["gates"], host["cmd"]) == (ranks["gates"], ranks["cmd"])
-    with pytest.raises(ValueError, match="chain"):
-        segment_bytes(512, 96, 2, 2, 8, "pcie")
+def test_a_long_segment_crosses_the_link_once_as_the_driver_chains_it():
+    """More than 8 terms: programs chain in rank memory; the modelled bytes and programs are
+    those the driver moves (measured on a 20-term segment)."""
+    from coda.host.backend import TorchBackend
+    from coda.host.driver import NMPDriver
+    from coda.hw.isa import NMEConfig
+
+    drv = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 18), ranks=2)
+    x = torch.zeros(512, 96, dtype=torch.bfloat16)
+    for i in range(20):
+        drv.store(i, x)
+    pending = drv.segment_submit(x, [x[0]] * 20, list(range(20)))
+    pending.result()
+    sb = segment_bytes(512, 96, 20, 2, 8)
+    assert (sb["down"], sb["up"], sb["programs"]) == (pending.bytes_to_nmp,
+                                                       pending.bytes_from_nmp, pending.programs)
+    one = segment_bytes(512, 96, 8, 2, 8)
+    assert sb["programs"] == 3 and (sb["x"], sb["y"]) == (one["x"], one["y"])
 
 
 def test_modelled_for_coda_run(generation):

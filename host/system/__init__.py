@@ -25,7 +25,7 @@ __all__ = ["modelled"]
 
 def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
              depth: int = 64, dimms: int = 1, ranks: int = 2, cfg: str = "batched",
-             nme_timing: str = "model", chain: str = "host") -> dict:
+             nme_timing: str = "model") -> dict:
     """The modelled systems a..f of the last generation in ``events`` (an
     :class:`coda.host.events.EventLog` of the shipped model, e.g. from
     ``coda.host.model.sample.cached_generate(..., events=log)``).
@@ -40,7 +40,6 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         cfg: how the generation's CFG ran (``"batched"``: coda.host.model.sample's default).
         nme_timing: ``"model"`` (the platform's DRAM) or ``"events"`` (the events' cycles,
             e.g. from ``coda run --dram``).
-        chain: ``"host"`` (default: the bytes the driver moved in this run) or ``"ranks"``.
     Returns:
         JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report),
         ``cache_bytes``, ``nme_check`` (per segment, the cycle model's ideal-memory cycles
@@ -64,7 +63,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         model_sum += t.cycles_ideal
         if seg.nme_cycles:
             worst = max(worst, abs(t.cycles_ideal - seg.nme_cycles) / seg.nme_cycles)
-    abl = run_ablation(wl, plat, "abcdef", nme_timing=nme_timing, record=True, chain=chain)
+    abl = run_ablation(wl, plat, "abcdef", nme_timing=nme_timing, record=True)
     return {
         "platform": plat.describe(),
         "cache_bytes": wl.cache_bytes,

@@ -78,8 +78,7 @@ def bottleneck(row: dict) -> str:
 
 
 def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdef", *,
-                 nme_timing: str = "model", prefetch: int = 1, record: bool = True,
-                 chain: str = "ranks") -> dict:
+                 nme_timing: str = "model", prefetch: int = 1, record: bool = True) -> dict:
     """Replay ``wl`` as each of ``systems`` on ``plat``.
 
     Returns ``{"memory": memory_plan, "systems": {letter: row}, "results": {letter:
@@ -102,7 +101,7 @@ def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdef", *,
             rows[s] = {"name": SYSTEMS[s], "fits": False, "reason": reason}
             continue
         res = replay(wl, plat, s, nme_timing=nme_timing, prefetch=prefetch, record=record,
-                     weights=mem["weights"], chain=chain)
+                     weights=mem["weights"])
         results[s] = res
         en = energy(res, plat)
         rows[s] = {

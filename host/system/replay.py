@@ -40,8 +40,8 @@ Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
 - **d** + DIMM-NMP, one transfer per cached operator: each reused operator is its own
   1-term segment: x down, NME, y up; the GPU waits.
 - **e** + scheduler: consecutive reused operators run as one coalesced segment (as the
-  events group them): one round trip per segment (``chain="ranks"``: launches of more than
-  8 terms chain in rank memory; ``chain="host"`` replays today's driver, which
+  events group them): one round trip per segment (launches of more than 8 terms chain in
+  rank memory, as the driver runs them
   round-trips every launch); the GPU waits.
 - **f** + CFG-interleaved pipelining: e with each step's branches as separate calls that
   share the GPU, the first branch of the step having priority (non-preemptive): while its
@@ -137,11 +137,10 @@ def _mem_kernel(nbytes: float, gpu) -> float:
 
 class _Replay:
     def __init__(self, wl: Workload, plat: Platform, system: str, nme_timing: str,
-                 prefetch: int, record: bool, chain: str = "ranks"):
+                 prefetch: int, record: bool):
         self.wl, self.p, self.sys = wl, plat, system
         self.shape = wl.shape
         self.nme_timing, self.prefetch, self.record = nme_timing, max(0, prefetch), record
-        self.chain = chain
         self.env = simpy.Environment()
         self.gpu = simpy.PriorityResource(self.env, 1)
         self.h2d = simpy.Resource(self.env, 1)
@@ -244,10 +243,10 @@ class _Replay:
                 bytes_down=None, bytes_up=None, streams=()):
         branch = row[0]
         k = len(seg_ops)
-        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes, self.chain,
+        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes,
                            stream_tokens=tuple(streams))
-        # a real run's bytes are the driver's (chain="host") on the run's ranks
-        use_events = self.chain == "host" and bytes_down is not None
+        # a real run's bytes are the driver's, on the run's ranks
+        use_events = bytes_down is not None
         down = bytes_down if use_events else sb["down"]
         up = bytes_up if use_events else sb["up"]
         seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
@@ -404,7 +403,7 @@ class _Replay:
 
 def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "model",
            prefetch: int = 1, record: bool = True, weights: str = "resident",
-           chain: str = "ranks") -> SystemResult:
+) -> SystemResult:
     """Replay ``wl`` on ``plat`` as system ``system`` (a..f).
 
     Args:
@@ -427,9 +426,7 @@ def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "mode
         raise ValueError(f"--system {system!r}: expected one of {', '.join(SYSTEMS)} or all")
     if nme_timing not in ("model", "events"):
         raise ValueError(f"nme_timing={nme_timing!r}: expected 'model' or 'events'")
-    if chain not in ("host", "ranks"):
-        raise ValueError(f"--chain {chain!r}: expected 'ranks' or 'host'")
-    r = _Replay(wl, plat, system, nme_timing, prefetch, record, chain)
+    r = _Replay(wl, plat, system, nme_timing, prefetch, record)
     r.res.weights = weights
     return r.run()
 

@@ -67,10 +67,6 @@ def configure(parser) -> None:
                         help="a..f, several (e.g. c,e,f) or all")
     parser.add_argument("--prefetch", type=int, default=1,
                         help="operators of H2D prefetch look-ahead (default 1)")
-    parser.add_argument("--chain", default="ranks", choices=("ranks", "host"),
-                        help="segments of > 8 terms chain NME launches in rank memory "
-                             "(ranks: one round trip per segment, default) or through the "
-                             "host (today's driver)")
     parser.add_argument("--out", default="out-sim", help="output folder (default out-sim/)")
 
 
@@ -93,7 +89,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
              gpu: str = "rtx4090", dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
              lanes: int = 8, depth: int = 256, schedule: str = "uniform", interval: int = 2,
              warmup: int = 5, intervals: dict | None = None, systems: str = "abcdef",
-             prefetch: int = 1, chain: str = "ranks",
+             prefetch: int = 1,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files).
@@ -128,7 +124,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
     log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=lanes, depth=depth)
     wl = from_events(log, shape)
     t_events = time.perf_counter() - t0
-    abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record, chain=chain)
+    abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
     report = {
         "model": shape.describe(),
         "cache_bytes": wl.cache_bytes,
@@ -137,7 +133,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
         "steps": steps,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
-        "replay": {"prefetch": prefetch, "chain": chain, "nme_timing": "model"},
+        "replay": {"prefetch": prefetch, "nme_timing": "model"},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "systems": abl["systems"],
         "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
@@ -154,9 +150,8 @@ _ASSUMPTIONS = [
     "NME time: cycle model of the compiled program, bounded by the DIMM-NMP DRAM utilisation "
     "measured in the cosimulation (nme.py)",
     "while the NMEs run a segment they own their ranks: host copies to those ranks wait",
-    "segments of > 8 terms chain NME launches; --chain ranks (default) keeps the partial "
-    "result in rank memory (one round trip per segment, the paper's coalescing), --chain "
-    "host round-trips every launch as NMPDriver.segment does today",
+    "segments of > 8 terms chain NME launches in rank memory (one round trip per segment, "
+    "the paper's coalescing), as NMPDriver.segment_submit runs them",
     "c prefetches cached outputs one operator ahead (double buffering)",
     "weights that do not fit next to the activations are streamed per operator over PCIe",
     "GPU power while stalled: the RTX 4090 nvidia-smi figure; other GPUs the same fraction",
@@ -187,8 +182,7 @@ def main(args) -> int:
                    frames=args.frames, steps=args.steps, gpu=args.platform, dram=args.dram,
                    dimms=args.dimms, ranks=args.ranks, lanes=args.lanes, depth=args.depth,
                    schedule=args.schedule, interval=args.interval, warmup=args.warmup,
-                   intervals=intervals, systems=systems, prefetch=args.prefetch,
-                   chain=args.chain)
+                   intervals=intervals, systems=systems, prefetch=args.prefetch)
     report, abl, wl = res["report"], res["ablation"], res["workload"]
     report["wall_s"] = round(time.perf_counter() - t0, 3)
     out.mkdir(parents=True, exist_ok=True)

@@ -52,27 +52,21 @@ def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int,
 
 
 def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
-                  chain: str = "host", stream_tokens: tuple = ()) -> dict:
+                  stream_tokens: tuple = ()) -> dict:
     """Host-link bytes of a ``k``-term segment: ``x`` down, the gates replicated to every
     rank, the command words (8 bytes per header or micro-op word per rank and launch;
-    ``2K+2`` micro-ops), ``y`` up. A segment of more than 8 terms chains launches:
-
-    - ``chain="host"``: as :meth:`NMPDriver.segment` does today, every launch writes its
-      input and reads its output over the host link (the events of a real run);
-    - ``chain="ranks"``: the intermediate result stays in rank memory (the next launch
-      reads it there), so the segment crosses the link once each way: the coalesced segment
-      of the CODA paper ("one transfer at the segment boundary").
+    ``2K+2`` micro-ops), ``y`` up. A segment of more than 8 terms chains launches in rank
+    memory (each reads the previous one's output there, as :meth:`NMPDriver.segment_submit`
+    does), so it crosses the link once each way: the coalesced segment of the CODA paper
+    ("one transfer at the segment boundary").
 
     With ``stream_tokens`` (two residual streams), each stream is its own segment of that
     many tokens (its own gates and programs), as the cache engine runs them.
 
     Returns ``{"x", "gates", "cmd", "y", "down", "up", "programs"}``.
-    Raises ValueError for another ``chain``.
     """
-    if chain not in ("host", "ranks"):
-        raise ValueError(f"chain={chain!r}: expected 'host' or 'ranks'")
     if stream_tokens:
-        parts = [segment_bytes(t, channels, k, n_ranks, lanes, chain) for t in stream_tokens]
+        parts = [segment_bytes(t, channels, k, n_ranks, lanes) for t in stream_tokens]
         return {key: sum(p[key] for p in parts) for key in parts[0]}
     ranks = sum(1 for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
     t = tensor_bytes(tokens, channels, n_ranks, lanes)
@@ -81,7 +75,7 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
     programs = 0
     for i in range(0, k, MAX_SEGMENT_TERMS):
         kk = min(MAX_SEGMENT_TERMS, k - i)
-        if chain == "host" or i == 0:
+        if i == 0:
             x += t
             y += t
         gates += kk * gate * ranks
