@@ -125,7 +125,10 @@ def main(args) -> int:
     common = dict(num_steps=args.steps, guidance_scale=args.guidance, seed=args.seed,
                   progress=True)
 
-    driver = _driver(backend, args, model, len(digits))   # bad --lanes etc. fail before work
+    # policies that keep operator inputs as monitor references (DRA, TeaCache) need room for
+    # them beside the cached outputs
+    slots = len(digits) * (2 if policy_name in ("coda+dra", "teacache") else 1)
+    driver = _driver(backend, args, model, slots)   # bad --lanes etc. fail before work
     out.mkdir(parents=True, exist_ok=True)
 
     console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
@@ -145,7 +148,7 @@ def main(args) -> int:
     bit_exact = None
     if args.backend == "rtl":
         console.print("[bold]cached[/], segments on the [cyan]torch[/] backend (bit-exactness check)")
-        ref_driver = _driver(get_backend("torch"), args, model, len(digits))
+        ref_driver = _driver(get_backend("torch"), args, model, slots)
         reference, _ = cached_generate(model, labels, ref_driver, policy, **common)
         bit_exact = bool(torch.equal(reference.view(torch.int32), cached.view(torch.int32)))
 

@@ -45,6 +45,7 @@ def test_anneal_meets_the_constraints_and_beats_the_reference():
     total = 12 * 2 * 10
     assert round(s.ops_skipped_fraction() * total) == round(0.5 * total)
     assert not s.reused(0, "cond") and not s.reused(0, "uncond")     # nothing before computed
+    assert not s.reused(11, "cond") and not s.reused(11, "uncond")   # cooldown: last step
     assert Schedule.from_json(s.to_json()) == s                       # validates
     # normalised cost: the reference (closest uniform) scores 1 + 0.1 + 0.1
     assert res.cost < 1.2
@@ -53,6 +54,16 @@ def test_anneal_meets_the_constraints_and_beats_the_reference():
     m = schedule_to_matrix(s)
     cross = [k for k in range(10) if k % 5 == OP_TYPES.index("cross_attn")]
     assert m[1:, :, cross].mean() > m[1:].mean()
+
+
+def test_anneal_cooldown_and_its_limits():
+    prof = synthetic_profile()
+    m = schedule_to_matrix(anneal(prof, 0.3, cooldown=3, moves=3000).schedule)
+    assert not m[-3:].any() and not m[0].any() and m.sum() == round(0.3 * m.size)
+    with pytest.raises(ValueError, match="--skip 0.95"):
+        anneal(prof, 0.95, cooldown=2)          # more than steps 1..9 can hold
+    with pytest.raises(ValueError, match="cooldown=11"):
+        anneal(prof, 0.3, cooldown=11)
 
 
 def test_anneal_is_deterministic_per_seed():
