@@ -33,12 +33,12 @@ verify-long: $(STAMP)
 bench: $(STAMP)
 	$(RUN) $(PY) -m coda.cosim.bench
 
-# The cache-policy benchmark (long: about 30 min on 2 cores): uniform, PAB, TeaCache, the
-# annealed CODA schedule and CODA + DRA at 0.3 / 0.5 / 0.6 skipped, on seed 0 (the shipped
+# The cache-policy benchmark (long: about 20 min on 2 cores): uniform, PAB, TeaCache, MagCache,
+# the annealed CODA schedule and CODA + DRA at 0.3 / 0.5 / 0.6 skipped, on seed 0 (the shipped
 # profile used seeds 100-101); build/eval/pareto.json, pareto.png, corner_cases.json.
 eval: $(STAMP)
-	$(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,coda,coda+dra --skip 0.3,0.5,0.6 \
-		--prompts 0-9 --seeds 0 --steps 50 --out build/eval
+	$(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,coda,coda+dra --skip 0.3,0.5,0.6 \
+		--prompts 0-9 --seeds 0 --steps 50 --threads 1 --out build/eval
 
 synth: $(STAMP)
 	$(RUN) $(VENV)/bin/coda synth --lanes 8 --fmt bf16 --target ecp5 --out build/synth/default

@@ -422,7 +422,7 @@ def configure(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--sensitivity-blocks", type=int, default=10,
                         help="blocks of steps of the step-sensitivity runs (0: none)")
-    parser.add_argument("--sensitivity-videos", type=int, default=2,
+    parser.add_argument("--sensitivity-videos", type=int, default=4,
                         help="profiled videos the step-sensitivity runs generate")
 
 
