@@ -104,6 +104,7 @@ def main(args) -> int:
     from coda.host.evaluate import psnr_db, ssim
     from coda.host.events import EventLog
     from coda.host.model.sample import cached_generate, generate, side_by_side_gif
+    from coda.host.system import modelled as modelled_systems
 
     # every check before any work or any file: flags, output folder, policy, backend, driver
     digits = _parse_prompts(args.prompts)
@@ -160,6 +161,12 @@ def main(args) -> int:
 
     sim_cycles = sim.get("cycles", 0)
     sim_seconds = sim.get("seconds", 0.0)
+    # the same events replayed on the default platform (RTX 4090, PCIe 4.0 x16, these
+    # DIMMs with DDR5-4800 unless --dram says otherwise): systems a..f of the ablation
+    modelled = modelled_systems(
+        events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
+        ranks=args.ranks, dram=args.dram or "DDR5-4800",
+        nme_timing="events" if args.dram else "model")
     report = {
         "prompts": digits,
         "steps": args.steps,
@@ -181,11 +188,17 @@ def main(args) -> int:
         "pcie_bytes": stats["pcie_bytes"],
         "nme_programs": driver.stats["programs"],
         "nme_cycles": driver.stats["nme_cycles"],
+        # CFG interleaving in the cosimulation: segments launched while the host went on
+        # computing the other branch, host seconds spent meanwhile, seconds then waited
+        "interleave": {"async_launches": driver.stats["async_launches"],
+                       "overlap_s": driver.stats["overlap_s"],
+                       "wait_s": driver.stats["wait_s"]},
         "sim_cycles_per_s": sim_cycles / sim_seconds if sim_seconds else None,
         "cached_generation_s": cached_s,
         "wall_s": time.perf_counter() - t_start,
         "gifs": gifs,
         "machine": _machine(),
+        "modelled": modelled,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
 
@@ -198,6 +211,12 @@ def main(args) -> int:
                 "sim_cycles_per_s", "wall_s"):
         value = report[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    for letter, row in modelled["systems"].items():
+        if row.get("fits", True):
+            table.add_row(f"modelled {letter}: {row['name']}",
+                          f"{row['latency_s']:.4g} s, {row['speedup']:.3g}x")
+        else:
+            table.add_row(f"modelled {letter}: {row['name']}", "does not fit")
     console.print(table)
     if bit_exact is False:
         console.print("[red]RTL and torch backends disagree[/]")

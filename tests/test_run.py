@@ -35,6 +35,15 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6):
     assert report["sim_cycles_per_s"] > 0
     for key in ("psnr_db", "ssim", "label_accuracy_full", "label_accuracy_cached", "wall_s"):
         assert isinstance(report[key], float)
+    # segments ran on the simulators while the host computed the other CFG branch
+    assert report["interleave"]["async_launches"] > 0 and report["interleave"]["overlap_s"] > 0
+    # the generation replayed on the default platform; every segment's modelled NME time is
+    # the cycles the cosimulation measured (ideal memory: the cycle model is exact)
+    modelled = report["modelled"]
+    assert set(modelled["systems"]) == set("abcdef")
+    assert modelled["nme_check"]["max_rel_error"] == 0.0
+    assert modelled["nme_check"]["segments"] == report["segments"]
+    assert all(row["latency_s"] > 0 for row in modelled["systems"].values() if row["fits"])
     assert [p.split("/")[-1] for p in report["gifs"]] == ["3_0.gif", "8_1.gif"]
     assert all((tmp_path / name).stat().st_size > 0 for name in ("3_0.gif", "8_1.gif"))
 

@@ -381,3 +381,43 @@ def test_cli(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("coda: error:") for line in err)
     assert not (tmp_path / "o").exists()
+
+
+def test_interleaved_replay_of_a_monitored_generation_completes(generation):
+    """System f with both branches launching segments and DRA monitors on the NMEs at the
+    same time: the replay ends (it used to deadlock: two launches each holding one of the
+    DIMMs' two host-access slots)."""
+    import numpy as np
+
+    from coda.host.backend import TorchBackend
+    from coda.host.driver import NMPDriver
+    from coda.host.events import EventLog
+    from coda.host.model.sample import cached_generate
+    from coda.host.policies.dra import DRAPolicy
+
+    model, cfg = generation["model"], generation["cfg"]
+    # cumulative limits (input_change_limits' form): a cache read d steps after it was
+    # written may have changed by x * d
+    limits = np.cumsum(np.full((STEPS, 2, 4 * 5), 0.08), axis=0)
+    log = EventLog()
+    cached_generate(model, [3, 7], NMPDriver(TorchBackend(), cfg, dimms=1, ranks=2),
+                    DRAPolicy(generation["policy"], limits), events=log, num_steps=STEPS)
+    stats = log.stats()
+    assert stats["monitors"] > 0 and stats["fallbacks"] > 0 and stats["segments"] > 0
+    out = modelled(log)
+    assert all(out["systems"][s]["latency_s"] > 0 for s in "abcdef")
+
+
+def test_two_nme_launches_at_once_share_the_dimms_without_deadlock(generation, digits_shape):
+    """Both CFG branches (system f) may launch on the NMEs at the same instant; each launch
+    needs both host-access slots of the DIMMs. Taken one at a time, each would hold one and
+    wait for the other forever."""
+    from coda.host.system.replay import _Replay
+
+    wl = from_events(generation["log"], digits_shape)
+    r = _Replay(wl, platform("rtx4090", "DDR5-4800", 1, 2, lanes=8, depth=64), "f",
+                "model", prefetch=1, record=True)
+    runs = [r.env.process(r.nme_run(1e-6, 1, "segment", br, 0)) for br in ("uncond", "cond")]
+    r.env.run(until=r.env.all_of(runs))
+    assert [i.branch for i in r.res.intervals] == ["uncond", "cond"]
+    assert r.res.intervals[1].start >= r.res.intervals[0].end

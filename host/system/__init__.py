@@ -24,8 +24,8 @@ __all__ = ["modelled"]
 
 
 def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
-             depth: int = 64, dimms: int = 1, ranks: int = 2, cfg: str = "batched",
-             nme_timing: str = "model") -> dict:
+             depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = "DDR5-4800",
+             cfg: str = "batched", nme_timing: str = "model") -> dict:
     """The modelled systems a..f of the last generation in ``events`` (an
     :class:`coda.host.events.EventLog` of the shipped model, e.g. from
     ``coda.host.model.sample.cached_generate(..., events=log)``).
@@ -34,7 +34,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         events: the EventLog. model_config: the shipped model's config dict
             (``host/model/weights/latte_digits.json``; default: read it).
         platform: a :class:`coda.host.system.platforms.Platform` (default: RTX 4090, PCIe
-            4.0 x16, ``dimms x ranks`` DDR5-4800 with NMEs of ``lanes`` x ``depth``).
+            4.0 x16, ``dimms x ranks`` of ``dram`` with NMEs of ``lanes`` x ``depth``).
         lanes, depth, dimms, ranks: the driver's NME configuration (NMEConfig's default
             depth is 64); used for the default platform and to check the events' cycles.
         cfg: how the generation's CFG ran (``"batched"``: coda.host.model.sample's default).
@@ -53,8 +53,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
 
     shape = shipped_shape(model_config)
     wl = from_events(events, shape, cfg=cfg)
-    plat = platform or make_platform("rtx4090", "DDR5-4800", dimms, ranks, lanes=lanes,
-                                     depth=depth)
+    plat = platform or make_platform("rtx4090", dram, dimms, ranks, lanes=lanes, depth=depth)
     worst, ev_sum, model_sum = 0.0, 0, 0
     for seg in wl.segments.values():
         t = segment_timing(seg.tokens, seg.channels, seg.k, n_ranks=dimms * ranks,

@@ -196,18 +196,21 @@ class _Replay:
         self.res.host_dram_bytes += nbytes
 
     def nme_run(self, seconds, launches, kind, branch, step):
-        a = self.dimm.request()
-        yield a
-        b = self.dimm.request()
-        yield b
+        # The NMEs first, then both host-access slots of the DIMMs: two launches (the two
+        # CFG branches of system f) each holding one slot and waiting for the other would
+        # deadlock; a copy holds at most one slot and never waits for the NMEs.
         with self.nme.request() as req:
             yield req
+            a = self.dimm.request()
+            yield a
+            b = self.dimm.request()
+            yield b
             t0 = self.env.now
             yield self.env.timeout(seconds + launches * self.p.pcie.latency_s)
             self.res.nme_busy_s += self.env.now - t0
             self._log("nme", t0, kind, branch, step)
-        self.dimm.release(a)
-        self.dimm.release(b)
+            self.dimm.release(a)
+            self.dimm.release(b)
 
     # ---------------------------------------------------------------- costs
     def op_time(self, index: int, batch: int) -> float:
