@@ -35,6 +35,7 @@ cache slots anywhere in memory).
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 import torch
@@ -63,11 +64,20 @@ def op_dims(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]],
     Raises:
         ValueError: unknown op, missing/extra shapes, or shapes the reference rejects.
     """
+    key = tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
+    return dict(_op_dims(op, cfg.fmt, key, None if group is None else int(group)))
+
+
+# The reference's checks run on the meta device, which costs about a millisecond per call:
+# the driver compiles the same few shapes over and over, so their answers are kept.
+@functools.lru_cache(maxsize=4096)
+def _op_dims(op: str, fmt: str, shapes: tuple, group: int | None) -> dict[str, int]:
+    shapes = dict(shapes)
     spec = ref.get_op(op)
     if set(shapes) != set(spec.inputs):
         raise ValueError(f"{op}: got shapes for {sorted(shapes)}, expected {list(spec.inputs)}")
-    dtype = torch_dtype(cfg.fmt)
-    meta = {name: torch.empty(tuple(int(d) for d in shapes[name]), device="meta",
+    dtype = torch_dtype(fmt)
+    meta = {name: torch.empty(shapes[name], device="meta",
                               dtype=torch.int8 if name == "q" else dtype)
             for name in spec.inputs}
     if spec.params:
