@@ -32,8 +32,16 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error form: one line ``coda: error: ...`` and exit 2 (a
+    bad option value, a missing or unknown option), pointing at the command's ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"coda: error: {message} (see '{self.prog} --help')\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="coda", description="CODA: near-memory cache offload for video diffusion transformers")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}

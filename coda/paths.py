@@ -16,13 +16,14 @@ def check_output_path(path: str | os.PathLike, flag: str, *, folder: bool = Fals
     """Check, before any work, that an output file (``folder``: an output folder) can be
     created at ``path``.
 
-    Returns ``Path(path)``. Raises ValueError naming ``flag`` when ``path`` is empty, is an
-    existing folder where a file is wanted, or has a file where a folder is needed (folders
-    that do not exist yet are fine: the writer creates them)."""
+    Returns ``Path(path)``. Raises ValueError naming ``flag`` when ``path`` is empty or
+    ``-`` (no command writes these outputs to standard output; ``coda verilog -o -`` handles
+    ``-`` itself), is an existing folder where a file is wanted, or has a file where a folder
+    is needed (folders that do not exist yet are fine: the writer creates them)."""
     out = Path(path)
     what = "folder" if folder else "file"
-    if str(path) == "":
-        raise ValueError(f"{flag} '': expected a {what} path")
+    if str(path) in ("", "-"):
+        raise ValueError(f"{flag} {str(path)!r}: expected a {what} path")
     if not folder and out.is_dir():
         raise ValueError(f"{flag} {path}: is a folder, expected a file path")
     for up in ((out,) if folder else ()) + tuple(out.parents):

@@ -204,6 +204,13 @@ class CodaCacheHook(ModelHook):
         self.arch.check_model(module)
         self.model_ops = self.arch.model_ops(module)
         self.num_layers = self.model_ops.num_layers
+        # a gate is one [C] vector per NME program: C must fill whole words of `lanes`
+        cfg, lanes = module.config, getattr(getattr(self.config.driver, "cfg", None), "lanes", None)
+        channels = getattr(cfg, "num_attention_heads", 0) * getattr(cfg, "attention_head_dim", 0)
+        if lanes and channels and channels % lanes:
+            raise ValueError(f"{type(module).__name__}: hidden size {channels} is not a multiple "
+                             f"of the NME's {lanes} lanes (a per-channel gate fills whole words); "
+                             "use a driver whose lanes divide it")
         return module
 
     @property

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from coda.hw.isa import NMEConfig, Program, Status
+from coda.hw.nmp import check_shape
 from coda.host import compiler
 from coda.host import ops as ref
 from coda.hw.executor import Backend
@@ -247,12 +248,11 @@ class NMPDriver:
         cfg: the NME configuration of every rank (its ``fmt`` is the cache dtype).
         dimms, ranks: DIMMs, and ranks per DIMM (>= 1 each).
     Raises:
-        ValueError: dimms or ranks < 1.
+        ValueError: dimms or ranks < 1, or more than ``coda.hw.nmp.MAX_RANKS`` (256) ranks.
     """
 
     def __init__(self, backend: Backend, cfg: NMEConfig, dimms: int = 1, ranks: int = 1):
-        if int(dimms) < 1 or int(ranks) < 1:
-            raise ValueError(f"dimms={dimms}, ranks={ranks}: expected >= 1 each")
+        check_shape(dimms, ranks)      # >= 1 each, at most hw.nmp.MAX_RANKS ranks in all
         self.backend = backend
         self.cfg = cfg
         self.dimms, self.ranks = int(dimms), int(ranks)

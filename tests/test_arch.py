@@ -554,3 +554,21 @@ def test_operators_of_each_architecture_and_their_schedules():
     with pytest.raises(ScheduleError, match="'latte-only' makes Latte schedules only"):
         LatteOnly().decide(q)
     assert SchedulePolicy(sched).decide(dataclasses.replace(q, step=2, num_steps=6)).reuse
+
+
+def test_a_hidden_size_the_lanes_do_not_divide_is_refused_when_applied():
+    from diffusers import WanTransformer3DModel
+
+    from coda.host.backend import TorchBackend
+    from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache, get_coda_cache_hook
+    from coda.host.driver import NMPDriver
+    from coda.host.policies import UniformIntervalPolicy
+    from coda.hw.isa import NMEConfig
+
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=3,
+                                  attention_head_dim=6, in_channels=4, out_channels=4,
+                                  text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1)
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 12))
+    with pytest.raises(ValueError, match="hidden size 18 is not a multiple of the NME's 8 lanes"):
+        apply_coda_cache(model, CodaCacheConfig(driver, UniformIntervalPolicy()))
+    assert get_coda_cache_hook(model) is None

@@ -286,3 +286,8 @@ def test_a_long_segment_chains_programs_in_rank_memory(k, ranks):
     assert drv.stats["bytes_written"] - before["bytes_written"] == x_bytes + gate_bytes
     assert pending.nme_cycles == drv.stats["nme_cycles"] - before["nme_cycles"] > 0
     assert drv.free_bytes() == free
+
+
+def test_more_ranks_than_a_dimm_nmp_holds_are_refused_before_any_memory():
+    with pytest.raises(ValueError, match="100000 ranks: expected at most 256"):
+        NMPDriver(TorchBackend(), NMEConfig(lanes=8), dimms=1, ranks=100_000)

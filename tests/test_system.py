@@ -305,6 +305,13 @@ def test_cache_that_does_not_fit_is_a_row_not_an_error():
     (dict(model="wan2.1-14b", lanes=4, depth=64), "no DIMM-NMP measurement"),
     (dict(model="wan2.1-14b", dimms=0), "--dimms"),
     (dict(model="wan2.1-14b", schedule="/nonexistent.json"), "Schedule JSON"),
+    # bounds: beyond them a trace takes minutes, overflows, or the replay never ends
+    (dict(model="wan2.1-14b", seconds=float("inf")), r"--seconds inf: expected a duration"),
+    (dict(model="wan2.1-14b", seconds=float("nan")), r"--seconds nan: expected a duration"),
+    (dict(model="wan2.1-14b", seconds=1e9), r"expected a duration in \(0, 60.0\] s"),
+    (dict(model="wan2.1-14b", resolution="100000x100000"), "each side 1..4096"),
+    (dict(model="wan2.1-14b", dimms=1_000_000), "2000000 ranks: expected at most 256"),
+    (dict(model="wan2.1-14b", steps=100_000), r"--steps 100000: expected 1..1000"),
 ])
 def test_bad_input_names_the_value(kwargs, match):
     kwargs = {"steps": 4, "systems": "a", **kwargs}
@@ -421,3 +428,25 @@ def test_two_nme_launches_at_once_share_the_dimms_without_deadlock(generation, d
     r.env.run(until=r.env.all_of(runs))
     assert [i.branch for i in r.res.intervals] == ["uncond", "cond"]
     assert r.res.intervals[1].start >= r.res.intervals[0].end
+
+
+def test_the_cli_refuses_with_one_line(tmp_path, capsys, monkeypatch):
+    """argparse's own refusals (a value of the wrong type, an unknown option) and '-' as an
+    output folder read like every other: one ``coda: error:`` line, exit 2, nothing written."""
+    from coda.cli import main
+
+    def run(argv):
+        try:
+            return main(argv)
+        except SystemExit as exc:        # argparse exits by itself
+            return exc.code
+
+    monkeypatch.chdir(tmp_path)
+    for argv, message in ((["sim", "--dimms", "abc"], "argument --dimms: invalid int value"),
+                          (["sim", "--bogus"], "unrecognized arguments: --bogus"),
+                          (["sim", "--out", "-"], "--out '-': expected a folder path")):
+        assert run(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("coda: error: ") and message in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from coda.hw.dram_standards import DRAMStandard, get_standard
+from coda.hw.nmp import MAX_RANKS
 
 __all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
            "SEGMENT_UTIL", "segment_utilisation",
@@ -371,6 +372,9 @@ def platform(gpu: str = DEFAULT_PLATFORM, dram: str = "DDR5-4800", dimms: int = 
     for flag, v in (("dimms", dimms), ("ranks", ranks), ("lanes", lanes), ("depth", depth)):
         if int(v) < 1:
             raise ValueError(f"--{flag} {v}: expected >= 1")
+    if dimms * ranks > MAX_RANKS:
+        raise ValueError(f"--dimms {dimms} x --ranks {ranks} = {dimms * ranks} ranks: expected "
+                         f"at most {MAX_RANKS} in all (the DIMM-NMP this project describes)")
     std = get_standard(dram)
     segment_utilisation(std.name, lanes, depth, 1)  # refuse an unmeasured NME up front
     g, p = GPUS[gpu], pcie

@@ -49,6 +49,11 @@ SHAPES_VERSION = 2
 
 #: resolution name -> (height, width) in pixels
 RESOLUTIONS = {"480p": (480, 832), "720p": (720, 1280)}
+# Bounds of what the model is asked to trace (beyond them a meta-device trace takes minutes
+# or overflows; the published video DiTs generate up to 1280x720 and 16 s): 4K sides, a minute.
+MAX_SIDE = 4096
+MAX_SECONDS = 60.0
+MAX_FRAMES = 2049
 
 
 @dataclass
@@ -455,15 +460,20 @@ def resolve_resolution(text: str) -> tuple[int, int]:
     if key in RESOLUTIONS:
         return RESOLUTIONS[key]
     parts = key.split("x")
-    if len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) == 2 and all(p.isdigit() and 0 < int(p) <= MAX_SIDE for p in parts):
         return int(parts[1]), int(parts[0])
     raise ValueError(f"--resolution {text!r}: expected one of {', '.join(RESOLUTIONS)} or "
-                     "WIDTHxHEIGHT in pixels (e.g. 720x480)")
+                     f"WIDTHxHEIGHT in pixels (e.g. 720x480), each side 1..{MAX_SIDE}")
 
 
 def frames_for(name: str, seconds: float | None = None, frames: int | None = None) -> int:
     """Frames of a ``seconds``-long video (or ``frames`` as given) for model ``name``,
-    checked against the model's rule. Raises ValueError naming what the model takes."""
+    checked against the model's rule (and ``0 < seconds <= MAX_SECONDS``, ``frames <=
+    MAX_FRAMES``). Raises ValueError naming what the model takes."""
+    if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise ValueError(f"--seconds {seconds}: expected a duration in (0, {MAX_SECONDS}] s")
+    if frames is not None and not 1 <= frames <= MAX_FRAMES:
+        raise ValueError(f"--frames {frames}: expected 1..{MAX_FRAMES}")
     if name == "opensora-1.2":
         table = OPENSORA["frames"]
         if frames is not None:

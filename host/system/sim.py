@@ -25,6 +25,9 @@ import json
 import time
 from pathlib import Path
 
+#: the diffusion schedulers of every modelled model have 1000 training timesteps
+MAX_STEPS = 1000
+
 __all__ = ["configure", "main", "simulate", "parse_systems"]
 
 DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
@@ -103,8 +106,9 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
     from .shapes import model_shape
     from .workload import from_events, synthesize
 
-    if steps < 1:
-        raise ValueError(f"--steps {steps}: expected >= 1")
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"--steps {steps}: expected 1..{MAX_STEPS} (the models' schedulers "
+                         f"have {MAX_STEPS} training timesteps)")
     if prefetch < 0:
         raise ValueError(f"--prefetch {prefetch}: expected >= 0")
     plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, **platform_overrides)
