@@ -153,12 +153,15 @@ def configure(parser) -> None:
                         help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
                              "(default uniform,pab,teacache,coda,coda+dra)")
     parser.add_argument("--skip", default="0.3,0.5,0.6",
-                        help="comma-separated target skip fractions in (0, 1)")
-    parser.add_argument("--prompts", default="0-9", help="digits (default 0-9)")
-    parser.add_argument("--seeds", default="0", help="noise seeds, disjoint from the "
-                        "profile's (default 0)")
-    parser.add_argument("--steps", type=int, default=50, help="DDIM steps (default 50)")
-    parser.add_argument("--guidance", type=float, default=3.0, help="CFG scale (default 3)")
+                        help="comma-separated distinct target skip fractions in (0, 1)")
+    parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
+                        "(default 0-9)")
+    parser.add_argument("--seeds", default="0", help="distinct noise seeds 0..2^31-1, e.g. 0 or "
+                        "0-3, disjoint from the profile's (default 0)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="DDIM steps, 1..1000 (the model's training timesteps; default 50)")
+    parser.add_argument("--guidance", type=float, default=3.0,
+                        help="CFG scale, finite and >= 0 (default 3)")
     parser.add_argument("--profile", default=None,
                         help="profile.npz of coda profile (default: the shipped one for "
                              "50 steps)")
@@ -170,16 +173,6 @@ def configure(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 
-def _parse_list(text: str, flag: str, kind):
-    try:
-        out = [kind(t.strip()) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        out = []
-    if not out:
-        raise ValueError(f"{flag} {text!r}: expected a comma-separated list")
-    return out
-
-
 def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -189,42 +182,50 @@ def main(args) -> int:
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
     from coda.host.model.sample import cache_mem_words, generate
-    from coda.host.policies import get_policy
-    from coda.host.profile import Profile, model_hash, parse_int_list
-    from coda.host.search import SHIPPED_PROFILE, anneal
+    from coda.host.policies import (MAX_SEED, check_guidance, check_steps, get_policy,
+                                    parse_int_list, parse_list)
+    from coda.host.profile import Profile, model_hash
+    from coda.host.search import SHIPPED_PROFILE, anneal, check_skip
     from coda.hw.isa import NMEConfig
     from coda.paths import check_output_path
 
     # ---- every check before any work
-    policies = _parse_list(args.policy, "--policy", str)
-    for name in policies:
-        if name not in POLICY_NAMES:
-            raise ValueError(f"--policy {name!r}: unknown policy, expected one of "
-                             f"{', '.join(POLICY_NAMES)}")
-    skips = _parse_list(args.skip, "--skip", float)
+    policies = parse_list(args.policy, "--policy", str, choices=POLICY_NAMES)
+    skips = parse_list(args.skip, "--skip", float,
+                       expected="comma-separated distinct fractions in (0, 1)")
     for s in skips:
         if not 0.0 < s < 1.0:
             raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
-    seeds = parse_int_list(args.seeds, "--seeds", 0, 2**31 - 1)
-    for flag in ("steps", "batch", "moves", "threads"):
+    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
+    check_steps(args.steps)
+    check_guidance(args.guidance)
+    for flag in ("batch", "moves", "threads"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
     out = check_output_path(args.out, "--out", folder=True)
     profile = None
-    if any(p in _NEEDS_PROFILE for p in policies):
-        profile = Profile.load(args.profile or SHIPPED_PROFILE)
+    profile_path = args.profile or SHIPPED_PROFILE
+    # a given --profile is always checked (also when no policy reads it); the shipped one
+    # only when a policy needs it
+    if args.profile is not None or any(p in _NEEDS_PROFILE for p in policies):
+        profile = Profile.load(profile_path)
     backend = get_backend(args.backend)
     torch.set_num_threads(args.threads)
     model, _ = load_model()
     layers = len(model.transformer.transformer_blocks)
     if profile is not None:
         profile.check_for(model_hash(model), args.steps, layers,
-                          what=f"--profile {args.profile or SHIPPED_PROFILE}")
-        overlap = set(profile.meta.get("seeds", [])) & set(seeds)
+                          what=f"--profile {profile_path}")
+        profiled = [int(s) for s in profile.meta.get("seeds", [])]
+        overlap = [s for s in seeds if s in profiled]
         if overlap:
-            raise ValueError(f"--seeds {args.seeds}: seeds {sorted(overlap)} were profiled; "
-                             "expected held-out seeds (disjoint from the profile's)")
+            raise ValueError(f"--seeds {args.seeds}: seeds {overlap} were profiled "
+                             f"(--profile {profile_path} has seeds {profiled}); expected "
+                             "held-out seeds, disjoint from the profile's")
+    if any(name.startswith("coda") for name in policies):
+        for skip in skips:       # the search's bound, for every skip before any annealing
+            check_skip(skip, args.steps, layers)
     console = Console()
     # every policy calibrated (and the coda schedules annealed) before any generation
     policies_at = {}
@@ -285,7 +286,7 @@ def main(args) -> int:
     videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
                **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
               for i in range(len(vid_labels))]
-    summary = {"label_accuracy_full": acc_full, "profile": str(args.profile or SHIPPED_PROFILE),
+    summary = {"label_accuracy_full": acc_full, "profile": str(profile_path),
                "prompts": prompts, "seeds": seeds, "steps": args.steps,
                "wall_s": time.perf_counter() - t0}
     (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -28,6 +28,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,8 @@ import numpy as np
 import torch
 
 from coda.host.driver import NMPDriver
+# parse_int_list lives with the other command-line helpers; re-exported here
+from coda.host.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
 from coda.host.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.schedule import BRANCHES, OP_TYPES
 
@@ -45,32 +49,6 @@ __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "mode
 #: the arrays of a profile, each [videos, steps, branches, layers, op types] float32
 ARRAYS = ("out_change", "in_change", "out_abs", "in_abs")
 PROFILE_VERSION = 1
-
-
-def parse_int_list(text: str, flag: str, lo: int, hi: int) -> list[int]:
-    """``"0-9"``, ``"1,4,9"`` or ``"0-2,7"`` -> a list of ints in ``lo..hi`` (order kept,
-    duplicates refused). Raises ValueError naming ``flag``."""
-    out: list[int] = []
-    try:
-        for part in str(text).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part[1:]:
-                a, b = part.split("-", 1) if not part.startswith("-") else (part, "")
-                a, b = int(a), int(b)
-                if b < a:
-                    raise ValueError
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected integers {lo}..{hi} as a list or range "
-                         "such as 0-9 or 1,4,9") from None
-    if not out or any(not lo <= v <= hi for v in out) or len(set(out)) != len(out):
-        raise ValueError(f"{flag} {text!r}: expected distinct integers {lo}..{hi} as a list "
-                         "or range such as 0-9 or 1,4,9")
-    return out
 
 
 def model_hash(model) -> str:
@@ -239,32 +217,60 @@ class Profile:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Profile":
-        """Read a ``profile.npz``. Raises ValueError (naming the file) if it is not one."""
+    def load(cls, path: str | Path, flag: str = "--profile") -> "Profile":
+        """Read a ``profile.npz``. Raises ValueError (naming ``flag`` and the file) if it is
+        not one: unreadable, truncated or corrupt, arrays of the wrong shape, or values that
+        are not finite (changes and magnitudes must be finite and >= 0, except the changes at
+        step 0, which have no previous step; the step sensitivity finite and >= 0)."""
         path = Path(path)
+        what = f"{flag} {path}"
         if path.is_dir():
-            raise ValueError(f"--profile {path}: is a folder, expected a profile.npz file")
+            raise ValueError(f"{what}: is a folder, expected a profile.npz file")
         if not path.is_file():
-            raise ValueError(f"--profile {path}: no such file, expected a profile.npz written "
+            raise ValueError(f"{what}: no such file, expected a profile.npz written "
                              "by coda profile")
         try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+            if magic != b"PK\x03\x04":           # np.load would try a pickle or a .npy
+                raise zipfile.BadZipFile("not a .npz (zip) archive" if magic else "empty file")
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: np.asarray(data[k], dtype=np.float32) for k in ARRAYS}
                 meta = json.loads(str(data["meta"]))
                 sens = (np.asarray(data["sensitivity"], dtype=np.float64)
                         if "sensitivity" in data.files else None)
-        except (OSError, ValueError, KeyError, EOFError) as exc:
-            raise ValueError(f"--profile {path}: not a profile written by coda profile "
+        except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile,
+                zlib.error) as exc:
+            # a text file, a truncated or corrupt archive, a missing or malformed array
+            raise ValueError(f"{what}: not a profile written by coda profile "
                              f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{what}: not a profile written by coda profile (its metadata "
+                             f"is a {type(meta).__name__}, expected a JSON object)")
         shapes = {a.shape for a in arrays.values()}
         shape = arrays["out_change"].shape
         if len(shapes) != 1 or len(shape) != 5 or shape[2] != len(BRANCHES) or \
-                shape[4] != len(OP_TYPES) or shape[1] < 1:
-            raise ValueError(f"--profile {path}: arrays of shape {sorted(shapes)}, expected one "
-                             "shape [videos, steps, 2 branches, layers, 5 op types]")
+                shape[4] != len(OP_TYPES) or shape[1] < 1 or shape[0] < 1 or shape[3] < 1:
+            raise ValueError(f"{what}: arrays of shape {sorted(shapes)}, expected one "
+                             "shape [videos >= 1, steps >= 1, 2 branches, layers, 5 op types]")
+        for name, arr in arrays.items():
+            first = 1 if name.endswith("_change") else 0      # changes: NaN at step 0
+            checked = arr[:, first:]
+            bad = ~np.isfinite(checked) | (checked < 0)
+            if bad.any():
+                v, s, b, layer, k = (int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(
+                    f"{what}: {int(bad.sum())} values of {name} are not finite and >= 0 (the "
+                    f"first, {checked[v, s, b, layer, k]}, at video {v}, step {s + first}, "
+                    f"{BRANCHES[b]}, layer {layer}, {OP_TYPES[k]}); expected a profile of "
+                    "finite measurements")
         if sens is not None and sens.shape != (shape[1],):
-            raise ValueError(f"--profile {path}: sensitivity of shape {sens.shape}, expected "
+            raise ValueError(f"{what}: sensitivity of shape {sens.shape}, expected "
                              f"({shape[1]},)")
+        if sens is not None and not (np.all(np.isfinite(sens)) and np.all(sens >= 0)):
+            bad = int((~(np.isfinite(sens) & (sens >= 0))).sum())
+            raise ValueError(f"{what}: {bad} of its {sens.size} step-sensitivity values are "
+                             "not finite and >= 0; expected a profile of finite measurements")
         return cls(**arrays, meta=meta, sensitivity=sens)
 
 
@@ -355,6 +361,8 @@ def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 1
     fill = float(np.mean(known)) if known else 1.0
     for (b0, b1), v in zip(zip(edges[:-1], edges[1:]), per_block):
         sens[b0:b1] = fill if v is None else v
+    if not sens.mean() > 0:
+        return np.ones(steps)        # no reuse changed the video: nothing to weigh
     return sens / sens.mean()
 
 
@@ -409,21 +417,51 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
-    parser.add_argument("--prompts", default="0-9", help="digits, e.g. 0-9 or 1,4,9 (default 0-9)")
-    parser.add_argument("--seeds", default="100", help="noise seeds, e.g. 100 or 100-101; "
-                        "evaluate on other seeds (default 100)")
-    parser.add_argument("--steps", type=int, default=50, help="DDIM steps (default 50)")
-    parser.add_argument("--guidance", type=float, default=3.0, help="CFG scale (default 3)")
+    parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
+                        "(default 0-9)")
+    parser.add_argument("--seeds", default="100", help="distinct noise seeds 0..2^31-1, e.g. 100 "
+                        "or 100-101; evaluate on other seeds (default 100)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="DDIM steps, 2..1000 (the model's training timesteps; default 50)")
+    parser.add_argument("--guidance", type=float, default=3.0,
+                        help="CFG scale, finite and >= 0 (default 3)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
                         help="where l1_distance runs (default torch; same numbers)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
     parser.add_argument("--ranks", type=int, default=2, help="ranks (1 DIMM)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--sensitivity-blocks", type=int, default=10,
-                        help="blocks of steps of the step-sensitivity runs (0: none)")
-    parser.add_argument("--sensitivity-videos", type=int, default=4,
-                        help="profiled videos the step-sensitivity runs generate")
+    parser.add_argument("--sensitivity-blocks", type=int, default=None,
+                        help="blocks of steps of the step-sensitivity runs, 0..steps/2 (each "
+                             "block needs 2 steps: one computed, one reusing it; 0: none; "
+                             "default min(10, steps/2): 10 for 50 steps)")
+    parser.add_argument("--sensitivity-videos", type=int, default=None,
+                        help="profiled videos the step-sensitivity runs generate, 1..prompts x "
+                             "seeds (default min(4, prompts x seeds))")
+
+
+def _sensitivity_plan(blocks: int | None, videos: int | None, steps: int,
+                      profiled: int) -> tuple[int, int]:
+    """(blocks, videos) of the step-sensitivity runs from ``--sensitivity-blocks`` /
+    ``--sensitivity-videos`` (None: the defaults). A block needs 2 steps (one computed, one
+    reusing its one-step-old cache), so at most ``steps // 2`` blocks; at most the
+    ``profiled`` videos. Raises ValueError naming the flags."""
+    most = steps // 2
+    if blocks is None:
+        blocks = min(10, most)
+    elif not 0 <= blocks <= most:
+        raise ValueError(f"--sensitivity-blocks {blocks}: expected 0..{most} with --steps "
+                         f"{steps} (each block needs 2 steps: one computed, one reusing it; "
+                         "0: no step-sensitivity runs)")
+    if videos is None:
+        videos = min(4, profiled)
+    elif not 1 <= videos <= profiled:
+        raise ValueError(f"--sensitivity-videos {videos}: expected 1..{profiled}, the videos "
+                         f"profiled (--prompts x --seeds)")
+    elif blocks == 0:
+        raise ValueError(f"--sensitivity-videos {videos}: has no effect with "
+                         "--sensitivity-blocks 0, expected no --sensitivity-videos")
+    return blocks, videos
 
 
 def make_driver_factory(model, backend, lanes: int, ranks: int):
@@ -446,14 +484,14 @@ def main(args) -> int:
     from coda.paths import check_output_path
 
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
-    seeds = parse_int_list(args.seeds, "--seeds", 0, 2**31 - 1)
-    if args.sensitivity_blocks < 0 or args.sensitivity_videos < 1:
-        raise ValueError(f"--sensitivity-blocks {args.sensitivity_blocks}, --sensitivity-videos "
-                         f"{args.sensitivity_videos}: expected >= 0 and >= 1")
-    for flag in ("steps", "lanes", "ranks", "threads"):
-        if getattr(args, flag) < 2 if flag == "steps" else getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= "
-                             f"{2 if flag == 'steps' else 1}")
+    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
+    check_steps(args.steps, lo=2)
+    check_guidance(args.guidance)
+    for flag in ("lanes", "ranks", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    blocks, videos = _sensitivity_plan(args.sensitivity_blocks, args.sensitivity_videos,
+                                       args.steps, len(prompts) * len(seeds))
     out = check_output_path(args.out, "--out", folder=True)
     backend = get_backend(args.backend)
     torch.set_num_threads(args.threads)
@@ -463,13 +501,10 @@ def main(args) -> int:
     prof = profile_model(model, prompts, seeds,
                          make_driver_factory(model, backend, args.lanes, args.ranks),
                          num_steps=args.steps, guidance_scale=args.guidance, progress=True)
-    if args.sensitivity_blocks:
-        console.print(f"step sensitivity: {args.sensitivity_blocks} blocks x "
-                      f"{min(args.sensitivity_videos, len(prof.meta['videos']))} videos")
+    if blocks:
+        console.print(f"step sensitivity: {blocks} blocks x {videos} videos")
         plain = make_driver_factory(model, backend, args.lanes, args.ranks)
-        prof.sensitivity = step_sensitivity(model, prof, plain,
-                                            blocks=min(args.sensitivity_blocks, args.steps),
-                                            videos=args.sensitivity_videos)
+        prof.sensitivity = step_sensitivity(model, prof, plain, blocks=blocks, videos=videos)
     if hasattr(backend, "close"):
         backend.close()
     ranking = stability_ranking(prof)

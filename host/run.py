@@ -23,7 +23,10 @@ the cached videos against the full-compute ones (torchmetrics, :mod:`coda.host.e
 prompt adherence: the scikit-learn digit classifier's per-frame accuracy
 (:func:`coda.host.model.classifier.label_accuracy`). The report names the ``policy``, counts
 DRA's ``dra_fallbacks`` and the ``pcie_bytes`` that crossed the host link (stores, kept
-inputs, segments, monitors).
+inputs, segments, monitors). ``modelled`` is the generation replayed as the systems a..f of
+the system model (``"available": true``), or ``{"available": false, "reason": ...}`` when the
+system model has no DRAM measurement for the run's NMEs (e.g. ``--lanes 4``): decided before
+the generation, the run itself goes on.
 """
 
 from __future__ import annotations
@@ -42,9 +45,12 @@ def configure(parser) -> None:
 
     parser.add_argument("--out", default="out", help="output folder (default: out/)")
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
-                        help=f"comma-separated digits 0..9 (default: {DEFAULT_PROMPTS})")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="DDIM steps")
-    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE, help="CFG scale")
+                        help=f"distinct digits 0..9, e.g. 0,3,7 or 0-3 (default: "
+                             f"{DEFAULT_PROMPTS})")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help="DDIM steps, 1..1000 (the model's training timesteps)")
+    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                        help="CFG scale, finite and >= 0")
     parser.add_argument("--backend", choices=("rtl", "torch"), default="rtl",
                         help="where cache segments run (default: rtl = Verilated NME)")
     parser.add_argument("--policy", default=None,
@@ -57,30 +63,24 @@ def configure(parser) -> None:
     parser.add_argument("--profile", default=None, metavar="FILE",
                         help="profile.npz for teacache, magcache and DRA (default: the "
                              "shipped one, 50 steps)")
-    parser.add_argument("--skip", type=float, default=0.5,
-                        help="pab / teacache / magcache: target skip fraction (default 0.5)")
+    parser.add_argument("--skip", type=float, default=None,
+                        help="pab / teacache / magcache: target skip fraction in (0, 1) "
+                             "(default 0.5; coda's is its schedule's, uniform's set by "
+                             "--interval/--warmup)")
     parser.add_argument("--interval", type=int, default=None,
-                        help="uniform policy: recompute every k steps (k >= 1, default 2)")
+                        help="uniform policy: recompute every k steps (k >= 2, default 2)")
     parser.add_argument("--warmup", type=int, default=None,
-                        help="uniform policy: first steps always computed (>= 1, default 5)")
+                        help="uniform policy: first steps always computed (1..steps-2, "
+                             "default min(5, steps-2))")
     parser.add_argument("--dram", default=None, metavar="STD",
                         help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
                              "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
     parser.add_argument("--dimms", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
-    parser.add_argument("--seed", type=int, default=0, help="base noise seed")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="base noise seed: video i uses seed + i, each 0..2^31-1")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-
-
-def _parse_prompts(text: str) -> list[int]:
-    try:
-        digits = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--prompts {text!r}: expected comma-separated digits 0..9") from None
-    if not digits or any(not 0 <= d <= 9 for d in digits):
-        raise ValueError(f"--prompts {text!r}: expected comma-separated digits 0..9")
-    return digits
 
 
 def _driver(backend, args, model, videos: int):
@@ -104,11 +104,15 @@ def main(args) -> int:
     from coda.host.evaluate import psnr_db, ssim
     from coda.host.events import EventLog
     from coda.host.model.sample import cached_generate, generate, side_by_side_gif
+    from coda.host.policies import check_guidance, check_seed, check_steps, parse_int_list
     from coda.host.system import modelled as modelled_systems
 
     # every check before any work or any file: flags, output folder, policy, backend, driver
-    digits = _parse_prompts(args.prompts)
-    for flag in ("steps", "interval", "warmup", "lanes", "dimms", "ranks", "threads"):
+    digits = parse_int_list(args.prompts, "--prompts", 0, 9)
+    check_steps(args.steps)
+    check_guidance(args.guidance)
+    check_seed(args.seed, count=len(digits))
+    for flag in ("interval", "warmup", "lanes", "dimms", "ranks", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: expected >= 1")
@@ -130,6 +134,10 @@ def main(args) -> int:
     # them beside the cached outputs
     slots = len(digits) * (2 if policy_name in ("coda+dra", "teacache") else 1)
     driver = _driver(backend, args, model, slots)   # bad --lanes etc. fail before work
+    # whether the modelled systems can be computed for this NME (the system model has DRAM
+    # utilisations only for measured lanes x depth): decided now, the run goes on without
+    modelled_dram = args.dram or "DDR5-4800"
+    modelled_reason = _modelled_unavailable(args, driver.cfg.depth, modelled_dram)
     out.mkdir(parents=True, exist_ok=True)
 
     console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
@@ -163,10 +171,14 @@ def main(args) -> int:
     sim_seconds = sim.get("seconds", 0.0)
     # the same events replayed on the default platform (RTX 4090, PCIe 4.0 x16, these
     # DIMMs with DDR5-4800 unless --dram says otherwise): systems a..f of the ablation
-    modelled = modelled_systems(
-        events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
-        ranks=args.ranks, dram=args.dram or "DDR5-4800",
-        nme_timing="events" if args.dram else "model")
+    if modelled_reason is None:
+        modelled = modelled_systems(
+            events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
+            ranks=args.ranks, dram=modelled_dram,
+            nme_timing="events" if args.dram else "model")
+        modelled["available"] = True
+    else:
+        modelled = {"available": False, "reason": modelled_reason}
     report = {
         "prompts": digits,
         "steps": args.steps,
@@ -211,7 +223,9 @@ def main(args) -> int:
                 "sim_cycles_per_s", "wall_s"):
         value = report[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    for letter, row in modelled["systems"].items():
+    if not modelled["available"]:
+        table.add_row("modelled systems", f"not available: {modelled['reason']}")
+    for letter, row in modelled.get("systems", {}).items():
         if row.get("fits", True):
             table.add_row(f"modelled {letter}: {row['name']}",
                           f"{row['latency_s']:.4g} s, {row['speedup']:.3g}x")
@@ -224,14 +238,37 @@ def main(args) -> int:
     return 0
 
 
+def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
+    """None when the report's ``modelled`` section (the generation replayed as systems a..f,
+    :func:`coda.host.system.modelled`) can be computed for this run's NMEs (``--lanes``,
+    the driver's buffer ``depth``, ``--dimms``, ``--ranks``, ``dram``), else why not (the
+    system model's own message, e.g. no DIMM-NMP measurement for these lanes)."""
+    from coda.host.system.platforms import DEFAULT_PLATFORM, platform
+
+    try:
+        platform(DEFAULT_PLATFORM, dram, args.dimms, args.ranks, lanes=args.lanes, depth=depth)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+#: the policies --skip calibrates; --profile is read by these (and DRA)
+_SKIP_POLICIES = ("pab", "teacache", "magcache")
+_PROFILE_POLICIES = ("coda+dra", "teacache", "magcache")
+
+
 def _policy(args, model):
-    """(name, policy) from the flags; every file is read and checked here, before any work."""
+    """(name, policy) from the flags; every file is read and checked here, before any work.
+    A flag the chosen policy does not read is refused, not ignored."""
     from coda.host.policies import get_policy
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
 
     uniform_flags = args.interval is not None or args.warmup is not None
-    name = args.policy or ("uniform" if uniform_flags else "coda")
+    if args.policy is not None and not args.policy.strip():
+        raise ValueError(f"--policy {args.policy!r}: empty, expected one of "
+                         f"{', '.join(POLICY_CHOICES)} (or no --policy: coda)")
+    name = args.policy if args.policy is not None else ("uniform" if uniform_flags else "coda")
     if name not in POLICY_CHOICES:
         raise ValueError(f"--policy {name!r}: unknown policy, expected one of "
                          f"{', '.join(POLICY_CHOICES)}")
@@ -241,15 +278,39 @@ def _policy(args, model):
     if args.schedule is not None and not name.startswith("coda"):
         raise ValueError(f"--schedule {args.schedule}: a coda / coda+dra option, expected no "
                          f"--schedule with --policy {name}")
-    if not 0.0 < args.skip < 1.0:
-        raise ValueError(f"--skip {args.skip}: expected a fraction in (0, 1)")
+    if args.skip is not None and name not in _SKIP_POLICIES:
+        how = ("its schedule's (--schedule)" if name.startswith("coda")
+               else "set by --interval/--warmup")
+        raise ValueError(f"--skip {args.skip}: a pab / teacache / magcache option (the skip "
+                         f"of {name} is {how}), expected no --skip with --policy {name}")
+    if args.profile is not None and name not in _PROFILE_POLICIES:
+        raise ValueError(f"--profile {args.profile}: read by coda+dra / teacache / magcache "
+                         f"only, expected no --profile with --policy {name}")
+    skip = 0.5 if args.skip is None else args.skip
+    if not 0.0 < skip < 1.0:
+        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
     layers = len(model.transformer.transformer_blocks)
     mhash = model_hash(model)
     if name == "uniform":
-        return name, get_policy("uniform", interval=args.interval or 2,
-                                warmup=args.warmup or 5)
+        interval = 2 if args.interval is None else args.interval
+        # default 5, fewer for a short run (the last two steps: one computed, one reused)
+        warmup = max(1, min(5, args.steps - 2)) if args.warmup is None else args.warmup
+        if interval < 2:
+            raise ValueError(f"--interval {interval}: recomputes every step, nothing would be "
+                             "cached; expected >= 2")
+        if args.steps < 3:
+            raise ValueError(f"--steps {args.steps} with --policy uniform: nothing would be "
+                             "cached (the warmup takes step 0, the next step computes before "
+                             "any reuse); expected --steps >= 3")
+        if warmup > args.steps - 2:
+            given = "" if args.warmup is not None else " (the default)"
+            raise ValueError(f"--warmup {warmup}{given} with --steps {args.steps}: nothing "
+                             "would be cached (the uniform policy computes the --warmup first "
+                             "steps and the step after them before any reuse); expected "
+                             f"--warmup 1..{args.steps - 2} (--steps - 2)")
+        return name, get_policy("uniform", interval=interval, warmup=warmup)
     profile = None
-    if name in ("coda+dra", "teacache", "magcache"):
+    if name in _PROFILE_POLICIES:
         if args.profile is None and args.steps != 50:
             raise ValueError(f"--policy {name} --steps {args.steps}: the shipped profile is "
                              "for 50 steps; give --profile of coda profile --steps "
@@ -257,8 +318,8 @@ def _policy(args, model):
         path = args.profile or SHIPPED_PROFILE
         profile = Profile.load(path)
         profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
-    if name in ("pab", "teacache", "magcache"):
-        return name, get_policy(name, skip=args.skip, profile=profile,
+    if name in _SKIP_POLICIES:
+        return name, get_policy(name, skip=skip, profile=profile,
                                 num_steps=args.steps, num_layers=layers)
     if args.schedule is None and args.steps != 50:
         raise ValueError(f"--policy {name} --steps {args.steps}: the shipped schedule is for "

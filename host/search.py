@@ -45,13 +45,13 @@ from typing import Callable
 
 import numpy as np
 
-from coda.host.policies import uniform_for_skip
+from coda.host.policies import check_seed, check_weight, uniform_for_skip
 from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
 
 __all__ = ["LinkModel", "NMEModel", "CostModel", "SearchResult", "anneal", "op_flops",
            "flop_compute_time", "segment_nme_cycles", "schedule_to_matrix", "matrix_to_schedule",
            "load_schedule", "save_schedule", "uniform_for_skip", "SHIPPED_SCHEDULE",
-           "SHIPPED_PROFILE"]
+           "SHIPPED_PROFILE", "reusable_executions", "check_skip"]
 
 ComputeTime = Callable[[str, dict], float]
 
@@ -305,6 +305,36 @@ def quality_weights(profile) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- the annealer
+def reusable_executions(num_steps: int, num_layers: int, cooldown: int = 1) -> int:
+    """How many operator executions a searched schedule can reuse at most: every operator of
+    both branches at steps 1 .. ``num_steps - cooldown - 1`` (step 0 computes everything,
+    nothing was computed before it; the last ``cooldown`` steps compute everything)."""
+    return max(0, num_steps - 1 - cooldown) * len(BRANCHES) * num_layers * len(OP_TYPES)
+
+
+def check_skip(skip: float, num_steps: int, num_layers: int, cooldown: int = 1) -> int:
+    """The number of reused executions ``round(skip * N)`` a search for ``skip`` anneals, if
+    it is possible: ``skip`` in (0, 1), ``cooldown`` in 0 .. ``num_steps - 2`` and 1 ..
+    :func:`reusable_executions` reused. Raises ValueError naming ``--skip`` /
+    ``--cooldown``, with the allowed range."""
+    if not 0.0 < skip < 1.0:        # NaN too
+        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    if not 0 <= cooldown <= num_steps - 2:
+        raise ValueError(f"--cooldown {cooldown}: expected 0..{num_steps - 2} steps for a "
+                         f"profile of {num_steps} steps (step 0 computes everything and at "
+                         "least one step must be left to reuse)")
+    total = num_steps * len(BRANCHES) * num_layers * len(OP_TYPES)
+    target = int(round(skip * total))
+    most = reusable_executions(num_steps, num_layers, cooldown)
+    if not 1 <= target <= most:
+        raise ValueError(
+            f"--skip {skip}: {target} reused of {total} executions, expected 1..{most} reused, "
+            f"a --skip of {1 / total:.3g}..{most / total:.4g} (step 0 and the last {cooldown} "
+            f"step{'s' if cooldown != 1 else ''} (--cooldown {cooldown}) of the {num_steps} "
+            "compute everything)")
+    return target
+
+
 @dataclass
 class SearchResult:
     schedule: Schedule
@@ -326,18 +356,11 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
     there stays in it as residual noise: on 6 held-out videos, 0.5 skipped, SSIM 0.944 with
     cooldown 0 and 0.973 with 1; TeaCache and MagCache compute their last step too).
 
-    Raises ValueError for a skip outside (0, 1) or more reuse than the steps allow."""
-    if not 0.0 < skip < 1.0:
-        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    Raises ValueError for a skip outside (0, 1) or more reuse than the steps allow
+    (:func:`check_skip`)."""
     steps, layers = profile.num_steps, profile.num_layers
     n_b, n_k = len(BRANCHES), layers * len(OP_TYPES)
-    total = steps * n_b * n_k
-    target = int(round(skip * total))
-    if not 0 <= cooldown < steps - 1:
-        raise ValueError(f"cooldown={cooldown}: expected 0..{steps - 2} steps")
-    if target > (steps - 1 - cooldown) * n_b * n_k or target < 1:
-        raise ValueError(f"--skip {skip}: {target} reused of {total} executions, expected "
-                         f"1..{(steps - 1) * n_b * n_k} (step 0 computes everything)")
+    target = check_skip(skip, steps, layers, cooldown)
     t0 = time.perf_counter()
     change = profile.mean("out_change").reshape(steps, n_b, n_k)
     decay, weights = step_weights(profile)
@@ -391,6 +414,8 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
     t_end = 1e-5
     accepted = 0
     flat_m = m.reshape(-1)
+    if not free:        # every reusable execution is reused: the schedule is determined
+        moves = 0
     for it in range(moves):
         temp = t_start * (t_end / t_start) ** (it / max(1, moves - 1))
         a = reused[rng.integers(len(reused))]
@@ -500,15 +525,18 @@ def configure(parser) -> None:
     parser.add_argument("--skip", type=float, required=True,
                         help="target fraction of operator executions reused, in (0, 1)")
     parser.add_argument("--out", required=True, help="schedule JSON to write")
-    parser.add_argument("--seed", type=int, default=0, help="annealing seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="annealing seed, 0..2^31-1 (default 0)")
     parser.add_argument("--moves", type=int, default=200_000,
                         help="annealing moves (default 200000)")
     parser.add_argument("--cooldown", type=int, default=1,
-                        help="last steps that compute everything (default 1)")
+                        help="last steps that compute everything, 0..steps-2 (default 1); "
+                             "--skip can reach at most (steps - 1 - cooldown) / steps")
     parser.add_argument("--w-transfer", type=float, default=0.1,
-                        help="weight of the transfer term (default 0.1)")
+                        help="weight of the transfer term, finite and >= 0 (default 0.1)")
     parser.add_argument("--w-mismatch", type=float, default=0.1,
-                        help="weight of the pipeline-mismatch term (default 0.1)")
+                        help="weight of the pipeline-mismatch term, finite and >= 0 "
+                             "(default 0.1)")
 
 
 def main(args) -> int:
@@ -521,11 +549,14 @@ def main(args) -> int:
         raise ValueError(f"--skip {args.skip}: expected a fraction in (0, 1)")
     if args.moves < 1:
         raise ValueError(f"--moves {args.moves}: expected >= 1")
-    if args.w_transfer < 0 or args.w_mismatch < 0:
-        raise ValueError(f"--w-transfer {args.w_transfer}, --w-mismatch {args.w_mismatch}: "
-                         "expected >= 0")
+    check_seed(args.seed)
+    if args.cooldown < 0:
+        raise ValueError(f"--cooldown {args.cooldown}: expected >= 0 steps")
+    check_weight(args.w_transfer, "--w-transfer")
+    check_weight(args.w_mismatch, "--w-mismatch")
     out = check_output_path(args.out, "--out")
     profile = Profile.load(args.profile)
+    check_skip(args.skip, profile.num_steps, profile.num_layers, args.cooldown)
     console = Console()
     res = anneal(profile, args.skip, seed=args.seed, moves=args.moves,
                  w_transfer=args.w_transfer, w_mismatch=args.w_mismatch, cooldown=args.cooldown)

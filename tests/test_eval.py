@@ -59,15 +59,67 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--policy", "uniform,fora"], "--policy 'fora': unknown policy"),
+    (["--policy", "uniform,fora"], "--policy 'fora': unknown value, expected a comma-separated "
+                                   "list of uniform, pab"),
+    (["--policy", "uniform,,coda"], "--policy 'uniform,,coda': an empty item"),
+    (["--policy", "uniform,uniform"], "--policy 'uniform,uniform': 'uniform' given twice"),
+    (["--policy", ""], "--policy '': empty"),
     (["--skip", "0.5,1"], "--skip 1.0: expected fractions in (0, 1)"),
     (["--skip", "0"], "--skip 0.0: expected fractions in (0, 1)"),
+    (["--skip", "nan"], "--skip nan: expected fractions in (0, 1)"),
+    (["--skip", "0.3,,0.5"], "--skip '0.3,,0.5': an empty item"),
+    (["--skip", "0.3,0.5,0.3"], "--skip '0.3,0.5,0.3': 0.3 given twice"),
+    (["--prompts", "1,,2"], "--prompts '1,,2': an empty item"),
+    (["--guidance", "nan"], "--guidance nan: expected a finite CFG scale >= 0"),
+    (["--guidance", "inf"], "--guidance inf: expected a finite CFG scale >= 0"),
+    (["--guidance", "-2"], "--guidance -2.0: expected a finite CFG scale >= 0"),
+    (["--steps", "100000"], "--steps 100000: expected 1..1000"),
     (["--steps", "6"], "made for 50 steps, expected 6"),
-    (["--seeds", "100"], "were profiled; expected held-out seeds"),
+    (["--seeds", "100"], "--seeds 100: seeds [100] were profiled"),
+    (["--seeds", "99-101"], "--seeds 99-101: seeds [100, 101] were profiled"),
     (["--profile", "nowhere.npz"], "nowhere.npz: no such file"),
+    # a given --profile is checked even when no policy reads it
+    (["--policy", "uniform", "--profile", "nowhere.npz"], "--profile nowhere.npz: no such file"),
+    (["--policy", "uniform,pab", "--profile", "text.npz"],
+     "--profile text.npz: not a profile written by coda profile"),
+    (["--policy", "uniform", "--profile", "half.npz"],
+     "--profile half.npz: not a profile written by coda profile"),
+    # the search's bound, for every skip, before any annealing
+    (["--policy", "coda", "--skip", "0.5,0.97"], "--skip 0.97: 1940 reused of 2000 executions, "
+                                                 "expected 1..1920 reused"),
 ])
-def test_coda_eval_refuses_bad_input(tmp_path, capsys, argv, message):
+def test_coda_eval_refuses_bad_input(tmp_path, capsys, monkeypatch, argv, message):
+    from coda.host.search import SHIPPED_PROFILE
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.npz").write_text("not a profile\n")
+    data = SHIPPED_PROFILE.read_bytes()
+    (tmp_path / "half.npz").write_bytes(data[:len(data) // 2])
     out = tmp_path / "e"
     assert main(["eval", "--out", str(out), *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("coda: error:") and message in err and not out.exists()
+    assert err.startswith("coda: error:") and message in err and not out.exists(), err
+    assert err.count("\n") == 1
+
+
+def test_coda_eval_refuses_seeds_of_a_given_profile_even_for_uniform(tmp_path, capsys,
+                                                                     profile_3):
+    out = tmp_path / "e"
+    assert main(["eval", "--policy", "uniform", "--seeds", "76-77", "--steps", "3",
+                 "--profile", str(profile_3), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--seeds 76-77: seeds [77] were profiled" in err and "has seeds [77]" in err
+    assert main(["eval", "--policy", "uniform", "--seeds", "5", "--steps", "4",
+                 "--profile", str(profile_3), "--out", str(out)]) == 2
+    assert "made for 3 steps, expected 4" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_coda_eval_at_the_largest_skip(tmp_path, profile_3):
+    """3 steps, cooldown 1: only step 1 can reuse, a third of the executions; the coda
+    schedule at that bound is every operator of step 1."""
+    out = tmp_path / "e"
+    assert main(["eval", "--policy", "coda", "--skip", str(1 / 3), "--prompts", "3",
+                 "--seeds", "5", "--steps", "3", "--profile", str(profile_3), "--moves", "100",
+                 "--out", str(out)]) == 0
+    rows = json.loads((out / "pareto.json").read_text())
+    assert rows[0]["ops_skipped_fraction"] == pytest.approx(1 / 3)

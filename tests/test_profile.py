@@ -128,9 +128,72 @@ def test_save_load_check_and_heatmap(tiny_profile, tmp_path):
 
 def test_parse_int_list():
     assert parse_int_list("0-3,7", "--p", 0, 9) == [0, 1, 2, 3, 7]
-    for bad in ("", "a", "3-1", "10", "1,1"):
+    assert parse_int_list(" 4 , 1-2", "--p", 0, 9) == [4, 1, 2]
+    for bad in ("", "a", "3-1", "10", "1,1", "1,,2", ",1", "1,", " , ", "0-3,2", "-1"):
         with pytest.raises(ValueError, match="--p"):
             parse_int_list(bad, "--p", 0, 9)
+    with pytest.raises(ValueError, match="an empty item"):
+        parse_int_list("1,,2", "--p", 0, 9)
+    with pytest.raises(ValueError, match="2 given twice"):
+        parse_int_list("0-3,2", "--p", 0, 9)
+
+
+def test_parse_list_is_the_same_rule_for_names_and_numbers():
+    from coda.host.policies import parse_list
+    assert parse_list("uniform, coda", "--policy", choices=("uniform", "coda")) == \
+        ["uniform", "coda"]
+    assert parse_list("0.3,0.5", "--skip", float) == [0.3, 0.5]
+    for text, message in (("uniform,,coda", "an empty item"), ("uniform,uniform", "given twice"),
+                          ("", "empty"), ("fora", "'fora': unknown value")):
+        with pytest.raises(ValueError, match=message):
+            parse_list(text, "--policy", choices=("uniform", "coda"))
+    for text, message in (("0.3,,0.5", "an empty item"), ("0.3,0.30", "0.3 given twice"),
+                          ("x", "'x' is not a float")):
+        with pytest.raises(ValueError, match=message):
+            parse_list(text, "--skip", float)
+
+
+def test_profile_load_refuses_truncated_text_and_non_finite_files(tiny_profile, tmp_path):
+    _, prof = tiny_profile
+    good = prof.save(tmp_path / "good")
+    data = good.read_bytes()
+    (tmp_path / "half.npz").write_bytes(data[:len(data) // 2])      # cut short
+    (tmp_path / "text.npz").write_text("hello\n")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    flipped = bytearray(data)
+    flipped[len(data) // 3:len(data) // 3 + 64] = bytes(64)          # corrupt inside a member
+    (tmp_path / "corrupt.npz").write_bytes(bytes(flipped))
+    for name in ("half.npz", "text.npz", "empty.npz", "corrupt.npz"):
+        with pytest.raises(ValueError, match=f"--profile {tmp_path / name}: not a profile "
+                                             "written by coda profile"):
+            Profile.load(tmp_path / name)
+    bad = copy.deepcopy(prof)
+    bad.out_abs[1, 0, 1, 0, 3] = np.nan            # magnitudes are finite at every step
+    bad.save(tmp_path / "nan")
+    with pytest.raises(ValueError, match=r"profile.npz: 1 values of out_abs are not finite and "
+                                         r">= 0 \(the first, nan, at video 1, step 0, uncond, "
+                                         r"layer 0, temporal_attn\)"):
+        Profile.load(tmp_path / "nan" / "profile.npz")
+    bad = copy.deepcopy(prof)
+    bad.out_change[0, 2] = np.inf
+    bad.save(tmp_path / "inf")
+    with pytest.raises(ValueError, match="values of out_change are not finite"):
+        Profile.load(tmp_path / "inf" / "profile.npz", flag="--x")
+    bad = copy.deepcopy(prof)
+    bad.sensitivity = np.full(STEPS, np.nan)
+    bad.save(tmp_path / "sens")
+    with pytest.raises(ValueError, match="4 of its 4 step-sensitivity values are not finite"):
+        Profile.load(tmp_path / "sens" / "profile.npz")
+    # NaN at step 0 of the changes is the format (no previous step)
+    assert np.isnan(Profile.load(good).out_change[:, 0]).all()
+
+
+def test_sensitivity_defaults_follow_the_run():
+    from coda.host.profile import _sensitivity_plan
+    assert _sensitivity_plan(None, None, 50, 20) == (10, 4)       # the shipped profile's
+    assert _sensitivity_plan(None, None, 4, 1) == (2, 1)          # short run: 2-step blocks
+    assert _sensitivity_plan(None, None, 3, 2) == (1, 2)
+    assert _sensitivity_plan(0, None, 2, 1) == (0, 1)
 
 
 def test_coda_profile_on_the_shipped_model(tmp_path, capsys):
@@ -139,19 +202,41 @@ def test_coda_profile_on_the_shipped_model(tmp_path, capsys):
                  "--out", str(out)]) == 0
     prof = Profile.load(out / "profile.npz")
     assert prof.out_change.shape == (1, 3, 2, 4, 5) and (out / "heatmap.png").exists()
-    assert "most stable first" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "most stable first" in printed
+    # 3 steps: by default one 3-step block (a computed step, then a reuse), the one video
+    assert "step sensitivity: 1 blocks x 1 videos" in printed
+    assert prof.sensitivity is not None and np.all(np.isfinite(prof.sensitivity))
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompts", "12"], "--prompts '12'"),
-    (["--steps", "1"], "--steps 1: expected >= 2"),
+    (["--prompts", "1,,2"], "--prompts '1,,2': an empty item"),
+    (["--seeds", "100,100"], "--seeds '100,100': 100 given twice"),
+    (["--steps", "1"], "--steps 1: expected 2..1000"),
+    (["--steps", "100000"], "--steps 100000: expected 2..1000"),
     (["--seeds", "x"], "--seeds 'x'"),
+    (["--guidance", "nan"], "--guidance nan: expected a finite CFG scale >= 0"),
+    (["--guidance", "inf"], "--guidance inf: expected a finite CFG scale >= 0"),
+    (["--guidance", "-1"], "--guidance -1.0: expected a finite CFG scale >= 0"),
+    (["--steps", "2", "--sensitivity-blocks", "5"],
+     "--sensitivity-blocks 5: expected 0..1 with --steps 2 (each block needs 2 steps"),
+    (["--steps", "4", "--sensitivity-blocks", "3"], "--sensitivity-blocks 3: expected 0..2"),
+    (["--sensitivity-blocks", "-1"], "--sensitivity-blocks -1: expected 0..25"),
+    (["--prompts", "1", "--sensitivity-videos", "100"],
+     "--sensitivity-videos 100: expected 1..1, the videos profiled"),
+    (["--prompts", "1-3", "--seeds", "5-6", "--sensitivity-videos", "7"],
+     "--sensitivity-videos 7: expected 1..6"),
+    (["--sensitivity-videos", "0"], "--sensitivity-videos 0: expected 1..10"),
+    (["--sensitivity-blocks", "0", "--sensitivity-videos", "2"],
+     "--sensitivity-videos 2: has no effect with --sensitivity-blocks 0"),
 ])
 def test_coda_profile_refuses_bad_input(tmp_path, capsys, argv, message):
     out = tmp_path / "p"
     assert main(["profile", "--out", str(out), *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("coda: error:") and message in err and not out.exists()
+    assert err.startswith("coda: error:") and message in err and not out.exists(), err
+    assert err.count("\n") == 1
 
 
 def test_step_sensitivity_is_measured_per_block_and_saved(tiny_profile, tmp_path):

@@ -62,8 +62,35 @@ def test_anneal_cooldown_and_its_limits():
     assert not m[-3:].any() and not m[0].any() and m.sum() == round(0.3 * m.size)
     with pytest.raises(ValueError, match="--skip 0.95"):
         anneal(prof, 0.95, cooldown=2)          # more than steps 1..9 can hold
-    with pytest.raises(ValueError, match="cooldown=11"):
+    with pytest.raises(ValueError, match="--cooldown 11: expected 0..10"):
         anneal(prof, 0.3, cooldown=11)
+
+
+def test_the_skip_bound_counts_step_0_and_the_cooldown():
+    from coda.host.search import check_skip, reusable_executions
+    prof = synthetic_profile(steps=6, layers=4)          # 240 executions, 40 per step
+    assert reusable_executions(6, 4, cooldown=1) == 160     # steps 1..4
+    assert reusable_executions(6, 4, cooldown=0) == 200
+    with pytest.raises(ValueError, match=r"--skip 0.8: 192 reused of 240 executions, expected "
+                                         r"1..160 reused, a --skip of 0.00417..0.6667 \(step 0 "
+                                         r"and the last 1 step \(--cooldown 1\)"):
+        anneal(prof, 0.8)
+    assert check_skip(0.8, 6, 4, cooldown=0) == 192
+    with pytest.raises(ValueError, match="0 reused of 240 executions, expected 1..160"):
+        check_skip(0.001, 6, 4)                  # rounds to no reuse at all
+    with pytest.raises(ValueError, match="--skip nan: expected a fraction"):
+        check_skip(float("nan"), 6, 4)
+
+
+@pytest.mark.parametrize("steps, skip, cooldown", [(12, 10 / 12, 1), (4, 0.5, 1), (6, 5 / 6, 0)])
+def test_anneal_at_the_largest_skip(steps, skip, cooldown):
+    """At the bound every reusable execution is reused: nothing is left to swap, the
+    schedule is determined (no annealing moves), it is not an error."""
+    prof = synthetic_profile(steps=steps)
+    res = anneal(prof, skip, moves=500, cooldown=cooldown)
+    m = schedule_to_matrix(res.schedule)
+    assert not m[0].any() and m[1:steps - cooldown].all()
+    assert not m[steps - cooldown:].any() and res.moves == 0
 
 
 def test_anneal_is_deterministic_per_seed():
@@ -153,20 +180,52 @@ def test_coda_schedule_search_command(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--skip", "1.0"], "--skip 1.0: expected a fraction in (0, 1)"),
     (["--skip", "0"], "--skip 0.0: expected a fraction in (0, 1)"),
+    (["--skip", "nan"], "--skip nan: expected a fraction in (0, 1)"),
     (["--profile", "missing.npz"], "missing.npz: no such file"),
     (["--profile", "bad.npz"], "not a profile written by coda profile"),
+    (["--profile", "half.npz"], "--profile half.npz: not a profile written by coda profile"),
+    (["--profile", "nan/profile.npz"], "--profile nan/profile.npz: 1 values of out_change are "
+                                       "not finite"),
+    # checked before the profile is read
+    (["--seed", "-1", "--profile", "missing.npz"], "--seed -1: expected an integer 0..2147483647"),
+    (["--seed", "2147483648"], "--seed 2147483648: expected an integer 0..2147483647"),
+    (["--w-transfer", "nan", "--profile", "missing.npz"], "--w-transfer nan: expected a finite "
+                                                          "weight >= 0"),
+    (["--w-mismatch", "inf"], "--w-mismatch inf: expected a finite weight >= 0"),
+    (["--w-transfer", "-1"], "--w-transfer -1.0: expected a finite weight >= 0"),
+    (["--cooldown", "-1", "--profile", "missing.npz"], "--cooldown -1: expected >= 0"),
+    (["--cooldown", "11"], "--cooldown 11: expected 0..10 steps for a profile of 12 steps"),
+    (["--skip", "0.9"], "--skip 0.9: 216 reused of 240 executions, expected 1..200 reused, a "
+                        "--skip of 0.00417..0.8333"),
+    (["--skip", "0.8", "--cooldown", "3"], "expected 1..160 reused, a --skip of 0.00417..0.6667 "
+                                           "(step 0 and the last 3 steps (--cooldown 3)"),
 ])
 def test_coda_schedule_search_refuses_bad_input(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
-    synthetic_profile().save(tmp_path)
+    prof = synthetic_profile()
+    data = prof.save(tmp_path).read_bytes()
+    (tmp_path / "half.npz").write_bytes(data[:len(data) // 2])
+    prof.out_change[1, 4, 0, 1, 2] = np.nan          # e.g. a profile made with --guidance nan
+    prof.save(tmp_path / "nan")
     (tmp_path / "bad.npz").write_text("garbage")
     base = {"--profile": "profile.npz", "--skip": "0.5", "--out": "s.json"}
     base.update(dict(zip(argv[::2], argv[1::2])))
     args = [x for kv in base.items() for x in kv]
     assert main(["schedule", "search", *args]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("coda: error:") and message in err
+    assert err.startswith("coda: error:") and message in err, err
+    assert err.count("\n") == 1                   # one line: no warnings, no traceback
     assert not (tmp_path / "s.json").exists()
+
+
+def test_coda_schedule_search_at_the_largest_skip(tmp_path):
+    """--skip at the bound (step 0 and the cooldown computed, everything else reused)."""
+    synthetic_profile().save(tmp_path)
+    out = tmp_path / "s.json"
+    assert main(["schedule", "search", "--profile", str(tmp_path / "profile.npz"), "--skip",
+                 str(10 / 12), "--out", str(out), "--moves", "100"]) == 0
+    sched = load_schedule(out, num_steps=12, num_layers=2)
+    assert sched.ops_skipped_fraction() == pytest.approx(10 / 12)
 
 
 def test_load_schedule_refuses_unreadable_files(tmp_path):

@@ -13,9 +13,17 @@
 Every policy is a :class:`coda.host.policies.base.CachePolicy` (decide before each operator,
 observe the events after it, reset between generations); :func:`as_policy` turns what a user
 passes to the engine into one; :func:`get_policy` makes one by name (:data:`POLICIES`).
+
+The commands that pick and calibrate policies (``coda run``, ``coda profile``, ``coda schedule
+search``, ``coda eval``) share one reading of their values, here: :func:`parse_int_list`,
+:func:`parse_list` (one rule for lists: no empty item, no duplicate), :func:`check_steps`,
+:func:`check_guidance`, :func:`check_seed`, :func:`check_weight`. Each raises ValueError
+naming the flag, the value and what was expected.
 """
 
 from __future__ import annotations
+
+import math
 
 from coda.host.schedule import OP_TYPES, Schedule
 
@@ -24,7 +32,9 @@ from .static import SchedulePolicy, StaticPolicy
 from .uniform import UniformIntervalPolicy
 
 __all__ = ["CachePolicy", "Decision", "OpQuery", "COMPUTE", "StaticPolicy", "SchedulePolicy",
-           "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip"]
+           "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip",
+           "parse_int_list", "parse_list", "check_steps", "max_steps", "check_guidance",
+           "check_seed", "check_weight", "MAX_SEED"]
 
 
 def as_policy(policy) -> CachePolicy:
@@ -159,3 +169,126 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
         policy = DRAPolicy(policy, input_change_limits(prof, p.get("quantile", 1.0)),
                            margin=p.get("margin", 1.0), window=p.get("window", 2))
     return policy
+
+
+# ---------------------------------------------------------------- command-line values
+#: the largest noise / annealing seed the commands take (seeds are 0..MAX_SEED)
+MAX_SEED = 2**31 - 1
+
+
+def _items(text, flag: str, expected: str) -> list[str]:
+    """The comma-separated items of ``text``, stripped; an empty item (``1,,2``, a leading or
+    trailing comma, an empty list) is refused."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise ValueError(f"{flag} {text!r}: empty, expected {expected}")
+    if not all(parts):
+        raise ValueError(f"{flag} {text!r}: an empty item, expected {expected}")
+    return parts
+
+
+def _no_duplicates(values: list, text, flag: str, expected: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise ValueError(f"{flag} {text!r}: {v!r} given twice, expected {expected}")
+        seen.add(v)
+
+
+def parse_int_list(text, flag: str, lo: int, hi: int) -> list[int]:
+    """``"0-9"``, ``"1,4,9"`` or ``"0-2,7"`` -> a list of ints in ``lo..hi``, order kept.
+    Empty items and duplicates (also through overlapping ranges) are refused.
+
+    Raises ValueError naming ``flag``."""
+    expected = (f"distinct integers {lo}..{hi} as a comma-separated list or ranges, such as "
+                "0-9 or 1,4,9")
+    out: list[int] = []
+    for part in _items(text, flag, expected):
+        try:
+            if "-" in part[1:]:
+                a, b = (part.split("-", 1) if not part.startswith("-") else (part, ""))
+                a, b = int(a), int(b)
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {part!r} is not an integer or a range a-b "
+                             f"(a <= b), expected {expected}") from None
+    bad = [v for v in out if not lo <= v <= hi]
+    if bad:
+        raise ValueError(f"{flag} {text!r}: {bad[0]} is out of range, expected {expected}")
+    _no_duplicates(out, text, flag, expected)
+    return out
+
+
+def parse_list(text, flag: str, kind=str, *, choices=None, expected: str | None = None) -> list:
+    """A comma-separated list of ``kind`` values (``str``: names, ``float``: numbers), order
+    kept; empty items and duplicates are refused, and with ``choices`` any other name.
+
+    Raises ValueError naming ``flag``."""
+    expected = expected or (f"a comma-separated list of {', '.join(choices)}" if choices
+                            else "a comma-separated list")
+    out = []
+    for part in _items(text, flag, expected):
+        try:
+            value = kind(part)
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {part!r} is not a {kind.__name__}, expected "
+                             f"{expected}") from None
+        if choices is not None and value not in choices:
+            raise ValueError(f"{flag} {value!r}: unknown value, expected {expected}")
+        out.append(value)
+    _no_duplicates(out, text, flag, expected)
+    return out
+
+
+def max_steps(config: dict | None = None) -> int:
+    """The most DDIM steps a run can take: the noise schedule's ``num_train_timesteps``
+    (``config["scheduler"]``, default: the shipped model's configuration file)."""
+    if config is None:
+        import json
+
+        from coda.host.model.dit import CONFIG_FILE
+        config = json.loads(CONFIG_FILE.read_text())
+    return int(config["scheduler"]["num_train_timesteps"])
+
+
+def check_steps(steps: int, flag: str = "--steps", *, lo: int = 1,
+                config: dict | None = None) -> int:
+    """``steps`` in ``lo..max_steps(config)`` (DDIM cannot take more steps than the model
+    was trained with timesteps). Raises ValueError naming ``flag``."""
+    hi = max_steps(config)
+    if not lo <= steps <= hi:
+        raise ValueError(f"{flag} {steps}: expected {lo}..{hi} (at least {lo}; at most the "
+                         f"model's {hi} training timesteps, num_train_timesteps of its "
+                         "noise schedule)")
+    return steps
+
+
+def check_guidance(value: float, flag: str = "--guidance") -> float:
+    """A CFG scale: finite and >= 0 (0: the unconditional branch alone, 1: the conditional
+    one; a negative scale would push the video away from its prompt). Raises ValueError."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{flag} {value}: expected a finite CFG scale >= 0 (0 = unconditional "
+                         "only, 1 = conditional only, > 1 = classifier-free guidance)")
+    return value
+
+
+def check_seed(value: int, flag: str = "--seed", count: int = 1) -> int:
+    """A seed in ``0..MAX_SEED``; with ``count`` > 1 the run uses ``value .. value + count -
+    1``, all in range. Raises ValueError naming ``flag``."""
+    hi = MAX_SEED - (count - 1)
+    if not 0 <= value <= hi:
+        extra = (f" (the run's {count} videos take seeds {flag} .. {flag} + {count - 1}, "
+                 f"each <= {MAX_SEED})" if count > 1 else "")
+        raise ValueError(f"{flag} {value}: expected an integer 0..{hi}{extra}")
+    return value
+
+
+def check_weight(value: float, flag: str) -> float:
+    """A cost weight: finite and >= 0. Raises ValueError naming ``flag``."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{flag} {value}: expected a finite weight >= 0")
+    return value
