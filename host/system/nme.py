@@ -14,10 +14,12 @@ the host waiting for the slowest rank. Per launch:
 - ``cycles_dram``: the words the program moves on one rank (every memory read micro-op and
   the store read or write the whole stream; a per-channel gate vector is re-read for every
   token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
-  cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for long
-  compiled segment programs of that many terms
-  (:func:`coda.host.system.platforms.segment_utilisation`: 86-87 % for DDR5-4800 at 8
-  lanes, depth 256);
+  cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for
+  compiled segment programs of that many terms and that tile length
+  (:func:`coda.host.system.platforms.segment_utilisation`: long streams, 86-87 % for
+  DDR5-4800 at 8 lanes, depth 256; the shipped model's 3,072-word tiles over placements as a
+  generation makes them, 85-87 %; ``1/utilisation`` interpolated linearly in ``1/words``
+  between the two);
 - the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
 
 Why max: the NME's issue side runs ahead of execution, so lanes and DRAM overlap. A
@@ -28,6 +30,12 @@ DRAM-bound and take ``cycles_dram``. The utilisation is the one measured for tha
 depth (for 1-4 lanes it already includes the lanes' own stalls: 0.614 at 4 lanes against
 0.884 at 8), so a configuration without a measurement is refused, never guessed.
 
+What the model cannot see: the cosimulation's cycles of one segment also depend on where
+its slots lie in rank memory (row conflicts between the streams) and on the refresh phase
+(simulated time carries over from launch to launch). Identical segments of a real
+generation (same K, shape and program) differ by up to 20 % at depth 64 and 4-5 % at depth
+256; the model gives their mean (``python -m coda.host.system.validate --check-nmp``).
+
 Where a rank tile exceeds the ISA's limits (``max_elems`` = 2^24 - 1 elements per
 program, 2^24 words of address space), it runs as several programs of whole rows
 (``row_chunks``), each timed the same way: the paper-scale models need that; the shipped
@@ -37,6 +45,7 @@ model never does.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -114,6 +123,18 @@ def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k:
     return cycles, words, rows * channels
 
 
+def _arity(fn) -> int:
+    """Positional parameters ``fn`` takes (2 for ``f(k, words)``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+               for p in params)
+
+
 def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: int,
                    depth: int, fmt: str = "bf16", clock_hz: float | None = None,
                    rank_peak_bytes_per_cycle: float | None = None,
@@ -128,7 +149,8 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         lanes, depth, fmt: the NME configuration.
         clock_hz: NME clock (Hz) for ``seconds``; None: seconds = 0 (cycles only).
         rank_peak_bytes_per_cycle, dram_util: one rank's peak DRAM bytes per NME cycle and
-            the measured utilisation (a number, or a function of a launch's terms, e.g.
+            the measured utilisation (a number, or a function of a launch's terms and
+            words per stream and rank, ``f(k, words)``, or of its terms only, ``f(k)``, e.g.
             :func:`coda.host.system.platforms.segment_utilisation`); None: ideal memory
             (``cycles = cycles_ideal``).
         mem_latency: memory latency of the ideal-memory cycle model.
@@ -148,6 +170,10 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         return SegmentTiming(*(sum(getattr(p, f) for p in parts)
                                for f in SegmentTiming.__dataclass_fields__))
     rows = -(-int(tokens) // int(n_ranks))            # the slowest rank's tile
+    util_of = None
+    if callable(dram_util):
+        util_of = dram_util if _arity(dram_util) >= 2 else (lambda kk, w: dram_util(kk))
+    stream_words = -(-rows * int(channels) // lanes)
     total = ideal = dram = programs = 0
     rank_bytes = 0
     for i in range(0, k, MAX_SEGMENT_TERMS):
@@ -157,7 +183,7 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         if rank_peak_bytes_per_cycle is None:
             cd = 0
         else:
-            util = dram_util(kk) if callable(dram_util) else dram_util
+            util = util_of(kk, stream_words) if util_of else dram_util
             cd = math.ceil(nbytes / (rank_peak_bytes_per_cycle * util))
         ideal += cyc
         dram += cd

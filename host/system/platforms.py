@@ -27,7 +27,7 @@ from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS
 
 __all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
-           "SEGMENT_UTIL", "segment_utilisation",
+           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
            "nmp_efficiency"]
 
@@ -215,20 +215,66 @@ SEGMENT_UTIL: dict[tuple[str, int, int], dict[int, float]] = {
 }
 
 
-def segment_utilisation(standard: str, lanes: int, depth: int, k: int) -> float:
-    """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
-    k, linear interpolation). Without a segment measurement for the lanes x depth, the
-    4-stream segment's of the lanes sweep (:func:`nmp_efficiency`). Raises ValueError when
-    the project has neither."""
-    table = SEGMENT_UTIL.get((get_standard(standard).name, lanes, depth))
-    if table is None:
-        return nmp_efficiency(standard, lanes, depth, 4)
+#: words per stream and rank of the SEGMENT_UTIL measurements (256 tokens x 512 channels, 8 lanes)
+SEGMENT_UTIL_WORDS = 256 * 512 // 8
+
+#: The same for the shipped model's short tiles, as a generation places them: K-term segments
+#: of [512, 96] on a 1 x 2 DIMM-NMP (256 rows x 96 channels = 3,072 words per stream and
+#: rank), K random slots of 32 stored one after the other, 16 draws per K, refresh phase and
+#: open rows carried over from job to job; utilisation of the mean cycles. Per (standard,
+#: lanes, depth): (words per stream, {K: utilisation}). Measured here:
+#: ``python -m coda.host.system.validate --measure-nmp`` ->
+#: :func:`coda.host.system.validate.measure_tile_utilisation` (``build/system/tile_util.json``,
+#: which also holds each K's min/max cycles over the draws).
+SEGMENT_UTIL_TILE: dict[tuple[str, int, int], tuple[int, dict[int, float]]] = {
+    ("DDR5-4800", 8, 64): (3072, {
+        1: 0.7484, 2: 0.7337, 3: 0.702, 4: 0.7194, 6: 0.7055, 8: 0.7053}),
+    ("DDR5-4800", 8, 256): (3072, {
+        1: 0.8723, 2: 0.8636, 3: 0.8533, 4: 0.861, 6: 0.855, 8: 0.8561}),
+    ("DDR4-3200", 8, 64): (3072, {
+        1: 0.6415, 2: 0.6408, 3: 0.6213, 4: 0.6412, 6: 0.6284, 8: 0.6238}),
+    ("DDR4-3200", 8, 256): (3072, {
+        1: 0.8476, 2: 0.8451, 3: 0.8369, 4: 0.8463, 6: 0.8408, 8: 0.8396}),
+}
+
+
+def _interp_k(table: dict[int, float], k: int) -> float:
     k = max(1, min(int(k), max(table)))
     if k in table:
         return table[k]
     lo = max(x for x in table if x < k)
     hi = min(x for x in table if x > k)
     return table[lo] + (table[hi] - table[lo]) * (k - lo) / (hi - lo)
+
+
+def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
+                        words: int | None = None) -> float:
+    """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
+    k, linear interpolation) streaming ``words`` words per stream and rank (None: long
+    streams).
+
+    Two measured tile lengths: the long streams of :data:`SEGMENT_UTIL`
+    (:data:`SEGMENT_UTIL_WORDS` words) and the shipped model's tiles of
+    :data:`SEGMENT_UTIL_TILE` (3,072 words). A launch costs a fixed part (program start,
+    pipeline fill and drain, the first rows' activations) plus a part per word, so
+    ``1 / utilisation`` is linear in ``1 / words``: it is interpolated so between the two,
+    and each measurement is used as is beyond it. Without a segment measurement for the
+    lanes x depth, the 4-stream segment's of the lanes sweep (:func:`nmp_efficiency`).
+    Raises ValueError when the project has neither."""
+    name = get_standard(standard).name
+    table = SEGMENT_UTIL.get((name, lanes, depth))
+    if table is None:
+        return nmp_efficiency(standard, lanes, depth, 4)
+    long_u = _interp_k(table, k)
+    tile = SEGMENT_UTIL_TILE.get((name, lanes, depth))
+    if words is None or tile is None or words >= SEGMENT_UTIL_WORDS:
+        return long_u
+    w_s, tab_s = tile
+    short_u = _interp_k(tab_s, k)
+    if words <= w_s:
+        return short_u
+    f = (1 / words - 1 / SEGMENT_UTIL_WORDS) / (1 / w_s - 1 / SEGMENT_UTIL_WORDS)
+    return 1 / (1 / long_u + f * (1 / short_u - 1 / long_u))
 
 
 def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float:

@@ -229,8 +229,8 @@ class _Replay:
             t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
                                depth=p.depth, clock_hz=p.nme_clock_hz,
                                rank_peak_bytes_per_cycle=p.dram.burst_bytes / p.dram.nBL,
-                               dram_util=lambda kk: segment_utilisation(
-                                   p.dram.name, p.lanes, p.depth, kk),
+                               dram_util=lambda kk, w: segment_utilisation(
+                                   p.dram.name, p.lanes, p.depth, kk, w),
                                stream_tokens=tuple(streams))
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":

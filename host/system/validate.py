@@ -17,9 +17,18 @@ With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth,
 3. the DRAM utilisation of compiled K-term segment programs on one DRAM-timed DIMM-NMP rank
    (256 tokens x 512 channels, 256 KiB per stream), the table
    :data:`coda.host.system.platforms.SEGMENT_UTIL` (``segment_util.json``);
-4. the NME time of segments of the shipped model's shape ([512, 96], 1 DIMM x 2 ranks of
-   DDR5-4800, K = 1, 2, 4, 8) as the DRAM-timed DIMM-NMP cosimulation measures it against
-   :func:`coda.host.system.nme.segment_timing` (``dram_check.json``).
+4. the same for the shipped model's tiles ([512, 96] on 1 DIMM x 2 ranks, 3,072 words per
+   stream and rank) over random slot placements, DDR5-4800 / DDR4-3200 x depth 64 / 256,
+   the table :data:`coda.host.system.platforms.SEGMENT_UTIL_TILE` (``tile_util.json``);
+5. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
+   the DRAM-timed DIMM-NMP cosimulation measures it against
+   :func:`coda.host.system.nme.segment_timing` (``dram_check.json``);
+
+and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
+
+6. :func:`run_check`: a short real cached generation of the shipped model (6 steps, PAB,
+   one prompt) with every segment on the 1 x 2 DRAM-timed DIMM-NMP, each SegmentEvent's
+   cycles against the model, DDR5-4800 / DDR4-3200 x depth 64 / 256 (``run_check.json``).
 """
 
 from __future__ import annotations
@@ -29,8 +38,8 @@ import json
 import time
 from pathlib import Path
 
-__all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation", "dram_check",
-           "main"]
+__all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation",
+           "measure_tile_utilisation", "dram_check", "run_check", "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
 PUBLISHED = [
@@ -167,6 +176,129 @@ def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
             "channels": channels, "utilisation": rows}
 
 
+def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
+                             tokens: int = 512, channels: int = 96, slots: int = 32,
+                             draws: int = 16, lanes: int = 8, seed: int = 0) -> dict:
+    """DRAM utilisation of K-term segments of the shipped model's tile on a 1 x 2 DRAM-timed
+    DIMM-NMP (the machine ``coda run --dram`` uses), over cache placements as a generation
+    makes them: ``slots`` cache slots of ``[tokens, channels]`` are stored one after the
+    other, then every K draws ``draws`` random ordered sets of K of them (fresh random x and
+    gates; the DRAM's refresh phase and open rows carry over from job to job, as in a run).
+    ``utilisation[K]`` = bytes one rank's programs stream / (mean cycles x the rank's peak
+    bytes per cycle); ``spread[K]`` = (min, max) cycles."""
+    import random
+
+    import torch
+
+    from coda.host.backend import get_backend
+    from coda.host.driver import NMPDriver
+    from coda.hw.dram_standards import get_standard
+    from coda.hw.isa import NMEConfig
+
+    from .nme import segment_timing
+
+    std = get_standard(dram)
+    backend = get_backend("rtl", dram=std.name, dimms=1, ranks=2)
+    driver = NMPDriver(backend, NMEConfig(lanes=lanes, depth=depth, mem_words=1 << 18), 1, 2)
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    keys = [("tile", i) for i in range(slots)]
+    util, spread, mean = {}, {}, {}
+    try:
+        for key in keys:
+            driver.store(key, torch.randn(tokens, channels, generator=g).to(torch.bfloat16))
+        for k in ks:
+            cyc = []
+            for _ in range(draws):
+                x = torch.randn(tokens, channels, generator=g).to(torch.bfloat16)
+                gates = [torch.randn(channels, generator=g).to(torch.bfloat16)
+                         for _ in range(k)]
+                before = driver.stats["nme_cycles"]
+                driver.segment(x, gates, rng.sample(keys, k))
+                cyc.append(driver.stats["nme_cycles"] - before)
+            m = segment_timing(tokens, channels, k, n_ranks=2, lanes=lanes, depth=depth)
+            mean[k] = sum(cyc) / len(cyc)
+            util[k] = round(m.rank_dram_bytes / (mean[k] * std.burst_bytes / std.nBL), 4)
+            spread[k] = (min(cyc), max(cyc))
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+    rows = -(-tokens // 2)
+    return {"dram": std.name, "lanes": lanes, "depth": depth, "tokens": tokens,
+            "channels": channels, "ranks": 2, "words_per_stream": -(-rows * channels // lanes),
+            "slots": slots, "draws": draws, "utilisation": util, "mean_cycles": mean,
+            "spread_cycles": spread}
+
+
+def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
+              prompts=(5,), lanes: int = 8, dimms: int = 1, ranks: int = 2,
+              policy: str = "pab") -> dict:
+    """A short cached generation of the shipped model with every segment on the DRAM-timed
+    DIMM-NMP (as ``coda run --dram``): each SegmentEvent's measured ``nme_cycles`` against
+    :func:`coda.host.system.nme.segment_timing` on the same DRAM (per segment, and per K the
+    worst and the mean relative error; ``total_rel_error`` of the summed cycles)."""
+    import torch
+
+    from coda.host.backend import get_backend
+    from coda.host.driver import NMPDriver
+    from coda.host.events import EventLog, SegmentEvent
+    from coda.host.model.dit import load_model
+    from coda.host.model.sample import cache_mem_words, cached_generate
+    from coda.host.policies import get_policy
+    from coda.hw.dram_standards import get_standard
+    from coda.hw.isa import NMEConfig
+
+    from .nme import segment_timing
+    from .platforms import segment_utilisation
+
+    std = get_standard(dram)
+    model, _ = load_model()
+    layers = len(model.transformer.transformer_blocks)
+    if policy == "pab":
+        pol = get_policy("pab", skip=0.5, profile=None, num_steps=steps, num_layers=layers)
+    else:
+        pol = get_policy("uniform", interval=2, warmup=2)
+    backend = get_backend("rtl", dram=std.name, dimms=dimms, ranks=ranks)
+    n = dimms * ranks
+    cfg = NMEConfig(lanes=lanes, depth=depth,
+                    mem_words=cache_mem_words(model, len(prompts), n, lanes))
+    driver = NMPDriver(backend, cfg, dimms=dimms, ranks=ranks)
+    log = EventLog()
+    t0 = time.perf_counter()
+    try:
+        cached_generate(model, torch.tensor(list(prompts)), driver, pol, events=log,
+                        num_steps=steps, guidance_scale=4.0, seed=0, progress=False)
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+    wall = time.perf_counter() - t0
+    segs = []
+    for e in log:
+        if not isinstance(e, SegmentEvent):
+            continue
+        k = len(e.ops)
+        m = segment_timing(e.tokens, e.channels, k, n_ranks=n, lanes=lanes, depth=depth,
+                           rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
+                           dram_util=lambda kk, w: segment_utilisation(std.name, lanes, depth,
+                                                                       kk, w))
+        segs.append({"step": e.step, "branch": e.branch, "k": k, "tokens": e.tokens,
+                     "cosim_cycles": e.nme_cycles, "model_cycles": m.cycles,
+                     "rel_error": m.cycles / e.nme_cycles - 1})
+    per_k = {}
+    for s in segs:
+        per_k.setdefault(s["k"], []).append(s["rel_error"])
+    tot_c = sum(s["cosim_cycles"] for s in segs)
+    tot_m = sum(s["model_cycles"] for s in segs)
+    return {"dram": std.name, "depth": depth, "lanes": lanes, "ranks": n, "steps": steps,
+            "prompts": list(prompts), "policy": policy, "wall_s": round(wall, 1),
+            "segments": len(segs),
+            "max_abs_rel_error": max((abs(s["rel_error"]) for s in segs), default=0.0),
+            "total_rel_error": tot_m / tot_c - 1 if tot_c else 0.0,
+            "per_k": {k: {"n": len(v), "worst": max(v, key=abs), "mean": sum(v) / len(v),
+                          "min": min(v), "max": max(v)} for k, v in sorted(per_k.items())},
+            "segments_detail": segs}
+
+
 def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800") -> list[dict]:
     """Segments of the shipped model's shape on a 1 x 2 DRAM-timed DIMM-NMP: cosimulated
     cycles against the model (cycle model bounded by SEGMENT_UTIL)."""
@@ -188,7 +320,8 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800") -> lis
             m = segment_timing(512, 96, k, n_ranks=2, lanes=8, depth=depth,
                                clock_hz=1e9 / std.tCK_ns,
                                rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
-                               dram_util=lambda kk: segment_utilisation(std.name, 8, depth, kk))
+                               dram_util=lambda kk, w: segment_utilisation(std.name, 8, depth,
+                                                                           kk, w))
             rows.append({"k": k, "depth": depth, "cosim_cycles": cycles,
                          "model_cycles": m.cycles, "ideal_cycles": m.cycles_ideal,
                          "rel_error": round(m.cycles / cycles - 1, 4)})
@@ -204,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-nmp", action="store_true",
                         help="also measure segment DRAM utilisation and check segment times "
                              "on the DRAM-timed DIMM-NMP cosimulation (Verilator, minutes)")
+    parser.add_argument("--check-nmp", action="store_true",
+                        help="only the check of a short real generation (6 steps, PAB, one "
+                             "prompt) on the 1 x 2 DRAM-timed DIMM-NMP against the model, "
+                             "DDR5-4800 / DDR4-3200 x depth 64 / 256 (run_check.json)")
     args = parser.parse_args(argv)
     if args.measure_nmp:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -212,10 +349,28 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "segment_util.json").write_text(json.dumps(util, indent=1) + "\n")
         for u in util:
             print(u["dram"], "depth", u["depth"], u["utilisation"])
+        tile = [measure_tile_utilisation(std, depth)
+                for std in ("DDR5-4800", "DDR4-3200") for depth in (64, 256)]
+        (args.out / "tile_util.json").write_text(json.dumps(tile, indent=1) + "\n")
+        for u in tile:
+            print(u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
+                  u["utilisation"])
         check = dram_check(64) + dram_check(256)
         (args.out / "dram_check.json").write_text(json.dumps(check, indent=1) + "\n")
         for r in check:
             print(r)
+    if args.measure_nmp or args.check_nmp:
+        args.out.mkdir(parents=True, exist_ok=True)
+        runs = [run_check(std, depth) for std in ("DDR5-4800", "DDR4-3200")
+                for depth in (64, 256)]
+        (args.out / "run_check.json").write_text(json.dumps(runs, indent=1) + "\n")
+        print(f"{'DRAM':11} {'depth':>5} {'segs':>4} {'total':>7} {'worst':>7}  per K: worst "
+              "(mean)")
+        for r in runs:
+            ks = "  ".join(f"K={k} {v['worst']:+.1%} ({v['mean']:+.1%})"
+                           for k, v in r["per_k"].items())
+            print(f"{r['dram']:11} {r['depth']:>5} {r['segments']:>4} "
+                  f"{r['total_rel_error']:>+7.1%} {r['max_abs_rel_error']:>7.1%}  {ks}")
     cache = args.out / "shapes"
     rows = validate(shape_cache=cache)
     args.out.mkdir(parents=True, exist_ok=True)
