@@ -370,12 +370,13 @@ def test_a_size_change_between_generations_equals_a_fresh_hook(name):
     assert torch.equal(second, generate(model, arch, (3,), frames=arch.frames[1], size=arch.size[1]))
 
 
-def test_rtl_backend_gives_the_torch_bits_events_and_cycles():
-    """HunyuanVideo (dual- and single-stream blocks, two residual streams) on the Verilated NMEs:
-    the bits, the events (cycles included) of the torch backend."""
+@pytest.mark.parametrize("name", sorted(ARCHS))
+def test_rtl_backend_gives_the_torch_bits_events_and_cycles(name):
+    """Each architecture (HunyuanVideo: dual- and single-stream blocks, two residual streams)
+    on the Verilated NMEs: the bits and the events (cycles included) of the torch backend."""
     from coda.host.backend import get_backend
 
-    arch = ARCHS["hunyuan_video"]
+    arch = ARCHS[name]
     model = build(arch)
     cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # the build tests/test_run.py uses too
     reference = cached(model, NMPDriver(TorchBackend(), cfg, ranks=2), policy_for(arch))
