@@ -9,12 +9,8 @@ them), and :func:`cycle_limit` bounds a job's simulated cycles.
 
 from __future__ import annotations
 
-import secrets
-import socket
-import subprocess
 from pathlib import Path
 
-from coda.cosim.build import CosimRunError, sim_env
 from coda.cosim.nmp_build import TOP_NAME, NMPBuild
 from coda.cosim.rtl_backend import SimSession
 from coda.hw.dram_standards import DRAMStandard
@@ -36,38 +32,13 @@ class NMPSession(SimSession):
 
     def __init__(self, build: NMPBuild, workdir: Path, *, commands: Path | None = None,
                  start_timeout_s: float = 180.0, job_timeout_s: float = 1800.0):
-        self.build = build
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.job_timeout_s = job_timeout_s
-        self.log = self.workdir / "sim.log"
-        self.shadow = None
-        self.jobs, self.seconds = 0, 0.0
-        token = secrets.token_hex(8)
-        listener = socket.create_server(("127.0.0.1", 0))
-        listener.settimeout(0.5)
-        env = sim_env(SERVER_MODULE, extra={
-            "CODA_COSIM_PORT": str(listener.getsockname()[1]), "CODA_COSIM_TOKEN": token,
-            "COCOTB_TOPLEVEL": TOP_NAME,
-            "COCOTB_RESULTS_FILE": str(self.workdir / "results.xml")})
+        self._prepare(build, workdir, job_timeout_s)
         w = self.workdir
         cmd = [str(build.binary), f"+MEM_IN={w / 'mem_in.hex'}", f"+MEM_OUT={w / 'mem_out.hex'}",
                f"+CMD_IN={w / 'cmd_in.hex'}", f"+RES_OUT={w / 'res_out.txt'}"]
         if commands is not None:
             cmd.append(f"+dram_cmds={Path(commands).resolve()}")
-        self._logfh = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, cwd=w, env=env, stdout=self._logfh,
-                                     stderr=subprocess.STDOUT)
-        try:
-            self.sock = self._accept(listener, start_timeout_s)
-        finally:
-            listener.close()
-        self.sock.settimeout(0.5)
-        self._rbuf = b""
-        hello = self._read_line(start_timeout_s)
-        if hello.get("hello") != token:
-            self.kill()
-            raise CosimRunError(f"simulator answered {hello!r}, not the expected hello")
+        self._start(SERVER_MODULE, {"COCOTB_TOPLEVEL": TOP_NAME}, cmd, start_timeout_s)
 
 
 def command_stream(programs: list[Program]) -> list[tuple[int, int]]:

@@ -77,6 +77,12 @@ class SimSession:
 
     def __init__(self, build: SimBuild, workdir: Path, *, start_timeout_s: float = 120.0,
                  job_timeout_s: float = 600.0):
+        self._prepare(build, workdir, job_timeout_s)
+        self._start(SERVER_MODULE, {"CODA_COSIM_LANES": str(build.lanes),
+                                    "CODA_COSIM_MEM_WORDS": str(build.mem_words)},
+                    sim_command(build, self.workdir), start_timeout_s)
+
+    def _prepare(self, build, workdir: Path, job_timeout_s: float) -> None:
         self.build = build
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -86,17 +92,21 @@ class SimSession:
         self.jobs = 0
         self.seconds = 0.0
         self._pending: tuple | None = None   # (words, mem, t0) of a submitted program
+
+    def _start(self, server_module: str, extra_env: dict, command: list[str],
+               start_timeout_s: float) -> None:
+        """Start ``command`` (a simulator running the job server ``server_module``), accept
+        its connection on a fresh loopback port and check its hello token. Raises
+        CosimRunError if it does not connect or answer in ``start_timeout_s``."""
         token = secrets.token_hex(8)
         listener = socket.create_server(("127.0.0.1", 0))
         listener.settimeout(0.5)
-        port = listener.getsockname()[1]
-        env = sim_env(SERVER_MODULE, extra={
-            "CODA_COSIM_PORT": str(port), "CODA_COSIM_TOKEN": token,
-            "CODA_COSIM_LANES": str(build.lanes), "CODA_COSIM_MEM_WORDS": str(build.mem_words),
-            "COCOTB_RESULTS_FILE": str(self.workdir / "results.xml")})
+        env = sim_env(server_module, extra={
+            "CODA_COSIM_PORT": str(listener.getsockname()[1]), "CODA_COSIM_TOKEN": token,
+            "COCOTB_RESULTS_FILE": str(self.workdir / "results.xml"), **extra_env})
         self._logfh = open(self.log, "w")
-        self.proc = subprocess.Popen(sim_command(build, self.workdir), cwd=self.workdir, env=env,
-                                     stdout=self._logfh, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(command, cwd=self.workdir, env=env, stdout=self._logfh,
+                                     stderr=subprocess.STDOUT)
         try:
             self.sock = self._accept(listener, start_timeout_s)
         finally:

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coda.host import ops as nme_ops
 from coda.host.arch import ARCHITECTURES, UnsupportedModelError, get_architecture, model_ops
 from coda.host.backend import TorchBackend
 from coda.host.cache_engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
@@ -27,6 +26,7 @@ from coda.host.events import EventLog
 from coda.host.policies import UniformIntervalPolicy
 from coda.host.schedule import ModelOps, Schedule, ScheduleError, segment_runs
 from coda.hw.isa import NMEConfig
+from reference_driver import TorchSegmentDriver
 
 STEPS = 5
 BRANCHES = ("cond", "uncond")
@@ -165,27 +165,6 @@ def generate(model, arch: Arch, seeds=(0,), *, steps=STEPS, mode="batched", fram
 
 def nmp_driver(mem_words=1 << 15):
     return NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=mem_words), ranks=2)
-
-
-class TorchSegmentDriver:
-    """Reference: slots in a dict, segments by coda.host.ops.segment (plain torch, NME format)."""
-
-    def __init__(self):
-        self.slots = {}
-        self.stats = dict.fromkeys(("bytes_written", "bytes_read", "cmd_bytes", "nme_cycles",
-                                    "programs"), 0)
-
-    def store(self, key, tensor):
-        self.slots[key] = tensor.clone()
-
-    def free(self, key):
-        del self.slots[key]
-
-    def __contains__(self, key):
-        return key in self.slots
-
-    def segment(self, x, gates, keys):
-        return nme_ops.segment(x, torch.stack(gates), torch.stack([self.slots[k] for k in keys]))
 
 
 def policy_for(arch: Arch):

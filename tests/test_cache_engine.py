@@ -15,7 +15,6 @@ import textwrap
 import pytest
 import torch
 
-from coda.host import ops
 from coda.host.backend import TorchBackend
 from coda.host.cache_engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
                                     remove_coda_cache, reset_coda_cache)
@@ -25,6 +24,7 @@ from coda.host.model.sample import generate
 from coda.host.policies import UniformIntervalPolicy
 from coda.host.schedule import OP_TYPES, Schedule, ScheduleError, operator_order, segment_runs
 from coda.hw.isa import NMEConfig
+from reference_driver import TorchSegmentDriver
 
 STEPS = 6
 POLICY = UniformIntervalPolicy(intervals={"cross_attn": 3}, default_interval=2, warmup=1)
@@ -61,27 +61,6 @@ def tiny_model():
 
 def nmp_driver():
     return NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
-
-
-class TorchSegmentDriver:
-    """Reference: slots in a dict, segments by coda.host.ops.segment (plain torch bf16)."""
-
-    def __init__(self):
-        self.slots = {}
-        self.stats = dict.fromkeys(("bytes_written", "bytes_read", "cmd_bytes", "nme_cycles",
-                                    "programs"), 0)
-
-    def store(self, key, tensor):
-        self.slots[key] = tensor.clone()
-
-    def free(self, key):
-        del self.slots[key]
-
-    def __contains__(self, key):
-        return key in self.slots
-
-    def segment(self, x, gates, keys):
-        return ops.segment(x, torch.stack(gates), torch.stack([self.slots[k] for k in keys]))
 
 
 class SpyDriver(NMPDriver):

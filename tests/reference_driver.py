@@ -1,0 +1,28 @@
+"""A reference for the cache engine's tests: cache slots in a dict and segments by the torch
+reference :func:`coda.host.ops.segment` (plain torch in the NME format), with the counters
+the engine reads. Not a test module (no ``test_`` prefix); tests import it by name."""
+
+import torch
+
+from coda.host import ops
+
+
+class TorchSegmentDriver:
+    """Reference: slots in a dict, segments by coda.host.ops.segment (plain torch, NME format)."""
+
+    def __init__(self):
+        self.slots = {}
+        self.stats = dict.fromkeys(("bytes_written", "bytes_read", "cmd_bytes", "nme_cycles",
+                                    "programs"), 0)
+
+    def store(self, key, tensor):
+        self.slots[key] = tensor.clone()
+
+    def free(self, key):
+        del self.slots[key]
+
+    def __contains__(self, key):
+        return key in self.slots
+
+    def segment(self, x, gates, keys):
+        return ops.segment(x, torch.stack(gates), torch.stack([self.slots[k] for k in keys]))
