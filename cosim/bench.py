@@ -199,43 +199,99 @@ def _mem_words(stream_words: int) -> int:
     return 1 << max(10, (4 * stream_words).bit_length())
 
 
+def dse_point(params: dict, workdir: Path | None = None) -> dict:
+    """One point of the design space: a 1 DIMM x 1 rank DIMM-NMP of ``params["dram"]`` with
+    an NME of ``lanes`` lanes and ``depth`` words per stream block (``fmt``), running the
+    residual add and the 4-stream segment of :func:`_segment_programs` over ``stream_bytes``
+    bytes per stream. Returns, per program ``P`` in (residual_add, segment4): ``P.elements``,
+    ``P.cycles`` (NME cycles = DRAM tCK), ``P.cycles_per_element``, ``P.elements_per_cycle``,
+    ``P.utilisation`` (DRAM bytes moved / peak bytes of the cycles) and ``P.gbps`` (GB/s per
+    rank); ``timing``: simulated cycles per wall second and the build's seconds.
+    Raises ValueError for a size the NME cannot take."""
+    n_lanes, depth = int(params["lanes"]), int(params["depth"])
+    if n_lanes < 1 or depth < 1:
+        raise ValueError(f"lanes={n_lanes}, depth={depth}: expected >= 1")
+    words = int(params["stream_bytes"]) // (2 * n_lanes)
+    cfg = NMEConfig(lanes=n_lanes, fmt=params["fmt"], depth=depth, mem_words=_mem_words(words))
+    r = measure_nmp(cfg, params["dram"], 1, 1, stream_words=words)
+    figures, timing = {}, {"build_seconds": r["build_seconds_recorded"]}
+    for prog in PROGRAM_STREAMS:
+        m = r[prog]
+        figures.update({f"{prog}.elements": m["elements_per_rank"], f"{prog}.cycles": m["cycles"],
+                        f"{prog}.cycles_per_element": m["cycles_per_element"],
+                        f"{prog}.elements_per_cycle": round(1 / m["cycles_per_element"], 4),
+                        f"{prog}.utilisation": m["ranks"][0]["utilisation"],
+                        f"{prog}.gbps": m["ranks"][0]["gbps"]})
+        timing[f"{prog}.sim_cycles_per_s"] = m["sim_cycles_per_s"]
+    figures["timing"] = timing
+    return figures
+
+
+def sweep_kind():
+    """The ``bench`` sweep kind (coda.sweep.SweepKind): the DIMM-NMP design space, one
+    :func:`dse_point` per (lanes, depth, fmt, dram, stream_bytes)."""
+    from coda.sweep import Param, SweepKind
+    return SweepKind(
+        name="bench", run=dse_point,
+        description="DIMM-NMP design space: lanes x buffer depth of one rank (make bench)",
+        params=(Param("lanes", int, 8), Param("depth", int, 256), Param("fmt", str, "bf16"),
+                Param("dram", str, "DDR5-4800"), Param("stream_bytes", int, SWEEP_STREAM_BYTES)),
+        headline=("residual_add.cycles_per_element", "residual_add.utilisation",
+                  "segment4.cycles_per_element", "segment4.utilisation", "segment4.gbps"))
+
+
+def dse_rows(records: list[dict]) -> list[dict]:
+    """The finished sweep records of :func:`sweep_kind` as the rows of ``dse.json``: one per
+    (lanes, depth, program) with ``lanes, depth, program, elements, cycles,
+    cycles_per_element, elements_per_cycle, utilisation, gbps, sim_cycles_per_s,
+    build_seconds``."""
+    rows = []
+    for rec in records:
+        if rec["status"] != "ok":
+            continue
+        f, t = rec["figures"], rec.get("timing") or {}
+        for prog in PROGRAM_STREAMS:
+            rows.append({"lanes": rec["params"]["lanes"], "depth": rec["params"]["depth"],
+                         "program": prog,
+                         **{k: f[f"{prog}.{k}"] for k in ("elements", "cycles",
+                                                          "cycles_per_element",
+                                                          "elements_per_cycle",
+                                                          "utilisation", "gbps")},
+                         "sim_cycles_per_s": t.get(f"{prog}.sim_cycles_per_s"),
+                         "build_seconds": t.get("build_seconds")})
+    return rows
+
+
 def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16", dram: str = "DDR5-4800",
-          stream_bytes: int = SWEEP_STREAM_BYTES, out: Path | None = None) -> list[dict]:
+          stream_bytes: int = SWEEP_STREAM_BYTES, out: Path | None = None, *,
+          workers: int | None = None, sequential: bool = False,
+          address: str | None = None) -> list[dict]:
     """Design-space exploration of one rank: NME lanes x buffer depth (words per stream block).
 
-    Each point builds (or reuses) a 1 DIMM x 1 rank DIMM-NMP of ``dram`` and runs the residual
-    add and the 4-stream segment of :func:`_segment_programs` over ``stream_bytes`` bytes per
-    stream (default 256 KiB: several refresh intervals long). One rank suffices: the ranks of a
-    DIMM-NMP run the same program in lockstep, each on its own DRAM, so per-rank cycles and
-    bandwidth are those of the whole system (measured: the 2 x 2 system at lanes 8 / depth 256
-    gives exactly the cycles and utilisation of the 1 x 1 row, 88.15 % / 88.42 %).
+    Every (lanes, depth) point is a :func:`dse_point` run by :func:`coda.sweep.run_sweep`:
+    a task on Ray (local, ``workers`` CPUs, or the cluster at ``address``) or, with
+    ``sequential``, a loop in this process; each point builds (or reuses) its own Verilator
+    model under ``build/cosim/``. One rank suffices: the ranks of a DIMM-NMP run the same
+    program in lockstep, each on its own DRAM, so per-rank cycles and bandwidth are those of
+    the whole system (measured: the 2 x 2 system at lanes 8 / depth 256 gives exactly the
+    cycles and utilisation of the 1 x 1 row, 88.15 % / 88.42 %).
 
-    Returns one row per (lanes, depth, program): ``cycles_per_element`` (NME cycles = DRAM tCK
-    per element per rank), ``utilisation`` (DRAM bytes moved / peak bytes of the cycles),
-    ``gbps`` (GB/s per rank), ``elements_per_cycle``, ``sim_cycles_per_s`` and the build time.
-    Rows are appended to ``out`` (JSON, rewritten after every point) so an interrupted
-    sweep keeps what it measured.
+    Returns the rows of :func:`dse_rows`. Point records go to ``<out without .json>/`` (the
+    engine's ``results.jsonl``: a stopped sweep resumes where it was); the rows to ``out``
+    (JSON) when given.
     """
-    rows: list[dict] = []
-    for n_lanes in lanes:
-        for depth in depths:
-            words = stream_bytes // (2 * n_lanes)
-            cfg = NMEConfig(lanes=n_lanes, fmt=fmt, depth=depth, mem_words=_mem_words(words))
-            r = measure_nmp(cfg, dram, 1, 1, stream_words=words)
-            for prog in ("residual_add", "segment4"):
-                m = r[prog]
-                rows.append({"lanes": n_lanes, "depth": depth, "program": prog,
-                             "elements": m["elements_per_rank"], "cycles": m["cycles"],
-                             "cycles_per_element": m["cycles_per_element"],
-                             "elements_per_cycle": round(1 / m["cycles_per_element"], 4),
-                             "utilisation": m["ranks"][0]["utilisation"],
-                             "gbps": m["ranks"][0]["gbps"],
-                             "sim_cycles_per_s": m["sim_cycles_per_s"],
-                             "build_seconds": r["build_seconds_recorded"]})
-            if out:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"dram": dram, "fmt": fmt, "stream_bytes": stream_bytes,
-                                           "rows": rows}, indent=1) + "\n")
+    from coda.sweep import run_sweep
+
+    kind = sweep_kind()
+    points = [kind.full({"lanes": n, "depth": d, "fmt": fmt, "dram": dram,
+                         "stream_bytes": stream_bytes}) for n in lanes for d in depths]
+    folder = (out.with_suffix("") if out else Path("build/bench/dse"))
+    rows = dse_rows(run_sweep(kind, points, folder, workers=workers, sequential=sequential,
+                              address=address))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"dram": dram, "fmt": fmt, "stream_bytes": stream_bytes,
+                                   "rows": rows}, indent=1) + "\n")
     return rows
 
 
@@ -323,12 +379,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="lanes of the design-space sweep ('' = no sweep)")
     ap.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
     ap.add_argument("--sweep-only", action="store_true", help="only the lanes x depth sweep")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="CPUs of the local Ray running the sweep's points (default: all)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the sweep's points one after another in this process, no Ray")
+    ap.add_argument("--address", default=None,
+                    help="run the sweep's points on the Ray cluster at this address")
     args = ap.parse_args(argv)
     sweep_lanes = [int(v) for v in args.sweep_lanes.split(",") if v]
     sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]
     if sweep_lanes:
         sweep_json = args.out.with_name("dse.json")
-        rows = sweep(sweep_lanes, sweep_depths, args.fmt, args.nmp_dram, out=sweep_json)
+        rows = sweep(sweep_lanes, sweep_depths, args.fmt, args.nmp_dram, out=sweep_json,
+                     workers=args.workers, sequential=args.sequential, address=args.address)
         plot_sweep(rows, sweep_json.with_suffix(".png"), args.nmp_dram)
         print_sweep(rows)
         print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')}")

@@ -539,34 +539,47 @@ def configure(parser) -> None:
                              "(default 0.1)")
 
 
+def checked_anneal(profile: str | Path, skip: float, *, seed: int = 0, moves: int = 200_000,
+                   cooldown: int = 1, w_transfer: float = 0.1,
+                   w_mismatch: float = 0.1) -> tuple[SearchResult, dict]:
+    """:func:`anneal` on the profile file ``profile`` after ``coda schedule search``'s checks
+    of its flags. Returns (the result, the ``info`` saved beside the schedule). Raises
+    ValueError naming the flag (or the profile file)."""
+    from coda.host.profile import Profile
+
+    if not 0.0 < skip < 1.0:
+        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    if moves < 1:
+        raise ValueError(f"--moves {moves}: expected >= 1")
+    check_seed(seed)
+    if cooldown < 0:
+        raise ValueError(f"--cooldown {cooldown}: expected >= 0 steps")
+    check_weight(w_transfer, "--w-transfer")
+    check_weight(w_mismatch, "--w-mismatch")
+    prof = Profile.load(profile)
+    check_skip(skip, prof.num_steps, prof.num_layers, cooldown)
+    res = anneal(prof, skip, seed=seed, moves=moves, w_transfer=w_transfer,
+                 w_mismatch=w_mismatch, cooldown=cooldown)
+    info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile),
+            "profile_seeds": prof.meta.get("seeds"), "target_skip": skip,
+            "seed": seed, "moves": res.moves, "accepted": res.accepted,
+            "cooldown": cooldown,
+            "search_s": res.seconds, "cost": res.cost, "terms": res.terms,
+            "reference_uniform_terms": res.reference,
+            "weights": {"transfer": w_transfer, "mismatch": w_mismatch}}
+    return res, info
+
+
 def main(args) -> int:
     from rich.console import Console
 
-    from coda.host.profile import Profile
     from coda.paths import check_output_path
 
-    if not 0.0 < args.skip < 1.0:
-        raise ValueError(f"--skip {args.skip}: expected a fraction in (0, 1)")
-    if args.moves < 1:
-        raise ValueError(f"--moves {args.moves}: expected >= 1")
-    check_seed(args.seed)
-    if args.cooldown < 0:
-        raise ValueError(f"--cooldown {args.cooldown}: expected >= 0 steps")
-    check_weight(args.w_transfer, "--w-transfer")
-    check_weight(args.w_mismatch, "--w-mismatch")
     out = check_output_path(args.out, "--out")
-    profile = Profile.load(args.profile)
-    check_skip(args.skip, profile.num_steps, profile.num_layers, args.cooldown)
     console = Console()
-    res = anneal(profile, args.skip, seed=args.seed, moves=args.moves,
-                 w_transfer=args.w_transfer, w_mismatch=args.w_mismatch, cooldown=args.cooldown)
-    info = {"model_hash": profile.meta.get("model_hash"), "profile": str(args.profile),
-            "profile_seeds": profile.meta.get("seeds"), "target_skip": args.skip,
-            "seed": args.seed, "moves": res.moves, "accepted": res.accepted,
-            "cooldown": args.cooldown,
-            "search_s": res.seconds, "cost": res.cost, "terms": res.terms,
-            "reference_uniform_terms": res.reference,
-            "weights": {"transfer": args.w_transfer, "mismatch": args.w_mismatch}}
+    res, info = checked_anneal(args.profile, args.skip, seed=args.seed, moves=args.moves,
+                               cooldown=args.cooldown, w_transfer=args.w_transfer,
+                               w_mismatch=args.w_mismatch)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_schedule(out, res.schedule, info)
     t, r = res.terms, res.reference
@@ -579,3 +592,33 @@ def main(args) -> int:
                   f"{t['mismatch_s'] * 1e3:.3f} ms ({r['mismatch_s'] * 1e3:.3f}) | cost "
                   f"{res.cost:.4f} (uniform 1 + {args.w_transfer:g} + {args.w_mismatch:g})")
     return 0
+
+
+# ----------------------------------------------------------------------------- sweeps
+def sweep_point(params: dict, workdir: Path) -> dict:
+    """One ``coda sweep schedule`` point (an annealing restart): :func:`checked_anneal` with
+    ``params``; writes ``workdir/schedule.json``. Returns the cost and the schedule's cost
+    terms (skip fraction, quality proxy, segments, stores, PCIe bytes, transfer and
+    mismatch seconds), plus ``timing`` (the search's wall seconds)."""
+    res, info = checked_anneal(**params)
+    save_schedule(Path(workdir) / "schedule.json", res.schedule, info)
+    figures = {"cost": float(res.cost), "accepted": int(res.accepted)}
+    for k, v in res.terms.items():
+        if isinstance(v, (int, float, np.integer, np.floating)):
+            figures[k] = v.item() if hasattr(v, "item") else v
+    figures["timing"] = {"search_s": round(res.seconds, 3)}
+    return figures
+
+
+def sweep_kind():
+    """The ``schedule`` sweep kind (coda.sweep.SweepKind): annealing restarts over seeds,
+    skip fractions and cost weights, one schedule per point."""
+    from coda.sweep import Param, SweepKind
+    return SweepKind(
+        name="schedule", run=sweep_point,
+        description="anneal a static cache schedule from a profile (coda schedule search)",
+        params=(Param("profile", str, str(SHIPPED_PROFILE)), Param("skip", float, 0.5),
+                Param("seed", int, 0), Param("moves", int, 200_000), Param("cooldown", int, 1),
+                Param("w_transfer", float, 0.1), Param("w_mismatch", float, 0.1)),
+        headline=("cost", "skip", "quality", "segments", "pcie_bytes", "transfer_s",
+                  "mismatch_s"))

@@ -1,10 +1,12 @@
 """Area / Fmax sweep of the NME over lanes and formats, and where DRAM bandwidth caps lanes.
 
-``python -m coda.synth.sweep`` (long: minutes per configuration on a shared machine; NOT part
-of ``make test``) runs :func:`coda.synth.flow.synthesize` for every (target, lanes, format)
-into ``build/synth/sweep/<target>_l<lanes>_<fmt>/`` and skips configurations that already have
-a ``report.json`` (a sweep can be stopped and resumed). It then writes ``sweep.json``, a
-table, and ``sweep.png`` into ``build/synth/``.
+``python -m coda.synth.sweep`` (``make synth-sweep``; long: minutes per configuration on a
+shared machine; NOT part of ``make test``) runs :func:`coda.synth.flow.synthesize` for every
+(target, lanes, format) as a point of the sweep engine (:mod:`coda.sweep`: tasks on a local
+Ray by default, ``--address`` for a cluster, ``--sequential`` for a plain loop; ``coda sweep
+synth`` runs the same points) into ``build/synth/sweep/points/<target>_l<lanes>_<fmt>/`` and
+skips configurations already done (a sweep can be stopped and resumed). It then writes
+``sweep.json``, a table, and ``sweep.png`` into ``build/synth/``.
 
 Bandwidth bound
 ---------------
@@ -34,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from coda.hw.dram_standards import get_standard
@@ -49,51 +50,89 @@ LANES = (1, 2, 4, 8, 16, 32)
 FORMATS = ("bf16", "fp16")
 
 
-def _folder(root: Path, target: str, lanes: int, fmt: str) -> Path:
-    return root / f"{target}_l{lanes}_{fmt}"
+def synth_point(params: dict, workdir: Path) -> dict:
+    """One ``coda sweep synth`` point: :func:`coda.synth.flow.synthesize` of an NME of
+    ``lanes`` lanes and format ``fmt`` for ``target`` into ``workdir`` (``report.json``,
+    netlists, logs; a ``report.json`` already there for the same configuration is reused,
+    so a sweep whose records were lost does not redo hours of place and route).
+
+    Returns for ``generic``: ``cells_total``, ``ff``, ``logic_depth``; for ``ecp5``:
+    ``lut4``, ``ff``, ``mult18``, ``bram``, ``lutram``, ``fmax_mhz`` (MHz, None without place
+    and route), ``device``; plus ``timing`` (the tools' seconds). Raises ValueError for an
+    unknown target or format, SynthError if a tool fails or runs past ``timeout_s``."""
+    target, n, fmt = params["target"], int(params["lanes"]), params["fmt"]
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r}: expected one of {', '.join(FORMATS)}")
+    cfg = NMEConfig(lanes=n, fmt=fmt)
+    path = Path(workdir) / "report.json"
+    report = json.loads(path.read_text()) if path.is_file() else None
+    if report is None or report.get("config", {}).get("lanes") != n \
+            or report["config"].get("fmt") != fmt or report.get("target") != target \
+            or (target == "ecp5" and params["pnr"] and report[target].get("fmax_mhz") is None):
+        report = synthesize(cfg, target, workdir, freq_mhz=params["freq_mhz"],
+                            pnr=params["pnr"], timeout_s=params["timeout_s"])
+    res = report[target]
+    keys = (("cells_total", "ff", "logic_depth") if target == "generic" else
+            ("lut4", "ff", "mult18", "bram", "lutram", "fmax_mhz", "device"))
+    return {**{k: res.get(k) for k in keys}, "timing": report.get("runtime_s")}
+
+
+def sweep_kind():
+    """The ``synth`` sweep kind (coda.sweep.SweepKind): one synthesis per (target, lanes,
+    fmt), in the folder ``<target>_l<lanes>_<fmt>`` under the sweep's ``points/``."""
+    from coda.sweep import Param, SweepKind
+    return SweepKind(
+        name="synth", run=synth_point,
+        description="synthesise the NME (yosys generic cells or ECP5 with nextpnr)",
+        params=(Param("target", str, "ecp5"), Param("lanes", int, 8), Param("fmt", str, "bf16"),
+                Param("freq_mhz", float, 100.0), Param("pnr", bool, True),
+                Param("timeout_s", float)),
+        folder=lambda p: f"{p['target']}_l{p['lanes']}_{p['fmt']}",
+        headline=("cells_total", "lut4", "ff", "mult18", "bram", "fmax_mhz"))
 
 
 def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5"), *,
               ecp5_max_lanes: int = 8, timeout_s: float | None = None, freq_mhz: float = 100.0,
-              log=print) -> list[dict]:
-    """Synthesise every missing (target, lanes, fmt) configuration under ``root``.
+              workers: int | None = None, sequential: bool = False,
+              address: str | None = None, log=print) -> list[dict]:
+    """Synthesise every (target, lanes, fmt) configuration not yet done under ``root``.
 
-    ECP5 place and route runs only up to ``ecp5_max_lanes`` (synthesis alone above). A tool
-    failure or timeout is recorded in ``<folder>/error.txt`` and the sweep goes on.
+    Each configuration is a :func:`synth_point` run by :func:`coda.sweep.run_sweep`: a task
+    on Ray (local with ``workers`` CPUs, or the cluster at ``address``) or, with
+    ``sequential``, a loop in this process. ECP5 place and route runs only up to
+    ``ecp5_max_lanes`` (synthesis alone above). A tool failure or timeout is recorded (in
+    ``root/results.jsonl`` and ``<folder>/error.txt``) and the sweep goes on.
 
-    Returns the reports of the configurations run now (not the skipped ones).
+    Returns the sweep's records (coda.sweep), one per configuration.
     """
-    done = []
-    for target in targets:
-        for fmt in fmts:
-            for n in lanes:
-                folder = _folder(root, target, n, fmt)
-                if (folder / "report.json").exists():
-                    continue
-                cfg = NMEConfig(lanes=n, fmt=fmt)
-                t0 = time.monotonic()
-                try:
-                    report = synthesize(cfg, target, folder, freq_mhz=freq_mhz,
-                                        pnr=n <= ecp5_max_lanes, timeout_s=timeout_s)
-                except SynthError as exc:
-                    folder.mkdir(parents=True, exist_ok=True)
-                    (folder / "error.txt").write_text(str(exc))
-                    log(f"{target} lanes={n} {fmt}: FAILED ({exc.args[0][:200]})")
-                    continue
-                res = report[target]
-                log(f"{target} lanes={n} {fmt}: "
-                    + (f"{res['cells_total']} cells" if target == "generic" else
-                       f"{res['lut4']} LUT4 {res['ff']} FF {res['mult18']} MULT18 "
-                       f"{res['bram']} DP16KD fmax {res['fmax_mhz']} MHz on {res['device']}")
-                    + f" ({time.monotonic() - t0:.0f} s)")
-                done.append(report)
-    return done
+    from coda.sweep import run_sweep as run_points
+
+    kind = sweep_kind()
+    for old in Path(root).glob("*_l*_*/report.json"):     # the layout before the engine
+        new = Path(root) / "points" / old.parent.name
+        if not new.exists():
+            new.parent.mkdir(parents=True, exist_ok=True)
+            old.parent.rename(new)
+    points = [kind.full({"target": t, "lanes": n, "fmt": f, "freq_mhz": freq_mhz,
+                         "pnr": t == "ecp5" and n <= ecp5_max_lanes, "timeout_s": timeout_s})
+              for t in targets for f in fmts for n in lanes]
+    records = run_points(kind, points, root, workers=workers, sequential=sequential,
+                         address=address, log=log)
+    for rec in records:
+        p, f = rec["params"], rec["figures"]
+        if rec["status"] != "ok":
+            continue
+        log(f"{p['target']} lanes={p['lanes']} {p['fmt']}: "
+            + (f"{f['cells_total']} cells" if p["target"] == "generic" else
+               f"{f['lut4']} LUT4 {f['ff']} FF {f['mult18']} MULT18 "
+               f"{f['bram']} DP16KD fmax {f['fmax_mhz']} MHz on {f['device']}"))
+    return records
 
 
 def collect(root: Path) -> list[dict]:
     """One row per (lanes, fmt) found under ``root``: generic and ECP5 numbers side by side."""
     rows: dict[tuple, dict] = {}
-    for path in sorted(root.glob("*/report.json")):
+    for path in sorted(root.glob("points/*/report.json")):
         report = json.loads(path.read_text())
         cfg, target = report["config"], report["target"]
         row = rows.setdefault((cfg["lanes"], cfg["fmt"]), {"lanes": cfg["lanes"],
@@ -312,11 +351,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dram", default="DDR4-3200", help="DRAM preset for the bound")
     parser.add_argument("--root", type=Path, default=Path("build/synth/sweep"))
     parser.add_argument("--report-only", action="store_true", help="tabulate what exists")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="CPUs of the local Ray running the configurations (default: all)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="one configuration after another in this process, no Ray")
+    parser.add_argument("--address", default=None,
+                        help="run the configurations on the Ray cluster at this address")
     args = parser.parse_args(argv)
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,
-                  ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout)
+                  ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout,
+                  workers=args.workers, sequential=args.sequential, address=args.address)
     rows = bandwidth_table(collect(args.root), args.dram)
     dse_path = Path("build/bench/dse.json")
     if dse_path.exists():

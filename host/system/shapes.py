@@ -28,6 +28,7 @@ sample (batch 1) except ``weight_bytes``, read once per kernel whatever the batc
 from __future__ import annotations
 
 import json
+import os
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -892,7 +893,9 @@ def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
     shape = trace(name, height, width, n)
     if cache_dir is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(shape.to_json())
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")   # concurrent sweep points share it
+        tmp.write_text(shape.to_json())
+        tmp.replace(path)
     return shape
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 #: the diffusion schedulers of every modelled model have 1000 training timesteps
 MAX_STEPS = 1000
 
-__all__ = ["configure", "main", "simulate", "parse_systems"]
+__all__ = ["configure", "main", "simulate", "checked_simulate", "parse_systems", "sweep_point",
+           "sweep_kind"]
 
 DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
@@ -163,32 +164,55 @@ _ASSUMPTIONS = [
 ]
 
 
+def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
+                     steps: int = 50, platform: str | None = None, dram: str = "DDR5-4800",
+                     dimms: int = 2, ranks: int = 2, lanes: int = 8, depth: int = 256,
+                     schedule: str = "uniform", interval: int = 2, intervals: str = "",
+                     warmup: int = 5, system: str = "all", prefetch: int = 1,
+                     shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
+    """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
+    seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
+    Returns simulate's dict plus ``systems`` (the letters) and ``wall_s``. Raises
+    ValueError naming the flag."""
+    from .platforms import DEFAULT_PLATFORM
+    from .schedules import parse_intervals
+
+    systems = parse_systems(system)
+    counts = {"steps": steps, "dimms": dimms, "ranks": ranks, "lanes": lanes, "depth": depth,
+              "interval": interval, "warmup": warmup}
+    for flag, value in counts.items():
+        if value < 1:
+            raise ValueError(f"--{flag} {value}: expected >= 1")
+    if seconds is not None and frames is not None:
+        raise ValueError("--seconds and --frames: give one of them")
+    t0 = time.perf_counter()
+    res = simulate(model, resolution=resolution, seconds=seconds, frames=frames, steps=steps,
+                   gpu=platform or DEFAULT_PLATFORM, dram=dram, dimms=dimms, ranks=ranks,
+                   lanes=lanes, depth=depth, schedule=schedule, interval=interval,
+                   warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
+                   prefetch=prefetch, shape_cache=shape_cache)
+    res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
+    res["systems"] = systems
+    return res
+
+
 def main(args) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from coda.paths import check_output_path
 
     from .plots import breakdown_bars, pick_steps, timeline
 
     out = check_output_path(args.out, "--out", folder=True)
-    systems = parse_systems(args.system)
-    from .schedules import parse_intervals
-    intervals = parse_intervals(args.intervals)
-    for flag in ("steps", "dimms", "ranks", "lanes", "depth", "interval", "warmup"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
-    if args.seconds is not None and args.frames is not None:
-        raise ValueError("--seconds and --frames: give one of them")
     console = Console(width=max(Console().width, 150))
-    t0 = time.perf_counter()
-    res = simulate(args.model, resolution=args.resolution, seconds=args.seconds,
-                   frames=args.frames, steps=args.steps, gpu=args.platform, dram=args.dram,
-                   dimms=args.dimms, ranks=args.ranks, lanes=args.lanes, depth=args.depth,
-                   schedule=args.schedule, interval=args.interval, warmup=args.warmup,
-                   intervals=intervals, systems=systems, prefetch=args.prefetch)
+    res = checked_simulate(model=args.model, resolution=args.resolution, seconds=args.seconds,
+                           frames=args.frames, steps=args.steps, platform=args.platform,
+                           dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                           lanes=args.lanes, depth=args.depth, schedule=args.schedule,
+                           interval=args.interval, intervals=args.intervals,
+                           warmup=args.warmup, system=args.system, prefetch=args.prefetch)
+    systems = res["systems"]
     report, abl, wl = res["report"], res["ablation"], res["workload"]
-    report["wall_s"] = round(time.perf_counter() - t0, 3)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
     steps = pick_steps(wl, 2)
@@ -243,3 +267,47 @@ def _jsonable(obj):
     if hasattr(obj, "item"):
         return obj.item()
     return obj
+
+
+# ----------------------------------------------------------------------------- sweeps
+#: figures of each system a..f kept per sweep point (``coda sweep sim``)
+SWEEP_FIGURES = ("fits", "latency_s", "energy_j", "speedup", "energy_efficiency",
+                 "speedup_vs_c", "energy_efficiency_vs_c", "pcie_bytes")
+
+
+def sweep_point(params: dict, workdir: Path) -> dict:
+    """One ``coda sweep sim`` point: :func:`checked_simulate` with ``params`` (the flags of
+    ``coda sim`` by their Python names); writes ``workdir/report.json``. Returns the flat
+    figures ``cache_bytes`` and ``<system>.<figure>`` for each system and SWEEP_FIGURES
+    (seconds, joules, bytes, ratios), plus ``timing`` (the simulation's wall seconds)."""
+    shape_cache = Path(workdir).resolve().parent.parent / "shapes"
+    res = checked_simulate(**params, shape_cache=shape_cache)
+    report = res["report"]
+    (Path(workdir) / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+    figures = {"cache_bytes": report["cache_bytes"]}
+    for letter, r in report["systems"].items():
+        for k in SWEEP_FIGURES:
+            if k in r:
+                figures[f"{letter}.{k}"] = r[k]
+    figures["timing"] = {"wall_s": report["wall_s"], **report["simulation_s"]}
+    return _jsonable(figures)
+
+
+def sweep_kind():
+    """The ``sim`` sweep kind (coda.sweep.SweepKind): models x resolutions x platforms x
+    DIMM counts x schedules ... of the system model, one point per ``coda sim`` run."""
+    from coda.sweep import Param, SweepKind
+
+    from .platforms import DEFAULT_PLATFORM
+    return SweepKind(
+        name="sim", run=sweep_point, description=__doc__.splitlines()[0],
+        params=(Param("model", str, "wan2.1-14b"), Param("resolution", str),
+                Param("seconds", float), Param("frames", int), Param("steps", int, 50),
+                Param("platform", str, DEFAULT_PLATFORM), Param("dram", str, "DDR5-4800"),
+                Param("dimms", int, 2), Param("ranks", int, 2), Param("lanes", int, 8),
+                Param("depth", int, 256), Param("schedule", str, "uniform"),
+                Param("interval", int, 2), Param("intervals", str, ""),
+                Param("warmup", int, 5), Param("system", str, "all"),
+                Param("prefetch", int, 1)),
+        headline=("cache_bytes", "a.latency_s", "c.latency_s", "f.latency_s", "f.speedup",
+                  "f.speedup_vs_c", "f.energy_efficiency"))

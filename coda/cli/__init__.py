@@ -29,6 +29,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("profile",), "coda.host.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
     (("schedule", "search"), "coda.host.search", "anneal a static cache schedule from a profile"),
     (("eval",), "coda.host.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),
+    (("sweep",), "coda.cli.sweep", "run a sweep (synth, bench, schedule, sim): every point a Ray task"),
 ]
 
 

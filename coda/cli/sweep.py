@@ -1,0 +1,118 @@
+"""``coda sweep KIND``: a parameter grid of one kind of work, every point a task on Ray.
+
+``coda sweep sim --param model=wan2.1-14b,cogvideox-5b --param dimms=2,4 --out DIR`` runs the
+Cartesian product of the ``--param`` lists (and/or of a ``--grid FILE.toml``) through
+:mod:`coda.sweep`: on a local Ray by default (``--workers N`` CPUs; all of this machine's if
+not given), on an existing cluster with ``--address HOST:PORT`` (or ``auto``), or as a plain
+loop with ``--sequential``. Records go to ``DIR/results.jsonl`` (one JSON object per point:
+parameters, figures, status, error, wall seconds, host); points already done are skipped,
+failed points are recorded and run again next time; a table of the points is printed.
+
+Kinds (each declared by the module that owns the work; parameters and defaults with
+``coda sweep KIND --list``):
+
+- ``synth``: synthesis of the NME, yosys generic cells or ECP5 with nextpnr (coda.synth.sweep);
+- ``bench``: the DIMM-NMP design space of one rank, cycles and DRAM utilisation of a residual
+  add and a 4-stream segment (coda.cosim.bench);
+- ``schedule``: annealing restarts of ``coda schedule search`` (coda.host.search);
+- ``sim``: ``coda sim`` runs of the system model (coda.host.system.sim).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["kinds", "configure", "main"]
+
+
+def kinds() -> dict:
+    """The sweep kinds by name (coda.sweep.SweepKind)."""
+    from coda.cosim.bench import sweep_kind as bench
+    from coda.host.search import sweep_kind as schedule
+    from coda.host.system.sim import sweep_kind as sim
+    from coda.synth.sweep import sweep_kind as synth
+    return {k.name: k for k in (synth(), bench(), schedule(), sim())}
+
+
+KIND_NAMES = ("synth", "bench", "schedule", "sim")
+
+
+def configure(parser) -> None:
+    parser.add_argument("kind", metavar="KIND", help=f"one of {', '.join(KIND_NAMES)}")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="a parameter and its values (repeatable; the grid is the product)")
+    parser.add_argument("--grid", default=None, metavar="FILE.toml",
+                        help="TOML grid: NAME = value or NAME = [v1, v2, ...] per line")
+    parser.add_argument("--out", default=None,
+                        help="sweep folder (default build/sweep/KIND): results.jsonl, points/")
+    parser.add_argument("--address", default=None,
+                        help="join the Ray cluster at HOST:PORT, ray://HOST:PORT or auto "
+                             "(default: start a local Ray on this machine)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="CPUs of the local Ray (default: all of this machine's)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="run the points one after another in this process, no Ray")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list", action="store_true",
+                        help="print KIND's parameters and defaults, run nothing")
+
+
+def main(args) -> int:
+    from coda.paths import check_output_path
+    from coda.sweep import grid_points, load_grid, parse_param, run_sweep
+
+    if args.kind not in KIND_NAMES:
+        raise ValueError(f"sweep kind {args.kind!r}: expected one of {', '.join(KIND_NAMES)}")
+    kind = kinds()[args.kind]
+    if args.list:
+        for p in kind.params:
+            print(f"{p.name:12s} {p.type.__name__:6s} default {p.default!r}")
+        return 0
+    grid: dict[str, list] = {}
+    if args.grid is not None:
+        grid.update(load_grid(kind, args.grid))
+    for text in args.param:
+        name, values = parse_param(kind, text)
+        if name in grid:
+            raise ValueError(f"--param {text!r}: {name} is given twice")
+        grid[name] = values
+    points = grid_points(kind, grid)
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: expected >= 1")
+    out = check_output_path(args.out or f"build/sweep/{kind.name}", "--out", folder=True)
+    records = run_sweep(kind, points, out, address=args.address, workers=args.workers,
+                        sequential=args.sequential, progress=not args.no_progress)
+    _print_table(kind, grid, records)
+    failed = sum(r["status"] != "ok" for r in records)
+    print(f"{len(records) - failed} points ok, {failed} failed: {Path(out) / 'results.jsonl'}")
+    return 0
+
+
+def _print_table(kind, grid: dict, records: list[dict]) -> None:
+    """The points as a table: the parameters the grid varies, the first figures, status."""
+    from rich.console import Console
+    from rich.table import Table
+
+    varied = [k for k, v in grid.items() if len(v) > 1] or list(grid)
+    figures = list(kind.headline)
+    if not figures:
+        for r in records:
+            figures += [k for k in r["figures"] if k not in figures]
+        figures = figures[:8]
+    t = Table(title=f"coda sweep {kind.name}")
+    for col in [*varied, *figures, "status", "wall s", "host"]:
+        t.add_column(col, justify="right")
+    for r in records:
+        cells = [str(r["params"].get(k)) for k in varied]
+        cells += [_fmt(r["figures"].get(k)) for k in figures]
+        cells += [r["status"] if r["status"] == "ok" else f"failed: {r['error'][:60]}",
+                  "" if r.get("wall_s") is None else f"{r['wall_s']:.1f}", str(r.get("host"))]
+        t.add_row(*cells)
+    Console(width=200).print(t)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)

@@ -1,0 +1,189 @@
+"""coda sweep: grids, bad input refused before any task, a 4-point sweep on a local Ray with a
+failing point, the same figures as the sequential loop, resuming, and no Ray process left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coda.cli import main
+from coda.sweep import (MAX_POINTS, Param, SweepKind, grid_points, load_grid, parse_param,
+                        point_key, read_results, run_sweep)
+
+
+def _kind(run=lambda p, w: {"y": p["x"] * 2}) -> SweepKind:
+    return SweepKind("toy", run, (Param("x", int, 1), Param("f", float, 0.5),
+                                  Param("s", str, "a"), Param("b", bool, False)))
+
+
+# ----------------------------------------------------------------------------- grids
+def test_param_types_and_errors():
+    k = _kind()
+    assert parse_param(k, "x=1,2, 3") == ("x", [1, 2, 3])
+    assert parse_param(k, "f=1,2.5") == ("f", [1.0, 2.5])
+    assert parse_param(k, "b=true,0") == ("b", [True, False])
+    for bad, what in [("x=1.5", "x='1.5': expected int"), ("y=1", "parameter 'y'"),
+                      ("x", "expected NAME=V1"), ("x=", "no empty item"), ("x=1,,2", "no empty"),
+                      ("b=yes", "expected bool")]:
+        with pytest.raises(ValueError, match=what.replace("(", r"\(")):
+            parse_param(k, bad)
+    with pytest.raises(ValueError, match="expected int"):
+        Param("x", int).convert(True)          # a TOML bool is not an int
+
+
+def test_grid_product_defaults_and_dedupe(tmp_path):
+    k = _kind()
+    pts = grid_points(k, {"x": [1, 2], "s": ["a", "b"]})
+    assert pts == [{"x": x, "f": 0.5, "s": s, "b": False} for x in (1, 2) for s in ("a", "b")]
+    assert grid_points(k, {"x": [1, 1]}) == [{"x": 1, "f": 0.5, "s": "a", "b": False}]
+    # a point named with its defaults is the same point (same key)
+    assert point_key(k, {"x": 1}) == point_key(k, {"x": 1, "f": 0.5, "s": "a", "b": False})
+    with pytest.raises(ValueError, match="empty grid"):
+        grid_points(k, {})
+    with pytest.raises(ValueError, match=f"at most {MAX_POINTS}"):
+        grid_points(k, {"x": list(range(200)), "f": [float(i) for i in range(100)]})
+    toml = tmp_path / "g.toml"
+    toml.write_text('x = [3, 4]\ns = "c"\n')
+    assert load_grid(k, toml) == {"x": [3, 4], "s": ["c"]}
+    toml.write_text("x = []\n")
+    with pytest.raises(ValueError, match="x is an empty list"):
+        load_grid(k, toml)
+    toml.write_text("[x]\na = 1\n")
+    with pytest.raises(ValueError, match="x is a table"):
+        load_grid(k, toml)
+    toml.write_text("x = = 1\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_grid(k, toml)
+
+
+def _failing(p, w):
+    if p["x"] == 3:
+        raise RuntimeError("point 3 broke")
+    (w / "out.txt").write_text(str(p["x"]))
+    return {"y": p["x"] * 2, "timing": {"t": 0.1}}
+
+
+def test_sequential_records_failures_and_resumes(tmp_path):
+    k = _kind(_failing)
+    pts = grid_points(k, {"x": [1, 2, 3, 4]})
+    recs = run_sweep(k, pts, tmp_path, sequential=True, progress=False, log=lambda m: None)
+    assert [r["status"] for r in recs] == ["ok", "ok", "failed", "ok"]
+    assert [r["figures"].get("y") for r in recs] == [2, 4, None, 8]
+    assert recs[2]["error"] == "RuntimeError: point 3 broke"
+    assert recs[0]["timing"] == {"t": 0.1} and "timing" not in recs[0]["figures"]
+    assert (tmp_path / "points" / f"toy-{point_key(k, pts[0])}" / "out.txt").read_text() == "1"
+    assert "point 3 broke" in (tmp_path / "points" / f"toy-{point_key(k, pts[2])}"
+                               / "error.txt").read_text()
+    # resuming runs only the failed point again
+    run_sweep(k, pts, tmp_path, sequential=True, progress=False, log=lambda m: None)
+    assert len(read_results(tmp_path)) == 5
+    (tmp_path / "results.jsonl").open("a").write('{"torn')     # a killed run's last line
+    assert len(read_results(tmp_path)) == 5
+
+
+# ----------------------------------------------------------------------------- the command
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "nosuch", "--param", "x=1"], "sweep kind 'nosuch': expected one of synth, bench"),
+    (["sweep", "sim", "--param", "nosuch=1"], "parameter 'nosuch' of sweep kind 'sim'"),
+    (["sweep", "sim"], "empty grid"),
+    (["sweep", "sim", "--param", "dimms=two"], "dimms='two': expected int"),
+    (["sweep", "sim", "--param", "dimms=1", "--param", "dimms=2"], "dimms is given twice"),
+    (["sweep", "sim", "--param", "dimms=1", "--workers", "0"], "--workers 0: expected >= 1"),
+    (["sweep", "sim", "--param", "dimms=1", "--address", "127.0.0.1:1"],
+     "--address 127.0.0.1:1: no Ray cluster answers there"),
+    (["sweep", "sim", "--param", "dimms=1", "--address", "nonsense"], "expected HOST:PORT"),
+    (["sweep", "sim", "--param", "dimms=1", "--address", "127.0.0.1:1", "--sequential"],
+     "give one of them"),
+    (["sweep", "sim", "--grid", "/nonexistent/g.toml"], "/nonexistent/g.toml: No such file"),
+])
+def test_bad_input_refused_before_any_task(tmp_path, capsys, argv, message):
+    out = tmp_path / "sw"
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("coda: error:") and message in err and "\n" not in err
+    assert not (out / "results.jsonl").exists()
+
+
+def test_list_names_every_kind(capsys):
+    for kind in ("synth", "bench", "schedule", "sim"):
+        assert main(["sweep", kind, "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("target", "stream_bytes", "moves", "dimms"):
+        assert name in out
+
+
+def _ray_processes() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines()
+            if "raylet" in line or "gcs_server" in line or "ray::" in line]
+
+
+def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
+    """4 points of the system model on a local 2-worker Ray, one of them failing (0 DIMMs):
+    recorded per point, the same figures as the sequential loop, no Ray process left."""
+    assert not _ray_processes(), "a Ray is already running on this machine"
+    grid = tmp_path / "grid.toml"
+    grid.write_text('model = "latte-digits"\ndimms = [1, 2, 4, 0]\nsystem = "a,c,f"\n')
+    args = ["sweep", "sim", "--grid", str(grid), "--no-progress"]
+    assert main([*args, "--workers", "2", "--out", str(tmp_path / "ray")]) == 0
+    ray_recs = read_results(tmp_path / "ray")
+    assert [r["params"]["dimms"] for r in ray_recs if r["status"] == "ok"] and \
+        sorted(r["params"]["dimms"] for r in ray_recs) == [0, 1, 2, 4]
+    failed = [r for r in ray_recs if r["status"] != "ok"]
+    assert [r["params"]["dimms"] for r in failed] == [0]
+    assert failed[0]["error"] == "ValueError: --dimms 0: expected >= 1"
+    assert all(r["mode"] == "ray" and r["node_id"] and r["host"] for r in ray_recs)
+    assert not _ray_processes()
+    out = capsys.readouterr().out
+    assert "3 points ok, 1 failed" in out
+
+    assert main([*args, "--sequential", "--out", str(tmp_path / "seq")]) == 0
+    seq = {r["key"]: r for r in read_results(tmp_path / "seq")}
+    for r in ray_recs:
+        assert r["figures"] == seq[r["key"]]["figures"]
+        assert r["status"] == seq[r["key"]]["status"]
+    ok = [r for r in ray_recs if r["status"] == "ok"]
+    # the figures are coda sim's: the report each point wrote, and more DIMMs never slower
+    for r in ok:
+        folder = tmp_path / "ray" / "points" / f"sim-{r['key']}"
+        report = json.loads((folder / "report.json").read_text())
+        assert r["figures"]["f.latency_s"] == report["systems"]["f"]["latency_s"]
+        assert r["figures"]["cache_bytes"] == report["cache_bytes"]
+    by_dimms = {r["params"]["dimms"]: r["figures"] for r in ok}
+    assert by_dimms[4]["f.latency_s"] <= by_dimms[1]["f.latency_s"]
+
+    # resuming: only the failed point runs again (sequentially here, to spare a Ray start)
+    assert main([*args, "--sequential", "--out", str(tmp_path / "ray")]) == 0
+    assert len(read_results(tmp_path / "ray")) == 5
+
+
+def test_schedule_sweep_points_are_coda_schedule_search(tmp_path):
+    """Two annealing restarts: each point's figures are those of checked_anneal itself."""
+    from coda.cli.sweep import kinds
+    from coda.host.search import SHIPPED_PROFILE, checked_anneal
+
+    kind = kinds()["schedule"]
+    pts = grid_points(kind, {"seed": [0, 1], "moves": [3000]})
+    recs = run_sweep(kind, pts, tmp_path, sequential=True, progress=False)
+    for r in recs:
+        assert r["status"] == "ok", r["error"]
+        res, _ = checked_anneal(SHIPPED_PROFILE, 0.5, seed=r["params"]["seed"], moves=3000)
+        assert r["figures"]["cost"] == res.cost
+        assert r["figures"]["segments"] == res.terms["segments"]
+        saved = json.loads((tmp_path / "points" / f"schedule-{r['key']}"
+                            / "schedule.json").read_text())
+        assert saved["coda"]["seed"] == r["params"]["seed"]
+
+
+def test_python_m_coda_sweep_exits_cleanly(tmp_path):
+    """The console entry with a local Ray: exit 0 and no Ray process left behind."""
+    p = subprocess.run([sys.executable, "-m", "coda", "sweep", "schedule", "--param",
+                        "seed=0,1", "--param", "moves=1000", "--workers", "2", "--no-progress",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "2 points ok, 0 failed" in p.stdout
+    assert not _ray_processes()
