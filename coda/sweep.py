@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Param", "SweepKind", "parse_param", "load_grid", "grid_points", "check_address",
+__all__ = ["Param", "SweepKind", "sources_digest", "parse_param", "load_grid", "grid_points", "check_address",
            "run_sweep", "read_results", "point_key", "MAX_POINTS"]
 
 #: A bound of this tool (a typo like lanes=1..100000 should not queue 10^5 tasks)
@@ -87,7 +87,9 @@ class SweepKind:
     parameters (no wall times: those go in ``timing`` under the key ``"timing"`` if wanted),
     and raises on failure. ``folder(params)`` names the point's folder (default: kind and
     key). ``cpus``: CPUs one point uses (its Ray task's ``num_cpus``). ``headline``: the
-    figures a table of the sweep shows first.
+    figures a table of the sweep shows first. ``version``: a digest of the sources the
+    figures depend on (:func:`sources_digest`); it is part of every point's key, so a
+    changed design is measured again instead of reusing a stale record.
     """
     name: str
     run: Callable[[dict, Path], dict]
@@ -96,6 +98,7 @@ class SweepKind:
     cpus: float = 1.0
     folder: Callable[[dict], str] | None = None
     headline: tuple[str, ...] = ()
+    version: str = ""
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -113,9 +116,20 @@ class SweepKind:
 
 
 def point_key(kind: SweepKind, params: dict) -> str:
-    """Stable 12-hex-digit key of a point: the kind and its full parameters."""
-    text = json.dumps({"kind": kind.name, "params": kind.full(params)}, sort_keys=True)
+    """Stable 12-hex-digit key of a point: the kind, its version and its full parameters."""
+    text = json.dumps({"kind": kind.name, "version": kind.version,
+                       "params": kind.full(params)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def sources_digest(*folders: str | os.PathLike) -> str:
+    """SHA-256 (16 hex digits) of every ``*.py`` under ``folders`` (names and bytes, sorted)."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(Path(folder).resolve().rglob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- grids
@@ -210,7 +224,10 @@ def _run_point(kind: SweepKind, params: dict, workdir: str, mode: str) -> dict:
     try:
         Path(workdir).mkdir(parents=True, exist_ok=True)
         figures = kind.run(dict(params), Path(workdir))
-        rec["timing"] = figures.pop("timing", None) if isinstance(figures, dict) else None
+        if not isinstance(figures, dict):
+            raise TypeError(f"{kind.name} returned {type(figures).__name__}, expected a dict")
+        rec["timing"] = figures.pop("timing", None)
+        json.dumps([figures, rec["timing"]])    # a figure JSON cannot hold fails this point
         rec["figures"] = figures
     except Exception as exc:   # a point's failure is data of the sweep, not its end
         rec["status"] = "failed"
@@ -297,7 +314,8 @@ def _run_on_ray(kind, todo, workdir, address, workers, progress, record) -> None
         kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         try:
             if address is None:
-                ray.init(num_cpus=workers or os.cpu_count(), **kwargs)
+                # "local": a new Ray of our own even where `ray start` left one running
+                ray.init(address="local", num_cpus=workers or os.cpu_count(), **kwargs)
             else:
                 ray.init(address=address, **kwargs)
         except ConnectionError as exc:

@@ -29,7 +29,10 @@ First (unless ``--sweep-lanes ''``) the design-space sweep :func:`sweep`: lanes 
 of one DIMM-NMP rank, cycles per element and achieved bandwidth of the residual add and the
 4-stream segment, written to ``build/bench/dse.json`` (+ ``dse.png``, and a table on stdout);
 ``--sweep-only`` stops there. Every point is its own Verilator build (cached under
-``build/cosim/``), so the first sweep takes a while.
+``build/cosim/``), so the first sweep takes a while; the points run through the sweep engine
+(:mod:`coda.sweep`): tasks on a local Ray (``--workers``, default all CPUs), on a cluster
+(``--address``) or a plain loop (``--sequential``), records in ``build/bench/dse/`` (a
+stopped sweep resumes; ``coda sweep bench`` runs the same points).
 
 Prints one JSON object; writes it to ``--out`` (default ``build/bench/cosim.json``).
 """
@@ -230,9 +233,11 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
 def sweep_kind():
     """The ``bench`` sweep kind (coda.sweep.SweepKind): the DIMM-NMP design space, one
     :func:`dse_point` per (lanes, depth, fmt, dram, stream_bytes)."""
-    from coda.sweep import Param, SweepKind
+    import coda.hw
+    from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
         name="bench", run=dse_point,
+        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
         description="DIMM-NMP design space: lanes x buffer depth of one rank (make bench)",
         params=(Param("lanes", int, 8), Param("depth", int, 256), Param("fmt", str, "bf16"),
                 Param("dram", str, "DDR5-4800"), Param("stream_bytes", int, SWEEP_STREAM_BYTES)),

@@ -613,9 +613,9 @@ def sweep_point(params: dict, workdir: Path) -> dict:
 def sweep_kind():
     """The ``schedule`` sweep kind (coda.sweep.SweepKind): annealing restarts over seeds,
     skip fractions and cost weights, one schedule per point."""
-    from coda.sweep import Param, SweepKind
+    from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
-        name="schedule", run=sweep_point,
+        name="schedule", run=sweep_point, version=sources_digest(Path(__file__).parent),
         description="anneal a static cache schedule from a profile (coda schedule search)",
         params=(Param("profile", str, str(SHIPPED_PROFILE)), Param("skip", float, 0.5),
                 Param("seed", int, 0), Param("moves", int, 200_000), Param("cooldown", int, 1),

@@ -5,7 +5,8 @@ shared machine; NOT part of ``make test``) runs :func:`coda.synth.flow.synthesiz
 (target, lanes, format) as a point of the sweep engine (:mod:`coda.sweep`: tasks on a local
 Ray by default, ``--address`` for a cluster, ``--sequential`` for a plain loop; ``coda sweep
 synth`` runs the same points) into ``build/synth/sweep/points/<target>_l<lanes>_<fmt>/`` and
-skips configurations already done (a sweep can be stopped and resumed). It then writes
+skips configurations already done with the same hardware sources (a sweep can be stopped and
+resumed; a changed ``hw/`` or ``synth/`` is synthesised again). It then writes
 ``sweep.json``, a table, and ``sweep.png`` into ``build/synth/``.
 
 Bandwidth bound
@@ -53,8 +54,7 @@ FORMATS = ("bf16", "fp16")
 def synth_point(params: dict, workdir: Path) -> dict:
     """One ``coda sweep synth`` point: :func:`coda.synth.flow.synthesize` of an NME of
     ``lanes`` lanes and format ``fmt`` for ``target`` into ``workdir`` (``report.json``,
-    netlists, logs; a ``report.json`` already there for the same configuration is reused,
-    so a sweep whose records were lost does not redo hours of place and route).
+    netlists, logs).
 
     Returns for ``generic``: ``cells_total``, ``ff``, ``logic_depth``; for ``ecp5``:
     ``lut4``, ``ff``, ``mult18``, ``bram``, ``lutram``, ``fmax_mhz`` (MHz, None without place
@@ -63,14 +63,9 @@ def synth_point(params: dict, workdir: Path) -> dict:
     target, n, fmt = params["target"], int(params["lanes"]), params["fmt"]
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: expected one of {', '.join(FORMATS)}")
-    cfg = NMEConfig(lanes=n, fmt=fmt)
-    path = Path(workdir) / "report.json"
-    report = json.loads(path.read_text()) if path.is_file() else None
-    if report is None or report.get("config", {}).get("lanes") != n \
-            or report["config"].get("fmt") != fmt or report.get("target") != target \
-            or (target == "ecp5" and params["pnr"] and report[target].get("fmax_mhz") is None):
-        report = synthesize(cfg, target, workdir, freq_mhz=params["freq_mhz"],
-                            pnr=params["pnr"], timeout_s=params["timeout_s"])
+    report = synthesize(NMEConfig(lanes=n, fmt=fmt), target, workdir,
+                        freq_mhz=params["freq_mhz"], pnr=params["pnr"],
+                        timeout_s=params["timeout_s"])
     res = report[target]
     keys = (("cells_total", "ff", "logic_depth") if target == "generic" else
             ("lut4", "ff", "mult18", "bram", "lutram", "fmax_mhz", "device"))
@@ -80,9 +75,11 @@ def synth_point(params: dict, workdir: Path) -> dict:
 def sweep_kind():
     """The ``synth`` sweep kind (coda.sweep.SweepKind): one synthesis per (target, lanes,
     fmt), in the folder ``<target>_l<lanes>_<fmt>`` under the sweep's ``points/``."""
-    from coda.sweep import Param, SweepKind
+    import coda.hw
+    from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
         name="synth", run=synth_point,
+        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
         description="synthesise the NME (yosys generic cells or ECP5 with nextpnr)",
         params=(Param("target", str, "ecp5"), Param("lanes", int, 8), Param("fmt", str, "bf16"),
                 Param("freq_mhz", float, 100.0), Param("pnr", bool, True),
@@ -108,11 +105,6 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
     from coda.sweep import run_sweep as run_points
 
     kind = sweep_kind()
-    for old in Path(root).glob("*_l*_*/report.json"):     # the layout before the engine
-        new = Path(root) / "points" / old.parent.name
-        if not new.exists():
-            new.parent.mkdir(parents=True, exist_ok=True)
-            old.parent.rename(new)
     points = [kind.full({"target": t, "lanes": n, "fmt": f, "freq_mhz": freq_mhz,
                          "pnr": t == "ecp5" and n <= ecp5_max_lanes, "timeout_s": timeout_s})
               for t in targets for f in fmts for n in lanes]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
@@ -42,6 +42,8 @@ def test_grid_product_defaults_and_dedupe(tmp_path):
     assert grid_points(k, {"x": [1, 1]}) == [{"x": 1, "f": 0.5, "s": "a", "b": False}]
     # a point named with its defaults is the same point (same key)
     assert point_key(k, {"x": 1}) == point_key(k, {"x": 1, "f": 0.5, "s": "a", "b": False})
+    # another version of the sources the figures depend on is another point (measured again)
+    assert point_key(replace(k, version="changed"), {"x": 1}) != point_key(k, {"x": 1})
     with pytest.raises(ValueError, match="empty grid"):
         grid_points(k, {})
     with pytest.raises(ValueError, match=f"at most {MAX_POINTS}"):
@@ -187,3 +189,13 @@ def test_python_m_coda_sweep_exits_cleanly(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "2 points ok, 0 failed" in p.stdout
     assert not _ray_processes()
+
+
+def test_a_point_whose_figures_json_cannot_hold_fails_alone(tmp_path):
+    k = _kind(lambda p, w: {"y": object()} if p["x"] == 2 else ["not", "a", "dict"]
+              if p["x"] == 3 else {"y": p["x"]})
+    recs = run_sweep(k, grid_points(k, {"x": [1, 2, 3]}), tmp_path, sequential=True,
+                     progress=False, log=lambda m: None)
+    assert [r["status"] for r in recs] == ["ok", "failed", "failed"]
+    assert recs[1]["error"].startswith("TypeError: Object of type object is not JSON")
+    assert recs[2]["error"] == "TypeError: toy returned list, expected a dict"

@@ -21,6 +21,7 @@ Kinds (each declared by the module that owns the work; parameters and defaults w
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 __all__ = ["kinds", "configure", "main"]
@@ -81,8 +82,13 @@ def main(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: expected >= 1")
     out = check_output_path(args.out or f"build/sweep/{kind.name}", "--out", folder=True)
-    records = run_sweep(kind, points, out, address=args.address, workers=args.workers,
-                        sequential=args.sequential, progress=not args.no_progress)
+    try:
+        records = run_sweep(kind, points, out, address=args.address, workers=args.workers,
+                            sequential=args.sequential, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"coda: interrupted; the points finished so far are in "
+              f"{Path(out) / 'results.jsonl'} (a rerun resumes)", file=sys.stderr)
+        return 130
     _print_table(kind, grid, records)
     failed = sum(r["status"] != "ok" for r in records)
     print(f"{len(records) - failed} points ok, {failed} failed: {Path(out) / 'results.jsonl'}")

@@ -296,11 +296,13 @@ def sweep_point(params: dict, workdir: Path) -> dict:
 def sweep_kind():
     """The ``sim`` sweep kind (coda.sweep.SweepKind): models x resolutions x platforms x
     DIMM counts x schedules ... of the system model, one point per ``coda sim`` run."""
-    from coda.sweep import Param, SweepKind
+    import coda.hw
+    from coda.sweep import Param, SweepKind, sources_digest
 
     from .platforms import DEFAULT_PLATFORM
     return SweepKind(
         name="sim", run=sweep_point, description=__doc__.splitlines()[0],
+        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
         params=(Param("model", str, "wan2.1-14b"), Param("resolution", str),
                 Param("seconds", float), Param("frames", int), Param("steps", int, 50),
                 Param("platform", str, DEFAULT_PLATFORM), Param("dram", str, "DDR5-4800"),
