@@ -122,11 +122,13 @@ def point_key(kind: SweepKind, params: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def sources_digest(*folders: str | os.PathLike) -> str:
-    """SHA-256 (16 hex digits) of every ``*.py`` under ``folders`` (names and bytes, sorted)."""
+def sources_digest(*paths: str | os.PathLike) -> str:
+    """SHA-256 (16 hex digits) of the files named and of every ``*.py`` under the folders
+    named (names and bytes, sorted)."""
     digest = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(Path(folder).resolve().rglob("*.py")):
+    for top in paths:
+        top = Path(top).resolve()
+        for path in [top] if top.is_file() else sorted(top.rglob("*.py")):
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

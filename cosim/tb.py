@@ -122,6 +122,7 @@ class MemoryModel:
         self.mem_words = _env_int("CODA_COSIM_MEM_WORDS")
         self.mem_in = Path(str(cocotb.plusargs.get("MEM_IN", "mem_in.hex")))
         self.mem_out = Path(str(cocotb.plusargs.get("MEM_OUT", "mem_out.hex")))
+        self.config = (1, 0.0, 0.0)   # (latency, req_stall, rsp_stall) set by configure()
 
     def configure(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
                   seed: int = 1) -> None:
@@ -138,6 +139,7 @@ class MemoryModel:
                 raise ValueError(f"{name}={p}: expected a probability in [0, 1)")
         if not 0 <= seed < (1 << 32):
             raise ValueError(f"seed={seed}: expected 0..2**32-1")
+        self.config = (latency, req_stall, rsp_stall)   # what functional coverage samples
         self.dut.tb_latency.value = latency
         self.dut.tb_req_stall.value = min(int(round(req_stall * 65536)), 65535)
         self.dut.tb_rsp_stall.value = min(int(round(rsp_stall * 65536)), 65535)

@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, decode_header, decode_uop, validate
 from coda.host.bits import canonical_nan_bits, torch_dtype
+
+#: ``observe(op, rsrc, p, q, r, res)`` of :func:`run_words` (see there)
+Observer = Callable[..., None]
 
 __all__ = ["InterpResult", "check_image", "run_program", "run_words", "CANONICAL_NAN_F32"]
 
@@ -80,8 +83,14 @@ def run_program(cfg: NMEConfig, program: Program, mem: np.ndarray, *,
 
 
 def run_words(cfg: NMEConfig, words: Sequence[int], mem: np.ndarray, *,
-              inplace: bool = False) -> InterpResult:
+              inplace: bool = False, observe: Observer | None = None) -> InterpResult:
     """Run the raw 64-bit command words (header, then micro-ops) of one program.
+
+    ``observe``, if given, is called once per micro-op pass (one block of words) with the
+    micro-op's ``op`` and ``rsrc`` and its operands and result over the block's valid
+    elements (masked tail lanes dropped), flat tensors of the format's dtype: ``p``, ``q``
+    (None where the op does not read them), ``r``, and ``res`` (the rounded, canonical-NaN
+    result; for L1 the fp32 absolute differences). Functional coverage samples it.
 
     Raises ValueError if ``len(words) - 1`` differs from the header's ``n_uops`` (the host
     framed the command stream wrongly) or the image is malformed.
@@ -98,7 +107,7 @@ def run_words(cfg: NMEConfig, words: Sequence[int], mem: np.ndarray, *,
     if status != Status.OK:
         return InterpResult(out, status, 0.0)
     uops = [decode_uop(w) for w in uop_words]
-    l1 = _Machine(cfg, out, n_elems).run(uops)
+    l1 = _Machine(cfg, out, n_elems, observe).run(uops)
     return InterpResult(out, Status.OK, l1)
 
 
@@ -137,7 +146,8 @@ def _whole_stream_ok(uops: list, n_words: int, cfg: NMEConfig) -> bool:
 class _Machine:
     """State of one program's execution on a memory image (which it modifies in place)."""
 
-    def __init__(self, cfg: NMEConfig, mem: np.ndarray, n_elems: int):
+    def __init__(self, cfg: NMEConfig, mem: np.ndarray, n_elems: int,
+                 observe: Observer | None = None):
         if sys.byteorder != "little":
             raise RuntimeError("the interpreter's int8 view assumes a little-endian host")
         self.cfg = cfg
@@ -149,6 +159,7 @@ class _Machine:
         self.tail = n_elems - (self.n_words - 1) * cfg.lanes
         self.nan = torch.tensor(canonical_nan_bits(cfg.fmt), dtype=torch.int16).view(self.dtype)
         self.l1_parts: list[tuple[int, int, torch.Tensor]] = []  # (uop index, w0, [n, L])
+        self.observe = observe
 
     def run(self, uops: list) -> float:
         whole = _whole_stream_ok(uops, self.n_words, self.cfg)
@@ -191,6 +202,8 @@ class _Machine:
             if w1 == self.n_words and self.tail < self.lanes:
                 diff[-1, self.tail:] = 0.0  # masked lanes accumulate nothing
             self.l1_parts.append((i, w0, diff))
+            if self.observe is not None:
+                self._observe(op, _rsrc, w1, bufs[p][:n], None, rv, diff)
             return
         if op == Op.MOV:
             res = rv
@@ -202,12 +215,26 @@ class _Machine:
             res = self._canonical(bufs[p][:n] * rv)
         else:  # MAC: the product is rounded, then the sum
             res = self._canonical(bufs[p][:n] + bufs[q][:n] * rv)
+        if self.observe is not None:
+            self._observe(op, _rsrc, w1, None if op == Op.MOV else bufs[p][:n],
+                          bufs[q][:n] if op == Op.MAC else None, rv, res)
         if store:
             self._store(addr, w0, w1, res)
         else:
             if d not in bufs:  # validate() rejected any read before this first write
                 bufs[d] = torch.empty(self.step, self.lanes, dtype=self.dtype)
             bufs[d][:n] = res
+
+    def _observe(self, op, rsrc, w1: int, p, q, r, res) -> None:
+        """Hand one pass's operands and result over its valid elements to ``observe``."""
+        cut = self.tail if w1 == self.n_words and self.tail < self.lanes else self.lanes
+
+        def flat(t):
+            if t is None:
+                return None
+            t = t.expand(res.shape) if t.shape != res.shape else t
+            return torch.cat([t[:-1].reshape(-1), t[-1, :cut]]) if t.shape[0] else t.reshape(-1)
+        self.observe(Op(op), RSrc(rsrc), flat(p), flat(q), flat(r), flat(res))
 
     def _store(self, addr: int, w0: int, w1: int, res: torch.Tensor) -> None:
         if w1 == self.n_words and self.tail < self.lanes:

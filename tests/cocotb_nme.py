@@ -5,7 +5,10 @@ Started by ``tests/test_cosim_nme.py`` (or :func:`coda.cosim.build.run_cocotb`) 
 - ``CODA_COSIM_CFG``: the :class:`~coda.hw.isa.NMEConfig` of the build, as JSON;
 - ``CODA_COSIM_LANES`` / ``CODA_COSIM_MEM_WORDS``: memory geometry (for the models);
 - ``CODA_COSIM_SCALE``: sample-size multiplier (default 1: a few minutes for all tests);
-- ``CODA_COSIM_REPORT``: optional JSON file where tests record numbers (cycles, toggles).
+- ``CODA_COSIM_REPORT``: optional JSON file where tests record numbers (cycles, toggles);
+- ``CODA_COVERAGE``: optional JSON file: functional coverage (:mod:`coda.cosim.coverage`) is
+  sampled on every program and written there at the end of each test;
+- ``CODA_MUTANT``: on the mutant netlist of :mod:`coda.synth.mutation`, the mutant to run.
 
 Every check compares the whole memory image (so masked tail lanes and bytes outside the output
 must be untouched) and the L1 bits, NaNs by class (the NME emits a canonical NaN, torch keeps
@@ -15,6 +18,7 @@ micro-ops and operators, torch computed directly here or through :mod:`coda.host
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -25,6 +29,7 @@ import numpy as np
 import torch
 from cocotb.triggers import Timer
 
+from coda.cosim.coverage import NMECoverage
 from coda.cosim.tb import CLOCK_NS, NMEHarness
 from coda.host import bits as hb
 from coda.host import ops as ref
@@ -40,6 +45,36 @@ SCALE = max(1, int(os.environ.get("CODA_COSIM_SCALE", "1")))
 DTYPE = hb.torch_dtype(CFG.fmt)
 L = CFG.lanes
 EXP_BITS, MAN_BITS = {"bf16": (8, 7), "fp16": (5, 10)}[CFG.fmt]
+COVERAGE_FILE = os.environ.get("CODA_COVERAGE")
+COV = NMECoverage(CFG) if COVERAGE_FILE else None
+
+
+MUTANT = int(os.environ.get("CODA_MUTANT", "0"))
+_MUTANT_KILLED = []      # the test that killed the mutant under test, once one has
+
+
+def nme_test(test):
+    """Every test of this module: on a mutant netlist (coda.synth.mutation, ``CODA_MUTANT``
+    = K > 0) first select mutant K, and once a test has failed (the mutant is killed) skip
+    the rest; when the test ends, passed or failed, write the coverage sampled so far
+    (cumulative over this simulator's tests)."""
+    @functools.wraps(test)
+    async def run(dut):
+        if MUTANT:
+            if _MUTANT_KILLED:
+                dut._log.info("mutant %d already killed by %s: skipped", MUTANT,
+                              _MUTANT_KILLED[0])
+                return
+            dut.dut.mutsel.value = MUTANT
+        try:
+            await test(dut)
+        except BaseException:
+            _MUTANT_KILLED.append(test.__name__)
+            raise
+        finally:
+            if COV is not None:
+                COV.export(COVERAGE_FILE)
+    return run
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -115,7 +150,11 @@ class Checker:
         interpreter; returns (RunResult, image after)."""
         res, out = await self.h.execute(words, mem, cycle_limit(words))
         assert not res.protocol_faults(), f"{what}: protocol faults {res.protocol_faults()}"
-        gold = run_words(CFG, words, mem)
+        gold = run_words(CFG, words, mem, observe=COV.uop if COV else None)
+        if COV is not None:
+            COV.program(decode_n(words[0]), res.status, self.h.memory.config)
+            if any((w & 0xF) == Op.L1 for w in words[1:]) and res.status == Status.OK:
+                COV.l1(gold.l1)
         assert res.status == gold.status, f"{what}: status {res.status!r}, expected {gold.status!r}"
         assert_image(out, gold.mem, what)
         assert f32_same(res.l1_bits, f32_bits(gold.l1)), \
@@ -246,6 +285,7 @@ async def uop_case(ck: Checker, rng, op: Op, rsrc: RSrc, n: int, *, store_direct
 
 
 @cocotb.test()
+@nme_test
 async def test_uop_matrix(dut):
     """Every micro-op x every R source (and the direct store), random bits and finite values,
     lengths not a multiple of lanes, against torch directly and the interpreter."""
@@ -315,6 +355,8 @@ async def operator_case(ck: Checker, rng, op: str, t: int, c: int, *, k: int = 3
         kw["group"] = group
     expected = ref.get_op(op)(**kw)
     what = f"{op} T={t} C={c} K={k} G={group}"
+    if COV is not None:
+        COV.operator(op, k=k, group=group, channels=c)
     if op == "l1_distance":
         await ck.run(program.words(), mem, what, expect_l1=f32_bits(expected))
         return
@@ -326,6 +368,7 @@ async def operator_case(ck: Checker, rng, op: str, t: int, c: int, *, k: int = 3
 
 
 @cocotb.test()
+@nme_test
 async def test_operators(dut):
     """Every operator of the reference table, compiled and run, vs coda.host.ops."""
     ck = Checker(dut)
@@ -337,10 +380,11 @@ async def test_operators(dut):
                    "l1_distance"):
             for finite in (True, False):
                 await operator_case(ck, rng, op, t=int(rng.integers(1, 9)), c=c, finite=finite)
-        for k in (1, 2, 5, 8):
+        for k in range(1, 9):
             await operator_case(ck, rng, "segment", t=int(rng.integers(1, 7)), c=c, k=k)
-        for group in (L, 3 * L):
-            await operator_case(ck, rng, "dequant_int8", t=int(rng.integers(1, 7)), c=6 * L,
+        # scale groups of one word and wider, one group per row and several
+        for cc, group in ((6 * L, L), (6 * L, 3 * L), (6 * L, 6 * L), (L, L)):
+            await operator_case(ck, rng, "dequant_int8", t=int(rng.integers(1, 7)), c=cc,
                                 group=group)
     dut._log.info("operators: %d programs, %d elements, 0 mismatches", ck.programs, ck.elements)
     record("operator_programs", ck.programs)
@@ -371,6 +415,7 @@ def edge_values() -> np.ndarray:
 
 
 @cocotb.test()
+@nme_test
 async def test_fp_edge_cases(dut):
     """All pairs of directed edge values (ties, sticky bits, subnormal results, cancellation,
     overflow, inf-inf, 0*inf, signed zeros, largest/smallest) through ADD, SUB, MUL, MAC."""
@@ -414,6 +459,7 @@ async def test_fp_edge_cases(dut):
 
 # ----------------------------------------------------------------------------- random bits
 @cocotb.test()
+@nme_test
 async def test_random_bits_with_stalls(dut):
     """Uniform random 16-bit patterns through ADD/SUB/MUL/MAC/L1 while the memory stalls at
     random with several latencies."""
@@ -432,14 +478,60 @@ async def test_random_bits_with_stalls(dut):
             before = ck.cycles
             await uop_case(ck, rng, op, RSrc.MEM, n, store_direct=False, finite=finite)
             cycles[f"{op.name}@lat{latency}/req{ps_req}/rsp{ps_rsp}/n{n}"] = ck.cycles - before
+    # the other stall patterns (stalls on one side only, latency alone), one program each
+    rng2 = np.random.default_rng(405)
+    for latency, ps_req, ps_rsp in [(1, 0.0, 0.3), (1, 0.3, 0.0), (1, 0.3, 0.3), (4, 0.0, 0.0),
+                                    (4, 0.0, 0.3), (4, 0.3, 0.0)]:
+        ck.h.memory.configure(latency=latency, req_stall=ps_req, rsp_stall=ps_rsp,
+                              seed=int(rng2.integers(1, 1 << 31)))
+        n = int(rng2.integers(CFG.depth * L, 2 * CFG.depth * L)) * SCALE - 1
+        await uop_case(ck, rng2, (Op.ADD, Op.MAC, Op.L1)[latency % 3], RSrc.MEM, n,
+                       store_direct=False, finite=True)
     ck.h.memory.configure()
     record("random_stall_cycles", cycles)
     dut._log.info("random bits with stalls: %d programs, %d elements, 0 mismatches",
                   ck.programs, ck.elements)
 
 
+# ----------------------------------------------------------------------------- L1 sums
+@cocotb.test()
+@nme_test
+async def test_l1_corner_sums(dut):
+    """L1 sums that are exactly zero (equal streams), infinite (an infinite operand; for
+    bf16 also finite differences whose fp32 sum overflows) and NaN, vs torch."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(808)
+    n = 3 * L + 5
+    big = hb.to_bits(torch.full((n,), float(torch.finfo(DTYPE).max), dtype=DTYPE))
+    cases = {"zero": (finite_bits(rng, n), None), "inf": (finite_bits(rng, n), "inf"),
+             "nan": (finite_bits(rng, n), "nan")}
+    if CFG.fmt == "bf16":   # n * (max - (-max)) exceeds fp32's range
+        cases["overflow"] = (big, "neg")
+    for what, (a, how) in cases.items():
+        b = a.copy()
+        if how == "inf":
+            a = a.copy()
+            a[n // 2] = hb.to_bits(torch.tensor([float("inf")], dtype=DTYPE))[0]
+        elif how == "nan":
+            a = a.copy()
+            a[1] = hb.to_bits(torch.tensor([float("nan")], dtype=DTYPE))[0]
+        elif how == "neg":
+            b = b | np.uint16(0x8000)
+        mem = random_image(rng)
+        wn = hb.words_for(n, L)
+        place(mem, 0, a)
+        place(mem, wn, b)
+        words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                               UOp(Op.L1, RSrc.MEM, p=0, addr=wn)])
+        P, R = hb.from_bits(a, CFG.fmt), hb.from_bits(b, CFG.fmt)
+        await ck.run(words, mem, f"L1 {what}", expect_l1=l1_torch(P, R))
+    dut._log.info("L1 corner sums: %s, 0 mismatches", sorted(cases))
+
+
 # ----------------------------------------------------------------------------- tails
 @cocotb.test()
+@nme_test
 async def test_tails(dut):
     """Every length 1 .. 2*lanes+1 and around block boundaries: masked lanes stay untouched."""
     ck = Checker(dut)
@@ -511,6 +603,7 @@ def bad_programs() -> list[tuple[str, list[int]]]:
 
 
 @cocotb.test()
+@nme_test
 async def test_bad_commands(dut):
     """Each error status: the code isa.validate gives, memory untouched (full dump), nothing
     written, and the next good program runs correctly."""
@@ -524,6 +617,8 @@ async def test_bad_commands(dut):
         ck.h.forget()
         res = await ck.h.driver.run(words, cycle_limit(words))
         n_uops, n_elems = words[0] & 0xFF, (words[0] >> 8) & 0xFFFF_FFFF
+        if COV is not None:
+            COV.program(n_elems, res.status, ck.h.memory.config)
         expected = validate(n_uops, n_elems, words[1:], CFG)
         assert expected != Status.OK, f"{name}: test bug, validate() accepts it"
         assert res.status == expected, f"{name}: status {res.status!r}, expected {expected!r}"
@@ -542,6 +637,7 @@ async def test_bad_commands(dut):
 
 # ----------------------------------------------------------------------------- reset
 @cocotb.test()
+@nme_test
 async def test_reset_mid_program(dut):
     """A reset in the middle of a long program: the NME goes idle at once, accepts the next
     program and computes it correctly (also with stalls and reads in flight)."""
@@ -560,6 +656,8 @@ async def test_reset_mid_program(dut):
         await Timer(delay * CLOCK_NS, unit="ns")
         assert int(dut.tb_nme_busy.value) == 1, f"delay {delay}: NME not busy mid-program"
         await ck.h.driver.reset(3)
+        if COV is not None:
+            COV.reset(delay)
         res = await ck.h.driver.wait()
         assert res.aborted, "reset did not abort the job"
         assert not res.timeout
@@ -592,6 +690,7 @@ def isolation_program(rng) -> tuple[list[int], np.ndarray]:
 
 
 @cocotb.test()
+@nme_test
 async def test_operand_isolation_toggles(dut):
     """Toggle count of the FU operand registers (dbg_fu_toggles) over the representative
     program (0 on an NME built without its simulation-only toggle counter, the default);
@@ -609,6 +708,7 @@ async def test_operand_isolation_toggles(dut):
 
 # ----------------------------------------------------------------------------- speed
 @cocotb.test()
+@nme_test
 async def test_speed(dut):
     """Big MOV/ADD program: simulated NME cycles per second of wall time (recorded)."""
     import time as _time
