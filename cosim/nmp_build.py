@@ -100,6 +100,8 @@ def _runner(make_flags: list[str]):
 
     class _Lean(Verilator):
         def _build_command(self):
+            # untraced whatever WAVES says (cocotb's build() reads it): the cache key has no trace
+            self.waves = False
             cmds = super()._build_command()
             cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
             cmds[1] = cmds[1] + ["CFG_CXXFLAGS_PCH_I=-include"] + make_flags

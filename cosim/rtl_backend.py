@@ -16,6 +16,10 @@ Results are bit-identical to :class:`coda.host.backend.TorchBackend` for ``mem``
 Every wait has a timeout; a simulator that dies, hangs or fails to build raises
 :class:`~coda.cosim.build.CosimRunError` / :class:`~coda.cosim.build.CosimBuildError` with the
 tail of its log. Simulators are stopped by :meth:`RTLBackend.close` (also at interpreter exit).
+
+``RTLBackend(waves="run.fst")`` runs the traced model instead (``build_sim(waves=True)``) and
+each simulator writes the FST waveform of everything it ran, complete once :meth:`close` has
+stopped it (``coda nme run --waves``).
 """
 
 from __future__ import annotations
@@ -71,22 +75,28 @@ class SimSession:
         workdir: folder for the hex files and ``sim.log`` (created).
         start_timeout_s: wall limit for the simulator to start and connect (s).
         job_timeout_s: wall limit for one request (s).
+        waves: an ``.fst`` file where the simulator writes the waveform of its whole life
+            (the build must be traced; complete once :meth:`close` returns).
     Raises:
         CosimRunError: the simulator did not start or connect in time (with its log tail).
+        ValueError: ``waves`` with an untraced build, or not an .fst path.
     """
 
     def __init__(self, build: SimBuild, workdir: Path, *, start_timeout_s: float = 120.0,
-                 job_timeout_s: float = 600.0):
+                 job_timeout_s: float = 600.0, waves: str | os.PathLike | None = None):
         self._prepare(build, workdir, job_timeout_s)
+        command = sim_command(build, self.workdir, waves=waves)
+        self.waves = Path(command[-1]) if waves is not None else None
         self._start(SERVER_MODULE, {"CODA_COSIM_LANES": str(build.lanes),
                                     "CODA_COSIM_MEM_WORDS": str(build.mem_words)},
-                    sim_command(build, self.workdir), start_timeout_s)
+                    command, start_timeout_s)
 
     def _prepare(self, build, workdir: Path, job_timeout_s: float) -> None:
         self.build = build
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.job_timeout_s = job_timeout_s
+        self.waves: Path | None = None       # the FST file this simulator writes, if any
         self.log = self.workdir / "sim.log"
         self.shadow: np.ndarray | None = None   # what the simulator's memory holds
         self.jobs = 0
@@ -246,7 +256,10 @@ class SimSession:
 
     # ------------------------------------------------------------------ shutdown
     def close(self, timeout_s: float = 10.0) -> None:
-        """Ask the simulator to quit; kill it if it does not within ``timeout_s``."""
+        """Ask the simulator to quit; kill it if it does not within ``timeout_s`` (at least
+        300 s for one writing a waveform: its FST file is finished as it exits)."""
+        if self.waves is not None:
+            timeout_s = max(timeout_s, 300.0)
         if self.proc.poll() is None:
             try:
                 self.sock.sendall(b'{"op": "quit"}\n')
@@ -324,8 +337,13 @@ class RTLBackend(SessionOwner):
             spreads its jobs over (one per rank of the driver).
         measure_toggles: simulate NMEs with the simulation-only FU toggle counter
             (``stats["toggles"]``; 0 without it).
+        waves: an ``.fst`` file: run the traced model (a separate cached build) and write
+            each simulator's FST waveform, the first simulator's to ``waves``, the n-th's
+            (n >= 1, other ranks or configurations) to ``<stem>-<n>.fst`` beside it; the files
+            are complete after :meth:`close`, listed in ``wave_files``. Default: no waveform,
+            the untraced (faster) model.
     Raises:
-        ValueError: a parameter out of range.
+        ValueError: a parameter out of range, ``waves`` not an .fst file path.
 
     ``stats``: ``programs``, ``cycles`` (summed over jobs), ``seconds`` (wall time from each
     launch to its collection, less simulator builds and starts: an upper bound of the time
@@ -337,7 +355,8 @@ class RTLBackend(SessionOwner):
 
     def __init__(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
                  seed: int = 1, job_timeout_s: float = 600.0, start_timeout_s: float = 180.0,
-                 keep_logs: bool = False, max_sims: int = 8, measure_toggles: bool = False):
+                 keep_logs: bool = False, max_sims: int = 8, measure_toggles: bool = False,
+                 waves: str | os.PathLike | None = None):
         if not 1 <= int(latency) <= 255:
             raise ValueError(f"latency={latency}: expected 1..255 cycles")
         for nm, p in (("req_stall", req_stall), ("rsp_stall", rsp_stall)):
@@ -349,6 +368,12 @@ class RTLBackend(SessionOwner):
             raise ValueError(f"timeouts {job_timeout_s}, {start_timeout_s}: expected > 0 s")
         if not 1 <= int(max_sims) <= 64:
             raise ValueError(f"max_sims={max_sims}: expected 1..64 simulator processes")
+        if waves is not None:
+            wpath = Path(waves)
+            if str(waves) in ("", "-") or wpath.suffix != ".fst" or wpath.is_dir():
+                raise ValueError(f"waves={str(waves)!r}: expected an .fst file path")
+        self.waves = None if waves is None else Path(waves).resolve()
+        self.wave_files: list[Path] = []
         self.max_sims = int(max_sims)
         self.measure_toggles = bool(measure_toggles)
         self.latency = int(latency)
@@ -365,7 +390,17 @@ class RTLBackend(SessionOwner):
 
     def build(self, cfg: NMEConfig):
         """The Verilated model this backend runs for ``cfg`` (subclasses swap the Verilog)."""
-        return build_sim(cfg, measure_toggles=self.measure_toggles)
+        return build_sim(cfg, measure_toggles=self.measure_toggles,
+                         waves=self.waves is not None)
+
+    def _next_wave_file(self) -> Path | None:
+        """Where the next simulator started writes its waveform (None: no waveforms)."""
+        if self.waves is None:
+            return None
+        n = len(self.wave_files)
+        path = self.waves if n == 0 else self.waves.with_name(f"{self.waves.stem}-{n}.fst")
+        self.wave_files.append(path)
+        return path
 
     def session(self, cfg: NMEConfig, slot: int = 0) -> SimSession:
         """Simulator ``slot`` of ``cfg`` (0 .. max_sims-1), built and started on first use."""
@@ -379,7 +414,7 @@ class RTLBackend(SessionOwner):
             build = self.build(cfg)
             workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
             sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,
-                              job_timeout_s=self.job_timeout_s)
+                              job_timeout_s=self.job_timeout_s, waves=self._next_wave_file())
             self.sessions[cfg, slot] = sess
             self.stats["starts"] += 1
             self.stats["start_seconds"] += time.perf_counter() - t0

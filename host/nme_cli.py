@@ -4,6 +4,7 @@ Usage::
 
     coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz \\
                  [--backend torch|rtl] [--lanes N] [--dimms D] [--ranks R] [--mem-words W]
+                 [--waves FILE.fst]
     coda nme run --op OP --fmt F --make-example IN.npz [--lanes N] [--seed S]
 
 IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.ops`:
@@ -15,6 +16,11 @@ dtypes or shapes print one clear error line and exit with status 2.
 
 ``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
 with a masked tail and a token count that splits unevenly over ranks) instead of running.
+
+``--waves FILE.fst`` (with ``--backend rtl``, without ``--dram``) runs the traced NME model (a
+separate cached Verilator build, ``coda.cosim.build.build_sim(waves=True)``) and writes the FST
+waveform of the run to FILE.fst (GTKWave, Surfer); with several ranks, rank simulator n >= 1
+writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
 Also runnable as ``python -m coda.host.nme_cli ...`` (the same options, the same errors).
 """
 
@@ -64,6 +70,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--make-example", metavar="IN.npz", default=None,
                         help="write a random example input file for --op/--fmt and exit")
     parser.add_argument("--seed", type=int, default=0, help="seed of --make-example")
+    parser.add_argument("--waves", metavar="FILE.fst", default=None,
+                        help="with --backend rtl: write the FST waveform of the run (the traced "
+                             "NME model, built once and cached); ranks 2.. write FILE-<n>.fst")
 
 
 def _fail(msg: str) -> int:
@@ -97,6 +106,7 @@ def _check_options(args: argparse.Namespace) -> None:
     """The format and geometry options, checked as a run checks them (NMEConfig), with the
     message naming the option: ``--lanes 0: expected 1..64``."""
     torch_dtype(args.fmt)
+    _check_waves(args)
     if args.dimms < 1 or args.ranks < 1:
         raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
     mem_words = _MAX_MEM_WORDS if args.mem_words is None else args.mem_words
@@ -105,6 +115,24 @@ def _check_options(args: argparse.Namespace) -> None:
     except ValueError as exc:   # NMEConfig's messages read "field=value: expected ..."
         field, _, rest = str(exc).partition("=")
         raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+
+
+def _check_waves(args: argparse.Namespace) -> None:
+    """``--waves``: only for a run on the NME RTL (``--backend rtl``, no ``--dram``, no
+    ``--make-example``) and a writable file path ending in .fst; ValueError otherwise."""
+    waves = getattr(args, "waves", None)
+    if waves is None:
+        return
+    if args.make_example is not None:
+        raise ValueError(f"--waves {waves}: --make-example runs nothing to record")
+    if args.backend != "rtl":
+        raise ValueError(f"--waves {waves}: waveforms come from the RTL simulator, "
+                         f"expected --backend rtl (got --backend {args.backend})")
+    if args.dram is not None:
+        raise ValueError(f"--waves {waves}: not available with --dram (the DIMM-NMP "
+                         f"cosimulation); waveforms are of the NME on an ideal memory")
+    if check_output_path(waves, "--waves").suffix != ".fst":
+        raise ValueError(f"--waves {waves}: expected a file name ending in .fst")
 
 
 def _check_out(path: str, flag: str) -> Path:
@@ -127,11 +155,17 @@ def _run(args: argparse.Namespace) -> int:
     mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
                                                  params.get("group"), n_ranks)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
-    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
-    driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
-    start = time.perf_counter()
-    result = driver.run_op(args.op, **tensors, **params)
-    wall = time.perf_counter() - start
+    waves = getattr(args, "waves", None)
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                          **({"waves": waves} if waves else {}))
+    try:
+        driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
+        start = time.perf_counter()
+        result = driver.run_op(args.op, **tensors, **params)
+        wall = time.perf_counter() - start
+    finally:
+        if waves:
+            backend.close()   # the simulators finish their FST files as they exit
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = ({"l1": np.float32(result)} if spec.output == "l1" else {"y": to_bits(result)})
     with open(out, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
@@ -142,7 +176,8 @@ def _run(args: argparse.Namespace) -> int:
           f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
           f"{'dram=' + args.dram + ' ' if args.dram else ''}"
           f"nme_cycles={driver.stats['nme_cycles']} programs={driver.stats['rank_programs']} "
-          f"wall={wall * 1e3:.1f} ms -> {out}")
+          f"wall={wall * 1e3:.1f} ms -> {out}"
+          + (f" waves={','.join(str(p) for p in backend.wave_files)}" if waves else ""))
     return 0
 
 

@@ -11,6 +11,7 @@ memory (whole-memory dumps stay cheap).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from coda.cosim.build import build_sim, log_tail, nme_verilog_cached, run_cocotb
+from coda.cosim.build import failure_report, waves_requested
 from coda.cosim.toolchain import build_dir
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp
 
@@ -25,42 +27,154 @@ BASE = NMEConfig(lanes=8, depth=16, mem_words=4096)
 _BUILDS: dict = {}
 
 
-def _build(cfg: NMEConfig, measure_toggles: bool = False):
+def _build(cfg: NMEConfig, measure_toggles: bool = False, waves: bool = False):
     """The cosimulation of ``cfg``: the NME as ``coda verilog`` writes it, or with
     ``measure_toggles`` one whose lanes count FU operand toggles (``dbg_fu_toggles``, a
-    simulation-only option of :class:`coda.hw.nme.NME`)."""
-    key = (cfg, measure_toggles)
+    simulation-only option of :class:`coda.hw.nme.NME`); ``waves``: its traced (FST) model."""
+    key = (cfg, measure_toggles, waves)
     if key not in _BUILDS:
-        _BUILDS[key] = build_sim(cfg, measure_toggles=measure_toggles)
+        _BUILDS[key] = build_sim(cfg, measure_toggles=measure_toggles, waves=waves)
     return _BUILDS[key]
 
 
 def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1,
-         measure_toggles: bool = False) -> dict:
-    build = _build(cfg, measure_toggles)
+         measure_toggles: bool = False, coverage: Path | None = None) -> dict:
+    # WAVES=1 / pytest --waves: the traced model, its FST under build/waves/<tag>/
+    waves = build_dir("waves", tag) / "nme_tb_top.fst" if waves_requested() else None
+    build = _build(cfg, measure_toggles, waves is not None)
     workdir = build_dir("cosim", "pytest", tag)
     report = workdir / "report.json"
     report.unlink(missing_ok=True)
     env = {"CODA_COSIM_CFG": json.dumps(asdict(cfg)), "CODA_COSIM_LANES": str(cfg.lanes),
            "CODA_COSIM_MEM_WORDS": str(cfg.mem_words), "CODA_COSIM_SCALE": str(scale),
            "CODA_COSIM_REPORT": str(report)}
+    if coverage is not None:          # functional coverage sampled and written there
+        coverage.unlink(missing_ok=True)
+        env["CODA_COVERAGE"] = str(coverage)
     tally = run_cocotb(build, "cocotb_nme", workdir, testcase=testcase, seed=1,
-                       extra_env=env, timeout_s=1500)
+                       extra_env=env, timeout_s=1500, waves=waves)
     assert tally["tests"] > 0, f"no cocotb test ran:\n{log_tail(tally['log'])}"
-    assert tally["failed"] == 0, (f"{tally['failed']} of {tally['tests']} cocotb tests failed "
-                                  f"({tally['log']}):\n{log_tail(tally['log'], 80)}")
+    assert tally["failed"] == 0, failure_report(tally)   # names the FST file with WAVES=1
     tally["report"] = json.loads(report.read_text()) if report.exists() else {}
     return tally
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+def _cocotb_tests_defined() -> list[str]:
+    """The names of the ``@cocotb.test`` functions of tests/cocotb_nme.py, read from its
+    source (it imports only inside the simulator)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).parent / "cocotb_nme.py").read_text())
+
+    def is_cocotb_test(dec) -> bool:
+        dec = dec.func if isinstance(dec, ast.Call) else dec
+        return (isinstance(dec, ast.Attribute) and dec.attr == "test"
+                and isinstance(dec.value, ast.Name) and dec.value.id == "cocotb")
+    return [f.name for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(is_cocotb_test(d) for d in f.decorator_list)]
+
+
+def _cocotb_outcomes(results) -> dict[str, str]:
+    """Test name -> "passed" / "failed" / "skipped" from a cocotb results XML; a name
+    reported twice is an error."""
+    import xml.etree.ElementTree as ET
+
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(results).getroot().iter("testcase"):
+        name = case.get("name")
+        assert name not in outcomes, f"{name} reported twice in {results}"
+        failed = case.find("failure") is not None or case.find("error") is not None
+        outcomes[name] = ("failed" if failed else
+                          "skipped" if case.find("skipped") is not None else "passed")
+    return outcomes
+
+
+FORMATS = ("bf16", "fp16")
+_REGRESSIONS: dict = {}
+
+
+def _regression(fmt: str) -> dict:
+    """The cocotb regression of ``fmt`` (run once per session), sampling functional coverage
+    into build/coverage/fast/<fmt>.json."""
+    if fmt not in _REGRESSIONS:
+        _REGRESSIONS[fmt] = _run(replace(BASE, fmt=fmt), f"regression-{fmt}",
+                                 coverage=build_dir("coverage", "fast") / f"{fmt}.json")
+    return _REGRESSIONS[fmt]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_cocotb_regression(fmt):
-    """All cocotb tests (micro-ops, operators, FP edge cases, random bits with stalls, tails,
-    bad commands, reset mid-program, toggles, speed) pass on the RTL of this format."""
-    tally = _run(replace(BASE, fmt=fmt), f"regression-{fmt}")
+    """Every cocotb test of tests/cocotb_nme.py (micro-ops, operators, FP edge cases, random
+    bits with stalls, L1 corner sums, tails, bad commands, reset mid-program, toggles,
+    speed) ran on the RTL of this format and passed, by name, per cocotb's results XML."""
+    tally = _regression(fmt)
     print(f"\n{fmt}: {tally['tests']} cocotb tests, {tally['failed']} failed, "
           f"{tally['seconds']:.1f} s; report {tally['report']}")
-    assert tally["tests"] >= 9
+    defined = _cocotb_tests_defined()
+    assert defined and len(defined) == len(set(defined))
+    assert _cocotb_outcomes(tally["results"]) == {name: "passed" for name in defined}
+    assert tally["tests"] == len(defined) and tally["failed"] == 0
+
+
+#: the fraction of the coverage model's bins the fast regression hits (recorded: all of them;
+#: a change that leaves a bin unexercised fails here, naming it)
+COVERAGE_FLOOR = 1.0
+
+
+def _defined_bins(cfg: NMEConfig) -> int:
+    """Bins of the coverage model of ``cfg``, counted from its definition (coda.cosim.coverage)."""
+    from coda.cosim import coverage as cv
+
+    arith = len(cv.ARITH)
+    return (6 + 6 * 5                                              # op, op x R source
+            + arith * len(cv.FLOAT_CLASSES) ** 2                   # operands cross
+            + len(cv.FLOAT_CLASSES)                                # mac_q
+            + arith * (len(cv.FLOAT_CLASSES) - 1)                  # result classes (no sNaN)
+            + sum(len(v) for v in cv.EVENTS_OF.values())           # result events
+            + 4 + cfg.lanes + len(cv.OPERATORS) + 8 + 4 + 8        # l1, tail, operator, K,
+            + len(Status) + 4)                                     # dequant, stalls, status, reset
+
+
+def test_functional_coverage():
+    """The fast regression (both formats) hits at least COVERAGE_FLOOR of the coverage
+    model's bins, every defined bin reported (none dropped); writes build/coverage/
+    coverage.json and summary.txt (``make coverage``)."""
+    from coda.cosim.coverage import merge, summary
+
+    files = []
+    for fmt in FORMATS:
+        _regression(fmt)
+        files.append(build_dir("coverage", "fast") / f"{fmt}.json")
+    merged = merge(files)
+    out = build_dir("coverage")
+    (out / "coverage.json").write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    text = summary(merged)
+    (out / "summary.txt").write_text(text + "\n")
+    print("\n" + text)
+    assert sorted(merged["configs"]) == [f"{f}_l{BASE.lanes}" for f in FORMATS]
+    for key, data in merged["configs"].items():
+        assert data["total"] == _defined_bins(BASE), key
+    assert merged["total"] == len(FORMATS) * _defined_bins(BASE)
+    assert merged["covered_fraction"] >= COVERAGE_FLOOR, text
+
+
+@pytest.mark.slow
+def test_functional_coverage_long():
+    """``make verify-long``: the regression at 4x its samples, both formats, hits every bin
+    of the coverage model (build/coverage/long/)."""
+    from coda.cosim.coverage import merge, summary
+
+    files = []
+    for fmt in FORMATS:
+        path = build_dir("coverage", "long") / f"{fmt}.json"
+        _run(replace(BASE, fmt=fmt), f"regression-long-{fmt}", scale=4, coverage=path)
+        files.append(path)
+    merged = merge(files)
+    (build_dir("coverage", "long") / "coverage.json").write_text(
+        json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    assert merged["total"] == len(FORMATS) * _defined_bins(BASE)
+    assert merged["covered"] == merged["total"], summary(merged)
 
 
 def test_operand_isolation_reduces_toggles():
@@ -71,6 +185,8 @@ def test_operand_isolation_reduces_toggles():
               measure_toggles=True)
     off = _run(replace(BASE, operand_isolation=False), "isolation-off",
                testcase="test_operand_isolation_toggles", measure_toggles=True)
+    for tally in (on, off):     # the one test asked for, and it passed
+        assert _cocotb_outcomes(tally["results"]) == {"test_operand_isolation_toggles": "passed"}
     t_on = on["report"]["toggles_isolation_on"]
     t_off = off["report"]["toggles_isolation_off"]
     print(f"\noperand-isolation toggles: on {t_on}, off {t_off} "

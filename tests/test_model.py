@@ -7,6 +7,8 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coda.host.model import data
 from coda.host.model.classifier import digit_classifier, frame_features, label_accuracy
@@ -162,15 +164,65 @@ def test_cached_generate_reports_and_detaches():
     assert get_coda_cache_hook(model.transformer) is None and driver.keys() == []
 
 
-def test_cache_mem_words_sizes_rank_memory():
+@pytest.fixture(scope="module")
+def tiny_cache_slot():
+    """(model, bytes one video caches): read off a cached generation's operator events, one
+    [T, C] slot of 16-bit elements per CFG branch x layer x operator type the engine meets
+    (the schedule's real operator types, not a count written here)."""
+    from coda.host.backend import TorchBackend
+    from coda.host.driver import NMPDriver
+    from coda.host.events import EventLog
+    from coda.host.model.sample import cached_generate
+    from coda.host.policies import UniformIntervalPolicy
+    from coda.host.schedule import OP_TYPES, operator_order
+    from coda.hw.isa import NMEConfig
+
+    model = build_model(tiny_config(), seed=2).eval()
+    log = EventLog()
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14))
+    cached_generate(model, [4], driver, UniformIntervalPolicy(default_interval=2, warmup=1),
+                    events=log, num_steps=3, seed=1)
+    ops = log.of("op")
+    slots = {(e.branch, e.layer, e.op) for e in ops}
+    # every (layer, op) of the schedule's forward order, in both branches: 2 x 1 x 5
+    assert {(layer, op) for _, layer, op in slots} == set(operator_order(1))
+    assert len({op for _, _, op in slots}) == len(OP_TYPES) == 5
+    (tokens, channels), = {(e.tokens, e.channels) for e in ops}
+    assert {e.stored_bytes for e in ops} <= {0, tokens * channels * 2}
+    return model, len(slots) * tokens * channels * 2
+
+
+def _needed_words(slot_bytes: int, videos: int, ranks: int, lanes: int) -> float:
+    """Words of ``lanes`` 16-bit elements per rank for ``videos`` slots tiled over ``ranks``,
+    with the 1.5x headroom cache_mem_words documents."""
+    return 1.5 * videos * slot_bytes / ranks / (2 * lanes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(videos=st.integers(1, 2000), ranks=st.integers(1, 16),
+       lanes=st.sampled_from([1, 2, 4, 8, 16, 32]))
+def test_cache_mem_words_is_the_smallest_power_of_two_holding_the_slots(
+        tiny_cache_slot, videos, ranks, lanes):
     from coda.host.model.sample import cache_mem_words
 
-    model = build_model(tiny_config())
-    # slot: 2 branches x 4 operator types x 1 layer x (4 frames x 16 tokens) x 32 hidden x 2 B
-    # = 32,768 B; 1.5 x videos x slot / 2 ranks / 16 B per 8-lane word
-    assert cache_mem_words(model, 100, ranks=2, lanes=8) == 1 << 18    # 153,600 words
-    assert cache_mem_words(model, 200, ranks=2, lanes=8) == 1 << 19    # 307,200 words
-    assert cache_mem_words(model, 200, ranks=4, lanes=8) == 1 << 18
+    model, slot_bytes = tiny_cache_slot
+    needed = _needed_words(slot_bytes, videos, ranks, lanes)
+    words = cache_mem_words(model, videos, ranks=ranks, lanes=lanes)
+    assert words & (words - 1) == 0 and words >= 1 << 18 and words >= needed
+    assert words == 1 << 18 or words // 2 <= needed     # no power of two smaller would do
+
+
+def test_cache_mem_words_counts_all_five_operator_types(tiny_cache_slot):
+    """150 videos over 2 ranks of 8 lanes: the 5 operator types of a slot need 288,000 words,
+    4 would need 230,400 <= 2**18, so the power-of-two round-up no longer hides a wrong count."""
+    from coda.host.model.sample import cache_mem_words
+
+    model, slot_bytes = tiny_cache_slot
+    needed = _needed_words(slot_bytes, 150, 2, 8)
+    assert _needed_words(slot_bytes * 4 // 5, 150, 2, 8) <= 1 << 18 < needed
+    words = cache_mem_words(model, 150, ranks=2, lanes=8)
+    assert words >= needed and words // 2 <= needed
+    assert cache_mem_words(model, 150, ranks=4, lanes=8) == 1 << 18   # half the words each
     with pytest.raises(ValueError, match="videos=0"):
         cache_mem_words(model, 0, ranks=2, lanes=8)
 

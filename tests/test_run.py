@@ -18,35 +18,176 @@ def schedule_6(tmp_path_factory):
     return d
 
 
-def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6):
+def _capture(monkeypatch) -> dict:
+    """Record what ``coda run`` computes: every ``generate`` result (the full-compute videos
+    first), each ``cached_generate``'s (videos, events) (the RTL run, then the torch check)
+    and the NMP drivers (the RTL run's first)."""
+    import coda.host.model.sample as sample
+    import coda.host.run as run
+
+    got = {"videos": [], "cached": [], "drivers": []}
+    generate, cached_generate, make_driver = sample.generate, sample.cached_generate, run._driver
+
+    def spy_generate(*args, **kwargs):
+        got["videos"].append(generate(*args, **kwargs))
+        return got["videos"][-1]
+
+    def spy_cached_generate(*args, **kwargs):
+        videos, stats = cached_generate(*args, **kwargs)
+        got["cached"].append((videos, kwargs.get("events")))
+        return videos, stats
+
+    def spy_driver(*args, **kwargs):
+        got["drivers"].append(make_driver(*args, **kwargs))
+        return got["drivers"][-1]
+
+    monkeypatch.setattr(sample, "generate", spy_generate)
+    monkeypatch.setattr(sample, "cached_generate", spy_cached_generate)
+    monkeypatch.setattr(run, "_driver", spy_driver)
+    return got
+
+
+def _gif_panels(path, scale: int = 4, gap: int = 2) -> list[list]:
+    """The frames of a side_by_side_gif of one video as [[full, cached] pixels (uint8
+    [H, W]) per frame], read back from the file at the written scale."""
+    import numpy as np
+    from PIL import Image
+
+    frames = []
+    with Image.open(path) as img:
+        for k in range(img.n_frames):
+            img.seek(k)
+            px = np.array(img.convert("L"))[::scale, ::scale]
+            w = (px.shape[1] - 2 * gap) // 2
+            frames.append([px[:w, :w], px[:w, w + gap:2 * w + gap]])
+    return frames
+
+
+def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatch):
     """An annealed schedule with DRA's monitors (l1_distance on the NME) and fallbacks: the
-    decisions depend on NME results, so equal bits also mean equal decisions."""
-    rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--policy", "coda+dra",
+    decisions depend on NME results, so equal bits also mean equal decisions. Every figure of
+    the report is derived again here from what the run computed (its videos, its operator
+    events, its driver) and from the schedule."""
+    import math
+
+    import numpy as np
+    import torch
+    from torchmetrics.functional.image import (peak_signal_noise_ratio,
+                                                structural_similarity_index_measure)
+
+    from coda.host.model.classifier import digit_classifier
+    from coda.host.model.dit import load_model
+    from coda.host.ops import MAX_SEGMENT_TERMS
+    from coda.host.profile import model_hash
+    from coda.host.schedule import BRANCHES, segment_runs
+    from coda.host.search import load_schedule
+
+    got = _capture(monkeypatch)
+    prompts, steps = [3, 8], 6
+    rc = main(["run", "--out", str(tmp_path), "--steps", str(steps), "--policy", "coda+dra",
                "--schedule", str(schedule_6 / "s.json"),
                "--profile", str(schedule_6 / "p" / "profile.npz"),
-               "--prompts", "3,8", "--threads", "1"])
+               "--prompts", ",".join(map(str, prompts)), "--threads", "1"])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["bit_exact_rtl_vs_torch"] is True
     assert report["policy"] == "coda+dra" and report["policy_params"]["margin"] == 1.0
-    assert report["segments"] > 0 and report["nme_cycles"] > 0 and report["nme_programs"] > 0
-    assert report["monitors"] > 0 and report["dra_fallbacks"] >= 0 and report["pcie_bytes"] > 0
-    assert 0 < report["ops_skipped_fraction"] < 1
-    assert report["sim_cycles_per_s"] > 0
-    assert report["modelled"]["available"] is True
-    for key in ("psnr_db", "ssim", "label_accuracy_full", "label_accuracy_cached", "wall_s"):
-        assert isinstance(report[key], float)
+    full = got["videos"][0]
+    (cached, events), (reference, _) = got["cached"]
+    driver = got["drivers"][0]
+    assert full.shape == cached.shape and full.shape[0] == len(prompts)
+    bit_exact = torch.equal(reference.view(torch.int32), cached.view(torch.int32))
+    assert report["bit_exact_rtl_vs_torch"] is bit_exact is True
+
+    # quality of the cached videos against the full-compute ones (pixels in [-1, 1])
+    frames = lambda v: v.double().reshape(-1, 1, *v.shape[-2:])  # noqa: E731
+    assert report["psnr_db"] == float(peak_signal_noise_ratio(frames(cached), frames(full),
+                                                              data_range=2.0))
+    mse = float(((cached.double() - full.double()) ** 2).mean())
+    assert report["psnr_db"] == pytest.approx(10 * math.log10(2.0 ** 2 / mse), rel=1e-6)
+    assert report["ssim"] == float(structural_similarity_index_measure(
+        frames(cached), frames(full), data_range=2.0))
+    assert 0 < report["ssim"] < 1
+    # prompt adherence: the classifier's hits on every frame of the produced videos
+    clf = digit_classifier()
+    for key, videos in (("label_accuracy_full", full), ("label_accuracy_cached", cached)):
+        hits = clf.predict_frames(videos) == np.array(prompts)[:, None]
+        assert report[key] == float(hits.mean()), key
+
+    # the operator events against the schedule: one per step x branch x sample x operator;
+    # DRA reuses what the schedule reuses unless a monitor made it recompute (fallback)
+    model, _ = load_model()
+    sched = load_schedule(schedule_6 / "s.json", model_id=model_hash(model), num_steps=steps,
+                          num_layers=len(model.transformer.transformer_blocks))
+    ops, segs, mons = events.of("op"), events.of("segment"), events.of("monitor")
+    every = [(s, b, i, layer, op) for s in range(steps) for b in BRANCHES
+             for i in range(len(prompts)) for layer, op in sched.order()]
+    assert sorted((e.step, e.branch, e.sample, e.layer, e.op) for e in ops) == sorted(every)
+    for e in ops:
+        assert (e.reused or e.reason == "fallback") == (e.ref in sched.reused(e.step, e.branch))
+    fallbacks = sum(e.reason == "fallback" for e in ops)
+    planned = len(prompts) * sum(len(sched.reused(s, b)) for s in range(steps) for b in BRANCHES)
+    assert report["dra_fallbacks"] == fallbacks > 0
+    assert report["ops_skipped_fraction"] == (planned - fallbacks) / len(every)
+    # segments: the maximal runs of what was reused, per step, branch and sample
+    frames_n = model.config["data"]["frames"]
+    runs = sorted((s, b, i, tuple(run)) for s, b, i in {k[:3] for k in every}
+                  for run in segment_runs({e.ref for e in ops if e.reused
+                                           and (e.step, e.branch, e.sample) == (s, b, i)},
+                                          sched.num_layers, frames_n))
+    assert report["segments"] == len(runs) > 0
+    assert sorted((g.step, g.branch, g.sample, g.ops) for g in segs) == runs
+    for g in segs:
+        assert sorted(e.ref for e in ops if e.segment == g.segment) == sorted(g.ops)
+    # monitors: at an operator the schedule reuses, whose input exists (no segment open
+    # before it); a fallback starts at a monitor or continues the previous step's (window 2)
+    op_at = {(e.step, e.branch, e.sample, e.index): e for e in ops}
+    for m in mons:
+        assert (m.layer, m.op) in sched.reused(m.step, m.branch)
+        prev = op_at.get((m.step, m.branch, m.sample, m.index - 1))
+        assert prev is None or not prev.reused or prev.ref == (0, "spatial_ffn")
+    monitored = {(m.step, m.branch, m.sample, m.index) for m in mons}
+    for key, e in op_at.items():
+        if e.reason == "fallback":
+            prev = op_at[(key[0] - 1, *key[1:])] if key[0] else None
+            assert key in monitored or (prev is not None and prev.reason == "fallback"), e
+    assert report["monitors"] == len(mons) > 0
+    # NME work: a program per 8 terms of a segment, one per monitor; the cycles the driver
+    # counted are the events' cycles
+    assert report["nme_programs"] == (sum(-(-len(g.ops) // MAX_SEGMENT_TERMS) for g in segs)
+                                      + len(mons)) == driver.stats["programs"]
+    assert report["nme_cycles"] == sum(g.nme_cycles for g in segs + mons) > 0
+    # host-link bytes: every [T, C] tensor of 16-bit elements that crossed it (stored outputs,
+    # kept inputs, segment x down and y up, monitor inputs), the K gate vectors of each
+    # segment to every rank, and the command words the driver sent
+    (t, c), = {(e.tokens, e.channels) for e in ops}
+    stores, kept = sum(e.stored_bytes > 0 for e in ops), sum(e.kept_bytes > 0 for e in ops)
+    assert all(e.stored_bytes in (0, 2 * t * c) and e.kept_bytes in (0, 2 * t * c) for e in ops)
+    tensors = stores + kept + 2 * len(segs) + len(mons)
+    gates = sum(len(g.ops) for g in segs) * driver.n_ranks
+    assert report["pcie_bytes"] == (2 * t * c * tensors + 2 * c * gates
+                                    + driver.stats["cmd_bytes"])
+    assert report["pcie_bytes"] == (driver.stats["bytes_written"] + driver.stats["bytes_read"]
+                                    + driver.stats["cmd_bytes"])
+    assert report["sim_cycles_per_s"] > 0 and report["wall_s"] > 0
     # segments ran on the simulators while the host computed the other CFG branch
-    assert report["interleave"]["async_launches"] > 0 and report["interleave"]["overlap_s"] > 0
+    assert report["interleave"]["async_launches"] == driver.stats["programs"]
+    assert report["interleave"]["overlap_s"] > 0
     # the generation replayed on the default platform; every segment's modelled NME time is
     # the cycles the cosimulation measured (ideal memory: the cycle model is exact)
     modelled = report["modelled"]
-    assert set(modelled["systems"]) == set("abcdef")
+    assert modelled["available"] is True and set(modelled["systems"]) == set("abcdef")
     assert modelled["nme_check"]["max_rel_error"] == 0.0
     assert modelled["nme_check"]["segments"] == report["segments"]
     assert all(row["latency_s"] > 0 for row in modelled["systems"].values() if row["fits"])
+    # the GIFs: per frame, the full-compute | cached pixels of the videos the run computed
     assert [p.split("/")[-1] for p in report["gifs"]] == ["3_0.gif", "8_1.gif"]
-    assert all((tmp_path / name).stat().st_size > 0 for name in ("3_0.gif", "8_1.gif"))
+    pixels = lambda v: ((v.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()  # noqa: E731
+    for i, name in enumerate(("3_0.gif", "8_1.gif")):
+        panels = _gif_panels(tmp_path / name)
+        assert len(panels) == full.shape[2]
+        for k, (left, right) in enumerate(panels):
+            assert np.array_equal(left, pixels(full[i, 0, k]))
+            assert np.array_equal(right, pixels(cached[i, 0, k]))
 
 
 def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
@@ -160,8 +301,20 @@ def test_coda_run_without_a_modelled_platform_still_reports(tmp_path):
     assert report["modelled"]["available"] is False
     assert "no DIMM-NMP measurement for DDR5-4800 with 4 lanes, depth 64" in \
         report["modelled"]["reason"]
-    assert report["policy_params"]["warmup"] == 2 and report["ops_skipped_fraction"] > 0
+    assert report["policy_params"]["warmup"] == 2
+    uniform = _uniform_schedule(interval=2, warmup=2, steps=4)
+    assert report["ops_skipped_fraction"] == uniform.ops_skipped_fraction() > 0
     assert (out / "1_0.gif").stat().st_size > 0
+
+
+def _uniform_schedule(interval: int, warmup: int, steps: int):
+    """The schedule the uniform policy follows on the shipped model."""
+    from coda.host.model.dit import load_model
+    from coda.host.policies import get_policy
+
+    model, _ = load_model()
+    return get_policy("uniform", interval=interval, warmup=warmup).build(
+        steps, len(model.transformer.transformer_blocks))
 
 
 def test_modelled_availability_is_decided_from_the_flags():
@@ -199,17 +352,31 @@ def test_coda_run_refuses_an_out_folder_that_is_a_file(tmp_path, capsys):
     assert "--out '': expected a folder path" in capsys.readouterr().err
 
 
-def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path):
+def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path, monkeypatch):
     """--dram: every segment through the DIMM-NMP cosimulation (NMEs behind DDR5 controllers,
     ranks in lockstep), still bit-identical to the torch backend; --interval/--warmup
     select the uniform policy."""
+    import torch
+
+    from coda.host.model.dit import load_model
+
+    got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", "4", "--warmup", "2", "--interval", "2",
                "--prompts", "5", "--threads", "1", "--dram", "DDR5-4800"])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["bit_exact_rtl_vs_torch"] is True and report["dram"] == "DDR5-4800"
-    assert report["segments"] > 0 and report["nme_cycles"] > 0
-    assert report["policy"] == "uniform" and report["dra_fallbacks"] == 0
+    (cached, events), (reference, _) = got["cached"]
+    assert report["bit_exact_rtl_vs_torch"] is torch.equal(cached.view(torch.int32),
+                                                           reference.view(torch.int32)) is True
+    assert report["dram"] == "DDR5-4800" and report["policy"] == "uniform"
+    # what the uniform schedule implies for one video
+    uniform = _uniform_schedule(interval=2, warmup=2, steps=4)
+    frames = load_model()[0].config["data"]["frames"]
+    assert report["ops_skipped_fraction"] == uniform.ops_skipped_fraction()
+    assert report["segments"] == uniform.segment_count(frames) == len(events.of("segment")) > 0
+    assert report["dra_fallbacks"] == report["monitors"] == 0
+    # the cycles the DRAM-timed NMEs took, as the segment events recorded them
+    assert report["nme_cycles"] == sum(g.nme_cycles for g in events.of("segment")) > 0
 
 
 def test_coda_run_dram_needs_rtl_and_a_known_preset(tmp_path, capsys):
