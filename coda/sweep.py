@@ -30,10 +30,14 @@ Ray cluster answers are refused with one line (ValueError) before anything runs.
 from __future__ import annotations
 
 import hashlib
+import fcntl
 import itertools
 import json
+import math
 import os
+import signal
 import socket
+import threading
 import time
 import tomllib
 import traceback
@@ -44,8 +48,9 @@ from typing import Any, Callable
 __all__ = ["Param", "SweepKind", "sources_digest", "parse_param", "load_grid", "grid_points", "check_address",
            "run_sweep", "read_results", "point_key", "MAX_POINTS"]
 
-#: A bound of this tool (a typo like lanes=1..100000 should not queue 10^5 tasks)
+#: Bounds of this tool (a typo like lanes=1..100000 should not queue 10^5 tasks)
 MAX_POINTS = 10_000
+MAX_WORKERS = 1024
 
 
 @dataclass(frozen=True)
@@ -57,23 +62,27 @@ class Param:
     default: Any = None
     help: str = ""
 
-    def convert(self, value: Any) -> Any:
-        """``value`` (a string from ``--param`` or a TOML scalar) as this parameter's type.
+    def convert(self, value: Any, *, text: bool = True) -> Any:
+        """``value`` as this parameter's type: a string from ``--param`` (``text``) or a TOML
+        scalar (``text=False``: a string is a string, not a number). Floats must be finite.
         Raises ValueError naming the parameter and the value."""
-        if isinstance(value, str) and self.type is not str:
-            text = value.strip()
+        given = value
+        if isinstance(value, str) and self.type is not str and text:
+            raw = value.strip()
             try:
                 if self.type is bool:
-                    if text.lower() not in ("true", "false", "1", "0"):
+                    if raw.lower() not in ("true", "false", "1", "0"):
                         raise ValueError
-                    return text.lower() in ("true", "1")
-                return self.type(text)
+                    return raw.lower() in ("true", "1")
+                value = self.type(raw)
             except ValueError:
                 raise ValueError(f"{self.name}={value!r}: expected {self.type.__name__}") from None
         ok = (isinstance(value, self.type) and not (self.type is int and isinstance(value, bool))
               or (self.type is float and isinstance(value, int) and not isinstance(value, bool)))
         if not ok:
             raise ValueError(f"{self.name}={value!r}: expected {self.type.__name__}")
+        if self.type is float and not math.isfinite(value):
+            raise ValueError(f"{self.name}={given!r}: expected a finite number")
         return self.type(value)
 
 
@@ -146,6 +155,9 @@ def parse_param(kind: SweepKind, text: str) -> tuple[str, list]:
     items = [v.strip() for v in values.split(",")]
     if not values.strip() or any(v == "" for v in items):
         raise ValueError(f"--param {text!r}: expected a comma list of values with no empty item")
+    if any("=" in v for v in items):
+        raise ValueError(f"--param {text!r}: a value holds '=' (a value with commas, like "
+                         f"intervals=a=1,b=2?): give such values in a --grid TOML file")
     return name, [p.convert(v) for v in items]
 
 
@@ -153,7 +165,12 @@ def load_grid(kind: SweepKind, path: str | os.PathLike) -> dict[str, list]:
     """Read a TOML grid: top-level ``name = value`` or ``name = [v1, v2, ...]``.
     Raises ValueError for unreadable TOML, an unknown name, a nested table or an empty list;
     OSError for a missing file."""
-    text = Path(path).read_text()
+    if str(path) == "":
+        raise ValueError("--grid '': expected a TOML file path")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"--grid {path}: not a UTF-8 text file") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -166,7 +183,7 @@ def load_grid(kind: SweepKind, path: str | os.PathLike) -> dict[str, list]:
         values = value if isinstance(value, list) else [value]
         if not values:
             raise ValueError(f"--grid {path}: {name} is an empty list")
-        grid[name] = [p.convert(v) for v in values]
+        grid[name] = [p.convert(v, text=False) for v in values]
     return grid
 
 
@@ -194,21 +211,34 @@ def grid_points(kind: SweepKind, grid: dict[str, list]) -> list[dict]:
 
 # ----------------------------------------------------------------------------- Ray
 def check_address(address: str, timeout_s: float = 5.0) -> None:
-    """Refuse, before any task, an address where no Ray cluster answers: ``host:port`` or
-    ``ray://host:port`` must accept a TCP connection within ``timeout_s`` seconds (``auto``
-    is checked by ray.init itself). Raises ValueError naming the address."""
+    """Refuse, before any task, an address where no Ray cluster answers: ``HOST:PORT`` must
+    accept a TCP connection and answer the HTTP/2 preface as a gRPC server (Ray's GCS) does
+    within ``timeout_s`` seconds (``auto`` is checked by ray.init itself). Raises ValueError
+    naming the address."""
     if address == "auto":
         return
-    rest = address.split("://", 1)[1] if "://" in address else address
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not host or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise ValueError(f"--address {address!r}: expected HOST:PORT (the head node's GCS "
+                         f"address, as `ray start --head` prints it) or auto")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            # a Ray GCS is a gRPC server: it answers the HTTP/2 preface with a SETTINGS frame
+            sock.settimeout(timeout_s)
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            head = b""
+            while len(head) < 9:
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
     except OSError as exc:
         raise ValueError(f"--address {address}: no Ray cluster answers there "
                          f"({exc.strerror or exc})") from None
+    if len(head) < 9 or head[3] != 4:
+        raise ValueError(f"--address {address}: something answers there, but not a Ray "
+                         f"cluster's GCS (no gRPC / HTTP/2 reply)")
 
 
 def _run_point(kind: SweepKind, params: dict, workdir: str, mode: str) -> dict:
@@ -229,7 +259,8 @@ def _run_point(kind: SweepKind, params: dict, workdir: str, mode: str) -> dict:
         if not isinstance(figures, dict):
             raise TypeError(f"{kind.name} returned {type(figures).__name__}, expected a dict")
         rec["timing"] = figures.pop("timing", None)
-        json.dumps([figures, rec["timing"]])    # a figure JSON cannot hold fails this point
+        # a figure JSON cannot hold (an object, NaN, infinity) fails this point
+        json.dumps([figures, rec["timing"]], allow_nan=False)
         rec["figures"] = figures
     except Exception as exc:   # a point's failure is data of the sweep, not its end
         rec["status"] = "failed"
@@ -242,18 +273,33 @@ def _run_point(kind: SweepKind, params: dict, workdir: str, mode: str) -> dict:
     return rec
 
 
-def read_results(out: str | os.PathLike) -> list[dict]:
-    """Every record of ``OUT/results.jsonl`` in file order (a torn last line, left by a
-    killed run, is ignored)."""
+def read_results(out: str | os.PathLike, kind: SweepKind | None = None) -> list[dict]:
+    """Every record of ``OUT/results.jsonl`` in file order. A torn last line (left by a
+    killed run) is ignored. Raises ValueError naming the file and line for anything else that
+    is not a record of this engine (of ``kind``, when given)."""
     path = Path(out) / "results.jsonl"
     if not path.exists():
         return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a UTF-8 text file, expected coda sweep records") from None
     recs = []
-    for line in path.read_text().splitlines():
+    for i, line in enumerate(lines, 1):
         try:
-            recs.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            if i == len(lines):
+                continue
+            raise ValueError(f"{path} line {i}: not JSON, expected a coda sweep record "
+                             "(use another --out)") from None
+        if not isinstance(rec, dict) or not {"kind", "key", "status", "params"} <= set(rec):
+            raise ValueError(f"{path} line {i}: not a coda sweep record (expected an object "
+                             "with kind, key, status, params; use another --out)")
+        if kind is not None and rec["kind"] != kind.name:
+            raise ValueError(f"{path} holds records of sweep kind {rec['kind']!r}, this sweep "
+                             f"is {kind.name!r}: use another --out")
+        recs.append(rec)
     return recs
 
 
@@ -269,14 +315,15 @@ def run_sweep(kind: SweepKind, points: list[dict], out: str | os.PathLike, *,
     before returning, also on Ctrl-C or an error. Raises ValueError for an unreachable
     ``address`` or ``workers < 1`` (before any task)."""
     out = Path(out)
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers {workers}: expected >= 1")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"--workers {workers}: expected 1..{MAX_WORKERS}")
     if address is not None and sequential:
         raise ValueError("--address and --sequential: give one of them")
+    if workers is not None and sequential:
+        raise ValueError("--workers and --sequential: give one of them")
     if address is not None:
         check_address(address)
-    out.mkdir(parents=True, exist_ok=True)
-    done = {r["key"] for r in read_results(out) if r.get("status") == "ok"}
+    done = {r["key"] for r in read_results(out, kind) if r.get("status") == "ok"}
     todo = [p for p in points if point_key(kind, p) not in done]
     if len(todo) < len(points):
         log(f"{len(points) - len(todo)} of {len(points)} points already done in "
@@ -284,22 +331,57 @@ def run_sweep(kind: SweepKind, points: list[dict], out: str | os.PathLike, *,
     results_path = out / "results.jsonl"
 
     def record(rec: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        if results_path.exists():     # drop a torn last line (a killed writer's) first
+            data = results_path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                with results_path.open("r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
         with results_path.open("a") as f:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
         if rec["status"] != "ok":
             log(f"point {rec['params']} FAILED: {rec['error'][:300]}")
 
-    workdir = {point_key(kind, p): str(out / "points" / kind.folder_name(p)) for p in todo}
-    if todo and sequential:
-        bar = _bar(len(todo), progress, f"{kind.name} (sequential)")
-        for p in todo:
-            record(_run_point(kind, p, workdir[point_key(kind, p)], "sequential"))
-            bar.update(1)
-        bar.close()
-    elif todo:
-        _run_on_ray(kind, todo, workdir, address, workers, progress, record)
-    newest = {r["key"]: r for r in read_results(out)}
+    workdir = {point_key(kind, p): str(out.resolve() / "points" / kind.folder_name(p))
+               for p in todo}
+    with _exclusive(out, bool(todo)):
+        if todo and sequential:
+            bar = _bar(len(todo), progress, f"{kind.name} (sequential)")
+            for p in todo:
+                record(_run_point(kind, p, workdir[point_key(kind, p)], "sequential"))
+                bar.update(1)
+            bar.close()
+        elif todo:
+            _run_on_ray(kind, todo, workdir, address, workers, progress, record)
+    newest = {r["key"]: r for r in read_results(out, kind)}
     return [newest[k] for k in (point_key(kind, p) for p in points) if k in newest]
+
+
+class _exclusive:
+    """Hold ``OUT/.lock`` while a sweep writes there (a second sweep on the same folder is
+    refused instead of running every point twice)."""
+
+    def __init__(self, out: Path, needed: bool):
+        self.out, self.needed, self.fh = out, needed, None
+
+    def __enter__(self):
+        if self.needed:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.fh = open(self.out / ".lock", "w")
+            try:
+                fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.fh.close()
+                raise ValueError(f"--out {self.out}: another sweep is writing there") from None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fh is not None:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
+            (self.out / ".lock").unlink(missing_ok=True)
+            if not any(self.out.iterdir()):      # nothing ran (Ray did not start): no folder
+                self.out.rmdir()
 
 
 def _bar(total: int, enabled: bool, desc: str):
@@ -312,18 +394,31 @@ def _run_on_ray(kind, todo, workdir, address, workers, progress, record) -> None
 
     t0 = time.perf_counter()
     started_here = not ray.is_initialized()
+    main = threading.current_thread() is threading.main_thread()
     if started_here:
         kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        # Ctrl-C / SIGTERM / SIGHUP wait until Ray has started (one arriving mid-start-up
+        # crashed the driver and orphaned Ray's processes); the processes Ray starts inherit
+        # the mask and so ignore a terminal's Ctrl-C: this command shuts them down itself
+        if main:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             if address is None:
                 # "local": a new Ray of our own even where `ray start` left one running
                 ray.init(address="local", num_cpus=workers or os.cpu_count(), **kwargs)
             else:
                 ray.init(address=address, **kwargs)
-        except ConnectionError as exc:
-            raise ValueError(f"--address {address}: no Ray cluster answers there "
-                             f"({str(exc).splitlines()[0] if str(exc) else 'ConnectionError'})"
-                             ) from None
+        except (ConnectionError, ImportError, RuntimeError) as exc:
+            if main:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"--address {address}: no Ray cluster could be joined there "
+                             f"({first})") from None
+    previous = {}
+    if main:       # SIGTERM / SIGHUP end the sweep as Ctrl-C does (Ray's handler aborts)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _interrupt)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     startup_s = time.perf_counter() - t0
     task = ray.remote(num_cpus=kind.cpus, max_retries=0)(_run_point)
     pending = {}
@@ -348,7 +443,22 @@ def _run_on_ray(kind, todo, workdir, address, workers, progress, record) -> None
             bar.update(1)
         bar.close()
     finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        if started_here:
-            ray.shutdown()
+        if main:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)   # a second Ctrl-C waits
+        try:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            if started_here:
+                ray.shutdown()
+        finally:
+            if main:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)

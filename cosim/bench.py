@@ -215,6 +215,9 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
     if n_lanes < 1 or depth < 1:
         raise ValueError(f"lanes={n_lanes}, depth={depth}: expected >= 1")
     words = int(params["stream_bytes"]) // (2 * n_lanes)
+    if words < 1:
+        raise ValueError(f"stream_bytes={params['stream_bytes']}: expected at least one NME "
+                         f"word ({2 * n_lanes} bytes at {n_lanes} lanes)")
     cfg = NMEConfig(lanes=n_lanes, fmt=params["fmt"], depth=depth, mem_words=_mem_words(words))
     r = measure_nmp(cfg, params["dram"], 1, 1, stream_words=words)
     figures, timing = {}, {"build_seconds": r["build_seconds_recorded"]}

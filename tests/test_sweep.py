@@ -101,6 +101,17 @@ def test_sequential_records_failures_and_resumes(tmp_path):
     (["sweep", "sim", "--param", "dimms=1", "--address", "127.0.0.1:1", "--sequential"],
      "give one of them"),
     (["sweep", "sim", "--grid", "/nonexistent/g.toml"], "/nonexistent/g.toml: No such file"),
+    (["sweep", "sim", "--grid", ""], "--grid '': expected a TOML file path"),
+    (["sweep", "sim", "--param", "intervals=cross_attn=6,temporal_attn=4"],
+     "give such values in a --grid TOML file"),
+    (["sweep", "sim", "--param", "seconds=nan"], "seconds='nan': expected a finite number"),
+    (["sweep", "sim", "--param", "dimms=1", "--workers", "100000"], "expected 1..1024"),
+    (["sweep", "sim", "--param", "dimms=1", "--workers", "2", "--sequential"],
+     "--workers and --sequential: give one of them"),
+    (["sweep", "sim", "--param", "dimms=1", "--address", "ray://127.0.0.1:10001"],
+     "expected HOST:PORT"),
+    (["sweep", "sim", "--param", "dimms=1", "--address", "http://127.0.0.1:8265"],
+     "expected HOST:PORT"),
 ])
 def test_bad_input_refused_before_any_task(tmp_path, capsys, argv, message):
     out = tmp_path / "sw"
@@ -118,20 +129,22 @@ def test_list_names_every_kind(capsys):
         assert name in out
 
 
-def _ray_processes() -> list[str]:
+def _ray_processes() -> set[str]:
+    """Ray's processes running now (pid and command line); other Rays of this machine (a
+    `make mutation` say) are told apart by comparing before and after."""
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines()
-            if "raylet" in line or "gcs_server" in line or "ray::" in line]
+    return {line.strip() for line in ps.splitlines()
+            if "raylet" in line or "gcs_server" in line or "ray::" in line}
 
 
 def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
     """4 points of the system model on a local 2-worker Ray, one of them failing (0 DIMMs):
     recorded per point, the same figures as the sequential loop, no Ray process left."""
-    assert not _ray_processes(), "a Ray is already running on this machine"
+    before = _ray_processes()
     grid = tmp_path / "grid.toml"
     grid.write_text('model = "latte-digits"\ndimms = [1, 2, 4, 0]\nsystem = "a,c,f"\n')
     args = ["sweep", "sim", "--grid", str(grid), "--no-progress"]
-    assert main([*args, "--workers", "2", "--out", str(tmp_path / "ray")]) == 0
+    assert main([*args, "--workers", "2", "--out", str(tmp_path / "ray")]) == 1   # 1 failed
     ray_recs = read_results(tmp_path / "ray")
     assert [r["params"]["dimms"] for r in ray_recs if r["status"] == "ok"] and \
         sorted(r["params"]["dimms"] for r in ray_recs) == [0, 1, 2, 4]
@@ -139,11 +152,11 @@ def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
     assert [r["params"]["dimms"] for r in failed] == [0]
     assert failed[0]["error"] == "ValueError: --dimms 0: expected >= 1"
     assert all(r["mode"] == "ray" and r["node_id"] and r["host"] for r in ray_recs)
-    assert not _ray_processes()
+    assert not _ray_processes() - before
     out = capsys.readouterr().out
     assert "3 points ok, 1 failed" in out
 
-    assert main([*args, "--sequential", "--out", str(tmp_path / "seq")]) == 0
+    assert main([*args, "--sequential", "--out", str(tmp_path / "seq")]) == 1
     seq = {r["key"]: r for r in read_results(tmp_path / "seq")}
     for r in ray_recs:
         assert r["figures"] == seq[r["key"]]["figures"]
@@ -159,7 +172,7 @@ def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
     assert by_dimms[4]["f.latency_s"] <= by_dimms[1]["f.latency_s"]
 
     # resuming: only the failed point runs again (sequentially here, to spare a Ray start)
-    assert main([*args, "--sequential", "--out", str(tmp_path / "ray")]) == 0
+    assert main([*args, "--sequential", "--out", str(tmp_path / "ray")]) == 1
     assert len(read_results(tmp_path / "ray")) == 5
 
 
@@ -183,12 +196,13 @@ def test_schedule_sweep_points_are_coda_schedule_search(tmp_path):
 
 def test_python_m_coda_sweep_exits_cleanly(tmp_path):
     """The console entry with a local Ray: exit 0 and no Ray process left behind."""
+    before = _ray_processes()
     p = subprocess.run([sys.executable, "-m", "coda", "sweep", "schedule", "--param",
                         "seed=0,1", "--param", "moves=1000", "--workers", "2", "--no-progress",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "2 points ok, 0 failed" in p.stdout
-    assert not _ray_processes()
+    assert not _ray_processes() - before
 
 
 def test_a_point_whose_figures_json_cannot_hold_fails_alone(tmp_path):
@@ -199,3 +213,82 @@ def test_a_point_whose_figures_json_cannot_hold_fails_alone(tmp_path):
     assert [r["status"] for r in recs] == ["ok", "failed", "failed"]
     assert recs[1]["error"].startswith("TypeError: Object of type object is not JSON")
     assert recs[2]["error"] == "TypeError: toy returned list, expected a dict"
+
+
+def test_out_empty_string_is_refused(capsys):
+    assert main(["sweep", "sim", "--param", "dimms=1", "--out", "", "--no-progress"]) == 2
+    assert "--out '': expected a folder path" in capsys.readouterr().err
+
+
+def test_toml_strings_are_not_numbers(tmp_path):
+    k = _kind()
+    toml = tmp_path / "g.toml"
+    toml.write_text('x = [2, "4"]\n')
+    with pytest.raises(ValueError, match="x='4': expected int"):
+        load_grid(k, toml)
+    toml.write_bytes(b"x = 1\n\xff\n")
+    with pytest.raises(ValueError, match="not a UTF-8 text file"):
+        load_grid(k, toml)
+
+
+def test_an_address_that_is_not_a_ray_gcs_is_refused_quickly(tmp_path):
+    """A TCP server that answers like HTTP/1 (or not at all) is not a Ray cluster: refused
+    in seconds, before Ray starts (ray.init would retry for minutes)."""
+    import socket
+    import threading
+    import time
+
+    from coda.sweep import check_address
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+
+    def answer():
+        conn, _ = srv.accept()
+        conn.recv(100)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        conn.close()
+    threading.Thread(target=answer, daemon=True).start()
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="not a Ray cluster's GCS"):
+        check_address(f"127.0.0.1:{port}", timeout_s=5)
+    assert time.perf_counter() - t0 < 10
+    srv.close()
+
+
+def test_results_file_contents_are_checked(tmp_path):
+    k = _kind()
+    pts = grid_points(k, {"x": [1]})
+    path = tmp_path / "results.jsonl"
+    for bad, what in [("[1, 2]\n{}\n", "line 1: not a coda sweep record"),
+                      ('{"a": 1}\n', "line 1: not a coda sweep record"),
+                      ("garbage\n{}\n", "line 1: not JSON"),
+                      ('{"kind": "sim", "key": "k", "status": "ok", "params": {}}\n',
+                       "records of sweep kind 'sim'")]:
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=what):
+            run_sweep(k, pts, tmp_path, sequential=True, progress=False, log=lambda m: None)
+    path.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(ValueError, match="not a UTF-8 text file"):
+        read_results(tmp_path)
+    # a torn last line (a killed writer's) is dropped before the next record is appended
+    good = '{"kind": "toy", "key": "k0", "status": "failed", "params": {}}\n'
+    path.write_text(good + '{"kind": "toy", "key": "abc", "status": "ok", "fig')
+    recs = run_sweep(k, pts, tmp_path, sequential=True, progress=False, log=lambda m: None)
+    assert [r["figures"] for r in recs] == [{"y": 2}]
+    assert len(read_results(tmp_path)) == 2
+    assert path.read_text().startswith(good) and len(path.read_text().splitlines()) == 2
+
+
+def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path):
+    import fcntl
+
+    k = _kind()
+    with open(tmp_path / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="another sweep is writing there"):
+            run_sweep(k, grid_points(k, {"x": [1]}), tmp_path, sequential=True,
+                      progress=False, log=lambda m: None)
+    assert not (tmp_path / "results.jsonl").exists()

@@ -7,6 +7,10 @@ not given), on an existing cluster with ``--address HOST:PORT`` (or ``auto``), o
 loop with ``--sequential``. Records go to ``DIR/results.jsonl`` (one JSON object per point:
 parameters, figures, status, error, wall seconds, host); points already done are skipped,
 failed points are recorded and run again next time; a table of the points is printed.
+Exit status: 0 every point ok, 1 some point failed (recorded), 2 bad input (nothing ran), 130
+interrupted (finished points kept). Values are checked for their type before anything runs
+and for their range by the point that uses them (a bad value fails its point, recorded).
+A value that holds commas (``intervals`` of ``sim``) goes in a ``--grid`` TOML file.
 
 Kinds (each declared by the module that owns the work; parameters and defaults with
 ``coda sweep KIND --list``):
@@ -81,18 +85,21 @@ def main(args) -> int:
     points = grid_points(kind, grid)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: expected >= 1")
-    out = check_output_path(args.out or f"build/sweep/{kind.name}", "--out", folder=True)
+    out = check_output_path(f"build/sweep/{kind.name}" if args.out is None else args.out,
+                            "--out", folder=True)
     try:
         records = run_sweep(kind, points, out, address=args.address, workers=args.workers,
                             sequential=args.sequential, progress=not args.no_progress)
     except KeyboardInterrupt:
-        print(f"coda: interrupted; the points finished so far are in "
-              f"{Path(out) / 'results.jsonl'} (a rerun resumes)", file=sys.stderr)
+        done = Path(out) / "results.jsonl"
+        print("coda: interrupted; " + (f"the points finished so far are in {done} (a rerun "
+                                       "resumes)" if done.exists() else "no point had finished"),
+              file=sys.stderr)
         return 130
     _print_table(kind, grid, records)
     failed = sum(r["status"] != "ok" for r in records)
     print(f"{len(records) - failed} points ok, {failed} failed: {Path(out) / 'results.jsonl'}")
-    return 0
+    return 1 if failed else 0
 
 
 def _print_table(kind, grid: dict, records: list[dict]) -> None:
