@@ -635,6 +635,85 @@ async def test_bad_commands(dut):
                   sorted(s.name for s in seen))
 
 
+def checker_programs() -> list[tuple[str, list[int]]]:
+    """(name, words) of programs at the edges of every rule of the program check: addresses
+    one word inside and outside the memory for each R source and the store (short and long
+    programs, GROUP scale shapes whose extent needs the checker's multiplier), every address
+    bit alone, reads of each unwritten buffer from each operand slot, every out-of-range
+    buffer index, every opcode x R-source code, and the length limits. Their statuses come
+    from isa.validate (the golden model), not from this list."""
+    enc = encode_uop
+    raw = lambda op=0, rsrc=0, store=0, d=0, p=0, q=0, r=0, addr=0, param=0: (  # noqa: E731
+        op | rsrc << 4 | store << 7 | d << 8 | p << 12 | q << 16 | r << 20 | addr << 24
+        | param << 48)
+    mw, nb = CFG.mem_words, CFG.nbuf
+    first = enc(UOp(Op.MOV, RSrc.MEM, d=0, addr=0))
+    out = []
+    for n in (3 * L + 1, 40 * L, CFG.max_elems):
+        w = -(-n // L)
+        ext = {"MEM": w, "INT8": -(-w // 2), "CHAN": 3, "GROUP": 1}
+        for g in (1, 3, 1 << 10, (1 << 16) - 1):
+            ext[f"GROUP/{g}"] = (w - 1) // (g * L) + 1
+        for name, e in ext.items():
+            rsrc = RSrc[name.split("/")[0]]
+            param = 3 if name == "CHAN" else int(name.split("/")[1]) if "/" in name else 0
+            for addr in sorted({mw - e, mw - e + 1, *(1 << k for k in range(8, 24)),
+                                *((1 << k) - 1 for k in range(8, 25))}):
+                if 0 <= addr < 1 << 24:
+                    out.append((f"{name} n={n} addr={addr}",
+                                [encode_header(2, n), first,
+                                 raw(op=0, rsrc=rsrc, d=1, addr=addr, param=param)]))
+        for addr in (mw - w, mw - w + 1, *(1 << k for k in range(12, 24))):
+            if 0 <= addr < 1 << 24:
+                out.append((f"store n={n} addr={addr}",
+                            [encode_header(2, n), first, raw(op=0, store=1, r=0, addr=addr)]))
+    for b in range(16):      # reads of unwritten / out-of-range buffers from every slot
+        out.append((f"p={b}", [encode_header(2, 8), first, raw(op=1, rsrc=1, d=0, p=b)]))
+        out.append((f"q={b}", [encode_header(2, 8), first, raw(op=4, rsrc=1, d=0, q=b)]))
+        out.append((f"r={b}", [encode_header(2, 8), first, raw(op=0, rsrc=0, d=1, r=b)]))
+        out.append((f"d={b}", [encode_header(2, 8), first, raw(op=0, rsrc=1, d=b)]))
+        out.append((f"L1 p={b}", [encode_header(2, 8), first, raw(op=5, rsrc=1, p=b)]))
+    for op in range(16):
+        for rsrc in range(8):
+            out.append((f"op={op} rsrc={rsrc}",
+                        [encode_header(2, 8), first, raw(op=op, rsrc=rsrc, d=1, p=0, q=0, r=0,
+                                                         addr=64, param=1)]))
+    for n in (0, 1, CFG.max_elems, CFG.max_elems + 1, (1 << 32) - 1):
+        out.append((f"n_elems={n}", [encode_header(1, n), first]))
+    return out
+
+
+@cocotb.test()
+@nme_test
+async def test_checker_rules(dut):
+    """Every program of checker_programs ends with the status isa.validate gives; rejected
+    ones write nothing and are rejected within a few cycles; the accepted short ones run and
+    match the interpreter."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(909)
+    mem = random_image(rng)
+    await ck.h.memory.load(mem)
+    ck.h.forget()
+    counts: dict[str, int] = {}
+    for name, words in checker_programs():
+        n_uops, n_elems = words[0] & 0xFF, decode_n(words[0])
+        expected = validate(n_uops, n_elems, words[1:], CFG)
+        counts[expected.name] = counts.get(expected.name, 0) + 1
+        if expected == Status.OK:
+            if n_elems <= 4 * L:      # the short accepted ones run (the long ones are the
+                await ck.run(words, random_image(rng), f"checker {name}")   # other tests')
+            continue
+        res = await ck.h.driver.run(words, 2_000)
+        if COV is not None:
+            COV.program(n_elems, res.status, ck.h.memory.config)
+        assert res.status == expected, f"checker {name}: status {res.status!r}, expected " \
+            f"{expected!r}"
+        assert not res.timeout and res.nwrites == 0 and res.dirty_addrs.size == 0, \
+            f"checker {name}: ran or wrote"
+    dut._log.info("checker rules: %s", counts)
+
+
 # ----------------------------------------------------------------------------- reset
 @cocotb.test()
 @nme_test
