@@ -402,7 +402,7 @@ def sim_command(build: SimBuild, workdir: Path, *, waves: str | os.PathLike | No
     the FST waveform of the whole run there (complete once the process has ended; folders are
     created). Raises ValueError for ``waves`` on an untraced build or a path not ending in .fst.
     """
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()   # the simulator runs there: relative paths would nest
     cmd = [str(build.binary), f"+MEM_IN={workdir / 'mem_in.hex'}",
            f"+MEM_OUT={workdir / 'mem_out.hex'}", f"+CMD_IN={workdir / 'cmd_in.hex'}"]
     if waves is not None:
@@ -437,7 +437,7 @@ def run_cocotb(build: SimBuild, test_module: str, workdir: Path, *, testcase: st
     """
     from cocotb_tools.check_results import get_results
 
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()   # the simulator runs there: relative paths would nest
     workdir.mkdir(parents=True, exist_ok=True)
     results = workdir / "results.xml"
     results.unlink(missing_ok=True)

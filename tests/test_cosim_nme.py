@@ -177,6 +177,18 @@ def test_functional_coverage_long():
     assert merged["covered"] == merged["total"], summary(merged)
 
 
+def test_run_cocotb_with_a_relative_workdir(tmp_path, monkeypatch):
+    """A relative workdir means the caller's folder, not one nested in the simulator's."""
+    monkeypatch.chdir(tmp_path)
+    env = {"CODA_COSIM_CFG": json.dumps(asdict(BASE)), "CODA_COSIM_LANES": str(BASE.lanes),
+           "CODA_COSIM_MEM_WORDS": str(BASE.mem_words)}
+    tally = run_cocotb(_build(BASE), "cocotb_nme", Path("rel/run"), testcase="test_tails$",
+                       seed=1, extra_env=env, timeout_s=600)
+    assert tally["tests"] == 1 and tally["failed"] == 0
+    assert tally["results"] == tmp_path / "rel" / "run" / "results.xml"
+    assert tally["results"].is_file() and not (tmp_path / "rel" / "run" / "rel").exists()
+
+
 def test_operand_isolation_reduces_toggles():
     """The representative program toggles the FU operand registers less with operand
     isolation than without (same results: the cocotb test checks bits), measured on NMEs
