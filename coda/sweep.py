@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Param", "SweepKind", "sources_digest", "parse_param", "load_grid", "grid_points", "check_address",
+__all__ = ["Param", "SweepKind", "sources_digest", "add_run_options", "parse_param", "load_grid", "grid_points", "check_address",
            "run_sweep", "read_results", "point_key", "MAX_POINTS"]
 
 #: Bounds of this tool (a typo like lanes=1..100000 should not queue 10^5 tasks)
@@ -141,6 +141,19 @@ def sources_digest(*paths: str | os.PathLike) -> str:
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def add_run_options(parser, what: str = "points") -> None:
+    """Add where a sweep's ``what`` run to an argparse parser: ``--workers`` (CPUs of the
+    local Ray, default all), ``--sequential`` (a loop in this process), ``--address`` (an
+    existing Ray cluster); :func:`run_sweep` checks them."""
+    parser.add_argument("--workers", type=int, default=None,
+                        help=f"CPUs of the local Ray running the {what} (default: all)")
+    parser.add_argument("--sequential", action="store_true",
+                        help=f"run the {what} one after another in this process, no Ray")
+    parser.add_argument("--address", default=None,
+                        help=f"run the {what} on the Ray cluster at HOST:PORT (or auto) "
+                             "instead of a local Ray")
 
 
 # ----------------------------------------------------------------------------- grids

@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.sweep import add_run_options
 
 
 def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3) -> dict:
@@ -387,12 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="lanes of the design-space sweep ('' = no sweep)")
     ap.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
     ap.add_argument("--sweep-only", action="store_true", help="only the lanes x depth sweep")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="CPUs of the local Ray running the sweep's points (default: all)")
-    ap.add_argument("--sequential", action="store_true",
-                    help="run the sweep's points one after another in this process, no Ray")
-    ap.add_argument("--address", default=None,
-                    help="run the sweep's points on the Ray cluster at this address")
+    add_run_options(ap, "sweep's points")
     args = ap.parse_args(argv)
     sweep_lanes = [int(v) for v in args.sweep_lanes.split(",") if v]
     sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]

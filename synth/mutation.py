@@ -39,6 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from coda.hw.isa import NMEConfig
+from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
@@ -258,10 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="yosys mutate -seed (default 1)")
     ap.add_argument("--only", default=None, help="comma list of mutant ids to run (default all)")
     ap.add_argument("--out", type=Path, default=Path("build/mutation"))
-    ap.add_argument("--workers", type=int, default=None,
-                    help="CPUs of the local Ray running the mutants (default: all)")
-    ap.add_argument("--sequential", action="store_true", help="one mutant after another, no Ray")
-    ap.add_argument("--address", default=None, help="run the mutants on this Ray cluster")
+    add_run_options(ap, "mutants")
     args = ap.parse_args(argv)
     only = [int(x) for x in args.only.split(",")] if args.only else None
     res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,

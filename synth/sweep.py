@@ -42,6 +42,7 @@ from pathlib import Path
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
 from coda.synth.flow import synthesize
+from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
@@ -343,12 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dram", default="DDR4-3200", help="DRAM preset for the bound")
     parser.add_argument("--root", type=Path, default=Path("build/synth/sweep"))
     parser.add_argument("--report-only", action="store_true", help="tabulate what exists")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="CPUs of the local Ray running the configurations (default: all)")
-    parser.add_argument("--sequential", action="store_true",
-                        help="one configuration after another in this process, no Ray")
-    parser.add_argument("--address", default=None,
-                        help="run the configurations on the Ray cluster at this address")
+    add_run_options(parser, "configurations")
     args = parser.parse_args(argv)
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:

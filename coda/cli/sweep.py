@@ -44,6 +44,8 @@ KIND_NAMES = ("synth", "bench", "schedule", "sim")
 
 
 def configure(parser) -> None:
+    from coda.sweep import add_run_options
+
     parser.add_argument("kind", metavar="KIND", help=f"one of {', '.join(KIND_NAMES)}")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
                         help="a parameter and its values (repeatable; the grid is the product)")
@@ -51,13 +53,7 @@ def configure(parser) -> None:
                         help="TOML grid: NAME = value or NAME = [v1, v2, ...] per line")
     parser.add_argument("--out", default=None,
                         help="sweep folder (default build/sweep/KIND): results.jsonl, points/")
-    parser.add_argument("--address", default=None,
-                        help="join the Ray cluster at HOST:PORT, ray://HOST:PORT or auto "
-                             "(default: start a local Ray on this machine)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="CPUs of the local Ray (default: all of this machine's)")
-    parser.add_argument("--sequential", action="store_true",
-                        help="run the points one after another in this process, no Ray")
+    add_run_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list", action="store_true",
                         help="print KIND's parameters and defaults, run nothing")
