@@ -474,44 +474,53 @@ def encode(sign: np.ndarray, exp: np.ndarray, man: np.ndarray) -> np.ndarray:
             | man.astype(np.uint32)).astype(np.uint16)
 
 
+def lz_mantissas(rng, n: int) -> np.ndarray:
+    """``n`` mantissa fields whose leading-zero count is uniform over 0..MAN_BITS (MAN_BITS:
+    the field 0), the bits below the leading one random: every input of a normaliser's
+    leading-zero tree is reached, not mostly the short counts uniform fields give."""
+    lz = rng.integers(0, MAN_BITS + 1, n)
+    full = rng.integers(0, 1 << MAN_BITS, n) | (1 << (MAN_BITS - 1))
+    return (full >> lz).astype(np.uint32)
+
+
 def near_cancellation(rng, n: int, max_offset: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` pairs (a, b) of finite values whose difference ``a - b`` cancels leading bits:
-    the same sign, exponent fields at most ``max_offset`` apart (clipped to the format's
-    finite range, subnormals included: field 0), random mantissas, and in half of the pairs
-    b's mantissa within 4 ulps of a's (deep cancellation, down to an exact 0). Exponents are
-    drawn near the subnormal boundary, around 1.0 and at random, so every leading-zero count
-    of the normalisation is reached with a normal, subnormal or zero result."""
+    """``n`` pairs (a, b) of finite values of the same sign whose difference ``a - b``
+    cancels leading bits or needs alignment. Half: b's bit pattern within 8 of a's (the
+    nearest values, across binade boundaries too: deep cancellation down to an exact 0);
+    half: exponent fields at most ``max_offset`` apart with mantissas of uniform
+    leading-zero count (:func:`lz_mantissas`). a's exponent field is drawn near the
+    subnormal boundary (field 0 included), around 1.0 and at random."""
     bias, emax = (1 << (EXP_BITS - 1)) - 1, (1 << EXP_BITS) - 2
-    top = 1 << MAN_BITS
     base = np.concatenate([rng.integers(0, MAN_BITS + 4, n // 2),
                            bias + rng.integers(-2, 3, n // 4),
                            rng.integers(0, emax + 1, n - n // 2 - n // 4)])
     ea = np.clip(base, 0, emax)
     eb = np.clip(ea + rng.integers(-max_offset, max_offset + 1, n), 0, emax)
-    ma = rng.integers(0, top, n)
-    close = rng.random(n) < 0.5
-    mb = np.where(close, np.clip(ma + rng.integers(-4, 5, n), 0, top - 1),
-                  rng.integers(0, top, n))
     sign = rng.integers(0, 2, n)
+    a = encode(sign, ea, lz_mantissas(rng, n))
+    far = encode(sign, eb, lz_mantissas(rng, n))
+    mag = (a & np.uint16(0x7FFF)).astype(np.int32) + rng.integers(-8, 9, n)
+    top = (emax << MAN_BITS) | ((1 << MAN_BITS) - 1)          # largest finite
+    near = (np.clip(mag, 0, top).astype(np.uint16)) | (a & np.uint16(0x8000))
+    b = np.where(rng.random(n) < 0.5, near, far).astype(np.uint16)
     perm = rng.permutation(n)
-    return encode(sign, ea, ma)[perm], encode(sign, eb, mb)[perm]
+    return a[perm], b[perm]
 
 
 def small_products(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``n`` pairs (a, b) whose product needs the multiplier's normalisation: a subnormal (or
     a tiny normal) times a value of exponent 0..MAN_BITS+3 above 1.0, and two normals whose
-    product lands within MAN_BITS+3 binades of the subnormal boundary on either side."""
+    product lands within MAN_BITS+3 binades of the subnormal boundary on either side;
+    mantissas of uniform leading-zero count (:func:`lz_mantissas`)."""
     bias, emax = (1 << (EXP_BITS - 1)) - 1, (1 << EXP_BITS) - 2
-    top = 1 << MAN_BITS
     h = n // 2
     ea1 = rng.integers(0, 3, h)
     eb1 = bias + rng.integers(0, MAN_BITS + 4, h)
     ea2 = rng.integers(1, bias, n - h)
     eb2 = np.clip(bias + 1 - ea2 + rng.integers(-(MAN_BITS + 3), MAN_BITS + 4, n - h), 1, emax)
     ea, eb = np.concatenate([ea1, ea2]), np.concatenate([eb1, eb2])
-    man = lambda: rng.integers(0, top, n)  # noqa: E731
-    a = encode(rng.integers(0, 2, n), ea, man())
-    b = encode(rng.integers(0, 2, n), eb, man())
+    a = encode(rng.integers(0, 2, n), ea, lz_mantissas(rng, n))
+    b = encode(rng.integers(0, 2, n), eb, lz_mantissas(rng, n))
     swap = rng.random(n) < 0.5
     return np.where(swap, b, a), np.where(swap, a, b)
 
