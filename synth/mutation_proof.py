@@ -22,8 +22,8 @@ decides which for one mutant, on the module it lives in, which is far smaller th
    without one from 0). That is not a proof for longer sequences (k-induction does not close on these
    modules: free inputs reach states the NME never does), so its verdict is ``bounded``.
 
-The inputs of a module are free except where :data:`CONTEXTS` states what the design feeds
-it, each with its reason (e.g. the fp32 L1 subtractor only ever sees widened 16-bit
+The inputs of a module are free, and all its outputs compared, except where :data:`CONTEXTS`
+states what the design feeds it or which output bits it uses, each with its reason (e.g. the fp32 L1 subtractor only ever sees widened 16-bit
 operands, whose low mantissa bits are zero). Free inputs include every value the NME can
 present, so a proof on the module is a proof on the NME: the mutant is *equivalent*.
 
@@ -50,9 +50,11 @@ __all__ = ["CONTEXTS", "Context", "Recipe", "owner_module", "analyse", "analyse_
 @dataclass(frozen=True)
 class Context:
     """What the design feeds a module's inputs: ``fixed`` maps ``port[lo:hi]`` slices to the
-    value they always have there (``(port, lo, hi, value)``), ``why`` says why."""
+    value they always have there (``(port, lo, hi, value)``), ``why`` says why;
+    ``observed``: the output slices the design uses (``(port, lo, hi)``; empty: all)."""
     fixed: tuple[tuple[str, int, int, int], ...]
     why: str
+    observed: tuple[tuple[str, int, int], ...] = ()
 
 
 def _contexts(man_bits: int) -> dict[str, Context]:
@@ -61,7 +63,9 @@ def _contexts(man_bits: int) -> dict[str, Context]:
         r"execute\.lane\d+\.diff": Context(
             (("a", 0, low, 0), ("b", 0, low, 0)),
             f"the L1 subtractor's operands are FPWiden outputs of 16-bit elements (hw/lane.py "
-            f"S2->S3): exact, so their {low} low fp32 mantissa bits are 0"),
+            f"S2->S3): exact, so their {low} low fp32 mantissa bits are 0; the lane keeps "
+            f"|P - R|: its sign bit is cleared, only y[30:0] is used",
+            (("y", 0, 31),)),
         r"execute\.lane\d+\.accum": Context(
             (("a", 31, 32, 0), ("b", 31, 32, 0)),
             "a lane's accumulator adds |P - R| (sign bit cleared, hw/lane.py S3->S4) to an "
@@ -134,6 +138,7 @@ def solver_vector(rec: dict, verilog: Path, folder: Path, *, lanes: int = 8,
     recipe = next((r for pat, r in _recipes(lanes).items() if re.fullmatch(pat, path)), None)
     if recipe is None:
         return None
+    ctx = next((c for pat, c in CONTEXTS.items() if re.fullmatch(pat, path)), None)
     top = recipe.width - 2             # the exponent's top bit: 0 keeps |x| < 2, finite
     small = (("a", top, top + 1, 0), ("b", top, top + 1, 0))
     m = re.search(r"lane(\d+)", path)
@@ -142,7 +147,8 @@ def solver_vector(rec: dict, verilog: Path, folder: Path, *, lanes: int = 8,
     for extra in (small, ()):
         sets = " ".join(f"-set in_{p}[{hi - 1}:{lo}] {v}" for p, lo, hi, v in
                         recipe.fixed + extra)
-        verdict, cex = _sat(folder, common, sets, False, 0, timeout_s, rec, tag="vector")
+        verdict, cex = _sat(folder, common, sets, False, 0, timeout_s, rec, tag="vector",
+                            prove=_prove_expr(ctx))
         if verdict == "distinguishable":
             op, p, r, rotate = recipe.build(cex, lane)
             return {"op": op, "p": p, "r": r, "rotate": rotate, "lane": lane,
@@ -237,7 +243,8 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
                 raise SynthError(f"mutant {rec.get('id')}: yosys failed in {folder}: "
                                  f"{exc}") from None
     if verdict is None:
-        verdict, cex = _sat(folder, common, sets, sequential, bmc_steps, timeout_s, rec)
+        verdict, cex = _sat(folder, common, sets, sequential, bmc_steps, timeout_s, rec,
+                            prove=_prove_expr(ctx))
     vector = (solver_vector(rec, verilog, folder, lanes=lanes, timeout_s=timeout_s)
               if verdict == "distinguishable" and not sequential else None)
     return {"verdict": verdict, "module": path or "(top)", "sequential": sequential,
@@ -268,11 +275,20 @@ def _out_of_resources(exc: SynthError, log: Path) -> bool:
     return "ran past" in text or "Wasm exception" in text or "wasm trap" in text.lower()
 
 
+def _prove_expr(ctx: Context | None) -> str:
+    """What sat proves: the miter's ``trigger`` is 0, or the observed output slices equal."""
+    if ctx is None or not ctx.observed:
+        return "-prove trigger 0"
+    return " ".join(f"-prove gold_{p}[{hi - 1}:{lo}] gate_{p}[{hi - 1}:{lo}]"
+                    for p, lo, hi in ctx.observed)
+
+
 def _sat(folder: Path, common: list[str], sets: str, sequential: bool, bmc_steps: int,
-         timeout_s: float, rec: dict, tag: str = "prove") -> tuple[str, dict | None]:
-    """The miter's ``trigger`` under sat: (verdict, counterexample or None)."""
-    sat = (f"sat -seq {bmc_steps} -prove trigger 0 -set-init-zero" if sequential
-           else "sat -prove trigger 0")
+         timeout_s: float, rec: dict, tag: str = "prove",
+         prove: str = "-prove trigger 0") -> tuple[str, dict | None]:
+    """``prove`` on the miter under sat: (verdict, counterexample or None)."""
+    sat = (f"sat -seq {bmc_steps} {prove} -set-init-zero" if sequential
+           else f"sat {prove}")
     (folder / f"{tag}.ys").write_text("\n".join(
         common + [f"tee -o {tag}.txt {sat} {sets} -show-inputs -show-outputs miter"]) + "\n")
     try:
@@ -301,7 +317,7 @@ def analyse_cached(rec: dict, verilog: Path, folder: Path, **kw) -> dict:
     key = hashlib.sha256(json.dumps(
         [Path(__file__).read_text(), hashlib.sha256(Path(verilog).read_bytes()).hexdigest(),
          mutation,
-         {p: [c.fixed, c.why] for p, c in kw.get("contexts", CONTEXTS).items()},
+         {p: [c.fixed, c.why, c.observed] for p, c in kw.get("contexts", CONTEXTS).items()},
          kw.get("bmc_steps", 8), kw.get("lanes", 8)], sort_keys=True).encode()).hexdigest()
     cache = Path(folder) / "analysis.json"
     if cache.exists():
