@@ -26,11 +26,12 @@ per mutant as it finishes; a rerun skips finished mutants) and ``results.json``
 record with ``id, mode, cell, port, portbit, wire, src, killed, killed_by, seconds``, the
 configuration, the tools' versions) and ``vectors.json`` (the solver's NME operands for the
 distinguishable survivors of the arithmetic units; tests/data/mutation_vectors.json, which
-tests/cocotb_nme.py's ``test_solver_vectors`` runs, is a copy of it). Survivors are to be killed by new tests or argued
-equivalent: with ``--prove`` (the default) :mod:`coda.synth.mutation_proof` gives each
-survivor a verdict with yosys' SAT solver (``equivalent``: proved, no test can kill it;
-``distinguishable`` with a counterexample; ``bounded``; ``unknown``), and the results the
-``mutation_score`` = killed / (finished - proved equivalent).
+tests/cocotb_nme.py's ``test_solver_vectors`` runs, is a copy of it). Survivors are to be
+killed by new tests or argued equivalent: by default (``--no-prove`` skips it)
+:mod:`coda.synth.mutation_proof` gives each survivor a verdict with yosys' SAT solver
+(``equivalent``: proved, no test can kill it; ``distinguishable`` with a counterexample;
+``bounded``; ``unknown``), and the results the ``mutation_score`` = killed / (finished -
+proved equivalent).
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
 MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096)
 #: the cocotb tests run on every mutant (all of tests/cocotb_nme.py's checking tests; they run
 #: in the module's order, the broad micro-op matrix first)
-TEST_ORDER = ("test_uop_matrix", "test_operators", "test_fp_edge_cases", "test_normalisation_paths",
-              "test_solver_vectors",
-              "test_random_bits_with_stalls", "test_l1_corner_sums", "test_tails",
-              "test_bad_commands", "test_checker_rules", "test_reset_mid_program")
+TEST_ORDER = ("test_uop_matrix", "test_operators", "test_fp_edge_cases",
+              "test_normalisation_paths", "test_solver_vectors", "test_random_bits_with_stalls",
+              "test_l1_corner_sums", "test_tails", "test_bad_commands", "test_checker_rules",
+              "test_reset_mid_program")
 CTRL_WIDTH = 16
 _FLATTEN = ["read_verilog nme.v", "hierarchy -top coda_nme", "proc", "flatten",
             "memory -nomap", "opt_clean"]
@@ -265,8 +266,6 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
                                            lanes=cfg.lanes)
             verdicts[r["analysis"]["verdict"]] = verdicts.get(r["analysis"]["verdict"], 0) + 1
             log(f"  #{r['id']} {r['analysis']['module']}: {r['analysis']['verdict']}")
-    equivalent = verdicts.get("equivalent", 0)
-    if prove:
         vectors = [{"mutant": r["id"], "module": r["analysis"]["module"],
                     **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
                    for r in survivors if r["analysis"].get("vector")]
@@ -274,6 +273,7 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
             {"generated_by": "python -m coda.synth.mutation (coda.synth.mutation_proof."
                              "solver_vector)", "config": asdict(cfg), "vectors": vectors},
             indent=1) + "\n")
+    equivalent = verdicts.get("equivalent", 0)
     results = {"config": asdict(cfg), "mutants": n, "seed": seed, "tests": list(TEST_ORDER),
                "finished": len(finished), "killed": len(killed),
                "kill_rate": round(len(killed) / len(finished), 4) if finished else None,

@@ -16,15 +16,16 @@ decides which for one mutant, on the module it lives in, which is far smaller th
    base case: all matched nets equal for ``bmc_steps`` cycles from power-on, ``equiv_miter``
    and ``sat -seq``; step: ``equiv_simple``/``equiv_induct -seq``: equal for that many
    cycles, equal in the next; a proof when the base holds and every net is proven, which is
-   then the verdict); else for every input sequence of ``bmc_steps``
-   cycles from the power-on state (bounded model checking, ``sat -seq``: registers start
-   from their Verilog initial values, i.e. Amaranth's ``init``, which sat honours; any
-   without one from 0). That is not a proof for longer sequences (k-induction does not close on these
-   modules: free inputs reach states the NME never does), so its verdict is ``bounded``.
+   then the verdict); else for every input sequence of ``bmc_steps`` cycles from the
+   power-on state (bounded model checking, ``sat -seq``: registers start from their Verilog
+   initial values, i.e. Amaranth's ``init``, which sat honours; any without one from 0).
+   That is not a proof for longer sequences (k-induction does not close on these modules:
+   free inputs reach states the NME never does), so its verdict is ``bounded``.
 
 The inputs of a module are free, and all its outputs compared, except where :data:`CONTEXTS`
-states what the design feeds it or which output bits it uses, each with its reason (e.g. the fp32 L1 subtractor only ever sees widened 16-bit
-operands, whose low mantissa bits are zero). Free inputs include every value the NME can
+states what the design feeds it or which output bits it uses, each with its reason (e.g.
+the fp32 L1 subtractor only ever sees widened 16-bit operands, whose low mantissa bits are
+zero, and the lane keeps only its result's magnitude). Free inputs include every value the NME can
 present, so a proof on the module is a proof on the NME: the mutant is *equivalent*.
 
 Verdicts: ``equivalent`` (proved), ``distinguishable`` (the solver's counterexample: input
@@ -85,12 +86,17 @@ CONTEXTS = _contexts(7)
 class Recipe:
     """How a counterexample of a unit becomes NME operands (bf16, as the mutation flow's
     NME): ``fixed`` the stricter input slices under which every input is a value a program
-    can present (see :data:`RECIPES`), ``build(cex, lane)`` -> (op, P words, R words, rotate)
+    can present (see :func:`_recipes`), ``build(cex, lane)`` -> (op, P words, R words, rotate)
     with words as lists of per-lane bit patterns; ``rotate``: the test also runs the words
     rotated into every other lane."""
     fixed: tuple[tuple[str, int, int, int], ...]
     build: object
     width: int = 32      # of the unit's operands: their top exponent bit makes |x| < 2
+
+
+def _lookup(table: dict, path: str):
+    """The entry of ``table`` (keyed by module-path patterns) that ``path`` matches, or None."""
+    return next((v for pat, v in table.items() if re.fullmatch(pat, path)), None)
 
 
 def _words(lanes: int, lane: int, values: list[int]) -> list[list[int]]:
@@ -128,6 +134,7 @@ def _recipes(lanes: int) -> dict[str, Recipe]:
 
 
 def solver_vector(rec: dict, verilog: Path, folder: Path, *, lanes: int = 8,
+                  contexts: dict[str, Context] = CONTEXTS,
                   timeout_s: float = 300) -> dict | None:
     """NME operands that show mutant ``rec`` (a distinguishable arithmetic-unit mutant of the
     bf16 NME), found by the solver under the unit's :class:`Recipe` (first with |inputs| < 2,
@@ -135,10 +142,10 @@ def solver_vector(rec: dict, verilog: Path, folder: Path, *, lanes: int = 8,
     per-lane bit patterns), or None when the unit has no recipe or no such operands exist.
     Raises SynthError if yosys fails otherwise than by running out of resources."""
     path, cell = owner_module(rec["cell"])
-    recipe = next((r for pat, r in _recipes(lanes).items() if re.fullmatch(pat, path)), None)
+    recipe = _lookup(_recipes(lanes), path)
     if recipe is None:
         return None
-    ctx = next((c for pat, c in CONTEXTS.items() if re.fullmatch(pat, path)), None)
+    ctx = _lookup(contexts, path)
     top = recipe.width - 2             # the exponent's top bit: 0 keeps |x| < 2, finite
     small = (("a", top, top + 1, 0), ("b", top, top + 1, 0))
     m = re.search(r"lane(\d+)", path)
@@ -205,7 +212,7 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
     import time
 
     path, cell = owner_module(rec["cell"])
-    ctx = next((c for pat, c in contexts.items() if re.fullmatch(pat, path)), None)
+    ctx = _lookup(contexts, path)
     sets = " ".join(f"-set in_{p}[{hi - 1}:{lo}] {v}" for p, lo, hi, v in
                     (ctx.fixed if ctx else ()))
     common = _common(rec, verilog, folder, cell, path)
@@ -245,7 +252,8 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
     if verdict is None:
         verdict, cex = _sat(folder, common, sets, sequential, bmc_steps, timeout_s, rec,
                             prove=_prove_expr(ctx))
-    vector = (solver_vector(rec, verilog, folder, lanes=lanes, timeout_s=timeout_s)
+    vector = (solver_vector(rec, verilog, folder, lanes=lanes, contexts=contexts,
+                            timeout_s=timeout_s)
               if verdict == "distinguishable" and not sequential else None)
     return {"verdict": verdict, "module": path or "(top)", "sequential": sequential,
             "method": how if verdict == "equivalent" else "sat", "vector": vector,

@@ -449,6 +449,19 @@ async def check_pairs(ck: Checker, rng, a: np.ndarray, b: np.ndarray, c: np.ndar
     return total
 
 
+async def check_l1(ck: Checker, rng, p: np.ndarray, r: np.ndarray, what: str) -> None:
+    """One L1 program over P = ``p``, R = ``r`` (bit patterns, element i in lane i % L); its
+    sum against the NME's order of fp32 additions computed with torch (:func:`l1_torch`)."""
+    mem = random_image(rng)
+    wn = hb.words_for(p.size, L)
+    place(mem, 0, p)
+    place(mem, wn, r)
+    words = prog_words(p.size, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                UOp(Op.L1, RSrc.MEM, p=0, addr=wn)])
+    P, R = hb.from_bits(p, CFG.fmt), hb.from_bits(r, CFG.fmt)
+    await ck.run(words, mem, what, expect_l1=l1_torch(P, R))
+
+
 @cocotb.test()
 @nme_test
 async def test_fp_edge_cases(dut):
@@ -470,8 +483,8 @@ async def test_fp_edge_cases(dut):
 # ----------------------------------------------------------------------------- normalisation
 def encode(sign: np.ndarray, exp: np.ndarray, man: np.ndarray) -> np.ndarray:
     """Bit patterns of the format from sign, biased exponent field and mantissa field."""
-    return ((sign.astype(np.uint32) << (EXP_BITS + MAN_BITS)) | (exp.astype(np.uint32) << MAN_BITS)
-            | man.astype(np.uint32)).astype(np.uint16)
+    return ((sign.astype(np.uint32) << (EXP_BITS + MAN_BITS))
+            | (exp.astype(np.uint32) << MAN_BITS) | man.astype(np.uint32)).astype(np.uint16)
 
 
 def lz_mantissas(rng, n: int) -> np.ndarray:
@@ -530,10 +543,11 @@ def small_products(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
 async def test_normalisation_paths(dut):
     """The normalisation of every lane's units: near-cancelling sums and differences (ADD,
     SUB; every leading-zero count, subnormal and zero results), products of subnormal and
-    tiny operands (MUL, MAC), and the fp32 L1 subtractor on near-cancelling 16-bit pairs
-    whose exponents are up to MAN_BITS+3 apart, each program at one magnitude so that every
-    |P - R| shows in the sum. Found by the mutation run (coda.synth.mutation): random bits
-    reach these paths about once per 2**8 elements per exponent, too rarely per lane."""
+    tiny operands (MUL, MAC), and the fp32 L1 subtractor and accumulator on near-cancelling
+    16-bit pairs whose exponents are up to 27 apart, two pairs alone in one lane per program
+    so that every |P - R| shows in the sum. Found by the mutation run (coda.synth.mutation):
+    random bits reach these paths about once per 2**8 elements per exponent, too rarely per
+    lane."""
     ck = Checker(dut)
     await ck.start()
     rng = np.random.default_rng(909)
@@ -556,14 +570,8 @@ async def test_normalisation_paths(dut):
         rw = pw.copy()
         for w in range(2):
             pw[w * L + i % L], rw[w * L + i % L] = p[2 * i + w], r[2 * i + w]
-        mem = random_image(rng)
-        place(mem, 0, pw)
-        place(mem, 2, rw)
-        words = prog_words(2 * L, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
-                                   UOp(Op.L1, RSrc.MEM, p=0, addr=2)])
-        P, R = hb.from_bits(pw, CFG.fmt), hb.from_bits(rw, CFG.fmt)
-        await ck.run(words, mem, f"L1 pairs {p[2 * i]:#06x} {r[2 * i]:#06x} {p[2 * i + 1]:#06x} "
-                     f"{r[2 * i + 1]:#06x} in lane {i % L}", expect_l1=l1_torch(P, R))
+        await check_l1(ck, rng, pw, rw, f"L1 pairs {p[2 * i]:#06x} {r[2 * i]:#06x} "
+                       f"{p[2 * i + 1]:#06x} {r[2 * i + 1]:#06x} in lane {i % L}")
     dut._log.info("normalisation paths: %d elements through ADD/SUB/MUL/MAC, %d L1 pairs, "
                   "0 mismatches", total, p.size)
 
@@ -591,27 +599,13 @@ async def test_solver_vectors(dut):
         op = Op[vec["op"]]
         shifts = range(L) if vec["rotate"] else (0,)
         for shift in shifts:
-            p = np.array([np.roll((w + [0] * L)[:L], shift) for w in vec["p"]], np.uint16)
-            r = np.array([np.roll((w + [0] * L)[:L], shift) for w in vec["r"]], np.uint16)
-            n = p.size
-            mem = random_image(rng)
-            place(mem, 0, p.reshape(-1))
-            place(mem, len(vec["p"]), r.reshape(-1))
-            wn = len(vec["p"])
+            p, r = (np.array([np.roll((w + [0] * L)[:L], shift) for w in vec[k]],
+                             np.uint16).reshape(-1) for k in ("p", "r"))
             what = f"solver vector of mutant {vec['mutant']} ({vec['module']}) shifted {shift}"
-            P, R = hb.from_bits(p.reshape(-1), CFG.fmt), hb.from_bits(r.reshape(-1), CFG.fmt)
             if op == Op.L1:
-                words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
-                                       UOp(Op.L1, RSrc.MEM, p=0, addr=wn)])
-                await ck.run(words, mem, what, expect_l1=l1_torch(P, R))
+                await check_l1(ck, rng, p, r, what)
             else:
-                words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
-                                       UOp(op, RSrc.MEM, d=1, p=0, addr=wn),
-                                       UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=2 * wn)])
-                _, out = await ck.run(words, mem, what)
-                exp = hb.to_bits(torch_op(op, P, P, R))
-                got = hb.unpack_words(out[2 * wn:3 * wn], n)
-                assert hb.same_bits(got, exp, CFG.fmt), f"{what}: differs from torch"
+                await check_pairs(ck, rng, p, r, p, (op,), what)
             runs += 1
     dut._log.info("solver vectors: %d vectors, %d programs, 0 mismatches",
                   len(data["vectors"]), runs)
