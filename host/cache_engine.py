@@ -586,7 +586,7 @@ class _StepRun:
         for stream, out in outs.items():
             tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
             key = self.hook.key(br, j, layer, op, stream=stream)
-            self.driver.store(key, tensor)
+            self.driver.store(key, tensor, group=(br, j, stream))
             self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
         return self._bytes_written() - before
 
@@ -597,7 +597,7 @@ class _StepRun:
         tensor = x.reshape(-1, self.c).to(self.dtype).contiguous()
         key = self.hook.key(br, j, layer, op, "in")
         before = self._bytes_written()
-        self.driver.store(key, tensor)
+        self.driver.store(key, tensor, group=(br, j, _PRIMARY))
         norm = float(tensor.float().abs().sum())
         self.hook.state.branches[br].kept[key] = (tuple(tensor.shape), self.step, norm)
         return self._bytes_written() - before

@@ -8,7 +8,10 @@ vectors (gates ``[C]``) and scalars are replicated to every rank. An operator co
 program per rank (tiles may differ by one row), all run in lockstep through
 ``backend.execute_many``, and the host gathers the tiles of the result.
 
-Memory: each rank has a first-fit allocator over word ranges. Cache slots stay until freed;
+Memory: each rank has a bank-coloured allocator (:mod:`coda.host.placement`): every stream
+(a cache slot's tile, an operand, a result) is placed at a power-of-two-aligned base whose
+DRAM bank is chosen by its role, so the streams a program reads together never share a bank
+and equal segments cost equal cycles on a DRAM-timed rank. Cache slots stay until freed;
 operands and results of an operator live in scratch ranges freed when it returns. A request
 that does not fit raises :class:`NMPCapacityError` (a ``MemoryError``) naming the rank, the
 bytes requested and the bytes free.
@@ -20,12 +23,13 @@ bytes requested and the bytes free.
 - ``nme_cycles``: per launch the slowest rank's cycles, summed (NME clock cycles);
 - ``bytes_written`` / ``bytes_read``: bytes moved between host and rank memories, whole
   words (``2 * lanes`` bytes each) as they cross the bus;
-- ``cmd_bytes``: bytes of command words sent (8 per header / micro-op word, per rank).
+- ``cmd_bytes``: bytes of command words sent (8 per header / micro-op word, per rank);
+- ``placement_misses``: streams placed without their bank colour or alignment (memory too
+  full or too small for it; 0 in a sized run).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -40,6 +44,7 @@ from coda.host import compiler
 from coda.host import ops as ref
 from coda.hw.executor import Backend
 from coda.host.interp import CANONICAL_NAN_F32
+from coda.host.placement import DEFAULT_STANDARD, SCRATCH_XOR, SLOT_COLOUR, BankColouredAllocator
 from coda.host.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
                             unpack_words)
 
@@ -102,44 +107,6 @@ def tile_shapes(op: str, shapes: dict[str, tuple], n_ranks: int) -> list[dict | 
             tiled[name] = tuple(shape)
         out.append(tiled if math.prod(tiled[split_name]) else None)
     return out
-
-
-class _FirstFit:
-    """First-fit allocator over the word range [0, words) of one rank memory."""
-
-    def __init__(self, words: int):
-        self.words = words
-        self.starts = [0]      # free ranges, sorted by start
-        self.lengths = [words]
-
-    def alloc(self, n: int) -> int | None:
-        for i, length in enumerate(self.lengths):
-            if length >= n:
-                start = self.starts[i]
-                if length == n:
-                    del self.starts[i], self.lengths[i]
-                else:
-                    self.starts[i] += n
-                    self.lengths[i] -= n
-                return start
-        return None
-
-    def release(self, start: int, n: int) -> None:
-        i = bisect.bisect_left(self.starts, start)
-        self.starts.insert(i, start)
-        self.lengths.insert(i, n)
-        if i + 1 < len(self.starts) and start + n == self.starts[i + 1]:  # merge right
-            self.lengths[i] += self.lengths.pop(i + 1)
-            self.starts.pop(i + 1)
-        if i > 0 and self.starts[i - 1] + self.lengths[i - 1] == start:  # merge left
-            self.lengths[i - 1] += self.lengths.pop(i)
-            self.starts.pop(i)
-
-    def free_words(self) -> int:
-        return sum(self.lengths)
-
-    def largest(self) -> int:
-        return max(self.lengths, default=0)
 
 
 @dataclass
@@ -247,11 +214,15 @@ class NMPDriver:
         backend: executes programs (:class:`coda.host.backend.TorchBackend`, ``RTLBackend``).
         cfg: the NME configuration of every rank (its ``fmt`` is the cache dtype).
         dimms, ranks: DIMMs, and ranks per DIMM (>= 1 each).
+        dram: the DRAM standard whose address mapping colours the placement (None: the
+            backend's ``std`` if it has one, e.g. ``NMPRTLBackend``, else DDR5-4800).
     Raises:
-        ValueError: dimms or ranks < 1, or more than ``coda.hw.nmp.MAX_RANKS`` (256) ranks.
+        ValueError: dimms or ranks < 1, or more than ``coda.hw.nmp.MAX_RANKS`` (256) ranks;
+        an unknown DRAM standard.
     """
 
-    def __init__(self, backend: Backend, cfg: NMEConfig, dimms: int = 1, ranks: int = 1):
+    def __init__(self, backend: Backend, cfg: NMEConfig, dimms: int = 1, ranks: int = 1,
+                 dram=None):
         check_shape(dimms, ranks)      # >= 1 each, at most hw.nmp.MAX_RANKS ranks in all
         self.backend = backend
         self.cfg = cfg
@@ -260,7 +231,9 @@ class NMPDriver:
         self.dtype = torch_dtype(cfg.fmt)
         self.word_bytes = 2 * cfg.lanes
         self.mems = [np.zeros((cfg.mem_words, cfg.lanes), np.uint16) for _ in range(self.n_ranks)]
-        self._allocs = [_FirstFit(cfg.mem_words) for _ in range(self.n_ranks)]
+        self.dram = dram if dram is not None else getattr(backend, "std", DEFAULT_STANDARD)
+        self._allocs = self._new_allocators()
+        self._group_colours: dict = {}
         self._slots: dict[Hashable, _Slot] = {}
         self._inflight: _Ticket | None = None
         self.stats: dict = {}
@@ -271,13 +244,19 @@ class NMPDriver:
         """Zero the counters of :attr:`stats`."""
         self.stats = {"programs": 0, "rank_programs": 0, "nme_cycles": 0,
                       "bytes_written": 0, "bytes_read": 0, "cmd_bytes": 0,
-                      "async_launches": 0, "overlap_s": 0.0, "wait_s": 0.0}
+                      "async_launches": 0, "overlap_s": 0.0, "wait_s": 0.0,
+                      "placement_misses": 0}
+
+    def _new_allocators(self) -> list[BankColouredAllocator]:
+        return [BankColouredAllocator(self.cfg.mem_words, self.word_bytes, self.dram)
+                for _ in range(self.n_ranks)]
 
     def reset(self) -> None:
         """Drop every cache slot and zero the rank memories (``stats`` are kept)."""
         self.wait()
         self._slots.clear()
-        self._allocs = [_FirstFit(self.cfg.mem_words) for _ in range(self.n_ranks)]
+        self._allocs = self._new_allocators()
+        self._group_colours = {}
         for mem in self.mems:
             mem.fill(0)
 
@@ -292,14 +271,17 @@ class NMPDriver:
         """Free bytes of each rank memory."""
         return [a.free_words() * self.word_bytes for a in self._allocs]
 
-    def _alloc(self, words_per_rank: list[int], what: str) -> list[int | None]:
-        """One range per rank (0 words: None), all or nothing."""
+    def _alloc(self, words_per_rank: list[int], what: str,
+               colour: int | None = None) -> list[int | None]:
+        """One range per rank (0 words: None) of bank colour ``colour``, all or nothing."""
         got: list[int | None] = []
         for rank, words in enumerate(words_per_rank):
-            addr = self._allocs[rank].alloc(words) if words else None
+            alloc = self._allocs[rank]
+            misses = alloc.misses
+            addr = alloc.alloc(words, colour) if words else None
+            self.stats["placement_misses"] += alloc.misses - misses
             if words and addr is None:
                 self._release(got, words_per_rank)
-                alloc = self._allocs[rank]
                 raise NMPCapacityError(
                     f"rank {rank}: cannot allocate {words * self.word_bytes} bytes "
                     f"({words} words) for {what}; {alloc.free_words() * self.word_bytes} "
@@ -332,9 +314,11 @@ class NMPDriver:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [T, C]")
         return t
 
-    def store(self, key: Hashable, tensor: torch.Tensor) -> None:
+    def store(self, key: Hashable, tensor: torch.Tensor, group: Hashable = None) -> None:
         """Write (or overwrite) cache slot ``key`` with ``tensor`` [T, C] of the cache dtype,
-        tiled over tokens across the ranks.
+        tiled over tokens across the ranks. ``group``: slots that segments read together
+        (e.g. one branch of one sample) share a DRAM bank colour, groups take the colours in
+        turn (:mod:`coda.host.placement`); a placement only, results do not depend on it.
 
         Raises ValueError for a bad tensor, :class:`NMPCapacityError` when a rank is full
         (an overwritten slot of another shape is then gone).
@@ -348,7 +332,9 @@ class NMPDriver:
             rows = tile_bounds(shape[0], self.n_ranks)
             words = [compiler.words_for((r1 - r0) * shape[1], self.cfg.lanes)
                      for r0, r1 in rows]
-            addrs = self._alloc(words, f"slot {key!r} {list(shape)}")
+            colour = self._group_colours.setdefault(
+                group, SLOT_COLOUR + len(self._group_colours))
+            addrs = self._alloc(words, f"slot {key!r} {list(shape)}", colour)
             self._slots[key] = _Slot(shape, tensor.dtype, rows, addrs, words)
         slot = self._slots[key]
         bits = to_bits(tensor)
@@ -450,7 +436,11 @@ class NMPDriver:
             raise ValueError(f"l1_to_slot: slot {key!r} has shape {list(slot.shape)}, "
                              f"expected {list(x.shape)} (the shape of x)")
         scratch = [w if a is not None else 0 for w, a in zip(slot.words, slot.addrs)]
-        addrs = self._alloc(scratch, "l1 input")
+        first = next(r for r, a in enumerate(slot.addrs) if a is not None) \
+            if any(a is not None for a in slot.addrs) else None
+        colour = SCRATCH_XOR[0] ^ (0 if first is None else
+                                   self._allocs[first].colour(slot.addrs[first]))
+        addrs = self._alloc(scratch, "l1 input", colour)
         try:
             jobs = []
             bits = to_bits(x)
@@ -538,7 +528,8 @@ class NMPDriver:
         if not any(plans):
             return PendingOp.done(self._empty_result(spec, tensors, group))
         scratch = [self._scratch_words(op, p, group, {**cached, **resident}) for p in plans]
-        addrs = self._alloc(scratch, f"{op} operands and result")
+        ranges = self._alloc_scratch(op, scratch, f"{op} operands and result", cached, resident)
+        release = lambda: self._release_scratch(ranges)  # noqa: E731
         written = self.stats["bytes_written"]
         try:
             jobs, layouts = [], []
@@ -546,51 +537,98 @@ class NMPDriver:
                 if plan is None:
                     layouts.append(None)
                     continue
-                layout = self._place(op, rank, plan, addrs[rank], group, cached, resident)
+                layout = self._place(op, rank, plan, self._scratch_addrs(ranges, scratch, rank),
+                                     group, cached, resident)
                 layouts.append(layout)
                 jobs.append((rank, compiler.compile_op(op, self.cfg, plan[1], layout, group)))
             bytes_in = self.stats["bytes_written"] - written + sum(
                 8 * (1 + len(p.uops)) for _, p in jobs)
             ticket = self._submit(jobs, [layouts[r] for r, _ in jobs])
         except BaseException:
-            self._release(addrs, scratch)
+            release()
             raise
         return PendingOp(self, lambda results: self._gather(spec, tensors, plans, layouts,
                                                             results, jobs),
-                         ticket, lambda: self._release(addrs, scratch), bytes_to_nmp=bytes_in,
+                         ticket, release, bytes_to_nmp=bytes_in,
                          y_addrs=[lay.get("y") if lay else None for lay in layouts])
 
-    def _scratch_words(self, op: str, plan, group, cached) -> int:
+    def _scratch_words(self, op: str, plan, group, cached) -> dict[str, int]:
+        """Words of each stream of ``op`` the driver places (not cached, not resident) on one
+        rank (a segment's K gates as one stream); {} for an empty tile."""
         if plan is None:
-            return 0
+            return {}
         words = compiler.stream_words(op, self.cfg, plan[1], group)
         k = plan[1]["g"][0] if op == "segment" else 1
-        return sum(w * (k if op == "segment" and n in ("g", "c") else 1)
-                   for n, w in words.items() if n not in cached)
+        return {n: w * (k if op == "segment" and n in ("g", "c") else 1)
+                for n, w in words.items() if n not in cached}
 
-    def _place(self, op: str, rank: int, plan, base: int, group, cached,
+    def _alloc_scratch(self, op: str, scratch: list[dict[str, int]], what: str, cached: dict,
+                       resident: dict[str, list[int | None]]) -> list[tuple[list, list, list]]:
+        """Place the scratch streams on every rank, all or nothing; returns the ranges as
+        ``(names, per-rank base, per-rank words)``. Each tiled stream (inputs in order, then
+        y) gets a range of its own, colours :data:`SCRATCH_XOR` in order XORed with the
+        colour of the first cached operand, skipping the colours of resident operands (a
+        chained segment's x); replicated operands (gates, scales: a few words re-read all
+        along) follow the first of them in its range, in the same DRAM rows."""
+        first = next(r for r, s in enumerate(scratch) if s)
+        alloc = self._allocs[first]
+        slots = [a[first] for per_slot in cached.values() for a in per_slot
+                 if a[first] is not None]
+        base = alloc.colour(slots[0]) if slots else 0
+        taken = {alloc.colour(addrs[first]) for addrs in resident.values()
+                 if addrs[first] is not None}
+        want = [(base ^ x) % alloc.colours for x in SCRATCH_XOR]
+        free = iter([c for c in want if c not in taken] + sorted(taken))
+        names = list(scratch[first])
+        tiled = [n for n in names if PLACEMENT[op].get(n) != _REPLICATE]
+        groups = [[n] for n in tiled]
+        groups[0] += [n for n in names if n not in tiled]
+        ranges: list[tuple[list, list, list]] = []
+        try:
+            for group in groups:
+                words = [sum(s.get(n, 0) for n in group) for s in scratch]
+                ranges.append((group, self._alloc(words, f"{what} ({', '.join(group)})",
+                                                  next(free, None)), words))
+        except BaseException:
+            self._release_scratch(ranges)
+            raise
+        return ranges
+
+    @staticmethod
+    def _scratch_addrs(ranges, scratch: list[dict[str, int]], rank: int) -> dict[str, int]:
+        """Word address of each scratch stream on ``rank``."""
+        out = {}
+        for group, bases, _ in ranges:
+            addr = bases[rank]
+            for name in group:
+                out[name] = addr
+                addr = None if addr is None else addr + scratch[rank].get(name, 0)
+        return out
+
+    def _release_scratch(self, ranges) -> None:
+        for _, bases, words in ranges:
+            self._release(bases, words)
+
+    def _place(self, op: str, rank: int, plan, addrs: dict[str, int], group, cached,
                resident=None) -> dict:
-        """Write the rank's scratch operands from word ``base``; return the program layout."""
+        """Write the rank's scratch operands at their word ``addrs``; return the program
+        layout."""
         tiles, shapes = plan
         words = compiler.stream_words(op, self.cfg, shapes, group)
         layout: dict = {}
-        addr = base
-        for name, n_words in words.items():
+        for name in words:
             if resident and name in resident:
                 layout[name] = resident[name][rank]
                 continue
             if name in cached:
                 layout[name] = [slot_addrs[rank] for slot_addrs in cached[name]]
                 continue
-            layout[name] = addr
+            layout[name] = addr = addrs[name]
             if name in tiles:
                 t = tiles[name]
                 packed = pack_int8_words(t, self.cfg.lanes) if name == "q" else \
                     self._pack_rows(op, name, t)
                 self._write(rank, addr, packed)
-                addr += packed.shape[0]
-            else:
-                addr += n_words
         return layout
 
     def _pack_rows(self, op: str, name: str, t: torch.Tensor) -> np.ndarray:

@@ -92,7 +92,7 @@ class ProfilingDriver(NMPDriver):
         self._writes: dict = {}
         self._norms: dict = {}
 
-    def store(self, key, tensor):
+    def store(self, key, tensor, group=None):
         fresh = key not in self
         writes = 0 if fresh else self._writes.get(key, 0)
         is_input = isinstance(key, tuple) and key and key[-1] == "in"
@@ -106,7 +106,7 @@ class ProfilingDriver(NMPDriver):
             self._norms[key] = mag
             self.records.append((key, writes, value, mag / max(1, tensor.numel())))
         self._writes[key] = writes + 1
-        super().store(key, tensor)
+        super().store(key, tensor, group)
 
     def load_shape(self, key) -> tuple:
         return self._slot(key).shape
@@ -150,12 +150,12 @@ class _InputNormDriver(ProfilingDriver):
         super().__init__(*args, **kwargs)
         self.input_records: list[tuple] = []
 
-    def store(self, key, tensor):
+    def store(self, key, tensor, group=None):
         if isinstance(key, tuple) and key and key[-1] == "in":
             writes = self._writes.get(key, 0) if key in self else 0
             self.input_records.append((key, writes,
                                        float(tensor.float().abs().sum()) / max(1, tensor.numel())))
-        super().store(key, tensor)
+        super().store(key, tensor, group)
 
 
 @dataclass

@@ -15,7 +15,7 @@ class TorchSegmentDriver:
         self.stats = dict.fromkeys(("bytes_written", "bytes_read", "cmd_bytes", "nme_cycles",
                                     "programs"), 0)
 
-    def store(self, key, tensor):
+    def store(self, key, tensor, group=None):
         self.slots[key] = tensor.clone()
 
     def free(self, key):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -189,13 +190,19 @@ def tiny_cache_slot():
     assert len({op for _, _, op in slots}) == len(OP_TYPES) == 5
     (tokens, channels), = {(e.tokens, e.channels) for e in ops}
     assert {e.stored_bytes for e in ops} <= {0, tokens * channels * 2}
-    return model, len(slots) * tokens * channels * 2
+    branches = {b for b, _, _ in slots}
+    return model, (len(slots) // len(branches), len(branches), tokens, channels)
 
 
-def _needed_words(slot_bytes: int, videos: int, ranks: int, lanes: int) -> float:
-    """Words of ``lanes`` 16-bit elements per rank for ``videos`` slots tiled over ``ranks``,
-    with the 1.5x headroom cache_mem_words documents."""
-    return 1.5 * videos * slot_bytes / ranks / (2 * lanes)
+def _needed_words(slot, videos: int, ranks: int, lanes: int) -> float:
+    """Words per rank for the slots of ``videos`` videos as cache_mem_words documents: each
+    rank's tile (the largest, of ceil(T / ranks) tokens) in a power-of-two region, one bank
+    colour of 4 per slot group (branch of a video), the fullest colour holding
+    ceil(groups / 4) groups, 1.5x headroom."""
+    per_group, branches, tokens, channels = slot
+    tile = math.ceil(math.ceil(tokens / ranks) * channels / lanes)
+    region = 2 ** math.ceil(math.log2(tile))
+    return 1.5 * 4 * math.ceil(videos * branches / 4) * per_group * region
 
 
 @settings(max_examples=100, deadline=None)
@@ -205,11 +212,11 @@ def test_cache_mem_words_is_the_smallest_power_of_two_holding_the_slots(
         tiny_cache_slot, videos, ranks, lanes):
     from coda.host.model.sample import cache_mem_words
 
-    model, slot_bytes = tiny_cache_slot
-    needed = _needed_words(slot_bytes, videos, ranks, lanes)
+    model, slot = tiny_cache_slot
+    needed = _needed_words(slot, videos, ranks, lanes)
     words = cache_mem_words(model, videos, ranks=ranks, lanes=lanes)
     assert words & (words - 1) == 0 and words >= 1 << 18 and words >= needed
-    assert words == 1 << 18 or words // 2 <= needed     # no power of two smaller would do
+    assert words == 1 << 18 or words // 2 < needed     # no power of two smaller would do
 
 
 def test_cache_mem_words_counts_all_five_operator_types(tiny_cache_slot):
@@ -217,11 +224,12 @@ def test_cache_mem_words_counts_all_five_operator_types(tiny_cache_slot):
     4 would need 230,400 <= 2**18, so the power-of-two round-up no longer hides a wrong count."""
     from coda.host.model.sample import cache_mem_words
 
-    model, slot_bytes = tiny_cache_slot
-    needed = _needed_words(slot_bytes, 150, 2, 8)
-    assert _needed_words(slot_bytes * 4 // 5, 150, 2, 8) <= 1 << 18 < needed
+    model, slot = tiny_cache_slot
+    assert slot[0] == 5
+    needed = _needed_words(slot, 150, 2, 8)
+    assert _needed_words((4,) + slot[1:], 150, 2, 8) <= 1 << 18 < needed
     words = cache_mem_words(model, 150, ranks=2, lanes=8)
-    assert words >= needed and words // 2 <= needed
+    assert words >= needed and words // 2 < needed
     assert cache_mem_words(model, 150, ranks=4, lanes=8) == 1 << 18   # half the words each
     with pytest.raises(ValueError, match="videos=0"):
         cache_mem_words(model, 0, ranks=2, lanes=8)

@@ -136,13 +136,9 @@ def test_modelled_nme_time_against_a_dram_timed_generation(depth):
     """A short real generation (6 steps, PAB, one prompt) with every segment on the 1 x 2
     DDR5-4800 DIMM-NMP cosimulation (the build coda run --dram uses): the modelled NME
     cycles of every segment (cycle model bounded by the utilisation measured on the shipped
-    model's tiles) against the cycles the cosimulation measured.
-
-    Identical segments (same K, shape, program) take different cycles there: the slots'
-    addresses decide the row conflicts and the refresh phase carries over from job to job.
-    No model of (T, C, K) alone can be nearer than half that spread; the test checks the
-    model is within 2 % of every segment where the spread allows it (depth 256: within the
-    spread + 0.5 %), the sum within 1 %, and that the spread is what it is."""
+    model's tiles) are within 2 % of the cycles the cosimulation measured, the sum within
+    1 %. The driver's bank-coloured placement makes equal segments cost equal cycles (what
+    is left is the refresh phase): per K, max and min are within 2 % of their mean."""
     from coda.host.system.validate import run_check
 
     r = run_check("DDR5-4800", depth, steps=6, prompts=(5,))
@@ -150,19 +146,12 @@ def test_modelled_nme_time_against_a_dram_timed_generation(depth):
     assert abs(r["total_rel_error"]) < 0.01
     by_k = {}
     for s in r["segments_detail"]:
-        by_k.setdefault(s["k"], []).append(s)
-    for k, segs in by_k.items():
-        cyc = [s["cosim_cycles"] for s in segs]
-        floor = (max(cyc) - min(cyc)) / (max(cyc) + min(cyc))   # best any one value can do
-        for s in segs:
-            assert abs(s["rel_error"]) <= max(0.02, 2 * floor + 0.005), (k, s, floor)
-        mean = sum(s["rel_error"] for s in segs) / len(segs)
-        assert abs(mean) < 0.03, (k, mean)
-    if depth == 256:
-        assert r["max_abs_rel_error"] < 0.03
-    else:   # depth 64: identical 1-term segments differ by > 15 % (row conflicts)
-        k1 = [s["cosim_cycles"] for s in by_k[1]]
-        assert max(k1) / min(k1) > 1.1
+        assert abs(s["rel_error"]) < 0.02, s
+        by_k.setdefault(s["k"], []).append(s["cosim_cycles"])
+    assert len(by_k) >= 3
+    for k, cyc in by_k.items():
+        assert (max(cyc) - min(cyc)) / (max(cyc) + min(cyc)) < 0.02, (k, cyc)
+    assert r["placement_misses"] == 0
 
 
 @torch.no_grad()

@@ -15,6 +15,8 @@ seeded ``seeds[i]``, so a sample does not depend on what else is in the batch.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .data import NULL_LABEL
@@ -216,10 +218,17 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int) -> int:
     videos generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
 
     Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
-    16-bit elements; 1.5x leaves room for the operators' scratch and fragmentation.
+    16-bit elements. The driver places each rank's tile of a slot at a power-of-two-aligned
+    base and all slots of one branch of one video (a slot group) in one DRAM bank colour
+    (:mod:`coda.host.placement`), a quarter of the memory for the 4 banks per bank group of
+    every DRAM preset (JEDEC JESD79-4 / JESD79-5 / JESD209-5): the groups fill the colours
+    in turn, so the fullest colour holds ``ceil(groups / 4)`` groups. 1.5x that leaves room
+    for the operators' scratch and fragmentation.
     Raises ValueError if videos, ranks or lanes < 1.
     """
+    from coda.host.placement import DEFAULT_STANDARD
     from coda.host.schedule import BRANCHES, OP_TYPES
+    from coda.hw.dram_standards import get_standard
 
     if min(videos, ranks, lanes) < 1:
         raise ValueError(f"videos={videos}, ranks={ranks}, lanes={lanes}: expected >= 1 each")
@@ -227,10 +236,13 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int) -> int:
     tcfg = cfg["transformer"]
     tokens = cfg["data"]["frames"] * (cfg["data"]["size"] // tcfg["patch_size"]) ** 2
     hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
-    slot_bytes = (len(BRANCHES) * len(OP_TYPES) * len(model.transformer.transformer_blocks)
-                  * tokens * hidden * 2)
-    words = int(1.5 * videos * slot_bytes / ranks / (2 * lanes))
-    return 1 << max(18, words.bit_length())
+    tile = -(-(-(-tokens // ranks) * hidden) // lanes)           # words of the largest tile
+    region = 1 << (tile - 1).bit_length()
+    colours = get_standard(DEFAULT_STANDARD).banks_per_group
+    groups = videos * len(BRANCHES)
+    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks)
+    words = 1.5 * colours * -(-groups // colours) * slots * region
+    return 1 << max(18, math.ceil(math.log2(words)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth,
    (256 tokens x 512 channels, 256 KiB per stream), the table
    :data:`coda.host.system.platforms.SEGMENT_UTIL` (``segment_util.json``);
 4. the same for the shipped model's tiles ([512, 96] on 1 DIMM x 2 ranks, 3,072 words per
-   stream and rank) over random slot placements, DDR5-4800 / DDR4-3200 x depth 64 / 256,
+   stream and rank) over random sets of one slot group, DDR5-4800 / DDR4-3200 x depth 64 / 256,
    the table :data:`coda.host.system.platforms.SEGMENT_UTIL_TILE` (``tile_util.json``);
 5. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
    the DRAM-timed DIMM-NMP cosimulation measures it against
@@ -182,8 +182,9 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     """DRAM utilisation of K-term segments of the shipped model's tile on a 1 x 2 DRAM-timed
     DIMM-NMP (the machine ``coda run --dram`` uses), over cache placements as a generation
     makes them: ``slots`` cache slots of ``[tokens, channels]`` are stored one after the
-    other, then every K draws ``draws`` random ordered sets of K of them (fresh random x and
-    gates; the DRAM's refresh phase and open rows carry over from job to job, as in a run).
+    other as one slot group (one branch of one video, one bank colour), then every K draws
+    ``draws`` random ordered sets of K of them (fresh random x and gates; the DRAM's refresh
+    phase and open rows carry over from job to job, as in a run).
     ``utilisation[K]`` = bytes one rank's programs stream / (mean cycles x the rank's peak
     bytes per cycle); ``spread[K]`` = (min, max) cycles."""
     import random
@@ -206,7 +207,8 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     util, spread, mean = {}, {}, {}
     try:
         for key in keys:
-            driver.store(key, torch.randn(tokens, channels, generator=g).to(torch.bfloat16))
+            driver.store(key, torch.randn(tokens, channels, generator=g).to(torch.bfloat16),
+                         group="tile")
         for k in ks:
             cyc = []
             for _ in range(draws):
@@ -291,7 +293,7 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
     tot_m = sum(s["model_cycles"] for s in segs)
     return {"dram": std.name, "depth": depth, "lanes": lanes, "ranks": n, "steps": steps,
             "prompts": list(prompts), "policy": policy, "wall_s": round(wall, 1),
-            "segments": len(segs),
+            "segments": len(segs), "placement_misses": driver.stats["placement_misses"],
             "max_abs_rel_error": max((abs(s["rel_error"]) for s in segs), default=0.0),
             "total_rel_error": tot_m / tot_c - 1 if tot_c else 0.0,
             "per_k": {k: {"n": len(v), "worst": max(v, key=abs), "mean": sum(v) / len(v),
