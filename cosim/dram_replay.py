@@ -449,6 +449,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="queue entries the FR-FCFS scheduler chooses from (default 8)")
     parser.add_argument("--read-queue", type=int, default=16,
                         help="read queue depth in bursts (default 16)")
+    parser.add_argument("--max-bypass", type=int, default=1,
+                        help="column commands that may overtake the oldest request before "
+                             "only its commands issue (default 1)")
 
 
 def controller_options(args) -> dict:
@@ -466,6 +469,8 @@ def controller_options(args) -> dict:
         opts["lookahead"] = args.lookahead
     if args.read_queue != 16:
         opts["read_queue"] = args.read_queue
+    if args.max_bypass != 1:
+        opts["max_bypass"] = args.max_bypass
     check_controller(args.standard, **opts)     # raises on a bad value, naming it
     return opts
 

@@ -18,8 +18,9 @@ entries of the active request queue (reads, or writes in write mode), oldest fir
   entry in the window uses.
 
 Starvation cap: when ``max_bypass`` column commands have issued for younger entries while the
-oldest one waited, only the oldest entry's commands may issue until it is served (the hit
-protection of its bank lifted).
+oldest one waited, only the oldest entry's column command may issue until it is served, and
+the hit protection of its bank is lifted (row commands keep their oldest-first order, so the
+oldest entry's ACT/PRE goes first whenever the timing table allows it).
 
 Like Ramulator 2's schedulers, it is a plug-in with a small interface: the entries it may
 choose from in, questions to the timing table out, the command and the entry it chose out.
@@ -131,7 +132,7 @@ class Scheduler(wiring.Component):
                                & Mux(self.wmode, q.wr_ok, q.rd_ok)),
             ]
         for i, (e, q) in enumerate(zip(look, rows)):
-            front = e.valid & (Const(i == 0) | ~capped)
+            front = e.valid
             for j in range(i):
                 front = front & (~look[j].valid | (look[j].bank != e.bank))
             # a row that an entry able to issue still hits stays open (unless capped)
@@ -142,7 +143,7 @@ class Scheduler(wiring.Component):
             m.d.comb += [
                 cand_act[i].eq(front & ~q.opened & q.act_ok & free),
                 cand_pre[i].eq(front & q.opened & ~q.row_hit & q.pre_ok & free
-                               & (~held | capped)),
+                               & (~held | (capped & Const(i == 0)))),
             ]
         # ---- row-policy closes: a bank no window entry uses, still open on that row
         cand_close = []
