@@ -158,6 +158,56 @@ def test_fr_fcfs_serves_a_row_hit_before_an_older_conflict(name, tmp_path):
     assert dram_check.check_file(s, cmds) == []
 
 
+@pytest.mark.parametrize("cap", [1, 16])
+def test_bypass_cap_bounds_how_often_the_oldest_is_overtaken(cap, tmp_path):
+    """Reads A (row 0), B (row 1 of the same bank), C and D (row 0 again). With max_bypass=1
+    only C may overtake B; then B's PRE goes before D (which needs row 0 reopened). With 16,
+    both hits overtake B."""
+    s = STANDARDS["DDR4-3200"]
+    a, b, c, d = (_burst_at(s, 0, 0, r, k) * s.burst_bytes
+                  for r, k in ((0, 0), (1, 0), (0, 1), (0, 2)))
+    cmds = tmp_path / "c.csv"
+    dram_replay.run_requests(s, [(0, 0, x) for x in (a, b, c, d)], commands=cmds,
+                             controller={"max_bypass": cap})
+    seq = [(x.split(",")[5], int(x.split(",")[6]), int(x.split(",")[7]))
+           for x in cmds.read_text().splitlines()[1:]]
+    bl = s.burst_length
+    if cap == 1:
+        assert seq == [("ACT", 0, 0), ("RD", 0, 0), ("RD", 0, bl), ("PRE", 1, 0), ("ACT", 1, 0),
+                       ("RD", 1, 0), ("PRE", 0, 0), ("ACT", 0, 0), ("RD", 0, 2 * bl)]
+    else:
+        assert seq == [("ACT", 0, 0), ("RD", 0, 0), ("RD", 0, bl), ("RD", 0, 2 * bl),
+                       ("PRE", 1, 0), ("ACT", 1, 0), ("RD", 1, 0)]
+    assert dram_check.check_file(s, cmds) == []
+
+
+@pytest.mark.parametrize("policy,delay", [("open", None), ("closed", 0), ("timeout", 200)])
+def test_row_policy_closes_an_idle_row(policy, delay, tmp_path):
+    """One read, then nothing: open page leaves the row open; closed page precharges it as
+    soon as tRAS (from the ACT) and tRTP (from the RD) allow; timeout precharges it ``delay``
+    cycles after the RD (the policy's timer starts the cycle after the RD)."""
+    s = STANDARDS["DDR5-4800"]
+    cmds = tmp_path / "c.csv"
+    ctrl = {} if policy == "open" else {"row_policy": policy}
+    if policy == "timeout":
+        ctrl["row_timeout"] = delay
+    dram_replay.run_requests(s, [(0, 0, 0), (3000, 0, 64 * s.bank_groups * 2)],
+                             commands=cmds, controller=ctrl)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    kinds = [x[5] for x in log]
+    t_act, t_rd = int(log[0][0]), int(log[1][0])
+    assert kinds[:2] == ["ACT", "RD"]
+    if policy == "open":
+        assert "PRE" not in kinds      # the second read (same row, 2 columns on) still hits
+        assert kinds == ["ACT", "RD", "RD"]
+    else:
+        t_pre = int(log[2][0])
+        # closed: the second read misses (its row may be closed again before the run ends)
+        assert kinds[:5] == ["ACT", "RD", "PRE", "ACT", "RD"] and set(kinds[5:]) <= {"PRE"}
+        assert t_pre == max(t_act + s.tRAS, t_rd + s.tRTP, t_rd + 1 + delay)
+    assert dram_check.check_file(s, cmds) == []
+
+
 @pytest.mark.parametrize("name,policy", [("DDR4-3200", "open"), ("DDR5-4800", "closed")])
 def test_word_adapter_bit_exact_out_of_order(name, policy, tmp_path):
     """Random reads and writes over two rows of every bank (4096 bursts: the device model's
