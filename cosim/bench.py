@@ -371,10 +371,13 @@ def plot_sweep(rows: list[dict], path: Path, dram: str = "DDR5-4800") -> None:
     plt.close(fig)
 
 
-#: controller of the random-read row of :func:`bench_dram`: a 32-entry read queue, FR-FCFS over
-#: all of it with up to 16 overtakes of the oldest, closed rows (every access a miss: the next
-#: ACT does not wait for a PRE)
-RANDOM_CONTROLLER = {"read_queue": 32, "lookahead": 32, "row_policy": "closed", "max_bypass": 16}
+#: controller of the random-read row of :func:`bench_dram`: a 64-entry read queue, FR-FCFS over
+#: all of it with up to 16 overtakes of the oldest, closed rows tracked for 16 banks (every
+#: access a miss: the next ACT need not wait for a PRE). Measured on the 65,536 random reads
+#: (share of the ACT bound, DDR4-3200 / DDR5-4800): queue and window 32 with 4 tracked banks
+#: 91.2 % / 82.5 %, 48 with 16 banks - / 89.4 %, 64 with 16 banks 92.4 % / 90.7 %.
+RANDOM_CONTROLLER = {"read_queue": 64, "lookahead": 64, "row_policy": "closed", "max_bypass": 16,
+                     "policy_banks": 16}
 DRAM_BENCH_STANDARDS = ("DDR4-3200", "DDR5-4800")
 
 

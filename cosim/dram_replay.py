@@ -449,6 +449,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="queue entries the FR-FCFS scheduler chooses from (default 8)")
     parser.add_argument("--read-queue", type=int, default=16,
                         help="read queue depth in bursts (default 16)")
+    parser.add_argument("--policy-banks", type=int, default=4,
+                        help="banks the closed/timeout row policy tracks at once (default 4)")
     parser.add_argument("--max-bypass", type=int, default=1,
                         help="column commands that may overtake the oldest request before "
                              "only its commands issue (default 1)")
@@ -471,6 +473,8 @@ def controller_options(args) -> dict:
         opts["read_queue"] = args.read_queue
     if args.max_bypass != 1:
         opts["max_bypass"] = args.max_bypass
+    if args.policy_banks != 4:
+        opts["policy_banks"] = args.policy_banks
     check_controller(args.standard, **opts)     # raises on a bad value, naming it
     return opts
 

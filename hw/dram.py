@@ -77,13 +77,12 @@ NME_ADDR_BITS = 24  # coda.hw.isa.ADDR_BITS: the NME's word address width
 STAT_NAMES = ("reads", "writes", "row_hits", "row_misses", "row_conflicts", "read_latency",
               "cycles", "refreshes")
 STAT_BITS = 48
-POLICY_CANDIDATES = 4   # banks the closed / timeout row policy tracks at once
 
 
 def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
                      write_high: int | None = None, write_low: int | None = None,
                      lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
-                     row_timeout: int = 64):
+                     row_timeout: int = 64, policy_banks: int = 4):
     """Check :class:`DRAMController`'s parameters without building one (same keywords).
 
     Returns ``(std, write_high, write_low)`` with the watermarks' defaults filled in.
@@ -111,7 +110,9 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
                              f"constraint to be at least the other-group one")
     if max_bypass < 1:
         raise ValueError(f"max_bypass={max_bypass}: expected >= 1")
-    check_row_policy(row_policy, row_timeout, POLICY_CANDIDATES)
+    if not isinstance(policy_banks, int) or policy_banks < 1:
+        raise ValueError(f"policy_banks={policy_banks!r}: expected an int >= 1")
+    check_row_policy(row_policy, row_timeout, policy_banks)
     return std, write_high, write_low
 
 
@@ -128,7 +129,8 @@ class DRAMController(wiring.Component):
             in-order utilisation, 16 cost the residual add 0.18 points; random traffic wants
             more, see :data:`coda.cosim.bench.RANDOM_CONTROLLER`).
         row_policy: ``"open"`` (default), ``"closed"`` or ``"timeout"``
-            (:mod:`coda.hw.dram_rowpolicy`); row_timeout: its cycles (default 64).
+            (:mod:`coda.hw.dram_rowpolicy`); row_timeout: its cycles (default 64);
+            policy_banks: banks it tracks at once (default 4).
 
     Ports (A = std.burst_addr_bits, D = 8 * std.burst_bytes):
         req_valid/req_ready/req_we/req_addr[A]/req_wdata[D]/req_wmask[D/8]: burst requests,
@@ -151,16 +153,17 @@ class DRAMController(wiring.Component):
     def __init__(self, std, *, read_queue: int = 16, write_queue: int = 32,
                  write_high: int | None = None, write_low: int | None = None,
                  lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
-                 row_timeout: int = 64):
+                 row_timeout: int = 64, policy_banks: int = 4):
         std, write_high, write_low = check_controller(
             std, read_queue=read_queue, write_queue=write_queue, write_high=write_high,
             write_low=write_low, lookahead=lookahead, max_bypass=max_bypass,
-            row_policy=row_policy, row_timeout=row_timeout)
+            row_policy=row_policy, row_timeout=row_timeout, policy_banks=policy_banks)
         self.std = std
         self.read_queue, self.write_queue = read_queue, write_queue
         self.write_high, self.write_low, self.lookahead = write_high, write_low, lookahead
         self.max_bypass, self.row_policy, self.row_timeout = max_bypass, row_policy, row_timeout
-        self.n_close = check_row_policy(row_policy, row_timeout, POLICY_CANDIDATES)
+        self.policy_banks = policy_banks
+        self.n_close = check_row_policy(row_policy, row_timeout, policy_banks)
         self.n_look = max(min(lookahead, read_queue), min(lookahead, write_queue))
         # read responses: a tag per read, data parked until every older read is answered
         self.rob_depth = 2 << ceil_log2(read_queue)
@@ -202,7 +205,7 @@ class DRAMController(wiring.Component):
         m.submodules.scheduler = sched = Scheduler(std, n_look, max_bypass=self.max_bypass,
                                                    closes=self.n_close)
         m.submodules.policy = policy = RowPolicy(std, self.row_policy, timeout=self.row_timeout,
-                                                 candidates=POLICY_CANDIDATES)
+                                                 candidates=self.policy_banks)
         m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close)
         m.submodules.refresh = refresh = AllBankRefresh(std)
 

@@ -59,6 +59,8 @@ def test_controller_parameter_errors_name_the_value():
         DRAMController("DDR4-3200", row_policy="timeout", row_timeout=0)
     with pytest.raises(ValueError, match=r"max_bypass=0: expected >= 1"):
         DRAMController("DDR4-3200", max_bypass=0)
+    with pytest.raises(ValueError, match=r"policy_banks=0: expected an int >= 1"):
+        DRAMController("DDR4-3200", row_policy="closed", policy_banks=0)
 
 
 # ---- address mapping -------------------------------------------------------------------
