@@ -39,7 +39,9 @@ class DRAMStandard:
         tRRD_S / tRRD_L (ACT to ACT), tFAW (four-ACT window), tWR (end of write data to PRE),
         tWTR_S / tWTR_L (end of write data to RD), tRTP (RD to PRE),
         tRFC (REF to ACT/REF), tREFI (average REF interval),
-        tRTW (RD to WR command turnaround on the shared data bus).
+        tRTW (RD to WR command turnaround on the shared data bus),
+        tRFCsb (same-bank refresh REFsb to ACT/REFsb of the refreshed banks; 0: the standard
+        has no REFsb).
     """
 
     name: str
@@ -73,13 +75,15 @@ class DRAMStandard:
     tRFC: int
     tREFI: int
     tRTW: int
+    tRFCsb: int = 0
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("name", "tCK_ns"):
                 continue
-            if not isinstance(value, int) or value < (0 if f.name == "refresh_postpone" else 1):
+            if not isinstance(value, int) or value < (0 if f.name in ("refresh_postpone",
+                                                                       "tRFCsb") else 1):
                 raise ValueError(f"{self.name}: {f.name}={value!r}: expected a positive int")
         for f in ("bank_groups", "banks_per_group", "rows", "columns", "burst_length"):
             value = getattr(self, f)
@@ -208,6 +212,7 @@ DDR5_4800 = DRAMStandard(
     tRFC=708,                              # JESD79-5 tRFC1 16Gb = 295 ns (Ramulator tRFC table)
     tREFI=9360,                            # JESD79-5 tREFI = 3.9 us
     tRTW=14,                               # CL + nBL + 2 - CWL + 2 (Ramulator DDR5 nCCDS_RTW)
+    tRFCsb=312,                            # JESD79-5 tRFCsb 16Gb = 130 ns (Ramulator tRFCsb table)
 )
 
 # LPDDR5-6400, 16Gb x16 device in bank-group mode, one 16-bit channel.
