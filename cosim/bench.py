@@ -27,7 +27,8 @@ turnarounds of the short blocks), 256 words reach 88 %.
 
 The DRAM controller alone (:func:`bench_dram`, ``--skip-dram`` to leave it out): ``coda dram
 replay`` of sequential 64 B reads (16 MiB), STREAM-add (2 MiB arrays) and 65,536 random 64 B
-reads over 1 GiB (seed 0) on DDR4-3200 and DDR5-4800, every command trace checked by
+reads over 1 GiB (seed 0) on DDR4-3200 and DDR5-4800 (DDR5 also with same-bank refresh),
+every command trace checked by
 :mod:`coda.cosim.dram_check`; written to ``build/bench/dram.json``.
 
 First (unless ``--sweep-lanes ''``) the design-space sweep :func:`sweep`: lanes x buffer depth
@@ -400,6 +401,9 @@ def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[
                   ("random 65536 x 64 B / 1 GiB",
                    dram_replay.random_read_trace(std, 65536, 1 << 30, seed=0),
                    RANDOM_CONTROLLER)]
+        if std.tRFCsb:      # DDR5: the same with same-bank refresh (REFsb)
+            traces.append(("random, same-bank refresh", traces[-1][1],
+                           {**RANDOM_CONTROLLER, "refresh": "same_bank"}))
         for label, reqs, ctrl in traces:
             with tempfile.TemporaryDirectory() as tmp:
                 cmds = Path(tmp) / "cmds.csv"
@@ -410,7 +414,7 @@ def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[
                    **{k: res[k] for k in ("gbps", "utilisation", "peak_gbps", "dram_cycles",
                                           "row_hits", "row_misses", "row_conflicts",
                                           "refreshes", "sim_cycles_per_s")}}
-            if ctrl is RANDOM_CONTROLLER:
+            if label.startswith("random"):
                 row["act_bound_gbps"] = std.act_bound_gbps
                 row["of_act_bound"] = res["gbps"] / std.act_bound_gbps
             rows.append(row)

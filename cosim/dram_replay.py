@@ -184,9 +184,10 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     Raises:
         ValueError: unknown top. subprocess.CalledProcessError: Verilator failed.
     """
-    from coda.hw.dram import DRAMController, DRAMWordMemory, dram_verilog
+    from coda.hw.dram import DRAMController, DRAMWordMemory, check_controller, dram_verilog
 
     std = get_standard(std)
+    check_controller(std, **(controller or {}))    # a bad option fails before any build
     if top not in ("replay", "word"):
         raise ValueError(f"top={top!r}: expected 'replay' or 'word'")
     params = verilator_params(std, store_bits)
@@ -449,6 +450,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="queue entries the FR-FCFS scheduler chooses from (default 8)")
     parser.add_argument("--read-queue", type=int, default=16,
                         help="read queue depth in bursts (default 16)")
+    parser.add_argument("--refresh", choices=("all", "same_bank"), default="all",
+                        help="all-bank REF, or DDR5 same-bank REFsb (default all)")
     parser.add_argument("--policy-banks", type=int, default=4,
                         help="banks the closed/timeout row policy tracks at once (default 4)")
     parser.add_argument("--max-bypass", type=int, default=1,
@@ -475,6 +478,8 @@ def controller_options(args) -> dict:
         opts["max_bypass"] = args.max_bypass
     if args.policy_banks != 4:
         opts["policy_banks"] = args.policy_banks
+    if args.refresh != "all":
+        opts["refresh"] = args.refresh
     check_controller(args.standard, **opts)     # raises on a bad value, naming it
     return opts
 

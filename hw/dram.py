@@ -22,6 +22,9 @@ part                                        what it does
 :class:`~.dram_rowpolicy.RowPolicy`         open (default), closed or timeout: which idle
                                             rows to close early
 :class:`~.dram_refresh.AllBankRefresh`      a REF every tREFI, after a PREA closes the banks
+                                            (default), or for DDR5
+:class:`~.dram_refresh.SameBankRefresh`     a REFsb of one bank address every tREFI / 4,
+                                            after PREs close that address's banks
 :class:`~.dram_timing.TimingTable`          open rows and every JEDEC constraint as
                                             timestamps: what may issue now, updated by what
                                             issued
@@ -48,7 +51,7 @@ entry still hits it) plus the hazard comparisons against every queued address
 
 Known simplifications: DDR5's two-cycle ACT/RD/WR command encoding and LPDDR5's
 WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; no
-per-bank refresh.
+refresh postponement; no LPDDR5 per-bank refresh.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from amaranth.utils import ceil_log2
 
 from .dram_mapping import AddressMapping
 from .dram_queue import RequestQueue
-from .dram_refresh import AllBankRefresh
+from .dram_refresh import AllBankRefresh, SameBankRefresh
 from .dram_rowpolicy import RowPolicy, check_row_policy
 from .dram_scheduler import Scheduler
 from .dram_standards import get_standard
@@ -82,7 +85,8 @@ STAT_BITS = 48
 def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
                      write_high: int | None = None, write_low: int | None = None,
                      lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
-                     row_timeout: int = 64, policy_banks: int = 4):
+                     row_timeout: int = 64, policy_banks: int = 4,
+                     refresh: str = "all"):
     """Check :class:`DRAMController`'s parameters without building one (same keywords).
 
     Returns ``(std, write_high, write_low)`` with the watermarks' defaults filled in.
@@ -110,6 +114,11 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
                              f"constraint to be at least the other-group one")
     if max_bypass < 1:
         raise ValueError(f"max_bypass={max_bypass}: expected >= 1")
+    if refresh not in ("all", "same_bank"):
+        raise ValueError(f"refresh={refresh!r}: expected 'all' or 'same_bank'")
+    if refresh == "same_bank" and not std.tRFCsb:
+        raise ValueError(f"{std.name}: refresh='same_bank': the standard has no same-bank "
+                         f"refresh (tRFCsb = 0); expected refresh='all'")
     if not isinstance(policy_banks, int) or policy_banks < 1:
         raise ValueError(f"policy_banks={policy_banks!r}: expected an int >= 1")
     check_row_policy(row_policy, row_timeout, policy_banks)
@@ -131,6 +140,8 @@ class DRAMController(wiring.Component):
         row_policy: ``"open"`` (default), ``"closed"`` or ``"timeout"``
             (:mod:`coda.hw.dram_rowpolicy`); row_timeout: its cycles (default 64);
             policy_banks: banks it tracks at once (default 4).
+        refresh: ``"all"`` (REF every tREFI, :class:`~.dram_refresh.AllBankRefresh`) or
+            ``"same_bank"`` (DDR5 REFsb, :class:`~.dram_refresh.SameBankRefresh`).
 
     Ports (A = std.burst_addr_bits, D = 8 * std.burst_bytes):
         req_valid/req_ready/req_we/req_addr[A]/req_wdata[D]/req_wmask[D/8]: burst requests,
@@ -142,7 +153,8 @@ class DRAMController(wiring.Component):
         idle: no queued request and no read unanswered.
         stat_<name>[48] for name in :data:`STAT_NAMES`: column commands by kind, row
             hit/miss/conflict per request (classified by the commands its bank needed),
-            total read latency (acceptance to data, cycles), cycles since reset, REFs.
+            total read latency (acceptance to data, cycles), cycles since reset, REF (or
+            REFsb) commands.
 
     Raises:
         ValueError: bad queue or policy parameters, or a standard whose same-bank-group
@@ -153,16 +165,18 @@ class DRAMController(wiring.Component):
     def __init__(self, std, *, read_queue: int = 16, write_queue: int = 32,
                  write_high: int | None = None, write_low: int | None = None,
                  lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
-                 row_timeout: int = 64, policy_banks: int = 4):
+                 row_timeout: int = 64, policy_banks: int = 4,
+                 refresh: str = "all"):
         std, write_high, write_low = check_controller(
             std, read_queue=read_queue, write_queue=write_queue, write_high=write_high,
             write_low=write_low, lookahead=lookahead, max_bypass=max_bypass,
-            row_policy=row_policy, row_timeout=row_timeout, policy_banks=policy_banks)
+            row_policy=row_policy, row_timeout=row_timeout, policy_banks=policy_banks,
+            refresh=refresh)
         self.std = std
         self.read_queue, self.write_queue = read_queue, write_queue
         self.write_high, self.write_low, self.lookahead = write_high, write_low, lookahead
         self.max_bypass, self.row_policy, self.row_timeout = max_bypass, row_policy, row_timeout
-        self.policy_banks = policy_banks
+        self.policy_banks, self.refresh = policy_banks, refresh
         self.n_close = check_row_policy(row_policy, row_timeout, policy_banks)
         self.n_look = max(min(lookahead, read_queue), min(lookahead, write_queue))
         # read responses: a tag per read, data parked until every older read is answered
@@ -206,8 +220,20 @@ class DRAMController(wiring.Component):
                                                    closes=self.n_close)
         m.submodules.policy = policy = RowPolicy(std, self.row_policy, timeout=self.row_timeout,
                                                  candidates=self.policy_banks)
-        m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close)
-        m.submodules.refresh = refresh = AllBankRefresh(std)
+        same_bank = self.refresh == "same_bank"
+        kind_is_ref = sched.kind == Cmd.REF
+        m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close,
+                                                   same_bank=same_bank)
+        if not same_bank:
+            m.submodules.refresh = refresh = AllBankRefresh(std)
+            m.d.comb += refresh.issued.eq(kind_is_ref)
+        else:
+            m.submodules.sb_refresh = sbr = SameBankRefresh(std)
+            m.d.comb += [timing.sb_ba.eq(sbr.ba), timing.sb_pre_bg.eq(sbr.pre_bg),
+                         sbr.sb_open.eq(timing.sb_open), sbr.sb_pre_ok.eq(timing.sb_pre_ok),
+                         sbr.sb_ok.eq(timing.sb_ok), sbr.issued.eq(sched.kind == Cmd.REFSB),
+                         sched.sb_block.eq(sbr.block), sched.sb_ba.eq(sbr.ba),
+                         sched.sb_pre.eq(sbr.pre), sched.refsb.eq(sbr.refsb)]
 
         # ---- write mode and the read-after-write hazard (the oldest read vs queued writes)
         wmode = Signal()
@@ -235,19 +261,22 @@ class DRAMController(wiring.Component):
             connect(m, want, close)
         m.d.comb += [
             sched.wmode.eq(wmode), sched.raw.eq(raw),
-            refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
-            refresh.ref_ok.eq(timing.ref_ok),
-            sched.ref_pending.eq(refresh.pending), sched.prea.eq(refresh.prea),
-            sched.ref.eq(refresh.ref),
         ]
+        if not same_bank:
+            m.d.comb += [
+                refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
+                refresh.ref_ok.eq(timing.ref_ok),
+                sched.ref_pending.eq(refresh.pending), sched.prea.eq(refresh.prea),
+                sched.ref.eq(refresh.ref),
+            ]
 
         # ---- the chosen command: its entry's fields, to the device and the timing table
         kind, sel = sched.kind, sched.sel
         m.d.comb += [rq.sel.eq(sel), wq.sel.eq(sel)]
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
         is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
-        is_ref = kind == Cmd.REF
-        entry_pre = is_pre & ~sched.policy_pre
+        is_ref = kind.matches(Cmd.REF, Cmd.REFSB)
+        entry_pre = is_pre & ~sched.policy_pre & ~sched.refresh_pre
         f = mapping.fields(Mux(wmode, wq.sel_addr, rq.sel_addr))
         bank = Mux(wmode, wq.sel_bank, rq.sel_bank)
         bg, ba, row = Signal.like(f.bg), Signal.like(f.ba), Signal.like(f.row)
@@ -257,6 +286,10 @@ class DRAMController(wiring.Component):
             with m.If(sched.policy_pre & (sched.sel_close == k)):
                 m.d.comb += [bg.eq(c.bg), ba.eq(c.bank >> ceil_log2(std.bank_groups)),
                              row.eq(c.row), cbank.eq(c.bank)]
+        if same_bank:       # the same-bank refresh's PRE and REFsb: bank BA (of group pre_bg)
+            with m.If(sched.refresh_pre | (kind == Cmd.REFSB)):
+                m.d.comb += [bg.eq(Mux(kind == Cmd.REFSB, 0, sbr.pre_bg)), ba.eq(sbr.ba),
+                             row.eq(0), cbank.eq(Cat(bg, sbr.ba))]
         m.d.comb += [
             self.cmd_kind.eq(kind), self.cmd_bg.eq(bg), self.cmd_ba.eq(ba),
             self.cmd_row.eq(row), self.cmd_col.eq(f.col << ceil_log2(std.burst_length)),
@@ -265,7 +298,6 @@ class DRAMController(wiring.Component):
             timing.issue.bg.eq(bg), timing.issue.row.eq(row),
             policy.issue.kind.eq(kind), policy.issue.bank.eq(cbank),
             policy.issue.bg.eq(bg), policy.issue.row.eq(row),
-            refresh.issued.eq(is_ref),
         ]
 
         # ---- response order: each read takes the next tag at acceptance; RDs (any order)

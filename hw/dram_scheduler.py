@@ -74,7 +74,12 @@ class Scheduler(wiring.Component):
         close: In(:func:`close_request`) x ``closes``: the row policy's PRE wishes.
         wmode: In(1): the active queue is the write queue.
         raw: In(1): entry 0 (a read) has an address of a queued write.
-        ref_pending: In(1), prea: In(1), ref: In(1): the refresh manager's state and wishes.
+        ref_pending: In(1), prea: In(1), ref: In(1): the all-bank refresh manager's state and
+            wishes.
+        sb_block: In(1), sb_ba: In, sb_pre: In(1), refsb: In(1): the same-bank refresh
+            manager's (entries of bank address ``sb_ba`` held while ``sb_block``; its PRE and
+            REFsb wishes, issued before any request's command).
+        refresh_pre: Out(1): the command is the same-bank refresh manager's PRE.
         rows: Out(:func:`coda.hw.dram_timing.row_query`) x ``lookahead + closes``: the
             entries' banks, then the close requests' banks, asked of the timing table.
         kind: Out(3): the :class:`coda.hw.dram_timing.Cmd` to issue this cycle (NOP: none).
@@ -97,6 +102,8 @@ class Scheduler(wiring.Component):
             "close": In(close_request(std)).array(closes),
             "wmode": In(1), "raw": In(1),
             "ref_pending": In(1), "prea": In(1), "ref": In(1),
+            "sb_block": In(1), "sb_ba": In(range(std.banks_per_group)), "sb_pre": In(1),
+            "refsb": In(1), "refresh_pre": Out(1),
             "rows": Out(row_query(std)).array(lookahead + closes),
             "kind": Out(3), "sel": Out(range(max(lookahead, 2))),
             "policy_pre": Out(1), "sel_close": Out(range(max(closes, 2))),
@@ -123,11 +130,13 @@ class Scheduler(wiring.Component):
         cand_col = [Signal(name=f"cand_col{i}") for i in range(n)]
         cand_act = [Signal(name=f"cand_act{i}") for i in range(n)]
         cand_pre = [Signal(name=f"cand_pre{i}") for i in range(n)]
+        bgb = ceil_log2(self.std.bank_groups)
+        held_sb = [self.sb_block & (e.bank[bgb:] == self.sb_ba) for e in look]
         for i, (e, q) in enumerate(zip(look, rows)):
             order_ok = (self.wmode | ~self.raw) if i == 0 else ~e.flag
             m.d.comb += [
                 hit[i].eq(e.valid & q.opened & q.row_hit),
-                eligible[i].eq(e.valid & order_ok & (Const(i == 0) | ~capped)),
+                eligible[i].eq(e.valid & order_ok & (Const(i == 0) | ~capped) & ~held_sb[i]),
                 cand_col[i].eq(eligible[i] & hit[i] & q.col_ok & free
                                & Mux(self.wmode, q.wr_ok, q.rd_ok)),
             ]
@@ -141,7 +150,7 @@ class Scheduler(wiring.Component):
                 if k != i:
                     held = held | (eligible[k] & hit[k] & (look[k].bank == e.bank))
             m.d.comb += [
-                cand_act[i].eq(front & ~q.opened & q.act_ok & free),
+                cand_act[i].eq(front & ~q.opened & q.act_ok & free & ~held_sb[i]),
                 cand_pre[i].eq(front & q.opened & ~q.row_hit & q.pre_ok & free
                                & (~held | (capped & Const(i == 0)))),
             ]
@@ -162,6 +171,10 @@ class Scheduler(wiring.Component):
             m.d.comb += self.kind.eq(Cmd.PREA)
         with m.Elif(self.ref):
             m.d.comb += self.kind.eq(Cmd.REF)
+        with m.Elif(self.refsb):
+            m.d.comb += self.kind.eq(Cmd.REFSB)
+        with m.Elif(self.sb_pre):
+            m.d.comb += [self.kind.eq(Cmd.PRE), self.refresh_pre.eq(1)]
         with m.Elif(any_col):
             for i in reversed(range(n)):  # the oldest ready column command wins
                 with m.If(cand_col[i]):
@@ -180,7 +193,9 @@ class Scheduler(wiring.Component):
         col = self.kind.matches(Cmd.RD, Cmd.WR)
         last_wmode = Signal()
         m.d.sync += last_wmode.eq(self.wmode)
-        with m.If(~look[0].valid | (self.wmode != last_wmode) | (col & (self.sel == 0))):
+        # (an oldest entry held for a same-bank refresh is overtaken without counting)
+        with m.If(~look[0].valid | held_sb[0] | (self.wmode != last_wmode)
+                  | (col & (self.sel == 0))):
             m.d.sync += bypass.eq(0)
         with m.Elif(col & ~capped):
             m.d.sync += bypass.eq(bypass + 1)

@@ -210,8 +210,31 @@ def test_row_policy_closes_an_idle_row(policy, delay, tmp_path):
     assert dram_check.check_file(s, cmds) == []
 
 
-@pytest.mark.parametrize("name,policy", [("DDR4-3200", "open"), ("DDR5-4800", "closed")])
-def test_word_adapter_bit_exact_out_of_order(name, policy, tmp_path):
+def test_same_bank_refresh_ddr5_no_violations(tmp_path):
+    """DDR5 REFsb (refresh='same_bank'): the adversarial mix (conflicts, runs, idle time past
+    two tREFI) with every bank address refreshed in turn, one REFsb per tREFI / 4, no REF."""
+    s = get_standard("DDR5-4800")
+    reqs = _adversarial(s, seed=9)
+    cmds = tmp_path / "c.csv"
+    res = dram_replay.run_requests(s, reqs, commands=cmds, controller={"refresh": "same_bank"})
+    assert res["requests"] == len(reqs)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    sb = [(int(x[0]), int(x[4])) for x in log if x[5] == "REFsb"]
+    assert not any(x[5] in ("REF", "PREA") for x in log)
+    interval = s.tREFI // s.banks_per_group
+    due = int(log[-1][0]) // interval              # REFsb fallen due by the last command
+    assert due - 1 <= len(sb) <= due and res["refreshes"] == len(sb)
+    assert [ba for _, ba in sb] == [k % s.banks_per_group for k in range(len(sb))]
+    violations = dram_check.check_file(s, cmds)
+    assert violations == [], "\n".join(map(str, violations[:20]))
+    with pytest.raises(ValueError, match=r"DDR4-3200: refresh='same_bank': the standard has no "
+                                         r"same-bank refresh"):
+        dram_replay.run_requests("DDR4-3200", reqs[:2], controller={"refresh": "same_bank"})
+
+
+@pytest.mark.parametrize("name,policy,refresh", [("DDR4-3200", "open", "all"),
+                                                 ("DDR5-4800", "closed", "same_bank")])
+def test_word_adapter_bit_exact_out_of_order(name, policy, refresh, tmp_path):
     """Random reads and writes over two rows of every bank (4096 bursts: the device model's
     store holds them without aliasing): row conflicts make the scheduler serve reads out of
     order; every response word must still be the model's, in request order."""
@@ -238,7 +261,7 @@ def test_word_adapter_bit_exact_out_of_order(name, policy, tmp_path):
             expect.append(model[w])
     cmds = tmp_path / "c.csv"
     got = dram_replay.run_words(name, lanes, ops, commands=cmds,
-                                controller={"row_policy": policy})
+                                controller={"row_policy": policy, "refresh": refresh})
     assert len(got) == len(expect)
     bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
     assert not bad, f"{len(bad)} wrong words, first at response {bad[0]}"
