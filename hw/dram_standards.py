@@ -144,6 +144,21 @@ class DRAMStandard:
         return self.CWL + self.nBL + self.tWR
 
     @property
+    def act_interval(self) -> float:
+        """Fewest cycles per ACT sustained by one rank: ``max(tFAW / 4, tRRD_S)`` (tCK).
+
+        Four ACTs per tFAW window and tRRD_S between any two (other bank groups)."""
+        return max(self.tFAW / 4, self.tRRD_S)
+
+    @property
+    def act_bound_gbps(self) -> float:
+        """Bandwidth bound of one rank when every access is a row miss (one ACT per burst):
+        ``min(burst_bytes / (act_interval * tCK_ns), peak_gbps)`` in GB/s. DDR4-3200 x8:
+        64 B / (34 / 4 x 0.625 ns) = 12.05 GB/s; DDR5-4800 x8: tFAW = 4 x tRRD_S = 32, one ACT
+        per 8 cycles = one burst per nBL: the data-bus peak, 19.2 GB/s."""
+        return min(self.burst_bytes / (self.act_interval * self.tCK_ns), self.peak_gbps)
+
+    @property
     def refresh_ceiling(self) -> float:
         """Fraction of time not blocked by refresh, 1 - tRFC / tREFI."""
         return 1.0 - self.tRFC / self.tREFI

@@ -29,7 +29,7 @@ from amaranth.utils import ceil_log2
 
 from .dram_standards import DRAMStandard, get_standard
 
-__all__ = ["Cmd", "TimingTable", "row_query", "column_query", "issued_command", "STAMP_BITS"]
+__all__ = ["Cmd", "TimingTable", "row_query", "issued_command", "STAMP_BITS"]
 
 #: Width of the timestamps and of ``now`` (cycles): 2**48 cycles is days of DRAM time.
 STAMP_BITS = 48
@@ -45,19 +45,13 @@ def row_query(std: DRAMStandard) -> wiring.Signature:
     """Question about one bank, seen from the asker: ``bank`` (index in the rank), its bank
     group ``bg`` and a ``row``; answers ``opened`` (the bank has an open row), ``row_hit``
     (the open row, if any, is ``row``), ``act_ok`` (an ACT to it may issue now: tRC, tRP,
-    tRRD_L/_S, tFAW, refresh recovery) and ``pre_ok`` (a PRE may issue now: tRAS, tRTP, tWR)."""
+    tRRD_L/_S, tFAW, refresh recovery), ``pre_ok`` (a PRE may issue now: tRAS, tRTP, tWR),
+    ``col_ok`` (tRCD since the bank's ACT) and ``rd_ok`` / ``wr_ok`` (a RD / WR to bank group
+    ``bg`` may issue now: tCCD_L/_S, tWTR, tRTW, the write-to-write spacing)."""
     return wiring.Signature({
         "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
         "row": Out(ceil_log2(std.rows)),
-        "opened": In(1), "row_hit": In(1), "act_ok": In(1), "pre_ok": In(1)})
-
-
-def column_query(std: DRAMStandard) -> wiring.Signature:
-    """Question about a column command to ``bank`` in bank group ``bg``, seen from the asker:
-    ``col_ok`` (tRCD since the bank's ACT), ``rd_ok`` / ``wr_ok`` (a RD / WR may issue now:
-    tCCD_L/_S, tWTR, tRTW, the write-to-write spacing)."""
-    return wiring.Signature({
-        "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
+        "opened": In(1), "row_hit": In(1), "act_ok": In(1), "pre_ok": In(1),
         "col_ok": In(1), "rd_ok": In(1), "wr_ok": In(1)})
 
 
@@ -75,11 +69,11 @@ class TimingTable(wiring.Component):
     Parameters:
         std: a :class:`DRAMStandard` or preset name (same-bank-group constraints at least
             the other-group ones, as :class:`coda.hw.dram.DRAMController` checks).
-        row_queries: how many banks may be asked about at once (the scheduler's lookahead).
+        row_queries: how many banks may be asked about at once (the scheduler's lookahead
+            and the row policy's candidates).
 
     Members:
-        rows: In(:func:`row_query`) x ``row_queries``: per-bank questions (ACT / PRE).
-        col: In(:func:`column_query`): the column command's question.
+        rows: In(:func:`row_query`) x ``row_queries``: per-bank questions (ACT, PRE, RD, WR).
         any_open: Out(1): some bank has an open row.
         prea_ok: Out(1): a PREA may issue now (every bank's tRAS/tRTP/tWR passed).
         ref_ok: Out(1): a REF may issue now (every bank's tRP/tRC, tRPab, the last tRFC).
@@ -92,7 +86,7 @@ class TimingTable(wiring.Component):
             raise ValueError(f"row_queries={row_queries}: expected >= 1")
         self.row_queries = row_queries
         super().__init__({
-            "rows": In(row_query(std)).array(row_queries), "col": In(column_query(std)),
+            "rows": In(row_query(std)).array(row_queries),
             "any_open": Out(1), "prea_ok": Out(1), "ref_ok": Out(1),
             "issue": In(issued_command(std)),
         })
@@ -148,11 +142,11 @@ class TimingTable(wiring.Component):
                 q.act_ok.eq(after(read(act_at, q.bank)) & after(read(rrd_at, q.bg))
                             & after(act_any) & after(rrd_any) & faw_ok),
                 q.pre_ok.eq(after(read(pre_at, q.bank))),
+                q.col_ok.eq(after(read(col_at, q.bank))),
+                q.rd_ok.eq(after(read(rd_at, q.bg)) & after(rd_any)),
+                q.wr_ok.eq(after(read(wr_at, q.bg)) & after(wr_any)),
             ]
         m.d.comb += [
-            self.col.col_ok.eq(after(read(col_at, self.col.bank))),
-            self.col.rd_ok.eq(after(read(rd_at, self.col.bg)) & after(rd_any)),
-            self.col.wr_ok.eq(after(read(wr_at, self.col.bg)) & after(wr_any)),
             self.any_open.eq(is_open.any()),
             self.prea_ok.eq(after(pre_all)),
             self.ref_ok.eq(after(act_all)),

@@ -1,0 +1,263 @@
+"""The independent JEDEC checker (:mod:`coda.cosim.dram_check`) shown to fire on every rule it
+checks: for each rule a minimal hand-written command log whose last command comes one cycle
+too early, and the same log with that command one cycle later (the gap respected) passing.
+
+Every cycle is derived from the standard's own timing parameters
+(:mod:`coda.hw.dram_standards`); nothing is pasted. A log breaks *exactly* its rule, except
+where the standard itself makes two constraints coincide: then the other rule is expected too,
+and the condition for it is written out from the parameters (e.g. DDR5's tFAW = 4 x tRRD_S, so
+a fifth ACT one cycle inside tFAW is also one cycle inside tRRD_S). Those rules are then also
+shown alone on a variant of the standard (:func:`dataclasses.replace`) in which they do not
+coincide. Pure Python: no simulator.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from coda.cosim import dram_check
+from coda.hw.dram_standards import STANDARDS
+
+ALL = list(STANDARDS)
+T0 = 100          # first command of every log (an arbitrary cycle, no refresh owed yet)
+
+
+def C(t, cmd, bg=0, ba=0, row=1, col=0, rank=0):
+    """One command-log row as :func:`dram_check.check_commands` reads it."""
+    bank = cmd not in ("PREA", "REF")
+    return {"cycle": str(t), "channel": "0", "rank": str(rank),
+            "bankgroup": str(bg) if bank else "", "bank": str(ba) if bank else "",
+            "command": cmd, "row": str(row) if bank else "", "column": str(col) if bank else ""}
+
+
+def two_banks(s, t=T0):
+    """ACT bank group 0 and bank group 1 (bank 0 each) ``tRRD_S`` apart; returns the rows and
+    the first cycle at which both banks may take a column command (tRCD after the second)."""
+    return [C(t, "ACT", 0), C(t + s.tRRD_S, "ACT", 1)], t + s.tRRD_S + s.tRCD
+
+
+def _case(name):
+    """Each case maps a standard to (prefix rows, last command as a function of its cycle,
+    the earliest legal cycle of that last command, {other rule: does it also fire})."""
+    def build(s):
+        if name == "tRCD RD":
+            return [C(T0, "ACT")], lambda t: C(t, "RD"), T0 + s.tRCD, {}
+        if name == "tRCD WR":
+            return [C(T0, "ACT")], lambda t: C(t, "WR"), T0 + s.tRCD, {}
+        if name == "tRAS PRE":
+            return [C(T0, "ACT")], lambda t: C(t, "PRE"), T0 + s.tRAS, {}
+        if name == "tRAS PREA":
+            return [C(T0, "ACT")], lambda t: C(t, "PREA"), T0 + s.tRAS, {}
+        if name == "tRTP":
+            r = T0 + max(s.tRCD, s.tRAS)           # tRAS has passed at the RD
+            return [C(T0, "ACT"), C(r, "RD")], lambda t: C(t, "PRE"), r + s.tRTP, {}
+        if name in ("tWR PRE", "tWR PREA"):
+            w = T0 + max(s.tRCD, s.tRAS)
+            last = "PRE" if name == "tWR PRE" else "PREA"
+            # tWR counts from the end of the write data: CWL + nBL + tWR after the WR
+            return ([C(T0, "ACT"), C(w, "WR")], lambda t: C(t, last),
+                    w + s.CWL + s.nBL + s.tWR, {})
+        if name == "tRP ACT":
+            p = T0 + max(s.tRAS, s.tRC - s.tRP + 1)  # so one cycle early is still past tRC
+            return [C(T0, "ACT"), C(p, "PRE")], lambda t: C(t, "ACT", row=2), p + s.tRP, {}
+        if name == "tRP REF":
+            p = T0 + max(s.tRAS, s.tRC - s.tRP + 1)
+            return [C(T0, "ACT"), C(p, "PRE")], lambda t: C(t, "REF"), p + s.tRP, {}
+        if name in ("tRC ACT", "tRC REF"):
+            p = T0 + s.tRAS
+            last = (lambda t: C(t, "ACT", row=2)) if name == "tRC ACT" else (lambda t: C(t, "REF"))
+            # with tRC = tRAS + tRP (every preset) one cycle inside tRC is inside tRP too
+            return ([C(T0, "ACT"), C(p, "PRE")], last, T0 + s.tRC,
+                    {"tRP": T0 + s.tRC - 1 - p < s.tRP})
+        if name == "tRPab ACT":
+            return [C(T0, "PREA")], lambda t: C(t, "ACT"), T0 + s.tRPab, {}
+        if name == "tRPab REF":
+            return [C(T0, "PREA")], lambda t: C(t, "REF"), T0 + s.tRPab, {}
+        if name == "tRRD_S":
+            return [C(T0, "ACT", 0)], lambda t: C(t, "ACT", 1), T0 + s.tRRD_S, {}
+        if name == "tRRD_L":
+            # LPDDR5: tRRD_L = tRRD_S
+            return ([C(T0, "ACT", 0, 0)], lambda t: C(t, "ACT", 0, 1), T0 + s.tRRD_L,
+                    {"tRRD_S": s.tRRD_L - 1 < s.tRRD_S})
+        if name == "tFAW":
+            # four ACTs tRRD_S apart to banks (bg k mod BG, ba k div BG), a fifth one tFAW after
+            # the first to another bank of bank group 0
+            bgs = s.bank_groups
+            acts = [C(T0 + k * s.tRRD_S, "ACT", k % bgs, k // bgs) for k in range(4)]
+            assert bgs >= 4, "four ACTs to four bank groups"
+            fifth = 1                              # bank 1 of bank group 0: not yet opened
+            last_bg0 = max(k for k in range(4) if k % bgs == 0) * s.tRRD_S
+            return (acts, lambda t: C(t, "ACT", 0, fifth), T0 + s.tFAW,
+                    {"tRRD_S": s.tFAW - 1 - 3 * s.tRRD_S < s.tRRD_S,       # DDR5, LPDDR5
+                     "tRRD_L": s.tFAW - 1 - last_bg0 < s.tRRD_L})
+        if name in ("tCCD_S RD", "tCCD_S WR"):
+            cmd = name[-2:]
+            pre, c = two_banks(s)
+            # tCCD_S = nBL in every preset: one cycle early also overlaps the data bursts
+            return (pre + [C(c, cmd, 0)], lambda t: C(t, cmd, 1), c + s.tCCD_S,
+                    {"data bus": s.tCCD_S - 1 < s.nBL})
+        if name == "tCCD_L":
+            c = T0 + s.tRCD
+            return ([C(T0, "ACT"), C(c, "RD")], lambda t: C(t, "RD", col=s.burst_length),
+                    c + s.tCCD_L, {"tCCD_S": s.tCCD_L - 1 < s.tCCD_S,
+                                   "data bus": s.tCCD_L - 1 < s.nBL})
+        if name == "tCCD_L_WR":
+            c = T0 + s.tRCD
+            return ([C(T0, "ACT"), C(c, "WR")], lambda t: C(t, "WR", col=s.burst_length),
+                    c + s.tCCD_L_WR, {"tCCD_S": s.tCCD_L_WR - 1 < s.tCCD_S,
+                                      "data bus": s.tCCD_L_WR - 1 < s.nBL})
+        if name == "tWTR_S":
+            pre, c = two_banks(s)
+            return (pre + [C(c, "WR", 0)], lambda t: C(t, "RD", 1),
+                    c + s.CWL + s.nBL + s.tWTR_S, {})
+        if name == "tWTR_L":
+            c = T0 + s.tRCD
+            return ([C(T0, "ACT"), C(c, "WR")], lambda t: C(t, "RD"),
+                    c + s.CWL + s.nBL + s.tWTR_L, {"tWTR_S": s.tWTR_L < s.tWTR_S})
+        if name == "tRTW":
+            pre, c = two_banks(s)
+            return (pre + [C(c, "RD", 0)], lambda t: C(t, "WR", 1), c + s.tRTW,
+                    {"data bus": s.tRTW - 1 + s.CWL < s.CL + s.nBL})
+        if name == "tRFC ACT":
+            return [C(T0, "REF")], lambda t: C(t, "ACT"), T0 + s.tRFC, {}
+        if name == "tRFC REF":
+            return [C(T0, "REF")], lambda t: C(t, "REF"), T0 + s.tRFC, {}
+        raise AssertionError(name)
+    return build
+
+
+CASES = ["tRCD RD", "tRCD WR", "tRAS PRE", "tRAS PREA", "tRTP", "tWR PRE", "tWR PREA",
+         "tRP ACT", "tRP REF", "tRC ACT", "tRC REF", "tRPab ACT", "tRPab REF", "tRRD_S",
+         "tRRD_L", "tFAW", "tCCD_S RD", "tCCD_S WR", "tCCD_L", "tCCD_L_WR", "tWTR_S",
+         "tWTR_L", "tRTW", "tRFC ACT", "tRFC REF"]
+
+
+def _run(s, rows):
+    return dram_check.check_commands(s, rows)
+
+
+def _fires(s, case):
+    prefix, last, earliest, extra = _case(case)(s)
+    rule = case.split()[0]
+    assert all(int(r["cycle"]) < earliest - 1 for r in prefix), "log not in cycle order"
+    bad = _run(s, prefix + [last(earliest - 1)])
+    good = _run(s, prefix + [last(earliest)])
+    return rule, bad, good, {r for r, on in extra.items() if on}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", ALL)
+def test_checker_fires_one_cycle_early_and_passes_on_time(name, case):
+    s = STANDARDS[name]
+    rule, bad, good, also = _fires(s, case)
+    assert good == [], "\n".join(map(str, good))
+    assert {v.rule for v in bad} == {rule} | also, "\n".join(map(str, bad))
+    # the violation is reported at the early command, with the gap and the need in cycles
+    mine = [v for v in bad if v.rule == rule]
+    prefix, _, earliest, _ = _case(case)(s)
+    assert [v.cycle for v in mine] == [earliest - 1]
+    assert mine[0].detail.endswith(f"needs {_need(s, rule)}")
+
+
+def _need(s, rule):
+    """The cycles a rule needs, from the standard (column-to-precharge and write-to-read
+    rules count from the command: latency + burst + the JEDEC interval)."""
+    return {"tWR": s.CWL + s.nBL + s.tWR, "tWTR_S": s.CWL + s.nBL + s.tWTR_S,
+            "tWTR_L": s.CWL + s.nBL + s.tWTR_L}.get(rule, getattr(s, rule, None))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_coinciding_rules_fire_alone_on_a_variant_standard(name):
+    """tRC, tFAW and the data bus coincide with other rules in the presets (tRC = tRAS + tRP;
+    DDR5/LPDDR5 tFAW = 4 tRRD_S; tCCD_S = nBL and tRTW keeps bursts apart): on a standard
+    stretched so they do not, each fires alone."""
+    s = STANDARDS[name]
+    # tRC longer than tRAS + tRP: an ACT after tRP but inside tRC
+    v = replace(s, tRC=s.tRAS + s.tRP + 5)
+    rule, bad, good, also = _fires(v, "tRC ACT")
+    assert also == set() and {x.rule for x in bad} == {"tRC"} and good == []
+    # tFAW longer than 4 x tRRD_S (+ tRRD_L room)
+    v = replace(s, tFAW=max(4 * s.tRRD_S, 3 * s.tRRD_S + s.tRRD_L) + 3)
+    rule, bad, good, also = _fires(v, "tFAW")
+    assert also == set() and {x.rule for x in bad} == {"tFAW"} and good == []
+    # a RD-to-WR turnaround too short for the bus: only the burst overlap catches the WR
+    v = replace(s, tRTW=1)
+    pre, c = two_banks(v)
+    end_of_read = c + v.CL + v.nBL                 # the WR's data may start here
+    bad = _run(v, pre + [C(c, "RD", 0), C(end_of_read - v.CWL - 1, "WR", 1)])
+    good = _run(v, pre + [C(c, "RD", 0), C(end_of_read - v.CWL, "WR", 1)])
+    assert [x.rule for x in bad] == ["data bus"] and good == []
+    assert "overlaps RD" in bad[0].detail
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checker_state_rules(name):
+    """Commands illegal in the bank's state, each next to its legal counterpart."""
+    s = STANDARDS[name]
+    act = [C(T0, "ACT", 0, 0, row=3)]
+    col = T0 + max(s.tRCD, s.tRAS)
+    closed_later = T0 + s.tRC
+    cases = [  # (bad log, good log)
+        (act + [C(closed_later, "ACT", 0, 0, row=4)],                       # ACT to an open bank
+         act + [C(T0 + s.tRAS, "PRE", 0, 0), C(closed_later, "ACT", 0, 0, row=4)]),
+        (act + [C(col, "RD", 0, 0, row=4)], act + [C(col, "RD", 0, 0, row=3)]),   # other row
+        (act + [C(col, "WR", 0, 0, row=4)], act + [C(col, "WR", 0, 0, row=3)]),
+        (act + [C(col, "RD", 1, 0, row=3)],                                 # a closed bank
+         act + [C(T0 + s.tRRD_S, "ACT", 1, 0, row=3), C(col + s.tRRD_S, "RD", 1, 0, row=3)]),
+        (act + [C(closed_later, "REF")],                                    # REF, a bank open
+         act + [C(T0 + s.tRAS, "PREA"), C(closed_later + s.tRPab, "REF")]),
+    ]
+    for bad, good in cases:
+        assert {v.rule for v in _run(s, bad)} == {"state"}, bad
+        assert _run(s, good) == [], good
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checker_order_rule(name):
+    s = STANDARDS[name]
+    assert [v.rule for v in _run(s, [C(T0, "PREA"), C(T0, "PREA")])] == ["order"]
+    assert _run(s, [C(T0, "PREA"), C(T0 + 1, "PREA")]) == []
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checker_refresh_rate(name):
+    """``refresh_postpone`` REFs may be owed: by cycle t at least t // tREFI - postpone REFs
+    must have issued, at every REF and at the end of the log."""
+    s = STANDARDS[name]
+    owed_at = (s.refresh_postpone + 1) * s.tREFI   # the first cycle at which 1 REF is owed
+    # no REF at all: fine until owed_at - 1, a violation at the end of a log reaching owed_at
+    assert _run(s, [C(owed_at - 1, "PREA")]) == []
+    bad = _run(s, [C(owed_at, "PREA")])
+    assert [(v.rule, v.command, v.cycle) for v in bad] == [("tREFI", "end", owed_at)]
+    assert bad[0].detail == f"0 REF by cycle {owed_at}, at least 1 required"
+    # at a REF: the REF itself comes too late (0 before it, 1 owed)
+    assert [v.rule for v in _run(s, [C(owed_at, "REF")])] == ["tREFI"]
+    assert _run(s, [C(owed_at - 1, "REF")]) == []
+    # a REF every tREFI keeps up indefinitely; one missing one past the slack falls behind
+    refs = [C(k * s.tREFI, "REF") for k in range(1, 2 * s.refresh_postpone + 4)]
+    assert _run(s, refs) == []
+    # three REFs, then the fourth at the last cycle the slack allows, or one cycle later
+    late = (4 + s.refresh_postpone) * s.tREFI
+    assert _run(s, refs[:3] + [C(late - 1, "REF")]) == []
+    bad = _run(s, refs[:3] + [C(late, "REF")])
+    assert [(v.rule, v.cycle) for v in bad] == [("tREFI", late)]
+    assert bad[0].detail == f"3 REF by cycle {late}, at least 4 required"
+
+
+def test_checker_keeps_ranks_apart():
+    """Constraints are per rank: an ACT in rank 1 right after one in rank 0 is legal, the same
+    in rank 0 is not (tRRD_S)."""
+    s = STANDARDS["DDR4-3200"]
+    assert _run(s, [C(T0, "ACT", 0), C(T0 + 1, "ACT", 1, rank=1)]) == []
+    assert [v.rule for v in _run(s, [C(T0, "ACT", 0), C(T0 + 1, "ACT", 1)])] == ["tRRD_S"]
+
+
+def test_every_checked_rule_has_a_seeded_case():
+    """The rules of this file cover every rule name the checker can report (read from its
+    source, so a new rule without a seeded test fails here)."""
+    import inspect
+    import re
+    src = inspect.getsource(dram_check)
+    reported = set(re.findall(r'"(t[A-Za-z_]+|state|order|data bus)"', src)) - {"tREFI"}
+    covered = {c.split()[0] for c in CASES} | {"state", "order", "data bus"}
+    assert reported <= covered | {"tREFI"}, reported - covered
