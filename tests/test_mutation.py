@@ -59,7 +59,7 @@ def test_multiplier_mutant_counterexample_is_real(nme_v, tmp_path):
     found = 0
     for cell in cells(nme_v, "coda_nme.execute.lane0.mul", "$reduce_or")[:3]:
         res = analyse(record("execute.lane0.mul", cell, "inv", "Y", 0), nme_v,
-                      tmp_path / cell.replace("$", "_").replace(":", "_"))
+                      tmp_path / cell.replace("$", "_").replace(":", "_"), lanes=CFG.lanes)
         assert res["module"] == "execute.lane0.mul" and not res["sequential"]
         if res["verdict"] != "distinguishable":
             assert res["verdict"] == "equivalent"
@@ -72,6 +72,11 @@ def test_multiplier_mutant_counterexample_is_real(nme_v, tmp_path):
                                          and hb.is_nan_bits(np.array([cex["gold_y"]], np.uint16),
                                                             "bf16")[0])
         assert cex["gate_y"] != cex["gold_y"]
+        # the vector: the solver's operands (|x| < 2 where such exist) in every lane of a MUL
+        vec = res["vector"]
+        assert vec["op"] == "MUL" and vec["lane"] == 0 and not vec["rotate"]
+        assert vec["p"] == [[vec["inputs"]["in_a"]] * CFG.lanes]
+        assert vec["r"] == [[vec["inputs"]["in_b"]] * CFG.lanes]
     assert found >= 1
 
 
