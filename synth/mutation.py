@@ -24,8 +24,13 @@ Results go to ``build/mutation/`` (``--out``): ``runs/results.jsonl`` (the sweep
 per mutant as it finishes; a rerun skips finished mutants) and ``results.json``
 (``kill_rate`` = killed / finished mutants, ``killed_by_test``, the survivors and every
 record with ``id, mode, cell, port, portbit, wire, src, killed, killed_by, seconds``, the
-configuration, the tools' versions). Survivors are to be killed by new tests or argued
-equivalent (README).
+configuration, the tools' versions) and ``vectors.json`` (the solver's NME operands for the
+distinguishable survivors of the arithmetic units; tests/data/mutation_vectors.json, which
+tests/cocotb_nme.py's ``test_solver_vectors`` runs, is a copy of it). Survivors are to be killed by new tests or argued
+equivalent: with ``--prove`` (the default) :mod:`coda.synth.mutation_proof` gives each
+survivor a verdict with yosys' SAT solver (``equivalent``: proved, no test can kill it;
+``distinguishable`` with a counterexample; ``bounded``; ``unknown``), and the results the
+``mutation_score`` = killed / (finished - proved equivalent).
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
 MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096)
 #: the cocotb tests run on every mutant (all of tests/cocotb_nme.py's checking tests; they run
 #: in the module's order, the broad micro-op matrix first)
-TEST_ORDER = ("test_uop_matrix", "test_operators", "test_fp_edge_cases",
+TEST_ORDER = ("test_uop_matrix", "test_operators", "test_fp_edge_cases", "test_normalisation_paths",
+              "test_solver_vectors",
               "test_random_bits_with_stalls", "test_l1_corner_sums", "test_tails",
-              "test_bad_commands", "test_reset_mid_program")
+              "test_bad_commands", "test_checker_rules", "test_reset_mid_program")
 CTRL_WIDTH = 16
 _FLATTEN = ["read_verilog nme.v", "hierarchy -top coda_nme", "proc", "flatten",
             "memory -nomap", "opt_clean"]
@@ -207,10 +213,14 @@ def mutant_kind():
 
 def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUTATION_CONFIG,
                  only: list[int] | None = None, workers: int | None = None,
-                 sequential: bool = False, address: str | None = None, log=print) -> dict:
+                 sequential: bool = False, address: str | None = None, prove: bool = True,
+                 prove_timeout_s: float = 300, log=print) -> dict:
     """The whole flow (module docstring) into ``out``; returns the results dict. Mutants run
     as points of :func:`coda.sweep.run_sweep` (a local Ray with ``workers`` CPUs, a cluster
-    at ``address``, or ``sequential``), records under ``out/runs/`` (resumable)."""
+    at ``address``, or ``sequential``), records under ``out/runs/`` (resumable). With
+    ``prove`` every survivor gets an ``analysis`` (:mod:`coda.synth.mutation_proof`, each
+    solver run capped at ``prove_timeout_s``; cached under ``out/proof/``), and the results
+    the ``mutation_score``: killed / (finished - proved equivalent)."""
     import hashlib
 
     from coda.sweep import run_sweep
@@ -244,10 +254,33 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
         key = r["killed_by"].split(":")[0]
         by_test[key] = by_test.get(key, 0) + 1
     from coda.synth.tools import tool_versions
+    survivors = [r for r in finished if not r["killed"]]
+    verdicts: dict[str, int] = {}
+    if prove:
+        from coda.synth.mutation_proof import analyse_cached
+        log(f"equivalence analysis of {len(survivors)} survivors (yosys sat)")
+        for r in survivors:
+            r["analysis"] = analyse_cached(r, out / "yosys" / "nme.v", out / "proof" /
+                                           f"m{r['id']}", timeout_s=prove_timeout_s,
+                                           lanes=cfg.lanes)
+            verdicts[r["analysis"]["verdict"]] = verdicts.get(r["analysis"]["verdict"], 0) + 1
+            log(f"  #{r['id']} {r['analysis']['module']}: {r['analysis']['verdict']}")
+    equivalent = verdicts.get("equivalent", 0)
+    if prove:
+        vectors = [{"mutant": r["id"], "module": r["analysis"]["module"],
+                    **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
+                   for r in survivors if r["analysis"].get("vector")]
+        (out / "vectors.json").write_text(json.dumps(
+            {"generated_by": "python -m coda.synth.mutation (coda.synth.mutation_proof."
+                             "solver_vector)", "config": asdict(cfg), "vectors": vectors},
+            indent=1) + "\n")
     results = {"config": asdict(cfg), "mutants": n, "seed": seed, "tests": list(TEST_ORDER),
                "finished": len(finished), "killed": len(killed),
                "kill_rate": round(len(killed) / len(finished), 4) if finished else None,
-               "killed_by_test": by_test, "survivors": [r for r in finished if not r["killed"]],
+               "equivalent": equivalent if prove else None, "verdicts": verdicts,
+               "mutation_score": (round(len(killed) / (len(finished) - equivalent), 4)
+                                  if prove and len(finished) > equivalent else None),
+               "killed_by_test": by_test, "survivors": survivors,
                "runs_failed": failed_runs, "records": finished, "tools": tool_versions()}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
@@ -259,16 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="yosys mutate -seed (default 1)")
     ap.add_argument("--only", default=None, help="comma list of mutant ids to run (default all)")
     ap.add_argument("--out", type=Path, default=Path("build/mutation"))
+    ap.add_argument("--no-prove", action="store_true",
+                    help="skip the equivalence analysis of the survivors (yosys sat)")
+    ap.add_argument("--prove-timeout", type=float, default=300,
+                    help="seconds per solver run (default 300)")
     add_run_options(ap, "mutants")
     args = ap.parse_args(argv)
     only = [int(x) for x in args.only.split(",")] if args.only else None
     res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,
-                       sequential=args.sequential, address=args.address)
+                       sequential=args.sequential, address=args.address,
+                       prove=not args.no_prove, prove_timeout_s=args.prove_timeout)
     print(f"kill rate {res['kill_rate']} ({res['killed']} of {res['finished']} mutants; "
-          f"by test {res['killed_by_test']}); {len(res['survivors'])} survivors:")
+          f"by test {res['killed_by_test']}); {len(res['survivors'])} survivors "
+          f"{res['verdicts']}; mutation score (proved-equivalent mutants excluded) "
+          f"{res['mutation_score']}:")
     for s in res["survivors"]:
-        print(f"  #{s['id']} {s['mode']} {s.get('cell')} port {s.get('port')}[{s.get('portbit')}]"
-              f" {' '.join(s['src'])}")
+        verdict = s.get("analysis", {}).get("verdict", "")
+        print(f"  #{s['id']} {verdict} {s['mode']} {s.get('cell')} port {s.get('port')}"
+              f"[{s.get('portbit')}] {' '.join(s['src'])}")
     print(f"results: {args.out / 'results.json'}")
     return 0
 

@@ -414,6 +414,41 @@ def edge_values() -> np.ndarray:
     return np.array(vals + [v | 0x8000 for v in vals], dtype=np.uint16)
 
 
+async def check_pairs(ck: Checker, rng, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+                      ops, what: str) -> int:
+    """Run ``op(P=a, Q=c, R=b)`` for each op of ``ops`` (ADD/SUB/MUL/MAC) elementwise over the
+    bit patterns (element i in lane i % L), in programs of as many elements as the memory
+    holds, and compare every result with torch computed directly (and, through the Checker,
+    with the interpreter). Returns the elements checked."""
+    n = a.size
+    chunk = (CFG.mem_words // 5) * L
+    total = 0
+    for start in range(0, n, chunk):
+        sl = slice(start, min(n, start + chunk))
+        aa, bb, cc = a[sl], b[sl], c[sl]
+        k = aa.size
+        wn = hb.words_for(k, L)
+        for op in ops:
+            mem = random_image(rng)
+            place(mem, 0, aa)
+            place(mem, wn, bb)
+            place(mem, 2 * wn, cc)
+            uops = [UOp(Op.MOV, RSrc.MEM, d=0, addr=0), UOp(Op.MOV, RSrc.MEM, d=2, addr=2 * wn),
+                    UOp(op, RSrc.MEM, d=1, p=0, q=2, addr=wn),
+                    UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=3 * wn)]
+            _, out = await ck.run(prog_words(k, uops), mem, f"{what} {op.name}")
+            P, R, Q = (hb.from_bits(x, CFG.fmt) for x in (aa, bb, cc))
+            exp = hb.to_bits(torch_op(op, P, Q, R))
+            got = hb.unpack_words(out[3 * wn:4 * wn], k)
+            if not hb.same_bits(got, exp, CFG.fmt):
+                i = int(np.flatnonzero((got != exp) & ~(hb.is_nan_bits(got, CFG.fmt)
+                                                        & hb.is_nan_bits(exp, CFG.fmt)))[0])
+                raise AssertionError(f"{what} {op.name}: a={aa[i]:#06x} b={bb[i]:#06x} "
+                                     f"c={cc[i]:#06x}: rtl {got[i]:#06x} torch {exp[i]:#06x}")
+            total += k
+    return total
+
+
 @cocotb.test()
 @nme_test
 async def test_fp_edge_cases(dut):
@@ -425,36 +460,162 @@ async def test_fp_edge_cases(dut):
     vals = edge_values()
     a = np.repeat(vals, vals.size)
     b = np.tile(vals, vals.size)
-    c = np.roll(b, 7)
-    n = a.size
-    chunk = (CFG.mem_words // 5) * L
-    total = 0
-    for start in range(0, n, chunk):
-        sl = slice(start, min(n, start + chunk))
-        aa, bb, cc = a[sl], b[sl], c[sl]
-        k = aa.size
-        wn = hb.words_for(k, L)
-        for op in (Op.ADD, Op.SUB, Op.MUL, Op.MAC):
-            mem = random_image(rng)
-            place(mem, 0, aa)
-            place(mem, wn, bb)
-            place(mem, 2 * wn, cc)
-            uops = [UOp(Op.MOV, RSrc.MEM, d=0, addr=0), UOp(Op.MOV, RSrc.MEM, d=2, addr=2 * wn),
-                    UOp(op, RSrc.MEM, d=1, p=0, q=2, addr=wn),
-                    UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=3 * wn)]
-            _, out = await ck.run(prog_words(k, uops), mem, f"edge {op.name}")
-            P, R, Q = (hb.from_bits(x, CFG.fmt) for x in (aa, bb, cc))
-            exp = hb.to_bits(torch_op(op, P, Q, R))
-            got = hb.unpack_words(out[3 * wn:4 * wn], k)
-            if not hb.same_bits(got, exp, CFG.fmt):
-                i = int(np.flatnonzero((got != exp) & ~(hb.is_nan_bits(got, CFG.fmt)
-                                                        & hb.is_nan_bits(exp, CFG.fmt)))[0])
-                raise AssertionError(f"edge {op.name}: a={aa[i]:#06x} b={bb[i]:#06x} "
-                                     f"c={cc[i]:#06x}: rtl {got[i]:#06x} torch {exp[i]:#06x}")
-            total += k
+    total = await check_pairs(ck, rng, a, b, np.roll(b, 7), (Op.ADD, Op.SUB, Op.MUL, Op.MAC),
+                              "edge")
     dut._log.info("FP edge cases: %d values, %d operand pairs per op, %d checked, 0 mismatches",
-                  vals.size, n, total)
-    record("edge_pairs_per_op", int(n))
+                  vals.size, a.size, total)
+    record("edge_pairs_per_op", int(a.size))
+
+
+# ----------------------------------------------------------------------------- normalisation
+def encode(sign: np.ndarray, exp: np.ndarray, man: np.ndarray) -> np.ndarray:
+    """Bit patterns of the format from sign, biased exponent field and mantissa field."""
+    return ((sign.astype(np.uint32) << (EXP_BITS + MAN_BITS)) | (exp.astype(np.uint32) << MAN_BITS)
+            | man.astype(np.uint32)).astype(np.uint16)
+
+
+def lz_mantissas(rng, n: int) -> np.ndarray:
+    """``n`` mantissa fields whose leading-zero count is uniform over 0..MAN_BITS (MAN_BITS:
+    the field 0), the bits below the leading one random: every input of a normaliser's
+    leading-zero tree is reached, not mostly the short counts uniform fields give."""
+    lz = rng.integers(0, MAN_BITS + 1, n)
+    full = rng.integers(0, 1 << MAN_BITS, n) | (1 << (MAN_BITS - 1))
+    return (full >> lz).astype(np.uint32)
+
+
+def near_cancellation(rng, n: int, max_offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` pairs (a, b) of finite values of the same sign whose difference ``a - b``
+    cancels leading bits or needs alignment. Half: b's bit pattern within 8 of a's (the
+    nearest values, across binade boundaries too: deep cancellation down to an exact 0);
+    half: exponent fields at most ``max_offset`` apart with mantissas of uniform
+    leading-zero count (:func:`lz_mantissas`). a's exponent field is drawn near the
+    subnormal boundary (field 0 included), around 1.0 and at random."""
+    bias, emax = (1 << (EXP_BITS - 1)) - 1, (1 << EXP_BITS) - 2
+    base = np.concatenate([rng.integers(0, MAN_BITS + 4, n // 2),
+                           bias + rng.integers(-2, 3, n // 4),
+                           rng.integers(0, emax + 1, n - n // 2 - n // 4)])
+    ea = np.clip(base, 0, emax)
+    eb = np.clip(ea + rng.integers(-max_offset, max_offset + 1, n), 0, emax)
+    sign = rng.integers(0, 2, n)
+    a = encode(sign, ea, lz_mantissas(rng, n))
+    far = encode(sign, eb, lz_mantissas(rng, n))
+    mag = (a & np.uint16(0x7FFF)).astype(np.int32) + rng.integers(-8, 9, n)
+    top = (emax << MAN_BITS) | ((1 << MAN_BITS) - 1)          # largest finite
+    near = (np.clip(mag, 0, top).astype(np.uint16)) | (a & np.uint16(0x8000))
+    b = np.where(rng.random(n) < 0.5, near, far).astype(np.uint16)
+    perm = rng.permutation(n)
+    return a[perm], b[perm]
+
+
+def small_products(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` pairs (a, b) whose product needs the multiplier's normalisation: a subnormal (or
+    a tiny normal) times a value of exponent 0..MAN_BITS+3 above 1.0, and two normals whose
+    product lands within MAN_BITS+3 binades of the subnormal boundary on either side;
+    mantissas of uniform leading-zero count (:func:`lz_mantissas`)."""
+    bias, emax = (1 << (EXP_BITS - 1)) - 1, (1 << EXP_BITS) - 2
+    h = n // 2
+    ea1 = rng.integers(0, 3, h)
+    eb1 = bias + rng.integers(0, MAN_BITS + 4, h)
+    ea2 = rng.integers(1, bias, n - h)
+    eb2 = np.clip(bias + 1 - ea2 + rng.integers(-(MAN_BITS + 3), MAN_BITS + 4, n - h), 1, emax)
+    ea, eb = np.concatenate([ea1, ea2]), np.concatenate([eb1, eb2])
+    a = encode(rng.integers(0, 2, n), ea, lz_mantissas(rng, n))
+    b = encode(rng.integers(0, 2, n), eb, lz_mantissas(rng, n))
+    swap = rng.random(n) < 0.5
+    return np.where(swap, b, a), np.where(swap, a, b)
+
+
+@cocotb.test()
+@nme_test
+async def test_normalisation_paths(dut):
+    """The normalisation of every lane's units: near-cancelling sums and differences (ADD,
+    SUB; every leading-zero count, subnormal and zero results), products of subnormal and
+    tiny operands (MUL, MAC), and the fp32 L1 subtractor on near-cancelling 16-bit pairs
+    whose exponents are up to MAN_BITS+3 apart, each program at one magnitude so that every
+    |P - R| shows in the sum. Found by the mutation run (coda.synth.mutation): random bits
+    reach these paths about once per 2**8 elements per exponent, too rarely per lane."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(909)
+    n = 256 * L
+    # deep cancellation (exponents <= 2 apart) and alignment with sticky bits (up to the
+    # adder's MAN_BITS+4 alignment bits apart)
+    pairs = [near_cancellation(rng, n, 2), near_cancellation(rng, n, MAN_BITS + 4)]
+    a, b = (np.concatenate(x) for x in zip(*pairs))
+    total = await check_pairs(ck, rng, a, b, b, (Op.SUB,), "cancellation")
+    # ADD cancels when the signs differ: the same pairs with R negated
+    total += await check_pairs(ck, rng, a, b ^ np.uint16(0x8000), b, (Op.ADD,), "cancellation")
+    a, b = small_products(rng, 2 * n)
+    total += await check_pairs(ck, rng, a, b, np.roll(a, 3), (Op.MUL, Op.MAC), "small products")
+    # L1 (fp32 subtractor: 23 + 4 alignment bits; the accumulator adding two of them, often
+    # both subnormal): two pairs per program, in lane i % L of two words, the other lanes
+    # P = R, so the L1 sum is that lane's |P1 - R1| + |P2 - R2| alone and any change shows
+    p, r = near_cancellation(rng, 2 * 16 * L, 23 + 4)
+    for i in range(p.size // 2):
+        pw = finite_bits(rng, 2 * L)
+        rw = pw.copy()
+        for w in range(2):
+            pw[w * L + i % L], rw[w * L + i % L] = p[2 * i + w], r[2 * i + w]
+        mem = random_image(rng)
+        place(mem, 0, pw)
+        place(mem, 2, rw)
+        words = prog_words(2 * L, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                   UOp(Op.L1, RSrc.MEM, p=0, addr=2)])
+        P, R = hb.from_bits(pw, CFG.fmt), hb.from_bits(rw, CFG.fmt)
+        await ck.run(words, mem, f"L1 pairs {p[2 * i]:#06x} {r[2 * i]:#06x} {p[2 * i + 1]:#06x} "
+                     f"{r[2 * i + 1]:#06x} in lane {i % L}", expect_l1=l1_torch(P, R))
+    dut._log.info("normalisation paths: %d elements through ADD/SUB/MUL/MAC, %d L1 pairs, "
+                  "0 mismatches", total, p.size)
+
+
+# ----------------------------------------------------------------------------- solver vectors
+#: operands found by the equivalence analysis of surviving mutants (coda.synth.mutation_proof:
+#: a copy of build/mutation/vectors.json that ``make mutation`` writes)
+SOLVER_VECTORS = Path(__file__).resolve().parent / "data" / "mutation_vectors.json"
+
+
+@cocotb.test()
+@nme_test
+async def test_solver_vectors(dut):
+    """Each directed vector of :data:`SOLVER_VECTORS`: the operands under which a mutant of
+    an arithmetic unit differs from the original (the solver's counterexample, made into a
+    program), run as stored and, for single-lane L1 vectors, rotated into every lane;
+    results against torch (and the interpreter). Vectors of another lane count are run
+    with their words cut or padded to this NME's lanes (they then only test values)."""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(1010)
+    data = json.loads(SOLVER_VECTORS.read_text())
+    runs = 0
+    for vec in data["vectors"]:
+        op = Op[vec["op"]]
+        shifts = range(L) if vec["rotate"] else (0,)
+        for shift in shifts:
+            p = np.array([np.roll((w + [0] * L)[:L], shift) for w in vec["p"]], np.uint16)
+            r = np.array([np.roll((w + [0] * L)[:L], shift) for w in vec["r"]], np.uint16)
+            n = p.size
+            mem = random_image(rng)
+            place(mem, 0, p.reshape(-1))
+            place(mem, len(vec["p"]), r.reshape(-1))
+            wn = len(vec["p"])
+            what = f"solver vector of mutant {vec['mutant']} ({vec['module']}) shifted {shift}"
+            P, R = hb.from_bits(p.reshape(-1), CFG.fmt), hb.from_bits(r.reshape(-1), CFG.fmt)
+            if op == Op.L1:
+                words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                       UOp(Op.L1, RSrc.MEM, p=0, addr=wn)])
+                await ck.run(words, mem, what, expect_l1=l1_torch(P, R))
+            else:
+                words = prog_words(n, [UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                       UOp(op, RSrc.MEM, d=1, p=0, addr=wn),
+                                       UOp(Op.MOV, RSrc.BUF, store=True, r=1, addr=2 * wn)])
+                _, out = await ck.run(words, mem, what)
+                exp = hb.to_bits(torch_op(op, P, P, R))
+                got = hb.unpack_words(out[2 * wn:3 * wn], n)
+                assert hb.same_bits(got, exp, CFG.fmt), f"{what}: differs from torch"
+            runs += 1
+    dut._log.info("solver vectors: %d vectors, %d programs, 0 mismatches",
+                  len(data["vectors"]), runs)
+    record("solver_vector_programs", runs)
 
 
 # ----------------------------------------------------------------------------- random bits
