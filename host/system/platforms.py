@@ -178,23 +178,25 @@ class NMPEfficiency:
 
 
 _SWEEP_CMD = ("coda.cosim.bench.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
-              "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model; "
-              "build/system/nmp_*.json)")
+              "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model, on the FR-FCFS "
+              "controller with the default bypass cap of 1; build/system/nmp_*.json)")
 NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
     "DDR5-4800": NMPEfficiency(
         "DDR5-4800",
         # segment4 utilisation = its elements/cycle (4 streams x 2 B = the 8 B/cycle peak)
-        {(8, 256): (0.8815, 0.8842), (8, 64): (0.8132, 0.8245),
-         (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.614),
-         (16, 256): (None, 0.888), (32, 256): (None, 0.898)},
+        {(8, 256): (0.8815, 0.8842), (8, 64): (0.8133, 0.8244),
+         (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.617),
+         (16, 256): (None, 0.888), (32, 256): (None, 0.899)},
         "measured here: make bench (README Figures: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
-        "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.898 "
-        "elements/cycle of the 4-stream segment) and " + _SWEEP_CMD),
+        "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.899 "
+        "elements/cycle of the 4-stream segment, re-measured on the FR-FCFS controller: "
+        "coda.cosim.bench.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
+        "and " + _SWEEP_CMD),
     "DDR4-3200": NMPEfficiency(
         "DDR4-3200", {(8, 256): (0.8643, 0.8686), (8, 64): (0.688, 0.7139)},
         "measured here: " + _SWEEP_CMD),
     "LPDDR5-6400": NMPEfficiency(
-        "LPDDR5-6400", {(8, 256): (0.5833, 0.5858), (8, 64): (0.5387, 0.5395)},
+        "LPDDR5-6400", {(8, 256): (0.5919, 0.5818), (8, 64): (0.5393, 0.5415)},
         "measured here: " + _SWEEP_CMD),
 }
 
