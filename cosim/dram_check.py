@@ -5,8 +5,16 @@ Written from the standard's timing table (:class:`coda.hw.dram_standards.DRAMSta
 from the controller: it replays the log, keeps per-bank / per-bank-group / per-rank command
 history and reports every pair of commands closer than the standard allows, every command
 illegal in the bank's state (ACT to an open bank, RD/WR to a closed bank or another row,
-REF with a bank open), every overlap of data bursts on the shared data bus, and refresh
-falling behind (fewer REFs by cycle t than ``t // tREFI - refresh_postpone``).
+REF with a bank open, REFsb with its bank open in some bank group), every overlap of data
+bursts on the shared data bus, and refresh falling behind (fewer REFs by cycle t than
+``t // tREFI - refresh_postpone``; a same-bank refresh REFsb counts as ``1 / banks_per_group``
+of a REF).
+
+Same-bank refresh (DDR5 REFsb; the log's ``bank`` column is the bank address BA, refreshed in
+every bank group, ``bankgroup`` is empty): only for a standard with ``tRFCsb`` (JESD79-5), with
+the rules of Ramulator 2's DDR5 model: tRC after an ACT and tRP after a PRE of a refreshed bank,
+tRPab after a PREA, tRFC after a REF; tRFCsb before the next ACT or REFsb of the same BA and
+before a REF or PREA.
 
 Usage: ``python -m coda.cosim.dram_check --standard DDR4-3200 CMDS.csv`` (exit 1 on
 violations).
@@ -59,6 +67,9 @@ class _Rank:
         self.last_rd = self.last_wr = self.last_prea = self.last_ref = NEVER
         self.last_pre_any = NEVER
         self.refs = 0
+        self.sb_refs = 0                          # REFsb commands
+        self.sb_ref = defaultdict(lambda: NEVER)  # per bank address BA: last REFsb
+        self.last_sb = NEVER
         self.last_cycle = NEVER
         self.bursts: list[tuple[int, int, str, int]] = []  # (start, end, kind, cmd cycle)
 
@@ -95,6 +106,13 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
         s.last_cycle = t
         if t - s.last_ref < std.tRFC:
             _need(out, key, t, cmd, "tRFC", s.last_ref, std.tRFC, "REF")
+        if cmd == "REFsb":
+            if not std.tRFCsb:
+                raise ValueError(f"line {n}: REFsb: {std.name} has no same-bank refresh "
+                                 f"(tRFCsb = 0); expected ACT, PRE, PREA, RD, WR or REF")
+            if ba is None or not 0 <= ba < std.banks_per_group:
+                raise ValueError(f"line {n}: REFsb needs a bank in 0..{std.banks_per_group - 1}, "
+                                 f"got {ba}")
         if cmd in ("ACT", "PRE", "RD", "WR"):
             if bg is None or ba is None or not 0 <= bg < std.bank_groups or not 0 <= ba < std.banks_per_group:
                 raise ValueError(f"line {n}: {cmd} needs bankgroup/bank in range, got {bg},{ba}")
@@ -110,10 +128,13 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
                 _need(out, key, t, cmd, "tRRD_S", s.acts[-1], std.tRRD_S, "ACT")
             if len(s.acts) >= 4:
                 _need(out, key, t, cmd, "tFAW", s.acts[-4], std.tFAW, "4th previous ACT")
+            _need(out, key, t, cmd, "tRFCsb", s.sb_ref[ba], std.tRFCsb, f"REFsb bank {ba}")
             s.open_row[b] = rw
             s.act[b] = s.bg_act[bg] = t
             s.acts.append(t)
         elif cmd in ("PRE", "PREA"):
+            if cmd == "PREA":
+                _need(out, key, t, cmd, "tRFCsb", s.last_sb, std.tRFCsb, "REFsb")
             banks = [b] if cmd == "PRE" else list(s.open_row)
             for pb in banks:
                 _need(out, key, t, cmd, "tRAS", s.act[pb], std.tRAS, f"ACT bank {pb}")
@@ -154,22 +175,40 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
                 _need(out, key, t, cmd, "tRC", s.acts[-1], std.tRC, "ACT")
             _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
             _need(out, key, t, cmd, "tRP", s.last_pre_any, std.tRP, "PRE")
-            _refresh_rate(out, key, std, t, s.refs, cmd)
+            _need(out, key, t, cmd, "tRFCsb", s.last_sb, std.tRFCsb, "REFsb")
+            _refresh_rate(out, key, std, t, s.refs, cmd, s.sb_refs)
             s.refs += 1
             s.last_ref = t
+        elif cmd == "REFsb":
+            sbanks = [(g, ba) for g in range(std.bank_groups)]
+            still = sorted(sb for sb in sbanks if sb in s.open_row)
+            if still:
+                out.append(Violation(t, ch, rk, cmd, "state", f"banks {still} open"))
+            for sb in sbanks:
+                _need(out, key, t, cmd, "tRC", s.act[sb], std.tRC, f"ACT bank {sb}")
+                _need(out, key, t, cmd, "tRP", s.pre[sb], std.tRP, f"PRE bank {sb}")
+            _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
+            _need(out, key, t, cmd, "tRFCsb", s.sb_ref[ba], std.tRFCsb, f"REFsb bank {ba}")
+            _refresh_rate(out, key, std, t, s.refs, cmd, s.sb_refs)
+            s.sb_refs += 1
+            s.sb_ref[ba] = s.last_sb = t
         else:
-            raise ValueError(f"line {n}: command {cmd!r}: expected ACT, PRE, PREA, RD, WR or REF")
+            raise ValueError(f"line {n}: command {cmd!r}: expected ACT, PRE, PREA, RD, WR, REF "
+                             f"or REFsb")
     for key, s in ranks.items():
-        _refresh_rate(out, key, std, s.last_cycle, s.refs, "end")
+        _refresh_rate(out, key, std, s.last_cycle, s.refs, "end", s.sb_refs)
         _bus(out, key, s.bursts)
     return out
 
 
-def _refresh_rate(out, key, std, t, refs_before, cmd):
+def _refresh_rate(out, key, std, t, refs_before, cmd, sb_before=0):
+    """REFs owed by cycle ``t``; ``banks_per_group`` REFsb count as one REF."""
     owed = t // std.tREFI - std.refresh_postpone
-    if refs_before < owed:
+    k = std.banks_per_group
+    if refs_before * k + sb_before < owed * k:
+        done = f"{refs_before} REF" + (f" + {sb_before} REFsb" if sb_before else "")
         out.append(Violation(t, key[0], key[1], cmd, "tREFI",
-                             f"{refs_before} REF by cycle {t}, at least {owed} required"))
+                             f"{done} by cycle {t}, at least {owed} required"))
 
 
 def _bus(out, key, bursts):

@@ -28,11 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from coda.hw.dram_rowpolicy import ROW_POLICIES
 from coda.hw.dram_standards import DRAMStandard, STANDARDS, get_standard
 
 from .toolchain import build_dir, setup_verilator_env
 
-__all__ = ["parse_trace", "stream_add_trace", "build_model", "run_requests", "replay", "run_words",
+__all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model", "run_requests",
+           "replay", "run_words",
            "parse_size", "configure", "main", "verilator_params"]
 
 _HERE = Path(__file__).resolve().parent
@@ -132,6 +134,26 @@ def stream_add_trace(std: DRAMStandard | str, array_bytes: int) -> list[tuple[in
     return out
 
 
+def random_read_trace(std: DRAMStandard | str, n: int, span_bytes: int,
+                      seed: int = 0) -> list[tuple[int, int, int]]:
+    """``n`` one-burst reads at uniformly random burst-aligned byte addresses in
+    ``[0, span_bytes)`` (``random.Random(seed)``), offered back to back.
+
+    Returns ``[(0, 0, byte_addr), ...]``. Raises ValueError: ``n`` < 1, or ``span_bytes`` not
+    a positive multiple of the burst size.
+    """
+    import random
+
+    std = get_standard(std)
+    bb = std.burst_bytes
+    if n < 1:
+        raise ValueError(f"n={n}: expected >= 1 reads")
+    if span_bytes <= 0 or span_bytes % bb:
+        raise ValueError(f"span_bytes={span_bytes}: expected a positive multiple of {bb}")
+    rng = random.Random(seed)
+    return [(0, 0, rng.randrange(span_bytes // bb) * bb) for _ in range(n)]
+
+
 def _stream_add_requests(std: DRAMStandard, array_bytes: int) -> int:
     """Requests of :func:`stream_add_trace` (3 per burst), without building them."""
     bb = std.burst_bytes
@@ -150,18 +172,22 @@ def verilator_params(std: DRAMStandard, store_bits: int = 12) -> dict[str, int]:
 
 
 def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
-                store_bits: int = 12, quiet: bool = True) -> Path:
-    """Verilate (once; cached by source hash) and return the executable.
+                store_bits: int = 12, quiet: bool = True,
+                controller: dict | None = None) -> Path:
+    """Verilate (once; cached by source hash and parameters) and return the executable.
 
     Args:
         top: ``"replay"`` (burst trace player) or ``"word"`` (NME word-port player around
             WordAdapter + controller, ``lanes`` elements per word).
+        controller: keyword arguments of :class:`coda.hw.dram.DRAMController` (queue depths,
+            ``lookahead``, ``row_policy``...; None: its defaults).
     Raises:
         ValueError: unknown top. subprocess.CalledProcessError: Verilator failed.
     """
-    from coda.hw.dram import DRAMController, DRAMWordMemory, dram_verilog
+    from coda.hw.dram import DRAMController, DRAMWordMemory, check_controller, dram_verilog
 
     std = get_standard(std)
+    check_controller(std, **(controller or {}))    # a bad option fails before any build
     if top not in ("replay", "word"):
         raise ValueError(f"top={top!r}: expected 'replay' or 'word'")
     params = verilator_params(std, store_bits)
@@ -174,16 +200,17 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     digest = hashlib.sha256()
     for src in _SOURCES:
         digest.update(src.read_bytes())
-    digest.update(repr((std, top, params)).encode())
+    controller = dict(sorted((controller or {}).items()))
+    digest.update(repr((std, top, params, controller)).encode())
     key = digest.hexdigest()[:16]
     out = build_dir("dram", f"{top}_{std.name}_{key}")
     exe = out / "obj" / f"V{sv_top}"
     if exe.exists():
         return exe
     if top == "replay":
-        text = dram_verilog(DRAMController(std), "coda_dram_ctrl")
+        text = dram_verilog(DRAMController(std, **controller), "coda_dram_ctrl")
     else:
-        text = dram_verilog(DRAMWordMemory(std, lanes), "coda_dram_words")
+        text = dram_verilog(DRAMWordMemory(std, lanes, **controller), "coda_dram_words")
     (out / "gen.v").write_text(text)
     (out / "main.cpp").write_text(_MAIN_CPP.format(top=sv_top))
     env = setup_verilator_env(dict(os.environ))
@@ -208,8 +235,10 @@ MAX_DEFAULT_CYCLE = 200_000_000  # ~1 min of simulation at that speed
 
 
 def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], *,
-                 commands: str | Path | None = None, max_cycles: int | None = None) -> dict:
-    """Replay ``[(cycle, we, byte_addr), ...]`` on the Verilated model of ``std``.
+                 commands: str | Path | None = None, max_cycles: int | None = None,
+                 controller: dict | None = None) -> dict:
+    """Replay ``[(cycle, we, byte_addr), ...]`` on the Verilated model of ``std`` (its
+    controller built with the keyword arguments ``controller``, see :func:`build_model`).
 
     ``max_cycles`` None bounds the run at the last request's cycle + 1,000 cycles per request
     + 100,000 (far above any JEDEC service time incl. refresh), so a run always ends.
@@ -230,7 +259,7 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
     created = commands is not None and _claim_output(commands, "commands")
     try:
         t0 = time.perf_counter()
-        exe = build_model(std)
+        exe = build_model(std, controller=controller)
         build_s = time.perf_counter() - t0
         mask = (1 << std.burst_addr_bits) - 1
         with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
@@ -344,7 +373,7 @@ def _copy_command_trace(src: Path, dst: str | Path, raw: dict) -> None:
 
 
 def run_words(std: DRAMStandard | str, lanes: int, ops: list[tuple[int, int, int, int]], *,
-              commands: str | Path | None = None) -> list[int]:
+              commands: str | Path | None = None, controller: dict | None = None) -> list[int]:
     """Run NME word-port requests through WordAdapter + controller + device (Verilated).
 
     Args:
@@ -354,7 +383,7 @@ def run_words(std: DRAMStandard | str, lanes: int, ops: list[tuple[int, int, int
         The read responses' words (ints), in order.
     """
     std = get_standard(std)
-    exe = build_model(std, top="word", lanes=lanes)
+    exe = build_model(std, top="word", lanes=lanes, controller=controller)
     with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
         words, rsp = Path(tmp) / "words.hex", Path(tmp) / "rsp.hex"
         with open(words, "w") as fh:
@@ -403,17 +432,69 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", help="DRAMsim3 (0xADDR READ|WRITE CYCLE) or LD|ST ADDR trace")
     src.add_argument("--stream-add", metavar="SIZE",
                      help="generate a STREAM-add trace with arrays of SIZE (e.g. 2MiB)")
+    src.add_argument("--random-reads", metavar="N", type=int,
+                     help="generate N one-burst reads at random addresses in --span")
+    parser.add_argument("--span", default="1GiB",
+                        help="address range of --random-reads (default 1GiB)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --random-reads (default 0)")
     parser.add_argument("--commands", help="write the DRAM command trace CSV here")
     parser.add_argument("--json", help="write the results as JSON here")
     parser.add_argument("--max-cycles", type=int, default=None,
                         help="stop (as an error) after this many DRAM cycles")
+    parser.add_argument("--row-policy", choices=ROW_POLICIES, default="open",
+                        help="row policy of the controller (default open)")
+    parser.add_argument("--row-timeout", type=int, default=64,
+                        help="cycles after a bank's last access before the timeout policy "
+                             "closes it (default 64)")
+    parser.add_argument("--lookahead", type=int, default=8,
+                        help="queue entries the FR-FCFS scheduler chooses from (default 8)")
+    parser.add_argument("--read-queue", type=int, default=16,
+                        help="read queue depth in bursts (default 16)")
+    parser.add_argument("--refresh", choices=("all", "same_bank"), default="all",
+                        help="all-bank REF, or DDR5 same-bank REFsb (default all)")
+    parser.add_argument("--policy-banks", type=int, default=4,
+                        help="banks the closed/timeout row policy tracks at once (default 4)")
+    parser.add_argument("--max-bypass", type=int, default=1,
+                        help="column commands that may overtake the oldest request before "
+                             "only its commands issue (default 1)")
+
+
+def controller_options(args) -> dict:
+    """The :class:`coda.hw.dram.DRAMController` keywords of the CLI options (only those
+    differing from its defaults, so the default model is one cached build).
+
+    Raises ValueError naming a bad value (checked here, before any build)."""
+    from coda.hw.dram import check_controller
+    opts = {}
+    if args.row_policy != "open":
+        opts["row_policy"] = args.row_policy
+    if args.row_timeout != 64:
+        opts["row_timeout"] = args.row_timeout
+    if args.lookahead != 8:
+        opts["lookahead"] = args.lookahead
+    if args.read_queue != 16:
+        opts["read_queue"] = args.read_queue
+    if args.max_bypass != 1:
+        opts["max_bypass"] = args.max_bypass
+    if args.policy_banks != 4:
+        opts["policy_banks"] = args.policy_banks
+    if args.refresh != "all":
+        opts["refresh"] = args.refresh
+    check_controller(args.standard, **opts)     # raises on a bad value, naming it
+    return opts
 
 
 def main(args) -> int:
     std = get_standard(args.standard)
+    controller_options(args)
     if args.trace is not None:
         requests = parse_trace(args.trace)
         source = str(args.trace)
+    elif args.random_reads is not None:
+        span = parse_size(args.span)
+        _cycle_bound(std, max(args.random_reads, 1), 0, args.max_cycles)
+        requests = random_read_trace(std, args.random_reads, span, args.seed)
+        source = f"random-reads {args.random_reads} over {args.span} (seed {args.seed})"
     else:
         size = parse_size(args.stream_add)
         # refuse a run too long for its size before building its (maybe huge) request list
@@ -422,12 +503,14 @@ def main(args) -> int:
         source = f"stream-add {args.stream_add}"
     created = args.json is not None and _claim_output(args.json, "json")
     try:
-        res = run_requests(std, requests, commands=args.commands, max_cycles=args.max_cycles)
+        res = run_requests(std, requests, commands=args.commands, max_cycles=args.max_cycles,
+                           controller=controller_options(args))
     except BaseException:
         if created:
             _discard(args.json)
         raise
     res["trace"] = source
+    res["controller"] = controller_options(args)
     ns = res["time_ns"]
     span = f"{ns:.1f} ns" if ns < 1e3 else f"{ns / 1e3:.1f} us"   # short runs: ns, not 0.0 us
     print(f"{std.name}  {source}")

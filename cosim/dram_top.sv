@@ -69,10 +69,14 @@ module coda_dram_device #(
             if (log_fd != 0 && cmd_kind != 3'd0) begin
                 case (cmd_kind)
                     3'd1: kind_s = "ACT"; 3'd2: kind_s = "PRE"; 3'd3: kind_s = "PREA";
-                    3'd4: kind_s = "RD";  3'd5: kind_s = "WR";  default: kind_s = "REF";
+                    3'd4: kind_s = "RD";  3'd5: kind_s = "WR";  3'd7: kind_s = "REFsb";
+                    default: kind_s = "REF";
                 endcase
                 if (cmd_kind == 3'd3 || cmd_kind == 3'd6)
                     $fwrite(log_fd, "%0d,%0d,%0d,,,%s,,\n", cycle, CHANNEL, RANK, kind_s);
+                else if (cmd_kind == 3'd7)   // same-bank refresh: bank address only
+                    $fwrite(log_fd, "%0d,%0d,%0d,,%0d,%s,,\n", cycle, CHANNEL, RANK, cmd_ba,
+                            kind_s);
                 else
                     $fwrite(log_fd, "%0d,%0d,%0d,%0d,%0d,%s,%0d,%0d\n", cycle, CHANNEL, RANK,
                             cmd_bg, cmd_ba, kind_s, cmd_row,

@@ -12,52 +12,66 @@ part                                        what it does
                                             (bank groups rotate fastest, permutation-based
                                             bank interleaving)
 :class:`~.dram_queue.RequestQueue`          the read and the write queue (circular buffers in
-                                            RAMs, a hazard comparison port)
-:class:`~.dram_scheduler.Scheduler`         the command of this cycle: refresh, then the
-                                            head's column command, then the oldest allowed
-                                            ACT/PRE within ``lookahead`` entries
+                                            RAMs whose entries may leave out of order,
+                                            hazard comparison ports)
+:class:`~.dram_scheduler.Scheduler`         the command of this cycle, FR-FCFS: refresh, then
+                                            the oldest ready column command (row hits
+                                            first), then the oldest allowed ACT/PRE within
+                                            ``lookahead`` entries, then the row policy's PRE;
+                                            a cap on how often the oldest is overtaken
+:class:`~.dram_rowpolicy.RowPolicy`         open (default), closed or timeout: which idle
+                                            rows to close early
 :class:`~.dram_refresh.AllBankRefresh`      a REF every tREFI, after a PREA closes the banks
+                                            (default), or for DDR5
+:class:`~.dram_refresh.SameBankRefresh`     a REFsb of one bank address every tREFI / 4,
+                                            after PREs close that address's banks
 :class:`~.dram_timing.TimingTable`          open rows and every JEDEC constraint as
                                             timestamps: what may issue now, updated by what
                                             issued
 ==========================================  ===================================================
 
-The controller itself keeps the policy that joins them: open-page; separate read and write
-queues, each issued *in order* for column commands (so read responses return in request
-order, no reorder buffer); writes buffered and drained in batches (write mode from
-``write_high`` queued writes down to ``write_low``, or whenever no read waits); a read whose
-address has a queued write drains the writes first (read-after-write), and a write whose
-address matches a queued read is not accepted until that read has issued (write-after-read).
-It also counts the statistics. The command stream obeys the standard cycle by cycle *by
-construction* (the timing table); :mod:`coda.cosim.dram_check` verifies it independently from
-the command log.
+The controller itself keeps what joins them: separate read and write queues; writes buffered
+and drained in batches (write mode from ``write_high`` queued writes down to ``write_low``, or
+whenever no read waits), so a read/write mix pays one turnaround per batch; ordering hazards:
+a write whose address matches a queued read is not accepted until that read has issued
+(write-after-read), and a read (a write) whose address a queued write has is *flagged* at
+acceptance: it issues only as the oldest of its queue, the oldest read only once no queued
+write has its address, which drains the writes first (read-after-write, write-after-write).
+Reads are served out of order, so each takes a response tag at acceptance; the device's bursts
+(in RD order) are parked by tag in a small buffer and returned in request order (a burst that
+is the next one due passes straight through, with no added cycle). It also counts the
+statistics. The command stream obeys the standard cycle by cycle *by construction* (the timing
+table); :mod:`coda.cosim.dram_check` verifies it independently from the command log.
 
 A cycle reads the bank state only of the entries the scheduler looks at and writes only what
 the issued command changes, which keeps the Verilated model fast: a cycle costs
-O(lookahead^2) bank comparisons plus the hazard comparisons against every queued address
+O(lookahead^2) bank comparisons (FR-FCFS: which older entry uses the bank, which
+entry still hits it) plus the hazard comparisons against every queued address
 (O(read_queue + write_queue)), not O(banks x queue depth) counter and shift-register updates.
 
 Known simplifications: DDR5's two-cycle ACT/RD/WR command encoding and LPDDR5's
 WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; no
-per-bank refresh.
+refresh postponement; no LPDDR5 per-bank refresh.
 """
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.utils import ceil_log2
 
 from .dram_mapping import AddressMapping
 from .dram_queue import RequestQueue
-from .dram_refresh import AllBankRefresh
+from .dram_refresh import AllBankRefresh, SameBankRefresh
+from .dram_rowpolicy import RowPolicy, check_row_policy
 from .dram_scheduler import Scheduler
 from .dram_standards import get_standard
 from .dram_timing import Cmd, TimingTable
 
-__all__ = ["Cmd", "DRAMController", "WordAdapter", "DRAMWordMemory", "dram_verilog",
+__all__ = ["Cmd", "DRAMController", "check_controller", "WordAdapter", "DRAMWordMemory", "dram_verilog",
            "STAT_NAMES", "STAT_BITS", "NME_ADDR_BITS"]
 
 NME_ADDR_BITS = 24  # coda.hw.isa.ADDR_BITS: the NME's word address width
@@ -68,14 +82,66 @@ STAT_NAMES = ("reads", "writes", "row_hits", "row_misses", "row_conflicts", "rea
 STAT_BITS = 48
 
 
+def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
+                     write_high: int | None = None, write_low: int | None = None,
+                     lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
+                     row_timeout: int = 64, policy_banks: int = 4,
+                     refresh: str = "all"):
+    """Check :class:`DRAMController`'s parameters without building one (same keywords).
+
+    Returns ``(std, write_high, write_low)`` with the watermarks' defaults filled in.
+    Raises ValueError naming the bad value (see :class:`DRAMController`).
+    """
+    std = get_standard(std)
+    if read_queue < 1:
+        raise ValueError(f"read_queue={read_queue}: expected >= 1")
+    if write_queue < 2 or write_queue & (write_queue - 1):
+        raise ValueError(f"write_queue={write_queue}: expected a power of two >= 2")
+    write_high = write_queue * 3 // 4 if write_high is None else write_high
+    write_low = write_queue // 4 if write_low is None else write_low
+    if not 0 <= write_low < write_high <= write_queue:
+        raise ValueError(f"write_low={write_low}, write_high={write_high}: expected "
+                         f"0 <= low < high <= write_queue={write_queue}")
+    if lookahead < 1:
+        raise ValueError(f"lookahead={lookahead}: expected >= 1")
+    if std.bank_groups < 2 or std.banks_per_group < 2:
+        raise ValueError(f"{std.name}: expected >= 2 bank groups and banks per group")
+    for same, other in (("tCCD_L", "tCCD_S"), ("write_to_read_l", "write_to_read_s"),
+                        ("tCCD_L_WR", "tCCD_S"), ("tRRD_L", "tRRD_S")):
+        if getattr(std, same) < getattr(std, other):
+            raise ValueError(f"{std.name}: {same}={getattr(std, same)} < "
+                             f"{other}={getattr(std, other)}; expected the same-bank-group "
+                             f"constraint to be at least the other-group one")
+    if max_bypass < 1:
+        raise ValueError(f"max_bypass={max_bypass}: expected >= 1")
+    if refresh not in ("all", "same_bank"):
+        raise ValueError(f"refresh={refresh!r}: expected 'all' or 'same_bank'")
+    if refresh == "same_bank" and not std.tRFCsb:
+        raise ValueError(f"{std.name}: refresh='same_bank': the standard has no same-bank "
+                         f"refresh (tRFCsb = 0); expected refresh='all'")
+    if not isinstance(policy_banks, int) or policy_banks < 1:
+        raise ValueError(f"policy_banks={policy_banks!r}: expected an int >= 1")
+    check_row_policy(row_policy, row_timeout, policy_banks)
+    return std, write_high, write_low
+
+
 class DRAMController(wiring.Component):
-    """In-order-with-lookahead, open-page controller of one DRAM rank (one clock = one tCK).
+    """FR-FCFS controller of one DRAM rank (one clock = one tCK).
 
     Parameters:
         std: a :class:`DRAMStandard` or preset name.
         read_queue, write_queue: queue depths in bursts (write_queue a power of two).
         write_high, write_low: write-drain watermarks (default 3/4 and 1/4 of write_queue).
-        lookahead: queue entries considered for ACT/PRE (default 8).
+        lookahead: queue entries the scheduler chooses from (default 8).
+        max_bypass: column commands that may overtake the oldest request before only its
+            commands may issue (default 1: measured, the DIMM-NMP's streams keep their
+            in-order utilisation, 16 cost the residual add 0.18 points; random traffic wants
+            more, see :data:`coda.cosim.bench.RANDOM_CONTROLLER`).
+        row_policy: ``"open"`` (default), ``"closed"`` or ``"timeout"``
+            (:mod:`coda.hw.dram_rowpolicy`); row_timeout: its cycles (default 64);
+            policy_banks: banks it tracks at once (default 4).
+        refresh: ``"all"`` (REF every tREFI, :class:`~.dram_refresh.AllBankRefresh`) or
+            ``"same_bank"`` (DDR5 REFsb, :class:`~.dram_refresh.SameBankRefresh`).
 
     Ports (A = std.burst_addr_bits, D = 8 * std.burst_bytes):
         req_valid/req_ready/req_we/req_addr[A]/req_wdata[D]/req_wmask[D/8]: burst requests,
@@ -84,42 +150,37 @@ class DRAMController(wiring.Component):
         cmd_kind[3] (:class:`Cmd`), cmd_bg, cmd_ba, cmd_row, cmd_col (device column of the
             first beat), cmd_wdata[D], cmd_wmask[D/8]: the command issued this cycle.
         rd_valid/rd_data[D]: the device's read burst, ``CL + nBL`` cycles after its RD.
-        idle: no queued request and no read in flight.
+        idle: no queued request and no read unanswered.
         stat_<name>[48] for name in :data:`STAT_NAMES`: column commands by kind, row
             hit/miss/conflict per request (classified by the commands its bank needed),
-            total read latency (acceptance to response, cycles), cycles since reset, REFs.
+            total read latency (acceptance to data, cycles), cycles since reset, REF (or
+            REFsb) commands.
 
     Raises:
-        ValueError: bad queue parameters, or a standard whose same-bank-group constraint is
-            shorter than the other-group one (tCCD_L < tCCD_S...; no JEDEC preset).
+        ValueError: bad queue or policy parameters, or a standard whose same-bank-group
+            constraint is shorter than the other-group one (tCCD_L < tCCD_S...; no JEDEC
+            preset).
     """
 
     def __init__(self, std, *, read_queue: int = 16, write_queue: int = 32,
                  write_high: int | None = None, write_low: int | None = None,
-                 lookahead: int = 8):
-        std = get_standard(std)
-        if read_queue < 1:
-            raise ValueError(f"read_queue={read_queue}: expected >= 1")
-        if write_queue < 2 or write_queue & (write_queue - 1):
-            raise ValueError(f"write_queue={write_queue}: expected a power of two >= 2")
-        write_high = write_queue * 3 // 4 if write_high is None else write_high
-        write_low = write_queue // 4 if write_low is None else write_low
-        if not 0 <= write_low < write_high <= write_queue:
-            raise ValueError(f"write_low={write_low}, write_high={write_high}: expected "
-                             f"0 <= low < high <= write_queue={write_queue}")
-        if lookahead < 1:
-            raise ValueError(f"lookahead={lookahead}: expected >= 1")
-        if std.bank_groups < 2 or std.banks_per_group < 2:
-            raise ValueError(f"{std.name}: expected >= 2 bank groups and banks per group")
-        for same, other in (("tCCD_L", "tCCD_S"), ("write_to_read_l", "write_to_read_s"),
-                            ("tCCD_L_WR", "tCCD_S"), ("tRRD_L", "tRRD_S")):
-            if getattr(std, same) < getattr(std, other):
-                raise ValueError(f"{std.name}: {same}={getattr(std, same)} < "
-                                 f"{other}={getattr(std, other)}; expected the same-bank-group "
-                                 f"constraint to be at least the other-group one")
+                 lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
+                 row_timeout: int = 64, policy_banks: int = 4,
+                 refresh: str = "all"):
+        std, write_high, write_low = check_controller(
+            std, read_queue=read_queue, write_queue=write_queue, write_high=write_high,
+            write_low=write_low, lookahead=lookahead, max_bypass=max_bypass,
+            row_policy=row_policy, row_timeout=row_timeout, policy_banks=policy_banks,
+            refresh=refresh)
         self.std = std
         self.read_queue, self.write_queue = read_queue, write_queue
         self.write_high, self.write_low, self.lookahead = write_high, write_low, lookahead
+        self.max_bypass, self.row_policy, self.row_timeout = max_bypass, row_policy, row_timeout
+        self.policy_banks, self.refresh = policy_banks, refresh
+        self.n_close = check_row_policy(row_policy, row_timeout, policy_banks)
+        self.n_look = max(min(lookahead, read_queue), min(lookahead, write_queue))
+        # read responses: a tag per read, data parked until every older read is answered
+        self.rob_depth = 2 << ceil_log2(read_queue)
         A, D = std.burst_addr_bits, 8 * std.burst_bytes
         members = {
             "req_valid": In(1), "req_ready": Out(1), "req_we": In(1), "req_addr": In(A),
@@ -140,27 +201,45 @@ class DRAMController(wiring.Component):
         std = self.std
         m = Module()
         A, D = std.burst_addr_bits, 8 * std.burst_bytes
-        RQ, WQ, L = self.read_queue, self.write_queue, self.lookahead
-        n_look = max(min(L, RQ), min(L, WQ))
+        RQ, WQ, n_look = self.read_queue, self.write_queue, self.n_look
         mapping = AddressMapping(std)
         bank_bits = ceil_log2(std.banks)
+        R = self.rob_depth
+        tag_bits = ceil_log2(R)
 
         cycle = Signal(STAT_BITS)           # cycles since reset (stat_cycles, request stamps)
         m.d.sync += cycle.eq(cycle + 1)
 
-        # the read queue's payload is the request's acceptance cycle (read latency), the
-        # write queue's the write data and byte mask
-        m.submodules.rq = rq = RequestQueue(RQ, A, bank_bits, look=n_look, payload_bits=32)
+        # the read queue's payload is the request's acceptance cycle (read latency) and its
+        # response tag, the write queue's the write data and byte mask
+        m.submodules.rq = rq = RequestQueue(RQ, A, bank_bits, look=n_look,
+                                            payload_bits=32 + tag_bits)
         m.submodules.wq = wq = RequestQueue(WQ, A, bank_bits, look=n_look,
-                                            payload_bits=D + D // 8)
-        m.submodules.timing = timing = TimingTable(std, n_look)
-        m.submodules.scheduler = sched = Scheduler(std, n_look)
-        m.submodules.refresh = refresh = AllBankRefresh(std)
+                                            payload_bits=D + D // 8, match_ports=2)
+        m.submodules.scheduler = sched = Scheduler(std, n_look, max_bypass=self.max_bypass,
+                                                   closes=self.n_close)
+        m.submodules.policy = policy = RowPolicy(std, self.row_policy, timeout=self.row_timeout,
+                                                 candidates=self.policy_banks)
+        same_bank = self.refresh == "same_bank"
+        kind_is_ref = sched.kind == Cmd.REF
+        m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close,
+                                                   same_bank=same_bank)
+        if not same_bank:
+            m.submodules.refresh = refresh = AllBankRefresh(std)
+            m.d.comb += refresh.issued.eq(kind_is_ref)
+        else:
+            m.submodules.sb_refresh = sbr = SameBankRefresh(std)
+            m.d.comb += [timing.sb_ba.eq(sbr.ba), timing.sb_pre_bg.eq(sbr.pre_bg),
+                         sbr.sb_open.eq(timing.sb_open), sbr.sb_pre_ok.eq(timing.sb_pre_ok),
+                         sbr.sb_ok.eq(timing.sb_ok), sbr.issued.eq(sched.kind == Cmd.REFSB),
+                         sched.sb_block.eq(sbr.block), sched.sb_ba.eq(sbr.ba),
+                         sched.sb_pre.eq(sbr.pre), sched.refsb.eq(sbr.refsb)]
 
-        # ---- write mode and the read-after-write hazard (the head read vs queued writes)
+        # ---- write mode and the read-after-write hazard (the oldest read vs queued writes)
         wmode = Signal()
         raw = Signal()
-        m.d.comb += [wq.match_addr.eq(rq.look[0].addr), raw.eq(rq.look[0].valid & wq.match)]
+        m.d.comb += [wq.match_addr[0].eq(rq.look[0].addr),
+                     raw.eq(rq.look[0].valid & wq.match[0])]
         with m.If(~wmode):
             with m.If((wq.count >= self.write_high) | ((rq.count == 0) & (wq.count > 0))
                       | raw):
@@ -174,70 +253,116 @@ class DRAMController(wiring.Component):
         for e, r, w in zip(sched.look, rq.look, wq.look):
             f = mapping.fields(Mux(wmode, w.addr, r.addr))
             m.d.comb += [e.valid.eq(Mux(wmode, w.valid, r.valid)),
+                         e.flag.eq(Mux(wmode, w.flag, r.flag)),
                          e.bank.eq(Mux(wmode, w.bank, r.bank)), e.bg.eq(f.bg), e.row.eq(f.row)]
         for ask, answer in zip(sched.rows, timing.rows):
             connect(m, ask, answer)
-        connect(m, sched.col, timing.col)
+        for want, close in zip(policy.close, sched.close):
+            connect(m, want, close)
         m.d.comb += [
             sched.wmode.eq(wmode), sched.raw.eq(raw),
-            refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
-            refresh.ref_ok.eq(timing.ref_ok),
-            sched.ref_pending.eq(refresh.pending), sched.prea.eq(refresh.prea),
-            sched.ref.eq(refresh.ref),
         ]
+        if not same_bank:
+            m.d.comb += [
+                refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
+                refresh.ref_ok.eq(timing.ref_ok),
+                sched.ref_pending.eq(refresh.pending), sched.prea.eq(refresh.prea),
+                sched.ref.eq(refresh.ref),
+            ]
 
         # ---- the chosen command: its entry's fields, to the device and the timing table
         kind, sel = sched.kind, sched.sel
         m.d.comb += [rq.sel.eq(sel), wq.sel.eq(sel)]
-        sel_entry = Mux(kind.matches(Cmd.PREA, Cmd.REF), 0,
-                        Mux(wmode, Cat(wq.sel_addr, wq.sel_bank), Cat(rq.sel_addr, rq.sel_bank)))
-        f = mapping.fields(sel_entry[:A])
-        bank = sel_entry[A:]
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
         is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
-        is_ref = kind == Cmd.REF
+        is_ref = kind.matches(Cmd.REF, Cmd.REFSB)
+        entry_pre = is_pre & ~sched.policy_pre & ~sched.refresh_pre
+        f = mapping.fields(Mux(wmode, wq.sel_addr, rq.sel_addr))
+        bank = Mux(wmode, wq.sel_bank, rq.sel_bank)
+        bg, ba, row = Signal.like(f.bg), Signal.like(f.ba), Signal.like(f.row)
+        cbank = Signal(bank_bits)
+        m.d.comb += [bg.eq(f.bg), ba.eq(f.ba), row.eq(f.row), cbank.eq(bank)]
+        for k, c in enumerate(policy.close):
+            with m.If(sched.policy_pre & (sched.sel_close == k)):
+                m.d.comb += [bg.eq(c.bg), ba.eq(c.bank >> ceil_log2(std.bank_groups)),
+                             row.eq(c.row), cbank.eq(c.bank)]
+        if same_bank:       # the same-bank refresh's PRE and REFsb: bank BA (of group pre_bg)
+            with m.If(sched.refresh_pre | (kind == Cmd.REFSB)):
+                m.d.comb += [bg.eq(Mux(kind == Cmd.REFSB, 0, sbr.pre_bg)), ba.eq(sbr.ba),
+                             row.eq(0), cbank.eq(Cat(bg, sbr.ba))]
         m.d.comb += [
-            self.cmd_kind.eq(kind), self.cmd_bg.eq(f.bg), self.cmd_ba.eq(f.ba),
-            self.cmd_row.eq(f.row), self.cmd_col.eq(f.col << ceil_log2(std.burst_length)),
-            self.cmd_wdata.eq(wq.head_payload[:D]), self.cmd_wmask.eq(wq.head_payload[D:]),
-            timing.issue.kind.eq(kind), timing.issue.bank.eq(bank),
-            timing.issue.bg.eq(f.bg), timing.issue.row.eq(f.row),
-            refresh.issued.eq(is_ref),
+            self.cmd_kind.eq(kind), self.cmd_bg.eq(bg), self.cmd_ba.eq(ba),
+            self.cmd_row.eq(row), self.cmd_col.eq(f.col << ceil_log2(std.burst_length)),
+            self.cmd_wdata.eq(wq.sel_payload[:D]), self.cmd_wmask.eq(wq.sel_payload[D:]),
+            timing.issue.kind.eq(kind), timing.issue.bank.eq(cbank),
+            timing.issue.bg.eq(bg), timing.issue.row.eq(row),
+            policy.issue.kind.eq(kind), policy.issue.bank.eq(cbank),
+            policy.issue.bg.eq(bg), policy.issue.row.eq(row),
         ]
 
-        # ---- queue updates; a write to the address of a queued read waits (write-after-read)
+        # ---- response order: each read takes the next tag at acceptance; RDs (any order)
+        # send their tags through a FIFO that the device's bursts (in RD order) pop; data
+        # waits in a tag-indexed buffer until every older read has been answered
+        rob_tail, rob_head = Signal(tag_bits + 1), Signal(tag_bits + 1)
+        unanswered = Signal(tag_bits + 1)
+        m.d.comb += unanswered.eq(rob_tail - rob_head)
+        m.submodules.tags = tags = SyncFIFO(width=tag_bits,
+                                            depth=std.read_latency // std.tCCD_S + 2)
+        m.d.comb += [tags.w_en.eq(is_rd), tags.w_data.eq(rq.sel_payload[32:]),
+                     tags.r_en.eq(self.rd_valid)]
+        m.submodules.rob = rob = Memory(shape=unsigned(D), depth=R, init=[])
+        rob_w = rob.write_port()
+        rob_r = rob.read_port(domain="comb")
+        ready = Signal(R)
+        arrive_tag = tags.r_data
+        head_tag = rob_head[:tag_bits]
+        bypass = self.rd_valid & (arrive_tag == head_tag)
+        deliver = bypass | ready.bit_select(head_tag, 1)
+        m.d.comb += [rob_w.addr.eq(arrive_tag), rob_w.data.eq(self.rd_data),
+                     rob_w.en.eq(self.rd_valid & ~bypass), rob_r.addr.eq(head_tag),
+                     self.rsp_valid.eq(deliver),
+                     self.rsp_data.eq(Mux(bypass, self.rd_data, rob_r.data))]
+        one = Const(1, R)
+        set_ready = Mux(self.rd_valid & ~bypass, (one << arrive_tag)[:R], 0)
+        clr_ready = Mux(deliver, (one << head_tag)[:R], 0)
+        m.d.sync += [ready.eq((ready | set_ready) & ~clr_ready),
+                     rob_head.eq(rob_head + deliver)]
+
+        # ---- queue updates. Hazards: a write to the address of a queued read waits until
+        # that read has issued (write-after-read); a read (write) whose address a queued
+        # write has is flagged: it issues only as the oldest entry of its queue
         push = self.req_valid & self.req_ready
-        m.d.comb += [rq.match_addr.eq(self.req_addr),
-                     self.req_ready.eq(Mux(self.req_we, (wq.count < WQ) & ~rq.match,
-                                           rq.count < RQ))]
+        m.d.comb += [rq.match_addr[0].eq(self.req_addr), wq.match_addr[1].eq(self.req_addr),
+                     self.req_ready.eq(Mux(self.req_we, (wq.count < WQ) & ~rq.match[0],
+                                           (rq.count < RQ) & (unanswered < R)))]
+        m.d.sync += rob_tail.eq(rob_tail + (push & ~self.req_we))
         req_bank = mapping.fields(self.req_addr).bank
         for q, pop, push_q, active, payload in (
-                (rq, is_rd, push & ~self.req_we, ~wmode, cycle[:32]),
+                (rq, is_rd, push & ~self.req_we, ~wmode, Cat(cycle[:32], rob_tail[:tag_bits])),
                 (wq, is_wr, push & self.req_we, wmode, Cat(self.req_wdata, self.req_wmask))):
             m.d.comb += [q.push.eq(push_q), q.push_addr.eq(self.req_addr),
-                         q.push_bank.eq(req_bank), q.push_payload.eq(payload), q.pop.eq(pop),
-                         q.mark_act.eq(is_act & active), q.mark_pre.eq(is_pre & active)]
+                         q.push_bank.eq(req_bank), q.push_flag.eq(wq.match[1]),
+                         q.push_payload.eq(payload), q.done.eq(pop),
+                         q.mark_act.eq(is_act & active), q.mark_pre.eq(entry_pre & active)]
 
-        # ---- responses, idle, statistics
-        inflight = Signal(range(64))
-        m.d.sync += inflight.eq(inflight + is_rd - self.rd_valid)
-        m.d.comb += [self.rsp_valid.eq(self.rd_valid), self.rsp_data.eq(self.rd_data),
-                     self.idle.eq((rq.count == 0) & (wq.count == 0) & (inflight == 0))]
+        # ---- idle, statistics
+        m.d.comb += self.idle.eq((rq.count == 0) & (wq.count == 0) & (unanswered == 0))
         stats = {n: Signal(STAT_BITS, name=f"st_{n}") for n in STAT_NAMES}
-        head_act = Mux(is_rd, rq.head_act, wq.head_act)
-        head_pre = Mux(is_rd, rq.head_pre, wq.head_pre)
+        sel_act = Mux(is_rd, rq.sel_act, wq.sel_act)
+        sel_pre = Mux(is_rd, rq.sel_pre, wq.sel_pre)
         col = is_rd | is_wr
         m.d.sync += [
             stats["reads"].eq(stats["reads"] + is_rd),
             stats["writes"].eq(stats["writes"] + is_wr),
-            stats["row_hits"].eq(stats["row_hits"] + (col & ~head_act & ~head_pre)),
-            stats["row_misses"].eq(stats["row_misses"] + (col & head_act & ~head_pre)),
-            stats["row_conflicts"].eq(stats["row_conflicts"] + (col & head_pre)),
+            stats["row_hits"].eq(stats["row_hits"] + (col & ~sel_act & ~sel_pre)),
+            stats["row_misses"].eq(stats["row_misses"] + (col & sel_act & ~sel_pre)),
+            stats["row_conflicts"].eq(stats["row_conflicts"] + (col & sel_pre)),
             stats["refreshes"].eq(stats["refreshes"] + is_ref),
         ]
         with m.If(is_rd):
             m.d.sync += stats["read_latency"].eq(
-                stats["read_latency"] + (cycle[:32] - rq.head_payload)[:32] + std.read_latency)
+                stats["read_latency"] + (cycle[:32] - rq.sel_payload[:32])[:32]
+                + std.read_latency)
         m.d.comb += stats["cycles"].eq(cycle)
         for n in STAT_NAMES:
             m.d.comb += getattr(self, f"stat_{n}").eq(stats[n])

@@ -39,7 +39,9 @@ class DRAMStandard:
         tRRD_S / tRRD_L (ACT to ACT), tFAW (four-ACT window), tWR (end of write data to PRE),
         tWTR_S / tWTR_L (end of write data to RD), tRTP (RD to PRE),
         tRFC (REF to ACT/REF), tREFI (average REF interval),
-        tRTW (RD to WR command turnaround on the shared data bus).
+        tRTW (RD to WR command turnaround on the shared data bus),
+        tRFCsb (same-bank refresh REFsb to ACT/REFsb of the refreshed banks; 0: the standard
+        has no REFsb).
     """
 
     name: str
@@ -73,13 +75,15 @@ class DRAMStandard:
     tRFC: int
     tREFI: int
     tRTW: int
+    tRFCsb: int = 0
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("name", "tCK_ns"):
                 continue
-            if not isinstance(value, int) or value < (0 if f.name == "refresh_postpone" else 1):
+            if not isinstance(value, int) or value < (0 if f.name in ("refresh_postpone",
+                                                                       "tRFCsb") else 1):
                 raise ValueError(f"{self.name}: {f.name}={value!r}: expected a positive int")
         for f in ("bank_groups", "banks_per_group", "rows", "columns", "burst_length"):
             value = getattr(self, f)
@@ -144,6 +148,21 @@ class DRAMStandard:
         return self.CWL + self.nBL + self.tWR
 
     @property
+    def act_interval(self) -> float:
+        """Fewest cycles per ACT sustained by one rank: ``max(tFAW / 4, tRRD_S)`` (tCK).
+
+        Four ACTs per tFAW window and tRRD_S between any two (other bank groups)."""
+        return max(self.tFAW / 4, self.tRRD_S)
+
+    @property
+    def act_bound_gbps(self) -> float:
+        """Bandwidth bound of one rank when every access is a row miss (one ACT per burst):
+        ``min(burst_bytes / (act_interval * tCK_ns), peak_gbps)`` in GB/s. DDR4-3200 x8:
+        64 B / (34 / 4 x 0.625 ns) = 12.05 GB/s; DDR5-4800 x8: tFAW = 4 x tRRD_S = 32, one ACT
+        per 8 cycles = one burst per nBL: the data-bus peak, 19.2 GB/s."""
+        return min(self.burst_bytes / (self.act_interval * self.tCK_ns), self.peak_gbps)
+
+    @property
     def refresh_ceiling(self) -> float:
         """Fraction of time not blocked by refresh, 1 - tRFC / tREFI."""
         return 1.0 - self.tRFC / self.tREFI
@@ -193,6 +212,7 @@ DDR5_4800 = DRAMStandard(
     tRFC=708,                              # JESD79-5 tRFC1 16Gb = 295 ns (Ramulator tRFC table)
     tREFI=9360,                            # JESD79-5 tREFI = 3.9 us
     tRTW=14,                               # CL + nBL + 2 - CWL + 2 (Ramulator DDR5 nCCDS_RTW)
+    tRFCsb=312,                            # JESD79-5 tRFCsb 16Gb = 130 ns (Ramulator tRFCsb table)
 )
 
 # LPDDR5-6400, 16Gb x16 device in bank-group mode, one 16-bit channel.

@@ -21,7 +21,7 @@ data (:mod:`coda.hw.dram_standards`).
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -29,7 +29,7 @@ from amaranth.utils import ceil_log2
 
 from .dram_standards import DRAMStandard, get_standard
 
-__all__ = ["Cmd", "TimingTable", "row_query", "column_query", "issued_command", "STAMP_BITS"]
+__all__ = ["Cmd", "TimingTable", "row_query", "issued_command", "STAMP_BITS"]
 
 #: Width of the timestamps and of ``now`` (cycles): 2**48 cycles is days of DRAM time.
 STAMP_BITS = 48
@@ -37,27 +37,21 @@ STAMP_BITS = 48
 
 class Cmd:
     """Command codes (on the controller's ``cmd_kind`` and in the SV device's log)."""
-    NOP, ACT, PRE, PREA, RD, WR, REF = range(7)
-    NAMES = {1: "ACT", 2: "PRE", 3: "PREA", 4: "RD", 5: "WR", 6: "REF"}
+    NOP, ACT, PRE, PREA, RD, WR, REF, REFSB = range(8)
+    NAMES = {1: "ACT", 2: "PRE", 3: "PREA", 4: "RD", 5: "WR", 6: "REF", 7: "REFsb"}
 
 
 def row_query(std: DRAMStandard) -> wiring.Signature:
     """Question about one bank, seen from the asker: ``bank`` (index in the rank), its bank
     group ``bg`` and a ``row``; answers ``opened`` (the bank has an open row), ``row_hit``
     (the open row, if any, is ``row``), ``act_ok`` (an ACT to it may issue now: tRC, tRP,
-    tRRD_L/_S, tFAW, refresh recovery) and ``pre_ok`` (a PRE may issue now: tRAS, tRTP, tWR)."""
+    tRRD_L/_S, tFAW, refresh recovery), ``pre_ok`` (a PRE may issue now: tRAS, tRTP, tWR),
+    ``col_ok`` (tRCD since the bank's ACT) and ``rd_ok`` / ``wr_ok`` (a RD / WR to bank group
+    ``bg`` may issue now: tCCD_L/_S, tWTR, tRTW, the write-to-write spacing)."""
     return wiring.Signature({
         "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
         "row": Out(ceil_log2(std.rows)),
-        "opened": In(1), "row_hit": In(1), "act_ok": In(1), "pre_ok": In(1)})
-
-
-def column_query(std: DRAMStandard) -> wiring.Signature:
-    """Question about a column command to ``bank`` in bank group ``bg``, seen from the asker:
-    ``col_ok`` (tRCD since the bank's ACT), ``rd_ok`` / ``wr_ok`` (a RD / WR may issue now:
-    tCCD_L/_S, tWTR, tRTW, the write-to-write spacing)."""
-    return wiring.Signature({
-        "bank": Out(ceil_log2(std.banks)), "bg": Out(ceil_log2(std.bank_groups)),
+        "opened": In(1), "row_hit": In(1), "act_ok": In(1), "pre_ok": In(1),
         "col_ok": In(1), "rd_ok": In(1), "wr_ok": In(1)})
 
 
@@ -75,26 +69,37 @@ class TimingTable(wiring.Component):
     Parameters:
         std: a :class:`DRAMStandard` or preset name (same-bank-group constraints at least
             the other-group ones, as :class:`coda.hw.dram.DRAMController` checks).
-        row_queries: how many banks may be asked about at once (the scheduler's lookahead).
+        row_queries: how many banks may be asked about at once (the scheduler's lookahead
+            and the row policy's candidates).
 
     Members:
-        rows: In(:func:`row_query`) x ``row_queries``: per-bank questions (ACT / PRE).
-        col: In(:func:`column_query`): the column command's question.
+        rows: In(:func:`row_query`) x ``row_queries``: per-bank questions (ACT, PRE, RD, WR).
         any_open: Out(1): some bank has an open row.
         prea_ok: Out(1): a PREA may issue now (every bank's tRAS/tRTP/tWR passed).
         ref_ok: Out(1): a REF may issue now (every bank's tRP/tRC, tRPab, the last tRFC).
-        issue: In(:func:`issued_command`): the command issued this cycle updates the table.
+        issue: In(:func:`issued_command`): the command issued this cycle updates the table
+            (a REFsb gives its bank address as ``bank`` = BA x bank_groups).
+        With ``same_bank`` (a standard with tRFCsb): sb_ba: In: a bank address BA;
+        sb_open: Out(bank_groups): bank BA of each group is open; sb_pre_bg: In, sb_pre_ok:
+        Out: a PRE of bank BA in that group may issue; sb_ok: Out: a REFsb of BA may issue
+        (BA closed in every group, tRC/tRP of those banks, tRPab/tRFC, tRFCsb of the last
+        REFsb of BA). A REFsb blocks ACTs to BA for tRFCsb, and REF/PREA for tRFCsb.
     """
 
-    def __init__(self, std, row_queries: int):
+    def __init__(self, std, row_queries: int, *, same_bank: bool = False):
         self.std = std = get_standard(std)
         if row_queries < 1:
             raise ValueError(f"row_queries={row_queries}: expected >= 1")
-        self.row_queries = row_queries
+        if same_bank and not std.tRFCsb:
+            raise ValueError(f"{std.name}: same-bank refresh: the standard has no REFsb "
+                             f"(tRFCsb = 0)")
+        self.row_queries, self.same_bank = row_queries, same_bank
         super().__init__({
-            "rows": In(row_query(std)).array(row_queries), "col": In(column_query(std)),
+            "rows": In(row_query(std)).array(row_queries),
             "any_open": Out(1), "prea_ok": Out(1), "ref_ok": Out(1),
             "issue": In(issued_command(std)),
+            "sb_ba": In(range(std.banks_per_group)), "sb_open": Out(std.bank_groups),
+            "sb_pre_bg": In(range(std.bank_groups)), "sb_pre_ok": Out(1), "sb_ok": Out(1),
         })
 
     def elaborate(self, platform):
@@ -139,24 +144,45 @@ class TimingTable(wiring.Component):
         pre_all = Signal(T, reset_less=True)
         faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
         faw_ok = faw[3] == 0
+        bgb = ceil_log2(nbg)
+        bpg = std.banks_per_group
+        if self.same_bank:
+            # per bank address BA: latest ACT/PRE-allowed stamp of its banks (REFsb needs
+            # tRC/tRP of all of them), and the end of its last REFsb (tRFCsb)
+            act_ba = [Signal(T, name=f"act_ba{k}", reset_less=True) for k in range(bpg)]
+            sb_until = [Signal(T, name=f"sb_until{k}", reset_less=True) for k in range(bpg)]
+            sb_any = Signal(T, reset_less=True)
+            act_ba_a, sb_until_a = Array(act_ba), Array(sb_until)
 
         # ---- answers
         for q in self.rows:
+            sb_free = after(sb_until_a[q.bank[bgb:]]) if self.same_bank else Const(1)
             m.d.comb += [
                 q.opened.eq(is_open.bit_select(q.bank, 1)),
                 q.row_hit.eq(read(open_row, q.bank) == q.row),
                 q.act_ok.eq(after(read(act_at, q.bank)) & after(read(rrd_at, q.bg))
-                            & after(act_any) & after(rrd_any) & faw_ok),
+                            & after(act_any) & after(rrd_any) & faw_ok & sb_free),
                 q.pre_ok.eq(after(read(pre_at, q.bank))),
+                q.col_ok.eq(after(read(col_at, q.bank))),
+                q.rd_ok.eq(after(read(rd_at, q.bg)) & after(rd_any)),
+                q.wr_ok.eq(after(read(wr_at, q.bg)) & after(wr_any)),
             ]
         m.d.comb += [
-            self.col.col_ok.eq(after(read(col_at, self.col.bank))),
-            self.col.rd_ok.eq(after(read(rd_at, self.col.bg)) & after(rd_any)),
-            self.col.wr_ok.eq(after(read(wr_at, self.col.bg)) & after(wr_any)),
             self.any_open.eq(is_open.any()),
-            self.prea_ok.eq(after(pre_all)),
-            self.ref_ok.eq(after(act_all)),
         ]
+        if self.same_bank:
+            sb_open = Cat(is_open.bit_select(Cat(Const(g, bgb), self.sb_ba), 1)
+                          for g in range(nbg))
+            m.d.comb += [
+                self.prea_ok.eq(after(pre_all) & after(sb_any)),
+                self.ref_ok.eq(after(act_all) & after(sb_any)),
+                self.sb_open.eq(sb_open),
+                self.sb_pre_ok.eq(after(read(pre_at, Cat(self.sb_pre_bg, self.sb_ba)))),
+                self.sb_ok.eq((sb_open == 0) & after(act_ba_a[self.sb_ba]) & after(act_any)
+                              & after(sb_until_a[self.sb_ba])),
+            ]
+        else:
+            m.d.comb += [self.prea_ok.eq(after(pre_all)), self.ref_ok.eq(after(act_all))]
 
         # ---- updates from the issued command (stamp = now + the constraint's cycles)
         kind, bank, bg = self.issue.kind, self.issue.bank, self.issue.bg
@@ -185,6 +211,15 @@ class TimingTable(wiring.Component):
                          act_all.eq(later(act_all, all_stamp))]
         with m.If(is_act | is_pre):
             m.d.sync += act_all.eq(later(act_all, act_stamp))
+        if self.same_bank:
+            ba = bank[bgb:]
+            for k in range(bpg):
+                with m.If((is_act | is_pre) & (ba == k)):
+                    m.d.sync += act_ba[k].eq(later(act_ba[k], act_stamp))
+                with m.If((kind == Cmd.REFSB) & (ba == k)):
+                    m.d.sync += sb_until[k].eq(now + std.tRFCsb)
+            with m.If(kind == Cmd.REFSB):
+                m.d.sync += sb_any.eq(now + std.tRFCsb)
         with m.If(is_act | is_rd | is_wr):
             m.d.sync += pre_all.eq(later(pre_all, pre_stamp))
         with m.If(is_rd | is_wr):

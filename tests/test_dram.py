@@ -41,6 +41,28 @@ def test_unknown_standard_lists_valid_names():
         get_standard("DDR3-1600")
 
 
+def test_act_bound_arithmetic():
+    """One ACT per burst (every access a row miss): four ACTs per tFAW and tRRD_S apart."""
+    d4, d5 = get_standard("DDR4-3200"), get_standard("DDR5-4800")
+    assert d4.act_interval == d4.tFAW / 4 == 8.5           # 34 / 4 > tRRD_S = 4
+    assert d4.act_bound_gbps == pytest.approx(64 / (8.5 * 0.625))   # 12.05 GB/s
+    assert d5.act_interval == d5.tRRD_S == d5.tFAW / 4 == 8  # 32 / 4 = tRRD_S = nBL
+    assert d5.act_bound_gbps == pytest.approx(d5.peak_gbps)  # = the data-bus peak
+
+
+def test_controller_parameter_errors_name_the_value():
+    from coda.hw.dram import DRAMController
+    with pytest.raises(ValueError, match=r"row policy 'lazy': expected one of open, closed, "
+                                         r"timeout"):
+        DRAMController("DDR4-3200", row_policy="lazy")
+    with pytest.raises(ValueError, match=r"timeout=0: expected an int >= 1 cycle"):
+        DRAMController("DDR4-3200", row_policy="timeout", row_timeout=0)
+    with pytest.raises(ValueError, match=r"max_bypass=0: expected >= 1"):
+        DRAMController("DDR4-3200", max_bypass=0)
+    with pytest.raises(ValueError, match=r"policy_banks=0: expected an int >= 1"):
+        DRAMController("DDR4-3200", row_policy="closed", policy_banks=0)
+
+
 # ---- address mapping -------------------------------------------------------------------
 @pytest.mark.parametrize("name", ALL)
 def test_mapping_bijective_and_bank_group_interleaved(name):
@@ -71,6 +93,18 @@ def test_parse_both_formats(tmp_path):
         dram_replay.parse_size("2 parsecs")
 
 
+def test_random_read_trace_is_seeded_and_checked():
+    s = get_standard("DDR4-3200")
+    a = dram_replay.random_read_trace(s, 1000, 1 << 30, seed=3)
+    assert a == dram_replay.random_read_trace(s, 1000, 1 << 30, seed=3)
+    assert a != dram_replay.random_read_trace(s, 1000, 1 << 30, seed=4)
+    assert all(c == 0 and w == 0 and x % 64 == 0 and 0 <= x < 1 << 30 for c, w, x in a)
+    with pytest.raises(ValueError, match=r"n=0: expected >= 1 reads"):
+        dram_replay.random_read_trace(s, 0, 1 << 30)
+    with pytest.raises(ValueError, match=r"span_bytes=100: expected a positive multiple of 64"):
+        dram_replay.random_read_trace(s, 10, 100)
+
+
 # ---- exact numbers on known cases ------------------------------------------------------
 @pytest.mark.parametrize("name", ALL)
 def test_closed_bank_read_then_row_hit(name, tmp_path):
@@ -88,6 +122,153 @@ def test_closed_bank_read_then_row_hit(name, tmp_path):
     hit = 1 + s.CL + s.nBL
     assert res["requests"] == 2 and res["row_misses"] == 1 and res["row_hits"] == 1
     assert res["avg_read_latency_cycles"] == pytest.approx((miss + hit) / 2)
+
+
+def _burst_at(s, bg, ba, row, burst):
+    """The burst address that the controller maps to (bg, ba, row, column burst)."""
+    gb, cb, bb = ((n - 1).bit_length() for n in (s.bank_groups, s.bursts_per_row,
+                                                 s.banks_per_group))
+    for field in range(s.banks_per_group):
+        a = bg | burst << gb | field << (gb + cb) | row << (gb + cb + bb)
+        if map_burst_address(s, a) == (bg, ba, row, burst * s.burst_length):
+            return a
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("name", ["DDR4-3200", "DDR5-4800"])
+def test_fr_fcfs_serves_a_row_hit_before_an_older_conflict(name, tmp_path):
+    """FR-FCFS: reads A (row 0), B (row 1, same bank), C (row 0 again). In order this would
+    be two conflicts; FR-FCFS serves C's hit right after A, then closes the row for B. The
+    responses still come back in request order (counted by the player; data order is checked
+    by the word-adapter tests)."""
+    s = STANDARDS[name]
+    bb = s.burst_bytes
+    a, b, c = (_burst_at(s, 0, 0, r, k) * bb for r, k in ((0, 0), (1, 0), (0, 1)))
+    cmds = tmp_path / "c.csv"
+    res = dram_replay.run_requests(s, [(0, 0, a), (0, 0, b), (0, 0, c)], commands=cmds)
+    log = [ln.split(",") for ln in cmds.read_text().splitlines()[1:]]
+    seq = [(x[5], int(x[6]), int(x[7])) for x in log]     # a PRE logs the row its request needs
+    assert seq == [("ACT", 0, 0), ("RD", 0, 0), ("RD", 0, s.burst_length), ("PRE", 1, 0),
+                   ("ACT", 1, 0), ("RD", 1, 0)]
+    t = [int(x[0]) for x in log]
+    # every gap the standard's minimum: tRCD, tCCD_L (same bank), max(tRAS after the ACT,
+    # tRTP after the last RD), tRP, tRCD
+    assert t[2] - t[1] == s.tCCD_L and t[1] - t[0] == s.tRCD
+    assert t[3] == max(t[0] + s.tRAS, t[2] + s.tRTP)
+    assert (t[4] - t[3], t[5] - t[4]) == (s.tRP, s.tRCD)
+    assert (res["row_hits"], res["row_misses"], res["row_conflicts"]) == (1, 1, 1)
+    assert dram_check.check_file(s, cmds) == []
+
+
+@pytest.mark.parametrize("cap", [1, 16])
+def test_bypass_cap_bounds_how_often_the_oldest_is_overtaken(cap, tmp_path):
+    """Reads A (row 0), B (row 1 of the same bank), C and D (row 0 again). With max_bypass=1
+    only C may overtake B; then B's PRE goes before D (which needs row 0 reopened). With 16,
+    both hits overtake B."""
+    s = STANDARDS["DDR4-3200"]
+    a, b, c, d = (_burst_at(s, 0, 0, r, k) * s.burst_bytes
+                  for r, k in ((0, 0), (1, 0), (0, 1), (0, 2)))
+    cmds = tmp_path / "c.csv"
+    dram_replay.run_requests(s, [(0, 0, x) for x in (a, b, c, d)], commands=cmds,
+                             controller={"max_bypass": cap})
+    seq = [(x.split(",")[5], int(x.split(",")[6]), int(x.split(",")[7]))
+           for x in cmds.read_text().splitlines()[1:]]
+    bl = s.burst_length
+    if cap == 1:
+        assert seq == [("ACT", 0, 0), ("RD", 0, 0), ("RD", 0, bl), ("PRE", 1, 0), ("ACT", 1, 0),
+                       ("RD", 1, 0), ("PRE", 0, 0), ("ACT", 0, 0), ("RD", 0, 2 * bl)]
+    else:
+        assert seq == [("ACT", 0, 0), ("RD", 0, 0), ("RD", 0, bl), ("RD", 0, 2 * bl),
+                       ("PRE", 1, 0), ("ACT", 1, 0), ("RD", 1, 0)]
+    assert dram_check.check_file(s, cmds) == []
+
+
+@pytest.mark.parametrize("policy,delay", [("open", None), ("closed", 0), ("timeout", 200)])
+def test_row_policy_closes_an_idle_row(policy, delay, tmp_path):
+    """One read, then nothing: open page leaves the row open; closed page precharges it as
+    soon as tRAS (from the ACT) and tRTP (from the RD) allow; timeout precharges it ``delay``
+    cycles after the RD (the policy's timer starts the cycle after the RD)."""
+    s = STANDARDS["DDR5-4800"]
+    cmds = tmp_path / "c.csv"
+    ctrl = {} if policy == "open" else {"row_policy": policy}
+    if policy == "timeout":
+        ctrl["row_timeout"] = delay
+    dram_replay.run_requests(s, [(0, 0, 0), (3000, 0, 64 * s.bank_groups * 2)],
+                             commands=cmds, controller=ctrl)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    kinds = [x[5] for x in log]
+    t_act, t_rd = int(log[0][0]), int(log[1][0])
+    assert kinds[:2] == ["ACT", "RD"]
+    if policy == "open":
+        assert "PRE" not in kinds      # the second read (same row, 2 columns on) still hits
+        assert kinds == ["ACT", "RD", "RD"]
+    else:
+        t_pre = int(log[2][0])
+        # closed: the second read misses (its row may be closed again before the run ends)
+        assert kinds[:5] == ["ACT", "RD", "PRE", "ACT", "RD"] and set(kinds[5:]) <= {"PRE"}
+        assert t_pre == max(t_act + s.tRAS, t_rd + s.tRTP, t_rd + 1 + delay)
+    assert dram_check.check_file(s, cmds) == []
+
+
+def test_same_bank_refresh_ddr5_no_violations(tmp_path):
+    """DDR5 REFsb (refresh='same_bank'): the adversarial mix (conflicts, runs, idle time past
+    two tREFI) with every bank address refreshed in turn, one REFsb per tREFI / 4, no REF."""
+    s = get_standard("DDR5-4800")
+    reqs = _adversarial(s, seed=9)
+    cmds = tmp_path / "c.csv"
+    res = dram_replay.run_requests(s, reqs, commands=cmds, controller={"refresh": "same_bank"})
+    assert res["requests"] == len(reqs)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    sb = [(int(x[0]), int(x[4])) for x in log if x[5] == "REFsb"]
+    assert not any(x[5] in ("REF", "PREA") for x in log)
+    interval = s.tREFI // s.banks_per_group
+    due = int(log[-1][0]) // interval              # REFsb fallen due by the last command
+    assert due - 1 <= len(sb) <= due and res["refreshes"] == len(sb)
+    assert [ba for _, ba in sb] == [k % s.banks_per_group for k in range(len(sb))]
+    violations = dram_check.check_file(s, cmds)
+    assert violations == [], "\n".join(map(str, violations[:20]))
+    with pytest.raises(ValueError, match=r"DDR4-3200: refresh='same_bank': the standard has no "
+                                         r"same-bank refresh"):
+        dram_replay.run_requests("DDR4-3200", reqs[:2], controller={"refresh": "same_bank"})
+
+
+@pytest.mark.parametrize("name,policy,refresh", [("DDR4-3200", "open", "all"),
+                                                 ("DDR5-4800", "closed", "same_bank")])
+def test_word_adapter_bit_exact_out_of_order(name, policy, refresh, tmp_path):
+    """Random reads and writes over two rows of every bank (4096 bursts: the device model's
+    store holds them without aliasing): row conflicts make the scheduler serve reads out of
+    order; every response word must still be the model's, in request order."""
+    s = STANDARDS[name]
+    lanes = 8
+    words = 4096 * s.burst_bytes // (2 * lanes)
+    rng = random.Random(11)
+    model = [0] * words
+    ops, expect = [], []
+    for w in rng.sample(range(words), 600):     # initialise the words later read
+        d = rng.getrandbits(16 * lanes)
+        ops.append((1, w, d, (1 << lanes) - 1))
+        model[w] = d
+    touched = [op[1] for op in ops]
+    for _ in range(2500):
+        w = rng.choice(touched)
+        if rng.random() < 0.3:
+            d, k = rng.getrandbits(16 * lanes), rng.getrandbits(lanes)
+            ops.append((1, w, d, k))
+            model[w] = sum(((d if k >> j & 1 else model[w]) >> 16 * j & 0xFFFF) << 16 * j
+                           for j in range(lanes))
+        else:
+            ops.append((0, w, 0, 0))
+            expect.append(model[w])
+    cmds = tmp_path / "c.csv"
+    got = dram_replay.run_words(name, lanes, ops, commands=cmds,
+                                controller={"row_policy": policy, "refresh": refresh})
+    assert len(got) == len(expect)
+    bad = [i for i, (g, e) in enumerate(zip(got, expect)) if g != e]
+    assert not bad, f"{len(bad)} wrong words, first at response {bad[0]}"
+    assert dram_check.check_file(name, cmds) == []
+    # row conflicts happened (PREs), so there were older conflicting reads to overtake
+    log = [ln.split(",") for ln in cmds.read_text().splitlines()[1:]]
+    assert sum(x[5] == "PRE" for x in log) > 100
 
 
 # ---- random and adversarial traces: zero violations ------------------------------------

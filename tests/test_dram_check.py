@@ -23,10 +23,12 @@ T0 = 100          # first command of every log (an arbitrary cycle, no refresh o
 
 
 def C(t, cmd, bg=0, ba=0, row=1, col=0, rank=0):
-    """One command-log row as :func:`dram_check.check_commands` reads it."""
-    bank = cmd not in ("PREA", "REF")
+    """One command-log row as :func:`dram_check.check_commands` reads it (REFsb: the bank
+    address ``ba`` only, refreshed in every bank group)."""
+    bank = cmd not in ("PREA", "REF", "REFsb")
     return {"cycle": str(t), "channel": "0", "rank": str(rank),
-            "bankgroup": str(bg) if bank else "", "bank": str(ba) if bank else "",
+            "bankgroup": str(bg) if bank else "",
+            "bank": str(ba) if bank or cmd == "REFsb" else "",
             "command": cmd, "row": str(row) if bank else "", "column": str(col) if bank else ""}
 
 
@@ -122,6 +124,29 @@ def _case(name):
             return [C(T0, "REF")], lambda t: C(t, "ACT"), T0 + s.tRFC, {}
         if name == "tRFC REF":
             return [C(T0, "REF")], lambda t: C(t, "REF"), T0 + s.tRFC, {}
+        # same-bank refresh (REFsb of bank address 1, in every bank group; DDR5)
+        last_bg = s.bank_groups - 1
+        if name == "tRFCsb ACT":
+            return [C(T0, "REFsb", ba=1)], lambda t: C(t, "ACT", last_bg, 1), T0 + s.tRFCsb, {}
+        if name == "tRFCsb REFsb":
+            return [C(T0, "REFsb", ba=1)], lambda t: C(t, "REFsb", ba=1), T0 + s.tRFCsb, {}
+        if name == "tRFCsb REF":
+            return [C(T0, "REFsb", ba=1)], lambda t: C(t, "REF"), T0 + s.tRFCsb, {}
+        if name == "tRFCsb PREA":
+            return [C(T0, "REFsb", ba=1)], lambda t: C(t, "PREA"), T0 + s.tRFCsb, {}
+        if name == "tRC REFsb":
+            p = T0 + s.tRAS
+            return ([C(T0, "ACT", last_bg, 1), C(p, "PRE", last_bg, 1)],
+                    lambda t: C(t, "REFsb", ba=1), T0 + s.tRC,
+                    {"tRP": T0 + s.tRC - 1 - p < s.tRP})
+        if name == "tRP REFsb":
+            p = T0 + max(s.tRAS, s.tRC - s.tRP + 1)
+            return ([C(T0, "ACT", last_bg, 1), C(p, "PRE", last_bg, 1)],
+                    lambda t: C(t, "REFsb", ba=1), p + s.tRP, {})
+        if name == "tRPab REFsb":
+            return [C(T0, "PREA")], lambda t: C(t, "REFsb", ba=1), T0 + s.tRPab, {}
+        if name == "tRFC REFsb":
+            return [C(T0, "REF")], lambda t: C(t, "REFsb", ba=1), T0 + s.tRFC, {}
         raise AssertionError(name)
     return build
 
@@ -130,6 +155,11 @@ CASES = ["tRCD RD", "tRCD WR", "tRAS PRE", "tRAS PREA", "tRTP", "tWR PRE", "tWR 
          "tRP ACT", "tRP REF", "tRC ACT", "tRC REF", "tRPab ACT", "tRPab REF", "tRRD_S",
          "tRRD_L", "tFAW", "tCCD_S RD", "tCCD_S WR", "tCCD_L", "tCCD_L_WR", "tWTR_S",
          "tWTR_L", "tRTW", "tRFC ACT", "tRFC REF"]
+
+
+SB_CASES = ["tRFCsb ACT", "tRFCsb REFsb", "tRFCsb REF", "tRFCsb PREA", "tRC REFsb",
+            "tRP REFsb", "tRPab REFsb", "tRFC REFsb"]
+SB = [n for n, s in STANDARDS.items() if s.tRFCsb]     # standards with same-bank refresh
 
 
 def _run(s, rows):
@@ -157,6 +187,44 @@ def test_checker_fires_one_cycle_early_and_passes_on_time(name, case):
     prefix, _, earliest, _ = _case(case)(s)
     assert [v.cycle for v in mine] == [earliest - 1]
     assert mine[0].detail.endswith(f"needs {_need(s, rule)}")
+
+
+@pytest.mark.parametrize("case", SB_CASES)
+@pytest.mark.parametrize("name", SB)
+def test_checker_same_bank_refresh_rules(name, case):
+    test_checker_fires_one_cycle_early_and_passes_on_time(name, case)
+
+
+@pytest.mark.parametrize("name", SB)
+def test_checker_same_bank_refresh_state_and_rate(name):
+    """REFsb needs its bank address closed in every bank group, not the other banks; four
+    REFsb (one per bank address) count as one REF."""
+    s = STANDARDS[name]
+    last_bg = s.bank_groups - 1
+    act = [C(T0, "ACT", last_bg, 1), C(T0 + s.tRRD_L, "ACT", last_bg, 2)]
+    later = T0 + s.tRC
+    bad = _run(s, act + [C(later, "REFsb", ba=1)])
+    assert [v.rule for v in bad] == ["state"] and f"({last_bg}, 1)" in bad[0].detail
+    # bank 1 closed, bank 2 of the same group still open: legal, and an ACT to another bank
+    # address right after the REFsb too
+    ok = act + [C(T0 + s.tRAS, "PRE", last_bg, 1), C(later + s.tRP, "REFsb", ba=1),
+                C(later + s.tRP + 1, "ACT", 0, 3)]
+    assert _run(s, ok) == []
+    # refresh rate: a REFsb per tREFI / banks_per_group keeps up; a missing one, past the
+    # slack, falls behind
+    step = s.tREFI // s.banks_per_group
+    n = (s.refresh_postpone + 3) * s.banks_per_group
+    sbs = [C(k * step, "REFsb", ba=k % s.banks_per_group) for k in range(1, n)]
+    assert _run(s, sbs) == []
+    end = (s.refresh_postpone + 1) * s.tREFI          # one REF owed here with no refresh at all
+    assert [v.rule for v in _run(s, sbs[:s.banks_per_group - 1] + [C(end + s.tREFI, "PREA")])]\
+        == ["tREFI"]
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if not STANDARDS[n].tRFCsb])
+def test_checker_refuses_refsb_where_the_standard_has_none(name):
+    with pytest.raises(ValueError, match=f"REFsb: {name} has no same-bank refresh"):
+        _run(STANDARDS[name], [C(T0, "REFsb", ba=1)])
 
 
 def _need(s, rule):
@@ -259,5 +327,5 @@ def test_every_checked_rule_has_a_seeded_case():
     import re
     src = inspect.getsource(dram_check)
     reported = set(re.findall(r'"(t[A-Za-z_]+|state|order|data bus)"', src)) - {"tREFI"}
-    covered = {c.split()[0] for c in CASES} | {"state", "order", "data bus"}
+    covered = {c.split()[0] for c in CASES + SB_CASES} | {"state", "order", "data bus"}
     assert reported <= covered | {"tREFI"}, reported - covered

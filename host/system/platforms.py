@@ -178,23 +178,25 @@ class NMPEfficiency:
 
 
 _SWEEP_CMD = ("coda.cosim.bench.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
-              "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model; "
-              "build/system/nmp_*.json)")
+              "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model, on the FR-FCFS "
+              "controller with the default bypass cap of 1; build/system/nmp_*.json)")
 NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
     "DDR5-4800": NMPEfficiency(
         "DDR5-4800",
         # segment4 utilisation = its elements/cycle (4 streams x 2 B = the 8 B/cycle peak)
-        {(8, 256): (0.8815, 0.8842), (8, 64): (0.8132, 0.8245),
-         (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.614),
-         (16, 256): (None, 0.888), (32, 256): (None, 0.898)},
+        {(8, 256): (0.8815, 0.8842), (8, 64): (0.8133, 0.8244),
+         (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.617),
+         (16, 256): (None, 0.888), (32, 256): (None, 0.899)},
         "measured here: make bench (README Figures: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
-        "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.898 "
-        "elements/cycle of the 4-stream segment) and " + _SWEEP_CMD),
+        "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.899 "
+        "elements/cycle of the 4-stream segment, re-measured on the FR-FCFS controller: "
+        "coda.cosim.bench.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
+        "and " + _SWEEP_CMD),
     "DDR4-3200": NMPEfficiency(
         "DDR4-3200", {(8, 256): (0.8643, 0.8686), (8, 64): (0.688, 0.7139)},
         "measured here: " + _SWEEP_CMD),
     "LPDDR5-6400": NMPEfficiency(
-        "LPDDR5-6400", {(8, 256): (0.5833, 0.5858), (8, 64): (0.5387, 0.5395)},
+        "LPDDR5-6400", {(8, 256): (0.5919, 0.5818), (8, 64): (0.5393, 0.5415)},
         "measured here: " + _SWEEP_CMD),
 }
 
@@ -202,16 +204,16 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 #: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
 #: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
 #: 512 channels (256 KiB per stream), per (standard, lanes, depth): {K: utilisation}. Measured
-#: here: ``python -m coda.host.system.validate --measure-nmp`` (DRAM-timed 1 x 1 DIMM-NMP).
+#: here: ``python -m coda.host.system.validate --measure-nmp`` (DRAM-timed 1 x 1 DIMM-NMP;
+#: ``build/system/segment_util.json``), on the FR-FCFS controller with the default bypass cap
+#: of 1 (hw/dram_scheduler.py).
 SEGMENT_UTIL: dict[tuple[str, int, int], dict[int, float]] = {
-    ("DDR5-4800", 8, 256): {1: 0.8698, 2: 0.8590, 3: 0.8703, 4: 0.8612, 6: 0.8639, 8: 0.8651},
-    ("DDR5-4800", 8, 64): {1: 0.7584, 2: 0.7191, 3: 0.7557, 4: 0.7296, 6: 0.7362, 8: 0.7274},
-    ("DDR4-3200", 8, 256): {1: 0.8482, 2: 0.8476, 3: 0.8489, 4: 0.8353, 6: 0.8428, 8: 0.8400},
-    ("DDR4-3200", 8, 64): {1: 0.6448, 2: 0.6401, 3: 0.6443, 4: 0.6126, 6: 0.6347, 8: 0.6194},
-    ("LPDDR5-6400", 8, 256): {1: 0.5739, 2: 0.4951, 3: 0.5434, 4: 0.5428, 6: 0.5064,
-                              8: 0.4889},
-    ("LPDDR5-6400", 8, 64): {1: 0.5000, 2: 0.4543, 3: 0.4685, 4: 0.4490, 6: 0.4427,
-                             8: 0.4458},
+    ("DDR5-4800", 8, 256): {1: 0.8698, 2: 0.8754, 3: 0.8672, 4: 0.8648, 6: 0.8625, 8: 0.8655},
+    ("DDR5-4800", 8, 64): {1: 0.7601, 2: 0.7784, 3: 0.7428, 4: 0.736, 6: 0.7203, 8: 0.7277},
+    ("DDR4-3200", 8, 256): {1: 0.8481, 2: 0.8573, 3: 0.8451, 4: 0.8368, 6: 0.8204, 8: 0.8255},
+    ("DDR4-3200", 8, 64): {1: 0.6443, 2: 0.6742, 3: 0.6596, 4: 0.6392, 6: 0.6081, 8: 0.6183},
+    ("LPDDR5-6400", 8, 256): {1: 0.5757, 2: 0.555, 3: 0.5119, 4: 0.5211, 6: 0.5013, 8: 0.5064},
+    ("LPDDR5-6400", 8, 64): {1: 0.5022, 2: 0.4906, 3: 0.4677, 4: 0.4609, 6: 0.4524, 8: 0.4541},
 }
 
 
@@ -225,16 +227,17 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: lanes, depth): (words per stream, {K: utilisation}). Measured here:
 #: ``python -m coda.host.system.validate --measure-nmp`` ->
 #: :func:`coda.host.system.validate.measure_tile_utilisation` (``build/system/tile_util.json``,
-#: which also holds each K's min/max cycles over the draws).
+#: which also holds each K's min/max cycles over the draws), on the FR-FCFS controller with
+#: the default bypass cap of 1.
 SEGMENT_UTIL_TILE: dict[tuple[str, int, int], tuple[int, dict[int, float]]] = {
     ("DDR5-4800", 8, 64): (3072, {
-        1: 0.7484, 2: 0.7337, 3: 0.702, 4: 0.7194, 6: 0.7055, 8: 0.7053}),
+        1: 0.7535, 2: 0.739, 3: 0.711, 4: 0.7235, 6: 0.7118, 8: 0.7098}),
     ("DDR5-4800", 8, 256): (3072, {
-        1: 0.8723, 2: 0.8636, 3: 0.8533, 4: 0.861, 6: 0.855, 8: 0.8561}),
+        1: 0.8735, 2: 0.8662, 3: 0.8568, 4: 0.8619, 6: 0.8571, 8: 0.8583}),
     ("DDR4-3200", 8, 64): (3072, {
-        1: 0.6415, 2: 0.6408, 3: 0.6213, 4: 0.6412, 6: 0.6284, 8: 0.6238}),
+        1: 0.6408, 2: 0.637, 3: 0.6177, 4: 0.6396, 6: 0.6258, 8: 0.6224}),
     ("DDR4-3200", 8, 256): (3072, {
-        1: 0.8476, 2: 0.8451, 3: 0.8369, 4: 0.8463, 6: 0.8408, 8: 0.8396}),
+        1: 0.8441, 2: 0.8405, 3: 0.8307, 4: 0.8421, 6: 0.8365, 8: 0.8342}),
 }
 
 
