@@ -137,8 +137,14 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
             ``cfg.mem_words``, minus one); ``4 * stream_words + 1 <= cfg.mem_words``.
     Returns a dict with the build time and, per program: cycles (to the combined done),
     wall seconds of the job (simulation + the job's file traffic, no image load), cycles per
-    second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes.
+    second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes; and
+    ``dram_commands`` / ``violations``: the DRAM commands every rank issued and the
+    violations :mod:`coda.cosim.dram_check` finds in their logs.
+    Raises AssertionError if the checker finds a violation.
     """
+    import tempfile
+
+    from coda.cosim import dram_check
     from coda.cosim.nmp_backend import NMPRTLBackend
     from coda.cosim.nmp_build import DEFAULT_FLAGS, build_nmp_sim
     from coda.hw.dram_standards import get_standard
@@ -162,7 +168,8 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     if not 1 <= words <= cfg.mem_words // 4 - 1:
         raise ValueError(f"stream_words={stream_words}: expected 1..{cfg.mem_words // 4 - 1} "
                          f"for mem_words={cfg.mem_words}")
-    with NMPRTLBackend(std.name, dimms, ranks, flags=flags) as be:
+    logs = Path(tempfile.mkdtemp(prefix="coda-nmp-cmds-"))
+    with NMPRTLBackend(std.name, dimms, ranks, flags=flags, commands=logs / "cmds.csv") as be:
         warm = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
                                    UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=3 * words)))
         t0 = time.perf_counter()
@@ -195,6 +202,15 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
                          "cycles_per_element": round(last.cycles / prog.n_elems, 3),
                          "min_utilisation": min(r["utilisation"] for r in per_rank),
                          "ranks": per_rank}
+    # the logs are complete once the simulator has ended (the with block closed it)
+    violations, commands = [], 0
+    for path in sorted(logs.glob("cmds.csv*")):
+        commands += sum(1 for _ in path.open()) - 1
+        violations += dram_check.check_file(std, path)
+        path.unlink()
+    logs.rmdir()
+    out["dram_commands"], out["violations"] = commands, len(violations)
+    assert not violations, "\n".join(map(str, violations[:20]))
     return out
 
 

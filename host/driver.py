@@ -436,8 +436,7 @@ class NMPDriver:
             raise ValueError(f"l1_to_slot: slot {key!r} has shape {list(slot.shape)}, "
                              f"expected {list(x.shape)} (the shape of x)")
         scratch = [w if a is not None else 0 for w, a in zip(slot.words, slot.addrs)]
-        first = next(r for r, a in enumerate(slot.addrs) if a is not None) \
-            if any(a is not None for a in slot.addrs) else None
+        first = next((r for r, a in enumerate(slot.addrs) if a is not None), None)
         colour = SCRATCH_XOR[0] ^ (0 if first is None else
                                    self._allocs[first].colour(slot.addrs[first]))
         addrs = self._alloc(scratch, "l1 input", colour)
@@ -570,7 +569,9 @@ class NMPDriver:
         colour of the first cached operand, skipping the colours of resident operands (a
         chained segment's x); replicated operands (gates, scales: a few words re-read all
         along) follow the first of them in its range, in the same DRAM rows."""
-        first = next(r for r, s in enumerate(scratch) if s)
+        first = next((r for r, s in enumerate(scratch) if s), None)
+        if first is None:
+            return []
         alloc = self._allocs[first]
         slots = [a[first] for per_slot in cached.values() for a in per_slot
                  if a[first] is not None]

@@ -244,7 +244,7 @@ def main(args) -> int:
 
     def driver_factory(videos: int):
         # slots for outputs and kept inputs (DRA, TeaCache)
-        words = cache_mem_words(model, 2 * videos, 2, 8)
+        words = cache_mem_words(model, videos, 2, 8, inputs=True)
         return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
 
     common = dict(num_steps=args.steps, guidance_scale=args.guidance)

@@ -470,8 +470,7 @@ def make_driver_factory(model, backend, lanes: int, ranks: int):
     from coda.hw.isa import NMEConfig
 
     def factory(videos: int) -> ProfilingDriver:
-        # every operator keeps an output and an input: twice cache_mem_words' slots
-        words = cache_mem_words(model, 2 * videos, ranks, lanes)
+        words = cache_mem_words(model, videos, ranks, lanes, inputs=True)   # outputs and inputs
         return _InputNormDriver(backend, NMEConfig(lanes=lanes, mem_words=words), ranks=ranks)
     return factory
 

@@ -83,12 +83,12 @@ def configure(parser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
 
 
-def _driver(backend, args, model, videos: int):
+def _driver(backend, args, model, videos: int, inputs: bool):
     from coda.host.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
     from coda.hw.isa import NMEConfig
 
-    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes)
+    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs)
     cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words)
     return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
 
@@ -132,8 +132,8 @@ def main(args) -> int:
 
     # policies that keep operator inputs as monitor references (DRA, TeaCache) need room for
     # them beside the cached outputs
-    slots = len(digits) * (2 if policy_name in ("coda+dra", "teacache") else 1)
-    driver = _driver(backend, args, model, slots)   # bad --lanes etc. fail before work
+    inputs = policy_name in ("coda+dra", "teacache")
+    driver = _driver(backend, args, model, len(digits), inputs)   # bad --lanes etc. fail now
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
     modelled_dram = args.dram or "DDR5-4800"
@@ -157,7 +157,7 @@ def main(args) -> int:
     bit_exact = None
     if args.backend == "rtl":
         console.print("[bold]cached[/], segments on the [cyan]torch[/] backend (bit-exactness check)")
-        ref_driver = _driver(get_backend("torch"), args, model, slots)
+        ref_driver = _driver(get_backend("torch"), args, model, len(digits), inputs)
         reference, _ = cached_generate(model, labels, ref_driver, policy, **common)
         bit_exact = bool(torch.equal(reference.view(torch.int32), cached.view(torch.int32)))
 

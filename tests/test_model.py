@@ -207,14 +207,17 @@ def _needed_words(slot, videos: int, ranks: int, lanes: int) -> float:
 
 @settings(max_examples=100, deadline=None)
 @given(videos=st.integers(1, 2000), ranks=st.integers(1, 16),
-       lanes=st.sampled_from([1, 2, 4, 8, 16, 32]))
+       lanes=st.sampled_from([1, 2, 4, 8, 16, 32]), inputs=st.booleans())
 def test_cache_mem_words_is_the_smallest_power_of_two_holding_the_slots(
-        tiny_cache_slot, videos, ranks, lanes):
+        tiny_cache_slot, videos, ranks, lanes, inputs):
+    """With ``inputs`` (monitor references) every slot group holds twice the slots."""
     from coda.host.model.sample import cache_mem_words
 
     model, slot = tiny_cache_slot
+    if inputs:
+        slot = (2 * slot[0],) + slot[1:]
     needed = _needed_words(slot, videos, ranks, lanes)
-    words = cache_mem_words(model, videos, ranks=ranks, lanes=lanes)
+    words = cache_mem_words(model, videos, ranks=ranks, lanes=lanes, inputs=inputs)
     assert words & (words - 1) == 0 and words >= 1 << 18 and words >= needed
     assert words == 1 << 18 or words // 2 < needed     # no power of two smaller would do
 

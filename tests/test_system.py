@@ -425,7 +425,11 @@ def test_interleaved_replay_of_a_monitored_generation_completes(generation):
     from coda.host.model.sample import cached_generate
     from coda.host.policies.dra import DRAPolicy
 
-    model, cfg = generation["model"], generation["cfg"]
+    from coda.host.model.sample import cache_mem_words
+    from coda.hw.isa import NMEConfig
+
+    model = generation["model"]
+    cfg = NMEConfig(lanes=8, mem_words=cache_mem_words(model, 2, 2, 8, inputs=True))
     # cumulative limits (input_change_limits' form): a cache read d steps after it was
     # written may have changed by x * d
     limits = np.cumsum(np.full((STEPS, 2, 4 * 5), 0.08), axis=0)

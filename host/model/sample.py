@@ -213,12 +213,13 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
     return videos, stats
 
 
-def cache_mem_words(model, videos: int, ranks: int, lanes: int) -> int:
+def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = False) -> int:
     """Words of rank memory (a power of two, >= 2**18) that hold the cache of ``videos``
     videos generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
 
     Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
-    16-bit elements. The driver places each rank's tile of a slot at a power-of-two-aligned
+    16-bit elements, and with ``inputs`` a second one for the operator's input (the monitor
+    references of DRA and TeaCache, the profiler's inputs). The driver places each rank's tile of a slot at a power-of-two-aligned
     base and all slots of one branch of one video (a slot group) in one DRAM bank colour
     (:mod:`coda.host.placement`), a quarter of the memory for the 4 banks per bank group of
     every DRAM preset (JEDEC JESD79-4 / JESD79-5 / JESD209-5): the groups fill the colours
@@ -240,7 +241,7 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int) -> int:
     region = 1 << (tile - 1).bit_length()
     colours = get_standard(DEFAULT_STANDARD).banks_per_group
     groups = videos * len(BRANCHES)
-    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks)
+    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks) * (2 if inputs else 1)
     words = 1.5 * colours * -(-groups // colours) * slots * region
     return 1 << max(18, math.ceil(math.log2(words)))
 

@@ -208,12 +208,12 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 #: ``build/system/segment_util.json``), on the FR-FCFS controller with the default bypass cap
 #: of 1 (hw/dram_scheduler.py).
 SEGMENT_UTIL: dict[tuple[str, int, int], dict[int, float]] = {
-    ("DDR5-4800", 8, 256): {1: 0.8698, 2: 0.8754, 3: 0.8672, 4: 0.8648, 6: 0.8625, 8: 0.8655},
-    ("DDR5-4800", 8, 64): {1: 0.7601, 2: 0.7784, 3: 0.7428, 4: 0.736, 6: 0.7203, 8: 0.7277},
-    ("DDR4-3200", 8, 256): {1: 0.8481, 2: 0.8573, 3: 0.8451, 4: 0.8368, 6: 0.8204, 8: 0.8255},
-    ("DDR4-3200", 8, 64): {1: 0.6443, 2: 0.6742, 3: 0.6596, 4: 0.6392, 6: 0.6081, 8: 0.6183},
-    ("LPDDR5-6400", 8, 256): {1: 0.5757, 2: 0.555, 3: 0.5119, 4: 0.5211, 6: 0.5013, 8: 0.5064},
-    ("LPDDR5-6400", 8, 64): {1: 0.5022, 2: 0.4906, 3: 0.4677, 4: 0.4609, 6: 0.4524, 8: 0.4541},
+    ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608, 8: 0.8615},
+    ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.715, 3: 0.7216, 4: 0.7225, 6: 0.7272, 8: 0.7285},
+    ("DDR4-3200", 8, 256): {1: 0.8436, 2: 0.8177, 3: 0.801, 4: 0.8122, 6: 0.8096, 8: 0.8184},
+    ("DDR4-3200", 8, 64): {1: 0.635, 2: 0.5942, 3: 0.581, 4: 0.5997, 6: 0.6002, 8: 0.6014},
+    ("LPDDR5-6400", 8, 256): {1: 0.5707, 2: 0.5498, 3: 0.5414, 4: 0.528, 6: 0.5188, 8: 0.5154},
+    ("LPDDR5-6400", 8, 64): {1: 0.497, 2: 0.4696, 3: 0.4655, 4: 0.4627, 6: 0.4613, 8: 0.4609},
 }
 
 
@@ -222,8 +222,9 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 
 #: The same for the shipped model's short tiles, as a generation places them: K-term segments
 #: of [512, 96] on a 1 x 2 DIMM-NMP (256 rows x 96 channels = 3,072 words per stream and
-#: rank), K random slots of 32 stored one after the other, 16 draws per K, refresh phase and
-#: open rows carried over from job to job; utilisation of the mean cycles. Per (standard,
+#: rank), K random slots of a group of 32 (one bank colour, as the driver places one branch
+#: of a video), 16 draws per K, refresh phase and open rows carried over from job to job;
+#: utilisation of the centre (min + max) / 2 of the draws' cycles. Per (standard,
 #: lanes, depth): (words per stream, {K: utilisation}). Measured here:
 #: ``python -m coda.host.system.validate --measure-nmp`` ->
 #: :func:`coda.host.system.validate.measure_tile_utilisation` (``build/system/tile_util.json``,
@@ -231,13 +232,13 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: the default bypass cap of 1.
 SEGMENT_UTIL_TILE: dict[tuple[str, int, int], tuple[int, dict[int, float]]] = {
     ("DDR5-4800", 8, 64): (3072, {
-        1: 0.7535, 2: 0.739, 3: 0.711, 4: 0.7235, 6: 0.7118, 8: 0.7098}),
+        1: 0.8204, 2: 0.7639, 3: 0.7702, 4: 0.7669, 6: 0.7654, 8: 0.766}),
     ("DDR5-4800", 8, 256): (3072, {
-        1: 0.8735, 2: 0.8662, 3: 0.8568, 4: 0.8619, 6: 0.8571, 8: 0.8583}),
+        1: 0.8877, 2: 0.8739, 3: 0.8664, 4: 0.8733, 6: 0.8721, 8: 0.8725}),
     ("DDR4-3200", 8, 64): (3072, {
-        1: 0.6408, 2: 0.637, 3: 0.6177, 4: 0.6396, 6: 0.6258, 8: 0.6224}),
+        1: 0.7169, 2: 0.6604, 3: 0.6672, 4: 0.6726, 6: 0.6734, 8: 0.6768}),
     ("DDR4-3200", 8, 256): (3072, {
-        1: 0.8441, 2: 0.8405, 3: 0.8307, 4: 0.8421, 6: 0.8365, 8: 0.8342}),
+        1: 0.8628, 2: 0.8605, 3: 0.855, 4: 0.8597, 6: 0.862, 8: 0.8551}),
 }
 
 

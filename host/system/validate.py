@@ -183,10 +183,15 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     DIMM-NMP (the machine ``coda run --dram`` uses), over cache placements as a generation
     makes them: ``slots`` cache slots of ``[tokens, channels]`` are stored one after the
     other as one slot group (one branch of one video, one bank colour), then every K draws
-    ``draws`` random ordered sets of K of them (fresh random x and gates; the DRAM's refresh
-    phase and open rows carry over from job to job, as in a run).
-    ``utilisation[K]`` = bytes one rank's programs stream / (mean cycles x the rank's peak
-    bytes per cycle); ``spread[K]`` = (min, max) cycles."""
+    ``1 + draws`` random ordered sets of K of them (fresh random x and gates; the DRAM's
+    refresh phase and open rows carry over from job to job, as in a run; the first draw, after
+    the stores or another K, is not counted: in a run segments follow segments).
+    ``utilisation[K]`` = bytes one rank's programs stream / (centre cycles x the rank's peak
+    bytes per cycle), the centre ``(min + max) / 2`` of the draws' cycles: equal segments
+    still differ by the refresh phase they meet (DDR5-4800, K = 1: 3 or 4 REF of tRFC =
+    708 cycles in about 30,000), and the centre is the one value nearest to all of them;
+    ``spread[K]`` = (min, max) cycles, ``mean_cycles[K]``; ``cycles[K]``: every draw's, the
+    uncounted first included."""
     import random
 
     import torch
@@ -200,41 +205,50 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
 
     std = get_standard(dram)
     backend = get_backend("rtl", dram=std.name, dimms=1, ranks=2)
-    driver = NMPDriver(backend, NMEConfig(lanes=lanes, depth=depth, mem_words=1 << 18), 1, 2)
+    tile = -(-(-(-tokens // 2) * channels) // lanes)
+    # every slot in one colour (a quarter of the memory), at power-of-two-aligned bases
+    words = 1 << max(18, (2 * std.banks_per_group * slots * tile - 1).bit_length())
+    driver = NMPDriver(backend, NMEConfig(lanes=lanes, depth=depth, mem_words=words), 1, 2)
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     keys = [("tile", i) for i in range(slots)]
-    util, spread, mean = {}, {}, {}
+    util, spread, mean, cycles = {}, {}, {}, {}
     try:
         for key in keys:
             driver.store(key, torch.randn(tokens, channels, generator=g).to(torch.bfloat16),
                          group="tile")
         for k in ks:
             cyc = []
-            for _ in range(draws):
+            for _ in range(1 + draws):   # the first, after a change of K, is not counted
                 x = torch.randn(tokens, channels, generator=g).to(torch.bfloat16)
                 gates = [torch.randn(channels, generator=g).to(torch.bfloat16)
                          for _ in range(k)]
                 before = driver.stats["nme_cycles"]
                 driver.segment(x, gates, rng.sample(keys, k))
                 cyc.append(driver.stats["nme_cycles"] - before)
+            cycles[k], cyc = cyc, cyc[1:]
             m = segment_timing(tokens, channels, k, n_ranks=2, lanes=lanes, depth=depth)
             mean[k] = sum(cyc) / len(cyc)
-            util[k] = round(m.rank_dram_bytes / (mean[k] * std.burst_bytes / std.nBL), 4)
+            centre = (min(cyc) + max(cyc)) / 2
+            util[k] = round(m.rank_dram_bytes / (centre * std.burst_bytes / std.nBL), 4)
             spread[k] = (min(cyc), max(cyc))
+        if driver.stats["placement_misses"]:
+            raise RuntimeError(f"{driver.stats['placement_misses']} streams placed off their "
+                               f"bank colour in {words} words: the measurement would mix "
+                               "placements")
     finally:
         if hasattr(backend, "close"):
             backend.close()
     rows = -(-tokens // 2)
     return {"dram": std.name, "lanes": lanes, "depth": depth, "tokens": tokens,
             "channels": channels, "ranks": 2, "words_per_stream": -(-rows * channels // lanes),
-            "slots": slots, "draws": draws, "utilisation": util, "mean_cycles": mean,
+            "slots": slots, "draws": draws, "utilisation": util, "mean_cycles": mean, "cycles": cycles,
             "spread_cycles": spread}
 
 
 def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
               prompts=(5,), lanes: int = 8, dimms: int = 1, ranks: int = 2,
-              policy: str = "pab") -> dict:
+              policy: str = "pab", warmup: bool = True) -> dict:
     """A short cached generation of the shipped model with every segment on the DRAM-timed
     DIMM-NMP (as ``coda run --dram``): each SegmentEvent's measured ``nme_cycles`` against
     :func:`coda.host.system.nme.segment_timing` on the same DRAM (per segment, and per K the
@@ -268,6 +282,10 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
     log = EventLog()
     t0 = time.perf_counter()
     try:
+        if warmup:
+            tcfg, dcfg = model.config["transformer"], model.config["data"]
+            _segment_cycles(driver, dcfg["frames"] * (dcfg["size"] // tcfg["patch_size"]) ** 2,
+                            tcfg["num_attention_heads"] * tcfg["attention_head_dim"], 1, seed=1)
         cached_generate(model, torch.tensor(list(prompts)), driver, pol, events=log,
                         num_steps=steps, guidance_scale=4.0, seed=0, progress=False)
     finally:
