@@ -64,7 +64,8 @@ def test_command_stream_per_rank_headers():
 
 def test_segment_tiled_bit_exact(rtl):
     """A 4-term segment on cached slots [1001, 64] tiled 501/500 rows over the ranks: the same
-    bits as the reference and as the torch backend; refresh and bank conflicts happened."""
+    bits as the reference and as the torch backend; each rank slower than an ideal memory;
+    refresh and bank conflicts happened."""
     rng = torch.Generator().manual_seed(3)
     T, C, K = 1001, 64, 4
     drivers = [NMPDriver(rtl, CFG, dimms=1, ranks=2), NMPDriver(TorchBackend(), CFG, 1, 2)]
@@ -83,7 +84,9 @@ def test_segment_tiled_bit_exact(rtl):
         assert np.array_equal(_bits(drivers[0].load(("c", k))), _bits(c))
     last = rtl.last
     assert last.status == [0, 0] and not last.error
-    assert last.rank_cycles[0] > last.rank_cycles[1] > 30_000  # 501 rows vs 500 rows
+    # DRAM timing: each rank is slower than the ideal 1-cycle memory is on the larger tile
+    # (which rank finishes first is the DRAM's: refresh and conflicts outweigh one row)
+    assert min(last.rank_cycles) > drivers[1].stats["nme_cycles"] > 15_000
     for st in last.stats:
         assert st["refreshes"] > 0, st
         assert st["row_conflicts"] > 0, st
