@@ -452,6 +452,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="read queue depth in bursts (default 16)")
     parser.add_argument("--refresh", choices=("all", "same_bank"), default="all",
                         help="all-bank REF, or DDR5 same-bank REFsb (default all)")
+    parser.add_argument("--refresh-postpone", type=int, default=0, metavar="N",
+                        help="REFs the controller may owe while requests are queued, then "
+                             "issued back to back (0 up to the standard's JEDEC limit: "
+                             "DDR4 8, DDR5 4; default 0: each REF when due)")
     parser.add_argument("--policy-banks", type=int, default=4,
                         help="banks the closed/timeout row policy tracks at once (default 4)")
     parser.add_argument("--max-bypass", type=int, default=1,
@@ -480,6 +484,8 @@ def controller_options(args) -> dict:
         opts["policy_banks"] = args.policy_banks
     if args.refresh != "all":
         opts["refresh"] = args.refresh
+    if args.refresh_postpone != 0:
+        opts["refresh_postpone"] = args.refresh_postpone
     check_controller(args.standard, **opts)     # raises on a bad value, naming it
     return opts
 

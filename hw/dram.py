@@ -50,8 +50,8 @@ entry still hits it) plus the hazard comparisons against every queued address
 (O(read_queue + write_queue)), not O(banks x queue depth) counter and shift-register updates.
 
 Known simplifications: DDR5's two-cycle ACT/RD/WR command encoding and LPDDR5's
-WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; no
-refresh postponement; no LPDDR5 per-bank refresh.
+WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; refresh is
+postponed (``refresh_postpone``) but never pulled in; no LPDDR5 per-bank refresh.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from amaranth.utils import ceil_log2
 
 from .dram_mapping import AddressMapping
 from .dram_queue import RequestQueue
-from .dram_refresh import AllBankRefresh, SameBankRefresh
+from .dram_refresh import AllBankRefresh, SameBankRefresh, check_postpone
 from .dram_rowpolicy import RowPolicy, check_row_policy
 from .dram_scheduler import Scheduler
 from .dram_standards import get_standard
@@ -86,7 +86,7 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
                      write_high: int | None = None, write_low: int | None = None,
                      lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
                      row_timeout: int = 64, policy_banks: int = 4,
-                     refresh: str = "all"):
+                     refresh: str = "all", refresh_postpone: int = 0):
     """Check :class:`DRAMController`'s parameters without building one (same keywords).
 
     Returns ``(std, write_high, write_low)`` with the watermarks' defaults filled in.
@@ -122,6 +122,7 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
     if not isinstance(policy_banks, int) or policy_banks < 1:
         raise ValueError(f"policy_banks={policy_banks!r}: expected an int >= 1")
     check_row_policy(row_policy, row_timeout, policy_banks)
+    check_postpone(std, refresh_postpone)
     return std, write_high, write_low
 
 
@@ -142,6 +143,9 @@ class DRAMController(wiring.Component):
             policy_banks: banks it tracks at once (default 4).
         refresh: ``"all"`` (REF every tREFI, :class:`~.dram_refresh.AllBankRefresh`) or
             ``"same_bank"`` (DDR5 REFsb, :class:`~.dram_refresh.SameBankRefresh`).
+        refresh_postpone: REFs that may be owed at once while requests are queued, then
+            issued back to back (0 .. ``std.refresh_postpone``, JEDEC's limit; default 0: each
+            REF as soon as it falls due; 1 behaves as 0), see :mod:`~.dram_refresh`.
 
     Ports (A = std.burst_addr_bits, D = 8 * std.burst_bytes):
         req_valid/req_ready/req_we/req_addr[A]/req_wdata[D]/req_wmask[D/8]: burst requests,
@@ -166,17 +170,18 @@ class DRAMController(wiring.Component):
                  write_high: int | None = None, write_low: int | None = None,
                  lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
                  row_timeout: int = 64, policy_banks: int = 4,
-                 refresh: str = "all"):
+                 refresh: str = "all", refresh_postpone: int = 0):
         std, write_high, write_low = check_controller(
             std, read_queue=read_queue, write_queue=write_queue, write_high=write_high,
             write_low=write_low, lookahead=lookahead, max_bypass=max_bypass,
             row_policy=row_policy, row_timeout=row_timeout, policy_banks=policy_banks,
-            refresh=refresh)
+            refresh=refresh, refresh_postpone=refresh_postpone)
         self.std = std
         self.read_queue, self.write_queue = read_queue, write_queue
         self.write_high, self.write_low, self.lookahead = write_high, write_low, lookahead
         self.max_bypass, self.row_policy, self.row_timeout = max_bypass, row_policy, row_timeout
         self.policy_banks, self.refresh = policy_banks, refresh
+        self.refresh_postpone = refresh_postpone
         self.n_close = check_row_policy(row_policy, row_timeout, policy_banks)
         self.n_look = max(min(lookahead, read_queue), min(lookahead, write_queue))
         # read responses: a tag per read, data parked until every older read is answered
@@ -225,10 +230,10 @@ class DRAMController(wiring.Component):
         m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close,
                                                    same_bank=same_bank)
         if not same_bank:
-            m.submodules.refresh = refresh = AllBankRefresh(std)
+            m.submodules.refresh = refresh = AllBankRefresh(std, self.refresh_postpone)
             m.d.comb += refresh.issued.eq(kind_is_ref)
         else:
-            m.submodules.sb_refresh = sbr = SameBankRefresh(std)
+            m.submodules.sb_refresh = sbr = SameBankRefresh(std, self.refresh_postpone)
             m.d.comb += [timing.sb_ba.eq(sbr.ba), timing.sb_pre_bg.eq(sbr.pre_bg),
                          sbr.sb_open.eq(timing.sb_open), sbr.sb_pre_ok.eq(timing.sb_pre_ok),
                          sbr.sb_ok.eq(timing.sb_ok), sbr.issued.eq(sched.kind == Cmd.REFSB),
@@ -262,6 +267,9 @@ class DRAMController(wiring.Component):
         m.d.comb += [
             sched.wmode.eq(wmode), sched.raw.eq(raw),
         ]
+        if self.refresh_postpone >= 2:      # postponed refresh waits for idle time
+            busy = (rq.count != 0) | (wq.count != 0)
+            m.d.comb += (sbr.busy if same_bank else refresh.busy).eq(busy)
         if not same_bank:
             m.d.comb += [
                 refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),

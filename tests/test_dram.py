@@ -232,6 +232,72 @@ def test_same_bank_refresh_ddr5_no_violations(tmp_path):
         dram_replay.run_requests("DDR4-3200", reqs[:2], controller={"refresh": "same_bank"})
 
 
+@pytest.mark.parametrize("name,refresh", [("DDR4-3200", "all"), ("DDR5-4800", "all"),
+                                          ("DDR5-4800", "same_bank")])
+def test_refresh_postponed_to_the_jedec_limit_then_caught_up(name, refresh, tmp_path):
+    """refresh_postpone = the standard's JEDEC limit P (DDR4 8, DDR5 4) on STREAM-add, which
+    keeps the queues busy: no refresh until P are owed (P * banks_per_group REFsb), then all
+    owed ones back to back (all-bank: one PREA, REFs exactly tRFC apart), the same again P
+    intervals later; the checker (which allows P owed) finds nothing."""
+    s = STANDARDS[name]
+    P = s.refresh_postpone
+    k = 1 if refresh == "all" else s.banks_per_group
+    interval, limit = s.tREFI // k, P * k
+    cmds = tmp_path / "c.csv"
+    ctrl = {"refresh_postpone": P} | ({} if refresh == "all" else {"refresh": refresh})
+    res = dram_replay.run_requests(s, dram_replay.stream_add_trace(s, 1 << 20), commands=cmds,
+                                   controller=ctrl)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    kind = "REF" if refresh == "all" else "REFsb"
+    refs = [int(x[0]) for x in log if x[5] == kind]
+    end = int(log[-1][0])
+    batches = end // interval // limit
+    assert batches >= 2 and len(refs) == batches * limit == res["refreshes"]
+    for b in range(batches):
+        batch = refs[b * limit:(b + 1) * limit]
+        due = (b + 1) * limit * interval          # the cycle the limit-th REF is owed
+        # the first waits only for the PREA (or PREs) to close the banks
+        assert due <= batch[0] < due + max(s.tRAS, s.write_to_pre) + s.tRPab + 2
+        if refresh == "all":
+            assert [y - x for x, y in zip(batch, batch[1:])] == [s.tRFC] * (limit - 1)
+            i = next(i for i, x in enumerate(log) if int(x[0]) == batch[0])
+            assert log[i - 1][5] == "PREA" and all(x[5] == "REF" for x in log[i:i + limit])
+    if refresh != "all":
+        sb = [int(x[4]) for x in log if x[5] == "REFsb"]
+        assert sb == [j % s.banks_per_group for j in range(len(sb))]
+    assert not any(x[5] in ("REF", "REFsb") and x[5] != kind for x in log)
+    violations = dram_check.check_file(s, cmds)
+    assert violations == [], "\n".join(map(str, violations[:20]))
+
+
+def test_refresh_postponement_refreshes_in_idle_time(tmp_path):
+    """With postponement, a REF that falls due while no request is queued issues at once (as
+    without postponement): one request every 5000 cycles leaves the queues empty at every
+    interval end, so every REF comes within a PREA's time of its tREFI boundary."""
+    s = STANDARDS["DDR4-3200"]
+    reqs = [(5000 * j + 7, 0, 64 * j) for j in range(40)]
+    cmds = tmp_path / "c.csv"
+    dram_replay.run_requests(s, reqs, commands=cmds, controller={"refresh_postpone": 8})
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    refs = [int(x[0]) for x in log if x[5] == "REF"]
+    assert len(refs) == int(log[-1][0]) // s.tREFI
+    assert all(0 <= t - (j + 1) * s.tREFI < s.tRAS + s.tRPab + 2 for j, t in enumerate(refs))
+    assert dram_check.check_file(s, cmds) == []
+
+
+def test_refresh_postpone_out_of_range_is_refused(capsys):
+    from coda.cli import main
+    from coda.hw.dram import check_controller
+    with pytest.raises(ValueError, match=r"^refresh_postpone=5: expected 0\.\.4 \(DDR5-4800: "
+                                         r"JEDEC lets at most 4 REF be postponed\)$"):
+        check_controller("DDR5-4800", refresh_postpone=5)
+    assert main(["dram", "replay", "--standard", "DDR4-3200", "--stream-add", "64KiB",
+                 "--refresh-postpone", "9"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "coda: error: refresh_postpone=9: expected 0..8 (DDR4-3200: "
+                              "JEDEC lets at most 8 REF be postponed)\n")
+
+
 @pytest.mark.parametrize("name,policy,refresh", [("DDR4-3200", "open", "all"),
                                                  ("DDR5-4800", "closed", "same_bank")])
 def test_word_adapter_bit_exact_out_of_order(name, policy, refresh, tmp_path):
