@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["DRAMStandard", "STANDARDS", "get_standard", "DDR4_3200", "DDR5_4800", "LPDDR5_6400"]
+__all__ = ["DRAMStandard", "STANDARDS", "get_standard", "channel_banks", "DDR4_3200", "DDR5_4800", "LPDDR5_6400"]
 
 
 @dataclass(frozen=True)
@@ -264,3 +264,14 @@ def get_standard(name: str | DRAMStandard) -> DRAMStandard:
         if std.name.upper() == key:
             return std
     raise ValueError(f"unknown DRAM standard {name!r}: expected one of {', '.join(STANDARDS)}")
+
+
+def channel_banks(std: DRAMStandard, ranks: int) -> DRAMStandard:
+    """``std`` as the request queue, scheduler and row policy of a channel of ``ranks`` ranks
+    see it: one rank of ``ranks`` times the banks per group, so a bank index of the channel
+    is ``Cat(bg, ba, rank)`` (:mod:`coda.hw.dram_mapping`). For widths only: every timing is
+    per rank (:class:`coda.hw.dram_timing.TimingTable`). ``std`` itself for one rank."""
+    if ranks == 1:
+        return std
+    from dataclasses import replace
+    return replace(std, banks_per_group=std.banks_per_group * ranks)
