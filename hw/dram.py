@@ -30,6 +30,12 @@ part                                        what it does
                                             issued
 ==========================================  ===================================================
 
+With ``ranks`` R > 1 (``coda dram replay --ranks``; the DIMM-NMP has one controller per rank)
+the controller drives the R ranks of one channel: the mapping takes rank bits (between bank and
+row), the queues, scheduler and row policy see one rank of R times the banks
+(:func:`~.dram_standards.channel_banks`), the timing table keeps every constraint per rank
+plus the data bus's rank switch (tRTRS), and each rank has its own all-bank refresh manager.
+
 The controller itself keeps what joins them: separate read and write queues; writes buffered
 and drained in batches (write mode from ``write_high`` queued writes down to ``write_low``, or
 whenever no read waits), so a read/write mix pays one turnaround per batch; ordering hazards:

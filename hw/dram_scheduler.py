@@ -71,7 +71,9 @@ class Scheduler(wiring.Component):
             :func:`coda.hw.dram_standards.channel_banks`: the rank is the top bits of an
             entry's ``bank``). With R > 1 the refresh wishes are per rank (``ref_pending``,
             ``prea``, ``ref``: In(R)): a refreshing rank's entries wait, the other ranks' go
-            on; the lowest rank's PREA/REF goes first, its rank on ``ref_rank``.
+            on (an oldest entry waiting for its rank's refresh is overtaken without counting
+            against ``max_bypass``); the lowest rank's PREA/REF goes first, its rank on
+            ``ref_rank``.
 
     Members:
         look: In(:func:`queue_entry`) x ``lookahead``: the active queue's first entries
@@ -220,8 +222,10 @@ class Scheduler(wiring.Component):
         col = self.kind.matches(Cmd.RD, Cmd.WR)
         last_wmode = Signal()
         m.d.sync += last_wmode.eq(self.wmode)
-        # (an oldest entry held for a same-bank refresh is overtaken without counting)
-        with m.If(~look[0].valid | held_sb[0] | (self.wmode != last_wmode)
+        # (an oldest entry held for a same-bank refresh, or with ranks for its rank's
+        # refresh, is overtaken without counting: else the other ranks would stop too)
+        held0 = held_sb[0] if self.ranks == 1 else held_sb[0] | ~free_for(look[0].bank)
+        with m.If(~look[0].valid | held0 | (self.wmode != last_wmode)
                   | (col & (self.sel == 0))):
             m.d.sync += bypass.eq(0)
         with m.Elif(col & ~capped):

@@ -404,16 +404,18 @@ def test_ranks_share_the_bus_with_a_rank_switch_and_keep_their_own_tfaw(name, tm
     assert dram_check.check_file(s, cmds) == []
 
 
-@pytest.mark.parametrize("name,ranks", [("DDR4-3200", 2), ("DDR5-4800", 2), ("DDR4-3200", 4),
-                                        ("DDR5-4800", 4)])
-def test_ranks_random_and_adversarial_no_violations(name, ranks, tmp_path):
+@pytest.mark.parametrize("name,ranks,postpone", [("DDR4-3200", 2, 0), ("DDR5-4800", 2, 0),
+                                                 ("DDR4-3200", 4, 0), ("DDR5-4800", 4, 0),
+                                                 ("DDR4-3200", 2, 8)])
+def test_ranks_random_and_adversarial_no_violations(name, ranks, postpone, tmp_path):
     """The adversarial mix (conflicts, runs, reads and writes, idle time past two tREFI) over
     the channel's ranks: every rank used and refreshed (staggered), 0 violations of the
-    per-rank and shared-bus rules."""
+    per-rank and shared-bus rules (also with refresh postponed to the limit, per rank)."""
     s = STANDARDS[name]
     reqs = _adversarial(s, seed=5)        # its sequential and random parts reach every rank
     cmds = tmp_path / "c.csv"
-    res = dram_replay.run_requests(s, reqs, commands=cmds, controller={"ranks": ranks})
+    ctrl = {"ranks": ranks} | ({"refresh_postpone": postpone} if postpone else {})
+    res = dram_replay.run_requests(s, reqs, commands=cmds, controller=ctrl)
     assert res["requests"] == len(reqs)
     log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
     assert {x[2] for x in log if x[5] == "RD"} == {str(r) for r in range(ranks)}
