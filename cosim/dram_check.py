@@ -6,9 +6,25 @@ from the controller: it replays the log, keeps per-bank / per-bank-group / per-r
 history and reports every pair of commands closer than the standard allows, every command
 illegal in the bank's state (ACT to an open bank, RD/WR to a closed bank or another row,
 REF with a bank open, REFsb with its bank open in some bank group), every overlap of data
-bursts on the shared data bus, and refresh falling behind (fewer REFs by cycle t than
-``t // tREFI - refresh_postpone``; a same-bank refresh REFsb counts as ``1 / banks_per_group``
-of a REF).
+bursts on the shared data bus, and the refresh rate (``tREFI``): refresh falling behind (fewer
+REFs by cycle t than ``t // tREFI - refresh_postpone``) or running ahead (more than
+``refresh_postpone`` REFs pulled in: more than ``t // tREFI + 1 + refresh_postpone`` by cycle
+t); a same-bank refresh REFsb counts as ``1 / banks_per_group`` of a REF.
+
+The refresh rate with postponement (JESD79-4's "Refresh Command": at no point in time more
+than 8 REF postponed, a maximum interval of 9 x tREFI between the surrounding REFs; at most 8
+pulled in; JESD79-5: 4; the preset's ``refresh_postpone``): the REF of the k-th tREFI interval
+is owed from its end, cycle ``k * tREFI``; at most ``refresh_postpone`` may be owed at once.
+The debt only grows at interval ends and only shrinks at a REF, so checking it just before
+every REF (and at the end of the log) checks it at every cycle; keeping it bounded keeps the
+average rate one REF per tREFI (and bounds the gap between REFs).
+
+Ranks of one channel (the log's ``rank`` column; ``coda dram replay --ranks``): every rule above
+is per rank (bank state, tRRD/tFAW, refresh, tCCD/tWTR/tRTW); the ranks of a channel share
+its command bus (one command per cycle: ``command bus``) and its data bus: no two bursts may
+overlap (``data bus``), and bursts of two different ranks need ``tRTRS`` idle cycles between
+them (``tRTRS``; DRAMsim3's rank-switch rule: RD to RD / WR to WR of another rank nBL +
+tRTRS, RD to WR CL + nBL + tRTRS - CWL, WR to RD CWL + nBL + tRTRS - CL, each the burst gap).
 
 Same-bank refresh (DDR5 REFsb; the log's ``bank`` column is the bank address BA, refreshed in
 every bank group, ``bankgroup`` is empty): only for a standard with ``tRFCsb`` (JESD79-5), with
@@ -88,6 +104,7 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
     """
     std = get_standard(std)
     ranks: dict[tuple[int, int], _Rank] = defaultdict(_Rank)
+    channel_cmd: dict[int, tuple[int, int]] = {}    # channel: (cycle, rank) of its last command
     out: list[Violation] = []
     for n, row in enumerate(rows, 2):
         try:
@@ -104,6 +121,11 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
             out.append(Violation(t, ch, rk, cmd, "order",
                                  f"not after the previous command at {s.last_cycle}"))
         s.last_cycle = t
+        last = channel_cmd.get(ch)
+        if last is not None and last[0] == t and last[1] != rk:
+            out.append(Violation(t, ch, rk, cmd, "command bus",
+                                 f"rank {last[1]} has a command in the same cycle"))
+        channel_cmd[ch] = (t, rk)
         if t - s.last_ref < std.tRFC:
             _need(out, key, t, cmd, "tRFC", s.last_ref, std.tRFC, "REF")
         if cmd == "REFsb":
@@ -195,28 +217,45 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
         else:
             raise ValueError(f"line {n}: command {cmd!r}: expected ACT, PRE, PREA, RD, WR, REF "
                              f"or REFsb")
+    channels = defaultdict(list)
     for key, s in ranks.items():
         _refresh_rate(out, key, std, s.last_cycle, s.refs, "end", s.sb_refs)
-        _bus(out, key, s.bursts)
+        channels[key[0]] += [(b0, b1, k, c, key[1]) for b0, b1, k, c in s.bursts]
+    for ch, bursts in channels.items():
+        _bus(out, ch, bursts, std.tRTRS)
     return out
 
 
 def _refresh_rate(out, key, std, t, refs_before, cmd, sb_before=0):
-    """REFs owed by cycle ``t``; ``banks_per_group`` REFsb count as one REF."""
+    """REFs owed by cycle ``t`` (before the command at ``t``), and, for a refresh command,
+    pulled in (with it); ``banks_per_group`` REFsb count as one REF."""
     owed = t // std.tREFI - std.refresh_postpone
     k = std.banks_per_group
+    done = f"{refs_before} REF" + (f" + {sb_before} REFsb" if sb_before else "")
     if refs_before * k + sb_before < owed * k:
-        done = f"{refs_before} REF" + (f" + {sb_before} REFsb" if sb_before else "")
         out.append(Violation(t, key[0], key[1], cmd, "tREFI",
                              f"{done} by cycle {t}, at least {owed} required"))
+    ahead = t // std.tREFI + 1 + std.refresh_postpone      # at most this many with it
+    with_it = refs_before * k + sb_before + (k if cmd == "REF" else 1 if cmd == "REFsb" else 0)
+    if cmd in ("REF", "REFsb") and with_it > ahead * k:
+        out.append(Violation(t, key[0], key[1], cmd, "tREFI",
+                             f"{done} before cycle {t}: one more pulls in more than "
+                             f"{std.refresh_postpone} (at most {ahead} by then)"))
 
 
-def _bus(out, key, bursts):
+def _bus(out, ch, bursts, rtrs):
+    """The data bus of channel ``ch``: ``bursts`` of all its ranks, (start, end, kind, command
+    cycle, rank) each: no overlap; ``rtrs`` idle cycles between bursts of different ranks."""
     bursts = sorted(bursts)
-    for (s0, e0, k0, c0), (s1, e1, k1, c1) in zip(bursts, bursts[1:]):
+    for (s0, e0, k0, c0, r0), (s1, e1, k1, c1, r1) in zip(bursts, bursts[1:]):
         if s1 < e0:
-            out.append(Violation(c1, key[0], key[1], k1, "data bus",
-                                 f"burst [{s1},{e1}) overlaps {k0} at {c0} burst [{s0},{e0})"))
+            out.append(Violation(c1, ch, r1, k1, "data bus",
+                                 f"burst [{s1},{e1}) overlaps {k0} at {c0} burst [{s0},{e0})"
+                                 + (f" of rank {r0}" if r0 != r1 else "")))
+        elif r0 != r1 and s1 - e0 < rtrs:
+            out.append(Violation(c1, ch, r1, k1, "tRTRS",
+                                 f"burst [{s1},{e1}) {s1 - e0} cycles after rank {r0}'s {k0} "
+                                 f"at {c0} burst [{s0},{e0}), needs {rtrs}"))
 
 
 def check_file(std: DRAMStandard | str, path: str | Path) -> list[Violation]:

@@ -10,7 +10,11 @@ player streams in. Trace formats (one request per line, ``#`` comments allowed):
 - Ramulator load/store: ``LD|ST ADDR`` (byte address, offered back to back).
 
 Byte addresses map to bursts of ``std.burst_bytes`` (the low bits select bytes inside the
-burst and are dropped; addresses beyond the rank wrap). Results: requests served, DRAM
+burst and are dropped; addresses beyond the rank, or the channel's ranks, wrap). With
+``--ranks`` R > 1 the controller drives R ranks sharing one channel (command and data bus):
+rank bits between bank and row (:mod:`coda.hw.dram_mapping`), per-rank bank state, tRRD/tFAW
+and refresh, tRTRS between the bursts of two ranks; the command log's ``rank`` column names
+the rank. Results: requests served, DRAM
 cycles, achieved GB/s (bytes moved by RD/WR / (cycles * tCK)), row hits/misses/conflicts,
 average read latency (front-port acceptance to data, cycles and ns).
 """
@@ -35,7 +39,7 @@ from .toolchain import build_dir, setup_verilator_env
 
 __all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model", "run_requests",
            "replay", "run_words",
-           "parse_size", "configure", "main", "verilator_params"]
+           "parse_size", "configure", "main", "verilator_params", "channel_addr_bits"]
 
 _HERE = Path(__file__).resolve().parent
 # every part of the controller (hw/dram*.py: controller, mapping, queue, scheduler, refresh,
@@ -191,10 +195,18 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     if top not in ("replay", "word"):
         raise ValueError(f"top={top!r}: expected 'replay' or 'word'")
     params = verilator_params(std, store_bits)
+    ranks = (controller or {}).get("ranks", 1)
+    defines = []
     if top == "replay":
         params["ADDR_BITS"] = std.burst_addr_bits
+        if ranks > 1:        # the ranks of one channel: rank bits, cmd_rank to the device
+            params["ADDR_BITS"] += (ranks - 1).bit_length()
+            params["RANK_BITS"] = (ranks - 1).bit_length()
+            defines.append("-DCODA_RANKS")
         sv_top = "coda_dram_replay_top"
     else:
+        if ranks > 1:
+            raise ValueError(f"ranks={ranks}: the word-port model has one rank")
         params.update(WORD_BITS=16 * lanes, LANES=lanes)
         sv_top = "coda_dram_word_top"
     digest = hashlib.sha256()
@@ -222,7 +234,7 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
            "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", "-MAKEFLAGS", "OPT_FAST=-O2",
            "-MAKEFLAGS", "OPT_SLOW=-O1",
            "-o", f"V{sv_top}"]
-    cmd += [f"-G{k}={v}" for k, v in params.items()]
+    cmd += [f"-G{k}={v}" for k, v in params.items()] + defines
     cmd += [str(out / "gen.v"), str(_HERE / "dram_top.sv"), str(out / "main.cpp")]
     res = subprocess.run(["nice", "-n", "5", *cmd], env=env, capture_output=True, text=True)
     if res.returncode != 0:
@@ -261,7 +273,7 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
         t0 = time.perf_counter()
         exe = build_model(std, controller=controller)
         build_s = time.perf_counter() - t0
-        mask = (1 << std.burst_addr_bits) - 1
+        mask = (1 << channel_addr_bits(std, controller)) - 1
         with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
             hexf, stats, cmds = (Path(tmp) / n for n in ("trace.hex", "stats.txt", "cmds.csv"))
             with open(hexf, "w") as fh:
@@ -285,6 +297,12 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
             _discard(commands)
         raise
     return _results(std, raw, build_s, sim_s)
+
+
+def channel_addr_bits(std: DRAMStandard, controller: dict | None = None) -> int:
+    """Burst address bits of the replayed channel: the rank's, plus the rank bits of
+    ``controller["ranks"]`` (:class:`coda.hw.dram_mapping.AddressMapping`)."""
+    return std.burst_addr_bits + ((controller or {}).get("ranks", 1) - 1).bit_length()
 
 
 def _cycle_bound(std: DRAMStandard, n: int, last: int, max_cycles: int | None) -> int:
@@ -452,6 +470,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="read queue depth in bursts (default 16)")
     parser.add_argument("--refresh", choices=("all", "same_bank"), default="all",
                         help="all-bank REF, or DDR5 same-bank REFsb (default all)")
+    parser.add_argument("--ranks", type=int, choices=(1, 2, 4), default=1,
+                        help="ranks sharing the channel's command and data bus (default 1)")
+    parser.add_argument("--refresh-postpone", type=int, default=0, metavar="N",
+                        help="REFs the controller may owe while requests are queued, then "
+                             "issued back to back (0 up to the standard's JEDEC limit: "
+                             "DDR4 8, DDR5 4; default 0: each REF when due)")
     parser.add_argument("--policy-banks", type=int, default=4,
                         help="banks the closed/timeout row policy tracks at once (default 4)")
     parser.add_argument("--max-bypass", type=int, default=1,
@@ -480,6 +504,10 @@ def controller_options(args) -> dict:
         opts["policy_banks"] = args.policy_banks
     if args.refresh != "all":
         opts["refresh"] = args.refresh
+    if args.refresh_postpone != 0:
+        opts["refresh_postpone"] = args.refresh_postpone
+    if args.ranks != 1:
+        opts["ranks"] = args.ranks
     check_controller(args.standard, **opts)     # raises on a bad value, naming it
     return opts
 
@@ -513,7 +541,7 @@ def main(args) -> int:
     res["controller"] = controller_options(args)
     ns = res["time_ns"]
     span = f"{ns:.1f} ns" if ns < 1e3 else f"{ns / 1e3:.1f} us"   # short runs: ns, not 0.0 us
-    print(f"{std.name}  {source}")
+    print(f"{std.name}" + (f" x {args.ranks} ranks" if args.ranks > 1 else "") + f"  {source}")
     print(f"  requests served    {res['requests']} ({res['reads']} RD, {res['writes']} WR)")
     print(f"  DRAM cycles        {res['dram_cycles']} ({span})")
     print(f"  bandwidth          {res['gbps']:.2f} GB/s of {res['peak_gbps']:.1f} "

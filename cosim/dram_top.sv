@@ -9,22 +9,35 @@
 //   +dram_cmds=FILE   command log CSV: cycle,channel,rank,bankgroup,bank,command,row,column
 //                     (devices other than channel 0 rank 0 append .c<ch>r<rank> to FILE)
 //   +dram_init=FILE   $readmemh initial contents;  +dram_dump=FILE  $writememh at the end
+// With CODA_RANKS defined (coda dram replay --ranks > 1) the device is the 2**RANK_BITS ranks
+// of one channel: cmd_rank selects the rank (logged as RANK + cmd_rank; in the store index).
 `default_nettype none
 
 module coda_dram_device #(
     parameter int BG_BITS = 2, BA_BITS = 2, ROW_BITS = 16, COL_BITS = 10, BL_BITS = 3,
-    parameter int DATA_BITS = 512, RL = 26, STORE_BITS = 12, CHANNEL = 0, RANK = 0
+    parameter int DATA_BITS = 512, RL = 26, STORE_BITS = 12, CHANNEL = 0, RANK = 0,
+    parameter int RANK_BITS = 1
 ) (
     input  wire clk, input wire rst,
+`ifdef CODA_RANKS
+    input  wire [RANK_BITS-1:0] cmd_rank,
+`endif
     input  wire [2:0] cmd_kind,
     input  wire [BG_BITS-1:0] cmd_bg, input wire [BA_BITS-1:0] cmd_ba,
     input  wire [ROW_BITS-1:0] cmd_row, input wire [COL_BITS-1:0] cmd_col,
     input  wire [DATA_BITS-1:0] cmd_wdata, input wire [DATA_BITS/8-1:0] cmd_wmask,
     output logic rd_valid, output logic [DATA_BITS-1:0] rd_data
 );
+`ifdef CODA_RANKS
+    localparam int FULL = ROW_BITS + BA_BITS + BG_BITS + COL_BITS - BL_BITS + RANK_BITS;
+    wire [FULL-1:0] full = {cmd_row, cmd_ba, cmd_bg, cmd_col[COL_BITS-1:BL_BITS], cmd_rank};
+    wire [31:0] log_rank = RANK + 32'(cmd_rank);
+`else
     localparam int FULL = ROW_BITS + BA_BITS + BG_BITS + COL_BITS - BL_BITS;
-    logic [DATA_BITS-1:0] store [0:(1<<STORE_BITS)-1];
     wire [FULL-1:0] full = {cmd_row, cmd_ba, cmd_bg, cmd_col[COL_BITS-1:BL_BITS]};
+    wire [31:0] log_rank = RANK;
+`endif
+    logic [DATA_BITS-1:0] store [0:(1<<STORE_BITS)-1];
     wire [STORE_BITS-1:0] idx = full[STORE_BITS-1:0];
     // read data ring: slot (t mod RL) written by a RD at t is read back at t + RL
     logic [DATA_BITS-1:0] ring_d [0:RL-1];
@@ -73,12 +86,12 @@ module coda_dram_device #(
                     default: kind_s = "REF";
                 endcase
                 if (cmd_kind == 3'd3 || cmd_kind == 3'd6)
-                    $fwrite(log_fd, "%0d,%0d,%0d,,,%s,,\n", cycle, CHANNEL, RANK, kind_s);
+                    $fwrite(log_fd, "%0d,%0d,%0d,,,%s,,\n", cycle, CHANNEL, log_rank, kind_s);
                 else if (cmd_kind == 3'd7)   // same-bank refresh: bank address only
-                    $fwrite(log_fd, "%0d,%0d,%0d,,%0d,%s,,\n", cycle, CHANNEL, RANK, cmd_ba,
+                    $fwrite(log_fd, "%0d,%0d,%0d,,%0d,%s,,\n", cycle, CHANNEL, log_rank, cmd_ba,
                             kind_s);
                 else
-                    $fwrite(log_fd, "%0d,%0d,%0d,%0d,%0d,%s,%0d,%0d\n", cycle, CHANNEL, RANK,
+                    $fwrite(log_fd, "%0d,%0d,%0d,%0d,%0d,%s,%0d,%0d\n", cycle, CHANNEL, log_rank,
                             cmd_bg, cmd_ba, kind_s, cmd_row,
                             (cmd_kind == 3'd4 || cmd_kind == 3'd5) ? cmd_col : 0);
             end
@@ -91,9 +104,12 @@ endmodule
 // the end; +max_cycles=N stops a run that would not finish.
 module coda_dram_replay_top #(
     parameter int BG_BITS = 2, BA_BITS = 2, ROW_BITS = 16, COL_BITS = 10, BL_BITS = 3,
-    parameter int DATA_BITS = 512, RL = 26, STORE_BITS = 12, ADDR_BITS = 27
+    parameter int DATA_BITS = 512, RL = 26, STORE_BITS = 12, ADDR_BITS = 27, RANK_BITS = 1
 ) (input wire clk, input wire rst);
     logic req_valid, req_ready, rsp_valid, idle;
+`ifdef CODA_RANKS
+    logic [RANK_BITS-1:0] cmd_rank;
+`endif
     logic [ADDR_BITS-1:0] t_addr;
     logic t_we, have, eof, started;
     longint unsigned t_cycle, max_cycles, accepted, responses;
@@ -113,6 +129,9 @@ module coda_dram_replay_top #(
         .req_wdata({(DATA_BITS/32){{(32-ADDR_BITS%32)%32{1'b0}}, t_addr}}),
         .req_wmask({(DATA_BITS/8){1'b1}}),
         .rsp_valid(rsp_valid), .rsp_data(rsp_data),
+`ifdef CODA_RANKS
+        .cmd_rank(cmd_rank),
+`endif
         .cmd_kind(cmd_kind), .cmd_bg(cmd_bg), .cmd_ba(cmd_ba), .cmd_row(cmd_row),
         .cmd_col(cmd_col), .cmd_wdata(cmd_wdata), .cmd_wmask(cmd_wmask),
         .rd_valid(rd_valid), .rd_data(rd_data), .idle(idle),
@@ -122,8 +141,11 @@ module coda_dram_replay_top #(
 
     coda_dram_device #(.BG_BITS(BG_BITS), .BA_BITS(BA_BITS), .ROW_BITS(ROW_BITS),
         .COL_BITS(COL_BITS), .BL_BITS(BL_BITS), .DATA_BITS(DATA_BITS), .RL(RL),
-        .STORE_BITS(STORE_BITS)) dev (
+        .STORE_BITS(STORE_BITS), .RANK_BITS(RANK_BITS)) dev (
         .clk(clk), .rst(rst), .cmd_kind(cmd_kind), .cmd_bg(cmd_bg), .cmd_ba(cmd_ba),
+`ifdef CODA_RANKS
+        .cmd_rank(cmd_rank),
+`endif
         .cmd_row(cmd_row), .cmd_col(cmd_col), .cmd_wdata(cmd_wdata), .cmd_wmask(cmd_wmask),
         .rd_valid(rd_valid), .rd_data(rd_data));
 

@@ -30,6 +30,12 @@ part                                        what it does
                                             issued
 ==========================================  ===================================================
 
+With ``ranks`` R > 1 (``coda dram replay --ranks``; the DIMM-NMP has one controller per rank)
+the controller drives the R ranks of one channel: the mapping takes rank bits (between bank and
+row), the queues, scheduler and row policy see one rank of R times the banks
+(:func:`~.dram_standards.channel_banks`), the timing table keeps every constraint per rank
+plus the data bus's rank switch (tRTRS), and each rank has its own all-bank refresh manager.
+
 The controller itself keeps what joins them: separate read and write queues; writes buffered
 and drained in batches (write mode from ``write_high`` queued writes down to ``write_low``, or
 whenever no read waits), so a read/write mix pays one turnaround per batch; ordering hazards:
@@ -50,8 +56,8 @@ entry still hits it) plus the hazard comparisons against every queued address
 (O(read_queue + write_queue)), not O(banks x queue depth) counter and shift-register updates.
 
 Known simplifications: DDR5's two-cycle ACT/RD/WR command encoding and LPDDR5's
-WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; no
-refresh postponement; no LPDDR5 per-bank refresh.
+WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; refresh is
+postponed (``refresh_postpone``) but never pulled in; no LPDDR5 per-bank refresh.
 """
 
 from __future__ import annotations
@@ -65,10 +71,10 @@ from amaranth.utils import ceil_log2
 
 from .dram_mapping import AddressMapping
 from .dram_queue import RequestQueue
-from .dram_refresh import AllBankRefresh, SameBankRefresh
+from .dram_refresh import AllBankRefresh, SameBankRefresh, check_postpone
 from .dram_rowpolicy import RowPolicy, check_row_policy
 from .dram_scheduler import Scheduler
-from .dram_standards import get_standard
+from .dram_standards import channel_banks, get_standard
 from .dram_timing import Cmd, TimingTable
 
 __all__ = ["Cmd", "DRAMController", "check_controller", "WordAdapter", "DRAMWordMemory", "dram_verilog",
@@ -86,7 +92,7 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
                      write_high: int | None = None, write_low: int | None = None,
                      lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
                      row_timeout: int = 64, policy_banks: int = 4,
-                     refresh: str = "all"):
+                     refresh: str = "all", refresh_postpone: int = 0, ranks: int = 1):
     """Check :class:`DRAMController`'s parameters without building one (same keywords).
 
     Returns ``(std, write_high, write_low)`` with the watermarks' defaults filled in.
@@ -122,6 +128,12 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
     if not isinstance(policy_banks, int) or policy_banks < 1:
         raise ValueError(f"policy_banks={policy_banks!r}: expected an int >= 1")
     check_row_policy(row_policy, row_timeout, policy_banks)
+    check_postpone(std, refresh_postpone)
+    if ranks not in (1, 2, 4) or isinstance(ranks, bool):
+        raise ValueError(f"ranks={ranks!r}: expected 1, 2 or 4")
+    if ranks > 1 and refresh != "all":
+        raise ValueError(f"ranks={ranks}: refresh={refresh!r} is one rank only; expected "
+                         f"refresh='all' with more ranks")
     return std, write_high, write_low
 
 
@@ -142,6 +154,14 @@ class DRAMController(wiring.Component):
             policy_banks: banks it tracks at once (default 4).
         refresh: ``"all"`` (REF every tREFI, :class:`~.dram_refresh.AllBankRefresh`) or
             ``"same_bank"`` (DDR5 REFsb, :class:`~.dram_refresh.SameBankRefresh`).
+        refresh_postpone: REFs that may be owed at once while requests are queued, then
+            issued back to back (0 .. ``std.refresh_postpone``, JEDEC's limit; default 0: each
+            REF as soon as it falls due; 1 behaves as 0), see :mod:`~.dram_refresh`.
+        ranks: ranks sharing this controller's channel (1, 2 or 4; default 1; more: only
+            ``coda dram replay --ranks``, the DIMM-NMP has one controller per rank): the rank
+            bits of the address (:mod:`~.dram_mapping`: between bank and row), a bank state,
+            timing table and all-bank refresh manager per rank (rank r's refresh staggered
+            r * tREFI / ranks earlier), the data-bus rank switch (tRTRS), ``cmd_rank``.
 
     Ports (A = std.burst_addr_bits, D = 8 * std.burst_bytes):
         req_valid/req_ready/req_we/req_addr[A]/req_wdata[D]/req_wmask[D/8]: burst requests,
@@ -166,23 +186,25 @@ class DRAMController(wiring.Component):
                  write_high: int | None = None, write_low: int | None = None,
                  lookahead: int = 8, max_bypass: int = 1, row_policy: str = "open",
                  row_timeout: int = 64, policy_banks: int = 4,
-                 refresh: str = "all"):
+                 refresh: str = "all", refresh_postpone: int = 0, ranks: int = 1):
         std, write_high, write_low = check_controller(
             std, read_queue=read_queue, write_queue=write_queue, write_high=write_high,
             write_low=write_low, lookahead=lookahead, max_bypass=max_bypass,
             row_policy=row_policy, row_timeout=row_timeout, policy_banks=policy_banks,
-            refresh=refresh)
+            refresh=refresh, refresh_postpone=refresh_postpone, ranks=ranks)
         self.std = std
         self.read_queue, self.write_queue = read_queue, write_queue
         self.write_high, self.write_low, self.lookahead = write_high, write_low, lookahead
         self.max_bypass, self.row_policy, self.row_timeout = max_bypass, row_policy, row_timeout
         self.policy_banks, self.refresh = policy_banks, refresh
+        self.refresh_postpone, self.ranks = refresh_postpone, ranks
         self.n_close = check_row_policy(row_policy, row_timeout, policy_banks)
         self.n_look = max(min(lookahead, read_queue), min(lookahead, write_queue))
         # read responses: a tag per read, data parked until every older read is answered
         self.rob_depth = 2 << ceil_log2(read_queue)
-        A, D = std.burst_addr_bits, 8 * std.burst_bytes
-        members = {
+        A, D = AddressMapping(std, ranks).addr_bits, 8 * std.burst_bytes
+        members = {"cmd_rank": Out(ceil_log2(ranks))} if ranks > 1 else {}
+        members |= {
             "req_valid": In(1), "req_ready": Out(1), "req_we": In(1), "req_addr": In(A),
             "req_wdata": In(D), "req_wmask": In(D // 8),
             "rsp_valid": Out(1), "rsp_data": Out(D),
@@ -200,10 +222,12 @@ class DRAMController(wiring.Component):
     def elaborate(self, platform):
         std = self.std
         m = Module()
-        A, D = std.burst_addr_bits, 8 * std.burst_bytes
+        NR = self.ranks
+        mapping = AddressMapping(std, NR)
+        cstd = channel_banks(std, NR)        # the queues', scheduler's and policy's view
+        A, D = mapping.addr_bits, 8 * std.burst_bytes
         RQ, WQ, n_look = self.read_queue, self.write_queue, self.n_look
-        mapping = AddressMapping(std)
-        bank_bits = ceil_log2(std.banks)
+        bank_bits = ceil_log2(cstd.banks)
         R = self.rob_depth
         tag_bits = ceil_log2(R)
 
@@ -216,19 +240,34 @@ class DRAMController(wiring.Component):
                                             payload_bits=32 + tag_bits)
         m.submodules.wq = wq = RequestQueue(WQ, A, bank_bits, look=n_look,
                                             payload_bits=D + D // 8, match_ports=2)
-        m.submodules.scheduler = sched = Scheduler(std, n_look, max_bypass=self.max_bypass,
-                                                   closes=self.n_close)
-        m.submodules.policy = policy = RowPolicy(std, self.row_policy, timeout=self.row_timeout,
+        m.submodules.scheduler = sched = Scheduler(cstd, n_look, max_bypass=self.max_bypass,
+                                                   closes=self.n_close, ranks=NR)
+        m.submodules.policy = policy = RowPolicy(cstd, self.row_policy,
+                                                 timeout=self.row_timeout,
                                                  candidates=self.policy_banks)
         same_bank = self.refresh == "same_bank"
         kind_is_ref = sched.kind == Cmd.REF
         m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close,
-                                                   same_bank=same_bank)
-        if not same_bank:
-            m.submodules.refresh = refresh = AllBankRefresh(std)
+                                                   same_bank=same_bank, ranks=NR)
+        if NR > 1:          # a refresh manager per rank, rank r's first REF r * tREFI / NR early
+            refreshers = []
+            for r in range(NR):
+                rf = AllBankRefresh(std, self.refresh_postpone,
+                                    first=std.tREFI - r * (std.tREFI // NR))
+                m.submodules[f"refresh{r}"] = rf
+                refreshers.append(rf)
+                m.d.comb += [rf.issued.eq(kind_is_ref & (sched.ref_rank == r)),
+                             rf.any_open.eq(timing.any_open[r]),
+                             rf.prea_ok.eq(timing.prea_ok[r]), rf.ref_ok.eq(timing.ref_ok[r]),
+                             rf.busy.eq((rq.count != 0) | (wq.count != 0))]
+            m.d.comb += [sched.ref_pending.eq(Cat(rf.pending for rf in refreshers)),
+                         sched.prea.eq(Cat(rf.prea for rf in refreshers)),
+                         sched.ref.eq(Cat(rf.ref for rf in refreshers))]
+        elif not same_bank:
+            m.submodules.refresh = refresh = AllBankRefresh(std, self.refresh_postpone)
             m.d.comb += refresh.issued.eq(kind_is_ref)
         else:
-            m.submodules.sb_refresh = sbr = SameBankRefresh(std)
+            m.submodules.sb_refresh = sbr = SameBankRefresh(std, self.refresh_postpone)
             m.d.comb += [timing.sb_ba.eq(sbr.ba), timing.sb_pre_bg.eq(sbr.pre_bg),
                          sbr.sb_open.eq(timing.sb_open), sbr.sb_pre_ok.eq(timing.sb_pre_ok),
                          sbr.sb_ok.eq(timing.sb_ok), sbr.issued.eq(sched.kind == Cmd.REFSB),
@@ -262,7 +301,10 @@ class DRAMController(wiring.Component):
         m.d.comb += [
             sched.wmode.eq(wmode), sched.raw.eq(raw),
         ]
-        if not same_bank:
+        if self.refresh_postpone >= 2 and NR == 1:  # postponed refresh waits for idle time
+            busy = (rq.count != 0) | (wq.count != 0)
+            m.d.comb += (sbr.busy if same_bank else refresh.busy).eq(busy)
+        if not same_bank and NR == 1:
             m.d.comb += [
                 refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
                 refresh.ref_ok.eq(timing.ref_ok),
@@ -290,6 +332,11 @@ class DRAMController(wiring.Component):
             with m.If(sched.refresh_pre | (kind == Cmd.REFSB)):
                 m.d.comb += [bg.eq(Mux(kind == Cmd.REFSB, 0, sbr.pre_bg)), ba.eq(sbr.ba),
                              row.eq(0), cbank.eq(Cat(bg, sbr.ba))]
+        rank_lo = ceil_log2(std.banks)
+        if NR > 1:          # a PREA/REF names its rank in the flat bank index
+            with m.If(kind.matches(Cmd.PREA, Cmd.REF)):
+                m.d.comb += cbank.eq(Cat(Const(0, rank_lo), sched.ref_rank))
+            m.d.comb += self.cmd_rank.eq(cbank[rank_lo:])
         m.d.comb += [
             self.cmd_kind.eq(kind), self.cmd_bg.eq(bg), self.cmd_ba.eq(ba),
             self.cmd_row.eq(row), self.cmd_col.eq(f.col << ceil_log2(std.burst_length)),

@@ -67,6 +67,13 @@ class Scheduler(wiring.Component):
         max_bypass: column commands that may overtake the oldest entry before only its
             commands may issue (>= 1).
         closes: row-policy close requests it takes (>= 0).
+        ranks: ranks of the channel (1, 2 or 4; ``std`` then the channel's view,
+            :func:`coda.hw.dram_standards.channel_banks`: the rank is the top bits of an
+            entry's ``bank``). With R > 1 the refresh wishes are per rank (``ref_pending``,
+            ``prea``, ``ref``: In(R)): a refreshing rank's entries wait, the other ranks' go
+            on (an oldest entry waiting for its rank's refresh is overtaken without counting
+            against ``max_bypass``); the lowest rank's PREA/REF goes first, its rank on
+            ``ref_rank``.
 
     Members:
         look: In(:func:`queue_entry`) x ``lookahead``: the active queue's first entries
@@ -86,10 +93,13 @@ class Scheduler(wiring.Component):
         sel: Out(range(max(lookahead, 2))): the entry of an ACT/PRE/RD/WR (0 otherwise).
         policy_pre: Out(1): the command is a PRE of the row policy (``sel_close`` says whose).
         sel_close: Out(range(max(closes, 2))).
+        ref_rank: Out(range(ranks)) (only with ranks > 1): the rank of a PREA/REF.
     """
 
-    def __init__(self, std, lookahead: int, *, max_bypass: int = 16, closes: int = 0):
+    def __init__(self, std, lookahead: int, *, max_bypass: int = 16, closes: int = 0,
+                 ranks: int = 1):
         self.std = std = get_standard(std)
+        self.ranks = ranks
         if lookahead < 1:
             raise ValueError(f"lookahead={lookahead}: expected >= 1")
         if max_bypass < 1:
@@ -97,11 +107,12 @@ class Scheduler(wiring.Component):
         if closes < 0:
             raise ValueError(f"closes={closes}: expected >= 0")
         self.lookahead, self.max_bypass, self.closes = lookahead, max_bypass, closes
-        super().__init__({
+        extra = {"ref_rank": Out(range(ranks))} if ranks > 1 else {}
+        super().__init__(extra | {
             "look": In(queue_entry(std)).array(lookahead),
             "close": In(close_request(std)).array(closes),
             "wmode": In(1), "raw": In(1),
-            "ref_pending": In(1), "prea": In(1), "ref": In(1),
+            "ref_pending": In(ranks), "prea": In(ranks), "ref": In(ranks),
             "sb_block": In(1), "sb_ba": In(range(std.banks_per_group)), "sb_pre": In(1),
             "refsb": In(1), "refresh_pre": Out(1),
             "rows": Out(row_query(std)).array(lookahead + closes),
@@ -122,7 +133,16 @@ class Scheduler(wiring.Component):
         bypass = Signal(range(self.max_bypass + 1))
         capped = Signal()
         m.d.comb += capped.eq(bypass >= self.max_bypass)
-        free = ~self.ref_pending
+        bank_bits = ceil_log2(self.std.banks)
+        rank_bits = ceil_log2(self.ranks)
+
+        free0 = ~self.ref_pending
+
+        def free_for(bank):
+            """No refresh pending in the rank of ``bank`` (one rank: none pending)."""
+            if self.ranks == 1:
+                return free0
+            return ~self.ref_pending.bit_select(bank[bank_bits - rank_bits:], 1)
 
         # ---- per entry: hit, column command ready, row commands allowed
         hit = [Signal(name=f"hit{i}") for i in range(n)]
@@ -133,6 +153,7 @@ class Scheduler(wiring.Component):
         bgb = ceil_log2(self.std.bank_groups)
         held_sb = [self.sb_block & (e.bank[bgb:] == self.sb_ba) for e in look]
         for i, (e, q) in enumerate(zip(look, rows)):
+            free = free_for(e.bank)
             order_ok = (self.wmode | ~self.raw) if i == 0 else ~e.flag
             m.d.comb += [
                 hit[i].eq(e.valid & q.opened & q.row_hit),
@@ -149,6 +170,7 @@ class Scheduler(wiring.Component):
             for k in range(n):
                 if k != i:
                     held = held | (eligible[k] & hit[k] & (look[k].bank == e.bank))
+            free = free_for(e.bank)
             m.d.comb += [
                 cand_act[i].eq(front & ~q.opened & q.act_ok & free & ~held_sb[i]),
                 cand_pre[i].eq(front & q.opened & ~q.row_hit & q.pre_ok & free
@@ -160,17 +182,24 @@ class Scheduler(wiring.Component):
             unused = Const(1)
             for e in look:
                 unused = unused & (~e.valid | (e.bank != c.bank))
-            cand_close.append(c.valid & unused & q.opened & q.row_hit & q.pre_ok & free
-                              & ~capped)
+            cand_close.append(c.valid & unused & q.opened & q.row_hit & q.pre_ok
+                              & free_for(c.bank) & ~capped)
 
         # ---- choose one command
         any_col = Const(0)
         for x in cand_col:
             any_col = any_col | x
-        with m.If(self.prea):
-            m.d.comb += self.kind.eq(Cmd.PREA)
-        with m.Elif(self.ref):
-            m.d.comb += self.kind.eq(Cmd.REF)
+        if self.ranks == 1:
+            with m.If(self.prea):
+                m.d.comb += self.kind.eq(Cmd.PREA)
+            with m.Elif(self.ref):
+                m.d.comb += self.kind.eq(Cmd.REF)
+        else:
+            with m.If((self.prea | self.ref).any()):
+                for r in reversed(range(self.ranks)):      # the lowest rank's wish wins
+                    with m.If(self.prea[r] | self.ref[r]):
+                        m.d.comb += [self.kind.eq(Mux(self.prea[r], Cmd.PREA, Cmd.REF)),
+                                     self.ref_rank.eq(r)]
         with m.Elif(self.refsb):
             m.d.comb += self.kind.eq(Cmd.REFSB)
         with m.Elif(self.sb_pre):
@@ -193,8 +222,10 @@ class Scheduler(wiring.Component):
         col = self.kind.matches(Cmd.RD, Cmd.WR)
         last_wmode = Signal()
         m.d.sync += last_wmode.eq(self.wmode)
-        # (an oldest entry held for a same-bank refresh is overtaken without counting)
-        with m.If(~look[0].valid | held_sb[0] | (self.wmode != last_wmode)
+        # (an oldest entry held for a same-bank refresh, or with ranks for its rank's
+        # refresh, is overtaken without counting: else the other ranks would stop too)
+        held0 = held_sb[0] if self.ranks == 1 else held_sb[0] | ~free_for(look[0].bank)
+        with m.If(~look[0].valid | held0 | (self.wmode != last_wmode)
                   | (col & (self.sel == 0))):
             m.d.sync += bypass.eq(0)
         with m.Elif(col & ~capped):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["DRAMStandard", "STANDARDS", "get_standard", "DDR4_3200", "DDR5_4800", "LPDDR5_6400"]
+__all__ = ["DRAMStandard", "STANDARDS", "get_standard", "channel_banks", "DDR4_3200", "DDR5_4800", "LPDDR5_6400"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,10 @@ class DRAMStandard:
         tRFC (REF to ACT/REF), tREFI (average REF interval),
         tRTW (RD to WR command turnaround on the shared data bus),
         tRFCsb (same-bank refresh REFsb to ACT/REFsb of the refreshed banks; 0: the standard
-        has no REFsb).
+        has no REFsb),
+        tRTRS (rank-to-rank switching: idle cycles the shared data bus needs between the bursts
+        of two ranks of one channel; not a JEDEC parameter but the controller's, as in
+        DRAMsim3's ``tRTRS``; only ``coda dram replay --ranks`` > 1 uses it).
     """
 
     name: str
@@ -76,6 +79,7 @@ class DRAMStandard:
     tREFI: int
     tRTW: int
     tRFCsb: int = 0
+    tRTRS: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -83,7 +87,7 @@ class DRAMStandard:
             if f.name in ("name", "tCK_ns"):
                 continue
             if not isinstance(value, int) or value < (0 if f.name in ("refresh_postpone",
-                                                                       "tRFCsb") else 1):
+                                                                       "tRFCsb", "tRTRS") else 1):
                 raise ValueError(f"{self.name}: {f.name}={value!r}: expected a positive int")
         for f in ("bank_groups", "banks_per_group", "rows", "columns", "burst_length"):
             value = getattr(self, f)
@@ -189,6 +193,7 @@ DDR4_3200 = DRAMStandard(
     tRFC=560,                              # JESD79-4 tRFC1 8Gb = 350 ns (Ramulator's table uses 360)
     tREFI=12480,                           # JESD79-4 tREFI = 7.8 us (0-85 C)
     tRTW=12,                               # CL + nBL + 2 - CWL (Ramulator DDR4 RD->WR, tWPRE = 1)
+    tRTRS=1,                               # DRAMsim3 configs/DDR4_8Gb_x8_3200.ini tRTRS = 1
 )
 
 # DDR5-4800AN (34-34-34), 16Gb x8 devices, one 32-bit subchannel.
@@ -213,6 +218,8 @@ DDR5_4800 = DRAMStandard(
     tREFI=9360,                            # JESD79-5 tREFI = 3.9 us
     tRTW=14,                               # CL + nBL + 2 - CWL + 2 (Ramulator DDR5 nCCDS_RTW)
     tRFCsb=312,                            # JESD79-5 tRFCsb 16Gb = 130 ns (Ramulator tRFCsb table)
+    tRTRS=2,                               # assumed: DRAMsim3 has no DDR5 preset; its DDR4 1 tCK
+                                           # + 1 for DDR5's 2-tCK read preamble (not JEDEC)
 )
 
 # LPDDR5-6400, 16Gb x16 device in bank-group mode, one 16-bit channel.
@@ -238,6 +245,7 @@ LPDDR5_6400 = DRAMStandard(
     tRFC=224,                              # Ramulator tRFCab table, 16Gb = 280 ns
     tREFI=3124,                            # JESD209-5 tREFI = 3.906 us (Ramulator tREFI_BASE)
     tRTW=13,                               # CL + nBL + 2 - CWL (Ramulator LPDDR5 RD->WR)
+    tRTRS=1,                               # assumed as DDR4's (DRAMsim3); LPDDR5 replay is 1 rank
 )
 
 STANDARDS: dict[str, DRAMStandard] = {s.name: s for s in (DDR4_3200, DDR5_4800, LPDDR5_6400)}
@@ -256,3 +264,14 @@ def get_standard(name: str | DRAMStandard) -> DRAMStandard:
         if std.name.upper() == key:
             return std
     raise ValueError(f"unknown DRAM standard {name!r}: expected one of {', '.join(STANDARDS)}")
+
+
+def channel_banks(std: DRAMStandard, ranks: int) -> DRAMStandard:
+    """``std`` as the request queue, scheduler and row policy of a channel of ``ranks`` ranks
+    see it: one rank of ``ranks`` times the banks per group, so a bank index of the channel
+    is ``Cat(bg, ba, rank)`` (:mod:`coda.hw.dram_mapping`). For widths only: every timing is
+    per rank (:class:`coda.hw.dram_timing.TimingTable`). ``std`` itself for one rank."""
+    if ranks == 1:
+        return std
+    from dataclasses import replace
+    return replace(std, banks_per_group=std.banks_per_group * ranks)

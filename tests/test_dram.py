@@ -232,6 +232,72 @@ def test_same_bank_refresh_ddr5_no_violations(tmp_path):
         dram_replay.run_requests("DDR4-3200", reqs[:2], controller={"refresh": "same_bank"})
 
 
+@pytest.mark.parametrize("name,refresh", [("DDR4-3200", "all"), ("DDR5-4800", "all"),
+                                          ("DDR5-4800", "same_bank")])
+def test_refresh_postponed_to_the_jedec_limit_then_caught_up(name, refresh, tmp_path):
+    """refresh_postpone = the standard's JEDEC limit P (DDR4 8, DDR5 4) on STREAM-add, which
+    keeps the queues busy: no refresh until P are owed (P * banks_per_group REFsb), then all
+    owed ones back to back (all-bank: one PREA, REFs exactly tRFC apart), the same again P
+    intervals later; the checker (which allows P owed) finds nothing."""
+    s = STANDARDS[name]
+    P = s.refresh_postpone
+    k = 1 if refresh == "all" else s.banks_per_group
+    interval, limit = s.tREFI // k, P * k
+    cmds = tmp_path / "c.csv"
+    ctrl = {"refresh_postpone": P} | ({} if refresh == "all" else {"refresh": refresh})
+    res = dram_replay.run_requests(s, dram_replay.stream_add_trace(s, 1 << 20), commands=cmds,
+                                   controller=ctrl)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    kind = "REF" if refresh == "all" else "REFsb"
+    refs = [int(x[0]) for x in log if x[5] == kind]
+    end = int(log[-1][0])
+    batches = end // interval // limit
+    assert batches >= 2 and len(refs) == batches * limit == res["refreshes"]
+    for b in range(batches):
+        batch = refs[b * limit:(b + 1) * limit]
+        due = (b + 1) * limit * interval          # the cycle the limit-th REF is owed
+        # the first waits only for the PREA (or PREs) to close the banks
+        assert due <= batch[0] < due + max(s.tRAS, s.write_to_pre) + s.tRPab + 2
+        if refresh == "all":
+            assert [y - x for x, y in zip(batch, batch[1:])] == [s.tRFC] * (limit - 1)
+            i = next(i for i, x in enumerate(log) if int(x[0]) == batch[0])
+            assert log[i - 1][5] == "PREA" and all(x[5] == "REF" for x in log[i:i + limit])
+    if refresh != "all":
+        sb = [int(x[4]) for x in log if x[5] == "REFsb"]
+        assert sb == [j % s.banks_per_group for j in range(len(sb))]
+    assert not any(x[5] in ("REF", "REFsb") and x[5] != kind for x in log)
+    violations = dram_check.check_file(s, cmds)
+    assert violations == [], "\n".join(map(str, violations[:20]))
+
+
+def test_refresh_postponement_refreshes_in_idle_time(tmp_path):
+    """With postponement, a REF that falls due while no request is queued issues at once (as
+    without postponement): one request every 5000 cycles leaves the queues empty at every
+    interval end, so every REF comes within a PREA's time of its tREFI boundary."""
+    s = STANDARDS["DDR4-3200"]
+    reqs = [(5000 * j + 7, 0, 64 * j) for j in range(40)]
+    cmds = tmp_path / "c.csv"
+    dram_replay.run_requests(s, reqs, commands=cmds, controller={"refresh_postpone": 8})
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    refs = [int(x[0]) for x in log if x[5] == "REF"]
+    assert len(refs) == int(log[-1][0]) // s.tREFI
+    assert all(0 <= t - (j + 1) * s.tREFI < s.tRAS + s.tRPab + 2 for j, t in enumerate(refs))
+    assert dram_check.check_file(s, cmds) == []
+
+
+def test_refresh_postpone_out_of_range_is_refused(capsys):
+    from coda.cli import main
+    from coda.hw.dram import check_controller
+    with pytest.raises(ValueError, match=r"^refresh_postpone=5: expected 0\.\.4 \(DDR5-4800: "
+                                         r"JEDEC lets at most 4 REF be postponed\)$"):
+        check_controller("DDR5-4800", refresh_postpone=5)
+    assert main(["dram", "replay", "--standard", "DDR4-3200", "--stream-add", "64KiB",
+                 "--refresh-postpone", "9"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "coda: error: refresh_postpone=9: expected 0..8 (DDR4-3200: "
+                              "JEDEC lets at most 8 REF be postponed)\n")
+
+
 @pytest.mark.parametrize("name,policy,refresh", [("DDR4-3200", "open", "all"),
                                                  ("DDR5-4800", "closed", "same_bank")])
 def test_word_adapter_bit_exact_out_of_order(name, policy, refresh, tmp_path):
@@ -269,6 +335,105 @@ def test_word_adapter_bit_exact_out_of_order(name, policy, refresh, tmp_path):
     # row conflicts happened (PREs), so there were older conflicting reads to overtake
     log = [ln.split(",") for ln in cmds.read_text().splitlines()[1:]]
     assert sum(x[5] == "PRE" for x in log) > 100
+
+
+# ---- ranks of one channel (replay --ranks) -------------------------------------------
+def _rank_burst_at(s, ranks, rank, bg, ba, row, burst):
+    """The byte address that the channel mapping of ``ranks`` ranks maps to (rank, bg, ba,
+    row, column burst)."""
+    from coda.hw.dram_mapping import AddressMapping
+    mp = AddressMapping(s, ranks)
+    gb, cb, bb = mp.bg_bits, mp.col_bits, mp.ba_bits
+    for field in range(s.banks_per_group):
+        a = (bg | burst << gb | field << (gb + cb) | rank << (gb + cb + bb)
+             | row << (gb + cb + bb + mp.rank_bits))
+        if mp.map_rank(a) == (rank, bg, ba, row, burst * s.burst_length):
+            return a * s.burst_bytes
+    raise AssertionError("unreachable")
+
+
+def test_rank_mapping_between_bank_and_row():
+    """[bank group | column burst | bank | rank | row]: a row-stripe of every bank per rank,
+    then the next rank; the one-rank mapping is the R = 1 case."""
+    from coda.hw.dram_mapping import AddressMapping
+    s = STANDARDS["DDR4-3200"]
+    stripe = s.bank_groups * s.bursts_per_row * s.banks_per_group     # 2,048 bursts
+    m1, m2, m4 = (AddressMapping(s, r) for r in (1, 2, 4))
+    assert (m2.addr_bits, m4.addr_bits) == (s.burst_addr_bits + 1, s.burst_addr_bits + 2)
+    assert [m2.map_rank(k * stripe)[0] for k in range(4)] == [0, 1, 0, 1]
+    assert [m4.map_rank(k * stripe)[0] for k in range(5)] == [0, 1, 2, 3, 0]
+    for a in (0, 1, 77, stripe - 1, 5 * stripe + 3, 12345678):
+        assert m1.map_rank(a) == (0, *m1.map(a))
+        # rank r's addresses are the one-rank mapping's with the rank bits taken out
+        lo, rest = a % stripe, a // stripe
+        assert m2.map_rank(a) == (rest % 2, *m1.map(lo + rest // 2 * stripe))
+    with pytest.raises(ValueError, match=r"ranks=3: expected 1, 2 or 4"):
+        AddressMapping(s, 3)
+    with pytest.raises(ValueError, match=r"with ranks=2 use map_rank"):
+        m2.map(0)
+
+
+@pytest.mark.parametrize("name", ["DDR4-3200", "DDR5-4800"])
+def test_ranks_share_the_bus_with_a_rank_switch_and_keep_their_own_tfaw(name, tmp_path):
+    """Two ranks: a read of bank 0 in each: the ACTs one cycle apart (tRRD is per rank), the
+    second RD nBL + tRTRS after the first (its burst tRTRS after the first's end). Five reads
+    to five banks of rank 0, then five of rank 1: rank 0's fifth ACT waits for its tFAW
+    while rank 1's ACTs fill the gaps: more than four ACTs in a tFAW window of the channel,
+    at most four per rank."""
+    s = STANDARDS[name]
+    cmds = tmp_path / "c.csv"
+    reqs = [(0, 0, _rank_burst_at(s, 2, r, 0, 0, 0, 0)) for r in (0, 1)]
+    dram_replay.run_requests(s, reqs, commands=cmds, controller={"ranks": 2})
+    t_rd = 2 + s.tRCD
+    assert cmds.read_text().splitlines()[1:] == [
+        "2,0,0,0,0,ACT,0,0", "3,0,1,0,0,ACT,0,0", f"{t_rd},0,0,0,0,RD,0,0",
+        f"{t_rd + s.nBL + s.tRTRS},0,1,0,0,RD,0,0"]
+    assert dram_check.check_file(s, cmds) == []
+    bgs = s.bank_groups
+    reqs = [(0, 0, _rank_burst_at(s, 2, r, k % bgs, k // bgs, 0, 0)) for r in (0, 1)
+            for k in range(5)]
+    res = dram_replay.run_requests(s, reqs, commands=cmds, controller={"ranks": 2})
+    assert res["reads"] == 10
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    acts = {r: [int(x[0]) for x in log if x[5] == "ACT" and x[2] == str(r)] for r in (0, 1)}
+    assert len(acts[0]) == len(acts[1]) == 5
+    assert acts[0][4] >= acts[0][0] + s.tFAW and acts[1][4] >= acts[1][0] + s.tFAW
+    assert acts[1][0] < acts[0][3]                     # rank 1 does not wait for rank 0
+    both = sorted(acts[0] + acts[1])
+    assert max(sum(t <= u < t + s.tFAW for u in both) for t in both) > 4
+    assert dram_check.check_file(s, cmds) == []
+
+
+@pytest.mark.parametrize("name,ranks,postpone", [("DDR4-3200", 2, 0), ("DDR5-4800", 2, 0),
+                                                 ("DDR4-3200", 4, 0), ("DDR5-4800", 4, 0),
+                                                 ("DDR4-3200", 2, 8)])
+def test_ranks_random_and_adversarial_no_violations(name, ranks, postpone, tmp_path):
+    """The adversarial mix (conflicts, runs, reads and writes, idle time past two tREFI) over
+    the channel's ranks: every rank used and refreshed (staggered), 0 violations of the
+    per-rank and shared-bus rules (also with refresh postponed to the limit, per rank)."""
+    s = STANDARDS[name]
+    reqs = _adversarial(s, seed=5)        # its sequential and random parts reach every rank
+    cmds = tmp_path / "c.csv"
+    ctrl = {"ranks": ranks} | ({"refresh_postpone": postpone} if postpone else {})
+    res = dram_replay.run_requests(s, reqs, commands=cmds, controller=ctrl)
+    assert res["requests"] == len(reqs)
+    log = [x.split(",") for x in cmds.read_text().splitlines()[1:]]
+    assert {x[2] for x in log if x[5] == "RD"} == {str(r) for r in range(ranks)}
+    refs = {r: [int(x[0]) for x in log if x[5] == "REF" and x[2] == str(r)]
+            for r in range(ranks)}
+    assert all(len(v) >= 2 for v in refs.values())
+    # rank r's first REF falls due r * tREFI / ranks before rank 0's
+    assert all(refs[r][0] < refs[r - 1][0] for r in range(1, ranks))
+    violations = dram_check.check_file(s, cmds)
+    assert violations == [], "\n".join(map(str, violations[:20]))
+
+
+def test_ranks_options_are_checked():
+    from coda.hw.dram import check_controller
+    with pytest.raises(ValueError, match=r"^ranks=3: expected 1, 2 or 4$"):
+        check_controller("DDR4-3200", ranks=3)
+    with pytest.raises(ValueError, match=r"ranks=2: refresh='same_bank' is one rank only"):
+        check_controller("DDR5-4800", ranks=2, refresh="same_bank")
 
 
 # ---- random and adversarial traces: zero violations ------------------------------------
@@ -531,3 +696,16 @@ def test_cli_reports_a_failed_tool_in_one_message(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(dram_replay, "run_requests", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["dram", "replay", "--standard", "DDR4-3200", "--stream-add", "64KiB"])
+
+
+def test_replay_cli_ranks_choices(capsys):
+    with pytest.raises(SystemExit) as exc:          # argparse's own exit, status 2
+        _replay_cli("--stream-add", "64KiB", "--ranks", "3")
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("coda: error: argument --ranks: invalid choice: 3 (choose from 1, 2, 4)")
+    assert _replay_cli("--stream-add", "64KiB", "--ranks", "2", "--standard", "DDR5-4800",
+                       "--refresh", "same_bank") == 2
+    assert capsys.readouterr().err == ("coda: error: ranks=2: refresh='same_bank' is one rank "
+                                       "only; expected refresh='all' with more ranks\n")

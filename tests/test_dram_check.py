@@ -326,6 +326,111 @@ def test_every_checked_rule_has_a_seeded_case():
     import inspect
     import re
     src = inspect.getsource(dram_check)
-    reported = set(re.findall(r'"(t[A-Za-z_]+|state|order|data bus)"', src)) - {"tREFI"}
-    covered = {c.split()[0] for c in CASES + SB_CASES} | {"state", "order", "data bus"}
+    reported = set(re.findall(r'"(t[A-Za-z_]+|state|order|data bus|command bus)"', src)) \
+        - {"tREFI"}
+    covered = {c.split()[0] for c in CASES + SB_CASES} | {"state", "order", "data bus",
+                                                          "tRTRS", "command bus"}
     assert reported <= covered | {"tREFI"}, reported - covered
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checker_refresh_postponement_to_the_limit_then_one_too_many(name):
+    """JEDEC postponement: REFs on time after intervals 1 and 2, then ``refresh_postpone``
+    (P) intervals without one, caught up back to back (tRFC apart) and one REF per tREFI after
+    that: legal. The same catch-up one interval later has postponed P + 1: the checker fires
+    at its first REF, and only there (the catch-up brings the debt back within the limit)."""
+    s = STANDARDS[name]
+    P = s.refresh_postpone
+    on_time = [C(k * s.tREFI, "REF") for k in (1, 2)]
+
+    def log(start_interval):
+        t0 = start_interval * s.tREFI + 10
+        batch = [C(t0 + j * s.tRFC, "REF") for j in range(P)]
+        after = [C(k * s.tREFI, "REF") for k in range(start_interval + 1, start_interval + 4)]
+        return on_time + batch + after
+
+    assert _run(s, log(2 + P)) == []                   # P owed at the batch: the limit
+    bad = _run(s, log(3 + P))                          # P + 1 owed: one too many
+    t = (3 + P) * s.tREFI + 10
+    assert [(v.rule, v.command, v.cycle) for v in bad] == [("tREFI", "REF", t)]
+    assert bad[0].detail == f"2 REF by cycle {t}, at least 3 required"
+    # the log's end counts too: P + 1 intervals owed with no REF after them
+    end = (3 + P) * s.tREFI
+    assert _run(s, on_time + [C(end - 1, "PREA")]) == []
+    assert [(v.rule, v.command) for v in _run(s, on_time + [C(end, "PREA")])] == \
+        [("tREFI", "end")]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checker_refresh_pull_in_limit(name):
+    """At most ``refresh_postpone`` REFs may be pulled in: within the first tREFI interval its
+    own REF and P more, back to back, are legal; one more fires (JESD79-4: 8 pulled in)."""
+    s = STANDARDS[name]
+    P = s.refresh_postpone
+    refs = [C(T0 + j * s.tRFC, "REF") for j in range(P + 2)]
+    assert (P + 2) * s.tRFC + T0 < s.tREFI             # all inside the first interval
+    assert _run(s, refs[:-1]) == []
+    bad = _run(s, refs)
+    assert [(v.rule, v.cycle) for v in bad] == [("tREFI", T0 + (P + 1) * s.tRFC)]
+    assert bad[0].detail == (f"{P + 1} REF before cycle {T0 + (P + 1) * s.tRFC}: one more "
+                             f"pulls in more than {P} (at most {P + 1} by then)")
+
+
+# ---- ranks of one channel: per-rank rules, the shared command and data bus ---------------
+BUS_PAIRS = [("RD", "RD"), ("WR", "WR"), ("RD", "WR"), ("WR", "RD")]
+
+
+def _rank_switch(s, first, second):
+    """Bank 0 opened in rank 0 and in rank 1, ``first`` (a column command) in rank 0, then
+    ``second`` in rank 1: (prefix rows, last command as a function of its cycle, its earliest
+    legal cycle: its burst ``tRTRS`` after the end of the first's, DRAMsim3's ``*_to_*_o``)."""
+    c = T0 + 1 + s.tRCD
+    lat = {"RD": s.CL, "WR": s.CWL}
+    earliest = c + lat[first] + s.nBL + s.tRTRS - lat[second]
+    return ([C(T0, "ACT", rank=0), C(T0 + 1, "ACT", rank=1), C(c, first, rank=0)],
+            lambda t: C(t, second, rank=1), earliest)
+
+
+@pytest.mark.parametrize("pair", BUS_PAIRS)
+@pytest.mark.parametrize("name", ALL)
+def test_checker_rank_switch_fires_one_cycle_early(name, pair):
+    """tRTRS between the bursts of two ranks on the shared data bus, for every pair of column
+    commands; a pair whose rule cannot bind (its earliest cycle is not after the first
+    command: DDR4 WR then RD of another rank, CWL + nBL + tRTRS <= CL) is checked to be legal
+    right after the first command."""
+    s = STANDARDS[name]
+    prefix, last, earliest = _rank_switch(s, *pair)
+    c = int(prefix[-1]["cycle"])
+    if earliest - 1 <= c:
+        assert pair == ("WR", "RD") and s.CWL + s.nBL + s.tRTRS <= s.CL
+        assert _run(s, prefix + [last(c + 1)]) == []
+        return
+    bad = _run(s, prefix + [last(earliest - 1)])
+    assert [(v.rule, v.cycle, v.rank) for v in bad] == [("tRTRS", earliest - 1, 1)]
+    s0 = c + {"RD": s.CL, "WR": s.CWL}[pair[0]]
+    assert bad[0].detail.endswith(f"{s.tRTRS - 1} cycles after rank 0's {pair[0]} at {c} "
+                                  f"burst [{s0},{s0 + s.nBL}), needs {s.tRTRS}")
+    assert _run(s, prefix + [last(earliest)]) == []
+    # inside the other rank's burst: an overlap, reported as such
+    inside = earliest - s.tRTRS - 1
+    if inside > c:
+        assert "data bus" in {v.rule for v in _run(s, prefix + [last(inside)])}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checker_rank_rules_per_rank_and_one_command_bus(name):
+    """tFAW, tRRD and tRFC are per rank: a fifth ACT inside tFAW, an ACT right after another
+    and an ACT inside another rank's tRFC are legal in rank 1 and not in rank 0; the ranks
+    share the command bus: two commands in one cycle fire "command bus"."""
+    s = STANDARDS[name]
+    bgs = s.bank_groups
+    acts = [C(T0 + k * s.tRRD_S, "ACT", k % bgs, k // bgs) for k in range(4)]
+    t5 = T0 + s.tFAW - 1
+    assert t5 > T0 + 3 * s.tRRD_S
+    assert _run(s, acts + [C(t5, "ACT", 0, 1, rank=1)]) == []
+    assert "tFAW" in {v.rule for v in _run(s, acts + [C(t5, "ACT", 0, 1)])}
+    ref = [C(T0, "REF", rank=0)]
+    assert _run(s, ref + [C(T0 + 1, "ACT", rank=1)]) == []
+    assert {v.rule for v in _run(s, ref + [C(T0 + 1, "ACT", rank=0)])} == {"tRFC"}
+    bad = _run(s, [C(T0, "ACT", 0, 0, rank=0), C(T0, "ACT", 0, 0, rank=1)])
+    assert [(v.rule, v.rank, v.cycle) for v in bad] == [("command bus", 1, T0)]
