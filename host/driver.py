@@ -585,11 +585,13 @@ class NMPDriver:
         groups = [[n] for n in tiled]
         groups[0] += [n for n in names if n not in tiled]
         ranges: list[tuple[list, list, list]] = []
+        total = max(sum(s.values()) for s in scratch) * self.word_bytes
         try:
             for group in groups:
                 words = [sum(s.get(n, 0) for n in group) for s in scratch]
-                ranges.append((group, self._alloc(words, f"{what} ({', '.join(group)})",
-                                                  next(free, None)), words))
+                ranges.append((group, self._alloc(
+                    words, f"{what} ({', '.join(group)}; {total} bytes in all on the rank)",
+                    next(free, None)), words))
         except BaseException:
             self._release_scratch(ranges)
             raise

@@ -194,7 +194,9 @@ def test_capacity_error_is_clear(tmp_path, capsys):
     inp = _write(tmp_path / "in.npz", a=_bits((4096,)), b=_bits((4096,)))
     code = run(["--op", "add", "--inputs", inp, "--out", tmp_path / "o.npz", "--mem-words", 64])
     assert code == 2
-    assert "rank 0: cannot allocate 24576 bytes" in capsys.readouterr().err
+    err = capsys.readouterr().err    # a, b and y: 512 words of 16 bytes each
+    assert "rank 0: cannot allocate 8192 bytes (512 words) for add operands and result (a; " \
+        "24576 bytes in all on the rank); 1024 bytes free" in err
 
 
 def test_values_survive_the_round_trip(tmp_path):
