@@ -327,12 +327,17 @@ class FPAdd(wiring.Component):
         inf_sign = Signal()
         m.d.comb += inf_sign.eq(Mux(a.is_inf, a.sign, b_sign))
 
-        # Alignment: significands carry 3 extra low bits (guard, round, sticky).
+        # Alignment: significands carry 3 extra low bits (guard, round, sticky). Both
+        # exponent differences are formed beside the magnitude compare (not after the
+        # swap), and the swap picks the non-negative one.
         ext = M + 4
-        diff = Signal(E)
-        m.d.comb += diff.eq(x_exp - y_exp)
+        d_ab, d_ba = Signal(E + 1), Signal(E + 1)
+        m.d.comb += [d_ab.eq(a.exp - b.exp), d_ba.eq(b.exp - a.exp)]
+        s_ab, s_ba = Signal(range(ext + 1)), Signal(range(ext + 1))
+        m.d.comb += [s_ab.eq(Mux(d_ab[E] | (d_ab[:E] > ext), Mux(d_ab[E], 0, ext), d_ab)),
+                     s_ba.eq(Mux(d_ba[E] | (d_ba[:E] > ext), Mux(d_ba[E], 0, ext), d_ba))]
         shift = Signal(range(ext + 1))
-        m.d.comb += shift.eq(Mux(diff > ext, ext, diff))
+        m.d.comb += shift.eq(Mux(swap, s_ba, s_ab))
 
         # ---- boundary 1
         (x_sign, x_exp, x_sig, y_sig, shift, eff_sub, nan, inf, inf_sign) = cut(
