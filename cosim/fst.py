@@ -56,7 +56,12 @@ def read_fst(path: str | os.PathLike) -> FSTInfo:
             raise ValueError(f"a {wave.file_format} file")
         steps: list[int] = []
         wave.stream_time_steps(lambda t, *_: steps.append(t), None)
-    except (RuntimeError, ValueError) as exc:
+    except BaseException as exc:
+        # pywellen's reader panics on some truncated files: a pyo3 PanicException, which
+        # derives from BaseException (not Exception); anything else propagates
+        if not isinstance(exc, (RuntimeError, ValueError)) \
+                and type(exc).__name__ != "PanicException":
+            raise
         raise ValueError(f"{str(path)!r} is not a readable FST waveform "
                          f"({' '.join(str(exc).split()) or type(exc).__name__})") from None
     ts = wave.timescale

@@ -1,4 +1,4 @@
-"""IEEE-754 floating-point units of the NME (Amaranth 0.5, purely combinational).
+"""IEEE-754 floating-point units of the NME (Amaranth 0.5): combinational, or pipelined.
 
 Every unit is parameterised by an :class:`FPFormat` ``(exp_bits, man_bits)``, so one
 implementation serves bf16, fp16 and fp32. Arithmetic follows IEEE-754 binary formats with
@@ -17,24 +17,32 @@ leading-zero count and one normalisation shifter, and one rounding incrementer t
 the round-up bit to the packed ``{exponent, mantissa}`` word, so a mantissa carry
 propagates into the exponent (subnormal -> normal, binade carry, overflow to infinity).
 
+Pipelining: :class:`FPAdd` and :class:`FPMul` take ``latency``, the number of register
+stages inside the unit (clock domain ``sync``, no enable, no reset value that matters: the
+stages load every cycle, so a unit accepts one operand pair per cycle and ``y`` is the result
+of the operands presented ``latency`` cycles earlier). ``latency=0`` is the combinational unit.
+The stages cut the datapath at fixed boundaries (:data:`FPADD_CUTS`, :data:`FPMUL_CUTS`:
+which boundaries each latency uses), so every latency computes the same function bit for bit.
+
 Units:
-    FPAdd(fmt)          a + b, or a - b when ``sub`` is 1
-    FPMul(fmt)          a * b
-    FPWiden(src, dst)   exact conversion to a wider format (bf16/fp16 -> fp32)
-    Int8ToFP(fmt)       exact conversion of a two's-complement int8
+    FPAdd(fmt, latency=0)   a + b, or a - b when ``sub`` is 1
+    FPMul(fmt, latency=0)   a * b
+    FPWiden(src, dst)       exact conversion to a wider format (bf16/fp16 -> fp32)
+    Int8ToFP(fmt)           exact conversion of a two's-complement int8
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
     "FPFormat", "BF16", "FP16", "FP32", "fp_format",
-    "FPAdd", "FPMul", "FPWiden", "Int8ToFP",
+    "FPAdd", "FPMul", "FPWiden", "Int8ToFP", "FPADD_CUTS", "FPMUL_CUTS",
+    "FPADD_MAX_LATENCY", "FPMUL_MAX_LATENCY", "check_latency",
 ]
 
 
@@ -107,6 +115,54 @@ def _check_format(fmt) -> FPFormat:
     if not isinstance(fmt, FPFormat):
         raise TypeError(f"fmt={fmt!r}: expected an FPFormat (e.g. BF16, FP16, FP32)")
     return fmt
+
+
+# --------------------------------------------------------------------------------------
+# Pipeline stages
+# --------------------------------------------------------------------------------------
+
+#: FPAdd's stage boundaries used by each latency (index = latency). Boundary 1: after the
+#: operand swap and exponent difference; 2: after the alignment shift; 3: after the
+#: significand add and its leading-zero count; 4: after the normalisation shift (before
+#: rounding).
+FPADD_CUTS = ((), (2,), (1, 3), (1, 2, 3), (1, 2, 3, 4))
+#: FPMul's stage boundaries used by each latency. Boundary 1: after the significand product;
+#: 2: after its leading-zero count and the shift amount; 3: after the normalisation shift.
+FPMUL_CUTS = ((), (2,), (1, 2), (1, 2, 3))
+FPADD_MAX_LATENCY = len(FPADD_CUTS) - 1
+FPMUL_MAX_LATENCY = len(FPMUL_CUTS) - 1
+
+
+def check_latency(what: str, latency, max_latency: int) -> int:
+    """``latency`` as an int in ``0..max_latency`` (register stages of a unit).
+
+    Raises:
+        ValueError: not an int, or out of range (the message names ``what`` and the value).
+    """
+    if isinstance(latency, bool) or not isinstance(latency, int) \
+            or not 0 <= latency <= max_latency:
+        raise ValueError(f"{what}={latency!r}: expected an int 0..{max_latency} "
+                         f"(register stages)")
+    return latency
+
+
+class _Stages:
+    """Registers the values crossing a stage boundary when the unit's latency uses it."""
+
+    def __init__(self, m: Module, cuts: tuple, prefix: str):
+        self.m, self.cuts, self.prefix = m, frozenset(cuts), prefix
+
+    def __call__(self, boundary: int, **values):
+        """The values after ``boundary``: the same ones, or registered copies (``sync``)."""
+        if boundary not in self.cuts:
+            return tuple(values.values())
+        out = []
+        for name, value in values.items():
+            value = Value.cast(value)
+            reg = Signal(value.shape(), name=f"{self.prefix}_s{boundary}_{name}")
+            self.m.d.sync += reg.eq(value)
+            out.append(reg)
+        return tuple(out)
 
 
 # --------------------------------------------------------------------------------------
@@ -204,7 +260,13 @@ def _specials(fmt: FPFormat, sign, mag, nan, inf, inf_sign):
 # --------------------------------------------------------------------------------------
 
 class FPAdd(wiring.Component):
-    """Combinational IEEE-754 adder/subtractor, round-to-nearest-even.
+    """IEEE-754 adder/subtractor, round-to-nearest-even; combinational or pipelined.
+
+    Parameters:
+        fmt: the format (:class:`FPFormat`).
+        latency: register stages inside the unit, 0..:data:`FPADD_MAX_LATENCY` (default 0:
+            combinational). ``y`` is the result of the ``a``, ``b``, ``sub`` presented
+            ``latency`` clock cycles (domain ``sync``) earlier; one operation per cycle.
 
     Ports:
         a, b: In(fmt.width), operand bit patterns.
@@ -219,14 +281,17 @@ class FPAdd(wiring.Component):
     a guard, a round and a sticky bit (enough for correct RNE, since a subtraction with
     exponent difference >= 2 needs at most one bit of left normalisation); add or
     subtract; one leading-zero count; one left shift, limited so the exponent never goes
-    below that of the smallest normal (giving subnormals); round and pack.
+    below that of the smallest normal (giving subnormals); round and pack. The stage
+    boundaries of each latency are :data:`FPADD_CUTS`.
 
     Raises:
         TypeError: ``fmt`` is not an :class:`FPFormat`.
+        ValueError: ``latency`` is not an int in 0..FPADD_MAX_LATENCY.
     """
 
-    def __init__(self, fmt: FPFormat):
+    def __init__(self, fmt: FPFormat, latency: int = 0):
         self.fmt = _check_format(fmt)
+        self.latency = check_latency("latency", latency, FPADD_MAX_LATENCY)
         super().__init__({"a": In(fmt.width), "b": In(fmt.width), "sub": In(1),
                           "y": Out(fmt.width)})
 
@@ -234,6 +299,7 @@ class FPAdd(wiring.Component):
         fmt = self.fmt
         M, E = fmt.man_bits, fmt.exp_bits
         m = Module()
+        cut = _Stages(m, FPADD_CUTS[self.latency], "add")
         a = _Unpacked(m, fmt, self.a, "a")
         b = _Unpacked(m, fmt, self.b, "b")
         b_sign = Signal()
@@ -253,25 +319,57 @@ class FPAdd(wiring.Component):
         eff_sub = Signal()
         m.d.comb += eff_sub.eq(x_sign ^ y_sign)
 
-        # Alignment: significands carry 3 extra low bits (guard, round, sticky).
+        # The special cases depend on the operands only; they travel beside the datapath.
+        nan = Signal()
+        m.d.comb += nan.eq(a.is_nan | b.is_nan | (a.is_inf & b.is_inf & (a.sign ^ b_sign)))
+        inf = Signal()
+        m.d.comb += inf.eq(a.is_inf | b.is_inf)
+        inf_sign = Signal()
+        m.d.comb += inf_sign.eq(Mux(a.is_inf, a.sign, b_sign))
+
+        # Alignment: significands carry 3 extra low bits (guard, round, sticky). Both
+        # exponent differences are formed beside the magnitude compare (not after the
+        # swap), and the swap picks the non-negative one.
         ext = M + 4
-        diff = Signal(E)
-        m.d.comb += diff.eq(x_exp - y_exp)
+        d_ab, d_ba = Signal(E + 1), Signal(E + 1)
+        m.d.comb += [d_ab.eq(a.exp - b.exp), d_ba.eq(b.exp - a.exp)]
+        s_ab, s_ba = Signal(range(ext + 1)), Signal(range(ext + 1))
+        m.d.comb += [s_ab.eq(Mux(d_ab[E] | (d_ab[:E] > ext), Mux(d_ab[E], 0, ext), d_ab)),
+                     s_ba.eq(Mux(d_ba[E] | (d_ba[:E] > ext), Mux(d_ba[E], 0, ext), d_ba))]
         shift = Signal(range(ext + 1))
-        m.d.comb += shift.eq(Mux(diff > ext, ext, diff))
+        m.d.comb += shift.eq(Mux(swap, s_ba, s_ab))
+
+        # ---- boundary 1
+        (x_sign, x_exp, x_sig, y_sig, shift, eff_sub, nan, inf, inf_sign) = cut(
+            1, x_sign=x_sign, x_exp=x_exp, x_sig=x_sig, y_sig=y_sig, shift=shift,
+            eff_sub=eff_sub, nan=nan, inf=inf, inf_sign=inf_sign)
+
         y_wide = Signal(2 * ext)
         m.d.comb += y_wide.eq(Cat(Const(0, ext), y_sig.shift_left(3)) >> shift)
         y_al = Signal(ext)
         m.d.comb += y_al.eq(Cat(y_wide[:ext + 1].any(), y_wide[ext + 1:]))
 
+        # ---- boundary 2
+        (x_sign, x_exp, x_sig, y_al, eff_sub, nan, inf, inf_sign) = cut(
+            2, x_sign=x_sign, x_exp=x_exp, x_sig=x_sig, y_al=y_al, eff_sub=eff_sub,
+            nan=nan, inf=inf, inf_sign=inf_sign)
+
         # Sum with one carry bit on top: bit M+4 carry, bit M+3 units of x.
         total = Signal(ext + 1)
         x_al = Cat(Const(0, 3), x_sig)
         m.d.comb += total.eq(Mux(eff_sub, x_al - y_al, x_al + y_al))
+        lz = _leading_zeros(m, total, "add_lz")
+        # Exact zero of a true subtraction is +0 in RNE; otherwise the sign of |x|.
+        sign = Signal()
+        m.d.comb += sign.eq(Mux(eff_sub & (total == 0), 0, x_sign))
+
+        # ---- boundary 3
+        (sign, x_exp, total, lz, nan, inf, inf_sign) = cut(
+            3, sign=sign, x_exp=x_exp, total=total, lz=lz, nan=nan, inf=inf,
+            inf_sign=inf_sign)
 
         # Normalise: the shift is capped by x_exp so the exponent stays >= 1; a result
         # still without hidden bit is then subnormal (exponent field 0).
-        lz = _leading_zeros(m, total, "add_lz")
         norm_shift = Signal(range(ext + 2))
         m.d.comb += norm_shift.eq(Mux(lz < x_exp, lz, x_exp))
         norm = Signal(ext + 1)
@@ -282,16 +380,13 @@ class FPAdd(wiring.Component):
         m.d.comb += e_field.eq(Mux(norm[ext], e_res, 0))
         overflow = Signal()
         m.d.comb += overflow.eq(e_field >= fmt.exp_max)
-        mag = _round_pack(m, fmt, norm, e_field, overflow, "add_mag")
 
-        # Exact zero of a true subtraction is +0 in RNE; otherwise the sign of |x|.
-        sign = Signal()
-        m.d.comb += sign.eq(Mux(eff_sub & (total == 0), 0, x_sign))
-        nan = Signal()
-        m.d.comb += nan.eq(a.is_nan | b.is_nan | (a.is_inf & b.is_inf & (a.sign ^ b_sign)))
-        inf = Signal()
-        m.d.comb += inf.eq(a.is_inf | b.is_inf)
-        inf_sign = Mux(a.is_inf, a.sign, b_sign)
+        # ---- boundary 4
+        (sign, norm, e_field, overflow, nan, inf, inf_sign) = cut(
+            4, sign=sign, norm=norm, e_field=e_field, overflow=overflow, nan=nan, inf=inf,
+            inf_sign=inf_sign)
+
+        mag = _round_pack(m, fmt, norm, e_field, overflow, "add_mag")
         m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, inf_sign))
         return m
 
@@ -301,7 +396,13 @@ class FPAdd(wiring.Component):
 # --------------------------------------------------------------------------------------
 
 class FPMul(wiring.Component):
-    """Combinational IEEE-754 multiplier, round-to-nearest-even.
+    """IEEE-754 multiplier, round-to-nearest-even; combinational or pipelined.
+
+    Parameters:
+        fmt: the format (:class:`FPFormat`).
+        latency: register stages inside the unit, 0..:data:`FPMUL_MAX_LATENCY` (default 0:
+            combinational). ``y`` is the product of the ``a``, ``b`` presented ``latency``
+            clock cycles (domain ``sync``) earlier; one operation per cycle.
 
     Ports:
         a, b: In(fmt.width), operand bit patterns.
@@ -316,19 +417,23 @@ class FPMul(wiring.Component):
     extended by ``man_bits + 2`` zero bits below, so a negative amount (underflow) is a
     right shift that keeps every bit for the sticky; amounts below ``-(man_bits+2)`` are
     clamped, which leaves the whole product under the round bit (result rounds to zero).
+    The stage boundaries of each latency are :data:`FPMUL_CUTS`.
 
     Raises:
         TypeError: ``fmt`` is not an :class:`FPFormat`.
+        ValueError: ``latency`` is not an int in 0..FPMUL_MAX_LATENCY.
     """
 
-    def __init__(self, fmt: FPFormat):
+    def __init__(self, fmt: FPFormat, latency: int = 0):
         self.fmt = _check_format(fmt)
+        self.latency = check_latency("latency", latency, FPMUL_MAX_LATENCY)
         super().__init__({"a": In(fmt.width), "b": In(fmt.width), "y": Out(fmt.width)})
 
     def elaborate(self, platform):
         fmt = self.fmt
         M, E = fmt.man_bits, fmt.exp_bits
         m = Module()
+        cut = _Stages(m, FPMUL_CUTS[self.latency], "mul")
         a = _Unpacked(m, fmt, self.a, "a")
         b = _Unpacked(m, fmt, self.b, "b")
 
@@ -336,7 +441,6 @@ class FPMul(wiring.Component):
         low = M + 2                         # zero extension below for underflow shifts
         prod = Signal(n)
         m.d.comb += prod.eq(a.sig * b.sig)
-        lz = _leading_zeros(m, prod, "mul_lz")
 
         # e_sum = ea + eb - bias: biased exponent of the product if it has its top bit
         # at position 2M+1 minus one; the normalised exponent is e_sum + 1 - lz.
@@ -344,21 +448,6 @@ class FPMul(wiring.Component):
         ea, eb, e_sum = Signal(signed(ew)), Signal(signed(ew)), Signal(signed(ew))
         # Signed operands first: unsigned a.exp + b.exp - bias would wrap, not go negative.
         m.d.comb += [ea.eq(a.exp), eb.eq(b.exp), e_sum.eq(ea + eb - fmt.bias)]
-        shift = Signal(signed(ew))
-        m.d.comb += shift.eq(Mux(e_sum < lz, e_sum, lz))
-        amount = Signal(range(n + low + 1))
-        m.d.comb += amount.eq(Mux(shift < -low, 0, shift + low))
-        norm = Signal(n + low)
-        m.d.comb += norm.eq(prod << amount)
-        e_res = Signal(signed(ew))
-        m.d.comb += e_res.eq(e_sum + 1 - lz)
-
-        # Hidden bit set <=> the shift was the full lz, so e_res >= 1 (normal result).
-        e_field = Signal(E + 1)
-        m.d.comb += e_field.eq(Mux(norm[-1], e_res, 0))
-        overflow = Signal()
-        m.d.comb += overflow.eq(norm[-1] & (e_res >= fmt.exp_max))
-        mag = _round_pack(m, fmt, norm, e_field, overflow, "mul_mag")
 
         sign = Signal()
         m.d.comb += sign.eq(a.sign ^ b.sign)
@@ -367,6 +456,36 @@ class FPMul(wiring.Component):
                            | (a.is_zero & b.is_inf))
         inf = Signal()
         m.d.comb += inf.eq(a.is_inf | b.is_inf)
+
+        # ---- boundary 1
+        prod, e_sum, sign, nan, inf = cut(1, prod=prod, e_sum=e_sum, sign=sign, nan=nan,
+                                          inf=inf)
+
+        lz = _leading_zeros(m, prod, "mul_lz")
+        shift = Signal(signed(ew))
+        m.d.comb += shift.eq(Mux(e_sum < lz, e_sum, lz))
+        amount = Signal(range(n + low + 1))
+        m.d.comb += amount.eq(Mux(shift < -low, 0, shift + low))
+        e_res = Signal(signed(ew))
+        m.d.comb += e_res.eq(e_sum + 1 - lz)
+
+        # ---- boundary 2
+        prod, amount, e_res, sign, nan, inf = cut(2, prod=prod, amount=amount, e_res=e_res,
+                                                  sign=sign, nan=nan, inf=inf)
+
+        norm = Signal(n + low)
+        m.d.comb += norm.eq(prod << amount)
+        # Hidden bit set <=> the shift was the full lz, so e_res >= 1 (normal result).
+        e_field = Signal(E + 1)
+        m.d.comb += e_field.eq(Mux(norm[-1], e_res, 0))
+        overflow = Signal()
+        m.d.comb += overflow.eq(norm[-1] & (e_res >= fmt.exp_max))
+
+        # ---- boundary 3
+        norm, e_field, overflow, sign, nan, inf = cut(
+            3, norm=norm, e_field=e_field, overflow=overflow, sign=sign, nan=nan, inf=inf)
+
+        mag = _round_pack(m, fmt, norm, e_field, overflow, "mul_mag")
         m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, sign))
         return m
 

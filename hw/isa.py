@@ -108,7 +108,7 @@ from dataclasses import dataclass
 __all__ = [
     "Op", "RSrc", "Status", "UOp", "Program", "NMEConfig",
     "encode_header", "decode_header", "encode_uop", "decode_uop",
-    "ADDR_BITS", "PARAM_BITS", "validate",
+    "ADDR_BITS", "PARAM_BITS", "MAX_MUL_LATENCY", "MAX_ADD_LATENCY", "validate",
 ]
 
 ADDR_BITS = 24
@@ -147,6 +147,13 @@ class Status(enum.IntEnum):
     BAD_OPERAND = 5
 
 
+#: Largest ``NMEConfig.mul_latency`` / ``add_latency``: the register stages the pipelined
+#: units offer (``coda.hw.fp.FPMUL_MAX_LATENCY`` / ``FPADD_MAX_LATENCY``; a test checks
+#: they agree, this module stays free of amaranth).
+MAX_MUL_LATENCY = 3
+MAX_ADD_LATENCY = 4
+
+
 @dataclass(frozen=True)
 class NMEConfig:
     """Elaboration parameters of one NME.
@@ -161,6 +168,14 @@ class NMEConfig:
         mem_words: size of the rank-local memory in words (<= 2**24).
         max_elems: largest ``n_elems`` accepted (<= 2**32 - 1).
         operand_isolation: hold FU operand registers still on masked lanes / idle units.
+        mul_latency: register stages inside each lane's FPMul, 0..:data:`MAX_MUL_LATENCY`
+            (0: combinational). Each stage adds one cycle to every pass.
+        add_latency: register stages inside every FPAdd (the lanes' add, the L1 path's fp32
+            subtract and accumulate, the lane sum), 0..:data:`MAX_ADD_LATENCY`. Each stage
+            adds one cycle to every pass (two to an L1 pass that the fp32 path makes the
+            longer); the per-lane L1 accumulate is a recurrence, so an L1 pass takes one
+            word every ``add_latency + 1`` cycles and the lane sum ``add_latency + 1``
+            cycles per lane. Results are the same bits for every latency.
     """
     lanes: int = 8
     fmt: str = "bf16"
@@ -171,6 +186,8 @@ class NMEConfig:
     mem_words: int = 1 << 16
     max_elems: int = (1 << 24) - 1
     operand_isolation: bool = True
+    mul_latency: int = 0
+    add_latency: int = 0
 
     def __post_init__(self):
         if not 1 <= self.lanes <= 64:
@@ -189,6 +206,10 @@ class NMEConfig:
             raise ValueError(f"mem_words={self.mem_words}: expected 1..2**{ADDR_BITS}")
         if not 1 <= self.max_elems < (1 << N_ELEMS_BITS):
             raise ValueError(f"max_elems={self.max_elems}: expected 1..2**32-1")
+        for name, top in (("mul_latency", MAX_MUL_LATENCY), ("add_latency", MAX_ADD_LATENCY)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+                raise ValueError(f"{name}={value!r}: expected an int 0..{top}")
 
     @property
     def word_bits(self) -> int:

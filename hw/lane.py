@@ -1,7 +1,8 @@
 """One SIMD lane of the NME: FPMul then FPAdd in series, and the fp32 |a-b| accumulator.
 
-The lane is a 3-stage pipeline (plus the accumulator stage) fed by the NME's stage-1 operands
-``p``, ``q``, ``r`` (one element each, format bit patterns):
+The lane is a pipeline fed by the NME's stage-1 operands ``p``, ``q``, ``r`` (one element
+each, format bit patterns). With combinational units (``mul_latency = add_latency = 0``) it
+has 3 stages plus the accumulator's:
 
 ====== ==================================================================================
 stage  what happens
@@ -13,6 +14,14 @@ S3     ``sum = FPAdd(add_a, add_b, sub)``; ``y`` is valid (MOV: R, MUL: prod, el
        L1: ``|f32(P) - f32(R)|`` loads the accumulator's operand register
 S4     L1: ``acc += |d|`` (fp32)
 ====== ==================================================================================
+
+Pipelined units (:class:`coda.hw.nme_iface.LaneTiming`, from ``NMEConfig.mul_latency`` =
+``lm`` and ``add_latency`` = ``la``) stretch it: the product is valid in stage ``2 + lm``
+(P and R wait beside FPMul in delay registers), ``y`` in ``3 + lm + la`` (the MOV/MUL
+bypass waits beside FPAdd), ``|d|`` in ``3 + la`` and the accumulate writes in ``4 + 2 la``.
+The accumulate is a recurrence through FPAdd, so the NME feeds an L1 pass one word every
+``la + 1`` cycles. The words of an L1 pass carry their own valid bit down the L1 path (it
+runs on after the pass's result stage, into the next pass).
 
 Each ``+ - *`` is one IEEE-754 operation of :mod:`coda.hw.fp` (two roundings for MAC, as the
 ISA requires). With operand isolation the operand registers of a functional unit load only
@@ -39,6 +48,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .fp import FP32, FPAdd, FPFormat, FPMul, FPWiden
+from .nme_iface import LaneTiming
 
 __all__ = ["NMELane", "RES_R", "RES_PROD", "RES_SUM", "popcount", "GATED_DOMAINS"]
 
@@ -76,6 +86,8 @@ class NMELane(wiring.Component):
         gated: clock the data registers from :data:`GATED_DOMAINS` (with operand isolation
             only; ignored without it).
         measure_toggles: add the ``toggles`` output and its shadow registers (simulation only).
+        timing: :class:`coda.hw.nme_iface.LaneTiming`: the register stages of FPMul and of
+            the FPAdds (default: combinational units).
 
     Members (controls are constant during a pass, so they are not pipelined):
         op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
@@ -85,18 +97,20 @@ class NMELane(wiring.Component):
         res_sel: In(2): ``RES_R``, ``RES_PROD`` or ``RES_SUM``.
         v1: In(1): a word is in stage 1; m1: In(1): this lane of it is valid (not tail-masked).
         p, q, r: In(16): stage-1 operands.
-        y: Out(16): the stage-3 result (valid 2 cycles after ``v1``).
+        y: Out(16): the result (valid ``timing.result_stage - 1`` cycles after ``v1``: 2
+            with combinational units).
         acc_clear: In(1): set the accumulator to +0 (program start).
         acc: Out(32): fp32 accumulator bits.
         toggles: Out(8), with ``measure_toggles`` only: operand-register bit toggles seen in
             the previous cycle (<= 160).
 
     Raises:
-        TypeError: ``fmt`` is not an FPFormat. ValueError: a format that is not 16 bits wide.
+        TypeError: ``fmt`` is not an FPFormat, or ``timing`` not a LaneTiming.
+        ValueError: a format that is not 16 bits wide; a latency out of range.
     """
 
     def __init__(self, fmt: FPFormat, operand_isolation: bool = True, gated: bool = False,
-                 measure_toggles: bool = False):
+                 measure_toggles: bool = False, timing: LaneTiming = LaneTiming()):
         if not isinstance(fmt, FPFormat):
             raise TypeError(f"fmt={fmt!r}: expected a coda.hw.fp.FPFormat")
         self.fmt = fmt
@@ -106,6 +120,9 @@ class NMELane(wiring.Component):
         # without operand isolation the operand registers load every cycle: no clock may stop
         self.gated = bool(gated) and self.operand_isolation
         self.measure_toggles = bool(measure_toggles)
+        if not isinstance(timing, LaneTiming):
+            raise TypeError(f"timing={timing!r}: expected a coda.hw.nme_iface.LaneTiming")
+        self.timing = timing
         members = {
             "op_mul": In(1), "mul_a_q": In(1), "op_add": In(1), "add_b_mul": In(1),
             "sub": In(1), "op_l1": In(1), "res_sel": In(2),
@@ -123,61 +140,93 @@ class NMELane(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         fmt = self.fmt
-        m.submodules.mul = mul = FPMul(fmt)
-        m.submodules.add = add = FPAdd(fmt)
+        t = self.timing
+        lm, la = t.mul_latency, t.add_latency
+        m.submodules.mul = mul = FPMul(fmt, lm)
+        m.submodules.add = add = FPAdd(fmt, la)
         m.submodules.widen_p = widen_p = FPWiden(fmt, FP32)
         m.submodules.widen_r = widen_r = FPWiden(fmt, FP32)
-        m.submodules.diff = diff = FPAdd(FP32)
-        m.submodules.accum = accum = FPAdd(FP32)
+        m.submodules.diff = diff = FPAdd(FP32, la)
+        m.submodules.accum = accum = FPAdd(FP32, la)
 
         d2, dmul, dadd, d3, dl1, d4, dacc = (GATED_DOMAINS if self.gated
                                              else ("sync",) * len(GATED_DOMAINS))
 
+        # valid and lane-mask bits of every stage: vs[k], ms[k] (stage 1 = the inputs)
+        last = max(t.result_stage, t.acc_stage)
+        vs, ms = [None, self.v1], [None, self.m1]
+        for k in range(2, last + 1):
+            v, mk = Signal(name=f"v{k}"), Signal(name=f"m{k}")
+            m.d.sync += [v.eq(vs[-1]), mk.eq(ms[-1])]
+            vs.append(v)
+            ms.append(mk)
+
         # S1 -> S2
         mul_a, mul_b = Signal(16), Signal(16)
         p2, r2 = Signal(16), Signal(16)
-        v2, m2 = Signal(), Signal()
         with m.If(self._load_when(self.v1, self.m1, self.op_mul)):
             m.d[dmul] += [mul_a.eq(Mux(self.mul_a_q, self.q, self.p)), mul_b.eq(self.r)]
         with m.If(self.v1):
             m.d[d2] += [p2.eq(self.p), r2.eq(self.r)]
-        m.d.sync += [v2.eq(self.v1), m2.eq(self.m1)]
         m.d.comb += [mul.a.eq(mul_a), mul.b.eq(mul_b)]
 
-        # S2 -> S3
+        # P and R wait beside FPMul's stages: pk, rk are P, R in stage add_stage
+        pk, rk = p2, r2
+        for k in range(3, t.add_stage + 1):
+            pn, rn = Signal(16, name=f"p{k}"), Signal(16, name=f"r{k}")
+            with m.If(vs[k - 1]):
+                m.d.sync += [pn.eq(pk), rn.eq(rk)]
+            pk, rk = pn, rn
+
+        # add_stage -> add_stage + 1: FPAdd operands, the MOV/MUL bypass
+        ks = t.add_stage
         add_a, add_b = Signal(16), Signal(16)
-        l1_a, l1_b = Signal(32), Signal(32)
-        bypass3 = Signal(16)
-        v3, m3 = Signal(), Signal()
+        bypass = Signal(16, name=f"bypass{ks + 1}")
         add_sub = self.sub
-        with m.If(self._load_when(v2, m2, self.op_add)):
-            m.d[dadd] += [add_a.eq(p2), add_b.eq(Mux(self.add_b_mul, mul.y, r2))]
+        with m.If(self._load_when(vs[ks], ms[ks], self.op_add)):
+            m.d[dadd] += [add_a.eq(pk), add_b.eq(Mux(self.add_b_mul, mul.y, rk))]
             if self.gated:
                 add_sub = Signal()
                 m.d[dadd] += add_sub.eq(self.sub)
-        m.d.comb += [widen_p.a.eq(p2), widen_r.a.eq(r2)]
-        with m.If(self._load_when(v2, m2, self.op_l1)):
-            m.d[dl1] += [l1_a.eq(widen_p.y), l1_b.eq(widen_r.y)]
-        with m.If(v2):
-            m.d[d3] += bypass3.eq(Mux(self.res_sel == RES_PROD, mul.y, r2))
-        m.d.sync += [v3.eq(v2), m3.eq(m2)]
+        with m.If(vs[ks]):
+            m.d[d3] += bypass.eq(Mux(self.res_sel == RES_PROD, mul.y, rk))
+        # the bypass waits beside FPAdd's stages
+        for k in range(ks + 2, t.result_stage + 1):
+            bn = Signal(16, name=f"bypass{k}")
+            with m.If(vs[k - 1]):
+                m.d.sync += bn.eq(bypass)
+            bypass = bn
         m.d.comb += [add.a.eq(add_a), add.b.eq(add_b), add.sub.eq(add_sub)]
-        m.d.comb += self.y.eq(Mux(self.res_sel == RES_SUM, add.y, bypass3))
+        m.d.comb += self.y.eq(Mux(self.res_sel == RES_SUM, add.y, bypass))
 
-        # S3 -> S4: |f32(P) - f32(R)|, the sign bit cleared (|NaN| stays a NaN)
+        # L1, S2 -> S3: the widened operands. The L1 path runs past the result stage, into
+        # the next pass, so its words carry their own valid bit (lv[k]: a valid, unmasked
+        # word of an L1 pass in stage k), not the current micro-op's.
+        lv = {2: Signal(name="l1v2")}
+        m.d.comb += lv[2].eq(vs[2] & ms[2] & self.op_l1)
+        for k in range(3, t.acc_stage + 1):
+            lv[k] = Signal(name=f"l1v{k}")
+            m.d.sync += lv[k].eq(lv[k - 1])
+        l1_a, l1_b = Signal(32), Signal(32)
+        m.d.comb += [widen_p.a.eq(p2), widen_r.a.eq(r2)]
+        with m.If(self._load_when(vs[2], ms[2], self.op_l1)):
+            m.d[dl1] += [l1_a.eq(widen_p.y), l1_b.eq(widen_r.y)]
+
+        # diff_stage -> diff_stage + 1: |f32(P) - f32(R)|, the sign bit cleared (|NaN| stays
+        # a NaN)
         m.d.comb += [diff.a.eq(l1_a), diff.b.eq(l1_b), diff.sub.eq(1)]
         l1_d = Signal(32)
-        v4 = Signal()
-        with m.If(self._load_when(v3, m3, self.op_l1)):
+        kd = t.diff_stage
+        with m.If(self._load_when(lv[kd], 1, 1)):
             m.d[d4] += l1_d.eq(Cat(diff.y[:31], Const(0, 1)))
-        m.d.sync += v4.eq(v3 & m3 & self.op_l1)
 
-        # S4: the accumulator
+        # acc_stage: the accumulator (its words come every l1_gap cycles, so the sum of the
+        # previous word is in ``acc`` before the next one enters FPAdd)
         acc = Signal(32)
         m.d.comb += [accum.a.eq(acc), accum.b.eq(l1_d), accum.sub.eq(0), self.acc.eq(acc)]
         with m.If(self.acc_clear):
             m.d[dacc] += acc.eq(0)
-        with m.Elif(v4):
+        with m.Elif(lv[t.acc_stage]):
             m.d[dacc] += acc.eq(accum.y)
 
         if self.measure_toggles:

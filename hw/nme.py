@@ -44,7 +44,10 @@ more per scaled GROUP micro-op); execution ``2`` plus ``blen + 6`` per pass (``b
 for a store pass), plus ``3 + lat`` before the first word, plus ``6 + lat`` (``+ 1`` across
 a block boundary) before the first read pass after each store pass, less the cycles buffer
 passes in between give the issue side; ``L`` for the L1 sum; ``1`` for ``done``. Default
-config, y = x + g*c over 1000 elements, 1-cycle memory: 587 cycles.
+config, y = x + g*c over 1000 elements, 1-cycle memory: 587 cycles. Pipelined units
+(``cfg.mul_latency`` = lm, ``cfg.add_latency`` = la) add ``lm + la`` cycles to every pass's
+drain; an L1 pass takes one word per ``la + 1`` cycles and drains ``max(lm + la, 2 la)``
+more, and the L1 sum takes ``L (la + 1)``.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class NME(wiring.Component):
 
     Parameters:
         cfg: :class:`coda.hw.isa.NMEConfig` (lanes L, fmt, depth, nbuf, imem_depth,
-            max_streams, mem_words, max_elems, operand_isolation).
+            max_streams, mem_words, max_elems, operand_isolation, mul_latency, add_latency).
         clock_gating: clock the lanes' data registers through clock gates (with operand
             isolation only; ignored without it). Each register group of a lane gets a gated
             clock (:data:`coda.hw.lane.GATED_DOMAINS`) that runs in the cycles in which the

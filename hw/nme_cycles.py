@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .isa import NMEConfig, Op, Program, RSrc, Status, UOp, validate
+from .nme_iface import LaneTiming
 
 __all__ = ["model_cycles"]
 
@@ -24,7 +25,9 @@ DIV_CYCLES = 33              # V_DIV otherwise: restoring divider, 32 quotient b
 CHECK_CYCLES_PER_UOP = 3     # V_FETCH, V_CHECK, V_NEXT
 V_END_CYCLES = 1             # V_END: stream count, start of execution
 EXEC_START_CYCLES = 2        # X_BLOCK, X_FETCH (first block only; later blocks follow X_END)
-PASS_CYCLES = 6              # X_LOAD + X_RUN's lane pipeline drain (4) + X_END, plus blen
+PASS_CYCLES = 4              # X_LOAD, X_END, and the cycles after the last word's entry and
+                             # after its drain stage; plus the words' span and the drain
+                             # stage (_pass_cycles: blen + 6 with combinational units)
 STORE_PASS_EXTRA = 2         # store FIFO (1) and request register (1) before the last write
 FIFO_READ_CYCLES = 2         # read response -> SyncFIFOBuffered output (r_rdy)
 ISSUE_BUF_PASS_CYCLES = 4    # issue side over a pass with no read: I_FETCH, I_LOAD, I_RUN, I_END
@@ -71,13 +74,25 @@ def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
             + FAIL_CHECK_CYCLES + (_group_cycles(cfg, bad) if late else 0) + FINISH_CYCLES)
 
 
-def _sync_stalls(uops: tuple, blen: int, next_blen: int | None, latency: int) -> int:
+def _pass_cycles(t: LaneTiming, u: UOp, blen: int) -> int:
+    """X_LOAD to the next X_LOAD of a pass of ``blen`` words that never waits for a read:
+    the words enter one per cycle (one per ``l1_gap`` for L1), X_RUN ends the cycle after
+    the last word has left the drain stage (:meth:`LaneTiming.drain_stage`); a store pass
+    waits 2 more for its last request (store FIFO and request register)."""
+    l1 = u.op == Op.L1
+    gap = t.l1_gap if l1 else 1
+    return ((blen - 1) * gap + t.drain_stage(l1) + PASS_CYCLES
+            + (STORE_PASS_EXTRA if u.store else 0))
+
+
+def _sync_stalls(t: LaneTiming, uops: tuple, blen: int, next_blen: int | None,
+                 latency: int) -> int:
     """Execution stall (cycles) of the first read pass after each store pass of one block.
 
     The issue side holds at a store pass until execution has finished it (X_END), then needs
     I_END, [I_BLOCK,] and per pass without a read 4 cycles, then I_FETCH, I_LOAD before its
     first request; the data reaches the lanes ``1 + latency + FIFO_READ_CYCLES`` later.
-    Execution meanwhile starts the next passes at once (``blen + 6`` each).
+    Execution meanwhile starts the next passes at once (:func:`_pass_cycles` each).
     """
     total = 0
     walk = [(u, blen, 0) for u in uops]
@@ -98,7 +113,7 @@ def _sync_stalls(uops: tuple, blen: int, next_blen: int | None, latency: int) ->
                 total += max(0, ready - x_run)
                 break
             issue += ISSUE_BUF_PASS_CYCLES
-            x_run += bl + PASS_CYCLES
+            x_run += _pass_cycles(t, v, bl)
     return total
 
 
@@ -109,11 +124,14 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
     Used where the read credits may hold the issue side back (``latency > blen + 2``): the
     issue side's m-th read of the program may go out only one cycle after execution took
     read ``m - RF`` (``RF = max(D, 3)`` response-FIFO entries). Sequences of one word per
-    cycle are running maxima: ``t_j = j + max_{i<=j}(earliest_i - i)``. Cost: one numpy step
+    cycle are running maxima: ``t_j = j + max_{i<=j}(earliest_i - i)`` (an L1 pass takes one
+    word per ``g = l1_gap`` cycles: ``t_j = g*j + max_{i<=j}(earliest_i - g*i)``). Cost: one
+    numpy step
     per pass (tens of microseconds), e.g. about 10 s for 100 000 words x 18 micro-ops at
     depth 4.
     """
     depth = cfg.depth
+    t = LaneTiming.of(cfg)
     credits = max(depth, 3)
     recent = np.zeros(0, dtype=np.int64)    # take cycles of the last `credits` reads
     fetch, x_load = v_end + 2, v_end + 3    # I_FETCH and X_LOAD of the first pass
@@ -125,6 +143,10 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
         for u in uops:
             x_run = x_load + 1
             j = np.arange(blen)
+            l1 = u.op == Op.L1
+            gap = t.l1_gap if l1 else 1
+            # X_END is this many cycles after the last word's entry (see _pass_cycles)
+            after = t.drain_stage(l1) + 2
             if u.rsrc != RSrc.BUF:
                 # read j's credit comes back one cycle after the take of the read `credits`
                 # before it (blen <= credits, so that one is among the recent ones)
@@ -134,15 +156,15 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
                 earliest[freed] = np.maximum(earliest[freed], recent[m[freed]] + 1)
                 issue = j + np.maximum.accumulate(earliest - j)
                 ready = issue + 1 + latency + FIFO_READ_CYCLES
-                take = j + np.maximum.accumulate(np.maximum(ready, x_run) - j)
+                take = gap * j + np.maximum.accumulate(np.maximum(ready, x_run) - gap * j)
                 recent = np.concatenate([recent, take])[-credits:]
-                x_end = int(take[-1]) + 5
+                x_end = int(take[-1]) + after
                 fetch = int(issue[-1]) + 3
             elif u.store:
-                x_end = x_run + blen + 6
+                x_end = x_run + (blen - 1) * gap + after + STORE_PASS_EXTRA
                 fetch = max(fetch + 2, x_end + 1) + 2
             else:
-                x_end = x_run + blen + 4
+                x_end = x_run + (blen - 1) * gap + after
                 fetch += ISSUE_BUF_PASS_CYCLES
             x_load = x_end + 1
     return x_end
@@ -162,16 +184,20 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
       TOO_MANY_STREAMS ``n + 4 + div + sum_i(3 + g_i)``; ``div`` = 1 (L a power of two)
       or 33 (divider), ``g_i = bitlen(param*L) + 1`` for a scaled GROUP micro-op, else 0;
     - accepted: ``n + 5 + div + sum_i(3 + g_i) + 2`` to the first X_LOAD, then each pass
-      ``blen + 6`` (X_LOAD, one word per cycle, 4-cycle lane pipeline drain, X_END),
-      ``+ 2`` for a store pass (store FIFO and request register before the last write),
-      ``+ L`` if there is an L1 micro-op (lanes summed in order), ``+ 1`` (FINISH);
+      ``blen + 6 + lm + la`` (X_LOAD, one word per cycle, the lane pipeline's drain: 4
+      cycles with combinational units, one more per register stage of FPMul (``lm =
+      cfg.mul_latency``) and of FPAdd (``la = cfg.add_latency``); X_END), ``+ 2`` for a
+      store pass (store FIFO and request register before the last write); an L1 pass
+      ``(blen - 1)(la + 1) + 7 + max(lm + la, 2 la)`` (one word per ``la + 1`` cycles,
+      the fp32 subtract and accumulate); ``+ L (la + 1)`` if there is an L1 micro-op
+      (lanes summed in order), ``+ 1`` (FINISH);
     - read stalls: the issue side runs ahead of execution (reads of the next passes go out
       during the current one, ``blen + 4`` cycles per read pass, 4 per other pass), so a
       read pass waits only where the issue side had to wait: the program's first pass
       (a read: ``3 + latency`` cycles), and the first read pass after each store pass
       (the issue side holds at a store until its last write): ``6 + latency`` cycles,
-      ``+ 1`` if it starts the next block, ``+ 4 - (blen + 6)`` per pass without a read
-      in between, never below 0;
+      ``+ 1`` if it starts the next block, ``+ 4 - pass`` per pass without a read
+      in between (``pass`` its cycles above), never below 0;
     - read credits: the issue side may have at most ``max(D, 3)`` reads not yet taken by
       execution. That never delays a read pass while ``latency <= blen + 2`` (the closed
       form above); for longer latencies the model follows execution and the issue side word by word
@@ -182,7 +208,8 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
     operator, both formats, lanes 2/3/8, depth 3/4/5/64, all error classes): exact at memory
     latency 1, 4 and 20 (closed form at 1 and 4, the walk at 20 for depth <= 5);
     tests/test_nme_sim.py checks lanes 1/2/5 at depth 1/2 exactly against the amaranth.sim
-    NME at latency 1. DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
+    NME at latency 1; both include NMEs with pipelined units (``mul_latency``,
+    ``add_latency``). DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
 
     Args:
         cfg: the NME configuration.
@@ -196,23 +223,24 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
         return _reject_cycles(cfg, program, status)
     uops = program.uops
     n = len(uops)
+    t = LaneTiming.of(cfg)
     cycles = (1 + n + V_LEN_CYCLES + _div_cycles(cfg)
               + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in uops)
               + V_END_CYCLES + EXEC_START_CYCLES)
     n_words = -(-program.n_elems // cfg.lanes)
     blocks = -(-n_words // cfg.depth)
     last = n_words - (blocks - 1) * cfg.depth
-    l1_sum = cfg.lanes if any(u.op == Op.L1 for u in uops) else 0
+    l1_sum = cfg.lanes * t.sum_cycles_per_lane if any(u.op == Op.L1 for u in uops) else 0
     if mem_latency > min(cfg.depth, last) + 2:   # read credits may bind: walk the words
         v_end = cycles - EXEC_START_CYCLES - 1
         return _walk_cycles(cfg, uops, n_words, v_end, mem_latency) + 1 + l1_sum + FINISH_CYCLES
-    n_store = sum(u.store for u in uops)
-    cycles += n * (n_words + PASS_CYCLES * blocks) + STORE_PASS_EXTRA * n_store * blocks
+    cycles += sum((blocks - 1) * _pass_cycles(t, u, cfg.depth) + _pass_cycles(t, u, last)
+                  for u in uops)
     cycles += 1 + mem_latency + FIFO_READ_CYCLES      # the first pass reads: nothing ahead
     if blocks == 1:
-        cycles += _sync_stalls(uops, last, None, mem_latency)
+        cycles += _sync_stalls(t, uops, last, None, mem_latency)
     else:
-        cycles += (blocks - 2) * _sync_stalls(uops, cfg.depth, cfg.depth, mem_latency)
-        cycles += _sync_stalls(uops, cfg.depth, last, mem_latency)
-        cycles += _sync_stalls(uops, last, None, mem_latency)
+        cycles += (blocks - 2) * _sync_stalls(t, uops, cfg.depth, cfg.depth, mem_latency)
+        cycles += _sync_stalls(t, uops, cfg.depth, last, mem_latency)
+        cycles += _sync_stalls(t, uops, last, None, mem_latency)
     return cycles + l1_sum + FINISH_CYCLES

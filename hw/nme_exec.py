@@ -6,15 +6,19 @@ operand comes from memory takes one read response per cycle from the issue side'
 stream; a pass with R from a buffer feeds one word per cycle; with ``store`` its results go
 through an 8-word FIFO to the memory request register (the store stream), and words enter the
 pipeline only while that FIFO has room for them (a credit count), so ``mem_req_ready``
-back-pressure loses nothing. Passes drain the lane pipeline (3 cycles) before the next one
-starts, so buffer read-after-write needs no further check. After the last block, ``X_SUM``
-adds the lanes' L1 accumulators in order 0..L-1 in fp32 when the program has an L1 micro-op.
+back-pressure loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more
+for a deep lane pipeline). Passes drain the lane pipeline (3 cycles with combinational units,
+``LaneTiming.drain_stage`` in general) before the next one starts, so buffer read-after-write
+needs no further check. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
+accumulate's recurrence). After the last block, ``X_SUM`` adds the lanes' L1 accumulators
+in order 0..L-1 in fp32 when the program has an L1 micro-op, ``add_latency + 1`` cycles
+per lane.
 
 Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
 of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each
 lane's P, Q, R (buffer word, memory word, per-group element, int8 converted); the lanes
-(:class:`coda.hw.lane.NMELane`) are the stages 2 and 3; stage 3 writes a buffer or the store
-FIFO. With clock gating every lane register group has its own gated clock (:meth:`_clock_gates`).
+(:class:`coda.hw.lane.NMELane`) are the stages 2 to the result stage, which writes a buffer
+or the store FIFO. With clock gating every lane register group has its own gated clock (:meth:`_clock_gates`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from amaranth.utils import ceil_log2
 from .fp import FP32, FPAdd, Int8ToFP, fp_format
 from .isa import NMEConfig, Op, RSrc
 from .lane import GATED_DOMAINS, RES_PROD, RES_R, RES_SUM, NMELane
-from .nme_iface import (PASS_BITS, STORE_FIFO_DEPTH, UOP_INDEX_BITS, UopFields, UopRead,
+from .nme_iface import (PASS_BITS, UOP_INDEX_BITS, LaneTiming, UopFields, UopRead,
                         response_signature, store_signature)
 
 __all__ = ["NMEExec", "sum_tree"]
@@ -91,6 +95,8 @@ class NMEExec(wiring.Component):
         L, D, NB = cfg.lanes, cfg.depth, cfg.nbuf
         m = Module()
         fmt = fp_format(cfg.fmt)
+        timing = LaneTiming.of(cfg)
+        fifo_depth = timing.store_fifo_depth
         n_uops, n_words, tail_mask = self.n_uops, self.n_words, self.tail_mask
 
         buf_rd, buf_wr = [], []
@@ -99,11 +105,11 @@ class NMEExec(wiring.Component):
             m.submodules[f"buf{b}"] = mem
             buf_rd.append(mem.read_port())
             buf_wr.append(mem.write_port())
-        m.submodules.store_fifo = fifo = SyncFIFO(width=16 * L, depth=STORE_FIFO_DEPTH)
+        m.submodules.store_fifo = fifo = SyncFIFO(width=16 * L, depth=fifo_depth)
         lanes = []
         for j in range(L):
             lane = NMELane(fmt, cfg.operand_isolation, gated=self.clock_gating,
-                           measure_toggles=self.measure_toggles)
+                           measure_toggles=self.measure_toggles, timing=timing)
             m.submodules[f"lane{j}"] = lane
             lanes.append(lane)
 
@@ -122,56 +128,83 @@ class NMEExec(wiring.Component):
         s_cnt = Signal(range(D + 1))         # stores requested (store pass)
         st_addr = Signal(len(self.store.payload.addr))
         x_passes = Signal(PASS_BITS)         # passes completed
-        used = Signal(range(STORE_FIFO_DEPTH + 1))   # store credits in use
+        used = Signal(range(fifo_depth + 1))         # store credits in use
         m.d.comb += [self.uop.addr.eq(k), self.passes.eq(x_passes)]
 
-        # ---- pipeline control
+        # ---- pipeline control (stage numbers: coda.hw.nme_iface.LaneTiming)
         run = Signal()                       # in X_RUN
         enter = Signal()                     # a word enters stage 0 this cycle
+        is_l1 = Signal()
+        m.d.comb += is_l1.eq(cur_op == Op.L1)
+        gap_ok = Const(1, 1)                 # L1 words come every l1_gap cycles
+        if timing.l1_gap > 1:
+            gap = Signal(range(timing.l1_gap))
+            gap_ok = ~is_l1 | (gap == 0)
+            with m.If(enter & is_l1):
+                m.d.sync += gap.eq(timing.l1_gap - 1)
+            with m.Elif(gap != 0):
+                m.d.sync += gap.eq(gap - 1)
         idx0 = Signal(idx_w)
-        v1, v2, v3 = Signal(), Signal(), Signal()
-        idx1, idx2, idx3 = Signal(idx_w), Signal(idx_w), Signal(idx_w)
         last1 = Signal()
         half1 = Signal()
         elane1 = Signal(6)
         rsp1 = Signal(16 * L)
         acc_clear = self.start
         m.d.comb += [
-            enter.eq(run & Mux(read_pass, self.rsp.valid & (j_cnt < blen),
-                               (i_cnt < blen) & (~cur_store | (used < STORE_FIFO_DEPTH)))),
+            enter.eq(run & gap_ok & Mux(read_pass, self.rsp.valid & (j_cnt < blen),
+                                        (i_cnt < blen) & (~cur_store | (used < fifo_depth)))),
             self.rsp.ready.eq(enter & read_pass),
             idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
         ]
         for rp in buf_rd:
             m.d.comb += rp.addr.eq(idx0)
-        m.d.sync += [v1.eq(enter), idx1.eq(idx0), idx2.eq(idx1), idx3.eq(idx2),
-                     v2.eq(v1), v3.eq(v2),
-                     last1.eq(last_block & (idx0 == blen - 1))]
+        # valid bits of every stage (vs[k]) and the word index up to the result stage
+        n_res = timing.result_stage
+        n_l1 = timing.drain_stage(l1=True)
+        vs, idxs = [enter], [idx0]
+        for st in range(1, max(n_res, n_l1, timing.acc_stage) + 1):
+            v = Signal(name=f"v{st}")
+            m.d.sync += v.eq(vs[-1])
+            vs.append(v)
+        for st in range(1, n_res + 1):
+            ix = Signal(idx_w, name=f"idx{st}")
+            m.d.sync += ix.eq(idxs[-1])
+            idxs.append(ix)
+        v1 = vs[1]
+        m.d.sync += last1.eq(last_block & (idx0 == blen - 1))
         with m.If(enter & read_pass):
             m.d.sync += [rsp1.eq(self.rsp.payload.data), half1.eq(self.rsp.payload.half),
                          elane1.eq(self.rsp.payload.elane)]
-        # the L1 accumulate (stage 4) may still run: X_SUM starts two cycles later
+        # the pass ends with its pipeline empty up to the result stage; an L1 pass also up to
+        # the stage before the accumulate, which happens in the cycle the pass ends (X_SUM
+        # starts two cycles later)
         pipe_empty = Signal()
-        m.d.comb += pipe_empty.eq(~enter & ~v1 & ~v2 & ~v3)
+        m.d.comb += pipe_empty.eq(~Cat(*vs[:n_res + 1]).any()
+                                  & (~is_l1 | ~Cat(*vs[:n_l1 + 1]).any()))
 
         self._lanes_stage1(m, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
                            cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
         if self.clock_gating:
             ctl = lanes[0]   # the per-pass controls, the same for every lane
-            v4 = Signal()    # an L1 element may be in the lanes' stage 4
-            m.d.sync += v4.eq(v3 & ctl.op_l1)
-            self._clock_gates(m, (v1, v1 & ctl.op_mul, v2 & ctl.op_add, v2, v2 & ctl.op_l1,
-                                  v3 & ctl.op_l1, v4 | acc_clear))
+            ka, kd, kc = timing.add_stage, timing.diff_stage, timing.acc_stage
+            # words of an L1 pass, by stage (the L1 path runs on into the next pass)
+            l1s = [enter & is_l1]
+            for st in range(1, kc + 1):
+                lvs = Signal(name=f"l1v{st}")
+                m.d.sync += lvs.eq(l1s[-1])
+                l1s.append(lvs)
+            self._clock_gates(m, (v1, v1 & ctl.op_mul, vs[ka] & ctl.op_add, vs[ka],
+                                  vs[2] & ctl.op_l1, l1s[kd], l1s[kc] | acc_clear))
 
-        # stage 3: buffer write or store FIFO
+        # the result stage: buffer write or store FIFO
         result = Signal(16 * L)
         m.d.comb += result.eq(Cat(*[lane.y for lane in lanes]))
         writes_buf = Signal()
         m.d.comb += writes_buf.eq(~cur_store & (cur_op != Op.L1))
         for b, wp in enumerate(buf_wr):
-            m.d.comb += [wp.addr.eq(idx3), wp.data.eq(result),
-                         wp.en.eq(v3 & writes_buf & (cur_d == b))]
-        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(v3 & cur_store)]
+            m.d.comb += [wp.addr.eq(idxs[n_res]), wp.data.eq(result),
+                         wp.en.eq(vs[n_res] & writes_buf & (cur_d == b))]
+        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(vs[n_res] & cur_store)]
 
         # ---- the store stream: the store FIFO's head, the tail lanes masked in the last word
         store_last = Signal()
@@ -193,9 +226,15 @@ class NMEExec(wiring.Component):
         # ---- the L1 sum of the lanes
         sum_acc = Signal(32)
         sum_j = Signal(range(L))
-        m.submodules.l1_sum = l1_add = FPAdd(FP32)
-        acc_sel = Array([lane.acc for lane in lanes])[sum_j]
-        m.d.comb += [l1_add.a.eq(sum_acc), l1_add.b.eq(acc_sel), l1_add.sub.eq(0)]
+        sum_wait = Signal(range(timing.sum_cycles_per_lane))   # cycles into one lane's add
+        m.submodules.l1_sum = l1_add = FPAdd(FP32, timing.add_latency)
+        # the accumulator of lane sum_j, registered (loaded when the previous add ends, so
+        # the lane multiplexer is not in front of the adder)
+        sum_b = Signal(32)
+        next_j = Signal(range(L))
+        m.d.comb += next_j.eq(Mux(sum_j == L - 1, 0, sum_j + 1))
+        next_acc = Array([lane.acc for lane in lanes])[next_j]
+        m.d.comb += [l1_add.a.eq(sum_acc), l1_add.b.eq(sum_b), l1_add.sub.eq(0)]
 
         f = UopFields(self.uop.data)
 
@@ -242,7 +281,8 @@ class NMEExec(wiring.Component):
                     with m.If(~last_block):
                         m.next = "X_LOAD"
                     with m.Elif(self.has_l1):
-                        m.d.sync += [sum_acc.eq(0), sum_j.eq(0)]
+                        m.d.sync += [sum_acc.eq(0), sum_j.eq(0), sum_wait.eq(0),
+                                     sum_b.eq(lanes[0].acc)]
                         m.next = "X_SUM"
                     with m.Else():
                         finish()
@@ -252,10 +292,15 @@ class NMEExec(wiring.Component):
                     m.next = "X_LOAD"
 
             with m.State("X_SUM"):
-                # lanes summed in order 0..L-1 in fp32 (ISA), starting from +0
-                m.d.sync += [sum_acc.eq(l1_add.y), sum_j.eq(sum_j + 1)]
-                with m.If(sum_j == L - 1):
-                    finish(l1_add.y)
+                # lanes summed in order 0..L-1 in fp32 (ISA), starting from +0; each add
+                # takes sum_cycles_per_lane cycles (its operands stay put meanwhile)
+                with m.If(sum_wait == timing.sum_cycles_per_lane - 1):
+                    m.d.sync += [sum_acc.eq(l1_add.y), sum_j.eq(sum_j + 1), sum_wait.eq(0),
+                                 sum_b.eq(next_acc)]
+                    with m.If(sum_j == L - 1):
+                        finish(l1_add.y)
+                with m.Else():
+                    m.d.sync += sum_wait.eq(sum_wait + 1)
 
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         if self.measure_toggles:

@@ -8,6 +8,8 @@ The streams are :mod:`amaranth.lib.stream` streams: a transfer is ``valid & read
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -15,10 +17,12 @@ from .isa import ADDR_BITS
 
 __all__ = ["UopFields", "UopRead", "PhaseInit", "response_layout", "store_layout",
            "response_signature", "store_signature", "read_credits", "STORE_FIFO_DEPTH",
+           "LaneTiming",
            "TAG_BITS", "PASS_BITS", "UOP_INDEX_BITS"]
 
-#: Words of store results the NME can hold while the memory refuses requests; 8 covers the
-#: issue-to-transfer round trip (about 6 cycles) so a store pass keeps one word per cycle.
+#: Words of store results the NME can hold while the memory refuses requests (at least; a
+#: deeper lane pipeline needs more, :attr:`LaneTiming.store_fifo_depth`); 8 covers the
+#: issue-to-transfer round trip (6 cycles) so a store pass keeps one word per cycle.
 STORE_FIFO_DEPTH = 8
 #: Bits travelling with each read (INT8 half, GROUP element lane).
 TAG_BITS = 7
@@ -27,6 +31,68 @@ TAG_BITS = 7
 PASS_BITS = 11
 #: Width of a micro-op index (``n_uops`` <= 255).
 UOP_INDEX_BITS = 8
+
+
+@dataclass(frozen=True)
+class LaneTiming:
+    """Where things happen in the lane pipeline, as stage numbers: a word that enters in
+    cycle ``t`` (its buffer read address presented) is in stage ``k`` in cycle ``t + k``,
+    and a register "loads at stage k" at the end of that cycle. Derived from the units'
+    register stages (``NMEConfig.mul_latency``, ``add_latency``); shared by the lane, the
+    execution sequencer and the cycle model (:mod:`coda.hw.nme_cycles`).
+
+    Attributes:
+        mul_latency: register stages inside FPMul (0..3).
+        add_latency: register stages inside every FPAdd (0..4).
+    """
+    mul_latency: int = 0
+    add_latency: int = 0
+
+    @classmethod
+    def of(cls, cfg) -> "LaneTiming":
+        """The timing of an :class:`coda.hw.isa.NMEConfig`."""
+        return cls(cfg.mul_latency, cfg.add_latency)
+
+    @property
+    def add_stage(self) -> int:
+        """FPMul's result is valid; the FPAdd operands and the MOV/MUL bypass load."""
+        return 2 + self.mul_latency
+
+    @property
+    def result_stage(self) -> int:
+        """The lane's result ``y`` is valid; a buffer or the store FIFO writes it."""
+        return 3 + self.mul_latency + self.add_latency
+
+    @property
+    def diff_stage(self) -> int:
+        """L1: ``|f32(P) - f32(R)|`` is valid; the accumulator's operand register loads."""
+        return 3 + self.add_latency
+
+    @property
+    def acc_stage(self) -> int:
+        """L1: the accumulate writes the lane's accumulator."""
+        return 4 + 2 * self.add_latency
+
+    def drain_stage(self, l1: bool) -> int:
+        """Last stage a pass waits to be empty before it ends: the result stage, or for an
+        L1 pass also every stage before the accumulate (which ends with the pass)."""
+        return max(self.result_stage, self.acc_stage - 1) if l1 else self.result_stage
+
+    @property
+    def l1_gap(self) -> int:
+        """Cycles between the words of an L1 pass (the accumulate's recurrence)."""
+        return self.add_latency + 1
+
+    @property
+    def sum_cycles_per_lane(self) -> int:
+        """Cycles of each fp32 add of the lane sum (X_SUM)."""
+        return self.add_latency + 1
+
+    @property
+    def store_fifo_depth(self) -> int:
+        """Store FIFO words: a store credit is held from entry to the request's transfer,
+        ``result_stage + 3`` cycles, so this many keep a store pass at one word per cycle."""
+        return max(STORE_FIFO_DEPTH, self.result_stage + 3)
 
 
 def read_credits(depth: int) -> int:

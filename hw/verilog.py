@@ -79,6 +79,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"rank-local memory size in words (default {defaults.mem_words})")
     parser.add_argument("--operand-isolation", choices=("on", "off"), default="on",
                         help="gate FU operand registers of idle lanes/units (default on)")
+    parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
+                        help="register stages inside each lane's FPMul, 0..3 "
+                             f"(default {defaults.mul_latency}: combinational)")
+    parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
+                        help="register stages inside every FPAdd, 0..4 "
+                             f"(default {defaults.add_latency}: combinational)")
     parser.add_argument("--clock-gating", choices=("on", "off"), default=None,
                         help="gate the lanes' clocks while they idle (default: on for dimm, "
                              "off for nme)")
@@ -96,7 +102,8 @@ def config_from_args(args: argparse.Namespace) -> NMEConfig:
     return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, nbuf=args.nbuf,
                      imem_depth=args.imem_depth, max_streams=args.max_streams,
                      mem_words=args.mem_words,
-                     operand_isolation=args.operand_isolation == "on")
+                     operand_isolation=args.operand_isolation == "on",
+                     mul_latency=args.mul_latency, add_latency=args.add_latency)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from coda.synth.tools import SynthError, run_tool, stage_source, tool_path
 
-__all__ = ["ECP5Device", "ECP5_DEVICES", "ECP5_PACKAGE", "lut_equivalents", "pick_device",
-           "place_and_route"]
+__all__ = ["ECP5Device", "ECP5_DEVICES", "ECP5_PACKAGE", "device_by_name", "lut_equivalents",
+           "pick_device", "place_and_route"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,19 @@ ECP5_DEVICES = (
     ECP5Device("LFE5U-85F", "--85k", 84_000, 156, 208),
 )
 ECP5_PACKAGE = "CABGA381"  # offered for all three devices (data sheet, Table 4.x ordering)
+
+
+def device_by_name(name: str) -> ECP5Device:
+    """The device of :data:`ECP5_DEVICES` called ``name`` (e.g. ``"LFE5U-45F"``).
+
+    Raises:
+        ValueError: no such device (the message names it and the known ones).
+    """
+    for dev in ECP5_DEVICES:
+        if dev.name == name:
+            return dev
+    raise ValueError(f"device={name!r}: expected one of "
+                     f"{', '.join(d.name for d in ECP5_DEVICES)}")
 
 
 def lut_equivalents(lut4: int, carry: int = 0, lutram: int = 0) -> int:

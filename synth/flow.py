@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 
 from coda.hw.isa import NMEConfig
-from coda.synth.ecp5 import ECP5_PACKAGE, lut_equivalents, pick_device, place_and_route
+from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
+                             pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
 from coda.synth.yosys_synth import synth_ecp5, synth_generic
 
@@ -65,7 +66,8 @@ def nme_source(cfg: NMEConfig, name: str = "nme") -> str:
 
 def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: float = 100.0,
                seed: int = 1, pnr: bool = True, verilog: str | None = None,
-               top: str = "nme", timeout_s: float | None = None) -> dict:
+               top: str = "nme", timeout_s: float | None = None,
+               device: str | None = None) -> dict:
     """Generate the NME's Verilog, synthesise it for ``target`` and write ``report.json``.
 
     Args:
@@ -79,13 +81,16 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
             (``cfg`` is still recorded in the report).
         top: name of the top module.
         timeout_s: limit per tool run in seconds.
+        device: ECP5 part to place and route on (``"LFE5U-45F"`` ...); default None: the
+            smallest that holds the design (a larger one if placement fails).
     Returns:
         The report dict (also written as ``outdir/report.json``).
     Raises:
-        ValueError on an unknown target; SynthError if a tool fails.
+        ValueError on an unknown target or device; SynthError if a tool fails.
     """
     if target not in ("generic", "ecp5"):
         raise ValueError(f"target={target!r}: expected 'generic' or 'ecp5'")
+    forced = device_by_name(device) if device is not None else None
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     runtime = {}
@@ -103,8 +108,8 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
     else:
         result = synth_ecp5(vpath.resolve(), top, outdir, timeout_s)
         runtime["yosys"] = result.pop("yosys_s")
-        device = pick_device(result["lut4"], result["mult18"], result["bram"],
-                             result["lutram"], result["carry"])
+        device = forced or pick_device(result["lut4"], result["mult18"], result["bram"],
+                                       result["lutram"], result["carry"])
         result.update(lut_sites=lut_equivalents(result["lut4"], result["carry"],
                                                 result["lutram"]),
                       device=device.name if device else None, package=ECP5_PACKAGE,
@@ -173,21 +178,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=NMEConfig.depth,
                         help=f"buffer depth in words (default {NMEConfig.depth})")
     parser.add_argument("--operand-isolation", default="on", choices=("on", "off"))
+    parser.add_argument("--mul-latency", type=int, default=NMEConfig.mul_latency,
+                        help="register stages inside each lane's FPMul, 0..3 "
+                             f"(default {NMEConfig.mul_latency}: combinational)")
+    parser.add_argument("--add-latency", type=int, default=NMEConfig.add_latency,
+                        help="register stages inside every FPAdd, 0..4 "
+                             f"(default {NMEConfig.add_latency}: combinational)")
     parser.add_argument("--target", default="generic", choices=("generic", "ecp5"))
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--freq", type=float, default=100.0,
                         help="nextpnr target clock in MHz (default 100)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
     parser.add_argument("--no-pnr", action="store_true", help="ECP5: stop after yosys")
+    parser.add_argument("--device", default=None, choices=[d.name for d in ECP5_DEVICES],
+                        help="ECP5: the part to place on (default: the smallest that holds "
+                             "the design)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``coda synth``; returns 0, or 1 if a tool failed."""
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
-                    operand_isolation=args.operand_isolation == "on")
+                    operand_isolation=args.operand_isolation == "on",
+                    mul_latency=args.mul_latency, add_latency=args.add_latency)
     try:
         report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=args.seed,
-                            pnr=not args.no_pnr)
+                            pnr=not args.no_pnr, device=args.device)
     except SynthError as exc:
         print(f"coda synth: {exc}", file=sys.stderr)
         return 1

@@ -117,6 +117,22 @@ def test_cocotb_regression(fmt):
     assert tally["tests"] == len(defined) and tally["failed"] == 0
 
 
+#: pipelined FP units (register stages inside FPMul / every FPAdd): the same bits, more cycles
+PIPELINED = dict(mul_latency=2, add_latency=3)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cocotb_regression_pipelined(fmt):
+    """The whole cocotb regression (every test of tests/cocotb_nme.py, the same expected bits
+    from the interpreter) also passes on an NME with pipelined units."""
+    tally = _run(replace(BASE, fmt=fmt, **PIPELINED), f"regression-pipelined-{fmt}")
+    print(f"\n{fmt} pipelined {PIPELINED}: {tally['tests']} cocotb tests, "
+          f"{tally['failed']} failed, {tally['seconds']:.1f} s")
+    defined = _cocotb_tests_defined()
+    assert _cocotb_outcomes(tally["results"]) == {name: "passed" for name in defined}
+    assert tally["tests"] == len(defined) and tally["failed"] == 0
+
+
 #: the fraction of the coverage model's bins the fast regression hits (recorded: all of them;
 #: a change that leaves a bin unexercised fails here, naming it)
 COVERAGE_FLOOR = 1.0

@@ -1,8 +1,10 @@
 """The NME floating-point units (coda.hw.fp) against torch eager on CPU, bit for bit.
 
 Each test drives many vectors through one amaranth.sim testbench (combinational logic:
-``ctx.set`` then ``ctx.get``, no clock). NaN results are compared by class (any NaN where
-torch gives NaN); every other result must match torch's bit pattern exactly.
+``ctx.set`` then ``ctx.get``, no clock; a pipelined unit gets one vector per clock cycle and
+its result ``latency`` cycles later). NaN results are compared by class (any NaN where
+torch gives NaN); every other result must match torch's bit pattern exactly. Every latency
+of a pipelined unit gives the same bits as the combinational unit, NaNs included.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from amaranth.sim import Simulator
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from coda.hw.fp import (BF16, FP16, FP32, FPAdd, FPFormat, FPMul, FPWiden, Int8ToFP,
+from coda.hw.fp import (BF16, FP16, FP32, FPADD_CUTS, FPADD_MAX_LATENCY, FPMUL_CUTS,
+                        FPMUL_MAX_LATENCY, FPAdd, FPFormat, FPMul, FPWiden, Int8ToFP,
                         fp_format)
+from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT_VIEW = {16: (torch.int16, np.uint16), 32: (torch.int32, np.uint32)}
@@ -35,20 +39,36 @@ SEEDS = {(f, op): 100 * i + j for i, f in enumerate(["bf16", "fp16", "fp32"])
 
 def simulate(dut, inputs: dict[str, np.ndarray], output: str = "y") -> np.ndarray:
     """Drive every vector of ``inputs`` (equal-length int arrays, one per port) through
-    the combinational ``dut`` in one testbench; returns the ``output`` port values."""
+    ``dut`` in one testbench; returns the ``output`` port values. A combinational unit
+    is read after each ``ctx.set``; a pipelined one (``dut.latency`` > 0) takes one
+    vector per clock cycle and its output is read ``latency`` cycles later."""
     names = list(inputs)
     columns = [np.asarray(inputs[k], dtype=np.int64).tolist() for k in names]
     ports = [getattr(dut, k) for k in names]
     out_port = getattr(dut, output)
+    latency = getattr(dut, "latency", 0)
     results: list[int] = []
 
     async def bench(ctx):
-        for vector in zip(*columns):
-            for port, value in zip(ports, vector):
-                ctx.set(port, value)
-            results.append(ctx.get(out_port))
+        if not latency:
+            for vector in zip(*columns):
+                for port, value in zip(ports, vector):
+                    ctx.set(port, value)
+                results.append(ctx.get(out_port))
+            return
+        # the vector of cycle i comes out in cycle i + latency; the last one is repeated
+        # while the pipeline drains
+        n = len(columns[0])
+        for i in range(n + latency):
+            for port, column in zip(ports, columns):
+                ctx.set(port, column[min(i, n - 1)])
+            if i >= latency:
+                results.append(ctx.get(out_port))
+            await ctx.tick()
 
     sim = Simulator(dut)
+    if latency:
+        sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
     return np.array(results, dtype=np.int64)
@@ -76,10 +96,11 @@ def torch_op(op: str, a: np.ndarray, b: np.ndarray, fmt: FPFormat) -> np.ndarray
     return to_bits(result, fmt)
 
 
-def run_op(op: str, fmt: FPFormat, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def run_op(op: str, fmt: FPFormat, a: np.ndarray, b: np.ndarray,
+           latency: int = 0) -> np.ndarray:
     if op == "mul":
-        return simulate(FPMul(fmt), {"a": a, "b": b})
-    return simulate(FPAdd(fmt), {"a": a, "b": b, "sub": np.full(len(a), op == "sub")})
+        return simulate(FPMul(fmt, latency), {"a": a, "b": b})
+    return simulate(FPAdd(fmt, latency), {"a": a, "b": b, "sub": np.full(len(a), op == "sub")})
 
 
 def assert_matches(got: np.ndarray, want: np.ndarray, fmt: FPFormat, what: str,
@@ -203,6 +224,12 @@ def test_format_errors():
         FPWiden(BF16, FP16)
     with pytest.raises(ValueError, match="int8"):
         Int8ToFP(FPFormat("tiny", 4, 3))
+    for bad in (-1, FPADD_MAX_LATENCY + 1, 1.0, True, "2"):
+        with pytest.raises(ValueError, match=f"latency={bad!r}"):
+            FPAdd(BF16, bad)
+    for bad in (-1, FPMUL_MAX_LATENCY + 1, 2.5, None):
+        with pytest.raises(ValueError, match=f"latency={bad!r}"):
+            FPMul(FP16, bad)
     gc.collect()  # the half-built units warn when collected: do it while the filter applies
 
 
@@ -388,6 +415,64 @@ def test_mul_properties(fmt):
         nan = is_nan_bits(y[:n], fmt)
         assert np.array_equal(y[:n][~nan] ^ sign, y[2 * n:][~nan]), "(-a) * b != -(a * b)"
         assert_matches(y[:n], torch_op("mul", a, b, fmt), fmt, "hypothesis mul", a, b)
+
+    check()
+
+
+# ------------------------------------------------------------------- pipelined units
+
+def test_latency_tables():
+    """Each latency uses that many distinct boundaries; the ISA's limits are the units'."""
+    for cuts in (FPADD_CUTS, FPMUL_CUTS):
+        assert [len(set(c)) for c in cuts] == list(range(len(cuts)))
+    assert (MAX_ADD_LATENCY, MAX_MUL_LATENCY) == (FPADD_MAX_LATENCY, FPMUL_MAX_LATENCY)
+
+
+PIPELINED = ([("add", f, k) for f in (BF16, FP16, FP32) for k in range(1, FPADD_MAX_LATENCY + 1)]
+             + [("mul", f, k) for f in HALF_FORMATS for k in range(1, FPMUL_MAX_LATENCY + 1)])
+
+
+@pytest.mark.parametrize("op, fmt, latency", PIPELINED,
+                         ids=[f"{o}-{f.name}-L{k}" for o, f, k in PIPELINED])
+def test_pipelined_unit_vs_torch(op, fmt, latency):
+    """Every latency: the IEEE corner set (all pairs of the directed values) and a seeded
+    random mix, one pair per cycle, match torch, and equal the combinational unit's bits
+    (NaN payloads included)."""
+    ops = ["add", "sub"] if op == "add" else ["mul"]
+    for o in ops:
+        a_dir, b_dir = all_pairs(Bits(fmt).directed())
+        rng = np.random.default_rng(SEEDS[fmt.name, o] + 7 * latency)
+        a_rnd, b_rnd = random_operands(fmt, 1000, o, rng)
+        a, b = np.concatenate([a_dir, a_rnd]), np.concatenate([b_dir, b_rnd])
+        got = run_op(o, fmt, a, b, latency)
+        assert_matches(got, torch_op(o, a, b, fmt), fmt, f"{fmt.name} {o} L{latency}", a, b)
+        assert np.array_equal(got, run_op(o, fmt, a, b)), f"{o} L{latency} != L0"
+
+
+def test_pipelined_units_hypothesis():
+    """Random latencies, formats and operand streams (``sub`` changing every cycle): the
+    pipelined units give the combinational units' bits, cycle by cycle."""
+    formats = st.sampled_from([BF16, FP16, FP32])
+
+    @seed(4242)
+    @settings(max_examples=16, deadline=None, database=None)
+    @given(st.data())
+    def check(data):
+        fmt = data.draw(formats)
+        mul = fmt is not FP32 and data.draw(st.booleans())
+        top = FPMUL_MAX_LATENCY if mul else FPADD_MAX_LATENCY
+        latency = data.draw(st.integers(1, top))
+        pairs = data.draw(_pairs(fmt.width))
+        a = np.array([p[0] for p in pairs], dtype=np.int64)
+        b = np.array([p[1] for p in pairs], dtype=np.int64)
+        if mul:
+            ins = {"a": a, "b": b}
+            units = FPMul(fmt, latency), FPMul(fmt)
+        else:
+            ins = {"a": a, "b": b, "sub": np.array(data.draw(
+                st.lists(st.integers(0, 1), min_size=len(a), max_size=len(a))))}
+            units = FPAdd(fmt, latency), FPAdd(fmt)
+        assert np.array_equal(simulate(units[0], ins), simulate(units[1], ins))
 
     check()
 

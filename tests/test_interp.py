@@ -420,13 +420,18 @@ def test_image_and_framing_errors():
 # ---------------------------------------------------------------- cycle model vs the RTL
 
 #: NME configurations of the cycle table: both formats, lanes 2/3/8 (3: the divider),
-#: depths 3..64. (lanes=1 or depth<=2 elaborate zero-width wires that the cosim's Verilator
-#: flags reject: %Warning-ASCRANGE.)
+#: depths 3..64; pipelined units (M = mul_latency, A = add_latency: the L1 path longer than
+#: the result path, and shorter). (lanes=1 or depth<=2 elaborate zero-width wires that the
+#: cosim's Verilator flags reject: %Warning-ASCRANGE.)
 CYCLE_CONFIGS = {
     "L8-bf16-D4": NMEConfig(lanes=8, fmt="bf16", depth=4, mem_words=2048),
     "L8-fp16-D64": NMEConfig(lanes=8, fmt="fp16", depth=64, mem_words=4096),
     "L3-fp16-D5": NMEConfig(lanes=3, fmt="fp16", depth=5, mem_words=2048),
     "L2-bf16-D3": NMEConfig(lanes=2, fmt="bf16", depth=3, mem_words=1024),
+    "L8-bf16-D4-M2A3": NMEConfig(lanes=8, fmt="bf16", depth=4, mem_words=2048,
+                                 mul_latency=2, add_latency=3),
+    "L3-fp16-D5-M3A1": NMEConfig(lanes=3, fmt="fp16", depth=5, mem_words=2048,
+                                 mul_latency=3, add_latency=1),
 }
 
 
@@ -575,10 +580,11 @@ def check_cycle_model_against_rtl(name: str) -> None:
 
 # The 304 programs (per configuration 76: 33 compiled operators, 21 directed, 10 rejected of
 # every error class, 12 random) x 3 latencies were a table pasted from an earlier run; they
-# are re-measured on the RTL of today's hw/ instead. Default run: two configurations (lanes a
-# power of two and not, bf16 and fp16, depth 4 and 5; ~1.5 min of Verilator builds on a fresh
-# build/, a few seconds of simulation); `make verify-long`: all four.
-CYCLE_SUBSET = ("L8-bf16-D4", "L3-fp16-D5")
+# are re-measured on the RTL of today's hw/ instead. Default run: three configurations (lanes
+# a power of two and not, bf16 and fp16, depth 4 and 5, combinational and pipelined units;
+# ~2.5 min of Verilator builds on a fresh build/, a few seconds of simulation);
+# `make verify-long`: all six.
+CYCLE_SUBSET = ("L8-bf16-D4", "L3-fp16-D5", "L8-bf16-D4-M2A3")
 
 
 @pytest.mark.parametrize("name", CYCLE_SUBSET)

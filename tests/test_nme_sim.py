@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -19,7 +19,8 @@ import torch
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp, validate
+from coda.hw.isa import (MAX_ADD_LATENCY, MAX_MUL_LATENCY, NMEConfig, Op, Program, RSrc,
+                         Status, UOp, validate)
 from coda.hw.nme import NME
 from coda.hw.verilog import nme_verilog
 
@@ -479,10 +480,11 @@ def _canon_nan(bits: np.ndarray, fmt: str) -> np.ndarray:
     return bits
 
 
-@pytest.mark.parametrize("lanes,fmt,seed", [(2, "bf16", 11), (3, "fp16", 12)])
-def test_random_programs(lanes, fmt, seed):
+@pytest.mark.parametrize("lanes,fmt,seed,lm,la", [(2, "bf16", 11, 0, 0), (3, "fp16", 12, 0, 0),
+                                                  (2, "bf16", 11, 2, 3), (3, "fp16", 12, 1, 4)])
+def test_random_programs(lanes, fmt, seed, lm, la):
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=3, nbuf=3, imem_depth=5, max_streams=5,
-                    mem_words=40)
+                    mem_words=40, mul_latency=lm, add_latency=la)
     rng = random.Random(seed)
     progs = [_random_program(rng, cfg) for _ in range(6)]
     mem = random_image(cfg, seed, scale=2.0)
@@ -556,6 +558,39 @@ def test_toggle_measurement_is_an_option_that_changes_nothing_else():
     assert sum(o.toggles for o in outs_on) > 0 == sum(o.toggles for o in outs_off)
 
 
+def test_pipelined_units_change_no_bits():
+    """Every (mul_latency, add_latency) gives the combinational NME's memory bits, statuses,
+    L1 sums and toggle counts under the same random memory timing (stalls on both sides);
+    only the cycles differ, and never downwards."""
+    rng = random.Random(31)
+    base = NMEConfig(lanes=2, fmt="fp16", **SMALL)
+    progs = [_random_program(rng, base).words() for _ in range(4)]
+    progs.append(Program(2 * 9 - 1, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                     UOp(Op.L1, RSrc.MEM, p=0, addr=20))).words())
+    mem = random_image(base, 31)
+    timing = MemTiming(lat_min=1, lat_max=6, p_ready=0.7, p_gap=0.3)
+    ref_mem, ref_outs, _ = simulate(base, progs, mem, seed=31, timing=timing)
+    for lm in range(MAX_MUL_LATENCY + 1):
+        for la in range(MAX_ADD_LATENCY + 1):
+            if lm == la == 0 or (lm + la) % 2:       # half the grid: every lm and la
+                continue
+            cfg = replace(base, mul_latency=lm, add_latency=la)
+            got, outs, _ = simulate(cfg, progs, mem, seed=31, timing=timing)
+            np.testing.assert_array_equal(got, ref_mem, err_msg=f"lm={lm} la={la}")
+            assert [(o.status, o.l1, o.toggles) for o in outs] == \
+                [(o.status, o.l1, o.toggles) for o in ref_outs], (lm, la)
+            assert all(o.cycles >= r.cycles for o, r in zip(outs, ref_outs)), (lm, la)
+
+
+def test_pipeline_latency_errors():
+    for bad in (-1, MAX_MUL_LATENCY + 1, 1.5, True):
+        with pytest.raises(ValueError, match=f"mul_latency={bad!r}"):
+            NMEConfig(mul_latency=bad)
+    for bad in (-1, MAX_ADD_LATENCY + 1, "2", False):
+        with pytest.raises(ValueError, match=f"add_latency={bad!r}"):
+            NMEConfig(add_latency=bad)
+
+
 def test_store_backpressure_and_latency():
     """Long store pass against a memory that is rarely ready, with long read latency."""
     cfg = NMEConfig(lanes=2, fmt="bf16", depth=16, nbuf=2, imem_depth=4, max_streams=4,
@@ -614,14 +649,18 @@ def _cycle_programs(cfg: NMEConfig) -> list[Program]:
     return progs
 
 
-@pytest.mark.parametrize("lanes,depth,fmt", [(1, 1, "bf16"), (2, 2, "fp16"), (5, 1, "fp16")])
-def test_cycle_model_matches_the_nme(lanes, depth, fmt):
+@pytest.mark.parametrize("lanes,depth,fmt,lm,la", [
+    (1, 1, "bf16", 0, 0), (2, 2, "fp16", 0, 0), (5, 1, "fp16", 0, 0),
+    # pipelined units: the L1 path longer than the result path (la > lm) and shorter
+    (2, 2, "fp16", 2, 3), (1, 1, "bf16", 3, 1), (5, 1, "fp16", 1, 4)])
+def test_cycle_model_matches_the_nme(lanes, depth, fmt, lm, la):
     """coda.hw.nme_cycles.model_cycles == the NME's cycles with a 1-cycle always-ready memory,
     for configurations the Verilator cosim cannot build (lanes 1, depth <= 2: zero-width
-    wires); tests/test_interp.py checks the others against Verilated counts."""
+    wires), with combinational and pipelined units (same results); tests/test_interp.py
+    checks the others against Verilated counts."""
     from coda.hw.nme_cycles import model_cycles
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=depth, nbuf=4, imem_depth=8, max_streams=8,
-                    mem_words=128)
+                    mem_words=128, mul_latency=lm, add_latency=la)
     progs = _cycle_programs(cfg)
     mem = random_image(cfg, 17)
     got, outs, _ = simulate(cfg, [p.words() for p in progs], mem, timing=ALWAYS_READY_1CYCLE)
@@ -668,6 +707,23 @@ def test_verilog_cli(tmp_path):
                  "--operand-isolation", "off", "-o", str(out)]) == 0
     assert "module nme(" in out.read_text()
     assert main(["verilog", "--lanes", "65", "-o", str(out)]) == 2    # ValueError -> 2
+
+
+def test_verilog_cli_pipelined_units(tmp_path, capsys):
+    """``--mul-latency`` / ``--add-latency`` reach the units (their stage registers are in
+    the Verilog); out-of-range values are refused naming the value, nothing written."""
+    from coda.cli import main
+    out = tmp_path / "nme.v"
+    assert main(["verilog", "--lanes", "2", "--depth", "8", "--mul-latency", "2",
+                 "--add-latency", "3", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "mul_s1_prod" in text and "mul_s3_norm" not in text     # FPMUL_CUTS[2] = (1, 2)
+    assert "add_s1_shift" in text and "add_s4_norm" not in text    # FPADD_CUTS[3] = (1, 2, 3)
+    out.unlink()
+    for flag, bad in (("--mul-latency", "4"), ("--add-latency", "-1"), ("--add-latency", "5")):
+        assert main(["verilog", "--lanes", "2", flag, bad, "-o", str(out)]) == 2
+        assert f"{flag[2:].replace('-', '_')}={bad}: expected an int 0.." in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_verilog_cli_refuses_options_of_another_top(tmp_path, capsys):

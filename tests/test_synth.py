@@ -61,6 +61,14 @@ def test_synthesize_rejects_unknown_target(tmp_path):
         flow.synthesize(SMALL, "asic", tmp_path)
 
 
+def test_device_by_name():
+    assert ecp5.device_by_name("LFE5U-45F").flag == "--45k"
+    with pytest.raises(ValueError, match="device='LFE5U-12F': expected one of LFE5U-25F"):
+        ecp5.device_by_name("LFE5U-12F")
+    with pytest.raises(ValueError, match="device='XC7'"):     # before any tool runs
+        flow.synthesize(SMALL, "ecp5", "/nonexistent/x", device="XC7")
+
+
 def test_generic_synthesis_of_small_nme(tmp_path):
     report = flow.synthesize(SMALL, "generic", tmp_path)
     on_disk = json.loads((tmp_path / "report.json").read_text())
