@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from coda.hw.dram import DRAMController
 from coda.hw.dram_rowpolicy import ROW_POLICIES
 from coda.hw.dram_standards import DRAMStandard, STANDARDS, get_standard
 
@@ -442,6 +444,15 @@ def replay(std: DRAMStandard | str, trace: str | Path, **kw) -> dict:
     return run_requests(std, parse_trace(trace), **kw)
 
 
+#: the controller options of ``coda dram replay`` and their defaults, read off
+#: :class:`coda.hw.dram.DRAMController`: an option left at its default is not passed, so the
+#: default model is one cached build
+CONTROLLER_DEFAULTS = {
+    name: inspect.signature(DRAMController).parameters[name].default
+    for name in ("row_policy", "row_timeout", "lookahead", "read_queue", "refresh", "ranks",
+                 "refresh_postpone", "policy_banks", "max_bypass")}
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda dram replay``."""
     parser.add_argument("--standard", default="DDR4-3200",
@@ -459,26 +470,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the results as JSON here")
     parser.add_argument("--max-cycles", type=int, default=None,
                         help="stop (as an error) after this many DRAM cycles")
-    parser.add_argument("--row-policy", choices=ROW_POLICIES, default="open",
+    parser.add_argument("--row-policy", choices=ROW_POLICIES,
+                        default=CONTROLLER_DEFAULTS["row_policy"],
                         help="row policy of the controller (default open)")
-    parser.add_argument("--row-timeout", type=int, default=64,
+    parser.add_argument("--row-timeout", type=int, default=CONTROLLER_DEFAULTS["row_timeout"],
                         help="cycles after a bank's last access before the timeout policy "
                              "closes it (default 64)")
-    parser.add_argument("--lookahead", type=int, default=8,
+    parser.add_argument("--lookahead", type=int, default=CONTROLLER_DEFAULTS["lookahead"],
                         help="queue entries the FR-FCFS scheduler chooses from (default 8)")
-    parser.add_argument("--read-queue", type=int, default=16,
+    parser.add_argument("--read-queue", type=int, default=CONTROLLER_DEFAULTS["read_queue"],
                         help="read queue depth in bursts (default 16)")
-    parser.add_argument("--refresh", choices=("all", "same_bank"), default="all",
+    parser.add_argument("--refresh", choices=("all", "same_bank"),
+                        default=CONTROLLER_DEFAULTS["refresh"],
                         help="all-bank REF, or DDR5 same-bank REFsb (default all)")
-    parser.add_argument("--ranks", type=int, choices=(1, 2, 4), default=1,
+    parser.add_argument("--ranks", type=int, choices=(1, 2, 4),
+                        default=CONTROLLER_DEFAULTS["ranks"],
                         help="ranks sharing the channel's command and data bus (default 1)")
-    parser.add_argument("--refresh-postpone", type=int, default=0, metavar="N",
+    parser.add_argument("--refresh-postpone", type=int,
+                        default=CONTROLLER_DEFAULTS["refresh_postpone"], metavar="N",
                         help="REFs the controller may owe while requests are queued, then "
                              "issued back to back (0 up to the standard's JEDEC limit: "
                              "DDR4 8, DDR5 4; default 0: each REF when due)")
-    parser.add_argument("--policy-banks", type=int, default=4,
+    parser.add_argument("--policy-banks", type=int, default=CONTROLLER_DEFAULTS["policy_banks"],
                         help="banks the closed/timeout row policy tracks at once (default 4)")
-    parser.add_argument("--max-bypass", type=int, default=1,
+    parser.add_argument("--max-bypass", type=int, default=CONTROLLER_DEFAULTS["max_bypass"],
                         help="column commands that may overtake the oldest request before "
                              "only its commands issue (default 1)")
 
@@ -489,25 +504,8 @@ def controller_options(args) -> dict:
 
     Raises ValueError naming a bad value (checked here, before any build)."""
     from coda.hw.dram import check_controller
-    opts = {}
-    if args.row_policy != "open":
-        opts["row_policy"] = args.row_policy
-    if args.row_timeout != 64:
-        opts["row_timeout"] = args.row_timeout
-    if args.lookahead != 8:
-        opts["lookahead"] = args.lookahead
-    if args.read_queue != 16:
-        opts["read_queue"] = args.read_queue
-    if args.max_bypass != 1:
-        opts["max_bypass"] = args.max_bypass
-    if args.policy_banks != 4:
-        opts["policy_banks"] = args.policy_banks
-    if args.refresh != "all":
-        opts["refresh"] = args.refresh
-    if args.refresh_postpone != 0:
-        opts["refresh_postpone"] = args.refresh_postpone
-    if args.ranks != 1:
-        opts["ranks"] = args.ranks
+    opts = {k: getattr(args, k) for k, d in CONTROLLER_DEFAULTS.items()
+            if getattr(args, k) != d}
     check_controller(args.standard, **opts)     # raises on a bad value, naming it
     return opts
 

@@ -58,6 +58,18 @@ TOPS: dict[str, Callable[..., str]] = {"nme": nme_verilog, "dimm": dimm_top_veri
 TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimms": 1, "ranks": 1}}
 
 
+def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--mul-latency`` / ``--add-latency``: the FP units' register stages (NMEConfig's
+    ``mul_latency`` 0..3, ``add_latency`` 0..4), for ``coda verilog`` and ``coda synth``."""
+    defaults = NMEConfig()
+    parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
+                        help="register stages inside each lane's FPMul, 0..3 "
+                             f"(default {defaults.mul_latency}: combinational)")
+    parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
+                        help="register stages inside every FPAdd, 0..4 "
+                             f"(default {defaults.add_latency}: combinational)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda verilog``."""
     defaults = NMEConfig()
@@ -79,12 +91,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"rank-local memory size in words (default {defaults.mem_words})")
     parser.add_argument("--operand-isolation", choices=("on", "off"), default="on",
                         help="gate FU operand registers of idle lanes/units (default on)")
-    parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
-                        help="register stages inside each lane's FPMul, 0..3 "
-                             f"(default {defaults.mul_latency}: combinational)")
-    parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
-                        help="register stages inside every FPAdd, 0..4 "
-                             f"(default {defaults.add_latency}: combinational)")
+    add_latency_arguments(parser)
     parser.add_argument("--clock-gating", choices=("on", "off"), default=None,
                         help="gate the lanes' clocks while they idle (default: on for dimm, "
                              "off for nme)")

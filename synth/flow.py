@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from coda.hw.isa import NMEConfig
+from coda.hw.verilog import add_latency_arguments
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
@@ -178,12 +179,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=NMEConfig.depth,
                         help=f"buffer depth in words (default {NMEConfig.depth})")
     parser.add_argument("--operand-isolation", default="on", choices=("on", "off"))
-    parser.add_argument("--mul-latency", type=int, default=NMEConfig.mul_latency,
-                        help="register stages inside each lane's FPMul, 0..3 "
-                             f"(default {NMEConfig.mul_latency}: combinational)")
-    parser.add_argument("--add-latency", type=int, default=NMEConfig.add_latency,
-                        help="register stages inside every FPAdd, 0..4 "
-                             f"(default {NMEConfig.add_latency}: combinational)")
+    add_latency_arguments(parser)
     parser.add_argument("--target", default="generic", choices=("generic", "ecp5"))
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--freq", type=float, default=100.0,
