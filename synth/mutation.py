@@ -54,14 +54,16 @@ from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
-           "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments", "prove_survivors", "run_mutation", "main"]
+           "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments",
+           "prove_survivors", "run_mutation", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
 #: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths)
 MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096)
 #: the cocotb tests run on every mutant (all of tests/cocotb_nme.py's checking tests; they run
 #: in the module's order, the broad micro-op matrix first)
-TEST_ORDER = ("test_uop_matrix", "test_buffer_roles", "test_operators", "test_fp_edge_cases",
+TEST_ORDER = ("test_uop_matrix", "test_buffer_roles", "test_long_periods",
+              "test_read_after_store", "test_operators", "test_fp_edge_cases",
               "test_normalisation_paths", "test_solver_vectors", "test_random_bits_with_stalls",
               "test_l1_corner_sums", "test_tails", "test_bad_commands", "test_checker_rules",
               "test_reset_mid_program")
@@ -255,9 +257,11 @@ def load_arguments(netlist_sha: str, path: Path = ARGUMENTS, log=print) -> dict[
     """The written equivalence arguments of ``path`` (TOML: ``[[mutant]]`` tables with
     ``cell, mode, port, portbit`` (``ctrlbit``), ``why``, under a ``netlist_sha256`` of the
     mutation flow's ``nme.v``) for the netlist ``netlist_sha``: {mutation key: why}. An
-    argument applies only to a survivor the solver left ``bounded`` or ``unknown`` (a proof
-    or a counterexample wins), and only to the netlist it was written for: any change of
-    the RTL drops them all. Raises ValueError for an entry without those keys."""
+    argument applies to a survivor the solver did not prove equivalent (``bounded``,
+    ``unknown``, or ``distinguishable`` at its module's ports: the argument says why the
+    NME never presents that difference at its own), and only to the netlist it was written
+    for: any change of the RTL drops them all. Raises ValueError for an entry without
+    those keys."""
     import tomllib
 
     if not path.exists():
@@ -307,7 +311,7 @@ def prove_survivors(out: Path, survivors: list[dict], cfg: NMEConfig = MUTATION_
         r["analysis"] = {**json.loads(run["figures"]["analysis"]),
                          "seconds": (run.get("timing") or {}).get("seconds")}
         why = argued.get(_mutation_key(r))
-        if why is not None and r["analysis"]["verdict"] in ("bounded", "unknown"):
+        if why is not None and r["analysis"]["verdict"] != "equivalent":
             r["analysis"].update(solver_verdict=r["analysis"]["verdict"], verdict="argued",
                                  argument=why)
         verdicts[r["analysis"]["verdict"]] = verdicts.get(r["analysis"]["verdict"], 0) + 1
