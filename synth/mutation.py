@@ -339,8 +339,9 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
     sweep engine, records under ``out/proof/``, resumable), and the results
     the ``mutation_score``: killed / (finished - equivalent), equivalent = proved, or argued
     in :data:`ARGUMENTS` where the solver could not decide. ``rerun_survivors``: run only
-    the survivors of ``out/results.json`` again (with tests added since) and keep its killed
-    mutants (marked ``killed_in``); the netlist must list the same mutants."""
+    the survivors of ``out/results.json`` that it does not show proved equivalent again
+    (with tests added since), keeping its killed mutants (marked ``killed_in``) and its
+    proved ones; the netlist must list the same mutants."""
     import hashlib
 
     from coda.sweep import run_sweep

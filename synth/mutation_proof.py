@@ -16,9 +16,11 @@ decides which for one mutant, on the module it lives in, which is far smaller th
    base case: all matched nets equal for k cycles from power-on, ``equiv_miter`` and
    ``sat -seq k``; step: ``equiv_simple``/``equiv_induct -seq k``: equal for k cycles, equal
    in the next; a proof when the base holds and every net is proven, which is then the
-   verdict; tried with k = 1, then k = ``bmc_steps``); else for every input sequence of ``bmc_steps`` cycles from the
-   power-on state (bounded model checking, ``sat -seq``: registers start from their Verilog
-   initial values, i.e. Amaranth's ``init``, which sat honours; any without one from 0).
+   verdict; tried with k = 1, then k = ``bmc_steps``, first with the module's submodules
+   cut out, then whole if it has at most :data:`MAX_FLAT_CELLS` cells); else, for such a
+   module, for every input sequence of ``bmc_steps`` cycles from the power-on state
+   (bounded model checking, ``sat -seq``: registers start from their Verilog initial
+   values, i.e. Amaranth's ``init``, which sat honours; any without one from 0).
    That is not a proof for longer sequences (k-induction does not close on these modules:
    free inputs reach states the NME never does), so its verdict is ``bounded``.
 
@@ -342,7 +344,8 @@ def _out_of_resources(exc: SynthError, log: Path) -> bool:
     this solver, not a wrong script."""
     text = str(exc) + (log.read_text(errors="replace") if log.exists() else "")
     return any(k in text for k in ("ran past", "Wasm exception", "bad_alloc", "MemoryError",
-                                   "out of memory")) or "wasm trap" in text.lower()
+                                   "out of memory", "cannot allocate memory")) \
+        or "wasm trap" in text.lower()
 
 
 def _prove_expr(ctx: Context | None) -> str:
