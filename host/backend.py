@@ -36,8 +36,8 @@ class TorchBackend:
         self.mem_latency = int(mem_latency)
 
     def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray) -> ExecResult:
-        """Run ``program`` on a copy of ``mem`` (uint16 [mem_words, lanes]); ``mem`` is not
-        modified. Raises ValueError for a malformed image or unencodable program fields."""
+        """Run ``program`` on a copy of ``mem`` (uint16 [mem_words, lanes]; ``mem`` itself when
+        the program stores nothing); ``mem`` is not modified. Raises ValueError for a malformed image or unencodable program fields."""
         res = run_program(cfg, program, mem)
         return ExecResult(res.mem, res.status, res.l1,
                           model_cycles(cfg, program, res.status, self.mem_latency))
