@@ -1,7 +1,7 @@
 """``coda run``: the main job — cached CFG denoising of the shipped video DiT, its cache
 operators executed by the NME RTL (Verilator cosimulation) or by the torch backend.
 
-For a few digit prompts it generates, with the same seeds and CFG:
+For digit prompts (default all ten) it generates, with the same seeds and CFG:
 
 1. the full-compute video (every operator of every step computed by the DiT);
 2. the cached video, under the cache policy ``--policy`` (default ``coda``: the annealed
@@ -17,8 +17,16 @@ For a few digit prompts it generates, with the same seeds and CFG:
 3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
    that latents and videos are bit-identical.
 
-It writes ``DIR/<digit>_<i>.gif`` (full compute | cached, side by side) and ``DIR/report.json``
-and prints a summary table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
+The RTL cosimulation costs about a minute per video here, so with ``--backend rtl`` only the
+first ``--rtl-videos`` prompts (default 3) go through it (their seeds and their policy as in
+the whole run), and are checked bit for bit against the torch backend; when that is fewer than
+the prompts, every prompt's cached video comes from a third generation on the torch backend,
+and the report's quality figures, GIFs, counters and ``modelled`` systems are of that one,
+while ``rtl`` holds the RTL run's own (prompts, NME cycles, simulation speed, and its
+``modelled`` replay when ``--dram`` times it).
+
+It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
+``DIR/<digit>_<i>.gif`` (one prompt each) and ``DIR/report.json`` and prints a summary table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
 the cached videos against the full-compute ones (torchmetrics, :mod:`coda.host.evaluate`);
 prompt adherence: the scikit-learn digit classifier's per-frame accuracy
 (:func:`coda.host.model.classifier.label_accuracy`). The report names the ``policy``, counts
@@ -36,7 +44,9 @@ import time
 
 import torch
 
-DEFAULT_PROMPTS = "0,3,7"
+DEFAULT_PROMPTS = "0-9"
+DEFAULT_RTL_VIDEOS = 3
+GRID_COLUMNS = 5
 POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache")
 
 
@@ -53,6 +63,10 @@ def configure(parser) -> None:
                         help="CFG scale, finite and >= 0")
     parser.add_argument("--backend", choices=("rtl", "torch"), default="rtl",
                         help="where cache segments run (default: rtl = Verilated NME)")
+    parser.add_argument("--rtl-videos", type=int, default=None,
+                        help=f"rtl backend: how many of the prompts (the first ones) run through "
+                             f"the RTL and are checked bit for bit against torch; the rest run "
+                             f"on torch (default {DEFAULT_RTL_VIDEOS}, at most the prompts)")
     parser.add_argument("--policy", default=None,
                         help=f"cache policy, one of {', '.join(POLICY_CHOICES)} (default coda: "
                              "the shipped annealed schedule; uniform if --interval/--warmup "
@@ -112,6 +126,7 @@ def main(args) -> int:
     check_steps(args.steps)
     check_guidance(args.guidance)
     check_seed(args.seed, count=len(digits))
+    rtl_videos = _rtl_videos(args, len(digits))
     for flag in ("interval", "warmup", "lanes", "dimms", "ranks", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -133,7 +148,7 @@ def main(args) -> int:
     # policies that keep operator inputs as monitor references (DRA, TeaCache) need room for
     # them beside the cached outputs
     inputs = policy_name in ("coda+dra", "teacache")
-    driver = _driver(backend, args, model, len(digits), inputs)   # bad --lanes etc. fail now
+    driver = _driver(backend, args, model, rtl_videos or len(digits), inputs)  # bad --lanes etc. fail now
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
     modelled_dram = args.dram or "DDR5-4800"
@@ -143,29 +158,50 @@ def main(args) -> int:
     console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
     full = generate(model, labels, **common)
 
-    console.print(f"[bold]cached[/], segments on the [cyan]{args.backend}[/] backend "
-                  f"({args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
-                  f"{args.dram or 'ideal memory'})")
+    seeds = [args.seed + i for i in range(len(digits))]
+    run_labels = labels[:rtl_videos] if rtl_videos else labels
+    console.print(f"[bold]cached[/] {len(run_labels)} prompts, segments on the "
+                  f"[cyan]{args.backend}[/] backend ({args.dimms} DIMM × {args.ranks} ranks, "
+                  f"{args.lanes} lanes, {args.dram or 'ideal memory'})")
     t0 = time.perf_counter()
     events = EventLog()
-    cached, stats = cached_generate(model, labels, driver, policy, events=events, **common)
+    cached, stats = cached_generate(model, run_labels, driver, policy, events=events,
+                                    **common, seeds=seeds[:len(run_labels)])
     cached_s = time.perf_counter() - t0
     sim = dict(getattr(backend, "stats", {}))
     if hasattr(backend, "close"):
         backend.close()
 
     bit_exact = None
+    rtl = rtl_events = None
     if args.backend == "rtl":
         console.print("[bold]cached[/], segments on the [cyan]torch[/] backend (bit-exactness check)")
-        ref_driver = _driver(get_backend("torch"), args, model, len(digits), inputs)
-        reference, _ = cached_generate(model, labels, ref_driver, policy, **common)
+        ref_driver = _driver(get_backend("torch"), args, model, len(run_labels), inputs)
+        reference, _ = cached_generate(model, run_labels, ref_driver, policy, **common,
+                                       seeds=seeds[:len(run_labels)])
         bit_exact = bool(torch.equal(reference.view(torch.int32), cached.view(torch.int32)))
+        rtl = {"prompts": digits[:len(run_labels)], "nme_cycles": driver.stats["nme_cycles"],
+               "nme_programs": driver.stats["programs"], "cached_generation_s": cached_s}
+        if len(run_labels) < len(digits):
+            rtl_events = events
+            console.print(f"[bold]cached[/] all {len(digits)} prompts, segments on the "
+                          "[cyan]torch[/] backend")
+            driver = _driver(get_backend("torch"), args, model, len(digits), inputs)
+            events = EventLog()
+            cached, stats = cached_generate(model, labels, driver, policy, events=events,
+                                            **common, seeds=seeds)
+            if args.dram and modelled_reason is None:
+                rtl["modelled"] = modelled_systems(
+                    rtl_events, model.config, lanes=args.lanes, depth=driver.cfg.depth,
+                    dimms=args.dimms, ranks=args.ranks, dram=modelled_dram, nme_timing="events")
 
     gifs = []
     for i, d in enumerate(digits):
         path = out / f"{d}_{i}.gif"
         side_by_side_gif(path, full[i:i + 1], cached[i:i + 1])
         gifs.append(str(path))
+    grid = out / "grid.gif"
+    side_by_side_gif(grid, full, cached, scale=3, columns=min(GRID_COLUMNS, len(digits)))
 
     sim_cycles = sim.get("cycles", 0)
     sim_seconds = sim.get("seconds", 0.0)
@@ -175,7 +211,7 @@ def main(args) -> int:
         modelled = modelled_systems(
             events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
             ranks=args.ranks, dram=modelled_dram,
-            nme_timing="events" if args.dram else "model")
+            nme_timing="events" if args.dram and rtl_events is None else "model")
         modelled["available"] = True
     else:
         modelled = {"available": False, "reason": modelled_reason}
@@ -189,6 +225,7 @@ def main(args) -> int:
         "policy": policy_name,
         "policy_params": policy.describe(),
         "bit_exact_rtl_vs_torch": bit_exact,
+        "rtl": rtl,
         "psnr_db": psnr_db(cached, full),
         "ssim": ssim(cached, full),
         "label_accuracy_full": label_accuracy(full, labels),
@@ -209,6 +246,7 @@ def main(args) -> int:
         "cached_generation_s": cached_s,
         "wall_s": time.perf_counter() - t_start,
         "gifs": gifs,
+        "grid_gif": str(grid),
         "machine": _machine(),
         "modelled": modelled,
     }
@@ -223,6 +261,9 @@ def main(args) -> int:
                 "sim_cycles_per_s", "wall_s"):
         value = report[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    if rtl is not None:
+        table.add_row("prompts through the RTL", ",".join(map(str, rtl["prompts"])))
+    table.add_row("grid GIF", str(grid))
     if not modelled["available"]:
         table.add_row("modelled systems", f"not available: {modelled['reason']}")
     for letter, row in modelled.get("systems", {}).items():
@@ -236,6 +277,22 @@ def main(args) -> int:
         console.print("[red]RTL and torch backends disagree[/]")
         return 1
     return 0
+
+
+def _rtl_videos(args, prompts: int) -> int | None:
+    """How many prompts (the first ones) run through the RTL: None with ``--backend torch``.
+    Raises ValueError: ``--rtl-videos`` with the torch backend, or outside 1..prompts."""
+    if args.backend != "rtl":
+        if args.rtl_videos is not None:
+            raise ValueError(f"--rtl-videos {args.rtl_videos}: an option of --backend rtl, "
+                             f"expected no --rtl-videos with --backend {args.backend}")
+        return None
+    if args.rtl_videos is None:
+        return min(DEFAULT_RTL_VIDEOS, prompts)
+    if not 1 <= args.rtl_videos <= prompts:
+        raise ValueError(f"--rtl-videos {args.rtl_videos}: expected 1..{prompts} (the number of "
+                         f"--prompts)")
+    return args.rtl_videos
 
 
 def _modelled_unavailable(args, depth: int, dram: str) -> str | None:

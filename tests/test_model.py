@@ -124,6 +124,32 @@ def test_batched_and_separate_cfg_agree_and_are_deterministic():
         generate(model, [1], num_steps=2, frames=2)
     with pytest.raises(ValueError, match="labels"):
         generate(model, [11], num_steps=2)
+    with pytest.raises(ValueError, match="eta=1.5"):
+        generate(model, [1], num_steps=2, eta=1.5)
+
+
+def test_ancestral_step_noise_is_per_sample_and_eta_zero_is_plain_ddim():
+    """eta = 1 draws each step's noise from the sample's own generator (after its initial
+    noise), so a sample is the same alone or in a batch; eta = 0 is DDIM's deterministic
+    update, which this test recomputes with diffusers' scheduler directly."""
+    from coda.host.model.sample import initial_noise, make_scheduler
+
+    model = build_model(tiny_config(), seed=2).eval()
+    both = generate(model, [1, 2], num_steps=3, seeds=[5, 9], eta=1.0)
+    assert torch.equal(both[1:], generate(model, [2], num_steps=3, seeds=[9], eta=1.0))
+    plain = generate(model, [1, 2], num_steps=3, seeds=[5, 9], eta=0.0)
+    assert not torch.equal(both, plain)
+    sched = make_scheduler(model.config)
+    sched.set_timesteps(3)
+    x = initial_noise([5, 9], 4, 16)
+    labels, null = torch.tensor([1, 2]), torch.full((2,), data.NULL_LABEL)
+    with torch.no_grad():
+        for t in sched.timesteps:
+            tt = torch.full((2,), int(t))
+            uncond, cond = model(torch.cat([x, x]), torch.cat([tt, tt]),
+                                 torch.cat([null, labels])).chunk(2)
+            x = sched.step(uncond + 3.0 * (cond - uncond), t, x, eta=0.0).prev_sample
+    assert torch.equal(plain, x.clamp(-1, 1))
 
 
 @pytest.mark.skipif(not WEIGHTS_FILE.exists(), reason="weights not trained yet")
@@ -249,3 +275,73 @@ def test_side_by_side_gif(tmp_path):
         assert img.n_frames == 8 and img.size == (2 * (32 + 2) * 2, 2 * (32 + 2) * 2)
     with pytest.raises(ValueError, match="one shape"):
         side_by_side_gif(tmp_path / "w.gif", a, a[:1])
+    # a grid: 3 samples in 2 columns -> 2 rows, the missing cell black
+    b, _ = data.moving_digits(3, seed=1)
+    side_by_side_gif(tmp_path / "g.gif", b, -b, scale=1, gap=2, columns=2)
+    with Image.open(tmp_path / "g.gif") as img:
+        assert img.size == (2 * 2 * (32 + 2), 2 * (32 + 2))
+        px = np.array(img.convert("L"))
+    cell = lambda r, c: px[r * 34:r * 34 + 32, c * 68:c * 68 + 32]  # noqa: E731  full panels
+    first = ((b[:, 0, 0] + 1) * 127.5).round().numpy()
+    assert np.array_equal(cell(0, 1), first[1]) and np.array_equal(cell(1, 0), first[2])
+    assert (cell(1, 1) == 0).all()
+    with pytest.raises(ValueError, match="columns=0"):
+        side_by_side_gif(tmp_path / "x.gif", a, columns=0)
+
+
+# ---------------------------------------------------------------- training and evaluation
+def test_min_snr_weights_follow_the_formula():
+    from diffusers import DDPMScheduler
+
+    from coda.host.model.train import min_snr_weights
+
+    sched = DDPMScheduler(**DEFAULT_CONFIG["scheduler"])
+    t = torch.tensor([0, 100, 500, 900, 999])
+    abar = sched.alphas_cumprod[t].double()
+    snr = abar / (1 - abar)
+    want = torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64)) / (snr + 1)
+    assert torch.allclose(min_snr_weights(sched, t).double(), want, rtol=1e-6)
+    assert min_snr_weights(sched, t)[0] == pytest.approx(5 / (float(snr[0]) + 1), rel=1e-5)
+    assert torch.equal(min_snr_weights(sched, t, gamma=0), torch.ones(5))
+    eps = DDPMScheduler(**{**DEFAULT_CONFIG["scheduler"], "prediction_type": "epsilon"})
+    assert torch.allclose(min_snr_weights(eps, t).double(),
+                          torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64)) / snr,
+                          rtol=1e-6)
+
+
+def test_video_figures_on_training_data():
+    """The data itself: the classifier's per-frame hits, identity counted by hand, and the
+    motion range built from the same reference videos holds >= 95 % of them."""
+    from coda.host.model.evaluate import (MOTION_REFERENCE_SEED, MOTION_REFERENCE_VIDEOS,
+                                          centroid_steps, motion_range, video_figures)
+
+    videos, labels = data.moving_digits(30, seed=123, split="test")
+    fig = video_figures(videos, labels)
+    pred = digit_classifier().predict_frames(videos)
+    assert fig["label_accuracy"] == float((pred == labels.numpy()[:, None]).mean())
+    assert fig["identity_kept"] == float(np.mean([len(set(row)) == 1 for row in pred.tolist()]))
+    assert fig["predicted"] == pred.tolist()
+    low, high = motion_range()
+    assert 0 < low < high <= data.SPEED_PX[1] * 2 ** 0.5 + 1
+    ref, ref_labels = data.moving_digits(MOTION_REFERENCE_VIDEOS, MOTION_REFERENCE_SEED)
+    assert video_figures(ref, ref_labels, (low, high))["motion_in_range"] >= 0.95
+    # a digit that stands still, and an empty video, do not move like the data
+    still = videos[:, :, :1].expand_as(videos)
+    assert video_figures(still, labels, (low, high))["motion_in_range"] == 0.0
+    assert centroid_steps(torch.full((1, 1, 8, 32, 32), -1.0)).abs().max() == 0
+    with pytest.raises(ValueError, match="expected"):
+        video_figures(videos, labels[:3])
+    with pytest.raises(ValueError, match="F>=2"):
+        centroid_steps(videos[:, :, :1])
+
+
+def test_evaluate_reports_every_digit():
+    from coda.host.model.evaluate import evaluate
+
+    model = build_model(tiny_config(), seed=2).eval()
+    with pytest.raises(ValueError, match="per_digit=0"):
+        evaluate(model, per_digit=0)
+    report = evaluate(model, per_digit=1, num_steps=2, seed_base=7)
+    assert report["videos"] == 10 and len(report["per_digit_accuracy"]) == 10
+    assert report["min_digit_accuracy"] == min(report["per_digit_accuracy"])
+    assert 0 <= report["identity_correct"] <= report["identity_kept"] <= 1

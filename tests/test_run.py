@@ -221,8 +221,9 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     (["--guidance", "nan"], "--guidance nan: expected a finite CFG scale >= 0"),
     (["--guidance", "inf"], "--guidance inf: expected a finite CFG scale >= 0"),
     (["--guidance", "-1"], "--guidance -1.0: expected a finite CFG scale >= 0"),
-    (["--seed", "-1"], "--seed -1: expected an integer 0..2147483645"),
-    (["--seed", "99999999999"], "--seed 99999999999: expected an integer 0..2147483645"),
+    # the default prompts are 0-9: 10 videos take seeds --seed .. --seed + 9 <= 2^31 - 1
+    (["--seed", "-1"], f"--seed -1: expected an integer 0..{2 ** 31 - 1 - 9}"),
+    (["--seed", "99999999999"], f"--seed 99999999999: expected an integer 0..{2 ** 31 - 1 - 9}"),
     # a range is one list: 4 videos take seeds 2147483646 .. 2147483649
     (["--prompts", "0-3", "--seed", "2147483646"], "--seed 2147483646: expected an integer "
                                                    "0..2147483644 (the run's 4 videos"),
@@ -255,6 +256,7 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     (["--policy", "coda", "--interval", "3"], "--interval/--warmup: options of --policy uniform"),
     (["--schedule", "missing.json"], "--schedule missing.json: cannot read it"),
     (["--policy", "magcache", "--profile", "missing.npz"], "missing.npz: no such file"),
+    (["--rtl-videos", "2"], "--rtl-videos 2: an option of --backend rtl"),
 ])
 def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
@@ -377,6 +379,49 @@ def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path, monkeypatch):
     assert report["dra_fallbacks"] == report["monitors"] == 0
     # the cycles the DRAM-timed NMEs took, as the segment events recorded them
     assert report["nme_cycles"] == sum(g.nme_cycles for g in events.of("segment")) > 0
+
+
+def test_coda_run_checks_the_first_prompts_on_the_rtl_and_shows_all_in_a_grid(tmp_path,
+                                                                              monkeypatch):
+    """--rtl-videos 1 of 3 prompts: the first prompt runs through the RTL and is checked
+    against torch; all three are generated cached on torch for the report and the grid. A
+    video does not depend on its batch, so the RTL video is also row 0 of the full run."""
+    import numpy as np
+    import torch
+
+    got = _capture(monkeypatch)
+    rc = main(["run", "--out", str(tmp_path), "--steps", "4", "--warmup", "2", "--interval", "2",
+               "--prompts", "2,5,6", "--rtl-videos", "1", "--threads", "1"])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    full = got["videos"][0]
+    (rtl, rtl_events), (reference, _), (cached, events) = got["cached"]
+    assert rtl.shape[0] == reference.shape[0] == 1 and cached.shape == full.shape
+    same = lambda a, b: torch.equal(a.view(torch.int32), b.view(torch.int32))  # noqa: E731
+    assert report["bit_exact_rtl_vs_torch"] is same(rtl, reference) is True
+    assert same(rtl, cached[:1])
+    assert report["rtl"]["prompts"] == [2]
+    assert report["rtl"]["nme_cycles"] == sum(g.nme_cycles for g in rtl_events.of("segment")) > 0
+    assert report["segments"] == len(events.of("segment")) == 3 * len(rtl_events.of("segment"))
+    assert report["nme_cycles"] == sum(g.nme_cycles for g in events.of("segment"))
+    # the grid: three full | cached pairs in one row, at scale 3
+    from PIL import Image
+    with Image.open(tmp_path / "grid.gif") as img:
+        assert img.n_frames == full.shape[2] and img.size == (3 * 2 * 34 * 3, 34 * 3)
+        img.seek(2)
+        px = np.array(img.convert("L"))[::3, ::3]
+    pixels = lambda v: ((v.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()  # noqa: E731
+    for i in range(3):
+        assert np.array_equal(px[:32, 68 * i:68 * i + 32], pixels(full[i, 0, 2]))
+        assert np.array_equal(px[:32, 68 * i + 34:68 * i + 66], pixels(cached[i, 0, 2]))
+    assert report["grid_gif"] == str(tmp_path / "grid.gif")
+
+
+def test_coda_run_rtl_videos_must_be_among_the_prompts(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--out", str(out), "--prompts", "1,2", "--rtl-videos", "3"]) == 2
+    assert "--rtl-videos 3: expected 1..2 (the number of --prompts)" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_coda_run_dram_needs_rtl_and_a_known_preset(tmp_path, capsys):

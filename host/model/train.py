@@ -7,9 +7,11 @@ AdamW (lr 1e-3, betas (0.9, 0.99), weight decay 0.01) with 200 linear warm-up st
 cosine decay to 10 %, Latte's image-video joint training: each step a batch of fresh videos
 (drawn with seed ``s = seed * 1_000_003 + step``) and a batch of single frames (one digit at a
 random position, temporal blocks skipped; seed ``2**40 + s``), the loss the mean of the two
-batches' losses; 10 % label dropout to the null label (classifier-free guidance), gradient
-clipping at 1.0, an exponential moving average of the weights (decay 0.999, warmed up) which is what is
-saved. Training stops after ``--steps`` steps (never by wall time), so the result depends only
+batches' losses, each a v-prediction MSE (``--snr-gamma`` weights it by Min-SNR,
+:func:`min_snr_weights`; measured worse here, so off); 10 % label dropout to the null label
+(classifier-free guidance), gradient clipping at 1.0, an exponential moving average of the
+weights (decay 0.999, warmed up) which is what is saved. Training stops after ``--steps``
+steps (never by wall time), so the result depends only
 on the arguments. Writes ``weights/latte_digits.safetensors`` + ``latte_digits.json``.
 """
 
@@ -31,6 +33,8 @@ __all__ = ["train", "main"]
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
 EMA_DECAY = 0.999
+MIN_SNR_GAMMA = 5.0   # Hang et al., "Efficient Diffusion Training via Min-SNR Weighting
+                      # Strategy", ICCV 2023 (their default gamma); off in the shipped recipe
 
 
 def _lr_factor(step: int, steps: int) -> float:
@@ -47,8 +51,26 @@ def _ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int) -> None
         pe.mul_(decay).add_(pm, alpha=1 - decay)
 
 
-def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool) -> torch.Tensor:
-    """v-prediction (or epsilon) MSE of one batch with label dropout and random timesteps."""
+def min_snr_weights(sched, t: torch.Tensor, gamma: float = MIN_SNR_GAMMA) -> torch.Tensor:
+    """Min-SNR-gamma loss weights [n] (float32) of timesteps t [n] (int64).
+
+    The weight makes each timestep's loss equal to ``min(SNR(t), gamma)`` times the x0 error
+    (SNR = alpha_bar / (1 - alpha_bar)): ``min(SNR, gamma) / (SNR + 1)`` for a v-prediction
+    loss, ``min(SNR, gamma) / SNR`` for an epsilon loss (Hang et al., ICCV 2023, eq. 8-9;
+    diffusers' ``train_text_to_image.py --snr_gamma``). gamma <= 0 turns it off (all ones).
+    """
+    if gamma <= 0:
+        return torch.ones(t.shape[0])
+    abar = sched.alphas_cumprod[t].float()
+    snr = abar / (1 - abar)
+    clipped = snr.clamp(max=gamma)
+    return clipped / (snr + 1) if sched.config.prediction_type == "v_prediction" else clipped / snr
+
+
+def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool,
+                    snr_gamma: float = 0.0) -> torch.Tensor:
+    """v-prediction (or epsilon) MSE of one batch with label dropout and random timesteps,
+    Min-SNR-weighted when ``snr_gamma`` > 0."""
     n = videos.shape[0]
     drop = torch.rand(n, generator=gen) < LABEL_DROPOUT
     labels = torch.where(drop, torch.full_like(labels, NULL_LABEL), labels)
@@ -56,12 +78,17 @@ def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool) -> torch.
     t = torch.randint(0, sched.config.num_train_timesteps, (n,), generator=gen)
     noisy = sched.add_noise(videos, noise, t)
     target = sched.get_velocity(videos, noise, t) if sched.config.prediction_type == "v_prediction" else noise
-    return torch.nn.functional.mse_loss(model(noisy, t, labels, temporal=temporal), target)
+    pred = model(noisy, t, labels, temporal=temporal)
+    if snr_gamma <= 0:
+        return torch.nn.functional.mse_loss(pred, target)
+    err = (pred - target).square().flatten(1).mean(1)
+    return (min_snr_weights(sched, t, snr_gamma) * err).mean()
 
 
 def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float = 1e-3,
           seed: int = 0, weights: Path = WEIGHTS_FILE, config_path: Path = CONFIG_FILE,
-          log_every: int = 50, checkpoint_every: int = 0) -> dict:
+          log_every: int = 50, checkpoint_every: int = 0,
+          snr_gamma: float = 0.0) -> dict:
     """Train from scratch and save the EMA weights.
 
     Args:
@@ -76,6 +103,10 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
         seed: seeds the initial weights, the data stream, the noise and the label dropout.
         weights, config_path: where to write the safetensors file and its JSON config.
         log_every: print the mean loss every this many steps.
+        snr_gamma: Min-SNR gamma of the loss weighting (:func:`min_snr_weights`; 0 = off, the
+            shipped recipe). Measured (``python -m coda.host.model.evaluate``, 50 videos, CFG
+            3, eta 1): gamma 5 at 7,000 steps gave label accuracy 0.748 and digit 7 at 0.025,
+            against 0.868 and 0.50 for the plain MSE.
         checkpoint_every: also save the EMA weights every this many steps as
             ``<weights stem>_step<N>.safetensors`` (0 = never).
     Returns:
@@ -105,11 +136,12 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
         data_seed = seed * 1_000_003 + step
         videos, labels = moving_digits(batch_size, data_seed, frames=data["frames"],
                                        size=data["size"], digit_size=data["digit_size"])
-        loss = _diffusion_loss(model, sched, videos, labels, gen, temporal=True)
+        loss = _diffusion_loss(model, sched, videos, labels, gen, True, snr_gamma)
         if image_batch_size:
             images, image_labels = moving_digits(image_batch_size, (1 << 40) + data_seed, frames=1,
                                                  size=data["size"], digit_size=data["digit_size"])
-            loss = (loss + _diffusion_loss(model, sched, images, image_labels, gen, temporal=False)) / 2
+            loss = (loss + _diffusion_loss(model, sched, images, image_labels, gen, False,
+                                           snr_gamma)) / 2
         for group in opt.param_groups:
             group["lr"] = lr * _lr_factor(step, steps)
         opt.zero_grad(set_to_none=True)
@@ -148,10 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=CONFIG_FILE)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--snr-gamma", type=float, default=0.0,
+                        help=f"Min-SNR loss weighting gamma (default 0 = plain MSE; the "
+                             f"paper's is {MIN_SNR_GAMMA:g})")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     train(args.steps, args.batch_size, args.image_batch_size, args.lr, args.seed, args.weights,
-          args.config, args.log_every, args.checkpoint_every)
+          args.config, args.log_every, args.checkpoint_every, args.snr_gamma)
     return 0
 
 

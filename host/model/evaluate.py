@@ -1,0 +1,174 @@
+"""Prompt adherence, identity and motion of the shipped video DiT:
+``python -m coda.host.model.evaluate``.
+
+Full-compute CFG generations of ``per_digit`` videos of every digit 0..9 (initial-noise
+seeds ``seed_base + i``; the default base, 10**6, is far from the noise seeds of
+:mod:`.sample` and the demo, and generation seeds never enter training, which draws its noise
+from one ``torch.Generator`` seeded by ``--seed``) are classified frame by frame with
+:func:`.classifier.digit_classifier`. Figures:
+
+- ``label_accuracy``: fraction of all frames whose classified digit is the video's label,
+  and the same per digit (``per_digit_accuracy``);
+- ``identity_kept``: fraction of videos whose classified digit is the same in every frame
+  (``identity_correct``: ... and that digit is the label);
+- motion: the digit's intensity-weighted centroid per frame; a video *moves like the data*
+  when its median frame-to-frame centroid step lies inside the 2.5 %..97.5 % range of the
+  same statistic on training-data videos (``motion_in_range``); ``median_step_px`` of the
+  generations and of the data are reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+
+from .classifier import digit_classifier
+from .data import NUM_CLASSES, moving_digits
+
+__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "motion_range", "evaluate", "main"]
+
+DEFAULT_SEED_BASE = 1_000_000
+MOTION_REFERENCE_VIDEOS = 400
+MOTION_REFERENCE_SEED = 21
+
+
+def centroid_steps(videos: torch.Tensor) -> torch.Tensor:
+    """Frame-to-frame distance of the ink's centre of mass.
+
+    Args:
+        videos: float [B, 1, F, H, W] in [-1, 1] (-1 = no ink), F >= 2.
+    Returns:
+        float32 [B, F - 1] in pixels (0 where a frame has no ink).
+    Raises:
+        ValueError: not 5-D with one channel and at least 2 frames.
+    """
+    if videos.ndim != 5 or videos.shape[1] != 1 or videos.shape[2] < 2:
+        raise ValueError(f"videos shape {tuple(videos.shape)}: expected [B, 1, F>=2, H, W]")
+    ink = ((videos[:, 0].detach().float().cpu() + 1) / 2).clamp(0, 1)
+    mass = ink.sum(dim=(2, 3)).clamp_min(1e-6)
+    h, w = ink.shape[-2:]
+    rows = (ink.sum(3) * torch.arange(h, dtype=torch.float32)).sum(2) / mass
+    cols = (ink.sum(2) * torch.arange(w, dtype=torch.float32)).sum(2) / mass
+    return torch.hypot(rows.diff(dim=1), cols.diff(dim=1))
+
+
+def motion_range(frames: int = 8, size: int = 32, digit_size: int = 16) -> tuple[float, float]:
+    """2.5 % and 97.5 % quantiles (pixels) of the per-video median centroid step of
+    :data:`MOTION_REFERENCE_VIDEOS` training-data videos (seed :data:`MOTION_REFERENCE_SEED`)."""
+    videos, _ = moving_digits(MOTION_REFERENCE_VIDEOS, MOTION_REFERENCE_SEED, frames=frames,
+                              size=size, digit_size=digit_size)
+    med = centroid_steps(videos).median(dim=1).values.numpy()
+    return float(np.quantile(med, 0.025)), float(np.quantile(med, 0.975))
+
+
+def video_figures(videos: torch.Tensor, labels: torch.Tensor,
+                  motion: tuple[float, float] | None = None) -> dict:
+    """The figures listed in the module docstring for given videos.
+
+    Args:
+        videos: float [B, 1, F, H, W] in [-1, 1].
+        labels: int64 [B] digits 0..9.
+        motion: (low, high) pixels of :func:`motion_range`; computed when None.
+    Returns:
+        dict of floats (fractions in [0, 1], pixels) and ``per_digit_accuracy`` (10 floats,
+        NaN for a digit without videos), ``predicted`` (int [B][F]).
+    Raises:
+        ValueError: mismatched shapes.
+    """
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if videos.ndim != 5 or labels.shape[0] != videos.shape[0]:
+        raise ValueError(f"videos {tuple(videos.shape)}, labels {tuple(labels.shape)}: expected "
+                         f"[B, 1, F, H, W] and [B]")
+    pred = digit_classifier().predict_frames(videos)                     # [B, F]
+    lab = labels.numpy()[:, None]
+    right = pred == lab
+    same = (pred == pred[:, :1]).all(axis=1)
+    per_digit = [float(right[labels.numpy() == d].mean()) if (labels.numpy() == d).any()
+                 else float("nan") for d in range(NUM_CLASSES)]
+    if motion is None:
+        motion = motion_range(videos.shape[2], videos.shape[-1])
+    med = centroid_steps(videos).median(dim=1).values.numpy()
+    return {
+        "label_accuracy": float(right.mean()),
+        "per_digit_accuracy": per_digit,
+        "min_digit_accuracy": float(np.nanmin(per_digit)),
+        "identity_kept": float(same.mean()),
+        "identity_correct": float((same & right[:, 0]).mean()),
+        "motion_in_range": float(((med >= motion[0]) & (med <= motion[1])).mean()),
+        "median_step_px": float(np.median(med)),
+        "data_step_range_px": [motion[0], motion[1]],
+        "predicted": pred.tolist(),
+    }
+
+
+def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
+             num_steps: int | None = None, seed_base: int = DEFAULT_SEED_BASE,
+             eta: float | None = None) -> dict:
+    """Generate ``10 * per_digit`` videos (full compute) and measure them.
+
+    Args:
+        model: :class:`.dit.DigitLatte` in eval mode.
+        per_digit: videos per digit (>= 1).
+        guidance_scale, num_steps, eta: CFG scale, DDIM steps and DDIM eta (default:
+            :mod:`.sample`'s).
+        seed_base: initial-noise seed of the first video; video i uses ``seed_base + i``.
+    Returns:
+        :func:`video_figures`' dict plus ``videos``, ``guidance_scale``, ``steps``,
+        ``generate_s`` (wall seconds).
+    Raises:
+        ValueError: per_digit < 1 (and whatever :func:`.sample.generate` raises).
+    """
+    from .sample import DEFAULT_ETA, DEFAULT_GUIDANCE, DEFAULT_STEPS, generate
+
+    if per_digit < 1:
+        raise ValueError(f"per_digit={per_digit}: expected >= 1")
+    guidance_scale = DEFAULT_GUIDANCE if guidance_scale is None else float(guidance_scale)
+    num_steps = DEFAULT_STEPS if num_steps is None else int(num_steps)
+    eta = DEFAULT_ETA if eta is None else float(eta)
+    labels = torch.arange(NUM_CLASSES).repeat_interleave(per_digit)
+    start = time.perf_counter()
+    videos = generate(model, labels, num_steps=num_steps, guidance_scale=guidance_scale,
+                      seed=seed_base, eta=eta)
+    wall = time.perf_counter() - start
+    data = model.config["data"]
+    figures = video_figures(videos, labels, motion_range(data["frames"], data["size"],
+                                                         data["digit_size"]))
+    return {"videos": len(labels), "guidance_scale": guidance_scale, "steps": num_steps, "eta": eta,
+            "seed_base": seed_base, **figures, "generate_s": wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the JSON report of :func:`evaluate` for the shipped (or a given) model."""
+    import argparse
+    from pathlib import Path
+
+    from .dit import CONFIG_FILE, WEIGHTS_FILE, load_model
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-digit", type=int, default=5)
+    parser.add_argument("--guidance", type=float, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--eta", type=float, default=None, help="DDIM eta (default 1)")
+    parser.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
+    parser.add_argument("--weights", type=Path, default=WEIGHTS_FILE)
+    parser.add_argument("--config", type=Path, default=CONFIG_FILE)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, _ = load_model(weights=args.weights, config=args.config)
+    report = evaluate(model, args.per_digit, args.guidance, args.steps, args.seed_base, args.eta)
+    report["weights"] = str(args.weights)
+    text = json.dumps({k: v for k, v in report.items() if k != "predicted"}, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
