@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-digit", type=int, default=5)
     parser.add_argument("--guidance", type=float, default=None)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--eta", type=float, default=None, help="DDIM eta (default 1)")
+    parser.add_argument("--eta", type=float, default=None,
+                        help="DDIM eta (default 0; 1 = ancestral, better prompt adherence)")
     parser.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
     parser.add_argument("--weights", type=Path, default=WEIGHTS_FILE)
     parser.add_argument("--config", type=Path, default=CONFIG_FILE)
