@@ -17,16 +17,18 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
 3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
    that latents and videos are bit-identical.
 
-The RTL cosimulation costs about a minute per video here, so with ``--backend rtl`` only the
-first ``--rtl-videos`` prompts (default 3) go through it (their seeds and their policy as in
-the whole run), and are checked bit for bit against the torch backend; when that is fewer than
-the prompts, every prompt's cached video comes from a third generation on the torch backend,
-and the report's quality figures, GIFs, counters and ``modelled`` systems are of that one,
-while ``rtl`` holds the RTL run's own (prompts, NME cycles, simulation speed, and its
-``modelled`` replay when ``--dram`` times it).
+The RTL cosimulation is the slow part (348 s for three videos in a fresh-clone ``make demo``
+on 2 cores), so with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go
+through it (their seeds and their policy as in the whole run), and are checked bit for bit
+against the torch backend; when that is fewer than the prompts, every prompt's cached video
+comes from a third generation on the torch backend, and the report's quality figures, GIFs,
+counters and ``modelled`` systems are of that one, while ``rtl`` holds the RTL run's own
+(prompts, NME programs and cycles, seconds, and its ``modelled`` replay when ``--dram`` times
+it); ``sim_cycles_per_s`` is the RTL run's.
 
 It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
-``DIR/<digit>_<i>.gif`` (one prompt each) and ``DIR/report.json`` and prints a summary table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
+``DIR/<digit>_<i>.gif`` (one prompt each) and ``DIR/report.json`` and prints a summary
+table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
 the cached videos against the full-compute ones (torchmetrics, :mod:`coda.host.evaluate`);
 prompt adherence: the scikit-learn digit classifier's per-frame accuracy
 (:func:`coda.host.model.classifier.label_accuracy`). The report names the ``policy``, counts
