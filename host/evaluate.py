@@ -148,6 +148,7 @@ def pareto_plot(rows: list[dict], path) -> None:
 
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
+    from coda.host.model.sample import DEFAULT_GUIDANCE
     parser.add_argument("--policy", default=",".join(POLICY_NAMES[:2] + POLICY_NAMES[2:3]
                                                       + POLICY_NAMES[4:]),
                         help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
@@ -160,8 +161,8 @@ def configure(parser) -> None:
                         "0-3, disjoint from the profile's (default 0)")
     parser.add_argument("--steps", type=int, default=50,
                         help="DDIM steps, 1..1000 (the model's training timesteps; default 50)")
-    parser.add_argument("--guidance", type=float, default=3.0,
-                        help="CFG scale, finite and >= 0 (default 3)")
+    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                        help=f"CFG scale, finite and >= 0 (default {DEFAULT_GUIDANCE:g})")
     parser.add_argument("--profile", default=None,
                         help="profile.npz of coda profile (default: the shipped one for "
                              "50 steps)")

@@ -417,14 +417,15 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
+    from coda.host.model.sample import DEFAULT_GUIDANCE
     parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
                         "(default 0-9)")
     parser.add_argument("--seeds", default="100", help="distinct noise seeds 0..2^31-1, e.g. 100 "
                         "or 100-101; evaluate on other seeds (default 100)")
     parser.add_argument("--steps", type=int, default=50,
                         help="DDIM steps, 2..1000 (the model's training timesteps; default 50)")
-    parser.add_argument("--guidance", type=float, default=3.0,
-                        help="CFG scale, finite and >= 0 (default 3)")
+    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                        help=f"CFG scale, finite and >= 0 (default {DEFAULT_GUIDANCE:g})")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
                         help="where l1_distance runs (default torch; same numbers)")

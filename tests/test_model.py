@@ -132,7 +132,7 @@ def test_ancestral_step_noise_is_per_sample_and_eta_zero_is_plain_ddim():
     """eta = 1 draws each step's noise from the sample's own generator (after its initial
     noise), so a sample is the same alone or in a batch; eta = 0 is DDIM's deterministic
     update, which this test recomputes with diffusers' scheduler directly."""
-    from coda.host.model.sample import initial_noise, make_scheduler
+    from coda.host.model.sample import DEFAULT_GUIDANCE, initial_noise, make_scheduler
 
     model = build_model(tiny_config(), seed=2).eval()
     both = generate(model, [1, 2], num_steps=3, seeds=[5, 9], eta=1.0)
@@ -148,8 +148,30 @@ def test_ancestral_step_noise_is_per_sample_and_eta_zero_is_plain_ddim():
             tt = torch.full((2,), int(t))
             uncond, cond = model(torch.cat([x, x]), torch.cat([tt, tt]),
                                  torch.cat([null, labels])).chunk(2)
-            x = sched.step(uncond + 3.0 * (cond - uncond), t, x, eta=0.0).prev_sample
+            x = sched.step(uncond + DEFAULT_GUIDANCE * (cond - uncond), t, x, eta=0.0).prev_sample
     assert torch.equal(plain, x.clamp(-1, 1))
+
+
+def test_ddim_step_keeps_x0_outside_the_pixel_range():
+    """The sampler's DDIM step is the closed-form v-prediction update with x0 *not* clipped:
+    x0 = sqrt(abar_t) x_t - sqrt(1 - abar_t) v, eps = sqrt(abar_t) v + sqrt(1 - abar_t) x_t,
+    x_prev = sqrt(abar_prev) x0 + sqrt(1 - abar_prev) eps (Song et al., DDIM eq. 12, eta 0;
+    Salimans & Ho 2022 for v). Clipping x0 to [-1, 1] left a speckle on every digit."""
+    from coda.host.model.sample import make_scheduler
+
+    sched = make_scheduler(tiny_config())
+    sched.set_timesteps(10)
+    t, t_prev = int(sched.timesteps[-3]), int(sched.timesteps[-2])
+    abar, abar_prev = sched.alphas_cumprod[t].double(), sched.alphas_cumprod[t_prev].double()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 1, 4, 8, 8, generator=gen, dtype=torch.float64)
+    v = 3.0 * torch.randn(2, 1, 4, 8, 8, generator=gen, dtype=torch.float64)
+    x0 = abar.sqrt() * x - (1 - abar).sqrt() * v
+    assert x0.abs().max() > 1.5                       # the case clipping would change
+    eps = abar.sqrt() * v + (1 - abar).sqrt() * x
+    expected = abar_prev.sqrt() * x0 + (1 - abar_prev).sqrt() * eps
+    got = sched.step(v, t, x, eta=0.0).prev_sample
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)   # float32 alphas
 
 
 @pytest.mark.skipif(not WEIGHTS_FILE.exists(), reason="weights not trained yet")

@@ -33,7 +33,8 @@ def synthetic_profile(steps=12, layers=2, videos=2, seed=0) -> Profile:
     out[:, 0] = np.nan
     inp = (0.5 * decay * (1 + 0.2 * rng.random(shape))).astype(np.float32) * np.ones(shape)
     inp[:, 0] = np.nan
-    meta = {"model_hash": "synthetic", "shape": dict(SHAPE, layers=layers), "seeds": [100]}
+    meta = {"model_hash": "synthetic", "shape": dict(SHAPE, layers=layers), "seeds": [100],
+            "guidance_scale": 3.0}
     return Profile(out, inp.astype(np.float32), np.ones(shape, np.float32),
                    2 * np.ones(shape, np.float32), meta)
 
@@ -103,32 +104,40 @@ def test_anneal_is_deterministic_per_seed():
 def test_cost_terms_follow_their_definitions():
     prof = synthetic_profile()
     change = prof.mean("out_change").reshape(12, 2, 10)
-    cm = CostModel(change, quality_weights(prof), prof.meta["shape"])
-    sched = uniform_for_skip(0.4, 12, 2).build(12, 2)
-    m = schedule_to_matrix(sched)
+    g = 3.0
+    cm = CostModel(change, quality_weights(prof), prof.meta["shape"], g)
+    uniform = uniform_for_skip(0.4, 12, 2).build(12, 2)
+    m = schedule_to_matrix(uniform)
+    assert matrix_to_schedule(m, 2, "x").reuse == uniform.reuse
+    assert m[5].all()
+    m[5, BRANCHES.index("uncond")] = False          # a step where only cond reuses
+    sched = matrix_to_schedule(m, 2, "x")
     t = cm.evaluate(m)
     assert t["segments"] == sched.segment_count(frames=8)
     stores = sum(sched.store_after_compute(s, b, ref) and ref not in sched.reused(s, b)
                  for s in range(12) for b in BRANCHES for ref in
                  [(l, o) for l in range(2) for o in OP_TYPES])
     assert t["stores"] == stores
-    # quality: accumulated change since the last compute, weighted (weights: |out|/|in| = 0.5)
+    # quality: per step and operator, the CFG combination g * cond + (1 - g) * uncond of each
+    # branch's change accumulated since its last compute, weighted (|out|/|in| = 0.5)
     d = np.nan_to_num(change.astype(np.float64))
+    coef = {"cond": g, "uncond": 1 - g}
     q = 0.0
-    for b in range(2):
-        for k in range(10):
+    for k in range(10):
+        err = np.zeros(12)
+        for b, name in enumerate(BRANCHES):
             last = 0
             for s in range(12):
                 if m[s, b, k]:
-                    q += 0.5 * d[last + 1:s + 1, b, k].sum()
+                    err[s] += coef[name] * 0.5 * d[last + 1:s + 1, b, k].sum()
                 else:
                     last = s
+        q += np.abs(err).sum()
     assert t["quality"] == pytest.approx(q)
     # a slower xPU (a longer compute window) hides more of each segment
-    slow = CostModel(change, quality_weights(prof), prof.meta["shape"],
+    slow = CostModel(change, quality_weights(prof), prof.meta["shape"], g,
                      compute_time=lambda op, shape: 10 * flop_compute_time(op, shape))
     assert slow.evaluate(m)["mismatch_s"] <= t["mismatch_s"]
-    assert matrix_to_schedule(m, 2, "x").reuse == sched.reuse
 
 
 def test_segment_cycles_equal_the_drivers():
