@@ -97,7 +97,7 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
         image_batch_size: single frames per step (0 = videos only). Why: the frames of one
             video show one digit, so a video step teaches few digit shapes; images cost 1/F
             of a video each. Measured here at hidden 64 (``python -m coda.host.model.sample
-            --per-digit 2``, 20 videos, CFG 3, 50 steps): 16 videos x 4,000 steps gave 20.6 %
+            --per-digit 2``, 20 videos, CFG 3, 50 steps, x0 clipped): 16 videos x 4,000 steps gave 20.6 %
             label accuracy, 8 videos + 64 images x 10,000 steps 35 %.
         lr: peak learning rate.
         seed: seeds the initial weights, the data stream, the noise and the label dropout.
