@@ -17,9 +17,8 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
 3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
    that latents and videos are bit-identical.
 
-The RTL cosimulation is the slow part (348 s for three videos in a fresh-clone ``make demo``
-on 2 cores), so with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go
-through it (their seeds and their policy as in the whole run), and are checked bit for bit
+The RTL cosimulation is the slow part (minutes per video on 2 cores; README, Figures), so
+with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go through it (their seeds and their policy as in the whole run), and are checked bit for bit
 against the torch backend; when that is fewer than the prompts, every prompt's cached video
 comes from a third generation on the torch backend, and the report's quality figures, GIFs,
 counters and ``modelled`` systems are of that one, while ``rtl`` holds the RTL run's own

@@ -412,8 +412,9 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
         if cooldown:
             sc[steps - cooldown:] = np.inf
     m = np.zeros((steps, n_b, n_k), bool)
-    for flat in np.argsort(pair, axis=None, kind="stable")[:target // n_b]:
-        m[np.unravel_index(flat, pair.shape)[0], :, np.unravel_index(flat, pair.shape)[1]] = True
+    ps, pk = np.unravel_index(np.argsort(pair, axis=None, kind="stable")[:target // n_b],
+                              pair.shape)
+    m[ps, :, pk] = True
     single[m] = np.inf
     m.reshape(-1)[np.argsort(single, axis=None, kind="stable")[:target - int(m.sum())]] = True
 

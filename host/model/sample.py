@@ -50,18 +50,16 @@ def make_scheduler(config: dict):
                          set_alpha_to_one=False)
 
 
-def initial_noise(seeds: list[int], frames: int, size: int,
-                  generators: list[torch.Generator] | None = None) -> torch.Tensor:
+def initial_noise(seeds: list[int], frames: int, size: int) -> torch.Tensor:
     """float32 [len(seeds), 1, frames, size, size]: sample i from ``torch.Generator`` seeded
-    ``seeds[i]`` (the first draw of ``generators[i]`` when given, which then goes on to draw
-    the sampler's per-step noise)."""
-    if generators is None:
-        generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    return torch.cat([torch.randn((1, 1, frames, size, size), generator=g) for g in generators])
+    ``seeds[i]`` (the first draw of that generator; :func:`generate` goes on drawing the
+    sampler's per-step noise from it)."""
+    return _draw([torch.Generator().manual_seed(int(s)) for s in seeds], (1, frames, size, size))
 
 
-def _step_noise(generators: list[torch.Generator], like: torch.Tensor) -> torch.Tensor:
-    return torch.cat([torch.randn((1, *like.shape[1:]), generator=g) for g in generators])
+def _draw(generators: list[torch.Generator], shape: tuple[int, ...]) -> torch.Tensor:
+    """float32 [len(generators), *shape]: one standard-normal sample from each generator."""
+    return torch.cat([torch.randn((1, *shape), generator=g) for g in generators])
 
 
 @torch.no_grad()
@@ -120,7 +118,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     sched = make_scheduler(cfg)
     sched.set_timesteps(num_steps)
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    x = initial_noise(seeds, frames, size, generators)
+    x = _draw(generators, (1, frames, size, size))          # = initial_noise(seeds, ...)
     null = torch.full_like(labels, NULL_LABEL)
     steps = sched.timesteps
     if progress:
@@ -129,7 +127,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     for i, t in enumerate(steps):
         uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
         pred = uncond + guidance_scale * (cond - uncond)
-        noise = _step_noise(generators, x) if eta > 0 else None
+        noise = _draw(generators, x.shape[1:]) if eta > 0 else None
         x = sched.step(pred, t, x, eta=float(eta), variance_noise=noise).prev_sample
     return x.clamp(-1.0, 1.0)
 
