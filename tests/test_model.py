@@ -331,6 +331,32 @@ def test_min_snr_weights_follow_the_formula():
                           rtol=1e-6)
 
 
+def test_two_stage_recipe_starts_stage_2_from_stage_1(tmp_path):
+    """``main`` writes stage 1 beside the weights and stage 2 starts from it: with a zero
+    stage-2 learning rate the optimiser moves nothing, so the final EMA weights equal stage
+    1's (up to the EMA's float rounding), and both differ from a fresh model."""
+    from safetensors.torch import load_file
+
+    from coda.host.model.train import main, stage1_path
+
+    out = tmp_path / "w.safetensors"
+    args = ["--steps", "2", "--batch-size", "1", "--image-batch-size", "2", "--video-steps", "1",
+            "--video-batch-size", "1", "--video-lr", "0", "--threads", "1", "--weights", str(out),
+            "--config", str(tmp_path / "w.json")]
+    assert main(args) == 0
+    first, final = load_file(str(stage1_path(out))), load_file(str(out))
+    assert stage1_path(out).name == "w_stage1.safetensors"
+    assert stage1_path(out).with_suffix(".json").exists() and (tmp_path / "w.json").exists()
+    fresh = build_model().state_dict()
+    assert any(not torch.equal(first[k], fresh[k]) for k in fresh)
+    assert all(torch.allclose(first[k], final[k], rtol=1e-6, atol=1e-7) for k in first)
+    with pytest.raises(SystemExit):
+        main(["--stage", "2", "--init", str(tmp_path / "none.safetensors"),
+              "--weights", str(out)])
+    with pytest.raises(SystemExit):
+        main(["--video-steps", "-1"])
+
+
 def test_video_figures_on_training_data():
     """The data itself: the classifier's per-frame hits, identity counted by hand, and the
     motion range built from the same reference videos holds >= 95 % of them."""

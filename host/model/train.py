@@ -1,17 +1,28 @@
 """Train the shipped video DiT on moving digits: ``python -m coda.host.model.train``.
 
-Recipe (all fixed, so the same command reproduces the weights on the same torch build):
-Latte's initialisation (adaLN-Zero, zero final layer: :func:`coda.host.model.dit.latte_init`),
-diffusers ``DDPMScheduler`` (1000 steps, cosine ``squaredcos_cap_v2`` betas, v-prediction),
-AdamW (lr 1e-3, betas (0.9, 0.99), weight decay 0.01) with 200 linear warm-up steps then
-cosine decay to 10 %, Latte's image-video joint training: each step a batch of fresh videos
-(drawn with seed ``s = seed * 1_000_003 + step``) and a batch of single frames (one digit at a
-random position, temporal blocks skipped; seed ``2**40 + s``), the loss the mean of the two
-batches' losses, each a v-prediction MSE (``--snr-gamma`` weights it by Min-SNR,
-:func:`min_snr_weights`; measured worse here, so off); 10 % label dropout to the null label
-(classifier-free guidance), gradient clipping at 1.0, an exponential moving average of the
-weights (decay 0.999, warmed up) which is what is saved. Training stops after ``--steps``
-steps (never by wall time), so the result depends only
+Recipe (all fixed, so the same command reproduces the weights on the same torch build), two
+stages run one after the other by the default command:
+
+Stage 1 (``--steps`` 7,000): Latte's initialisation (adaLN-Zero, zero final layer:
+:func:`coda.host.model.dit.latte_init`), diffusers ``DDPMScheduler`` (1000 steps, cosine
+``squaredcos_cap_v2`` betas, v-prediction), AdamW (lr 1e-3, betas (0.9, 0.99), weight decay
+0.01) with 200 linear warm-up steps then cosine decay to 10 %, Latte's image-video joint
+training: each step a batch of fresh videos (drawn with seed ``s = seed * 1_000_003 + step``)
+and a batch of single frames (one digit at a random position, temporal blocks skipped; seed
+``2**40 + s``), the loss the mean of the two batches' losses, each a v-prediction MSE
+(``--snr-gamma`` weights it by Min-SNR, :func:`min_snr_weights`; measured worse here, so off);
+10 % label dropout to the null label (classifier-free guidance), gradient clipping at 1.0, an
+exponential moving average of the weights (decay 0.999, warmed up) which is what is saved, as
+``<weights stem>_stage1``.
+
+Stage 2 (``--video-steps`` 3,000): from stage 1's EMA weights, videos only (16 per step, no
+single frames, so every step trains the temporal blocks), seed ``seed + 1``, a fresh AdamW and
+EMA, peak lr 3e-4 with the same warm-up and cosine decay. Why: stage 1's images teach digit
+shapes but skip the temporal blocks, whose job is that the eight frames show one digit.
+Measured (``python -m coda.host.model.evaluate --seed-base 2000000``, 50 validation videos, CFG
+5): identity kept 0.74 -> 0.80, label accuracy 0.960 -> 0.970.
+
+Training stops after a fixed number of steps (never by wall time), so the result depends only
 on the arguments. Writes ``weights/latte_digits.safetensors`` + ``latte_digits.json``.
 """
 
@@ -33,6 +44,9 @@ __all__ = ["train", "main"]
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
 EMA_DECAY = 0.999
+VIDEO_STEPS = 3000     # stage 2 of the recipe: videos only, from stage 1's EMA weights
+VIDEO_BATCH = 16
+VIDEO_LR = 3e-4
 MIN_SNR_GAMMA = 5.0   # Hang et al., "Efficient Diffusion Training via Min-SNR Weighting
                       # Strategy", ICCV 2023 (their default gamma); off in the shipped recipe
 
@@ -88,7 +102,7 @@ def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool,
 def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float = 1e-3,
           seed: int = 0, weights: Path = WEIGHTS_FILE, config_path: Path = CONFIG_FILE,
           log_every: int = 50, checkpoint_every: int = 0,
-          snr_gamma: float = 0.0) -> dict:
+          snr_gamma: float = 0.0, init: Path | None = None) -> dict:
     """Train from scratch and save the EMA weights.
 
     Args:
@@ -109,6 +123,9 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
             against 0.868 and 0.50 for the plain MSE.
         checkpoint_every: also save the EMA weights every this many steps as
             ``<weights stem>_step<N>.safetensors`` (0 = never).
+        init: start from these weights (a safetensors file of the same configuration, e.g.
+            an earlier stage's EMA weights) instead of a fresh initialisation; the optimiser,
+            the EMA and the learning-rate schedule start afresh.
     Returns:
         {"steps", "final_loss" (mean of the last 100 steps), "wall_s", "parameters"}.
     Raises:
@@ -121,7 +138,12 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
                          f"{image_batch_size}: expected >= 1, >= 1, >= 0")
     cfg = copy.deepcopy(DEFAULT_CONFIG)
     model = build_model(cfg, seed=seed).train()
-    latte_init(model)
+    if init is None:
+        latte_init(model)
+    else:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(init)))
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     sched = DDPMScheduler(**cfg["scheduler"])
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
@@ -165,14 +187,35 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
     return {"steps": steps, "final_loss": final, "wall_s": wall, "parameters": n_params}
 
 
+def stage1_path(weights: Path) -> Path:
+    """Where the two-stage recipe keeps stage 1's EMA weights: ``<stem>_stage1.safetensors``
+    beside ``weights`` (its JSON config beside it with the same stem)."""
+    weights = Path(weights)
+    return weights.with_name(f"{weights.stem}_stage1{weights.suffix}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=7000)
-    parser.add_argument("--batch-size", type=int, default=8, help="videos per step")
+    parser.add_argument("--steps", type=int, default=7000, help="stage 1 steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="stage 1 videos per step")
     parser.add_argument("--image-batch-size", type=int, default=64,
-                        help="single frames per step (image-video joint training; 0 = off)")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+                        help="stage 1 single frames per step (image-video joint training; "
+                             "0 = off)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="stage 1 peak learning rate")
+    parser.add_argument("--video-steps", type=int, default=VIDEO_STEPS,
+                        help="stage 2 (videos only, from stage 1's EMA weights) steps; 0 = "
+                             "no stage 2, stage 1 writes --weights")
+    parser.add_argument("--video-batch-size", type=int, default=VIDEO_BATCH,
+                        help="stage 2 videos per step")
+    parser.add_argument("--video-lr", type=float, default=VIDEO_LR,
+                        help="stage 2 peak learning rate")
+    parser.add_argument("--stage", choices=("all", "1", "2"), default="all",
+                        help="run both stages, or one: stage 2 alone starts from --init "
+                             "(default: stage 1's file beside --weights)")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="stage 2's starting weights (default: <weights stem>_stage1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="stage 1's seed; stage 2 uses seed + 1")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch CPU threads (1 is robust on a shared machine; the "
                              "result's last bits may depend on it)")
@@ -184,9 +227,23 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"Min-SNR loss weighting gamma (default 0 = plain MSE; the "
                              f"paper's is {MIN_SNR_GAMMA:g})")
     args = parser.parse_args(argv)
+    if args.video_steps < 0:
+        parser.error(f"--video-steps {args.video_steps}: expected >= 0")
+    if args.video_steps == 0 and args.stage == "2":
+        parser.error("--stage 2 with --video-steps 0: expected a stage 2 of >= 1 step")
     torch.set_num_threads(args.threads)
-    train(args.steps, args.batch_size, args.image_batch_size, args.lr, args.seed, args.weights,
-          args.config, args.log_every, args.checkpoint_every, args.snr_gamma)
+    first = stage1_path(args.weights) if args.video_steps else Path(args.weights)
+    if args.stage in ("all", "1"):
+        train(args.steps, args.batch_size, args.image_batch_size, args.lr, args.seed, first,
+              first.with_suffix(".json") if args.video_steps else args.config, args.log_every,
+              args.checkpoint_every, args.snr_gamma)
+    if args.video_steps and args.stage in ("all", "2"):
+        init = args.init if args.init is not None else first
+        if not Path(init).exists():
+            parser.error(f"--init {init}: no such weights file (run stage 1 first)")
+        train(args.video_steps, args.video_batch_size, 0, args.video_lr, args.seed + 1,
+              args.weights, args.config, args.log_every, args.checkpoint_every, args.snr_gamma,
+              init)
     return 0
 
 
