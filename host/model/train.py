@@ -39,7 +39,7 @@ import torch
 from .data import NULL_LABEL, moving_digits
 from .dit import CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model, latte_init, save_model
 
-__all__ = ["train", "main"]
+__all__ = ["train", "stage1_path", "main"]
 
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
@@ -103,7 +103,7 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
           seed: int = 0, weights: Path = WEIGHTS_FILE, config_path: Path = CONFIG_FILE,
           log_every: int = 50, checkpoint_every: int = 0,
           snr_gamma: float = 0.0, init: Path | None = None) -> dict:
-    """Train from scratch and save the EMA weights.
+    """Train from scratch (or from ``init``) and save the EMA weights.
 
     Args:
         steps: optimiser steps (>= 1).
@@ -130,6 +130,9 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
         {"steps", "final_loss" (mean of the last 100 steps), "wall_s", "parameters"}.
     Raises:
         ValueError: steps or batch_size < 1, image_batch_size < 0.
+        FileNotFoundError: ``init`` does not exist.
+        RuntimeError: ``init`` holds weights of another configuration (torch's
+            ``load_state_dict`` names the mismatching tensors).
     """
     from diffusers import DDPMScheduler
 
@@ -138,6 +141,8 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
                          f"{image_batch_size}: expected >= 1, >= 1, >= 0")
     cfg = copy.deepcopy(DEFAULT_CONFIG)
     model = build_model(cfg, seed=seed).train()
+    if init is not None and not Path(init).is_file():
+        raise FileNotFoundError(f"init={init}: no such weights file")
     if init is None:
         latte_init(model)
     else:
