@@ -18,8 +18,9 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    that latents and videos are bit-identical.
 
 The RTL cosimulation is the slow part (minutes per video on 2 cores; README, Figures), so
-with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go through it (their seeds and their policy as in the whole run), and are checked bit for bit
-against the torch backend; when that is fewer than the prompts, every prompt's cached video
+with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go through it (their
+seeds and their policy as in the whole run), and are checked bit for bit against the torch
+backend; when that is fewer than the prompts, every prompt's cached video
 comes from a third generation on the torch backend, and the report's quality figures, GIFs,
 counters and ``modelled`` systems are of that one, while ``rtl`` holds the RTL run's own
 (prompts, NME programs and cycles, seconds, and its ``modelled`` replay when ``--dram`` times

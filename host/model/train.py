@@ -139,10 +139,10 @@ def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float
     if steps < 1 or batch_size < 1 or image_batch_size < 0:
         raise ValueError(f"steps={steps}, batch_size={batch_size}, image_batch_size="
                          f"{image_batch_size}: expected >= 1, >= 1, >= 0")
-    cfg = copy.deepcopy(DEFAULT_CONFIG)
-    model = build_model(cfg, seed=seed).train()
     if init is not None and not Path(init).is_file():
         raise FileNotFoundError(f"init={init}: no such weights file")
+    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    model = build_model(cfg, seed=seed).train()
     if init is None:
         latte_init(model)
     else:
