@@ -22,10 +22,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(RUN) $(VENV)/bin/coda run --out out
 
-# Unit, property, cocotb-on-Verilator and end-to-end tests (1,428 s of pytest from a fresh clone
-# on the 2-core development machine, 2026-12-01: over the 20-minute budget, see README).
+# Unit, property, cocotb-on-Verilator and end-to-end tests. TEST_WORKERS pytest-xdist workers
+# (default 2, the development machine's cores) each take whole test files (--dist loadfile: a
+# file's tests share its module-level builds and runs); cached builds under build/ are locked,
+# so each Verilator model is built once per run. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(RUN) $(PY) -m pytest -q --durations=15
+	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # Long regression: >= 10^6 random operand pairs per arithmetic op and format through the RTL.
 verify-long: $(STAMP)

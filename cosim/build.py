@@ -19,8 +19,6 @@ open. :func:`waves_requested` reads the ``WAVES`` environment variable the tests
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -34,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from coda.cosim.toolchain import build_dir, setup_verilator_env
+from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.isa import NMEConfig
 
 __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "build_sim",
@@ -233,16 +231,6 @@ def _waves_build_args(out: Path) -> tuple[list[str], str]:
     return list(WAVES_FLAGS) + ["-CFLAGS", f"-I{shim}", "-LDFLAGS", f"-L{shim}"], "runtime"
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _hw_sources_digest() -> str:
     """Hash of the hardware description (every hw/*.py) and the Amaranth version."""
     import amaranth
@@ -322,7 +310,7 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
         digest.update(json.dumps({"waves": WAVES_FLAGS, "lz4": lz4}).encode())
     key = digest.hexdigest()[:16]
     out = build_dir("cosim", f"waves-{key}" if waves else key)
-    with _locked(out / ".lock"):
+    with build_lock(out / ".lock"):
         stamp = out / "build.json"
         if stamp.exists() and not force and (out / TOP_NAME).exists():
             meta = json.loads(stamp.read_text())

@@ -37,7 +37,7 @@ from coda.hw.dram import DRAMController
 from coda.hw.dram_rowpolicy import ROW_POLICIES
 from coda.hw.dram_standards import DRAMStandard, STANDARDS, get_standard
 
-from .toolchain import build_dir, setup_verilator_env
+from .toolchain import build_dir, build_lock, setup_verilator_env
 
 __all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model", "run_requests",
            "replay", "run_words",
@@ -219,29 +219,30 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     key = digest.hexdigest()[:16]
     out = build_dir("dram", f"{top}_{std.name}_{key}")
     exe = out / "obj" / f"V{sv_top}"
-    if exe.exists():
+    with build_lock(out / ".lock"):
+        if exe.exists():
+            return exe
+        if top == "replay":
+            text = dram_verilog(DRAMController(std, **controller), "coda_dram_ctrl")
+        else:
+            text = dram_verilog(DRAMWordMemory(std, lanes, **controller), "coda_dram_words")
+        (out / "gen.v").write_text(text)
+        (out / "main.cpp").write_text(_MAIN_CPP.format(top=sv_top))
+        env = setup_verilator_env(dict(os.environ))
+        cmd = ["verilator", "--cc", "--exe", "--build", "-O3", "--x-assign", "fast",
+               "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style",
+               "-Wno-MULTIDRIVEN", "-Wno-UNOPTFLAT",
+               "--top-module", sv_top, "-Mdir", str(out / "obj"), "-j", "1",
+               # the wheel's verilated.mk leaves the PCH include flag empty
+               "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", "-MAKEFLAGS", "OPT_FAST=-O2",
+               "-MAKEFLAGS", "OPT_SLOW=-O1",
+               "-o", f"V{sv_top}"]
+        cmd += [f"-G{k}={v}" for k, v in params.items()] + defines
+        cmd += [str(out / "gen.v"), str(_HERE / "dram_top.sv"), str(out / "main.cpp")]
+        res = subprocess.run(["nice", "-n", "5", *cmd], env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr[-4000:])
         return exe
-    if top == "replay":
-        text = dram_verilog(DRAMController(std, **controller), "coda_dram_ctrl")
-    else:
-        text = dram_verilog(DRAMWordMemory(std, lanes, **controller), "coda_dram_words")
-    (out / "gen.v").write_text(text)
-    (out / "main.cpp").write_text(_MAIN_CPP.format(top=sv_top))
-    env = setup_verilator_env(dict(os.environ))
-    cmd = ["verilator", "--cc", "--exe", "--build", "-O3", "--x-assign", "fast",
-           "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style",
-           "-Wno-MULTIDRIVEN", "-Wno-UNOPTFLAT",
-           "--top-module", sv_top, "-Mdir", str(out / "obj"), "-j", "1",
-           # the wheel's verilated.mk leaves the PCH include flag empty
-           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", "-MAKEFLAGS", "OPT_FAST=-O2",
-           "-MAKEFLAGS", "OPT_SLOW=-O1",
-           "-o", f"V{sv_top}"]
-    cmd += [f"-G{k}={v}" for k, v in params.items()] + defines
-    cmd += [str(out / "gen.v"), str(_HERE / "dram_top.sv"), str(out / "main.cpp")]
-    res = subprocess.run(["nice", "-n", "5", *cmd], env=env, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr[-4000:])
-    return exe
 
 
 SIM_CYCLES_PER_S = 4e6          # the DDR5-4800 model's speed here (README, Figures)

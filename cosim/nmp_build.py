@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.cosim.build import LINT_FLAGS, CosimBuildError, _locked, log_tail
+from coda.cosim.build import LINT_FLAGS, CosimBuildError, log_tail
 from coda.cosim.nmp_image import store_bits
-from coda.cosim.toolchain import build_dir, setup_verilator_env
+from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.isa import NMEConfig
 from coda.hw.nmp import check_shape
@@ -139,7 +139,7 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
         digest.update(part.encode())
     key = digest.hexdigest()[:16]
     out = build_dir("cosim", f"nmp-{key}")
-    with _locked(out / ".lock"):
+    with build_lock(out / ".lock"):
         stamp = out / "build.json"
         if stamp.exists() and (out / TOP_NAME).exists():
             meta = json.loads(stamp.read_text())

@@ -7,6 +7,8 @@ PATH and set ``VERILATOR_ROOT`` (see ../shared/DESIGN.md §6).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 
@@ -41,3 +43,20 @@ def build_dir(*parts: str) -> Path:
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def build_lock(path: Path):
+    """Hold an exclusive ``flock`` on ``path`` (created) for the ``with`` block.
+
+    Every cached build (Verilator models, generated Verilog, synthesised netlists) checks and
+    fills its folder under this lock, so processes that share ``build/`` (``make test``'s
+    pytest-xdist workers, a sweep's Ray tasks) build each model once and never read a
+    half-written one. Blocks until the lock is free.
+    """
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -39,7 +39,7 @@ import numpy as np
 
 from coda.cosim.build import DUT_NAME, build_sim
 from coda.cosim.rtl_backend import RTLBackend, cycle_limit
-from coda.cosim.toolchain import build_dir
+from coda.cosim.toolchain import build_dir, build_lock
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.host import ops as ref
 from coda.host.interp import run_program
@@ -91,14 +91,15 @@ def netlist_verilog(cfg: NMEConfig, *, timeout_s: float | None = None) -> tuple[
     key = hashlib.sha256(rtl.encode()).hexdigest()[:16]
     out = build_dir("synth", "netlist", key)
     stamp = out / "report.json"
-    if stamp.exists() and (out / "netlist.v").exists():
-        return (out / "netlist.v").read_text(), json.loads(stamp.read_text())
-    (out / f"{DUT_NAME}.v").write_text(rtl)
-    result = synth_generic(out / f"{DUT_NAME}.v", DUT_NAME, out, timeout_s)
-    summary = {k: result[k] for k in ("cells_total", "ff", "logic_depth", "cells", "yosys_s")}
-    summary["path"] = str(out / "netlist.v")
-    stamp.write_text(json.dumps(summary, indent=1))
-    return (out / "netlist.v").read_text(), summary
+    with build_lock(out / ".lock"):
+        if stamp.exists() and (out / "netlist.v").exists():
+            return (out / "netlist.v").read_text(), json.loads(stamp.read_text())
+        (out / f"{DUT_NAME}.v").write_text(rtl)
+        result = synth_generic(out / f"{DUT_NAME}.v", DUT_NAME, out, timeout_s)
+        summary = {k: result[k] for k in ("cells_total", "ff", "logic_depth", "cells", "yosys_s")}
+        summary["path"] = str(out / "netlist.v")
+        stamp.write_text(json.dumps(summary, indent=1))
+        return (out / "netlist.v").read_text(), summary
 
 
 class NetlistBackend(RTLBackend):
