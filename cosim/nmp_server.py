@@ -42,6 +42,7 @@ async def _handle(dut, req: dict) -> dict:
         w0 = time.perf_counter()
         await _call(dut, OP_RUN)
         return {"ok": True, "cycles": int(dut.tb_cycles.value),
+                "dram_cycles": int(dut.tb_dram_cycles.value),
                 "sim_wall_s": time.perf_counter() - w0,
                 "timeout": int(dut.tb_timeout.value), "error": int(dut.tb_error.value),
                 "cmd_left": int(dut.tb_cmd_left.value), "sim_ns": get_sim_time("ns") - t0}

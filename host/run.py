@@ -91,6 +91,9 @@ def configure(parser) -> None:
     parser.add_argument("--dram", default=None, metavar="STD",
                         help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
                              "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
+    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
+                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
+                             "command clock) behind asynchronous FIFOs (default: the DRAM clock)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
     parser.add_argument("--dimms", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
@@ -138,7 +141,12 @@ def main(args) -> int:
     policy_name, policy = _policy(args, model)
     # bad --backend/--dram combinations and presets fail here (simulators are built and
     # started only when the first segment runs)
-    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if nme_mhz is not None and args.dram is None:
+        raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock meets "
+                         f"the DRAM controller's; an ideal memory has no clock)")
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                          **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     torch.set_num_threads(args.threads)
     console = Console()
     t_start = time.perf_counter()
@@ -184,6 +192,10 @@ def main(args) -> int:
         bit_exact = bool(torch.equal(reference.view(torch.int32), cached.view(torch.int32)))
         rtl = {"prompts": digits[:len(run_labels)], "nme_cycles": driver.stats["nme_cycles"],
                "nme_programs": driver.stats["programs"], "cached_generation_s": cached_s}
+        if args.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
+            rtl.update(nme_mhz=getattr(backend, "nme_mhz", None),
+                       job_nme_cycles=sim.get("cycles", 0),
+                       job_dram_cycles=sim.get("dram_cycles", 0), job_ns=sim.get("ns", 0.0))
         if len(run_labels) < len(digits):
             rtl_events = events
             console.print(f"[bold]cached[/] all {len(digits)} prompts, segments on the "
@@ -192,7 +204,7 @@ def main(args) -> int:
             events = EventLog()
             cached, stats = cached_generate(model, labels, driver, policy, events=events,
                                             **common, seeds=seeds)
-            if args.dram and modelled_reason is None:
+            if args.dram and modelled_reason is None and nme_mhz is None:
                 rtl["modelled"] = modelled_systems(
                     rtl_events, model.config, lanes=args.lanes, depth=driver.cfg.depth,
                     dimms=args.dimms, ranks=args.ranks, dram=modelled_dram, nme_timing="events")
@@ -213,7 +225,9 @@ def main(args) -> int:
         modelled = modelled_systems(
             events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
             ranks=args.ranks, dram=modelled_dram,
-            nme_timing="events" if args.dram and rtl_events is None else "model")
+            # the system model clocks its NMEs at tCK: the events' cycles time it only then
+            nme_timing=("events" if args.dram and rtl_events is None and nme_mhz is None
+                        else "model"))
         modelled["available"] = True
     else:
         modelled = {"available": False, "reason": modelled_reason}
@@ -223,6 +237,7 @@ def main(args) -> int:
         "guidance_scale": args.guidance,
         "backend": args.backend,
         "dram": args.dram,
+        "nme_mhz": nme_mhz,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
         "policy": policy_name,
         "policy_params": policy.describe(),
