@@ -13,7 +13,9 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
    whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
    ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
-   timing);
+   timing; ``--nme-mhz F`` puts the NMEs on their own F MHz clock behind asynchronous
+   FIFOs, and ``rtl`` reports the jobs' NME cycles, DRAM cycles and ns; the modelled systems
+   then use their own NME timing, which clocks the NME at tCK);
 3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
    that latents and videos are bit-identical.
 
@@ -136,15 +138,18 @@ def main(args) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: expected >= 1")
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if nme_mhz is not None:   # before the model loads: a bad clock fails at once
+        if args.dram is None:
+            raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock "
+                             f"meets the DRAM controller's; an ideal memory has no clock)")
+        from coda.hw.nmp import check_nme_mhz
+        nme_mhz = check_nme_mhz(nme_mhz, args.dram)
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model()
     policy_name, policy = _policy(args, model)
     # bad --backend/--dram combinations and presets fail here (simulators are built and
     # started only when the first segment runs)
-    nme_mhz = getattr(args, "nme_mhz", None)
-    if nme_mhz is not None and args.dram is None:
-        raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock meets "
-                         f"the DRAM controller's; an ideal memory has no clock)")
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     torch.set_num_threads(args.threads)
