@@ -134,6 +134,14 @@ module nmp_tb_top #(
     int ndirty [NR];
 
     assign cmd_valid = running && (cmd_idx < tb_ncmd);
+    // run start / end events. With one clock (CDC=0) both blocks see the same edge, so the
+    // feeder starts in the cycle the job is taken and the drain begins in the done cycle
+    // (the cycle-exact schedule of the top before the NME clock existed: the refresh phase,
+    // hence every count, is unchanged); with two clocks the toggles cross.
+    wire run_taken = !rst && jstate == J_IDLE && tb_req != last_req && tb_op == OP_RUN;
+    wire run_ends = running && (done || tb_cycles >= tb_max_cycles);
+    wire start_evt = (CDC == 0) ? run_taken : (start_tog != start_seen);
+    wire fin_evt = (CDC == 0) ? run_ends : (fin_tog != fin_seen);
     assign cmd_data = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]][63:0];
     assign cmd_ranks = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]][64 +: NR];
 
@@ -218,9 +226,9 @@ module nmp_tb_top #(
                     end
                 end
                 J_RUN: begin
-                    if (fin_tog != fin_seen) begin
-                        fin_seen <= fin_tog;
-                        settle <= 3'd0;
+                    if (fin_evt) begin
+                        fin_seen <= ~fin_seen;
+                        settle <= (CDC == 0) ? 3'd4 : 3'd0;
                         drain_tick <= nme_ticks;
                         jstate <= J_DRAIN;
                     end
@@ -231,7 +239,7 @@ module nmp_tb_top #(
                     // 4 NME cycles have passed since the done (the last burst has left the
                     // adapter and passed the pointer synchronisers by then)
                     if (settle != 3'd4) settle <= settle + 3'd1;
-                    else if (8'(nme_ticks - drain_tick) < 8'd4) ;
+                    else if (CDC != 0 && 8'(nme_ticks - drain_tick) < 8'd4) ;
                     else if (&mem_idle || tb_timeout) begin
                         dirty_dump <= 1'b1;
                         jstate <= J_IDLE;
@@ -246,8 +254,8 @@ module nmp_tb_top #(
     always @(posedge nme_clk) begin
         nme_ticks <= nme_ticks + 8'd1;
         if (!nme_rst) begin
-            if (start_tog != start_seen) begin
-                start_seen <= start_tog;
+            if (start_evt) begin
+                start_seen <= ~start_seen;
                 cmd_idx <= 16'd0;
                 tb_cycles <= 32'd0;
                 tb_timeout <= 1'b0;
@@ -262,7 +270,7 @@ module nmp_tb_top #(
                         rank_ended[i] <= 1'b1;
                     end
                 tb_cycles <= tb_cycles + 32'd1;
-                if (done || tb_cycles >= tb_max_cycles) begin
+                if (run_ends) begin
                     tb_error <= error;
                     tb_timeout <= !done;
                     tb_cmd_left <= tb_ncmd - cmd_idx;
