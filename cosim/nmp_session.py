@@ -39,9 +39,9 @@ class NMPSession(SimSession):
                  nme_mhz: float | None = None,
                  start_timeout_s: float = 180.0, job_timeout_s: float = 1800.0):
         if build.nme_clock != (nme_mhz is not None):
-            raise ValueError(f"nme_mhz={nme_mhz}: a build {'with' if build.nme_clock else 'without'}"
-                             f" its own NME clock needs {'an' if build.nme_clock else 'no'} "
-                             f"NME frequency")
+            kind = "with" if build.nme_clock else "without"
+            raise ValueError(f"nme_mhz={nme_mhz}: a build {kind} its own NME clock needs "
+                             f"{'an' if build.nme_clock else 'no'} NME frequency")
         self._prepare(build, workdir, job_timeout_s)
         w = self.workdir
         cmd = [str(build.binary), f"+MEM_IN={w / 'mem_in.hex'}", f"+MEM_OUT={w / 'mem_out.hex'}",

@@ -205,9 +205,10 @@ class RankNMP(wiring.Component):
         controller_kw: passed to :class:`coda.hw.dram.DRAMController` (queue sizes...).
 
     Ports (domain ``nme`` with ``nme_clock``: the command port, busy, done, status, l1;
-    always the DRAM domain ``sync``: dram_*, stat_*, mem_idle): ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]``
-    (the NME's, see :mod:`coda.hw.nme`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data``
-    (the controller's device port, to a DRAM device model); ``stat_<name>[48]`` controller
+    always the DRAM domain ``sync``: dram_*, stat_*, mem_idle):
+    ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]`` (the
+    NME's, see :mod:`coda.hw.nme`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data`` (the
+    controller's device port, to a DRAM device model); ``stat_<name>[48]`` controller
     counters (:data:`coda.hw.dram.STAT_NAMES`); ``mem_idle`` (no access pending in the memory).
 
     Raises:
