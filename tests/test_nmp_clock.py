@@ -182,7 +182,8 @@ def test_bad_nme_clock_is_refused_before_any_build(value, message):
 def test_cli_nme_mhz(tmp_path, capsys, runs):
     """``coda nme run --dram --nme-mhz`` runs on the clocked DIMM-NMP (the module's build)
     and reports both clocks; ``--nme-mhz`` without ``--dram`` or out of range is refused
-    naming it; ``coda verilog --top dimm --nme-mhz`` writes the two-clock design (ports
+    naming it (by ``coda run`` too, before its model loads); ``coda verilog --top dimm
+    --nme-mhz`` writes the two-clock design (ports
     nme_clk / nme_rst, a header naming both clocks), ``--top nme --nme-mhz`` is refused."""
     from coda.cli import main
     inp, out = tmp_path / "in.npz", tmp_path / "out.npz"
@@ -198,6 +199,12 @@ def test_cli_nme_mhz(tmp_path, capsys, runs):
     assert "--nme-mhz 700: only with --dram" in capsys.readouterr().err
     assert main(common + ["--dram", "DDR5-4800", "--nme-mhz", "5000"]) == 2
     assert "may not exceed the DDR5-4800 command clock" in capsys.readouterr().err
+    for argv, message in ((["--nme-mhz", "800"], "--nme-mhz 800: only with --dram"),
+                          (["--dram", "DDR5-4800", "--nme-mhz", "-1"],
+                           "expected a positive NME clock in MHz")):
+        assert main(["run", "--out", str(tmp_path / "run"), *argv]) == 2   # before the model
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
     v = tmp_path / "dimm.v"
     assert main(["verilog", "--top", "nme", "--nme-mhz", "500", "-o", str(v)]) == 2
     assert "--nme-mhz given with --top nme" in capsys.readouterr().err
