@@ -129,13 +129,17 @@ def _segment_programs(cfg: NMEConfig, words: int) -> dict[str, Program]:
 
 
 def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
-                flags: str | None = None, stream_words: int | None = None) -> dict:
+                flags: str | None = None, stream_words: int | None = None,
+                nme_mhz: float | None = None) -> dict:
     """Speed and bandwidth of a ``dimms x ranks`` DIMM-NMP on long programs (see docstring).
 
     Args:
         stream_words: NME words per stream of each program (default: a quarter of the rank's
             ``cfg.mem_words``, minus one); ``4 * stream_words + 1 <= cfg.mem_words``.
-    Returns a dict with the build time and, per program: cycles (to the combined done),
+        nme_mhz: the NMEs on their own clock of that many MHz (:mod:`coda.hw.nmp`); default
+            None: on the DRAM clock.
+    Returns a dict with the build time and, per program: cycles (NME cycles to the combined
+    done), dram_cycles and ns of the same interval,
     wall seconds of the job (simulation + the job's file traffic, no image load), cycles per
     second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes; and
     ``dram_commands`` / ``violations``: the DRAM commands every rank issued and the
@@ -152,7 +156,7 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     flags = flags or DEFAULT_FLAGS
     std = get_standard(dram)
     t0 = time.perf_counter()
-    build = build_nmp_sim(cfg, std, dimms, ranks, flags=flags)
+    build = build_nmp_sim(cfg, std, dimms, ranks, flags=flags, nme_clock=nme_mhz is not None)
     out = {"system": f"{dimms}x{ranks} {std.name}", "flags": flags,
            "cfg": {"lanes": cfg.lanes, "depth": cfg.depth, "mem_words": cfg.mem_words},
            "build_seconds_recorded": round(build.build_seconds, 1),
@@ -169,7 +173,8 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
         raise ValueError(f"stream_words={stream_words}: expected 1..{cfg.mem_words // 4 - 1} "
                          f"for mem_words={cfg.mem_words}")
     logs = Path(tempfile.mkdtemp(prefix="coda-nmp-cmds-"))
-    with NMPRTLBackend(std.name, dimms, ranks, flags=flags, commands=logs / "cmds.csv") as be:
+    with NMPRTLBackend(std.name, dimms, ranks, flags=flags, commands=logs / "cmds.csv",
+                       nme_mhz=nme_mhz) as be:
         warm = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
                                    UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=3 * words)))
         t0 = time.perf_counter()
@@ -187,11 +192,14 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
                 d = {k: a[k] - b[k] for k in a}
                 moved = (d["reads"] + d["writes"]) * std.burst_bytes
                 per_rank.append({
-                    "utilisation": round(moved / (last.cycles * std.burst_bytes / std.nBL), 4),
-                    "gbps": round(moved / (last.cycles * std.tCK_ns), 2),
+                    "utilisation": round(moved / (last.dram_cycles * std.burst_bytes / std.nBL),
+                                         4),
+                    "gbps": round(moved / last.ns, 2),
                     "row_hits": d["row_hits"], "row_misses": d["row_misses"],
                     "row_conflicts": d["row_conflicts"], "refreshes": d["refreshes"]})
             out[name] = {"elements_per_rank": prog.n_elems, "cycles": last.cycles,
+                         "dram_cycles": last.dram_cycles, "ns": round(last.ns, 1),
+                         "nme_mhz": round(last.nme_mhz, 3),
                          "seconds": round(wall, 3),
                          "cycles_per_s": round(last.cycles / wall),
                          # the simulator's own run (feed, program, drain, dirty dump) only

@@ -17,9 +17,13 @@ the ranks wrote come back. One simulator process per system
 :mod:`coda.cosim.nmp_server`) stays up; between jobs no simulated time passes. The build is
 :func:`coda.cosim.nmp_build.build_nmp_sim`.
 
-Cycles: one simulator cycle = one DRAM tCK = one NME cycle (RankNMP runs on the DRAM clock).
-``ExecResult.cycles`` of rank ``k`` counts from the first command word presented to that rank's
-done; :attr:`NMPRTLBackend.last` has the whole job (combined done, controller counters).
+Clocks: by default (``nme_mhz=None``) the NMEs run on the DRAM command clock, one NME cycle =
+one tCK. With ``nme_mhz=F`` the system is built with the NMEs on their own clock behind
+asynchronous FIFOs (:mod:`coda.hw.nmp`) and the simulator drives an NME clock of F MHz next to
+the DRAM clock (one build serves every F). ``ExecResult.cycles`` of rank ``k`` counts NME
+cycles from the first command word presented to that rank's done; :attr:`NMPRTLBackend.last`
+has the whole job: ``cycles`` (NME) and ``dram_cycles`` of the same interval, ``ns`` =
+``cycles`` NME periods, the combined done and the controller counters.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from coda.hw.dram import STAT_NAMES
 from coda.hw.dram_standards import get_standard
 from coda.hw.executor import ExecResult
 from coda.hw.isa import NMEConfig, Program, Status
-from coda.hw.nmp import check_shape
+from coda.hw.nmp import check_nme_mhz, check_shape
 
 __all__ = ["NMPRTLBackend", "JobReport"]
 
@@ -54,9 +58,13 @@ def _f32(bits: int) -> float:
 
 @dataclass
 class JobReport:
-    """One simulator job: combined ``cycles`` (to the combined done), ``error``, per-rank
-    ``rank_cycles``, ``status`` and controller counters ``stats[k][name]`` (cumulative since
-    the simulator started), ``seconds`` of wall time."""
+    """One simulator job: combined ``cycles`` (NME clock cycles from the first command word to
+    the combined done), ``error``, per-rank ``rank_cycles`` (NME cycles), ``status`` and
+    controller counters ``stats[k][name]`` (cumulative since the simulator started),
+    ``seconds`` of wall time; ``dram_cycles``: DRAM command-clock cycles of the same interval
+    (= ``cycles`` with the NME on the DRAM clock); ``ns``: that interval in nanoseconds
+    (``cycles`` x the NME period); ``nme_mhz``: the NME clock (MHz, the DRAM clock's when
+    the NMEs share it)."""
     cycles: int
     error: bool
     rank_cycles: list[int]
@@ -65,6 +73,15 @@ class JobReport:
     seconds: float
     n_commands: int = 0
     extra: dict = field(default_factory=dict)
+    dram_cycles: int = 0
+    ns: float = 0.0
+    nme_mhz: float = 0.0
+
+    def dram_utilisation(self, before: list[dict], std) -> list[float]:
+        """Per rank: bytes read and written since the counters ``before`` (an earlier
+        ``stats``) over the peak bytes of ``dram_cycles`` (burst_bytes per nBL tCK)."""
+        return [(a["reads"] - b["reads"] + a["writes"] - b["writes"]) * std.nBL
+                / max(1, self.dram_cycles) for a, b in zip(self.stats, before)]
 
 
 class NMPRTLBackend(SessionOwner):
@@ -79,16 +96,21 @@ class NMPRTLBackend(SessionOwner):
         commands: path prefix for the DRAM command logs (CSV per rank, see
             ``coda_dram_device``), written when the simulator ends (:meth:`close`); None: no log.
         keep_logs: keep the simulator work folder after :meth:`close`.
+        nme_mhz: NME clock in MHz (:func:`coda.hw.nmp.check_nme_mhz`: 1 .. the DRAM command
+            clock, 2400 for DDR5-4800), the NMEs then on their own clock behind AsyncFIFOs;
+            None (default): the NMEs on the DRAM clock, no crossing.
     Raises:
-        ValueError: bad preset or flags, or a shape outside 1..:data:`MAX_COSIM_RANKS` ranks.
+        ValueError: bad preset, flags or ``nme_mhz``, or a shape outside
+            1..:data:`MAX_COSIM_RANKS` ranks.
     """
     name = "rtl-nmp"
 
     def __init__(self, dram: str = "DDR5-4800", dimms: int = 1, ranks: int = 2, *,
                  flags: str = DEFAULT_FLAGS, clock_gating: bool = True,
                  commands: str | Path | None = None, keep_logs: bool = False,
-                 job_timeout_s: float = 1800.0):
+                 job_timeout_s: float = 1800.0, nme_mhz: float | None = None):
         self.std = get_standard(dram)
+        self.nme_mhz = check_nme_mhz(nme_mhz, self.std)
         check_shape(dimms, ranks, MAX_COSIM_RANKS)
         if flags not in FLAG_SETS:
             raise ValueError(f"flags={flags!r}: expected one of {', '.join(FLAG_SETS)}")
@@ -101,8 +123,10 @@ class NMPRTLBackend(SessionOwner):
         self.sessions: dict[NMEConfig, NMPSession] = {}
         self._shadow: dict[NMEConfig, list] = {}
         self.last: JobReport | None = None
-        self.stats = {"jobs": 0, "programs": 0, "cycles": 0, "seconds": 0.0,
-                      "start_seconds": 0.0}
+        # cycles: NME cycles of the jobs; dram_cycles, ns: the same intervals in DRAM cycles
+        # and nanoseconds
+        self.stats = {"jobs": 0, "programs": 0, "cycles": 0, "dram_cycles": 0, "ns": 0.0,
+                      "seconds": 0.0, "start_seconds": 0.0}
         self._track()
 
     def session(self, cfg: NMEConfig) -> NMPSession:
@@ -113,9 +137,10 @@ class NMPRTLBackend(SessionOwner):
         if sess is None or sess.proc.poll() is not None:
             t0 = time.perf_counter()
             build = build_nmp_sim(cfg, self.std, self.dimms, self.ranks, flags=self.flags,
-                                  clock_gating=self.clock_gating)
+                                  clock_gating=self.clock_gating,
+                                  nme_clock=self.nme_mhz is not None)
             workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
-            sess = NMPSession(build, workdir, commands=self.commands,
+            sess = NMPSession(build, workdir, commands=self.commands, nme_mhz=self.nme_mhz,
                               job_timeout_s=self.job_timeout_s)
             self.sessions[cfg] = sess
             self._shadow[cfg] = [None] * self.n
@@ -203,12 +228,17 @@ class NMPRTLBackend(SessionOwner):
             rcycles.append(cyc)
             results.append(ExecResult(new, status, _f32(l1_bits), cyc))
         dt = time.perf_counter() - t0
+        nme_mhz = self.nme_mhz or 1000.0 / std.tCK_ns
         self.last = JobReport(answer["cycles"], bool(answer["error"]), rcycles, statuses,
                               stats, dt, len(stream), {"sim_ns": answer.get("sim_ns", 0),
-                                                     "sim_wall_s": answer.get("sim_wall_s", 0.0)})
+                                                     "sim_wall_s": answer.get("sim_wall_s", 0.0)},
+                              dram_cycles=answer["dram_cycles"],
+                              ns=answer["cycles"] * 1000.0 / nme_mhz, nme_mhz=nme_mhz)
         self.stats["jobs"] += 1
         self.stats["programs"] += len(jobs)
         self.stats["cycles"] += answer["cycles"]
+        self.stats["dram_cycles"] += self.last.dram_cycles
+        self.stats["ns"] += self.last.ns
         self.stats["seconds"] += dt
         return results
 

@@ -1,9 +1,13 @@
 """Build of the DIMM-NMP cosimulation: the system's Verilog, cached, Verilated with the top.
 
-The simulator is ``cosim/nmp_top.sv`` (HDL clock, command feeder, job port, one
+The simulator is ``cosim/nmp_top.sv`` (HDL clocks, command feeder, job port, one
 ``coda_dram_device`` per rank from ``cosim/dram_top.sv``) around the Verilog of
 :class:`coda.hw.nmp.DIMMNMP`. Builds are cached under ``build/cosim/nmp-<key>`` where the key
 hashes the Verilog, the tops, the parameters and the Verilator/C++ options.
+
+``nme_clock=True`` builds the system whose NMEs run on their own clock (:mod:`coda.hw.nmp`):
+the top then drives two clocks whose half periods are runtime plusargs (``+TCK_HALF_FS``,
+``+NME_HALF_FS``, see :func:`clock_plusargs`), so one build serves every NME frequency.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from coda.hw.isa import NMEConfig
 from coda.hw.nmp import check_shape
 
 __all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME", "DUT_NAME",
-           "CMD_DEPTH", "MAX_COSIM_RANKS"]
+           "CMD_DEPTH", "MAX_COSIM_RANKS", "clock_plusargs", "half_period_fs"]
 
 HERE = Path(__file__).resolve().parent
 TOP_SV = HERE / "nmp_top.sv"
@@ -43,7 +47,9 @@ MAX_COSIM_RANKS = 32     # ranks the cosimulation top can load (nmp_top.sv tb_lo
 #: were no faster); C++ -O3, -march=native or Verilator's -fno-dfg gained nothing; --threads 2
 #: ran 0.19 / 0.16 M (and fell to 0.002 M when other jobs held the cores: Verilator's worker
 #: threads spin-wait).
-_BASE = ["--timing", "-CFLAGS", "-std=c++20 -fcoroutines", "--noassert"] + LINT_FLAGS
+#: the clocks' delays are plusargs (never 0: half periods >= 1 fs), hence --no-sched-zero-delay
+_BASE = ["--timing", "--no-sched-zero-delay", "-CFLAGS", "-std=c++20 -fcoroutines",
+         "--noassert"] + LINT_FLAGS
 _FAST = ["-O3", "--x-assign", "fast", "--x-initial", "fast"]
 _CXX_O2 = ["OPT_FAST=-O2", "OPT_SLOW=-O1"]
 FLAG_SETS: dict[str, tuple[list[str], list[str]]] = {
@@ -67,25 +73,43 @@ class NMPBuild:
     ranks: int
     flags: str
     build_seconds: float
+    nme_clock: bool = False
 
     @property
     def binary(self) -> Path:
         return self.path / TOP_NAME
 
 
+def half_period_fs(mhz: float) -> int:
+    """Half period of a ``mhz`` clock in whole femtoseconds (rounded; >= 1)."""
+    return max(1, round(5e8 / float(mhz)))
+
+
+def clock_plusargs(std: DRAMStandard, nme_mhz: float | None) -> list[str]:
+    """Simulator plusargs of the clocks: the DRAM command clock of ``std`` and, unless
+    ``nme_mhz`` is None (NME on the DRAM clock), the NME clock of ``nme_mhz`` MHz."""
+    args = [f"+TCK_HALF_FS={half_period_fs(1000.0 / std.tCK_ns)}"]
+    if nme_mhz is not None:
+        args.append(f"+NME_HALF_FS={half_period_fs(nme_mhz)}")
+    return args
+
+
 def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
-                    clock_gating: bool = True) -> str:
+                    clock_gating: bool = True, nme_clock: bool = False) -> str:
     from dataclasses import asdict
 
     from coda.cosim.build import _hw_sources_digest
-    key = hashlib.sha256(json.dumps([asdict(cfg), std.name, dimms, ranks, clock_gating,
-                                     _hw_sources_digest()]).encode()).hexdigest()
+    parts = [asdict(cfg), std.name, dimms, ranks, clock_gating, _hw_sources_digest()]
+    if nme_clock:   # the same-domain key as before the option existed
+        parts.append("nme_clock")
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
     path = build_dir("cosim", "verilog") / f"dimm-{key[:20]}.v"
     if path.exists():
         return path.read_text()
     from coda.hw.nmp import dimm_verilog
     try:
-        text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating)
+        text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating,
+                            nme_clock=nme_clock)
     except Exception as exc:
         raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
                               f"failed: {exc!r}") from exc
@@ -112,13 +136,15 @@ def _runner(make_flags: list[str]):
 
 def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: int = 1,
                   ranks: int = 2, *, flags: str = DEFAULT_FLAGS,
-                  clock_gating: bool = True) -> NMPBuild:
+                  clock_gating: bool = True, nme_clock: bool = False) -> NMPBuild:
     """Build (or reuse, cached under ``build/cosim/nmp-<key>``) the DIMM-NMP cosimulation.
 
     Args:
         cfg: NME configuration of every rank; std: DRAM preset; dimms, ranks: system shape.
         flags: a key of :data:`FLAG_SETS` (Verilator and C++ optimisation levers).
         clock_gating: gated lane clocks in every rank's NME (:class:`coda.hw.nme.NME`).
+        nme_clock: the NMEs on their own clock behind AsyncFIFOs (:mod:`coda.hw.nmp`); the
+            frequency is chosen when the simulator starts (:func:`clock_plusargs`).
     Raises:
         ValueError: unknown flags, an incompatible cfg/std, or a shape outside 1..
             :data:`MAX_COSIM_RANKS` ranks. CosimBuildError: build failed.
@@ -129,9 +155,13 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
     check_shape(dimms, ranks, MAX_COSIM_RANKS)
     from coda.cosim.dram_replay import verilator_params
     vflags, mflags = FLAG_SETS[flags]
-    verilog = _verilog_cached(cfg, std, dimms, ranks, clock_gating)
+    verilog = _verilog_cached(cfg, std, dimms, ranks, clock_gating, nme_clock)
     params = dict(verilator_params(std, store_bits(cfg, std)))
-    params.update(NR=dimms * ranks, RANKS_PER_DIMM=ranks, LANES=cfg.lanes, CMD_DEPTH=CMD_DEPTH)
+    params.update(NR=dimms * ranks, RANKS_PER_DIMM=ranks, LANES=cfg.lanes, CMD_DEPTH=CMD_DEPTH,
+                  CDC=int(bool(nme_clock)))
+    defines = {"DIMM_MODULE": DUT_NAME}
+    if nme_clock:
+        defines["NME_CLOCK"] = 1
     import cocotb
     digest = hashlib.sha256()
     for part in (verilog, TOP_SV.read_text(), DEVICE_SV.read_text(),
@@ -143,7 +173,8 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
         stamp = out / "build.json"
         if stamp.exists() and (out / TOP_NAME).exists():
             meta = json.loads(stamp.read_text())
-            return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, meta["build_seconds"])
+            return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, meta["build_seconds"],
+                            bool(nme_clock))
         (out / f"{DUT_NAME}.v").write_text(verilog)
         setup_verilator_env()
         t0 = time.perf_counter()
@@ -151,12 +182,12 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
             _runner(mflags).build(
                 sources=[out / f"{DUT_NAME}.v", DEVICE_SV, TOP_SV], hdl_toplevel=TOP_NAME,
                 build_args=vflags + ["--top-module", TOP_NAME], parameters=params,
-                defines={"DIMM_MODULE": DUT_NAME}, build_dir=out, always=True,
-                log_file=out / "build.log", timescale=("1ns", "1ps"))
+                defines=defines, build_dir=out, always=True,
+                log_file=out / "build.log", timescale=("1ns", "1fs"))
         except (RuntimeError, subprocess.CalledProcessError, SystemExit) as exc:
             raise CosimBuildError(f"Verilator build of the DIMM-NMP in {out} failed ({exc}):\n"
                                   + log_tail(out / "build.log")) from None
         seconds = time.perf_counter() - t0
         stamp.write_text(json.dumps({"build_seconds": seconds, "params": params,
                                      "flags": flags}, indent=1))
-        return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, seconds)
+        return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, seconds, bool(nme_clock))

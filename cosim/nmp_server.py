@@ -42,6 +42,7 @@ async def _handle(dut, req: dict) -> dict:
         w0 = time.perf_counter()
         await _call(dut, OP_RUN)
         return {"ok": True, "cycles": int(dut.tb_cycles.value),
+                "dram_cycles": int(dut.tb_dram_cycles.value),
                 "sim_wall_s": time.perf_counter() - w0,
                 "timeout": int(dut.tb_timeout.value), "error": int(dut.tb_error.value),
                 "cmd_left": int(dut.tb_cmd_left.value), "sim_ns": get_sim_time("ns") - t0}
@@ -55,7 +56,9 @@ if _cocotb is not None:
     @_cocotb.test()
     async def serve(dut):
         """Serve :class:`NMPRTLBackend` requests until ``quit`` or the connection closes."""
-        from cocotb.triggers import Timer
-        await Timer(80, unit="ns")   # power-on reset of the top
+        # power-on reset of the top (4 cycles of each clock; a run also waits for the NME
+        # clock's in the top): 8 DRAM clock cycles, as the 80 ns of the former 10 ns clock
+        while int(dut.tb_clk_count.value) < 8:
+            await dut.tb_clk_count.value_change
         from coda.cosim.server import serve_requests
         await serve_requests(lambda req: _handle(dut, req), dut._log)

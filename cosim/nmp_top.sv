@@ -1,6 +1,13 @@
 // Cosimulation top of a DIMM-NMP (coda.hw.nmp.DIMMNMP): NR = dimms * ranks RankNMPs, one
-// coda_dram_device (dram_top.sv) per rank, HDL clock (one cycle = one DRAM tCK), a command
-// feeder and a job controller, so whole programs run with no Python per clock.
+// coda_dram_device (dram_top.sv) per rank, HDL clocks, a command feeder and a job controller,
+// so whole programs run with no Python per clock.
+//
+// Clocks (delays in fs, so that non-integer ratios are kept to 1e-6 or better): clk, the DRAM
+// command clock, half period +TCK_HALF_FS (default 208333: DDR5-4800's 416.667 ps); with
+// CDC=1 (the DIMM-NMP built with nme_clock) an independent NME clock nme_clk, half period
+// +NME_HALF_FS, its own power-on reset, drives the ranks' NMEs, the command port and the
+// command feeder; with CDC=0 nme_clk is clk. The simulator's event queue interleaves the two
+// edges in time order (coincident edges: both sides sample the values before the edge).
 //
 // cocotb drives the job port (tb_* signals, public) and waits for tb_ack to change:
 //   OP_LOAD : for every rank i with tb_load_mask[i]: $readmemh(+MEM_IN.<i>) into its device
@@ -11,9 +18,10 @@
 //               +RES_OUT : one line per rank "rank status l1 cycles ndirty <stat_*...>"
 //               +MEM_OUT.<i> : the bursts of rank i written during the run ("@idx data")
 //   OP_DUMP : $writememh(+MEM_OUT.<i>) of every rank's whole store
-// Command log: +dram_cmds=FILE (per device, see coda_dram_device). tb_cycles counts the clock
-// cycles from the first command word being presented to the combined done (inclusive).
-`timescale 1ns/1ps
+// Command log: +dram_cmds=FILE (per device, see coda_dram_device). tb_cycles counts the NME
+// clock cycles from the first command word being presented to the combined done (inclusive),
+// tb_dram_cycles the DRAM clock cycles of the same interval (equal with CDC=0).
+`timescale 1ns/1fs
 
 `ifndef DIMM_MODULE
 `define DIMM_MODULE coda_dimm
@@ -23,17 +31,35 @@ module nmp_tb_top #(
     parameter int NR = 2, RANKS_PER_DIMM = 2, LANES = 4,
     parameter int BG_BITS = 3, BA_BITS = 2, ROW_BITS = 16, COL_BITS = 10, BL_BITS = 4,
     parameter int DATA_BITS = 512, RL = 42, STORE_BITS = 13,
-    parameter int CMD_DEPTH = 1024
+    parameter int CMD_DEPTH = 1024, CDC = 0
 );
     localparam logic [2:0] OP_LOAD = 3'd1, OP_RUN = 3'd3, OP_DUMP = 3'd4;
     localparam int NSTAT = 8;   // coda.hw.dram.STAT_NAMES order
 
+    longint tck_half_fs = 208333, nme_half_fs = 208333;
+    initial begin
+        void'($value$plusargs("TCK_HALF_FS=%d", tck_half_fs));
+        void'($value$plusargs("NME_HALF_FS=%d", nme_half_fs));
+    end
     logic clk = 1'b0;
-    initial forever #5 clk = ~clk;
+    initial forever #(tck_half_fs * 1fs) clk = ~clk;
 
     logic [2:0] por_count = 3'd4;
     wire rst = (por_count != 0);
     always @(posedge clk) if (por_count != 0) por_count <= por_count - 3'd1;
+
+    wire nme_clk, nme_rst;
+    if (CDC != 0) begin : g_nme_clock
+        logic c = 1'b0;
+        initial forever #(nme_half_fs * 1fs) c = ~c;
+        logic [2:0] por = 3'd4;
+        always @(posedge c) if (por != 0) por <= por - 3'd1;
+        assign nme_clk = c;
+        assign nme_rst = (por != 0);
+    end else begin : g_one_clock
+        assign nme_clk = clk;
+        assign nme_rst = rst;
+    end
 
     // ---------------------------------------------------------------- job port (cocotb)
     logic [31:0] tb_req /*verilator public_flat_rw*/ = 32'd0;
@@ -47,6 +73,7 @@ module nmp_tb_top #(
     logic        tb_error /*verilator public_flat_rw*/ = 1'b0;
     logic [15:0] tb_cmd_left /*verilator public_flat_rw*/ = 16'd0;
     logic [63:0] tb_clk_count /*verilator public_flat_rw*/ = 64'd0;
+    logic [31:0] tb_dram_cycles /*verilator public_flat_rw*/ = 32'd0;
 
     string mem_in_path = "mem_in.hex", mem_out_path = "mem_out.hex", cmd_in_path = "cmd_in.hex";
     string res_out_path = "res_out.txt";
@@ -75,6 +102,9 @@ module nmp_tb_top #(
 
     `DIMM_MODULE dut (
         .clk(clk), .rst(rst),
+`ifdef NME_CLOCK
+        .nme_clk(nme_clk), .nme_rst(nme_rst),
+`endif
         .cmd_valid(cmd_valid), .cmd_ready(cmd_ready), .cmd_data(cmd_data), .cmd_ranks(cmd_ranks),
         .busy(busy), .done(done), .error(error), .rank_done(rank_done), .rank_busy(rank_busy),
         .rank_status(rank_status), .rank_l1(rank_l1), .mem_idle(mem_idle),
@@ -86,6 +116,9 @@ module nmp_tb_top #(
         .stat_cycles(st[6]), .stat_refreshes(st[7]));
 
     // ---------------------------------------------------------------- jobs
+    // The job controller runs on clk (loads, dumps, drain); a run's feeder and its cycle
+    // count run on nme_clk, started and ended by toggles (start_tog: clk -> nme_clk,
+    // fin_tog: nme_clk -> clk).
     typedef enum logic [1:0] { J_IDLE, J_RUN, J_DRAIN } job_state_t;
     job_state_t jstate = J_IDLE;
     logic [63+NR:0] cmd_buf [CMD_DEPTH];
@@ -94,9 +127,21 @@ module nmp_tb_top #(
     logic [31:0] rank_cycles [NR];
     logic [NR-1:0] rank_ended = '0;
     logic load_go = 1'b0, dump_go = 1'b0, dirty_clear = 1'b0, dirty_dump = 1'b0;
+    logic start_tog = 1'b0, start_seen = 1'b0, fin_tog = 1'b0, fin_seen = 1'b0;
+    logic running = 1'b0;       // nme_clk domain: feeding / waiting for the combined done
+    logic [2:0] settle = 3'd0;  // DRAM cycles of J_DRAIN before mem_idle is trusted
+    logic [7:0] nme_ticks = 8'd0, drain_tick = 8'd0;   // NME cycles, free-running
     int ndirty [NR];
 
-    assign cmd_valid = (jstate == J_RUN) && (cmd_idx < tb_ncmd);
+    assign cmd_valid = running && (cmd_idx < tb_ncmd);
+    // run start / end events. With one clock (CDC=0) both blocks see the same edge, so the
+    // feeder starts in the cycle the job is taken and the drain begins in the done cycle
+    // (the cycle-exact schedule of the top before the NME clock existed: the refresh phase,
+    // hence every count, is unchanged); with two clocks the toggles cross.
+    wire run_taken = !rst && jstate == J_IDLE && tb_req != last_req && tb_op == OP_RUN;
+    wire run_ends = running && (done || tb_cycles >= tb_max_cycles);
+    wire start_evt = (CDC == 0) ? run_taken : (start_tog != start_seen);
+    wire fin_evt = (CDC == 0) ? run_ends : (fin_tog != fin_seen);
     assign cmd_data = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]][63:0];
     assign cmd_ranks = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]][64 +: NR];
 
@@ -161,12 +206,7 @@ module nmp_tb_top #(
             tb_ack <= last_req;
         end
         if (!rst) begin
-            if (cmd_valid && cmd_ready) cmd_idx <= cmd_idx + 16'd1;
-            for (int i = 0; i < NR; i++)
-                if (jstate == J_RUN && rank_done[i] && !rank_ended[i]) begin
-                    rank_cycles[i] <= tb_cycles + 32'd1;
-                    rank_ended[i] <= 1'b1;
-                end
+            if (running) tb_dram_cycles <= tb_dram_cycles + 32'd1;
             case (jstate)
                 J_IDLE: begin
                     if (tb_req != last_req) begin
@@ -177,11 +217,8 @@ module nmp_tb_top #(
                             OP_RUN: begin
                                 $readmemh(cmd_in_path, cmd_buf);
                                 dirty_clear <= 1'b1;
-                                cmd_idx <= 16'd0;
-                                tb_cycles <= 32'd0;
-                                tb_timeout <= 1'b0;
-                                rank_ended <= '0;
-                                for (int i = 0; i < NR; i++) rank_cycles[i] <= 32'd0;
+                                tb_dram_cycles <= 32'd0;
+                                start_tog <= ~start_tog;
                                 jstate <= J_RUN;
                             end
                             default: tb_ack <= tb_req;
@@ -189,23 +226,58 @@ module nmp_tb_top #(
                     end
                 end
                 J_RUN: begin
-                    tb_cycles <= tb_cycles + 32'd1;
-                    if (done || tb_cycles >= tb_max_cycles) begin
-                        tb_error <= error;
-                        tb_timeout <= !done;
-                        tb_cmd_left <= tb_ncmd - cmd_idx;
+                    if (fin_evt) begin
+                        fin_seen <= ~fin_seen;
+                        settle <= (CDC == 0) ? 3'd4 : 3'd0;
+                        drain_tick <= nme_ticks;
                         jstate <= J_DRAIN;
                     end
                 end
                 J_DRAIN: begin
-                    // writes still queued in the controllers reach the devices before the dump
-                    if (&mem_idle || tb_timeout) begin
+                    // writes still queued in the adapters, the crossings or the controllers
+                    // reach the devices before the dump; mem_idle is trusted once 4 DRAM and
+                    // 4 NME cycles have passed since the done (the last burst has left the
+                    // adapter and passed the pointer synchronisers by then)
+                    if (settle != 3'd4) settle <= settle + 3'd1;
+                    else if (CDC != 0 && 8'(nme_ticks - drain_tick) < 8'd4) ;
+                    else if (&mem_idle || tb_timeout) begin
                         dirty_dump <= 1'b1;
                         jstate <= J_IDLE;
                     end
                 end
                 default: jstate <= J_IDLE;
             endcase
+        end
+    end
+
+    // the run on the NME clock: feed the command words, count cycles, catch the done
+    always @(posedge nme_clk) begin
+        nme_ticks <= nme_ticks + 8'd1;
+        if (!nme_rst) begin
+            if (start_evt) begin
+                start_seen <= ~start_seen;
+                cmd_idx <= 16'd0;
+                tb_cycles <= 32'd0;
+                tb_timeout <= 1'b0;
+                rank_ended <= '0;
+                for (int i = 0; i < NR; i++) rank_cycles[i] <= 32'd0;
+                running <= 1'b1;
+            end else if (running) begin
+                if (cmd_valid && cmd_ready) cmd_idx <= cmd_idx + 16'd1;
+                for (int i = 0; i < NR; i++)
+                    if (rank_done[i] && !rank_ended[i]) begin
+                        rank_cycles[i] <= tb_cycles + 32'd1;
+                        rank_ended[i] <= 1'b1;
+                    end
+                tb_cycles <= tb_cycles + 32'd1;
+                if (run_ends) begin
+                    tb_error <= error;
+                    tb_timeout <= !done;
+                    tb_cmd_left <= tb_ncmd - cmd_idx;
+                    running <= 1'b0;
+                    fin_tog <= ~fin_tog;
+                end
+            end
         end
     end
 endmodule

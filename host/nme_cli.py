@@ -65,6 +65,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="DRAM preset of the ranks (DDR4-3200, DDR5-4800, LPDDR5-6400): with "
                              "--backend rtl, run the whole DIMM-NMP with DRAM timing "
                              "(coda.cosim.nmp_backend); default: one NME with an ideal memory")
+    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
+                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
+                             "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs; "
+                             "reports ns, NME and DRAM cycles (default: NMEs on the DRAM clock)")
     parser.add_argument("--mem-words", type=int, default=None,
                         help="words per rank memory (default: smallest power of two that fits)")
     parser.add_argument("--make-example", metavar="IN.npz", default=None,
@@ -156,8 +160,13 @@ def _run(args: argparse.Namespace) -> int:
                                                  params.get("group"), n_ranks)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
     waves = getattr(args, "waves", None)
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if nme_mhz is not None and args.dram is None:
+        raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock meets "
+                         f"the DRAM controller's; an ideal memory has no clock)")
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
-                          **({"waves": waves} if waves else {}))
+                          **({"waves": waves} if waves else {}),
+                          **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     try:
         driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
         start = time.perf_counter()
@@ -172,9 +181,14 @@ def _run(args: argparse.Namespace) -> int:
         np.savez(fh, **arrays)
     shown = f"l1={result:.6g}" if spec.output == "l1" else f"y{list(result.shape)}"
     first = tensors[spec.inputs[0]]
+    timing = ""
+    last = getattr(backend, "last", None)
+    if args.dram and last is not None:   # the DIMM-NMP's last job: both clocks
+        timing = (f"nme_mhz={last.nme_mhz:.6g} ns={last.ns:.1f} job_nme_cycles={last.cycles} "
+                  f"dram_cycles={last.dram_cycles} ")
     print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
           f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
-          f"{'dram=' + args.dram + ' ' if args.dram else ''}"
+          f"{'dram=' + args.dram + ' ' if args.dram else ''}{timing}"
           f"nme_cycles={driver.stats['nme_cycles']} programs={driver.stats['rank_programs']} "
           f"wall={wall * 1e3:.1f} ms -> {out}"
           + (f" waves={','.join(str(p) for p in backend.wave_files)}" if waves else ""))

@@ -13,7 +13,9 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
    whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
    ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
-   timing);
+   timing; ``--nme-mhz F`` puts the NMEs on their own F MHz clock behind asynchronous
+   FIFOs, and ``rtl`` reports the jobs' NME cycles, DRAM cycles and ns; the modelled systems
+   then use their own NME timing, which clocks the NME at tCK);
 3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
    that latents and videos are bit-identical.
 
@@ -91,6 +93,9 @@ def configure(parser) -> None:
     parser.add_argument("--dram", default=None, metavar="STD",
                         help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
                              "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
+    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
+                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
+                             "command clock) behind asynchronous FIFOs (default: the DRAM clock)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
     parser.add_argument("--dimms", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
@@ -133,12 +138,20 @@ def main(args) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: expected >= 1")
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if nme_mhz is not None:   # before the model loads: a bad clock fails at once
+        if args.dram is None:
+            raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock "
+                             f"meets the DRAM controller's; an ideal memory has no clock)")
+        from coda.hw.nmp import check_nme_mhz
+        nme_mhz = check_nme_mhz(nme_mhz, args.dram)
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model()
     policy_name, policy = _policy(args, model)
     # bad --backend/--dram combinations and presets fail here (simulators are built and
     # started only when the first segment runs)
-    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks)
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                          **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     torch.set_num_threads(args.threads)
     console = Console()
     t_start = time.perf_counter()
@@ -184,6 +197,10 @@ def main(args) -> int:
         bit_exact = bool(torch.equal(reference.view(torch.int32), cached.view(torch.int32)))
         rtl = {"prompts": digits[:len(run_labels)], "nme_cycles": driver.stats["nme_cycles"],
                "nme_programs": driver.stats["programs"], "cached_generation_s": cached_s}
+        if args.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
+            rtl.update(nme_mhz=getattr(backend, "nme_mhz", None),
+                       job_nme_cycles=sim.get("cycles", 0),
+                       job_dram_cycles=sim.get("dram_cycles", 0), job_ns=sim.get("ns", 0.0))
         if len(run_labels) < len(digits):
             rtl_events = events
             console.print(f"[bold]cached[/] all {len(digits)} prompts, segments on the "
@@ -192,7 +209,7 @@ def main(args) -> int:
             events = EventLog()
             cached, stats = cached_generate(model, labels, driver, policy, events=events,
                                             **common, seeds=seeds)
-            if args.dram and modelled_reason is None:
+            if args.dram and modelled_reason is None and nme_mhz is None:
                 rtl["modelled"] = modelled_systems(
                     rtl_events, model.config, lanes=args.lanes, depth=driver.cfg.depth,
                     dimms=args.dimms, ranks=args.ranks, dram=modelled_dram, nme_timing="events")
@@ -213,7 +230,9 @@ def main(args) -> int:
         modelled = modelled_systems(
             events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
             ranks=args.ranks, dram=modelled_dram,
-            nme_timing="events" if args.dram and rtl_events is None else "model")
+            # the system model clocks its NMEs at tCK: the events' cycles time it only then
+            nme_timing=("events" if args.dram and rtl_events is None and nme_mhz is None
+                        else "model"))
         modelled["available"] = True
     else:
         modelled = {"available": False, "reason": modelled_reason}
@@ -223,6 +242,7 @@ def main(args) -> int:
         "guidance_scale": args.guidance,
         "backend": args.backend,
         "dram": args.dram,
+        "nme_mhz": nme_mhz,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
         "policy": policy_name,
         "policy_params": policy.describe(),

@@ -2,8 +2,34 @@
 
 :class:`RankNMP` is one rank's buffer-chip engine: an :class:`coda.hw.nme.NME` whose memory is
 the rank's DRAM through :class:`coda.hw.dram.DRAMWordMemory` (word adapter + JEDEC-timed
-controller). The NME and the controller share one clock domain, the DRAM command clock
-(one NME cycle = one tCK of the standard), so every NME access is timed by the controller.
+controller). Two clockings:
+
+* **same domain** (``nme_clock=False``, the default): the NME and the controller share the
+  DRAM command clock (domain ``sync``; one NME cycle = one tCK of the standard), so every NME
+  access is timed by the controller with no crossing.
+* **own NME clock** (``nme_clock=True``): the NME and its word adapter
+  (:class:`coda.hw.dram.WordAdapter`: words into whole bursts, write merging, read-line
+  reuse) run in domain ``nme`` (Verilog ports ``nme_clk``/``nme_rst``) at the NME's
+  frequency; the JEDEC-timed :class:`coda.hw.dram.DRAMController` stays on the DRAM command
+  clock (``sync``: ``clk``/``rst``). They meet at the burst port through two
+  :class:`amaranth.lib.fifo.AsyncFIFO` (Gray-coded pointers, two-flop synchronisers): burst
+  requests ``{we, burst addr, data, byte mask}`` (``nme`` -> ``sync``,
+  :data:`REQ_FIFO_DEPTH` entries) and read bursts (``sync`` -> ``nme``,
+  :func:`rsp_fifo_depth` entries). Crossing whole bursts keeps the adapter's write merging
+  intact (it sees the NME's requests at the NME's rate, as on one clock; behind the crossing
+  it would see gaps and flush every word as its own masked burst) and crosses once per
+  burst, not per word. The controller's read data has no back-pressure; the adapter admits at
+  most ``max_bursts_in_flight`` read bursts until their data is back, and the response FIFO
+  holds that many, so it can never overflow. The command port, ``busy``, ``done``,
+  ``status`` and ``l1`` are the NME's own signals and live in the ``nme`` domain: nothing of
+  them crosses, because the host's command words are consumed only by the NMEs and one
+  DIMMNMP's ranks share one NME clock, so the broadcast ready and the combined done stay
+  synchronous logic (a DRAM-clocked command port would need a third FIFO and a pulse
+  synchroniser per rank for no gain: a program is a few words). ``mem_idle`` and ``stat_*``
+  are DRAM-domain outputs, sampled by the host only when the system is quiescent. The
+  frequency is not part of the RTL (the same Verilog serves every NME clock); it is a
+  property of the clock driven into ``nme_clk`` (the cosimulation's ``--nme-mhz``),
+  validated by :func:`check_nme_mhz`.
 
 :class:`DIMMNMP` holds ``dimms * ranks`` RankNMPs (global rank ``i = dimm * ranks + rank``).
 
@@ -31,17 +57,71 @@ the low bits), so Verilator compiles one rank and elaboration costs one NME, not
 
 from __future__ import annotations
 
-from amaranth import Cat, ClockSignal, Instance, Module, ResetSignal, Signal
+import math
+
+from amaranth import Cat, ClockSignal, DomainRenamer, Instance, Module, ResetSignal, Signal
 from amaranth.lib import wiring
+from amaranth.lib.cdc import FFSynchronizer
+from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from .dram import STAT_BITS, STAT_NAMES, DRAMWordMemory
+from .dram import STAT_BITS, STAT_NAMES, DRAMController, DRAMWordMemory, WordAdapter
 from .dram_standards import DRAMStandard, get_standard
 from .isa import NMEConfig
 from .yosys import use_pinned_yosys
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
-           "MAX_RANKS", "check_shape"]
+           "MAX_RANKS", "check_shape", "check_nme_mhz", "REQ_FIFO_DEPTH", "rsp_fifo_depth",
+           "MIN_NME_MHZ", "CDC_BURSTS_IN_FLIGHT"]
+
+#: entries of a rank's burst-request AsyncFIFO (adapter -> controller) with ``nme_clock``:
+#: covers the pointer round trip (write, two DRAM-clock synchroniser flops, read, two
+#: NME-clock flops), so a burst per NME cycle is not throttled by the crossing
+REQ_FIFO_DEPTH = 8
+
+#: read bursts the NME-side word adapter may have in flight with ``nme_clock`` (the same-domain
+#: DRAMWordMemory's adapter has 8): the crossing adds two synchronisers each way to the read
+#: latency, so the window is doubled to keep a DRAM-bound stream at the same bandwidth
+CDC_BURSTS_IN_FLIGHT = 16
+
+#: lowest NME clock (MHz) the tools accept: far below any buffer-chip engine, it only keeps a
+#: typo (``--nme-mhz 0.0001``) from running a cosimulation for days
+MIN_NME_MHZ = 1.0
+
+
+def rsp_fifo_depth() -> int:
+    """Entries of a rank's read-burst AsyncFIFO (controller -> adapter) with ``nme_clock``:
+    :data:`CDC_BURSTS_IN_FLIGHT`, the adapter's bound on read bursts awaiting data."""
+    return CDC_BURSTS_IN_FLIGHT
+
+
+def check_nme_mhz(nme_mhz, std) -> float | None:
+    """``nme_mhz`` as a float (MHz of the NME clock), or None (same domain as the DRAM clock).
+
+    Valid: a finite number with ``MIN_NME_MHZ <= nme_mhz <= 1000 / std.tCK_ns`` (the DRAM
+    command clock, 2400 MHz for DDR5-4800): a buffer-chip NME does not outrun the DRAM clock
+    it serves, and one NME cycle at most one tCK keeps the crossing's credits sized.
+
+    Raises:
+        ValueError: not a number, not finite, below MIN_NME_MHZ or above the DRAM clock
+            (the message names the value and the bound). ValueError: unknown preset.
+    """
+    if nme_mhz is None:
+        return None
+    std = get_standard(std)
+    try:
+        f = float(nme_mhz)
+    except (TypeError, ValueError):
+        raise ValueError(f"nme_mhz={nme_mhz!r}: expected a number of MHz") from None
+    dram_mhz = 1000.0 / std.tCK_ns
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError(f"nme_mhz={nme_mhz!r}: expected a positive NME clock in MHz")
+    if f < MIN_NME_MHZ:
+        raise ValueError(f"nme_mhz={f:g}: expected at least {MIN_NME_MHZ:g} MHz")
+    if f > dram_mhz * (1 + 1e-9):
+        raise ValueError(f"nme_mhz={f:g}: the NME clock may not exceed the {std.name} command "
+                         f"clock ({dram_mhz:.6g} MHz); omit it for the NME on the DRAM clock")
+    return f
 
 #: most ranks (dimms x ranks) one DIMM-NMP may have: a bound of this tool, not of JEDEC, so
 #: that a typo (``--dimms 1000``) fails at once instead of elaborating for hours (an 8 x 8
@@ -110,7 +190,8 @@ def _rank_members(cfg: NMEConfig, std: DRAMStandard) -> dict:
 
 
 class RankNMP(wiring.Component):
-    """One rank: NME + word adapter + DRAM controller, on the DRAM command clock.
+    """One rank: NME + word adapter + DRAM controller, on the DRAM command clock or with the
+    NME on its own clock (``nme_clock``, see the module docstring).
 
     Args:
         cfg: the NME configuration (``2*lanes`` bytes per word must divide the burst).
@@ -118,11 +199,16 @@ class RankNMP(wiring.Component):
         clock_gating: gate the NME lanes' clocks (:class:`coda.hw.nme.NME`; default on: the
             lanes sit idle while the rank waits on DRAM, and the Verilated model skips them;
             simulate a gated rank with Verilator: ``amaranth.sim`` races on gated clocks).
+        nme_clock: the NME in its own domain ``nme`` (extra Verilog ports ``nme_clk``,
+            ``nme_rst``), crossing to the controller through AsyncFIFOs; default False: the
+            NME on the DRAM clock, no crossing (the same cycles as before this option).
         controller_kw: passed to :class:`coda.hw.dram.DRAMController` (queue sizes...).
 
-    Ports: ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]``
-    (the NME's, see :mod:`coda.hw.nme`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data``
-    (the controller's device port, to a DRAM device model); ``stat_<name>[48]`` controller
+    Ports (domain ``nme`` with ``nme_clock``: the command port, busy, done, status, l1;
+    always the DRAM domain ``sync``: dram_*, stat_*, mem_idle):
+    ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]`` (the
+    NME's, see :mod:`coda.hw.nme`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data`` (the
+    controller's device port, to a DRAM device model); ``stat_<name>[48]`` controller
     counters (:data:`coda.hw.dram.STAT_NAMES`); ``mem_idle`` (no access pending in the memory).
 
     Raises:
@@ -130,10 +216,12 @@ class RankNMP(wiring.Component):
         ``mem_words`` larger than the rank.
     """
 
-    def __init__(self, cfg: NMEConfig, std, *, clock_gating: bool = True, **controller_kw):
+    def __init__(self, cfg: NMEConfig, std, *, clock_gating: bool = True,
+                 nme_clock: bool = False, **controller_kw):
         self.std = _check(cfg, std)
         self.cfg = cfg
         self.clock_gating = clock_gating
+        self.nme_clock = bool(nme_clock)
         self.controller_kw = controller_kw
         super().__init__(_rank_members(cfg, self.std))
 
@@ -141,18 +229,29 @@ class RankNMP(wiring.Component):
         from .nme import NME
 
         m = Module()
-        m.submodules.nme = nme = NME(self.cfg, clock_gating=self.clock_gating)
-        m.submodules.mem = mem = DRAMWordMemory(self.std, self.cfg.lanes, **self.controller_kw)
-        m.d.comb += [
-            nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
-            nme.cmd_data.eq(self.cmd_data),
-            self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
-            self.l1.eq(nme.l1), self.mem_idle.eq(mem.idle),
-            mem.mem_req_valid.eq(nme.mem_req_valid), nme.mem_req_ready.eq(mem.mem_req_ready),
-            mem.mem_req_we.eq(nme.mem_req_we), mem.mem_req_addr.eq(nme.mem_req_addr),
-            mem.mem_req_wdata.eq(nme.mem_req_wdata), mem.mem_req_wmask.eq(nme.mem_req_wmask),
-            nme.mem_rsp_valid.eq(mem.mem_rsp_valid), nme.mem_rsp_data.eq(mem.mem_rsp_data),
-        ]
+        if self.nme_clock:
+            nme = NME(self.cfg, clock_gating=self.clock_gating)
+            mem = self._crossing(m, nme)
+            m.d.comb += [
+                nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
+                nme.cmd_data.eq(self.cmd_data),
+                self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
+                self.l1.eq(nme.l1),
+            ]
+        else:   # (the elaboration order of the design before nme_clock: the same Verilog)
+            m.submodules.nme = nme = NME(self.cfg, clock_gating=self.clock_gating)
+            m.submodules.mem = mem = DRAMWordMemory(self.std, self.cfg.lanes,
+                                                    **self.controller_kw)
+            m.d.comb += [
+                nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
+                nme.cmd_data.eq(self.cmd_data),
+                self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
+                self.l1.eq(nme.l1), self.mem_idle.eq(mem.idle),
+                mem.mem_req_valid.eq(nme.mem_req_valid), nme.mem_req_ready.eq(mem.mem_req_ready),
+                mem.mem_req_we.eq(nme.mem_req_we), mem.mem_req_addr.eq(nme.mem_req_addr),
+                mem.mem_req_wdata.eq(nme.mem_req_wdata), mem.mem_req_wmask.eq(nme.mem_req_wmask),
+                nme.mem_rsp_valid.eq(mem.mem_rsp_valid), nme.mem_rsp_data.eq(mem.mem_rsp_data),
+            ]
         for name in DRAM_PORTS:
             if name.startswith("rd_"):
                 m.d.comb += getattr(mem, name).eq(getattr(self, f"dram_{name}"))
@@ -161,6 +260,54 @@ class RankNMP(wiring.Component):
         for name in STAT_NAMES:
             m.d.comb += getattr(self, f"stat_{name}").eq(getattr(mem, f"stat_{name}"))
         return m
+
+    def _crossing(self, m: Module, nme):
+        """NME + adapter in domain ``nme``, controller in ``sync``, burst AsyncFIFOs between
+        (module docstring). Returns the controller (its cmd_*/rd_*/stat_* ports)."""
+        std = self.std
+        m.submodules.nme = DomainRenamer("nme")(nme)
+        adapter = WordAdapter(self.cfg.lanes, std.burst_bytes, std.burst_addr_bits,
+                              max_bursts_in_flight=CDC_BURSTS_IN_FLIGHT)
+        m.submodules.adapter = DomainRenamer("nme")(adapter)
+        m.submodules.ctrl = c = DRAMController(std, **self.controller_kw)
+        D = 8 * std.burst_bytes
+        AB = len(adapter.bus_req_addr)
+        m.submodules.req_fifo = req = AsyncFIFO(width=1 + AB + D + D // 8,
+                                                depth=REQ_FIFO_DEPTH,
+                                                w_domain="nme", r_domain="sync")
+        m.submodules.rsp_fifo = rsp = AsyncFIFO(width=D, depth=rsp_fifo_depth(),
+                                                w_domain="sync", r_domain="nme")
+        a_idle = Signal(init=1)
+        m.submodules.idle_cdc = FFSynchronizer(adapter.idle, a_idle, o_domain="sync", init=1)
+        # NME side (domain nme): the NME's word port on the adapter, bursts into the FIFO
+        m.d.comb += [
+            adapter.mem_req_valid.eq(nme.mem_req_valid),
+            nme.mem_req_ready.eq(adapter.mem_req_ready),
+            adapter.mem_req_we.eq(nme.mem_req_we), adapter.mem_req_addr.eq(nme.mem_req_addr),
+            adapter.mem_req_wdata.eq(nme.mem_req_wdata),
+            adapter.mem_req_wmask.eq(nme.mem_req_wmask),
+            nme.mem_rsp_valid.eq(adapter.mem_rsp_valid),
+            nme.mem_rsp_data.eq(adapter.mem_rsp_data),
+            req.w_en.eq(adapter.bus_req_valid), adapter.bus_req_ready.eq(req.w_rdy),
+            req.w_data.eq(Cat(adapter.bus_req_we, adapter.bus_req_addr, adapter.bus_req_wdata,
+                              adapter.bus_req_wmask)),
+            rsp.r_en.eq(1),   # the adapter takes read data without back-pressure
+            adapter.bus_rsp_valid.eq(rsp.r_rdy), adapter.bus_rsp_data.eq(rsp.r_data),
+        ]
+        # DRAM side (domain sync)
+        we, addr, wdata, wmask = Signal(1), Signal(AB), Signal(D), Signal(D // 8)
+        m.d.comb += [
+            Cat(we, addr, wdata, wmask).eq(req.r_data),
+            c.req_valid.eq(req.r_rdy), req.r_en.eq(c.req_ready),
+            c.req_we.eq(we), c.req_addr.eq(addr), c.req_wdata.eq(wdata), c.req_wmask.eq(wmask),
+            rsp.w_en.eq(c.rsp_valid), rsp.w_data.eq(c.rsp_data),
+            # no burst waiting at the FIFO's read side, none in the controller, and the
+            # adapter idle (two flops late); a burst written in the last NME cycles may still
+            # be in a pointer synchroniser, so sample mem_idle a few cycles of both clocks
+            # after the NME's done (the cosimulation top does)
+            self.mem_idle.eq(c.idle & ~req.r_rdy & a_idle),
+        ]
+        return c
 
 
 class DIMMNMP(wiring.Component):
@@ -173,6 +320,10 @@ class DIMMNMP(wiring.Component):
         clock_gating: gated lane clocks in the RankNMP submodules (default off, so that the
             design simulates with ``amaranth.sim``, which races on gated clocks; the Verilog
             of :func:`dimm_verilog` has them on by default).
+        nme_clock: every rank's NME on the shared clock domain ``nme`` (RankNMP's
+            ``nme_clock``); the command port, its broadcast ready and the combined
+            done/error/status then live in ``nme`` too (Verilog ports ``nme_clk``,
+            ``nme_rst``), the DRAM ports, stat_* and mem_idle in ``sync`` (``clk``, ``rst``).
 
     Ports (N = dimms * ranks; per-rank fields concatenated, rank 0 in the low bits):
         cmd_valid, cmd_ready, cmd_data[64], cmd_ranks[N] (rank-select mask of the word);
@@ -186,8 +337,10 @@ class DIMMNMP(wiring.Component):
     """
 
     def __init__(self, cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, *,
-                 rank_module: str | None = None, clock_gating: bool = False, **controller_kw):
+                 rank_module: str | None = None, clock_gating: bool = False,
+                 nme_clock: bool = False, **controller_kw):
         self.std = _check_system(cfg, std, dimms, ranks)
+        self.nme_clock = bool(nme_clock)
         self.cfg, self.dimms, self.ranks = cfg, int(dimms), int(ranks)
         self.n = self.dimms * self.ranks
         self.rank_module = rank_module
@@ -214,7 +367,7 @@ class DIMMNMP(wiring.Component):
                     for nm, mb in _rank_members(self.cfg, self.std).items()}
             if self.rank_module is None:
                 r = RankNMP(self.cfg, self.std, clock_gating=self.clock_gating,
-                            **self.controller_kw)
+                            nme_clock=self.nme_clock, **self.controller_kw)
                 m.submodules[f"rank{i}"] = r
                 for nm, mb in _rank_members(self.cfg, self.std).items():
                     if mb.flow == wiring.In:
@@ -225,6 +378,8 @@ class DIMMNMP(wiring.Component):
                 conns = {}
                 for nm, mb in _rank_members(self.cfg, self.std).items():
                     conns[("i_" if mb.flow == wiring.In else "o_") + nm] = port[nm]
+                if self.nme_clock:
+                    conns.update(i_nme_clk=ClockSignal("nme"), i_nme_rst=ResetSignal("nme"))
                 m.submodules[f"rank{i}"] = Instance(self.rank_module, i_clk=ClockSignal("sync"),
                                                     i_rst=ResetSignal("sync"), **conns)
             ranks.append(port)
@@ -250,12 +405,13 @@ class DIMMNMP(wiring.Component):
         joined_now = joined | took
         finished_now = finished | ended
         all_done = joined_now.any() & ((joined_now & ~finished_now) == 0) & ended.any()
+        cmd_domain = m.d.nme if self.nme_clock else m.d.sync   # the NMEs' clock
         with m.If(all_done):
-            m.d.sync += [joined.eq(0), finished.eq(0), failed.eq(0),
-                         self.done.eq(1), error_r.eq(failed | bad.any())]
+            cmd_domain += [joined.eq(0), finished.eq(0), failed.eq(0),
+                           self.done.eq(1), error_r.eq(failed | bad.any())]
         with m.Else():
-            m.d.sync += [joined.eq(joined_now), finished.eq(finished_now),
-                         failed.eq(failed | bad.any()), self.done.eq(0)]
+            cmd_domain += [joined.eq(joined_now), finished.eq(finished_now),
+                           failed.eq(failed | bad.any()), self.done.eq(0)]
         m.d.comb += [
             self.error.eq(error_r),
             self.busy.eq(Cat(p["busy"] for p in ranks).any()),
@@ -277,8 +433,9 @@ class DIMMNMP(wiring.Component):
 
 
 def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", *, clock_gating: bool = True,
-                 **controller_kw) -> str:
-    """Verilog of one :class:`RankNMP` as module ``name`` (ports ``clk``, ``rst`` + members).
+                 nme_clock: bool = False, **controller_kw) -> str:
+    """Verilog of one :class:`RankNMP` as module ``name`` (ports ``clk``, ``rst`` + members;
+    with ``nme_clock`` also ``nme_clk``, ``nme_rst``).
 
     Raises:
         ValueError: ``name`` not an identifier, or as RankNMP. FileNotFoundError: no yosys.
@@ -288,15 +445,17 @@ def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", *, clock_gating: b
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     use_pinned_yosys()
-    return verilog.convert(RankNMP(cfg, std, clock_gating=clock_gating, **controller_kw),
-                           name=name, emit_src=False)
+    return verilog.convert(RankNMP(cfg, std, clock_gating=clock_gating, nme_clock=nme_clock,
+                                   **controller_kw), name=name, emit_src=False)
 
 
 def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str = "dimm_nmp",
-                 *, clock_gating: bool = True, **controller_kw) -> str:
+                 *, clock_gating: bool = True, nme_clock: bool = False,
+                 **controller_kw) -> str:
     """Verilog of a :class:`DIMMNMP`: module ``name`` instantiating ``dimms * ranks`` copies of
     module ``<name>_rank`` (one :class:`RankNMP`, emitted once in the same text;
-    ``clock_gating`` as RankNMP).
+    ``clock_gating`` and ``nme_clock`` as RankNMP: with ``nme_clock`` the module has the
+    clock inputs ``clk``/``rst`` (DRAM command clock) and ``nme_clk``/``nme_rst`` (NME)).
 
     Raises:
         ValueError: bad name, dimms/ranks < 1, more than :data:`MAX_RANKS` ranks, or as
@@ -307,7 +466,9 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     _check_system(cfg, std, dimms, ranks)   # before any Elaboratable exists (none left unused)
-    top = DIMMNMP(cfg, std, dimms, ranks, rank_module=f"{name}_rank", **controller_kw)
-    rank = rank_verilog(cfg, std, f"{name}_rank", clock_gating=clock_gating, **controller_kw)
+    top = DIMMNMP(cfg, std, dimms, ranks, rank_module=f"{name}_rank", nme_clock=nme_clock,
+                  **controller_kw)
+    rank = rank_verilog(cfg, std, f"{name}_rank", clock_gating=clock_gating,
+                        nme_clock=nme_clock, **controller_kw)
     use_pinned_yosys()
     return rank + "\n" + verilog.convert(top, name=name, emit_src=False)

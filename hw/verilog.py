@@ -44,18 +44,34 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False
 
 
 def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-4800",
-                     dimms: int = 1, ranks: int = 1, clock_gating: bool = True) -> str:
+                     dimms: int = 1, ranks: int = 1, clock_gating: bool = True,
+                     nme_mhz: float | None = None) -> str:
     """Verilog of a whole DIMM-NMP (:func:`coda.hw.nmp.dimm_verilog`): ``dimms * ranks``
-    rank NMEs with their DRAM controllers behind one command port."""
-    from .nmp import dimm_verilog
-    return dimm_verilog(cfg, dram, dimms, ranks, name, clock_gating=clock_gating)
+    rank NMEs with their DRAM controllers behind one command port.
+
+    ``nme_mhz`` (MHz, :func:`coda.hw.nmp.check_nme_mhz`: up to the DRAM command clock): the
+    NMEs on their own clock ``nme_clk`` behind AsyncFIFOs (the RTL is the same for every
+    frequency; a header comment records the two clocks); None: the NMEs on the DRAM clock.
+    Raises ValueError for a bad ``nme_mhz`` or as dimm_verilog."""
+    from .dram_standards import get_standard
+    from .nmp import check_nme_mhz, dimm_verilog
+    mhz = check_nme_mhz(nme_mhz, dram)
+    text = dimm_verilog(cfg, dram, dimms, ranks, name, clock_gating=clock_gating,
+                        nme_clock=mhz is not None)
+    if mhz is None:
+        return text
+    tck = get_standard(dram).tCK_ns
+    return (f"// clocks: clk = {get_standard(dram).name} command clock, {1000 / tck:.6g} MHz "
+            f"(tCK {tck * 1000:.3f} ps); nme_clk = NME clock, {mhz:.6g} MHz "
+            f"({1e6 / mhz:.3f} ps); asynchronous to each other (AsyncFIFO crossings)\n" + text)
 
 
 #: Tops the CLI can write: name -> function(cfg, module name, **top options) -> Verilog text.
 TOPS: dict[str, Callable[..., str]] = {"nme": nme_verilog, "dimm": dimm_top_verilog}
 #: options of ``coda verilog`` passed to a top's function (beyond cfg and name), with the
 #: value each takes when not given
-TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimms": 1, "ranks": 1}}
+TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimms": 1, "ranks": 1,
+                                                      "nme_mhz": None}}
 
 
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +116,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="--top dimm: ranks per DIMM (default 1)")
     parser.add_argument("--dram", default=None,
                         help="--top dimm: DRAM preset of the ranks (default DDR5-4800)")
+    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
+                        help="--top dimm: the NMEs on their own clock of F MHz (1 .. the DRAM "
+                             "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs, "
+                             "extra ports nme_clk/nme_rst (default: on the DRAM clock)")
     parser.add_argument("--name", default=None, help="Verilog module name (default: the top)")
     parser.add_argument("-o", "--output", required=True, help="Verilog file to write ('-': stdout)")
 
@@ -124,10 +144,11 @@ def main(args: argparse.Namespace) -> int:
     out = None if args.output == "-" else check_output_path(args.output, "-o")
     options = TOP_OPTIONS.get(args.top, {})
     foreign = sorted({k for opts in TOP_OPTIONS.values() for k in opts} - set(options))
-    given = [f"--{k}" for k in foreign if getattr(args, k) is not None]
+    given = [f"--{k.replace('_', '-')}" for k in foreign if getattr(args, k) is not None]
     if given:
         raise ValueError(f"{', '.join(given)} given with --top {args.top}: only "
-                         + "; ".join(f"--top {t} takes {', '.join('--' + k for k in o)}"
+                         + "; ".join(f"--top {t} takes "
+                                     + ", ".join("--" + k.replace("_", "-") for k in o)
                                      for t, o in TOP_OPTIONS.items() if o))
     extra = {k: default if getattr(args, k) is None else getattr(args, k)
              for k, default in options.items()}
