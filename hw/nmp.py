@@ -229,29 +229,24 @@ class RankNMP(wiring.Component):
         from .nme import NME
 
         m = Module()
+        nme = NME(self.cfg, clock_gating=self.clock_gating)
         if self.nme_clock:
-            nme = NME(self.cfg, clock_gating=self.clock_gating)
-            mem = self._crossing(m, nme)
-            m.d.comb += [
-                nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
-                nme.cmd_data.eq(self.cmd_data),
-                self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
-                self.l1.eq(nme.l1),
-            ]
-        else:   # (the elaboration order of the design before nme_clock: the same Verilog)
-            m.submodules.nme = nme = NME(self.cfg, clock_gating=self.clock_gating)
-            m.submodules.mem = mem = DRAMWordMemory(self.std, self.cfg.lanes,
-                                                    **self.controller_kw)
-            m.d.comb += [
-                nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
-                nme.cmd_data.eq(self.cmd_data),
-                self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
-                self.l1.eq(nme.l1), self.mem_idle.eq(mem.idle),
-                mem.mem_req_valid.eq(nme.mem_req_valid), nme.mem_req_ready.eq(mem.mem_req_ready),
-                mem.mem_req_we.eq(nme.mem_req_we), mem.mem_req_addr.eq(nme.mem_req_addr),
-                mem.mem_req_wdata.eq(nme.mem_req_wdata), mem.mem_req_wmask.eq(nme.mem_req_wmask),
-                nme.mem_rsp_valid.eq(mem.mem_rsp_valid), nme.mem_rsp_data.eq(mem.mem_rsp_data),
-            ]
+            mem, words = self._crossing(m, nme)
+        else:
+            m.submodules.nme = nme
+            m.submodules.mem = mem = words = DRAMWordMemory(self.std, self.cfg.lanes,
+                                                            **self.controller_kw)
+            m.d.comb += self.mem_idle.eq(mem.idle)
+        m.d.comb += [   # the NME's command port out, its word port on the word memory
+            nme.cmd_valid.eq(self.cmd_valid), self.cmd_ready.eq(nme.cmd_ready),
+            nme.cmd_data.eq(self.cmd_data),
+            self.busy.eq(nme.busy), self.done.eq(nme.done), self.status.eq(nme.status),
+            self.l1.eq(nme.l1),
+            words.mem_req_valid.eq(nme.mem_req_valid), nme.mem_req_ready.eq(words.mem_req_ready),
+            words.mem_req_we.eq(nme.mem_req_we), words.mem_req_addr.eq(nme.mem_req_addr),
+            words.mem_req_wdata.eq(nme.mem_req_wdata), words.mem_req_wmask.eq(nme.mem_req_wmask),
+            nme.mem_rsp_valid.eq(words.mem_rsp_valid), nme.mem_rsp_data.eq(words.mem_rsp_data),
+        ]
         for name in DRAM_PORTS:
             if name.startswith("rd_"):
                 m.d.comb += getattr(mem, name).eq(getattr(self, f"dram_{name}"))
@@ -263,7 +258,8 @@ class RankNMP(wiring.Component):
 
     def _crossing(self, m: Module, nme):
         """NME + adapter in domain ``nme``, controller in ``sync``, burst AsyncFIFOs between
-        (module docstring). Returns the controller (its cmd_*/rd_*/stat_* ports)."""
+        (module docstring). Returns the controller (its cmd_*/rd_*/stat_* ports) and the adapter
+        (the word port that :meth:`elaborate` connects the NME to)."""
         std = self.std
         m.submodules.nme = DomainRenamer("nme")(nme)
         adapter = WordAdapter(self.cfg.lanes, std.burst_bytes, std.burst_addr_bits,
@@ -279,15 +275,8 @@ class RankNMP(wiring.Component):
                                                 w_domain="sync", r_domain="nme")
         a_idle = Signal(init=1)
         m.submodules.idle_cdc = FFSynchronizer(adapter.idle, a_idle, o_domain="sync", init=1)
-        # NME side (domain nme): the NME's word port on the adapter, bursts into the FIFO
+        # NME side (domain nme): the adapter's bursts into the FIFO
         m.d.comb += [
-            adapter.mem_req_valid.eq(nme.mem_req_valid),
-            nme.mem_req_ready.eq(adapter.mem_req_ready),
-            adapter.mem_req_we.eq(nme.mem_req_we), adapter.mem_req_addr.eq(nme.mem_req_addr),
-            adapter.mem_req_wdata.eq(nme.mem_req_wdata),
-            adapter.mem_req_wmask.eq(nme.mem_req_wmask),
-            nme.mem_rsp_valid.eq(adapter.mem_rsp_valid),
-            nme.mem_rsp_data.eq(adapter.mem_rsp_data),
             req.w_en.eq(adapter.bus_req_valid), adapter.bus_req_ready.eq(req.w_rdy),
             req.w_data.eq(Cat(adapter.bus_req_we, adapter.bus_req_addr, adapter.bus_req_wdata,
                               adapter.bus_req_wmask)),
@@ -307,7 +296,7 @@ class RankNMP(wiring.Component):
             # after the NME's done (the cosimulation top does)
             self.mem_idle.eq(c.idle & ~req.r_rdy & a_idle),
         ]
-        return c
+        return c, adapter
 
 
 class DIMMNMP(wiring.Component):
