@@ -209,10 +209,11 @@ def main(args) -> int:
             events = EventLog()
             cached, stats = cached_generate(model, labels, driver, policy, events=events,
                                             **common, seeds=seeds)
-            if args.dram and modelled_reason is None and nme_mhz is None:
+            if args.dram and modelled_reason is None:
                 rtl["modelled"] = modelled_systems(
                     rtl_events, model.config, lanes=args.lanes, depth=driver.cfg.depth,
-                    dimms=args.dimms, ranks=args.ranks, dram=modelled_dram, nme_timing="events")
+                    dimms=args.dimms, ranks=args.ranks, dram=modelled_dram, nme_mhz=nme_mhz,
+                    nme_timing="events")
 
     gifs = []
     for i, d in enumerate(digits):
@@ -229,10 +230,10 @@ def main(args) -> int:
     if modelled_reason is None:
         modelled = modelled_systems(
             events, model.config, lanes=args.lanes, depth=driver.cfg.depth, dimms=args.dimms,
-            ranks=args.ranks, dram=modelled_dram,
-            # the system model clocks its NMEs at tCK: the events' cycles time it only then
-            nme_timing=("events" if args.dram and rtl_events is None and nme_mhz is None
-                        else "model"))
+            ranks=args.ranks, dram=modelled_dram, nme_mhz=nme_mhz,
+            # the events' NME cycles (counted at nme_mhz) time the NMEs when they all came
+            # from the DRAM-timed DIMM-NMP
+            nme_timing="events" if args.dram and rtl_events is None else "model")
         modelled["available"] = True
     else:
         modelled = {"available": False, "reason": modelled_reason}

@@ -299,6 +299,40 @@ def test_orderings_from_parameters():
     assert replay(wlh, ph, "f").latency_s == pytest.approx(replay(wlh, ph, "e").latency_s)
 
 
+def test_nme_clock_of_the_system_model():
+    """``nme_mhz``: at the DRAM command clock the same figures as no clock given; far below
+    the knee a segment is NME-bound, ideal cycles / f exactly; a slower NME never makes a
+    system faster, and systems without NMEs (a, b, c) do not change."""
+    shape = model_shape("wan2.1-1.3b", "480p", 2)
+    wl = from_events(synthesize(shape, uniform(shape, 10, interval=2, warmup=2), n_ranks=4,
+                                lanes=8, depth=256), shape)
+    same = platform("rtx4090", "DDR5-4800", 2, 2)
+    at_tck = platform("rtx4090", "DDR5-4800", 2, 2, nme_mhz=1000 / same.dram.tCK_ns)
+    assert same.nme_clock_hz == pytest.approx(at_tck.nme_clock_hz, rel=1e-12)
+    assert same.rank_peak_bytes_per_nme_cycle == same.dram.burst_bytes / same.dram.nBL
+    slow = platform("rtx4090", "DDR5-4800", 2, 2, nme_mhz=100)
+    assert slow.rank_peak_bytes_per_nme_cycle == pytest.approx(
+        same.rank_peak_bytes_per_nme_cycle * same.nme_clock_hz / 100e6)
+    t = segment_timing(4096, 1536, 4, n_ranks=4, lanes=8, depth=256, clock_hz=100e6,
+                       rank_peak_bytes_per_cycle=slow.rank_peak_bytes_per_nme_cycle,
+                       dram_util=0.88)
+    assert t.cycles_dram < t.cycles_ideal == t.cycles       # 16 B/cycle against 192 B/cycle
+    assert t.seconds == t.cycles_ideal / 100e6
+    fig = {p: run_ablation(wl, p, "abcdef")["systems"] for p in (same, at_tck, slow)}
+    for s in "abcdef":
+        assert fig[at_tck][s]["latency_s"] == pytest.approx(fig[same][s]["latency_s"],
+                                                            rel=1e-12), s
+    for s in "abc":
+        assert fig[slow][s]["latency_s"] == pytest.approx(fig[same][s]["latency_s"],
+                                                          rel=1e-12), s
+    for s in "def":
+        assert fig[slow][s]["latency_s"] > fig[same][s]["latency_s"], s
+    with pytest.raises(ValueError, match=r"--nme-mhz: nme_mhz=5000: .*DDR5-4800 command"):
+        platform("rtx4090", "DDR5-4800", 2, 2, nme_mhz=5000)
+    with pytest.raises(ValueError, match=r"--nme-mhz: nme_mhz=0: expected a positive"):
+        platform("rtx4090", "DDR5-4800", 2, 2, nme_mhz=0)
+
+
 def test_deterministic(digits_shape):
     wl = _digits_workload(digits_shape, intervals={"cross_attn": 3})
     plat = platform("l4", "LPDDR5-6400", 1, 4)

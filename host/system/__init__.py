@@ -25,7 +25,8 @@ __all__ = ["modelled"]
 
 def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
              depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = "DDR5-4800",
-             cfg: str = "batched", nme_timing: str = "model") -> dict:
+             nme_mhz: float | None = None, cfg: str = "batched",
+             nme_timing: str = "model") -> dict:
     """The modelled systems a..f of the last generation in ``events`` (an
     :class:`coda.host.events.EventLog` of the shipped model, e.g. from
     ``coda.host.model.sample.cached_generate(..., events=log)``).
@@ -37,6 +38,8 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
             4.0 x16, ``dimms x ranks`` of ``dram`` with NMEs of ``lanes`` x ``depth``).
         lanes, depth, dimms, ranks: the driver's NME configuration (NMEConfig's default
             depth is 64); used for the default platform and to check the events' cycles.
+        nme_mhz: the default platform's NME clock, MHz (None: the DRAM command clock); with
+            ``nme_timing="events"`` it must be the clock the events' cycles were counted at.
         cfg: how the generation's CFG ran (``"batched"``: coda.host.model.sample's default).
         nme_timing: ``"model"`` (the platform's DRAM) or ``"events"`` (the events' cycles,
             e.g. from ``coda run --dram``).
@@ -53,7 +56,8 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
 
     shape = shipped_shape(model_config)
     wl = from_events(events, shape, cfg=cfg)
-    plat = platform or make_platform("rtx4090", dram, dimms, ranks, lanes=lanes, depth=depth)
+    plat = platform or make_platform("rtx4090", dram, dimms, ranks, lanes=lanes, depth=depth,
+                                     nme_mhz=nme_mhz)
     worst, ev_sum, model_sum = 0.0, 0, 0
     for seg in wl.segments.values():
         t = segment_timing(seg.tokens, seg.channels, seg.k, n_ranks=dimms * ranks,

@@ -228,7 +228,7 @@ class _Replay:
             p = self.p
             t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
                                depth=p.depth, clock_hz=p.nme_clock_hz,
-                               rank_peak_bytes_per_cycle=p.dram.burst_bytes / p.dram.nBL,
+                               rank_peak_bytes_per_cycle=p.rank_peak_bytes_per_nme_cycle,
                                dram_util=lambda kk, w: segment_utilisation(
                                    p.dram.name, p.lanes, p.depth, kk, w),
                                stream_tokens=tuple(streams))
@@ -271,7 +271,7 @@ class _Replay:
                                       ops.stream_tokens)
             util = nmp_efficiency(self.p.dram.name, self.p.lanes, self.p.depth, 3)
             cyc = max(m.nme_cycles, nbytes / self.p.n_ranks
-                      / (self.p.dram.burst_bytes / self.p.dram.nBL * util))
+                      / (self.p.rank_peak_bytes_per_nme_cycle * util))
             yield from self.nme_run(cyc / self.p.nme_clock_hz, 1, "monitor", m.row[0], step)
             self.res.nme_rank_bytes += nbytes
         elif self.sys == "c":

@@ -57,6 +57,9 @@ def configure(parser) -> None:
                              "subchannel, as in hw/dram_standards)")
     parser.add_argument("--lanes", type=int, default=8, help="NME lanes (default 8)")
     parser.add_argument("--depth", type=int, default=256, help="NME buffer depth, words")
+    parser.add_argument("--nme-mhz", type=float, default=None,
+                        help="the NMEs' own clock in MHz (default: the DRAM command clock, "
+                             "2,400 MHz for DDR5-4800), as coda nme run --nme-mhz")
     parser.add_argument("--schedule", default="uniform",
                         help="uniform, coda (the annealed schedule, once shipped) or a "
                              "Schedule JSON file (transferred to the model)")
@@ -91,7 +94,8 @@ def parse_systems(text: str) -> str:
 
 def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: int = 50,
              gpu: str = "rtx4090", dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
-             lanes: int = 8, depth: int = 256, schedule: str = "uniform", interval: int = 2,
+             lanes: int = 8, depth: int = 256, nme_mhz: float | None = None,
+             schedule: str = "uniform", interval: int = 2,
              warmup: int = 5, intervals: dict | None = None, systems: str = "abcdef",
              prefetch: int = 1,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
@@ -112,7 +116,8 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
                          f"have {MAX_STEPS} training timesteps)")
     if prefetch < 0:
         raise ValueError(f"--prefetch {prefetch}: expected >= 0")
-    plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, **platform_overrides)
+    plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, nme_mhz=nme_mhz,
+                    **platform_overrides)
     if resolution is None and model != "latte-digits":
         resolution = "720p"
     if seconds is None and frames is None and model not in ("latte-digits", "latte-1"):
@@ -167,7 +172,7 @@ _ASSUMPTIONS = [
 def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      steps: int = 50, platform: str | None = None, dram: str = "DDR5-4800",
                      dimms: int = 2, ranks: int = 2, lanes: int = 8, depth: int = 256,
-                     schedule: str = "uniform", interval: int = 2, intervals: str = "",
+                     nme_mhz: float | None = None, schedule: str = "uniform", interval: int = 2, intervals: str = "",
                      warmup: int = 5, system: str = "all", prefetch: int = 1,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
@@ -188,7 +193,8 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
     t0 = time.perf_counter()
     res = simulate(model, resolution=resolution, seconds=seconds, frames=frames, steps=steps,
                    gpu=platform or DEFAULT_PLATFORM, dram=dram, dimms=dimms, ranks=ranks,
-                   lanes=lanes, depth=depth, schedule=schedule, interval=interval,
+                   lanes=lanes, depth=depth, nme_mhz=nme_mhz, schedule=schedule,
+                   interval=interval,
                    warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
                    prefetch=prefetch, shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
@@ -208,7 +214,8 @@ def main(args) -> int:
     res = checked_simulate(model=args.model, resolution=args.resolution, seconds=args.seconds,
                            frames=args.frames, steps=args.steps, platform=args.platform,
                            dram=args.dram, dimms=args.dimms, ranks=args.ranks,
-                           lanes=args.lanes, depth=args.depth, schedule=args.schedule,
+                           lanes=args.lanes, depth=args.depth, nme_mhz=args.nme_mhz,
+                           schedule=args.schedule,
                            interval=args.interval, intervals=args.intervals,
                            warmup=args.warmup, system=args.system, prefetch=args.prefetch)
     systems = res["systems"]
@@ -217,8 +224,9 @@ def main(args) -> int:
     (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
     steps = pick_steps(wl, 2)
     sh = res["shape"]
+    clock = f", NMEs at {args.nme_mhz:g} MHz" if args.nme_mhz is not None else ""
     title = (f"{sh.name} {sh.width}x{sh.height} {sh.frames} frames, {report['steps']} steps, "
-             f"{args.platform} + {args.dimms}x{args.ranks} {args.dram}; steps {steps}")
+             f"{args.platform} + {args.dimms}x{args.ranks} {args.dram}{clock}; steps {steps}")
     timeline({s: r for s, r in abl["results"].items() if s in systems}, steps,
              out / "timeline.png", title)
     breakdown_bars(report["systems"], out / "breakdown.png", title)
