@@ -4,8 +4,11 @@ Walk (FSM ``check``): ``V_LEN`` checks the header's lengths; ``V_DIV`` computes
 ``W = ceil(N / lanes)`` and the tail lane mask (a shift when ``lanes`` is a power of two, one
 cycle; otherwise a restoring divider, one quotient bit per cycle, 33 cycles); then per micro-op
 ``V_FETCH`` (read it from the instruction memory), ``V_CHECK`` (opcode, operand and address
-rules in one cycle), for a scaled GROUP ``V_GROUP`` (a sequential shift-add multiplier for its
-extent, ``bitlen(param * lanes) + 1`` cycles), ``V_NEXT``; and ``V_END`` the stream count.
+rules in one cycle, their outcome registered), ``V_DECIDE`` (reject, or go on to the next
+micro-op), for a scaled GROUP between them ``V_GROUP`` (a sequential shift-add multiplier for
+its extent, ``bitlen(param * lanes) + 1`` cycles) and ``V_NEXT``; and ``V_END`` the stream
+count. The rules and the rejection are one cycle apart so that no path runs from the micro-op
+word through the rules into the intake's ``status`` / ``l1`` registers.
 
 The GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
 ``W - 1 >= (mem_words - addr) * param * L`` (the same truth value for positive integers, no
@@ -86,6 +89,15 @@ class NMECheck(wiring.Component):
             m.d.comb += [self.reject.eq(1), self.status.eq(code)]
             m.next = "IDLE"
 
+        def next_uop():
+            m.d.sync += k.eq(k + 1)
+            with m.If(k == n_uops - 1):
+                m.next = "V_END"
+            with m.Else():
+                m.next = "V_FETCH"
+
+        flags = _CheckFlags()
+
         with m.FSM(name="check") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -108,8 +120,22 @@ class NMECheck(wiring.Component):
                 m.next = "V_CHECK"
 
             with m.State("V_CHECK"):
-                self._check_uop(m, f, k, n_words, streams, has_l1, written, reject, mul_acc,
+                self._check_uop(m, f, k, n_words, streams, has_l1, written, flags, mul_acc,
                                 mul_cand, mul_plier)
+                m.next = "V_DECIDE"
+
+            with m.State("V_DECIDE"):
+                # the registered outcome of V_CHECK, in validate's order
+                with m.If(flags.bad_opcode):
+                    reject(Status.BAD_OPCODE)
+                with m.Elif(flags.bad_operand):
+                    reject(Status.BAD_OPERAND)
+                with m.Elif(flags.bad_addr):         # also GROUP with addr >= mem_words
+                    reject(Status.BAD_ADDR)
+                with m.Elif(flags.group_scaled):
+                    m.next = "V_GROUP"
+                with m.Else():
+                    next_uop()
 
             with m.State("V_GROUP"):
                 # shift-add: mul_acc = (mem_words - addr) * (param * L)
@@ -124,11 +150,7 @@ class NMECheck(wiring.Component):
                     m.d.sync += [mul_plier.eq(mul_plier >> 1), mul_cand.eq(mul_cand << 1)]
 
             with m.State("V_NEXT"):
-                m.d.sync += k.eq(k + 1)
-                with m.If(k == n_uops - 1):
-                    m.next = "V_END"
-                with m.Else():
-                    m.next = "V_FETCH"
+                next_uop()
 
             with m.State("V_END"):
                 with m.If(streams > cfg.max_streams):
@@ -161,11 +183,13 @@ class NMECheck(wiring.Component):
             m.d.sync += [div_r.eq(Mux(fits, trial - L, trial)),
                          div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
 
-    def _check_uop(self, m, f, k, n_words, streams, has_l1, written, reject, mul_acc,
+    def _check_uop(self, m, f, k, n_words, streams, has_l1, written, flags, mul_acc,
                    mul_cand, mul_plier):
-        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order);
-        also initialises the micro-op's stream phase record and marks its ``d`` in the
-        ``written`` mask (nbuf bits) that the later micro-ops' reads are checked against."""
+        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address rules),
+        its outcome registered in ``flags`` (:class:`_CheckFlags`) for ``V_DECIDE``; also
+        initialises the micro-op's stream phase record, marks its ``d`` in the ``written``
+        mask (nbuf bits) that the later micro-ops' reads are checked against, and loads the
+        GROUP multiply's operands."""
         cfg = self.cfg
         NB, L = cfg.nbuf, cfg.lanes
         op_f, rsrc_f, store_f, addr_f, param_f = f.op, f.rsrc, f.store, f.addr, f.param
@@ -203,16 +227,19 @@ class NMECheck(wiring.Component):
         m.d.comb += [self.phase_init.en.eq(1), self.phase_init.index.eq(k),
                      self.phase_init.addr.eq(addr_f)]
         m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1),
-                     written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)]))]
-        with m.If(bad_opcode):
-            reject(Status.BAD_OPCODE)
-        with m.Elif(bad_operand):
-            reject(Status.BAD_OPERAND)
-        with m.Elif(bad_addr):               # also GROUP with addr >= mem_words
-            reject(Status.BAD_ADDR)
-        with m.Elif(group_scaled):
-            m.d.sync += [mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
-                         mul_plier.eq(param_f * L)]
-            m.next = "V_GROUP"
-        with m.Else():
-            m.next = "V_NEXT"
+                     written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)])),
+                     flags.bad_opcode.eq(bad_opcode), flags.bad_operand.eq(bad_operand),
+                     flags.bad_addr.eq(bad_addr), flags.group_scaled.eq(group_scaled),
+                     # the GROUP multiply's operands (used only if V_DECIDE goes to V_GROUP)
+                     mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
+                     mul_plier.eq(param_f * L)]
+
+
+class _CheckFlags:
+    """V_CHECK's outcome for one micro-op, registered for V_DECIDE (one bit each)."""
+
+    def __init__(self):
+        self.bad_opcode = Signal(name="chk_bad_opcode")
+        self.bad_operand = Signal(name="chk_bad_operand")
+        self.bad_addr = Signal(name="chk_bad_addr")
+        self.group_scaled = Signal(name="chk_group_scaled")
