@@ -610,8 +610,10 @@ class Int8ToFP(wiring.Component):
         mag = Signal(8)                      # |a| in 0..128; -(-128) wraps to 128 exactly
         m.d.comb += mag.eq(Mux(sign, -self.a, self.a))
         lz = _leading_zeros(m, mag, "int8_lz")
+        normed = Signal(8)                   # the leading one on top
+        m.d.comb += normed.eq(mag << lz)
         frac = Signal(8)
-        m.d.comb += frac.eq(mag << (lz + 1))  # drops the leading one, fraction left-aligned
+        m.d.comb += frac.eq(normed << 1)      # drops the leading one, fraction left-aligned
         # At most 6 fraction bits are nonzero (127 = 1.111111b * 2**6), so narrowing
         # the 8-bit fraction to man_bits >= 6 loses only zeros.
         man = frac.shift_left(M - 8) if M >= 8 else frac[8 - M:]

@@ -20,7 +20,7 @@ for the issue side.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -84,14 +84,23 @@ class NMECheck(wiring.Component):
         mul_cand = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
         mul_plier = Signal(PARAM_BITS + 7)
         f = UopFields(self.uop.data)
+        # mem_words - extent for the extents that depend on W only (valid from V_CHECK on:
+        # W is written in V_DIV's last cycle)
+        lim_mem, lim_int8 = Signal(signed(34)), Signal(signed(34))
+        m.d.sync += [lim_mem.eq(cfg.mem_words - n_words),
+                     lim_int8.eq(cfg.mem_words - ((n_words + 1) >> 1))]
 
         def reject(code):
             m.d.comb += [self.reject.eq(1), self.status.eq(code)]
             m.next = "IDLE"
 
+        # k is the last micro-op (registered: k changes two cycles before it is used)
+        k_last = Signal()
+        m.d.sync += k_last.eq(k == n_uops - 1)
+
         def next_uop():
             m.d.sync += k.eq(k + 1)
-            with m.If(k == n_uops - 1):
+            with m.If(k_last):
                 m.next = "V_END"
             with m.Else():
                 m.next = "V_FETCH"
@@ -120,8 +129,8 @@ class NMECheck(wiring.Component):
                 m.next = "V_CHECK"
 
             with m.State("V_CHECK"):
-                self._check_uop(m, f, k, n_words, streams, has_l1, written, flags, mul_acc,
-                                mul_cand, mul_plier)
+                self._check_uop(m, f, k, lim_mem, lim_int8, streams, has_l1, written, flags,
+                                mul_acc, mul_cand, mul_plier)
                 m.next = "V_DECIDE"
 
             with m.State("V_DECIDE"):
@@ -140,7 +149,7 @@ class NMECheck(wiring.Component):
             with m.State("V_GROUP"):
                 # shift-add: mul_acc = (mem_words - addr) * (param * L)
                 with m.If(mul_plier == 0):
-                    with m.If(n_words - 1 >= mul_acc):
+                    with m.If(n_words > mul_acc):        # W - 1 >= acc
                         reject(Status.BAD_ADDR)
                     with m.Else():
                         m.next = "V_NEXT"
@@ -183,7 +192,7 @@ class NMECheck(wiring.Component):
             m.d.sync += [div_r.eq(Mux(fits, trial - L, trial)),
                          div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
 
-    def _check_uop(self, m, f, k, n_words, streams, has_l1, written, flags, mul_acc,
+    def _check_uop(self, m, f, k, lim_mem, lim_int8, streams, has_l1, written, flags, mul_acc,
                    mul_cand, mul_plier):
         """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address rules),
         its outcome registered in ``flags`` (:class:`_CheckFlags`) for ``V_DECIDE``; also
@@ -213,16 +222,20 @@ class NMECheck(wiring.Component):
                        | ((rsrc_f == RSrc.CHAN) & (param_f == 0)) | bad_read)
         is_mem = store_f | (rsrc_f != RSrc.BUF)
         group_scaled = (rsrc_f == RSrc.GROUP) & (param_f != 0)
-        extent = Signal(33)
+        # addr + extent > mem_words, as addr > mem_words - extent: the limits that depend on
+        # W alone are registers (lim_mem, lim_int8), so one compare follows the word
+        beyond = Signal()
         with m.If(store_f | (rsrc_f == RSrc.MEM)):
-            m.d.comb += extent.eq(n_words)
+            m.d.comb += beyond.eq(addr_f > lim_mem)           # extent W
         with m.Elif(rsrc_f == RSrc.CHAN):
-            m.d.comb += extent.eq(param_f)
+            m.d.comb += beyond.eq(addr_f + param_f > cfg.mem_words)
         with m.Elif(rsrc_f == RSrc.INT8):
-            m.d.comb += extent.eq((n_words + 1) >> 1)
+            m.d.comb += beyond.eq(addr_f > lim_int8)          # extent ceil(W / 2)
         with m.Elif(rsrc_f == RSrc.GROUP):
-            m.d.comb += extent.eq(1)         # scalar; the scaled case is V_GROUP
-        bad_addr = is_mem & (addr_f + extent > cfg.mem_words)
+            m.d.comb += beyond.eq(addr_f >= cfg.mem_words)    # scalar; scaled: V_GROUP
+        with m.Else():
+            m.d.comb += beyond.eq(addr_f > cfg.mem_words)
+        bad_addr = is_mem & beyond
 
         m.d.comb += [self.phase_init.en.eq(1), self.phase_init.index.eq(k),
                      self.phase_init.addr.eq(addr_f)]
