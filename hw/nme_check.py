@@ -1,6 +1,7 @@
 """The NME's program check: exactly :func:`coda.hw.isa.validate`, before any memory access.
 
-Walk (FSM ``check``): ``V_LEN`` checks the header's lengths; ``V_DIV`` computes
+Walk (FSM ``check``): ``V_LEN`` checks the header's lengths (``V_DIV``'s first cycle
+rejects them); ``V_DIV`` computes
 ``W = ceil(N / lanes)`` and the tail lane mask (a shift when ``lanes`` is a power of two, one
 cycle; otherwise a restoring divider, one quotient bit per cycle, 33 cycles); then per micro-op
 ``V_FETCH`` (read it from the instruction memory), ``V_CHECK`` (opcode, operand and address
@@ -106,6 +107,7 @@ class NMECheck(wiring.Component):
                 m.next = "V_FETCH"
 
         flags = _CheckFlags()
+        bad_length = Signal()
 
         with m.FSM(name="check") as fsm:
             with m.State("IDLE"):
@@ -115,15 +117,17 @@ class NMECheck(wiring.Component):
             with m.State("V_LEN"):
                 m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0), written.eq(0),
                              div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
-                with m.If((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
-                          | (n_elems > cfg.max_elems)):
-                    reject(Status.BAD_LENGTH)
-                with m.Else():
-                    m.next = "V_DIV"
+                # the length rules, registered: V_DIV's first cycle rejects
+                m.d.sync += bad_length.eq((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
+                                          | (n_elems > cfg.max_elems))
+                m.next = "V_DIV"
 
             with m.State("V_DIV"):
-                self._words_and_tail(m, n_elems, n_words, tail_mask, div_q, div_r, div_n,
-                                     done_state="V_FETCH")
+                with m.If(bad_length):
+                    reject(Status.BAD_LENGTH)
+                with m.Else():
+                    self._words_and_tail(m, n_elems, n_words, tail_mask, div_q, div_r, div_n,
+                                         done_state="V_FETCH")
 
             with m.State("V_FETCH"):
                 m.next = "V_CHECK"

@@ -20,6 +20,7 @@ __all__ = ["model_cycles"]
 # sequence; ``issue``: I_*, read requests ahead of execution) and its FIFOs; model_cycles says
 # where each one is spent. Checked exactly against RTLBackend counts (tests/test_interp.py).
 V_LEN_CYCLES = 1             # V_LEN: header length checks
+BAD_LENGTH_REJECT_CYCLES = 1 # V_DIV's first cycle rejects a BAD_LENGTH program
 DIV_CYCLES_POW2 = 1          # V_DIV for lanes a power of two: W = ceil(N/L) by a shift
 DIV_CYCLES = 33              # V_DIV otherwise: restoring divider, 32 quotient bits + 1
 CHECK_CYCLES_PER_UOP = 3     # V_FETCH, V_CHECK, V_DECIDE
@@ -69,7 +70,7 @@ def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
     n = len(program.uops)
     intake = 1 + n
     if status == Status.BAD_LENGTH:
-        return intake + V_LEN_CYCLES + FINISH_CYCLES
+        return intake + V_LEN_CYCLES + BAD_LENGTH_REJECT_CYCLES + FINISH_CYCLES
     check = intake + V_LEN_CYCLES + _div_cycles(cfg)
     if status == Status.TOO_MANY_STREAMS:
         return (check + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in program.uops)
@@ -188,7 +189,7 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
     blocks of ``blen <= D`` words; constants above):
 
     - intake: ``1 + n`` (header, one micro-op word per cycle);
-    - rejected: BAD_LENGTH ``n + 3``; a failing micro-op ``k``: ``n + 6 + div +
+    - rejected: BAD_LENGTH ``n + 4``; a failing micro-op ``k``: ``n + 6 + div +
       sum_{i<k}(3 + g_i)`` (``+ g_k - 1`` when a scaled GROUP fails its multiply);
       TOO_MANY_STREAMS ``n + 4 + div + sum_i(3 + g_i)``; ``div`` = 1 (L a power of two)
       or 33 (divider), ``g_i = bitlen(param*L) + 2`` for a scaled GROUP micro-op (its
