@@ -186,7 +186,12 @@ class NMEExec(wiring.Component):
         m.d.comb += pipe_empty.eq(~Cat(*vs[:n_res + 1]).any()
                                   & (~is_l1 | ~Cat(*vs[:n_l1 + 1]).any()))
 
-        self._lanes_stage1(m, lanes, buf_rd, self.rsp.payload, last1, tail_mask, v1,
+        # the response stream's head, registered every cycle (no enable: ``enter`` does not
+        # fan out to it): stage 1 reads it only after a word entered (v1), and then it is
+        # that word
+        head1 = Signal.like(self.rsp.payload, name="head1")
+        m.d.sync += head1.eq(self.rsp.payload)
+        self._lanes_stage1(m, lanes, buf_rd, head1, last1, tail_mask, v1,
                            cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
         if self.clock_gating:
             ctl = lanes[0]   # the per-pass controls, the same for every lane
@@ -315,11 +320,9 @@ class NMEExec(wiring.Component):
                       cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
         """Stage-1 operands of every lane (P, Q, R selection) and the per-pass controls.
 
-        R from memory is formed from the response stream's ``head`` (data, INT8 half, GROUP
-        element lane) one cycle early: each lane's element (the word's, the GROUP element,
-        or the int8 converted) loads a register every cycle, so in the cycle after a word
-        entered (``v1``) it holds that word's element; stage 1 then only chooses it or the
-        buffer's."""
+        R from memory comes from ``head``, the registered response (data, INT8 half, GROUP
+        element lane): the word's element, the GROUP element, or the int8 converted (both
+        halves converted, the half chosen after)."""
         L = self.cfg.lanes
         fmt = fp_format(self.cfg.fmt)
         rd = Array([rp.data for rp in buf_rd])
@@ -336,11 +339,11 @@ class NMEExec(wiring.Component):
             r_mem1 = Signal(16, name=f"r_mem1_lane{j}")
             with m.Switch(cur_rsrc):
                 with m.Case(RSrc.GROUP):
-                    m.d.sync += r_mem1.eq(group_elem)
+                    m.d.comb += r_mem1.eq(group_elem)
                 with m.Case(RSrc.INT8):
-                    m.d.sync += r_mem1.eq(Mux(head.half, conv_hi.y, conv_lo.y))
+                    m.d.comb += r_mem1.eq(Mux(head.half, conv_hi.y, conv_lo.y))
                 with m.Default():
-                    m.d.sync += r_mem1.eq(data[16 * j:16 * j + 16])
+                    m.d.comb += r_mem1.eq(data[16 * j:16 * j + 16])
             r_val = Signal(16, name=f"r_lane{j}")
             m.d.comb += r_val.eq(Mux(cur_rsrc == RSrc.BUF, r_word[16 * j:16 * j + 16], r_mem1))
             m.d.comb += [
