@@ -432,7 +432,7 @@ CYCLE_CONFIGS = {
                                  mul_latency=2, add_latency=3),
     "L3-fp16-D5-M3A1": NMEConfig(lanes=3, fmt="fp16", depth=5, mem_words=2048,
                                  mul_latency=3, add_latency=1),
-    # the latencies of the 100 MHz ECP5 NME (README), the deepest FPAdd
+    # the latencies of the ECP5 Fmax work (issue 16), the deepest FPAdd
     "L8-bf16-D4-M3A5": NMEConfig(lanes=8, fmt="bf16", depth=4, mem_words=2048,
                                  mul_latency=3, add_latency=5),
 }
