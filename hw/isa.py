@@ -151,7 +151,7 @@ class Status(enum.IntEnum):
 #: units offer (``coda.hw.fp.FPMUL_MAX_LATENCY`` / ``FPADD_MAX_LATENCY``; a test checks
 #: they agree, this module stays free of amaranth).
 MAX_MUL_LATENCY = 3
-MAX_ADD_LATENCY = 4
+MAX_ADD_LATENCY = 5
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ and a program's first read waits until none is outstanding.
 
 Cycle cost (memory always ready, read latency ``lat``; :func:`coda.hw.nme_cycles.model_cycles`
 is this model, checked exactly against Verilator counts): intake ``n_uops + 1``; check
-``3 * n_uops + 3`` (32 more when ``lanes`` is not a power of two, ``bitlen(param*L) + 1``
+``3 * n_uops + 3`` (32 more when ``lanes`` is not a power of two, ``bitlen(param*L) + 2``
 more per scaled GROUP micro-op); execution ``2`` plus ``blen + 6`` per pass (``blen + 8``
 for a store pass), plus ``3 + lat`` before the first word, plus ``6 + lat`` (``+ 1`` across
 a block boundary) before the first read pass after each store pass, less the cycles buffer

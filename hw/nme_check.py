@@ -1,11 +1,15 @@
 """The NME's program check: exactly :func:`coda.hw.isa.validate`, before any memory access.
 
-Walk (FSM ``check``): ``V_LEN`` checks the header's lengths; ``V_DIV`` computes
+Walk (FSM ``check``): ``V_LEN`` checks the header's lengths (``V_DIV``'s first cycle
+rejects them); ``V_DIV`` computes
 ``W = ceil(N / lanes)`` and the tail lane mask (a shift when ``lanes`` is a power of two, one
 cycle; otherwise a restoring divider, one quotient bit per cycle, 33 cycles); then per micro-op
 ``V_FETCH`` (read it from the instruction memory), ``V_CHECK`` (opcode, operand and address
-rules in one cycle), for a scaled GROUP ``V_GROUP`` (a sequential shift-add multiplier for its
-extent, ``bitlen(param * lanes) + 1`` cycles), ``V_NEXT``; and ``V_END`` the stream count.
+rules in one cycle, their outcome registered), ``V_DECIDE`` (reject, or go on to the next
+micro-op), for a scaled GROUP between them ``V_GROUP`` (a sequential shift-add multiplier for
+its extent, ``bitlen(param * lanes) + 1`` cycles) and ``V_NEXT``; and ``V_END`` the stream
+count. The rules and the rejection are one cycle apart so that no path runs from the micro-op
+word through the rules into the intake's ``status`` / ``l1`` registers.
 
 The GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
 ``W - 1 >= (mem_words - addr) * param * L`` (the same truth value for positive integers, no
@@ -17,7 +21,7 @@ for the issue side.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -81,10 +85,29 @@ class NMECheck(wiring.Component):
         mul_cand = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
         mul_plier = Signal(PARAM_BITS + 7)
         f = UopFields(self.uop.data)
+        # mem_words - extent for the extents that depend on W only (valid from V_CHECK on:
+        # W is written in V_DIV's last cycle)
+        lim_mem, lim_int8 = Signal(signed(34)), Signal(signed(34))
+        m.d.sync += [lim_mem.eq(cfg.mem_words - n_words),
+                     lim_int8.eq(cfg.mem_words - ((n_words + 1) >> 1))]
 
         def reject(code):
             m.d.comb += [self.reject.eq(1), self.status.eq(code)]
             m.next = "IDLE"
+
+        # k is the last micro-op (registered: k changes two cycles before it is used)
+        k_last = Signal()
+        m.d.sync += k_last.eq(k == n_uops - 1)
+
+        def next_uop():
+            m.d.sync += k.eq(k + 1)
+            with m.If(k_last):
+                m.next = "V_END"
+            with m.Else():
+                m.next = "V_FETCH"
+
+        flags = _CheckFlags()
+        bad_length = Signal()
 
         with m.FSM(name="check") as fsm:
             with m.State("IDLE"):
@@ -94,27 +117,43 @@ class NMECheck(wiring.Component):
             with m.State("V_LEN"):
                 m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0), written.eq(0),
                              div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
-                with m.If((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
-                          | (n_elems > cfg.max_elems)):
-                    reject(Status.BAD_LENGTH)
-                with m.Else():
-                    m.next = "V_DIV"
+                # the length rules, registered: V_DIV's first cycle rejects
+                m.d.sync += bad_length.eq((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
+                                          | (n_elems > cfg.max_elems))
+                m.next = "V_DIV"
 
             with m.State("V_DIV"):
-                self._words_and_tail(m, n_elems, n_words, tail_mask, div_q, div_r, div_n,
-                                     done_state="V_FETCH")
+                with m.If(bad_length):
+                    reject(Status.BAD_LENGTH)
+                with m.Else():
+                    self._words_and_tail(m, n_elems, n_words, tail_mask, div_q, div_r, div_n,
+                                         done_state="V_FETCH")
 
             with m.State("V_FETCH"):
                 m.next = "V_CHECK"
 
             with m.State("V_CHECK"):
-                self._check_uop(m, f, k, n_words, streams, has_l1, written, reject, mul_acc,
-                                mul_cand, mul_plier)
+                self._check_uop(m, f, k, lim_mem, lim_int8, streams, has_l1, written, flags,
+                                mul_acc, mul_cand, mul_plier)
+                m.next = "V_DECIDE"
+
+            with m.State("V_DECIDE"):
+                # the registered outcome of V_CHECK, in validate's order
+                with m.If(flags.bad_opcode):
+                    reject(Status.BAD_OPCODE)
+                with m.Elif(flags.bad_operand):
+                    reject(Status.BAD_OPERAND)
+                with m.Elif(flags.bad_addr):         # also GROUP with addr >= mem_words
+                    reject(Status.BAD_ADDR)
+                with m.Elif(flags.group_scaled):
+                    m.next = "V_GROUP"
+                with m.Else():
+                    next_uop()
 
             with m.State("V_GROUP"):
                 # shift-add: mul_acc = (mem_words - addr) * (param * L)
                 with m.If(mul_plier == 0):
-                    with m.If(n_words - 1 >= mul_acc):
+                    with m.If(n_words > mul_acc):        # W - 1 >= acc
                         reject(Status.BAD_ADDR)
                     with m.Else():
                         m.next = "V_NEXT"
@@ -124,11 +163,7 @@ class NMECheck(wiring.Component):
                     m.d.sync += [mul_plier.eq(mul_plier >> 1), mul_cand.eq(mul_cand << 1)]
 
             with m.State("V_NEXT"):
-                m.d.sync += k.eq(k + 1)
-                with m.If(k == n_uops - 1):
-                    m.next = "V_END"
-                with m.Else():
-                    m.next = "V_FETCH"
+                next_uop()
 
             with m.State("V_END"):
                 with m.If(streams > cfg.max_streams):
@@ -161,11 +196,13 @@ class NMECheck(wiring.Component):
             m.d.sync += [div_r.eq(Mux(fits, trial - L, trial)),
                          div_q.eq(Cat(fits, div_q[:31])), div_n.eq(div_n + 1)]
 
-    def _check_uop(self, m, f, k, n_words, streams, has_l1, written, reject, mul_acc,
+    def _check_uop(self, m, f, k, lim_mem, lim_int8, streams, has_l1, written, flags, mul_acc,
                    mul_cand, mul_plier):
-        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address order);
-        also initialises the micro-op's stream phase record and marks its ``d`` in the
-        ``written`` mask (nbuf bits) that the later micro-ops' reads are checked against."""
+        """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address rules),
+        its outcome registered in ``flags`` (:class:`_CheckFlags`) for ``V_DECIDE``; also
+        initialises the micro-op's stream phase record, marks its ``d`` in the ``written``
+        mask (nbuf bits) that the later micro-ops' reads are checked against, and loads the
+        GROUP multiply's operands."""
         cfg = self.cfg
         NB, L = cfg.nbuf, cfg.lanes
         op_f, rsrc_f, store_f, addr_f, param_f = f.op, f.rsrc, f.store, f.addr, f.param
@@ -189,30 +226,37 @@ class NMECheck(wiring.Component):
                        | ((rsrc_f == RSrc.CHAN) & (param_f == 0)) | bad_read)
         is_mem = store_f | (rsrc_f != RSrc.BUF)
         group_scaled = (rsrc_f == RSrc.GROUP) & (param_f != 0)
-        extent = Signal(33)
+        # addr + extent > mem_words, as addr > mem_words - extent: the limits that depend on
+        # W alone are registers (lim_mem, lim_int8), so one compare follows the word
+        beyond = Signal()
         with m.If(store_f | (rsrc_f == RSrc.MEM)):
-            m.d.comb += extent.eq(n_words)
+            m.d.comb += beyond.eq(addr_f > lim_mem)           # extent W
         with m.Elif(rsrc_f == RSrc.CHAN):
-            m.d.comb += extent.eq(param_f)
+            m.d.comb += beyond.eq(addr_f + param_f > cfg.mem_words)
         with m.Elif(rsrc_f == RSrc.INT8):
-            m.d.comb += extent.eq((n_words + 1) >> 1)
+            m.d.comb += beyond.eq(addr_f > lim_int8)          # extent ceil(W / 2)
         with m.Elif(rsrc_f == RSrc.GROUP):
-            m.d.comb += extent.eq(1)         # scalar; the scaled case is V_GROUP
-        bad_addr = is_mem & (addr_f + extent > cfg.mem_words)
+            m.d.comb += beyond.eq(addr_f >= cfg.mem_words)    # scalar; scaled: V_GROUP
+        with m.Else():
+            m.d.comb += beyond.eq(addr_f > cfg.mem_words)
+        bad_addr = is_mem & beyond
 
         m.d.comb += [self.phase_init.en.eq(1), self.phase_init.index.eq(k),
                      self.phase_init.addr.eq(addr_f)]
         m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1),
-                     written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)]))]
-        with m.If(bad_opcode):
-            reject(Status.BAD_OPCODE)
-        with m.Elif(bad_operand):
-            reject(Status.BAD_OPERAND)
-        with m.Elif(bad_addr):               # also GROUP with addr >= mem_words
-            reject(Status.BAD_ADDR)
-        with m.Elif(group_scaled):
-            m.d.sync += [mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
-                         mul_plier.eq(param_f * L)]
-            m.next = "V_GROUP"
-        with m.Else():
-            m.next = "V_NEXT"
+                     written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)])),
+                     flags.bad_opcode.eq(bad_opcode), flags.bad_operand.eq(bad_operand),
+                     flags.bad_addr.eq(bad_addr), flags.group_scaled.eq(group_scaled),
+                     # the GROUP multiply's operands (used only if V_DECIDE goes to V_GROUP)
+                     mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
+                     mul_plier.eq(param_f * L)]
+
+
+class _CheckFlags:
+    """V_CHECK's outcome for one micro-op, registered for V_DECIDE (one bit each)."""
+
+    def __init__(self):
+        self.bad_opcode = Signal(name="chk_bad_opcode")
+        self.bad_operand = Signal(name="chk_bad_operand")
+        self.bad_addr = Signal(name="chk_bad_addr")
+        self.group_scaled = Signal(name="chk_group_scaled")

@@ -20,9 +20,11 @@ __all__ = ["model_cycles"]
 # sequence; ``issue``: I_*, read requests ahead of execution) and its FIFOs; model_cycles says
 # where each one is spent. Checked exactly against RTLBackend counts (tests/test_interp.py).
 V_LEN_CYCLES = 1             # V_LEN: header length checks
+BAD_LENGTH_REJECT_CYCLES = 1 # V_DIV's first cycle rejects a BAD_LENGTH program
 DIV_CYCLES_POW2 = 1          # V_DIV for lanes a power of two: W = ceil(N/L) by a shift
 DIV_CYCLES = 33              # V_DIV otherwise: restoring divider, 32 quotient bits + 1
-CHECK_CYCLES_PER_UOP = 3     # V_FETCH, V_CHECK, V_NEXT
+CHECK_CYCLES_PER_UOP = 3     # V_FETCH, V_CHECK, V_DECIDE
+GROUP_NEXT_CYCLES = 1        # V_NEXT after a scaled GROUP's multiply (V_GROUP)
 V_END_CYCLES = 1             # V_END: stream count, start of execution
 EXEC_START_CYCLES = 2        # X_BLOCK, X_FETCH (first block only; later blocks follow X_END)
 PASS_CYCLES = 4              # X_LOAD, X_END, and the cycles after the last word's entry and
@@ -32,18 +34,26 @@ STORE_PASS_EXTRA = 2         # store FIFO (1) and request register (1) before th
 FIFO_READ_CYCLES = 2         # read response -> SyncFIFOBuffered output (r_rdy)
 ISSUE_BUF_PASS_CYCLES = 4    # issue side over a pass with no read: I_FETCH, I_LOAD, I_RUN, I_END
 FINISH_CYCLES = 1            # FINISH: the done pulse
-FAIL_CHECK_CYCLES = 2        # V_FETCH, V_CHECK of the micro-op that fails
+FAIL_CHECK_CYCLES = 3        # V_FETCH, V_CHECK, V_DECIDE of the micro-op that fails
 
 
 def _div_cycles(cfg: NMEConfig) -> int:
     return DIV_CYCLES_POW2 if cfg.lanes & (cfg.lanes - 1) == 0 else DIV_CYCLES
 
 
-def _group_cycles(cfg: NMEConfig, u: UOp) -> int:
-    """V_GROUP: shift-add multiply of ``param * lanes``, one cycle per bit, one to decide."""
+def _multiply_cycles(cfg: NMEConfig, u: UOp) -> int:
+    """V_GROUP: shift-add multiply of ``param * lanes``, one cycle per bit, one to decide
+    (0 for a micro-op that is not a scaled GROUP)."""
     if u.rsrc != RSrc.GROUP or u.param == 0:
         return 0
     return (u.param * cfg.lanes).bit_length() + 1
+
+
+def _group_cycles(cfg: NMEConfig, u: UOp) -> int:
+    """Check cycles of a scaled GROUP that passes beyond the other micro-ops' 3: its
+    multiply (V_GROUP) and V_NEXT."""
+    g = _multiply_cycles(cfg, u)
+    return g + GROUP_NEXT_CYCLES if g else 0
 
 
 def _first_bad_uop(cfg: NMEConfig, program: Program) -> int:
@@ -60,7 +70,7 @@ def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
     n = len(program.uops)
     intake = 1 + n
     if status == Status.BAD_LENGTH:
-        return intake + V_LEN_CYCLES + FINISH_CYCLES
+        return intake + V_LEN_CYCLES + BAD_LENGTH_REJECT_CYCLES + FINISH_CYCLES
     check = intake + V_LEN_CYCLES + _div_cycles(cfg)
     if status == Status.TOO_MANY_STREAMS:
         return (check + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in program.uops)
@@ -71,7 +81,7 @@ def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
     late = (status == Status.BAD_ADDR and bad.rsrc == RSrc.GROUP and bad.param != 0
             and bad.addr < cfg.mem_words)
     return (check + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in program.uops[:k])
-            + FAIL_CHECK_CYCLES + (_group_cycles(cfg, bad) if late else 0) + FINISH_CYCLES)
+            + FAIL_CHECK_CYCLES + (_multiply_cycles(cfg, bad) if late else 0) + FINISH_CYCLES)
 
 
 def _pass_cycles(t: LaneTiming, u: UOp, blen: int) -> int:
@@ -179,10 +189,11 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
     blocks of ``blen <= D`` words; constants above):
 
     - intake: ``1 + n`` (header, one micro-op word per cycle);
-    - rejected: BAD_LENGTH ``n + 3``; a failing micro-op ``k``: ``n + 5 + div +
-      sum_{i<k}(3 + g_i)`` (``+ g_k`` when a scaled GROUP fails its multiply);
+    - rejected: BAD_LENGTH ``n + 4``; a failing micro-op ``k``: ``n + 6 + div +
+      sum_{i<k}(3 + g_i)`` (``+ g_k - 1`` when a scaled GROUP fails its multiply);
       TOO_MANY_STREAMS ``n + 4 + div + sum_i(3 + g_i)``; ``div`` = 1 (L a power of two)
-      or 33 (divider), ``g_i = bitlen(param*L) + 1`` for a scaled GROUP micro-op, else 0;
+      or 33 (divider), ``g_i = bitlen(param*L) + 2`` for a scaled GROUP micro-op (its
+      multiply and V_NEXT), else 0;
     - accepted: ``n + 5 + div + sum_i(3 + g_i) + 2`` to the first X_LOAD, then each pass
       ``blen + 6 + lm + la`` (X_LOAD, one word per cycle, the lane pipeline's drain: 4
       cycles with combinational units, one more per register stage of FPMul (``lm =

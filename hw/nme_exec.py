@@ -120,16 +120,26 @@ class NMEExec(wiring.Component):
         read_pass = Signal()                 # R comes from memory (the response stream)
         m.d.comb += read_pass.eq(cur_rsrc != RSrc.BUF)
         base = Signal(32)
+        # words from the block's start to the end: x_left = W - base; x_rest = W - base - blen
+        # (the next block's x_left), a register: base and blen hold still from X_LOAD to X_END
+        x_left, x_rest = Signal(32), Signal(32)
         blen = Signal(range(D + 1))
+        m.d.sync += x_rest.eq(x_left - blen)
         last_block = Signal()
         idx_w = max(1, ceil_log2(D))
         i_cnt = Signal(range(D + 1))         # words entered (BUF pass)
         j_cnt = Signal(range(D + 1))         # responses taken (read pass)
+        # i_cnt < blen, j_cnt < blen as registers (set with the counters: blen holds still
+        # from X_LOAD to X_END), so no compare is in front of ``enter``
+        i_more, j_more = Signal(), Signal()
         s_cnt = Signal(range(D + 1))         # stores requested (store pass)
         st_addr = Signal(len(self.store.payload.addr))
         x_passes = Signal(PASS_BITS)         # passes completed
         used = Signal(range(fifo_depth + 1))         # store credits in use
         m.d.comb += [self.uop.addr.eq(k), self.passes.eq(x_passes)]
+        # k is the last micro-op (registered: k changes two cycles before X_END uses it)
+        k_last = Signal()
+        m.d.sync += k_last.eq(k == n_uops - 1)
 
         # ---- pipeline control (stage numbers: coda.hw.nme_iface.LaneTiming)
         run = Signal()                       # in X_RUN
@@ -146,13 +156,10 @@ class NMEExec(wiring.Component):
                 m.d.sync += gap.eq(gap - 1)
         idx0 = Signal(idx_w)
         last1 = Signal()
-        half1 = Signal()
-        elane1 = Signal(6)
-        rsp1 = Signal(16 * L)
         acc_clear = self.start
         m.d.comb += [
-            enter.eq(run & gap_ok & Mux(read_pass, self.rsp.valid & (j_cnt < blen),
-                                        (i_cnt < blen) & (~cur_store | (used < fifo_depth)))),
+            enter.eq(run & gap_ok & Mux(read_pass, self.rsp.valid & j_more,
+                                        i_more & (~cur_store | (used < fifo_depth)))),
             self.rsp.ready.eq(enter & read_pass),
             idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
         ]
@@ -172,9 +179,6 @@ class NMEExec(wiring.Component):
             idxs.append(ix)
         v1 = vs[1]
         m.d.sync += last1.eq(last_block & (idx0 == blen - 1))
-        with m.If(enter & read_pass):
-            m.d.sync += [rsp1.eq(self.rsp.payload.data), half1.eq(self.rsp.payload.half),
-                         elane1.eq(self.rsp.payload.elane)]
         # the pass ends with its pipeline empty up to the result stage; an L1 pass also up to
         # the stage before the accumulate, which happens in the cycle the pass ends (X_SUM
         # starts two cycles later)
@@ -182,7 +186,12 @@ class NMEExec(wiring.Component):
         m.d.comb += pipe_empty.eq(~Cat(*vs[:n_res + 1]).any()
                                   & (~is_l1 | ~Cat(*vs[:n_l1 + 1]).any()))
 
-        self._lanes_stage1(m, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
+        # the response stream's head, registered every cycle (no enable: ``enter`` does not
+        # fan out to it): stage 1 reads it only after a word entered (v1), and then it is
+        # that word
+        head1 = Signal.like(self.rsp.payload, name="head1")
+        m.d.sync += head1.eq(self.rsp.payload)
+        self._lanes_stage1(m, lanes, buf_rd, head1, last1, tail_mask, v1,
                            cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
         if self.clock_gating:
             ctl = lanes[0]   # the per-pass controls, the same for every lane
@@ -218,9 +227,9 @@ class NMEExec(wiring.Component):
             m.d.comb += fifo.r_en.eq(1)
             m.d.sync += [st_addr.eq(st_addr + 1), s_cnt.eq(s_cnt + 1)]
         with m.If(enter & ~read_pass):
-            m.d.sync += i_cnt.eq(i_cnt + 1)
+            m.d.sync += [i_cnt.eq(i_cnt + 1), i_more.eq(i_cnt + 1 < blen)]
         with m.If(enter & read_pass):
-            m.d.sync += j_cnt.eq(j_cnt + 1)
+            m.d.sync += [j_cnt.eq(j_cnt + 1), j_more.eq(j_cnt + 1 < blen)]
         m.d.sync += used.eq(used + (enter & cur_store) - self.store_done)
 
         # ---- the L1 sum of the lanes
@@ -245,13 +254,12 @@ class NMEExec(wiring.Component):
         with m.FSM(name="execute") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [base.eq(0), x_passes.eq(0)]
+                    m.d.sync += [base.eq(0), x_left.eq(n_words), x_passes.eq(0)]
                     m.next = "X_BLOCK"
 
             with m.State("X_BLOCK"):
-                left = n_words - base
-                m.d.sync += [k.eq(0), blen.eq(Mux(left >= D, D, left)),
-                             last_block.eq(left <= D)]
+                m.d.sync += [k.eq(0), blen.eq(Mux(x_left >= D, D, x_left)),
+                             last_block.eq(x_left <= D)]
                 m.next = "X_FETCH"
 
             with m.State("X_FETCH"):
@@ -261,22 +269,23 @@ class NMEExec(wiring.Component):
                 m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
                              cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
                              st_addr.eq(f.addr + base),
-                             i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0)]
+                             i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0),
+                             i_more.eq(blen != 0), j_more.eq(blen != 0)]
                 m.next = "X_RUN"
 
             with m.State("X_RUN"):
                 m.d.comb += run.eq(1)
-                with m.If(Mux(read_pass, j_cnt == blen, (i_cnt == blen) & (used == 0))
+                with m.If(Mux(read_pass, ~j_more, ~i_more & (used == 0))
                           & pipe_empty):
                     m.next = "X_END"
 
             with m.State("X_END"):
                 # the next micro-op is read now, so X_LOAD follows directly
                 m.d.sync += x_passes.eq(x_passes + 1)
-                with m.If(k == n_uops - 1):
-                    left = n_words - (base + blen)
+                with m.If(k_last):
+                    left = x_rest
                     m.d.comb += self.uop.addr.eq(0)
-                    m.d.sync += [k.eq(0), base.eq(base + blen),
+                    m.d.sync += [k.eq(0), base.eq(base + blen), x_left.eq(left),
                                  blen.eq(Mux(left >= D, D, left)), last_block.eq(left <= D)]
                     with m.If(~last_block):
                         m.next = "X_LOAD"
@@ -307,29 +316,36 @@ class NMEExec(wiring.Component):
             m.d.comb += self.toggles.eq(self._toggle_counter(m, lanes))
         return m
 
-    def _lanes_stage1(self, m, lanes, buf_rd, rsp1, half1, elane1, last1, tail_mask, v1,
+    def _lanes_stage1(self, m, lanes, buf_rd, head, last1, tail_mask, v1,
                       cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
-        """Stage-1 operands of every lane (P, Q, R selection) and the per-pass controls."""
+        """Stage-1 operands of every lane (P, Q, R selection) and the per-pass controls.
+
+        R from memory comes from ``head``, the registered response (data, INT8 half, GROUP
+        element lane): the word's element, the GROUP element, or the int8 converted (both
+        halves converted, the half chosen after)."""
         L = self.cfg.lanes
         fmt = fp_format(self.cfg.fmt)
         rd = Array([rp.data for rp in buf_rd])
         p_word, q_word, r_word = rd[cur_p], rd[cur_q], rd[cur_r]
-        group_elem = rsp1.word_select(elane1, 16)
+        data = head.data
+        group_elem = data.word_select(head.elane, 16)
         for j, lane in enumerate(lanes):
-            conv = Int8ToFP(fmt)
-            m.submodules[f"int8_{j}"] = conv
-            m.d.comb += conv.a.eq(Mux(half1, rsp1[8 * (L + j):8 * (L + j) + 8],
-                                      rsp1[8 * j:8 * j + 8]))
-            r_val = Signal(16, name=f"r_lane{j}")
+            # both int8 halves converted, the half chosen after (it arrives late)
+            conv_lo, conv_hi = Int8ToFP(fmt), Int8ToFP(fmt)
+            m.submodules[f"int8_{j}"] = conv_lo
+            m.submodules[f"int8_hi_{j}"] = conv_hi
+            m.d.comb += [conv_lo.a.eq(data[8 * j:8 * j + 8]),
+                         conv_hi.a.eq(data[8 * (L + j):8 * (L + j) + 8])]
+            r_mem1 = Signal(16, name=f"r_mem1_lane{j}")
             with m.Switch(cur_rsrc):
-                with m.Case(RSrc.BUF):
-                    m.d.comb += r_val.eq(r_word[16 * j:16 * j + 16])
                 with m.Case(RSrc.GROUP):
-                    m.d.comb += r_val.eq(group_elem)
+                    m.d.comb += r_mem1.eq(group_elem)
                 with m.Case(RSrc.INT8):
-                    m.d.comb += r_val.eq(conv.y)
+                    m.d.comb += r_mem1.eq(Mux(head.half, conv_hi.y, conv_lo.y))
                 with m.Default():
-                    m.d.comb += r_val.eq(rsp1[16 * j:16 * j + 16])
+                    m.d.comb += r_mem1.eq(data[16 * j:16 * j + 16])
+            r_val = Signal(16, name=f"r_lane{j}")
+            m.d.comb += r_val.eq(Mux(cur_rsrc == RSrc.BUF, r_word[16 * j:16 * j + 16], r_mem1))
             m.d.comb += [
                 lane.p.eq(p_word[16 * j:16 * j + 16]), lane.q.eq(q_word[16 * j:16 * j + 16]),
                 lane.r.eq(r_val), lane.v1.eq(v1), lane.m1.eq(~last1 | tail_mask[j]),

@@ -43,7 +43,7 @@ class LaneTiming:
 
     Attributes:
         mul_latency: register stages inside FPMul (0..3).
-        add_latency: register stages inside every FPAdd (0..4).
+        add_latency: register stages inside every FPAdd (0..5).
     """
     mul_latency: int = 0
     add_latency: int = 0

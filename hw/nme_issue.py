@@ -86,6 +86,7 @@ class NMEIssue(wiring.Component):
         # the walk over (block, micro-op)
         ik = Signal(UOP_INDEX_BITS)
         ibase = Signal(32)
+        i_left = Signal(32)                  # W - ibase
         iblen = Signal(range(D + 1))
         i_rsrc, i_store = Signal(3), Signal()
         i_addr, i_param = Signal(ADDR_BITS), Signal(PARAM_BITS)
@@ -97,6 +98,9 @@ class NMEIssue(wiring.Component):
         elane = Signal(6)                    # GROUP element lane
         par_i = Signal()                     # parity of the word index (INT8 half)
         m.d.comb += [self.uop.addr.eq(ik), slot_r.addr.eq(ik), slot_w.addr.eq(ik)]
+        # ik is the last micro-op (registered: ik changes three cycles before I_END uses it)
+        i_last = Signal()
+        m.d.sync += i_last.eq(ik == n_uops - 1)
         with m.If(self.phase_init.en):
             m.d.comb += [slot_w.addr.eq(self.phase_init.index), slot_w.en.eq(1),
                          slot_w.data.eq(Cat(self.phase_init.addr, Const(0, PARAM_BITS + 6)))]
@@ -152,12 +156,11 @@ class NMEIssue(wiring.Component):
         with m.FSM(name="issue"):
             with m.State("I_IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [ibase.eq(0), i_passes.eq(0), fresh.eq(1)]
+                    m.d.sync += [ibase.eq(0), i_left.eq(n_words), i_passes.eq(0), fresh.eq(1)]
                     m.next = "I_BLOCK"
 
             with m.State("I_BLOCK"):
-                left = n_words - ibase
-                m.d.sync += [ik.eq(0), iblen.eq(Mux(left >= D, D, left))]
+                m.d.sync += [ik.eq(0), iblen.eq(Mux(i_left >= D, D, i_left))]
                 m.next = "I_FETCH"
 
             with m.State("I_FETCH"):
@@ -188,9 +191,9 @@ class NMEIssue(wiring.Component):
             with m.State("I_END"):
                 m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
                 m.d.sync += [ik.eq(ik + 1), i_passes.eq(i_passes + 1)]
-                with m.If(ik == n_uops - 1):
-                    m.d.sync += ibase.eq(ibase + iblen)
-                    with m.If(n_words - ibase <= D):
+                with m.If(i_last):
+                    m.d.sync += [ibase.eq(ibase + iblen), i_left.eq(i_left - iblen)]
+                    with m.If(i_left <= D):
                         m.next = "I_IDLE"
                     with m.Else():
                         m.next = "I_BLOCK"

@@ -76,13 +76,13 @@ TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimm
 
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     """``--mul-latency`` / ``--add-latency``: the FP units' register stages (NMEConfig's
-    ``mul_latency`` 0..3, ``add_latency`` 0..4), for ``coda verilog`` and ``coda synth``."""
+    ``mul_latency`` 0..3, ``add_latency`` 0..5), for ``coda verilog`` and ``coda synth``."""
     defaults = NMEConfig()
     parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
                         help="register stages inside each lane's FPMul, 0..3 "
                              f"(default {defaults.mul_latency}: combinational)")
     parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
-                        help="register stages inside every FPAdd, 0..4 "
+                        help="register stages inside every FPAdd, 0..5 "
                              f"(default {defaults.add_latency}: combinational)")
 
 

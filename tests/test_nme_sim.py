@@ -718,9 +718,11 @@ def test_verilog_cli_pipelined_units(tmp_path, capsys):
                  "--add-latency", "3", "-o", str(out)]) == 0
     text = out.read_text()
     assert "mul_s1_prod" in text and "mul_s3_norm" not in text     # FPMUL_CUTS[2] = (1, 2)
-    assert "add_s1_shift" in text and "add_s4_norm" not in text    # FPADD_CUTS[3] = (1, 2, 3)
+    assert "add_s1_shift" in text and "add_s4_norm_shift" in text  # FPADD_CUTS[3] = (1, 2, 4)
+    assert "add_s3_" not in text and "add_s5_" not in text
     out.unlink()
-    for flag, bad in (("--mul-latency", "4"), ("--add-latency", "-1"), ("--add-latency", "5")):
+    for flag, bad in (("--mul-latency", str(MAX_MUL_LATENCY + 1)), ("--add-latency", "-1"),
+                      ("--add-latency", str(MAX_ADD_LATENCY + 1))):
         assert main(["verilog", "--lanes", "2", flag, bad, "-o", str(out)]) == 2
         assert f"{flag[2:].replace('-', '_')}={bad}: expected an int 0.." in capsys.readouterr().err
     assert not out.exists()
