@@ -66,74 +66,75 @@ def test_dse_rows_are_the_records_figures():
 
 
 def test_sweep_table_cells_are_the_rows(capsys, monkeypatch):
-    """One line per (lanes, depth) in order, each program's cells its row's cycles per
-    element (3 decimals), utilisation (percent, 1 decimal) and GB/s (2 decimals); a
+    """One line per (standard, clock, lanes, depth) in order, each program's cells its row's
+    elements per ns (3 decimals), utilisation (percent, 1 decimal) and GB/s (2 decimals); a
     program without a row shows '-'."""
-    monkeypatch.setenv("COLUMNS", "200")        # rich: no wrapped cells
+    monkeypatch.setenv("COLUMNS", "240")        # rich: no wrapped cells
     rows = bench.dse_rows(_records())
     missing = rows.pop()                         # the last point's segment4
     assert missing["program"] == "segment4"
     bench.print_sweep(rows)
     out = capsys.readouterr().out
     assert "DIMM-NMP design space (per rank)" in out
-    lines = [line.split("│")[1:-1] for line in out.splitlines() if line.count("│") == 9]
+    lines = [line.split("│")[1:-1] for line in out.splitlines() if line.count("│") == 11]
     table = [[cell.strip() for cell in cells] for cells in lines]
     by = {(r["lanes"], r["depth"], r["program"]): r for r in rows}
     points = sorted({(r["lanes"], r["depth"]) for r in rows} | {(missing["lanes"],
                                                                 missing["depth"])})
     expected = []
     for lanes, depth in points:
-        cells = [str(lanes), str(depth)]
+        cells = [DRAM, "dram", str(lanes), str(depth)]
         for prog in ("residual_add", "segment4"):
             r = by.get((lanes, depth, prog))
             cells += (["-"] * 3 if r is None else
-                      [f"{r['cycles_per_element']:.3f}", f"{100 * r['utilisation']:.1f} %",
+                      [f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
                        f"{r['gbps']:.2f}"])
         expected.append(cells)
     assert table == expected
     assert table[-1][-3:] == ["-", "-", "-"]
-    assert len({tuple(row[2:]) for row in table}) == len(table)   # the points all differ
+    assert len({tuple(row[4:]) for row in table}) == len(table)   # the points all differ
 
 
 def test_sweep_plot_draws_the_rows(tmp_path, monkeypatch):
-    """Per program (columns) elements per cycle (top) and DRAM utilisation in % (bottom)
-    against lanes, one line per depth through that depth's rows; the NME port bound
-    lanes / streams and the DRAM peak / (2 B x streams) of the standard as ceilings."""
+    """Per standard and program (columns) elements per ns (top) and DRAM utilisation in %
+    (bottom) against lanes, one line per NME clock through the best depth's rows; the DRAM
+    peak / (2 B x streams) of the standard as the ceiling."""
     import matplotlib.pyplot as plt
     from PIL import Image
 
     figures = []
     close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
-    rows = bench.dse_rows(_records())
-    bench.plot_sweep(rows, tmp_path / "dse.png", DRAM)
+    rows = bench.dse_rows(_clock_records())
+    bench.plot_sweep(rows, tmp_path / "dse.png")
     fig, = figures
-    std = get_standard(DRAM)
-    peak = std.burst_bytes / std.nBL
-    depths = sorted({r["depth"] for r in rows})
-    all_lanes = sorted({r["lanes"] for r in rows})
-    axes = [fig.axes[0:2], fig.axes[2:4]]
-    for col, prog in enumerate(("residual_add", "segment4")):
-        streams = bench.PROGRAM_STREAMS[prog]
-        top, bottom = axes[0][col], axes[1][col]
-        assert top.get_title() == prog
-        for ax, value in ((top, lambda r: r["elements_per_cycle"]),
-                          (bottom, lambda r: 100 * r["utilisation"])):
-            assert ax.get_xscale() == "log"
-            lines = {line.get_label(): line for line in ax.get_lines()}
-            for depth in depths:
-                pts = sorted((r["lanes"], value(r)) for r in rows
-                             if r["depth"] == depth and r["program"] == prog)
-                line = lines.pop(f"depth {depth}")
-                assert list(line.get_xdata()) == [x for x, _ in pts]
-                assert list(line.get_ydata()) == pytest.approx([y for _, y in pts], rel=1e-12)
-            if ax is top:
-                bound = lines.pop(f"NME port bound (lanes / {streams} streams)")
-                assert list(bound.get_xdata()) == all_lanes
-                assert list(bound.get_ydata()) == [n / streams for n in all_lanes]
-                ceiling = lines.pop(f"DRAM peak / ({streams} x 2 B)")
-                assert list(ceiling.get_ydata()) == [peak / (2 * streams)] * 2
-            assert lines == {}          # nothing else drawn
+    assert len(fig.axes) == 4 * len(STDS)
+    for s, name in enumerate(sorted(STDS)):
+        std = get_standard(name)
+        for col, prog in enumerate(("residual_add", "segment4")):
+            streams = bench.PROGRAM_STREAMS[prog]
+            top, bottom = fig.axes[4 * s + col], fig.axes[4 * s + 2 + col]
+            assert top.get_title() == f"{name} {prog}"
+            for ax, value in ((top, lambda r: r["elements_per_ns"]),
+                              (bottom, lambda r: 100 * r["utilisation"])):
+                assert ax.get_xscale() == "log"
+                lines = {line.get_label(): line for line in ax.get_lines()}
+                for mhz in CLOCKS[name]:
+                    # best depth by hand: the most elements per ns over the depths
+                    pts = {}
+                    for r in rows:
+                        if (r["dram"], r["nme_mhz"], r["program"]) == (name, mhz, prog):
+                            if (r["lanes"] not in pts
+                                    or r["elements_per_ns"] > pts[r["lanes"]]["elements_per_ns"]):
+                                pts[r["lanes"]] = r
+                    line = lines.pop("same domain" if mhz is None else f"{mhz:g} MHz")
+                    assert list(line.get_xdata()) == sorted(pts)
+                    assert list(line.get_ydata()) == pytest.approx(
+                        [value(pts[n]) for n in sorted(pts)], rel=1e-12)
+                if ax is top:
+                    ceiling = lines.pop(f"DRAM peak / ({streams} x 2 B)")
+                    assert list(ceiling.get_ydata()) == [std.peak_gbps / (2 * streams)] * 2
+                assert lines == {}          # nothing else drawn
     width, height = fig.get_size_inches() * 120
     with Image.open(tmp_path / "dse.png") as img:
         assert img.format == "PNG" and img.size == (round(width), round(height))
