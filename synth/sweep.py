@@ -24,12 +24,16 @@ was placed and routed (said so in the table). If the cosim bench left throughput
 Measured throughput
 -------------------
 With the DIMM-NMP design-space sweep of ``make bench`` (``build/bench/dse.json``, from
-:func:`coda.cosim.bench.sweep`: one rank, NME clocked at the DRAM tCK, best buffer depth per
-lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
+:func:`coda.cosim.bench.sweep`: one rank; here its rows with the NME clocked at the DRAM tCK,
+best buffer depth per lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
 a residual add and of a 4-stream segment, and that per 1,000 generic cells / ECP5 LUT4s
 (performance per area, frequency-free because the cosim NME runs at tCK). The *measured knee*
 is the smallest lanes count reaching 95 % of the best elements/cycle: beyond it the DRAM, not
-the lanes, sets the throughput, and perf/area falls.
+the lanes, sets the throughput, and perf/area falls. A version-2 ``dse.json`` (the sweep
+over NME clocks and DRAM standards) also gives :func:`clock_table`: per standard, NME clock
+(MHz) and lanes count, the measured elements per ns per 1,000 generic cells / LUT4s, the knee
+of :func:`coda.cosim.bench.knees` at that clock (said NME-bound when even the widest NME
+does not saturate the rank) and whether the ECP5 Fmax of that lanes count reaches the clock.
 """
 
 from __future__ import annotations
