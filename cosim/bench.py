@@ -555,14 +555,47 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
     rows = dse_rows(run_sweep(kind, points, folder, workers=workers, sequential=sequential,
                               address=address))
     if out:
-        areas = synth_areas(synth_root, fmt)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({
-            "version": DSE_VERSION, "drams": drams, "dram": drams[0], "fmt": fmt,
-            "clocks": clocks, "stream_bytes": stream_bytes, "rows": rows,
-            "knees": perf_per_area(knees(rows, tolerance), areas),
-            "areas": {str(k): v for k, v in sorted(areas.items())}}, indent=1) + "\n")
+        write_dse(out, rows, drams, fmt, clocks, stream_bytes, tolerance, synth_root)
     return rows
+
+
+def write_dse(out: Path, rows: list[dict], drams, fmt: str, clocks, stream_bytes: int,
+              tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT) -> None:
+    """Write ``dse.json`` (version :data:`DSE_VERSION`, keys of :func:`sweep`) to ``out``."""
+    areas = synth_areas(synth_root, fmt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "version": DSE_VERSION, "drams": list(drams), "dram": list(drams)[0], "fmt": fmt,
+        "clocks": list(clocks), "stream_bytes": stream_bytes, "rows": rows,
+        "knees": perf_per_area(knees(rows, tolerance), areas),
+        "areas": {str(k): v for k, v in sorted(areas.items())}}, indent=1) + "\n")
+
+
+def recorded_rows(folder: Path, lanes=None, depths=None, fmt: str = "bf16", drams=None,
+                  stream_bytes: int = SWEEP_STREAM_BYTES, clocks=None) -> list[dict]:
+    """The :func:`dse_rows` of the ``ok`` records already in ``folder/results.jsonl``, of any
+    sources version (the records of an earlier code state, also version-1 records without
+    an NME clock: the NME on the DRAM clock), newest per parameter set; only those matching
+    ``fmt``, ``stream_bytes`` and, where given, ``lanes``, ``depths``, ``drams``, ``clocks``
+    (MHz, 0 = on the DRAM clock). For ``--sweep-report-only``: tables, JSON and plot without
+    measuring. Raises ValueError (coda.sweep.read_results) for a file that is not this
+    engine's records of the ``bench`` kind."""
+    from coda.sweep import read_results
+
+    newest: dict[str, dict] = {}
+    for rec in read_results(folder, sweep_kind()):
+        p = rec["params"]
+        if rec["status"] != "ok" or p.get("fmt", "bf16") != fmt \
+                or p.get("stream_bytes") != stream_bytes \
+                or (lanes is not None and p["lanes"] not in lanes) \
+                or (depths is not None and p["depth"] not in depths) \
+                or (drams is not None and p.get("dram", "DDR5-4800") not in drams) \
+                or (clocks is not None and float(p.get("nme_mhz") or 0.0) not in clocks):
+            continue
+        newest[json.dumps({k: p.get(k) for k in ("lanes", "depth", "fmt", "dram",
+                                                 "stream_bytes", "nme_mhz")},
+                          sort_keys=True)] = rec
+    return dse_rows(list(newest.values()))
 
 
 def print_sweep(rows: list[dict]) -> None:
@@ -585,7 +618,7 @@ def print_sweep(rows: list[dict]) -> None:
             cells += ([f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
                        f"{r['gbps']:.2f}"] if r else ["-"] * 3)
         t.add_row(*cells)
-    Console().print(t)
+    Console(width=200).print(t)
 
 
 def print_knees(knee_rows: list[dict], areas: dict[int, dict]) -> None:
@@ -609,7 +642,7 @@ def print_knees(knee_rows: list[dict], areas: dict[int, dict]) -> None:
                   "-" if k["lanes_to_saturate"] is None else f">= {k['lanes_to_saturate']}",
                   f"{k['per_kcell']:.4f}" if "per_kcell" in k else "-",
                   f"{k['per_klut']:.4f}" if "per_klut" in k else "-")
-    c = Console()
+    c = Console(width=200)
     c.print(t)
     if not areas:
         c.print(f"perf/area: no synthesis results under {SYNTH_ROOT} (run `make synth-sweep`); "
@@ -751,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
                     help="the knee: fewest lanes within this share of the best utilisation")
     ap.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
+    ap.add_argument("--sweep-report-only", action="store_true",
+                    help="measure nothing: tables, dse.json and dse.png of the sweep records "
+                         "already in build/bench/dse/ (any code version) matching the options")
     add_run_options(ap, "sweep's points")
     args = ap.parse_args(argv)
     try:
@@ -776,16 +812,25 @@ def main(argv: list[str] | None = None) -> int:
     if sweep_lanes:
         sweep_json = args.out.with_name("dse.json")
         t0 = time.perf_counter()
-        rows = sweep(sweep_lanes, sweep_depths, args.fmt, sweep_drams, args.sweep_stream_bytes,
-                     out=sweep_json, clocks=sweep_clocks, workers=args.workers,
-                     sequential=args.sequential, address=args.address,
-                     tolerance=args.knee_tolerance)
+        if args.sweep_report_only:
+            rows = recorded_rows(sweep_json.with_suffix(""), sweep_lanes, sweep_depths,
+                                 args.fmt, sweep_drams, args.sweep_stream_bytes, sweep_clocks)
+            if not rows:
+                print(f"no sweep records matching the options in {sweep_json.with_suffix('')}")
+                return 1
+            write_dse(sweep_json, rows, sweep_drams, args.fmt, sweep_clocks,
+                      args.sweep_stream_bytes, args.knee_tolerance)
+        else:
+            rows = sweep(sweep_lanes, sweep_depths, args.fmt, sweep_drams,
+                         args.sweep_stream_bytes, out=sweep_json, clocks=sweep_clocks,
+                         workers=args.workers, sequential=args.sequential,
+                         address=args.address, tolerance=args.knee_tolerance)
         plot_sweep(rows, sweep_json.with_suffix(".png"))
         print_sweep(rows)
         print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt))
         print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')} "
               f"({time.perf_counter() - t0:.0f} s)")
-        if args.sweep_only:
+        if args.sweep_only or args.sweep_report_only:
             return 0
     if not args.skip_dram:
         bench_dram(out=args.out.with_name("dram.json"))

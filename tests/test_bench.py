@@ -359,3 +359,48 @@ def test_dse_point_refuses_a_bad_clock_before_any_build():
         bench.dse_point({**base, "dram": "DDR4-3200", "nme_mhz": 2400.0})
     with pytest.raises(ValueError, match="positive"):
         bench.dse_point({**base, "dram": "DDR5-4800", "nme_mhz": -1.0})
+
+
+def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch):
+    """--sweep-report-only: the newest ok record per parameter set, whatever code version
+    wrote it (a version-1 record without nme_mhz is the NME on the DRAM clock), filtered by
+    the options; dse.json (version 2) and dse.png written, nothing measured."""
+    recs = _clock_records()
+    v1 = _records()[0]                                     # version 1: no nme_mhz
+    v1["params"]["lanes"] = 64                             # a lanes count of its own
+    lines = []
+    for i, rec in enumerate([v1] + recs):
+        lines.append({**rec, "kind": "bench", "key": f"k{i}"})
+    newer = json.loads(json.dumps(lines[1]))               # same params, later in the file
+    newer["key"] = "other-version"
+    newer["figures"]["segment4.utilisation"] = 0.5
+    stale = json.loads(json.dumps(lines[2]))
+    stale["status"] = "failed"                            # failed: not a row
+    stale["key"] = "failed-one"
+    other = json.loads(json.dumps(lines[3]))
+    other["params"]["stream_bytes"] = 1 << 20             # another size: filtered
+    folder = tmp_path / "build" / "bench" / "dse"
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines + [newer, stale, other]))
+    rows = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    assert len(rows) == (1 + len(recs)) * len(bench.PROGRAM_STREAMS)
+    p = lines[1]["params"]
+    seg, = [r for r in rows if (r["dram"], r["nme_mhz"], r["lanes"], r["depth"], r["program"])
+            == (p["dram"], p["nme_mhz"] or None, p["lanes"], p["depth"], "segment4")]
+    assert seg["utilisation"] == 0.5                      # the newer record
+    assert {(r["lanes"], r["nme_mhz"]) for r in rows if r["lanes"] == 64} == {(64, None)}
+    only = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, drams=("DDR4-3200",),
+                               clocks=(100.0,), lanes=(8,))
+    assert {(r["dram"], r["nme_mhz"], r["lanes"]) for r in only} == {("DDR4-3200", 100.0, 8)}
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                       "--sweep-lanes", "1,2,4,8,16,32,64", "--sweep-depths", "16,256",
+                       "--sweep-clocks", "dram,100,400,800,1200"]) == 0
+    dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
+    assert dse["version"] == bench.DSE_VERSION and dse["areas"] == {}
+    assert len(dse["rows"]) == len(rows)
+    assert (tmp_path / "build" / "bench" / "dse.png").stat().st_size > 0
+    assert not (folder / "points").exists()                # nothing measured
+    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", "64"]) == 1
+    assert "no sweep records" in capsys.readouterr().out
