@@ -32,13 +32,18 @@ every command trace checked by
 :mod:`coda.cosim.dram_check`; written to ``build/bench/dram.json``.
 
 First (unless ``--sweep-lanes ''``) the design-space sweep :func:`sweep`: lanes x buffer depth
-of one DIMM-NMP rank, cycles per element and achieved bandwidth of the residual add and the
-4-stream segment, written to ``build/bench/dse.json`` (+ ``dse.png``, and a table on stdout);
-``--sweep-only`` stops there. Every point is its own Verilator build (cached under
-``build/cosim/``), so the first sweep takes a while; the points run through the sweep engine
-(:mod:`coda.sweep`): tasks on a local Ray (``--workers``, default all CPUs), on a cluster
-(``--address``) or a plain loop (``--sequential``), records in ``build/bench/dse/`` (a
-stopped sweep resumes; ``coda sweep bench`` runs the same points).
+x NME clock (``--sweep-clocks``, MHz; ``dram``: the NME on the DRAM clock, no crossing) x DRAM
+standard (``--sweep-drams``, default DDR5-4800 and DDR4-3200) of one DIMM-NMP rank: elements
+per ns, NME and DRAM cycles, ns, GB/s and DRAM utilisation of the residual add and the 4-stream
+segment, written to ``build/bench/dse.json`` (+ ``dse.png``, and two tables on stdout: every
+point, and the knee per standard and clock, :func:`knees`, with elements/ns per area where
+``make synth-sweep`` left areas, :func:`perf_per_area`); ``--sweep-only`` stops there. Every
+(lanes, depth, standard) is one Verilator build for all its clocks (the clock is a plusarg) and
+one more for the same-domain NME (cached under ``build/cosim/``), so the first sweep takes a
+while; the points run through the sweep engine (:mod:`coda.sweep`): tasks on a local Ray
+(``--workers``, default all CPUs), on a cluster (``--address``) or a plain loop
+(``--sequential``), records in ``build/bench/dse/`` (a stopped sweep resumes; ``coda sweep
+bench`` runs the same points).
 
 Prints one JSON object; writes it to ``--out`` (default ``build/bench/cosim.json``).
 """
@@ -224,8 +229,22 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
 
 PROGRAM_STREAMS = {"residual_add": 3, "segment4": 4}   # DRAM streams of _segment_programs
 SWEEP_LANES = (1, 2, 4, 8, 16, 32)
-SWEEP_DEPTHS = (16, 64, 256)
-SWEEP_STREAM_BYTES = 256 << 10
+SWEEP_DEPTHS = (256,)
+SWEEP_DRAMS = ("DDR5-4800", "DDR4-3200")
+#: NME clocks of the sweep in MHz; 0 = the same-domain NME (on the DRAM clock, no crossing)
+SWEEP_CLOCKS = (0.0, 100.0, 200.0, 400.0, 800.0, 1200.0)
+#: bytes per stream of the sweep's programs (64 KiB, 32,768 elements: a 1-lane point at
+#: 100 MHz stays seconds of simulation; the 2 x 2 figures use :data:`NMP_STREAM_BYTES`)
+SWEEP_STREAM_BYTES = 64 << 10
+#: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
+NMP_STREAM_BYTES = 256 << 10
+#: the knee rule's tolerance: the fewest lanes reaching this share of the best utilisation
+KNEE_TOLERANCE = 0.95
+#: dse.json format: 1 (no key; one standard, NME on the DRAM clock), 2 (standard and NME
+#: clock per row, knees, areas)
+DSE_VERSION = 2
+#: where :func:`synth_areas` looks for the synthesis sweep's reports (``make synth-sweep``)
+SYNTH_ROOT = Path("build/synth/sweep")
 
 
 def _mem_words(stream_words: int) -> int:
@@ -233,15 +252,64 @@ def _mem_words(stream_words: int) -> int:
     return 1 << max(10, (4 * stream_words).bit_length())
 
 
+def parse_clocks(text: str) -> list[float]:
+    """``--sweep-clocks`` as MHz: comma-separated numbers, ``dram`` (or 0) for the
+    same-domain NME. Raises ValueError naming a bad entry or an empty list."""
+    out = []
+    for tok in (t.strip() for t in text.split(",")):
+        if not tok:
+            continue
+        if tok.lower() in ("dram", "same", "0"):
+            out.append(0.0)
+            continue
+        try:
+            f = float(tok)
+        except ValueError:
+            raise ValueError(f"--sweep-clocks entry {tok!r}: expected MHz or 'dram'") from None
+        if not f > 0 or f != f or f == float("inf"):
+            raise ValueError(f"--sweep-clocks entry {tok!r}: expected a positive number of "
+                             "MHz or 'dram'")
+        out.append(f)
+    if not out:
+        raise ValueError("--sweep-clocks: expected at least one clock")
+    return out
+
+
+def clock_label(nme_mhz: float | None) -> str:
+    """``'dram'`` for the same-domain NME (None or 0), else the MHz as ``'%g'``."""
+    return "dram" if not nme_mhz else f"{nme_mhz:g}"
+
+
+def program_figures(m: dict, std) -> dict:
+    """The figures of one program of a :func:`measure_nmp` result ``m`` on one rank of
+    ``std``: ``elements`` (output elements per rank), ``cycles`` (NME cycles), ``dram_cycles``
+    (tCK), ``ns``, ``elements_per_ns``, ``cycles_per_element`` / ``elements_per_cycle`` (NME
+    cycles), ``utilisation`` (rank 0: DRAM bytes moved / peak bytes of the DRAM cycles, 0..1),
+    ``gbps`` (rank 0, GB/s)."""
+    r0 = m["ranks"][0]
+    return {"elements": m["elements_per_rank"], "cycles": m["cycles"],
+            "dram_cycles": m["dram_cycles"], "ns": m["ns"],
+            "elements_per_ns": round(m["elements_per_rank"] / m["ns"], 5),
+            "cycles_per_element": m["cycles_per_element"],
+            "elements_per_cycle": round(m["elements_per_rank"] / m["cycles"], 4),
+            "utilisation": r0["utilisation"], "gbps": r0["gbps"]}
+
+
 def dse_point(params: dict, workdir: Path | None = None) -> dict:
     """One point of the design space: a 1 DIMM x 1 rank DIMM-NMP of ``params["dram"]`` with
-    an NME of ``lanes`` lanes and ``depth`` words per stream block (``fmt``), running the
-    residual add and the 4-stream segment of :func:`_segment_programs` over ``stream_bytes``
-    bytes per stream. Returns, per program ``P`` in (residual_add, segment4): ``P.elements``,
-    ``P.cycles`` (NME cycles = DRAM tCK), ``P.cycles_per_element``, ``P.elements_per_cycle``,
-    ``P.utilisation`` (DRAM bytes moved / peak bytes of the cycles) and ``P.gbps`` (GB/s per
-    rank); ``timing``: simulated cycles per wall second and the build's seconds.
-    Raises ValueError for a size the NME cannot take."""
+    an NME of ``lanes`` lanes and ``depth`` words per stream block (``fmt``) on its own clock
+    of ``nme_mhz`` MHz (0 or absent: on the DRAM clock, no crossing; that is a separate
+    Verilator build, every other clock shares one build per lanes, depth, standard), running
+    the residual add and the 4-stream segment of :func:`_segment_programs` over
+    ``stream_bytes`` bytes per stream. Returns, per program ``P`` in (residual_add,
+    segment4), the figures of :func:`program_figures` as ``P.<name>`` (NME cycles, DRAM
+    cycles, ns, elements per ns and per NME cycle, utilisation 0..1, GB/s per rank);
+    ``nme_mhz_effective`` (the DRAM clock for the same-domain NME); ``timing``: simulated
+    cycles per wall second and the build's seconds.
+    Raises ValueError for a size the NME cannot take or a clock outside (0, DRAM clock]."""
+    from coda.hw.dram_standards import get_standard
+    from coda.hw.nmp import check_nme_mhz
+
     n_lanes, depth = int(params["lanes"]), int(params["depth"])
     if n_lanes < 1 or depth < 1:
         raise ValueError(f"lanes={n_lanes}, depth={depth}: expected >= 1")
@@ -249,147 +317,377 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
     if words < 1:
         raise ValueError(f"stream_bytes={params['stream_bytes']}: expected at least one NME "
                          f"word ({2 * n_lanes} bytes at {n_lanes} lanes)")
+    std = get_standard(params["dram"])
+    raw = params.get("nme_mhz") or 0.0
+    if raw < 0:
+        raise ValueError(f"nme_mhz={raw!r}: expected a positive number of MHz, or 0 for the "
+                         "NME on the DRAM clock")
+    mhz = check_nme_mhz(raw, std) if raw else None
     cfg = NMEConfig(lanes=n_lanes, fmt=params["fmt"], depth=depth, mem_words=_mem_words(words))
-    r = measure_nmp(cfg, params["dram"], 1, 1, stream_words=words)
-    figures, timing = {}, {"build_seconds": r["build_seconds_recorded"]}
+    r = measure_nmp(cfg, std.name, 1, 1, stream_words=words, nme_mhz=mhz)
+    figures = {"nme_mhz_effective": round(mhz or 1000.0 / std.tCK_ns, 3)}
+    timing = {"build_seconds": r["build_seconds_recorded"]}
     for prog in PROGRAM_STREAMS:
-        m = r[prog]
-        figures.update({f"{prog}.elements": m["elements_per_rank"], f"{prog}.cycles": m["cycles"],
-                        f"{prog}.cycles_per_element": m["cycles_per_element"],
-                        f"{prog}.elements_per_cycle": round(1 / m["cycles_per_element"], 4),
-                        f"{prog}.utilisation": m["ranks"][0]["utilisation"],
-                        f"{prog}.gbps": m["ranks"][0]["gbps"]})
-        timing[f"{prog}.sim_cycles_per_s"] = m["sim_cycles_per_s"]
+        figures.update({f"{prog}.{k}": v for k, v in program_figures(r[prog], std).items()})
+        timing[f"{prog}.sim_cycles_per_s"] = r[prog]["sim_cycles_per_s"]
     figures["timing"] = timing
     return figures
 
 
 def sweep_kind():
     """The ``bench`` sweep kind (coda.sweep.SweepKind): the DIMM-NMP design space, one
-    :func:`dse_point` per (lanes, depth, fmt, dram, stream_bytes)."""
+    :func:`dse_point` per (lanes, depth, fmt, dram, stream_bytes, nme_mhz)."""
     import coda.hw
     from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
         name="bench", run=dse_point,
         version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
-        description="DIMM-NMP design space: lanes x buffer depth of one rank (make bench)",
+        description="DIMM-NMP design space: lanes x buffer depth x NME clock of one rank "
+                    "(make bench)",
         params=(Param("lanes", int, 8), Param("depth", int, 256), Param("fmt", str, "bf16"),
-                Param("dram", str, "DDR5-4800"), Param("stream_bytes", int, SWEEP_STREAM_BYTES)),
-        headline=("residual_add.cycles_per_element", "residual_add.utilisation",
-                  "segment4.cycles_per_element", "segment4.utilisation", "segment4.gbps"))
+                Param("dram", str, "DDR5-4800"), Param("stream_bytes", int, SWEEP_STREAM_BYTES),
+                Param("nme_mhz", float, 0.0,
+                      help="NME clock in MHz; 0: on the DRAM clock (no crossing)")),
+        headline=("residual_add.elements_per_ns", "residual_add.utilisation",
+                  "segment4.elements_per_ns", "segment4.utilisation", "segment4.gbps"))
+
+
+ROW_KEYS = ("elements", "cycles", "dram_cycles", "ns", "elements_per_ns", "cycles_per_element",
+            "elements_per_cycle", "utilisation", "gbps")
 
 
 def dse_rows(records: list[dict]) -> list[dict]:
     """The finished sweep records of :func:`sweep_kind` as the rows of ``dse.json``: one per
-    (lanes, depth, program) with ``lanes, depth, program, elements, cycles,
-    cycles_per_element, elements_per_cycle, utilisation, gbps, sim_cycles_per_s,
-    build_seconds``."""
+    (dram, nme_mhz, lanes, depth, program) with ``dram, nme_mhz`` (None: on the DRAM clock),
+    ``nme_mhz_effective, lanes, depth, program``, the :data:`ROW_KEYS` figures,
+    ``sim_cycles_per_s, build_seconds``. Records of the first sweep (no ``nme_mhz``
+    parameter, no ns) are rows on the DRAM clock; the figures they lack (``dram_cycles``,
+    ``ns``, ``elements_per_ns``) are derived from their NME cycles = DRAM cycles."""
+    from coda.hw.dram_standards import get_standard
+
     rows = []
     for rec in records:
         if rec["status"] != "ok":
             continue
-        f, t = rec["figures"], rec.get("timing") or {}
+        p, f, t = rec["params"], rec["figures"], rec.get("timing") or {}
+        std = get_standard(p.get("dram", "DDR5-4800"))
+        mhz = p.get("nme_mhz") or None
         for prog in PROGRAM_STREAMS:
-            rows.append({"lanes": rec["params"]["lanes"], "depth": rec["params"]["depth"],
-                         "program": prog,
-                         **{k: f[f"{prog}.{k}"] for k in ("elements", "cycles",
-                                                          "cycles_per_element",
-                                                          "elements_per_cycle",
-                                                          "utilisation", "gbps")},
+            vals = {k: f.get(f"{prog}.{k}") for k in ROW_KEYS}
+            if vals["ns"] is None:          # a version-1 record: NME cycle = tCK
+                vals["dram_cycles"] = vals["cycles"]
+                vals["ns"] = round(vals["cycles"] * std.tCK_ns, 1)
+                vals["elements_per_ns"] = round(vals["elements"] / vals["ns"], 5)
+            rows.append({"dram": std.name, "nme_mhz": mhz,
+                         "nme_mhz_effective": f.get("nme_mhz_effective",
+                                                    round(1000.0 / std.tCK_ns, 3)),
+                         "lanes": p["lanes"], "depth": p["depth"], "program": prog, **vals,
                          "sim_cycles_per_s": t.get(f"{prog}.sim_cycles_per_s"),
                          "build_seconds": t.get("build_seconds")})
     return rows
 
 
-def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16", dram: str = "DDR5-4800",
-          stream_bytes: int = SWEEP_STREAM_BYTES, out: Path | None = None, *,
-          workers: int | None = None, sequential: bool = False,
-          address: str | None = None) -> list[dict]:
-    """Design-space exploration of one rank: NME lanes x buffer depth (words per stream block).
+def best_rows(rows: list[dict]) -> list[dict]:
+    """Per (dram, nme_mhz, program, lanes) the row of the best depth (the most elements per
+    ns; ties: the smaller depth), sorted by those keys (same-domain clock first)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r.get("dram"), r.get("nme_mhz"), r["program"], r["lanes"])
+        b = best.get(key)
+        if b is None or (r["elements_per_ns"], -r["depth"]) > (b["elements_per_ns"], -b["depth"]):
+            best[key] = r
+    return [best[k] for k in sorted(best, key=lambda k: (k[0] or "", k[1] or 0.0, k[2], k[3]))]
 
-    Every (lanes, depth) point is a :func:`dse_point` run by :func:`coda.sweep.run_sweep`:
-    a task on Ray (local, ``workers`` CPUs, or the cluster at ``address``) or, with
-    ``sequential``, a loop in this process; each point builds (or reuses) its own Verilator
-    model under ``build/cosim/``. One rank suffices: the ranks of a DIMM-NMP run the same
-    program in lockstep, each on its own DRAM, so per-rank cycles and bandwidth are those of
-    the whole system (measured: the 2 x 2 system at lanes 8 / depth 256 gives exactly the
-    cycles and utilisation of the 1 x 1 row, 88.15 % / 88.42 %).
+
+def knees(rows: list[dict], tolerance: float = KNEE_TOLERANCE) -> list[dict]:
+    """The knee per (standard, NME clock, program), derived from the sweep's rows.
+
+    Rule: over the best depth per lanes count (:func:`best_rows`), the knee is the fewest
+    lanes whose DRAM utilisation is at least ``tolerance`` times the best utilisation at that
+    clock (``best_utilisation``); more lanes add area, not bandwidth. A knee is only a
+    saturated rank when that best is itself DRAM-bound: ``saturated`` is True when
+    ``best_utilisation >= tolerance * rank_best`` with ``rank_best`` the best utilisation of
+    the program on that standard at any clock of the rows. Otherwise the NME port (lanes x
+    2 B x f) is the limit at every lanes count swept, the knee is just the widest NME, and
+    ``lanes_to_saturate`` extrapolates linearly from the widest point:
+    ``ceil(lanes_max * tolerance * rank_best / utilisation(lanes_max))`` (None when
+    saturated).
+
+    Returns one dict per (dram, nme_mhz, program), sorted like :func:`best_rows`:
+    ``dram, nme_mhz, nme_mhz_effective, program, knee_lanes, knee_depth, knee_utilisation,
+    knee_elements_per_ns, best_utilisation, rank_best, saturated, lanes_to_saturate,
+    tolerance``. Raises ValueError for a tolerance outside (0, 1].
+    """
+    import math
+
+    if not 0 < tolerance <= 1:
+        raise ValueError(f"tolerance={tolerance!r}: expected 0 < tolerance <= 1")
+    best = best_rows(rows)
+    rank_best: dict[tuple, float] = {}
+    for r in best:
+        k = (r.get("dram"), r["program"])
+        rank_best[k] = max(rank_best.get(k, 0.0), r["utilisation"])
+    groups: dict[tuple, list[dict]] = {}
+    for r in best:
+        groups.setdefault((r.get("dram"), r.get("nme_mhz"), r["program"]), []).append(r)
+    out = []
+    for (dram, mhz, prog), pts in groups.items():
+        top = max(p["utilisation"] for p in pts)
+        knee = min((p for p in pts if p["utilisation"] >= tolerance * top),
+                   key=lambda p: p["lanes"])
+        rb = rank_best[(dram, prog)]
+        saturated = top >= tolerance * rb
+        widest = max(pts, key=lambda p: p["lanes"])
+        out.append({"dram": dram, "nme_mhz": mhz,
+                    "nme_mhz_effective": knee.get("nme_mhz_effective"), "program": prog,
+                    "knee_lanes": knee["lanes"], "knee_depth": knee["depth"],
+                    "knee_utilisation": knee["utilisation"],
+                    "knee_elements_per_ns": knee["elements_per_ns"],
+                    "best_utilisation": top, "rank_best": rb, "saturated": saturated,
+                    "lanes_to_saturate": None if saturated else math.ceil(
+                        widest["lanes"] * tolerance * rb / widest["utilisation"]),
+                    "tolerance": tolerance})
+    return out
+
+
+def synth_areas(root: Path = SYNTH_ROOT, fmt: str = "bf16") -> dict[int, dict]:
+    """Area per lanes count from the synthesis sweep's reports (``make synth-sweep``:
+    ``root/points/*/report.json``) of format ``fmt``: ``{lanes: {"cells_total": yosys
+    generic cells, "lut4": ECP5 LUT4s, "fmax_mhz": ECP5 Fmax in MHz}}``, each key only where
+    that target was synthesised; ``{}`` when there are none (no synthesis sweep run yet)."""
+    areas: dict[int, dict] = {}
+    for path in sorted(Path(root).glob("points/*/report.json")):
+        try:
+            report = json.loads(path.read_text())
+            cfg, target = report["config"], report["target"]
+            res = report[target]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if cfg.get("fmt") != fmt:
+            continue
+        a = areas.setdefault(int(cfg["lanes"]), {})
+        if target == "generic" and res.get("cells_total"):
+            a["cells_total"] = res["cells_total"]
+        elif target == "ecp5" and res.get("lut4"):
+            a["lut4"] = res["lut4"]
+            if res.get("fmax_mhz"):
+                a["fmax_mhz"] = res["fmax_mhz"]
+    return areas
+
+
+def perf_per_area(rows: list[dict], areas: dict[int, dict]) -> list[dict]:
+    """``rows`` (any dicts with ``lanes`` and ``elements_per_ns``) with performance per area
+    where the lanes count has an area in ``areas`` (:func:`synth_areas`):
+    ``per_kcell`` = elements/ns per 1,000 yosys generic cells, ``per_klut`` = elements/ns per
+    1,000 ECP5 LUT4s (that is, G elements/s per 1k cells / LUT4s), plus ``cells_total`` /
+    ``lut4``; absent keys where there is no area. Rows of :func:`knees` use
+    ``knee_lanes`` / ``knee_elements_per_ns``."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        lanes = r.get("lanes", r.get("knee_lanes"))
+        e = r.get("elements_per_ns", r.get("knee_elements_per_ns"))
+        a = areas.get(lanes, {})
+        if a.get("cells_total"):
+            r["cells_total"] = a["cells_total"]
+            r["per_kcell"] = e / (a["cells_total"] / 1e3)
+        if a.get("lut4"):
+            r["lut4"] = a["lut4"]
+            r["per_klut"] = e / (a["lut4"] / 1e3)
+        out.append(r)
+    return out
+
+
+def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
+          dram: str | tuple | list = SWEEP_DRAMS, stream_bytes: int = SWEEP_STREAM_BYTES,
+          out: Path | None = None, *, clocks=SWEEP_CLOCKS, workers: int | None = None,
+          sequential: bool = False, address: str | None = None,
+          tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT) -> list[dict]:
+    """Design-space exploration of one rank: NME lanes x buffer depth (words per stream
+    block) x NME clock (MHz; 0 = on the DRAM clock) x DRAM standard(s) ``dram``.
+
+    Every point is a :func:`dse_point` run by :func:`coda.sweep.run_sweep`: a task on Ray
+    (local, ``workers`` CPUs, or the cluster at ``address``) or, with ``sequential``, a loop
+    in this process. A clock above a standard's DRAM clock is left out for that standard
+    (said on stdout). The points are ordered build by build: every clock of one (standard,
+    lanes, depth) runs on the same cached Verilator model under ``build/cosim/`` (the NME
+    clock is a plusarg), the same-domain clock on a second one. One rank suffices: the ranks
+    of a DIMM-NMP run the same program in lockstep, each on its own DRAM, so per-rank cycles
+    and bandwidth are those of the whole system (measured: the 2 x 2 system at lanes 8 /
+    depth 256 gives exactly the cycles and utilisation of the 1 x 1 row, 88.15 % / 88.42 %).
 
     Returns the rows of :func:`dse_rows`. Point records go to ``<out without .json>/`` (the
-    engine's ``results.jsonl``: a stopped sweep resumes where it was); the rows to ``out``
-    (JSON) when given.
+    engine's ``results.jsonl``: a stopped sweep resumes where it was); ``out`` (JSON, when
+    given) gets ``{"version": 2, "drams", "dram" (the first), "clocks", "fmt",
+    "stream_bytes", "rows", "knees"`` (:func:`knees` at ``tolerance``, with perf/area),
+    ``"areas"`` (:func:`synth_areas` of ``synth_root``, ``{}`` if none) ``}``.
+    Raises ValueError for an empty lanes / depths / clocks / standards list, or a clock
+    below 0 or above every standard's DRAM clock.
     """
     from coda.sweep import run_sweep
 
+    drams = [dram] if isinstance(dram, str) else list(dram)
+    lanes, depths, clocks = list(lanes), list(depths), [float(c) for c in clocks]
+    for name, vals in (("lanes", lanes), ("depths", depths), ("clocks", clocks),
+                       ("dram", drams)):
+        if not vals:
+            raise ValueError(f"sweep: {name} is empty, expected at least one value")
+    from coda.hw.dram_standards import get_standard
+
     kind = sweep_kind()
-    points = [kind.full({"lanes": n, "depth": d, "fmt": fmt, "dram": dram,
-                         "stream_bytes": stream_bytes}) for n in lanes for d in depths]
+    fastest = max(1000.0 / get_standard(s).tCK_ns for s in drams)
+    for c in clocks:
+        if c < 0 or c > fastest * (1 + 1e-9):
+            raise ValueError(f"sweep: clock {c:g} MHz: expected 0 (on the DRAM clock) or up to "
+                             f"the fastest standard's DRAM clock, {fastest:g} MHz")
+    points = []
+    for s in drams:
+        top = 1000.0 / get_standard(s).tCK_ns
+        over = [c for c in clocks if c > top * (1 + 1e-9)]
+        if over:        # faster than this standard's DRAM clock: not a buffer-chip NME
+            print(f"sweep: {s}: clocks {', '.join(f'{c:g}' for c in over)} MHz exceed its "
+                  f"DRAM clock ({top:g} MHz), left out for it")
+        points += [kind.full({"lanes": n, "depth": d, "fmt": fmt, "dram": s,
+                              "stream_bytes": stream_bytes, "nme_mhz": c})
+                   for n in lanes for d in depths
+                   for c in sorted(clocks, key=lambda c: (c == 0, c)) if c not in over]
     folder = (out.with_suffix("") if out else Path("build/bench/dse"))
     rows = dse_rows(run_sweep(kind, points, folder, workers=workers, sequential=sequential,
                               address=address))
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"dram": dram, "fmt": fmt, "stream_bytes": stream_bytes,
-                                   "rows": rows}, indent=1) + "\n")
+        write_dse(out, rows, drams, fmt, clocks, stream_bytes, tolerance, synth_root)
     return rows
 
 
+def write_dse(out: Path, rows: list[dict], drams, fmt: str, clocks, stream_bytes: int,
+              tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT) -> None:
+    """Write ``dse.json`` (version :data:`DSE_VERSION`, keys of :func:`sweep`) to ``out``."""
+    areas = synth_areas(synth_root, fmt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "version": DSE_VERSION, "drams": list(drams), "dram": list(drams)[0], "fmt": fmt,
+        "clocks": list(clocks), "stream_bytes": stream_bytes, "rows": rows,
+        "knees": perf_per_area(knees(rows, tolerance), areas),
+        "areas": {str(k): v for k, v in sorted(areas.items())}}, indent=1) + "\n")
+
+
+def recorded_rows(folder: Path, lanes=None, depths=None, fmt: str = "bf16", drams=None,
+                  stream_bytes: int = SWEEP_STREAM_BYTES, clocks=None) -> list[dict]:
+    """The :func:`dse_rows` of the ``ok`` records already in ``folder/results.jsonl``, of any
+    sources version (the records of an earlier code state, also version-1 records without
+    an NME clock: the NME on the DRAM clock), newest per parameter set; only those matching
+    ``fmt``, ``stream_bytes`` and, where given, ``lanes``, ``depths``, ``drams``, ``clocks``
+    (MHz, 0 = on the DRAM clock). For ``--sweep-report-only``: tables, JSON and plot without
+    measuring. Raises ValueError (coda.sweep.read_results) for a file that is not this
+    engine's records of the ``bench`` kind."""
+    from coda.sweep import read_results
+
+    newest: dict[str, dict] = {}
+    for rec in read_results(folder, sweep_kind()):
+        p = rec["params"]
+        if rec["status"] != "ok" or p.get("fmt", "bf16") != fmt \
+                or p.get("stream_bytes") != stream_bytes \
+                or (lanes is not None and p["lanes"] not in lanes) \
+                or (depths is not None and p["depth"] not in depths) \
+                or (drams is not None and p.get("dram", "DDR5-4800") not in drams) \
+                or (clocks is not None and float(p.get("nme_mhz") or 0.0) not in clocks):
+            continue
+        newest[json.dumps({k: p.get(k) for k in ("lanes", "depth", "fmt", "dram",
+                                                 "stream_bytes", "nme_mhz")},
+                          sort_keys=True)] = rec
+    return dse_rows(list(newest.values()))
+
+
 def print_sweep(rows: list[dict]) -> None:
-    """The sweep as a rich table: one line per (lanes, depth), both programs side by side."""
+    """The sweep as a rich table: one line per (standard, NME clock, lanes, depth), both
+    programs side by side: elements per ns, DRAM utilisation (%) and GB/s per rank."""
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title="DIMM-NMP design space (per rank)")
-    for col in ("lanes", "depth", "add cyc/elem", "add util", "add GB/s",
-                "seg4 cyc/elem", "seg4 util", "seg4 GB/s"):
+    for col in ("standard", "NME MHz", "lanes", "depth", "add elem/ns", "add util",
+                "add GB/s", "seg4 elem/ns", "seg4 util", "seg4 GB/s"):
         t.add_column(col, justify="right")
-    by = {(r["lanes"], r["depth"], r["program"]): r for r in rows}
-    for lanes, depth in sorted({(r["lanes"], r["depth"]) for r in rows}):
-        cells = [str(lanes), str(depth)]
+    by = {(r.get("dram"), r.get("nme_mhz"), r["lanes"], r["depth"], r["program"]): r
+          for r in rows}
+    for dram, mhz, lanes, depth in sorted({k[:4] for k in by},
+                                          key=lambda k: (k[0] or "", k[1] or 0.0, k[2], k[3])):
+        cells = [dram or "-", clock_label(mhz), str(lanes), str(depth)]
         for prog in ("residual_add", "segment4"):
-            r = by.get((lanes, depth, prog))
-            cells += ([f"{r['cycles_per_element']:.3f}", f"{100 * r['utilisation']:.1f} %",
+            r = by.get((dram, mhz, lanes, depth, prog))
+            cells += ([f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
                        f"{r['gbps']:.2f}"] if r else ["-"] * 3)
         t.add_row(*cells)
-    Console().print(t)
+    Console(width=200).print(t)
 
 
-def plot_sweep(rows: list[dict], path: Path, dram: str = "DDR5-4800") -> None:
-    """Elements per cycle and DRAM utilisation against lanes, one line per depth (PNG), with
-    the two ceilings: the NME memory port (one word of ``lanes`` elements per cycle, shared
-    by the program's streams) and the rank's DRAM peak (2 bytes per element per stream)."""
+def print_knees(knee_rows: list[dict], areas: dict[int, dict]) -> None:
+    """The knee per (standard, clock, program) (:func:`knees`) with performance per area
+    (:func:`perf_per_area`; says so when no synthesis results exist)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    tol = knee_rows[0]["tolerance"] if knee_rows else KNEE_TOLERANCE
+    t = Table(title=f"knee per clock: fewest lanes within {100 * tol:.0f} % of the best "
+                    "utilisation at that clock")
+    for col in ("standard", "NME MHz", "program", "knee lanes", "depth", "util", "elem/ns",
+                "best util", "DRAM-bound", "lanes to saturate", "elem/ns per 1k cells",
+                "elem/ns per 1k LUT4"):
+        t.add_column(col, justify="right")
+    for k in perf_per_area(knee_rows, areas):
+        t.add_row(k["dram"] or "-", clock_label(k["nme_mhz"]), k["program"],
+                  str(k["knee_lanes"]), str(k["knee_depth"]),
+                  f"{100 * k['knee_utilisation']:.1f} %", f"{k['knee_elements_per_ns']:.3f}",
+                  f"{100 * k['best_utilisation']:.1f} %", "yes" if k["saturated"] else "no",
+                  "-" if k["lanes_to_saturate"] is None else f">= {k['lanes_to_saturate']}",
+                  f"{k['per_kcell']:.4f}" if "per_kcell" in k else "-",
+                  f"{k['per_klut']:.4f}" if "per_klut" in k else "-")
+    c = Console(width=200)
+    c.print(t)
+    if not areas:
+        c.print(f"perf/area: no synthesis results under {SYNTH_ROOT} (run `make synth-sweep`); "
+                "area columns left empty")
+
+
+def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
+    """Per standard, elements per ns (upper) and DRAM utilisation in % (lower) against lanes,
+    one line per NME clock (best depth per lanes, :func:`best_rows`), one column per program,
+    with the rank's DRAM ceiling (peak GB/s / (2 B x streams)) on the elements-per-ns axes
+    (PNG). ``dram``: only that standard (default: every standard in ``rows``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from coda.hw.dram_standards import get_standard
 
-    std = get_standard(dram)
-    peak = std.burst_bytes / std.nBL   # bytes per cycle of one rank
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
-    for col, prog in enumerate(("residual_add", "segment4")):
-        for depth in sorted({r["depth"] for r in rows}):
-            pts = sorted((r["lanes"], r) for r in rows if r["depth"] == depth and r["program"] == prog)
-            if not pts:
-                continue
-            x = [p[0] for p in pts]
-            axes[0, col].plot(x, [p[1]["elements_per_cycle"] for p in pts], "o-", label=f"depth {depth}")
-            axes[1, col].plot(x, [100 * p[1]["utilisation"] for p in pts], "o-", label=f"depth {depth}")
-        xs = sorted({r["lanes"] for r in rows})
-        streams = PROGRAM_STREAMS[prog]
-        axes[0, col].plot(xs, [x / streams for x in xs], "k:",
-                          label=f"NME port bound (lanes / {streams} streams)")
-        axes[0, col].axhline(peak / (2 * streams), color="r", linestyle="--",
-                             label=f"DRAM peak / ({streams} x 2 B)")
-        axes[0, col].set_title(prog)
-        axes[0, col].set_ylabel("elements / cycle / rank")
-        axes[1, col].set_ylabel(f"{dram} utilisation (%)")
-        axes[1, col].set_xlabel("NME lanes")
-        for ax in axes[:, col]:
-            ax.set_xscale("log", base=2)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-        axes[0, col].set_yscale("log", base=2)
+    best = best_rows(rows)
+    stds = [dram] if dram else sorted({r.get("dram") or "DDR5-4800" for r in best})
+    fig, axes = plt.subplots(2 * len(stds), 2, figsize=(10, 6 * len(stds)), sharex=True,
+                             squeeze=False)
+    for s, name in enumerate(stds):
+        std = get_standard(name)
+        for col, prog in enumerate(("residual_add", "segment4")):
+            top, bottom = axes[2 * s, col], axes[2 * s + 1, col]
+            mine = [r for r in best if (r.get("dram") or "DDR5-4800") == std.name
+                    and r["program"] == prog]
+            for mhz in sorted({r.get("nme_mhz") or 0.0 for r in mine}):
+                pts = sorted((r["lanes"], r) for r in mine if (r.get("nme_mhz") or 0.0) == mhz)
+                label = ("same domain" if not mhz else f"{mhz:g} MHz")
+                x = [p[0] for p in pts]
+                top.plot(x, [p[1]["elements_per_ns"] for p in pts], "o-", label=label)
+                bottom.plot(x, [100 * p[1]["utilisation"] for p in pts], "o-", label=label)
+            streams = PROGRAM_STREAMS[prog]
+            top.axhline(std.peak_gbps / (2 * streams), color="r", linestyle="--",
+                        label=f"DRAM peak / ({streams} x 2 B)")
+            top.set_title(f"{std.name} {prog}")
+            top.set_ylabel("elements / ns / rank")
+            bottom.set_ylabel(f"{std.name} utilisation (%)")
+            bottom.set_xlabel("NME lanes")
+            for ax in (top, bottom):
+                ax.set_xscale("log", base=2)
+                ax.grid(True, alpha=0.3)
+                ax.legend(fontsize=7)
+            top.set_yscale("log", base=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -476,19 +774,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-lanes", default=",".join(map(str, SWEEP_LANES)),
                     help="lanes of the design-space sweep ('' = no sweep)")
     ap.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
-    ap.add_argument("--sweep-only", action="store_true", help="only the lanes x depth sweep")
+    ap.add_argument("--sweep-clocks", default=",".join(clock_label(c) for c in SWEEP_CLOCKS),
+                    help="NME clocks of the sweep in MHz, 'dram' for the NME on the DRAM "
+                         "clock (no crossing); each at most the standard's DRAM clock")
+    ap.add_argument("--sweep-drams", default=",".join(SWEEP_DRAMS),
+                    help="DRAM standards of the sweep")
+    ap.add_argument("--sweep-stream-bytes", type=int, default=SWEEP_STREAM_BYTES,
+                    help="bytes per stream of the sweep's programs")
+    ap.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
+                    help="the knee: fewest lanes within this share of the best utilisation")
+    ap.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
+    ap.add_argument("--sweep-report-only", action="store_true",
+                    help="measure nothing: tables, dse.json and dse.png of the sweep records "
+                         "already in build/bench/dse/ (any code version) matching the options")
     add_run_options(ap, "sweep's points")
     args = ap.parse_args(argv)
-    sweep_lanes = [int(v) for v in args.sweep_lanes.split(",") if v]
-    sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]
+    try:
+        sweep_lanes = [int(v) for v in args.sweep_lanes.split(",") if v]
+        sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]
+        sweep_clocks = parse_clocks(args.sweep_clocks)
+        sweep_drams = [v.strip() for v in args.sweep_drams.split(",") if v.strip()]
+        if not 0 < args.knee_tolerance <= 1:
+            raise ValueError(f"--knee-tolerance {args.knee_tolerance}: expected 0 < t <= 1")
+        from coda.hw.dram_standards import get_standard
+        from coda.hw.nmp import check_nme_mhz
+        # every clock must suit at least one standard (the fastest); faster than a slower
+        # standard's DRAM clock: left out for that one (sweep says so)
+        fastest = max((get_standard(s) for s in sweep_drams), key=lambda s: -s.tCK_ns,
+                      default=None)
+        if fastest is None:
+            raise ValueError("--sweep-drams: expected at least one standard")
+        for c in sweep_clocks:
+            if c:
+                check_nme_mhz(c, fastest)
+    except ValueError as exc:
+        ap.error(str(exc))
     if sweep_lanes:
         sweep_json = args.out.with_name("dse.json")
-        rows = sweep(sweep_lanes, sweep_depths, args.fmt, args.nmp_dram, out=sweep_json,
-                     workers=args.workers, sequential=args.sequential, address=args.address)
-        plot_sweep(rows, sweep_json.with_suffix(".png"), args.nmp_dram)
+        t0 = time.perf_counter()
+        if args.sweep_report_only:
+            rows = recorded_rows(sweep_json.with_suffix(""), sweep_lanes, sweep_depths,
+                                 args.fmt, sweep_drams, args.sweep_stream_bytes, sweep_clocks)
+            if not rows:
+                print(f"no sweep records matching the options in {sweep_json.with_suffix('')}")
+                return 1
+            write_dse(sweep_json, rows, sweep_drams, args.fmt, sweep_clocks,
+                      args.sweep_stream_bytes, args.knee_tolerance)
+        else:
+            rows = sweep(sweep_lanes, sweep_depths, args.fmt, sweep_drams,
+                         args.sweep_stream_bytes, out=sweep_json, clocks=sweep_clocks,
+                         workers=args.workers, sequential=args.sequential,
+                         address=args.address, tolerance=args.knee_tolerance)
+        plot_sweep(rows, sweep_json.with_suffix(".png"))
         print_sweep(rows)
-        print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')}")
-        if args.sweep_only:
+        print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt))
+        print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')} "
+              f"({time.perf_counter() - t0:.0f} s)")
+        if args.sweep_only or args.sweep_report_only:
             return 0
     if not args.skip_dram:
         bench_dram(out=args.out.with_name("dram.json"))
@@ -497,8 +839,8 @@ def main(argv: list[str] | None = None) -> int:
     from coda.cosim.nmp_build import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
-    # the sweep's stream size (256 KiB per stream), so the 2 x 2 figures compare with its rows
-    words = SWEEP_STREAM_BYTES // (2 * args.nmp_lanes)
+    # 256 KiB per stream (the README's 2 x 2 and NME-clock figures)
+    words = NMP_STREAM_BYTES // (2 * args.nmp_lanes)
     ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth,
                      mem_words=_mem_words(words))
     result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f,

@@ -24,12 +24,16 @@ was placed and routed (said so in the table). If the cosim bench left throughput
 Measured throughput
 -------------------
 With the DIMM-NMP design-space sweep of ``make bench`` (``build/bench/dse.json``, from
-:func:`coda.cosim.bench.sweep`: one rank, NME clocked at the DRAM tCK, best buffer depth per
-lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
+:func:`coda.cosim.bench.sweep`: one rank; here its rows with the NME clocked at the DRAM tCK,
+best buffer depth per lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
 a residual add and of a 4-stream segment, and that per 1,000 generic cells / ECP5 LUT4s
 (performance per area, frequency-free because the cosim NME runs at tCK). The *measured knee*
 is the smallest lanes count reaching 95 % of the best elements/cycle: beyond it the DRAM, not
-the lanes, sets the throughput, and perf/area falls.
+the lanes, sets the throughput, and perf/area falls. A version-2 ``dse.json`` (the sweep
+over NME clocks and DRAM standards) also gives :func:`clock_table`: per standard, NME clock
+(MHz) and lanes count, the measured elements per ns per 1,000 generic cells / LUT4s, the knee
+of :func:`coda.cosim.bench.knees` at that clock (said NME-bound when even the widest NME
+does not saturate the rank) and whether the ECP5 Fmax of that lanes count reaches the clock.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
-           "bandwidth_table", "measured_table", "plot", "main"]
+           "bandwidth_table", "measured_table", "clock_table", "plot", "main"]
 
 LANES = (1, 2, 4, 8, 16, 32)
 FORMATS = ("bf16", "fp16")
@@ -188,21 +192,28 @@ KNEE_FRACTION = 0.95
 DSE_PROGRAMS = ("residual_add", "segment4")
 
 
-def measured_table(rows: list[dict], dse: dict) -> list[dict]:
+def measured_table(rows: list[dict], dse: dict, dram: str | None = None) -> list[dict]:
     """Add the DIMM-NMP sweep's measured throughput and performance per area to ``rows``.
 
     Args:
         rows: synthesis rows (:func:`collect`, one per lanes x fmt).
-        dse: the JSON of ``build/bench/dse.json`` ({"dram", "rows": [{lanes, depth, program,
-            elements_per_cycle, utilisation, ...}]}).
-    Adds per row and program P in :data:`DSE_PROGRAMS` where measured: ``P_elem_per_cycle``
-    (best depth), ``P_depth``, ``P_utilisation``, ``P_per_kcell`` / ``P_per_klut`` (elements per
-    cycle per 1,000 cells / LUT4s), ``P_knee`` (True on the measured knee, see module doc).
+        dse: the JSON of ``build/bench/dse.json`` (version 1: ``{"dram", "rows": [{lanes,
+            depth, program, elements_per_cycle, utilisation, ...}]}``; version 2 adds ``dram``
+            and ``nme_mhz`` per row, None for the NME on the DRAM clock).
+        dram: the standard whose rows to use (default: ``dse["dram"]``).
+    Uses the rows of the NME on the DRAM clock (one NME cycle = one tCK, so elements per
+    cycle are comparable across lanes; the other clocks: :func:`clock_table`). Adds per row
+    and program P in :data:`DSE_PROGRAMS` where measured: ``P_elem_per_cycle`` (best depth),
+    ``P_depth``, ``P_utilisation``, ``P_per_kcell`` / ``P_per_klut`` (elements per cycle per
+    1,000 cells / LUT4s), ``P_knee`` (True on the measured knee, see module doc).
     The DSE runs bf16; the datapath's cycle behaviour is the same for fp16, so both formats
     use it.
     """
+    dram = dram or dse.get("dram")
     best: dict[tuple[int, str], dict] = {}
     for r in dse.get("rows", []):
+        if r.get("nme_mhz") is not None or r.get("dram", dram) != dram:
+            continue
         key = (r["lanes"], r["program"])
         if key not in best or r["elements_per_cycle"] > best[key]["elements_per_cycle"]:
             best[key] = r
@@ -229,6 +240,62 @@ def measured_table(rows: list[dict], dse: dict) -> list[dict]:
                 r[f"{prog}_per_klut"] = e / (r["lut4"] / 1e3)
         out.append(r)
     return out
+
+
+def clock_table(rows: list[dict], dse: dict, fmt: str = "bf16",
+                tolerance: float = KNEE_FRACTION) -> list[dict]:
+    """Measured throughput per area at every NME clock of a version-2 ``dse.json``.
+
+    One dict per (standard, NME clock, program, lanes) with the best depth
+    (:func:`coda.cosim.bench.best_rows`): ``dram, nme_mhz`` (None: on the DRAM clock),
+    ``program, lanes, depth, elements_per_ns, utilisation``; ``cells_total`` / ``lut4`` and
+    ``per_kcell`` / ``per_klut`` (elements/ns per 1,000 generic cells / ECP5 LUT4s) where
+    ``rows`` (:func:`collect`) has the lanes count in ``fmt``; ``ecp5_fmax_mhz`` where placed
+    and routed and ``fmax_ok`` (that Fmax reaches the NME clock; None without a figure);
+    ``knee`` (True on the knee of :func:`coda.cosim.bench.knees` at ``tolerance``) and
+    ``saturated`` (that clock's knee is DRAM-bound). ``[]`` for a version-1 file (no clocks).
+    """
+    from coda.cosim.bench import best_rows, knees, perf_per_area
+
+    if dse.get("version", 1) < 2:
+        return []
+    areas = {r["lanes"]: {k: r[k] for k in ("cells_total", "lut4", "fmax_mhz") if r.get(k)}
+             for r in rows if r["fmt"] == fmt}
+    kn = {(k["dram"], k["nme_mhz"], k["program"]): k
+          for k in knees(dse.get("rows", []), tolerance)}
+    out = []
+    for r in perf_per_area(best_rows(dse.get("rows", [])), areas):
+        k = kn[(r.get("dram"), r.get("nme_mhz"), r["program"])]
+        fmax = areas.get(r["lanes"], {}).get("fmax_mhz")
+        clk = r.get("nme_mhz_effective")
+        out.append({**{key: r.get(key) for key in (
+            "dram", "nme_mhz", "program", "lanes", "depth", "elements_per_ns", "utilisation",
+            "cells_total", "lut4", "per_kcell", "per_klut") if key in r},
+            "ecp5_fmax_mhz": fmax,
+            "fmax_ok": None if fmax is None or clk is None else fmax >= clk,
+            "knee": k["knee_lanes"] == r["lanes"], "saturated": k["saturated"]})
+    return out
+
+
+def print_clock_table(crow: list[dict]) -> None:
+    """Rich table of :func:`clock_table` (the segment and residual add at every clock)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="measured DIMM-NMP throughput per area, per NME clock (best depth)")
+    for col in ("standard", "NME MHz", "program", "lanes", "depth", "elem/ns", "util",
+                "elem/ns per 1k cells", "elem/ns per 1k LUT4", "ECP5 Fmax", "knee"):
+        table.add_column(col, justify="right")
+    for r in crow:
+        table.add_row(r["dram"], "dram" if r["nme_mhz"] is None else f"{r['nme_mhz']:g}",
+                      r["program"], str(r["lanes"]), str(r["depth"]),
+                      f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
+                      f"{r['per_kcell']:.4f}" if r.get("per_kcell") else "-",
+                      f"{r['per_klut']:.4f}" if r.get("per_klut") else "-",
+                      "-" if r["ecp5_fmax_mhz"] is None else
+                      f"{r['ecp5_fmax_mhz']:.1f}" + ("" if r["fmax_ok"] else " (< clock)"),
+                      ("knee" + ("" if r["saturated"] else " (NME-bound)")) if r["knee"] else "")
+    Console(width=220).print(table)
 
 
 def _bench_results(bench_dir: Path) -> list[dict]:
@@ -354,13 +421,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = bandwidth_table(collect(args.root), args.dram)
     dse_path = Path("build/bench/dse.json")
     if dse_path.exists():
-        rows = measured_table(rows, json.loads(dse_path.read_text()))
+        dse = json.loads(dse_path.read_text())
+        crow = clock_table(rows, dse)
+        rows = measured_table(rows, dse)
         print(f"measured throughput from {dse_path}")
+    else:
+        crow = []
+        print(f"no {dse_path}: run `make bench` for measured throughput per area")
     print_table(rows)
+    if crow:
+        print_clock_table(crow)
     out = args.root.parent
     bench = _bench_results(Path("build/bench"))
     (out / "sweep.json").write_text(json.dumps({"rows": rows, "dram": args.dram,
-                                                "bench": bench}, indent=1) + "\n")
+                                                "clock_rows": crow, "bench": bench},
+                                               indent=1) + "\n")
     if rows:
         plot(rows, out / "sweep.png", args.dram)
     print(f"wrote {out / 'sweep.json'}" + (f", {out / 'sweep.png'}" if rows else ""))

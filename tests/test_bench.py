@@ -2,6 +2,7 @@
 table and the plot of the rows :func:`bench.dse_rows` makes of sweep records, checked cell by
 cell and line by line against those rows."""
 
+import json
 import math
 
 import pytest
@@ -49,6 +50,56 @@ def _records():
     return records
 
 
+STDS = ("DDR5-4800", "DDR4-3200")
+LANES = (1, 2, 4, 8, 16, 32)
+#: clocks per standard (None: the same-domain NME, on the DRAM clock)
+CLOCKS = {"DDR5-4800": (None, 100.0, 400.0, 1200.0), "DDR4-3200": (None, 100.0, 800.0)}
+SAT = 0.88          # DRAM-bound utilisation of the synthetic rank
+EFF = 0.9           # share of the NME port's word per cycle the synthetic NME uses
+
+
+def _clock_util(std, lanes, mhz):
+    """Utilisation of the synthetic rank: the NME port's demand (lanes x 2 B x f x EFF) over
+    the rank's peak, capped at SAT; a deeper buffer gains nothing here (ties: depth 16)."""
+    f = 1000.0 / std.tCK_ns if mhz is None else mhz
+    return min(lanes * 2 * f * 1e-3 * EFF / std.peak_gbps, SAT)
+
+
+def _clock_records():
+    """Version-2 sweep records (with ``nme_mhz`` and ns) of a roofline rank: every (standard,
+    clock, lanes, depth 16 / 256), the depth-256 point 2 % slower than the depth-16 one (so
+    the best depth is 16), figures as :func:`bench.dse_point` derives them."""
+    recs = []
+    for name in STDS:
+        std = get_standard(name)
+        for mhz in CLOCKS[name]:
+            for lanes in LANES:
+                for depth in (16, 256):
+                    figures = {"nme_mhz_effective": mhz or 1000.0 / std.tCK_ns}
+                    for prog, streams in bench.PROGRAM_STREAMS.items():
+                        elements = STREAM_BYTES // 2
+                        moved = 2 * streams * elements
+                        u = _clock_util(std, lanes, mhz) * (0.98 if depth == 256 else 1.0)
+                        dram_cycles = math.ceil(moved / (u * std.burst_bytes / std.nBL))
+                        ns = dram_cycles * std.tCK_ns
+                        cycles = math.ceil(ns * (mhz or 1000.0 / std.tCK_ns) / 1000.0)
+                        figures.update({
+                            f"{prog}.elements": elements, f"{prog}.cycles": cycles,
+                            f"{prog}.dram_cycles": dram_cycles, f"{prog}.ns": ns,
+                            f"{prog}.elements_per_ns": elements / ns,
+                            f"{prog}.cycles_per_element": cycles / elements,
+                            f"{prog}.elements_per_cycle": elements / cycles,
+                            f"{prog}.utilisation": moved / (dram_cycles * std.burst_bytes
+                                                            / std.nBL),
+                            f"{prog}.gbps": moved / ns})
+                    recs.append({"params": {"lanes": lanes, "depth": depth, "fmt": "bf16",
+                                            "dram": name, "stream_bytes": STREAM_BYTES,
+                                            "nme_mhz": mhz or 0.0},
+                                 "status": "ok", "figures": figures,
+                                 "timing": {"build_seconds": 1.0}})
+    return recs
+
+
 def test_dse_rows_are_the_records_figures():
     records = _records()
     rows = bench.dse_rows(records)
@@ -63,77 +114,84 @@ def test_dse_rows_are_the_records_figures():
             assert row[key] == rec["figures"][f"{prog}.{key}"], (prog, key)
         assert row["sim_cycles_per_s"] == rec["timing"][f"{prog}.sim_cycles_per_s"]
         assert row["build_seconds"] == rec["timing"]["build_seconds"]
+        # a version-1 record (no nme_mhz, no ns): the NME on the DRAM clock, 1 cycle = 1 tCK
+        std = get_standard(DRAM)
+        assert row["dram"] == DRAM and row["nme_mhz"] is None
+        assert row["dram_cycles"] == row["cycles"]
+        assert row["ns"] == pytest.approx(row["cycles"] * std.tCK_ns, abs=0.05)
+        assert row["elements_per_ns"] == pytest.approx(row["elements"] / row["ns"], rel=1e-4)
 
 
 def test_sweep_table_cells_are_the_rows(capsys, monkeypatch):
-    """One line per (lanes, depth) in order, each program's cells its row's cycles per
-    element (3 decimals), utilisation (percent, 1 decimal) and GB/s (2 decimals); a
+    """One line per (standard, clock, lanes, depth) in order, each program's cells its row's
+    elements per ns (3 decimals), utilisation (percent, 1 decimal) and GB/s (2 decimals); a
     program without a row shows '-'."""
-    monkeypatch.setenv("COLUMNS", "200")        # rich: no wrapped cells
+    monkeypatch.setenv("COLUMNS", "240")        # rich: no wrapped cells
     rows = bench.dse_rows(_records())
     missing = rows.pop()                         # the last point's segment4
     assert missing["program"] == "segment4"
     bench.print_sweep(rows)
     out = capsys.readouterr().out
     assert "DIMM-NMP design space (per rank)" in out
-    lines = [line.split("│")[1:-1] for line in out.splitlines() if line.count("│") == 9]
+    lines = [line.split("│")[1:-1] for line in out.splitlines() if line.count("│") == 11]
     table = [[cell.strip() for cell in cells] for cells in lines]
     by = {(r["lanes"], r["depth"], r["program"]): r for r in rows}
     points = sorted({(r["lanes"], r["depth"]) for r in rows} | {(missing["lanes"],
                                                                 missing["depth"])})
     expected = []
     for lanes, depth in points:
-        cells = [str(lanes), str(depth)]
+        cells = [DRAM, "dram", str(lanes), str(depth)]
         for prog in ("residual_add", "segment4"):
             r = by.get((lanes, depth, prog))
             cells += (["-"] * 3 if r is None else
-                      [f"{r['cycles_per_element']:.3f}", f"{100 * r['utilisation']:.1f} %",
+                      [f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
                        f"{r['gbps']:.2f}"])
         expected.append(cells)
     assert table == expected
     assert table[-1][-3:] == ["-", "-", "-"]
-    assert len({tuple(row[2:]) for row in table}) == len(table)   # the points all differ
+    assert len({tuple(row[4:]) for row in table}) == len(table)   # the points all differ
 
 
 def test_sweep_plot_draws_the_rows(tmp_path, monkeypatch):
-    """Per program (columns) elements per cycle (top) and DRAM utilisation in % (bottom)
-    against lanes, one line per depth through that depth's rows; the NME port bound
-    lanes / streams and the DRAM peak / (2 B x streams) of the standard as ceilings."""
+    """Per standard and program (columns) elements per ns (top) and DRAM utilisation in %
+    (bottom) against lanes, one line per NME clock through the best depth's rows; the DRAM
+    peak / (2 B x streams) of the standard as the ceiling."""
     import matplotlib.pyplot as plt
     from PIL import Image
 
     figures = []
     close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
-    rows = bench.dse_rows(_records())
-    bench.plot_sweep(rows, tmp_path / "dse.png", DRAM)
+    rows = bench.dse_rows(_clock_records())
+    bench.plot_sweep(rows, tmp_path / "dse.png")
     fig, = figures
-    std = get_standard(DRAM)
-    peak = std.burst_bytes / std.nBL
-    depths = sorted({r["depth"] for r in rows})
-    all_lanes = sorted({r["lanes"] for r in rows})
-    axes = [fig.axes[0:2], fig.axes[2:4]]
-    for col, prog in enumerate(("residual_add", "segment4")):
-        streams = bench.PROGRAM_STREAMS[prog]
-        top, bottom = axes[0][col], axes[1][col]
-        assert top.get_title() == prog
-        for ax, value in ((top, lambda r: r["elements_per_cycle"]),
-                          (bottom, lambda r: 100 * r["utilisation"])):
-            assert ax.get_xscale() == "log"
-            lines = {line.get_label(): line for line in ax.get_lines()}
-            for depth in depths:
-                pts = sorted((r["lanes"], value(r)) for r in rows
-                             if r["depth"] == depth and r["program"] == prog)
-                line = lines.pop(f"depth {depth}")
-                assert list(line.get_xdata()) == [x for x, _ in pts]
-                assert list(line.get_ydata()) == pytest.approx([y for _, y in pts], rel=1e-12)
-            if ax is top:
-                bound = lines.pop(f"NME port bound (lanes / {streams} streams)")
-                assert list(bound.get_xdata()) == all_lanes
-                assert list(bound.get_ydata()) == [n / streams for n in all_lanes]
-                ceiling = lines.pop(f"DRAM peak / ({streams} x 2 B)")
-                assert list(ceiling.get_ydata()) == [peak / (2 * streams)] * 2
-            assert lines == {}          # nothing else drawn
+    assert len(fig.axes) == 4 * len(STDS)
+    for s, name in enumerate(sorted(STDS)):
+        std = get_standard(name)
+        for col, prog in enumerate(("residual_add", "segment4")):
+            streams = bench.PROGRAM_STREAMS[prog]
+            top, bottom = fig.axes[4 * s + col], fig.axes[4 * s + 2 + col]
+            assert top.get_title() == f"{name} {prog}"
+            for ax, value in ((top, lambda r: r["elements_per_ns"]),
+                              (bottom, lambda r: 100 * r["utilisation"])):
+                assert ax.get_xscale() == "log"
+                lines = {line.get_label(): line for line in ax.get_lines()}
+                for mhz in CLOCKS[name]:
+                    # best depth by hand: the most elements per ns over the depths
+                    pts = {}
+                    for r in rows:
+                        if (r["dram"], r["nme_mhz"], r["program"]) == (name, mhz, prog):
+                            if (r["lanes"] not in pts
+                                    or r["elements_per_ns"] > pts[r["lanes"]]["elements_per_ns"]):
+                                pts[r["lanes"]] = r
+                    line = lines.pop("same domain" if mhz is None else f"{mhz:g} MHz")
+                    assert list(line.get_xdata()) == sorted(pts)
+                    assert list(line.get_ydata()) == pytest.approx(
+                        [value(pts[n]) for n in sorted(pts)], rel=1e-12)
+                if ax is top:
+                    ceiling = lines.pop(f"DRAM peak / ({streams} x 2 B)")
+                    assert list(ceiling.get_ydata()) == [std.peak_gbps / (2 * streams)] * 2
+                assert lines == {}          # nothing else drawn
     width, height = fig.get_size_inches() * 120
     with Image.open(tmp_path / "dse.png") as img:
         assert img.format == "PNG" and img.size == (round(width), round(height))
@@ -143,3 +201,206 @@ def test_rank_memory_holds_the_four_streams():
     for words in (1, 16383, 16384, 131072):
         mem = bench._mem_words(words)
         assert mem >= 4 * words + 1 and mem & (mem - 1) == 0 and mem >= 1024
+
+
+def test_clock_rows_keep_standard_clock_and_figures():
+    records = _clock_records()
+    rows = bench.dse_rows(records)
+    assert len(rows) == len(records) * len(bench.PROGRAM_STREAMS)
+    for row in rows:
+        rec, = [r for r in records if r["params"]["dram"] == row["dram"]
+                and (r["params"]["nme_mhz"] or None) == row["nme_mhz"]
+                and (r["params"]["lanes"], r["params"]["depth"]) == (row["lanes"], row["depth"])]
+        for key in bench.ROW_KEYS:
+            assert row[key] == rec["figures"][f"{row['program']}.{key}"], key
+        assert row["nme_mhz_effective"] == rec["figures"]["nme_mhz_effective"]
+
+
+def test_knee_per_clock_follows_the_roofline():
+    """Expected knees from the synthetic rank's closed form, not from the rows: where the
+    widest NME reaches SAT (lanes_max x f x 2 B x EFF >= SAT x peak) the knee is the fewest
+    lanes with lanes x f >= tol x SAT x peak / (2 B x EFF), DRAM-bound; elsewhere every
+    lanes count is NME-bound, the best is the widest and the knee is the fewest lanes >= tol x
+    lanes_max (the widest, with powers of two), and ``lanes_to_saturate`` is
+    ceil(tol x SAT x peak / (2 B x f x EFF))."""
+    tol = 0.95
+    ks = bench.knees(bench.dse_rows(_clock_records()), tol)
+    assert len(ks) == sum(len(c) for c in CLOCKS.values()) * len(bench.PROGRAM_STREAMS)
+    seen = set()
+    for k in ks:
+        std = get_standard(k["dram"])
+        f = k["nme_mhz"] or 1000.0 / std.tCK_ns
+        need = tol * SAT * std.peak_gbps / (2 * f * 1e-3 * EFF)     # lanes x f >= ...
+        reach = max(LANES) * 2 * f * 1e-3 * EFF / std.peak_gbps >= SAT
+        if reach:
+            want = min(n for n in LANES if n >= need - 1e-9)
+            assert k["saturated"] and k["lanes_to_saturate"] is None
+            assert k["best_utilisation"] == pytest.approx(SAT, rel=1e-3)   # whole DRAM cycles
+        else:
+            want = max(LANES)
+            assert not k["saturated"]
+            assert k["lanes_to_saturate"] == math.ceil(need - 1e-9)
+            assert k["best_utilisation"] == pytest.approx(
+                _clock_util(std, max(LANES), k["nme_mhz"]), rel=1e-3)
+        assert k["knee_lanes"] == want, k
+        assert k["knee_depth"] == 16          # the faster depth of the records
+        assert k["knee_utilisation"] == pytest.approx(_clock_util(std, want, k["nme_mhz"]),
+                                                      rel=1e-3)
+        assert k["rank_best"] == pytest.approx(SAT, rel=1e-3)
+        assert k["tolerance"] == tol
+        seen.add((k["dram"], k["nme_mhz"], k["program"]))
+    assert seen == {(s, c, p) for s in STDS for c in CLOCKS[s] for p in bench.PROGRAM_STREAMS}
+    # at 100 MHz nothing saturates either rank, at the DRAM clock both do
+    assert {k["saturated"] for k in ks if k["nme_mhz"] == 100.0} == {False}
+    assert {k["saturated"] for k in ks if k["nme_mhz"] is None} == {True}
+    with pytest.raises(ValueError, match="tolerance"):
+        bench.knees([], 0)
+    with pytest.raises(ValueError, match="tolerance"):
+        bench.knees([], 1.5)
+
+
+def test_knee_tolerance_moves_the_knee():
+    """A looser tolerance never gives more lanes; tolerance 1 gives the first lanes count at
+    the best utilisation itself."""
+    rows = bench.dse_rows(_clock_records())
+    strict = {(k["dram"], k["nme_mhz"], k["program"]): k["knee_lanes"]
+              for k in bench.knees(rows, 1.0)}
+    loose = {(k["dram"], k["nme_mhz"], k["program"]): k["knee_lanes"]
+             for k in bench.knees(rows, 0.5)}
+    assert all(loose[key] <= strict[key] for key in strict)
+    assert any(loose[key] < strict[key] for key in strict)
+    for k in bench.knees(rows, 1.0):
+        pts = [r for r in bench.best_rows(rows) if (r["dram"], r["nme_mhz"], r["program"])
+               == (k["dram"], k["nme_mhz"], k["program"])]
+        top = max(r["utilisation"] for r in pts)
+        assert k["knee_lanes"] == min(r["lanes"] for r in pts if r["utilisation"] == top)
+
+
+def _write_report(root, target, lanes, fmt, res):
+    d = root / "points" / f"{target}_l{lanes}_{fmt}"
+    d.mkdir(parents=True)
+    (d / "report.json").write_text(json.dumps({"config": {"lanes": lanes, "fmt": fmt},
+                                               "target": target, target: res}))
+
+
+def test_perf_per_area_from_synth_reports(tmp_path):
+    """Areas come from the synthesis sweep's report.json files of the format asked for;
+    perf/area = elements/ns / (area / 1000); no area, no key; no reports, {}."""
+    assert bench.synth_areas(tmp_path / "none") == {}
+    _write_report(tmp_path, "generic", 4, "bf16", {"cells_total": 80_000})
+    _write_report(tmp_path, "generic", 8, "bf16", {"cells_total": 160_000})
+    _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 20_000, "fmax_mhz": 64.3})
+    _write_report(tmp_path, "generic", 8, "fp16", {"cells_total": 1})
+    (tmp_path / "points" / "broken").mkdir()
+    (tmp_path / "points" / "broken" / "report.json").write_text("{not json")
+    areas = bench.synth_areas(tmp_path, "bf16")
+    assert areas == {4: {"cells_total": 80_000},
+                     8: {"cells_total": 160_000, "lut4": 20_000, "fmax_mhz": 64.3}}
+    rows = [{"lanes": 2, "elements_per_ns": 1.0}, {"lanes": 4, "elements_per_ns": 2.0},
+            {"lanes": 8, "elements_per_ns": 3.0}]
+    out = bench.perf_per_area(rows, areas)
+    assert "per_kcell" not in out[0] and "per_klut" not in out[0]
+    assert out[1]["per_kcell"] == pytest.approx(2.0 / 80) and "per_klut" not in out[1]
+    assert out[2]["per_kcell"] == pytest.approx(3.0 / 160)
+    assert out[2]["per_klut"] == pytest.approx(3.0 / 20)
+    assert rows[0] == {"lanes": 2, "elements_per_ns": 1.0}       # inputs untouched
+    knee = bench.perf_per_area([{"knee_lanes": 8, "knee_elements_per_ns": 4.0}], areas)[0]
+    assert knee["per_klut"] == pytest.approx(4.0 / 20)
+
+
+def test_knee_table_says_when_there_is_no_area(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "260")
+    ks = bench.knees(bench.dse_rows(_clock_records()))
+    bench.print_knees(ks, {})
+    out = capsys.readouterr().out
+    assert "no synthesis results" in out and "make synth-sweep" in out
+    lines = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
+             if line.count("│") == 13]
+    assert len(lines) == len(ks)
+    for cells, k in zip(lines, ks):
+        assert cells[0] == k["dram"] and cells[2] == k["program"]
+        assert cells[3] == str(k["knee_lanes"])
+        assert cells[8] == ("yes" if k["saturated"] else "no")
+        assert cells[10:] == ["-", "-"]
+    bench.print_knees(ks, {8: {"cells_total": 1000}})
+    out = capsys.readouterr().out
+    assert "no synthesis results" not in out
+
+
+def test_parse_clocks_and_bad_sweep_input():
+    assert bench.parse_clocks("dram, 64,100.5,0") == [0.0, 64.0, 100.5, 0.0]
+    for bad, msg in (("", "at least one"), ("fast", "expected MHz"), ("-5", "positive"),
+                     ("nan", "positive"), ("inf", "positive")):
+        with pytest.raises(ValueError, match=msg):
+            bench.parse_clocks(bad)
+    with pytest.raises(ValueError, match="clocks is empty"):
+        bench.sweep(clocks=())
+    with pytest.raises(ValueError, match="fastest standard"):
+        bench.sweep(lanes=(8,), clocks=(3000.0,), dram=("DDR4-3200",))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep-clocks", "fast"], "expected MHz"),
+    (["--sweep-clocks", "3000"], "may not exceed"),
+    (["--sweep-drams", ""], "at least one standard"),
+    (["--sweep-drams", "DDR9"], "DDR9"),
+    (["--knee-tolerance", "0"], "knee-tolerance"),
+])
+def test_bench_cli_refuses_bad_sweep_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--sweep-only"] + argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dse_point_refuses_a_bad_clock_before_any_build():
+    base = {"lanes": 8, "depth": 256, "fmt": "bf16", "stream_bytes": 4096}
+    with pytest.raises(ValueError, match="may not exceed the DDR4-3200"):
+        bench.dse_point({**base, "dram": "DDR4-3200", "nme_mhz": 2400.0})
+    with pytest.raises(ValueError, match="positive"):
+        bench.dse_point({**base, "dram": "DDR5-4800", "nme_mhz": -1.0})
+
+
+def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch):
+    """--sweep-report-only: the newest ok record per parameter set, whatever code version
+    wrote it (a version-1 record without nme_mhz is the NME on the DRAM clock), filtered by
+    the options; dse.json (version 2) and dse.png written, nothing measured."""
+    recs = _clock_records()
+    v1 = _records()[0]                                     # version 1: no nme_mhz
+    v1["params"]["lanes"] = 64                             # a lanes count of its own
+    lines = []
+    for i, rec in enumerate([v1] + recs):
+        lines.append({**rec, "kind": "bench", "key": f"k{i}"})
+    newer = json.loads(json.dumps(lines[1]))               # same params, later in the file
+    newer["key"] = "other-version"
+    newer["figures"]["segment4.utilisation"] = 0.5
+    stale = json.loads(json.dumps(lines[2]))
+    stale["status"] = "failed"                            # failed: not a row
+    stale["key"] = "failed-one"
+    other = json.loads(json.dumps(lines[3]))
+    other["params"]["stream_bytes"] = 1 << 20             # another size: filtered
+    folder = tmp_path / "build" / "bench" / "dse"
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines + [newer, stale, other]))
+    rows = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    assert len(rows) == (1 + len(recs)) * len(bench.PROGRAM_STREAMS)
+    p = lines[1]["params"]
+    seg, = [r for r in rows if (r["dram"], r["nme_mhz"], r["lanes"], r["depth"], r["program"])
+            == (p["dram"], p["nme_mhz"] or None, p["lanes"], p["depth"], "segment4")]
+    assert seg["utilisation"] == 0.5                      # the newer record
+    assert {(r["lanes"], r["nme_mhz"]) for r in rows if r["lanes"] == 64} == {(64, None)}
+    only = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, drams=("DDR4-3200",),
+                               clocks=(100.0,), lanes=(8,))
+    assert {(r["dram"], r["nme_mhz"], r["lanes"]) for r in only} == {("DDR4-3200", 100.0, 8)}
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                       "--sweep-lanes", "1,2,4,8,16,32,64", "--sweep-depths", "16,256",
+                       "--sweep-clocks", "dram,100,400,800,1200"]) == 0
+    dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
+    assert dse["version"] == bench.DSE_VERSION and dse["areas"] == {}
+    assert len(dse["rows"]) == len(rows)
+    assert (tmp_path / "build" / "bench" / "dse.png").stat().st_size > 0
+    assert not (folder / "points").exists()                # nothing measured
+    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", "64"]) == 1
+    assert "no sweep records" in capsys.readouterr().out

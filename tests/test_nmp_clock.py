@@ -216,3 +216,45 @@ def test_cli_nme_mhz(tmp_path, capsys, runs):
     assert text.startswith("// clocks: clk = DDR5-4800 command clock, 2400 MHz")
     assert "nme_clk = NME clock, 700 MHz" in text.splitlines()[0]
     assert "input nme_clk;" in text and "input nme_rst;" in text
+
+
+def test_dse_figures_of_a_real_run_at_two_clocks():
+    """``make bench``'s design-space figures (:func:`coda.cosim.bench.program_figures`) of a
+    real run of this module's build (1 x 2 ranks, 8 lanes, depth 128) at 200 and 400 MHz,
+    1024 words per stream: ns = NME cycles x the NME period (measure_nmp rounds to 0.1 ns),
+    DRAM cycles = ns / tCK to an edge, elements/ns = elements / ns; both clocks are below the
+    knee (8 lanes x 2 B x 400 MHz = 6.4 GB/s, a third of the rank's peak), so elements/ns
+    doubles from 200 to 400 MHz but for the fixed latency of a program (within 12 %); the
+    bytes moved do not depend on the clock, so utilisation and GB/s grow by the same factor."""
+    from coda.cosim import bench
+
+    words = 1024
+    figs = {}
+    for f in (200.0, 400.0):
+        m = bench.measure_nmp(CFG, STD.name, 1, 2, stream_words=words, nme_mhz=f)
+        assert m["violations"] == 0
+        figs[f] = {p: bench.program_figures(m[p], STD) for p in bench.PROGRAM_STREAMS}
+    for f, per in figs.items():
+        for prog, g in per.items():
+            assert g["elements"] == words * CFG.lanes
+            assert g["ns"] == pytest.approx(g["cycles"] * 1000.0 / f, abs=0.05)
+            assert abs(g["dram_cycles"] - g["ns"] / STD.tCK_ns) <= 2, (f, prog, g)
+            assert g["elements_per_ns"] == pytest.approx(g["elements"] / g["ns"], rel=1e-4)
+            assert g["elements_per_cycle"] == pytest.approx(g["elements"] / g["cycles"],
+                                                            abs=1e-4)
+            # the program's streams cross the DRAM bus, to a burst or two (the adapter's
+            # read-line reuse and write merging) and the rounding of utilisation (4 decimals)
+            streams = bench.PROGRAM_STREAMS[prog]
+            per_cycle = STD.burst_bytes / STD.nBL
+            moved = g["utilisation"] * g["dram_cycles"] * per_cycle
+            assert abs(moved - 2 * streams * g["elements"]) <= (
+                2 * STD.burst_bytes + 5e-5 * g["dram_cycles"] * per_cycle), (f, prog, moved)
+    for prog in bench.PROGRAM_STREAMS:
+        lo, hi = figs[200.0][prog], figs[400.0][prog]
+        speedup = hi["elements_per_ns"] / lo["elements_per_ns"]
+        assert 1.76 <= speedup <= 2.0 + 1e-3, (prog, speedup)
+        # the same bytes: the ratios agree to the rounding of utilisation (4 decimals) and
+        # GB/s (2 decimals) in measure_nmp
+        for key, half_ulp in (("utilisation", 5e-5), ("gbps", 5e-3)):
+            rel = half_ulp / hi[key] + half_ulp / lo[key] + 1e-4
+            assert hi[key] / lo[key] == pytest.approx(speedup, rel=rel), (prog, key)

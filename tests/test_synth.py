@@ -146,6 +146,43 @@ def test_measured_knee_and_perf_per_area(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+def test_measured_table_and_clock_table_of_a_version2_dse(capsys):
+    """A version-2 dse.json (standard and NME clock per row): the lanes table uses the
+    same-domain rows of dse["dram"] only; clock_table gives perf/area at every clock, the
+    knee of coda.cosim.bench.knees, and whether the ECP5 Fmax reaches the clock."""
+    rows = [{"lanes": n, "fmt": "bf16", "cells_total": 1000 * n, "lut4": 500 * n,
+             "fmax_mhz": 64.0 if n == 8 else None} for n in (4, 8)]
+
+    def row(dram, mhz, lanes, depth, e_ns, util, epc):
+        return {"dram": dram, "nme_mhz": mhz, "nme_mhz_effective": mhz or 2400.0,
+                "lanes": lanes, "depth": depth, "program": "segment4", "elements_per_ns": e_ns,
+                "utilisation": util, "elements_per_cycle": epc}
+    dse = {"version": 2, "dram": "DDR5-4800", "rows": [
+        row("DDR5-4800", None, 4, 256, 1.2, 0.6, 0.5), row("DDR5-4800", None, 8, 256, 2.0, 0.88, 0.83),
+        row("DDR5-4800", 100.0, 4, 256, 0.08, 0.04, 0.8), row("DDR5-4800", 100.0, 8, 256, 0.16, 0.08, 1.6),
+        row("DDR5-4800", 100.0, 8, 64, 0.15, 0.075, 1.5),
+        row("DDR4-3200", None, 8, 256, 9.9, 0.9, 9.9)]}
+    table = sweep.measured_table(rows, dse)
+    # same-domain DDR5-4800 rows only (not the 100 MHz 1.6 elements/cycle, not DDR4)
+    assert [r["segment4_elem_per_cycle"] for r in table] == [0.5, 0.83]
+    assert [r["segment4_knee"] for r in table] == [False, True]
+    crow = sweep.clock_table(rows, dse)
+    by = {(r["dram"], r["nme_mhz"], r["lanes"]): r for r in crow}
+    assert set(by) == {("DDR5-4800", None, 4), ("DDR5-4800", None, 8), ("DDR5-4800", 100.0, 4),
+                       ("DDR5-4800", 100.0, 8), ("DDR4-3200", None, 8)}
+    r = by[("DDR5-4800", 100.0, 8)]
+    assert r["depth"] == 256 and r["elements_per_ns"] == 0.16            # the best depth
+    assert r["per_kcell"] == pytest.approx(0.16 / 8) and r["per_klut"] == pytest.approx(0.16 / 4)
+    assert r["ecp5_fmax_mhz"] == 64.0 and r["fmax_ok"] is False          # 64 MHz < 100 MHz
+    assert r["knee"] and not r["saturated"]     # NME-bound: 8 % against 88 % on the DRAM clock
+    assert by[("DDR5-4800", None, 8)]["knee"] and by[("DDR5-4800", None, 8)]["saturated"]
+    assert not by[("DDR5-4800", None, 4)]["knee"]
+    assert by[("DDR5-4800", None, 4)]["fmax_ok"] is None                # no Fmax at 4 lanes
+    assert sweep.clock_table(rows, {"rows": dse["rows"]}) == []         # version 1: none
+    sweep.print_clock_table(crow)
+    assert "(< clock)" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_netlist_equivalent_to_rtl_and_torch():
     from coda.synth.netlist_sim import check_equivalence
