@@ -310,12 +310,14 @@ def test_bad_programs_change_nothing(uops, n_elems, status):
         res = interp.run_program(cfg, Program(n_elems, prog_uops), mem)
         assert res.status == status and res.l1 == 0.0
         assert np.array_equal(res.mem, mem)
-        # the NME's check FSM (lanes a power of two, no GROUP): header + n words, V_LEN,
-        # V_DIV, 3 per micro-op checked (the failing one stops after 2), FINISH
+        # the NME's check FSM (lanes a power of two, no GROUP): header + n words, V_LEN
+        # (a BAD_LENGTH program is rejected in V_DIV's first cycle), V_DIV, 3 per micro-op
+        # checked (V_FETCH, V_CHECK, V_DECIDE; the failing one too), V_END, FINISH
         n, k = len(prog_uops), len(prog_uops) - len(uops)
         cycles = TorchBackend().execute(cfg, Program(n_elems, prog_uops), mem).cycles
-        assert cycles == {Status.BAD_LENGTH: n + 3,
-                          Status.TOO_MANY_STREAMS: n + 4 + 1 + 3 * n}.get(status, n + 6 + 3 * k)
+        assert cycles == {Status.BAD_LENGTH: 1 + n + 1 + 1 + 1,
+                          Status.TOO_MANY_STREAMS: 1 + n + 1 + 1 + 3 * n + 1 + 1,
+                          }.get(status, 1 + n + 1 + 1 + 3 * (k + 1) + 1)
 
 
 _X = UOp(Op.MOV, RSrc.MEM, d=0, addr=0)   # writes buffer 0
