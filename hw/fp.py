@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -584,33 +584,44 @@ class FPWiden(wiring.Component):
 
 
 class Int8ToFP(wiring.Component):
-    """Combinational exact conversion of a two's-complement int8 to ``fmt``.
+    """Exact conversion of a two's-complement int8 to ``fmt``: combinational, or with one
+    register stage (``latency`` 1) after the magnitude and its leading-zero count, before
+    the normalising shift (``sync`` domain; one conversion per cycle, ``y`` the value of
+    the ``a`` of the previous cycle).
 
     Ports:
         a: In(8), int8 bit pattern (two's complement, -128..127).
-        y: Out(fmt.width), the same value in ``fmt`` (0 -> +0).
+        y: Out(fmt.width), the same value in ``fmt`` (0 -> +0), ``latency`` cycles later.
 
     Raises:
         TypeError: ``fmt`` is not an :class:`FPFormat`.
         ValueError: ``fmt`` cannot hold every int8 exactly (needs man_bits >= 6 for the
-            7 significant bits of 127, and a largest finite exponent >= 7 for -128).
+            7 significant bits of 127, and a largest finite exponent >= 7 for -128); a
+            ``latency`` other than 0 or 1.
     """
 
-    def __init__(self, fmt: FPFormat):
+    def __init__(self, fmt: FPFormat, latency: int = 0):
         self.fmt = _check_format(fmt)
         if fmt.man_bits < 6 or fmt.exp_max - 1 - fmt.bias < 7:
             raise ValueError(f"Int8ToFP({fmt.name}): expected man_bits >= 6 and a max "
                              f"exponent >= 7 to hold int8 exactly")
+        if latency not in (0, 1) or isinstance(latency, bool):
+            raise ValueError(f"Int8ToFP latency={latency!r}: expected 0 or 1")
+        self.latency = latency
         super().__init__({"a": In(8), "y": Out(fmt.width)})
 
     def elaborate(self, platform):
         fmt = self.fmt
         M = fmt.man_bits
         m = Module()
-        sign = self.a[7]
+        sign = Signal()                      # a < 0 (and so nonzero)
         mag = Signal(8)                      # |a| in 0..128; -(-128) wraps to 128 exactly
-        m.d.comb += mag.eq(Mux(sign, -self.a, self.a))
+        m.d.comb += [sign.eq(self.a[7]), mag.eq(Mux(self.a[7], -self.a, self.a))]
         lz = _leading_zeros(m, mag, "int8_lz")
+        if self.latency:
+            sign_r, mag_r, lz_r = Signal(), Signal(8), Signal.like(lz, name="int8_lz_r")
+            m.d.sync += [sign_r.eq(sign), mag_r.eq(mag), lz_r.eq(lz)]
+            sign, mag, lz = sign_r, mag_r, lz_r
         normed = Signal(8)                   # the leading one on top
         m.d.comb += normed.eq(mag << lz)
         frac = Signal(8)
@@ -618,7 +629,10 @@ class Int8ToFP(wiring.Component):
         # At most 6 fraction bits are nonzero (127 = 1.111111b * 2**6), so narrowing
         # the 8-bit fraction to man_bits >= 6 loses only zeros.
         man = frac.shift_left(M - 8) if M >= 8 else frac[8 - M:]
+        # the exponent looked up from lz (a function of its 4 bits: LUTs, not a subtractor's
+        # carry chain behind the leading-zero tree); lz = 8 is a = 0, exponent 0
         exp = Signal(fmt.exp_bits)
-        m.d.comb += exp.eq(Mux(mag != 0, fmt.bias + 7 - lz, 0))
-        m.d.comb += self.y.eq(Cat(man, exp, sign & (mag != 0)))
+        m.d.comb += exp.eq(Array([Const(fmt.bias + 7 - k, fmt.exp_bits) for k in range(8)]
+                                 + [Const(0, fmt.exp_bits)])[lz])
+        m.d.comb += self.y.eq(Cat(man, exp, sign))
         return m

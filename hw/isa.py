@@ -108,7 +108,8 @@ from dataclasses import dataclass
 __all__ = [
     "Op", "RSrc", "Status", "UOp", "Program", "NMEConfig",
     "encode_header", "decode_header", "encode_uop", "decode_uop",
-    "ADDR_BITS", "PARAM_BITS", "MAX_MUL_LATENCY", "MAX_ADD_LATENCY", "validate",
+    "ADDR_BITS", "PARAM_BITS", "MAX_MUL_LATENCY", "MAX_ADD_LATENCY", "MAX_OPERAND_LATENCY",
+    "validate",
 ]
 
 ADDR_BITS = 24
@@ -152,6 +153,8 @@ class Status(enum.IntEnum):
 #: they agree, this module stays free of amaranth).
 MAX_MUL_LATENCY = 3
 MAX_ADD_LATENCY = 5
+#: Largest ``NMEConfig.operand_latency``: one register stage straight after the block RAMs.
+MAX_OPERAND_LATENCY = 1
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,14 @@ class NMEConfig:
             longer); the per-lane L1 accumulate is a recurrence, so an L1 pass takes one
             word every ``add_latency + 1`` cycles and the lane sum ``add_latency + 1``
             cycles per lane. Results are the same bits for every latency.
+        operand_latency: register stages between the buffers' block-RAM read ports (and
+            the read-response FIFO) and the lanes' operand registers, 0..
+            :data:`MAX_OPERAND_LATENCY`. 0: the buffer word goes through the P/Q/R
+            selection into the operand registers in the cycle after its read; 1: every
+            block-RAM output goes straight into a register and the selection happens one
+            cycle later, so a block RAM's clock-to-output time (about 5.6 ns on an ECP5
+            DP16KD without its output register, nextpnr's timing) is not in front of the
+            selection. Adds one cycle to every pass; same bits.
     """
     lanes: int = 8
     fmt: str = "bf16"
@@ -188,6 +199,7 @@ class NMEConfig:
     operand_isolation: bool = True
     mul_latency: int = 0
     add_latency: int = 0
+    operand_latency: int = 0
 
     def __post_init__(self):
         if not 1 <= self.lanes <= 64:
@@ -206,7 +218,8 @@ class NMEConfig:
             raise ValueError(f"mem_words={self.mem_words}: expected 1..2**{ADDR_BITS}")
         if not 1 <= self.max_elems < (1 << N_ELEMS_BITS):
             raise ValueError(f"max_elems={self.max_elems}: expected 1..2**32-1")
-        for name, top in (("mul_latency", MAX_MUL_LATENCY), ("add_latency", MAX_ADD_LATENCY)):
+        for name, top in (("mul_latency", MAX_MUL_LATENCY), ("add_latency", MAX_ADD_LATENCY),
+                          ("operand_latency", MAX_OPERAND_LATENCY)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
                 raise ValueError(f"{name}={value!r}: expected an int 0..{top}")

@@ -87,7 +87,9 @@ class NMELane(wiring.Component):
             only; ignored without it).
         measure_toggles: add the ``toggles`` output and its shadow registers (simulation only).
         timing: :class:`coda.hw.nme_iface.LaneTiming`: the register stages of FPMul and of
-            the FPAdds (default: combinational units).
+            the FPAdds (default: combinational units); the lane counts its stages from its
+            operands' arrival, so ``timing.operand_latency`` (the NME's, in front of the
+            lane) does not change it.
 
     Members (controls are constant during a pass, so they are not pipelined):
         op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
@@ -122,7 +124,7 @@ class NMELane(wiring.Component):
         self.measure_toggles = bool(measure_toggles)
         if not isinstance(timing, LaneTiming):
             raise TypeError(f"timing={timing!r}: expected a coda.hw.nme_iface.LaneTiming")
-        self.timing = timing
+        self.timing = timing.lane   # stages counted from the operands' arrival (stage 1)
         members = {
             "op_mul": In(1), "mul_a_q": In(1), "op_add": In(1), "add_b_mul": In(1),
             "sub": In(1), "op_l1": In(1), "res_sel": In(2),

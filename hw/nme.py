@@ -47,7 +47,9 @@ passes in between give the issue side; ``L`` for the L1 sum; ``1`` for ``done``.
 config, y = x + g*c over 1000 elements, 1-cycle memory: 587 cycles. Pipelined units
 (``cfg.mul_latency`` = lm, ``cfg.add_latency`` = la) add ``lm + la`` cycles to every pass's
 drain; an L1 pass takes one word per ``la + 1`` cycles and drains ``max(lm + la, 2 la)``
-more, and the L1 sum takes ``L (la + 1)``.
+more, and the L1 sum takes ``L (la + 1)``. The operand register stage
+(``cfg.operand_latency`` = 1: every block-RAM output registered before the P/Q/R selection)
+adds one cycle to every pass.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class NME(wiring.Component):
 
     Parameters:
         cfg: :class:`coda.hw.isa.NMEConfig` (lanes L, fmt, depth, nbuf, imem_depth,
-            max_streams, mem_words, max_elems, operand_isolation, mul_latency, add_latency).
+            max_streams, mem_words, max_elems, operand_isolation, mul_latency, add_latency,
+            operand_latency).
         clock_gating: clock the lanes' data registers through clock gates (with operand
             isolation only; ignored without it). Each register group of a lane gets a gated
             clock (:data:`coda.hw.lane.GATED_DOMAINS`) that runs in the cycles in which the

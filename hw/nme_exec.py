@@ -16,9 +16,10 @@ per lane.
 
 Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
 of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each
-lane's P, Q, R (buffer word, memory word, per-group element, int8 converted); the lanes
-(:class:`coda.hw.lane.NMELane`) are the stages 2 to the result stage, which writes a buffer
-or the store FIFO. With clock gating every lane register group has its own gated clock (:meth:`_clock_gates`).
+lane's P, Q, R (buffer word, memory word, per-group element, int8 converted) — stage 2 with
+``NMEConfig.operand_latency`` 1, where stage 1 only registers every block-RAM output; the
+lanes (:class:`coda.hw.lane.NMELane`) are the stages after it up to the result stage, which
+writes a buffer or the store FIFO. With clock gating every lane register group has its own gated clock (:meth:`_clock_gates`).
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ class NMEExec(wiring.Component):
         k = Signal(UOP_INDEX_BITS)           # micro-op index
         cur_op, cur_rsrc, cur_store = Signal(4), Signal(3), Signal()
         cur_d, cur_p, cur_q, cur_r = Signal(4), Signal(4), Signal(4), Signal(4)
-        read_pass = Signal()                 # R comes from memory (the response stream)
-        m.d.comb += read_pass.eq(cur_rsrc != RSrc.BUF)
+        # R comes from memory (the response stream); an L1 pass: registers loaded with the
+        # micro-op (X_LOAD), so no decode of it is in front of ``enter``
+        read_pass, is_l1 = Signal(), Signal()
         base = Signal(32)
         # words from the block's start to the end: x_left = W - base; x_rest = W - base - blen
         # (the next block's x_left), a register: base and blen hold still from X_LOAD to X_END
@@ -136,6 +138,7 @@ class NMEExec(wiring.Component):
         st_addr = Signal(len(self.store.payload.addr))
         x_passes = Signal(PASS_BITS)         # passes completed
         used = Signal(range(fifo_depth + 1))         # store credits in use
+        room = Signal(init=1)                        # used < fifo_depth (a register)
         m.d.comb += [self.uop.addr.eq(k), self.passes.eq(x_passes)]
         # k is the last micro-op (registered: k changes two cycles before X_END uses it)
         k_last = Signal()
@@ -144,22 +147,21 @@ class NMEExec(wiring.Component):
         # ---- pipeline control (stage numbers: coda.hw.nme_iface.LaneTiming)
         run = Signal()                       # in X_RUN
         enter = Signal()                     # a word enters stage 0 this cycle
-        is_l1 = Signal()
-        m.d.comb += is_l1.eq(cur_op == Op.L1)
         gap_ok = Const(1, 1)                 # L1 words come every l1_gap cycles
         if timing.l1_gap > 1:
             gap = Signal(range(timing.l1_gap))
-            gap_ok = ~is_l1 | (gap == 0)
+            gap_zero = Signal(init=1)        # gap == 0, a register
+            gap_ok = ~is_l1 | gap_zero
             with m.If(enter & is_l1):
-                m.d.sync += gap.eq(timing.l1_gap - 1)
+                m.d.sync += [gap.eq(timing.l1_gap - 1), gap_zero.eq(0)]
             with m.Elif(gap != 0):
-                m.d.sync += gap.eq(gap - 1)
+                m.d.sync += [gap.eq(gap - 1), gap_zero.eq(gap == 1)]
         idx0 = Signal(idx_w)
         last1 = Signal()
         acc_clear = self.start
         m.d.comb += [
             enter.eq(run & gap_ok & Mux(read_pass, self.rsp.valid & j_more,
-                                        i_more & (~cur_store | (used < fifo_depth)))),
+                                        i_more & (~cur_store | room))),
             self.rsp.ready.eq(enter & read_pass),
             idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
         ]
@@ -177,8 +179,13 @@ class NMEExec(wiring.Component):
             ix = Signal(idx_w, name=f"idx{st}")
             m.d.sync += ix.eq(idxs[-1])
             idxs.append(ix)
-        v1 = vs[1]
+        v_op = vs[timing.operand_stage]      # a word's operands reach the lanes
         m.d.sync += last1.eq(last_block & (idx0 == blen - 1))
+        last_op = last1                      # ... and it is the program's last word
+        for st in range(2, timing.operand_stage + 1):
+            last_k = Signal(name=f"last{st}")
+            m.d.sync += last_k.eq(last_op)
+            last_op = last_k
         # the pass ends with its pipeline empty up to the result stage; an L1 pass also up to
         # the stage before the accumulate, which happens in the cycle the pass ends (X_SUM
         # starts two cycles later)
@@ -191,8 +198,8 @@ class NMEExec(wiring.Component):
         # that word
         head1 = Signal.like(self.rsp.payload, name="head1")
         m.d.sync += head1.eq(self.rsp.payload)
-        self._lanes_stage1(m, lanes, buf_rd, head1, last1, tail_mask, v1,
-                           cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
+        self._lanes_operands(m, lanes, buf_rd, head1, last_op, tail_mask, v_op,
+                             cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
         if self.clock_gating:
             ctl = lanes[0]   # the per-pass controls, the same for every lane
             ka, kd, kc = timing.add_stage, timing.diff_stage, timing.acc_stage
@@ -202,8 +209,9 @@ class NMEExec(wiring.Component):
                 lvs = Signal(name=f"l1v{st}")
                 m.d.sync += lvs.eq(l1s[-1])
                 l1s.append(lvs)
-            self._clock_gates(m, (v1, v1 & ctl.op_mul, vs[ka] & ctl.op_add, vs[ka],
-                                  vs[2] & ctl.op_l1, l1s[kd], l1s[kc] | acc_clear))
+            kw = timing.operand_stage + 1    # the L1 subtractor's widened operands load
+            self._clock_gates(m, (v_op, v_op & ctl.op_mul, vs[ka] & ctl.op_add, vs[ka],
+                                  vs[kw] & ctl.op_l1, l1s[kd], l1s[kc] | acc_clear))
 
         # the result stage: buffer write or store FIFO
         result = Signal(16 * L)
@@ -230,7 +238,9 @@ class NMEExec(wiring.Component):
             m.d.sync += [i_cnt.eq(i_cnt + 1), i_more.eq(i_cnt + 1 < blen)]
         with m.If(enter & read_pass):
             m.d.sync += [j_cnt.eq(j_cnt + 1), j_more.eq(j_cnt + 1 < blen)]
-        m.d.sync += used.eq(used + (enter & cur_store) - self.store_done)
+        used_next = Signal.like(used)
+        m.d.comb += used_next.eq(used + (enter & cur_store) - self.store_done)
+        m.d.sync += [used.eq(used_next), room.eq(used_next < fifo_depth)]
 
         # ---- the L1 sum of the lanes
         sum_acc = Signal(32)
@@ -267,6 +277,7 @@ class NMEExec(wiring.Component):
 
             with m.State("X_LOAD"):
                 m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
+                             read_pass.eq(f.rsrc != RSrc.BUF), is_l1.eq(f.op == Op.L1),
                              cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
                              st_addr.eq(f.addr + base),
                              i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0),
@@ -316,39 +327,64 @@ class NMEExec(wiring.Component):
             m.d.comb += self.toggles.eq(self._toggle_counter(m, lanes))
         return m
 
-    def _lanes_stage1(self, m, lanes, buf_rd, head, last1, tail_mask, v1,
-                      cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
-        """Stage-1 operands of every lane (P, Q, R selection) and the per-pass controls.
+    def _lanes_operands(self, m, lanes, buf_rd, head, last_op, tail_mask, v_op,
+                        cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
+        """The operands of every lane (P, Q, R selection, in stage
+        ``LaneTiming.operand_stage``) and the per-pass controls.
 
         R from memory comes from ``head``, the registered response (data, INT8 half, GROUP
         element lane): the word's element, the GROUP element, or the int8 converted (both
-        halves converted, the half chosen after)."""
+        halves converted, the half chosen after). With ``operand_latency`` 1 every buffer's
+        block-RAM output and the response's elements load a register first (every cycle: no
+        enable fans out to them), the int8 conversions have a register stage inside
+        (:class:`coda.hw.fp.Int8ToFP` latency 1), and the selection works in stage 2."""
         L = self.cfg.lanes
         fmt = fp_format(self.cfg.fmt)
-        rd = Array([rp.data for rp in buf_rd])
+        late = self.cfg.operand_latency == 1
+        words = []
+        for b, rp in enumerate(buf_rd):
+            if late:
+                word = Signal.like(rp.data, name=f"buf{b}_q")
+                m.d.sync += word.eq(rp.data)
+                words.append(word)
+            else:
+                words.append(rp.data)
+        rd = Array(words)
         p_word, q_word, r_word = rd[cur_p], rd[cur_q], rd[cur_r]
         data = head.data
         group_elem = data.word_select(head.elane, 16)
+        half = head.half
+        if late:
+            # stage 1 registers what the selection of stage 2 picks from: each lane's
+            # element, the GROUP element, the half
+            data = Signal.like(head.data, name="head2_data")
+            group_q = Signal(16, name="head2_group")
+            half = Signal(name="head2_half")
+            m.d.sync += [data.eq(head.data), group_q.eq(group_elem), half.eq(head.half)]
+            group_elem = group_q
         for j, lane in enumerate(lanes):
-            # both int8 halves converted, the half chosen after (it arrives late)
-            conv_lo, conv_hi = Int8ToFP(fmt), Int8ToFP(fmt)
+            # both int8 halves converted (across stages 1 and 2 with ``late``), the half
+            # chosen after (it arrives late)
+            conv_lo = Int8ToFP(fmt, latency=int(late))
+            conv_hi = Int8ToFP(fmt, latency=int(late))
             m.submodules[f"int8_{j}"] = conv_lo
             m.submodules[f"int8_hi_{j}"] = conv_hi
-            m.d.comb += [conv_lo.a.eq(data[8 * j:8 * j + 8]),
-                         conv_hi.a.eq(data[8 * (L + j):8 * (L + j) + 8])]
-            r_mem1 = Signal(16, name=f"r_mem1_lane{j}")
+            m.d.comb += [conv_lo.a.eq(head.data[8 * j:8 * j + 8]),
+                         conv_hi.a.eq(head.data[8 * (L + j):8 * (L + j) + 8])]
+            int8_lo, int8_hi = conv_lo.y, conv_hi.y
+            r_mem = Signal(16, name=f"r_mem_lane{j}")
             with m.Switch(cur_rsrc):
                 with m.Case(RSrc.GROUP):
-                    m.d.comb += r_mem1.eq(group_elem)
+                    m.d.comb += r_mem.eq(group_elem)
                 with m.Case(RSrc.INT8):
-                    m.d.comb += r_mem1.eq(Mux(head.half, conv_hi.y, conv_lo.y))
+                    m.d.comb += r_mem.eq(Mux(half, int8_hi, int8_lo))
                 with m.Default():
-                    m.d.comb += r_mem1.eq(data[16 * j:16 * j + 16])
+                    m.d.comb += r_mem.eq(data[16 * j:16 * j + 16])
             r_val = Signal(16, name=f"r_lane{j}")
-            m.d.comb += r_val.eq(Mux(cur_rsrc == RSrc.BUF, r_word[16 * j:16 * j + 16], r_mem1))
+            m.d.comb += r_val.eq(Mux(cur_rsrc == RSrc.BUF, r_word[16 * j:16 * j + 16], r_mem))
             m.d.comb += [
                 lane.p.eq(p_word[16 * j:16 * j + 16]), lane.q.eq(q_word[16 * j:16 * j + 16]),
-                lane.r.eq(r_val), lane.v1.eq(v1), lane.m1.eq(~last1 | tail_mask[j]),
+                lane.r.eq(r_val), lane.v1.eq(v_op), lane.m1.eq(~last_op | tail_mask[j]),
                 lane.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
                 lane.mul_a_q.eq(cur_op == Op.MAC),
                 lane.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),

@@ -37,41 +37,56 @@ UOP_INDEX_BITS = 8
 class LaneTiming:
     """Where things happen in the lane pipeline, as stage numbers: a word that enters in
     cycle ``t`` (its buffer read address presented) is in stage ``k`` in cycle ``t + k``,
-    and a register "loads at stage k" at the end of that cycle. Derived from the units'
-    register stages (``NMEConfig.mul_latency``, ``add_latency``); shared by the lane, the
-    execution sequencer and the cycle model (:mod:`coda.hw.nme_cycles`).
+    and a register "loads at stage k" at the end of that cycle. Derived from the register
+    stages of the operand path and of the units (``NMEConfig.operand_latency``,
+    ``mul_latency``, ``add_latency``); shared by the lane, the execution sequencer and the
+    cycle model (:mod:`coda.hw.nme_cycles`).
 
     Attributes:
         mul_latency: register stages inside FPMul (0..3).
         add_latency: register stages inside every FPAdd (0..5).
+        operand_latency: register stages between the block RAMs and the lanes' operand
+            selection (0..1).
     """
     mul_latency: int = 0
     add_latency: int = 0
+    operand_latency: int = 0
 
     @classmethod
     def of(cls, cfg) -> "LaneTiming":
         """The timing of an :class:`coda.hw.isa.NMEConfig`."""
-        return cls(cfg.mul_latency, cfg.add_latency)
+        return cls(cfg.mul_latency, cfg.add_latency, cfg.operand_latency)
+
+    @property
+    def lane(self) -> "LaneTiming":
+        """The same units seen from a lane, whose stage 1 is its operands' arrival
+        (:class:`coda.hw.lane.NMELane` numbers its stages from there)."""
+        return LaneTiming(self.mul_latency, self.add_latency)
+
+    @property
+    def operand_stage(self) -> int:
+        """The lanes' operands (P, Q, R selected) are valid; their registers load."""
+        return 1 + self.operand_latency
 
     @property
     def add_stage(self) -> int:
         """FPMul's result is valid; the FPAdd operands and the MOV/MUL bypass load."""
-        return 2 + self.mul_latency
+        return self.operand_stage + 1 + self.mul_latency
 
     @property
     def result_stage(self) -> int:
         """The lane's result ``y`` is valid; a buffer or the store FIFO writes it."""
-        return 3 + self.mul_latency + self.add_latency
+        return self.operand_stage + 2 + self.mul_latency + self.add_latency
 
     @property
     def diff_stage(self) -> int:
         """L1: ``|f32(P) - f32(R)|`` is valid; the accumulator's operand register loads."""
-        return 3 + self.add_latency
+        return self.operand_stage + 2 + self.add_latency
 
     @property
     def acc_stage(self) -> int:
         """L1: the accumulate writes the lane's accumulator."""
-        return 4 + 2 * self.add_latency
+        return self.operand_stage + 3 + 2 * self.add_latency
 
     def drain_stage(self, l1: bool) -> int:
         """Last stage a pass waits to be empty before it ends: the result stage, or for an

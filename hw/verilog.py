@@ -75,8 +75,9 @@ TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimm
 
 
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mul-latency`` / ``--add-latency``: the FP units' register stages (NMEConfig's
-    ``mul_latency`` 0..3, ``add_latency`` 0..5), for ``coda verilog`` and ``coda synth``."""
+    """``--mul-latency`` / ``--add-latency`` / ``--operand-latency``: the register stages of
+    the FP units and of the operand path (NMEConfig's ``mul_latency`` 0..3, ``add_latency``
+    0..5, ``operand_latency`` 0..1), for ``coda verilog`` and ``coda synth``."""
     defaults = NMEConfig()
     parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
                         help="register stages inside each lane's FPMul, 0..3 "
@@ -84,6 +85,9 @@ def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
                         help="register stages inside every FPAdd, 0..5 "
                              f"(default {defaults.add_latency}: combinational)")
+    parser.add_argument("--operand-latency", type=int, default=defaults.operand_latency,
+                        help="register stages between the block RAMs and the lanes' operand "
+                             f"selection, 0..1 (default {defaults.operand_latency})")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -130,7 +134,8 @@ def config_from_args(args: argparse.Namespace) -> NMEConfig:
                      imem_depth=args.imem_depth, max_streams=args.max_streams,
                      mem_words=args.mem_words,
                      operand_isolation=args.operand_isolation == "on",
-                     mul_latency=args.mul_latency, add_latency=args.add_latency)
+                     mul_latency=args.mul_latency, add_latency=args.add_latency,
+                     operand_latency=args.operand_latency)
 
 
 def main(args: argparse.Namespace) -> int:

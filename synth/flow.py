@@ -195,7 +195,8 @@ def main(args: argparse.Namespace) -> int:
     """Run ``coda synth``; returns 0, or 1 if a tool failed."""
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
                     operand_isolation=args.operand_isolation == "on",
-                    mul_latency=args.mul_latency, add_latency=args.add_latency)
+                    mul_latency=args.mul_latency, add_latency=args.add_latency,
+                    operand_latency=args.operand_latency)
     try:
         report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=args.seed,
                             pnr=not args.no_pnr, device=args.device)

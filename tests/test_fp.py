@@ -491,13 +491,21 @@ def test_widen_exhaustive(src):
     assert np.all(got[nan] & (1 << 22))
 
 
+@pytest.mark.parametrize("latency", [0, 1])
 @pytest.mark.parametrize("fmt", [BF16, FP16, FP32], ids=lambda f: f.name)
-def test_int8_exhaustive(fmt):
+def test_int8_exhaustive(fmt, latency):
+    """Every int8, combinational and with the register stage (one value per cycle)."""
     a = np.arange(256, dtype=np.int64)
-    got = simulate(Int8ToFP(fmt), {"a": a})
+    got = simulate(Int8ToFP(fmt, latency), {"a": a})
     values = torch.from_numpy(a.astype(np.uint8).view(np.int8).copy())
     want = to_bits(values.to(TORCH_DTYPE[fmt.name]), fmt)
     assert np.array_equal(got, want), np.flatnonzero(got != want)[:8]
+
+
+def test_int8_latency_errors():
+    for bad in (2, -1, True, "1"):
+        with pytest.raises(ValueError, match=f"latency={bad!r}: expected 0 or 1"):
+            Int8ToFP(BF16, bad)
 
 
 # ------------------------------------------------------------------ Verilog / Verilator

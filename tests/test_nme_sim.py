@@ -19,8 +19,8 @@ import torch
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from coda.hw.isa import (MAX_ADD_LATENCY, MAX_MUL_LATENCY, NMEConfig, Op, Program, RSrc,
-                         Status, UOp, validate)
+from coda.hw.isa import (MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig, Op,
+                         Program, RSrc, Status, UOp, validate)
 from coda.hw.nme import NME
 from coda.hw.verilog import nme_verilog
 
@@ -559,9 +559,11 @@ def test_toggle_measurement_is_an_option_that_changes_nothing_else():
 
 
 def test_pipelined_units_change_no_bits():
-    """Every (mul_latency, add_latency) gives the combinational NME's memory bits, statuses,
-    L1 sums and toggle counts under the same random memory timing (stalls on both sides);
-    only the cycles differ, and never downwards."""
+    """Every (mul_latency, add_latency), and the operand register stage, gives the
+    combinational NME's memory bits, statuses, L1 sums and toggle counts under the same random
+    memory timing (stalls on both sides); only the cycles differ: never downwards with a
+    memory that is always ready (with random stalls a deeper pipeline meets other stalls, so
+    it may finish a few cycles sooner)."""
     rng = random.Random(31)
     base = NMEConfig(lanes=2, fmt="fp16", **SMALL)
     progs = [_random_program(rng, base).words() for _ in range(4)]
@@ -570,16 +572,20 @@ def test_pipelined_units_change_no_bits():
     mem = random_image(base, 31)
     timing = MemTiming(lat_min=1, lat_max=6, p_ready=0.7, p_gap=0.3)
     ref_mem, ref_outs, _ = simulate(base, progs, mem, seed=31, timing=timing)
-    for lm in range(MAX_MUL_LATENCY + 1):
-        for la in range(MAX_ADD_LATENCY + 1):
-            if lm == la == 0 or (lm + la) % 2:       # half the grid: every lm and la
-                continue
-            cfg = replace(base, mul_latency=lm, add_latency=la)
-            got, outs, _ = simulate(cfg, progs, mem, seed=31, timing=timing)
-            np.testing.assert_array_equal(got, ref_mem, err_msg=f"lm={lm} la={la}")
-            assert [(o.status, o.l1, o.toggles) for o in outs] == \
-                [(o.status, o.l1, o.toggles) for o in ref_outs], (lm, la)
-            assert all(o.cycles >= r.cycles for o, r in zip(outs, ref_outs)), (lm, la)
+    ref_cycles = [o.cycles for o in simulate(base, progs, mem, timing=ALWAYS_READY_1CYCLE)[1]]
+    # half the (lm, la) grid: every lm and la; the operand stage alone, with the shortest
+    # and with the deepest units
+    grid = [(lm, la, 0) for lm in range(MAX_MUL_LATENCY + 1) for la in range(MAX_ADD_LATENCY + 1)
+            if (lm or la) and (lm + la) % 2 == 0]
+    grid += [(0, 0, 1), (1, 1, 1), (MAX_MUL_LATENCY, MAX_ADD_LATENCY, MAX_OPERAND_LATENCY)]
+    for lm, la, lo in grid:
+        cfg = replace(base, mul_latency=lm, add_latency=la, operand_latency=lo)
+        got, outs, _ = simulate(cfg, progs, mem, seed=31, timing=timing)
+        np.testing.assert_array_equal(got, ref_mem, err_msg=f"lm={lm} la={la} lo={lo}")
+        assert [(o.status, o.l1, o.toggles) for o in outs] == \
+            [(o.status, o.l1, o.toggles) for o in ref_outs], (lm, la, lo)
+        cycles = [o.cycles for o in simulate(cfg, progs, mem, timing=ALWAYS_READY_1CYCLE)[1]]
+        assert all(c >= r for c, r in zip(cycles, ref_cycles)), (lm, la, lo)
 
 
 def test_pipeline_latency_errors():
@@ -589,6 +595,9 @@ def test_pipeline_latency_errors():
     for bad in (-1, MAX_ADD_LATENCY + 1, "2", False):
         with pytest.raises(ValueError, match=f"add_latency={bad!r}"):
             NMEConfig(add_latency=bad)
+    for bad in (-1, MAX_OPERAND_LATENCY + 1, None):
+        with pytest.raises(ValueError, match=f"operand_latency={bad!r}"):
+            NMEConfig(operand_latency=bad)
 
 
 def test_store_backpressure_and_latency():
@@ -720,9 +729,14 @@ def test_verilog_cli_pipelined_units(tmp_path, capsys):
     assert "mul_s1_prod" in text and "mul_s3_norm" not in text     # FPMUL_CUTS[2] = (1, 2)
     assert "add_s1_shift" in text and "add_s4_norm_shift" in text  # FPADD_CUTS[3] = (1, 2, 4)
     assert "add_s3_" not in text and "add_s5_" not in text
+    assert "buf0_q" not in text
+    assert main(["verilog", "--lanes", "2", "--depth", "8", "--operand-latency", "1",
+                 "-o", str(out)]) == 0
+    assert "buf0_q" in out.read_text() and "int8_lz_r" in out.read_text()
     out.unlink()
     for flag, bad in (("--mul-latency", str(MAX_MUL_LATENCY + 1)), ("--add-latency", "-1"),
-                      ("--add-latency", str(MAX_ADD_LATENCY + 1))):
+                      ("--add-latency", str(MAX_ADD_LATENCY + 1)),
+                      ("--operand-latency", str(MAX_OPERAND_LATENCY + 1))):
         assert main(["verilog", "--lanes", "2", flag, bad, "-o", str(out)]) == 2
         assert f"{flag[2:].replace('-', '_')}={bad}: expected an int 0.." in capsys.readouterr().err
     assert not out.exists()
