@@ -34,8 +34,8 @@ Clock gating (``gated=True``, with operand isolation only): the data registers a
 the gated clocks :data:`GATED_DOMAINS` that the NME provides (see :class:`coda.hw.nme.NME`),
 one per register group, each running only in cycles in which its group may load (the FPMul
 operands when a stage-1 word is valid and the micro-op multiplies, and so on); the valid bits
-stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands so that
-every functional unit's inputs come from one gated clock. Every register loads under the same
+stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands (as
+without gating) so that every functional unit's inputs come from one gated clock. Every register loads under the same
 condition as without gating, so the lane's outputs (``toggles`` included: the shadow registers
 stay on the free-running clock) are identical cycle by cycle. A functional unit's logic thus
 only switches in the cycles it works, and a Verilated model only evaluates it then.
@@ -91,12 +91,15 @@ class NMELane(wiring.Component):
             operands' arrival, so ``timing.operand_latency`` (the NME's, in front of the
             lane) does not change it.
 
-    Members (controls are constant during a pass, so they are not pipelined):
-        op_mul, mul_a_q: In(1): the op uses FPMul; its ``a`` is Q (MAC) rather than P.
-        op_add, add_b_mul, sub: In(1): the op uses FPAdd; its ``b`` is the product (MAC)
+    Members (each control is read in the stage of the word it belongs to: the NME delays
+    them with the words, so a pass may follow another without draining the lane):
+        op_mul, mul_a_q: In(1), read in S1: the op uses FPMul; its ``a`` is Q (MAC) rather
+            than P.
+        op_add, add_b_mul, sub: In(1), read in the add stage (``timing.add_stage``, S2
+            with combinational units): the op uses FPAdd; its ``b`` is the product (MAC)
             rather than R; subtract (SUB).
-        op_l1: In(1): the op accumulates ``|f32(P) - f32(R)|``.
-        res_sel: In(2): ``RES_R``, ``RES_PROD`` or ``RES_SUM``.
+        op_l1: In(1), read in S2: the op accumulates ``|f32(P) - f32(R)|``.
+        res_sel: In(2), read in the add stage: ``RES_R``, ``RES_PROD`` or ``RES_SUM``.
         v1: In(1): a word is in stage 1; m1: In(1): this lane of it is valid (not tail-masked).
         p, q, r: In(16): stage-1 operands.
         y: Out(16): the result (valid ``timing.result_stage - 1`` cycles after ``v1``: 2
@@ -182,24 +185,23 @@ class NMELane(wiring.Component):
 
         # add_stage -> add_stage + 1: FPAdd operands, the MOV/MUL bypass
         ks = t.add_stage
-        add_a, add_b = Signal(16), Signal(16)
+        add_a, add_b, add_sub = Signal(16), Signal(16), Signal()
         bypass = Signal(16, name=f"bypass{ks + 1}")
-        add_sub = self.sub
+        take_sum = Signal(name=f"take_sum{ks + 1}")     # y is FPAdd's result
         with m.If(self._load_when(vs[ks], ms[ks], self.op_add)):
-            m.d[dadd] += [add_a.eq(pk), add_b.eq(Mux(self.add_b_mul, mul.y, rk))]
-            if self.gated:
-                add_sub = Signal()
-                m.d[dadd] += add_sub.eq(self.sub)
+            m.d[dadd] += [add_a.eq(pk), add_b.eq(Mux(self.add_b_mul, mul.y, rk)),
+                          add_sub.eq(self.sub)]
         with m.If(vs[ks]):
-            m.d[d3] += bypass.eq(Mux(self.res_sel == RES_PROD, mul.y, rk))
-        # the bypass waits beside FPAdd's stages
+            m.d[d3] += [bypass.eq(Mux(self.res_sel == RES_PROD, mul.y, rk)),
+                        take_sum.eq(self.res_sel == RES_SUM)]
+        # the bypass and the result selection wait beside FPAdd's stages
         for k in range(ks + 2, t.result_stage + 1):
-            bn = Signal(16, name=f"bypass{k}")
+            bn, tn = Signal(16, name=f"bypass{k}"), Signal(name=f"take_sum{k}")
             with m.If(vs[k - 1]):
-                m.d.sync += bn.eq(bypass)
-            bypass = bn
+                m.d.sync += [bn.eq(bypass), tn.eq(take_sum)]
+            bypass, take_sum = bn, tn
         m.d.comb += [add.a.eq(add_a), add.b.eq(add_b), add.sub.eq(add_sub)]
-        m.d.comb += self.y.eq(Mux(self.res_sel == RES_SUM, add.y, bypass))
+        m.d.comb += self.y.eq(Mux(take_sum, add.y, bypass))
 
         # L1, S2 -> S3: the widened operands. The L1 path runs past the result stage, into
         # the next pass, so its words carry their own valid bit (lv[k]: a valid, unmasked

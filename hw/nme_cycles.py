@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .isa import NMEConfig, Op, Program, RSrc, Status, UOp, validate
-from .nme_iface import LaneTiming
+from .nme_iface import LaneTiming, read_credits
 
 __all__ = ["model_cycles"]
 
@@ -27,9 +27,9 @@ CHECK_CYCLES_PER_UOP = 3     # V_FETCH, V_CHECK, V_DECIDE
 GROUP_NEXT_CYCLES = 1        # V_NEXT after a scaled GROUP's multiply (V_GROUP)
 V_END_CYCLES = 1             # V_END: stream count, start of execution
 EXEC_START_CYCLES = 2        # X_BLOCK, X_FETCH (first block only; later blocks follow X_END)
-PASS_CYCLES = 4              # X_LOAD, X_END, and the cycles after the last word's entry and
-                             # after its drain stage; plus the words' span and the drain
-                             # stage (_pass_cycles: blen + 6 with combinational units)
+END_CYCLES = 2               # after a pass's last word entered (or drained): the cycle
+                             # X_RUN sees it, X_END
+LOAD_CYCLES = 1              # X_LOAD: the next micro-op's fields (X_RUN follows)
 STORE_PASS_EXTRA = 2         # store FIFO (1) and request register (1) before the last write
 FIFO_READ_CYCLES = 2         # read response -> SyncFIFOBuffered output (r_rdy)
 ISSUE_BUF_PASS_CYCLES = 4    # issue side over a pass with no read: I_FETCH, I_LOAD, I_RUN, I_END
@@ -84,79 +84,72 @@ def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
             + FAIL_CHECK_CYCLES + (_multiply_cycles(cfg, bad) if late else 0) + FINISH_CYCLES)
 
 
-def _pass_cycles(t: LaneTiming, u: UOp, blen: int) -> int:
-    """X_LOAD to the next X_LOAD of a pass of ``blen`` words that never waits for a read:
-    the words enter one per cycle (one per ``l1_gap`` for L1), X_RUN ends the cycle after
-    the last word has left the drain stage (:meth:`LaneTiming.drain_stage`); a store pass
-    waits 2 more for its last request (store FIFO and request register)."""
-    l1 = u.op == Op.L1
-    gap = t.l1_gap if l1 else 1
-    return ((blen - 1) * gap + t.drain_stage(l1) + PASS_CYCLES
-            + (STORE_PASS_EXTRA if u.store else 0))
+def _overlaps(t: LaneTiming, u: UOp, blen: int, last: bool) -> bool:
+    """Does a pass end without draining the lanes (X_RUN of hw/nme_exec.py)? Yes unless it
+    stores, accumulates L1, is the program's last pass, or its block is shorter than the
+    pipeline up to the result stage."""
+    return not (u.store or u.op == Op.L1 or last or blen < t.result_stage)
 
 
-def _sync_stalls(t: LaneTiming, uops: tuple, blen: int, next_blen: int | None,
-                 latency: int) -> int:
-    """Execution stall (cycles) of the first read pass after each store pass of one block.
-
-    The issue side holds at a store pass until execution has finished it (X_END), then needs
-    I_END, [I_BLOCK,] and per pass without a read 4 cycles, then I_FETCH, I_LOAD before its
-    first request; the data reaches the lanes ``1 + latency + FIFO_READ_CYCLES`` later.
-    Execution meanwhile starts the next passes at once (:func:`_pass_cycles` each).
-    """
-    total = 0
-    walk = [(u, blen, 0) for u in uops]
-    if next_blen is not None:
-        walk += [(u, next_blen, 1) for u in uops]
-    for i, u in enumerate(uops):
-        if not u.store:
-            continue
-        # cycles after the store's X_END: the issue side sees it one cycle later, then
-        # I_END; execution goes X_LOAD, X_RUN at once
-        issue, x_run = 3, 2
-        for v, bl, crossed in walk[i + 1:]:
-            if v.store:
-                break
-            if v.rsrc != RSrc.BUF:
-                first_read = issue + crossed + 2               # [I_BLOCK,] I_FETCH, I_LOAD
-                ready = first_read + 1 + latency + FIFO_READ_CYCLES
-                total += max(0, ready - x_run)
-                break
-            issue += ISSUE_BUF_PASS_CYCLES
-            x_run += _pass_cycles(t, v, bl)
-    return total
+def _drain(t: LaneTiming, u: UOp, blen: int, last: bool) -> int:
+    """Cycles X_RUN waits after the last word's entry for the lanes to drain."""
+    return 0 if _overlaps(t, u, blen, last) else t.drain_stage(u.op == Op.L1)
 
 
-def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency: int) -> int:
-    """Index of the last X_END, from the execute and issue FSMs word by word (O(passes)
-    numpy steps).
+def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency: int,
+                 jump: bool = True) -> int:
+    """Cycle of the last X_END, from the execute and issue FSMs word by word (numpy: one
+    step per pass).
 
-    Used where the read credits may hold the issue side back (``latency > blen + 2``): the
-    issue side's m-th read of the program may go out only one cycle after execution took
-    read ``m - RF`` (``RF = max(D, 3)`` response-FIFO entries). Sequences of one word per
-    cycle are running maxima: ``t_j = j + max_{i<=j}(earliest_i - i)`` (an L1 pass takes one
-    word per ``g = l1_gap`` cycles: ``t_j = g*j + max_{i<=j}(earliest_i - g*i)``). Cost: one
-    numpy step
-    per pass (tens of microseconds), e.g. about 10 s for 100 000 words x 18 micro-ops at
-    depth 4.
+    Execution: each pass takes its words one per cycle (an L1 pass one per ``g = l1_gap``)
+    from X_RUN on, a read pass each word once its response is out of the response FIFO;
+    X_END is ``2 + drain`` cycles after the last word's entry (:func:`_drain`; a store pass
+    2 more), the next X_LOAD one after. The issue side: I_FETCH, I_LOAD, then the reads of
+    a read pass one per cycle (X_END-like ``+ 3`` after the last), 4 cycles for a pass
+    without reads, and at a store pass it waits for execution's X_END (memory order); its
+    m-th read of the program may go out only one cycle after execution took read ``m - RF``
+    (``RF = max(D, 3)`` response-FIFO entries). Sequences of one word per cycle are running
+    maxima: ``t_j = j + max_{i<=j}(earliest_i - i)`` (``g*j`` for L1).
+
+    Blocks of ``D`` words repeat: where the state at a block's start (the issue side's and
+    the recent reads' cycles relative to X_LOAD) recurs, every later block up to the last
+    one repeats the same cycles, so the walk jumps over them (exact; a program of 10^6
+    words costs a few blocks' steps). ``jump=False`` walks every block (the tests compare).
     """
     depth = cfg.depth
     t = LaneTiming.of(cfg)
-    credits = max(depth, 3)
+    credits = read_credits(depth)
     recent = np.zeros(0, dtype=np.int64)    # take cycles of the last `credits` reads
     fetch, x_load = v_end + 2, v_end + 3    # I_FETCH and X_LOAD of the first pass
     x_end = 0
-    for base in range(0, n_words, depth):
+    blocks = -(-n_words // depth)
+    seen: dict = {}
+    b = 0
+    while b < blocks:
+        base = b * depth
         blen = min(depth, n_words - base)
+        if jump and 0 < b < blocks - 1:
+            key = (fetch - x_load, tuple(recent - x_load))
+            if key in seen:                 # the same start as block b0: a period
+                b0, x0 = seen.pop(key)
+                period, shift = b - b0, x_load - x0
+                jump = (blocks - 1 - b) // period
+                if jump:
+                    b += jump * period
+                    fetch, x_load = fetch + jump * shift, x_load + jump * shift
+                    recent = recent + jump * shift
+                    continue
+            else:
+                seen[key] = (b, x_load)
         if base:
             fetch += 1                      # I_BLOCK
-        for u in uops:
+        for i, u in enumerate(uops):
             x_run = x_load + 1
             j = np.arange(blen)
-            l1 = u.op == Op.L1
-            gap = t.l1_gap if l1 else 1
-            # X_END is this many cycles after the last word's entry (see _pass_cycles)
-            after = t.drain_stage(l1) + 2
+            gap = t.l1_gap if u.op == Op.L1 else 1
+            # X_END is this many cycles after the last word's entry
+            last = b == blocks - 1 and i == len(uops) - 1
+            after = _drain(t, u, blen, last) + END_CYCLES
             if u.rsrc != RSrc.BUF:
                 # read j's credit comes back one cycle after the take of the read `credits`
                 # before it (blen <= credits, so that one is among the recent ones)
@@ -176,7 +169,8 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
             else:
                 x_end = x_run + (blen - 1) * gap + after
                 fetch += ISSUE_BUF_PASS_CYCLES
-            x_load = x_end + 1
+            x_load = x_end + LOAD_CYCLES
+        b += 1
     return x_end
 
 
@@ -194,33 +188,23 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
       TOO_MANY_STREAMS ``n + 4 + div + sum_i(3 + g_i)``; ``div`` = 1 (L a power of two)
       or 33 (divider), ``g_i = bitlen(param*L) + 2`` for a scaled GROUP micro-op (its
       multiply and V_NEXT), else 0;
-    - accepted: ``n + 5 + div + sum_i(3 + g_i) + 2`` to the first X_LOAD, then each pass
-      ``blen + 6 + lm + la`` (X_LOAD, one word per cycle, the lane pipeline's drain: 4
-      cycles with combinational units, one more per register stage of FPMul (``lm =
-      cfg.mul_latency``) and of FPAdd (``la = cfg.add_latency``); X_END), ``+ 2`` for a
-      store pass (store FIFO and request register before the last write); an L1 pass
-      ``(blen - 1)(la + 1) + 7 + max(lm + la, 2 la)`` (one word per ``la + 1`` cycles,
-      the fp32 subtract and accumulate); ``+ L (la + 1)`` if there is an L1 micro-op
-      (lanes summed in order), ``+ 1`` (FINISH);
-    - read stalls: the issue side runs ahead of execution (reads of the next passes go out
-      during the current one, ``blen + 4`` cycles per read pass, 4 per other pass), so a
-      read pass waits only where the issue side had to wait: the program's first pass
-      (a read: ``3 + latency`` cycles), and the first read pass after each store pass
-      (the issue side holds at a store until its last write): ``6 + latency`` cycles,
-      ``+ 1`` if it starts the next block, ``+ 4 - pass`` per pass without a read
-      in between (``pass`` its cycles above), never below 0;
-    - read credits: the issue side may have at most ``max(D, 3)`` reads not yet taken by
-      execution. That never delays a read pass while ``latency <= blen + 2`` (the closed
-      form above); for longer latencies the model follows execution and the issue side word by word
-      (:func:`_walk_cycles`, the same cycle costs plus the credit rule), which equals the
-      closed form wherever both apply.
+    - accepted: ``n + 5 + div + sum_i(3 + g_i) + 2`` to the first X_LOAD, then the passes
+      as execution and the issue side take them (:func:`_walk_cycles`): a pass takes one
+      word per cycle (an L1 pass one per ``la + 1``, ``la = cfg.add_latency``) and ends
+      3 cycles after its last word entered when it overlaps the next pass (no store, no
+      L1, not the last pass, a block of at least ``LaneTiming.result_stage`` words), else
+      after the lanes drained (``result_stage`` more: ``3 + operand_latency + lm + la``;
+      an L1 pass to the stage before its accumulate; a store pass 2 more for its last
+      request); a read pass waits for its responses (the issue side runs ahead, ``blen +
+      4`` cycles per read pass and 4 per other pass, holds at a store pass until execution
+      finished it, and has at most ``max(D, 3)`` reads not yet taken); then ``+ L (la +
+      1)`` if there is an L1 micro-op (lanes summed in order), ``+ 1`` (FINISH).
 
-    Agreement with the Verilated RTL (tests/test_interp.py: 304 programs, every compiled
-    operator, both formats, lanes 2/3/8, depth 3/4/5/64, all error classes): exact at memory
-    latency 1, 4 and 20 (closed form at 1 and 4, the walk at 20 for depth <= 5);
+    Agreement with the Verilated RTL (tests/test_interp.py: 76 programs per configuration,
+    every compiled operator, both formats, lanes 2/3/8, depth 3/4/5/64, all error classes,
+    combinational and pipelined units): exact at memory latency 1, 4 and 20;
     tests/test_nme_sim.py checks lanes 1/2/5 at depth 1/2 exactly against the amaranth.sim
-    NME at latency 1; both include NMEs with pipelined units (``mul_latency``,
-    ``add_latency``). DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
+    NME at latency 1. DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
 
     Args:
         cfg: the NME configuration.
@@ -239,19 +223,6 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
               + sum(CHECK_CYCLES_PER_UOP + _group_cycles(cfg, u) for u in uops)
               + V_END_CYCLES + EXEC_START_CYCLES)
     n_words = -(-program.n_elems // cfg.lanes)
-    blocks = -(-n_words // cfg.depth)
-    last = n_words - (blocks - 1) * cfg.depth
     l1_sum = cfg.lanes * t.sum_cycles_per_lane if any(u.op == Op.L1 for u in uops) else 0
-    if mem_latency > min(cfg.depth, last) + 2:   # read credits may bind: walk the words
-        v_end = cycles - EXEC_START_CYCLES - 1
-        return _walk_cycles(cfg, uops, n_words, v_end, mem_latency) + 1 + l1_sum + FINISH_CYCLES
-    cycles += sum((blocks - 1) * _pass_cycles(t, u, cfg.depth) + _pass_cycles(t, u, last)
-                  for u in uops)
-    cycles += 1 + mem_latency + FIFO_READ_CYCLES      # the first pass reads: nothing ahead
-    if blocks == 1:
-        cycles += _sync_stalls(t, uops, last, None, mem_latency)
-    else:
-        cycles += (blocks - 2) * _sync_stalls(t, uops, cfg.depth, cfg.depth, mem_latency)
-        cycles += _sync_stalls(t, uops, cfg.depth, last, mem_latency)
-        cycles += _sync_stalls(t, uops, last, None, mem_latency)
-    return cycles + l1_sum + FINISH_CYCLES
+    v_end = cycles - EXEC_START_CYCLES - 1
+    return _walk_cycles(cfg, uops, n_words, v_end, mem_latency) + 1 + l1_sum + FINISH_CYCLES

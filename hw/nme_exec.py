@@ -7,9 +7,14 @@ stream; a pass with R from a buffer feeds one word per cycle; with ``store`` its
 through an 8-word FIFO to the memory request register (the store stream), and words enter the
 pipeline only while that FIFO has room for them (a credit count), so ``mem_req_ready``
 back-pressure loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more
-for a deep lane pipeline). Passes drain the lane pipeline (3 cycles with combinational units,
-``LaneTiming.drain_stage`` in general) before the next one starts, so buffer read-after-write
-needs no further check. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
+for a deep lane pipeline). Every word carries its pass's controls down the pipeline
+(:data:`PASS_CONTROL`), so a pass may start while the previous one's words are still in the
+lanes: a pass ends as soon as its last word entered, unless it stores (the issue side waits
+for its last store: memory order), accumulates L1, is the program's last, or its block is
+shorter than the pipeline (``LaneTiming.result_stage`` words); those drain the lanes first
+(``LaneTiming.drain_stage``). That is the buffer read-after-write rule: the next pass's word
+``i`` enters at least 4 cycles after this pass's last word, so at least ``blen + 3`` after
+this pass's word ``i``, which is written ``result_stage`` cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
 accumulate's recurrence). After the last block, ``X_SUM`` adds the lanes' L1 accumulators
 in order 0..L-1 in fp32 when the program has an L1 micro-op, ``add_latency + 1`` cycles
 per lane.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 from amaranth.hdl import (Array, Cat, ClockDomain, ClockSignal, Const, Module, Mux, ResetSignal,
                           Signal)
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -38,7 +43,15 @@ from .lane import GATED_DOMAINS, RES_PROD, RES_R, RES_SUM, NMELane
 from .nme_iface import (PASS_BITS, UOP_INDEX_BITS, LaneTiming, UopFields, UopRead,
                         response_signature, store_signature)
 
-__all__ = ["NMEExec", "sum_tree"]
+__all__ = ["NMEExec", "PASS_CONTROL", "sum_tree"]
+
+#: A pass's controls, decoded from its micro-op at a word's entry, as they travel down the
+#: pipeline with the word: the lanes' (FPMul used, its ``a`` from Q; FPAdd used, its ``b``
+#: the product, subtract; L1; the result selection) and the result stage's (write buffer
+#: ``d``, or the store FIFO).
+PASS_CONTROL = data.StructLayout({
+    "op_mul": 1, "mul_a_q": 1, "op_add": 1, "add_b_mul": 1, "sub": 1, "op_l1": 1,
+    "res_sel": 2, "write_buf": 1, "store": 1, "d": 4})
 
 
 class NMEExec(wiring.Component):
@@ -126,6 +139,9 @@ class NMEExec(wiring.Component):
         # (the next block's x_left), a register: base and blen hold still from X_LOAD to X_END
         x_left, x_rest = Signal(32), Signal(32)
         blen = Signal(range(D + 1))
+        # the block is at least as long as the pipeline up to the result stage (set with
+        # blen): a pass over it may end once its last word entered (see X_RUN)
+        long_block = Signal()
         m.d.sync += x_rest.eq(x_left - blen)
         last_block = Signal()
         idx_w = max(1, ceil_log2(D))
@@ -180,6 +196,28 @@ class NMEExec(wiring.Component):
             m.d.sync += ix.eq(idxs[-1])
             idxs.append(ix)
         v_op = vs[timing.operand_stage]      # a word's operands reach the lanes
+        # the pass's controls, decoded from the micro-op at a word's entry and delayed with
+        # it (ctls[k]: of the word in stage k), so that a pass may start while the previous
+        # one's words are still in the lanes
+        ctl0 = Signal(PASS_CONTROL)
+        m.d.comb += [
+            ctl0.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
+            ctl0.mul_a_q.eq(cur_op == Op.MAC),
+            ctl0.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
+            ctl0.add_b_mul.eq(cur_op == Op.MAC),
+            ctl0.sub.eq(cur_op == Op.SUB),
+            ctl0.op_l1.eq(is_l1),
+            ctl0.res_sel.eq(Mux(cur_op == Op.MOV, RES_R,
+                                Mux(cur_op == Op.MUL, RES_PROD, RES_SUM))),
+            ctl0.write_buf.eq(~cur_store & ~is_l1),
+            ctl0.store.eq(cur_store),
+            ctl0.d.eq(cur_d),
+        ]
+        ctls = [ctl0]
+        for st in range(1, n_res + 1):
+            c = Signal(PASS_CONTROL, name=f"ctl{st}")
+            m.d.sync += c.eq(ctls[-1])
+            ctls.append(c)
         m.d.sync += last1.eq(last_block & (idx0 == blen - 1))
         last_op = last1                      # ... and it is the program's last word
         for st in range(2, timing.operand_stage + 1):
@@ -198,30 +236,37 @@ class NMEExec(wiring.Component):
         # that word
         head1 = Signal.like(self.rsp.payload, name="head1")
         m.d.sync += head1.eq(self.rsp.payload)
+        ka, kw = timing.add_stage, timing.operand_stage + 1   # kw: the L1 operands load
         self._lanes_operands(m, lanes, buf_rd, head1, last_op, tail_mask, v_op,
-                             cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
+                             cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
+        for lane in lanes:
+            c_op, c_add, c_l1 = ctls[timing.operand_stage], ctls[ka], ctls[kw]
+            m.d.comb += [
+                lane.op_mul.eq(c_op.op_mul), lane.mul_a_q.eq(c_op.mul_a_q),
+                lane.op_add.eq(c_add.op_add), lane.add_b_mul.eq(c_add.add_b_mul),
+                lane.sub.eq(c_add.sub), lane.res_sel.eq(c_add.res_sel),
+                lane.op_l1.eq(c_l1.op_l1),
+            ]
         if self.clock_gating:
-            ctl = lanes[0]   # the per-pass controls, the same for every lane
-            ka, kd, kc = timing.add_stage, timing.diff_stage, timing.acc_stage
+            kd, kc = timing.diff_stage, timing.acc_stage
             # words of an L1 pass, by stage (the L1 path runs on into the next pass)
             l1s = [enter & is_l1]
             for st in range(1, kc + 1):
                 lvs = Signal(name=f"l1v{st}")
                 m.d.sync += lvs.eq(l1s[-1])
                 l1s.append(lvs)
-            kw = timing.operand_stage + 1    # the L1 subtractor's widened operands load
-            self._clock_gates(m, (v_op, v_op & ctl.op_mul, vs[ka] & ctl.op_add, vs[ka],
-                                  vs[kw] & ctl.op_l1, l1s[kd], l1s[kc] | acc_clear))
+            self._clock_gates(m, (v_op, v_op & ctls[timing.operand_stage].op_mul,
+                                  vs[ka] & ctls[ka].op_add, vs[ka], vs[kw] & ctls[kw].op_l1,
+                                  l1s[kd], l1s[kc] | acc_clear))
 
         # the result stage: buffer write or store FIFO
         result = Signal(16 * L)
         m.d.comb += result.eq(Cat(*[lane.y for lane in lanes]))
-        writes_buf = Signal()
-        m.d.comb += writes_buf.eq(~cur_store & (cur_op != Op.L1))
+        c_res = ctls[n_res]
         for b, wp in enumerate(buf_wr):
             m.d.comb += [wp.addr.eq(idxs[n_res]), wp.data.eq(result),
-                         wp.en.eq(vs[n_res] & writes_buf & (cur_d == b))]
-        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(vs[n_res] & cur_store)]
+                         wp.en.eq(vs[n_res] & c_res.write_buf & (c_res.d == b))]
+        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(vs[n_res] & c_res.store)]
 
         # ---- the store stream: the store FIFO's head, the tail lanes masked in the last word
         store_last = Signal()
@@ -269,7 +314,8 @@ class NMEExec(wiring.Component):
 
             with m.State("X_BLOCK"):
                 m.d.sync += [k.eq(0), blen.eq(Mux(x_left >= D, D, x_left)),
-                             last_block.eq(x_left <= D)]
+                             last_block.eq(x_left <= D),
+                             long_block.eq((x_left >= n_res) if D >= n_res else 0)]
                 m.next = "X_FETCH"
 
             with m.State("X_FETCH"):
@@ -286,8 +332,15 @@ class NMEExec(wiring.Component):
 
             with m.State("X_RUN"):
                 m.d.comb += run.eq(1)
+                # the pass ends when its last word entered (and a store pass's last request
+                # left); its words drain first unless the next pass may overlap them: a
+                # pass that neither stores nor accumulates L1, is not the program's last,
+                # over a block at least as long as the pipeline (the next pass's word i
+                # then enters after this pass's word i was written: the buffer
+                # read-after-write rule)
+                overlap = ~cur_store & ~is_l1 & long_block & ~(last_block & k_last)
                 with m.If(Mux(read_pass, ~j_more, ~i_more & (used == 0))
-                          & pipe_empty):
+                          & (overlap | pipe_empty)):
                     m.next = "X_END"
 
             with m.State("X_END"):
@@ -297,7 +350,8 @@ class NMEExec(wiring.Component):
                     left = x_rest
                     m.d.comb += self.uop.addr.eq(0)
                     m.d.sync += [k.eq(0), base.eq(base + blen), x_left.eq(left),
-                                 blen.eq(Mux(left >= D, D, left)), last_block.eq(left <= D)]
+                                 blen.eq(Mux(left >= D, D, left)), last_block.eq(left <= D),
+                                 long_block.eq((left >= n_res) if D >= n_res else 0)]
                     with m.If(~last_block):
                         m.next = "X_LOAD"
                     with m.Elif(self.has_l1):
@@ -328,9 +382,11 @@ class NMEExec(wiring.Component):
         return m
 
     def _lanes_operands(self, m, lanes, buf_rd, head, last_op, tail_mask, v_op,
-                        cur_op, cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
+                        cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
         """The operands of every lane (P, Q, R selection, in stage
-        ``LaneTiming.operand_stage``) and the per-pass controls.
+        ``LaneTiming.operand_stage``), their valid and lane-mask bits, the accumulator clear.
+        The selection reads the current micro-op's fields: a pass's words are all past it
+        before the next micro-op loads (X_END, X_LOAD follow the last entry).
 
         R from memory comes from ``head``, the registered response (data, INT8 half, GROUP
         element lane): the word's element, the GROUP element, or the int8 converted (both
@@ -385,14 +441,6 @@ class NMEExec(wiring.Component):
             m.d.comb += [
                 lane.p.eq(p_word[16 * j:16 * j + 16]), lane.q.eq(q_word[16 * j:16 * j + 16]),
                 lane.r.eq(r_val), lane.v1.eq(v_op), lane.m1.eq(~last_op | tail_mask[j]),
-                lane.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
-                lane.mul_a_q.eq(cur_op == Op.MAC),
-                lane.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
-                lane.add_b_mul.eq(cur_op == Op.MAC),
-                lane.sub.eq(cur_op == Op.SUB),
-                lane.op_l1.eq(cur_op == Op.L1),
-                lane.res_sel.eq(Mux(cur_op == Op.MOV, RES_R,
-                                    Mux(cur_op == Op.MUL, RES_PROD, RES_SUM))),
                 lane.acc_clear.eq(acc_clear),
             ]
 

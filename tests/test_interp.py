@@ -605,6 +605,26 @@ def test_cycle_model_equals_the_rtl_all_configs(name):
     check_cycle_model_against_rtl(name)
 
 
+_UOP = st.builds(UOp, op=st.sampled_from(list(Op)), rsrc=st.sampled_from(list(RSrc)),
+                 store=st.booleans())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(uops=st.lists(_UOP, min_size=1, max_size=6), depth=st.integers(1, 20),
+       n_words=st.integers(1, 400), latency=st.sampled_from([1, 4, 20, 300]),
+       lm=st.integers(0, 3), la=st.integers(0, 5), lo=st.integers(0, 1))
+def test_cycle_walk_jumps_over_repeating_blocks_exactly(uops, depth, n_words, latency,
+                                                        lm, la, lo):
+    """The cycle model's jump over blocks whose start state recurs gives the cycles of the
+    block-by-block walk (every block stepped), for any micro-op mix, depth, memory latency
+    and pipeline."""
+    from coda.hw.nme_cycles import _walk_cycles
+    cfg = NMEConfig(lanes=8, depth=depth, mul_latency=lm, add_latency=la, operand_latency=lo)
+    uops = tuple(uops)
+    assert (_walk_cycles(cfg, uops, n_words, 40, latency)
+            == _walk_cycles(cfg, uops, n_words, 40, latency, jump=False))
+
+
 def test_backend_lookup():
     assert get_backend("torch").name == "torch"
     with pytest.raises(ValueError, match=r"unknown backend 'gpu': expected one of"):
