@@ -65,8 +65,8 @@ class NMEExec(wiring.Component):
             registers in every lane: simulation only, not part of the synthesised NME).
 
     Members (L = ``cfg.lanes``):
-        start: In(1): the program was accepted: clear the lanes' L1 accumulators now, start
-            the first block (``X_BLOCK``) in the next cycle.
+        start: In(1): the program was accepted: start the first block (``X_BLOCK``) and
+            clear the lanes' L1 accumulators in the next cycle.
         n_uops: In(8), n_words: In(32), tail_mask: In(L), has_l1: In(1): the program (from
             the intake and the check).
         uop: Out(:data:`coda.hw.nme_iface.UopRead`): the instruction memory's read port.
@@ -174,7 +174,10 @@ class NMEExec(wiring.Component):
                 m.d.sync += [gap.eq(gap - 1), gap_zero.eq(gap == 1)]
         idx0 = Signal(idx_w)
         last1 = Signal()
-        acc_clear = self.start
+        # the lanes' accumulators clear in the cycle after the program's acceptance (X_BLOCK;
+        # registered: the check's decision does not fan out to every lane)
+        acc_clear = Signal()
+        m.d.sync += acc_clear.eq(self.start)
         m.d.comb += [
             enter.eq(run & gap_ok & Mux(read_pass, self.rsp.valid & j_more,
                                         i_more & (~cur_store | room))),

@@ -128,14 +128,19 @@ class NMEIssue(wiring.Component):
                      self.rsp.valid.eq(rsp_fifo.r_rdy), self.rsp.payload.eq(rsp_fifo.r_data),
                      rsp_fifo.r_en.eq(self.rsp.ready)]
         rd_used = Signal(range(RF + 1))      # reads issued and not yet taken by execution
+        # icnt < iblen, rd_used < RF and "this pass reads" as registers (set with what they
+        # compare), so no compare is in front of issue_read
+        i_more, rd_room, i_read = Signal(), Signal(init=1), Signal()
         issuing = Signal()                   # in I_RUN of a read pass
         issue_read = Signal()
         m.d.comb += [
-            issue_read.eq(issuing & (icnt < iblen) & (rd_used < RF) & req_free),
+            issue_read.eq(issuing & i_more & rd_room & req_free),
             tag_fifo.w_data.eq(Cat(par_i, elane)),
             tag_fifo.w_en.eq(issue_read),
         ]
-        m.d.sync += rd_used.eq(rd_used + issue_read - (self.rsp.valid & self.rsp.ready))
+        rd_next = Signal.like(rd_used)
+        m.d.comb += rd_next.eq(rd_used + issue_read - (self.rsp.valid & self.rsp.ready))
+        m.d.sync += [rd_used.eq(rd_next), rd_room.eq(rd_next < RF)]
         self._stream_advance(m, issue_read, i_rsrc, i_param, i_addr, ra, ph, elane, par_i)
 
         # a read of the issue side, or else the head of execution's store stream
@@ -144,7 +149,7 @@ class NMEIssue(wiring.Component):
             m.d.sync += req_valid.eq(0)
             with m.If(issue_read):
                 m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
-                             icnt.eq(icnt + 1)]
+                             icnt.eq(icnt + 1), i_more.eq(icnt + 1 < iblen)]
             with m.Elif(self.store.valid):
                 m.d.sync += [req_valid.eq(1), req_we.eq(1),
                              req_addr.eq(self.store.payload.addr),
@@ -168,6 +173,7 @@ class NMEIssue(wiring.Component):
 
             with m.State("I_LOAD"):
                 m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
+                             i_read.eq(fi.rsrc != RSrc.BUF), i_more.eq(iblen != 0),
                              i_param.eq(fi.param), icnt.eq(0), par_i.eq(ibase[0]),
                              ra.eq(slot_r.data[0:ADDR_BITS]),
                              ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
@@ -176,10 +182,10 @@ class NMEIssue(wiring.Component):
                     m.next = "I_RUN"
 
             with m.State("I_RUN"):
-                m.d.comb += issuing.eq(i_rsrc != RSrc.BUF)
+                m.d.comb += issuing.eq(i_read)
                 m.d.sync += fresh.eq(0)
-                with m.If(i_rsrc != RSrc.BUF):
-                    with m.If(icnt == iblen):
+                with m.If(i_read):
+                    with m.If(~i_more):
                         m.next = "I_END"
                 with m.Elif(i_store):
                     # reads after a store pass go out only after its last store
