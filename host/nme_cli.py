@@ -37,6 +37,7 @@ import torch
 
 from coda.paths import check_output_path
 from coda.hw.isa import NMEConfig
+from coda.hw.verilog import add_latency_arguments
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
 from coda.host.bits import from_bits, to_bits, torch_dtype
@@ -59,6 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="torch", help=f"one of {', '.join(BACKENDS)}")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes (1..64)")
     parser.add_argument("--depth", type=int, default=64, help="NME buffer depth in words")
+    add_latency_arguments(parser)
     parser.add_argument("--dimms", type=int, default=1, help="DIMMs")
     parser.add_argument("--ranks", type=int, default=1, help="ranks per DIMM")
     parser.add_argument("--dram", default=None,
@@ -115,10 +117,18 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
     mem_words = _MAX_MEM_WORDS if args.mem_words is None else args.mem_words
     try:
-        NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
+        _config(args, mem_words)
     except ValueError as exc:   # NMEConfig's messages read "field=value: expected ..."
         field, _, rest = str(exc).partition("=")
         raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+
+
+def _config(args: argparse.Namespace, mem_words: int) -> NMEConfig:
+    """The NME of the options: lanes, format, depth, the units' and operand path's register
+    stages (``--mul-latency``, ``--add-latency``, ``--operand-latency``), ``mem_words``."""
+    return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words,
+                     mul_latency=args.mul_latency, add_latency=args.add_latency,
+                     operand_latency=args.operand_latency)
 
 
 def _check_waves(args: argparse.Namespace) -> None:
@@ -158,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     n_ranks = args.dimms * args.ranks
     mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
                                                  params.get("group"), n_ranks)
-    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words)
+    cfg = _config(args, mem_words)
     waves = getattr(args, "waves", None)
     nme_mhz = getattr(args, "nme_mhz", None)
     if nme_mhz is not None and args.dram is None:

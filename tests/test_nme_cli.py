@@ -12,7 +12,7 @@ import torch
 from coda.cli import main as coda_main
 from coda.host import ops
 from coda.host.bits import from_bits, same_bits, to_bits
-from coda.host import nme_cli
+from coda.host import compiler, nme_cli
 from coda.host.nme_cli import make_example, read_inputs
 
 
@@ -38,6 +38,34 @@ def test_example_runs_and_matches_reference(op, tmp_path, capsys):
         else:
             assert got["y"].dtype == np.uint16
             assert same_bits(got["y"], to_bits(want), fmt)
+
+
+def test_pipelined_units_same_bits_the_model_cycles(tmp_path, capsys):
+    """``--mul-latency/--add-latency/--operand-latency`` reach the NME: the same output bits,
+    and the cycles the cycle model gives that configuration (more than the combinational
+    NME's)."""
+    from coda.hw.isa import NMEConfig, Status
+    from coda.hw.nme_cycles import model_cycles
+    inp = make_example(tmp_path / "in.npz", "gated_residual", "bf16", lanes=8, seed=3)
+    units = {"mul_latency": 3, "add_latency": 5, "operand_latency": 1}
+    outs, cycles = [], []
+    for extra in ([], ["--mul-latency", "3", "--add-latency", "5", "--operand-latency", "1"]):
+        out = tmp_path / f"out{len(outs)}.npz"
+        assert run(["--op", "gated_residual", "--inputs", inp, "--out", out, *extra]) == 0
+        line = capsys.readouterr().out
+        cycles.append(int(re.search(r"nme_cycles=(\d+)", line).group(1)))
+        with np.load(out) as f:
+            outs.append(f["y"])
+    assert np.array_equal(outs[0], outs[1])
+    with np.load(inp) as f:
+        t, c = f["x"].shape
+    prog = compiler.compile_op("gated_residual", NMEConfig(), {"x": (t, c), "g": (c,),
+                                                               "c": (t, c)},
+                               {"x": 0, "g": t * c // 8, "c": t * c // 8 + c // 8,
+                                "y": 0})
+    assert cycles[1] > cycles[0]
+    assert cycles[1] - cycles[0] == (model_cycles(NMEConfig(**units), prog, Status.OK)
+                                     - model_cycles(NMEConfig(), prog, Status.OK))
 
 
 def test_example_is_deterministic(tmp_path):
@@ -136,6 +164,9 @@ def _refused(argv, message, capsys):
     (["--depth", 0], "--depth 0: expected >= 1 word"),
     (["--mem-words", 0], "--mem-words 0: expected 1..2**24"),
     (["--dimms", 0], "--dimms 0 --ranks 1: expected >= 1 each"),
+    (["--mul-latency", 4], "--mul-latency 4: expected an int 0..3"),
+    (["--add-latency", -1], "--add-latency -1: expected an int 0..5"),
+    (["--operand-latency", 2], "--operand-latency 2: expected an int 0..1"),
 ])
 def test_geometry_options_checked_for_runs_and_examples(option, message, tmp_path, capsys):
     inp = tmp_path / "in.npz"
