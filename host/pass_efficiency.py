@@ -1,0 +1,116 @@
+"""How close the NME comes to one word per pass per cycle on a long stream: a compiled cache
+operator's cycles from the cycle model (:func:`coda.hw.nme_cycles.model_cycles`, exact
+against the RTL) against its ideal, ``passes x words`` (every pass takes one word per cycle,
+nothing else costs time).
+
+Usage::
+
+    python -m coda.host.pass_efficiency [--op gated_residual] [--tokens 16384] [--channels 64]
+        [--depths 16,64,256] [--units 0,0,0 3,5,1] [--latency 1] [--json FILE]
+
+prints one row per (units, depth): cycles, ideal cycles, their ratio (words per pass per
+cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
+operand_latency`` (:class:`coda.hw.isa.NMEConfig`); the NME has 8 lanes, bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from coda.hw.isa import NMEConfig, Status
+from coda.hw.nme_cycles import model_cycles
+from coda.host import compiler
+
+__all__ = ["OPS", "efficiency", "main"]
+
+#: Operators measured, and their input shapes from (tokens T, channels C).
+OPS = {
+    "gated_residual": lambda t, c: {"x": (t, c), "g": (c,), "c": (t, c)},
+    "add": lambda t, c: {"a": (t, c), "b": (t, c)},
+}
+
+
+def efficiency(op: str, tokens: int, channels: int, cfg: NMEConfig, mem_latency: int = 1) -> dict:
+    """Cycles of ``op`` over a ``[tokens, channels]`` stream on an NME ``cfg`` with a memory
+    that answers every read after ``mem_latency`` cycles, and its ideal.
+
+    Returns ``{"cycles", "ideal", "ratio", "passes", "words"}``: NME cycles (int), ideal
+    cycles ``passes * words`` (micro-ops x words of ``cfg.lanes`` elements), ``ideal /
+    cycles`` (float, <= 1). Raises ValueError for an unknown ``op`` or shapes the compiler
+    refuses (e.g. ``channels`` not a multiple of the lanes)."""
+    if op not in OPS:
+        raise ValueError(f"op={op!r}: expected one of {sorted(OPS)}")
+    shapes = OPS[op](tokens, channels)
+    words = compiler.stream_words(op, cfg, shapes, None)
+    layout, addr = {}, 0
+    for name, n in words.items():
+        layout[name] = addr
+        addr += n
+    if addr > cfg.mem_words:
+        cfg = NMEConfig(**{**cfg.__dict__, "mem_words": 1 << max(addr - 1, 1).bit_length()})
+    program = compiler.compile_op(op, cfg, shapes, layout)
+    cycles = model_cycles(cfg, program, Status.OK, mem_latency)
+    n_words = -(-program.n_elems // cfg.lanes)
+    ideal = len(program.uops) * n_words
+    return {"cycles": cycles, "ideal": ideal, "ratio": round(ideal / cycles, 4),
+            "passes": len(program.uops), "words": n_words}
+
+
+def _units(text: str) -> tuple[int, int, int]:
+    try:
+        m, a, o = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--units {text!r}: expected three integers M,A,O (mul, add, operand latency)")
+    try:
+        NMEConfig(mul_latency=m, add_latency=a, operand_latency=o)   # range checks, named
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--units {text!r}: {exc}")
+    return m, a, o
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table (and write ``--json``); returns 0, or 2 for a bad option."""
+    ap = argparse.ArgumentParser(prog="python -m coda.host.pass_efficiency",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", default="gated_residual", choices=sorted(OPS))
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--channels", type=int, default=64)
+    ap.add_argument("--depths", default="16,64,256", help="buffer depths in words")
+    ap.add_argument("--units", type=_units, nargs="+", default=[(0, 0, 0), (3, 5, 1)],
+                    help="M,A,O per NME: mul, add and operand latency")
+    ap.add_argument("--latency", type=int, default=1, help="memory read latency (cycles)")
+    ap.add_argument("--json", type=Path, default=None, help="write the rows to this file")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        depths = [int(d) for d in args.depths.split(",") if d]
+        rows = []
+        for m, a, o in args.units:
+            for depth in depths:
+                cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a, operand_latency=o)
+                rows.append({"units": f"{m},{a},{o}", "depth": depth,
+                             **efficiency(args.op, args.tokens, args.channels, cfg,
+                                          args.latency)})
+    except ValueError as exc:
+        print(f"pass_efficiency: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.op} [{args.tokens}, {args.channels}], 8 lanes bf16, memory latency "
+          f"{args.latency}: units (mul,add,operand)  depth  cycles  ideal  words/pass/cycle")
+    for r in rows:
+        print(f"  {r['units']:>7}  {r['depth']:>5}  {r['cycles']:>9,}  {r['ideal']:>9,}  "
+              f"{r['ratio']:.3f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"op": args.op, "tokens": args.tokens,
+                                         "channels": args.channels, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
