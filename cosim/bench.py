@@ -37,13 +37,18 @@ standard (``--sweep-drams``, default DDR5-4800 and DDR4-3200) of one DIMM-NMP ra
 per ns, NME and DRAM cycles, ns, GB/s and DRAM utilisation of the residual add and the 4-stream
 segment, written to ``build/bench/dse.json`` (+ ``dse.png``, and two tables on stdout: every
 point, and the knee per standard and clock, :func:`knees`, with elements/ns per area where
-``make synth-sweep`` left areas, :func:`perf_per_area`); ``--sweep-only`` stops there. Every
-(lanes, depth, standard) is one Verilator build for all its clocks (the clock is a plusarg) and
-one more for the same-domain NME (cached under ``build/cosim/``), so the first sweep takes a
-while; the points run through the sweep engine (:mod:`coda.sweep`): tasks on a local Ray
-(``--workers``, default all CPUs), on a cluster (``--address``) or a plain loop
-(``--sequential``), records in ``build/bench/dse/`` (a stopped sweep resumes; ``coda sweep
-bench`` runs the same points).
+``make synth-sweep`` left areas, :func:`perf_per_area`); ``--sweep-only`` stops there.
+``--sweep-units M,A,O`` (default ``0,0,0``, the combinational FP units) gives every point of
+the sweep an NME with ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O``
+operand stages after the buffers (:class:`~coda.hw.isa.NMEConfig` ``mul_latency``,
+``add_latency``, ``operand_latency``; ``3,5,1`` is the NME that places and routes on ECP5 at
+about 100 MHz): the sweep parameter ``units``, named in the tables' titles and in
+``dse.json``. Every (lanes, depth, standard, units) is one Verilator build for all its clocks
+(the clock is a plusarg) and one more for the same-domain NME (cached under
+``build/cosim/``), so the first sweep takes a while; the points run through the sweep engine
+(:mod:`coda.sweep`): tasks on a local Ray (``--workers``, default all CPUs), on a cluster
+(``--address``) or a plain loop (``--sequential``), records in ``build/bench/dse/`` (a stopped
+sweep resumes; ``coda sweep bench`` runs the same points).
 
 Prints one JSON object; writes it to ``--out`` (default ``build/bench/cosim.json``).
 """
@@ -163,7 +168,9 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
     t0 = time.perf_counter()
     build = build_nmp_sim(cfg, std, dimms, ranks, flags=flags, nme_clock=nme_mhz is not None)
     out = {"system": f"{dimms}x{ranks} {std.name}", "flags": flags,
-           "cfg": {"lanes": cfg.lanes, "depth": cfg.depth, "mem_words": cfg.mem_words},
+           "cfg": {"lanes": cfg.lanes, "depth": cfg.depth, "mem_words": cfg.mem_words,
+                   "mul_latency": cfg.mul_latency, "add_latency": cfg.add_latency,
+                   "operand_latency": cfg.operand_latency},
            "build_seconds_recorded": round(build.build_seconds, 1),
            "build_or_cache_seconds_now": round(time.perf_counter() - t0, 1),
            "peak_bytes_per_cycle": std.burst_bytes / std.nBL,
@@ -240,9 +247,13 @@ SWEEP_STREAM_BYTES = 64 << 10
 NMP_STREAM_BYTES = 256 << 10
 #: the knee rule's tolerance: the fewest lanes reaching this share of the best utilisation
 KNEE_TOLERANCE = 0.95
+#: NME units of the sweep, ``"M,A,O"``: FPMul / FPAdd / operand register stages
+#: (:class:`~coda.hw.isa.NMEConfig` ``mul_latency``, ``add_latency``, ``operand_latency``);
+#: ``0,0,0``: the combinational units, also the units of records and rows that name none
+SWEEP_UNITS = "0,0,0"
 #: dse.json format: 1 (no key; one standard, NME on the DRAM clock), 2 (standard and NME
-#: clock per row, knees, areas)
-DSE_VERSION = 2
+#: clock per row, knees, areas), 3 (the NME units of the sweep and of every row and knee)
+DSE_VERSION = 3
 #: where :func:`synth_areas` looks for the synthesis sweep's reports (``make synth-sweep``)
 SYNTH_ROOT = Path("build/synth/sweep")
 
@@ -275,6 +286,46 @@ def parse_clocks(text: str) -> list[float]:
     return out
 
 
+def parse_units(text: str, flag: str = "units") -> tuple[int, int, int]:
+    """NME units ``"M,A,O"`` as ``(mul_latency, add_latency, operand_latency)``: register
+    stages (NME cycles) in each FPMul, in each FPAdd, and between the buffers and the
+    operand registers, each in the range :class:`~coda.hw.isa.NMEConfig` accepts.
+    ``flag`` names the value's source in the error (``--sweep-units``, ``units``).
+    Raises ValueError naming ``flag`` and the value for anything but three comma-separated
+    ints in range."""
+    from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY
+
+    want = (f"expected M,A,O: three comma-separated ints, mul 0..{MAX_MUL_LATENCY}, "
+            f"add 0..{MAX_ADD_LATENCY}, operand 0..{MAX_OPERAND_LATENCY}")
+    toks = [t.strip() for t in str(text).split(",")]
+    try:
+        if len(toks) != 3:
+            raise ValueError(f"{len(toks)} given")
+        mul, add, opnd = (int(t) for t in toks)
+        # NMEConfig's own range check of the three latencies
+        NMEConfig(mul_latency=mul, add_latency=add, operand_latency=opnd)
+    except ValueError as exc:
+        raise ValueError(f"{flag} {text!r}: {want} ({exc})") from None
+    return mul, add, opnd
+
+
+def units_label(units: str | tuple | None) -> str:
+    """The canonical ``"M,A,O"`` of NME units (a string as :func:`parse_units` reads it, or a
+    ``(mul, add, operand)`` tuple); None or ``""``: :data:`SWEEP_UNITS` (a record of a sweep
+    before units were a parameter). Raises ValueError like :func:`parse_units`."""
+    if units is None or units == "":
+        units = SWEEP_UNITS
+    if not isinstance(units, str):
+        units = ",".join(str(v) for v in units)
+    return ",".join(map(str, parse_units(units)))
+
+
+def units_title(units: str | tuple | None) -> str:
+    """``"NME units mul M / add A / operand O"`` (register stages) for table titles."""
+    mul, add, opnd = parse_units(units_label(units))
+    return f"NME units mul {mul} / add {add} / operand {opnd}"
+
+
 def clock_label(nme_mhz: float | None) -> str:
     """``'dram'`` for the same-domain NME (None or 0), else the MHz as ``'%g'``."""
     return "dram" if not nme_mhz else f"{nme_mhz:g}"
@@ -299,14 +350,18 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
     """One point of the design space: a 1 DIMM x 1 rank DIMM-NMP of ``params["dram"]`` with
     an NME of ``lanes`` lanes and ``depth`` words per stream block (``fmt``) on its own clock
     of ``nme_mhz`` MHz (0 or absent: on the DRAM clock, no crossing; that is a separate
-    Verilator build, every other clock shares one build per lanes, depth, standard), running
+    Verilator build, every other clock shares one build per lanes, depth, standard, units)
+    and ``units`` (``"M,A,O"``, :func:`parse_units`; absent: ``0,0,0``) register stages in its
+    FPMul / FPAdd / operand path (``NMEConfig.mul_latency`` / ``add_latency`` /
+    ``operand_latency``), running
     the residual add and the 4-stream segment of :func:`_segment_programs` over
     ``stream_bytes`` bytes per stream. Returns, per program ``P`` in (residual_add,
     segment4), the figures of :func:`program_figures` as ``P.<name>`` (NME cycles, DRAM
     cycles, ns, elements per ns and per NME cycle, utilisation 0..1, GB/s per rank);
     ``nme_mhz_effective`` (the DRAM clock for the same-domain NME); ``timing``: simulated
     cycles per wall second and the build's seconds.
-    Raises ValueError for a size the NME cannot take or a clock outside (0, DRAM clock]."""
+    Raises ValueError for a size the NME cannot take, a clock outside (0, DRAM clock] or
+    units that are not three ints in range (all before any build)."""
     from coda.hw.dram_standards import get_standard
     from coda.hw.nmp import check_nme_mhz
 
@@ -323,7 +378,14 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
         raise ValueError(f"nme_mhz={raw!r}: expected a positive number of MHz, or 0 for the "
                          "NME on the DRAM clock")
     mhz = check_nme_mhz(raw, std) if raw else None
-    cfg = NMEConfig(lanes=n_lanes, fmt=params["fmt"], depth=depth, mem_words=_mem_words(words))
+    # `coda sweep bench --param units=3,5,1` splits on the commas: say where the value goes
+    try:
+        mul, add, opnd = parse_units(units_label(params.get("units")))
+    except ValueError as exc:
+        raise ValueError(f"{exc}; with `coda sweep`, give units in a --grid TOML file "
+                         "(units = [\"3,5,1\"]): --param splits on commas") from None
+    cfg = NMEConfig(lanes=n_lanes, fmt=params["fmt"], depth=depth, mem_words=_mem_words(words),
+                    mul_latency=mul, add_latency=add, operand_latency=opnd)
     r = measure_nmp(cfg, std.name, 1, 1, stream_words=words, nme_mhz=mhz)
     figures = {"nme_mhz_effective": round(mhz or 1000.0 / std.tCK_ns, 3)}
     timing = {"build_seconds": r["build_seconds_recorded"]}
@@ -336,7 +398,7 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
 
 def sweep_kind():
     """The ``bench`` sweep kind (coda.sweep.SweepKind): the DIMM-NMP design space, one
-    :func:`dse_point` per (lanes, depth, fmt, dram, stream_bytes, nme_mhz)."""
+    :func:`dse_point` per (lanes, depth, fmt, dram, stream_bytes, nme_mhz, units)."""
     import coda.hw
     from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
@@ -347,7 +409,10 @@ def sweep_kind():
         params=(Param("lanes", int, 8), Param("depth", int, 256), Param("fmt", str, "bf16"),
                 Param("dram", str, "DDR5-4800"), Param("stream_bytes", int, SWEEP_STREAM_BYTES),
                 Param("nme_mhz", float, 0.0,
-                      help="NME clock in MHz; 0: on the DRAM clock (no crossing)")),
+                      help="NME clock in MHz; 0: on the DRAM clock (no crossing)"),
+                Param("units", str, SWEEP_UNITS,
+                      help="NME units M,A,O: FPMul / FPAdd / operand register stages "
+                           "(mul_latency, add_latency, operand_latency)")),
         headline=("residual_add.elements_per_ns", "residual_add.utilisation",
                   "segment4.elements_per_ns", "segment4.utilisation", "segment4.gbps"))
 
@@ -358,11 +423,14 @@ ROW_KEYS = ("elements", "cycles", "dram_cycles", "ns", "elements_per_ns", "cycle
 
 def dse_rows(records: list[dict]) -> list[dict]:
     """The finished sweep records of :func:`sweep_kind` as the rows of ``dse.json``: one per
-    (dram, nme_mhz, lanes, depth, program) with ``dram, nme_mhz`` (None: on the DRAM clock),
-    ``nme_mhz_effective, lanes, depth, program``, the :data:`ROW_KEYS` figures,
-    ``sim_cycles_per_s, build_seconds``. Records of the first sweep (no ``nme_mhz``
-    parameter, no ns) are rows on the DRAM clock; the figures they lack (``dram_cycles``,
-    ``ns``, ``elements_per_ns``) are derived from their NME cycles = DRAM cycles."""
+    (dram, units, nme_mhz, lanes, depth, program) with ``dram, units`` (``"M,A,O"``,
+    :func:`units_label`), ``nme_mhz`` (None: on the DRAM clock), ``nme_mhz_effective, lanes,
+    depth, program``, the :data:`ROW_KEYS` figures, ``sim_cycles_per_s, build_seconds``.
+    Records of the first sweep (no ``nme_mhz`` parameter, no ns) are rows on the DRAM clock;
+    the figures they lack (``dram_cycles``, ``ns``, ``elements_per_ns``) are derived from
+    their NME cycles = DRAM cycles. Records without ``units`` (before units were a
+    parameter) are the combinational NME, ``0,0,0``. Raises ValueError for an ok record
+    whose units are not :func:`parse_units`'s."""
     from coda.hw.dram_standards import get_standard
 
     rows = []
@@ -378,7 +446,8 @@ def dse_rows(records: list[dict]) -> list[dict]:
                 vals["dram_cycles"] = vals["cycles"]
                 vals["ns"] = round(vals["cycles"] * std.tCK_ns, 1)
                 vals["elements_per_ns"] = round(vals["elements"] / vals["ns"], 5)
-            rows.append({"dram": std.name, "nme_mhz": mhz,
+            rows.append({"dram": std.name, "units": units_label(p.get("units")),
+                         "nme_mhz": mhz,
                          "nme_mhz_effective": f.get("nme_mhz_effective",
                                                     round(1000.0 / std.tCK_ns, 3)),
                          "lanes": p["lanes"], "depth": p["depth"], "program": prog, **vals,
@@ -387,36 +456,45 @@ def dse_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
+def row_units(row: dict) -> str:
+    """The NME units ``"M,A,O"`` of a row of :func:`dse_rows` or :func:`knees` (a row of a
+    ``dse.json`` before units: ``0,0,0``)."""
+    return row.get("units") or SWEEP_UNITS
+
+
 def best_rows(rows: list[dict]) -> list[dict]:
-    """Per (dram, nme_mhz, program, lanes) the row of the best depth (the most elements per
-    ns; ties: the smaller depth), sorted by those keys (same-domain clock first)."""
+    """Per (dram, units, nme_mhz, program, lanes) the row of the best depth (the most
+    elements per ns; ties: the smaller depth), sorted by those keys (same-domain clock
+    first)."""
     best: dict[tuple, dict] = {}
     for r in rows:
-        key = (r.get("dram"), r.get("nme_mhz"), r["program"], r["lanes"])
+        key = (r.get("dram"), row_units(r), r.get("nme_mhz"), r["program"], r["lanes"])
         b = best.get(key)
         if b is None or (r["elements_per_ns"], -r["depth"]) > (b["elements_per_ns"], -b["depth"]):
             best[key] = r
-    return [best[k] for k in sorted(best, key=lambda k: (k[0] or "", k[1] or 0.0, k[2], k[3]))]
+    return [best[k] for k in sorted(best, key=lambda k: (k[0] or "", k[1], k[2] or 0.0,
+                                                         k[3], k[4]))]
 
 
 def knees(rows: list[dict], tolerance: float = KNEE_TOLERANCE) -> list[dict]:
-    """The knee per (standard, NME clock, program), derived from the sweep's rows.
+    """The knee per (standard, NME units, NME clock, program), derived from the sweep's rows.
 
     Rule: over the best depth per lanes count (:func:`best_rows`), the knee is the fewest
     lanes whose DRAM utilisation is at least ``tolerance`` times the best utilisation at that
     clock (``best_utilisation``); more lanes add area, not bandwidth. A knee is only a
     saturated rank when that best is itself DRAM-bound: ``saturated`` is True when
     ``best_utilisation >= tolerance * rank_best`` with ``rank_best`` the best utilisation of
-    the program on that standard at any clock of the rows. Otherwise the NME port (lanes x
-    2 B x f) is the limit at every lanes count swept, the knee is just the widest NME, and
-    ``lanes_to_saturate`` extrapolates linearly from the widest point:
+    the program on that standard with those units at any clock of the rows (so a sweep of
+    one clock is its own ``rank_best``: saturated by definition). Otherwise the NME port
+    (lanes x 2 B x f) is the limit at every lanes count swept, the knee is just the widest
+    NME, and ``lanes_to_saturate`` extrapolates linearly from the widest point:
     ``ceil(lanes_max * tolerance * rank_best / utilisation(lanes_max))`` (None when
     saturated).
 
-    Returns one dict per (dram, nme_mhz, program), sorted like :func:`best_rows`:
-    ``dram, nme_mhz, nme_mhz_effective, program, knee_lanes, knee_depth, knee_utilisation,
-    knee_elements_per_ns, best_utilisation, rank_best, saturated, lanes_to_saturate,
-    tolerance``. Raises ValueError for a tolerance outside (0, 1].
+    Returns one dict per (dram, units, nme_mhz, program), sorted like :func:`best_rows`:
+    ``dram, units, nme_mhz, nme_mhz_effective, program, knee_lanes, knee_depth,
+    knee_utilisation, knee_elements_per_ns, best_utilisation, rank_best, saturated,
+    lanes_to_saturate, tolerance``. Raises ValueError for a tolerance outside (0, 1].
     """
     import math
 
@@ -425,20 +503,21 @@ def knees(rows: list[dict], tolerance: float = KNEE_TOLERANCE) -> list[dict]:
     best = best_rows(rows)
     rank_best: dict[tuple, float] = {}
     for r in best:
-        k = (r.get("dram"), r["program"])
+        k = (r.get("dram"), row_units(r), r["program"])
         rank_best[k] = max(rank_best.get(k, 0.0), r["utilisation"])
     groups: dict[tuple, list[dict]] = {}
     for r in best:
-        groups.setdefault((r.get("dram"), r.get("nme_mhz"), r["program"]), []).append(r)
+        groups.setdefault((r.get("dram"), row_units(r), r.get("nme_mhz"), r["program"]),
+                          []).append(r)
     out = []
-    for (dram, mhz, prog), pts in groups.items():
+    for (dram, units, mhz, prog), pts in groups.items():
         top = max(p["utilisation"] for p in pts)
         knee = min((p for p in pts if p["utilisation"] >= tolerance * top),
                    key=lambda p: p["lanes"])
-        rb = rank_best[(dram, prog)]
+        rb = rank_best[(dram, units, prog)]
         saturated = top >= tolerance * rb
         widest = max(pts, key=lambda p: p["lanes"])
-        out.append({"dram": dram, "nme_mhz": mhz,
+        out.append({"dram": dram, "units": units, "nme_mhz": mhz,
                     "nme_mhz_effective": knee.get("nme_mhz_effective"), "program": prog,
                     "knee_lanes": knee["lanes"], "knee_depth": knee["depth"],
                     "knee_utilisation": knee["utilisation"],
@@ -502,9 +581,12 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
           dram: str | tuple | list = SWEEP_DRAMS, stream_bytes: int = SWEEP_STREAM_BYTES,
           out: Path | None = None, *, clocks=SWEEP_CLOCKS, workers: int | None = None,
           sequential: bool = False, address: str | None = None,
-          tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT) -> list[dict]:
+          tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT,
+          units: str | tuple = SWEEP_UNITS) -> list[dict]:
     """Design-space exploration of one rank: NME lanes x buffer depth (words per stream
-    block) x NME clock (MHz; 0 = on the DRAM clock) x DRAM standard(s) ``dram``.
+    block) x NME clock (MHz; 0 = on the DRAM clock) x DRAM standard(s) ``dram``, every point
+    with the NME units ``units`` (``"M,A,O"`` or a tuple: FPMul / FPAdd / operand register
+    stages, :func:`parse_units`; default ``0,0,0``, the combinational units).
 
     Every point is a :func:`dse_point` run by :func:`coda.sweep.run_sweep`: a task on Ray
     (local, ``workers`` CPUs, or the cluster at ``address``) or, with ``sequential``, a loop
@@ -518,11 +600,11 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
 
     Returns the rows of :func:`dse_rows`. Point records go to ``<out without .json>/`` (the
     engine's ``results.jsonl``: a stopped sweep resumes where it was); ``out`` (JSON, when
-    given) gets ``{"version": 2, "drams", "dram" (the first), "clocks", "fmt",
-    "stream_bytes", "rows", "knees"`` (:func:`knees` at ``tolerance``, with perf/area),
+    given) gets ``{"version": 3, "drams", "dram" (the first), "clocks", "fmt",
+    "stream_bytes", "units", "rows", "knees"`` (:func:`knees` at ``tolerance``, with perf/area),
     ``"areas"`` (:func:`synth_areas` of ``synth_root``, ``{}`` if none) ``}``.
-    Raises ValueError for an empty lanes / depths / clocks / standards list, or a clock
-    below 0 or above every standard's DRAM clock.
+    Raises ValueError for an empty lanes / depths / clocks / standards list, a clock
+    below 0 or above every standard's DRAM clock, or bad ``units`` (before any point runs).
     """
     from coda.sweep import run_sweep
 
@@ -534,6 +616,7 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
             raise ValueError(f"sweep: {name} is empty, expected at least one value")
     from coda.hw.dram_standards import get_standard
 
+    units = units_label(units)
     kind = sweep_kind()
     fastest = max(1000.0 / get_standard(s).tCK_ns for s in drams)
     for c in clocks:
@@ -548,102 +631,132 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
             print(f"sweep: {s}: clocks {', '.join(f'{c:g}' for c in over)} MHz exceed its "
                   f"DRAM clock ({top:g} MHz), left out for it")
         points += [kind.full({"lanes": n, "depth": d, "fmt": fmt, "dram": s,
-                              "stream_bytes": stream_bytes, "nme_mhz": c})
+                              "stream_bytes": stream_bytes, "nme_mhz": c, "units": units})
                    for n in lanes for d in depths
                    for c in sorted(clocks, key=lambda c: (c == 0, c)) if c not in over]
     folder = (out.with_suffix("") if out else Path("build/bench/dse"))
     rows = dse_rows(run_sweep(kind, points, folder, workers=workers, sequential=sequential,
                               address=address))
     if out:
-        write_dse(out, rows, drams, fmt, clocks, stream_bytes, tolerance, synth_root)
+        write_dse(out, rows, drams, fmt, clocks, stream_bytes, tolerance, synth_root,
+                  units=units)
     return rows
 
 
 def write_dse(out: Path, rows: list[dict], drams, fmt: str, clocks, stream_bytes: int,
-              tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT) -> None:
-    """Write ``dse.json`` (version :data:`DSE_VERSION`, keys of :func:`sweep`) to ``out``."""
+              tolerance: float = KNEE_TOLERANCE, synth_root: Path = SYNTH_ROOT, *,
+              units: str | tuple = SWEEP_UNITS) -> None:
+    """Write ``dse.json`` (version :data:`DSE_VERSION`, keys of :func:`sweep`; ``units``: the
+    sweep's NME units as ``"M,A,O"``) to ``out``. Raises ValueError for bad ``units``."""
+    units = units_label(units)
     areas = synth_areas(synth_root, fmt)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "version": DSE_VERSION, "drams": list(drams), "dram": list(drams)[0], "fmt": fmt,
-        "clocks": list(clocks), "stream_bytes": stream_bytes, "rows": rows,
+        "clocks": list(clocks), "stream_bytes": stream_bytes, "units": units, "rows": rows,
         "knees": perf_per_area(knees(rows, tolerance), areas),
         "areas": {str(k): v for k, v in sorted(areas.items())}}, indent=1) + "\n")
 
 
 def recorded_rows(folder: Path, lanes=None, depths=None, fmt: str = "bf16", drams=None,
-                  stream_bytes: int = SWEEP_STREAM_BYTES, clocks=None) -> list[dict]:
+                  stream_bytes: int = SWEEP_STREAM_BYTES, clocks=None,
+                  units: str | tuple | None = SWEEP_UNITS) -> list[dict]:
     """The :func:`dse_rows` of the ``ok`` records already in ``folder/results.jsonl``, of any
     sources version (the records of an earlier code state, also version-1 records without
     an NME clock: the NME on the DRAM clock), newest per parameter set; only those matching
-    ``fmt``, ``stream_bytes`` and, where given, ``lanes``, ``depths``, ``drams``, ``clocks``
-    (MHz, 0 = on the DRAM clock). For ``--sweep-report-only``: tables, JSON and plot without
-    measuring. Raises ValueError (coda.sweep.read_results) for a file that is not this
-    engine's records of the ``bench`` kind."""
+    ``fmt``, ``stream_bytes``, ``units`` (the NME units ``"M,A,O"``, default ``0,0,0``; a
+    record without units is ``0,0,0``; None: any units) and, where given, ``lanes``,
+    ``depths``, ``drams``, ``clocks`` (MHz, 0 = on the DRAM clock). For
+    ``--sweep-report-only``: tables, JSON and plot without measuring. Raises ValueError
+    (coda.sweep.read_results) for a file that is not this engine's records of the ``bench``
+    kind, or for bad ``units``."""
     from coda.sweep import read_results
 
+    want = None if units is None else units_label(units)
     newest: dict[str, dict] = {}
     for rec in read_results(folder, sweep_kind()):
         p = rec["params"]
-        if rec["status"] != "ok" or p.get("fmt", "bf16") != fmt \
+        if rec["status"] != "ok":
+            continue
+        rec_units = units_label(p.get("units"))
+        if p.get("fmt", "bf16") != fmt \
                 or p.get("stream_bytes") != stream_bytes \
                 or (lanes is not None and p["lanes"] not in lanes) \
                 or (depths is not None and p["depth"] not in depths) \
                 or (drams is not None and p.get("dram", "DDR5-4800") not in drams) \
-                or (clocks is not None and float(p.get("nme_mhz") or 0.0) not in clocks):
+                or (clocks is not None and float(p.get("nme_mhz") or 0.0) not in clocks) \
+                or (want is not None and rec_units != want):
             continue
-        newest[json.dumps({k: p.get(k) for k in ("lanes", "depth", "fmt", "dram",
-                                                 "stream_bytes", "nme_mhz")},
-                          sort_keys=True)] = rec
+        newest[json.dumps({**{k: p.get(k) for k in ("lanes", "depth", "fmt", "dram",
+                                                    "stream_bytes", "nme_mhz")},
+                           "units": rec_units}, sort_keys=True)] = rec
     return dse_rows(list(newest.values()))
 
 
+def by_units(rows: list[dict]) -> dict[str, list[dict]]:
+    """``rows`` (of :func:`dse_rows` or :func:`knees`) split by their NME units
+    (:func:`row_units`), in units order, each list in the order of ``rows``; ``{"0,0,0":
+    []}`` for no rows (an empty table still has its title)."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(row_units(r), []).append(r)
+    if not out:
+        return {SWEEP_UNITS: []}
+    return {u: out[u] for u in sorted(out, key=parse_units)}
+
+
 def print_sweep(rows: list[dict]) -> None:
-    """The sweep as a rich table: one line per (standard, NME clock, lanes, depth), both
-    programs side by side: elements per ns, DRAM utilisation (%) and GB/s per rank."""
+    """The sweep as rich tables, one per NME units (titled with them, :func:`units_title`):
+    one line per (standard, NME clock, lanes, depth), both programs side by side: elements
+    per ns, DRAM utilisation (%) and GB/s per rank."""
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="DIMM-NMP design space (per rank)")
-    for col in ("standard", "NME MHz", "lanes", "depth", "add elem/ns", "add util",
-                "add GB/s", "seg4 elem/ns", "seg4 util", "seg4 GB/s"):
-        t.add_column(col, justify="right")
-    by = {(r.get("dram"), r.get("nme_mhz"), r["lanes"], r["depth"], r["program"]): r
-          for r in rows}
-    for dram, mhz, lanes, depth in sorted({k[:4] for k in by},
-                                          key=lambda k: (k[0] or "", k[1] or 0.0, k[2], k[3])):
-        cells = [dram or "-", clock_label(mhz), str(lanes), str(depth)]
-        for prog in ("residual_add", "segment4"):
-            r = by.get((dram, mhz, lanes, depth, prog))
-            cells += ([f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
-                       f"{r['gbps']:.2f}"] if r else ["-"] * 3)
-        t.add_row(*cells)
-    Console(width=200).print(t)
+    for units, mine in by_units(rows).items():
+        t = Table(title=f"DIMM-NMP design space (per rank), {units_title(units)}")
+        for col in ("standard", "NME MHz", "lanes", "depth", "add elem/ns", "add util",
+                    "add GB/s", "seg4 elem/ns", "seg4 util", "seg4 GB/s"):
+            t.add_column(col, justify="right")
+        by = {(r.get("dram"), r.get("nme_mhz"), r["lanes"], r["depth"], r["program"]): r
+              for r in mine}
+        for dram, mhz, lanes, depth in sorted({k[:4] for k in by},
+                                              key=lambda k: (k[0] or "", k[1] or 0.0, k[2],
+                                                             k[3])):
+            cells = [dram or "-", clock_label(mhz), str(lanes), str(depth)]
+            for prog in ("residual_add", "segment4"):
+                r = by.get((dram, mhz, lanes, depth, prog))
+                cells += ([f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %",
+                           f"{r['gbps']:.2f}"] if r else ["-"] * 3)
+            t.add_row(*cells)
+        Console(width=200).print(t)
 
 
 def print_knees(knee_rows: list[dict], areas: dict[int, dict]) -> None:
     """The knee per (standard, clock, program) (:func:`knees`) with performance per area
-    (:func:`perf_per_area`; says so when no synthesis results exist)."""
+    (:func:`perf_per_area`; says so when no synthesis results exist), one table per NME
+    units (titled with them, :func:`units_title`)."""
     from rich.console import Console
     from rich.table import Table
 
     tol = knee_rows[0]["tolerance"] if knee_rows else KNEE_TOLERANCE
-    t = Table(title=f"knee per clock: fewest lanes within {100 * tol:.0f} % of the best "
-                    "utilisation at that clock")
-    for col in ("standard", "NME MHz", "program", "knee lanes", "depth", "util", "elem/ns",
-                "best util", "DRAM-bound", "lanes to saturate", "elem/ns per 1k cells",
-                "elem/ns per 1k LUT4"):
-        t.add_column(col, justify="right")
-    for k in perf_per_area(knee_rows, areas):
-        t.add_row(k["dram"] or "-", clock_label(k["nme_mhz"]), k["program"],
-                  str(k["knee_lanes"]), str(k["knee_depth"]),
-                  f"{100 * k['knee_utilisation']:.1f} %", f"{k['knee_elements_per_ns']:.3f}",
-                  f"{100 * k['best_utilisation']:.1f} %", "yes" if k["saturated"] else "no",
-                  "-" if k["lanes_to_saturate"] is None else f">= {k['lanes_to_saturate']}",
-                  f"{k['per_kcell']:.4f}" if "per_kcell" in k else "-",
-                  f"{k['per_klut']:.4f}" if "per_klut" in k else "-")
     c = Console(width=200)
-    c.print(t)
+    for units, mine in by_units(knee_rows).items():
+        t = Table(title=f"knee per clock: fewest lanes within {100 * tol:.0f} % of the best "
+                        f"utilisation at that clock, {units_title(units)}")
+        for col in ("standard", "NME MHz", "program", "knee lanes", "depth", "util", "elem/ns",
+                    "best util", "DRAM-bound", "lanes to saturate", "elem/ns per 1k cells",
+                    "elem/ns per 1k LUT4"):
+            t.add_column(col, justify="right")
+        for k in perf_per_area(mine, areas):
+            t.add_row(k["dram"] or "-", clock_label(k["nme_mhz"]), k["program"],
+                      str(k["knee_lanes"]), str(k["knee_depth"]),
+                      f"{100 * k['knee_utilisation']:.1f} %",
+                      f"{k['knee_elements_per_ns']:.3f}",
+                      f"{100 * k['best_utilisation']:.1f} %", "yes" if k["saturated"] else "no",
+                      "-" if k["lanes_to_saturate"] is None else f">= {k['lanes_to_saturate']}",
+                      f"{k['per_kcell']:.4f}" if "per_kcell" in k else "-",
+                      f"{k['per_klut']:.4f}" if "per_klut" in k else "-")
+        c.print(t)
     if not areas:
         c.print(f"perf/area: no synthesis results under {SYNTH_ROOT} (run `make synth-sweep`); "
                 "area columns left empty")
@@ -653,7 +766,9 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
     """Per standard, elements per ns (upper) and DRAM utilisation in % (lower) against lanes,
     one line per NME clock (best depth per lanes, :func:`best_rows`), one column per program,
     with the rank's DRAM ceiling (peak GB/s / (2 B x streams)) on the elements-per-ns axes
-    (PNG). ``dram``: only that standard (default: every standard in ``rows``)."""
+    (PNG); the NME units in the figure's title (:func:`units_title`), and with rows of
+    several units one line per units and clock, each labelled with its units. ``dram``:
+    only that standard (default: every standard in ``rows``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -661,6 +776,7 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
     from coda.hw.dram_standards import get_standard
 
     best = best_rows(rows)
+    units_sets = list(by_units(best))
     stds = [dram] if dram else sorted({r.get("dram") or "DDR5-4800" for r in best})
     fig, axes = plt.subplots(2 * len(stds), 2, figsize=(10, 6 * len(stds)), sharex=True,
                              squeeze=False)
@@ -670,9 +786,13 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
             top, bottom = axes[2 * s, col], axes[2 * s + 1, col]
             mine = [r for r in best if (r.get("dram") or "DDR5-4800") == std.name
                     and r["program"] == prog]
-            for mhz in sorted({r.get("nme_mhz") or 0.0 for r in mine}):
-                pts = sorted((r["lanes"], r) for r in mine if (r.get("nme_mhz") or 0.0) == mhz)
+            for units, mhz in sorted({(row_units(r), r.get("nme_mhz") or 0.0) for r in mine},
+                                     key=lambda k: (parse_units(k[0]), k[1])):
+                pts = sorted((r["lanes"], r) for r in mine if (r.get("nme_mhz") or 0.0) == mhz
+                             and row_units(r) == units)
                 label = ("same domain" if not mhz else f"{mhz:g} MHz")
+                if len(units_sets) > 1:
+                    label += f", units {units}"
                 x = [p[0] for p in pts]
                 top.plot(x, [p[1]["elements_per_ns"] for p in pts], "o-", label=label)
                 bottom.plot(x, [100 * p[1]["utilisation"] for p in pts], "o-", label=label)
@@ -688,6 +808,7 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
                 ax.grid(True, alpha=0.3)
                 ax.legend(fontsize=7)
             top.set_yscale("log", base=2)
+    fig.suptitle("; ".join(units_title(u) for u in units_sets), fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -781,6 +902,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="DRAM standards of the sweep")
     ap.add_argument("--sweep-stream-bytes", type=int, default=SWEEP_STREAM_BYTES,
                     help="bytes per stream of the sweep's programs")
+    ap.add_argument("--sweep-units", default=SWEEP_UNITS, metavar="M,A,O",
+                    help="NME units of every sweep point: register stages in each FPMul, "
+                         "each FPAdd, and after the buffers (NMEConfig mul_latency, "
+                         "add_latency, operand_latency; default 0,0,0, combinational; 3,5,1 "
+                         "places and routes on ECP5 at about 100 MHz)")
     ap.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
                     help="the knee: fewest lanes within this share of the best utilisation")
     ap.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
@@ -794,6 +920,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]
         sweep_clocks = parse_clocks(args.sweep_clocks)
         sweep_drams = [v.strip() for v in args.sweep_drams.split(",") if v.strip()]
+        sweep_units = units_label(parse_units(args.sweep_units, "--sweep-units"))
         if not 0 < args.knee_tolerance <= 1:
             raise ValueError(f"--knee-tolerance {args.knee_tolerance}: expected 0 < t <= 1")
         from coda.hw.dram_standards import get_standard
@@ -814,17 +941,20 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         if args.sweep_report_only:
             rows = recorded_rows(sweep_json.with_suffix(""), sweep_lanes, sweep_depths,
-                                 args.fmt, sweep_drams, args.sweep_stream_bytes, sweep_clocks)
+                                 args.fmt, sweep_drams, args.sweep_stream_bytes, sweep_clocks,
+                                 units=sweep_units)
             if not rows:
-                print(f"no sweep records matching the options in {sweep_json.with_suffix('')}")
+                print(f"no sweep records matching the options (units {sweep_units}) in "
+                      f"{sweep_json.with_suffix('')}")
                 return 1
             write_dse(sweep_json, rows, sweep_drams, args.fmt, sweep_clocks,
-                      args.sweep_stream_bytes, args.knee_tolerance)
+                      args.sweep_stream_bytes, args.knee_tolerance, units=sweep_units)
         else:
             rows = sweep(sweep_lanes, sweep_depths, args.fmt, sweep_drams,
                          args.sweep_stream_bytes, out=sweep_json, clocks=sweep_clocks,
                          workers=args.workers, sequential=args.sequential,
-                         address=args.address, tolerance=args.knee_tolerance)
+                         address=args.address, tolerance=args.knee_tolerance,
+                         units=sweep_units)
         plot_sweep(rows, sweep_json.with_suffix(".png"))
         print_sweep(rows)
         print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt))

@@ -404,3 +404,242 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
     assert not (folder / "points").exists()                # nothing measured
     assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", "64"]) == 1
     assert "no sweep records" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- NME units
+PIPELINED = "3,5,1"          # the NME that places and routes on ECP5 at about 100 MHz
+
+
+def _with_units(records, units, scale=1.0):
+    """``records`` with the sweep parameter ``units`` (None: left out, as in a record of a
+    sweep before units were a parameter) and the utilisation and elements per ns scaled by
+    ``scale`` (so the rows of different units differ)."""
+    out = json.loads(json.dumps(records))
+    for rec in out:
+        if units is not None:
+            rec["params"]["units"] = units
+        for key in list(rec["figures"]):
+            if key.endswith((".utilisation", ".elements_per_ns")):
+                rec["figures"][key] *= scale
+    return out
+
+
+def test_parse_units_reads_three_ints_and_names_a_bad_value():
+    assert bench.parse_units("3,5,1") == (3, 5, 1)
+    assert bench.parse_units(" 0, 0 ,0") == (0, 0, 0)
+    assert bench.units_label(None) == bench.units_label("") == "0,0,0" == bench.SWEEP_UNITS
+    assert bench.units_label((3, 5, 1)) == bench.units_label(" 3 ,5, 1") == PIPELINED
+    assert bench.units_title(PIPELINED) == "NME units mul 3 / add 5 / operand 1"
+    for bad, why in (("3,5", "2 given"), ("3,5,1,0", "4 given"), ("", "1 given"),
+                     ("a,5,1", "invalid literal"), ("1.5,0,0", "invalid literal"),
+                     ("4,0,0", "mul_latency=4"), ("0,6,0", "add_latency=6"),
+                     ("0,0,2", "operand_latency=2"), ("-1,0,0", "mul_latency=-1")):
+        with pytest.raises(ValueError) as exc:
+            bench.parse_units(bad, "--sweep-units")
+        msg = str(exc.value)
+        assert msg.startswith(f"--sweep-units {bad!r}: expected M,A,O"), msg
+        assert why in msg and "\n" not in msg
+
+
+def test_units_reach_the_rows_and_knees_old_records_are_combinational():
+    """Every row carries its record's units ("M,A,O"); a record without units (a sweep before
+    units were a parameter) is 0,0,0. Rows of two units at the same (standard, clock, lanes,
+    depth) stay apart in best_rows and knees: each units set has its own knees, rank best
+    and figures."""
+    old = _with_units(_clock_records(), None)
+    piped = _with_units(_clock_records(), " 3, 5,1", scale=0.5)   # canonicalised
+    rows = bench.dse_rows(old + piped)
+    assert len(rows) == 2 * len(old) * len(bench.PROGRAM_STREAMS)
+    assert {r["units"] for r in rows[:len(rows) // 2]} == {"0,0,0"}
+    assert {r["units"] for r in rows[len(rows) // 2:]} == {PIPELINED}
+    for r0, r1 in zip(rows[:len(rows) // 2], rows[len(rows) // 2:]):
+        assert (r0["dram"], r0["nme_mhz"], r0["lanes"], r0["depth"], r0["program"]) == \
+            (r1["dram"], r1["nme_mhz"], r1["lanes"], r1["depth"], r1["program"])
+        assert r1["utilisation"] == pytest.approx(0.5 * r0["utilisation"], rel=1e-12)
+    best = bench.best_rows(rows)
+    assert len(best) == 2 * len(bench.best_rows(rows[:len(rows) // 2]))
+    ks = bench.knees(rows)
+    alone = {u: bench.knees([r for r in rows if r["units"] == u]) for u in ("0,0,0", PIPELINED)}
+    assert len(ks) == sum(len(k) for k in alone.values())
+    for k in ks:
+        same, = [a for a in alone[k["units"]]
+                 if (a["dram"], a["nme_mhz"], a["program"]) == (k["dram"], k["nme_mhz"],
+                                                               k["program"])]
+        assert k == same
+    # half the utilisation everywhere: the same knees, half the rank best
+    for a, b in zip(alone["0,0,0"], alone[PIPELINED]):
+        assert a["knee_lanes"] == b["knee_lanes"] and a["saturated"] == b["saturated"]
+        assert b["rank_best"] == pytest.approx(0.5 * a["rank_best"], rel=1e-12)
+    # a dse.json row without units (version 2) counts as 0,0,0
+    v2 = [{k: v for k, v in r.items() if k != "units"} for r in rows[:len(rows) // 2]]
+    assert [k["units"] for k in bench.knees(v2)] == ["0,0,0"] * len(alone["0,0,0"])
+
+
+def test_tables_are_titled_with_the_units(capsys, monkeypatch):
+    """One table per units set, titled with them, each holding that set's rows only."""
+    monkeypatch.setenv("COLUMNS", "260")
+    rows = bench.dse_rows(_with_units(_records(), None)
+                          + _with_units(_records(), PIPELINED, scale=0.5))
+    bench.print_sweep(rows)
+    out = capsys.readouterr().out
+    first, second = (out.index("NME units mul 0 / add 0 / operand 0"),
+                     out.index("NME units mul 3 / add 5 / operand 1"))
+    assert first < second
+    lines = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
+             if line.count("│") == 11]
+    n = len({(r["lanes"], r["depth"]) for r in rows})
+    assert len(lines) == 2 * n
+    by = {(r["units"], r["lanes"], r["depth"], r["program"]): r for r in rows}
+    for i, cells in enumerate(lines):
+        units = "0,0,0" if i < n else PIPELINED
+        r = by[(units, int(cells[2]), int(cells[3]), "residual_add")]
+        assert cells[4:6] == [f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %"]
+    bench.print_knees(bench.knees(rows), {})
+    out = capsys.readouterr().out
+    assert out.count("knee per clock") == 2
+    assert out.index("mul 0 / add 0 / operand 0") < out.index("mul 3 / add 5 / operand 1")
+    bench.print_sweep([r for r in rows if r["units"] == PIPELINED])
+    out = capsys.readouterr().out
+    assert "mul 3 / add 5 / operand 1" in out and "mul 0 / add 0" not in out
+
+
+def _results_file(tmp_path, groups):
+    """``build/bench/dse/results.jsonl`` under ``tmp_path`` holding the records of
+    ``groups`` ([(units or None, records)]) as the engine writes them."""
+    folder = tmp_path / "build" / "bench" / "dse"
+    folder.mkdir(parents=True)
+    lines = [{**rec, "kind": "bench", "key": f"k{g}-{i}"}
+             for g, (units, recs) in enumerate(groups)
+             for i, rec in enumerate(_with_units(recs, units, scale=1.0 - 0.25 * g))]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return folder
+
+
+def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
+    """recorded_rows keeps the records of the units asked for (default 0,0,0, which old
+    records without units are; None: every units); --sweep-report-only --sweep-units writes
+    dse.json with those units and titles the tables with them."""
+    recs = _clock_records()
+    folder = _results_file(tmp_path, [(None, recs), (PIPELINED, recs), ("0,0,0", recs[:4])])
+    n = len(recs) * len(bench.PROGRAM_STREAMS)
+    default = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    assert len(default) == n and {r["units"] for r in default} == {"0,0,0"}
+    # the 0,0,0 records (later in the file, at half the utilisation) replace the old ones
+    # of the same parameters
+    plain = {(r["dram"], r["nme_mhz"], r["lanes"], r["depth"], r["program"]): r["utilisation"]
+             for r in bench.dse_rows(recs)}
+    replaced = {(r["dram"], r["nme_mhz"], r["lanes"], r["depth"]) for r in default
+                if r["utilisation"] == pytest.approx(0.5 * plain[(r["dram"], r["nme_mhz"],
+                                                                  r["lanes"], r["depth"],
+                                                                  r["program"])])}
+    assert replaced == {(p["dram"], p["nme_mhz"] or None, p["lanes"], p["depth"])
+                        for p in (rec["params"] for rec in recs[:4])}
+    piped = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units=" 3,5, 1")
+    assert len(piped) == n and {r["units"] for r in piped} == {PIPELINED}
+    assert len(bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units=None)) == 2 * n
+    assert bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units="1,0,0") == []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "260")
+    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                       "--sweep-lanes", "1,2,4,8,16,32", "--sweep-depths", "16,256",
+                       "--sweep-clocks", "dram,100,400,800,1200",
+                       "--sweep-units", PIPELINED]) == 0
+    out = capsys.readouterr().out
+    assert out.count("NME units mul 3 / add 5 / operand 1") == 2       # both tables
+    assert "operand 0" not in out
+    dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
+    assert dse["version"] == bench.DSE_VERSION == 3 and dse["units"] == PIPELINED
+    assert len(dse["rows"]) == n and {r["units"] for r in dse["rows"]} == {PIPELINED}
+    assert {k["units"] for k in dse["knees"]} == {PIPELINED}
+    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                       "--sweep-units", "1,0,0"]) == 1
+    assert "no sweep records matching the options (units 1,0,0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value, why", [
+    ("3,5", "2 given"), ("3,6,1", "add_latency=6"), ("x,5,1", "invalid literal"),
+    ("3,5,1,0", "4 given"), ("=-1,0,0", "mul_latency=-1"), ("3;5;1", "1 given"),
+])
+def test_bench_cli_refuses_bad_sweep_units_before_any_build(value, why, capsys, monkeypatch):
+    def no_build(*a, **k):
+        raise AssertionError("measured despite bad --sweep-units")
+    monkeypatch.setattr(bench, "sweep", no_build)
+    monkeypatch.setattr(bench, "measure_nmp", no_build)
+    argv = (["--sweep-units" + value] if value.startswith("=") else ["--sweep-units", value])
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--sweep-only", "--sequential"] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--sweep-units {value.lstrip('=')!r}: expected M,A,O" in err and why in err
+
+
+def _fake_measure(calls):
+    """A stand-in for measure_nmp: records the NMEConfig and returns a result of the shape
+    program_figures reads (cycles from the latencies, so the figures depend on them)."""
+    def measure_nmp(cfg, dram, dimms, ranks, stream_words=None, nme_mhz=None):
+        calls.append({"cfg": cfg, "dram": dram, "shape": (dimms, ranks),
+                      "stream_words": stream_words, "nme_mhz": nme_mhz})
+        cycles = stream_words + cfg.mul_latency + cfg.add_latency + cfg.operand_latency
+        prog = {"elements_per_rank": stream_words * cfg.lanes, "cycles": cycles,
+                "dram_cycles": 2 * cycles, "ns": 10.0 * cycles,
+                "cycles_per_element": cycles / (stream_words * cfg.lanes),
+                "ranks": [{"utilisation": 0.5, "gbps": 1.0}], "sim_cycles_per_s": 1000}
+        return {"build_seconds_recorded": 1.0, "residual_add": prog, "segment4": prog}
+    return measure_nmp
+
+
+def test_dse_point_builds_the_nme_with_the_units(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "measure_nmp", _fake_measure(calls))
+    base = {"lanes": 8, "depth": 256, "fmt": "bf16", "stream_bytes": 4096,
+            "dram": "DDR5-4800", "nme_mhz": 100.0}
+    piped = bench.dse_point({**base, "units": PIPELINED})
+    plain = bench.dse_point(base)                                  # no units: 0,0,0
+    zero = bench.dse_point({**base, "units": "0,0,0"})
+    cfgs = [c["cfg"] for c in calls]
+    assert [(c.mul_latency, c.add_latency, c.operand_latency) for c in cfgs] == \
+        [(3, 5, 1), (0, 0, 0), (0, 0, 0)]
+    for c in cfgs:
+        assert (c.lanes, c.depth, c.fmt) == (8, 256, "bf16")
+        assert c.mem_words >= 4 * (4096 // 16) + 1
+    assert {c["nme_mhz"] for c in calls} == {100.0} and {c["shape"] for c in calls} == {(1, 1)}
+    assert piped["residual_add.cycles"] == plain["residual_add.cycles"] + 9
+    assert plain == zero
+    # bad units: refused before measure_nmp, with where a comma-holding value goes
+    for bad in ("3", "3,5,9"):
+        with pytest.raises(ValueError, match=r"units .*expected M,A,O.*--grid TOML"):
+            bench.dse_point({**base, "units": bad})
+    assert len(calls) == 3
+
+
+def test_sweep_gives_every_point_the_units(tmp_path, monkeypatch):
+    """sweep(units=...) puts the canonical units in every point (so they are points of
+    their own in the records), its rows carry them and dse.json records them; bad units
+    are refused before any point runs."""
+    import coda.sweep
+
+    calls = []
+    monkeypatch.setattr(bench, "measure_nmp", _fake_measure(calls))
+    seen = []
+
+    def run_sweep(kind, points, folder, **kw):
+        seen.extend(points)
+        return [{"params": p, "status": "ok", "figures": bench.dse_point(p), "timing": {}}
+                for p in points]
+    monkeypatch.setattr(coda.sweep, "run_sweep", run_sweep)
+    out = tmp_path / "dse.json"
+    rows = bench.sweep(lanes=(2, 4), clocks=(100.0,), dram="DDR5-4800", stream_bytes=4096,
+                       out=out, units=(3, 5, 1), synth_root=tmp_path / "none")
+    assert [p["units"] for p in seen] == [PIPELINED] * 2
+    kind = bench.sweep_kind()
+    assert kind.param("units").default == "0,0,0"
+    keys = {coda.sweep.point_key(kind, p) for p in seen}
+    assert not keys & {coda.sweep.point_key(kind, {**p, "units": "0,0,0"}) for p in seen}
+    assert [(c["cfg"].lanes, c["cfg"].mul_latency, c["cfg"].add_latency,
+             c["cfg"].operand_latency) for c in calls] == [(2, 3, 5, 1), (4, 3, 5, 1)]
+    assert {r["units"] for r in rows} == {PIPELINED}
+    dse = json.loads(out.read_text())
+    assert dse["units"] == PIPELINED and {r["units"] for r in dse["rows"]} == {PIPELINED}
+    with pytest.raises(ValueError, match="units '3,5': expected M,A,O"):
+        bench.sweep(lanes=(2,), clocks=(100.0,), dram="DDR5-4800", units="3,5")
+    assert len(calls) == 2
