@@ -89,7 +89,10 @@ class NMEIssue(wiring.Component):
         i_left = Signal(32)                  # W - ibase
         iblen = Signal(range(D + 1))
         i_rsrc, i_store = Signal(3), Signal()
-        i_addr, i_param = Signal(ADDR_BITS), Signal(PARAM_BITS)
+        i_addr = Signal(ADDR_BITS)
+        # the micro-op's param as param - 1 and param != 0 (registered at I_LOAD): no
+        # subtractor in front of the phase compare of every read
+        i_last_ph, i_param_nz = Signal(PARAM_BITS), Signal()
         icnt = Signal(range(D + 1))
         i_passes = Signal(PASS_BITS)
         fresh = Signal()                     # first pass of a program: wait for stale reads
@@ -141,7 +144,8 @@ class NMEIssue(wiring.Component):
         rd_next = Signal.like(rd_used)
         m.d.comb += rd_next.eq(rd_used + issue_read - (self.rsp.valid & self.rsp.ready))
         m.d.sync += [rd_used.eq(rd_next), rd_room.eq(rd_next < RF)]
-        self._stream_advance(m, issue_read, i_rsrc, i_param, i_addr, ra, ph, elane, par_i)
+        self._stream_advance(m, issue_read, i_rsrc, i_last_ph, i_param_nz, i_addr, ra, ph,
+                             elane, par_i)
 
         # a read of the issue side, or else the head of execution's store stream
         m.d.comb += self.store.ready.eq(req_free & ~issue_read)
@@ -174,7 +178,8 @@ class NMEIssue(wiring.Component):
             with m.State("I_LOAD"):
                 m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
                              i_read.eq(fi.rsrc != RSrc.BUF), i_more.eq(iblen != 0),
-                             i_param.eq(fi.param), icnt.eq(0), par_i.eq(ibase[0]),
+                             icnt.eq(0), par_i.eq(ibase[0]),
+                             i_last_ph.eq(fi.param - 1), i_param_nz.eq(fi.param != 0),
                              ra.eq(slot_r.data[0:ADDR_BITS]),
                              ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
                              elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:])]
@@ -207,8 +212,9 @@ class NMEIssue(wiring.Component):
                     m.next = "I_FETCH"
         return m
 
-    def _stream_advance(self, m, issue, rsrc, param, addr, ra, ph, elane, par_i):
-        """Next read address and CHAN/GROUP/INT8 phase after issuing one read."""
+    def _stream_advance(self, m, issue, rsrc, last_ph, param_nz, addr, ra, ph, elane, par_i):
+        """Next read address and CHAN/GROUP/INT8 phase after issuing one read (``last_ph`` =
+        param - 1: the phase's last value; ``param_nz``: param != 0)."""
         L = self.cfg.lanes
         with m.If(issue):
             m.d.sync += par_i.eq(~par_i)
@@ -216,7 +222,7 @@ class NMEIssue(wiring.Component):
                 with m.Case(RSrc.MEM):
                     m.d.sync += ra.eq(ra + 1)
                 with m.Case(RSrc.CHAN):
-                    with m.If(ph == param - 1):
+                    with m.If(ph == last_ph):
                         m.d.sync += [ph.eq(0), ra.eq(addr)]
                     with m.Else():
                         m.d.sync += [ph.eq(ph + 1), ra.eq(ra + 1)]
@@ -224,11 +230,11 @@ class NMEIssue(wiring.Component):
                     with m.If(par_i):
                         m.d.sync += ra.eq(ra + 1)
                 with m.Case(RSrc.GROUP):
-                    with m.If((param != 0) & (ph == param - 1)):
+                    with m.If(param_nz & (ph == last_ph)):
                         m.d.sync += ph.eq(0)
                         with m.If(elane == L - 1):
                             m.d.sync += [elane.eq(0), ra.eq(ra + 1)]
                         with m.Else():
                             m.d.sync += elane.eq(elane + 1)
-                    with m.Elif(param != 0):
+                    with m.Elif(param_nz):
                         m.d.sync += ph.eq(ph + 1)
