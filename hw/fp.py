@@ -630,9 +630,10 @@ class Int8ToFP(wiring.Component):
         # the 8-bit fraction to man_bits >= 6 loses only zeros.
         man = frac.shift_left(M - 8) if M >= 8 else frac[8 - M:]
         # the exponent looked up from lz (a function of its 4 bits: LUTs, not a subtractor's
-        # carry chain behind the leading-zero tree); lz = 8 is a = 0, exponent 0
+        # carry chain behind the leading-zero tree); lz = 8 is a = 0, exponent 0 (as are the
+        # values lz never takes, 9..15: every case covered)
         exp = Signal(fmt.exp_bits)
-        m.d.comb += exp.eq(Array([Const(fmt.bias + 7 - k, fmt.exp_bits) for k in range(8)]
-                                 + [Const(0, fmt.exp_bits)])[lz])
+        m.d.comb += exp.eq(Array([Const(fmt.bias + 7 - k if k < 8 else 0, fmt.exp_bits)
+                                  for k in range(1 << len(lz))])[lz])
         m.d.comb += self.y.eq(Cat(man, exp, sign))
         return m
