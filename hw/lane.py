@@ -35,10 +35,11 @@ the gated clocks :data:`GATED_DOMAINS` that the NME provides (see :class:`coda.h
 one per register group, each running only in cycles in which its group may load (the FPMul
 operands when a stage-1 word is valid and the micro-op multiplies, and so on); the valid bits
 stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands (as
-without gating) so that every functional unit's inputs come from one gated clock. Every register loads under the same
-condition as without gating, so the lane's outputs (``toggles`` included: the shadow registers
-stay on the free-running clock) are identical cycle by cycle. A functional unit's logic thus
-only switches in the cycles it works, and a Verilated model only evaluates it then.
+without gating) so that every functional unit's inputs come from one gated clock. Every
+register loads under the same condition as without gating, so the lane's outputs
+(``toggles`` included: the shadow registers stay on the free-running clock) are identical
+cycle by cycle. A functional unit's logic thus only switches in the cycles it works, and a
+Verilated model only evaluates it then.
 """
 
 from __future__ import annotations

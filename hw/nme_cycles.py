@@ -133,11 +133,11 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
             if key in seen:                 # the same start as block b0: a period
                 b0, x0 = seen.pop(key)
                 period, shift = b - b0, x_load - x0
-                jump = (blocks - 1 - b) // period
-                if jump:
-                    b += jump * period
-                    fetch, x_load = fetch + jump * shift, x_load + jump * shift
-                    recent = recent + jump * shift
+                periods = (blocks - 1 - b) // period
+                if periods:
+                    b += periods * period
+                    fetch, x_load = fetch + periods * shift, x_load + periods * shift
+                    recent = recent + periods * shift
                     continue
             else:
                 seen[key] = (b, x_load)

@@ -14,17 +14,18 @@ for its last store: memory order), accumulates L1, is the program's last, or its
 shorter than the pipeline (``LaneTiming.result_stage`` words); those drain the lanes first
 (``LaneTiming.drain_stage``). That is the buffer read-after-write rule: the next pass's word
 ``i`` enters at least 4 cycles after this pass's last word, so at least ``blen + 3`` after
-this pass's word ``i``, which is written ``result_stage`` cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
-accumulate's recurrence). After the last block, ``X_SUM`` adds the lanes' L1 accumulators
-in order 0..L-1 in fp32 when the program has an L1 micro-op, ``add_latency + 1`` cycles
-per lane.
+this pass's word ``i``, which is written ``result_stage`` cycles after it entered. An L1 pass
+takes one word every ``LaneTiming.l1_gap`` cycles (the accumulate's recurrence). After the
+last block, ``X_SUM`` adds the lanes' L1 accumulators in order 0..L-1 in fp32 when the
+program has an L1 micro-op, ``add_latency + 1`` cycles per lane.
 
 Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
 of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each
 lane's P, Q, R (buffer word, memory word, per-group element, int8 converted) — stage 2 with
 ``NMEConfig.operand_latency`` 1, where stage 1 only registers every block-RAM output; the
 lanes (:class:`coda.hw.lane.NMELane`) are the stages after it up to the result stage, which
-writes a buffer or the store FIFO. With clock gating every lane register group has its own gated clock (:meth:`_clock_gates`).
+writes a buffer or the store FIFO. With clock gating every lane register group has its own
+gated clock (:meth:`_clock_gates`).
 """
 
 from __future__ import annotations
@@ -242,8 +243,8 @@ class NMEExec(wiring.Component):
         ka, kw = timing.add_stage, timing.operand_stage + 1   # kw: the L1 operands load
         self._lanes_operands(m, lanes, buf_rd, head1, last_op, tail_mask, v_op,
                              cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
+        c_op, c_add, c_l1 = ctls[timing.operand_stage], ctls[ka], ctls[kw]
         for lane in lanes:
-            c_op, c_add, c_l1 = ctls[timing.operand_stage], ctls[ka], ctls[kw]
             m.d.comb += [
                 lane.op_mul.eq(c_op.op_mul), lane.mul_a_q.eq(c_op.mul_a_q),
                 lane.op_add.eq(c_add.op_add), lane.add_b_mul.eq(c_add.add_b_mul),

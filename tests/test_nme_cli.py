@@ -59,10 +59,9 @@ def test_pipelined_units_same_bits_the_model_cycles(tmp_path, capsys):
     assert np.array_equal(outs[0], outs[1])
     with np.load(inp) as f:
         t, c = f["x"].shape
-    prog = compiler.compile_op("gated_residual", NMEConfig(), {"x": (t, c), "g": (c,),
-                                                               "c": (t, c)},
-                               {"x": 0, "g": t * c // 8, "c": t * c // 8 + c // 8,
-                                "y": 0})
+    shapes = {"x": (t, c), "g": (c,), "c": (t, c)}
+    prog = compiler.compile_op("gated_residual", NMEConfig(), shapes,
+                               compiler.plan_layout("gated_residual", NMEConfig(), shapes)[0])
     assert cycles[1] > cycles[0]
     assert cycles[1] - cycles[0] == (model_cycles(NMEConfig(**units), prog, Status.OK)
                                      - model_cycles(NMEConfig(), prog, Status.OK))

@@ -34,9 +34,10 @@ def test_cli_table_json_and_bad_options(tmp_path, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["units"], r["depth"]) for r in rows] == [("0,0,0", 16), ("0,0,0", 64)]
     assert main(["--units", "9,0,0"]) == 2
-    assert "--units '9,0,0': mul_latency=9: expected an int 0..3" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--units '9,0,0': expected M,A,O" in err and "mul_latency=9: expected an int 0..3" in err
     assert main(["--units", "a,b"]) == 2
-    assert "expected three integers M,A,O" in capsys.readouterr().err
+    assert "--units 'a,b': expected M,A,O: three comma-separated ints" in capsys.readouterr().err
     assert main(["--channels", "12"]) == 2
     assert "CHAN needs C % lanes == 0" in capsys.readouterr().err
 
