@@ -127,9 +127,11 @@ def _check_format(fmt) -> FPFormat:
 #: hidden bit; 5: after the normalisation shift (before rounding). A standalone fp32 FPAdd
 #: with registered ports on ECP5 (LFE5U-25F, nextpnr): 106 MHz at latency 4, 121 MHz at 5.
 FPADD_CUTS = ((), (2,), (1, 4), (1, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4, 5))
-#: FPMul's stage boundaries used by each latency. Boundary 1: after the significand product;
+#: FPMul's stage boundaries used by each latency. Boundary 0: after unpacking (the
+#: significands with their hidden bits, the exponent sum, the sign and class flags), so the
+#: multiplier's inputs come straight from registers; 1: after the significand product;
 #: 2: after its leading-zero count and the shift amount; 3: after the normalisation shift.
-FPMUL_CUTS = ((), (2,), (1, 2), (1, 2, 3))
+FPMUL_CUTS = ((), (2,), (1, 2), (1, 2, 3), (0, 1, 2, 3))
 FPADD_MAX_LATENCY = len(FPADD_CUTS) - 1
 FPMUL_MAX_LATENCY = len(FPMUL_CUTS) - 1
 
@@ -453,8 +455,6 @@ class FPMul(wiring.Component):
 
         n = 2 * M + 2                       # product width; bit 2M is the units bit
         low = M + 2                         # zero extension below for underflow shifts
-        prod = Signal(n)
-        m.d.comb += prod.eq(a.sig * b.sig)
 
         # e_sum = ea + eb - bias: biased exponent of the product if it has its top bit
         # at position 2M+1 minus one; the normalised exponent is e_sum + 1 - lz.
@@ -470,6 +470,13 @@ class FPMul(wiring.Component):
                            | (a.is_zero & b.is_inf))
         inf = Signal()
         m.d.comb += inf.eq(a.is_inf | b.is_inf)
+
+        # ---- boundary 0
+        sig_a, sig_b, e_sum, sign, nan, inf = cut(0, sig_a=a.sig, sig_b=b.sig, e_sum=e_sum,
+                                                  sign=sign, nan=nan, inf=inf)
+
+        prod = Signal(n)
+        m.d.comb += prod.eq(sig_a * sig_b)
 
         # ---- boundary 1
         prod, e_sum, sign, nan, inf = cut(1, prod=prod, e_sum=e_sum, sign=sign, nan=nan,

@@ -40,14 +40,16 @@ and a program's first read waits until none is outstanding.
 Cycle cost (memory always ready, read latency ``lat``; :func:`coda.hw.nme_cycles.model_cycles`
 is this model, checked exactly against Verilator counts): intake ``n_uops + 1``; check
 ``3 * n_uops + 3`` (32 more when ``lanes`` is not a power of two, ``bitlen(param*L) + 2``
-more per scaled GROUP micro-op); execution ``2`` plus per pass ``blen + 3`` when the next
-pass overlaps it (no store, no L1, not the last pass, ``blen >=`` the result stage), else
-``blen + 3`` plus the drain (``3 + operand_latency + lm + la`` with ``lm = cfg.mul_latency``,
-``la = cfg.add_latency``; a store pass 2 more; an L1 pass takes one word per ``la + 1``
-cycles and drains to the stage before its accumulate), plus the waits for read responses
-(``3 + lat`` before the first word; after each store pass, where the issue side held); ``L
-(la + 1)`` for the L1 sum; ``1`` for ``done``. Default config, y = x + g*c over 1000
-elements, 1-cycle memory: 573 cycles.
+more per scaled GROUP micro-op); execution ``2`` plus per pass ``blen`` when it hands over
+to the next pass as its last word enters (no store, no L1, not the last pass, ``blen >``
+the result stage), else ``blen + 3`` plus the drain (``3 + operand_latency + lm + la`` with
+``lm = cfg.mul_latency``, ``la = cfg.add_latency``; a store pass 2 more; an L1 pass takes
+one word per ``la + 1`` cycles and drains to the stage before its accumulate), plus the
+waits for read responses (``3 + lat`` before the first word; after each store pass, where
+the issue side held; where the issue side, which hands over from a read pass of ``blen >=
+3`` at its last read and spends 4 cycles on any other pass, falls behind); ``L (la + 1)``
+for the L1 sum; ``1`` for ``done``. Default config, y = x + g*c over 1000 elements, 1-cycle
+memory: 551 cycles.
 """
 
 from __future__ import annotations

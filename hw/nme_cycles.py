@@ -33,6 +33,7 @@ LOAD_CYCLES = 1              # X_LOAD: the next micro-op's fields (X_RUN follows
 STORE_PASS_EXTRA = 2         # store FIFO (1) and request register (1) before the last write
 FIFO_READ_CYCLES = 2         # read response -> SyncFIFOBuffered output (r_rdy)
 ISSUE_BUF_PASS_CYCLES = 4    # issue side over a pass with no read: I_FETCH, I_LOAD, I_RUN, I_END
+ISSUE_HANDOVER_MIN_WORDS = 3 # a read pass hands over at its last read from this block length
 FINISH_CYCLES = 1            # FINISH: the done pulse
 FAIL_CHECK_CYCLES = 3        # V_FETCH, V_CHECK, V_DECIDE of the micro-op that fails
 
@@ -85,15 +86,10 @@ def _reject_cycles(cfg: NMEConfig, program: Program, status: Status) -> int:
 
 
 def _overlaps(t: LaneTiming, u: UOp, blen: int, last: bool) -> bool:
-    """Does a pass end without draining the lanes (X_RUN of hw/nme_exec.py)? Yes unless it
-    stores, accumulates L1, is the program's last pass, or its block is shorter than the
-    pipeline up to the result stage."""
-    return not (u.store or u.op == Op.L1 or last or blen < t.result_stage)
-
-
-def _drain(t: LaneTiming, u: UOp, blen: int, last: bool) -> int:
-    """Cycles X_RUN waits after the last word's entry for the lanes to drain."""
-    return 0 if _overlaps(t, u, blen, last) else t.drain_stage(u.op == Op.L1)
+    """Does a pass hand over to the next one as its last word enters, without draining the
+    lanes (X_RUN of hw/nme_exec.py)? Yes unless it stores, accumulates L1, is the program's
+    last pass, or its block is not longer than the pipeline up to the result stage."""
+    return not (u.store or u.op == Op.L1 or last or blen <= t.result_stage)
 
 
 def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency: int,
@@ -102,9 +98,11 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
     step per pass).
 
     Execution: each pass takes its words one per cycle (an L1 pass one per ``g = l1_gap``)
-    from X_RUN on, a read pass each word once its response is out of the response FIFO;
-    X_END is ``2 + drain`` cycles after the last word's entry (:func:`_drain`; a store pass
-    2 more), the next X_LOAD one after. The issue side: I_FETCH, I_LOAD, then the reads of
+    from its first cycle on, a read pass each word once its response is out of the response
+    FIFO. A pass that overlaps the next (:func:`_overlaps`) hands over as its last word
+    enters: the next pass's words may enter from the next cycle on. Any other pass drains:
+    X_END is ``2 + drain`` cycles after the last word's entry (a store pass 2 more), the
+    next X_LOAD one after, the next pass's first cycle one after that. The issue side: I_FETCH, I_LOAD, then the reads of
     a read pass one per cycle (X_END-like ``+ 3`` after the last), 4 cycles for a pass
     without reads, and at a store pass it waits for execution's X_END (memory order); its
     m-th read of the program may go out only one cycle after execution took read ``m - RF``
@@ -112,7 +110,7 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
     maxima: ``t_j = j + max_{i<=j}(earliest_i - i)`` (``g*j`` for L1).
 
     Blocks of ``D`` words repeat: where the state at a block's start (the issue side's and
-    the recent reads' cycles relative to X_LOAD) recurs, every later block up to the last
+    the recent reads' cycles relative to the block's first pass) recurs, every later block up to the last
     one repeats the same cycles, so the walk jumps over them (exact; a program of 10^6
     words costs a few blocks' steps). ``jump=False`` walks every block (the tests compare).
     """
@@ -120,7 +118,7 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
     t = LaneTiming.of(cfg)
     credits = read_credits(depth)
     recent = np.zeros(0, dtype=np.int64)    # take cycles of the last `credits` reads
-    fetch, x_load = v_end + 2, v_end + 3    # I_FETCH and X_LOAD of the first pass
+    fetch, x_run = v_end + 2, v_end + 4     # I_FETCH and first X_RUN cycle of the first pass
     x_end = 0
     blocks = -(-n_words // depth)
     seen: dict = {}
@@ -129,27 +127,25 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
         base = b * depth
         blen = min(depth, n_words - base)
         if jump and 0 < b < blocks - 1:
-            key = (fetch - x_load, tuple(recent - x_load))
+            key = (fetch - x_run, tuple(recent - x_run))
             if key in seen:                 # the same start as block b0: a period
                 b0, x0 = seen.pop(key)
-                period, shift = b - b0, x_load - x0
+                period, shift = b - b0, x_run - x0
                 periods = (blocks - 1 - b) // period
                 if periods:
                     b += periods * period
-                    fetch, x_load = fetch + periods * shift, x_load + periods * shift
+                    fetch, x_run = fetch + periods * shift, x_run + periods * shift
                     recent = recent + periods * shift
                     continue
             else:
-                seen[key] = (b, x_load)
-        if base:
-            fetch += 1                      # I_BLOCK
+                seen[key] = (b, x_run)
         for i, u in enumerate(uops):
-            x_run = x_load + 1
             j = np.arange(blen)
             gap = t.l1_gap if u.op == Op.L1 else 1
-            # X_END is this many cycles after the last word's entry
             last = b == blocks - 1 and i == len(uops) - 1
-            after = _drain(t, u, blen, last) + END_CYCLES
+            overlap = _overlaps(t, u, blen, last)
+            # X_END is this many cycles after the last word's entry (a drained pass)
+            after = t.drain_stage(u.op == Op.L1) + END_CYCLES
             if u.rsrc != RSrc.BUF:
                 # read j's credit comes back one cycle after the take of the read `credits`
                 # before it (blen <= credits, so that one is among the recent ones)
@@ -161,15 +157,27 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
                 ready = issue + 1 + latency + FIFO_READ_CYCLES
                 take = gap * j + np.maximum.accumulate(np.maximum(ready, x_run) - gap * j)
                 recent = np.concatenate([recent, take])[-credits:]
-                x_end = int(take[-1]) + after
-                fetch = int(issue[-1]) + 3
-            elif u.store:
-                x_end = x_run + (blen - 1) * gap + after + STORE_PASS_EXTRA
-                fetch = max(fetch + 2, x_end + 1) + 2
+                last_in = int(take[-1])
+                # the issue side hands over as the last read goes out (the next I_RUN in
+                # the next cycle), or I_END, I_FETCH follow
+                i_fast = blen >= ISSUE_HANDOVER_MIN_WORDS and not last
+                fetch = int(issue[-1]) + (-1 if i_fast else 3)
             else:
-                x_end = x_run + (blen - 1) * gap + after
+                i_fast = False
+                last_in = x_run + (blen - 1) * gap
+            if u.store:
+                x_end = last_in + after + STORE_PASS_EXTRA
+                fetch = max(fetch + 2, x_end + 1) + 2
+            elif u.rsrc == RSrc.BUF:
                 fetch += ISSUE_BUF_PASS_CYCLES
-            x_load = x_end + LOAD_CYCLES
+            if overlap:
+                x_run = last_in + 1
+            else:
+                if not u.store:
+                    x_end = last_in + after
+                x_run = x_end + LOAD_CYCLES + 1
+        if not i_fast:
+            fetch += 1                      # I_BLOCK of the next block
         b += 1
     return x_end
 
@@ -190,15 +198,17 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
       multiply and V_NEXT), else 0;
     - accepted: ``n + 5 + div + sum_i(3 + g_i) + 2`` to the first X_LOAD, then the passes
       as execution and the issue side take them (:func:`_walk_cycles`): a pass takes one
-      word per cycle (an L1 pass one per ``la + 1``, ``la = cfg.add_latency``) and ends
-      3 cycles after its last word entered when it overlaps the next pass (no store, no
-      L1, not the last pass, a block of at least ``LaneTiming.result_stage`` words), else
-      after the lanes drained (``result_stage`` more: ``3 + operand_latency + lm + la``;
-      an L1 pass to the stage before its accumulate; a store pass 2 more for its last
-      request); a read pass waits for its responses (the issue side runs ahead, ``blen +
-      4`` cycles per read pass and 4 per other pass, holds at a store pass until execution
-      finished it, and has at most ``max(D, 3)`` reads not yet taken); then ``+ L (la +
-      1)`` if there is an L1 micro-op (lanes summed in order), ``+ 1`` (FINISH).
+      word per cycle (an L1 pass one per ``la + 1``, ``la = cfg.add_latency``); it hands
+      over to the next pass as its last word enters (no store, no L1, not the last pass,
+      a block of more than ``LaneTiming.result_stage`` words), else it ends 3 cycles after
+      the lanes drained (``result_stage``: ``3 + operand_latency + lm + la``; an L1 pass to
+      the stage before its accumulate; a store pass 2 more for its last request) and the
+      next one starts 2 cycles later; a read pass waits for its responses (the issue side
+      runs ahead: a read pass one read per cycle, handing over at its last read when its
+      block has at least 3 words, else 4 cycles more; 4 cycles per other pass; it holds at
+      a store pass until execution finished it, and has at most ``max(D, 3)`` reads not
+      yet taken); then ``+ L (la + 1)`` if there is an L1 micro-op (lanes summed in
+      order), ``+ 1`` (FINISH).
 
     Agreement with the Verilated RTL (tests/test_interp.py: 76 programs per configuration,
     every compiled operator, both formats, lanes 2/3/8, depth 3/4/5/64, all error classes,

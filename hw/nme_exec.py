@@ -9,13 +9,15 @@ pipeline only while that FIFO has room for them (a credit count), so ``mem_req_r
 back-pressure loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more
 for a deep lane pipeline). Every word carries its pass's controls down the pipeline
 (:data:`PASS_CONTROL`), so a pass may start while the previous one's words are still in the
-lanes: a pass ends as soon as its last word entered, unless it stores (the issue side waits
-for its last store: memory order), accumulates L1, is the program's last, or its block is
-shorter than the pipeline (``LaneTiming.result_stage`` words); those drain the lanes first
-(``LaneTiming.drain_stage``). That is the buffer read-after-write rule: the next pass's word
-``i`` enters at least 4 cycles after this pass's last word, so at least ``blen + 3`` after
-this pass's word ``i``, which is written ``result_stage`` cycles after it entered. An L1 pass
-takes one word every ``LaneTiming.l1_gap`` cycles (the accumulate's recurrence). After the
+lanes: the next micro-op is read while a pass runs, and the pass hands over to it in the
+cycle its last word enters (the next pass's first word may enter in the next cycle), unless
+it stores (the issue side waits for its last store: memory order), accumulates L1, is the
+program's last, or its block is not longer than the pipeline (``LaneTiming.result_stage``
+words); those drain the lanes first (``LaneTiming.drain_stage``) and end through ``X_END``,
+``X_LOAD``. That is the buffer read-after-write rule: the next pass's word ``i`` enters at
+least ``blen`` cycles after this pass's word ``i``, which is written ``result_stage < blen``
+cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
+accumulate's recurrence). After the
 last block, ``X_SUM`` adds the lanes' L1 accumulators in order 0..L-1 in fp32 when the
 program has an L1 micro-op, ``add_latency + 1`` cycles per lane.
 
@@ -47,10 +49,12 @@ from .nme_iface import (PASS_BITS, UOP_INDEX_BITS, LaneTiming, UopFields, UopRea
 __all__ = ["NMEExec", "PASS_CONTROL", "sum_tree"]
 
 #: A pass's controls, decoded from its micro-op at a word's entry, as they travel down the
-#: pipeline with the word: the lanes' (FPMul used, its ``a`` from Q; FPAdd used, its ``b``
-#: the product, subtract; L1; the result selection) and the result stage's (write buffer
-#: ``d``, or the store FIFO).
+#: pipeline with the word: the operand selection's (R's source, the buffers read as P, Q,
+#: R), the lanes' (FPMul used, its ``a`` from Q; FPAdd used, its ``b`` the product,
+#: subtract; L1; the result selection) and the result stage's (write buffer ``d``, or the
+#: store FIFO).
 PASS_CONTROL = data.StructLayout({
+    "rsrc": 3, "p": 4, "q": 4, "r": 4,
     "op_mul": 1, "mul_a_q": 1, "op_add": 1, "add_b_mul": 1, "sub": 1, "op_l1": 1,
     "res_sel": 2, "write_buf": 1, "store": 1, "d": 4})
 
@@ -140,10 +144,18 @@ class NMEExec(wiring.Component):
         # (the next block's x_left), a register: base and blen hold still from X_LOAD to X_END
         x_left, x_rest = Signal(32), Signal(32)
         blen = Signal(range(D + 1))
-        # the block is at least as long as the pipeline up to the result stage (set with
-        # blen): a pass over it may end once its last word entered (see X_RUN)
+        # the block is longer than the pipeline up to the result stage (set with blen): a
+        # pass over it may hand over to the next one as its last word enters (see X_RUN)
         long_block = Signal()
-        m.d.sync += x_rest.eq(x_left - blen)
+        n_res = timing.result_stage
+        assert n_res >= 3, "a hand-over needs the next micro-op read 3 cycles into a pass"
+
+        def is_long(words):
+            return (words > n_res) if D > n_res else Const(0)
+
+        # base + blen (the next block's base), a register like x_rest
+        base_nx = Signal(32)
+        m.d.sync += [x_rest.eq(x_left - blen), base_nx.eq(base + blen)]
         last_block = Signal()
         idx_w = max(1, ceil_log2(D))
         i_cnt = Signal(range(D + 1))         # words entered (BUF pass)
@@ -151,15 +163,21 @@ class NMEExec(wiring.Component):
         # i_cnt < blen, j_cnt < blen as registers (set with the counters: blen holds still
         # from X_LOAD to X_END), so no compare is in front of ``enter``
         i_more, j_more = Signal(), Signal()
+        # the next word to enter is the pass's last (a register, set with the counters)
+        w_last = Signal()
         s_cnt = Signal(range(D + 1))         # stores requested (store pass)
         st_addr = Signal(len(self.store.payload.addr))
         x_passes = Signal(PASS_BITS)         # passes completed
         used = Signal(range(fifo_depth + 1))         # store credits in use
         room = Signal(init=1)                        # used < fifo_depth (a register)
         m.d.comb += [self.uop.addr.eq(k), self.passes.eq(x_passes)]
-        # k is the last micro-op (registered: k changes two cycles before X_END uses it)
+        # k is the last micro-op (registered: valid from the second cycle after k changed)
         k_last = Signal()
         m.d.sync += k_last.eq(k == n_uops - 1)
+        # the next micro-op's index (read during X_RUN: its fields wait in ``f`` for the
+        # hand-over, from the third cycle of a pass on)
+        k_nx = Signal(UOP_INDEX_BITS)
+        m.d.comb += k_nx.eq(Mux(k_last, 0, k + 1))
 
         # ---- pipeline control (stage numbers: coda.hw.nme_iface.LaneTiming)
         run = Signal()                       # in X_RUN
@@ -188,7 +206,6 @@ class NMEExec(wiring.Component):
         for rp in buf_rd:
             m.d.comb += rp.addr.eq(idx0)
         # valid bits of every stage (vs[k]) and the word index up to the result stage
-        n_res = timing.result_stage
         n_l1 = timing.drain_stage(l1=True)
         vs, idxs = [enter], [idx0]
         for st in range(1, max(n_res, n_l1, timing.acc_stage) + 1):
@@ -205,6 +222,7 @@ class NMEExec(wiring.Component):
         # one's words are still in the lanes
         ctl0 = Signal(PASS_CONTROL)
         m.d.comb += [
+            ctl0.rsrc.eq(cur_rsrc), ctl0.p.eq(cur_p), ctl0.q.eq(cur_q), ctl0.r.eq(cur_r),
             ctl0.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
             ctl0.mul_a_q.eq(cur_op == Op.MAC),
             ctl0.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
@@ -241,9 +259,9 @@ class NMEExec(wiring.Component):
         head1 = Signal.like(self.rsp.payload, name="head1")
         m.d.sync += head1.eq(self.rsp.payload)
         ka, kw = timing.add_stage, timing.operand_stage + 1   # kw: the L1 operands load
-        self._lanes_operands(m, lanes, buf_rd, head1, last_op, tail_mask, v_op,
-                             cur_rsrc, cur_p, cur_q, cur_r, acc_clear)
         c_op, c_add, c_l1 = ctls[timing.operand_stage], ctls[ka], ctls[kw]
+        self._lanes_operands(m, lanes, buf_rd, head1, last_op, tail_mask, v_op, c_op,
+                             acc_clear)
         for lane in lanes:
             m.d.comb += [
                 lane.op_mul.eq(c_op.op_mul), lane.mul_a_q.eq(c_op.mul_a_q),
@@ -287,6 +305,8 @@ class NMEExec(wiring.Component):
             m.d.sync += [i_cnt.eq(i_cnt + 1), i_more.eq(i_cnt + 1 < blen)]
         with m.If(enter & read_pass):
             m.d.sync += [j_cnt.eq(j_cnt + 1), j_more.eq(j_cnt + 1 < blen)]
+        with m.If(enter):
+            m.d.sync += w_last.eq(idx0 + 2 == blen)
         used_next = Signal.like(used)
         m.d.comb += used_next.eq(used + (enter & cur_store) - self.store_done)
         m.d.sync += [used.eq(used_next), room.eq(used_next < fifo_depth)]
@@ -306,6 +326,26 @@ class NMEExec(wiring.Component):
 
         f = UopFields(self.uop.data)
 
+        def load_pass(words, store_base):
+            """Load the micro-op in ``f`` as the current pass over a block of ``words``
+            words whose stores start at ``store_base`` (overrides the counters' updates of
+            this cycle)."""
+            m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
+                         read_pass.eq(f.rsrc != RSrc.BUF), is_l1.eq(f.op == Op.L1),
+                         cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
+                         st_addr.eq(f.addr + store_base),
+                         i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0),
+                         i_more.eq(words != 0), j_more.eq(words != 0), w_last.eq(words == 1)]
+
+        def next_block():
+            """Advance to the next block (its base, length, flags) and its first micro-op;
+            returns the next block's length."""
+            left = x_rest
+            words = Mux(left >= D, D, left)
+            m.d.sync += [k.eq(0), base.eq(base_nx), x_left.eq(left), blen.eq(words),
+                         last_block.eq(left <= D), long_block.eq(is_long(left))]
+            return words
+
         def finish(l1_bits=0):
             m.d.comb += [self.finish.eq(1), self.l1.eq(l1_bits)]
             m.next = "IDLE"
@@ -318,44 +358,44 @@ class NMEExec(wiring.Component):
 
             with m.State("X_BLOCK"):
                 m.d.sync += [k.eq(0), blen.eq(Mux(x_left >= D, D, x_left)),
-                             last_block.eq(x_left <= D),
-                             long_block.eq((x_left >= n_res) if D >= n_res else 0)]
+                             last_block.eq(x_left <= D), long_block.eq(is_long(x_left))]
                 m.next = "X_FETCH"
 
             with m.State("X_FETCH"):
                 m.next = "X_LOAD"
 
             with m.State("X_LOAD"):
-                m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
-                             read_pass.eq(f.rsrc != RSrc.BUF), is_l1.eq(f.op == Op.L1),
-                             cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
-                             st_addr.eq(f.addr + base),
-                             i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0),
-                             i_more.eq(blen != 0), j_more.eq(blen != 0)]
+                load_pass(blen, base)
                 m.next = "X_RUN"
 
             with m.State("X_RUN"):
-                m.d.comb += run.eq(1)
-                # the pass ends when its last word entered (and a store pass's last request
-                # left); its words drain first unless the next pass may overlap them: a
-                # pass that neither stores nor accumulates L1, is not the program's last,
-                # over a block at least as long as the pipeline (the next pass's word i
-                # then enters after this pass's word i was written: the buffer
-                # read-after-write rule)
+                m.d.comb += [run.eq(1), self.uop.addr.eq(k_nx)]
+                # A pass that neither stores nor accumulates L1, is not the program's last
+                # and runs over a block longer than the pipeline hands over to the next
+                # micro-op (read meanwhile) as its last word enters: the next pass's words
+                # enter from the next cycle on, behind this pass's in the lanes. The next
+                # pass's word i enters at least blen cycles after this pass's word i, which
+                # is written result_stage < blen cycles after its entry: the buffer
+                # read-after-write rule. Any other pass ends when its last word entered, its
+                # words (and those before) left the lanes and a store pass's last request
+                # left (X_END, X_LOAD).
                 overlap = ~cur_store & ~is_l1 & long_block & ~(last_block & k_last)
-                with m.If(Mux(read_pass, ~j_more, ~i_more & (used == 0))
-                          & (overlap | pipe_empty)):
+                with m.If(enter & w_last & overlap):
+                    m.d.sync += x_passes.eq(x_passes + 1)
+                    with m.If(k_last):
+                        load_pass(next_block(), base_nx)
+                    with m.Else():
+                        load_pass(blen, base)
+                        m.d.sync += k.eq(k + 1)
+                with m.Elif(Mux(read_pass, ~j_more, ~i_more & (used == 0)) & pipe_empty):
                     m.next = "X_END"
 
             with m.State("X_END"):
                 # the next micro-op is read now, so X_LOAD follows directly
                 m.d.sync += x_passes.eq(x_passes + 1)
                 with m.If(k_last):
-                    left = x_rest
                     m.d.comb += self.uop.addr.eq(0)
-                    m.d.sync += [k.eq(0), base.eq(base + blen), x_left.eq(left),
-                                 blen.eq(Mux(left >= D, D, left)), last_block.eq(left <= D),
-                                 long_block.eq((left >= n_res) if D >= n_res else 0)]
+                    next_block()
                     with m.If(~last_block):
                         m.next = "X_LOAD"
                     with m.Elif(self.has_l1):
@@ -385,12 +425,11 @@ class NMEExec(wiring.Component):
             m.d.comb += self.toggles.eq(self._toggle_counter(m, lanes))
         return m
 
-    def _lanes_operands(self, m, lanes, buf_rd, head, last_op, tail_mask, v_op,
-                        cur_rsrc, cur_p, cur_q, cur_r, acc_clear):
+    def _lanes_operands(self, m, lanes, buf_rd, head, last_op, tail_mask, v_op, ctl,
+                        acc_clear):
         """The operands of every lane (P, Q, R selection, in stage
         ``LaneTiming.operand_stage``), their valid and lane-mask bits, the accumulator clear.
-        The selection reads the current micro-op's fields: a pass's words are all past it
-        before the next micro-op loads (X_END, X_LOAD follow the last entry).
+        The selection reads ``ctl``, the controls of the word in that stage (passes overlap).
 
         R from memory comes from ``head``, the registered response (data, INT8 half, GROUP
         element lane): the word's element, the GROUP element, or the int8 converted (both
@@ -410,7 +449,7 @@ class NMEExec(wiring.Component):
             else:
                 words.append(rp.data)
         rd = Array(words)
-        p_word, q_word, r_word = rd[cur_p], rd[cur_q], rd[cur_r]
+        p_word, q_word, r_word = rd[ctl.p], rd[ctl.q], rd[ctl.r]
         data = head.data
         group_elem = data.word_select(head.elane, 16)
         half = head.half
@@ -433,7 +472,7 @@ class NMEExec(wiring.Component):
                          conv_hi.a.eq(head.data[8 * (L + j):8 * (L + j) + 8])]
             int8_lo, int8_hi = conv_lo.y, conv_hi.y
             r_mem = Signal(16, name=f"r_mem_lane{j}")
-            with m.Switch(cur_rsrc):
+            with m.Switch(ctl.rsrc):
                 with m.Case(RSrc.GROUP):
                     m.d.comb += r_mem.eq(group_elem)
                 with m.Case(RSrc.INT8):
@@ -441,7 +480,7 @@ class NMEExec(wiring.Component):
                 with m.Default():
                     m.d.comb += r_mem.eq(data[16 * j:16 * j + 16])
             r_val = Signal(16, name=f"r_lane{j}")
-            m.d.comb += r_val.eq(Mux(cur_rsrc == RSrc.BUF, r_word[16 * j:16 * j + 16], r_mem))
+            m.d.comb += r_val.eq(Mux(ctl.rsrc == RSrc.BUF, r_word[16 * j:16 * j + 16], r_mem))
             m.d.comb += [
                 lane.p.eq(p_word[16 * j:16 * j + 16]), lane.q.eq(q_word[16 * j:16 * j + 16]),
                 lane.r.eq(r_val), lane.v1.eq(v_op), lane.m1.eq(~last_op | tail_mask[j]),

@@ -43,10 +43,10 @@ class LaneTiming:
     cycle model (:mod:`coda.hw.nme_cycles`).
 
     Attributes:
-        mul_latency: register stages inside FPMul (0..3).
-        add_latency: register stages inside every FPAdd (0..5).
+        mul_latency: register stages inside FPMul (0..:data:`~coda.hw.isa.MAX_MUL_LATENCY`).
+        add_latency: register stages inside every FPAdd (0..:data:`~coda.hw.isa.MAX_ADD_LATENCY`).
         operand_latency: register stages between the block RAMs and the lanes' operand
-            selection (0..1).
+            selection (0..:data:`~coda.hw.isa.MAX_OPERAND_LATENCY`).
     """
     mul_latency: int = 0
     add_latency: int = 0

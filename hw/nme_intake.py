@@ -13,7 +13,7 @@ in the next cycle; in the cycle after the pulse the intake takes the next header
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -96,11 +96,15 @@ class NMEIntake(wiring.Component):
                     m.next = "IDLE"
 
         # ---- the result of the program: the check's rejection or execution's finish
-        done, status, l1 = Signal(), Signal(3), Signal(32)
-        m.d.comb += [self.done.eq(done), self.status.eq(status), self.l1.eq(l1)]
+        # l1 is the last finish's sum, shown only after a finish (``ok``): a rejection
+        # (the check's decision, late in its cycle) loads 4 registers, not 36
+        done, status, l1, ok = Signal(), Signal(3), Signal(32), Signal()
+        m.d.comb += [self.done.eq(done), self.status.eq(status), self.l1.eq(Mux(ok, l1, 0))]
         m.d.sync += done.eq(self.reject | self.finish)
         with m.If(self.reject):
-            m.d.sync += [status.eq(self.reject_status), l1.eq(0)]
+            m.d.sync += [status.eq(self.reject_status), ok.eq(0)]
         with m.Elif(self.finish):
-            m.d.sync += [status.eq(Status.OK), l1.eq(self.finish_l1)]
+            m.d.sync += [status.eq(Status.OK), ok.eq(1)]
+        with m.If(self.finish):
+            m.d.sync += l1.eq(self.finish_l1)
         return m

@@ -3,7 +3,11 @@
 The issue FSM (``issue``) walks (block, micro-op) like execution does and sends the read
 requests of every pass whose R operand comes from memory, up to ``max(depth, 3)`` words ahead
 of execution (:func:`coda.hw.nme_iface.read_credits`: the entries of the read-response FIFO),
-so memory latency is paid about once per block rather than once per pass. Each read carries a
+so memory latency is paid about once per block rather than once per pass. Like execution it
+reads the next micro-op (and its stream phase record) while a pass runs, and a read pass over
+a block of at least 3 words hands over to it as its last read goes out, so back-to-back read
+passes send one read per cycle; any other pass takes 4 cycles (I_RUN, I_END, I_FETCH,
+I_LOAD). Each read carries a
 tag (INT8 half, GROUP element lane) through a tag FIFO that joins the response. Memory order
 is program order: the issue side does not pass a store pass until execution has sent its last
 store (execution's pass counter).
@@ -88,12 +92,20 @@ class NMEIssue(wiring.Component):
         ibase = Signal(32)
         i_left = Signal(32)                  # W - ibase
         iblen = Signal(range(D + 1))
+        # the next block's base and words left, registers (ibase, iblen hold still in a pass)
+        ibase_nx, i_rest = Signal(32), Signal(32)
+        m.d.sync += [ibase_nx.eq(ibase + iblen), i_rest.eq(i_left - iblen)]
+        # a read pass over the block may hand over to the next micro-op as its last read
+        # goes out: the next micro-op's fields are read from the third cycle of a pass on
+        i_long = Signal()
+        i_final = Signal()                   # the last block (i_left <= D, a register)
         i_rsrc, i_store = Signal(3), Signal()
         i_addr = Signal(ADDR_BITS)
         # the micro-op's param as param - 1 and param != 0 (registered at I_LOAD): no
         # subtractor in front of the phase compare of every read
         i_last_ph, i_param_nz = Signal(PARAM_BITS), Signal()
         icnt = Signal(range(D + 1))
+        i_one = Signal()                     # the next read is the pass's last (a register)
         i_passes = Signal(PASS_BITS)
         fresh = Signal()                     # first pass of a program: wait for stale reads
         ra = Signal(ADDR_BITS)               # next read address
@@ -101,9 +113,15 @@ class NMEIssue(wiring.Component):
         elane = Signal(6)                    # GROUP element lane
         par_i = Signal()                     # parity of the word index (INT8 half)
         m.d.comb += [self.uop.addr.eq(ik), slot_r.addr.eq(ik), slot_w.addr.eq(ik)]
-        # ik is the last micro-op (registered: ik changes three cycles before I_END uses it)
+        # ik is the last micro-op (registered: valid from the second cycle after ik changed)
         i_last = Signal()
         m.d.sync += i_last.eq(ik == n_uops - 1)
+        ik_nx = Signal(UOP_INDEX_BITS)
+        m.d.comb += ik_nx.eq(Mux(i_last, 0, ik + 1))
+        # one micro-op: a hand-over keeps the stream phase registers (its record is the one
+        # being written back)
+        i_single = Signal()
+        m.d.sync += i_single.eq(n_uops == 1)
         with m.If(self.phase_init.en):
             m.d.comb += [slot_w.addr.eq(self.phase_init.index), slot_w.en.eq(1),
                          slot_w.data.eq(Cat(self.phase_init.addr, Const(0, PARAM_BITS + 6)))]
@@ -144,8 +162,8 @@ class NMEIssue(wiring.Component):
         rd_next = Signal.like(rd_used)
         m.d.comb += rd_next.eq(rd_used + issue_read - (self.rsp.valid & self.rsp.ready))
         m.d.sync += [rd_used.eq(rd_next), rd_room.eq(rd_next < RF)]
-        self._stream_advance(m, issue_read, i_rsrc, i_last_ph, i_param_nz, i_addr, ra, ph,
-                             elane, par_i)
+        ra_n, ph_n, elane_n = self._stream_advance(m, issue_read, i_rsrc, i_last_ph,
+                                                   i_param_nz, i_addr, ra, ph, elane, par_i)
 
         # a read of the issue side, or else the head of execution's store stream
         m.d.comb += self.store.ready.eq(req_free & ~issue_read)
@@ -153,7 +171,8 @@ class NMEIssue(wiring.Component):
             m.d.sync += req_valid.eq(0)
             with m.If(issue_read):
                 m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
-                             icnt.eq(icnt + 1), i_more.eq(icnt + 1 < iblen)]
+                             icnt.eq(icnt + 1), i_more.eq(icnt + 1 < iblen),
+                             i_one.eq(icnt + 2 == iblen)]
             with m.Elif(self.store.valid):
                 m.d.sync += [req_valid.eq(1), req_we.eq(1),
                              req_addr.eq(self.store.payload.addr),
@@ -162,6 +181,22 @@ class NMEIssue(wiring.Component):
 
         # ---- the walk: read requests of every read pass, up to RF words ahead
         fi = UopFields(self.uop.data)
+
+        def load_pass(words, block_base, phases):
+            """Load the micro-op in ``fi`` (and, with ``phases``, its stream phase record)
+            as the current pass over ``words`` words from ``block_base``."""
+            m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
+                         i_read.eq(fi.rsrc != RSrc.BUF), i_more.eq(words != 0),
+                         i_one.eq(words == 1), icnt.eq(0), par_i.eq(block_base[0]),
+                         i_last_ph.eq(fi.param - 1), i_param_nz.eq(fi.param != 0)]
+            with m.If(phases):
+                m.d.sync += [ra.eq(slot_r.data[0:ADDR_BITS]),
+                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
+                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:])]
+
+        def block_flags(words, left):
+            m.d.sync += [i_long.eq(words >= 3), i_final.eq(left <= D)]
+
         with m.FSM(name="issue"):
             with m.State("I_IDLE"):
                 with m.If(self.start):
@@ -169,28 +204,41 @@ class NMEIssue(wiring.Component):
                     m.next = "I_BLOCK"
 
             with m.State("I_BLOCK"):
-                m.d.sync += [ik.eq(0), iblen.eq(Mux(i_left >= D, D, i_left))]
+                words = Mux(i_left >= D, D, i_left)
+                m.d.sync += [ik.eq(0), iblen.eq(words)]
+                block_flags(words, i_left)
                 m.next = "I_FETCH"
 
             with m.State("I_FETCH"):
                 m.next = "I_LOAD"
 
             with m.State("I_LOAD"):
-                m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
-                             i_read.eq(fi.rsrc != RSrc.BUF), i_more.eq(iblen != 0),
-                             icnt.eq(0), par_i.eq(ibase[0]),
-                             i_last_ph.eq(fi.param - 1), i_param_nz.eq(fi.param != 0),
-                             ra.eq(slot_r.data[0:ADDR_BITS]),
-                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
-                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:])]
+                load_pass(iblen, ibase, 1)
                 with m.If(~fresh | (outstanding == 0)):
                     m.next = "I_RUN"
 
             with m.State("I_RUN"):
-                m.d.comb += issuing.eq(i_read)
+                m.d.comb += [issuing.eq(i_read), self.uop.addr.eq(ik_nx),
+                             slot_r.addr.eq(ik_nx)]
                 m.d.sync += fresh.eq(0)
                 with m.If(i_read):
-                    with m.If(~i_more):
+                    # the last read of a pass over a long enough block, not the program's
+                    # last pass: hand over to the next micro-op (its first read may go out
+                    # in the next cycle); the stream phases after this read are written
+                    # back
+                    with m.If(issue_read & i_one & i_long & ~(i_last & i_final)):
+                        m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra_n, ph_n, elane_n))]
+                        m.d.sync += i_passes.eq(i_passes + 1)
+                        with m.If(i_last):
+                            words = Mux(i_rest >= D, D, i_rest)
+                            m.d.sync += [ik.eq(0), ibase.eq(ibase_nx), i_left.eq(i_rest),
+                                         iblen.eq(words)]
+                            block_flags(words, i_rest)
+                            load_pass(words, ibase_nx, ~i_single)
+                        with m.Else():
+                            load_pass(iblen, ibase, ~i_single)
+                            m.d.sync += ik.eq(ik + 1)
+                    with m.Elif(~i_more):
                         m.next = "I_END"
                 with m.Elif(i_store):
                     # reads after a store pass go out only after its last store
@@ -203,8 +251,8 @@ class NMEIssue(wiring.Component):
                 m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
                 m.d.sync += [ik.eq(ik + 1), i_passes.eq(i_passes + 1)]
                 with m.If(i_last):
-                    m.d.sync += [ibase.eq(ibase + iblen), i_left.eq(i_left - iblen)]
-                    with m.If(i_left <= D):
+                    m.d.sync += [ibase.eq(ibase_nx), i_left.eq(i_rest)]
+                    with m.If(i_final):
                         m.next = "I_IDLE"
                     with m.Else():
                         m.next = "I_BLOCK"
@@ -214,27 +262,31 @@ class NMEIssue(wiring.Component):
 
     def _stream_advance(self, m, issue, rsrc, last_ph, param_nz, addr, ra, ph, elane, par_i):
         """Next read address and CHAN/GROUP/INT8 phase after issuing one read (``last_ph`` =
-        param - 1: the phase's last value; ``param_nz``: param != 0)."""
+        param - 1: the phase's last value; ``param_nz``: param != 0); loaded when ``issue``.
+        Returns the next values of ``(ra, ph, elane)`` (combinational)."""
         L = self.cfg.lanes
-        with m.If(issue):
-            m.d.sync += par_i.eq(~par_i)
-            with m.Switch(rsrc):
-                with m.Case(RSrc.MEM):
-                    m.d.sync += ra.eq(ra + 1)
-                with m.Case(RSrc.CHAN):
-                    with m.If(ph == last_ph):
-                        m.d.sync += [ph.eq(0), ra.eq(addr)]
+        ra_n, ph_n, elane_n = Signal.like(ra), Signal.like(ph), Signal.like(elane)
+        m.d.comb += [ra_n.eq(ra), ph_n.eq(ph), elane_n.eq(elane)]
+        with m.Switch(rsrc):
+            with m.Case(RSrc.MEM):
+                m.d.comb += ra_n.eq(ra + 1)
+            with m.Case(RSrc.CHAN):
+                with m.If(ph == last_ph):
+                    m.d.comb += [ph_n.eq(0), ra_n.eq(addr)]
+                with m.Else():
+                    m.d.comb += [ph_n.eq(ph + 1), ra_n.eq(ra + 1)]
+            with m.Case(RSrc.INT8):
+                with m.If(par_i):
+                    m.d.comb += ra_n.eq(ra + 1)
+            with m.Case(RSrc.GROUP):
+                with m.If(param_nz & (ph == last_ph)):
+                    m.d.comb += ph_n.eq(0)
+                    with m.If(elane == L - 1):
+                        m.d.comb += [elane_n.eq(0), ra_n.eq(ra + 1)]
                     with m.Else():
-                        m.d.sync += [ph.eq(ph + 1), ra.eq(ra + 1)]
-                with m.Case(RSrc.INT8):
-                    with m.If(par_i):
-                        m.d.sync += ra.eq(ra + 1)
-                with m.Case(RSrc.GROUP):
-                    with m.If(param_nz & (ph == last_ph)):
-                        m.d.sync += ph.eq(0)
-                        with m.If(elane == L - 1):
-                            m.d.sync += [elane.eq(0), ra.eq(ra + 1)]
-                        with m.Else():
-                            m.d.sync += elane.eq(elane + 1)
-                    with m.Elif(param_nz):
-                        m.d.sync += ph.eq(ph + 1)
+                        m.d.comb += elane_n.eq(elane + 1)
+                with m.Elif(param_nz):
+                    m.d.comb += ph_n.eq(ph + 1)
+        with m.If(issue):
+            m.d.sync += [par_i.eq(~par_i), ra.eq(ra_n), ph.eq(ph_n), elane.eq(elane_n)]
+        return ra_n, ph_n, elane_n

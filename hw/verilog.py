@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Callable
 
-from .isa import NMEConfig
+from .isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
 from .yosys import use_pinned_yosys
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main"]
@@ -76,18 +76,20 @@ TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimm
 
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     """``--mul-latency`` / ``--add-latency`` / ``--operand-latency``: the register stages of
-    the FP units and of the operand path (NMEConfig's ``mul_latency`` 0..3, ``add_latency``
-    0..5, ``operand_latency`` 0..1), for ``coda verilog`` and ``coda synth``."""
+    the FP units and of the operand path (NMEConfig's ``mul_latency`` 0..MAX_MUL_LATENCY,
+    ``add_latency`` 0..MAX_ADD_LATENCY, ``operand_latency`` 0..MAX_OPERAND_LATENCY, from
+    :mod:`coda.hw.isa`), for ``coda verilog`` and ``coda synth``."""
     defaults = NMEConfig()
     parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
-                        help="register stages inside each lane's FPMul, 0..3 "
+                        help=f"register stages inside each lane's FPMul, 0..{MAX_MUL_LATENCY} "
                              f"(default {defaults.mul_latency}: combinational)")
     parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
-                        help="register stages inside every FPAdd, 0..5 "
+                        help=f"register stages inside every FPAdd, 0..{MAX_ADD_LATENCY} "
                              f"(default {defaults.add_latency}: combinational)")
     parser.add_argument("--operand-latency", type=int, default=defaults.operand_latency,
                         help="register stages between the block RAMs and the lanes' operand "
-                             f"selection, 0..1 (default {defaults.operand_latency})")
+                             f"selection, 0..{MAX_OPERAND_LATENCY} "
+                             f"(default {defaults.operand_latency})")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from coda.host import ops
 from coda.host.bits import from_bits, same_bits, to_bits
 from coda.host import compiler, nme_cli
 from coda.host.nme_cli import make_example, read_inputs
+from coda.hw.isa import MAX_MUL_LATENCY
 
 
 def run(argv):
@@ -163,7 +164,8 @@ def _refused(argv, message, capsys):
     (["--depth", 0], "--depth 0: expected >= 1 word"),
     (["--mem-words", 0], "--mem-words 0: expected 1..2**24"),
     (["--dimms", 0], "--dimms 0 --ranks 1: expected >= 1 each"),
-    (["--mul-latency", 4], "--mul-latency 4: expected an int 0..3"),
+    (["--mul-latency", MAX_MUL_LATENCY + 1],
+     f"--mul-latency {MAX_MUL_LATENCY + 1}: expected an int 0..{MAX_MUL_LATENCY}"),
     (["--add-latency", -1], "--add-latency -1: expected an int 0..5"),
     (["--operand-latency", 2], "--operand-latency 2: expected an int 0..1"),
 ])
