@@ -68,7 +68,7 @@ def nme_source(cfg: NMEConfig, name: str = "nme") -> str:
 def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: float = 100.0,
                seed: int = 1, pnr: bool = True, verilog: str | None = None,
                top: str = "nme", timeout_s: float | None = None,
-               device: str | None = None, abc9: bool = False) -> dict:
+               device: str | None = None) -> dict:
     """Generate the NME's Verilog, synthesise it for ``target`` and write ``report.json``.
 
     Args:
@@ -84,8 +84,6 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         timeout_s: limit per tool run in seconds.
         device: ECP5 part to place and route on (``"LFE5U-45F"`` ...); default None: the
             smallest that holds the design (a larger one if placement fails).
-        abc9: ECP5: map LUTs with ``synth_ecp5 -abc9`` (delay-aware) instead of the default
-            ``abc`` (recorded in the report as ``ecp5.abc9``).
     Returns:
         The report dict (also written as ``outdir/report.json``).
     Raises:
@@ -109,9 +107,8 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         runtime["yosys"] = result.pop("yosys_s")
         report["generic"] = result
     else:
-        result = synth_ecp5(vpath.resolve(), top, outdir, timeout_s, abc9=abc9)
+        result = synth_ecp5(vpath.resolve(), top, outdir, timeout_s)
         runtime["yosys"] = result.pop("yosys_s")
-        result["abc9"] = bool(abc9)
         device = forced or pick_device(result["lut4"], result["mult18"], result["bram"],
                                        result["lutram"], result["carry"])
         result.update(lut_sites=lut_equivalents(result["lut4"], result["carry"],
@@ -192,9 +189,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, choices=[d.name for d in ECP5_DEVICES],
                         help="ECP5: the part to place on (default: the smallest that holds "
                              "the design)")
-    parser.add_argument("--abc9", action="store_true",
-                        help="ECP5: delay-aware LUT mapping (synth_ecp5 -abc9) instead of "
-                             "the default area-oriented abc")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -205,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
                     operand_latency=args.operand_latency)
     try:
         report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=args.seed,
-                            pnr=not args.no_pnr, device=args.device, abc9=args.abc9)
+                            pnr=not args.no_pnr, device=args.device)
     except SynthError as exc:
         print(f"coda synth: {exc}", file=sys.stderr)
         return 1

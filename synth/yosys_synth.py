@@ -94,10 +94,8 @@ def synth_generic(verilog_path: Path, top: str, outdir: Path,
 
 
 def synth_ecp5(verilog_path: Path, top: str, outdir: Path,
-               timeout_s: float | None = None, abc9: bool = False) -> dict:
-    """``synth_ecp5`` of ``top`` inside the serial I/O harness (:func:`io_wrapper`); with
-    ``abc9``, ``synth_ecp5 -abc9`` (ABC9: LUT mapping that sees the cells' delays, yosys's
-    timing-driven flow for ECP5) instead of the default ``abc`` area-oriented mapping.
+               timeout_s: float | None = None) -> dict:
+    """``synth_ecp5`` of ``top`` inside the serial I/O harness (:func:`io_wrapper`).
 
     ``top`` keeps its own hierarchy level so its cells are counted without the harness.
     Writes ``outdir/wrapped.json`` (netlist for nextpnr), ``stat_ecp5.json``,
@@ -120,7 +118,7 @@ def synth_ecp5(verilog_path: Path, top: str, outdir: Path,
         # cells can be counted without the harness's shift registers.
         f"flatten {top}",
         f"setattr -mod -set keep_hierarchy 1 {top}",
-        f"synth_ecp5 -top {WRAPPER_TOP}{' -abc9' if abc9 else ''} -json wrapped.json",
+        f"synth_ecp5 -top {WRAPPER_TOP} -json wrapped.json",
         "tee -q -o stat_ecp5.json stat -json",
     ])
     seconds = _yosys_cached(outdir, "ecp5", script, ["wrapped.json", "stat_ecp5.json"],
