@@ -320,6 +320,14 @@ def units_label(units: str | tuple | None) -> str:
     return ",".join(map(str, parse_units(units)))
 
 
+def config_units(cfg: dict) -> str:
+    """The ``"M,A,O"`` NME units of a synthesis report's ``config`` (an
+    :class:`~coda.hw.isa.NMEConfig` as a dict; absent latencies, as in reports from before
+    the pipelined units: 0)."""
+    return units_label(tuple(int(cfg.get(k) or 0) for k in
+                             ("mul_latency", "add_latency", "operand_latency")))
+
+
 def units_title(units: str | tuple | None) -> str:
     """``"NME units mul M / add A / operand O"`` (register stages) for table titles."""
     mul, add, opnd = parse_units(units_label(units))
@@ -529,11 +537,15 @@ def knees(rows: list[dict], tolerance: float = KNEE_TOLERANCE) -> list[dict]:
     return out
 
 
-def synth_areas(root: Path = SYNTH_ROOT, fmt: str = "bf16") -> dict[int, dict]:
+def synth_areas(root: Path = SYNTH_ROOT, fmt: str = "bf16",
+                units: str | tuple = SWEEP_UNITS) -> dict[int, dict]:
     """Area per lanes count from the synthesis sweep's reports (``make synth-sweep``:
-    ``root/points/*/report.json``) of format ``fmt``: ``{lanes: {"cells_total": yosys
-    generic cells, "lut4": ECP5 LUT4s, "fmax_mhz": ECP5 Fmax in MHz}}``, each key only where
-    that target was synthesised; ``{}`` when there are none (no synthesis sweep run yet)."""
+    ``root/points/*/report.json``) of format ``fmt`` and NME ``units`` ``"M,A,O"``
+    (:func:`config_units`): ``{lanes: {"cells_total": yosys generic cells, "lut4": ECP5
+    LUT4s, "fmax_mhz": ECP5 Fmax in MHz}}``, each key only where that target was
+    synthesised; ``{}`` when there are none (no synthesis sweep run yet). Raises ValueError
+    for bad ``units``."""
+    want = units_label(units)
     areas: dict[int, dict] = {}
     for path in sorted(Path(root).glob("points/*/report.json")):
         try:
@@ -542,7 +554,7 @@ def synth_areas(root: Path = SYNTH_ROOT, fmt: str = "bf16") -> dict[int, dict]:
             res = report[target]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if cfg.get("fmt") != fmt:
+        if cfg.get("fmt") != fmt or config_units(cfg) != want:
             continue
         a = areas.setdefault(int(cfg["lanes"]), {})
         if target == "generic" and res.get("cells_total"):
@@ -649,7 +661,7 @@ def write_dse(out: Path, rows: list[dict], drams, fmt: str, clocks, stream_bytes
     """Write ``dse.json`` (version :data:`DSE_VERSION`, keys of :func:`sweep`; ``units``: the
     sweep's NME units as ``"M,A,O"``) to ``out``. Raises ValueError for bad ``units``."""
     units = units_label(units)
-    areas = synth_areas(synth_root, fmt)
+    areas = synth_areas(synth_root, fmt, units)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "version": DSE_VERSION, "drams": list(drams), "dram": list(drams)[0], "fmt": fmt,
@@ -957,7 +969,8 @@ def main(argv: list[str] | None = None) -> int:
                          units=sweep_units)
         plot_sweep(rows, sweep_json.with_suffix(".png"))
         print_sweep(rows)
-        print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt))
+        print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt,
+                                                                  sweep_units))
         print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')} "
               f"({time.perf_counter() - t0:.0f} s)")
         if args.sweep_only or args.sweep_report_only:

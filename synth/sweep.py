@@ -43,6 +43,7 @@ import json
 import sys
 from pathlib import Path
 
+from coda.cosim.bench import SWEEP_UNITS, config_units, parse_units, units_label
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
 from coda.synth.flow import synthesize
@@ -68,7 +69,9 @@ def synth_point(params: dict, workdir: Path) -> dict:
     target, n, fmt = params["target"], int(params["lanes"]), params["fmt"]
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r}: expected one of {', '.join(FORMATS)}")
-    report = synthesize(NMEConfig(lanes=n, fmt=fmt), target, workdir,
+    mul, add, opnd = parse_units(units_label(params.get("units")), "units")
+    cfg = NMEConfig(lanes=n, fmt=fmt, mul_latency=mul, add_latency=add, operand_latency=opnd)
+    report = synthesize(cfg, target, workdir,
                         freq_mhz=params["freq_mhz"], pnr=params["pnr"],
                         timeout_s=params["timeout_s"])
     res = report[target]
@@ -79,7 +82,8 @@ def synth_point(params: dict, workdir: Path) -> dict:
 
 def sweep_kind():
     """The ``synth`` sweep kind (coda.sweep.SweepKind): one synthesis per (target, lanes,
-    fmt), in the folder ``<target>_l<lanes>_<fmt>`` under the sweep's ``points/``."""
+    fmt, units), in the folder ``<target>_l<lanes>_<fmt>`` under the sweep's ``points/``
+    (``..._u<M><A><O>`` for NME units other than the combinational ``0,0,0``)."""
     import coda.hw
     from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
@@ -88,16 +92,24 @@ def sweep_kind():
         description="synthesise the NME (yosys generic cells or ECP5 with nextpnr)",
         params=(Param("target", str, "ecp5"), Param("lanes", int, 8), Param("fmt", str, "bf16"),
                 Param("freq_mhz", float, 100.0), Param("pnr", bool, True),
-                Param("timeout_s", float)),
-        folder=lambda p: f"{p['target']}_l{p['lanes']}_{p['fmt']}",
+                Param("timeout_s", float), Param("units", str, SWEEP_UNITS)),
+        folder=_folder,
         headline=("cells_total", "lut4", "ff", "mult18", "bram", "fmax_mhz"))
+
+
+def _folder(params: dict) -> str:
+    units = units_label(params.get("units"))
+    tag = "" if units == SWEEP_UNITS else "_u" + units.replace(",", "")
+    return f"{params['target']}_l{params['lanes']}_{params['fmt']}{tag}"
 
 
 def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5"), *,
               ecp5_max_lanes: int = 8, timeout_s: float | None = None, freq_mhz: float = 100.0,
               workers: int | None = None, sequential: bool = False,
-              address: str | None = None, log=print) -> list[dict]:
-    """Synthesise every (target, lanes, fmt) configuration not yet done under ``root``.
+              address: str | None = None, units: str = SWEEP_UNITS, log=print) -> list[dict]:
+    """Synthesise every (target, lanes, fmt) configuration not yet done under ``root``, with
+    NME ``units`` ``"M,A,O"`` (mul / add / operand latency, default ``0,0,0``; ValueError
+    naming it when out of range).
 
     Each configuration is a :func:`synth_point` run by :func:`coda.sweep.run_sweep`: a task
     on Ray (local with ``workers`` CPUs, or the cluster at ``address``) or, with
@@ -110,8 +122,10 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
     from coda.sweep import run_sweep as run_points
 
     kind = sweep_kind()
+    units = units_label(units)
     points = [kind.full({"target": t, "lanes": n, "fmt": f, "freq_mhz": freq_mhz,
-                         "pnr": t == "ecp5" and n <= ecp5_max_lanes, "timeout_s": timeout_s})
+                         "pnr": t == "ecp5" and n <= ecp5_max_lanes, "timeout_s": timeout_s,
+                         "units": units})
               for t in targets for f in fmts for n in lanes]
     records = run_points(kind, points, root, workers=workers, sequential=sequential,
                          address=address, log=log)
@@ -119,19 +133,23 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
         p, f = rec["params"], rec["figures"]
         if rec["status"] != "ok":
             continue
-        log(f"{p['target']} lanes={p['lanes']} {p['fmt']}: "
+        log(f"{p['target']} lanes={p['lanes']} {p['fmt']} units {units}: "
             + (f"{f['cells_total']} cells" if p["target"] == "generic" else
                f"{f['lut4']} LUT4 {f['ff']} FF {f['mult18']} MULT18 "
                f"{f['bram']} DP16KD fmax {f['fmax_mhz']} MHz on {f['device']}"))
     return records
 
 
-def collect(root: Path) -> list[dict]:
-    """One row per (lanes, fmt) found under ``root``: generic and ECP5 numbers side by side."""
+def collect(root: Path, units: str = SWEEP_UNITS) -> list[dict]:
+    """One row per (lanes, fmt) found under ``root`` for NME ``units`` ``"M,A,O"`` (reports
+    without latencies are ``0,0,0``): generic and ECP5 numbers side by side."""
+    want = units_label(units)
     rows: dict[tuple, dict] = {}
     for path in sorted(root.glob("points/*/report.json")):
         report = json.loads(path.read_text())
         cfg, target = report["config"], report["target"]
+        if config_units(cfg) != want:
+            continue
         row = rows.setdefault((cfg["lanes"], cfg["fmt"]), {"lanes": cfg["lanes"],
                                                             "fmt": cfg["fmt"]})
         res = report[target]
@@ -411,14 +429,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dram", default="DDR4-3200", help="DRAM preset for the bound")
     parser.add_argument("--root", type=Path, default=Path("build/synth/sweep"))
     parser.add_argument("--report-only", action="store_true", help="tabulate what exists")
+    parser.add_argument("--units", default=SWEEP_UNITS, metavar="M,A,O",
+                        help="NME units of every configuration: register stages in each "
+                             "FPMul, each FPAdd, after the buffers (default 0,0,0; 4,5,1 "
+                             "places and routes 8 lanes on ECP5 at 100 MHz)")
     add_run_options(parser, "configurations")
     args = parser.parse_args(argv)
+    try:
+        args.units = units_label(args.units)
+    except ValueError as exc:
+        parser.error(str(exc).replace("units", "--units", 1))
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,
                   ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout,
-                  workers=args.workers, sequential=args.sequential, address=args.address)
-    rows = bandwidth_table(collect(args.root), args.dram)
+                  workers=args.workers, sequential=args.sequential, address=args.address,
+                  units=args.units)
+    rows = bandwidth_table(collect(args.root, args.units), args.dram)
     dse_path = Path("build/bench/dse.json")
     if dse_path.exists():
         dse = json.loads(dse_path.read_text())

@@ -9,6 +9,7 @@ import pytest
 
 from coda.cosim import bench
 from coda.hw.dram_standards import get_standard
+from coda.hw.isa import MAX_MUL_LATENCY
 
 DRAM = "DDR5-4800"
 STREAM_BYTES = 4096
@@ -276,11 +277,13 @@ def test_knee_tolerance_moves_the_knee():
         assert k["knee_lanes"] == min(r["lanes"] for r in pts if r["utilisation"] == top)
 
 
-def _write_report(root, target, lanes, fmt, res):
-    d = root / "points" / f"{target}_l{lanes}_{fmt}"
+def _write_report(root, target, lanes, fmt, res, units=None):
+    d = root / "points" / f"{target}_l{lanes}_{fmt}{'_u' + units if units else ''}"
     d.mkdir(parents=True)
-    (d / "report.json").write_text(json.dumps({"config": {"lanes": lanes, "fmt": fmt},
-                                               "target": target, target: res}))
+    cfg = {"lanes": lanes, "fmt": fmt}
+    if units:
+        cfg.update(zip(("mul_latency", "add_latency", "operand_latency"), map(int, units)))
+    (d / "report.json").write_text(json.dumps({"config": cfg, "target": target, target: res}))
 
 
 def test_perf_per_area_from_synth_reports(tmp_path):
@@ -306,6 +309,22 @@ def test_perf_per_area_from_synth_reports(tmp_path):
     assert rows[0] == {"lanes": 2, "elements_per_ns": 1.0}       # inputs untouched
     knee = bench.perf_per_area([{"knee_lanes": 8, "knee_elements_per_ns": 4.0}], areas)[0]
     assert knee["per_klut"] == pytest.approx(4.0 / 20)
+
+
+def test_synth_areas_are_those_of_the_units_asked_for(tmp_path):
+    """Reports of pipelined NMEs (their config's latencies) count only for those units; a
+    report without latencies is the combinational 0,0,0; bad units are refused by name."""
+    _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 15_000, "fmax_mhz": 24.6})
+    _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 16_482, "fmax_mhz": 100.88}, "451")
+    _write_report(tmp_path, "ecp5", 4, "bf16", {"lut4": 9_000, "fmax_mhz": 101.0}, "451")
+    assert bench.synth_areas(tmp_path, "bf16") == {8: {"lut4": 15_000, "fmax_mhz": 24.6}}
+    assert bench.synth_areas(tmp_path, "bf16", "4,5,1") == bench.synth_areas(
+        tmp_path, "bf16", (4, 5, 1)) == {4: {"lut4": 9_000, "fmax_mhz": 101.0},
+                                         8: {"lut4": 16_482, "fmax_mhz": 100.88}}
+    assert bench.synth_areas(tmp_path, "bf16", "3,5,1") == {}
+    assert bench.config_units({"lanes": 8}) == "0,0,0"
+    with pytest.raises(ValueError, match="units '9,5,1': expected M,A,O"):
+        bench.synth_areas(tmp_path, "bf16", "9,5,1")
 
 
 def test_knee_table_says_when_there_is_no_area(capsys, monkeypatch):
@@ -432,8 +451,9 @@ def test_parse_units_reads_three_ints_and_names_a_bad_value():
     assert bench.units_title(PIPELINED) == "NME units mul 3 / add 5 / operand 1"
     for bad, why in (("3,5", "2 given"), ("3,5,1,0", "4 given"), ("", "1 given"),
                      ("a,5,1", "invalid literal"), ("1.5,0,0", "invalid literal"),
-                     ("4,0,0", "mul_latency=4"), ("0,6,0", "add_latency=6"),
-                     ("0,0,2", "operand_latency=2"), ("-1,0,0", "mul_latency=-1")):
+                     (f"{MAX_MUL_LATENCY + 1},0,0", f"mul_latency={MAX_MUL_LATENCY + 1}"),
+                     ("0,6,0", "add_latency=6"), ("0,0,2", "operand_latency=2"),
+                     ("-1,0,0", "mul_latency=-1")):
         with pytest.raises(ValueError) as exc:
             bench.parse_units(bad, "--sweep-units")
         msg = str(exc.value)

@@ -86,6 +86,33 @@ def test_generic_synthesis_of_small_nme(tmp_path):
     assert report["config"]["lanes"] == 1 and report["config"]["depth"] == 16
 
 
+def test_sweep_points_of_pipelined_units(tmp_path, capsys):
+    """The synthesis sweep's units: a folder of their own (the combinational NME keeps the
+    old name), rows of those units only, bad units refused before any tool runs."""
+    kind = sweep.sweep_kind()
+    base = {"target": "ecp5", "lanes": 8, "fmt": "bf16"}
+    assert kind.folder(kind.full(base)) == "ecp5_l8_bf16"
+    assert kind.folder(kind.full({**base, "units": "4, 5,1"})) == "ecp5_l8_bf16_u451"
+    for units, lut4 in ((None, 15_000), ("451", 16_482)):
+        d = tmp_path / "points" / f"ecp5_l8_bf16{'_u' + units if units else ''}"
+        d.mkdir(parents=True)
+        cfg = {"lanes": 8, "fmt": "bf16"}
+        if units:
+            cfg.update(mul_latency=4, add_latency=5, operand_latency=1)
+        res = {"lut4": lut4, "ff": 1, "mult18": 8, "bram": 20, "lutram": 1,
+               "device": "LFE5U-45F", "fmax_mhz": 100.0}
+        (d / "report.json").write_text(json.dumps({"config": cfg, "target": "ecp5",
+                                                   "ecp5": res, "runtime_s": {"total": 1}}))
+    assert [r["lut4"] for r in sweep.collect(tmp_path)] == [15_000]
+    assert [r["lut4"] for r in sweep.collect(tmp_path, "4,5,1")] == [16_482]
+    with pytest.raises(SystemExit):
+        sweep.main(["--units", "4,5", "--root", str(tmp_path), "--report-only"])
+    assert "--units '4,5': expected M,A,O" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="units '9,0,0'"):
+        sweep.synth_point({**base, "units": "9,0,0"}, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
 def test_program_events_gated_residual():
     program = Program(16, (UOp(Op.MOV, RSrc.MEM, addr=0),
                            UOp(Op.MOV, RSrc.CHAN, d=1, addr=8, param=2),
