@@ -73,7 +73,7 @@ def synth_point(params: dict, workdir: Path) -> dict:
     cfg = NMEConfig(lanes=n, fmt=fmt, mul_latency=mul, add_latency=add, operand_latency=opnd)
     report = synthesize(cfg, target, workdir,
                         freq_mhz=params["freq_mhz"], pnr=params["pnr"],
-                        timeout_s=params["timeout_s"])
+                        timeout_s=params["timeout_s"], seed=int(params.get("seed") or 1))
     res = report[target]
     keys = (("cells_total", "ff", "logic_depth") if target == "generic" else
             ("lut4", "ff", "mult18", "bram", "lutram", "fmax_mhz", "device"))
@@ -82,8 +82,9 @@ def synth_point(params: dict, workdir: Path) -> dict:
 
 def sweep_kind():
     """The ``synth`` sweep kind (coda.sweep.SweepKind): one synthesis per (target, lanes,
-    fmt, units), in the folder ``<target>_l<lanes>_<fmt>`` under the sweep's ``points/``
-    (``..._u<M><A><O>`` for NME units other than the combinational ``0,0,0``)."""
+    fmt, units, seed), in the folder ``<target>_l<lanes>_<fmt>`` under the sweep's
+    ``points/`` (``..._u<M><A><O>`` for NME units other than the combinational ``0,0,0``,
+    ``..._s<seed>`` for a placer seed other than 1)."""
     import coda.hw
     from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(
@@ -92,7 +93,8 @@ def sweep_kind():
         description="synthesise the NME (yosys generic cells or ECP5 with nextpnr)",
         params=(Param("target", str, "ecp5"), Param("lanes", int, 8), Param("fmt", str, "bf16"),
                 Param("freq_mhz", float, 100.0), Param("pnr", bool, True),
-                Param("timeout_s", float), Param("units", str, SWEEP_UNITS)),
+                Param("timeout_s", float), Param("units", str, SWEEP_UNITS),
+                Param("seed", int, 1)),
         folder=_folder,
         headline=("cells_total", "lut4", "ff", "mult18", "bram", "fmax_mhz"))
 
@@ -100,16 +102,19 @@ def sweep_kind():
 def _folder(params: dict) -> str:
     units = units_label(params.get("units"))
     tag = "" if units == SWEEP_UNITS else "_u" + units.replace(",", "")
+    seed = int(params.get("seed") or 1)
+    tag += "" if seed == 1 else f"_s{seed}"
     return f"{params['target']}_l{params['lanes']}_{params['fmt']}{tag}"
 
 
 def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5"), *,
               ecp5_max_lanes: int = 8, timeout_s: float | None = None, freq_mhz: float = 100.0,
               workers: int | None = None, sequential: bool = False,
-              address: str | None = None, units: str = SWEEP_UNITS, log=print) -> list[dict]:
+              address: str | None = None, units: str = SWEEP_UNITS, seed: int = 1,
+              log=print) -> list[dict]:
     """Synthesise every (target, lanes, fmt) configuration not yet done under ``root``, with
     NME ``units`` ``"M,A,O"`` (mul / add / operand latency, default ``0,0,0``; ValueError
-    naming it when out of range).
+    naming it when out of range) and nextpnr placer ``seed``.
 
     Each configuration is a :func:`synth_point` run by :func:`coda.sweep.run_sweep`: a task
     on Ray (local with ``workers`` CPUs, or the cluster at ``address``) or, with
@@ -125,7 +130,7 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
     units = units_label(units)
     points = [kind.full({"target": t, "lanes": n, "fmt": f, "freq_mhz": freq_mhz,
                          "pnr": t == "ecp5" and n <= ecp5_max_lanes, "timeout_s": timeout_s,
-                         "units": units})
+                         "units": units, "seed": seed})
               for t in targets for f in fmts for n in lanes]
     records = run_points(kind, points, root, workers=workers, sequential=sequential,
                          address=address, log=log)
@@ -433,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="NME units of every configuration: register stages in each "
                              "FPMul, each FPAdd, after the buffers (default 0,0,0; 4,5,1 "
                              "places and routes 8 lanes on ECP5 at 100 MHz)")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
     add_run_options(parser, "configurations")
     args = parser.parse_args(argv)
     try:
@@ -444,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,
                   ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout,
                   workers=args.workers, sequential=args.sequential, address=args.address,
-                  units=args.units)
+                  units=args.units, seed=args.seed)
     rows = bandwidth_table(collect(args.root, args.units), args.dram)
     dse_path = Path("build/bench/dse.json")
     if dse_path.exists():

@@ -93,6 +93,7 @@ def test_sweep_points_of_pipelined_units(tmp_path, capsys):
     base = {"target": "ecp5", "lanes": 8, "fmt": "bf16"}
     assert kind.folder(kind.full(base)) == "ecp5_l8_bf16"
     assert kind.folder(kind.full({**base, "units": "4, 5,1"})) == "ecp5_l8_bf16_u451"
+    assert kind.folder(kind.full({**base, "units": "4,5,1", "seed": 2})) == "ecp5_l8_bf16_u451_s2"
     for units, lut4 in ((None, 15_000), ("451", 16_482)):
         d = tmp_path / "points" / f"ecp5_l8_bf16{'_u' + units if units else ''}"
         d.mkdir(parents=True)
