@@ -102,17 +102,21 @@ def _walk_cycles(cfg: NMEConfig, uops: tuple, n_words: int, v_end: int, latency:
     FIFO. A pass that overlaps the next (:func:`_overlaps`) hands over as its last word
     enters: the next pass's words may enter from the next cycle on. Any other pass drains:
     X_END is ``2 + drain`` cycles after the last word's entry (a store pass 2 more), the
-    next X_LOAD one after, the next pass's first cycle one after that. The issue side: I_FETCH, I_LOAD, then the reads of
-    a read pass one per cycle (X_END-like ``+ 3`` after the last), 4 cycles for a pass
-    without reads, and at a store pass it waits for execution's X_END (memory order); its
-    m-th read of the program may go out only one cycle after execution took read ``m - RF``
-    (``RF = max(D, 3)`` response-FIFO entries). Sequences of one word per cycle are running
-    maxima: ``t_j = j + max_{i<=j}(earliest_i - i)`` (``g*j`` for L1).
+    next X_LOAD one after, the next pass's first cycle one after that. The issue side:
+    I_FETCH, I_LOAD, then the reads of a read pass one per cycle; a read pass over at least
+    :data:`ISSUE_HANDOVER_MIN_WORDS` words that is not the program's last hands over as its
+    last read goes out (the next pass's first read may go out in the next cycle), any other
+    ends X_END-like ``+ 3`` after its last read (and an I_BLOCK at a block's end); 4 cycles
+    for a pass without reads, and at a store pass it waits for execution's X_END (memory
+    order); its m-th read of the program may go out only one cycle after execution took
+    read ``m - RF`` (``RF = max(D, 3)`` response-FIFO entries). Sequences of one word per
+    cycle are running maxima: ``t_j = j + max_{i<=j}(earliest_i - i)`` (``g*j`` for L1).
 
     Blocks of ``D`` words repeat: where the state at a block's start (the issue side's and
-    the recent reads' cycles relative to the block's first pass) recurs, every later block up to the last
-    one repeats the same cycles, so the walk jumps over them (exact; a program of 10^6
-    words costs a few blocks' steps). ``jump=False`` walks every block (the tests compare).
+    the recent reads' cycles relative to the block's first pass) recurs, every later block
+    up to the last one repeats the same cycles, so the walk jumps over them (exact; a
+    program of 10^6 words costs a few blocks' steps). ``jump=False`` walks every block (the
+    tests compare).
     """
     depth = cfg.depth
     t = LaneTiming.of(cfg)

@@ -17,9 +17,9 @@ words); those drain the lanes first (``LaneTiming.drain_stage``) and end through
 ``X_LOAD``. That is the buffer read-after-write rule: the next pass's word ``i`` enters at
 least ``blen`` cycles after this pass's word ``i``, which is written ``result_stage < blen``
 cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
-accumulate's recurrence). After the
-last block, ``X_SUM`` adds the lanes' L1 accumulators in order 0..L-1 in fp32 when the
-program has an L1 micro-op, ``add_latency + 1`` cycles per lane.
+accumulate's recurrence). After the last block, ``X_SUM`` adds the lanes' L1 accumulators in
+order 0..L-1 in fp32 when the program has an L1 micro-op, ``add_latency + 1`` cycles per
+lane.
 
 Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
 of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each

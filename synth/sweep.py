@@ -43,7 +43,7 @@ import json
 import sys
 from pathlib import Path
 
-from coda.cosim.bench import SWEEP_UNITS, config_units, parse_units, units_label
+from coda.cosim.bench import SWEEP_UNITS, config_units, fmax_below, parse_units, units_label
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
 from coda.synth.flow import synthesize
@@ -147,7 +147,8 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
 
 def collect(root: Path, units: str = SWEEP_UNITS) -> list[dict]:
     """One row per (lanes, fmt) found under ``root`` for NME ``units`` ``"M,A,O"`` (reports
-    without latencies are ``0,0,0``): generic and ECP5 numbers side by side."""
+    without latencies are ``0,0,0``): generic and ECP5 numbers side by side (ECP5: of the
+    placer seed with the best Fmax)."""
     want = units_label(units)
     rows: dict[tuple, dict] = {}
     for path in sorted(root.glob("points/*/report.json")):
@@ -162,7 +163,7 @@ def collect(root: Path, units: str = SWEEP_UNITS) -> list[dict]:
             row.update(cells_total=res["cells_total"], generic_ff=res["ff"],
                        logic_depth=res["logic_depth"],
                        generic_s=report["runtime_s"]["total"])
-        else:
+        elif not fmax_below(res, row):
             row.update(lut4=res["lut4"], ecp5_ff=res["ff"], mult18=res["mult18"],
                        bram=res["bram"], lutram=res["lutram"], device=res["device"],
                        fmax_mhz=res["fmax_mhz"], ecp5_s=report["runtime_s"]["total"])

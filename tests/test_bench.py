@@ -282,7 +282,7 @@ def _write_report(root, target, lanes, fmt, res, units=None):
     d.mkdir(parents=True)
     cfg = {"lanes": lanes, "fmt": fmt}
     if units:
-        cfg.update(zip(("mul_latency", "add_latency", "operand_latency"), map(int, units)))
+        cfg.update(zip(("mul_latency", "add_latency", "operand_latency"), map(int, units[:3])))
     (d / "report.json").write_text(json.dumps({"config": cfg, "target": target, target: res}))
 
 
@@ -322,6 +322,11 @@ def test_synth_areas_are_those_of_the_units_asked_for(tmp_path):
         tmp_path, "bf16", (4, 5, 1)) == {4: {"lut4": 9_000, "fmax_mhz": 101.0},
                                          8: {"lut4": 16_482, "fmax_mhz": 100.88}}
     assert bench.synth_areas(tmp_path, "bf16", "3,5,1") == {}
+    # another placer seed of the same netlist: the best Fmax counts, whatever the order
+    _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 16_482, "fmax_mhz": 96.15}, "451_s3")
+    _write_report(tmp_path, "ecp5", 4, "bf16", {"lut4": 9_000, "fmax_mhz": 103.0}, "451_s3")
+    assert bench.synth_areas(tmp_path, "bf16", "4,5,1") == {
+        4: {"lut4": 9_000, "fmax_mhz": 103.0}, 8: {"lut4": 16_482, "fmax_mhz": 100.88}}
     assert bench.config_units({"lanes": 8}) == "0,0,0"
     with pytest.raises(ValueError, match="units '9,5,1': expected M,A,O"):
         bench.synth_areas(tmp_path, "bf16", "9,5,1")

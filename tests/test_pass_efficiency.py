@@ -35,7 +35,8 @@ def test_cli_table_json_and_bad_options(tmp_path, capsys):
     assert [(r["units"], r["depth"]) for r in rows] == [("0,0,0", 16), ("0,0,0", 64)]
     assert main(["--units", "9,0,0"]) == 2
     err = capsys.readouterr().err
-    assert "--units '9,0,0': expected M,A,O" in err and f"mul_latency=9: expected an int 0..{MAX_MUL_LATENCY}" in err
+    assert "--units '9,0,0': expected M,A,O" in err
+    assert f"mul_latency=9: expected an int 0..{MAX_MUL_LATENCY}" in err
     assert main(["--units", "a,b"]) == 2
     assert "--units 'a,b': expected M,A,O: three comma-separated ints" in capsys.readouterr().err
     assert main(["--channels", "12"]) == 2

@@ -87,25 +87,30 @@ def test_generic_synthesis_of_small_nme(tmp_path):
 
 
 def test_sweep_points_of_pipelined_units(tmp_path, capsys):
-    """The synthesis sweep's units: a folder of their own (the combinational NME keeps the
-    old name), rows of those units only, bad units refused before any tool runs."""
+    """The synthesis sweep's units and seeds: a folder of their own (the combinational NME
+    at seed 1 keeps the old name), rows of those units only with the best seed's Fmax, bad
+    units refused before any tool runs."""
     kind = sweep.sweep_kind()
     base = {"target": "ecp5", "lanes": 8, "fmt": "bf16"}
     assert kind.folder(kind.full(base)) == "ecp5_l8_bf16"
     assert kind.folder(kind.full({**base, "units": "4, 5,1"})) == "ecp5_l8_bf16_u451"
-    assert kind.folder(kind.full({**base, "units": "4,5,1", "seed": 2})) == "ecp5_l8_bf16_u451_s2"
-    for units, lut4 in ((None, 15_000), ("451", 16_482)):
+    assert kind.folder(kind.full({**base, "units": "4,5,1", "seed": 2})) == \
+        "ecp5_l8_bf16_u451_s2"
+    for units, lut4, fmax in ((None, 15_000, 24.6), ("451_s2", 16_482, 100.88),
+                              ("451_s3", 16_482, 96.15)):
         d = tmp_path / "points" / f"ecp5_l8_bf16{'_u' + units if units else ''}"
         d.mkdir(parents=True)
         cfg = {"lanes": 8, "fmt": "bf16"}
         if units:
             cfg.update(mul_latency=4, add_latency=5, operand_latency=1)
         res = {"lut4": lut4, "ff": 1, "mult18": 8, "bram": 20, "lutram": 1,
-               "device": "LFE5U-45F", "fmax_mhz": 100.0}
+               "device": "LFE5U-45F", "fmax_mhz": fmax}
         (d / "report.json").write_text(json.dumps({"config": cfg, "target": "ecp5",
                                                    "ecp5": res, "runtime_s": {"total": 1}}))
     assert [r["lut4"] for r in sweep.collect(tmp_path)] == [15_000]
-    assert [r["lut4"] for r in sweep.collect(tmp_path, "4,5,1")] == [16_482]
+    # two seeds of the 4,5,1 netlist: the best Fmax is the row's, whatever the folder order
+    assert [(r["lut4"], r["fmax_mhz"]) for r in sweep.collect(tmp_path, "4,5,1")] == \
+        [(16_482, 100.88)]
     with pytest.raises(SystemExit):
         sweep.main(["--units", "4,5", "--root", str(tmp_path), "--report-only"])
     assert "--units '4,5': expected M,A,O" in capsys.readouterr().err
