@@ -125,8 +125,10 @@ def _check_options(args: argparse.Namespace) -> None:
 
 def _config(args: argparse.Namespace, mem_words: int) -> NMEConfig:
     """The NME of the options: lanes, format, depth, the units' and operand path's register
-    stages (``--mul-latency``, ``--add-latency``, ``--operand-latency``), ``mem_words``."""
+    stages (``--mul-latency``, ``--add-latency``, ``--operand-latency``), whether stores
+    trail (``--trail-stores``), ``mem_words``."""
     return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words,
+                     trail_stores=args.trail_stores == "on",
                      mul_latency=args.mul_latency, add_latency=args.add_latency,
                      operand_latency=args.operand_latency)
 

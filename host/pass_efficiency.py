@@ -6,11 +6,13 @@ nothing else costs time).
 Usage::
 
     python -m coda.host.pass_efficiency [--op gated_residual] [--tokens 16384] [--channels 64]
-        [--depths 16,64,256] [--units 0,0,0 3,5,1] [--latency 1] [--json FILE]
+        [--depths 16,64,256] [--units 0,0,0 3,5,1] [--latency 1] [--trail-stores both]
+        [--json FILE]
 
-prints one row per (units, depth): cycles, ideal cycles, their ratio (words per pass per
-cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
-operand_latency`` (:class:`coda.hw.isa.NMEConfig`); the NME has 8 lanes, bf16.
+prints one row per (units, trail, depth): cycles, ideal cycles, their ratio (words per pass
+per cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
+operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
+(:class:`coda.hw.isa.NMEConfig`); the NME has 8 lanes, bf16.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ __all__ = ["OPS", "efficiency", "main"]
 #: Operators measured, and their input shapes from (tokens T, channels C).
 OPS = {
     "gated_residual": lambda t, c: {"x": (t, c), "g": (c,), "c": (t, c)},
-    "add": lambda t, c: {"a": (t, c), "b": (t, c)},
+    "add": lambda t, c: {"a": (t * c,), "b": (t * c,)},          # the compiler's add is 1-D
 }
 
 
@@ -47,7 +49,9 @@ def efficiency(op: str, tokens: int, channels: int, cfg: NMEConfig,
     if op not in OPS:
         raise ValueError(f"op={op!r}: expected one of {sorted(OPS)}")
     shapes = OPS[op](tokens, channels)
-    cfg = replace(cfg, mem_words=1 << 24)      # room for any stream: cycles ignore addresses
+    # room for any stream; the compiler's layout (as the driver uses it) decides whether the
+    # stores may trail later reads (coda.hw.nme_check.stores_may_trail)
+    cfg = replace(cfg, mem_words=1 << 24)
     layout, _ = compiler.plan_layout(op, cfg, shapes)
     program = compiler.compile_op(op, cfg, shapes, layout)
     cycles = model_cycles(cfg, program, Status.OK, mem_latency)
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--units", type=_units, nargs="+", default=[(0, 0, 0), (3, 5, 1)],
                     help="M,A,O per NME: mul, add and operand latency")
     ap.add_argument("--latency", type=int, default=1, help="memory read latency (cycles)")
+    ap.add_argument("--trail-stores", choices=("on", "off", "both"), default="both",
+                    help="NMEConfig.trail_stores: stores trail the next blocks' reads "
+                         "(default both: a row each)")
     ap.add_argument("--json", type=Path, default=None, help="write the rows to this file")
     try:
         args = ap.parse_args(argv)
@@ -84,20 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         depths = [int(d) for d in args.depths.split(",") if d]
         rows = []
+        trails = {"on": (True,), "off": (False,), "both": (False, True)}[args.trail_stores]
         for m, a, o in args.units:
-            for depth in depths:
-                cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a, operand_latency=o)
-                rows.append({"units": f"{m},{a},{o}", "depth": depth,
-                             **efficiency(args.op, args.tokens, args.channels, cfg,
-                                          args.latency)})
+            for trail in trails:
+                for depth in depths:
+                    cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a,
+                                    operand_latency=o, trail_stores=trail)
+                    rows.append({"units": f"{m},{a},{o}", "trail": "on" if trail else "off",
+                                 "depth": depth, **efficiency(args.op, args.tokens,
+                                                              args.channels, cfg, args.latency)})
     except ValueError as exc:
         print(f"pass_efficiency: {exc}", file=sys.stderr)
         return 2
     print(f"{args.op} [{args.tokens}, {args.channels}], 8 lanes bf16, memory latency "
-          f"{args.latency}: units (mul,add,operand)  depth  cycles  ideal  words/pass/cycle")
+          f"{args.latency}: units (mul,add,operand)  trail  depth  cycles  ideal  "
+          "words/pass/cycle")
     for r in rows:
-        print(f"  {r['units']:>7}  {r['depth']:>5}  {r['cycles']:>9,}  {r['ideal']:>9,}  "
-              f"{r['ratio']:.3f}")
+        print(f"  {r['units']:>7}  {r['trail']:>5}  {r['depth']:>5}  {r['cycles']:>9,}  "
+              f"{r['ideal']:>9,}  {r['ratio']:.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"op": args.op, "tokens": args.tokens,

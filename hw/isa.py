@@ -187,6 +187,13 @@ class NMEConfig:
             cycle later, so a block RAM's clock-to-output time (about 5.6 ns on an ECP5
             DP16KD without its output register, nextpnr's timing) is not in front of the
             selection. Adds one cycle to every pass; same bits.
+        trail_stores: let a program's stores trail the next blocks' reads where no such
+            read can meet them (:func:`coda.hw.nme_check.stores_may_trail`): store passes
+            hand over like other passes and the issue side walks only the reading
+            micro-ops, so a long stream takes one word per pass per cycle at any depth
+            longer than the pipeline. Same bits. Off by default: behind a DRAM controller
+            the interleaved requests cost row hits where the DRAM is the bottleneck
+            (README "Passes overlap" has the measurements).
     """
     lanes: int = 8
     fmt: str = "bf16"
@@ -200,6 +207,7 @@ class NMEConfig:
     mul_latency: int = 0
     add_latency: int = 0
     operand_latency: int = 0
+    trail_stores: bool = False
 
     def __post_init__(self):
         if not 1 <= self.lanes <= 64:
@@ -223,6 +231,8 @@ class NMEConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
                 raise ValueError(f"{name}={value!r}: expected an int 0..{top}")
+        if not isinstance(self.trail_stores, bool):
+            raise ValueError(f"trail_stores={self.trail_stores!r}: expected True or False")
 
     @property
     def word_bits(self) -> int:

@@ -20,10 +20,13 @@ unit                              what it does
                                   stores leave through an 8-word FIFO under credits; the L1
                                   sum of the lanes at the end
 :class:`~.nme_issue.NMEIssue`     a second walk over (block, micro-op) that sends every read
-                                  pass's requests up to ``max(depth, 3)`` words ahead of
-                                  execution (memory order = program order: it holds at a
-                                  store pass until execution has completed it); the read
-                                  responses with their tags; the memory request register
+                                  pass's requests up to ``max(depth, 3) + result_stage``
+                                  words ahead of execution (memory order = program order
+                                  where it matters: it holds at a store pass until
+                                  execution has completed it, unless the program's stores
+                                  may trail its later reads; then it walks only the
+                                  reading micro-ops); the read responses with their tags;
+                                  the memory request register (stores first)
 ================================  ===========================================================
 
 A program goes intake -> check (``loaded``) -> execution and issue side (``accept``) or back
@@ -156,6 +159,7 @@ class NME(wiring.Component):
             ex.n_uops.eq(intake.n_uops), issue.n_uops.eq(intake.n_uops),
             ex.n_words.eq(check.n_words), issue.n_words.eq(check.n_words),
             ex.tail_mask.eq(check.tail_mask), ex.has_l1.eq(check.has_l1),
+            ex.trail.eq(check.trail), issue.trail.eq(check.trail),
             intake.reject.eq(check.reject), intake.reject_status.eq(check.status),
             intake.finish.eq(ex.finish), intake.finish_l1.eq(ex.l1),
         ]

@@ -16,7 +16,15 @@ The GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
 division). An ``nbuf``-bit mask of the buffers written so far (``d`` of each earlier non-store,
 non-L1 micro-op) rejects reads of unwritten buffers in the same cycle as the other operand
 rules. ``V_CHECK`` also initialises each micro-op's stream phase record (its start address)
-for the issue side.
+for the issue side: each reading micro-op's record (its start address, and the index of the
+program's next reading micro-op) is written when the next one is checked, the last one's in
+``V_END`` (it points to the first one, in the next block).
+
+``V_CHECK``/``V_DECIDE`` also decide the *trailing-store* rule (:func:`stores_may_trail`, output
+``trail``): whether the reads of a later block may go to memory before the stores of earlier
+blocks have left. Each micro-op's memory range is registered in ``V_CHECK``
+(:class:`_RangeRegs`) and compared with the read ranges so far in ``V_DECIDE``, so no compare
+follows the micro-op word in its cycle.
 """
 
 from __future__ import annotations
@@ -29,7 +37,49 @@ from amaranth.utils import ceil_log2
 from .isa import ADDR_BITS, PARAM_BITS, NMEConfig, Op, RSrc, Status
 from .nme_iface import UOP_INDEX_BITS, PhaseInit, UopFields, UopRead
 
-__all__ = ["NMECheck"]
+__all__ = ["NMECheck", "stores_may_trail"]
+
+
+def stores_may_trail(uops, n_words: int) -> bool:
+    """The NME's trailing-store rule: may the reads of block ``b + 1`` (and later) go to memory
+    before the stores of blocks ``<= b`` have left? Only where no such read can meet such a
+    store's address, so the order of memory requests changes no result. Sufficient and
+    checked from a few registers (the check computes exactly this, :class:`NMECheck`'s
+    ``trail``):
+
+    - no micro-op reads memory after one that stores (within a block, reads come first);
+    - for every store at word address ``s`` (words ``s .. s+W-1``), the plain (MEM) read
+      streams all start at ``>= s`` (read word ``w`` at ``a + w >= s + w``: never a word that
+      an earlier word's store wrote) or all end at ``<= s``; the other read streams (CHAN
+      ``a .. a+param-1``, GROUP and INT8 within ``a .. a+W-1``) all end at ``<= s`` or all
+      start at ``>= s + W``.
+
+    Args:
+        uops: the program's :class:`coda.hw.isa.UOp` micro-ops (a validated program).
+        n_words: ``W = ceil(n_elems / lanes)``.
+    Returns:
+        True when stores may trail (always True for a program without stores).
+    """
+    seen_store, ok = False, True
+    mem_rng = other_rng = None                      # (lowest start, highest end)
+    for u in uops:
+        if u.store:
+            seen_store = True
+            s = u.addr
+            if mem_rng is not None and not (mem_rng[0] >= s or mem_rng[1] <= s):
+                ok = False
+            if other_rng is not None and not (other_rng[1] <= s or other_rng[0] >= s + n_words):
+                ok = False
+        elif u.rsrc != RSrc.BUF:
+            ok = ok and not seen_store
+            end = u.addr + (u.param if u.rsrc == RSrc.CHAN else n_words)
+            rng = mem_rng if u.rsrc == RSrc.MEM else other_rng
+            rng = (u.addr, end) if rng is None else (min(rng[0], u.addr), max(rng[1], end))
+            if u.rsrc == RSrc.MEM:
+                mem_rng = rng
+            else:
+                other_rng = rng
+    return ok
 
 
 class NMECheck(wiring.Component):
@@ -47,12 +97,16 @@ class NMECheck(wiring.Component):
         n_words: Out(32): ``W = ceil(n_elems / L)`` (valid from the first ``V_FETCH``).
         tail_mask: Out(L): valid lanes of word ``W - 1``.
         has_l1: Out(1): the program has an L1 micro-op.
-        phase_init: Out(:data:`coda.hw.nme_iface.PhaseInit`): each micro-op's stream start.
+        phase_init: Out(:data:`coda.hw.nme_iface.PhaseInit`): each reading micro-op's
+            stream start and the next reading micro-op.
         accept: Out(1): one-cycle pulse: the program may run (execution and the issue side
             start in the next cycle).
         reject: Out(1), status: Out(3): one-cycle pulse: the program is refused with
             :class:`coda.hw.isa.Status` ``status``.
         busy: Out(1): checking (``V_*``).
+        trail: Out(1): the accepted program's stores may trail later blocks' reads
+            (:func:`stores_may_trail`, with ``cfg.trail_stores``; else 0); valid from
+            ``accept`` until the next ``start``.
     """
 
     def __init__(self, cfg: NMEConfig):
@@ -63,6 +117,7 @@ class NMECheck(wiring.Component):
             "n_words": Out(32), "tail_mask": Out(cfg.lanes), "has_l1": Out(1),
             "phase_init": Out(PhaseInit),
             "accept": Out(1), "reject": Out(1), "status": Out(3), "busy": Out(1),
+            "trail": Out(1),
         })
 
     def elaborate(self, platform):
@@ -75,6 +130,9 @@ class NMECheck(wiring.Component):
         streams = Signal(9)
         has_l1 = Signal()
         written = Signal(cfg.nbuf)           # buffers an earlier micro-op wrote
+        # the last reading micro-op so far (its phase record is written at the next one)
+        prev_read, first_read = Signal(UOP_INDEX_BITS), Signal(UOP_INDEX_BITS)
+        prev_addr, seen_read = Signal(ADDR_BITS), Signal()
         k = Signal(UOP_INDEX_BITS)           # micro-op index
         m.d.comb += [self.n_words.eq(n_words), self.tail_mask.eq(tail_mask),
                      self.has_l1.eq(has_l1), self.uop.addr.eq(k)]
@@ -107,6 +165,9 @@ class NMECheck(wiring.Component):
                 m.next = "V_FETCH"
 
         flags = _CheckFlags()
+        rng = _RangeRegs()
+        if cfg.trail_stores:
+            m.d.comb += self.trail.eq(rng.trail)
         bad_length = Signal()
 
         with m.FSM(name="check") as fsm:
@@ -116,7 +177,9 @@ class NMECheck(wiring.Component):
 
             with m.State("V_LEN"):
                 m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0), written.eq(0),
+                             seen_read.eq(0),
                              div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
+                rng.clear(m)
                 # the length rules, registered: V_DIV's first cycle rejects
                 m.d.sync += bad_length.eq((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
                                           | (n_elems > cfg.max_elems))
@@ -135,9 +198,20 @@ class NMECheck(wiring.Component):
             with m.State("V_CHECK"):
                 self._check_uop(m, f, k, lim_mem, lim_int8, streams, has_l1, written, flags,
                                 mul_acc, mul_cand, mul_plier)
+                rng.load(m, f, n_words)
+                with m.If(f.rsrc != RSrc.BUF):
+                    # the previous reading micro-op's record: this one follows it
+                    m.d.comb += [self.phase_init.en.eq(seen_read),
+                                 self.phase_init.index.eq(prev_read),
+                                 self.phase_init.addr.eq(prev_addr),
+                                 self.phase_init.next.eq(k)]
+                    m.d.sync += [prev_read.eq(k), prev_addr.eq(f.addr), seen_read.eq(1)]
+                    with m.If(~seen_read):
+                        m.d.sync += first_read.eq(k)
                 m.next = "V_DECIDE"
 
             with m.State("V_DECIDE"):
+                rng.update(m)
                 # the registered outcome of V_CHECK, in validate's order
                 with m.If(flags.bad_opcode):
                     reject(Status.BAD_OPCODE)
@@ -166,6 +240,11 @@ class NMECheck(wiring.Component):
                 next_uop()
 
             with m.State("V_END"):
+                # the last reading micro-op's record: the first one follows, a block later
+                m.d.comb += [self.phase_init.en.eq(seen_read),
+                             self.phase_init.index.eq(prev_read),
+                             self.phase_init.addr.eq(prev_addr),
+                             self.phase_init.next.eq(first_read), self.phase_init.wrap.eq(1)]
                 with m.If(streams > cfg.max_streams):
                     reject(Status.TOO_MANY_STREAMS)
                 with m.Else():
@@ -200,7 +279,7 @@ class NMECheck(wiring.Component):
                    mul_cand, mul_plier):
         """One micro-op of :func:`coda.hw.isa.validate` (opcode, operand, address rules),
         its outcome registered in ``flags`` (:class:`_CheckFlags`) for ``V_DECIDE``; also
-        initialises the micro-op's stream phase record, marks its ``d`` in the ``written``
+        marks its ``d`` in the ``written``
         mask (nbuf bits) that the later micro-ops' reads are checked against, and loads the
         GROUP multiply's operands."""
         cfg = self.cfg
@@ -241,8 +320,6 @@ class NMECheck(wiring.Component):
             m.d.comb += beyond.eq(addr_f > cfg.mem_words)
         bad_addr = is_mem & beyond
 
-        m.d.comb += [self.phase_init.en.eq(1), self.phase_init.index.eq(k),
-                     self.phase_init.addr.eq(addr_f)]
         m.d.sync += [streams.eq(streams + is_mem), has_l1.eq(has_l1 | is_l1),
                      written.eq(written | Cat(*[d_used & (d_f == b) for b in range(NB)])),
                      flags.bad_opcode.eq(bad_opcode), flags.bad_operand.eq(bad_operand),
@@ -250,6 +327,57 @@ class NMECheck(wiring.Component):
                      # the GROUP multiply's operands (used only if V_DECIDE goes to V_GROUP)
                      mul_acc.eq(0), mul_cand.eq(cfg.mem_words - addr_f),
                      mul_plier.eq(param_f * L)]
+
+
+class _RangeRegs:
+    """The trailing-store rule (:func:`stores_may_trail`) in registers: ``V_CHECK`` registers
+    the micro-op's range (:meth:`load`), ``V_DECIDE`` compares it with the read ranges so far
+    and widens them (:meth:`update`); ``trail`` is the rule's outcome."""
+
+    def __init__(self):
+        end_bits = max(ADDR_BITS, 32) + 1
+        self.addr = Signal(ADDR_BITS, name="rng_addr")      # the micro-op's start
+        self.end = Signal(end_bits, name="rng_end")          # ... and end (exclusive)
+        self.store, self.mem, self.other = (Signal(name=f"rng_{n}") for n in
+                                            ("store", "mem", "other"))
+        # the MEM read streams' lowest start and highest end, the other read streams'
+        self.mem_any, self.other_any = Signal(name="rng_mem_any"), Signal(name="rng_other_any")
+        self.mem_lo, self.other_lo = (Signal(ADDR_BITS, name=f"rng_{n}_lo") for n in
+                                      ("mem", "other"))
+        self.mem_hi, self.other_hi = (Signal(end_bits, name=f"rng_{n}_hi") for n in
+                                      ("mem", "other"))
+        self.seen_store = Signal(name="rng_seen_store")
+        self.trail = Signal(name="rng_trail")
+
+    def clear(self, m):
+        m.d.sync += [self.mem_any.eq(0), self.other_any.eq(0), self.seen_store.eq(0),
+                     self.trail.eq(1)]
+
+    def load(self, m, f, n_words):
+        """V_CHECK: the range of micro-op ``f`` (:class:`coda.hw.nme_iface.UopFields`)."""
+        is_read = f.rsrc != RSrc.BUF
+        m.d.sync += [self.addr.eq(f.addr),
+                     self.end.eq(f.addr + Mux(f.rsrc == RSrc.CHAN, f.param, n_words)),
+                     self.store.eq(f.store), self.mem.eq(is_read & (f.rsrc == RSrc.MEM)),
+                     self.other.eq(is_read & (f.rsrc != RSrc.MEM))]
+
+    def update(self, m):
+        """V_DECIDE: a store against the reads so far; a read after a store, or widening."""
+        a, e = self.addr, self.end
+        mem_ok = ~self.mem_any | (self.mem_lo >= a) | (self.mem_hi <= a)
+        other_ok = ~self.other_any | (self.other_hi <= a) | (self.other_lo >= e)
+        with m.If(self.store):
+            m.d.sync += self.seen_store.eq(1)
+            with m.If(~mem_ok | ~other_ok):
+                m.d.sync += self.trail.eq(0)
+        for is_kind, any_, lo, hi in ((self.mem, self.mem_any, self.mem_lo, self.mem_hi),
+                                      (self.other, self.other_any, self.other_lo,
+                                       self.other_hi)):
+            with m.If(is_kind):
+                m.d.sync += [any_.eq(1), lo.eq(Mux(~any_ | (a < lo), a, lo)),
+                             hi.eq(Mux(~any_ | (e > hi), e, hi))]
+                with m.If(self.seen_store):
+                    m.d.sync += self.trail.eq(0)
 
 
 class _CheckFlags:

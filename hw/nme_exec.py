@@ -4,16 +4,18 @@ Sequencer (FSM ``execute``): for each block of ``depth`` words (``X_BLOCK``), fo
 (``X_FETCH``/``X_LOAD``), one *pass* over the block (``X_RUN``, then ``X_END``). A pass whose R
 operand comes from memory takes one read response per cycle from the issue side's response
 stream; a pass with R from a buffer feeds one word per cycle; with ``store`` its results go
-through an 8-word FIFO to the memory request register (the store stream), and words enter the
-pipeline only while that FIFO has room for them (a credit count), so ``mem_req_ready``
-back-pressure loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more
-for a deep lane pipeline). Every word carries its pass's controls down the pipeline
+through an 8-word FIFO to the memory request register (the store stream; each word's address
+and last-word flag go into a FIFO of their own as it enters), and words enter the pipeline
+only while that FIFO has room for them (a credit count), so ``mem_req_ready`` back-pressure
+loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more for a deep lane
+pipeline). Every word carries its pass's controls down the pipeline
 (:data:`PASS_CONTROL`), so a pass may start while the previous one's words are still in the
 lanes: the next micro-op is read while a pass runs, and the pass hands over to it in the
 cycle its last word enters (the next pass's first word may enter in the next cycle), unless
-it stores (the issue side waits for its last store: memory order), accumulates L1, is the
-program's last, or its block is not longer than the pipeline (``LaneTiming.result_stage``
-words); those drain the lanes first (``LaneTiming.drain_stage``) and end through ``X_END``,
+it stores and the program's stores may not trail its reads (``trail``; then the issue side
+waits for its last store: memory order), accumulates L1, is the program's last, or its block
+is not longer than the pipeline (``LaneTiming.result_stage`` words); those drain the lanes
+first (``LaneTiming.drain_stage``; and the stores that trail) and end through ``X_END``,
 ``X_LOAD``. That is the buffer read-after-write rule: the next pass's word ``i`` enters at
 least ``blen`` cycles after this pass's word ``i``, which is written ``result_stage < blen``
 cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
@@ -41,7 +43,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .fp import FP32, FPAdd, Int8ToFP, fp_format
-from .isa import NMEConfig, Op, RSrc
+from .isa import ADDR_BITS, NMEConfig, Op, RSrc
 from .lane import GATED_DOMAINS, RES_PROD, RES_R, RES_SUM, NMELane
 from .nme_iface import (PASS_BITS, UOP_INDEX_BITS, LaneTiming, UopFields, UopRead,
                         response_signature, store_signature)
@@ -72,8 +74,9 @@ class NMEExec(wiring.Component):
     Members (L = ``cfg.lanes``):
         start: In(1): the program was accepted: start the first block (``X_BLOCK``) and
             clear the lanes' L1 accumulators in the next cycle.
-        n_uops: In(8), n_words: In(32), tail_mask: In(L), has_l1: In(1): the program (from
-            the intake and the check).
+        n_uops: In(8), n_words: In(32), tail_mask: In(L), has_l1: In(1), trail: In(1): the
+            program (from the intake and the check; ``trail``:
+            :func:`coda.hw.nme_check.stores_may_trail`, latched at ``start``).
         uop: Out(:data:`coda.hw.nme_iface.UopRead`): the instruction memory's read port.
         rsp: In(stream.Signature(response_layout(L))): read responses, one word per cycle.
         store: Out(stream.Signature(store_layout(L))): store words with address and mask.
@@ -100,7 +103,7 @@ class NMEExec(wiring.Component):
         L = cfg.lanes
         members = {
             "start": In(1), "n_uops": In(UOP_INDEX_BITS), "n_words": In(32),
-            "tail_mask": In(L), "has_l1": In(1),
+            "tail_mask": In(L), "has_l1": In(1), "trail": In(1),
             "uop": Out(UopRead), "rsp": In(response_signature(L)),
             "store": Out(store_signature(L)), "store_done": In(1),
             "passes": Out(PASS_BITS), "finish": Out(1), "l1": Out(32), "busy": Out(1),
@@ -125,6 +128,9 @@ class NMEExec(wiring.Component):
             buf_rd.append(mem.read_port())
             buf_wr.append(mem.write_port())
         m.submodules.store_fifo = fifo = SyncFIFO(width=16 * L, depth=fifo_depth)
+        # each store word's address and "last word of the program" flag, pushed as it enters
+        # (a store pass may hand over while its stores are still in the lanes)
+        m.submodules.store_addr_fifo = afifo = SyncFIFO(width=ADDR_BITS + 1, depth=fifo_depth)
         lanes = []
         for j in range(L):
             lane = NMELane(fmt, cfg.operand_isolation, gated=self.clock_gating,
@@ -165,8 +171,8 @@ class NMEExec(wiring.Component):
         i_more, j_more = Signal(), Signal()
         # the next word to enter is the pass's last (a register, set with the counters)
         w_last = Signal()
-        s_cnt = Signal(range(D + 1))         # stores requested (store pass)
-        st_addr = Signal(len(self.store.payload.addr))
+        st_addr = Signal(ADDR_BITS)          # the next entering store word's address
+        trail = Signal()                     # the program's stores may trail its reads
         x_passes = Signal(PASS_BITS)         # passes completed
         used = Signal(range(fifo_depth + 1))         # store credits in use
         room = Signal(init=1)                        # used < fifo_depth (a register)
@@ -290,17 +296,20 @@ class NMEExec(wiring.Component):
                          wp.en.eq(vs[n_res] & c_res.write_buf & (c_res.d == b))]
         m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(vs[n_res] & c_res.store)]
 
-        # ---- the store stream: the store FIFO's head, the tail lanes masked in the last word
-        store_last = Signal()
+        # ---- the store stream: the store FIFOs' heads, the tail lanes masked in the last word
         m.d.comb += [
-            store_last.eq(last_block & (s_cnt == blen - 1)),
-            self.store.valid.eq(run & cur_store & fifo.r_rdy),
-            self.store.payload.addr.eq(st_addr), self.store.payload.data.eq(fifo.r_data),
-            self.store.payload.mask.eq(Mux(store_last, tail_mask, Const((1 << L) - 1, L))),
+            afifo.w_data.eq(Cat(st_addr, last_block & w_last)),
+            afifo.w_en.eq(enter & cur_store),
+            self.store.valid.eq(fifo.r_rdy),
+            self.store.payload.addr.eq(afifo.r_data[:ADDR_BITS]),
+            self.store.payload.data.eq(fifo.r_data),
+            self.store.payload.mask.eq(Mux(afifo.r_data[ADDR_BITS], tail_mask,
+                                           Const((1 << L) - 1, L))),
+            fifo.r_en.eq(self.store.valid & self.store.ready),
+            afifo.r_en.eq(self.store.valid & self.store.ready),
         ]
-        with m.If(self.store.valid & self.store.ready):
-            m.d.comb += fifo.r_en.eq(1)
-            m.d.sync += [st_addr.eq(st_addr + 1), s_cnt.eq(s_cnt + 1)]
+        with m.If(enter & cur_store):
+            m.d.sync += st_addr.eq(st_addr + 1)
         with m.If(enter & ~read_pass):
             m.d.sync += [i_cnt.eq(i_cnt + 1), i_more.eq(i_cnt + 1 < blen)]
         with m.If(enter & read_pass):
@@ -334,7 +343,7 @@ class NMEExec(wiring.Component):
                          read_pass.eq(f.rsrc != RSrc.BUF), is_l1.eq(f.op == Op.L1),
                          cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
                          st_addr.eq(f.addr + store_base),
-                         i_cnt.eq(0), j_cnt.eq(0), s_cnt.eq(0),
+                         i_cnt.eq(0), j_cnt.eq(0),
                          i_more.eq(words != 0), j_more.eq(words != 0), w_last.eq(words == 1)]
 
         def next_block():
@@ -353,7 +362,8 @@ class NMEExec(wiring.Component):
         with m.FSM(name="execute") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [base.eq(0), x_left.eq(n_words), x_passes.eq(0)]
+                    m.d.sync += [base.eq(0), x_left.eq(n_words), x_passes.eq(0),
+                                 trail.eq(self.trail)]
                     m.next = "X_BLOCK"
 
             with m.State("X_BLOCK"):
@@ -370,8 +380,9 @@ class NMEExec(wiring.Component):
 
             with m.State("X_RUN"):
                 m.d.comb += [run.eq(1), self.uop.addr.eq(k_nx)]
-                # A pass that neither stores nor accumulates L1, is not the program's last
-                # and runs over a block longer than the pipeline hands over to the next
+                # A pass that neither stores (unless the stores may trail) nor accumulates
+                # L1, is not the program's last and runs over a block longer than the
+                # pipeline hands over to the next
                 # micro-op (read meanwhile) as its last word enters: the next pass's words
                 # enter from the next cycle on, behind this pass's in the lanes. The next
                 # pass's word i enters at least blen cycles after this pass's word i, which
@@ -379,7 +390,7 @@ class NMEExec(wiring.Component):
                 # read-after-write rule. Any other pass ends when its last word entered, its
                 # words (and those before) left the lanes and a store pass's last request
                 # left (X_END, X_LOAD).
-                overlap = ~cur_store & ~is_l1 & long_block & ~(last_block & k_last)
+                overlap = (~cur_store | trail) & ~is_l1 & long_block & ~(last_block & k_last)
                 with m.If(enter & w_last & overlap):
                     m.d.sync += x_passes.eq(x_passes + 1)
                     with m.If(k_last):
@@ -387,7 +398,7 @@ class NMEExec(wiring.Component):
                     with m.Else():
                         load_pass(blen, base)
                         m.d.sync += k.eq(k + 1)
-                with m.Elif(Mux(read_pass, ~j_more, ~i_more & (used == 0)) & pipe_empty):
+                with m.Elif(Mux(read_pass, ~j_more, ~i_more) & (used == 0) & pipe_empty):
                     m.next = "X_END"
 
             with m.State("X_END"):

@@ -1,25 +1,32 @@
 """The NME's issue side: read requests ahead of execution, read responses, the memory port.
 
 The issue FSM (``issue``) walks (block, micro-op) like execution does and sends the read
-requests of every pass whose R operand comes from memory, up to ``max(depth, 3)`` words ahead
-of execution (:func:`coda.hw.nme_iface.read_credits`: the entries of the read-response FIFO),
-so memory latency is paid about once per block rather than once per pass. Like execution it
-reads the next micro-op (and its stream phase record) while a pass runs, and a read pass over
-a block of at least 3 words hands over to it as its last read goes out, so back-to-back read
-passes send one read per cycle; any other pass takes 4 cycles (I_RUN, I_END, I_FETCH,
-I_LOAD). Each read carries a
-tag (INT8 half, GROUP element lane) through a tag FIFO that joins the response. Memory order
-is program order: the issue side does not pass a store pass until execution has sent its last
-store (execution's pass counter).
+requests of every pass whose R operand comes from memory, up to ``max(depth, 3) +
+result_stage`` words ahead of execution (:func:`coda.hw.nme_iface.read_credits`: the entries
+of the read-response FIFO), so memory latency is paid about once per block rather than once
+per pass. Like execution it reads the next micro-op (and its stream phase record) while a
+pass runs, and a read pass over a block of at least 3 words hands over to it as its last read
+goes out, so back-to-back read passes send one read per cycle; any other pass takes 4 cycles
+(I_RUN, I_END, I_FETCH, I_LOAD). Each read carries a tag (INT8 half, GROUP element lane)
+through a tag FIFO that joins the response.
+
+Memory order is program order where it matters: the issue side does not pass a store pass
+until execution has sent its last store (execution's pass counter), unless the program's
+stores may trail (``trail``, :func:`coda.hw.nme_check.stores_may_trail`: no later block's read
+can meet an earlier block's store). Then the walk visits only the micro-ops that read memory
+(each one's phase record names the next one, and whether it is in the next block), so the
+next block's reads go out while the stores trail, and read passes hand over to each other
+across the passes without reads and across blocks.
 
 Stream phases: each instruction slot has a phase record (next request address, CHAN/GROUP
-counter, GROUP element lane), initialised by the check and carried by the issue side from one
-block's pass to the next, so no division happens at run time.
+counter, GROUP element lane, the next reading micro-op), initialised by the check and carried
+by the issue side from one block's pass to the next, so no division happens at run time.
 
-The memory request register takes a read of the issue side or else the store at the head of
-execution's store stream. Reads in flight survive a reset (the memory still answers them):
-a reset-less counter tracks them, their responses find no tag and are dropped, and a
-program's first read waits until none is outstanding.
+The memory request register takes the store at the head of execution's store stream or else
+a read of the issue side (stores first: a store pass then never waits for the memory port,
+and reads go out in the cycles between its stores). Reads in flight survive a reset (the
+memory still answers them): a reset-less counter tracks them, their responses find no tag
+and are dropped, and a program's first read waits until none is outstanding.
 """
 
 from __future__ import annotations
@@ -45,12 +52,13 @@ class NMEIssue(wiring.Component):
 
     Members (L = ``cfg.lanes``):
         start: In(1): the program was accepted (the walk starts in the next cycle).
+        trail: In(1): with ``start``: the program's stores may trail later reads.
         n_uops: In(8), n_words: In(32): the program's micro-ops and words.
         uop: Out(:data:`coda.hw.nme_iface.UopRead`): the instruction memory's read port.
         phase_init: In(:data:`coda.hw.nme_iface.PhaseInit`): the check's phase records.
         x_passes: In(11): passes execution has completed (mod 2**11).
         store: In(stream.Signature(store_layout(L))): execution's store words; taken when
-            the request register is free and no read goes out this cycle.
+            the request register is free (reads wait for them).
         store_done: Out(1): a store request transferred to the memory this cycle.
         rsp: Out(stream.Signature(response_layout(L))): read responses of this program, in
             order, with their tags.
@@ -64,7 +72,7 @@ class NMEIssue(wiring.Component):
         self.cfg = cfg
         L = cfg.lanes
         super().__init__({
-            "start": In(1), "n_uops": In(UOP_INDEX_BITS), "n_words": In(32),
+            "start": In(1), "trail": In(1), "n_uops": In(UOP_INDEX_BITS), "n_words": In(32),
             "uop": Out(UopRead), "phase_init": In(PhaseInit), "x_passes": In(PASS_BITS),
             "store": In(store_signature(L)), "store_done": Out(1),
             "rsp": Out(response_signature(L)),
@@ -77,11 +85,13 @@ class NMEIssue(wiring.Component):
     def elaborate(self, platform):
         cfg = self.cfg
         L, D, IM = cfg.lanes, cfg.depth, cfg.imem_depth
-        RF = read_credits(D)
+        RF = read_credits(cfg)
         m = Module()
         n_uops, n_words = self.n_uops, self.n_words
 
-        slot_bits = ADDR_BITS + PARAM_BITS + 6
+        # a phase record: next read address, CHAN/GROUP phase, GROUP element lane, and the
+        # next reading micro-op (its index, and whether it is in the next block)
+        slot_bits = ADDR_BITS + PARAM_BITS + 6 + UOP_INDEX_BITS + 1
         m.submodules.slots = slots = Memory(shape=slot_bits, depth=IM, init=[])
         slot_w, slot_r = slots.write_port(), slots.read_port()
         m.submodules.rsp_fifo = rsp_fifo = SyncFIFOBuffered(width=16 * L + TAG_BITS, depth=RF)
@@ -108,23 +118,37 @@ class NMEIssue(wiring.Component):
         i_one = Signal()                     # the next read is the pass's last (a register)
         i_passes = Signal(PASS_BITS)
         fresh = Signal()                     # first pass of a program: wait for stale reads
+        trail = Signal()                     # the program's stores may trail its reads
         ra = Signal(ADDR_BITS)               # next read address
         ph = Signal(PARAM_BITS)              # CHAN phase / GROUP count within a group
         elane = Signal(6)                    # GROUP element lane
         par_i = Signal()                     # parity of the word index (INT8 half)
         m.d.comb += [self.uop.addr.eq(ik), slot_r.addr.eq(ik), slot_w.addr.eq(ik)]
-        # ik is the last micro-op (registered: valid from the second cycle after ik changed)
+        # The walk visits every micro-op in order; where the stores may trail (``trail``)
+        # only the micro-ops that read memory, each record naming the next one (``i_nx``;
+        # ``i_wrap``: it is in the next block), as nothing else needs the issue side.
+        i_nx, i_wrap = Signal(UOP_INDEX_BITS), Signal()
+        # ik is the block's last micro-op the walk visits (registered: valid from the
+        # second cycle after ik changed)
         i_last = Signal()
-        m.d.sync += i_last.eq(ik == n_uops - 1)
+        m.d.sync += i_last.eq(Mux(trail, i_wrap, ik == n_uops - 1))
         ik_nx = Signal(UOP_INDEX_BITS)
-        m.d.comb += ik_nx.eq(Mux(i_last, 0, ik + 1))
-        # one micro-op: a hand-over keeps the stream phase registers (its record is the one
-        # being written back)
+        m.d.comb += ik_nx.eq(Mux(trail, i_nx, Mux(i_last, 0, ik + 1)))
+        # the walk visits one micro-op: a hand-over keeps the stream phase registers (its
+        # record is the one being written back)
         i_single = Signal()
-        m.d.sync += i_single.eq(n_uops == 1)
+        m.d.sync += i_single.eq(Mux(trail, i_nx == ik, n_uops == 1))
+        # a hand-over's phase record is written in the next cycle, from registers (no path
+        # from the stream advance into the record memory); the next read of that record is
+        # at least 2 cycles later (a hand-over needs 3 reads, I_END comes after I_RUN)
+        wb_en, wb_addr, wb_data = Signal(), Signal(UOP_INDEX_BITS), Signal(slot_bits)
+        m.d.sync += wb_en.eq(0)
+        with m.If(wb_en):
+            m.d.comb += [slot_w.addr.eq(wb_addr), slot_w.en.eq(1), slot_w.data.eq(wb_data)]
         with m.If(self.phase_init.en):
             m.d.comb += [slot_w.addr.eq(self.phase_init.index), slot_w.en.eq(1),
-                         slot_w.data.eq(Cat(self.phase_init.addr, Const(0, PARAM_BITS + 6)))]
+                         slot_w.data.eq(Cat(self.phase_init.addr, Const(0, PARAM_BITS + 6),
+                                            self.phase_init.next, self.phase_init.wrap))]
 
         # ---- memory request register
         req_valid, req_we = Signal(), Signal()
@@ -155,7 +179,7 @@ class NMEIssue(wiring.Component):
         issuing = Signal()                   # in I_RUN of a read pass
         issue_read = Signal()
         m.d.comb += [
-            issue_read.eq(issuing & i_more & rd_room & req_free),
+            issue_read.eq(issuing & i_more & rd_room & req_free & ~self.store.valid),
             tag_fifo.w_data.eq(Cat(par_i, elane)),
             tag_fifo.w_en.eq(issue_read),
         ]
@@ -165,19 +189,19 @@ class NMEIssue(wiring.Component):
         ra_n, ph_n, elane_n = self._stream_advance(m, issue_read, i_rsrc, i_last_ph,
                                                    i_param_nz, i_addr, ra, ph, elane, par_i)
 
-        # a read of the issue side, or else the head of execution's store stream
-        m.d.comb += self.store.ready.eq(req_free & ~issue_read)
+        # the head of execution's store stream, or else a read of the issue side
+        m.d.comb += self.store.ready.eq(req_free)
         with m.If(req_free):
             m.d.sync += req_valid.eq(0)
-            with m.If(issue_read):
-                m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
-                             icnt.eq(icnt + 1), i_more.eq(icnt + 1 < iblen),
-                             i_one.eq(icnt + 2 == iblen)]
-            with m.Elif(self.store.valid):
+            with m.If(self.store.valid):
                 m.d.sync += [req_valid.eq(1), req_we.eq(1),
                              req_addr.eq(self.store.payload.addr),
                              req_wdata.eq(self.store.payload.data),
                              req_wmask.eq(self.store.payload.mask)]
+            with m.Elif(issue_read):
+                m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
+                             icnt.eq(icnt + 1), i_more.eq(icnt + 1 < iblen),
+                             i_one.eq(icnt + 2 == iblen)]
 
         # ---- the walk: read requests of every read pass, up to RF words ahead
         fi = UopFields(self.uop.data)
@@ -189,10 +213,12 @@ class NMEIssue(wiring.Component):
                          i_read.eq(fi.rsrc != RSrc.BUF), i_more.eq(words != 0),
                          i_one.eq(words == 1), icnt.eq(0), par_i.eq(block_base[0]),
                          i_last_ph.eq(fi.param - 1), i_param_nz.eq(fi.param != 0)]
+            # (a record's next/wrap fields never change after the check)
+            m.d.sync += Cat(i_nx, i_wrap).eq(slot_r.data[ADDR_BITS + PARAM_BITS + 6:])
             with m.If(phases):
                 m.d.sync += [ra.eq(slot_r.data[0:ADDR_BITS]),
                              ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
-                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:])]
+                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:][:6])]
 
         def block_flags(words, left):
             m.d.sync += [i_long.eq(words >= 3), i_final.eq(left <= D)]
@@ -200,7 +226,8 @@ class NMEIssue(wiring.Component):
         with m.FSM(name="issue"):
             with m.State("I_IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [ibase.eq(0), i_left.eq(n_words), i_passes.eq(0), fresh.eq(1)]
+                    m.d.sync += [ibase.eq(0), i_left.eq(n_words), i_passes.eq(0), fresh.eq(1),
+                                 trail.eq(self.trail)]
                     m.next = "I_BLOCK"
 
             with m.State("I_BLOCK"):
@@ -222,12 +249,13 @@ class NMEIssue(wiring.Component):
                              slot_r.addr.eq(ik_nx)]
                 m.d.sync += fresh.eq(0)
                 with m.If(i_read):
-                    # the last read of a pass over a long enough block, not the program's
+                    # the last read of a pass over a long enough block, not the walk's
                     # last pass: hand over to the next micro-op (its first read may go out
                     # in the next cycle); the stream phases after this read are written
                     # back
                     with m.If(issue_read & i_one & i_long & ~(i_last & i_final)):
-                        m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra_n, ph_n, elane_n))]
+                        m.d.sync += [wb_en.eq(1), wb_addr.eq(ik),
+                                     wb_data.eq(Cat(ra_n, ph_n, elane_n, i_nx, i_wrap))]
                         m.d.sync += i_passes.eq(i_passes + 1)
                         with m.If(i_last):
                             words = Mux(i_rest >= D, D, i_rest)
@@ -237,7 +265,7 @@ class NMEIssue(wiring.Component):
                             load_pass(words, ibase_nx, ~i_single)
                         with m.Else():
                             load_pass(iblen, ibase, ~i_single)
-                            m.d.sync += ik.eq(ik + 1)
+                            m.d.sync += ik.eq(ik_nx)
                     with m.Elif(~i_more):
                         m.next = "I_END"
                 with m.Elif(i_store):
@@ -248,8 +276,8 @@ class NMEIssue(wiring.Component):
                     m.next = "I_END"
 
             with m.State("I_END"):
-                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane))]
-                m.d.sync += [ik.eq(ik + 1), i_passes.eq(i_passes + 1)]
+                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane, i_nx, i_wrap))]
+                m.d.sync += [ik.eq(ik_nx), i_passes.eq(i_passes + 1)]
                 with m.If(i_last):
                     m.d.sync += [ibase.eq(ibase_nx), i_left.eq(i_rest)]
                     with m.If(i_final):

@@ -78,7 +78,8 @@ def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     """``--mul-latency`` / ``--add-latency`` / ``--operand-latency``: the register stages of
     the FP units and of the operand path (NMEConfig's ``mul_latency`` 0..MAX_MUL_LATENCY,
     ``add_latency`` 0..MAX_ADD_LATENCY, ``operand_latency`` 0..MAX_OPERAND_LATENCY, from
-    :mod:`coda.hw.isa`), for ``coda verilog`` and ``coda synth``."""
+    :mod:`coda.hw.isa`), and ``--trail-stores on|off`` (``trail_stores``), for ``coda
+    verilog``, ``coda synth`` and ``coda nme run``."""
     defaults = NMEConfig()
     parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
                         help=f"register stages inside each lane's FPMul, 0..{MAX_MUL_LATENCY} "
@@ -90,6 +91,11 @@ def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
                         help="register stages between the block RAMs and the lanes' operand "
                              f"selection, 0..{MAX_OPERAND_LATENCY} "
                              f"(default {defaults.operand_latency})")
+    parser.add_argument("--trail-stores", choices=("on", "off"),
+                        default="on" if defaults.trail_stores else "off",
+                        help="let stores trail the next blocks' reads where they cannot meet "
+                             "(NMEConfig.trail_stores; default "
+                             f"{'on' if defaults.trail_stores else 'off'})")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +142,7 @@ def config_from_args(args: argparse.Namespace) -> NMEConfig:
                      imem_depth=args.imem_depth, max_streams=args.max_streams,
                      mem_words=args.mem_words,
                      operand_isolation=args.operand_isolation == "on",
+                     trail_stores=args.trail_stores == "on",
                      mul_latency=args.mul_latency, add_latency=args.add_latency,
                      operand_latency=args.operand_latency)
 

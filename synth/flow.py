@@ -195,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
     """Run ``coda synth``; returns 0, or 1 if a tool failed."""
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
                     operand_isolation=args.operand_isolation == "on",
+                    trail_stores=args.trail_stores == "on",
                     mul_latency=args.mul_latency, add_latency=args.add_latency,
                     operand_latency=args.operand_latency)
     try:

@@ -480,11 +480,16 @@ def _canon_nan(bits: np.ndarray, fmt: str) -> np.ndarray:
     return bits
 
 
-@pytest.mark.parametrize("lanes,fmt,seed,lm,la", [(2, "bf16", 11, 0, 0), (3, "fp16", 12, 0, 0),
-                                                  (2, "bf16", 11, 2, 3), (3, "fp16", 12, 1, 4)])
-def test_random_programs(lanes, fmt, seed, lm, la):
+@pytest.mark.parametrize("lanes,fmt,seed,lm,la,trail", [
+    (2, "bf16", 11, 0, 0, False), (3, "fp16", 12, 0, 0, False), (2, "bf16", 11, 2, 3, False),
+    (3, "fp16", 12, 1, 4, False), (2, "bf16", 13, 0, 0, True), (3, "fp16", 14, 1, 4, True)])
+def test_random_programs(lanes, fmt, seed, lm, la, trail):
+    """Random programs (stores over their own read streams among them) against the
+    reference, with a memory that stalls requests and delays responses at random; with
+    ``trail_stores`` the stores of the programs that allow it trail the next blocks'
+    reads."""
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=3, nbuf=3, imem_depth=5, max_streams=5,
-                    mem_words=40, mul_latency=lm, add_latency=la)
+                    mem_words=40, mul_latency=lm, add_latency=la, trail_stores=trail)
     rng = random.Random(seed)
     progs = [_random_program(rng, cfg) for _ in range(6)]
     mem = random_image(cfg, seed, scale=2.0)
@@ -600,10 +605,13 @@ def test_pipeline_latency_errors():
             NMEConfig(operand_latency=bad)
 
 
-def test_store_backpressure_and_latency():
-    """Long store pass against a memory that is rarely ready, with long read latency."""
+@pytest.mark.parametrize("trail", [False, True])
+def test_store_backpressure_and_latency(trail):
+    """Long store pass against a memory that is rarely ready, with long read latency (with
+    ``trail_stores``: the store passes hand over and the stores trail the next block's
+    reads)."""
     cfg = NMEConfig(lanes=2, fmt="bf16", depth=16, nbuf=2, imem_depth=4, max_streams=4,
-                    mem_words=96)
+                    mem_words=96, trail_stores=trail)
     prog = Program(2 * 30, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
                             UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=40)))
     check(cfg, [prog], random_image(cfg, 15), timing=MemTiming(3, 12, 0.25, 0.3))

@@ -1,6 +1,7 @@
 """The pass-efficiency table of the cycle model (coda.host.pass_efficiency)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -32,7 +33,13 @@ def test_cli_table_json_and_bad_options(tmp_path, capsys):
                  str(out)]) == 0
     assert "words/pass/cycle" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["units"], r["depth"]) for r in rows] == [("0,0,0", 16), ("0,0,0", 64)]
+    assert [(r["units"], r["trail"], r["depth"]) for r in rows] == [
+        ("0,0,0", "off", 16), ("0,0,0", "off", 64), ("0,0,0", "on", 16), ("0,0,0", "on", 64)]
+    assert main(["--tokens", "256", "--depths", "16", "--trail-stores", "on", "--json",
+                 str(out)]) == 0
+    assert {r["trail"] for r in json.loads(out.read_text())["rows"]} == {"on"}
+    assert main(["--op", "add", "--tokens", "64", "--depths", "16", "--units", "0,0,0"]) == 0
+    assert "add [64, 64]" in capsys.readouterr().out
     assert main(["--units", "9,0,0"]) == 2
     err = capsys.readouterr().err
     assert "--units '9,0,0': expected M,A,O" in err
@@ -46,3 +53,24 @@ def test_cli_table_json_and_bad_options(tmp_path, capsys):
 def test_unknown_op_is_refused():
     with pytest.raises(ValueError, match=r"op='fma': expected one of \['add', 'gated_residual'\]"):
         efficiency("fma", 8, 8, NMEConfig())
+
+
+@pytest.mark.parametrize("op", ["gated_residual", "add"])
+@pytest.mark.parametrize("units", [(0, 0, 0), (3, 5, 1), (4, 5, 1)])
+def test_long_streams_take_one_word_per_pass_per_cycle(op, units):
+    """Once passes hand over (blocks longer than the pipeline to the result stage) and the
+    stores trail the next block's reads (``trail_stores``), a longer stream costs exactly one
+    cycle per word per pass more: doubling the tokens adds ``ideal`` cycles and nothing else,
+    at every depth from 16 (1-cycle memory) and from 64 with a 20-cycle memory. Without
+    trailing stores every block costs more (the store pass drains)."""
+    for depth, latency in ((16, 1), (64, 1), (256, 1), (64, 20), (256, 20)):
+        cfg = NMEConfig(depth=depth, mul_latency=units[0], add_latency=units[1],
+                        operand_latency=units[2], trail_stores=True)
+        short = efficiency(op, 1024, 64, cfg, latency)
+        long = efficiency(op, 2048, 64, cfg, latency)
+        assert long["cycles"] - short["cycles"] == long["ideal"] - short["ideal"], (depth,
+                                                                                    latency)
+        held = replace(cfg, trail_stores=False)
+        assert (efficiency(op, 2048, 64, held, latency)["cycles"]
+                - efficiency(op, 1024, 64, held, latency)["cycles"]
+                > long["ideal"] - short["ideal"]), (depth, latency)
