@@ -121,17 +121,21 @@ def _check_format(fmt) -> FPFormat:
 # Pipeline stages
 # --------------------------------------------------------------------------------------
 
-#: FPAdd's stage boundaries used by each latency (index = latency). Boundary 1: after the
-#: operand swap and exponent difference; 2: after the alignment shift; 3: after the
+#: FPAdd's stage boundaries used by each latency (index = latency). Boundary 0: after the
+#: unpacking, the magnitude compare and both exponent differences (before the swap); 1: after
+#: the operand swap and the clamped alignment shift; 2: after the alignment shift; 3: after the
 #: significand add; 4: after its leading-zero count, the normalisation shift amount and the
-#: hidden bit; 5: after the normalisation shift (before rounding). A standalone fp32 FPAdd
+#: hidden bit; 5: after the normalisation shift (before rounding); 6: after rounding (the
+#: packed magnitude, before the special cases). A standalone fp32 FPAdd
 #: with registered ports on ECP5 (LFE5U-25F, nextpnr): 106 MHz at latency 4, 121 MHz at 5.
-FPADD_CUTS = ((), (2,), (1, 4), (1, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4, 5))
+FPADD_CUTS = ((), (2,), (1, 4), (1, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4, 5),
+              (0, 1, 2, 3, 4, 5), (0, 1, 2, 3, 4, 5, 6))
 #: FPMul's stage boundaries used by each latency. Boundary 0: after unpacking (the
 #: significands with their hidden bits, the exponent sum, the sign and class flags), so the
 #: multiplier's inputs come straight from registers; 1: after the significand product;
-#: 2: after its leading-zero count and the shift amount; 3: after the normalisation shift.
-FPMUL_CUTS = ((), (2,), (1, 2), (1, 2, 3), (0, 1, 2, 3))
+#: 2: after its leading-zero count and the shift amount; 3: after the normalisation shift;
+#: 4: after rounding (the packed magnitude, before the special cases).
+FPMUL_CUTS = ((), (2,), (1, 2), (1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3, 4))
 FPADD_MAX_LATENCY = len(FPADD_CUTS) - 1
 FPMUL_MAX_LATENCY = len(FPMUL_CUTS) - 1
 
@@ -311,16 +315,6 @@ class FPAdd(wiring.Component):
         # Magnitude order of IEEE patterns equals integer order of {exp, mantissa}.
         swap = Signal()
         m.d.comb += swap.eq(self.a[:E + M] < self.b[:E + M])
-        x_sign, y_sign = Signal(), Signal()
-        x_exp, y_exp = Signal(E), Signal(E)
-        x_sig, y_sig = Signal(M + 1), Signal(M + 1)
-        m.d.comb += [
-            x_sign.eq(Mux(swap, b_sign, a.sign)), y_sign.eq(Mux(swap, a.sign, b_sign)),
-            x_exp.eq(Mux(swap, b.exp, a.exp)), y_exp.eq(Mux(swap, a.exp, b.exp)),
-            x_sig.eq(Mux(swap, b.sig, a.sig)), y_sig.eq(Mux(swap, a.sig, b.sig)),
-        ]
-        eff_sub = Signal()
-        m.d.comb += eff_sub.eq(x_sign ^ y_sign)
 
         # The special cases depend on the operands only; they travel beside the datapath.
         nan = Signal()
@@ -330,12 +324,32 @@ class FPAdd(wiring.Component):
         inf_sign = Signal()
         m.d.comb += inf_sign.eq(Mux(a.is_inf, a.sign, b_sign))
 
-        # Alignment: significands carry 3 extra low bits (guard, round, sticky). Both
-        # exponent differences are formed beside the magnitude compare (not after the
-        # swap), and the swap picks the non-negative one.
-        ext = M + 4
+        # Both exponent differences are formed beside the magnitude compare (not after the
+        # swap); the swap picks the non-negative one.
         d_ab, d_ba = Signal(E + 1), Signal(E + 1)
         m.d.comb += [d_ab.eq(a.exp - b.exp), d_ba.eq(b.exp - a.exp)]
+
+        # ---- boundary 0
+        (a_sign, b_sign, a_exp, b_exp, a_sig, b_sig, swap, d_ab, d_ba, nan, inf,
+         inf_sign) = cut(
+            0, a_sign=a.sign, b_sign=b_sign, a_exp=a.exp, b_exp=b.exp, a_sig=a.sig,
+            b_sig=b.sig, swap=swap, d_ab=d_ab, d_ba=d_ba, nan=nan, inf=inf,
+            inf_sign=inf_sign)
+
+        x_sign, y_sign = Signal(), Signal()
+        x_exp = Signal(E)
+        x_sig, y_sig = Signal(M + 1), Signal(M + 1)
+        m.d.comb += [
+            x_sign.eq(Mux(swap, b_sign, a_sign)), y_sign.eq(Mux(swap, a_sign, b_sign)),
+            x_exp.eq(Mux(swap, b_exp, a_exp)),
+            x_sig.eq(Mux(swap, b_sig, a_sig)), y_sig.eq(Mux(swap, a_sig, b_sig)),
+        ]
+        eff_sub = Signal()
+        m.d.comb += eff_sub.eq(a_sign ^ b_sign)
+
+        # Alignment: significands carry 3 extra low bits (guard, round, sticky); a
+        # difference beyond them shifts everything into the sticky bit.
+        ext = M + 4
         s_ab, s_ba = Signal(range(ext + 1)), Signal(range(ext + 1))
         m.d.comb += [s_ab.eq(Mux(d_ab[E] | (d_ab[:E] > ext), Mux(d_ab[E], 0, ext), d_ab)),
                      s_ba.eq(Mux(d_ba[E] | (d_ba[:E] > ext), Mux(d_ba[E], 0, ext), d_ba))]
@@ -403,6 +417,11 @@ class FPAdd(wiring.Component):
             inf_sign=inf_sign)
 
         mag = _round_pack(m, fmt, norm, e_field, overflow, "add_mag")
+
+        # ---- boundary 6
+        sign, mag, nan, inf, inf_sign = cut(6, sign=sign, mag=mag, nan=nan, inf=inf,
+                                            inf_sign=inf_sign)
+
         m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, inf_sign))
         return m
 
@@ -513,6 +532,10 @@ class FPMul(wiring.Component):
             3, norm=norm, e_field=e_field, overflow=overflow, sign=sign, nan=nan, inf=inf)
 
         mag = _round_pack(m, fmt, norm, e_field, overflow, "mul_mag")
+
+        # ---- boundary 4
+        mag, sign, nan, inf = cut(4, mag=mag, sign=sign, nan=nan, inf=inf)
+
         m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, sign))
         return m
 

@@ -151,8 +151,8 @@ class Status(enum.IntEnum):
 #: Largest ``NMEConfig.mul_latency`` / ``add_latency``: the register stages the pipelined
 #: units offer (``coda.hw.fp.FPMUL_MAX_LATENCY`` / ``FPADD_MAX_LATENCY``; a test checks
 #: they agree, this module stays free of amaranth).
-MAX_MUL_LATENCY = 4
-MAX_ADD_LATENCY = 5
+MAX_MUL_LATENCY = 5
+MAX_ADD_LATENCY = 7
 #: Largest ``NMEConfig.operand_latency``: one register stage straight after the block RAMs.
 MAX_OPERAND_LATENCY = 1
 

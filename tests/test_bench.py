@@ -9,7 +9,7 @@ import pytest
 
 from coda.cosim import bench
 from coda.hw.dram_standards import get_standard
-from coda.hw.isa import MAX_MUL_LATENCY
+from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
 
 DRAM = "DDR5-4800"
 STREAM_BYTES = 4096
@@ -582,7 +582,7 @@ def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("value, why", [
-    ("3,5", "2 given"), ("3,6,1", "add_latency=6"), ("x,5,1", "invalid literal"),
+    ("3,5", "2 given"), (f"3,{MAX_ADD_LATENCY + 1},1", f"add_latency={MAX_ADD_LATENCY + 1}"), ("x,5,1", "invalid literal"),
     ("3,5,1,0", "4 given"), ("=-1,0,0", "mul_latency=-1"), ("3;5;1", "1 given"),
 ])
 def test_bench_cli_refuses_bad_sweep_units_before_any_build(value, why, capsys, monkeypatch):

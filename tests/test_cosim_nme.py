@@ -120,7 +120,7 @@ def test_cocotb_regression(fmt):
 #: the ECP5 configuration (issue 16): pipelined FP units (register stages inside FPMul /
 #: every FPAdd, the deepest cuts) and the block-RAM outputs registered: the same bits, more
 #: cycles
-PIPELINED = dict(mul_latency=4, add_latency=5, operand_latency=1)
+PIPELINED = dict(mul_latency=5, add_latency=7, operand_latency=1)
 
 
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.slow) if f != "bf16" else f

@@ -14,7 +14,7 @@ from coda.host import ops
 from coda.host.bits import from_bits, same_bits, to_bits
 from coda.host import compiler, nme_cli
 from coda.host.nme_cli import make_example, read_inputs
-from coda.hw.isa import MAX_MUL_LATENCY
+from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
 
 
 def run(argv):
@@ -166,7 +166,7 @@ def _refused(argv, message, capsys):
     (["--dimms", 0], "--dimms 0 --ranks 1: expected >= 1 each"),
     (["--mul-latency", MAX_MUL_LATENCY + 1],
      f"--mul-latency {MAX_MUL_LATENCY + 1}: expected an int 0..{MAX_MUL_LATENCY}"),
-    (["--add-latency", -1], "--add-latency -1: expected an int 0..5"),
+    (["--add-latency", -1], f"--add-latency -1: expected an int 0..{MAX_ADD_LATENCY}"),
     (["--operand-latency", 2], "--operand-latency 2: expected an int 0..1"),
 ])
 def test_geometry_options_checked_for_runs_and_examples(option, message, tmp_path, capsys):
