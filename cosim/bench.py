@@ -41,8 +41,8 @@ point, and the knee per standard and clock, :func:`knees`, with elements/ns per 
 ``--sweep-units M,A,O`` (default ``0,0,0``, the combinational FP units) gives every point of
 the sweep an NME with ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O``
 operand stages after the buffers (:class:`~coda.hw.isa.NMEConfig` ``mul_latency``,
-``add_latency``, ``operand_latency``; ``4,5,1`` is the NME that places and routes on ECP5 at
-100 MHz): the sweep parameter ``units``, named in the tables' titles and in
+``add_latency``, ``operand_latency``; ``5,7,1``, the deepest units, is the NME that places
+and routes on ECP5 at 99–101 MHz, ``4,5,1`` at 97–100 MHz): the sweep parameter ``units``, named in the tables' titles and in
 ``dse.json``. Every (lanes, depth, standard, units) is one Verilator build for all its clocks
 (the clock is a plusarg) and one more for the same-domain NME (cached under
 ``build/cosim/``), so the first sweep takes a while; the points run through the sweep engine
@@ -924,8 +924,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-units", default=SWEEP_UNITS, metavar="M,A,O",
                     help="NME units of every sweep point: register stages in each FPMul, "
                          "each FPAdd, and after the buffers (NMEConfig mul_latency, "
-                         "add_latency, operand_latency; default 0,0,0, combinational; 4,5,1 "
-                         "places and routes on ECP5 at 100 MHz)")
+                         "add_latency, operand_latency; default 0,0,0, combinational; 5,7,1 "
+                         "places and routes on ECP5 at about 100 MHz)")
     ap.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
                     help="the knee: fewest lanes within this share of the best utilisation")
     ap.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")

@@ -437,8 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="tabulate what exists")
     parser.add_argument("--units", default=SWEEP_UNITS, metavar="M,A,O",
                         help="NME units of every configuration: register stages in each "
-                             "FPMul, each FPAdd, after the buffers (default 0,0,0; 4,5,1 "
-                             "places and routes 8 lanes on ECP5 at 100 MHz)")
+                             "FPMul, each FPAdd, after the buffers (default 0,0,0; 5,7,1 "
+                             "places and routes 8 lanes on ECP5 at about 100 MHz)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
     add_run_options(parser, "configurations")
     args = parser.parse_args(argv)

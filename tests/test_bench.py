@@ -431,7 +431,7 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- NME units
-PIPELINED = "3,5,1"          # a pipelined NME (4,5,1 places and routes on ECP5 at 100 MHz)
+PIPELINED = "3,5,1"          # a pipelined NME (5,7,1 places and routes on ECP5 at ~100 MHz)
 
 
 def _with_units(records, units, scale=1.0):
