@@ -457,7 +457,7 @@ def test_parse_units_reads_three_ints_and_names_a_bad_value():
     for bad, why in (("3,5", "2 given"), ("3,5,1,0", "4 given"), ("", "1 given"),
                      ("a,5,1", "invalid literal"), ("1.5,0,0", "invalid literal"),
                      (f"{MAX_MUL_LATENCY + 1},0,0", f"mul_latency={MAX_MUL_LATENCY + 1}"),
-                     ("0,6,0", "add_latency=6"), ("0,0,2", "operand_latency=2"),
+                     (f"0,{MAX_ADD_LATENCY + 1},0", f"add_latency={MAX_ADD_LATENCY + 1}"), ("0,0,2", "operand_latency=2"),
                      ("-1,0,0", "mul_latency=-1")):
         with pytest.raises(ValueError) as exc:
             bench.parse_units(bad, "--sweep-units")
