@@ -563,7 +563,22 @@ def test_toggle_measurement_is_an_option_that_changes_nothing_else():
     assert sum(o.toggles for o in outs_on) > 0 == sum(o.toggles for o in outs_off)
 
 
-def test_pipelined_units_change_no_bits():
+#: ``make test``: every mul_latency and every add_latency once (a diagonal through the
+#: grid), the deepest multiplier with the combinational adder, the operand stage alone, with
+#: the shortest and with the deepest units; ``make verify-long``: half the (lm, la) grid
+#: (every lm and la with every parity of the other)
+_FAST_GRID = ([(k % (MAX_MUL_LATENCY + 1), k, 0) for k in range(1, MAX_ADD_LATENCY + 1)]
+              + [(MAX_MUL_LATENCY, 0, 0), (0, 0, 1), (1, 1, 1),
+                 (MAX_MUL_LATENCY, MAX_ADD_LATENCY, MAX_OPERAND_LATENCY)])
+_HALF_GRID = ([(lm, la, 0) for lm in range(MAX_MUL_LATENCY + 1)
+               for la in range(MAX_ADD_LATENCY + 1) if (lm or la) and (lm + la) % 2 == 0]
+              + [(0, 0, 1), (1, 1, 1), (MAX_MUL_LATENCY, MAX_ADD_LATENCY, MAX_OPERAND_LATENCY)])
+
+
+@pytest.mark.parametrize("grid", [pytest.param(_FAST_GRID, id="diagonal"),
+                                  pytest.param(_HALF_GRID, id="half-grid",
+                                               marks=pytest.mark.slow)])
+def test_pipelined_units_change_no_bits(grid):
     """Every (mul_latency, add_latency), and the operand register stage, gives the
     combinational NME's memory bits, statuses, L1 sums and toggle counts under the same random
     memory timing (stalls on both sides); only the cycles differ: never downwards with a
@@ -578,11 +593,6 @@ def test_pipelined_units_change_no_bits():
     timing = MemTiming(lat_min=1, lat_max=6, p_ready=0.7, p_gap=0.3)
     ref_mem, ref_outs, _ = simulate(base, progs, mem, seed=31, timing=timing)
     ref_cycles = [o.cycles for o in simulate(base, progs, mem, timing=ALWAYS_READY_1CYCLE)[1]]
-    # half the (lm, la) grid: every lm and la; the operand stage alone, with the shortest
-    # and with the deepest units
-    grid = [(lm, la, 0) for lm in range(MAX_MUL_LATENCY + 1) for la in range(MAX_ADD_LATENCY + 1)
-            if (lm or la) and (lm + la) % 2 == 0]
-    grid += [(0, 0, 1), (1, 1, 1), (MAX_MUL_LATENCY, MAX_ADD_LATENCY, MAX_OPERAND_LATENCY)]
     for lm, la, lo in grid:
         cfg = replace(base, mul_latency=lm, add_latency=la, operand_latency=lo)
         got, outs, _ = simulate(cfg, progs, mem, seed=31, timing=timing)

@@ -131,7 +131,7 @@ def test_modelled_nme_cycles_equal_cosim_events(generation):
                                                           s.programs)
 
 
-@pytest.mark.parametrize("depth", [64, 256])
+@pytest.mark.parametrize("depth", [64, pytest.param(256, marks=pytest.mark.slow)])
 def test_modelled_nme_time_against_a_dram_timed_generation(depth):
     """A short real generation (6 steps, PAB, one prompt) with every segment on the 1 x 2
     DDR5-4800 DIMM-NMP cosimulation (the build coda run --dram uses): the modelled NME
