@@ -327,6 +327,7 @@ def test_rtl_backend_rejects_bad_image():
         RTLBackend(latency=0)
 
 
+@pytest.mark.slow   # the same two toggle-counting builds as the test above: make verify-long
 def test_energy_estimate_measures_toggles_on_nmes_that_count_them():
     """synth.energy charges FU energy by measured toggles: its simulators must be built with
     the (simulation-only) counter, and isolation must cut the count (the builds of the test
