@@ -579,7 +579,7 @@ _HALF_GRID = ([(lm, la, 0) for lm in range(MAX_MUL_LATENCY + 1)
                                   pytest.param(_HALF_GRID, id="half-grid",
                                                marks=pytest.mark.slow)])
 def test_pipelined_units_change_no_bits(grid):
-    """Every (mul_latency, add_latency), and the operand register stage, gives the
+    """Every (mul_latency, add_latency, operand_latency) of ``grid`` gives the
     combinational NME's memory bits, statuses, L1 sums and toggle counts under the same random
     memory timing (stalls on both sides); only the cycles differ: never downwards with a
     memory that is always ready (with random stalls a deeper pipeline meets other stalls, so
