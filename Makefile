@@ -28,11 +28,14 @@ demo: $(STAMP)
 
 # Unit, property, cocotb-on-Verilator and end-to-end tests. TEST_WORKERS pytest-xdist workers
 # (default 2, the development machine's cores) each take whole test files (--dist loadfile: a
-# file's tests share its module-level builds and runs); cached builds under build/ are locked,
-# so each Verilator model is built once per run. TEST_WORKERS=0 runs in one process.
+# file's tests share its module-level builds and runs) in collection order, the longest files
+# first (tests/conftest.py RUN_FIRST; --no-loadscope-reorder keeps xdist from sorting the
+# files by their number of tests instead); cached builds under build/ are locked, so each
+# Verilator model is built once per run. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=15
 
 # Long regression: >= 10^6 random operand pairs per arithmetic op and format through the RTL.
 verify-long: $(STAMP)

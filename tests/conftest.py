@@ -30,11 +30,15 @@ def pytest_configure(config):
 #: Test files that build Verilator models or run the video model (each a few minutes of one
 #: core on a fresh ``build/``), the longest first. ``make test`` hands whole files to its
 #: workers (``--dist loadfile``) in collection order, so these start first and the short
-#: files fill in around them; in alphabetical order the longest ones came last and one worker
-#: sat idle for minutes at the end. Only the order changes, never what runs.
-RUN_FIRST = ("test_run.py", "test_cosim_nme.py", "test_waves.py", "test_nmp_clock.py",
-             "test_cosim_nmp.py", "test_interp.py", "test_fp.py", "test_system.py",
-             "test_nme_sim.py", "test_sweep.py")
+#: files fill in around them; a long file handed out late is the run's tail while the other
+#: worker sits idle. The order follows ``pytest -n 2 --dist loadfile --durations=0`` summed
+#: per file on a fresh ``build/`` (2026-12-03: test_dram 636 s of its 20 DRAM-model builds,
+#: test_run 263, test_nme_sim 241, test_cosim_nme 224, ... test_synth 42). Only the order
+#: changes, never what runs.
+RUN_FIRST = ("test_dram.py", "test_run.py", "test_nme_sim.py", "test_cosim_nme.py",
+             "test_nmp_clock.py", "test_waves.py", "test_interp.py", "test_fp.py",
+             "test_cosim_nmp.py", "test_system.py", "test_profile.py", "test_sweep.py",
+             "test_synth.py")
 
 
 def pytest_collection_modifyitems(config, items):
