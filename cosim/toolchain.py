@@ -57,7 +57,8 @@ def setup_verilator_env(env: dict | None = None) -> dict:
     ccache = compiler_cache()
     if ccache is not None and "OBJCACHE" not in env:
         env["OBJCACHE"] = ccache
-        env.setdefault("CCACHE_DIR", str(build_dir("ccache")))
+        if "CCACHE_DIR" not in env:
+            env["CCACHE_DIR"] = str(build_dir("ccache"))
     return env
 
 
