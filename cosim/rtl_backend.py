@@ -189,7 +189,7 @@ class SimSession:
         if self.shadow is None:
             memfile.write_image(self.workdir / "mem_in.hex", mem)
         else:
-            changed = np.flatnonzero((mem != self.shadow).any(axis=1))
+            changed = memfile.changed_words(mem, self.shadow)
             if changed.size == 0:
                 return False
             if changed.size > mem.shape[0] // 2:
@@ -226,7 +226,7 @@ class SimSession:
         words, mem, t0 = self._pending
         self._pending = None
         answer = self._answer("run")
-        out = mem.copy()
+        out = mem          # the snapshot taken at submit: this session's own copy
         if answer["ndirty"]:
             addrs, dirty = memfile.read_sparse(self.workdir / "mem_out.hex", mem.shape[1])
             if addrs.size != answer["ndirty"]:

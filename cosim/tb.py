@@ -276,7 +276,7 @@ class NMEHarness:
         if not self._shadow.valid:
             await self.memory.load(mem)
         else:
-            changed = np.flatnonzero((mem != self._shadow.image).any(axis=1))
+            changed = memfile.changed_words(mem, self._shadow.image)
             if changed.size > self.mem_words // 2:
                 await self.memory.load(mem)
             else:
