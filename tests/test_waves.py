@@ -2,8 +2,10 @@
 files with hierarchical signal names (a cocotb run, ``coda nme run --waves``); the default
 model stays untraced; bad ``--waves`` input is refused before any work.
 
-One traced build per session: the configuration of tests/test_cosim_nme.py (so with
-``WAVES=1`` its cocotb runs share it), cached on disk under ``build/cosim/waves-<key>/``.
+One traced build per session, cached on disk under ``build/cosim/waves-<key>/``: a small
+NME (3 fp16 lanes, buffers of 5 words, trailing stores), one of the cycle-model
+configurations of tests/test_interp.py, whose untraced build it shares. Its C++ is a third of
+the 8-lane NME's, so the traced build (Verilator's FST writer) costs about half.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from coda.cosim.fst import read_fst
 from coda.cosim.toolchain import build_dir
 from coda.hw.isa import NMEConfig
 
-BASE = NMEConfig(lanes=8, depth=16, mem_words=4096)
+BASE = NMEConfig(lanes=3, fmt="fp16", depth=5, mem_words=2048, trail_stores=True)
 
 # name -> width: the testbench's job port and the NME's ports, units and a lane
 SIGNALS = {
@@ -61,7 +63,7 @@ def test_default_model_is_not_traced(traced, tmp_path, monkeypatch):
     """The default model keeps its own key, folder and untraced binary (also under WAVES=1);
     only the traced one has Verilator's FST writer; a waveform needs the traced model."""
     monkeypatch.setenv("WAVES", "1")
-    default = build_sim(BASE)   # cached by tests/test_cosim_nme.py
+    default = build_sim(BASE)   # cached by tests/test_interp.py
     assert traced.waves and not default.waves
     assert traced.key != default.key and traced.path.name == f"waves-{traced.key}"
     assert default.path.name == default.key
@@ -124,8 +126,10 @@ def test_nme_run_writes_fst(traced, tmp_path, capsys):
     from coda.cli import main
 
     inputs, out, waves = tmp_path / "in.npz", tmp_path / "out.npz", tmp_path / "w" / "run.fst"
-    geometry = ["--lanes", "8", "--depth", "16", "--mem-words", "4096"]
-    assert main(["nme", "run", "--op", "gated_residual", "--make-example", str(inputs)]) == 0
+    geometry = ["--lanes", "3", "--fmt", "fp16", "--depth", "5", "--mem-words", "2048",
+                "--trail-stores", "on"]
+    assert main(["nme", "run", "--op", "gated_residual", "--make-example", str(inputs)]
+                + geometry) == 0
     rc = main(["nme", "run", "--op", "gated_residual", "--inputs", str(inputs), "--out", str(out),
                "--backend", "rtl", "--waves", str(waves)] + geometry)
     captured = capsys.readouterr()
