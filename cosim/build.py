@@ -362,6 +362,11 @@ def sim_env(test_module: str, *, seed: int = 0, extra: dict | None = None) -> di
     env["COCOTB_TOPLEVEL"] = TOP_NAME
     env["TOPLEVEL_LANG"] = "verilog"
     env["COCOTB_TEST_MODULES"] = test_module
+    # cocotb applies pytest's assertion rewriting to every module imported after its hook
+    # ("*.py" by default: torch, sympy, ... 805 modules for tests/cocotb_nme.py), and where
+    # bytecode is not written (PYTHONDONTWRITEBYTECODE) it compiles each of them again at every
+    # simulator start: 25 s of each start here. Only the test module's own file is rewritten.
+    env.setdefault("COCOTB_REWRITE_ASSERTION_FILES", f"{test_module.rsplit('.', 1)[-1]}.py")
     env["COCOTB_RANDOM_SEED"] = str(seed)
     env["COCOTB_TRUST_INERTIAL_WRITES"] = "1"
     env["COCOTB_ANSI_OUTPUT"] = "0"

