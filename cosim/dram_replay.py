@@ -193,7 +193,7 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     from coda.hw.dram import DRAMController, DRAMWordMemory, check_controller, dram_verilog
 
     std = get_standard(std)
-    check_controller(std, **(controller or {}))    # a bad option fails before any build
+    _, write_high, write_low = check_controller(std, **(controller or {}))  # fails before a build
     if top not in ("replay", "word"):
         raise ValueError(f"top={top!r}: expected 'replay' or 'word'")
     params = verilator_params(std, store_bits)
@@ -214,8 +214,14 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     digest = hashlib.sha256()
     for src in _SOURCES:
         digest.update(src.read_bytes())
-    controller = dict(sorted((controller or {}).items()))
-    digest.update(repr((std, top, params, controller)).encode())
+    controller = dict(controller or {})
+    # the key holds every option, defaults filled in: options equal to the defaults, given or
+    # not, are the same controller and share one build
+    options = inspect.signature(check_controller).bind(std, **controller)
+    options.apply_defaults()
+    full = dict(options.arguments, write_high=write_high, write_low=write_low)
+    full.pop("std")
+    digest.update(repr((std, top, params, sorted(full.items()))).encode())
     key = digest.hexdigest()[:16]
     out = build_dir("dram", f"{top}_{std.name}_{key}")
     exe = out / "obj" / f"V{sv_top}"

@@ -547,6 +547,18 @@ def test_word_adapter_bit_exact(name, lanes, tmp_path):
     assert dram_check.check_file(name, cmds) == []
 
 
+def test_options_equal_to_the_defaults_share_one_build():
+    """The build key holds every controller option with its default filled in: options given
+    at their default values name the same model (test_word_adapter_bit_exact's DDR4-3200
+    word model, cached)."""
+    default = dram_replay.build_model("DDR4-3200", top="word")
+    explicit = dram_replay.build_model("DDR4-3200", top="word", controller={
+        "row_policy": "open", "refresh": "all", "max_bypass": 1, "write_high": 24})
+    assert explicit == default
+    assert dram_replay.build_model("DDR4-3200", controller={"max_bypass": 1}) == \
+        dram_replay.build_model("DDR4-3200")
+
+
 def test_replay_input_errors_are_clear(tmp_path):
     p = tmp_path / "bin.trace"
     p.write_bytes(b"0x40 READ 3\n\xff\xfe\x00\n")
