@@ -152,9 +152,11 @@ class NMPRTLBackend(SessionOwner):
         """One program on rank 0 (the other ranks idle). Returns an ExecResult."""
         return self.execute_many(cfg, [(program, mem)])[0]
 
-    def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]]) -> list:
+    def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]], *,
+                     inplace: bool = False) -> list:
         """Run job ``k`` on rank ``k`` (batches of ``dimms*ranks`` jobs), all ranks of a batch
-        in lockstep; returns one :class:`coda.host.backend.ExecResult` per job, in order.
+        in lockstep; returns one :class:`coda.host.backend.ExecResult` per job, in order
+        (``inplace`` is ignored: the images stay as given, the results are the ranks' memories).
 
         Raises:
             TypeError / ValueError: malformed images or programs.

@@ -432,8 +432,10 @@ class RTLBackend(SessionOwner):
         """
         return self.execute_many(cfg, [(program, mem)])[0]
 
-    def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]]) -> list:
-        """Run each (program, image) job; results in job order.
+    def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]], *,
+                     inplace: bool = False) -> list:
+        """Run each (program, image) job; results in job order (``inplace`` is ignored: the
+        images stay as given, the results are the simulators' memories).
 
         Job ``i`` runs on simulator ``i % max_sims`` of ``cfg``, up to ``max_sims`` at a time
         in parallel processes. Why: the driver passes one job per rank, so each rank's memory

@@ -647,7 +647,9 @@ class NMPDriver:
         images = [(p, self.mems[r]) for r, p in jobs]
         submit = getattr(self.backend, "submit_many", None)
         if submit is None:     # a synchronous backend: the results are there at once
-            handle, results = None, self.backend.execute_many(self.cfg, images)
+            # the rank images are the driver's own: programs store only their y stream,
+            # so they may write it in place (no copy of a whole image per program)
+            handle, results = None, self.backend.execute_many(self.cfg, images, inplace=True)
         else:
             handle, results = submit(self.cfg, images), None
         ticket = _Ticket(jobs, layouts, handle, results, time.perf_counter())
@@ -684,7 +686,8 @@ class NMPDriver:
             if "y" in layout:
                 y0 = layout["y"]
                 y1 = y0 + compiler.words_for(program.n_elems, self.cfg.lanes)
-                self.mems[rank][y0:y1] = res.mem[y0:y1]
+                if res.mem is not self.mems[rank]:    # not written in place
+                    self.mems[rank][y0:y1] = res.mem[y0:y1]
             self.stats["cmd_bytes"] += 8 * (1 + len(program.uops))
         self.stats["programs"] += 1
         self.stats["rank_programs"] += len(ticket.jobs)

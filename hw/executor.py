@@ -39,5 +39,12 @@ class Backend(Protocol):
 
     def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray) -> ExecResult: ...
 
-    def execute_many(self, cfg: NMEConfig,
-                     jobs: list[tuple[Program, np.ndarray]]) -> list[ExecResult]: ...
+    def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]], *,
+                     inplace: bool = False) -> list[ExecResult]:
+        """Run each (program, image) job, as ranks in lockstep; results in job order.
+
+        ``inplace=True``: the caller owns the images and lets the backend write the
+        programs' stores into them (the result's ``mem`` is then the image itself) instead
+        of into a copy; a backend whose memory lives elsewhere (a simulator) ignores it.
+        """
+        ...

@@ -28,9 +28,9 @@ class CountingBackend(TorchBackend):
         super().__init__()
         self.launches = []
 
-    def execute_many(self, cfg, jobs):
+    def execute_many(self, cfg, jobs, **kw):
         self.launches.append(len(jobs))
-        out = super().execute_many(cfg, jobs)
+        out = super().execute_many(cfg, jobs, **kw)
         return [ExecResult(r.mem, r.status, r.l1, r.cycles + 10 * i) for i, r in enumerate(out)]
 
 
@@ -204,7 +204,7 @@ def test_slot_and_operand_errors():
 
 def test_rejected_program_is_reported():
     class Rejecting(TorchBackend):
-        def execute(self, cfg, program, mem):
+        def execute(self, cfg, program, mem, **kw):
             return ExecResult(mem, Status.BAD_ADDR, 0.0, 1)
     drv = NMPDriver(Rejecting(), NMEConfig(lanes=8, mem_words=64))
     x = torch.zeros(8, dtype=torch.bfloat16)

@@ -99,9 +99,14 @@ def check_op(op, case):
     _layout, end = compiler.plan_layout(op, NMEConfig(lanes=lanes, fmt=fmt), shapes,
                                         group if params else None, base=base)
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=depth, mem_words=end + 3)
-    res, layout, before, _prog = run_compiled(op, cfg, inputs, group if params else None,
-                                              base, rng)
+    res, layout, before, prog = run_compiled(op, cfg, inputs, group if params else None,
+                                             base, rng)
     assert res.status == Status.OK
+    # in place (as the driver runs its own rank images): the same image, written into
+    image = before.copy()
+    in_place = interp.run_program(cfg, prog, image, inplace=True)
+    assert in_place.mem is image and np.array_equal(image, res.mem) and in_place.l1 == res.l1 \
+        or np.isnan(res.l1) and np.isnan(in_place.l1) and np.array_equal(image, res.mem)
     want = ops.OPS[op](**inputs, **params)
     if op == "l1_distance":
         want = want.item()
