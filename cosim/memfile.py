@@ -58,6 +58,28 @@ def changed_words(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return words.astype(np.int64, copy=False)
 
 
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_HEX_VALUE = np.full(256, 255, dtype=np.uint8)      # ASCII -> digit value, 255: not hex
+_HEX_VALUE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16)
+_HEX_VALUE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16)
+
+
+def _word_digits(words: np.ndarray) -> np.ndarray:
+    """ASCII hex digits uint8 ``[n, 4*lanes]`` of uint16 words ``[n, lanes]`` (element
+    ``lanes-1`` first)."""
+    n, lanes = words.shape
+    raw = np.ascontiguousarray(words[:, ::-1]).astype(">u2").view(np.uint8).reshape(n, 2 * lanes)
+    nibbles = np.empty((n, 4 * lanes), dtype=np.uint8)
+    nibbles[:, 0::2], nibbles[:, 1::2] = raw >> 4, raw & 0xF
+    return _HEX_DIGITS[nibbles]
+
+
+def _lines(*columns: np.ndarray) -> bytes:
+    """The rows of uint8 ASCII ``columns`` (each ``[n, width]``) side by side, one line each."""
+    n = columns[0].shape[0]
+    return np.concatenate([*columns, np.full((n, 1), ord("\n"), np.uint8)], axis=1).tobytes()
+
+
 def words_to_hex(words: np.ndarray) -> list[str]:
     """Hex strings (``4*lanes`` digits, element ``lanes-1`` first) of uint16 words
     ``[n, lanes]``."""
@@ -74,6 +96,9 @@ def hex_to_words(tokens: list[str], lanes: int) -> np.ndarray:
     Raises ValueError on a token longer than a word or not hexadecimal.
     """
     width = 4 * lanes
+    if tokens and set(map(len, tokens)) == {width}:    # the usual case: every word in full
+        raw = np.frombuffer(bytes.fromhex("".join(tokens)), dtype=">u2").astype(np.uint16)
+        return raw.reshape(len(tokens), lanes)[:, ::-1].copy()
     if any(len(t) > width for t in tokens):
         bad = next(t for t in tokens if len(t) > width)
         raise ValueError(f"hex word {bad[:40]!r}... has {len(bad)} digits: expected <= {width}")
@@ -84,25 +109,54 @@ def hex_to_words(tokens: list[str], lanes: int) -> np.ndarray:
 
 def write_image(path: Path, mem: np.ndarray) -> None:
     """Write a whole image, one word per line from address 0."""
-    Path(path).write_text("\n".join(words_to_hex(mem)) + "\n")
+    Path(path).write_bytes(_lines(_word_digits(mem)) if mem.shape[0] else b"\n")
 
 
 def write_sparse(path: Path, mem: np.ndarray, addrs: np.ndarray) -> None:
-    """Write the words ``mem[addrs]`` as ``@addr word`` lines (addresses in hex)."""
+    """Write the words ``mem[addrs]`` as ``@addr word`` lines (addresses in hex, zero-padded
+    to the widest: ``$readmemh`` reads either)."""
     addrs = np.asarray(addrs, dtype=np.int64)
-    lines = (f"@{a:x} {h}" for a, h in zip(addrs.tolist(), words_to_hex(mem[addrs])))
-    Path(path).write_text("\n".join(lines) + "\n")
+    if addrs.size == 0:
+        Path(path).write_bytes(b"\n")
+        return
+    width = max(1, (int(addrs.max()).bit_length() + 3) // 4)
+    shifts = 4 * np.arange(width - 1, -1, -1, dtype=np.int64)
+    addr_digits = _HEX_DIGITS[(addrs[:, None] >> shifts) & 0xF]
+    n = addrs.size
+    Path(path).write_bytes(_lines(np.full((n, 1), ord("@"), np.uint8), addr_digits,
+                                  np.full((n, 1), ord(" "), np.uint8), _word_digits(mem[addrs])))
+
+
+def _hex_column(tokens: list[str], prefix: str = "") -> np.ndarray | None:
+    """Values (int64) of equal-length hex tokens after ``prefix``; None if their lengths
+    differ, one lacks the prefix or is not hex (the caller then takes the general path, which
+    names the bad token)."""
+    if not tokens or len(set(map(len, tokens))) != 1 or len(tokens[0]) - len(prefix) > 15:
+        return None
+    raw = np.frombuffer("".join(tokens).encode("ascii", "replace"),
+                        dtype=np.uint8).reshape(len(tokens), -1)
+    if prefix and (raw[:, :len(prefix)] != np.frombuffer(prefix.encode(), np.uint8)).any():
+        return None
+    digits = _HEX_VALUE[raw[:, len(prefix):]]
+    if digits.shape[1] == 0 or (digits == 255).any():
+        return None
+    shifts = 4 * np.arange(digits.shape[1] - 1, -1, -1, dtype=np.int64)
+    return (digits.astype(np.int64) << shifts).sum(axis=1)
 
 
 def read_sparse(path: Path, lanes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read ``@addr word`` lines: (addresses int64 ``[n]``, words uint16 ``[n, lanes]``)."""
+    """Read ``@addr word`` lines: (addresses int64 ``[n]``, words uint16 ``[n, lanes]``).
+    Raises ValueError for anything else (an odd token count, an address without ``@``, a
+    token that is not hex or longer than a word)."""
     text = Path(path).read_text().split()
     if len(text) % 2:
         raise ValueError(f"{path}: odd number of tokens in a sparse '@addr word' file")
     addr_tokens, word_tokens = text[0::2], text[1::2]
-    if any(not a.startswith("@") for a in addr_tokens):
-        raise ValueError(f"{path}: expected '@addr word' pairs")
-    addrs = np.array([int(a[1:], 16) for a in addr_tokens], dtype=np.int64)
+    addrs = _hex_column(addr_tokens, "@")
+    if addrs is None:     # unequal widths or a bad token: one by one
+        if any(not a.startswith("@") for a in addr_tokens):
+            raise ValueError(f"{path}: expected '@addr word' pairs")
+        addrs = np.array([int(a[1:], 16) for a in addr_tokens], dtype=np.int64)
     return addrs, hex_to_words(word_tokens, lanes)
 
 

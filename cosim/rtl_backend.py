@@ -220,7 +220,7 @@ class SimSession:
         return self._pending is not None
 
     def collect(self) -> tuple[dict, np.ndarray]:
-        """Wait for the pending program; (the server's answer, the image after)."""
+        """Wait for the pending program; (the server's answer, the image after, read-only)."""
         if self._pending is None:
             raise CosimRunError("collect without a submitted program")
         words, mem, t0 = self._pending
@@ -237,7 +237,10 @@ class SimSession:
             raise CosimRunError(f"NME protocol fault {answer['faults']} (timeout "
                                 f"{answer['timeout']}, aborted {answer['aborted']}) on program "
                                 f"{[hex(w) for w in words]}:\n" + log_tail(self.log))
-        self.shadow = out.copy()
+        # the image after the program, read-only: it is both the caller's result and the
+        # record of what the simulator holds (no second copy of a 2^20-word image per job)
+        out.flags.writeable = False
+        self.shadow = out
         self.jobs += 1
         self.seconds += time.perf_counter() - t0
         return answer, out
@@ -425,7 +428,8 @@ class RTLBackend(SessionOwner):
         simulator 0 of ``cfg``.
 
         Returns:
-            :class:`coda.host.backend.ExecResult` (``cycles``: measured RTL clock cycles).
+            :class:`coda.host.backend.ExecResult` (``cycles``: measured RTL clock cycles;
+            ``mem`` read-only, the record of the simulator's memory: copy it to change it).
         Raises:
             TypeError / ValueError: malformed image, or program fields that do not encode.
             CosimBuildError / CosimRunError: the simulator could not be built / failed.
