@@ -16,17 +16,18 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    timing; ``--nme-mhz F`` puts the NMEs on their own F MHz clock behind asynchronous
    FIFOs, and ``rtl`` reports the jobs' NME cycles, DRAM cycles and ns; the modelled systems
    then use their own NME timing, which clocks the NME at tCK);
-3. when the backend is ``rtl``, the same cached generation on the ``torch`` backend, to check
-   that latents and videos are bit-identical.
+3. when the backend is ``rtl``, the cached generation of every prompt on the ``torch``
+   backend, whose first videos must be bit-identical to the RTL's (a video's bits do not
+   depend on the other videos of its batch).
 
 The RTL cosimulation is the slow part (minutes per video on 2 cores; README, Figures), so
 with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go through it (their
-seeds and their policy as in the whole run), and are checked bit for bit against the torch
-backend; when that is fewer than the prompts, every prompt's cached video
-comes from a third generation on the torch backend, and the report's quality figures, GIFs,
-counters and ``modelled`` systems are of that one, while ``rtl`` holds the RTL run's own
-(prompts, NME programs and cycles, seconds, and its ``modelled`` replay when ``--dram`` times
-it); ``sim_cycles_per_s`` is the RTL run's.
+seeds and their policy as in the whole run); when that is fewer than the prompts, the
+report's quality figures, GIFs, counters and ``modelled`` systems are of the torch run, while
+``rtl`` holds the RTL run's own (prompts, NME programs and cycles, seconds, and its
+``modelled`` replay, whose ``nme_check`` compares the cycle model with the cosimulated cycles,
+or which the DRAM-timed NMEs time with ``--dram``); ``sim_cycles_per_s`` and ``interleave``
+are always the cosimulation's.
 
 It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
 ``DIR/<digit>_<i>.gif`` (one prompt each) and ``DIR/report.json`` and prints a summary
@@ -189,6 +190,7 @@ def main(args) -> int:
 
     bit_exact = None
     rtl = rtl_events = None
+    cosim_stats = driver.stats      # CFG interleaving: the cosimulation's (torch never overlaps)
     if args.backend == "rtl":
         # the torch backend generates every prompt once: its first videos check the RTL's bit
         # for bit (a video's bits do not depend on the others of its batch: the model's
@@ -212,11 +214,13 @@ def main(args) -> int:
         if len(run_labels) < len(digits):
             rtl_events = events
             cached, stats, driver, events = reference, ref_stats, ref_driver, ref_events
-            if args.dram and modelled_reason is None:
+            if modelled_reason is None:   # the RTL run's replay: its nme_check compares the
+                # cycle model with the cycles the cosimulation measured (ideal memory), or
+                # the DRAM-timed NMEs time it (--dram)
                 rtl["modelled"] = modelled_systems(
                     rtl_events, model.config, lanes=args.lanes, depth=driver.cfg.depth,
                     dimms=args.dimms, ranks=args.ranks, dram=modelled_dram, nme_mhz=nme_mhz,
-                    nme_timing="events")
+                    nme_timing="events" if args.dram else "model")
 
     gifs = []
     for i, d in enumerate(digits):
@@ -265,9 +269,9 @@ def main(args) -> int:
         "nme_cycles": driver.stats["nme_cycles"],
         # CFG interleaving in the cosimulation: segments launched while the host went on
         # computing the other branch, host seconds spent meanwhile, seconds then waited
-        "interleave": {"async_launches": driver.stats["async_launches"],
-                       "overlap_s": driver.stats["overlap_s"],
-                       "wait_s": driver.stats["wait_s"]},
+        "interleave": {"async_launches": cosim_stats["async_launches"],
+                       "overlap_s": cosim_stats["overlap_s"],
+                       "wait_s": cosim_stats["wait_s"]},
         "sim_cycles_per_s": sim_cycles / sim_seconds if sim_seconds else None,
         "cached_generation_s": cached_s,
         "wall_s": time.perf_counter() - t_start,

@@ -353,6 +353,10 @@ def test_coda_run_refuses_an_out_folder_that_is_a_file(tmp_path, capsys):
     assert f"{tmp_path / 'f'} is a file, expected a folder" in capsys.readouterr().err
     assert main(["run", "--out", "", "--backend", "torch"]) == 2
     assert "--out '': expected a folder path" in capsys.readouterr().err
+    # a folder nothing can be created in (a pseudo file system; root's permission bits say
+    # yes) is refused before the model loads, naming the flag
+    assert main(["run", "--out", "/proc/coda-out", "--backend", "torch"]) == 2
+    assert "--out /proc/coda-out: cannot create it in /proc" in capsys.readouterr().err
 
 
 def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path, monkeypatch):
@@ -402,6 +406,10 @@ def test_coda_run_checks_the_first_prompts_on_the_rtl_and_shows_all_in_a_grid(tm
     assert report["bit_exact_rtl_vs_torch"] is same(rtl, cached[:1]) is True
     assert report["rtl"]["prompts"] == [2]
     assert report["rtl"]["nme_cycles"] == sum(g.nme_cycles for g in rtl_events.of("segment")) > 0
+    # the cosimulation's CFG interleaving, and its own replay checked against its cycles
+    assert report["interleave"]["async_launches"] == got["drivers"][0].stats["programs"] > 0
+    check = report["rtl"]["modelled"]["nme_check"]
+    assert check["max_rel_error"] == 0.0 and check["segments"] == len(rtl_events.of("segment"))
     assert report["segments"] == len(events.of("segment")) == 3 * len(rtl_events.of("segment"))
     assert report["nme_cycles"] == sum(g.nme_cycles for g in events.of("segment"))
     # the grid: three full | cached pairs in one row, at scale 3
