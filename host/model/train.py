@@ -15,12 +15,14 @@ and a batch of single frames (one digit at a random position, temporal blocks sk
 exponential moving average of the weights (decay 0.999, warmed up) which is what is saved, as
 ``<weights stem>_stage1``.
 
-Stage 2 (``--video-steps`` 3,000): from stage 1's EMA weights, videos only (16 per step, no
+Stage 2 (``--video-steps`` 5,000): from stage 1's EMA weights, videos only (16 per step, no
 single frames, so every step trains the temporal blocks), seed ``seed + 1``, a fresh AdamW and
 EMA, peak lr 3e-4 with the same warm-up and cosine decay. Why: stage 1's images teach digit
 shapes but skip the temporal blocks, whose job is that the eight frames show one digit.
 Measured (``python -m coda.host.model.evaluate --seed-base 2000000``, 50 validation videos, CFG
-5): identity kept 0.74 -> 0.80, label accuracy 0.960 -> 0.970.
+5): identity kept 0.74 (stage 1 alone) -> 0.80 (3,000 stage-2 steps) -> 0.90 (5,000 steps, the
+recipe), label accuracy 0.960 -> 0.970 -> 0.985; stage 2's loss still fell after 3,000 steps
+(mean of the last 100: 0.0424 at 3,000, 0.0410 at 5,000).
 
 Training stops after a fixed number of steps (never by wall time), so the result depends only
 on the arguments. Writes ``weights/latte_digits.safetensors`` + ``latte_digits.json``.
@@ -44,7 +46,7 @@ __all__ = ["train", "stage1_path", "main"]
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
 EMA_DECAY = 0.999
-VIDEO_STEPS = 3000     # stage 2 of the recipe: videos only, from stage 1's EMA weights
+VIDEO_STEPS = 5000     # stage 2 of the recipe: videos only, from stage 1's EMA weights
 VIDEO_BATCH = 16
 VIDEO_LR = 3e-4
 MIN_SNR_GAMMA = 5.0   # Hang et al., "Efficient Diffusion Training via Min-SNR Weighting
