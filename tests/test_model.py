@@ -182,6 +182,29 @@ def test_shipped_weights_are_small_and_load():
     assert CONFIG_FILE.exists() and not model.training
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_shipped_training_logs_are_the_recipe(stage):
+    """The shipped weights' training logs were written by the recipe's defaults: the header's
+    steps and batches are the defaults of that stage, and every logged learning rate is the
+    peak times the warm-up + cosine factor of that step (``_lr_factor``), to the log's digits."""
+    import re
+
+    from coda.host.model import train as recipe
+
+    steps, batch, images, peak = ((recipe.STEPS, recipe.BATCH, recipe.IMAGE_BATCH, recipe.LR)
+                                  if stage == 1 else
+                                  (recipe.VIDEO_STEPS, recipe.VIDEO_BATCH, 0, recipe.VIDEO_LR))
+    lines = (WEIGHTS_FILE.parent / f"train_stage{stage}.log").read_text().splitlines()
+    assert lines[0] == (f"training {sum(p.numel() for p in build_model().parameters())} "
+                        f"parameters for {steps} steps, batch {batch} videos + {images} images")
+    logged = [re.match(r"step\s+(\d+)\s+loss \S+\s+lr (\S+)", line) for line in lines[1:-1]]
+    assert all(logged) and int(logged[-1][1]) == steps
+    for m in logged:
+        step = int(m[1])
+        assert float(m[2]) == pytest.approx(peak * recipe._lr_factor(step - 1, steps), rel=5e-3)
+    assert lines[-1].startswith(f"done: {steps} steps in ")
+
+
 def test_quality_metrics_known_values():
     from coda.host.model.sample import video_psnr, video_ssim
 

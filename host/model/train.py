@@ -45,6 +45,10 @@ __all__ = ["train", "stage1_path", "main"]
 
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
+STEPS = 7000           # stage 1 of the recipe: videos + single frames (image-video joint)
+BATCH = 8
+IMAGE_BATCH = 64
+LR = 1e-3
 EMA_DECAY = 0.999
 VIDEO_STEPS = 5000     # stage 2 of the recipe: videos only, from stage 1's EMA weights
 VIDEO_BATCH = 16
@@ -101,8 +105,8 @@ def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool,
     return (min_snr_weights(sched, t, snr_gamma) * err).mean()
 
 
-def train(steps: int, batch_size: int = 8, image_batch_size: int = 64, lr: float = 1e-3,
-          seed: int = 0, weights: Path = WEIGHTS_FILE, config_path: Path = CONFIG_FILE,
+def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BATCH,
+          lr: float = LR, seed: int = 0, weights: Path = WEIGHTS_FILE, config_path: Path = CONFIG_FILE,
           log_every: int = 50, checkpoint_every: int = 0,
           snr_gamma: float = 0.0, init: Path | None = None) -> dict:
     """Train from scratch (or from ``init``) and save the EMA weights.
@@ -203,12 +207,12 @@ def stage1_path(weights: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=7000, help="stage 1 steps")
-    parser.add_argument("--batch-size", type=int, default=8, help="stage 1 videos per step")
-    parser.add_argument("--image-batch-size", type=int, default=64,
+    parser.add_argument("--steps", type=int, default=STEPS, help="stage 1 steps")
+    parser.add_argument("--batch-size", type=int, default=BATCH, help="stage 1 videos per step")
+    parser.add_argument("--image-batch-size", type=int, default=IMAGE_BATCH,
                         help="stage 1 single frames per step (image-video joint training; "
                              "0 = off)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="stage 1 peak learning rate")
+    parser.add_argument("--lr", type=float, default=LR, help="stage 1 peak learning rate")
     parser.add_argument("--video-steps", type=int, default=VIDEO_STEPS,
                         help="stage 2 (videos only, from stage 1's EMA weights) steps; 0 = "
                              "no stage 2, stage 1 writes --weights")
