@@ -1,6 +1,7 @@
 """Train the shipped video DiT on moving digits: ``python -m coda.host.model.train``.
 
-Recipe (all fixed, so the same command reproduces the weights on the same torch build), two
+Recipe (all fixed, so the same command reproduces the weights on the same torch build and CPU;
+on another CPU the float rounding differs and the bits drift apart within a few hundred steps), two
 stages run one after the other by the default command:
 
 Stage 1 (``--steps`` 7,000): Latte's initialisation (adaLN-Zero, zero final layer:
@@ -25,7 +26,7 @@ recipe), label accuracy 0.960 -> 0.970 -> 0.985; stage 2's loss still fell after
 (mean of the last 100: 0.0424 at 3,000, 0.0410 at 5,000).
 
 Training stops after a fixed number of steps (never by wall time), so the result depends only
-on the arguments. Writes ``weights/latte_digits.safetensors`` + ``latte_digits.json``.
+on the arguments, the torch build and the CPU. Writes ``weights/latte_digits.safetensors`` + ``latte_digits.json``.
 """
 
 from __future__ import annotations
