@@ -35,8 +35,9 @@ CONFIG_FILE = WEIGHTS_DIR / "latte_digits.json"
 # (8x8 = 64 tokens per 32x32 frame, 512 tokens per 8-frame video), 1.16 M parameters. Sized
 # so that training fits about an hour on 2 CPU cores: 7,000 steps of 8 videos + 64 images took
 # 3,779 s (0.54 s/step) here (stage 1 of the recipe; stage 2, 5,000 steps of 16 videos,
-# 2,906 s on the machine of 2026-12-03). Hidden 64 (0.53 M parameters, 10,000 steps in 4,081 s) reached
-# label accuracy 0.357 on 50 videos against 0.537 for this size (CFG 3, 50 DDIM steps, x0 clipped).
+# 2,906 s on the machine of 2026-12-03). Hidden 64 (0.53 M parameters, 10,000 steps in
+# 4,081 s) reached label accuracy 0.357 on 50 videos against 0.537 for this size (CFG 3, 50
+# DDIM steps, x0 clipped).
 DEFAULT_CONFIG: dict = {
     "transformer": {
         "num_attention_heads": 4,

@@ -26,7 +26,8 @@ recipe), label accuracy 0.960 -> 0.970 -> 0.985; stage 2's loss still fell after
 (mean of the last 100: 0.0424 at 3,000, 0.0410 at 5,000).
 
 Training stops after a fixed number of steps (never by wall time), so the result depends only
-on the arguments, the torch build and the CPU. Writes ``weights/latte_digits.safetensors`` + ``latte_digits.json``.
+on the arguments, the torch build and the CPU. Writes ``weights/latte_digits.safetensors`` +
+``latte_digits.json``.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool,
 
 
 def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BATCH,
-          lr: float = LR, seed: int = 0, weights: Path = WEIGHTS_FILE, config_path: Path = CONFIG_FILE,
-          log_every: int = 50, checkpoint_every: int = 0,
+          lr: float = LR, seed: int = 0, weights: Path = WEIGHTS_FILE,
+          config_path: Path = CONFIG_FILE, log_every: int = 50, checkpoint_every: int = 0,
           snr_gamma: float = 0.0, init: Path | None = None) -> dict:
     """Train from scratch (or from ``init``) and save the EMA weights.
 
