@@ -30,12 +30,22 @@ branch the engine asks its policy (:mod:`coda.host.policies`) for a :class:`Deci
   ``store``, and the operator's input kept as a monitor reference if it says ``keep_input``;
 - *reuse*: its norm, modulation and attention are skipped; only its current adaLN gate is
   computed (an ungated residual has gate = 1). Each maximal run of consecutive reused
-  operators of a sample is one segment ``y = ((x + g0*c0) + g1*c1) + ...`` run by
-  ``driver.segment`` with x, the gates and the caches in the NME format (bf16 or fp16, from
-  the driver's ``cfg.fmt``), one program per residual stream (CogVideoX and HunyuanVideo
-  also carry the text tokens); the host casts y back to the model's dtype. This is what a
-  deployment does: the xPU keeps its activations, the DIMMs hold 16-bit caches, and segment
-  inputs/outputs cross PCIe in the 16-bit format. A segment runs on across block boundaries
+  operators of a sample is one segment, run by ``driver.segment_submit`` with the gates and
+  the caches in the NME format (bf16 or fp16, from the driver's ``cfg.fmt``), one program per
+  residual stream (CogVideoX and HunyuanVideo also carry the text tokens). Two forms
+  (``CodaCacheConfig.segment_output``):
+
+  - ``"sum"`` (default): the NME returns ``z = ((0 + g0*c0) + g1*c1) + ...`` (its x stream
+    is a slot of zeros resident in rank memory), z crosses PCIe up in the 16-bit format and
+    the xPU adds it to the residual stream in the model's dtype, ``h = h + z``. One tensor
+    crosses the link per segment, and a segment rounds only the reused outputs to the cache
+    format, never the residual stream: reusing an operator whose output is exactly constant
+    costs only the 16-bit rounding of that output.
+  - ``"residual"``: ``y = ((x + g0*c0) + g1*c1) + ...`` on the NME, x down and y up in the
+    16-bit format, the host casts y back: every segment rounds the whole residual stream to
+    the cache format (an fp32 model pays that rounding once per segment).
+
+  A segment runs on across block boundaries
   where the model passes its streams straight from block to block; the model's own code in
   between (Latte's temporal position embedding) ends it (:meth:`ModelOps.barriers`).
 
@@ -72,13 +82,15 @@ from .policies import as_policy
 from .policies.base import CachePolicy, Decision, OpQuery
 from .schedule import BRANCHES, ScheduleError
 
-__all__ = ["BATCHED_CFG", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
+__all__ = ["BATCHED_CFG", "SEGMENT_OUTPUTS", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
            "apply_coda_cache", "remove_coda_cache", "reset_coda_cache", "get_coda_cache_hook",
            "HOOK_NAME", "BLOCK_HOOK_NAME"]
 
 HOOK_NAME = "coda_cache"
 BLOCK_HOOK_NAME = "coda_cache_block"
 BATCHED_CFG = "uncond|cond"
+#: what a segment returns to the xPU (:class:`CodaCacheConfig` ``segment_output``)
+SEGMENT_OUTPUTS = ("sum", "residual")
 #: context names of diffusers pipelines meaning a batched CFG call (CogVideoX: [uncond; cond])
 _CONTEXT_ALIASES = {"cond_uncond": BATCHED_CFG}
 _PRIMARY = "hidden"      # the video-token stream: monitors and the Latte-compatible slot keys
@@ -111,9 +123,12 @@ class CodaCacheConfig:
         num_inference_steps: the generation's step count, for pipelines whose
             ``cache_context`` does not give it (diffusers 0.42's CogVideoX and HunyuanVideo
             pipelines); the context's value wins when it has one.
+        segment_output: ``"sum"`` (default: the NME returns ``Σ g_k ⊙ c_k`` and the xPU adds
+            the residual in the model's dtype) or ``"residual"`` (the NME adds the residual
+            in the cache format); see the module docstring.
     Raises (on apply):
         ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver; a
-            ``num_inference_steps`` below 1.
+            ``num_inference_steps`` below 1; a ``segment_output`` other than the two.
     """
     driver: Any
     policy: Any = None
@@ -122,6 +137,7 @@ class CodaCacheConfig:
     events: EventLog | None = None
     interleave_cfg: bool = True
     num_inference_steps: int | None = None
+    segment_output: str = "sum"
 
     def resolved_dtype(self) -> torch.dtype:
         fmt = getattr(getattr(self.driver, "cfg", None), "fmt", None)
@@ -188,6 +204,9 @@ class CodaCacheHook(ModelHook):
         self.config = config
         if config.num_inference_steps is not None and int(config.num_inference_steps) < 1:
             raise ValueError(f"num_inference_steps={config.num_inference_steps}: expected >= 1")
+        if config.segment_output not in SEGMENT_OUTPUTS:
+            raise ValueError(f"segment_output={config.segment_output!r}: expected one of "
+                             f"{SEGMENT_OUTPUTS}")
         self.dtype = config.resolved_dtype()
         self.fmt = _DTYPE_NAMES[self.dtype]
         self.policy: CachePolicy = as_policy(config.policy)
@@ -639,8 +658,8 @@ class _StepRun:
             self._finish_segment(*self._launch_segment(row))
 
     def _launch_segment(self, row: int):
-        """Launch a row's pending reused operators as one segment ``y = x + Σ g_k ⊙ c_k`` per
-        residual stream. The NME takes at most MAX_SEGMENT_TERMS terms per program: the
+        """Launch a row's pending reused operators as one segment per residual stream,
+        ``x + Σ g_k ⊙ c_k`` with x = 0 (``"sum"``) or the row (``"residual"``). The NME takes at most MAX_SEGMENT_TERMS terms per program: the
         driver chains longer ones in rank memory (one round trip); a driver without
         ``segment_submit`` gets one call per MAX_SEGMENT_TERMS terms (the same rounding)."""
         run, self.pending[row] = self.pending[row], []
@@ -648,10 +667,12 @@ class _StepRun:
         br, j = self.branch_of[row], self.sample_of[row]
         slots = hook.state.branches[br].slots
         submit = getattr(self.driver, "segment_submit", None)
-        chunk = len(run) if submit is not None else MAX_SEGMENT_TERMS
+        native = submit is not None
+        chunk = len(run) if native else MAX_SEGMENT_TERMS
         if submit is None:      # a driver without asynchronous launches or chaining
             submit = lambda *a: PendingOp.done(self.driver.segment(*a))  # noqa: E731
         launches: dict[str, list] = {}
+        zero_bytes = 0
         for stream, h in self.h.items():
             x16 = h[row].reshape(-1, self.c).to(self.dtype).contiguous()
             keys = [hook.key(br, j, layer, op, stream=stream) for _, layer, op, _, _ in run]
@@ -661,22 +682,46 @@ class _StepRun:
                         f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) "
                         f"needs a cached tensor of shape {tuple(x16.shape)}, found "
                         f"{slots[key][0] if key in slots else None}")
-            pending, y = [], x16
+            y = x16
+            if hook.config.segment_output == "sum":
+                y, written = self._zero_input(br, stream, x16, in_place=native)
+                zero_bytes += written
+            pending = []
             for i in range(0, len(run), chunk):
                 if pending:
                     y = pending[-1].result()
                 pending.append(submit(y, [g[stream] for g, *_ in run[i:i + chunk]],
                                       keys[i:i + chunk]))
             launches[stream] = pending
-        return row, run, launches
+        return row, run, launches, zero_bytes
 
-    def _finish_segment(self, row: int, run: list, launches: dict[str, list]) -> None:
-        """Take a launched segment's results into the row; emit its OpEvents and SegmentEvent."""
+    def _zero_input(self, branch: str, stream: str, x16: torch.Tensor, in_place: bool):
+        """The x of a sum segment: with ``in_place`` (a driver with ``segment_submit``, which
+        reads x from a slot) the key of the branch's slot of zeros of ``x16``'s shape,
+        written once per generation and kept with the branch's slots (its bytes go to the
+        first segment that needs it); else a zero tensor. Returns (x, bytes written)."""
+        if not in_place:
+            return torch.zeros_like(x16), 0
+        key = (self.hook._tag, branch, "zero", stream)
+        slots = self.hook.state.branches[branch].slots
+        if key in slots and slots[key][0] == tuple(x16.shape) and key in self.driver:
+            return key, 0
+        before = self._bytes_written()
+        self.driver.store(key, torch.zeros_like(x16), group=(branch, "zero", stream))
+        slots[key] = (tuple(x16.shape), self.step)
+        return key, self._bytes_written() - before
+
+    def _finish_segment(self, row: int, run: list, launches: dict[str, list],
+                        zero_bytes: int = 0) -> None:
+        """Take a launched segment's results into the row (``"sum"``: added to it in the
+        model's dtype; ``"residual"``: in place of it); emit its OpEvents and SegmentEvent."""
         hook = self.hook
+        add = hook.config.segment_output == "sum"
         for stream, pending in launches.items():
             y = pending[-1].result()
             h = self.h[stream]
-            h[row] = y.to(h.dtype).reshape(h.shape[1:])
+            y = y.to(h.dtype).reshape(h.shape[1:])
+            h[row] = h[row] + y if add else y
         every = [p for pending in launches.values() for p in pending]
         per_stream = self._tokens()
         tokens = sum(per_stream.values())
@@ -690,7 +735,7 @@ class _StepRun:
         hook.emit(SegmentEvent(
             **fields, segment=seg, ops=tuple((layer, op) for _, layer, op, _, _ in run),
             first_index=run[0][3], tokens=tokens, channels=self.c, dtype=hook.fmt,
-            bytes_to_nmp=sum(p.bytes_to_nmp for p in every),
+            bytes_to_nmp=zero_bytes + sum(p.bytes_to_nmp for p in every),
             bytes_from_nmp=sum(p.bytes_from_nmp for p in every),
             programs=sum(p.programs for p in every),
             nme_cycles=sum(p.nme_cycles for p in every),

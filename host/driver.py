@@ -368,11 +368,14 @@ class NMPDriver:
             raise KeyError(f"no cache slot {key!r} (slots: {len(self._slots)})") from None
 
     # ---------------------------------------------------------------- operators
-    def segment_submit(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
+    def segment_submit(self, x, gates: list[torch.Tensor], keys: list) -> "PendingOp":
         """A coalesced segment on cached slots: ``((x + g0*c0) + g1*c1) + ...``, c_k = slot keys[k].
 
         Args:
-            x: [T, C] segment input, cache dtype (written to the ranks, tiled like the slots).
+            x: [T, C] segment input, cache dtype (written to the ranks, tiled like the slots),
+                or the key of a slot that holds it (read in place: nothing crosses the host
+                link; e.g. a slot of zeros, for a segment that returns ``Σ g_k ⊙ c_k`` alone
+                and leaves the residual add to the xPU).
             gates: K >= 1 vectors [C] of the cache dtype (replicated).
             keys: K slot keys, each slot [T, C].
         Returns:
@@ -384,6 +387,9 @@ class NMPDriver:
         Raises:
             ValueError: bad shapes/dtypes or K; KeyError: unknown slot; NMPCapacityError.
         """
+        x_slot = None if isinstance(x, torch.Tensor) else self._slot(x)
+        if x_slot is not None:     # the input in place: a tensor of its shape stands for it
+            x = torch.empty(x_slot.shape, dtype=x_slot.dtype, device="meta")
         x = self._check_cache_tensor("segment input x", x)
         if len(gates) != len(keys):
             raise ValueError(f"segment: {len(gates)} gates for {len(keys)} cached slots, "
@@ -398,7 +404,8 @@ class NMPDriver:
         g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
         m = ref.MAX_SEGMENT_TERMS
         parts = [self._start("segment", {"x": x, "g": g[:m]}, None,
-                             cached={"c": [s.addrs for s in slots[:m]]})]
+                             cached={"c": [s.addrs for s in slots[:m]]},
+                             resident=None if x_slot is None else {"x": x_slot.addrs})]
         shape_only = torch.empty(x.shape, dtype=x.dtype, device="meta")
         try:
             for i in range(m, len(keys), m):

@@ -426,3 +426,60 @@ def test_interleaved_cfg_overlaps_the_rtl_nmes_with_the_other_branch():
     assert hook.stats["segments"] > 0
     assert driver.stats["async_launches"] == driver.stats["programs"] >= hook.stats["segments"]
     assert driver.stats["overlap_s"] > 0
+
+
+# ---------------------------------------------------------------- segment output: sum / residual
+def _cross_attn_from_step_1(steps: int = STEPS, layers: int = 2) -> Schedule:
+    reuse = {(s, b): frozenset((layer, "cross_attn") for layer in range(layers))
+             for s in range(1, steps) for b in ("cond", "uncond")}
+    return Schedule(steps, layers, reuse, "cross_attn from step 1")
+
+
+def test_a_sum_segment_rounds_only_the_reused_output():
+    """The cross attention of the digit model attends to one token (the label), so its output
+    never changes between steps. Reused through sum segments, the only change is that its
+    output enters the fp32 residual stream rounded to bf16 (the cache format; its gate is 1):
+    the reference is the unhooked model with attn2's output rounded to bf16 from step 1 on."""
+    model = tiny_model()
+    calls = {"n": 0}
+    blocks = len(model.transformer.transformer_blocks)
+
+    def round_from_step_1(module, args, out):
+        step = calls["n"] // blocks           # one batched-CFG call per step, attn2 per block
+        calls["n"] += 1
+        return out if step == 0 else out.to(torch.bfloat16).to(out.dtype)
+
+    handles = [b.attn2.register_forward_hook(round_from_step_1)
+               for b in model.transformer.transformer_blocks]
+    reference = generate(model, [3, 7], num_steps=STEPS)
+    for h in handles:
+        h.remove()
+    hook = cached(model, nmp_driver(), _cross_attn_from_step_1())
+    assert torch.equal(generate(model, [3, 7], num_steps=STEPS), reference)
+    assert hook.stats["ops_reused"] == 2 * 2 * 2 * (STEPS - 1)
+
+
+def test_sum_segments_send_no_residual_and_residual_segments_do():
+    """Per segment, "residual" sends x down ([T, C] bf16 tiled over the ranks) and "sum" does
+    not; "sum" writes one slot of zeros per branch and stream per generation instead."""
+    model = tiny_model()
+    seen = {}
+    for form in ("sum", "residual"):
+        remove_coda_cache(model.transformer)
+        hook = apply_coda_cache(model.transformer, CodaCacheConfig(
+            nmp_driver(), _cross_attn_from_step_1(), segment_output=form))
+        generate(model, [3, 7], num_steps=STEPS)
+        seen[form] = hook.events.of("segment")
+    t, c = seen["sum"][0].tokens, seen["sum"][0].channels
+    x_bytes = t * c * 2
+    assert len(seen["sum"]) == len(seen["residual"]) == 2 * 2 * 2 * (STEPS - 1)
+    assert [s.bytes_from_nmp for s in seen["sum"]] == [s.bytes_from_nmp for s in seen["residual"]]
+    down = sum(s.bytes_to_nmp for s in seen["residual"]) - sum(s.bytes_to_nmp for s in seen["sum"])
+    zero_slots = 2 * x_bytes             # one per CFG branch, written by its first segment
+    assert down == len(seen["sum"]) * x_bytes - zero_slots
+
+
+def test_an_unknown_segment_output_is_refused():
+    with pytest.raises(ValueError, match="segment_output='y'"):
+        apply_coda_cache(tiny_model().transformer, CodaCacheConfig(nmp_driver(), POLICY,
+                                                                   segment_output="y"))
