@@ -5,7 +5,11 @@ For every policy x target skip fraction, the cached CFG generations of ``prompts
 ``ops_skipped_fraction``, PSNR and SSIM (torchmetrics, data range 2 for pixels in [-1, 1]),
 label accuracy (:mod:`coda.host.model.classifier`), segments and host-link bytes per video.
 Each policy is calibrated to the target on the profile (:func:`coda.host.policies.get_policy`);
-the CODA schedule is annealed on it (:func:`coda.host.search.anneal`).
+the CODA schedule is the whole-step search's (:mod:`coda.host.step_search`, rollouts of the
+profile's calibration videos): the shipped schedule for the target when the profile is the
+shipped one (:func:`coda.host.search.shipped_schedule`), else searched here. Besides the
+whole-set PSNR (the pooled MSE of all videos), every row has the mean of the per-video PSNRs,
+and the CODA rows count the videos on which CODA beats each other policy at the same target.
 
 Corner cases: the held-out videos on which the static CODA schedule degrades most (the
 quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, so DRA, which
@@ -169,7 +173,9 @@ def configure(parser) -> None:
     parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
                         help="where segments and monitors run (default torch)")
     parser.add_argument("--batch", type=int, default=2, help="videos per generation")
-    parser.add_argument("--moves", type=int, default=200_000, help="annealing moves (coda)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="Ray workers of the coda search's rollouts when no shipped "
+                             "schedule fits (0: in this process; default 2)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
@@ -186,7 +192,7 @@ def main(args) -> int:
     from coda.host.policies import (MAX_SEED, check_guidance, check_steps, get_policy,
                                     parse_int_list, parse_list)
     from coda.host.profile import Profile, model_hash
-    from coda.host.search import SHIPPED_PROFILE, anneal, check_skip
+    from coda.host.search import SHIPPED_PROFILE
     from coda.hw.isa import NMEConfig
     from coda.paths import check_output_path
 
@@ -201,7 +207,9 @@ def main(args) -> int:
     seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
     check_steps(args.steps)
     check_guidance(args.guidance)
-    for flag in ("batch", "moves", "threads"):
+    if args.workers < 0:
+        raise ValueError(f"--workers {args.workers}: expected >= 0")
+    for flag in ("batch", "threads"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
     out = check_output_path(args.out, "--out", folder=True)
@@ -225,18 +233,19 @@ def main(args) -> int:
                              f"(--profile {profile_path} has seeds {profiled}); expected "
                              "held-out seeds, disjoint from the profile's")
     if any(name.startswith("coda") for name in policies):
-        for skip in skips:       # the search's bound, for every skip before any annealing
-            check_skip(skip, args.steps, layers)
+        from coda.host.step_search import constant_op_types, reused_steps_for
+        for skip in skips:       # the search's bound, for every skip before any search
+            for always in dict.fromkeys([(), constant_op_types(profile)]):
+                reused_steps_for(skip, args.steps, len(always))
     console = Console()
-    # every policy calibrated (and the coda schedules annealed) before any generation
+    # every policy calibrated (and the coda schedules found) before any generation
     policies_at = {}
     for skip in skips:
         sched = None
         if any(name.startswith("coda") for name in policies):
-            res = anneal(profile, skip, seed=0, moves=args.moves)
-            console.print(f"annealed the coda schedule for skip {skip} in {res.seconds:.0f} s: "
-                          f"{res.terms}")
-            sched = res.schedule
+            sched, source = coda_schedule(profile, Path(profile_path), model, skip,
+                                          workers=args.workers, log=console.print)
+            console.print(f"coda schedule for skip {skip}: {source}")
         for name in policies:
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
                                                    schedule=sched, num_steps=args.steps,
@@ -267,7 +276,9 @@ def main(args) -> int:
             st, n = res["stats"], len(vid_labels)
             row = {"policy": name, "target_skip": skip,
                    "ops_skipped_fraction": st["ops_skipped_fraction"],
-                   "psnr_db": psnr_db(res["videos"], full), "ssim": ssim(res["videos"], full),
+                   "psnr_db": psnr_db(res["videos"], full),
+                   "mean_psnr_db": float(np.mean([v["psnr_db"] for v in res["per_video"]])),
+                   "ssim": ssim(res["videos"], full),
                    "label_accuracy": label_accuracy(res["videos"], vid_labels),
                    "segments": st["segments"] / n, "pcie_bytes": st["pcie_bytes"] / n,
                    "videos": n, "per_video_counts": True,
@@ -283,6 +294,7 @@ def main(args) -> int:
                           f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
             (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
 
+    _count_wins(rows, per_video)
     corner = _corner_cases(per_video, skips, motion)
     videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
                **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
@@ -298,20 +310,51 @@ def main(args) -> int:
 
     table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
                         f"{acc_full:.3f})")
-    for col in ("policy", "target", "skipped", "PSNR dB", "SSIM", "label acc", "segments/video",
-                "PCIe MB/video", "fallbacks/video"):
+    for col in ("policy", "target", "skipped", "PSNR dB", "mean PSNR", "SSIM", "label acc",
+                "segments/video", "PCIe MB/video", "fallbacks/video", "coda wins"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["policy"], f"{r['target_skip']:.2f}", f"{r['ops_skipped_fraction']:.3f}",
-                      f"{r['psnr_db']:.2f}", f"{r['ssim']:.4f}", f"{r['label_accuracy']:.3f}",
-                      f"{r['segments']:.0f}", f"{r['pcie_bytes'] / 1e6:.1f}",
-                      f"{r['fallbacks']:.1f}")
+                      f"{r['psnr_db']:.2f}", f"{r['mean_psnr_db']:.2f}", f"{r['ssim']:.4f}",
+                      f"{r['label_accuracy']:.3f}", f"{r['segments']:.0f}",
+                      f"{r['pcie_bytes'] / 1e6:.1f}", f"{r['fallbacks']:.1f}",
+                      "" if "coda_wins" not in r else f"{r['coda_wins']}/{r['videos']}")
     console.print(table)
     for c in corner:
         console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
                       f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
                       f"executions {100 * c['extra_executions']:.2f} %")
     return 0
+
+
+def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: int = 2,
+                  log=print):
+    """The CODA schedule for ``skip``: the shipped one when ``profile_path`` is the shipped
+    profile and a schedule was shipped for ``skip``; else the whole-step search on the
+    profile's calibration videos. Returns (Schedule, a line saying where it came from).
+    Raises ValueError as :func:`coda.host.step_search.checked_search_steps`."""
+    from coda.host.profile import model_hash
+    from coda.host.search import SHIPPED_PROFILE, load_schedule, shipped_schedule
+    from coda.host.step_search import checked_search_steps
+
+    path = shipped_schedule(skip)
+    if profile_path.resolve() == Path(SHIPPED_PROFILE).resolve() and path.exists():
+        return (load_schedule(path, model_id=model_hash(model), num_steps=profile.num_steps,
+                              num_layers=profile.num_layers), f"shipped {path.name}")
+    rep, info = checked_search_steps(profile_path, skip, workers=workers, log=log)
+    return rep.schedule, (f"searched in {info['search_s']:.0f} s ({info['rollouts']} rollouts): "
+                          f"{rep.plan.label}, {rep.plan.describe()}")
+
+
+def _count_wins(rows: list[dict], per_video: dict) -> None:
+    """For every policy row at a target where ``coda`` ran too: ``coda_wins``, the videos on
+    which CODA's PSNR is above this policy's (added to the row in place)."""
+    for r in rows:
+        mine, coda = per_video[(r["policy"], r["target_skip"])], \
+            per_video.get(("coda", r["target_skip"]))
+        if coda is None or r["policy"] == "coda":
+            continue
+        r["coda_wins"] = int(sum(c["psnr_db"] > m["psnr_db"] for c, m in zip(coda, mine)))
 
 
 def _corner_cases(per_video: dict, skips, motion) -> list[dict]:

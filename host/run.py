@@ -5,7 +5,7 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
 
 1. the full-compute video (every operator of every step computed by the DiT);
 2. the cached video, under the cache policy ``--policy`` (default ``coda``: the annealed
-   schedule shipped for the model's 50 steps, ``host/schedules/coda_latte_digits_50.json``, or
+   schedule shipped for the model's 50 steps, ``host/schedules/coda_latte_digits_50_skip0.5.json``, or
    ``--schedule FILE``; ``coda+dra`` adds the run-time fallback; ``uniform`` with
    ``--interval``/``--warmup``; ``pab``, ``teacache``, ``magcache`` calibrated to ``--skip`` on
    the shipped profile or ``--profile``), with the cache segments ``y = x + sum_k g_k * c_k``

@@ -1,4 +1,5 @@
-"""``coda schedule search``: a static cache schedule by simulated annealing over a profile.
+"""The per-operator annealer of `coda schedule search --method anneal`: a static cache schedule by
+simulated annealing over a profile (the whole-step search is :mod:`coda.host.step_search`).
 
 The search space is every :class:`coda.host.schedule.Schedule` of the profiled model: per
 (step, CFG branch) the set of reused operators. Constraints hold by construction: exactly
@@ -64,13 +65,25 @@ from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, oper
 __all__ = ["LinkModel", "NMEModel", "CostModel", "SearchResult", "anneal", "op_flops",
            "flop_compute_time", "segment_nme_cycles", "schedule_to_matrix", "matrix_to_schedule",
            "load_schedule", "save_schedule", "uniform_for_skip", "SHIPPED_SCHEDULE",
+           "SHIPPED_SKIPS", "shipped_schedule",
            "SHIPPED_PROFILE", "reusable_executions", "check_skip"]
 
 ComputeTime = Callable[[str, dict], float]
 
 #: the searched schedule of the shipped model (50 steps) and the profile it was searched on
 SCHEDULES_DIR = Path(__file__).resolve().parent / "schedules"
-SHIPPED_SCHEDULE = SCHEDULES_DIR / "coda_latte_digits_50.json"
+#: the skip fractions the shipped model has a searched schedule for (``make eval``'s targets)
+SHIPPED_SKIPS = (0.3, 0.5, 0.6, 0.7)
+
+
+def shipped_schedule(skip: float) -> Path:
+    """The shipped model's searched schedule file for ``skip`` (one of
+    :data:`SHIPPED_SKIPS`; whether it exists is for the caller to check)."""
+    return SCHEDULES_DIR / f"coda_latte_digits_50_skip{skip:g}.json"
+
+
+#: ``coda run``'s default schedule
+SHIPPED_SCHEDULE = shipped_schedule(0.5)
 SHIPPED_PROFILE = SCHEDULES_DIR / "latte_digits_50_profile.npz"
 _BARRIER = OP_TYPES.index("spatial_ffn")      # a segment ends after layer 0's spatial FFN
 
@@ -564,26 +577,7 @@ def load_schedule(path: str | Path, *, model_id: str | None = None,
     return sched
 
 
-# ---------------------------------------------------------------- the command
-def configure(parser) -> None:
-    parser.add_argument("--profile", required=True, help="profile.npz written by coda profile")
-    parser.add_argument("--skip", type=float, required=True,
-                        help="target fraction of operator executions reused, in (0, 1)")
-    parser.add_argument("--out", required=True, help="schedule JSON to write")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="annealing seed, 0..2^31-1 (default 0)")
-    parser.add_argument("--moves", type=int, default=200_000,
-                        help="annealing moves (default 200000)")
-    parser.add_argument("--cooldown", type=int, default=1,
-                        help="last steps that compute everything, 0..steps-2 (default 1); "
-                             "--skip can reach at most (steps - 1 - cooldown) / steps")
-    parser.add_argument("--w-transfer", type=float, default=0.1,
-                        help="weight of the transfer term, finite and >= 0 (default 0.1)")
-    parser.add_argument("--w-mismatch", type=float, default=0.1,
-                        help="weight of the pipeline-mismatch term, finite and >= 0 "
-                             "(default 0.1)")
-
-
+# ---------------------------------------------------------------- the command's annealing
 def checked_anneal(profile: str | Path, skip: float, *, seed: int = 0, moves: int = 200_000,
                    cooldown: int = 1, w_transfer: float = 0.1,
                    w_mismatch: float = 0.1) -> tuple[SearchResult, dict]:
@@ -613,30 +607,6 @@ def checked_anneal(profile: str | Path, skip: float, *, seed: int = 0, moves: in
             "reference_uniform_terms": res.reference,
             "weights": {"transfer": w_transfer, "mismatch": w_mismatch}}
     return res, info
-
-
-def main(args) -> int:
-    from rich.console import Console
-
-    from coda.paths import check_output_path
-
-    out = check_output_path(args.out, "--out")
-    console = Console()
-    res, info = checked_anneal(args.profile, args.skip, seed=args.seed, moves=args.moves,
-                               cooldown=args.cooldown, w_transfer=args.w_transfer,
-                               w_mismatch=args.w_mismatch)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_schedule(out, res.schedule, info)
-    t, r = res.terms, res.reference
-    console.print(f"schedule {res.schedule.name} -> {out}  ({res.seconds:.1f} s, "
-                  f"{res.moves} moves, {res.accepted} accepted)")
-    console.print(f"  skip {t['skip']:.4f} | quality proxy {t['quality']:.3f} (uniform "
-                  f"{r['quality']:.3f}) | segments {t['segments']} ({r['segments']}) | "
-                  f"pcie bytes {t['pcie_bytes']} ({r['pcie_bytes']}) | transfer "
-                  f"{t['transfer_s'] * 1e3:.3f} ms ({r['transfer_s'] * 1e3:.3f}) | mismatch "
-                  f"{t['mismatch_s'] * 1e3:.3f} ms ({r['mismatch_s'] * 1e3:.3f}) | cost "
-                  f"{res.cost:.4f} (uniform 1 + {args.w_transfer:g} + {args.w_mismatch:g})")
-    return 0
 
 
 # ----------------------------------------------------------------------------- sweeps

@@ -39,7 +39,7 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     out = tmp_path / "e"
     assert main(["eval", "--policy", "uniform,pab,teacache,magcache,coda,coda+dra",
                  "--skip", "0.3", "--prompts", "3,5", "--seeds", "5", "--steps", "3",
-                 "--profile", str(profile_3), "--moves", "2000", "--out", str(out)]) == 0
+                 "--profile", str(profile_3), "--workers", "0", "--out", str(out)]) == 0
     rows = json.loads((out / "pareto.json").read_text())
     assert [r["policy"] for r in rows] == ["uniform", "pab", "teacache", "magcache", "coda",
                                            "coda+dra"]
@@ -84,9 +84,10 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
      "--profile text.npz: not a profile written by coda profile"),
     (["--policy", "uniform", "--profile", "half.npz"],
      "--profile half.npz: not a profile written by coda profile"),
-    # the search's bound, for every skip, before any annealing
-    (["--policy", "coda", "--skip", "0.5,0.97"], "--skip 0.97: 1940 reused of 2000 executions, "
-                                                 "expected 1..1920 reused"),
+    # the search's bound, for every skip, before any search
+    (["--policy", "coda", "--skip", "0.5,0.99"], "--skip 0.99: whole-step plans of 50 steps "
+                                                 "with 0 always-reused types reach 0.000..0.960"),
+    (["--workers", "-1"], "--workers -1: expected >= 0"),
 ])
 def test_coda_eval_refuses_bad_input(tmp_path, capsys, monkeypatch, argv, message):
     from coda.host.search import SHIPPED_PROFILE
@@ -119,7 +120,7 @@ def test_coda_eval_at_the_largest_skip(tmp_path, profile_3):
     schedule at that bound is every operator of step 1."""
     out = tmp_path / "e"
     assert main(["eval", "--policy", "coda", "--skip", str(1 / 3), "--prompts", "3",
-                 "--seeds", "5", "--steps", "3", "--profile", str(profile_3), "--moves", "100",
+                 "--seeds", "5", "--steps", "3", "--profile", str(profile_3), "--workers", "0",
                  "--out", str(out)]) == 0
     rows = json.loads((out / "pareto.json").read_text())
     assert rows[0]["ops_skipped_fraction"] == pytest.approx(1 / 3)

@@ -172,7 +172,8 @@ def test_coda_schedule_search_command(tmp_path, capsys):
     prof = synthetic_profile()
     prof.save(tmp_path)
     out = tmp_path / "s.json"
-    assert main(["schedule", "search", "--profile", str(tmp_path / "profile.npz"), "--skip",
+    assert main(["schedule", "search", "--method", "anneal",
+                 "--profile", str(tmp_path / "profile.npz"), "--skip",
                  "0.4", "--out", str(out), "--moves", "3000"]) == 0
     printed = capsys.readouterr().out
     assert "quality proxy" in printed and "mismatch" in printed
@@ -220,7 +221,7 @@ def test_coda_schedule_search_refuses_bad_input(tmp_path, capsys, monkeypatch, a
     base = {"--profile": "profile.npz", "--skip": "0.5", "--out": "s.json"}
     base.update(dict(zip(argv[::2], argv[1::2])))
     args = [x for kv in base.items() for x in kv]
-    assert main(["schedule", "search", *args]) == 2
+    assert main(["schedule", "search", "--method", "anneal", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("coda: error:") and message in err, err
     assert err.count("\n") == 1                   # one line: no warnings, no traceback
@@ -231,7 +232,8 @@ def test_coda_schedule_search_at_the_largest_skip(tmp_path):
     """--skip at the bound (step 0 and the cooldown computed, everything else reused)."""
     synthetic_profile().save(tmp_path)
     out = tmp_path / "s.json"
-    assert main(["schedule", "search", "--profile", str(tmp_path / "profile.npz"), "--skip",
+    assert main(["schedule", "search", "--method", "anneal",
+                 "--profile", str(tmp_path / "profile.npz"), "--skip",
                  str(10 / 12), "--out", str(out), "--moves", "100"]) == 0
     sched = load_schedule(out, num_steps=12, num_layers=2)
     assert sched.ops_skipped_fraction() == pytest.approx(10 / 12)

@@ -27,7 +27,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("run",), "coda.host.run", "the main job: cached CFG denoising of the shipped video DiT"),
     (("sim",), "coda.host.system.sim", "latency and energy of systems a..f (GPU, PCIe, DIMM-NMP) for a video DiT"),
     (("profile",), "coda.host.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
-    (("schedule", "search"), "coda.host.search", "anneal a static cache schedule from a profile"),
+    (("schedule", "search"), "coda.host.step_search", "search a static cache schedule: whole steps judged by rollouts (or --method anneal)"),
     (("eval",), "coda.host.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),
     (("sweep",), "coda.cli.sweep", "run a sweep (synth, bench, schedule, sim): every point a Ray task"),
 ]

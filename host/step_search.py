@@ -1,0 +1,498 @@
+"""``coda schedule search``: whole-step cache schedules, pruned on a profile, judged by rollouts.
+
+What a good static schedule looks like on a video DiT (measured on the shipped model, and the
+finding of the 2025–26 step-level searches: LeMiCa's step graph, BudCache's annealing over
+whole steps, ECAD's search on real generations): every operator of a reused step reused
+together, in both CFG branches (a fresh operator computed on a residual stream that already
+holds stale outputs costs more than it saves, and CFG multiplies an error that only one
+branch makes by the guidance scale), a warm-up of computed steps, and the last step computed.
+
+**Search space** (:class:`StepPlan`): the set of reused steps (both branches, every
+operator), plus the operator types reused at *every* step from step 1 on (``always``): those
+whose profiled output never changes between steps (the digit model's cross attention
+attends to one token, the label, so its output is constant). With sum segments
+(:mod:`coda.host.cache_engine`) reusing such an operator costs only the cache format's
+rounding of its output, and every execution saved there is a step that need not be reused.
+Uniform reuse with a warm-up is a point of this space; so are PAB-like step windows.
+
+**Stand-in** (:func:`plan_by_dp`): for a reused step ``s`` whose caches were written at the
+last computed step ``c``, the error proxy is ``w(s)^gamma * (D(s) - D(c))``: the profiled mean
+relative output change accumulated since ``c`` (``D`` cumulative over steps of
+:func:`step_change`), weighted by the profile's step sensitivity (``w``,
+:func:`coda.host.search.step_weights`). An exact dynamic programme over the computed steps
+(a path through the DAG of steps, as LeMiCa's) gives the cheapest plan with exactly the
+number of reused steps the target needs, runs of at most ``max_run`` reused steps. The
+proxy's step weights are uncertain, so several ``gamma`` and ``max_run`` and both choices of
+``always`` make the candidates, with uniform's whole-step plan among them.
+
+**Judge** (:func:`judge`): each candidate is a cached generation of the calibration videos
+(the profile's prompts and seeds, never held-out ones) compared with their full-compute
+videos (PSNR over the whole set, torchmetrics via :func:`coda.host.evaluate.psnr_db`);
+candidates run as Ray tasks (:func:`rollout_task`), or in this process with ``workers=0``
+(the same bits). A first round on a few videos prunes to ``finalists``, which run on all.
+The most faithful finalist wins.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError
+
+__all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "plan_by_dp",
+           "uniform_plan", "candidate_plans", "rollout", "full_videos", "judge", "search_steps",
+           "SearchReport"]
+
+
+# ---------------------------------------------------------------- the space
+@dataclass(frozen=True)
+class StepPlan:
+    """A whole-step schedule of a Latte model.
+
+    Attributes:
+        num_steps, num_layers: the model's run (steps 0..num_steps-1, layers).
+        reused: the steps at which every operator is reused in both CFG branches.
+        always: operator types (of :data:`coda.host.schedule.OP_TYPES`) reused at every step
+            from step 1 on, computed steps included.
+        label: how the plan was made (for reports).
+    Raises:
+        ScheduleError: step 0 reused, a step out of range, an unknown operator type.
+    """
+    num_steps: int
+    num_layers: int
+    reused: frozenset
+    always: tuple = ()
+    label: str = ""
+
+    def __post_init__(self):
+        bad = [s for s in self.reused if not 1 <= s < self.num_steps]
+        if bad:
+            raise ScheduleError(f"reused steps {sorted(bad)}: expected 1..{self.num_steps - 1} "
+                                "(step 0 computes the first caches)")
+        unknown = [t for t in self.always if t not in OP_TYPES]
+        if unknown:
+            raise ScheduleError(f"always-reused types {unknown}: expected some of {OP_TYPES}")
+        object.__setattr__(self, "reused", frozenset(int(s) for s in self.reused))
+        object.__setattr__(self, "always", tuple(t for t in OP_TYPES if t in self.always))
+
+    def schedule(self, name: str | None = None) -> Schedule:
+        """The plan as a :class:`Schedule` (both branches alike)."""
+        every = [(layer, op) for layer in range(self.num_layers) for op in OP_TYPES]
+        const = frozenset(r for r in every if r[1] in self.always)
+        reuse = {}
+        for step in range(1, self.num_steps):
+            refs = frozenset(every) if step in self.reused else const
+            for branch in BRANCHES:
+                if refs:
+                    reuse[(step, branch)] = refs
+        return Schedule(self.num_steps, self.num_layers, reuse, name or self.describe())
+
+    def skip_fraction(self) -> float:
+        """Reused / all operator executions."""
+        k, a = len(OP_TYPES), len(self.always)
+        n = len(self.reused)
+        return (n * k + (self.num_steps - 1 - n) * a) / (self.num_steps * k)
+
+    def describe(self) -> str:
+        steps = sorted(self.reused)
+        always = f"+{'+'.join(self.always)}" if self.always else ""
+        return f"steps{always}[{','.join(map(str, steps))}]"
+
+
+def constant_op_types(profile, tol: float = 0.0) -> tuple[str, ...]:
+    """Operator types whose profiled relative output change is at most ``tol`` at every step
+    >= 1, video, branch and layer (0.0: exactly constant)."""
+    out = np.asarray(profile.out_change[:, 1:], np.float64)      # [V, S-1, B, L, K]
+    worst = np.nanmax(np.nan_to_num(out, nan=np.inf).reshape(-1, out.shape[-1]), axis=0)
+    return tuple(t for t, w in zip(OP_TYPES, worst) if w <= tol)
+
+
+def step_change(profile, skip_types: tuple[str, ...] = ()) -> np.ndarray:
+    """float64 [steps]: the profiled relative output change between step t-1 and t, the mean
+    over videos, branches, layers and the operator types not in ``skip_types``; 0 at step 0."""
+    keep = [i for i, t in enumerate(OP_TYPES) if t not in skip_types]
+    out = np.asarray(profile.out_change, np.float64)[..., keep]
+    d = np.zeros(out.shape[1])
+    d[1:] = np.nanmean(out[:, 1:].reshape(out.shape[0], out.shape[1] - 1, -1), axis=(0, 2))
+    return np.nan_to_num(d, nan=0.0)
+
+
+def reused_steps_for(skip: float, num_steps: int, always: int = 0) -> int:
+    """Whole steps to reuse so the plan's skip fraction is the closest to ``skip`` (ties: the
+    larger), with ``always`` types of :data:`OP_TYPES` reused at every step from step 1 on.
+    Raises ValueError when no count in 0..num_steps-2 comes within 1/num_steps of ``skip``."""
+    k = len(OP_TYPES)
+    frac = lambda n: (n * k + (num_steps - 1 - n) * always) / (num_steps * k)  # noqa: E731
+    best = min(range(num_steps - 1), key=lambda n: (abs(frac(n) - skip), -n))
+    if abs(frac(best) - skip) > 1.0 / num_steps:
+        raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps with {always} "
+                         f"always-reused types reach {frac(0):.3f}..{frac(num_steps - 2):.3f}")
+    return best
+
+
+# ---------------------------------------------------------------- the stand-in
+def plan_by_dp(change: np.ndarray, weight: np.ndarray, count: int, *, cooldown: int = 1,
+               gamma: float = 1.0, max_run: int = 5) -> tuple[frozenset, float]:
+    """The exact cheapest set of ``count`` reused steps under the stand-in cost.
+
+    Args:
+        change: float [S] profiled change per step (:func:`step_change`; index 0 unused).
+        weight: float [S] step weights (> 0).
+        count: reused steps wanted.
+        cooldown: the last ``cooldown`` steps (>= 1) are computed.
+        gamma: exponent of the weights.
+        max_run: at most this many reused steps in a row.
+    Returns:
+        (reused steps, proxy cost). Raises ValueError when no plan has ``count`` reused steps
+        under these constraints.
+    """
+    s_n = len(change)
+    cum = np.cumsum(change)
+    w = np.asarray(weight, np.float64) ** gamma
+    last = s_n - max(1, cooldown)             # steps last..S-1 are computed
+    inf = math.inf
+    # f[c][r]: least cost with step c computed and r steps reused before it
+    f = np.full((s_n, count + 1), inf)
+    back = np.full((s_n, count + 1), -1, np.int64)
+    f[0, 0] = 0.0
+    for c in range(s_n):
+        for r in range(count + 1):
+            if f[c, r] == inf:
+                continue
+            run_cost = 0.0
+            for m in range(0, max_run + 1):      # reuse c+1..c+m, compute j = c+m+1
+                j = c + m + 1
+                if j >= s_n or r + m > count:
+                    break
+                if m:
+                    s = c + m
+                    if s >= last:
+                        break
+                    run_cost += w[s] * (cum[s] - cum[c])
+                if f[c, r] + run_cost < f[j, r + m]:
+                    f[j, r + m] = f[c, r] + run_cost
+                    back[j, r + m] = c
+    if f[s_n - 1, count] == inf:
+        raise ValueError(f"no plan reuses {count} of {s_n} steps with runs <= {max_run} and "
+                         f"the last {cooldown} computed")
+    reused, j, r = set(), s_n - 1, count
+    while j > 0:
+        c = int(back[j, r])
+        reused.update(range(c + 1, j))
+        r -= j - c - 1
+        j = c
+    return frozenset(reused), float(f[s_n - 1, count])
+
+
+def uniform_plan(num_steps: int, num_layers: int, count: int, *, cooldown: int = 1,
+                 always: tuple = ()) -> StepPlan:
+    """Uniform whole-step reuse: after the warm-up that makes the count fit, every k-th step
+    computed, the reused steps spread as evenly as the count allows (DeepCache/FORA's rule
+    as a :class:`StepPlan`)."""
+    last = num_steps - max(1, cooldown)
+    for k in range(2, num_steps):
+        for warmup in range(1, last):
+            span = range(warmup, last)
+            reused = [s for s in span if (s - warmup) % k != 0]
+            if len(reused) == count:
+                return StepPlan(num_steps, num_layers, frozenset(reused), always,
+                                f"uniform k={k} warmup={warmup}")
+    raise ValueError(f"no uniform whole-step plan reuses {count} of {num_steps} steps")
+
+
+def candidate_plans(profile, skip: float, *, cooldown: int = 1,
+                    gammas=(0.0, 0.5, 1.0, 2.0), max_runs=(2, 3, 5)) -> list[StepPlan]:
+    """The candidates for ``skip``: the stand-in's optimum for every ``gamma`` x ``max_run``,
+    with and without the profile's constant operator types reused at every step, and
+    uniform's plan; duplicates dropped, order kept."""
+    from coda.host.search import step_weights
+
+    steps, layers = profile.num_steps, profile.num_layers
+    const = constant_op_types(profile)
+    _, w = step_weights(profile)
+    plans: list[StepPlan] = []
+    for always in dict.fromkeys([(), const]):
+        count = reused_steps_for(skip, steps, len(always))
+        change = step_change(profile, always)
+        try:
+            plans.append(uniform_plan(steps, layers, count, cooldown=cooldown, always=always))
+        except ValueError:
+            pass
+        for gamma in gammas:
+            for run in max_runs:
+                try:
+                    reused, _ = plan_by_dp(change, w, count, cooldown=cooldown, gamma=gamma,
+                                           max_run=run)
+                except ValueError:
+                    continue
+                plans.append(StepPlan(steps, layers, reused, always,
+                                      f"dp gamma={gamma:g} max_run={run}"))
+    unique: dict = {}
+    for p in plans:
+        unique.setdefault((p.reused, p.always), p)
+    return list(unique.values())
+
+
+# ---------------------------------------------------------------- the judge
+def rollout(model, schedule: Schedule, labels, seeds, *, num_steps: int,
+            guidance_scale: float, batch: int = 10, ranks: int = 2) -> torch.Tensor:
+    """Cached generations of (labels[i], seeds[i]) under ``schedule`` on the torch backend,
+    ``batch`` videos per generation. Returns float32 [N, 1, F, H, W]."""
+    from coda.host.backend import TorchBackend
+    from coda.host.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words, cached_generate
+    from coda.hw.isa import NMEConfig
+
+    out = []
+    for i in range(0, len(labels), batch):
+        lab, sd = list(labels[i:i + batch]), list(seeds[i:i + batch])
+        driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=cache_mem_words(
+            model, len(lab), ranks=ranks, lanes=8)), ranks=ranks)
+        v, _ = cached_generate(model, lab, driver, schedule, num_steps=num_steps,
+                               guidance_scale=guidance_scale, seeds=sd)
+        out.append(v)
+    return torch.cat(out)
+
+
+def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
+                batch: int = 10) -> torch.Tensor:
+    """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W]."""
+    from coda.host.model.sample import generate
+    return torch.cat([generate(model, list(labels[i:i + batch]), seeds=list(seeds[i:i + batch]),
+                               num_steps=num_steps, guidance_scale=guidance_scale)
+                      for i in range(0, len(labels), batch)])
+
+
+def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:
+    from coda.host.evaluate import psnr_db
+    per = [psnr_db(videos[i:i + 1], full[i:i + 1]) for i in range(len(videos))]
+    return {"psnr_db": psnr_db(videos, full), "per_video_psnr_db": per,
+            "mean_psnr_db": float(np.mean(per))}
+
+
+def rollout_task(schedule_json: str, labels, seeds, full: torch.Tensor, num_steps: int,
+                 guidance_scale: float, threads: int = 1) -> dict:
+    """One candidate's rollout and score (a Ray task body; also run in-process): loads the
+    shipped model, generates, scores against ``full``. Returns :func:`_score`'s dict plus
+    ``wall_s``."""
+    from coda.host.model.dit import load_model
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model, _ = load_model()
+    videos = rollout(model, Schedule.from_json(schedule_json), labels, seeds,
+                     num_steps=num_steps, guidance_scale=guidance_scale)
+    return {**_score(videos, full), "wall_s": time.perf_counter() - t0}
+
+
+def judge(schedules: list[Schedule], labels, seeds, full: torch.Tensor, *, num_steps: int,
+          guidance_scale: float, workers: int = 2) -> list[dict]:
+    """Every schedule's rollout score on the videos (labels[i], seeds[i]) against ``full``,
+    in order: Ray tasks on ``workers`` CPUs of a local Ray (one thread each), or in this
+    process when ``workers`` is 0 (the same bits)."""
+    args = [(s.to_json(), list(labels), list(seeds), full, num_steps, guidance_scale)
+            for s in schedules]
+    if workers <= 0:
+        return [rollout_task(*a) for a in args]
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1)(rollout_task)
+        full_ref = ray.put(full)
+        refs = [task.remote(a[0], a[1], a[2], full_ref, a[4], a[5]) for a in args]
+        return ray.get(refs)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+@dataclass
+class SearchReport:
+    """What :func:`search_steps` found: the chosen plan and every candidate's figures."""
+    plan: StepPlan
+    schedule: Schedule
+    candidates: list
+    seconds: float
+
+
+def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tensor,
+                 prune_videos: int = 6, finalists: int = 4, workers: int = 2,
+                 cooldown: int = 1, num_steps: int | None = None,
+                 guidance_scale: float | None = None, log=print) -> SearchReport:
+    """The whole-step search for ``skip``: candidates from the stand-in
+    (:func:`candidate_plans`), a first round of rollouts on the first ``prune_videos``
+    calibration videos, the best ``finalists`` on all of them; the finalist with the highest
+    whole-set PSNR (ties: mean per-video PSNR) wins.
+
+    ``labels``/``seeds``: the calibration videos (the profile's), ``full`` their full-compute
+    videos. Returns a :class:`SearchReport` (each candidate: label, skip, segments, round-1
+    and, for finalists, round-2 scores)."""
+    t0 = time.perf_counter()
+    num_steps = num_steps or profile.num_steps
+    guidance_scale = profile.meta.get("guidance", 5.0) if guidance_scale is None \
+        else guidance_scale
+    plans = candidate_plans(profile, skip, cooldown=cooldown)
+    scheds = [p.schedule() for p in plans]
+    rows = [{"label": p.label, "always": list(p.always), "plan": p.describe(),
+             "skip": p.skip_fraction(),
+             "segments_per_video": s.segment_count(frames=full.shape[2])}
+            for p, s in zip(plans, scheds)]
+    n1 = min(prune_videos, len(labels))
+    log(f"skip {skip}: {len(plans)} candidates, round 1 on {n1} videos")
+    for row, score in zip(rows, judge(scheds, labels[:n1], seeds[:n1], full[:n1],
+                                      num_steps=num_steps, guidance_scale=guidance_scale,
+                                      workers=workers)):
+        row["round1"] = score
+    order = sorted(range(len(rows)), key=lambda i: -rows[i]["round1"]["psnr_db"])
+    best = order[:finalists]
+    log(f"skip {skip}: {len(best)} finalists on {len(labels)} videos")
+    for i, score in zip(best, judge([scheds[i] for i in best], labels, seeds, full,
+                                    num_steps=num_steps, guidance_scale=guidance_scale,
+                                    workers=workers)):
+        rows[i]["round2"] = score
+    win = max(best, key=lambda i: (rows[i]["round2"]["psnr_db"],
+                                   rows[i]["round2"]["mean_psnr_db"]))
+    plan = plans[win]
+    name = f"coda-steps(skip={skip:g})"
+    return SearchReport(plan, plan.schedule(name), rows, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- the command
+METHODS = ("steps", "anneal")
+
+
+def configure(parser) -> None:
+    parser.add_argument("--profile", required=True, help="profile.npz written by coda profile")
+    parser.add_argument("--skip", type=float, required=True,
+                        help="target fraction of operator executions reused, in (0, 1)")
+    parser.add_argument("--out", required=True, help="schedule JSON to write")
+    parser.add_argument("--method", choices=METHODS, default="steps",
+                        help="steps: whole-step plans judged by rollouts of the calibration "
+                             "videos (the profile's; the shipped model only); anneal: the "
+                             "per-operator annealer on the profile alone (default steps)")
+    parser.add_argument("--cooldown", type=int, default=1,
+                        help="last steps that compute everything, 0..steps-2 (default 1; "
+                             "steps: at least 1); --skip can reach at most "
+                             "(steps - 1 - cooldown) / steps")
+    steps = parser.add_argument_group("--method steps")
+    steps.add_argument("--workers", type=int, default=2,
+                       help="Ray workers for the rollouts, one CPU each; 0 runs them in this "
+                            "process (the same bits; default 2)")
+    steps.add_argument("--prune-videos", type=int, default=6,
+                       help="calibration videos of the first round (default 6)")
+    steps.add_argument("--finalists", type=int, default=4,
+                       help="candidates rolled out on every calibration video (default 4)")
+    anneal_ = parser.add_argument_group("--method anneal")
+    anneal_.add_argument("--seed", type=int, default=0,
+                         help="annealing seed, 0..2^31-1 (default 0)")
+    anneal_.add_argument("--moves", type=int, default=200_000,
+                         help="annealing moves (default 200000)")
+    anneal_.add_argument("--w-transfer", type=float, default=0.1,
+                         help="weight of the transfer term, finite and >= 0 (default 0.1)")
+    anneal_.add_argument("--w-mismatch", type=float, default=0.1,
+                         help="weight of the pipeline-mismatch term, finite and >= 0 "
+                              "(default 0.1)")
+
+
+def calibration_videos(profile) -> tuple[list[int], list[int]]:
+    """(labels, seeds) of the profile's videos, seed-major (every prompt of the first seed,
+    then the next seed)."""
+    seeds, prompts = profile.meta["seeds"], profile.meta["prompts"]
+    return ([int(p) for _ in seeds for p in prompts], [int(s) for s in seeds for _ in prompts])
+
+
+def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, workers: int = 2,
+                         prune_videos: int = 6, finalists: int = 4,
+                         log=print) -> tuple[SearchReport, dict]:
+    """:func:`search_steps` for the shipped model on the profile file after ``coda schedule
+    search``'s checks. Returns (the report, the ``info`` saved beside the schedule). Raises
+    ValueError naming the flag or the file (a profile of another model, a skip no whole-step
+    plan reaches)."""
+    from coda.host.model.dit import load_model
+    from coda.host.profile import Profile, model_hash
+
+    if not 0.0 < skip < 1.0:
+        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    for flag, value, lo in (("--workers", workers, 0), ("--prune-videos", prune_videos, 1),
+                            ("--finalists", finalists, 1), ("--cooldown", cooldown, 1)):
+        if value < lo:
+            raise ValueError(f"{flag} {value}: expected >= {lo}")
+    prof = Profile.load(profile_path)
+    model, _ = load_model()
+    prof.check_for(model_hash(model), what=f"--profile {profile_path}")
+    if cooldown > prof.num_steps - 2:
+        raise ValueError(f"--cooldown {cooldown}: expected 1..{prof.num_steps - 2} steps for a "
+                         f"profile of {prof.num_steps} steps")
+    for always in dict.fromkeys([(), constant_op_types(prof)]):
+        reused_steps_for(skip, prof.num_steps, len(always))     # a reachable skip, else raise
+    labels, seeds = calibration_videos(prof)
+    guidance = float(prof.meta.get("guidance_scale", 5.0))
+    t0 = time.perf_counter()
+    full = full_videos(model, labels, seeds, num_steps=prof.num_steps, guidance_scale=guidance)
+    full_s = time.perf_counter() - t0
+    rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
+                       prune_videos=prune_videos, finalists=finalists, workers=workers,
+                       cooldown=cooldown, guidance_scale=guidance, log=log)
+    rollouts = [c for c in rep.candidates for r in ("round1", "round2") if r in c]
+    info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile_path),
+            "profile_seeds": prof.meta.get("seeds"), "target_skip": skip, "method": "steps",
+            "plan": rep.plan.describe(), "plan_label": rep.plan.label,
+            "always": list(rep.plan.always), "cooldown": cooldown,
+            "calibration": {"prompts": prof.meta.get("prompts"), "seeds": prof.meta.get("seeds"),
+                            "videos": len(labels), "guidance_scale": guidance,
+                            "prune_videos": prune_videos, "finalists": finalists},
+            "search_s": round(rep.seconds + full_s, 1), "full_compute_s": round(full_s, 1),
+            "rollouts": len(rollouts), "workers": workers,
+            "candidates": [{k: v for k, v in c.items()} for c in rep.candidates]}
+    return rep, info
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from coda.host.search import checked_anneal, save_schedule
+    from coda.paths import check_output_path
+
+    out = check_output_path(args.out, "--out")
+    console = Console()
+    if args.method == "anneal":
+        res, info = checked_anneal(args.profile, args.skip, seed=args.seed, moves=args.moves,
+                                   cooldown=args.cooldown, w_transfer=args.w_transfer,
+                                   w_mismatch=args.w_mismatch)
+        info["method"] = "anneal"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_schedule(out, res.schedule, info)
+        t, r = res.terms, res.reference
+        console.print(f"schedule {res.schedule.name} -> {out}  ({res.seconds:.1f} s, "
+                      f"{res.moves} moves, {res.accepted} accepted)")
+        console.print(f"  skip {t['skip']:.4f} | quality proxy {t['quality']:.3f} (uniform "
+                      f"{r['quality']:.3f}) | segments {t['segments']} ({r['segments']}) | "
+                      f"pcie bytes {t['pcie_bytes']} ({r['pcie_bytes']}) | transfer "
+                      f"{t['transfer_s'] * 1e3:.3f} ms ({r['transfer_s'] * 1e3:.3f}) | mismatch "
+                      f"{t['mismatch_s'] * 1e3:.3f} ms ({r['mismatch_s'] * 1e3:.3f}) | cost "
+                      f"{res.cost:.4f} (uniform 1 + {args.w_transfer:g} + {args.w_mismatch:g})")
+        return 0
+    rep, info = checked_search_steps(args.profile, args.skip, cooldown=args.cooldown,
+                                     workers=args.workers, prune_videos=args.prune_videos,
+                                     finalists=args.finalists, log=console.print)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_schedule(out, rep.schedule, info)
+    console.print(f"schedule {rep.schedule.name} -> {out}  ({info['search_s']:.0f} s, "
+                  f"{info['rollouts']} rollouts)")
+    for c in sorted(rep.candidates, key=lambda c: -c["round1"]["psnr_db"]):
+        r2 = f" | all {c['round2']['psnr_db']:.2f} dB" if "round2" in c else ""
+        console.print(f"  {c['label']:<24} always {'+'.join(c['always']) or '-':<10} skip "
+                      f"{c['skip']:.3f} | segments {c['segments_per_video']} | round 1 "
+                      f"{c['round1']['psnr_db']:.2f} dB{r2}")
+    console.print(f"  chosen: {rep.plan.label}, {rep.plan.describe()}")
+    return 0

@@ -1,0 +1,173 @@
+"""The whole-step schedule search: its space, the exact stand-in DP, the rollout judge and the
+``coda schedule search`` command on a short profile of the shipped model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coda.cli import main
+from coda.host.schedule import BRANCHES, OP_TYPES, ScheduleError
+from coda.host.step_search import (StepPlan, constant_op_types, judge, plan_by_dp,
+                                   reused_steps_for, step_change, uniform_plan)
+from test_search import synthetic_profile
+
+
+def _brute_force(change, weight, count, cooldown, gamma, max_run):
+    """The cheapest plan by enumerating every set of reused steps."""
+    s_n = len(change)
+    cum = np.cumsum(change)
+    w = np.asarray(weight, np.float64) ** gamma
+    best = None
+    for reused in itertools.combinations(range(1, s_n - cooldown), count):
+        run, ok, cost, last_c = 0, True, 0.0, 0
+        for s in range(1, s_n):
+            if s in reused:
+                run += 1
+                cost += w[s] * (cum[s] - cum[last_c])
+            else:
+                run, last_c = 0, s
+            ok &= run <= max_run
+        if ok and (best is None or cost < best - 1e-12):
+            best = cost
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(4, 10), st.data())
+def test_the_dp_finds_the_cheapest_plan(steps, data):
+    change = np.array([0.0] + data.draw(st.lists(st.floats(0, 1), min_size=steps - 1,
+                                                 max_size=steps - 1)))
+    weight = np.array(data.draw(st.lists(st.floats(0.01, 5), min_size=steps, max_size=steps)))
+    cooldown = data.draw(st.integers(1, 2))
+    count = data.draw(st.integers(0, steps - 1 - cooldown))
+    gamma = data.draw(st.sampled_from([0.0, 1.0, 2.0]))
+    max_run = data.draw(st.integers(1, 4))
+    expected = _brute_force(change, weight, count, cooldown, gamma, max_run)
+    if expected is None:
+        with pytest.raises(ValueError, match="no plan reuses"):
+            plan_by_dp(change, weight, count, cooldown=cooldown, gamma=gamma, max_run=max_run)
+        return
+    reused, cost = plan_by_dp(change, weight, count, cooldown=cooldown, gamma=gamma,
+                              max_run=max_run)
+    assert len(reused) == count and cost == pytest.approx(expected, abs=1e-9)
+    assert not reused & set(range(steps - cooldown, steps)) and 0 not in reused
+    # the plan's own cost is the reported one
+    assert _brute_cost(change, weight, reused, gamma) == pytest.approx(cost, abs=1e-9)
+
+
+def _brute_cost(change, weight, reused, gamma):
+    cum, w, c, cost = np.cumsum(change), np.asarray(weight) ** gamma, 0, 0.0
+    for s in range(1, len(change)):
+        if s in reused:
+            cost += w[s] * (cum[s] - cum[c])
+        else:
+            c = s
+    return cost
+
+
+def test_a_plan_is_a_schedule_of_whole_steps():
+    plan = StepPlan(10, 2, {3, 4, 7}, ("cross_attn",))
+    sched = plan.schedule()
+    every = {(layer, op) for layer in range(2) for op in OP_TYPES}
+    for step in range(10):
+        for branch in BRANCHES:
+            want = every if step in (3, 4, 7) else (
+                {r for r in every if r[1] == "cross_attn"} if step else set())
+            assert sched.reused(step, branch) == want
+    assert sched.ops_skipped_fraction() == pytest.approx(plan.skip_fraction())
+    assert plan.skip_fraction() == pytest.approx((3 * 5 + 6 * 1) / 50)
+    with pytest.raises(ScheduleError, match="reused steps \\[0\\]"):
+        StepPlan(10, 2, {0})
+    with pytest.raises(ScheduleError, match="always-reused types \\['x'\\]"):
+        StepPlan(10, 2, {1}, ("x",))
+
+
+def test_counts_and_uniform_plans():
+    # with cross attention always reused, 0.5 of 50 steps x 5 types needs (125 - 49) / 4 = 19
+    assert reused_steps_for(0.5, 50, 1) == 19 and reused_steps_for(0.5, 50) == 25
+    with pytest.raises(ValueError, match="--skip 0.99"):
+        reused_steps_for(0.99, 50)
+    plan = uniform_plan(50, 4, 25)
+    assert len(plan.reused) == 25 and 49 not in plan.reused
+    gaps = np.diff(sorted(set(range(50)) - plan.reused))
+    assert gaps.max() - gaps[gaps > 1].min() <= 1 if (gaps > 1).any() else True
+
+
+def test_the_profile_gives_constant_types_and_step_changes():
+    prof = synthetic_profile()
+    assert constant_op_types(prof) == ("cross_attn",)
+    d = step_change(prof, ("cross_attn",))
+    keep = [i for i, t in enumerate(OP_TYPES) if t != "cross_attn"]
+    assert d[0] == 0.0
+    assert d[5] == pytest.approx(float(np.mean(prof.out_change[:, 5][..., keep])))
+
+
+# ---------------------------------------------------------------- the shipped model
+@pytest.fixture(scope="module")
+def profile_6(tmp_path_factory):
+    """A 6-step profile of the shipped model, two calibration videos."""
+    d = tmp_path_factory.mktemp("prof")
+    assert main(["profile", "--prompts", "3,8", "--seeds", "77", "--steps", "6",
+                 "--out", str(d)]) == 0
+    return d / "profile.npz"
+
+
+def test_rollouts_on_ray_give_the_bits_of_the_loop(profile_6):
+    import torch
+
+    from coda.host.model.dit import load_model
+    from coda.host.step_search import full_videos
+    model, _ = load_model()
+    full = full_videos(model, [3], [77], num_steps=6, guidance_scale=5.0)
+    scheds = [StepPlan(6, 4, {2, 3}).schedule(), StepPlan(6, 4, {3}, ("cross_attn",)).schedule()]
+    here = judge(scheds, [3], [77], full, num_steps=6, guidance_scale=5.0, workers=0)
+    on_ray = judge(scheds, [3], [77], full, num_steps=6, guidance_scale=5.0, workers=1)
+    assert [r["psnr_db"] for r in here] == [r["psnr_db"] for r in on_ray]
+    assert torch.isfinite(torch.tensor([r["psnr_db"] for r in here])).all()
+
+
+def test_coda_schedule_search_by_rollouts(profile_6, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["schedule", "search", "--profile", str(profile_6), "--skip", "0.3",
+                 "--workers", "0", "--prune-videos", "1", "--finalists", "2",
+                 "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    info = data["coda"]
+    assert info["method"] == "steps" and info["calibration"]["videos"] == 2
+    finals = [c for c in info["candidates"] if "round2" in c]
+    assert 1 <= len(finals) <= 2
+    # the finalists are the round-1 best, and the winner is the best finalist on all videos
+    r1 = sorted(c["round1"]["psnr_db"] for c in info["candidates"])
+    assert min(c["round1"]["psnr_db"] for c in finals) >= r1[-len(finals)]
+    best = max(finals, key=lambda c: c["round2"]["psnr_db"])
+    assert info["plan"] == best["plan"]
+    assert "chosen:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "-1"], "--workers -1: expected >= 0"),
+    (["--finalists", "0"], "--finalists 0: expected >= 1"),
+    (["--cooldown", "0"], "--cooldown 0: expected >= 1"),
+    (["--skip", "0.99"], "--skip 0.99: whole-step plans of 6 steps"),
+])
+def test_coda_schedule_search_by_rollouts_refuses_bad_input(profile_6, tmp_path, capsys,
+                                                            argv, message):
+    base = {"--profile": str(profile_6), "--skip": "0.3", "--out": str(tmp_path / "s.json")}
+    base.update(dict(zip(argv[::2], argv[1::2])))
+    assert main(["schedule", "search", *[x for kv in base.items() for x in kv]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_a_profile_of_another_model_is_refused_before_any_rollout(tmp_path, capsys):
+    synthetic_profile().save(tmp_path)
+    assert main(["schedule", "search", "--profile", str(tmp_path / "profile.npz"), "--skip",
+                 "0.3", "--out", str(tmp_path / "s.json")]) == 2
+    assert "made for model 'synthetic'" in capsys.readouterr().err
