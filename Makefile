@@ -41,7 +41,7 @@ test: $(STAMP)
 # a page missing from the nav or a nav entry without its page, an API reference that does not
 # resolve all fail it. tests/test_docs.py runs the same build in `make test`.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --clean --site-dir build/docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean --site-dir build/docs
 
 # Long regression: >= 10^6 random operand pairs per arithmetic op and format through the RTL.
 verify-long: $(STAMP)
