@@ -64,8 +64,10 @@ def test_readme_is_a_front_door():
 
 def test_no_reference_to_files_outside_the_repository():
     """The design the code cites is docs/design.md, not a file a clone does not have."""
-    out = subprocess.run(["git", "grep", "-n", "-I", "-F", "-e", "../shared", "-e", "DESIGN.md",
-                          "-e", "SYSTEM.md", "--", ":!tests/test_docs.py"],
+    # the patterns are spelled in pieces so that this file does not match them itself
+    patterns = ["." * 2 + "/shared", "DESIGN" + ".md", "SYSTEM" + ".md"]
+    args = [a for p in patterns for a in ("-e", p)]
+    out = subprocess.run(["git", "grep", "-n", "-I", "-F", *args],
                          cwd=ROOT, capture_output=True, text=True)
     if out.returncode > 1:
         pytest.skip("not a git checkout")
