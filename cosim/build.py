@@ -6,8 +6,9 @@ NME Verilog, the top, the flags and the harness parameters, so every test sessio
 :class:`~coda.cosim.rtl_backend.RTLBackend` of the same configuration reuses one binary.
 
 cocotb 2.1's Verilator runner always passes ``--public-flat-rw``, which makes every signal
-VPI-visible and the model several times slower (../shared/DESIGN.md §6); :class:`LeanVerilator`
-drops it: only the ``tb_*`` signals of the top are public (``/*verilator public_flat_rw*/``).
+VPI-visible and the model several times slower (docs/design.md, Toolchain facts);
+:class:`LeanVerilator` drops it: only the ``tb_*`` signals of the top are public
+(``/*verilator public_flat_rw*/``).
 
 Waveforms: ``build_sim(cfg, waves=True)`` is a separate model, Verilated with ``--trace-fst``
 and cached under ``build/cosim/waves-<key>/`` (its key hashes the trace flags too, so the

@@ -1,6 +1,6 @@
 // Cosimulation top of one NME: HDL clock, rank-local memory with latency and pseudo-random
 // stalls, a command feeder and a job controller, so that a whole program runs with no
-// Python per clock (see ../shared/DESIGN.md §4.3, §6).
+// Python per clock (see docs/design.md, Cosimulation).
 //
 // cocotb drives the job port (tb_* inputs, marked public) and waits for tb_ack to change:
 //   OP_LOAD  : $readmemh(+MEM_IN) into the memory (full image or sparse "@addr data" lines)

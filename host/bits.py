@@ -78,7 +78,7 @@ def same_bits(x: np.ndarray, y: np.ndarray, fmt: str) -> bool:
     """True if two bit-pattern arrays are equal, NaNs compared by class (any NaN == any NaN).
 
     torch on CPU keeps x86 NaN payloads for fp16 while the NME emits a canonical NaN, so a
-    NaN is only required to stay a NaN (DESIGN.md §6).
+    NaN is only required to stay a NaN (docs/design.md, Toolchain facts).
     """
     x = np.asarray(x).view(np.uint16)
     y = np.asarray(y).view(np.uint16)

@@ -2,7 +2,7 @@
 
 Every operator is evaluated in the tensors' own dtype (``torch.bfloat16`` or ``torch.float16``)
 with torch eager's rounding after every single ``+ - *`` (one IEEE-754 round-to-nearest-even
-per operation on CPU, DESIGN.md §6); scalars are 0-d tensors of that dtype, never Python floats
+per operation on CPU, docs/design.md); scalars are 0-d tensors of that dtype, never Python floats
 (a Python float would promote the arithmetic to fp32 and round differently).
 
 | op             | inputs (shapes)                         | result                                   |

@@ -17,7 +17,7 @@ default everywhere: a schedule, a query or a segment count without ``ops`` is La
 
 A :class:`Schedule` maps every (step index, branch) to the frozenset of (layer, op) reused at
 that step; everything else is computed. A *segment* is a maximal run of consecutive reused
-operators in this order within one step and branch (``../shared/DESIGN.md`` §7); it runs on the
+operators in this order within one step and branch (docs/design.md, Terms); it runs on the
 NMEs as one ``y = x + Σ g_k ⊙ c_k`` program.
 
 Policies that make or follow schedules live in :mod:`coda.host.policies`.

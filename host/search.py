@@ -95,7 +95,7 @@ class LinkModel:
 
     Attributes:
         bandwidth: bytes/s. Default 25 GB/s: PCIe 4.0 x16 measured host->device with pinned
-            memory on an RTX 4090 (../shared/SYSTEM.md, nvbandwidth issue 15; 31.5 GB/s
+            memory on an RTX 4090 (docs/design.md, Anchor figures: nvbandwidth issue 15; 31.5 GB/s
             theoretical).
         latency_s: fixed cost of one transfer (DMA setup + doorbell + completion), 5 us:
             an assumption of the order measured for small PCIe DMAs; replace with the system

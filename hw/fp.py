@@ -9,7 +9,7 @@ where IEEE-754 gives NaN.
 
 This equals torch eager on CPU bit for bit: for bf16/fp16 tensors torch computes the fp32
 result (exact for one add or mul of two 16-bit values up to one rounding, see
-``DESIGN.md`` section 6) then rounds to the format with RNE, which is one correctly rounded
+docs/design.md, Toolchain facts) then rounds to the format with RNE, which is one correctly rounded
 operation; fp32 add is the native correctly rounded add.
 
 Datapath structure (for area): each unit has one alignment shifter (add only), one

@@ -28,10 +28,10 @@ fp32 add                  0.9 pJ     Horowitz 2014
 SRAM access               10 pJ per  Horowitz 2014, 8 KB SRAM, 64-bit access; scaled per
                           64 bits    bit (0.156 pJ/bit). The NME buffers are smaller
                                      (``depth * 16 * lanes`` bits), so this is an upper bound
-DRAM read/write           6 pJ/bit   DESIGN.md §5: 4-8 pJ/bit core energy (DDR4, Micron
+DRAM read/write           6 pJ/bit   docs/design.md: 4-8 pJ/bit core energy (DDR4, Micron
                                      TN-40-07 method); the midpoint, range kept in the report.
                                      The NME sits in the buffer chip: no off-DIMM I/O energy
-row activation            4 nJ/rank  DESIGN.md §5 (Micron TN-40-07 method)
+row activation            4 nJ/rank  docs/design.md (Micron TN-40-07 method)
 ========================  =========  =====================================================
 
 **Toggle activity.** The Horowitz figures are per operation on typical (random) data. The FU
@@ -255,7 +255,7 @@ def estimate(cfg: NMEConfig, *, measure: bool = True, tokens: int = 64,
     result = {"cfg": dataclasses.asdict(cfg), "constants": dataclasses.asdict(constants),
               "method": "estimate: Horowitz ISSCC 2014 45 nm per-op energies scaled by RTL FU "
                         "toggle activity; SRAM per bit from the 8 KB figure; DRAM core energy "
-                        "per bit and activation per DESIGN.md §5 (Micron TN-40-07 method)",
+                        "per bit and activation per docs/design.md (Micron TN-40-07 method)",
               "shape": {"tokens": tokens, "channels": channels, "segment_k": 4}, "ops": {}}
     for i, op in enumerate(OPERATORS):
         case = op_case(op, cfg, tokens, channels, kind="activations", seed=seed + i)

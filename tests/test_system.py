@@ -65,8 +65,8 @@ def test_wan14b_720p_4s_traced_matches_arithmetic():
     block = 8 * t * c * c + 4 * t * t * c + 4 * t * c * c + 4 * L * c * c + 4 * t * L * c \
         + 4 * t * c * f
     assert s.forward_flops == pytest.approx(40 * block, rel=2e-3)
-    assert s.forward_flops / 1e15 == pytest.approx(4.56, abs=0.005)      # SYSTEM.md §6
-    assert s.all_ops_cache_bytes(2) > 40e9                               # seed 000: > 40 GB
+    assert s.forward_flops / 1e15 == pytest.approx(4.56, abs=0.005)      # docs/system-model.md
+    assert s.all_ops_cache_bytes(2) > 40e9                               # the CODA paper: > 40 GB
 
 
 def test_opensora_hand_written_matches_traced_pixart_blocks():

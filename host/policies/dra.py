@@ -1,4 +1,4 @@
-"""Dynamic runtime adjustment (DRA, CODA seed 000): a shadow monitor around a static schedule.
+"""Dynamic runtime adjustment (DRA, docs/design.md): a shadow monitor around a static schedule.
 
 For an operator the static schedule reuses, at the head of a segment (the operator's input
 exists: no segment open before it), DRA compares the relative L1 change of the operator's

@@ -1,7 +1,7 @@
 """PAB-style policy (Pyramid Attention Broadcast, Zhao et al. 2024; VideoSys ``core/pab``,
 diffusers ``PyramidAttentionBroadcastConfig``): each attention type's output is computed once
 every ``ranges[type]`` steps and broadcast (reused) in between, inside a window of steps;
-outside the window everything is computed. PAB's observation (../shared/DESIGN.md §5): cross
+outside the window everything is computed. PAB's observation (docs/design.md, Anchor figures): cross
 attention is the most stable, then temporal, then spatial, so the ranges form a pyramid
 (cross 6 > temporal 4 > spatial 2 in PAB's Open-Sora setting) and the FFNs are broadcast
 only when more skipping is needed (PAB's MLP broadcast, range 1 = never).

@@ -1,6 +1,6 @@
 """Uniform-interval policy (DeepCache / FORA style): after ``warmup`` computed steps, each
-operator type is recomputed every ``k`` steps and reused in between (seed 001: speedup
-≈ r·(1 − 1/k) for a reused share r).
+operator type is recomputed every ``k`` steps and reused in between (docs/design.md,
+Anchor figures: speedup ≈ r·(1 − 1/k) for a reused share r).
 """
 
 from __future__ import annotations

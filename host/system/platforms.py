@@ -13,7 +13,7 @@ Conventions shared with the rest of the project:
 
 - a *rank* is what :mod:`coda.hw.dram_standards` calls one: what one controller drives on
   its own data bus (DDR4: a 64-bit rank; DDR5: one 32-bit subchannel; LPDDR5: one x16
-  channel). Each rank has one NME (DESIGN.md §4.2), so ``--dimms D --ranks R`` gives ``D·R``
+  channel). Each rank has one NME (docs/design.md), so ``--dimms D --ranks R`` gives ``D·R``
   NMEs, as in the driver and the DIMM-NMP cosimulation;
 - the NME runs at the DRAM command clock (1 / tCK) unless ``nme_mhz`` gives it its own
   clock, as the DIMM-NMP cosimulation does (``coda nme run --dram ... --nme-mhz F``,
@@ -320,13 +320,13 @@ class Energy:
     mul16_pj: float = 1.1
     sram_pj_per_bit: float = 10.0 / 64
     sources: dict = field(default_factory=lambda: {
-        "dram_pj_per_bit": "literature: DESIGN.md §5, 4-8 pJ/bit DDR4 core (Micron TN-40-07 "
+        "dram_pj_per_bit": "literature: docs/design.md, 4-8 pJ/bit DDR4 core (Micron TN-40-07 "
                            "method), midpoint 6 (as coda.synth.energy)",
         "dram_io_pj_per_bit": "assumed: the DDR channel between DIMM and CPU costs what the "
                               "1.4-1.9 pJ/b board-level I/O of IBM's 32 nm SOI transceiver "
                               "costs (literature figure for another link; no DDR5 I/O figure "
                               "was found)",
-        "act_pj": "literature: DESIGN.md §5, row activation ~4 nJ per rank (Micron TN-40-07)",
+        "act_pj": "literature: docs/design.md, row activation ~4 nJ per rank (Micron TN-40-07)",
         "add16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 add 0.4 pJ",
         "mul16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 mul 1.1 pJ",
         "sram_pj_per_bit": "literature: Horowitz ISSCC 2014, 8 KB SRAM 10 pJ per 64-bit access",

@@ -76,7 +76,7 @@ PUBLISHED = [
     dict(model="hunyuanvideo", resolution="1280x720", frames=129, steps=50, gpu="a800",
          seconds=50 * 60.0,
          source="TeaCache4HunyuanVideo README (https://github.com/ali-vilab/TeaCache), as "
-                "quoted in ../shared/SYSTEM.md; not re-verified (not in the search corpus)",
+                "quoted second-hand; not re-verified (not in the search corpus)",
          quote="HunyuanVideo 720p, 129 frames, 50 steps on A800: ~50 min",
          notes="guidance-distilled: one transformer call per step"),
 ]

@@ -1,0 +1,34 @@
+"""mkdocs hook: make `coda.*` visible to the API reference's static analysis.
+
+The package `coda` is spread over the repository's top-level folders (pyproject.toml's
+`[tool.setuptools.package-dir]`: coda.hw = hw/, coda.host = host/, ...), which a search of
+`coda/` alone cannot see. Before the build this lays out build/docs-api/coda/ as symbolic links
+to those folders, read from pyproject.toml, and mkdocstrings searches there first
+(`paths: [build/docs-api]` in mkdocs.yml). Nothing is imported.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TREE = ROOT / "build" / "docs-api"
+
+
+def on_startup(**kwargs) -> None:
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    shutil.rmtree(TREE, ignore_errors=True)
+    top = TREE / "coda"
+    top.mkdir(parents=True)
+    for entry in (ROOT / package_dir["coda"]).iterdir():       # coda/__init__.py, cli/, ...
+        (top / entry.name).symlink_to(entry)
+    for name, folder in package_dir.items():
+        parts = name.split(".")
+        if len(parts) != 2:                     # coda itself; coda.host.model lies inside host/
+            continue
+        link = top / parts[1]
+        if not link.exists():
+            link.symlink_to(ROOT / folder, target_is_directory=True)
