@@ -989,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
     from coda.cosim.nmp_build import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
-    # 256 KiB per stream (the README's 2 x 2 and NME-clock figures)
+    # 256 KiB per stream (the 2 x 2 and NME-clock figures of docs/results.md)
     words = NMP_STREAM_BYTES // (2 * args.nmp_lanes)
     ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth,
                      mem_words=_mem_words(words))

@@ -251,7 +251,7 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
         return exe
 
 
-SIM_CYCLES_PER_S = 4e6          # the DDR5-4800 model's speed here (README, Figures)
+SIM_CYCLES_PER_S = 4e6          # the DDR5-4800 model's speed here (docs/results.md)
 MAX_DEFAULT_CYCLE = 200_000_000  # ~1 min of simulation at that speed
 
 

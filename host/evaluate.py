@@ -188,7 +188,8 @@ def main(args) -> int:
     from coda.host.driver import NMPDriver
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
-    from coda.host.model.sample import cache_mem_words, generate
+    from coda.host.model.sample import cache_mem_words
+    from coda.host.step_search import full_videos
     from coda.host.policies import (MAX_SEED, check_guidance, check_steps, get_policy,
                                     parse_int_list, parse_list)
     from coda.host.profile import Profile, model_hash
@@ -262,7 +263,7 @@ def main(args) -> int:
     vid_seeds = [s for s in seeds for _ in prompts]
     t0 = time.perf_counter()
     console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {args.steps} steps")
-    full = generate(model, vid_labels, seeds=vid_seeds, **common)
+    full = full_videos(model, vid_labels.tolist(), vid_seeds, cache_dir="build/refs", **common)
     motion = motion_px(full)
     acc_full = label_accuracy(full, vid_labels)
 

@@ -4,9 +4,9 @@ operators executed by the NME RTL (Verilator cosimulation) or by the torch backe
 For digit prompts (default all ten) it generates, with the same seeds and CFG:
 
 1. the full-compute video (every operator of every step computed by the DiT);
-2. the cached video, under the cache policy ``--policy`` (default ``coda``: the annealed
-   schedule shipped for the model's 50 steps, ``host/schedules/coda_latte_digits_50_skip0.5.json``, or
-   ``--schedule FILE``; ``coda+dra`` adds the run-time fallback; ``uniform`` with
+2. the cached video, under the cache policy ``--policy`` (default ``coda``: the searched
+   whole-step schedule shipped for the model's 50 steps at half the operator executions
+   reused, ``host/schedules/coda_latte_digits_50_skip0.5.json``, or ``--schedule FILE``; ``coda+dra`` adds the run-time fallback; ``uniform`` with
    ``--interval``/``--warmup``; ``pab``, ``teacache``, ``magcache`` calibrated to ``--skip`` on
    the shipped profile or ``--profile``), with the cache segments ``y = x + sum_k g_k * c_k``
    run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
@@ -20,7 +20,7 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    backend, whose first videos must be bit-identical to the RTL's (a video's bits do not
    depend on the other videos of its batch).
 
-The RTL cosimulation is the slow part (minutes per video on 2 cores; README, Figures), so
+The RTL cosimulation is the slow part (minutes per video on 2 cores; docs/results.md), so
 with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go through it (their
 seeds and their policy as in the whole run); when that is fewer than the prompts, the
 report's quality figures, GIFs, counters and ``modelled`` systems are of the torch run, while

@@ -35,6 +35,7 @@ The most faithful finalist wins.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -261,12 +262,46 @@ def rollout(model, schedule: Schedule, labels, seeds, *, num_steps: int,
 
 
 def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
-                batch: int = 10) -> torch.Tensor:
-    """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W]."""
+                batch: int = 10, cache_dir: str | Path | None = None) -> torch.Tensor:
+    """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W].
+
+    ``cache_dir``: keep them there in a file named by a hash of the model (its
+    :func:`coda.host.profile.model_hash`), the videos, steps, guidance, and the torch build
+    and CPU, and read it back when asked again (the bits of a generation depend on the CPU)."""
     from coda.host.model.sample import generate
-    return torch.cat([generate(model, list(labels[i:i + batch]), seeds=list(seeds[i:i + batch]),
-                               num_steps=num_steps, guidance_scale=guidance_scale)
-                      for i in range(0, len(labels), batch)])
+
+    path = None
+    if cache_dir is not None:
+        import hashlib
+        import platform
+
+        from coda.host.profile import model_hash
+        key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
+                          num_steps, float(guidance_scale), torch.__version__,
+                          platform.machine(), platform.processor(), _cpu_model()])
+        path = Path(cache_dir) / f"full-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+        if path.exists():
+            return torch.load(path)
+    videos = torch.cat([generate(model, list(labels[i:i + batch]),
+                                 seeds=list(seeds[i:i + batch]), num_steps=num_steps,
+                                 guidance_scale=guidance_scale)
+                        for i in range(0, len(labels), batch)])
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(videos, tmp)
+        tmp.replace(path)
+    return videos
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:
@@ -413,9 +448,11 @@ def calibration_videos(profile) -> tuple[list[int], list[int]]:
 
 def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, workers: int = 2,
                          prune_videos: int = 6, finalists: int = 4,
+                         refs_dir: str | Path | None = "build/refs",
                          log=print) -> tuple[SearchReport, dict]:
     """:func:`search_steps` for the shipped model on the profile file after ``coda schedule
-    search``'s checks. Returns (the report, the ``info`` saved beside the schedule). Raises
+    search``'s checks; the calibration videos' full-compute videos are kept in ``refs_dir``
+    (:func:`full_videos`). Returns (the report, the ``info`` saved beside the schedule). Raises
     ValueError naming the flag or the file (a profile of another model, a skip no whole-step
     plan reaches)."""
     from coda.host.model.dit import load_model
@@ -438,7 +475,8 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     labels, seeds = calibration_videos(prof)
     guidance = float(prof.meta.get("guidance_scale", 5.0))
     t0 = time.perf_counter()
-    full = full_videos(model, labels, seeds, num_steps=prof.num_steps, guidance_scale=guidance)
+    full = full_videos(model, labels, seeds, num_steps=prof.num_steps, guidance_scale=guidance,
+                       cache_dir=refs_dir)
     full_s = time.perf_counter() - t0
     rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
                        prune_videos=prune_videos, finalists=finalists, workers=workers,

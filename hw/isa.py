@@ -193,7 +193,7 @@ class NMEConfig:
             micro-ops, so a long stream takes one word per pass per cycle at any depth
             longer than the pipeline. Same bits. Off by default: behind a DRAM controller
             the interleaved requests cost row hits where the DRAM is the bottleneck
-            (README "Passes overlap" has the measurements).
+            (docs/nme.md, "Passes overlap", has the measurements).
     """
     lanes: int = 8
     fmt: str = "bf16"

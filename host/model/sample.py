@@ -20,7 +20,7 @@ other digits (``python -m coda.host.model.evaluate``, 50 videos, stage 1's weigh
 accuracy 0.575 clipped at CFG 3, 0.948 unclipped at CFG 5, identity kept in 16 % and 74 % of
 the videos; the shipped two-stage weights: 0.990 and 92 %). The guidance
 scale was chosen on validation seeds (``--seed-base 2000000``), not on the evaluation ones; the
-README's "The model" has the table.
+docs/model.md has the table.
 The initial noise and every step's noise of sample i come from its own generator seeded
 ``seeds[i]``, so a sample does not depend on what else is in the batch.
 """
@@ -39,7 +39,7 @@ __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "mak
 
 CFG_MODES = ("batched", "separate")
 DEFAULT_STEPS = 50
-DEFAULT_GUIDANCE = 5.0     # chosen on validation seeds 2,000,000+ (README "The model")
+DEFAULT_GUIDANCE = 5.0     # chosen on validation seeds 2,000,000+ (docs/model.md)
 DEFAULT_ETA = 0.0
 
 

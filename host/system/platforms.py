@@ -192,7 +192,7 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
         {(8, 256): (0.8815, 0.8842), (8, 64): (0.8133, 0.8244),
          (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.617),
          (16, 256): (None, 0.888), (32, 256): (None, 0.899)},
-        "measured here: make bench (README Figures: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
+        "measured here: make bench (docs/results.md: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
         "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.899 "
         "elements/cycle of the 4-stream segment, re-measured on the FR-FCFS controller: "
         "coda.cosim.bench.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
