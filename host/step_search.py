@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,7 +289,7 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
                         for i in range(0, len(labels), batch)])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")    # writers side by side: one each
         torch.save(videos, tmp)
         tmp.replace(path)
     return videos

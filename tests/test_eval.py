@@ -48,7 +48,9 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
         assert 0 <= r["ops_skipped_fraction"] < 1 and 0 <= r["label_accuracy"] <= 1
         assert r["pcie_bytes"] > 0
     coda = next(r for r in rows if r["policy"] == "coda")
-    assert abs(coda["ops_skipped_fraction"] - 0.3) < 0.02 and coda["segments"] > 0
+    # whole-step plans of 3 steps (cooldown 1) reuse step 1 or nothing, with or without the
+    # constant cross attention at steps 1-2: 1/3 is the closest to 0.3 (0, 2/15, 6/15 else)
+    assert coda["ops_skipped_fraction"] == pytest.approx(1 / 3) and coda["segments"] > 0
     dra = next(r for r in rows if r["policy"] == "coda+dra")
     assert dra["monitors"] > 0 and dra["monitor_nme_cycles"] > 0
     assert (out / "pareto.png").stat().st_size > 1000

@@ -171,3 +171,30 @@ def test_a_profile_of_another_model_is_refused_before_any_rollout(tmp_path, caps
     assert main(["schedule", "search", "--profile", str(tmp_path / "profile.npz"), "--skip",
                  "0.3", "--out", str(tmp_path / "s.json")]) == 2
     assert "made for model 'synthetic'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("skip", [0.3, 0.5, 0.6, 0.7])
+def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip):
+    """Each shipped schedule was searched for the shipped model and profile: whole steps
+    reused in both branches (plus, at every step from 1 on, the profile's constant types if
+    the plan says so), as many reused steps as the target needs."""
+    from coda.host.model.dit import load_model
+    from coda.host.profile import Profile, model_hash
+    from coda.host.search import SHIPPED_PROFILE, load_schedule, shipped_schedule
+
+    model, _ = load_model()
+    path = shipped_schedule(skip)
+    sched = load_schedule(path, model_id=model_hash(model), num_steps=50, num_layers=4)
+    info = json.loads(path.read_text())["coda"]
+    prof = Profile.load(SHIPPED_PROFILE)
+    always = tuple(info["always"])
+    assert set(always) <= set(constant_op_types(prof))
+    every = {(layer, op) for layer in range(4) for op in OP_TYPES}
+    const = {r for r in every if r[1] in always}
+    whole = [s for s in range(50) if sched.reused(s, "cond") == every]
+    for s in range(50):
+        want = every if s in whole else (const if s else set())
+        assert sched.reused(s, "cond") == sched.reused(s, "uncond") == want
+    assert len(whole) == reused_steps_for(skip, 50, len(always))
+    assert info["target_skip"] == skip and info["calibration"]["videos"] >= 20
+    assert info["model_hash"] == model_hash(model)
