@@ -19,7 +19,7 @@ from coda.host.system.schedules import resolve, transfer, uniform
 from coda.host.system.shapes import (ATTENTION, GEMM, model_shape, opensora_shape,
                                      shipped_shape)
 from coda.host.system.sim import parse_systems, simulate
-from coda.host.system.workload import from_events, segment_bytes, synthesize
+from coda.host.system.workload import from_events, segment_bytes, synthesize, tensor_bytes
 
 STEPS = 10
 
@@ -121,14 +121,28 @@ def test_modelled_nme_cycles_equal_cosim_events(generation):
     segs = generation["log"].of("segment")
     assert len(segs) > 10
     cfg = generation["cfg"]
+    zero = _zero_slot_writes(segs, 2, cfg.lanes)
     for s in segs:
         t = segment_timing(s.tokens, s.channels, len(s.ops), n_ranks=2, lanes=cfg.lanes,
                            depth=cfg.depth)
         assert t.cycles_ideal == pytest.approx(s.nme_cycles, rel=0.02)
         assert t.cycles_ideal == s.nme_cycles
         sb = segment_bytes(s.tokens, s.channels, len(s.ops), 2, cfg.lanes)
-        assert (sb["down"], sb["up"], sb["programs"]) == (s.bytes_to_nmp, s.bytes_from_nmp,
-                                                          s.programs)
+        assert (zero[s.segment, s.generation] + sb["down"], sb["up"], sb["programs"]) == (
+            s.bytes_to_nmp, s.bytes_from_nmp, s.programs)
+
+
+def _zero_slot_writes(segs, n_ranks: int, lanes: int) -> dict:
+    """(segment, generation) -> bytes of the slots of zeros it wrote: the engine's sum
+    segments (its default) write one per generation, branch and stream, with the branch's
+    first segment (coda.host.link)."""
+    out, seen = {}, set()
+    for s in segs:
+        first = (s.generation, s.branch) not in seen
+        seen.add((s.generation, s.branch))
+        out[s.segment, s.generation] = tensor_bytes(s.tokens, s.channels, n_ranks, lanes,
+                                                    s.stream_tokens) if first else 0
+    return out
 
 
 @pytest.mark.parametrize("depth", [64, pytest.param(256, marks=pytest.mark.slow)])
@@ -190,13 +204,15 @@ def test_two_stream_segments_equal_the_engine_on_hunyuanvideo():
                                 return_dict=False)[0]
     segs = log.of("segment")
     assert segs and all(len(s.stream_tokens) == 2 for s in segs)
+    zero = _zero_slot_writes(segs, 2, 8)
     for s in segs:
         k = len(s.ops)
         t = segment_timing(s.tokens, s.channels, k, n_ranks=2, lanes=8, depth=cfg.depth,
                            stream_tokens=s.stream_tokens)
         sb = segment_bytes(s.tokens, s.channels, k, 2, 8, stream_tokens=s.stream_tokens)
-        assert (t.cycles_ideal, sb["down"], sb["up"], sb["programs"]) == (
-            s.nme_cycles, s.bytes_to_nmp, s.bytes_from_nmp, s.programs)
+        assert (t.cycles_ideal, zero[s.segment, s.generation] + sb["down"], sb["up"],
+                sb["programs"]) == (s.nme_cycles, s.bytes_to_nmp, s.bytes_from_nmp,
+                                    s.programs)
 
 
 def test_synthesized_events_equal_real_ones(generation, digits_shape):
@@ -227,13 +243,17 @@ def test_a_long_segment_crosses_the_link_once_as_the_driver_chains_it():
     x = torch.zeros(512, 96, dtype=torch.bfloat16)
     for i in range(20):
         drv.store(i, x)
-    pending = drv.segment_submit(x, [x[0]] * 20, list(range(20)))
-    pending.result()
-    sb = segment_bytes(512, 96, 20, 2, 8)
-    assert (sb["down"], sb["up"], sb["programs"]) == (pending.bytes_to_nmp,
-                                                       pending.bytes_from_nmp, pending.programs)
-    one = segment_bytes(512, 96, 8, 2, 8)
-    assert sb["programs"] == 3 and (sb["x"], sb["y"]) == (one["x"], one["y"])
+    drv.store("zero", x)
+    # "residual": x goes down; "sum": x is the slot of zeros, read in place
+    for form, x_in in (("residual", x), ("sum", "zero")):
+        pending = drv.segment_submit(x_in, [x[0]] * 20, list(range(20)))
+        pending.result()
+        sb = segment_bytes(512, 96, 20, 2, 8, segment_output=form)
+        assert (sb["down"], sb["up"], sb["programs"]) == (
+            pending.bytes_to_nmp, pending.bytes_from_nmp, pending.programs), form
+        one = segment_bytes(512, 96, 8, 2, 8, segment_output=form)
+        assert sb["programs"] == 3 and (sb["x"], sb["y"]) == (one["x"], one["y"])
+    assert sb["x"] == 0 and one["y"] == tensor_bytes(512, 96, 2, 8) == 512 * 96 * 2
 
 
 def test_modelled_for_coda_run(generation):
