@@ -22,6 +22,8 @@ command words down.
 
 from __future__ import annotations
 
+import functools
+
 from coda.host.bits import words_for
 from coda.host.driver import tile_bounds
 from coda.host.ops import MAX_SEGMENT_TERMS
@@ -49,9 +51,17 @@ def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int,
                  stream_tokens: tuple = ()) -> int:
     """Bytes the driver moves for one 16-bit ``[tokens, channels]`` tensor tiled over
     ``n_ranks`` ranks (whole ``2·lanes``-byte words per rank tile); with ``stream_tokens``,
-    one tensor per stream of that many tokens."""
+    one tensor per stream of that many tokens. (Memoised: a system-model replay asks for
+    the same shapes thousands of times.)"""
+    return _tensor_bytes(int(tokens), int(channels), int(n_ranks), int(lanes),
+                         tuple(stream_tokens))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int,
+                  stream_tokens: tuple) -> int:
     if stream_tokens:
-        return sum(tensor_bytes(t, channels, n_ranks, lanes) for t in stream_tokens)
+        return sum(_tensor_bytes(t, channels, n_ranks, lanes, ()) for t in stream_tokens)
     return sum(words_for((r1 - r0) * channels, lanes) * 2 * lanes
                for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
 
@@ -76,10 +86,18 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
     launches). Raises ValueError for a ``segment_output`` not in :data:`SEGMENT_OUTPUTS`.
     """
     check_segment_output(segment_output)
+    return dict(_segment_bytes(int(tokens), int(channels), int(k), int(n_ranks), int(lanes),
+                               tuple(stream_tokens), segment_output))
+
+
+@functools.lru_cache(maxsize=4096)
+def _segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
+                   stream_tokens: tuple, segment_output: str) -> tuple:
+    """:func:`segment_bytes` as (key, value) pairs, memoised."""
     if stream_tokens:
         parts = [segment_bytes(t, channels, k, n_ranks, lanes, segment_output=segment_output)
                  for t in stream_tokens]
-        return {key: sum(p[key] for p in parts) for key in parts[0]}
+        return tuple((key, sum(p[key] for p in parts)) for key in parts[0])
     ranks = sum(1 for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
     t = tensor_bytes(tokens, channels, n_ranks, lanes)
     gate = words_for(channels, lanes) * 2 * lanes
@@ -91,5 +109,5 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
         gates += kk * gate * ranks
         cmd += CMD_WORD_BYTES * (1 + 2 * kk + 2) * ranks
         programs += 1
-    return {"x": x, "gates": gates, "cmd": cmd, "y": y, "down": x + gates + cmd, "up": y,
-            "programs": programs}
+    return (("x", x), ("gates", gates), ("cmd", cmd), ("y", y), ("down", x + gates + cmd),
+            ("up", y), ("programs", programs))

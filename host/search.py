@@ -31,8 +31,9 @@ Cost (:class:`CostModel`), three terms, each divided by its value on a reference
   the next step, every operator no staler than before, 35.87 dB).
 - **T, transfer time** (s): per segment the host-link latency plus its bytes
   (:func:`coda.host.link.segment_bytes`: one gate vector per term and rank and the command
-  words down, the result up, and x down too for ``"residual"`` segments), plus the bytes of every output stored
-  for a reuse at the next step, at the link bandwidth (:class:`LinkModel`).
+  words down, the result up, and x down too for ``"residual"`` segments), plus the bytes
+  of every output stored for a reuse at the next step, at the link bandwidth
+  (:class:`LinkModel`).
 - **M, pipeline mismatch** (s): per segment, the part of its time (NME cycles of the
   compiled segment program, :func:`coda.hw.nme_cycles.model_cycles`, at the NME clock, plus
   its transfer) not covered by the *other* CFG branch's compute window at the same step and
