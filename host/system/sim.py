@@ -6,7 +6,9 @@ DDR5-4800 --dimms 4 --ranks 8 --schedule uniform --system all --out DIR`` traces
 shapes on the meta device (cached under ``build/system/shapes``), builds the schedule
 (``uniform``: the uniform-interval rule on the model's operators; ``FILE`` / ``coda``: a
 shipped-model Schedule JSON transferred by operator type, relative depth and relative step),
-synthesises the generation's operator events, replays them as systems a..f and writes
+synthesises the generation's operator events (NMP segments of the form ``--segment-output``:
+``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.link`), replays them
+as systems a..f and writes
 
 - ``DIR/report.json``: ``cache_bytes``, the configuration (model, platform, schedule, memory
   plan, every parameter's source) and ``systems`` keyed a..f (``name, latency_s,
