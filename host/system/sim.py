@@ -354,7 +354,8 @@ def sweep_kind():
     from .platforms import DEFAULT_PLATFORM
     return SweepKind(
         name="sim", run=sweep_point, description=__doc__.splitlines()[0],
-        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
+        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent,
+                               Path(__file__).parent.parent / "link.py"),
         params=(Param("model", str, "wan2.1-14b"), Param("resolution", str),
                 Param("seconds", float), Param("frames", int), Param("steps", int, 50),
                 Param("platform", str, DEFAULT_PLATFORM), Param("dram", str, "DDR5-4800"),
