@@ -77,6 +77,7 @@ from .arch.base import BlockCall, BlockSpec
 from .arch.deferred import Deferred, continues, materialized
 from .driver import PendingOp
 from .events import EventLog, MonitorEvent, OpEvent, SegmentEvent
+from .link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
 from .ops import MAX_SEGMENT_TERMS
 from .policies import as_policy
 from .policies.base import CachePolicy, Decision, OpQuery
@@ -89,8 +90,6 @@ __all__ = ["BATCHED_CFG", "SEGMENT_OUTPUTS", "CodaCacheConfig", "CodaCacheState"
 HOOK_NAME = "coda_cache"
 BLOCK_HOOK_NAME = "coda_cache_block"
 BATCHED_CFG = "uncond|cond"
-#: what a segment returns to the xPU (:class:`CodaCacheConfig` ``segment_output``)
-SEGMENT_OUTPUTS = ("sum", "residual")
 #: context names of diffusers pipelines meaning a batched CFG call (CogVideoX: [uncond; cond])
 _CONTEXT_ALIASES = {"cond_uncond": BATCHED_CFG}
 _PRIMARY = "hidden"      # the video-token stream: monitors and the Latte-compatible slot keys
@@ -204,9 +203,7 @@ class CodaCacheHook(ModelHook):
         self.config = config
         if config.num_inference_steps is not None and int(config.num_inference_steps) < 1:
             raise ValueError(f"num_inference_steps={config.num_inference_steps}: expected >= 1")
-        if config.segment_output not in SEGMENT_OUTPUTS:
-            raise ValueError(f"segment_output={config.segment_output!r}: expected one of "
-                             f"{SEGMENT_OUTPUTS}")
+        check_segment_output(config.segment_output)
         self.dtype = config.resolved_dtype()
         self.fmt = _DTYPE_NAMES[self.dtype]
         self.policy: CachePolicy = as_policy(config.policy)

@@ -30,9 +30,11 @@ Cost (:class:`CostModel`), three terms, each divided by its value on a reference
   *all* operators of a step together is much better than mixing fresh and stale ones
   (uniform's schedule 40.50 dB; the same with half of each reused step's operators moved to
   the next step, every operator no staler than before, 35.87 dB).
-- **T, transfer time** (s): per segment the host-link latency plus its bytes (x down, y up,
-  one gate vector per term and rank, command words), plus the bytes of every output stored
-  for a reuse at the next step, at the link bandwidth (:class:`LinkModel`).
+- **T, transfer time** (s): per segment the host-link latency plus its bytes
+  (:func:`coda.host.link.segment_bytes`: one gate vector per term and rank and the command
+  words down, the result up, and x down too for ``"residual"`` segments), plus the bytes
+  of every output stored for a reuse at the next step, at the link bandwidth
+  (:class:`LinkModel`).
 - **M, pipeline mismatch** (s): per segment, the part of its time (NME cycles of the
   compiled segment program, :func:`coda.hw.nme_cycles.model_cycles`, at the NME clock, plus
   its transfer) not covered by the *other* CFG branch's compute window at the same step and
@@ -59,6 +61,7 @@ from typing import Callable
 
 import numpy as np
 
+from coda.host.link import check_segment_output, segment_bytes, tensor_bytes
 from coda.host.policies import check_seed, check_weight, uniform_for_skip
 from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
 
@@ -201,6 +204,13 @@ class CostModel:
         link, nme: hardware models. compute_time: the xPU window model.
         guidance_scale: CFG scale g; the quality term weighs branch ``cond`` by g and
             ``uncond`` by 1 - g (:data:`coda.host.schedule.BRANCHES`), signed, per step.
+        segment_output: the segments' form, ``"sum"`` (the cache engine's default) or
+            ``"residual"``: their host-link bytes are :func:`coda.host.link.segment_bytes`
+            (16-bit tensors tiled over ``nme.ranks`` ranks); the one-time write of a
+            branch's slot of zeros (``"sum"``) does not depend on the schedule and is left
+            out. Stores are :func:`coda.host.link.tensor_bytes` each.
+    Raises:
+        ValueError: a non-finite guidance scale, an unknown ``segment_output``.
     """
     change: np.ndarray
     weight: np.ndarray
@@ -209,9 +219,10 @@ class CostModel:
     link: LinkModel = field(default_factory=LinkModel)
     nme: NMEModel = field(default_factory=NMEModel)
     compute_time: ComputeTime = flop_compute_time
-    bytes_per_elem: int = 2
+    segment_output: str = "sum"
 
     def __post_init__(self):
+        check_segment_output(self.segment_output)
         g = float(self.guidance_scale)
         if not math.isfinite(g):
             raise ValueError(f"guidance_scale={self.guidance_scale}: expected a finite number")
@@ -225,19 +236,19 @@ class CostModel:
         self.ops = [op for _, op in operator_order(self.layers)]
         tokens = self.shape["frames"] * self.shape["tokens_per_frame"]
         c = self.shape["hidden"]
-        self.tensor_bytes = tokens * c * self.bytes_per_elem
+        lanes, ranks = self.nme.lanes, self.nme.ranks
+        self.tensor_bytes = tensor_bytes(tokens, c, ranks, lanes)
         self.op_time = np.array([self.compute_time(op, self.shape) for op in self.ops])
         self.op_time_cum = np.concatenate([[0.0], np.cumsum(self.op_time)])
-        lanes, ranks = self.nme.lanes, self.nme.ranks
         self.seg_time = [0.0]
         self.seg_bytes = [0]
         for k in range(1, self.n_ops + 1):
             cycles = segment_nme_cycles(self.nme, tokens, c, k)
-            programs = -(-k // 8)
-            cmd = 8 * ranks * (programs + 2 * k + 2 * programs)
-            nbytes = 2 * self.tensor_bytes + k * ranks * c * self.bytes_per_elem + cmd
+            sb = segment_bytes(tokens, c, k, ranks, lanes, segment_output=self.segment_output)
+            nbytes = sb["down"] + sb["up"]
             self.seg_bytes.append(nbytes)
-            self.seg_time.append(cycles / self.nme.clock_hz + programs * self.link.latency_s
+            self.seg_time.append(cycles / self.nme.clock_hz
+                                 + sb["programs"] * self.link.latency_s
                                  + nbytes / self.link.bandwidth)
         self.seg_bytes = np.array(self.seg_bytes)
         self.seg_time = np.array(self.seg_time)
@@ -388,14 +399,16 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
            w_transfer: float = 0.1, w_mismatch: float = 0.1,
            compute_time: ComputeTime = flop_compute_time, link: LinkModel | None = None,
            nme: NMEModel | None = None, cooldown: int = 1,
-           progress: Callable[[int, float], None] | None = None) -> SearchResult:
+           progress: Callable[[int, float], None] | None = None,
+           segment_output: str = "sum") -> SearchResult:
     """Anneal a schedule skipping ``round(skip * N)`` operator executions; the last
     ``cooldown`` steps compute everything (the last step writes the video: a stale output
     there stays in it as residual noise: on 6 held-out videos, 0.5 skipped, SSIM 0.944 with
     cooldown 0 and 0.973 with 1; TeaCache and MagCache compute their last step too).
+    ``segment_output``: the segments' form the transfer term counts (:class:`CostModel`).
 
     Raises ValueError for a skip outside (0, 1) or more reuse than the steps allow
-    (:func:`check_skip`)."""
+    (:func:`check_skip`), or an unknown ``segment_output``."""
     steps, layers = profile.num_steps, profile.num_layers
     n_b, n_k = len(BRANCHES), layers * len(OP_TYPES)
     target = check_skip(skip, steps, layers, cooldown)
@@ -405,7 +418,8 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
     change = change * weights[:, None, None]
     cm = CostModel(change, quality_weights(profile), profile.meta["shape"],
                    guidance_scale=profile.meta["guidance_scale"], link=link or LinkModel(),
-                   nme=nme or NMEModel(), compute_time=compute_time)
+                   nme=nme or NMEModel(), compute_time=compute_time,
+                   segment_output=segment_output)
     rng = np.random.default_rng(seed)
 
     # reference for normalisation: the closest uniform-interval schedule

@@ -263,3 +263,28 @@ def test_step_weights_fit_the_measured_decay():
     res = anneal(prof, 0.4, moves=5000)
     m = schedule_to_matrix(res.schedule)
     assert m[:5].mean() < m[-5:].mean()          # early reuse costs more
+
+
+def test_transfer_term_counts_the_segment_form():
+    """The transfer term's bytes are coda.host.link.segment_bytes: a "residual" segment
+    sends x ([T, C] bf16 tiled over the ranks) down, a "sum" segment (the default, as the
+    cache engine) does not; everything else is the same."""
+    from coda.host.link import segment_bytes, tensor_bytes
+
+    prof = synthetic_profile()
+    change = prof.mean("out_change").reshape(12, 2, 10)
+    shape = prof.meta["shape"]
+    cm = {f: CostModel(change, quality_weights(prof), shape, 3.0, segment_output=f)
+          for f in ("sum", "residual")}
+    tokens = shape["frames"] * shape["tokens_per_frame"]
+    x = tensor_bytes(tokens, shape["hidden"], cm["sum"].nme.ranks, cm["sum"].nme.lanes)
+    assert x == tokens * shape["hidden"] * 2 == cm["sum"].tensor_bytes
+    for k in range(1, 11):
+        sb = segment_bytes(tokens, shape["hidden"], k, cm["sum"].nme.ranks, cm["sum"].nme.lanes)
+        assert cm["sum"].seg_bytes[k] == sb["down"] + sb["up"]
+        assert cm["residual"].seg_bytes[k] - cm["sum"].seg_bytes[k] == x
+    m = schedule_to_matrix(uniform_for_skip(0.4, 12, 2).build(12, 2))
+    t = {f: c.evaluate(m) for f, c in cm.items()}
+    assert t["residual"]["pcie_bytes"] - t["sum"]["pcie_bytes"] == t["sum"]["segments"] * x
+    with pytest.raises(ValueError, match="segment_output='y'"):
+        CostModel(change, quality_weights(prof), shape, 3.0, segment_output="y")

@@ -19,7 +19,7 @@ from coda.host.system.schedules import resolve, transfer, uniform
 from coda.host.system.shapes import (ATTENTION, GEMM, model_shape, opensora_shape,
                                      shipped_shape)
 from coda.host.system.sim import parse_systems, simulate
-from coda.host.system.workload import from_events, segment_bytes, synthesize
+from coda.host.system.workload import from_events, segment_bytes, synthesize, tensor_bytes
 
 STEPS = 10
 
@@ -121,14 +121,28 @@ def test_modelled_nme_cycles_equal_cosim_events(generation):
     segs = generation["log"].of("segment")
     assert len(segs) > 10
     cfg = generation["cfg"]
+    zero = _zero_slot_writes(segs, 2, cfg.lanes)
     for s in segs:
         t = segment_timing(s.tokens, s.channels, len(s.ops), n_ranks=2, lanes=cfg.lanes,
                            depth=cfg.depth)
         assert t.cycles_ideal == pytest.approx(s.nme_cycles, rel=0.02)
         assert t.cycles_ideal == s.nme_cycles
         sb = segment_bytes(s.tokens, s.channels, len(s.ops), 2, cfg.lanes)
-        assert (sb["down"], sb["up"], sb["programs"]) == (s.bytes_to_nmp, s.bytes_from_nmp,
-                                                          s.programs)
+        assert (zero[s.segment, s.generation] + sb["down"], sb["up"], sb["programs"]) == (
+            s.bytes_to_nmp, s.bytes_from_nmp, s.programs)
+
+
+def _zero_slot_writes(segs, n_ranks: int, lanes: int) -> dict:
+    """(segment, generation) -> bytes of the slots of zeros it wrote: the engine's sum
+    segments (its default) write one per generation, branch and stream, with the branch's
+    first segment (coda.host.link)."""
+    out, seen = {}, set()
+    for s in segs:
+        first = (s.generation, s.branch) not in seen
+        seen.add((s.generation, s.branch))
+        out[s.segment, s.generation] = tensor_bytes(s.tokens, s.channels, n_ranks, lanes,
+                                                    s.stream_tokens) if first else 0
+    return out
 
 
 @pytest.mark.parametrize("depth", [64, pytest.param(256, marks=pytest.mark.slow)])
@@ -190,13 +204,15 @@ def test_two_stream_segments_equal_the_engine_on_hunyuanvideo():
                                 return_dict=False)[0]
     segs = log.of("segment")
     assert segs and all(len(s.stream_tokens) == 2 for s in segs)
+    zero = _zero_slot_writes(segs, 2, 8)
     for s in segs:
         k = len(s.ops)
         t = segment_timing(s.tokens, s.channels, k, n_ranks=2, lanes=8, depth=cfg.depth,
                            stream_tokens=s.stream_tokens)
         sb = segment_bytes(s.tokens, s.channels, k, 2, 8, stream_tokens=s.stream_tokens)
-        assert (t.cycles_ideal, sb["down"], sb["up"], sb["programs"]) == (
-            s.nme_cycles, s.bytes_to_nmp, s.bytes_from_nmp, s.programs)
+        assert (t.cycles_ideal, zero[s.segment, s.generation] + sb["down"], sb["up"],
+                sb["programs"]) == (s.nme_cycles, s.bytes_to_nmp, s.bytes_from_nmp,
+                                    s.programs)
 
 
 def test_synthesized_events_equal_real_ones(generation, digits_shape):
@@ -227,13 +243,17 @@ def test_a_long_segment_crosses_the_link_once_as_the_driver_chains_it():
     x = torch.zeros(512, 96, dtype=torch.bfloat16)
     for i in range(20):
         drv.store(i, x)
-    pending = drv.segment_submit(x, [x[0]] * 20, list(range(20)))
-    pending.result()
-    sb = segment_bytes(512, 96, 20, 2, 8)
-    assert (sb["down"], sb["up"], sb["programs"]) == (pending.bytes_to_nmp,
-                                                       pending.bytes_from_nmp, pending.programs)
-    one = segment_bytes(512, 96, 8, 2, 8)
-    assert sb["programs"] == 3 and (sb["x"], sb["y"]) == (one["x"], one["y"])
+    drv.store("zero", x)
+    # "residual": x goes down; "sum": x is the slot of zeros, read in place
+    for form, x_in in (("residual", x), ("sum", "zero")):
+        pending = drv.segment_submit(x_in, [x[0]] * 20, list(range(20)))
+        pending.result()
+        sb = segment_bytes(512, 96, 20, 2, 8, segment_output=form)
+        assert (sb["down"], sb["up"], sb["programs"]) == (
+            pending.bytes_to_nmp, pending.bytes_from_nmp, pending.programs), form
+        one = segment_bytes(512, 96, 8, 2, 8, segment_output=form)
+        assert sb["programs"] == 3 and (sb["x"], sb["y"]) == (one["x"], one["y"])
+    assert sb["x"] == 0 and one["y"] == tensor_bytes(512, 96, 2, 8) == 512 * 96 * 2
 
 
 def test_modelled_for_coda_run(generation):
@@ -511,3 +531,143 @@ def test_the_cli_refuses_with_one_line(tmp_path, capsys, monkeypatch):
         assert err.startswith("coda: error: ") and message in err, err
         assert len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ sum segments
+def _wan_small():
+    shape = model_shape("wan2.1-1.3b", "480p", 2)
+    sched = uniform(shape, 14, interval=2, warmup=2, intervals={"cross_attn": 3,
+                                                                 "spatial_ffn": 4})
+    return shape, sched
+
+
+def test_sum_segments_send_no_residual_and_the_gpu_adds_it():
+    """Per segment, "residual" sends x down ([T, C] 16-bit, tiled over the ranks) and "sum"
+    does not; "sum" writes one slot of zeros per branch instead, and the GPU runs one
+    elementwise add per segment (h + z, three [T, C] tensors in the model's dtype). The rest
+    (bytes up, segments, NME time) is the same."""
+    from coda.host.system.replay import _mem_kernel
+
+    shape, sched = _wan_small()
+    plat = platform("rtx4090", "DDR5-4800", 2, 4)
+    wl = {f: from_events(synthesize(shape, sched, n_ranks=plat.n_ranks, segment_output=f),
+                         shape, segment_output=f) for f in ("sum", "residual")}
+    op = shape.ops[0]
+    assert all(o.tokens == op.tokens and not o.stream_tokens for o in shape.ops)
+    x = tensor_bytes(op.tokens, op.channels, plat.n_ranks, plat.lanes)
+    add = _mem_kernel(3 * op.tokens * op.channels * shape.dtype_bytes, plat.gpu)
+    branches = 2                                   # Wan: true CFG, both branches reuse
+    for s in "def":
+        r = {f: replay(wl[f], plat, s, record=False) for f in wl}
+        n = r["sum"].segments
+        assert n == r["residual"].segments > 0
+        assert r["residual"].d2h_bytes - r["sum"].d2h_bytes == n * x - branches * x, s
+        assert r["residual"].h2d_bytes == r["sum"].h2d_bytes
+        assert r["sum"].nme_busy_s == pytest.approx(r["residual"].nme_busy_s, rel=1e-12)
+        assert r["sum"].gpu_busy_s - r["residual"].gpu_busy_s == pytest.approx(n * add,
+                                                                                rel=1e-9)
+    for s in "ac":                                 # no NMP segments: the form is moot
+        assert (replay(wl["sum"], plat, s).latency_s
+                == replay(wl["residual"], plat, s).latency_s)
+
+
+def test_segment_output_is_checked():
+    from coda.host.system.sim import checked_simulate
+
+    with pytest.raises(ValueError, match="--segment-output 'y': expected one of sum, residual"):
+        checked_simulate(model="wan2.1-1.3b", segment_output="y")
+    with pytest.raises(ValueError, match="segment_output='y'"):
+        segment_bytes(512, 96, 2, 2, 8, segment_output="y")
+
+
+# ------------------------------------------------------------------------------ schedule_cost
+def _shipped_schedules():
+    from coda.host.schedule import Schedule
+    from coda.host.search import SHIPPED_SCHEDULE
+
+    shipped = Schedule.from_json(SHIPPED_SCHEDULE.read_text())
+    return shipped, Schedule(shipped.num_steps, shipped.num_layers, {}, "nothing reused")
+
+
+COST_ARGS = dict(target="wan2.1-1.3b@480p", seconds=2, steps=12, dimms=2, ranks=4,
+                 shape_cache=None)
+
+
+def test_schedule_cost_is_what_coda_sim_reports(tmp_path):
+    """A schedule given to schedule_cost and written to a file for coda sim --schedule FILE
+    gives the same figures for every system; reusing nothing, every system that fits takes
+    system a's time (nothing is cached, no segment runs, no byte crosses the link for
+    the cache)."""
+    from coda.host.system.cost import schedule_cost
+
+    kw = {k: v for k, v in COST_ARGS.items() if k != "target"}
+    for sched in _shipped_schedules():
+        path = tmp_path / f"{len(sched.reuse)}.json"
+        path.write_text(sched.to_json())
+        rep = simulate("wan2.1-1.3b", resolution="480p", seconds=2, steps=12, dimms=2,
+                       ranks=4, schedule=str(path), shape_cache=None,
+                       record=False)["report"]["systems"]
+        for s, row in rep.items():
+            got = schedule_cost(sched, COST_ARGS["target"], s, **kw)
+            assert got["fits"] == row["fits"], s
+            if not row["fits"]:
+                assert got["latency_s"] == float("inf") and got["reason"] == row["reason"]
+                continue
+            assert (got["latency_s"], got["energy_j"], got["segments"],
+                    got["host_link_bytes"]) == (row["latency_s"], row["energy_j"],
+                                                row["segments"], row["pcie_bytes"]), s
+            if not sched.reuse:
+                assert got["segments"] == 0 and got["ops_skipped_fraction"] == 0.0
+                assert got["latency_s"] == pytest.approx(rep["a"]["latency_s"], rel=1e-12)
+
+
+def test_schedule_cost_of_sum_and_residual_segments():
+    """sum and residual differ in host-link bytes by exactly segments x (one [T, C] tensor)
+    less the two branches' slots of zeros; more reuse means less GPU work; system a
+    ignores the schedule."""
+    from coda.host.system.cost import parse_target, schedule_cost, target_setup
+    from coda.host.system.platforms import DEFAULT_PLATFORM
+
+    shipped, nothing = _shipped_schedules()
+    kw = {k: v for k, v in COST_ARGS.items() if k != "target"}
+    shape, plat = target_setup(*parse_target(COST_ARGS["target"]), 2, DEFAULT_PLATFORM,
+                               "DDR5-4800", 2, 4, 8, 256, None, None)
+    x = tensor_bytes(shape.ops[0].tokens, shape.hidden, plat.n_ranks, plat.lanes)
+    for s in "ef":
+        r = {f: schedule_cost(shipped, COST_ARGS["target"], s, segment_output=f, **kw)
+             for f in ("sum", "residual")}
+        n = r["sum"]["segments"]
+        assert n == r["residual"]["segments"] > 0
+        assert r["residual"]["host_link_bytes"] - r["sum"]["host_link_bytes"] == (n - 2) * x
+        none = schedule_cost(nothing, COST_ARGS["target"], s, **kw)
+        assert none["gpu_busy_s"] > r["sum"]["gpu_busy_s"]
+        assert none["host_link_bytes"] < r["sum"]["host_link_bytes"]
+    a = [schedule_cost(sch, COST_ARGS["target"], "a", **kw)["latency_s"]
+         for sch in (shipped, nothing)]
+    assert a[0] == a[1]
+
+
+def test_schedule_cost_refuses_bad_input():
+    from coda.host.system.cost import parse_target, schedule_cost
+
+    shipped, _ = _shipped_schedules()
+    assert parse_target("wan2.1-14b@720p") == ("wan2.1-14b", "720p")
+    assert parse_target("latte-digits") == parse_target("latte-digits@32x32") == (
+        "latte-digits", None)
+    with pytest.raises(ValueError, match=r"resolution '1080p' is not one of 480p, 720p"):
+        parse_target("wan2.1-14b@1080p")
+    with pytest.raises(ValueError, match=r"model 'wan3' is not one of .*wan2.1-14b"):
+        parse_target("wan3@720p")
+    with pytest.raises(ValueError, match=r"resolution '' is not one of"):
+        parse_target("wan2.1-14b")
+    with pytest.raises(ValueError, match=r"latte-digits runs at its preset's resolution "
+                                         r"only: expected 'latte-digits' or 'latte-digits@32x32'"):
+        parse_target("latte-digits@720p")
+    with pytest.raises(ValueError, match="system 'g': expected one of a, b, c, d, e, f"):
+        schedule_cost(shipped, system="g")
+    with pytest.raises(ValueError, match="segment_output='z'"):
+        schedule_cost(shipped, segment_output="z")
+    with pytest.raises(ValueError, match="steps 0: expected 1..1000"):
+        schedule_cost(shipped, steps=0)
+    with pytest.raises(TypeError, match="expected a coda.host.schedule.Schedule, got dict"):
+        schedule_cost({})

@@ -13,6 +13,7 @@ DIMM-NMP machine, where the time goes, and what it costs in energy.
 | ``ablation.py`` | the ablation: memory checks, speedups, bottlenecks |
 | ``plots.py`` | timeline and breakdown figures |
 | ``sim.py`` | ``coda sim`` |
+| ``cost.py`` | :func:`~coda.host.system.cost.schedule_cost`: one system's latency and energy for a shipped-model schedule on a target model, for a schedule search |
 
 :func:`modelled` is the entry point for ``coda run``: the modelled systems of a real cached
 generation of the shipped model.

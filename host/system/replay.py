@@ -48,6 +48,14 @@ Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
   segment is on PCIe/NMEs the GPU computes the other branch; the timestep is the sync point (both branches finish before the next step). A
   guidance-distilled model has one branch: f = e.
 
+Segments (d, e, f) have the workload's form (``Workload.segment_output``,
+:mod:`coda.host.link`): ``"sum"`` (the cache engine's default) sends the gates and command
+words down, brings ``z = Σ g_k ⊙ c_k`` up and then adds it to the residual stream on the
+GPU (one elementwise kernel, timed as the other cache kernels: reads two ``[T, C]``
+tensors and writes one in the model's dtype), and writes each branch's slot of zeros once
+per generation (by its first segment); ``"residual"`` sends x down and brings y up, with
+no GPU kernel. Below, "x down" is the gates and commands alone for ``"sum"``.
+
 When the weights do not fit next to the activations (and, for b, the cache) they are
 streamed H2D per operator, prefetched one operator ahead, in every system (counted in the
 PCIe bytes; the report says ``weights: streamed``).
@@ -154,6 +162,7 @@ class _Replay:
         self._priority = {b: i for i, b in enumerate(order)} if system == "f" else {}
         self._gpu_t: dict = {}
         self._seg_t: dict = {}
+        self._zero_written: set = set()   # branches whose slot of zeros is in rank memory
         self.g = plat.gpu
         self.elem = self.shape.dtype_bytes
         self.lanes = plat.lanes
@@ -246,12 +255,17 @@ class _Replay:
                 bytes_down=None, bytes_up=None, streams=()):
         branch = row[0]
         k = len(seg_ops)
+        form = self.wl.segment_output
         sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes,
-                           stream_tokens=tuple(streams))
-        # a real run's bytes are the driver's, on the run's ranks
+                           stream_tokens=tuple(streams), segment_output=form)
+        # a real run's bytes are the driver's, on the run's ranks (its first "sum" segment
+        # of a branch includes the branch's slot of zeros)
         use_events = bytes_down is not None
         down = bytes_down if use_events else sb["down"]
         up = bytes_up if use_events else sb["up"]
+        if form == "sum" and not use_events and branch not in self._zero_written:
+            self._zero_written.add(branch)
+            down += tensor_bytes(tokens, channels, self.p.n_ranks, self.lanes, tuple(streams))
         seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
                                                                   events_cycles, streams)
         yield from self.copy("d2h", down, "x", branch, step)
@@ -262,6 +276,15 @@ class _Replay:
         self.res.segments += 1
         self.res.nme_launches += launches
         yield from self.copy("h2d", up, "y", branch, step)
+        if form == "sum":                 # h = h + z on the xPU, in the model's dtype
+            yield from self.gpu_run(self._residual_add(tokens, channels), "cache_op", branch,
+                                    step)
+
+    def _residual_add(self, tokens: int, channels: int) -> float:
+        """Seconds of a sum segment's ``h = h + z`` on the xPU: one elementwise kernel that
+        reads two ``[tokens, channels]`` tensors and writes one in the model's dtype, timed
+        as every elementwise cache kernel here (:func:`_mem_kernel`)."""
+        return _mem_kernel(3 * tokens * channels * self.elem, self.g)
 
     def monitor(self, m, step):
         ops = self.shape.ops[m.index]

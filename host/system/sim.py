@@ -6,7 +6,9 @@ DDR5-4800 --dimms 4 --ranks 8 --schedule uniform --system all --out DIR`` traces
 shapes on the meta device (cached under ``build/system/shapes``), builds the schedule
 (``uniform``: the uniform-interval rule on the model's operators; ``FILE`` / ``coda``: a
 shipped-model Schedule JSON transferred by operator type, relative depth and relative step),
-synthesises the generation's operator events, replays them as systems a..f and writes
+synthesises the generation's operator events (NMP segments of the form ``--segment-output``:
+``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.link`), replays them
+as systems a..f and writes
 
 - ``DIR/report.json``: ``cache_bytes``, the configuration (model, platform, schedule, memory
   plan, every parameter's source) and ``systems`` keyed a..f (``name, latency_s,
@@ -29,7 +31,7 @@ from pathlib import Path
 MAX_STEPS = 1000
 
 __all__ = ["configure", "main", "simulate", "checked_simulate", "parse_systems", "sweep_point",
-           "sweep_kind"]
+           "sweep_kind", "setup", "workload"]
 
 DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
@@ -74,6 +76,10 @@ def configure(parser) -> None:
                         help="a..f, several (e.g. c,e,f) or all")
     parser.add_argument("--prefetch", type=int, default=1,
                         help="operators of H2D prefetch look-ahead (default 1)")
+    parser.add_argument("--segment-output", default="sum", choices=("sum", "residual"),
+                        help="what an NMP segment returns (systems d-f): sum (default, as the "
+                             "cache engine: the gates go down, z = sum g*c comes up, the GPU "
+                             "adds the residual) or residual (x down, y = x + sum g*c up)")
     parser.add_argument("--out", default="out-sim", help="output folder (default out-sim/)")
 
 
@@ -97,42 +103,32 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
              lanes: int = 8, depth: int = 256, nme_mhz: float | None = None,
              schedule: str = "uniform", interval: int = 2,
              warmup: int = 5, intervals: dict | None = None, systems: str = "abcdef",
-             prefetch: int = 1,
+             prefetch: int = 1, segment_output: str = "sum",
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
-    """Everything ``coda sim`` computes, as a dict (no files).
+    """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
+    segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`, ``--segment-output``).
 
     Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
     the Workload}``. Raises ValueError for bad input (message names the flag).
     """
     from .ablation import run_ablation
-    from .platforms import platform
     from .schedules import resolve
-    from .shapes import model_shape
-    from .workload import from_events, synthesize
 
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"--steps {steps}: expected 1..{MAX_STEPS} (the models' schedulers "
                          f"have {MAX_STEPS} training timesteps)")
     if prefetch < 0:
         raise ValueError(f"--prefetch {prefetch}: expected >= 0")
-    plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, nme_mhz=nme_mhz,
-                    **platform_overrides)
-    if resolution is None and model != "latte-digits":
-        resolution = "720p"
-    if seconds is None and frames is None and model not in ("latte-digits", "latte-1"):
-        seconds = 4
     t0 = time.perf_counter()
-    shape = model_shape(model, resolution, seconds, frames, cache_dir=shape_cache)
+    shape, plat = setup(model, resolution=resolution, seconds=seconds, frames=frames, gpu=gpu,
+                        dram=dram, dimms=dimms, ranks=ranks, lanes=lanes, depth=depth,
+                        nme_mhz=nme_mhz, shape_cache=shape_cache, **platform_overrides)
     t_shape = time.perf_counter() - t0
-    if shape.hidden % lanes:
-        raise ValueError(f"--lanes {lanes}: the NME needs the hidden size {shape.hidden} of "
-                         f"{model} to be a multiple of its lanes")
     sched = resolve(schedule, shape, steps, interval=interval, warmup=warmup,
                     intervals=intervals)
     t0 = time.perf_counter()
-    log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=lanes, depth=depth)
-    wl = from_events(log, shape)
+    wl = workload(shape, plat, sched, segment_output)
     t_events = time.perf_counter() - t0
     abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
     report = {
@@ -143,7 +139,8 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
         "steps": steps,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
-        "replay": {"prefetch": prefetch, "nme_timing": "model"},
+        "replay": {"prefetch": prefetch, "nme_timing": "model",
+                   "segment_output": segment_output},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "systems": abl["systems"],
         "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
@@ -155,6 +152,41 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
     return {"report": report, "ablation": abl, "workload": wl, "shape": shape}
 
 
+def setup(model: str, *, resolution=None, seconds=None, frames=None, gpu: str = "rtx4090",
+          dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2, lanes: int = 8,
+          depth: int = 256, nme_mhz: float | None = None,
+          shape_cache: Path | None = DEFAULT_SHAPE_CACHE, **platform_overrides):
+    """``coda sim``'s model and machine: (:class:`~coda.host.system.shapes.ModelShape`,
+    :class:`~coda.host.system.platforms.Platform`), with its defaults (720p but for the
+    shipped model; 4 s but for the fixed-length Latte models). Raises ValueError for bad
+    input (message names the flag), e.g. a hidden size that is not a multiple of ``lanes``."""
+    from .platforms import platform
+    from .shapes import model_shape
+
+    plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, nme_mhz=nme_mhz,
+                    **platform_overrides)
+    if resolution is None and model != "latte-digits":
+        resolution = "720p"
+    if seconds is None and frames is None and model not in ("latte-digits", "latte-1"):
+        seconds = 4
+    shape = model_shape(model, resolution, seconds, frames, cache_dir=shape_cache)
+    if shape.hidden % lanes:
+        raise ValueError(f"--lanes {lanes}: the NME needs the hidden size {shape.hidden} of "
+                         f"{model} to be a multiple of its lanes")
+    return shape, plat
+
+
+def workload(shape, plat, sched, segment_output: str = "sum"):
+    """The :class:`~coda.host.system.workload.Workload` of one generation of ``shape`` under
+    the :class:`~coda.host.system.schedules.ModelSchedule` ``sched`` on ``plat``'s DIMM-NMP
+    (synthesised events), its segments of form ``segment_output``."""
+    from .workload import from_events, synthesize
+
+    log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=plat.lanes, depth=plat.depth,
+                     segment_output=segment_output)
+    return from_events(log, shape, segment_output=segment_output)
+
+
 _ASSUMPTIONS = [
     "GPU kernel time: roofline per traced kernel with per-class efficiencies (platforms.py)",
     "NME time: cycle model of the compiled program, bounded by the DIMM-NMP DRAM utilisation "
@@ -162,6 +194,9 @@ _ASSUMPTIONS = [
     "while the NMEs run a segment they own their ranks: host copies to those ranks wait",
     "segments of > 8 terms chain NME launches in rank memory (one round trip per segment, "
     "the paper's coalescing), as NMPDriver.segment_submit runs them",
+    "segment_output sum (the cache engine's default): a segment sends gates and commands "
+    "down, z = sum g*c up, and the GPU adds it to the residual stream (an elementwise "
+    "kernel); residual: x down, y up",
     "c prefetches cached outputs one operator ahead (double buffering)",
     "weights that do not fit next to the activations are streamed per operator over PCIe",
     "GPU power while stalled: the RTX 4090 nvidia-smi figure; other GPUs the same fraction",
@@ -174,15 +209,21 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      dimms: int = 2, ranks: int = 2, lanes: int = 8, depth: int = 256,
                      nme_mhz: float | None = None, schedule: str = "uniform", interval: int = 2, intervals: str = "",
                      warmup: int = 5, system: str = "all", prefetch: int = 1,
+                     segment_output: str = "sum",
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
     Returns simulate's dict plus ``systems`` (the letters) and ``wall_s``. Raises
     ValueError naming the flag."""
+    from coda.host.link import SEGMENT_OUTPUTS
+
     from .platforms import DEFAULT_PLATFORM
     from .schedules import parse_intervals
 
     systems = parse_systems(system)
+    if segment_output not in SEGMENT_OUTPUTS:
+        raise ValueError(f"--segment-output {segment_output!r}: expected one of "
+                         f"{', '.join(SEGMENT_OUTPUTS)}")
     counts = {"steps": steps, "dimms": dimms, "ranks": ranks, "lanes": lanes, "depth": depth,
               "interval": interval, "warmup": warmup}
     for flag, value in counts.items():
@@ -196,7 +237,8 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                    lanes=lanes, depth=depth, nme_mhz=nme_mhz, schedule=schedule,
                    interval=interval,
                    warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
-                   prefetch=prefetch, shape_cache=shape_cache)
+                   prefetch=prefetch, segment_output=segment_output,
+                   shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
     res["systems"] = systems
     return res
@@ -217,7 +259,8 @@ def main(args) -> int:
                            lanes=args.lanes, depth=args.depth, nme_mhz=args.nme_mhz,
                            schedule=args.schedule,
                            interval=args.interval, intervals=args.intervals,
-                           warmup=args.warmup, system=args.system, prefetch=args.prefetch)
+                           warmup=args.warmup, system=args.system, prefetch=args.prefetch,
+                           segment_output=args.segment_output)
     systems = res["systems"]
     report, abl, wl = res["report"], res["ablation"], res["workload"]
     out.mkdir(parents=True, exist_ok=True)
@@ -244,7 +287,8 @@ def _table(report: dict, out: Path):
     t = Table(title=(f"coda sim: {m['name']} {m['width']}x{m['height']}, {m['frames']} frames, "
                      f"{report['steps']} steps, cache {report['cache_bytes'] / 1e9:.1f} GB, "
                      f"schedule {report['schedule']['name']}"
-                     f"{' (transferred)' if report['schedule']['transferred'] else ''}"),
+                     f"{' (transferred)' if report['schedule']['transferred'] else ''}, "
+                     f"{report['replay']['segment_output']} segments"),
               caption=f"report: {out / 'report.json'}; speedup / energy efficiency against a "
                       "and c; GPU stalls on NMEs / PCIe as % of latency")
     for col in ("system", "s", "s/step", "kJ", "x a", "x c", "E x a", "E x c", "PCIe GB",
@@ -310,7 +354,8 @@ def sweep_kind():
     from .platforms import DEFAULT_PLATFORM
     return SweepKind(
         name="sim", run=sweep_point, description=__doc__.splitlines()[0],
-        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
+        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent,
+                               Path(__file__).parent.parent / "link.py"),
         params=(Param("model", str, "wan2.1-14b"), Param("resolution", str),
                 Param("seconds", float), Param("frames", int), Param("steps", int, 50),
                 Param("platform", str, DEFAULT_PLATFORM), Param("dram", str, "DDR5-4800"),
@@ -318,6 +363,6 @@ def sweep_kind():
                 Param("depth", int, 256), Param("schedule", str, "uniform"),
                 Param("interval", int, 2), Param("intervals", str, ""),
                 Param("warmup", int, 5), Param("system", str, "all"),
-                Param("prefetch", int, 1)),
+                Param("prefetch", int, 1), Param("segment_output", str, "sum")),
         headline=("cache_bytes", "a.latency_s", "c.latency_s", "f.latency_s", "f.speedup",
                   "f.speedup_vs_c", "f.energy_efficiency"))

@@ -10,7 +10,7 @@ Two sources, one form:
   :class:`coda.host.system.schedules.ModelSchedule` (no tensors): operators in forward
   order, segments as the cache engine forms them (maximal runs, flushed before the row's
   next computed operator, at a barrier and at the end of the call), bytes as the driver moves
-  them (:func:`segment_bytes`) and NME cycles from the cycle model
+  them (:func:`coda.host.link.segment_bytes`, re-exported here) and NME cycles from the cycle model
   (:func:`coda.host.system.nme.segment_timing`, ideal memory, as the torch backend reports).
 
 How a generation's rows group into transformer calls follows the model's pipeline
@@ -24,10 +24,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from coda.host.bits import words_for
-from coda.host.driver import tile_bounds
 from coda.host.events import EventLog, OpEvent, SegmentEvent
-from coda.host.ops import MAX_SEGMENT_TERMS
+from coda.host.link import check_segment_output, segment_bytes, tensor_bytes
 
 from .nme import segment_timing
 from .schedules import ModelSchedule, branches_of, segment_runs
@@ -39,50 +37,6 @@ __all__ = ["Action", "SegmentItem", "MonitorItem", "Call", "Workload", "segment_
 #: branch order inside a call / between calls, per CFG mode
 CALL_ORDER = {"batched": ("uncond", "cond"), "two_pass": ("cond", "uncond"),
               "distilled": ("cond",)}
-
-
-def tensor_bytes(tokens: int, channels: int, n_ranks: int, lanes: int,
-                 stream_tokens: tuple = ()) -> int:
-    """Bytes the driver moves for one [T, C] tensor tiled over ``n_ranks`` ranks (whole
-    ``2·lanes``-byte words per rank tile); with ``stream_tokens``, one tensor per stream."""
-    if stream_tokens:
-        return sum(tensor_bytes(t, channels, n_ranks, lanes) for t in stream_tokens)
-    return sum(words_for((r1 - r0) * channels, lanes) * 2 * lanes
-               for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
-
-
-def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
-                  stream_tokens: tuple = ()) -> dict:
-    """Host-link bytes of a ``k``-term segment: ``x`` down, the gates replicated to every
-    rank, the command words (8 bytes per header or micro-op word per rank and launch;
-    ``2K+2`` micro-ops), ``y`` up. A segment of more than 8 terms chains launches in rank
-    memory (each reads the previous one's output there, as :meth:`NMPDriver.segment_submit`
-    does), so it crosses the link once each way: the coalesced segment of the CODA paper
-    ("one transfer at the segment boundary").
-
-    With ``stream_tokens`` (two residual streams), each stream is its own segment of that
-    many tokens (its own gates and programs), as the cache engine runs them.
-
-    Returns ``{"x", "gates", "cmd", "y", "down", "up", "programs"}``.
-    """
-    if stream_tokens:
-        parts = [segment_bytes(t, channels, k, n_ranks, lanes) for t in stream_tokens]
-        return {key: sum(p[key] for p in parts) for key in parts[0]}
-    ranks = sum(1 for r0, r1 in tile_bounds(tokens, n_ranks) if r1 > r0)
-    t = tensor_bytes(tokens, channels, n_ranks, lanes)
-    gate = words_for(channels, lanes) * 2 * lanes
-    x = gates = cmd = y = 0
-    programs = 0
-    for i in range(0, k, MAX_SEGMENT_TERMS):
-        kk = min(MAX_SEGMENT_TERMS, k - i)
-        if i == 0:
-            x += t
-            y += t
-        gates += kk * gate * ranks
-        cmd += 8 * (1 + 2 * kk + 2) * ranks
-        programs += 1
-    return {"x": x, "gates": gates, "cmd": cmd, "y": y, "down": x + gates + cmd, "up": y,
-            "programs": programs}
 
 
 @dataclass
@@ -148,6 +102,8 @@ class Workload:
         cache_slots: (branch, sample, op index) -> bytes of every slot ever stored.
         source: ``"events"`` (a real generation) or ``"synthesized"``.
         schedule: the schedule's description (synthesized) or the log's stats.
+        segment_output: the segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`):
+            ``"sum"`` segments are followed by the xPU's residual add.
     """
     shape: ModelShape
     num_steps: int
@@ -157,6 +113,7 @@ class Workload:
     cache_slots: dict
     source: str
     schedule: dict = field(default_factory=dict)
+    segment_output: str = "sum"
 
     @property
     def samples(self) -> int:
@@ -197,11 +154,15 @@ def _group_rows(rows: list[tuple[str, int]], cfg: str) -> list[list[tuple[str, i
 
 
 def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
-                cfg: str | None = None) -> Workload:
-    """The :class:`Workload` of one generation of ``log`` (default: the last one).
+                cfg: str | None = None, segment_output: str = "sum") -> Workload:
+    """The :class:`Workload` of one generation of ``log`` (default: the last one), whose
+    segments had the form ``segment_output`` (the events do not say it: the cache engine's
+    ``CodaCacheConfig.segment_output``, or what :func:`synthesize` was given).
 
-    Raises ValueError if the log has no such generation or names operators ``shape`` lacks.
+    Raises ValueError if the log has no such generation or names operators ``shape`` lacks,
+    or for a ``segment_output`` not in :data:`coda.host.link.SEGMENT_OUTPUTS`.
     """
+    check_segment_output(segment_output)
     if log.generations == 0:
         raise ValueError("the event log holds no generation")
     gen = log.generations - 1 if generation is None else generation
@@ -245,17 +206,23 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
             step_calls.append(Call(step, group, table, mons))
         calls.append(step_calls)
     return Workload(shape, num_steps, cfg, calls, segments, slots, "events",
-                    schedule=log.stats(gen))
+                    schedule=log.stats(gen), segment_output=segment_output)
 
 
 def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = 8,
-               depth: int = 256, samples: int = 1, fmt: str = "bf16") -> EventLog:
+               depth: int = 256, samples: int = 1, fmt: str = "bf16",
+               segment_output: str = "sum") -> EventLog:
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
-    shapes). One generation, ``samples`` samples per branch."""
+    shapes). One generation, ``samples`` samples per branch. ``segment_output``: the
+    segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`); with ``"sum"`` a branch's
+    first segment also writes the branch's slot of zeros (one tensor per stream), as the
+    cache engine counts it. Raises ValueError for another ``segment_output``."""
+    check_segment_output(segment_output)
     log = EventLog()
     gen = log.start_generation()
     seg_id = 0
+    zero_written: set = set()           # branches whose slot of zeros is in rank memory
     n = schedule.num_steps
     for step in range(n):
         for branch in branches_of(shape):
@@ -270,7 +237,11 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                         k = len(run)
                         st = op.stream_tokens
                         sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes,
-                                           stream_tokens=st)
+                                           stream_tokens=st, segment_output=segment_output)
+                        zero = 0
+                        if segment_output == "sum" and branch not in zero_written:
+                            zero_written.add(branch)
+                            zero = tensor_bytes(op.tokens, op.channels, n_ranks, lanes, st)
                         t = segment_timing(op.tokens, op.channels, k, n_ranks=n_ranks,
                                            lanes=lanes, depth=depth, fmt=fmt,
                                            stream_tokens=st)
@@ -284,7 +255,7 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                             **base, segment=seg_id,
                             ops=tuple(shape.ops[i].ref for i in run), first_index=run[0],
                             tokens=op.tokens, channels=op.channels, dtype=fmt,
-                            bytes_to_nmp=sb["down"], bytes_from_nmp=sb["up"],
+                            bytes_to_nmp=zero + sb["down"], bytes_from_nmp=sb["up"],
                             programs=sb["programs"], nme_cycles=t.cycles_ideal,
                             **({"stream_tokens": st} if st else {})))
                         seg_id += 1
