@@ -681,7 +681,7 @@ class _StepRun:
                         f"{slots[key][0] if key in slots else None}")
             y = x16
             if hook.config.segment_output == "sum":
-                y, written = self._zero_input(br, stream, x16, in_place=native)
+                y, written = self._zero_input(br, j, stream, x16, in_place=native)
                 zero_bytes += written
             pending = []
             for i in range(0, len(run), chunk):
@@ -692,19 +692,22 @@ class _StepRun:
             launches[stream] = pending
         return row, run, launches, zero_bytes
 
-    def _zero_input(self, branch: str, stream: str, x16: torch.Tensor, in_place: bool):
+    def _zero_input(self, branch: str, sample: int, stream: str, x16: torch.Tensor,
+                    in_place: bool):
         """The x of a sum segment: with ``in_place`` (a driver with ``segment_submit``, which
-        reads x from a slot) the key of the branch's slot of zeros of ``x16``'s shape,
-        written once per generation and kept with the branch's slots (its bytes go to the
-        first segment that needs it); else a zero tensor. Returns (x, bytes written)."""
+        reads x from a slot) the key of the sample's slot of zeros of ``x16``'s shape, placed
+        where the segment would put an x it sent (``store(..., x_of=group)``: the same DRAM
+        banks as a residual segment), written once per generation and kept with the
+        branch's slots (its bytes go to the first segment that needs it); else a zero
+        tensor. Returns (x, bytes written)."""
         if not in_place:
             return torch.zeros_like(x16), 0
-        key = (self.hook._tag, branch, "zero", stream)
+        key = self.hook.key(branch, sample, -1, "zero", stream=stream)
         slots = self.hook.state.branches[branch].slots
         if key in slots and slots[key][0] == tuple(x16.shape) and key in self.driver:
             return key, 0
         before = self._bytes_written()
-        self.driver.store(key, torch.zeros_like(x16), group=(branch, "zero", stream))
+        self.driver.store(key, torch.zeros_like(x16), x_of=(branch, sample, stream))
         slots[key] = (tuple(x16.shape), self.step)
         return key, self._bytes_written() - before
 

@@ -314,11 +314,16 @@ class NMPDriver:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [T, C]")
         return t
 
-    def store(self, key: Hashable, tensor: torch.Tensor, group: Hashable = None) -> None:
+    def store(self, key: Hashable, tensor: torch.Tensor, group: Hashable = None,
+              x_of: Hashable = None) -> None:
         """Write (or overwrite) cache slot ``key`` with ``tensor`` [T, C] of the cache dtype,
         tiled over tokens across the ranks. ``group``: slots that segments read together
         (e.g. one branch of one sample) share a DRAM bank colour, groups take the colours in
         turn (:mod:`coda.host.placement`); a placement only, results do not depend on it.
+        ``x_of`` (instead of ``group``): a slot that segments on group ``x_of``'s slots read
+        as their x in place (:meth:`segment_submit` with a key), placed in the colour where
+        such a segment's x would go when sent (the group's colour XOR ``SCRATCH_XOR[0]``), so
+        that it meets the same banks.
 
         Raises ValueError for a bad tensor, :class:`NMPCapacityError` when a rank is full
         (an overwritten slot of another shape is then gone).
@@ -333,7 +338,9 @@ class NMPDriver:
             words = [compiler.words_for((r1 - r0) * shape[1], self.cfg.lanes)
                      for r0, r1 in rows]
             colour = self._group_colours.setdefault(
-                group, SLOT_COLOUR + len(self._group_colours))
+                group if x_of is None else x_of, SLOT_COLOUR + len(self._group_colours))
+            if x_of is not None:
+                colour ^= SCRATCH_XOR[0]
             addrs = self._alloc(words, f"slot {key!r} {list(shape)}", colour)
             self._slots[key] = _Slot(shape, tensor.dtype, rows, addrs, words)
         slot = self._slots[key]

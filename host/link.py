@@ -12,8 +12,9 @@ A segment (:mod:`coda.host.cache_engine`) has two forms (:data:`SEGMENT_OUTPUTS`
 
 - ``"sum"`` (the engine's default): the NME returns ``z = Σ g_k ⊙ c_k`` from a slot of zeros
   resident in rank memory; ``z`` comes up, nothing of the residual stream goes down. The
-  slot of zeros is written once per generation, CFG branch and stream
-  (:func:`tensor_bytes` of the stream), by the branch's first segment;
+  slot of zeros is written once per generation, CFG branch, sample and stream
+  (:func:`tensor_bytes` of the stream), by the sample's first segment in the branch,
+  placed in the DRAM banks where the segment would put an x it sent;
 - ``"residual"``: ``x`` goes down and ``y = x + Σ g_k ⊙ c_k`` comes up.
 
 Both send the gates (one ``[C]`` vector per term, replicated to every rank) and the

@@ -461,7 +461,8 @@ def test_a_sum_segment_rounds_only_the_reused_output():
 
 def test_sum_segments_send_no_residual_and_residual_segments_do():
     """Per segment, "residual" sends x down ([T, C] bf16 tiled over the ranks) and "sum" does
-    not; "sum" writes one slot of zeros per branch and stream per generation instead."""
+    not; "sum" writes one slot of zeros per branch, sample and stream per generation
+    instead."""
     model = tiny_model()
     seen = {}
     for form in ("sum", "residual"):
@@ -475,7 +476,7 @@ def test_sum_segments_send_no_residual_and_residual_segments_do():
     assert len(seen["sum"]) == len(seen["residual"]) == 2 * 2 * 2 * (STEPS - 1)
     assert [s.bytes_from_nmp for s in seen["sum"]] == [s.bytes_from_nmp for s in seen["residual"]]
     down = sum(s.bytes_to_nmp for s in seen["residual"]) - sum(s.bytes_to_nmp for s in seen["sum"])
-    zero_slots = 2 * x_bytes             # one per CFG branch, written by its first segment
+    zero_slots = 2 * 2 * x_bytes    # per CFG branch and sample, written by its first segment
     assert down == len(seen["sum"]) * x_bytes - zero_slots
 
 

@@ -159,13 +159,13 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
                                       + len(mons)) == driver.stats["programs"]
     assert report["nme_cycles"] == sum(g.nme_cycles for g in segs + mons) > 0
     # host-link bytes: every [T, C] tensor of 16-bit elements that crossed it (stored outputs,
-    # kept inputs, each sum segment's z up, the slot of zeros each CFG branch's segments read
-    # as x, written once per generation, monitor inputs), the K gate vectors of each segment
-    # to every rank, and the command words the driver sent
+    # kept inputs, each sum segment's z up, the slot of zeros a sample's segments in a CFG
+    # branch read as x, written once per generation, monitor inputs), the K gate vectors of
+    # each segment to every rank, and the command words the driver sent
     (t, c), = {(e.tokens, e.channels) for e in ops}
     stores, kept = sum(e.stored_bytes > 0 for e in ops), sum(e.kept_bytes > 0 for e in ops)
     assert all(e.stored_bytes in (0, 2 * t * c) and e.kept_bytes in (0, 2 * t * c) for e in ops)
-    zero_slots = len({(g.generation, g.branch) for g in segs})
+    zero_slots = len({(g.generation, g.branch, g.sample) for g in segs})
     tensors = stores + kept + len(segs) + zero_slots + len(mons)
     gates = sum(len(g.ops) for g in segs) * driver.n_ranks
     assert report["pcie_bytes"] == (2 * t * c * tensors + 2 * c * gates

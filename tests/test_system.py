@@ -134,12 +134,12 @@ def test_modelled_nme_cycles_equal_cosim_events(generation):
 
 def _zero_slot_writes(segs, n_ranks: int, lanes: int) -> dict:
     """(segment, generation) -> bytes of the slots of zeros it wrote: the engine's sum
-    segments (its default) write one per generation, branch and stream, with the branch's
-    first segment (coda.host.link)."""
+    segments (its default) write one per generation, branch, sample and stream, with the
+    sample's first segment in the branch (coda.host.link)."""
     out, seen = {}, set()
     for s in segs:
-        first = (s.generation, s.branch) not in seen
-        seen.add((s.generation, s.branch))
+        first = (s.generation, s.branch, s.sample) not in seen
+        seen.add((s.generation, s.branch, s.sample))
         out[s.segment, s.generation] = tensor_bytes(s.tokens, s.channels, n_ranks, lanes,
                                                     s.stream_tokens) if first else 0
     return out
@@ -543,7 +543,7 @@ def _wan_small():
 
 def test_sum_segments_send_no_residual_and_the_gpu_adds_it():
     """Per segment, "residual" sends x down ([T, C] 16-bit, tiled over the ranks) and "sum"
-    does not; "sum" writes one slot of zeros per branch instead, and the GPU runs one
+    does not; "sum" writes one slot of zeros per branch (one sample) instead, and the GPU runs one
     elementwise add per segment (h + z, three [T, C] tensors in the model's dtype). The rest
     (bytes up, segments, NME time) is the same."""
     from coda.host.system.replay import _mem_kernel
@@ -623,7 +623,7 @@ def test_schedule_cost_is_what_coda_sim_reports(tmp_path):
 
 def test_schedule_cost_of_sum_and_residual_segments():
     """sum and residual differ in host-link bytes by exactly segments x (one [T, C] tensor)
-    less the two branches' slots of zeros; more reuse means less GPU work; system a
+    less the two branches' slots of zeros (one sample each); more reuse means less GPU work; system a
     ignores the schedule."""
     from coda.host.system.cost import parse_target, schedule_cost, target_setup
     from coda.host.system.platforms import DEFAULT_PLATFORM

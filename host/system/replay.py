@@ -52,8 +52,8 @@ Segments (d, e, f) have the workload's form (``Workload.segment_output``,
 :mod:`coda.host.link`): ``"sum"`` (the cache engine's default) sends the gates and command
 words down, brings ``z = Σ g_k ⊙ c_k`` up and then adds it to the residual stream on the
 GPU (one elementwise kernel, timed as the other cache kernels: reads two ``[T, C]``
-tensors and writes one in the model's dtype), and writes each branch's slot of zeros once
-per generation (by its first segment); ``"residual"`` sends x down and brings y up, with
+tensors and writes one in the model's dtype), and writes each row's (branch and sample's)
+slot of zeros once per generation (by its first segment); ``"residual"`` sends x down and brings y up, with
 no GPU kernel. Below, "x down" is the gates and commands alone for ``"sum"``.
 
 When the weights do not fit next to the activations (and, for b, the cache) they are
@@ -162,7 +162,7 @@ class _Replay:
         self._priority = {b: i for i, b in enumerate(order)} if system == "f" else {}
         self._gpu_t: dict = {}
         self._seg_t: dict = {}
-        self._zero_written: set = set()   # branches whose slot of zeros is in rank memory
+        self._zero_written: set = set()   # rows whose slot of zeros is in rank memory
         self.g = plat.gpu
         self.elem = self.shape.dtype_bytes
         self.lanes = plat.lanes
@@ -258,13 +258,13 @@ class _Replay:
         form = self.wl.segment_output
         sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes,
                            stream_tokens=tuple(streams), segment_output=form)
-        # a real run's bytes are the driver's, on the run's ranks (its first "sum" segment
-        # of a branch includes the branch's slot of zeros)
+        # a real run's bytes are the driver's, on the run's ranks (a row's first "sum"
+        # segment includes the row's slot of zeros)
         use_events = bytes_down is not None
         down = bytes_down if use_events else sb["down"]
         up = bytes_up if use_events else sb["up"]
-        if form == "sum" and not use_events and branch not in self._zero_written:
-            self._zero_written.add(branch)
+        if form == "sum" and not use_events and row not in self._zero_written:
+            self._zero_written.add(row)
             down += tensor_bytes(tokens, channels, self.p.n_ranks, self.lanes, tuple(streams))
         seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
                                                                   events_cycles, streams)

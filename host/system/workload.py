@@ -215,14 +215,14 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
     shapes). One generation, ``samples`` samples per branch. ``segment_output``: the
-    segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`); with ``"sum"`` a branch's
-    first segment also writes the branch's slot of zeros (one tensor per stream), as the
+    segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`); with ``"sum"`` a sample's
+    first segment in a branch also writes its slot of zeros (one tensor per stream), as the
     cache engine counts it. Raises ValueError for another ``segment_output``."""
     check_segment_output(segment_output)
     log = EventLog()
     gen = log.start_generation()
     seg_id = 0
-    zero_written: set = set()           # branches whose slot of zeros is in rank memory
+    zero_written: set = set()           # (branch, sample): slot of zeros in rank memory
     n = schedule.num_steps
     for step in range(n):
         for branch in branches_of(shape):
@@ -239,8 +239,8 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                         sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes,
                                            stream_tokens=st, segment_output=segment_output)
                         zero = 0
-                        if segment_output == "sum" and branch not in zero_written:
-                            zero_written.add(branch)
+                        if segment_output == "sum" and (branch, sample) not in zero_written:
+                            zero_written.add((branch, sample))
                             zero = tensor_bytes(op.tokens, op.channels, n_ranks, lanes, st)
                         t = segment_timing(op.tokens, op.channels, k, n_ranks=n_ranks,
                                            lanes=lanes, depth=depth, fmt=fmt,
