@@ -287,7 +287,8 @@ def main(args) -> int:
                    "nme_cycles": st["nme_cycles"] / n,
                    "monitor_nme_cycles": st["monitor_nme_cycles"] / n,
                    "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
-                   "params": policy.describe(), "seconds": time.perf_counter() - t1}
+                   "params": policy.describe(), "seconds": time.perf_counter() - t1,
+                   **_modelled(policy, args.steps, layers)}
             rows.append(row)
             per_video[(name, skip)] = res["per_video"]
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
@@ -312,13 +313,15 @@ def main(args) -> int:
     table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
                         f"{acc_full:.3f})")
     for col in ("policy", "target", "skipped", "PSNR dB", "mean PSNR", "SSIM", "label acc",
-                "segments/video", "PCIe MB/video", "fallbacks/video", "coda wins"):
+                "segments/video", "PCIe MB/video", "fallbacks/video", "f latency s",
+                "coda wins"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["policy"], f"{r['target_skip']:.2f}", f"{r['ops_skipped_fraction']:.3f}",
                       f"{r['psnr_db']:.2f}", f"{r['mean_psnr_db']:.2f}", f"{r['ssim']:.4f}",
                       f"{r['label_accuracy']:.3f}", f"{r['segments']:.0f}",
                       f"{r['pcie_bytes'] / 1e6:.1f}", f"{r['fallbacks']:.1f}",
+                      f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else "",
                       "" if "coda_wins" not in r else f"{r['coda_wins']}/{r['videos']}")
     console.print(table)
     for c in corner:
@@ -345,6 +348,22 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
     rep, info = checked_search_steps(profile_path, skip, workers=workers, log=log)
     return rep.schedule, (f"searched in {info['search_s']:.0f} s ({info['rollouts']} rollouts): "
                           f"{rep.plan.label}, {rep.plan.describe()}")
+
+
+def _modelled(policy, steps: int, layers: int, target: str | None = None) -> dict:
+    """``{"modelled": {...}}``: the modelled latency, energy, segments and host-link bytes
+    of a static policy's schedule in system f for ``target`` (default:
+    :data:`coda.host.system.cost.DEFAULT_TARGET`), as ``coda sim`` transfers a schedule;
+    ``{}`` for a dynamic policy (its reuse differs from video to video)."""
+    from coda.host.system.cost import DEFAULT_TARGET, schedule_cost
+
+    build = getattr(policy, "build", None)
+    if build is None:
+        return {}
+    c = schedule_cost(build(steps, layers), target or DEFAULT_TARGET, "f")
+    return {"modelled": {"target": target or DEFAULT_TARGET, "system": "f",
+                         **{k: c[k] for k in ("latency_s", "energy_j", "segments",
+                                              "host_link_bytes")}}}
 
 
 def _count_wins(rows: list[dict], per_video: dict) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError
+from coda.host.system.cost import DEFAULT_TARGET
 
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "plan_by_dp",
            "uniform_plan", "candidate_plans", "rollout", "full_videos", "judge", "search_steps",
@@ -364,15 +365,19 @@ class SearchReport:
 def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tensor,
                  prune_videos: int = 6, finalists: int = 4, workers: int = 2,
                  cooldown: int = 1, num_steps: int | None = None,
-                 guidance_scale: float | None = None, log=print) -> SearchReport:
+                 guidance_scale: float | None = None, target: str | None = DEFAULT_TARGET,
+                 log=print) -> SearchReport:
     """The whole-step search for ``skip``: candidates from the stand-in
     (:func:`candidate_plans`), a first round of rollouts on the first ``prune_videos``
     calibration videos, the best ``finalists`` on all of them; the finalist with the highest
     whole-set PSNR (ties: mean per-video PSNR) wins.
 
     ``labels``/``seeds``: the calibration videos (the profile's), ``full`` their full-compute
-    videos. Returns a :class:`SearchReport` (each candidate: label, skip, segments, round-1
-    and, for finalists, round-2 scores)."""
+    videos. ``target``: every candidate's modelled latency and energy in system f for that
+    target (:func:`coda.host.system.cost.schedule_cost`, the schedule transferred as ``coda
+    sim`` transfers it; None: not modelled). Returns a :class:`SearchReport` (each
+    candidate: label, skip, segments, the modelled cost, round-1 and, for finalists,
+    round-2 scores)."""
     t0 = time.perf_counter()
     num_steps = num_steps or profile.num_steps
     guidance_scale = profile.meta.get("guidance", 5.0) if guidance_scale is None \
@@ -383,6 +388,13 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
              "skip": p.skip_fraction(),
              "segments_per_video": s.segment_count(frames=full.shape[2])}
             for p, s in zip(plans, scheds)]
+    if target is not None:
+        from coda.host.system.cost import schedule_cost
+        for row, s in zip(rows, scheds):
+            c = schedule_cost(s, target, "f")
+            row["modelled"] = {"target": target, "system": "f", "latency_s": c["latency_s"],
+                               "energy_j": c["energy_j"], "segments": c["segments"],
+                               "host_link_bytes": c["host_link_bytes"]}
     n1 = min(prune_videos, len(labels))
     log(f"skip {skip}: {len(plans)} candidates, round 1 on {n1} videos")
     for row, score in zip(rows, judge(scheds, labels[:n1], seeds[:n1], full[:n1],
@@ -428,6 +440,9 @@ def configure(parser) -> None:
                        help="calibration videos of the first round (default 6)")
     steps.add_argument("--finalists", type=int, default=4,
                        help="candidates rolled out on every calibration video (default 4)")
+    steps.add_argument("--target", default=DEFAULT_TARGET,
+                       help="MODEL@RES whose modelled system-f latency and energy every "
+                            f"candidate reports (coda sim's transfer; default {DEFAULT_TARGET})")
     anneal_ = parser.add_argument_group("--method anneal")
     anneal_.add_argument("--seed", type=int, default=0,
                          help="annealing seed, 0..2^31-1 (default 0)")
@@ -450,6 +465,7 @@ def calibration_videos(profile) -> tuple[list[int], list[int]]:
 def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, workers: int = 2,
                          prune_videos: int = 6, finalists: int = 4,
                          refs_dir: str | Path | None = "build/refs",
+                         target: str | None = DEFAULT_TARGET,
                          log=print) -> tuple[SearchReport, dict]:
     """:func:`search_steps` for the shipped model on the profile file after ``coda schedule
     search``'s checks; the calibration videos' full-compute videos are kept in ``refs_dir``
@@ -465,6 +481,9 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
                             ("--finalists", finalists, 1), ("--cooldown", cooldown, 1)):
         if value < lo:
             raise ValueError(f"{flag} {value}: expected >= {lo}")
+    if target is not None:
+        from coda.host.system.cost import parse_target
+        parse_target(target)
     prof = Profile.load(profile_path)
     model, _ = load_model()
     prof.check_for(model_hash(model), what=f"--profile {profile_path}")
@@ -481,7 +500,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     full_s = time.perf_counter() - t0
     rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
                        prune_videos=prune_videos, finalists=finalists, workers=workers,
-                       cooldown=cooldown, guidance_scale=guidance, log=log)
+                       cooldown=cooldown, guidance_scale=guidance, target=target, log=log)
     rollouts = [c for c in rep.candidates for r in ("round1", "round2") if r in c]
     info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile_path),
             "profile_seeds": prof.meta.get("seeds"), "target_skip": skip, "method": "steps",
@@ -523,15 +542,17 @@ def main(args) -> int:
         return 0
     rep, info = checked_search_steps(args.profile, args.skip, cooldown=args.cooldown,
                                      workers=args.workers, prune_videos=args.prune_videos,
-                                     finalists=args.finalists, log=console.print)
+                                     finalists=args.finalists, target=args.target,
+                                     log=console.print)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_schedule(out, rep.schedule, info)
     console.print(f"schedule {rep.schedule.name} -> {out}  ({info['search_s']:.0f} s, "
                   f"{info['rollouts']} rollouts)")
     for c in sorted(rep.candidates, key=lambda c: -c["round1"]["psnr_db"]):
         r2 = f" | all {c['round2']['psnr_db']:.2f} dB" if "round2" in c else ""
+        lat = f" | f {c['modelled']['latency_s']:.0f} s" if "modelled" in c else ""
         console.print(f"  {c['label']:<24} always {'+'.join(c['always']) or '-':<10} skip "
-                      f"{c['skip']:.3f} | segments {c['segments_per_video']} | round 1 "
+                      f"{c['skip']:.3f} | segments {c['segments_per_video']}{lat} | round 1 "
                       f"{c['round1']['psnr_db']:.2f} dB{r2}")
     console.print(f"  chosen: {rep.plan.label}, {rep.plan.describe()}")
     return 0
