@@ -30,6 +30,7 @@ import argparse
 import sys
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +42,7 @@ from coda.hw.verilog import add_latency_arguments
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
 from coda.host.bits import from_bits, to_bits, torch_dtype
-from coda.host.driver import NMPCapacityError, NMPDriver, tile_shapes
-from coda.host import compiler
+from coda.host.driver import NMPCapacityError, NMPDriver, fit_mem_words
 
 __all__ = ["configure", "main", "make_example", "read_inputs"]
 
@@ -167,10 +167,6 @@ def _run(args: argparse.Namespace) -> int:
     params = {n: inputs[n] for n in spec.params}
     meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
     spec(**meta, **params)  # shape errors before any memory is sized
-    n_ranks = args.dimms * args.ranks
-    mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
-                                                 params.get("group"), n_ranks)
-    cfg = _config(args, mem_words)
     waves = getattr(args, "waves", None)
     nme_mhz = getattr(args, "nme_mhz", None)
     if nme_mhz is not None and args.dram is None:
@@ -180,6 +176,12 @@ def _run(args: argparse.Namespace) -> int:
                           **({"waves": waves} if waves else {}),
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     try:
+        cfg = _config(args, args.mem_words or _MAX_MEM_WORDS)
+        if not args.mem_words:   # sized by the placement the driver makes
+            cfg = replace(cfg, mem_words=fit_mem_words(
+                backend, cfg, args.op, {n: tuple(t.shape) for n, t in tensors.items()},
+                params.get("group"), args.dimms, args.ranks, min_words=_MIN_MEM_WORDS,
+                max_words=_MAX_MEM_WORDS))
         driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
         start = time.perf_counter()
         result = driver.run_op(args.op, **tensors, **params)
@@ -264,18 +266,6 @@ def _load_npz(path: Path) -> dict:
         if not isinstance(arr, np.ndarray):   # np.load gives other members as bytes
             raise bad(f"member {name!r} is not a .npy array")
     return arrays
-
-
-def _fit_mem_words(op: str, lanes: int, fmt: str, tensors: dict, group, n_ranks: int) -> int:
-    """Smallest power of two of words (>= 1024) that holds the largest rank's operands."""
-    cfg = NMEConfig(lanes=lanes, fmt=fmt, mem_words=_MAX_MEM_WORDS)
-    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-    ends = [compiler.plan_layout(op, cfg, tiled, group)[1]
-            for tiled in tile_shapes(op, shapes, n_ranks) if tiled is not None]
-    words = _MIN_MEM_WORDS
-    while words < max(ends, default=0) and words < _MAX_MEM_WORDS:
-        words *= 2
-    return words
 
 
 def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,

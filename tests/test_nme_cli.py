@@ -246,3 +246,17 @@ def test_out_is_written_under_the_given_name(tmp_path, capsys):
     assert (tmp_path / "y.txt").exists() and not (tmp_path / "y.txt.npz").exists()
     with np.load(tmp_path / "y.txt") as got:
         assert same_bits(got["y"], to_bits(ops.OPS["add"](**read_inputs(inp, "add", "bf16"))), "bf16")
+
+
+@pytest.mark.parametrize("n", [40_000, 40_920, 60_000, 81_840])
+def test_default_memory_holds_every_operand_size(n, tmp_path, capsys):
+    """Without --mem-words the rank memory is sized from the placement the driver makes
+    (aligned, bank-coloured streams), so no operand size fails for the fragmentation that
+    placement leaves: a sweep of sizes runs at every point, bit-exact to the reference."""
+    gen = torch.Generator().manual_seed(n)
+    a, b = (torch.randn(n, generator=gen).to(torch.bfloat16) for _ in range(2))
+    inp = _write(tmp_path / "in.npz", a=to_bits(a), b=to_bits(b))
+    code = run(["--op", "add", "--inputs", inp, "--out", tmp_path / "o.npz"])
+    assert code == 0, capsys.readouterr().err
+    with np.load(tmp_path / "o.npz") as got:
+        assert same_bits(got["y"], to_bits(ops.OPS["add"](a=a, b=b)), "bf16")
