@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from coda.jsonout import json_text
+
 __all__ = ["Param", "SweepKind", "sources_digest", "add_run_options", "parse_param", "load_grid", "grid_points", "check_address",
            "run_sweep", "read_results", "point_key", "MAX_POINTS"]
 
@@ -351,7 +353,7 @@ def run_sweep(kind: SweepKind, points: list[dict], out: str | os.PathLike, *,
                 with results_path.open("r+b") as f:
                     f.truncate(data.rfind(b"\n") + 1)
         with results_path.open("a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.write(json_text(rec, sort_keys=True) + "\n")
         if rec["status"] != "ok":
             log(f"point {rec['params']} FAILED: {rec['error'][:300]}")
 

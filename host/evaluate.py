@@ -16,17 +16,19 @@ extra operator executions DRA spent on them.
 
 Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
 label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
-(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``.
+(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``; a PSNR of identical
+videos (infinite) is ``null`` there (JSON has no Infinity).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from coda.jsonout import json_text
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
@@ -42,7 +44,9 @@ def _frames(video: torch.Tensor) -> torch.Tensor:
 
 
 def psnr_db(test: torch.Tensor, reference: torch.Tensor) -> float:
-    """PSNR (dB) over all elements, data range 2 (pixels in [-1, 1]); torchmetrics."""
+    """PSNR (dB) over all elements, data range 2 (pixels in [-1, 1]); torchmetrics. ``inf``
+    for identical videos (written as ``null`` to JSON, :func:`coda.jsonout.json_text`).
+    Raises ValueError for shapes that differ."""
     from torchmetrics.functional.image import peak_signal_noise_ratio
 
     if test.shape != reference.shape:
@@ -183,8 +187,8 @@ def main(args) -> int:
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
     from coda.host.model.sample import cache_mem_words, generate
-    from coda.host.policies import (MAX_SEED, check_guidance, check_steps, get_policy,
-                                    parse_int_list, parse_list)
+    from coda.host.policies import (MAX_SEED, check_cached_steps, check_guidance, check_steps,
+                                    get_policy, parse_int_list, parse_list)
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE, anneal, check_skip
     from coda.hw.isa import NMEConfig
@@ -200,6 +204,7 @@ def main(args) -> int:
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
     seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
     check_steps(args.steps)
+    check_cached_steps(args.steps)   # every policy evaluated caches: else nothing to compare
     check_guidance(args.guidance)
     for flag in ("batch", "moves", "threads"):
         if getattr(args, flag) < 1:
@@ -281,7 +286,7 @@ def main(args) -> int:
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
                           f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
                           f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
-            (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
+            (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
 
     corner = _corner_cases(per_video, skips, motion)
     videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
@@ -290,10 +295,10 @@ def main(args) -> int:
     summary = {"label_accuracy_full": acc_full, "profile": str(profile_path),
                "prompts": prompts, "seeds": seeds, "steps": args.steps,
                "wall_s": time.perf_counter() - t0}
-    (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (out / "videos.json").write_text(json.dumps({"summary": summary, "videos": videos},
+    (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+    (out / "videos.json").write_text(json_text({"summary": summary, "videos": videos},
                                                 indent=1) + "\n")
-    (out / "corner_cases.json").write_text(json.dumps(corner, indent=1) + "\n")
+    (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
     pareto_plot(rows, out / "pareto.png")
 
     table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "

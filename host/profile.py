@@ -41,6 +41,7 @@ from coda.host.driver import NMPDriver
 from coda.host.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
 from coda.host.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.schedule import BRANCHES, OP_TYPES
+from coda.jsonout import json_text
 
 __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
            "step_sensitivity",
@@ -212,8 +213,8 @@ class Profile:
         meta = dict(self.meta, version=PROFILE_VERSION)
         extra = {} if self.sensitivity is None else {"sensitivity": self.sensitivity}
         np.savez_compressed(path, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
-                            meta=np.array(json.dumps(meta)), **extra)
-        (folder / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+                            meta=np.array(json_text(meta)), **extra)
+        (folder / "profile.json").write_text(json_text(meta, indent=2) + "\n")
         return path
 
     @classmethod

@@ -44,10 +44,11 @@ the generation, the run itself goes on.
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
+
+from coda.jsonout import json_text
 
 DEFAULT_PROMPTS = "0-9"
 DEFAULT_RTL_VIDEOS = 3
@@ -280,7 +281,7 @@ def main(args) -> int:
         "machine": _machine(),
         "modelled": modelled,
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.json").write_text(json_text(report, indent=2) + "\n")
 
     table = Table(title=f"coda run — report in {out / 'report.json'}")
     table.add_column("figure")
@@ -347,7 +348,7 @@ _PROFILE_POLICIES = ("coda+dra", "teacache", "magcache")
 def _policy(args, model):
     """(name, policy) from the flags; every file is read and checked here, before any work.
     A flag the chosen policy does not read is refused, not ignored."""
-    from coda.host.policies import get_policy
+    from coda.host.policies import check_cached_steps, get_policy
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
 
@@ -376,6 +377,7 @@ def _policy(args, model):
     skip = 0.5 if args.skip is None else args.skip
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    check_cached_steps(args.steps, "--steps", name)   # every policy: else nothing is cached
     layers = len(model.transformer.transformer_blocks)
     mhash = model_hash(model)
     if name == "uniform":
@@ -385,10 +387,6 @@ def _policy(args, model):
         if interval < 2:
             raise ValueError(f"--interval {interval}: recomputes every step, nothing would be "
                              "cached; expected >= 2")
-        if args.steps < 3:
-            raise ValueError(f"--steps {args.steps} with --policy uniform: nothing would be "
-                             "cached (the warmup takes step 0, the next step computes before "
-                             "any reuse); expected --steps >= 3")
         if warmup > args.steps - 2:
             given = "" if args.warmup is not None else " (the default)"
             raise ValueError(f"--warmup {warmup}{given} with --steps {args.steps}: nothing "

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -49,6 +48,7 @@ from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equ
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
 from coda.synth.yosys_synth import synth_ecp5, synth_generic
+from coda.jsonout import json_text
 
 __all__ = ["nme_source", "synthesize", "print_report", "configure", "main"]
 
@@ -136,7 +136,7 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         report["ecp5"] = result
     runtime["total"] = round(time.monotonic() - start, 2)
     report["runtime_s"] = runtime
-    (outdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (outdir / "report.json").write_text(json_text(report, indent=2) + "\n")
     return report
 
 

@@ -49,6 +49,7 @@ from coda.hw.isa import NMEConfig
 from coda.synth.flow import synthesize
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
+from coda.jsonout import json_text
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
            "bandwidth_table", "measured_table", "clock_table", "plot", "main"]
@@ -467,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         print_clock_table(crow)
     out = args.root.parent
     bench = _bench_results(Path("build/bench"))
-    (out / "sweep.json").write_text(json.dumps({"rows": rows, "dram": args.dram,
+    (out / "sweep.json").write_text(json_text({"rows": rows, "dram": args.dram,
                                                 "clock_rows": crow, "bench": bench},
                                                indent=1) + "\n")
     if rows:

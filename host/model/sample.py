@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from coda.jsonout import json_text
+
 from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
@@ -282,7 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m coda.host.model.sample``: full-compute vs cached generation of every digit
     with the shipped model (cache segments on the torch backend); prints a JSON report."""
     import argparse
-    import json
     import time
 
     from coda.host.backend import TorchBackend
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "full_s": full_s, "cached_s": time.perf_counter() - start,
         "nme_cycles": driver.stats["nme_cycles"], **stats,
     }
-    print(json.dumps(report, indent=2))
+    print(json_text(report, indent=2))
     return 0
 
 
