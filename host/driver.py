@@ -254,6 +254,7 @@ class NMPDriver:
         self._group_colours: dict = {}
         self._slots: dict[Hashable, _Slot] = {}
         self._inflight: _Ticket | None = None
+        self._open: dict[int, Callable[[], None]] = {}   # launched ops' unreleased scratch
         self.stats: dict = {}
         self.reset_stats()
 
@@ -273,6 +274,7 @@ class NMPDriver:
         """Drop every cache slot and zero the rank memories (``stats`` are kept)."""
         self.wait()
         self._slots.clear()
+        self._open.clear()
         self._allocs = self._new_allocators()
         self._group_colours = {}
         for mem in self.mems:
@@ -546,7 +548,12 @@ class NMPDriver:
             return PendingOp.done(self._empty_result(spec, tensors, group))
         scratch = [self._scratch_words(op, p, group, {**cached, **resident}) for p in plans]
         ranges = self._alloc_scratch(op, scratch, f"{op} operands and result", cached, resident)
-        release = lambda: self._release_scratch(ranges)  # noqa: E731
+        token = id(ranges)
+
+        def release() -> None:   # once: by the op's result, or by release_open
+            if self._open.pop(token, None) is not None:
+                self._release_scratch(ranges)
+        self._open[token] = release
         written = self.stats["bytes_written"]
         try:
             jobs, layouts = [], []
@@ -695,6 +702,16 @@ class NMPDriver:
         if results is not None:
             self._complete(ticket)
         return ticket
+
+    def release_open(self) -> None:
+        """Complete the launch in flight and release the scratch of every operator launched
+        and not taken (its :class:`PendingOp` abandoned, e.g. by a generation that ended in
+        an exception); their results are lost, cache slots are kept."""
+        try:
+            self.wait()
+        finally:
+            for release in list(self._open.values()):
+                release()
 
     def wait(self) -> None:
         """Wait for the launch in flight (if any) to complete."""

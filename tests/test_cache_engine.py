@@ -426,3 +426,57 @@ def test_interleaved_cfg_overlaps_the_rtl_nmes_with_the_other_branch():
     assert hook.stats["segments"] > 0
     assert driver.stats["async_launches"] == driver.stats["programs"] >= hook.stats["segments"]
     assert driver.stats["overlap_s"] > 0
+
+
+class _Abort(Exception):
+    pass
+
+
+@pytest.mark.parametrize("failure", ["interrupt", "capacity", "segment"])
+def test_an_aborted_generation_frees_its_rank_memory(failure):
+    """Two models share a driver that holds one generation's cache. The first generation ends
+    by an exception at its 4th transformer call (Ctrl-C; the driver out of memory while
+    storing; a launched segment abandoned); its slots and the scratch of segments it launched
+    are freed then, so the second model generates the bits it generates on a fresh driver,
+    and the aborted model's next generation starts again at step 0."""
+    from coda.host.driver import NMPCapacityError
+
+    model_a, model_b = tiny_model(), tiny_model()
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14), ranks=2)
+    hook_a = apply_coda_cache(model_a.transformer, CodaCacheConfig(driver, POLICY))
+    apply_coda_cache(model_b.transformer, CodaCacheConfig(driver, POLICY))
+    full = driver.free_bytes()
+    want = generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    assert driver.free_bytes() == full
+    calls = []
+    exc = {"interrupt": KeyboardInterrupt, "capacity": NMPCapacityError,
+           "segment": _Abort}[failure]
+
+    def fail_at_4th(module, args, kwargs):
+        calls.append(1)
+        if len(calls) == 4 and failure == "interrupt":
+            raise KeyboardInterrupt
+
+    real_store, real_segment = driver.store, driver.segment_submit
+
+    def store(key, tensor, group=None):
+        if len(calls) == 4 and failure == "capacity":
+            raise NMPCapacityError("rank 0: cannot allocate (injected)")
+        return real_store(key, tensor, group)
+
+    def segment_submit(x, gates, keys):
+        pending = real_segment(x, gates, keys)    # launched: its scratch is held
+        if len(calls) == 4 and failure == "segment":
+            raise _Abort
+        return pending
+
+    handle = model_a.transformer.register_forward_pre_hook(fail_at_4th, with_kwargs=True)
+    driver.store, driver.segment_submit = store, segment_submit
+    with pytest.raises(exc):
+        generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    handle.remove()
+    del driver.store, driver.segment_submit
+    assert len(calls) == 4 and hook_a.state.generation is None
+    assert driver.free_bytes() == full and driver.keys() == []
+    assert torch.equal(generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False), want)
+    assert torch.equal(generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False), want)

@@ -127,11 +127,13 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc="denoise", leave=False)
-    for i, t in enumerate(steps):
-        uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
-        pred = uncond + guidance_scale * (cond - uncond)
-        noise = _draw(generators, x.shape[1:]) if eta > 0 else None
-        x = sched.step(pred, t, x, eta=float(eta), variance_noise=noise).prev_sample
+    from coda.host.cache_engine import coda_generation
+    with coda_generation(transformer):    # ended by an exception: its cache slots are freed
+        for i, t in enumerate(steps):
+            uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
+            pred = uncond + guidance_scale * (cond - uncond)
+            noise = _draw(generators, x.shape[1:]) if eta > 0 else None
+            x = sched.step(pred, t, x, eta=float(eta), variance_noise=noise).prev_sample
     return x.clamp(-1.0, 1.0)
 
 
