@@ -42,6 +42,7 @@ from coda.hw.verilog import add_latency_arguments
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
 from coda.host.bits import from_bits, to_bits, torch_dtype
+from coda.host.policies import check_seed
 from coda.host.driver import NMPCapacityError, NMPDriver, fit_mem_words
 
 __all__ = ["configure", "main", "make_example", "read_inputs"]
@@ -112,6 +113,7 @@ def _check_options(args: argparse.Namespace) -> None:
     """The format and geometry options, checked as a run checks them (NMEConfig), with the
     message naming the option: ``--lanes 0: expected 1..64``."""
     torch_dtype(args.fmt)
+    check_seed(args.seed)     # --make-example's seed: the range of every command's seeds
     _check_waves(args)
     if args.dimms < 1 or args.ranks < 1:
         raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -50,7 +51,34 @@ from coda.synth.tools import SynthError, tool_path, tool_versions
 from coda.synth.yosys_synth import synth_ecp5, synth_generic
 from coda.jsonout import json_text
 
-__all__ = ["nme_source", "synthesize", "print_report", "configure", "main"]
+__all__ = ["nme_source", "synthesize", "print_report", "configure", "main",
+           "check_synth_options", "MAX_FREQ_MHZ"]
+
+#: the highest nextpnr target clock taken, MHz (above any ECP5 fabric clock)
+MAX_FREQ_MHZ = 1000.0
+
+
+def check_synth_options(freq_mhz: float, seed: int, timeout_s: float | None = None,
+                        flags: tuple[str, str, str] = ("--freq", "--seed", "--timeout")) -> None:
+    """The options of a synthesis run, checked before any work (every command and
+    :func:`synthesize` through this one check): ``freq_mhz`` a finite clock in MHz,
+    0 < F <= :data:`MAX_FREQ_MHZ`; ``seed`` a placer seed 0..2**31-1
+    (:func:`coda.host.policies.check_seed`, the seeds of every command); ``timeout_s``
+    None or finite > 0 seconds. Raises ValueError naming the flag (``flags``), the value and
+    what was expected."""
+    from coda.host.policies import check_seed
+
+    freq_flag, seed_flag, timeout_flag = flags
+    if isinstance(freq_mhz, bool) or not isinstance(freq_mhz, (int, float)) or \
+            not (math.isfinite(freq_mhz) and 0 < freq_mhz <= MAX_FREQ_MHZ):
+        raise ValueError(f"{freq_flag} {freq_mhz}: expected a finite target clock in MHz, "
+                         f"0 < F <= {MAX_FREQ_MHZ:g}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{seed_flag} {seed!r}: expected an integer placer seed")
+    check_seed(seed, seed_flag)
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and
+                                      math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"{timeout_flag} {timeout_s}: expected a finite time > 0 seconds")
 
 
 def nme_source(cfg: NMEConfig, name: str = "nme") -> str:
@@ -87,10 +115,12 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
     Returns:
         The report dict (also written as ``outdir/report.json``).
     Raises:
-        ValueError on an unknown target or device; SynthError if a tool fails.
+        ValueError on an unknown target or device, or options :func:`check_synth_options`
+        refuses (before any file is written); SynthError if a tool fails.
     """
     if target not in ("generic", "ecp5"):
         raise ValueError(f"target={target!r}: expected 'generic' or 'ecp5'")
+    check_synth_options(freq_mhz, seed, timeout_s, ("freq_mhz", "seed", "timeout_s"))
     forced = device_by_name(device) if device is not None else None
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +222,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``coda synth``; returns 0, or 1 if a tool failed."""
+    """Run ``coda synth``; returns 0, or 1 if a tool failed. Options are checked before any
+    work (ValueError: ``coda: error:``, exit 2, no output folder)."""
+    check_synth_options(args.freq, args.seed)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
                     operand_isolation=args.operand_isolation == "on",
                     trail_stores=args.trail_stores == "on",

@@ -427,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rerun_survivors and args.only:
         ap.error("--rerun-survivors and --only: give one of them")
+    try:
+        from coda.host.policies import check_seed
+        check_seed(args.seed)
+    except ValueError as exc:
+        ap.error(str(exc))
     only = [int(x) for x in args.only.split(",")] if args.only else None
     res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,
                        sequential=args.sequential, address=args.address,

@@ -46,7 +46,7 @@ from pathlib import Path
 from coda.cosim.bench import SWEEP_UNITS, config_units, fmax_below, parse_units, units_label
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
-from coda.synth.flow import synthesize
+from coda.synth.flow import check_synth_options, synthesize
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
 from coda.jsonout import json_text
@@ -447,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         args.units = units_label(args.units)
     except ValueError as exc:
         parser.error(str(exc).replace("units", "--units", 1))
+    try:
+        check_synth_options(100.0, args.seed, args.timeout)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,

@@ -168,6 +168,8 @@ def _refused(argv, message, capsys):
      f"--mul-latency {MAX_MUL_LATENCY + 1}: expected an int 0..{MAX_MUL_LATENCY}"),
     (["--add-latency", -1], f"--add-latency -1: expected an int 0..{MAX_ADD_LATENCY}"),
     (["--operand-latency", 2], "--operand-latency 2: expected an int 0..1"),
+    (["--seed", -1], f"--seed -1: expected an integer 0..{2 ** 31 - 1}"),
+    (["--seed", 2 ** 31], f"--seed {2 ** 31}: expected an integer 0..{2 ** 31 - 1}"),
 ])
 def test_geometry_options_checked_for_runs_and_examples(option, message, tmp_path, capsys):
     inp = tmp_path / "in.npz"
