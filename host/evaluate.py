@@ -153,6 +153,7 @@ def pareto_plot(rows: list[dict], path) -> None:
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE
+    from coda.hw.verilog import add_latency_arguments
     parser.add_argument("--policy", default=",".join(POLICY_NAMES[:2] + POLICY_NAMES[2:3]
                                                       + POLICY_NAMES[4:]),
                         help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
@@ -172,6 +173,7 @@ def configure(parser) -> None:
                              "50 steps)")
     parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
                         help="where segments and monitors run (default torch)")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
     parser.add_argument("--batch", type=int, default=2, help="videos per generation")
     parser.add_argument("--moves", type=int, default=200_000, help="annealing moves (coda)")
     parser.add_argument("--out", required=True, help="output folder")
@@ -192,6 +194,7 @@ def main(args) -> int:
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE, anneal, check_skip
     from coda.hw.isa import NMEConfig
+    from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
     # ---- every check before any work
@@ -209,6 +212,8 @@ def main(args) -> int:
     for flag in ("batch", "moves", "threads"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
     out = check_output_path(args.out, "--out", folder=True)
     profile = None
     profile_path = args.profile or SHIPPED_PROFILE
@@ -233,6 +238,7 @@ def main(args) -> int:
         for skip in skips:       # the search's bound, for every skip before any annealing
             check_skip(skip, args.steps, layers)
     console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs the segments
     # every policy calibrated (and the coda schedules annealed) before any generation
     policies_at = {}
     for skip in skips:
@@ -251,7 +257,7 @@ def main(args) -> int:
     def driver_factory(videos: int):
         # slots for outputs and kept inputs (DRA, TeaCache)
         words = cache_mem_words(model, videos, 2, 8, inputs=True)
-        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
 
     common = dict(num_steps=args.steps, guidance_scale=args.guidance)
     vid_labels = torch.tensor([p for _ in seeds for p in prompts])

@@ -11,7 +11,8 @@ IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.
 ``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
 dequant_int8): floating-point inputs as uint16 arrays of raw bf16/fp16 bit patterns, ``q`` as
 int8, ``group`` as an integer scalar. OUT.npz receives ``y`` (uint16 bit patterns) or, for
-l1_distance, ``l1`` (a float32 scalar). A one-line summary goes to stdout. Bad files, keys,
+l1_distance, ``l1`` (a float32 scalar). stdout gets the NME configuration (``--preset``
+and latencies, :func:`coda.hw.verilog.resolve_preset`) and a one-line summary. Bad files, keys,
 dtypes or shapes print one clear error line and exit with status 2.
 
 ``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
@@ -38,7 +39,7 @@ import torch
 
 from coda.paths import check_output_path
 from coda.hw.isa import NMEConfig
-from coda.hw.verilog import add_latency_arguments
+from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
 from coda.host.bits import from_bits, to_bits, torch_dtype
@@ -114,6 +115,7 @@ def _check_options(args: argparse.Namespace) -> None:
     message naming the option: ``--lanes 0: expected 1..64``."""
     torch_dtype(args.fmt)
     check_seed(args.seed)     # --make-example's seed: the range of every command's seeds
+    args.nme_preset = resolve_preset(args)
     _check_waves(args)
     if args.dimms < 1 or args.ranks < 1:
         raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
@@ -202,6 +204,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.dram and last is not None:   # the DIMM-NMP's last job: both clocks
         timing = (f"nme_mhz={last.nme_mhz:.6g} ns={last.ns:.1f} job_nme_cycles={last.cycles} "
                   f"dram_cycles={last.dram_cycles} ")
+    print(args.nme_preset.describe())    # the top of the output: which NME ran
     print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
           f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
           f"{'dram=' + args.dram + ' ' if args.dram else ''}{timing}"

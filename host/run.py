@@ -58,6 +58,7 @@ POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache")
 
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+    from coda.hw.verilog import add_latency_arguments
 
     parser.add_argument("--out", default="out", help="output folder (default: out/)")
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
@@ -99,6 +100,7 @@ def configure(parser) -> None:
                         help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
                              "command clock) behind asynchronous FIFOs (default: the DRAM clock)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
     parser.add_argument("--dimms", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
     parser.add_argument("--seed", type=int, default=0,
@@ -112,7 +114,9 @@ def _driver(backend, args, model, videos: int, inputs: bool):
     from coda.hw.isa import NMEConfig
 
     mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs)
-    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words)
+    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
+                    mul_latency=args.mul_latency, add_latency=args.add_latency,
+                    operand_latency=args.operand_latency)
     return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
 
 
@@ -129,6 +133,7 @@ def main(args) -> int:
     from coda.host.model.sample import cached_generate, generate, side_by_side_gif
     from coda.host.policies import check_guidance, check_seed, check_steps, parse_int_list
     from coda.host.system import modelled as modelled_systems
+    from coda.hw.verilog import resolve_preset
 
     # every check before any work or any file: flags, output folder, policy, backend, driver
     digits = parse_int_list(args.prompts, "--prompts", 0, 9)
@@ -147,6 +152,7 @@ def main(args) -> int:
                              f"meets the DRAM controller's; an ideal memory has no clock)")
         from coda.hw.nmp import check_nme_mhz
         nme_mhz = check_nme_mhz(nme_mhz, args.dram)
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model()
     policy_name, policy = _policy(args, model)
@@ -156,6 +162,7 @@ def main(args) -> int:
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     torch.set_num_threads(args.threads)
     console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs the segments
     t_start = time.perf_counter()
 
     labels = torch.tensor(digits, dtype=torch.int64)
@@ -253,6 +260,8 @@ def main(args) -> int:
         "dram": args.dram,
         "nme_mhz": nme_mhz,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
+        "nme": {"preset": preset.name, **preset.units(), "fmax": preset.fmax,
+                "trail_stores": args.trail_stores == "on"},
         "policy": policy_name,
         "policy_params": policy.describe(),
         "bit_exact_rtl_vs_torch": bit_exact,

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from coda.hw.isa import NMEConfig
-from coda.hw.verilog import add_latency_arguments
+from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
@@ -214,7 +214,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--freq", type=float, default=100.0,
                         help="nextpnr target clock in MHz (default 100)")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="nextpnr placer seed (default: the --preset's, 1 for the "
+                             "combinational NME, 2 for timing-closed)")
     parser.add_argument("--no-pnr", action="store_true", help="ECP5: stop after yosys")
     parser.add_argument("--device", default=None, choices=[d.name for d in ECP5_DEVICES],
                         help="ECP5: the part to place on (default: the smallest that holds "
@@ -224,14 +226,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run ``coda synth``; returns 0, or 1 if a tool failed. Options are checked before any
     work (ValueError: ``coda: error:``, exit 2, no output folder)."""
-    check_synth_options(args.freq, args.seed)
+    preset = resolve_preset(args)
+    seed = preset.seed if args.seed is None else args.seed
+    check_synth_options(args.freq, seed)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
                     operand_isolation=args.operand_isolation == "on",
                     trail_stores=args.trail_stores == "on",
                     mul_latency=args.mul_latency, add_latency=args.add_latency,
                     operand_latency=args.operand_latency)
+    print(f"{preset.describe()}; placer seed {seed}, target {args.freq:g} MHz", flush=True)
     try:
-        report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=args.seed,
+        report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=seed,
                             pnr=not args.no_pnr, device=args.device)
     except SynthError as exc:
         print(f"coda synth: {exc}", file=sys.stderr)
