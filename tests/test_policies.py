@@ -80,6 +80,13 @@ def test_every_calibrated_policy_refuses_a_run_too_short_to_cache(name, short_pr
         if name in ("teacache", "magcache"):      # an explicit threshold too
             with pytest.raises(ValueError, match="nothing would be cached"):
                 get_policy(name, threshold=0.1, **kw)
+        # the calibrations called directly (from Python) say the same
+        cls = {"teacache": TeaCachePolicy, "magcache": MagCachePolicy}.get(name)
+        if cls is not None:
+            with pytest.raises(ValueError, match=f"{steps} with --policy {name}: nothing"):
+                cls.calibrate(short_profiles[steps], 0.3)
+    with pytest.raises(ValueError, match="expected a profile of >= 2 steps"):
+        fit_rescale(short_profiles[1])       # no step >= 1 to fit on: not a reshape error
     from coda.host.policies import MIN_CACHED_STEPS, expected_skip
     assert MIN_CACHED_STEPS == 3
     kw = dict(profile=short_profiles[3], num_steps=3, num_layers=2)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from coda.host.schedule import OP_TYPES, Schedule
+from coda.lists import items, no_duplicates
 
 from .base import COMPUTE, CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy, StaticPolicy
@@ -227,23 +228,8 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) ->
 MAX_SEED = 2**31 - 1
 
 
-def _items(text, flag: str, expected: str) -> list[str]:
-    """The comma-separated items of ``text``, stripped; an empty item (``1,,2``, a leading or
-    trailing comma, an empty list) is refused."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if not any(parts):
-        raise ValueError(f"{flag} {text!r}: empty, expected {expected}")
-    if not all(parts):
-        raise ValueError(f"{flag} {text!r}: an empty item, expected {expected}")
-    return parts
-
-
-def _no_duplicates(values: list, text, flag: str, expected: str) -> None:
-    seen = set()
-    for v in values:
-        if v in seen:
-            raise ValueError(f"{flag} {text!r}: {v!r} given twice, expected {expected}")
-        seen.add(v)
+# one rule for lists, shared with coda sweep's --param / --grid (coda.lists)
+_items, _no_duplicates = items, no_duplicates
 
 
 def parse_int_list(text, flag: str, lo: int, hi: int) -> list[int]:
