@@ -207,7 +207,8 @@ def main(args) -> int:
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
     seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
     check_steps(args.steps)
-    check_cached_steps(args.steps)   # every policy evaluated caches: else nothing to compare
+    for name in policies:            # a policy that would cache nothing: nothing to compare
+        check_cached_steps(args.steps, "--steps", name)
     check_guidance(args.guidance)
     for flag in ("batch", "moves", "threads"):
         if getattr(args, flag) < 1:

@@ -386,7 +386,7 @@ def _policy(args, model):
     skip = 0.5 if args.skip is None else args.skip
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
-    check_cached_steps(args.steps, "--steps", name)   # every policy: else nothing is cached
+    check_cached_steps(args.steps, "--steps", name)   # any rule-based policy: else no reuse
     layers = len(model.transformer.transformer_blocks)
     mhash = model_hash(model)
     if name == "uniform":

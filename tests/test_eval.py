@@ -80,10 +80,11 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     (["--profile", "nowhere.npz"], "nowhere.npz: no such file"),
     # too short for any policy to cache anything: refused before any generation
     (["--policy", "uniform", "--skip", "0.3", "--steps", "1"],
-     "--steps 1: nothing would be cached"),
+     "--steps 1 with --policy uniform: nothing would be cached"),
     (["--policy", "uniform", "--skip", "0.3", "--steps", "2"],
-     "--steps 2: nothing would be cached"),
-    (["--policy", "pab", "--steps", "2"], "--steps 2: nothing would be cached"),
+     "--steps 2 with --policy uniform: nothing would be cached"),
+    (["--policy", "coda,pab", "--steps", "2"], "--steps 2 with --policy pab: nothing would be "
+                                              "cached"),
     # a given --profile is checked even when no policy reads it
     (["--policy", "uniform", "--profile", "nowhere.npz"], "--profile nowhere.npz: no such file"),
     (["--policy", "uniform,pab", "--profile", "text.npz"],

@@ -35,7 +35,8 @@ from .uniform import UniformIntervalPolicy
 __all__ = ["CachePolicy", "Decision", "OpQuery", "COMPUTE", "StaticPolicy", "SchedulePolicy",
            "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip",
            "parse_int_list", "parse_list", "check_steps", "max_steps", "check_guidance",
-           "check_seed", "check_weight", "MAX_SEED", "MIN_CACHED_STEPS", "check_cached_steps"]
+           "check_seed", "check_weight", "MAX_SEED", "MIN_CACHED_STEPS", "check_cached_steps",
+           "SCHEDULE_POLICIES", "expected_skip"]
 
 
 def as_policy(policy) -> CachePolicy:
@@ -52,16 +53,21 @@ def as_policy(policy) -> CachePolicy:
     raise TypeError(f"policy {policy!r}: expected a CachePolicy (coda.host.policies) or a Schedule")
 
 
-#: the fewest DDIM steps in which a cache policy reuses anything: the first step computes
-#: every operator, and the step after the warmup computes before any reuse
+#: the fewest DDIM steps in which a rule-based policy (uniform, PAB, TeaCache, MagCache)
+#: reuses anything: the first step computes every operator, and the step after the warmup
+#: computes before any reuse. (A coda schedule says itself what it reuses: coda schedule
+#: search anneals one only if something can be reused, coda.host.search.check_skip.)
 MIN_CACHED_STEPS = 3
+#: the policies whose schedule (not a rule) decides what is reused
+SCHEDULE_POLICIES = ("coda", "coda+dra")
 
 
 def check_cached_steps(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
     """``steps`` if a cache policy can reuse anything in a run of that many DDIM steps
-    (>= :data:`MIN_CACHED_STEPS`); ValueError naming ``flag`` (and ``policy``) otherwise:
-    nothing would be cached."""
-    if steps < MIN_CACHED_STEPS:
+    (>= :data:`MIN_CACHED_STEPS`; any for :data:`SCHEDULE_POLICIES`, whose schedule is
+    checked against the steps when read); ValueError naming ``flag`` (and ``policy``)
+    otherwise: nothing would be cached."""
+    if steps < MIN_CACHED_STEPS and policy not in SCHEDULE_POLICIES:
         with_policy = f" with --policy {policy}" if policy else ""
         raise ValueError(f"{flag} {steps}{with_policy}: nothing would be cached (the first "
                          "step computes every operator, the next one computes before any "
