@@ -480,3 +480,33 @@ def test_an_aborted_generation_frees_its_rank_memory(failure):
     assert driver.free_bytes() == full and driver.keys() == []
     assert torch.equal(generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False), want)
     assert torch.equal(generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False), want)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("inputs", [False, True])
+def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, inputs):
+    """cache_mem_words sizes rank memory for every slot of a generation (per video and CFG
+    branch one slot group, per operator type and layer a slot, with ``inputs`` a second one)
+    plus a segment's scratch; checked with the driver's own placement (bank colours,
+    power-of-two alignment), for 1..4 videos."""
+    from coda.host.model.sample import cache_mem_words
+    from coda.host.schedule import BRANCHES
+    model = tiny_model()
+    tcfg, data = model.config["transformer"], model.config["data"]
+    tokens = data["frames"] * (data["size"] // tcfg["patch_size"]) ** 2
+    hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+    layers = len(model.transformer.transformer_blocks)
+    for videos in range(1, 5):
+        words = cache_mem_words(model, videos, ranks, 8, inputs=inputs)
+        driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=words), ranks=ranks)
+        zeros = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+        for v in range(videos):
+            for br in BRANCHES:
+                for layer in range(layers):
+                    for op in OP_TYPES:
+                        for what in ("out", "in")[:1 + inputs]:
+                            driver.store((br, v, layer, op, what), zeros, group=(br, v))
+        shapes = {"x": (tokens, hidden), "g": (len(OP_TYPES), hidden),
+                  "c": (len(OP_TYPES), tokens, hidden)}
+        assert driver.fits("segment", shapes), (videos, words)
+        assert driver.stats["placement_misses"] == 0
