@@ -4,7 +4,7 @@ Usage::
 
     coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz \\
                  [--backend torch|rtl] [--lanes N] [--dimms D] [--ranks R] [--mem-words W]
-                 [--waves FILE.fst]
+                 [--preset combinational|timing-closed] [--waves FILE.fst]
     coda nme run --op OP --fmt F --make-example IN.npz [--lanes N] [--seed S]
 
 IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.ops`:
@@ -74,7 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs; "
                              "reports ns, NME and DRAM cycles (default: NMEs on the DRAM clock)")
     parser.add_argument("--mem-words", type=int, default=None,
-                        help="words per rank memory (default: smallest power of two that fits)")
+                        help="words per rank memory (default: the smallest power of two in "
+                             "which the driver places the operands and result)")
     parser.add_argument("--make-example", metavar="IN.npz", default=None,
                         help="write a random example input file for --op/--fmt and exit")
     parser.add_argument("--seed", type=int, default=0, help="seed of --make-example")
