@@ -1,6 +1,7 @@
 """The sweep engine: every point of a parameter grid a task on Ray, results in one table.
 
-A base helper (it imports nothing of coda): a sweep *kind* (:class:`SweepKind`) is declared by
+A base helper (it imports only coda's other base helpers, coda.jsonout and coda.lists): a sweep
+*kind* (:class:`SweepKind`) is declared by
 the module that owns the work — ``coda.synth.sweep`` (ECP5 / generic synthesis),
 ``coda.cosim.bench`` (the DIMM-NMP design space), ``coda.host.search`` (annealing restarts),
 ``coda.host.system.sim`` (the system model) — and run here, either
@@ -44,6 +45,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from coda.jsonout import json_text
+from coda.lists import no_duplicates
 
 __all__ = ["Param", "SweepKind", "sources_digest", "add_run_options", "parse_param", "load_grid", "grid_points", "check_address",
            "run_sweep", "read_results", "point_key", "MAX_POINTS"]
@@ -159,7 +163,8 @@ def add_run_options(parser, what: str = "points") -> None:
 # ----------------------------------------------------------------------------- grids
 def parse_param(kind: SweepKind, text: str) -> tuple[str, list]:
     """``"NAME=V1,V2,..."`` -> (name, converted values). Raises ValueError naming the bad
-    part: no ``=``, an unknown name, an empty list or item, a value of the wrong type."""
+    part: no ``=``, an unknown name, an empty list or item, a value of the wrong type, a
+    value given twice (:func:`coda.lists.no_duplicates`, the rule of every list option)."""
     name, sep, values = str(text).partition("=")
     name = name.strip()
     if not sep or not name:
@@ -171,13 +176,15 @@ def parse_param(kind: SweepKind, text: str) -> tuple[str, list]:
     if any("=" in v for v in items):
         raise ValueError(f"--param {text!r}: a value holds '=' (a value with commas, like "
                          f"intervals=a=1,b=2?): give such values in a --grid TOML file")
-    return name, [p.convert(v) for v in items]
+    converted = [p.convert(v) for v in items]
+    no_duplicates(converted, text, "--param", "distinct values")   # the rule of every list
+    return name, converted
 
 
 def load_grid(kind: SweepKind, path: str | os.PathLike) -> dict[str, list]:
     """Read a TOML grid: top-level ``name = value`` or ``name = [v1, v2, ...]``.
-    Raises ValueError for unreadable TOML, an unknown name, a nested table or an empty list;
-    OSError for a missing file."""
+    Raises ValueError for unreadable TOML, an unknown name, a nested table, an empty list or
+    a value listed twice; OSError for a missing file."""
     if str(path) == "":
         raise ValueError("--grid '': expected a TOML file path")
     try:
@@ -197,6 +204,7 @@ def load_grid(kind: SweepKind, path: str | os.PathLike) -> dict[str, list]:
         if not values:
             raise ValueError(f"--grid {path}: {name} is an empty list")
         grid[name] = [p.convert(v, text=False) for v in values]
+        no_duplicates(grid[name], values, f"--grid {path}: {name} =", "distinct values")
     return grid
 
 
@@ -351,7 +359,7 @@ def run_sweep(kind: SweepKind, points: list[dict], out: str | os.PathLike, *,
                 with results_path.open("r+b") as f:
                     f.truncate(data.rfind(b"\n") + 1)
         with results_path.open("a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.write(json_text(rec, sort_keys=True) + "\n")
         if rec["status"] != "ok":
             log(f"point {rec['params']} FAILED: {rec['error'][:300]}")
 

@@ -64,6 +64,7 @@ import numpy as np
 
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.sweep import add_run_options
+from coda.jsonout import json_text
 
 
 def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3) -> dict:
@@ -670,7 +671,7 @@ def write_dse(out: Path, rows: list[dict], drams, fmt: str, clocks, stream_bytes
     units = units_label(units)
     areas = synth_areas(synth_root, fmt, units)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    out.write_text(json_text({
         "version": DSE_VERSION, "drams": list(drams), "dram": list(drams)[0], "fmt": fmt,
         "clocks": list(clocks), "stream_bytes": stream_bytes, "units": units, "rows": rows,
         "knees": perf_per_area(knees(rows, tolerance), areas),
@@ -887,7 +888,7 @@ def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[
                   + f", {len(violations)} violations", flush=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rows, indent=1) + "\n")
+        out.write_text(json_text(rows, indent=1) + "\n")
     return rows
 
 
@@ -995,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
                      mem_words=_mem_words(words))
     result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f,
                                       stream_words=words) for f in flag_sets]
-    text = json.dumps(result, indent=1)
+    text = json_text(result, indent=1)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

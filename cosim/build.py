@@ -35,6 +35,7 @@ from pathlib import Path
 
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.isa import NMEConfig
+from coda.jsonout import json_text
 
 __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "build_sim",
            "nme_verilog_cached",
@@ -338,7 +339,7 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
         build = SimBuild(out, key, cfg.lanes, cfg.mem_words, bool(tog_w), seconds, waves)
         meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(build).items()}
         meta["cfg"] = {k: v for k, v in asdict(cfg).items()}
-        stamp.write_text(json.dumps(meta, indent=1))
+        stamp.write_text(json_text(meta, indent=1))
         return build
 
 

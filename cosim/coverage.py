@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from coda.hw.isa import NMEConfig, Op, RSrc, Status
+from coda.jsonout import json_text
 
 __all__ = ["FLOAT_CLASSES", "RESULT_EVENTS", "float_class", "result_events", "NMECoverage",
            "merge", "summary", "OPERATORS"]
@@ -330,7 +331,7 @@ class NMECoverage:
         data = _totals({"config": {"fmt": self.cfg.fmt, "lanes": self.cfg.lanes},
                         "bins": bins})
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        Path(path).write_text(json_text(data, indent=1, sort_keys=True) + "\n")
         return data
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import json
 import os
 import re
 import stat
@@ -36,6 +35,7 @@ from pathlib import Path
 from coda.hw.dram import DRAMController
 from coda.hw.dram_rowpolicy import ROW_POLICIES
 from coda.hw.dram_standards import DRAMStandard, STANDARDS, get_standard
+from coda.jsonout import json_text
 
 from .toolchain import build_dir, build_lock, setup_verilator_env
 
@@ -559,5 +559,5 @@ def main(args) -> int:
     print(f"  simulation         {res['sim_s']:.2f} s ({res['sim_cycles_per_s'] / 1e6:.2f} M "
           f"cycles/s), model build {res['build_s']:.1f} s")
     if args.json is not None:
-        _write_output(args.json, [(json.dumps(res, indent=2) + "\n").encode()])
+        _write_output(args.json, [(json_text(res, indent=2) + "\n").encode()])
     return 0

@@ -26,6 +26,7 @@ from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.isa import NMEConfig
 from coda.hw.nmp import check_shape
+from coda.jsonout import json_text
 
 __all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME", "DUT_NAME",
            "CMD_DEPTH", "MAX_COSIM_RANKS", "clock_plusargs", "half_period_fs"]
@@ -188,6 +189,6 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
             raise CosimBuildError(f"Verilator build of the DIMM-NMP in {out} failed ({exc}):\n"
                                   + log_tail(out / "build.log")) from None
         seconds = time.perf_counter() - t0
-        stamp.write_text(json.dumps({"build_seconds": seconds, "params": params,
+        stamp.write_text(json_text({"build_seconds": seconds, "params": params,
                                      "flags": flags}, indent=1))
         return NMPBuild(out, key, cfg, std.name, dimms, ranks, flags, seconds, bool(nme_clock))

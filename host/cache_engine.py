@@ -64,6 +64,7 @@ Decisions are per sample too, so a sample's result never depends on the rest of 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ from .schedule import BRANCHES, ScheduleError
 
 __all__ = ["BATCHED_CFG", "SEGMENT_OUTPUTS", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
            "apply_coda_cache", "remove_coda_cache", "reset_coda_cache", "get_coda_cache_hook",
-           "HOOK_NAME", "BLOCK_HOOK_NAME"]
+           "coda_generation", "HOOK_NAME", "BLOCK_HOOK_NAME"]
 
 HOOK_NAME = "coda_cache"
 BLOCK_HOOK_NAME = "coda_cache_block"
@@ -315,6 +316,20 @@ class CodaCacheHook(ModelHook):
                     self._free_slots(branch)
             st.generation = None
 
+    def _abort_generation(self) -> None:
+        """A call ended by an exception: the generation cannot go on. Release the scratch of
+        the segments it launched and did not take (the driver's ``release_open``, if it has
+        one), free every slot it holds (also with ``keep_slots``) and end it: a model
+        sharing the driver gets the whole memory, the next call must start at step 0."""
+        release_open = getattr(self.config.driver, "release_open", None)
+        try:
+            if release_open is not None:
+                release_open()
+        finally:
+            for branch in self.state.branches.values():
+                self._free_slots(branch)
+            self.state.reset()
+
     # ---- the forward ----------------------------------------------------------
     def new_forward(self, module, *args, **kwargs):
         """The transformer's own forward (under ``torch.no_grad``: the engine is for
@@ -326,10 +341,13 @@ class CodaCacheHook(ModelHook):
         ctx = self.context_manager.context
         branches = _parse_branches(ctx.name, self.arch.batch_size(call_args))
         step = self._begin_call(ctx, branches)
-        run = self._run = _StepRun(self, module, branches, step)
         try:
+            run = self._run = _StepRun(self, module, branches, step)
             with torch.no_grad():
                 output = run.finish(self.fn_ref.original_forward(*args, **kwargs))
+        except BaseException:   # KeyboardInterrupt, NMPCapacityError, ...: nothing is held
+            self._abort_generation()
+            raise
         finally:
             self._run = None
         self._end_call()
@@ -795,6 +813,22 @@ def get_coda_cache_hook(transformer: torch.nn.Module) -> CodaCacheHook | None:
     """The registered hook, or None."""
     registry = getattr(transformer, "_diffusers_hook", None)
     return None if registry is None else registry.get_hook(HOOK_NAME)
+
+
+@contextlib.contextmanager
+def coda_generation(transformer: torch.nn.Module):
+    """Context manager around a denoising loop: if the loop ends by an exception (Ctrl-C
+    between two transformer calls, a scheduler error, ...), the hook's generation is ended
+    and its slots and launched segments' scratch freed (as a call ending by an exception
+    does itself), so nothing stays held in the ranks for other models of the driver.
+    Yields the hook (None if the transformer has none); re-raises the exception."""
+    try:
+        yield get_coda_cache_hook(transformer)
+    except BaseException:
+        hook = get_coda_cache_hook(transformer)
+        if hook is not None:
+            hook._abort_generation()
+        raise
 
 
 def reset_coda_cache(transformer: torch.nn.Module) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable
 
 import numpy as np
@@ -49,7 +49,7 @@ from coda.host.bits import (from_bits, pack_int8_words, pack_words, to_bits, tor
                             unpack_words)
 
 __all__ = ["NMPDriver", "NMPCapacityError", "PendingOp", "PLACEMENT", "tile_bounds",
-           "tile_shapes"]
+           "tile_shapes", "fit_mem_words"]
 
 # How each operand of an operator is placed on the ranks: split along dim 0 (rows, or
 # elements of a flat vector), split along dim 1 (segment's c [K, T, C]), or replicated.
@@ -107,6 +107,24 @@ def tile_shapes(op: str, shapes: dict[str, tuple], n_ranks: int) -> list[dict | 
             tiled[name] = tuple(shape)
         out.append(tiled if math.prod(tiled[split_name]) else None)
     return out
+
+
+def fit_mem_words(backend: Backend, cfg: NMEConfig, op: str, shapes: dict[str, tuple],
+                  group: int | None = None, dimms: int = 1, ranks: int = 1, dram=None,
+                  min_words: int = 1 << 10, max_words: int = 1 << 24) -> int:
+    """The smallest power of two of words per rank memory, from ``min_words`` to
+    ``max_words``, in which an :class:`NMPDriver` of these arguments (``cfg.mem_words`` aside)
+    places ``op`` on operands of ``shapes`` (full shapes, input name -> shape): sized by the
+    driver's own placement (:meth:`NMPDriver.fits`), so a size it returns never fails for
+    fragmentation. ``max_words`` if none fits (running then raises
+    :class:`NMPCapacityError`). Raises ValueError as :meth:`NMPDriver.fits`."""
+    words = 1 << max(0, int(min_words) - 1).bit_length()
+    while words < max_words:
+        if NMPDriver(backend, replace(cfg, mem_words=words), dimms, ranks, dram).fits(
+                op, shapes, group):
+            return words
+        words *= 2
+    return int(max_words)
 
 
 @dataclass
@@ -236,6 +254,7 @@ class NMPDriver:
         self._group_colours: dict = {}
         self._slots: dict[Hashable, _Slot] = {}
         self._inflight: _Ticket | None = None
+        self._open: dict[int, Callable[[], None]] = {}   # launched ops' unreleased scratch
         self.stats: dict = {}
         self.reset_stats()
 
@@ -255,6 +274,7 @@ class NMPDriver:
         """Drop every cache slot and zero the rank memories (``stats`` are kept)."""
         self.wait()
         self._slots.clear()
+        self._open.clear()
         self._allocs = self._new_allocators()
         self._group_colours = {}
         for mem in self.mems:
@@ -542,7 +562,12 @@ class NMPDriver:
             return PendingOp.done(self._empty_result(spec, tensors, group))
         scratch = [self._scratch_words(op, p, group, {**cached, **resident}) for p in plans]
         ranges = self._alloc_scratch(op, scratch, f"{op} operands and result", cached, resident)
-        release = lambda: self._release_scratch(ranges)  # noqa: E731
+        token = id(ranges)
+
+        def release() -> None:   # once: by the op's result, or by release_open
+            if self._open.pop(token, None) is not None:
+                self._release_scratch(ranges)
+        self._open[token] = release
         written = self.stats["bytes_written"]
         try:
             jobs, layouts = [], []
@@ -574,6 +599,26 @@ class NMPDriver:
         k = plan[1]["g"][0] if op == "segment" else 1
         return {n: w * (k if op == "segment" and n in ("g", "c") else 1)
                 for n, w in words.items() if n not in cached}
+
+    def fits(self, op: str, shapes: dict[str, tuple], group: int | None = None) -> bool:
+        """Whether :meth:`run_op` of ``op`` on operands of these full ``shapes`` (input name
+        -> shape, as :func:`tile_shapes` takes them) can place its operands and result in the
+        rank memories as they are now: the very placement it makes (bank colours,
+        power-of-two alignment, first-fit fallback), tried and released. Nothing is written.
+        Raises ValueError as :func:`coda.host.compiler.stream_words` (bad shapes)."""
+        scratch = [self._scratch_words(op, None if t is None else (None, t), group, {})
+                   for t in tile_shapes(op, shapes, self.n_ranks)]
+        stats = dict(self.stats)
+        misses = [a.misses for a in self._allocs]
+        try:
+            self._release_scratch(self._alloc_scratch(op, scratch, op, {}, {}))
+            return True
+        except NMPCapacityError:
+            return False
+        finally:    # a trial: no counter moves
+            self.stats = stats
+            for a, m in zip(self._allocs, misses):
+                a.misses = m
 
     def _alloc_scratch(self, op: str, scratch: list[dict[str, int]], what: str, cached: dict,
                        resident: dict[str, list[int | None]]) -> list[tuple[list, list, list]]:
@@ -671,6 +716,16 @@ class NMPDriver:
         if results is not None:
             self._complete(ticket)
         return ticket
+
+    def release_open(self) -> None:
+        """Complete the launch in flight and release the scratch of every operator launched
+        and not taken (its :class:`PendingOp` abandoned, e.g. by a generation that ended in
+        an exception); their results are lost, cache slots are kept."""
+        try:
+            self.wait()
+        finally:
+            for release in list(self._open.values()):
+                release()
 
     def wait(self) -> None:
         """Wait for the launch in flight (if any) to complete."""

@@ -20,17 +20,19 @@ extra operator executions DRA spent on them.
 
 Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
 label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
-(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``.
+(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``; a PSNR of identical
+videos (infinite) is ``null`` there (JSON has no Infinity).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from coda.jsonout import json_text
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
@@ -46,7 +48,9 @@ def _frames(video: torch.Tensor) -> torch.Tensor:
 
 
 def psnr_db(test: torch.Tensor, reference: torch.Tensor) -> float:
-    """PSNR (dB) over all elements, data range 2 (pixels in [-1, 1]); torchmetrics."""
+    """PSNR (dB) over all elements, data range 2 (pixels in [-1, 1]); torchmetrics. ``inf``
+    for identical videos (written as ``null`` to JSON, :func:`coda.jsonout.json_text`).
+    Raises ValueError for shapes that differ."""
     from torchmetrics.functional.image import peak_signal_noise_ratio
 
     if test.shape != reference.shape:
@@ -153,6 +157,7 @@ def pareto_plot(rows: list[dict], path) -> None:
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE
+    from coda.hw.verilog import add_latency_arguments
     parser.add_argument("--policy", default=",".join(POLICY_NAMES[:2] + POLICY_NAMES[2:3]
                                                       + POLICY_NAMES[4:]),
                         help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
@@ -172,6 +177,7 @@ def configure(parser) -> None:
                              "50 steps)")
     parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
                         help="where segments and monitors run (default torch)")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
     parser.add_argument("--batch", type=int, default=2, help="videos per generation")
     parser.add_argument("--workers", type=int, default=2,
                         help="Ray workers of the coda search's rollouts when no shipped "
@@ -189,12 +195,13 @@ def main(args) -> int:
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
     from coda.host.model.sample import cache_mem_words
+    from coda.host.policies import (MAX_SEED, check_cached_steps, check_guidance, check_steps,
+                                    get_policy, parse_int_list, parse_list)
     from coda.host.step_search import full_videos
-    from coda.host.policies import (MAX_SEED, check_guidance, check_steps, get_policy,
-                                    parse_int_list, parse_list)
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE
     from coda.hw.isa import NMEConfig
+    from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
     # ---- every check before any work
@@ -207,12 +214,16 @@ def main(args) -> int:
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
     seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
     check_steps(args.steps)
+    for name in policies:            # a policy that would cache nothing: nothing to compare
+        check_cached_steps(args.steps, "--steps", name)
     check_guidance(args.guidance)
     if args.workers < 0:
         raise ValueError(f"--workers {args.workers}: expected >= 0")
     for flag in ("batch", "threads"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
     out = check_output_path(args.out, "--out", folder=True)
     profile = None
     profile_path = args.profile or SHIPPED_PROFILE
@@ -239,6 +250,7 @@ def main(args) -> int:
             for always in dict.fromkeys([(), constant_op_types(profile)]):
                 reused_steps_for(skip, args.steps, len(always))
     console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs the segments
     # every policy calibrated (and the coda schedules found) before any generation
     policies_at = {}
     for skip in skips:
@@ -256,7 +268,7 @@ def main(args) -> int:
     def driver_factory(videos: int):
         # slots for outputs and kept inputs (DRA, TeaCache)
         words = cache_mem_words(model, videos, 2, 8, inputs=True)
-        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
 
     common = dict(num_steps=args.steps, guidance_scale=args.guidance)
     vid_labels = torch.tensor([p for _ in seeds for p in prompts])
@@ -294,7 +306,7 @@ def main(args) -> int:
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
                           f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
                           f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
-            (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
+            (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
 
     _count_wins(rows, per_video)
     corner = _corner_cases(per_video, skips, motion)
@@ -304,10 +316,10 @@ def main(args) -> int:
     summary = {"label_accuracy_full": acc_full, "profile": str(profile_path),
                "prompts": prompts, "seeds": seeds, "steps": args.steps,
                "wall_s": time.perf_counter() - t0}
-    (out / "pareto.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (out / "videos.json").write_text(json.dumps({"summary": summary, "videos": videos},
+    (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+    (out / "videos.json").write_text(json_text({"summary": summary, "videos": videos},
                                                 indent=1) + "\n")
-    (out / "corner_cases.json").write_text(json.dumps(corner, indent=1) + "\n")
+    (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
     pareto_plot(rows, out / "pareto.png")
 
     table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "

@@ -4,14 +4,15 @@ Usage::
 
     coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz \\
                  [--backend torch|rtl] [--lanes N] [--dimms D] [--ranks R] [--mem-words W]
-                 [--waves FILE.fst]
+                 [--preset combinational|timing-closed] [--waves FILE.fst]
     coda nme run --op OP --fmt F --make-example IN.npz [--lanes N] [--seed S]
 
 IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.ops`:
 ``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
 dequant_int8): floating-point inputs as uint16 arrays of raw bf16/fp16 bit patterns, ``q`` as
 int8, ``group`` as an integer scalar. OUT.npz receives ``y`` (uint16 bit patterns) or, for
-l1_distance, ``l1`` (a float32 scalar). A one-line summary goes to stdout. Bad files, keys,
+l1_distance, ``l1`` (a float32 scalar). stdout gets the NME configuration (``--preset``
+and latencies, :func:`coda.hw.verilog.resolve_preset`) and a one-line summary. Bad files, keys,
 dtypes or shapes print one clear error line and exit with status 2.
 
 ``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
@@ -30,6 +31,7 @@ import argparse
 import sys
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +39,12 @@ import torch
 
 from coda.paths import check_output_path
 from coda.hw.isa import NMEConfig
-from coda.hw.verilog import add_latency_arguments
+from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.host import ops as ref
 from coda.host.backend import BACKENDS, get_backend
 from coda.host.bits import from_bits, to_bits, torch_dtype
-from coda.host.driver import NMPCapacityError, NMPDriver, tile_shapes
-from coda.host import compiler
+from coda.host.policies import check_seed
+from coda.host.driver import NMPCapacityError, NMPDriver, fit_mem_words
 
 __all__ = ["configure", "main", "make_example", "read_inputs"]
 
@@ -72,7 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs; "
                              "reports ns, NME and DRAM cycles (default: NMEs on the DRAM clock)")
     parser.add_argument("--mem-words", type=int, default=None,
-                        help="words per rank memory (default: smallest power of two that fits)")
+                        help="words per rank memory (default: the smallest power of two in "
+                             "which the driver places the operands and result)")
     parser.add_argument("--make-example", metavar="IN.npz", default=None,
                         help="write a random example input file for --op/--fmt and exit")
     parser.add_argument("--seed", type=int, default=0, help="seed of --make-example")
@@ -112,6 +115,8 @@ def _check_options(args: argparse.Namespace) -> None:
     """The format and geometry options, checked as a run checks them (NMEConfig), with the
     message naming the option: ``--lanes 0: expected 1..64``."""
     torch_dtype(args.fmt)
+    check_seed(args.seed)     # --make-example's seed: the range of every command's seeds
+    args.nme_preset = resolve_preset(args)
     _check_waves(args)
     if args.dimms < 1 or args.ranks < 1:
         raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
@@ -167,10 +172,6 @@ def _run(args: argparse.Namespace) -> int:
     params = {n: inputs[n] for n in spec.params}
     meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
     spec(**meta, **params)  # shape errors before any memory is sized
-    n_ranks = args.dimms * args.ranks
-    mem_words = args.mem_words or _fit_mem_words(args.op, args.lanes, args.fmt, tensors,
-                                                 params.get("group"), n_ranks)
-    cfg = _config(args, mem_words)
     waves = getattr(args, "waves", None)
     nme_mhz = getattr(args, "nme_mhz", None)
     if nme_mhz is not None and args.dram is None:
@@ -180,6 +181,12 @@ def _run(args: argparse.Namespace) -> int:
                           **({"waves": waves} if waves else {}),
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     try:
+        cfg = _config(args, args.mem_words or _MAX_MEM_WORDS)
+        if not args.mem_words:   # sized by the placement the driver makes
+            cfg = replace(cfg, mem_words=fit_mem_words(
+                backend, cfg, args.op, {n: tuple(t.shape) for n, t in tensors.items()},
+                params.get("group"), args.dimms, args.ranks, min_words=_MIN_MEM_WORDS,
+                max_words=_MAX_MEM_WORDS))
         driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
         start = time.perf_counter()
         result = driver.run_op(args.op, **tensors, **params)
@@ -198,6 +205,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.dram and last is not None:   # the DIMM-NMP's last job: both clocks
         timing = (f"nme_mhz={last.nme_mhz:.6g} ns={last.ns:.1f} job_nme_cycles={last.cycles} "
                   f"dram_cycles={last.dram_cycles} ")
+    print(args.nme_preset.describe())    # the top of the output: which NME ran
     print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
           f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
           f"{'dram=' + args.dram + ' ' if args.dram else ''}{timing}"
@@ -264,18 +272,6 @@ def _load_npz(path: Path) -> dict:
         if not isinstance(arr, np.ndarray):   # np.load gives other members as bytes
             raise bad(f"member {name!r} is not a .npy array")
     return arrays
-
-
-def _fit_mem_words(op: str, lanes: int, fmt: str, tensors: dict, group, n_ranks: int) -> int:
-    """Smallest power of two of words (>= 1024) that holds the largest rank's operands."""
-    cfg = NMEConfig(lanes=lanes, fmt=fmt, mem_words=_MAX_MEM_WORDS)
-    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-    ends = [compiler.plan_layout(op, cfg, tiled, group)[1]
-            for tiled in tile_shapes(op, shapes, n_ranks) if tiled is not None]
-    words = _MIN_MEM_WORDS
-    while words < max(ends, default=0) and words < _MAX_MEM_WORDS:
-        words *= 2
-    return words
 
 
 def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,

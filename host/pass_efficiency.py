@@ -18,7 +18,6 @@ operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from coda.hw.isa import NMEConfig, Status
 from coda.hw.nme_cycles import model_cycles
 from coda.cosim.bench import parse_units
 from coda.host import compiler
+from coda.jsonout import json_text
 
 __all__ = ["OPS", "efficiency", "main"]
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ideal']:>9,}  {r['ratio']:.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"op": args.op, "tokens": args.tokens,
+        args.json.write_text(json_text({"op": args.op, "tokens": args.tokens,
                                          "channels": args.channels, "rows": rows}, indent=1))
     return 0
 

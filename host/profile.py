@@ -41,6 +41,7 @@ from coda.host.driver import NMPDriver
 from coda.host.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
 from coda.host.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.schedule import BRANCHES, OP_TYPES
+from coda.jsonout import json_text
 
 __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
            "step_sensitivity",
@@ -92,7 +93,9 @@ class ProfilingDriver(NMPDriver):
         self._writes: dict = {}
         self._norms: dict = {}
 
-    def store(self, key, tensor, group=None):
+    def store(self, key, tensor, group=None, x_of=None):
+        if x_of is not None:        # a sum segment's slot of zeros: no operator's output
+            return super().store(key, tensor, group, x_of)
         fresh = key not in self
         writes = 0 if fresh else self._writes.get(key, 0)
         is_input = isinstance(key, tuple) and key and key[-1] == "in"
@@ -150,12 +153,12 @@ class _InputNormDriver(ProfilingDriver):
         super().__init__(*args, **kwargs)
         self.input_records: list[tuple] = []
 
-    def store(self, key, tensor, group=None):
-        if isinstance(key, tuple) and key and key[-1] == "in":
+    def store(self, key, tensor, group=None, x_of=None):
+        if x_of is None and isinstance(key, tuple) and key and key[-1] == "in":
             writes = self._writes.get(key, 0) if key in self else 0
             self.input_records.append((key, writes,
                                        float(tensor.float().abs().sum()) / max(1, tensor.numel())))
-        super().store(key, tensor, group)
+        super().store(key, tensor, group, x_of)
 
 
 @dataclass
@@ -212,8 +215,8 @@ class Profile:
         meta = dict(self.meta, version=PROFILE_VERSION)
         extra = {} if self.sensitivity is None else {"sensitivity": self.sensitivity}
         np.savez_compressed(path, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
-                            meta=np.array(json.dumps(meta)), **extra)
-        (folder / "profile.json").write_text(json.dumps(meta, indent=2) + "\n")
+                            meta=np.array(json_text(meta)), **extra)
+        (folder / "profile.json").write_text(json_text(meta, indent=2) + "\n")
         return path
 
     @classmethod
@@ -418,6 +421,7 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE
+    from coda.hw.verilog import add_latency_arguments
     parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
                         "(default 0-9)")
     parser.add_argument("--seeds", default="100", help="distinct noise seeds 0..2^31-1, e.g. 100 "
@@ -430,6 +434,7 @@ def configure(parser) -> None:
     parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
                         help="where l1_distance runs (default torch; same numbers)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
     parser.add_argument("--ranks", type=int, default=2, help="ranks (1 DIMM)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--sensitivity-blocks", type=int, default=None,
@@ -465,14 +470,17 @@ def _sensitivity_plan(blocks: int | None, videos: int | None, steps: int,
     return blocks, videos
 
 
-def make_driver_factory(model, backend, lanes: int, ranks: int):
-    """``f(videos) -> ProfilingDriver`` sized for outputs and inputs of every operator."""
+def make_driver_factory(model, backend, lanes: int, ranks: int, **nme):
+    """``f(videos) -> ProfilingDriver`` sized for outputs and inputs of every operator, on
+    NMEs of ``lanes`` lanes and the other :class:`coda.hw.isa.NMEConfig` fields ``nme``
+    (e.g. a preset's ``mul_latency``, ``add_latency``, ``operand_latency``)."""
     from coda.host.model.sample import cache_mem_words
     from coda.hw.isa import NMEConfig
 
     def factory(videos: int) -> ProfilingDriver:
         words = cache_mem_words(model, videos, ranks, lanes, inputs=True)   # outputs and inputs
-        return _InputNormDriver(backend, NMEConfig(lanes=lanes, mem_words=words), ranks=ranks)
+        return _InputNormDriver(backend, NMEConfig(lanes=lanes, mem_words=words, **nme),
+                                ranks=ranks)
     return factory
 
 
@@ -481,6 +489,7 @@ def main(args) -> int:
 
     from coda.host.backend import get_backend
     from coda.host.model.dit import load_model
+    from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
@@ -492,18 +501,21 @@ def main(args) -> int:
             raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
     blocks, videos = _sensitivity_plan(args.sensitivity_blocks, args.sensitivity_videos,
                                        args.steps, len(prompts) * len(seeds))
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
     out = check_output_path(args.out, "--out", folder=True)
     backend = get_backend(args.backend)
     torch.set_num_threads(args.threads)
     console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs l1_distance
     model, _ = load_model()
     t0 = time.perf_counter()
     prof = profile_model(model, prompts, seeds,
-                         make_driver_factory(model, backend, args.lanes, args.ranks),
+                         make_driver_factory(model, backend, args.lanes, args.ranks, **nme),
                          num_steps=args.steps, guidance_scale=args.guidance, progress=True)
     if blocks:
         console.print(f"step sensitivity: {blocks} blocks x {videos} videos")
-        plain = make_driver_factory(model, backend, args.lanes, args.ranks)
+        plain = make_driver_factory(model, backend, args.lanes, args.ranks, **nme)
         prof.sensitivity = step_sensitivity(model, prof, plain, blocks=blocks, videos=videos)
     if hasattr(backend, "close"):
         backend.close()

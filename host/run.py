@@ -44,10 +44,11 @@ the generation, the run itself goes on.
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
+
+from coda.jsonout import json_text
 
 DEFAULT_PROMPTS = "0-9"
 DEFAULT_RTL_VIDEOS = 3
@@ -57,6 +58,7 @@ POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache")
 
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+    from coda.hw.verilog import add_latency_arguments
 
     parser.add_argument("--out", default="out", help="output folder (default: out/)")
     parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
@@ -98,6 +100,7 @@ def configure(parser) -> None:
                         help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
                              "command clock) behind asynchronous FIFOs (default: the DRAM clock)")
     parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
     parser.add_argument("--dimms", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
     parser.add_argument("--seed", type=int, default=0,
@@ -111,7 +114,9 @@ def _driver(backend, args, model, videos: int, inputs: bool):
     from coda.hw.isa import NMEConfig
 
     mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs)
-    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words)
+    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
+                    mul_latency=args.mul_latency, add_latency=args.add_latency,
+                    operand_latency=args.operand_latency)
     return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
 
 
@@ -128,6 +133,7 @@ def main(args) -> int:
     from coda.host.model.sample import cached_generate, generate, side_by_side_gif
     from coda.host.policies import check_guidance, check_seed, check_steps, parse_int_list
     from coda.host.system import modelled as modelled_systems
+    from coda.hw.verilog import resolve_preset
 
     # every check before any work or any file: flags, output folder, policy, backend, driver
     digits = parse_int_list(args.prompts, "--prompts", 0, 9)
@@ -146,6 +152,7 @@ def main(args) -> int:
                              f"meets the DRAM controller's; an ideal memory has no clock)")
         from coda.hw.nmp import check_nme_mhz
         nme_mhz = check_nme_mhz(nme_mhz, args.dram)
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model()
     policy_name, policy = _policy(args, model)
@@ -155,6 +162,7 @@ def main(args) -> int:
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     torch.set_num_threads(args.threads)
     console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs the segments
     t_start = time.perf_counter()
 
     labels = torch.tensor(digits, dtype=torch.int64)
@@ -252,6 +260,8 @@ def main(args) -> int:
         "dram": args.dram,
         "nme_mhz": nme_mhz,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
+        "nme": {"preset": preset.name, **preset.units(), "fmax": preset.fmax,
+                "trail_stores": args.trail_stores == "on"},
         "policy": policy_name,
         "policy_params": policy.describe(),
         "bit_exact_rtl_vs_torch": bit_exact,
@@ -280,7 +290,7 @@ def main(args) -> int:
         "machine": _machine(),
         "modelled": modelled,
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.json").write_text(json_text(report, indent=2) + "\n")
 
     table = Table(title=f"coda run — report in {out / 'report.json'}")
     table.add_column("figure")
@@ -347,7 +357,7 @@ _PROFILE_POLICIES = ("coda+dra", "teacache", "magcache")
 def _policy(args, model):
     """(name, policy) from the flags; every file is read and checked here, before any work.
     A flag the chosen policy does not read is refused, not ignored."""
-    from coda.host.policies import get_policy
+    from coda.host.policies import check_cached_steps, get_policy
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
 
@@ -376,6 +386,7 @@ def _policy(args, model):
     skip = 0.5 if args.skip is None else args.skip
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    check_cached_steps(args.steps, "--steps", name)   # any rule-based policy: else no reuse
     layers = len(model.transformer.transformer_blocks)
     mhash = model_hash(model)
     if name == "uniform":
@@ -385,10 +396,6 @@ def _policy(args, model):
         if interval < 2:
             raise ValueError(f"--interval {interval}: recomputes every step, nothing would be "
                              "cached; expected >= 2")
-        if args.steps < 3:
-            raise ValueError(f"--steps {args.steps} with --policy uniform: nothing would be "
-                             "cached (the warmup takes step 0, the next step computes before "
-                             "any reuse); expected --steps >= 3")
         if warmup > args.steps - 2:
             given = "" if args.warmup is not None else " (the default)"
             raise ValueError(f"--warmup {warmup}{given} with --steps {args.steps}: nothing "

@@ -64,6 +64,7 @@ import numpy as np
 from coda.host.link import check_segment_output, segment_bytes, tensor_bytes
 from coda.host.policies import check_seed, check_weight, uniform_for_skip
 from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
+from coda.jsonout import json_text
 
 __all__ = ["LinkModel", "NMEModel", "CostModel", "SearchResult", "anneal", "op_flops",
            "flop_compute_time", "segment_nme_cycles", "schedule_to_matrix", "matrix_to_schedule",
@@ -559,7 +560,7 @@ def save_schedule(path: str | Path, schedule: Schedule, info: dict) -> None:
     (model hash, profile, target skip, cost terms); :meth:`Schedule.from_json` ignores it."""
     data = json.loads(schedule.to_json())
     data["coda"] = info
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    Path(path).write_text(json_text(data, indent=1) + "\n")
 
 
 def load_schedule(path: str | Path, *, model_id: str | None = None,

@@ -13,12 +13,50 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 from .isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
 from .yosys import use_pinned_yosys
 
-__all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main"]
+__all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
+           "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset"]
+
+
+@dataclass(frozen=True)
+class NMEPreset:
+    """A named NME configuration (``--preset``): the register stages of its FP units and
+    operand path (:class:`coda.hw.isa.NMEConfig` ``mul_latency``, ``add_latency``,
+    ``operand_latency``), the nextpnr placer ``seed`` its Fmax was measured at, and that
+    Fmax class (text, MHz on ECP5)."""
+    name: str
+    mul_latency: int
+    add_latency: int
+    operand_latency: int
+    seed: int
+    fmax: str
+
+    def units(self) -> dict[str, int]:
+        """The NMEConfig fields of the preset: ``{mul_latency, add_latency, operand_latency}``."""
+        return {k: getattr(self, k) for k in _UNITS}
+
+    def describe(self) -> str:
+        """One line for the top of a command's output: name, latencies, Fmax class."""
+        return (f"NME preset {self.name}: mul {self.mul_latency} / add {self.add_latency} / "
+                f"operand {self.operand_latency} register stages, Fmax {self.fmax}")
+
+
+_UNITS = ("mul_latency", "add_latency", "operand_latency")
+#: the NME configurations every command that builds an NME takes by name (``--preset``): the
+#: combinational units (the default; fewest cycles) and the units that place and route at
+#: 100 MHz (README "The NME at 100 MHz": 100.68 MHz at seed 2 on LFE5U-45F, 8 lanes bf16)
+NME_PRESETS: dict[str, NMEPreset] = {p.name: p for p in (
+    NMEPreset("combinational", 0, 0, 0, 1, "about 25 MHz on ECP5 (8 lanes bf16)"),
+    NMEPreset("timing-closed", 5, 7, 1, 2, "about 100 MHz on ECP5 (LFE5U-45F, 8 lanes bf16, "
+                                           "nextpnr seed 2)"),
+)}
+#: the preset of a command given neither --preset nor latency flags
+DEFAULT_PRESET = "combinational"
 
 
 def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False,
@@ -75,27 +113,71 @@ TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimm
 
 
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--mul-latency`` / ``--add-latency`` / ``--operand-latency``: the register stages of
-    the FP units and of the operand path (NMEConfig's ``mul_latency`` 0..MAX_MUL_LATENCY,
-    ``add_latency`` 0..MAX_ADD_LATENCY, ``operand_latency`` 0..MAX_OPERAND_LATENCY, from
-    :mod:`coda.hw.isa`), and ``--trail-stores on|off`` (``trail_stores``), for ``coda
-    verilog``, ``coda synth`` and ``coda nme run``."""
+    """``--preset NAME`` (:data:`NME_PRESETS`), ``--mul-latency`` / ``--add-latency`` /
+    ``--operand-latency``: the register stages of the FP units and of the operand path
+    (NMEConfig's ``mul_latency`` 0..MAX_MUL_LATENCY, ``add_latency`` 0..MAX_ADD_LATENCY,
+    ``operand_latency`` 0..MAX_OPERAND_LATENCY, from :mod:`coda.hw.isa`), and ``--trail-stores
+    on|off`` (``trail_stores``), for every command that builds an NME (``coda verilog``,
+    ``coda synth``, ``coda nme run``, ``coda run``). The latencies are None unless given:
+    :func:`resolve_preset` fills them in."""
     defaults = NMEConfig()
-    parser.add_argument("--mul-latency", type=int, default=defaults.mul_latency,
+    default = NME_PRESETS[DEFAULT_PRESET]
+    parser.add_argument("--preset", choices=sorted(NME_PRESETS), default=None,
+                        help="named NME configuration: " + "; ".join(
+                            f"{p.name} = mul {p.mul_latency} / add {p.add_latency} / operand "
+                            f"{p.operand_latency}, Fmax {p.fmax}" for p in NME_PRESETS.values())
+                        + f" (default {DEFAULT_PRESET}; latency flags that differ from a "
+                          "preset are refused)")
+    parser.add_argument("--mul-latency", type=int, default=None,
                         help=f"register stages inside each lane's FPMul, 0..{MAX_MUL_LATENCY} "
-                             f"(default {defaults.mul_latency}: combinational)")
-    parser.add_argument("--add-latency", type=int, default=defaults.add_latency,
+                             f"(default {default.mul_latency}: combinational)")
+    parser.add_argument("--add-latency", type=int, default=None,
                         help=f"register stages inside every FPAdd, 0..{MAX_ADD_LATENCY} "
-                             f"(default {defaults.add_latency}: combinational)")
-    parser.add_argument("--operand-latency", type=int, default=defaults.operand_latency,
+                             f"(default {default.add_latency}: combinational)")
+    parser.add_argument("--operand-latency", type=int, default=None,
                         help="register stages between the block RAMs and the lanes' operand "
                              f"selection, 0..{MAX_OPERAND_LATENCY} "
-                             f"(default {defaults.operand_latency})")
+                             f"(default {default.operand_latency})")
     parser.add_argument("--trail-stores", choices=("on", "off"),
                         default="on" if defaults.trail_stores else "off",
                         help="let stores trail the next blocks' reads where they cannot meet "
                              "(NMEConfig.trail_stores; default "
                              f"{'on' if defaults.trail_stores else 'off'})")
+
+
+def resolve_preset(args: argparse.Namespace) -> NMEPreset:
+    """The NME configuration of the options of :func:`add_latency_arguments`, set on ``args``
+    (``args.mul_latency`` etc. become ints) and returned: ``--preset NAME``'s, or the default
+    preset's with any latency flags given over it (named after the preset they equal, else
+    ``custom``, Fmax not measured). Checked before any work.
+
+    Raises ValueError: a latency flag out of its range, or given with ``--preset`` and
+    different from the preset's value (named, with the preset's values)."""
+    given = {k: getattr(args, k, None) for k in _UNITS}
+    given = {k: v for k, v in given.items() if v is not None}
+    name = getattr(args, "preset", None)
+    if name is not None:
+        preset = NME_PRESETS[name]
+        clash = [k for k, v in given.items() if v != getattr(preset, k)]
+        if clash:
+            k = clash[0]
+            raise ValueError(f"--{k.replace('_', '-')} {given[k]} with --preset {name} (mul "
+                             f"{preset.mul_latency} / add {preset.add_latency} / operand "
+                             f"{preset.operand_latency}): expected no latency flags with a "
+                             "preset, or the preset's values")
+    else:
+        units = {**NME_PRESETS[DEFAULT_PRESET].units(), **given}
+        preset = next((p for p in NME_PRESETS.values() if p.units() == units),
+                      NMEPreset("custom", seed=NME_PRESETS[DEFAULT_PRESET].seed,
+                                fmax="not measured (custom register stages)", **units))
+    try:
+        NMEConfig(**preset.units())
+    except ValueError as exc:   # NMEConfig's "mul_latency=9: expected ..." as the flag
+        field, _, rest = str(exc).partition("=")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+    for k, v in preset.units().items():
+        setattr(args, k, v)
+    return preset
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +219,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> NMEConfig:
-    """The NMEConfig the parsed options describe (ValueError names a bad option value)."""
+    """The NMEConfig the parsed options describe (ValueError names a bad option value); the
+    latencies as :func:`resolve_preset` sets them."""
+    resolve_preset(args)
     return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, nbuf=args.nbuf,
                      imem_depth=args.imem_depth, max_streams=args.max_streams,
                      mem_words=args.mem_words,
@@ -148,12 +232,14 @@ def config_from_args(args: argparse.Namespace) -> NMEConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Write the Verilog of ``args.top``; print a one-line summary to stderr. Returns 0.
+    """Write the Verilog of ``args.top``; print to stderr which NME it is (the preset line,
+    :meth:`NMEPreset.describe`) and, for a file, a one-line summary. Returns 0.
 
     Raises:
         ValueError: a bad option value (named), an option another top takes (e.g. ``--dimms``
             with ``--top nme``), or ``--clock-gating on`` without operand isolation."""
     from coda.paths import check_output_path
+    preset = resolve_preset(args)
     cfg = config_from_args(args)
     out = None if args.output == "-" else check_output_path(args.output, "-o")
     options = TOP_OPTIONS.get(args.top, {})
@@ -172,6 +258,7 @@ def main(args: argparse.Namespace) -> int:
                              "operand registers load every cycle, so no clock may stop)")
         extra["clock_gating"] = args.clock_gating == "on"
     gated = extra.get("clock_gating", args.top == "dimm") and cfg.operand_isolation
+    print(preset.describe(), file=sys.stderr)   # the top of the output: which NME
     text = TOPS[args.top](cfg, args.top if args.name is None else args.name, **extra)
     if args.output == "-":
         sys.stdout.write(text)

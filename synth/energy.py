@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from pathlib import Path
 
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig, Op, Program, RSrc
+from coda.jsonout import json_text
 
 __all__ = ["EnergyConstants", "HOROWITZ_45NM", "program_events", "Activity",
            "measure_activity", "energy_per_element", "estimate", "OPERATORS", "main"]
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"energy_l{cfg.lanes}_{cfg.fmt}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.write_text(json_text(result, indent=1) + "\n")
     print_table(result)
     print(f"report: {path} ({result['seconds']} s)")
     return 0

@@ -37,20 +37,48 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
 from coda.hw.isa import NMEConfig
-from coda.hw.verilog import add_latency_arguments
+from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
 from coda.synth.yosys_synth import synth_ecp5, synth_generic
+from coda.jsonout import json_text
 
-__all__ = ["nme_source", "synthesize", "print_report", "configure", "main"]
+__all__ = ["nme_source", "synthesize", "print_report", "configure", "main",
+           "check_synth_options", "MAX_FREQ_MHZ"]
+
+#: the highest nextpnr target clock taken, MHz (above any ECP5 fabric clock)
+MAX_FREQ_MHZ = 1000.0
+
+
+def check_synth_options(freq_mhz: float, seed: int, timeout_s: float | None = None,
+                        flags: tuple[str, str, str] = ("--freq", "--seed", "--timeout")) -> None:
+    """The options of a synthesis run, checked before any work (every command and
+    :func:`synthesize` through this one check): ``freq_mhz`` a finite clock in MHz,
+    0 < F <= :data:`MAX_FREQ_MHZ`; ``seed`` a placer seed 0..2**31-1
+    (:func:`coda.host.policies.check_seed`, the seeds of every command); ``timeout_s``
+    None or finite > 0 seconds. Raises ValueError naming the flag (``flags``), the value and
+    what was expected."""
+    from coda.host.policies import check_seed
+
+    freq_flag, seed_flag, timeout_flag = flags
+    if isinstance(freq_mhz, bool) or not isinstance(freq_mhz, (int, float)) or \
+            not (math.isfinite(freq_mhz) and 0 < freq_mhz <= MAX_FREQ_MHZ):
+        raise ValueError(f"{freq_flag} {freq_mhz}: expected a finite target clock in MHz, "
+                         f"0 < F <= {MAX_FREQ_MHZ:g}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{seed_flag} {seed!r}: expected an integer placer seed")
+    check_seed(seed, seed_flag)
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and
+                                      math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"{timeout_flag} {timeout_s}: expected a finite time > 0 seconds")
 
 
 def nme_source(cfg: NMEConfig, name: str = "nme") -> str:
@@ -87,10 +115,12 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
     Returns:
         The report dict (also written as ``outdir/report.json``).
     Raises:
-        ValueError on an unknown target or device; SynthError if a tool fails.
+        ValueError on an unknown target or device, or options :func:`check_synth_options`
+        refuses (before any file is written); SynthError if a tool fails.
     """
     if target not in ("generic", "ecp5"):
         raise ValueError(f"target={target!r}: expected 'generic' or 'ecp5'")
+    check_synth_options(freq_mhz, seed, timeout_s, ("freq_mhz", "seed", "timeout_s"))
     forced = device_by_name(device) if device is not None else None
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +166,7 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         report["ecp5"] = result
     runtime["total"] = round(time.monotonic() - start, 2)
     report["runtime_s"] = runtime
-    (outdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (outdir / "report.json").write_text(json_text(report, indent=2) + "\n")
     return report
 
 
@@ -184,7 +214,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument("--freq", type=float, default=100.0,
                         help="nextpnr target clock in MHz (default 100)")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="nextpnr placer seed (default: the --preset's, 1 for the "
+                             "combinational NME, 2 for timing-closed)")
     parser.add_argument("--no-pnr", action="store_true", help="ECP5: stop after yosys")
     parser.add_argument("--device", default=None, choices=[d.name for d in ECP5_DEVICES],
                         help="ECP5: the part to place on (default: the smallest that holds "
@@ -192,14 +224,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``coda synth``; returns 0, or 1 if a tool failed."""
+    """Run ``coda synth``; returns 0, or 1 if a tool failed. Options are checked before any
+    work (ValueError: ``coda: error:``, exit 2, no output folder)."""
+    preset = resolve_preset(args)
+    seed = preset.seed if args.seed is None else args.seed
+    check_synth_options(args.freq, seed)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
                     operand_isolation=args.operand_isolation == "on",
                     trail_stores=args.trail_stores == "on",
                     mul_latency=args.mul_latency, add_latency=args.add_latency,
                     operand_latency=args.operand_latency)
+    print(f"{preset.describe()}; placer seed {seed}, target {args.freq:g} MHz", flush=True)
     try:
-        report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=args.seed,
+        report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=seed,
                             pnr=not args.no_pnr, device=args.device)
     except SynthError as exc:
         print(f"coda synth: {exc}", file=sys.stderr)

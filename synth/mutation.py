@@ -52,6 +52,7 @@ from pathlib import Path
 from coda.hw.isa import NMEConfig
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
+from coda.jsonout import json_text
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments",
@@ -319,7 +320,7 @@ def prove_survivors(out: Path, survivors: list[dict], cfg: NMEConfig = MUTATION_
     vectors = [{"mutant": r["id"], "module": r["analysis"]["module"],
                 **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
                for r in survivors if r["analysis"].get("vector")]
-    (Path(out) / "vectors.json").write_text(json.dumps(
+    (Path(out) / "vectors.json").write_text(json_text(
         {"generated_by": "python -m coda.synth.mutation (coda.synth.mutation_proof."
                          "solver_vector)", "config": asdict(cfg), "vectors": vectors},
         indent=1) + "\n")
@@ -405,7 +406,7 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
                                   if prove and len(finished) > equivalent else None),
                "killed_by_test": by_test, "survivors": survivors,
                "runs_failed": failed_runs, "records": finished, "tools": tool_versions()}
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.json").write_text(json_text(results, indent=1) + "\n")
     return results
 
 
@@ -426,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rerun_survivors and args.only:
         ap.error("--rerun-survivors and --only: give one of them")
+    try:
+        from coda.host.policies import check_seed
+        check_seed(args.seed)
+    except ValueError as exc:
+        ap.error(str(exc))
     only = [int(x) for x in args.only.split(",")] if args.only else None
     res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,
                        sequential=args.sequential, address=args.address,

@@ -46,9 +46,10 @@ from pathlib import Path
 from coda.cosim.bench import SWEEP_UNITS, config_units, fmax_below, parse_units, units_label
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
-from coda.synth.flow import synthesize
+from coda.synth.flow import check_synth_options, synthesize
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
+from coda.jsonout import json_text
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
            "bandwidth_table", "measured_table", "clock_table", "plot", "main"]
@@ -446,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         args.units = units_label(args.units)
     except ValueError as exc:
         parser.error(str(exc).replace("units", "--units", 1))
+    try:
+        check_synth_options(100.0, args.seed, args.timeout)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,
@@ -467,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         print_clock_table(crow)
     out = args.root.parent
     bench = _bench_results(Path("build/bench"))
-    (out / "sweep.json").write_text(json.dumps({"rows": rows, "dram": args.dram,
+    (out / "sweep.json").write_text(json_text({"rows": rows, "dram": args.dram,
                                                 "clock_rows": crow, "bench": bench},
                                                indent=1) + "\n")
     if rows:

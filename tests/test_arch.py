@@ -290,9 +290,9 @@ class SpyDriver(NMPDriver):
     def _context(self):
         return get_coda_cache_hook(self.model).context_manager.context.name
 
-    def store(self, key, tensor, group=None):
+    def store(self, key, tensor, group=None, x_of=None):
         self.seen.append(("store", self._context(), key[1]))
-        super().store(key, tensor, group)
+        super().store(key, tensor, group, x_of)
 
     def segment_submit(self, x, gates, keys):
         self.seen.extend(("segment", self._context(), k[1]) for k in keys)

@@ -74,9 +74,9 @@ class SpyDriver(NMPDriver):
     def _context(self):
         return get_coda_cache_hook(self.transformer).context_manager.context.name
 
-    def store(self, key, tensor, group=None):
+    def store(self, key, tensor, group=None, x_of=None):
         self.events.append(("store", self._context(), key[1]))
-        super().store(key, tensor, group)
+        super().store(key, tensor, group, x_of)
 
     def segment_submit(self, x, gates, keys):
         self.events.extend(("segment", self._context(), k[1]) for k in keys)
@@ -484,3 +484,86 @@ def test_an_unknown_segment_output_is_refused():
     with pytest.raises(ValueError, match="segment_output='y'"):
         apply_coda_cache(tiny_model().transformer, CodaCacheConfig(nmp_driver(), POLICY,
                                                                    segment_output="y"))
+
+class _Abort(Exception):
+    pass
+
+
+@pytest.mark.parametrize("failure", ["interrupt", "capacity", "segment"])
+def test_an_aborted_generation_frees_its_rank_memory(failure):
+    """Two models share a driver that holds one generation's cache. The first generation ends
+    by an exception at its 4th transformer call (Ctrl-C; the driver out of memory while
+    storing; a launched segment abandoned); its slots and the scratch of segments it launched
+    are freed then, so the second model generates the bits it generates on a fresh driver,
+    and the aborted model's next generation starts again at step 0."""
+    from coda.host.driver import NMPCapacityError
+
+    model_a, model_b = tiny_model(), tiny_model()
+    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14), ranks=2)
+    hook_a = apply_coda_cache(model_a.transformer, CodaCacheConfig(driver, POLICY))
+    apply_coda_cache(model_b.transformer, CodaCacheConfig(driver, POLICY))
+    full = driver.free_bytes()
+    want = generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    assert driver.free_bytes() == full
+    calls = []
+    exc = {"interrupt": KeyboardInterrupt, "capacity": NMPCapacityError,
+           "segment": _Abort}[failure]
+
+    def fail_at_4th(module, args, kwargs):
+        calls.append(1)
+        if len(calls) == 4 and failure == "interrupt":
+            raise KeyboardInterrupt
+
+    real_store, real_segment = driver.store, driver.segment_submit
+
+    def store(key, tensor, group=None):
+        if len(calls) == 4 and failure == "capacity":
+            raise NMPCapacityError("rank 0: cannot allocate (injected)")
+        return real_store(key, tensor, group)
+
+    def segment_submit(x, gates, keys):
+        pending = real_segment(x, gates, keys)    # launched: its scratch is held
+        if len(calls) == 4 and failure == "segment":
+            raise _Abort
+        return pending
+
+    handle = model_a.transformer.register_forward_pre_hook(fail_at_4th, with_kwargs=True)
+    driver.store, driver.segment_submit = store, segment_submit
+    with pytest.raises(exc):
+        generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False)
+    handle.remove()
+    del driver.store, driver.segment_submit
+    assert len(calls) == 4 and hook_a.state.generation is None
+    assert driver.free_bytes() == full and driver.keys() == []
+    assert torch.equal(generate(model_b, [1, 2, 3], num_steps=STEPS, reset_cache=False), want)
+    assert torch.equal(generate(model_a, [1, 2, 3], num_steps=STEPS, reset_cache=False), want)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("inputs", [False, True])
+def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, inputs):
+    """cache_mem_words sizes rank memory for every slot of a generation (per video and CFG
+    branch one slot group, per operator type and layer a slot, with ``inputs`` a second one)
+    plus a segment's scratch; checked with the driver's own placement (bank colours,
+    power-of-two alignment), for 1..4 videos."""
+    from coda.host.model.sample import cache_mem_words
+    from coda.host.schedule import BRANCHES
+    model = tiny_model()
+    tcfg, data = model.config["transformer"], model.config["data"]
+    tokens = data["frames"] * (data["size"] // tcfg["patch_size"]) ** 2
+    hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+    layers = len(model.transformer.transformer_blocks)
+    for videos in range(1, 5):
+        words = cache_mem_words(model, videos, ranks, 8, inputs=inputs)
+        driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=words), ranks=ranks)
+        zeros = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+        for v in range(videos):
+            for br in BRANCHES:
+                for layer in range(layers):
+                    for op in OP_TYPES:
+                        for what in ("out", "in")[:1 + inputs]:
+                            driver.store((br, v, layer, op, what), zeros, group=(br, v))
+        shapes = {"x": (tokens, hidden), "g": (len(OP_TYPES), hidden),
+                  "c": (len(OP_TYPES), tokens, hidden)}
+        assert driver.fits("segment", shapes), (videos, words)
+        assert driver.stats["placement_misses"] == 0

@@ -291,3 +291,28 @@ def test_a_long_segment_chains_programs_in_rank_memory(k, ranks):
 def test_more_ranks_than_a_dimm_nmp_holds_are_refused_before_any_memory():
     with pytest.raises(ValueError, match="100000 ranks: expected at most 256"):
         NMPDriver(TorchBackend(), NMEConfig(lanes=8), dimms=1, ranks=100_000)
+
+
+
+@pytest.mark.parametrize("op, shapes, ranks", [
+    ("add", {"a": (n,), "b": (n,)}, r) for n in (40_000, 40_920, 81_840) for r in (1, 3)] + [
+    ("segment", {"x": (t, 64), "g": (3, 64), "c": (3, t, 64)}, r) for t in (700, 1_023)
+    for r in (1, 2)] + [
+    ("gated_residual", {"x": (t, 96), "g": (96,), "c": (t, 96)}, 2) for t in (333, 1_365)])
+def test_fit_mem_words_is_the_smallest_size_the_placement_holds(op, shapes, ranks):
+    """fit_mem_words sizes from the driver's own placement: at its size run_op runs (bit-exact
+    to the reference), at half that size it raises NMPCapacityError, and fits() says so."""
+    from dataclasses import replace
+
+    from coda.host.driver import fit_mem_words
+    cfg = NMEConfig(lanes=8)
+    words = fit_mem_words(TorchBackend(), cfg, op, shapes, ranks=ranks, min_words=1 << 8)
+    assert 1 << 8 < words < 1 << 24
+    gen = torch.Generator().manual_seed(words)
+    tensors = {n: rand(gen, *s).nan_to_num(0.0) for n, s in shapes.items()}
+    fit = NMPDriver(TorchBackend(), replace(cfg, mem_words=words), ranks=ranks)
+    small = NMPDriver(TorchBackend(), replace(cfg, mem_words=words // 2), ranks=ranks)
+    assert fit.fits(op, shapes) and not small.fits(op, shapes)
+    assert same_bits(to_bits(fit.run_op(op, **tensors)), to_bits(ops.OPS[op](**tensors)), "bf16")
+    with pytest.raises(NMPCapacityError):
+        small.run_op(op, **tensors)

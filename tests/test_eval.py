@@ -80,6 +80,13 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     (["--seeds", "100"], "--seeds 100: seeds [100] were profiled"),
     (["--seeds", "99-101"], "--seeds 99-101: seeds [100, 101] were profiled"),
     (["--profile", "nowhere.npz"], "nowhere.npz: no such file"),
+    # too short for any policy to cache anything: refused before any generation
+    (["--policy", "uniform", "--skip", "0.3", "--steps", "1"],
+     "--steps 1 with --policy uniform: nothing would be cached"),
+    (["--policy", "uniform", "--skip", "0.3", "--steps", "2"],
+     "--steps 2 with --policy uniform: nothing would be cached"),
+    (["--policy", "coda,pab", "--steps", "2"], "--steps 2 with --policy pab: nothing would be "
+                                              "cached"),
     # a given --profile is checked even when no policy reads it
     (["--policy", "uniform", "--profile", "nowhere.npz"], "--profile nowhere.npz: no such file"),
     (["--policy", "uniform,pab", "--profile", "text.npz"],

@@ -168,6 +168,8 @@ def _refused(argv, message, capsys):
      f"--mul-latency {MAX_MUL_LATENCY + 1}: expected an int 0..{MAX_MUL_LATENCY}"),
     (["--add-latency", -1], f"--add-latency -1: expected an int 0..{MAX_ADD_LATENCY}"),
     (["--operand-latency", 2], "--operand-latency 2: expected an int 0..1"),
+    (["--seed", -1], f"--seed -1: expected an integer 0..{2 ** 31 - 1}"),
+    (["--seed", 2 ** 31], f"--seed {2 ** 31}: expected an integer 0..{2 ** 31 - 1}"),
 ])
 def test_geometry_options_checked_for_runs_and_examples(option, message, tmp_path, capsys):
     inp = tmp_path / "in.npz"
@@ -246,3 +248,17 @@ def test_out_is_written_under_the_given_name(tmp_path, capsys):
     assert (tmp_path / "y.txt").exists() and not (tmp_path / "y.txt.npz").exists()
     with np.load(tmp_path / "y.txt") as got:
         assert same_bits(got["y"], to_bits(ops.OPS["add"](**read_inputs(inp, "add", "bf16"))), "bf16")
+
+
+@pytest.mark.parametrize("n", [40_000, 40_920, 60_000, 81_840])
+def test_default_memory_holds_every_operand_size(n, tmp_path, capsys):
+    """Without --mem-words the rank memory is sized from the placement the driver makes
+    (aligned, bank-coloured streams), so no operand size fails for the fragmentation that
+    placement leaves: a sweep of sizes runs at every point, bit-exact to the reference."""
+    gen = torch.Generator().manual_seed(n)
+    a, b = (torch.randn(n, generator=gen).to(torch.bfloat16) for _ in range(2))
+    inp = _write(tmp_path / "in.npz", a=to_bits(a), b=to_bits(b))
+    code = run(["--op", "add", "--inputs", inp, "--out", tmp_path / "o.npz"])
+    assert code == 0, capsys.readouterr().err
+    with np.load(tmp_path / "o.npz") as got:
+        assert same_bits(got["y"], to_bits(ops.OPS["add"](a=a, b=b)), "bf16")

@@ -58,6 +58,41 @@ def run(model, policy, labels, seeds):
 
 
 # ---------------------------------------------------------------- registry
+@pytest.fixture(scope="module")
+def short_profiles():
+    """Profiles of the tiny model over 1, 2 and 3 steps."""
+    from coda.host.profile import _InputNormDriver
+    model = tiny_model()
+    return {n: profile_model(model, [2], [40], lambda v: _InputNormDriver(
+        TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 16), ranks=2),
+        num_steps=n, guidance_scale=3.0) for n in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("name", ["uniform", "pab", "teacache", "magcache"])
+def test_every_calibrated_policy_refuses_a_run_too_short_to_cache(name, short_profiles):
+    """In 1 or 2 steps every policy calibrated to a skip says nothing would be cached (a
+    ValueError, no TypeError or reshape error from inside); at 3 (MIN_CACHED_STEPS) it
+    reuses a fraction > 0, as the calibration it returns says."""
+    for steps in (1, 2):
+        kw = dict(profile=short_profiles[steps], num_steps=steps, num_layers=2)
+        with pytest.raises(ValueError, match=f"{steps}.*nothing would be cached"):
+            get_policy(name, skip=0.3, **kw)
+        if name in ("teacache", "magcache"):      # an explicit threshold too
+            with pytest.raises(ValueError, match="nothing would be cached"):
+                get_policy(name, threshold=0.1, **kw)
+        # the calibrations called directly (from Python) say the same
+        cls = {"teacache": TeaCachePolicy, "magcache": MagCachePolicy}.get(name)
+        if cls is not None:
+            with pytest.raises(ValueError, match=f"{steps} with --policy {name}: nothing"):
+                cls.calibrate(short_profiles[steps], 0.3)
+    with pytest.raises(ValueError, match="expected a profile of >= 2 steps"):
+        fit_rescale(short_profiles[1])       # no step >= 1 to fit on: not a reshape error
+    from coda.host.policies import MIN_CACHED_STEPS, expected_skip
+    assert MIN_CACHED_STEPS == 3
+    kw = dict(profile=short_profiles[3], num_steps=3, num_layers=2)
+    assert expected_skip(get_policy(name, skip=0.3, **kw), **kw) > 0.0
+
+
 def test_registry_builds_every_policy_and_refuses_bad_input(setup):
     model, prof = setup
     sched = anneal(prof, 0.4, moves=2000).schedule

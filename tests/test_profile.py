@@ -46,9 +46,9 @@ class _Recorder(NMPDriver):
         super().__init__(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
         self.seen = {}
 
-    def store(self, key, tensor, group=None):
+    def store(self, key, tensor, group=None, x_of=None):
         self.seen.setdefault(key, []).append(tensor.float().clone())
-        super().store(key, tensor, group)
+        super().store(key, tensor, group, x_of)
 
 
 class _StoreAll(CachePolicy):

@@ -255,6 +255,14 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     (["--steps", "1", "--interval", "2"], "--steps 1 with --policy uniform: nothing would be "
                                           "cached"),
     (["--interval", "1"], "--interval 1: recomputes every step, nothing would be cached"),
+    # every policy, not only uniform: a run too short to cache anything is refused
+    (["--policy", "pab", "--steps", "2"], "--steps 2 with --policy pab: nothing would be "
+                                          "cached"),
+    (["--policy", "teacache", "--steps", "2"], "--steps 2 with --policy teacache: nothing"),
+    (["--policy", "magcache", "--steps", "1"], "--steps 1 with --policy magcache: nothing"),
+    # a coda schedule says itself what it reuses (one for 2 steps may reuse step 1)
+    (["--policy", "coda+dra", "--steps", "2"], "--policy coda+dra --steps 2: the shipped "
+                                               "profile is for 50 steps"),
     (["--steps", "6"], "the shipped schedule is for 50 steps"),
     (["--policy", "teacache", "--steps", "6"], "the shipped profile is for 50 steps"),
     (["--policy", "coda", "--interval", "3"], "--interval/--warmup: options of --policy uniform"),

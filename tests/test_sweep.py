@@ -60,6 +60,11 @@ def test_grid_product_defaults_and_dedupe(tmp_path):
     toml.write_text("x = = 1\n")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_grid(k, toml)
+    toml.write_text("x = [3, 4, 3]\n")      # a value twice: refused, not dropped
+    with pytest.raises(ValueError, match=r"x = \[3, 4, 3\]: 3 given twice"):
+        load_grid(k, toml)
+    with pytest.raises(ValueError, match="'x=2,2': 2 given twice"):
+        parse_param(k, "x=2,2")
 
 
 def _failing(p, w):
@@ -94,6 +99,9 @@ def test_sequential_records_failures_and_resumes(tmp_path):
     (["sweep", "sim"], "empty grid"),
     (["sweep", "sim", "--param", "dimms=two"], "dimms='two': expected int"),
     (["sweep", "sim", "--param", "dimms=1", "--param", "dimms=2"], "dimms is given twice"),
+    # a value twice in one list is refused, as every list option refuses it
+    (["sweep", "schedule", "--param", "moves=1,1"], "--param 'moves=1,1': 1 given twice"),
+    (["sweep", "sim", "--param", "dimms=1, 01"], "--param 'dimms=1, 01': 1 given twice"),
     (["sweep", "sim", "--param", "dimms=1", "--workers", "0"], "--workers 0: expected >= 1"),
     (["sweep", "sim", "--param", "dimms=1", "--address", "127.0.0.1:1"],
      "--address 127.0.0.1:1: no Ray cluster answers there"),

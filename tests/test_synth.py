@@ -61,6 +61,43 @@ def test_synthesize_rejects_unknown_target(tmp_path):
         flow.synthesize(SMALL, "asic", tmp_path)
 
 
+BAD_SYNTH_OPTIONS = [
+    (["--freq", "nan"], "--freq nan: expected a finite target clock in MHz"),
+    (["--freq", "inf"], "--freq inf: expected a finite target clock in MHz"),
+    (["--freq", "0"], "--freq 0.0: expected a finite target clock in MHz, 0 < F <= "),
+    (["--freq", "-5"], "--freq -5.0: expected a finite target clock"),
+    (["--freq", "1e9"], "--freq 1000000000.0: expected a finite target clock"),
+    (["--seed", "-1"], f"--seed -1: expected an integer 0..{2 ** 31 - 1}"),
+    (["--seed", str(2 ** 31)], f"--seed {2 ** 31}: expected an integer 0..{2 ** 31 - 1}"),
+]
+
+
+@pytest.mark.parametrize("option, message", BAD_SYNTH_OPTIONS)
+def test_synth_options_are_refused_before_any_work(option, message, tmp_path, capsys,
+                                                   monkeypatch):
+    """coda synth: one ``coda: error:`` line, exit 2, no tool run and no output folder."""
+    from coda.cli import main
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("synthesis started before its options were checked")
+
+    for name in ("nme_source", "synth_ecp5", "synth_generic", "place_and_route"):
+        monkeypatch.setattr(flow, name, no_work)
+    out = tmp_path / "Y"
+    code = main(["synth", "--target", "ecp5", "--no-pnr", "--out", str(out), *option])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("coda: error: ") and err.count("\n") == 1, err
+    assert message in err and not out.exists(), err
+    if option[0] == "--freq":
+        assert f"0 < F <= {flow.MAX_FREQ_MHZ:g}" in err
+    # the library entry point refuses the same values, before creating its folder
+    freq = float(option[1]) if option[0] == "--freq" else 100.0
+    seed = int(option[1]) if option[0] == "--seed" else 1
+    with pytest.raises(ValueError, match="expected"):
+        flow.synthesize(SMALL, "ecp5", out, freq_mhz=freq, seed=seed, pnr=False)
+    assert not out.exists()
+
+
 def test_device_by_name():
     assert ecp5.device_by_name("LFE5U-45F").flag == "--45k"
     with pytest.raises(ValueError, match="device='LFE5U-12F': expected one of LFE5U-25F"):

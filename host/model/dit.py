@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from coda.jsonout import json_text
+
 from .data import NULL_LABEL, NUM_CLASSES
 
 __all__ = ["WEIGHTS_DIR", "WEIGHTS_FILE", "CONFIG_FILE", "DEFAULT_CONFIG", "DigitLatte",
@@ -213,7 +215,7 @@ def save_model(model: DigitLatte, weights: Path = WEIGHTS_FILE, config: Path = C
     weights.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, str(weights))
-    Path(config).write_text(json.dumps(model.config, indent=2) + "\n")
+    Path(config).write_text(json_text(model.config, indent=2) + "\n")
 
 
 def load_model(device: str = "cpu", weights: Path = WEIGHTS_FILE,

@@ -19,11 +19,12 @@ from one ``torch.Generator`` seeded by ``--seed``) are classified frame by frame
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 import torch
+
+from coda.jsonout import json_text
 
 from .classifier import digit_classifier
 from .data import NUM_CLASSES, moving_digits
@@ -163,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     model, _ = load_model(weights=args.weights, config=args.config)
     report = evaluate(model, args.per_digit, args.guidance, args.steps, args.seed_base, args.eta)
     report["weights"] = str(args.weights)
-    text = json.dumps({k: v for k, v in report.items() if k != "predicted"}, indent=2)
+    text = json_text({k: v for k, v in report.items() if k != "predicted"}, indent=2)
     print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        args.json.write_text(json_text(report, indent=2) + "\n")
     return 0
 
 

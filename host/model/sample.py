@@ -31,6 +31,8 @@ import math
 
 import torch
 
+from coda.jsonout import json_text
+
 from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
@@ -125,11 +127,13 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc="denoise", leave=False)
-    for i, t in enumerate(steps):
-        uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
-        pred = uncond + guidance_scale * (cond - uncond)
-        noise = _draw(generators, x.shape[1:]) if eta > 0 else None
-        x = sched.step(pred, t, x, eta=float(eta), variance_noise=noise).prev_sample
+    from coda.host.cache_engine import coda_generation
+    with coda_generation(transformer):    # ended by an exception: its cache slots are freed
+        for i, t in enumerate(steps):
+            uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
+            pred = uncond + guidance_scale * (cond - uncond)
+            noise = _draw(generators, x.shape[1:]) if eta > 0 else None
+            x = sched.step(pred, t, x, eta=float(eta), variance_noise=noise).prev_sample
     return x.clamp(-1.0, 1.0)
 
 
@@ -282,7 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m coda.host.model.sample``: full-compute vs cached generation of every digit
     with the shipped model (cache segments on the torch backend); prints a JSON report."""
     import argparse
-    import json
     import time
 
     from coda.host.backend import TorchBackend
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "full_s": full_s, "cached_s": time.perf_counter() - start,
         "nme_cycles": driver.stats["nme_cycles"], **stats,
     }
-    print(json.dumps(report, indent=2))
+    print(json_text(report, indent=2))
     return 0
 
 

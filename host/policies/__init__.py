@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from coda.host.schedule import OP_TYPES, Schedule
+from coda.lists import items, no_duplicates
 
 from .base import COMPUTE, CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy, StaticPolicy
@@ -34,7 +35,8 @@ from .uniform import UniformIntervalPolicy
 __all__ = ["CachePolicy", "Decision", "OpQuery", "COMPUTE", "StaticPolicy", "SchedulePolicy",
            "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip",
            "parse_int_list", "parse_list", "check_steps", "max_steps", "check_guidance",
-           "check_seed", "check_weight", "MAX_SEED"]
+           "check_seed", "check_weight", "MAX_SEED", "MIN_CACHED_STEPS", "check_cached_steps",
+           "SCHEDULE_POLICIES", "expected_skip"]
 
 
 def as_policy(policy) -> CachePolicy:
@@ -51,13 +53,38 @@ def as_policy(policy) -> CachePolicy:
     raise TypeError(f"policy {policy!r}: expected a CachePolicy (coda.host.policies) or a Schedule")
 
 
+#: the fewest DDIM steps in which a rule-based policy (uniform, PAB, TeaCache, MagCache)
+#: reuses anything: the first step computes every operator, and the step after the warmup
+#: computes before any reuse. (A coda schedule says itself what it reuses: coda schedule
+#: search anneals one only if something can be reused, coda.host.search.check_skip.)
+MIN_CACHED_STEPS = 3
+#: the policies whose schedule (not a rule) decides what is reused
+SCHEDULE_POLICIES = ("coda", "coda+dra")
+
+
+def check_cached_steps(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
+    """``steps`` if a cache policy can reuse anything in a run of that many DDIM steps
+    (>= :data:`MIN_CACHED_STEPS`; any for :data:`SCHEDULE_POLICIES`, whose schedule is
+    checked against the steps when read); ValueError naming ``flag`` (and ``policy``)
+    otherwise: nothing would be cached."""
+    if steps < MIN_CACHED_STEPS and policy not in SCHEDULE_POLICIES:
+        with_policy = f" with --policy {policy}" if policy else ""
+        raise ValueError(f"{flag} {steps}{with_policy}: nothing would be cached (the first "
+                         "step computes every operator, the next one computes before any "
+                         f"reuse); expected --steps >= {MIN_CACHED_STEPS}")
+    return steps
+
+
 def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 0.02):
     """The uniform-interval policy (one interval for every operator type if one is within
     ``tol`` of ``skip``, else two neighbouring intervals over the types) whose skip fraction
     is closest to ``skip`` (to 0.005), with the shortest interval and then the most warmup
     steps (1..20) among the closest.
-    Returns a :class:`coda.host.policies.UniformIntervalPolicy`."""
+    Returns a :class:`coda.host.policies.UniformIntervalPolicy`. Raises ValueError (as
+    :func:`check_cached_steps`) for ``num_steps`` < :data:`MIN_CACHED_STEPS`."""
     from itertools import product
+
+    check_cached_steps(num_steps, "num_steps")
 
     def reused_steps(k: int, warmup: int) -> int:     # steps >= warmup off the interval
         span = max(0, num_steps - warmup)
@@ -108,9 +135,36 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
         **params: the policy's own parameters (``interval``, ``warmup`` for uniform;
             ``threshold``; DRA's ``margin``, ``window``; the search's ``seed``, ``moves``).
     Raises:
-        ValueError: an unknown name, a skip outside (0, 1), a missing profile / shape, or
-            parameters the policy does not take.
+        ValueError: an unknown name, a skip outside (0, 1), a missing profile / shape,
+            parameters the policy does not take, a run (``num_steps``, or the profile's
+            steps) shorter than :data:`MIN_CACHED_STEPS`, or a policy calibrated to ``skip``
+            that would reuse nothing ("nothing would be cached").
     """
+    policy = _get_policy(name, skip, profile, schedule, num_steps, num_layers, params)
+    if skip is not None and name in ("uniform", "pab", "teacache", "magcache"):
+        got = expected_skip(policy, num_steps, num_layers, profile)
+        if got == 0.0:
+            steps = profile.num_steps if name in ("teacache", "magcache") else num_steps
+            raise ValueError(f"policy {name!r} at skip {skip} on {steps} steps: nothing would "
+                             f"be cached (the closest calibration reuses no operator); "
+                             "expected more steps or a larger skip")
+    return policy
+
+
+def expected_skip(policy, num_steps: int | None, num_layers: int | None, profile=None) -> float:
+    """The fraction of operator executions ``policy`` reuses: a static policy's schedule
+    for ``num_steps`` x ``num_layers``, TeaCache's simulation on ``profile`` (its steps)."""
+    if hasattr(policy, "simulate_skip"):
+        return float(policy.simulate_skip(profile))
+    if isinstance(policy, StaticPolicy) or hasattr(policy, "build"):
+        steps, layers = ((profile.num_steps, profile.num_layers)
+                         if num_steps is None and profile is not None else (num_steps, num_layers))
+        return float(policy.build(steps, layers).ops_skipped_fraction())
+    raise TypeError(f"policy {policy!r}: expected a static or TeaCache policy")
+
+
+def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) -> CachePolicy:
+    """:func:`get_policy` before its check that a calibrated policy caches something."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}: expected one of {', '.join(POLICIES)}")
     if skip is not None and not 0.0 < float(skip) < 1.0:
@@ -142,6 +196,10 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
             return PABPolicy.for_skip(skip, need("num_steps", num_steps),
                                       need("num_layers", num_layers))
         return PABPolicy(**p)
+    if name in ("uniform", "pab") and skip is not None:
+        check_cached_steps(need("num_steps", num_steps), "num_steps", name)
+    if name in ("teacache", "magcache"):
+        check_cached_steps(need("a profile", profile).num_steps, "profile --steps", name)
     if name == "teacache":
         from .teacache import TeaCachePolicy, fit_rescale
         p = take("threshold")
@@ -176,23 +234,8 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
 MAX_SEED = 2**31 - 1
 
 
-def _items(text, flag: str, expected: str) -> list[str]:
-    """The comma-separated items of ``text``, stripped; an empty item (``1,,2``, a leading or
-    trailing comma, an empty list) is refused."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if not any(parts):
-        raise ValueError(f"{flag} {text!r}: empty, expected {expected}")
-    if not all(parts):
-        raise ValueError(f"{flag} {text!r}: an empty item, expected {expected}")
-    return parts
-
-
-def _no_duplicates(values: list, text, flag: str, expected: str) -> None:
-    seen = set()
-    for v in values:
-        if v in seen:
-            raise ValueError(f"{flag} {text!r}: {v!r} given twice, expected {expected}")
-        seen.add(v)
+# one rule for lists, shared with coda sweep's --param / --grid (coda.lists)
+_items, _no_duplicates = items, no_duplicates
 
 
 def parse_int_list(text, flag: str, lo: int, hi: int) -> list[int]:

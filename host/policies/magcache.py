@@ -80,7 +80,10 @@ class MagCachePolicy(StaticPolicy):
     @classmethod
     def calibrate(cls, profile, skip: float, retention: float = 0.2) -> "MagCachePolicy":
         """The smallest K (1..10) that can reach ``skip``, then the threshold (bisection)
-        whose skip fraction is closest to it."""
+        whose skip fraction is closest to it. Raises ValueError for a profile too short to
+        cache anything (:func:`coda.host.policies.check_cached_steps`)."""
+        from coda.host.policies import check_cached_steps
+        check_cached_steps(profile.num_steps, "profile --steps", "magcache")
         ratios = magnitude_ratios(profile)
         steps, layers = profile.num_steps, profile.num_layers
         frac = lambda p: p.build(steps, layers).ops_skipped_fraction()  # noqa: E731

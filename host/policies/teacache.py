@@ -35,6 +35,10 @@ def fit_rescale(profile, degree: int = 4) -> np.ndarray:
     operator's relative input change to the mean relative output change of the other
     operators, per (video, step >= 1, branch) of the profile (a lower degree, zero-padded,
     when the profile has too few points)."""
+    if profile.num_steps < 2:     # no step >= 1: no input change to fit on
+        raise ValueError(f"profile of {profile.num_steps} step: the rescaling polynomial is "
+                         "fitted on the input changes of steps >= 1, expected a profile of "
+                         ">= 2 steps (coda profile --steps)")
     x = profile.in_change[:, 1:, :, 0, 0].reshape(-1)
     out = profile.out_change[:, 1:].copy()                 # [V, S-1, B, L, K]
     out[:, :, :, 0, 0] = np.nan                           # the signal operator itself
@@ -117,7 +121,10 @@ class TeaCachePolicy(CachePolicy):
     @classmethod
     def calibrate(cls, profile, skip: float) -> "TeaCachePolicy":
         """The threshold (bisection) whose simulated skip fraction on the profile is closest
-        to ``skip``, with the polynomial fitted on it."""
+        to ``skip``, with the polynomial fitted on it. Raises ValueError for a profile too
+        short to cache anything (:func:`coda.host.policies.check_cached_steps`)."""
+        from coda.host.policies import check_cached_steps
+        check_cached_steps(profile.num_steps, "profile --steps", "teacache")
         coeffs = tuple(fit_rescale(profile))
         lo, hi = 0.0, 1.0
         while cls(hi, coeffs).simulate_skip(profile) < skip and hi < 1e6:

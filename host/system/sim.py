@@ -23,9 +23,10 @@ and prints a table.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
+
+from coda.jsonout import json_text
 
 #: the diffusion schedulers of every modelled model have 1000 training timesteps
 MAX_STEPS = 1000
@@ -264,7 +265,7 @@ def main(args) -> int:
     systems = res["systems"]
     report, abl, wl = res["report"], res["ablation"], res["workload"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+    (out / "report.json").write_text(json_text(_jsonable(report), indent=1) + "\n")
     steps = pick_steps(wl, 2)
     sh = res["shape"]
     clock = f", NMEs at {args.nme_mhz:g} MHz" if args.nme_mhz is not None else ""
@@ -335,7 +336,7 @@ def sweep_point(params: dict, workdir: Path) -> dict:
     shape_cache = Path(workdir).resolve().parent.parent / "shapes"
     res = checked_simulate(**params, shape_cache=shape_cache)
     report = res["report"]
-    (Path(workdir) / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
+    (Path(workdir) / "report.json").write_text(json_text(_jsonable(report), indent=1) + "\n")
     figures = {"cache_bytes": report["cache_bytes"]}
     for letter, r in report["systems"].items():
         for k in SWEEP_FIGURES:

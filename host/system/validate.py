@@ -34,9 +34,10 @@ and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
+
+from coda.jsonout import json_text
 
 __all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation",
            "measure_tile_utilisation", "dram_check", "run_check", "main"]
@@ -366,24 +367,24 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         util = [measure_segment_utilisation(std, depth)
                 for std in ("DDR5-4800", "DDR4-3200", "LPDDR5-6400") for depth in (256, 64)]
-        (args.out / "segment_util.json").write_text(json.dumps(util, indent=1) + "\n")
+        (args.out / "segment_util.json").write_text(json_text(util, indent=1) + "\n")
         for u in util:
             print(u["dram"], "depth", u["depth"], u["utilisation"])
         tile = [measure_tile_utilisation(std, depth)
                 for std in ("DDR5-4800", "DDR4-3200") for depth in (64, 256)]
-        (args.out / "tile_util.json").write_text(json.dumps(tile, indent=1) + "\n")
+        (args.out / "tile_util.json").write_text(json_text(tile, indent=1) + "\n")
         for u in tile:
             print(u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
                   u["utilisation"])
         check = dram_check(64) + dram_check(256)
-        (args.out / "dram_check.json").write_text(json.dumps(check, indent=1) + "\n")
+        (args.out / "dram_check.json").write_text(json_text(check, indent=1) + "\n")
         for r in check:
             print(r)
     if args.measure_nmp or args.check_nmp:
         args.out.mkdir(parents=True, exist_ok=True)
         runs = [run_check(std, depth) for std in ("DDR5-4800", "DDR4-3200")
                 for depth in (64, 256)]
-        (args.out / "run_check.json").write_text(json.dumps(runs, indent=1) + "\n")
+        (args.out / "run_check.json").write_text(json_text(runs, indent=1) + "\n")
         print(f"{'DRAM':11} {'depth':>5} {'segs':>4} {'total':>7} {'worst':>7}  per K: worst "
               "(mean)")
         for r in runs:
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = args.out / "shapes"
     rows = validate(shape_cache=cache)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "validation.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "validation.json").write_text(json_text(rows, indent=1) + "\n")
     print(f"{'model':14} {'size':9} {'frames':>6} {'steps':>5} {'GPU':8} {'published':>10} "
           f"{'predicted':>10} {'ratio':>6}")
     for r in rows:
@@ -402,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['gpu']:8} {r['seconds']:>9.0f}s {r['predicted_s']:>9.0f}s {r['ratio']:>6.2f}"
               f"{'' if r['within_25pct'] else '  (outside +-25 %)'}")
     b = bench(shape_cache=cache)
-    (args.out / "bench.json").write_text(json.dumps(b, indent=1) + "\n")
-    print(json.dumps(b))
+    (args.out / "bench.json").write_text(json_text(b, indent=1) + "\n")
+    print(json_text(b))
     return 0
 
 
