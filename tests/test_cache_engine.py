@@ -516,10 +516,10 @@ def test_an_aborted_generation_frees_its_rank_memory(failure):
 
     real_store, real_segment = driver.store, driver.segment_submit
 
-    def store(key, tensor, group=None):
+    def store(key, tensor, group=None, x_of=None):
         if len(calls) == 4 and failure == "capacity":
             raise NMPCapacityError("rank 0: cannot allocate (injected)")
-        return real_store(key, tensor, group)
+        return real_store(key, tensor, group, x_of)
 
     def segment_submit(x, gates, keys):
         pending = real_segment(x, gates, keys)    # launched: its scratch is held
