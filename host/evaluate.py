@@ -12,7 +12,8 @@ quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, 
 never sees that choice, is scored on exactly those videos) and, separately, the quarter
 with the fastest motion of the digit in the full-compute video (centre-of-mass travel per
 frame, what :mod:`coda.host.model.data` varies). For both: PSNR without and with DRA and the
-extra operator executions DRA spent on them.
+extra operator executions DRA spent on them. DRA's thresholds are calibrated on the profile's
+own videos (:func:`coda.host.dra_calibration.calibrate_step_dra`), never on the held-out ones.
 
 Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
 label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
@@ -30,8 +31,10 @@ import torch
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
-POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "coda", "coda+dra")
-_NEEDS_PROFILE = ("teacache", "magcache", "coda", "coda+dra")
+POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "coda",
+                "coda+dra")
+DEFAULT_POLICIES = ("uniform", "pab", "teacache", "coda", "coda+dra")
+_NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda+dra")
 
 
 # ---------------------------------------------------------------- metrics
@@ -149,8 +152,7 @@ def pareto_plot(rows: list[dict], path) -> None:
 # ---------------------------------------------------------------- the command
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE
-    parser.add_argument("--policy", default=",".join(POLICY_NAMES[:2] + POLICY_NAMES[2:3]
-                                                      + POLICY_NAMES[4:]),
+    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
                              "(default uniform,pab,teacache,coda,coda+dra)")
     parser.add_argument("--skip", default="0.3,0.5,0.6",
@@ -179,6 +181,7 @@ def main(args) -> int:
     from rich.table import Table
 
     from coda.host.backend import get_backend
+    from coda.host.dra_calibration import calibrate_step_dra
     from coda.host.driver import NMPDriver
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
@@ -228,25 +231,33 @@ def main(args) -> int:
         for skip in skips:       # the search's bound, for every skip before any annealing
             check_skip(skip, args.steps, layers)
     console = Console()
-    # every policy calibrated (and the coda schedules annealed) before any generation
+
+    def driver_factory(videos: int):
+        # slots for outputs and kept inputs (DRA, TeaCache, FBCache)
+        words = cache_mem_words(model, videos, 2, 8, inputs=True)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
+
+    # every policy calibrated (and the coda schedules annealed, DRA's thresholds set on the
+    # profile's own videos) before any generation
     policies_at = {}
     for skip in skips:
-        sched = None
+        sched = table = None
         if any(name.startswith("coda") for name in policies):
             res = anneal(profile, skip, seed=0, moves=args.moves)
             console.print(f"annealed the coda schedule for skip {skip} in {res.seconds:.0f} s: "
                           f"{res.terms}")
             sched = res.schedule
+        if "coda+dra" in policies:
+            table = calibrate_step_dra(model, sched, profile.meta["prompts"],
+                                       profile.meta["seeds"], num_steps=args.steps,
+                                       guidance_scale=args.guidance,
+                                       driver_factory=driver_factory)
         for name in policies:
+            extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
                                                    schedule=sched, num_steps=args.steps,
-                                                   num_layers=layers)
+                                                   num_layers=layers, **extra)
     out.mkdir(parents=True, exist_ok=True)
-
-    def driver_factory(videos: int):
-        # slots for outputs and kept inputs (DRA, TeaCache)
-        words = cache_mem_words(model, videos, 2, 8, inputs=True)
-        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
 
     common = dict(num_steps=args.steps, guidance_scale=args.guidance)
     vid_labels = torch.tensor([p for _ in seeds for p in prompts])
