@@ -181,16 +181,13 @@ def main(args) -> int:
     from rich.table import Table
 
     from coda.host.backend import get_backend
-    from coda.host.dra_calibration import calibrate_step_dra
-    from coda.host.driver import NMPDriver
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
-    from coda.host.model.sample import cache_mem_words, generate
-    from coda.host.policies import (MAX_SEED, check_guidance, check_steps, get_policy,
-                                    parse_int_list, parse_list)
+    from coda.host.model.sample import generate
+    from coda.host.policies import (MAX_SEED, check_guidance, check_steps, parse_int_list,
+                                    parse_list)
     from coda.host.profile import Profile, model_hash
-    from coda.host.search import SHIPPED_PROFILE, anneal, check_skip
-    from coda.hw.isa import NMEConfig
+    from coda.host.search import SHIPPED_PROFILE, check_skip
     from coda.paths import check_output_path
 
     # ---- every check before any work
@@ -231,32 +228,8 @@ def main(args) -> int:
         for skip in skips:       # the search's bound, for every skip before any annealing
             check_skip(skip, args.steps, layers)
     console = Console()
-
-    def driver_factory(videos: int):
-        # slots for outputs and kept inputs (DRA, TeaCache, FBCache)
-        words = cache_mem_words(model, videos, 2, 8, inputs=True)
-        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
-
-    # every policy calibrated (and the coda schedules annealed, DRA's thresholds set on the
-    # profile's own videos) before any generation
-    policies_at = {}
-    for skip in skips:
-        sched = table = None
-        if any(name.startswith("coda") for name in policies):
-            res = anneal(profile, skip, seed=0, moves=args.moves)
-            console.print(f"annealed the coda schedule for skip {skip} in {res.seconds:.0f} s: "
-                          f"{res.terms}")
-            sched = res.schedule
-        if "coda+dra" in policies:
-            table = calibrate_step_dra(model, sched, profile.meta["prompts"],
-                                       profile.meta["seeds"], num_steps=args.steps,
-                                       guidance_scale=args.guidance,
-                                       driver_factory=driver_factory)
-        for name in policies:
-            extra = {"thresholds": table} if name == "coda+dra" else {}
-            policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
-                                                   schedule=sched, num_steps=args.steps,
-                                                   num_layers=layers, **extra)
+    driver_factory = _driver_factory(model, backend)
+    policies_at = _calibrated(policies, skips, profile, model, args, driver_factory, console)
     out.mkdir(parents=True, exist_ok=True)
 
     common = dict(num_steps=args.steps, guidance_scale=args.guidance)
@@ -323,6 +296,50 @@ def main(args) -> int:
                       f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
                       f"executions {100 * c['extra_executions']:.2f} %")
     return 0
+
+
+def _driver_factory(model, backend):
+    """``f(videos) -> NMPDriver`` with slots for outputs and kept inputs (DRA, TeaCache,
+    FBCache), 2 ranks of 8 lanes."""
+    from coda.host.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words
+    from coda.hw.isa import NMEConfig
+
+    def factory(videos: int):
+        words = cache_mem_words(model, videos, 2, 8, inputs=True)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words), ranks=2)
+    return factory
+
+
+def _calibrated(policies, skips, profile, model, args, driver_factory, console) -> dict:
+    """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
+    coda schedules annealed on the profile, DRA's thresholds set on the profile's own videos
+    (:func:`coda.host.dra_calibration.calibrate_step_dra`), the others by
+    :func:`coda.host.policies.get_policy`."""
+    from coda.host.dra_calibration import calibrate_step_dra
+    from coda.host.policies import get_policy
+    from coda.host.search import anneal
+
+    layers = len(model.transformer.transformer_blocks)
+    policies_at = {}
+    for skip in skips:
+        sched = table = None
+        if any(name.startswith("coda") for name in policies):
+            res = anneal(profile, skip, seed=0, moves=args.moves)
+            console.print(f"annealed the coda schedule for skip {skip} in {res.seconds:.0f} s: "
+                          f"{res.terms}")
+            sched = res.schedule
+        if "coda+dra" in policies:
+            table = calibrate_step_dra(model, sched, profile.meta["prompts"],
+                                       profile.meta["seeds"], num_steps=args.steps,
+                                       guidance_scale=args.guidance,
+                                       driver_factory=driver_factory)
+        for name in policies:
+            extra = {"thresholds": table} if name == "coda+dra" else {}
+            policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
+                                                   schedule=sched, num_steps=args.steps,
+                                                   num_layers=layers, **extra)
+    return policies_at
 
 
 def _corner_cases(per_video: dict, skips, motion) -> list[dict]:
