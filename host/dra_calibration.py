@@ -102,14 +102,19 @@ def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThreshol
     """Write ``thresholds`` as the ``"dra"`` block of the schedule file ``path`` (kept: its
     ``"coda"`` block; written fresh from ``schedule`` if the file does not exist).
 
-    Raises ValueError if the table was not calibrated on ``schedule``, or the file holds
-    another schedule."""
+    Raises ValueError if the table was not calibrated on ``schedule``, or the file is not a
+    schedule JSON or holds another schedule."""
     path = Path(path)
     thresholds.check_for(schedule=schedule, what=f"DRA thresholds for {path}")
     data = json.loads(schedule.to_json())
     if path.exists():
-        old = json.loads(path.read_text())
-        if Schedule.from_json(json.dumps(old)) != schedule:
+        try:
+            old = json.loads(path.read_text())
+            same = Schedule.from_json(json.dumps(old)) == schedule
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a schedule JSON ({type(exc).__name__}: {exc}); "
+                             "expected the file of the calibrated schedule") from None
+        if not same:
             raise ValueError(f"{path}: holds another schedule than the one calibrated")
         data = old
     data["dra"] = thresholds.to_dict()

@@ -250,6 +250,9 @@ def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_sched
     assert load_step_dra(path, model_id=model_hash(model), num_steps=STEPS) == (sched, table)
     with pytest.raises(ValueError, match="calibrated for model"):
         load_step_dra(path, model_id="0123456789abcdef")
+    with pytest.raises(ValueError, match="holds another schedule"):
+        save_step_dra(path, whole_steps({2, 4}), StepThresholds(
+            {2: 0.1}, STEPS, table.model_hash, schedule_digest(whole_steps({2, 4})), 0.5, 1.0))
     with pytest.raises(ValueError, match="made for 8 steps, expected 9"):
         load_step_dra(path, num_steps=9)
     other = StepThresholds(table.thresholds, STEPS + 1, table.model_hash,
