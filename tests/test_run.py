@@ -151,18 +151,18 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     assert sorted((g.step, g.branch, g.sample, g.ops) for g in segs) == runs
     for g in segs:
         assert sorted(e.ref for e in ops if e.segment == g.segment) == sorted(g.ops)
-    # monitors: at an operator the schedule reuses, whose input exists (no segment open
-    # before it); a fallback starts at a monitor or continues the previous step's (window 2)
-    op_at = {(e.step, e.branch, e.sample, e.index): e for e in ops}
-    for m in mons:
-        assert (m.layer, m.op) in sched.reused(m.step, m.branch)
-        prev = op_at.get((m.step, m.branch, m.sample, m.index - 1))
-        assert prev is None or not prev.reused or prev.ref == (0, "spatial_ffn")
-    monitored = {(m.step, m.branch, m.sample, m.index) for m in mons}
-    for key, e in op_at.items():
-        if e.reason == "fallback":
-            prev = op_at[(key[0] - 1, *key[1:])] if key[0] else None
-            assert key in monitored or (prev is not None and prev.reason == "fallback"), e
+    # step DRA's probes: the first operator, at every step and branch the schedule reuses it
+    # (every sample); with the file's thresholds of 0 each one falls back: every operator of
+    # that step the schedule reuses is computed (reason "fallback"), and nothing else is
+    first = sched.order()[0]
+    assert sorted((m.step, m.branch, m.sample) for m in mons) == sorted(
+        (s, b, i) for s, b in {(s, b) for s in range(steps) for b in BRANCHES
+                               if first in sched.reused(s, b)} for i in range(len(prompts)))
+    assert all((m.layer, m.op) == first for m in mons)
+    probed = {(m.step, m.branch, m.sample) for m in mons}
+    for e in ops:
+        assert (e.reason == "fallback") == ((e.step, e.branch, e.sample) in probed
+                                            and e.ref in sched.reused(e.step, e.branch)), e
     assert report["monitors"] == len(mons) > 0
     # NME work: a program per 8 terms of a segment, one per monitor; the cycles the driver
     # counted are the events' cycles
@@ -170,12 +170,13 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
                                       + len(mons)) == driver.stats["programs"]
     assert report["nme_cycles"] == sum(g.nme_cycles for g in segs + mons) > 0
     # host-link bytes: every [T, C] tensor of 16-bit elements that crossed it (stored outputs,
-    # kept inputs, segment x down and y up, monitor inputs), the K gate vectors of each
-    # segment to every rank, and the command words the driver sent
+    # kept inputs, each sum segment's y up, the slot of zeros each branch's segments read x
+    # from, written once, monitor inputs), the K gate vectors of each segment to every rank,
+    # and the command words the driver sent
     (t, c), = {(e.tokens, e.channels) for e in ops}
     stores, kept = sum(e.stored_bytes > 0 for e in ops), sum(e.kept_bytes > 0 for e in ops)
     assert all(e.stored_bytes in (0, 2 * t * c) and e.kept_bytes in (0, 2 * t * c) for e in ops)
-    tensors = stores + kept + 2 * len(segs) + len(mons)
+    tensors = stores + kept + len(segs) + len({g.branch for g in segs}) + len(mons)
     gates = sum(len(g.ops) for g in segs) * driver.n_ranks
     assert report["pcie_bytes"] == (2 * t * c * tensors + 2 * c * gates
                                     + driver.stats["cmd_bytes"])

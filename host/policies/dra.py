@@ -56,7 +56,9 @@ __all__ = ["StepDRAPolicy", "StepThresholds", "schedule_digest", "DEFAULT_QUANTI
 #: 1.0         0        40.59      37.57 (0)
 #: =========  =====  =========  ======================
 #:
-#: 0.9 is the smallest quantile within 5 % extra executions.
+#: 0.9 is the smallest quantile within 5 % extra executions. Reported, not chosen on: the
+#: held-out seeds 0, 1 (20 videos) at 0.9: 1.2 % extra, mean PSNR 40.65 -> 40.85 dB, the
+#: static schedule's worst quarter 37.40 -> 37.55 dB.
 DEFAULT_QUANTILE = 0.9
 DEFAULT_MARGIN = 1.0
 
