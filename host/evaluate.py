@@ -16,7 +16,8 @@ quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, 
 never sees that choice, is scored on exactly those videos) and, separately, the quarter
 with the fastest motion of the digit in the full-compute video (centre-of-mass travel per
 frame, what :mod:`coda.host.model.data` varies). For both: PSNR without and with DRA and the
-extra operator executions DRA spent on them.
+extra operator executions DRA spent on them. DRA's thresholds are calibrated on the profile's
+own videos (:func:`coda.host.dra_calibration.calibrate_step_dra`), never on the held-out ones.
 
 Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
 label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
@@ -36,8 +37,10 @@ from coda.jsonout import json_text
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
-POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "coda", "coda+dra")
-_NEEDS_PROFILE = ("teacache", "magcache", "coda", "coda+dra")
+POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "coda",
+                "coda+dra")
+DEFAULT_POLICIES = ("uniform", "pab", "teacache", "coda", "coda+dra")
+_NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda+dra")
 
 
 # ---------------------------------------------------------------- metrics
@@ -158,8 +161,7 @@ def pareto_plot(rows: list[dict], path) -> None:
 def configure(parser) -> None:
     from coda.host.model.sample import DEFAULT_GUIDANCE
     from coda.hw.verilog import add_latency_arguments
-    parser.add_argument("--policy", default=",".join(POLICY_NAMES[:2] + POLICY_NAMES[2:3]
-                                                      + POLICY_NAMES[4:]),
+    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
                              "(default uniform,pab,teacache,coda,coda+dra)")
     parser.add_argument("--skip", default="0.3,0.5,0.6",
@@ -191,16 +193,13 @@ def main(args) -> int:
     from rich.table import Table
 
     from coda.host.backend import get_backend
-    from coda.host.driver import NMPDriver
     from coda.host.model.classifier import label_accuracy
     from coda.host.model.dit import load_model
-    from coda.host.model.sample import cache_mem_words
     from coda.host.policies import (MAX_SEED, check_cached_steps, check_guidance, check_steps,
-                                    get_policy, parse_int_list, parse_list)
-    from coda.host.step_search import full_videos
+                                    parse_int_list, parse_list)
     from coda.host.profile import Profile, model_hash
     from coda.host.search import SHIPPED_PROFILE
-    from coda.hw.isa import NMEConfig
+    from coda.host.step_search import full_videos
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
@@ -251,24 +250,10 @@ def main(args) -> int:
                 reused_steps_for(skip, args.steps, len(always))
     console = Console()
     console.print(preset.describe())    # the top of the output: which NME runs the segments
-    # every policy calibrated (and the coda schedules found) before any generation
-    policies_at = {}
-    for skip in skips:
-        sched = None
-        if any(name.startswith("coda") for name in policies):
-            sched, source = coda_schedule(profile, Path(profile_path), model, skip,
-                                          workers=args.workers, log=console.print)
-            console.print(f"coda schedule for skip {skip}: {source}")
-        for name in policies:
-            policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
-                                                   schedule=sched, num_steps=args.steps,
-                                                   num_layers=layers)
+    driver_factory = _driver_factory(model, backend, nme)
+    policies_at = _calibrated(policies, skips, profile, Path(profile_path), model, args,
+                              driver_factory, console)
     out.mkdir(parents=True, exist_ok=True)
-
-    def driver_factory(videos: int):
-        # slots for outputs and kept inputs (DRA, TeaCache)
-        words = cache_mem_words(model, videos, 2, 8, inputs=True)
-        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
 
     common = dict(num_steps=args.steps, guidance_scale=args.guidance)
     vid_labels = torch.tensor([p for _ in seeds for p in prompts])
@@ -387,6 +372,49 @@ def _count_wins(rows: list[dict], per_video: dict) -> None:
         if coda is None or r["policy"] == "coda":
             continue
         r["coda_wins"] = int(sum(c["psnr_db"] > m["psnr_db"] for c, m in zip(coda, mine)))
+
+
+def _driver_factory(model, backend, nme: dict):
+    """``f(videos) -> NMPDriver`` with slots for outputs and kept inputs (DRA, TeaCache,
+    FBCache), 2 ranks of 8 lanes, the NME of ``nme`` (the preset's units)."""
+    from coda.host.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words
+    from coda.hw.isa import NMEConfig
+
+    def factory(videos: int):
+        words = cache_mem_words(model, videos, 2, 8, inputs=True)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
+    return factory
+
+
+def _calibrated(policies, skips, profile, profile_path: Path, model, args, driver_factory,
+                console) -> dict:
+    """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
+    coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
+    (:func:`coda.host.dra_calibration.calibrate_step_dra`), the others by
+    :func:`coda.host.policies.get_policy`."""
+    from coda.host.dra_calibration import calibrate_step_dra
+    from coda.host.policies import get_policy
+
+    layers = len(model.transformer.transformer_blocks)
+    policies_at = {}
+    for skip in skips:
+        sched = table = None
+        if any(name.startswith("coda") for name in policies):
+            sched, source = coda_schedule(profile, profile_path, model, skip,
+                                          workers=args.workers, log=console.print)
+            console.print(f"coda schedule for skip {skip}: {source}")
+        if "coda+dra" in policies:
+            table = calibrate_step_dra(model, sched, profile.meta["prompts"],
+                                       profile.meta["seeds"], num_steps=args.steps,
+                                       guidance_scale=args.guidance,
+                                       driver_factory=driver_factory)
+        for name in policies:
+            extra = {"thresholds": table} if name == "coda+dra" else {}
+            policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
+                                                   schedule=sched, num_steps=args.steps,
+                                                   num_layers=layers, **extra)
+    return policies_at
 
 
 def _corner_cases(per_video: dict, skips, motion) -> list[dict]:

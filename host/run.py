@@ -6,8 +6,10 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
 1. the full-compute video (every operator of every step computed by the DiT);
 2. the cached video, under the cache policy ``--policy`` (default ``coda``: the searched
    whole-step schedule shipped for the model's 50 steps at half the operator executions
-   reused, ``host/schedules/coda_latte_digits_50_skip0.5.json``, or ``--schedule FILE``; ``coda+dra`` adds the run-time fallback; ``uniform`` with
-   ``--interval``/``--warmup``; ``pab``, ``teacache``, ``magcache`` calibrated to ``--skip`` on
+   reused, ``host/schedules/coda_latte_digits_50_skip0.5.json``, or ``--schedule FILE``;
+   ``coda+dra`` adds step-level DRA, its thresholds from the schedule file's ``"dra"`` block
+   or calibrated on the profile's videos; ``uniform`` with ``--interval``/``--warmup``;
+   ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica`` calibrated to ``--skip`` on
    the shipped profile or ``--profile``), with the cache segments ``y = x + sum_k g_k * c_k``
    run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
    with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
@@ -53,7 +55,8 @@ from coda.jsonout import json_text
 DEFAULT_PROMPTS = "0-9"
 DEFAULT_RTL_VIDEOS = 3
 GRID_COLUMNS = 5
-POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache")
+POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache", "fbcache",
+                  "lemica")
 
 
 def configure(parser) -> None:
@@ -82,10 +85,12 @@ def configure(parser) -> None:
                         help="coda / coda+dra: a schedule JSON of coda schedule search "
                              "(default: the shipped one, 50 steps)")
     parser.add_argument("--profile", default=None, metavar="FILE",
-                        help="profile.npz for teacache, magcache and DRA (default: the "
+                        help="profile.npz for teacache, magcache, fbcache, lemica and DRA "
+                             "(its calibration videos; default: the "
                              "shipped one, 50 steps)")
     parser.add_argument("--skip", type=float, default=None,
-                        help="pab / teacache / magcache: target skip fraction in (0, 1) "
+                        help="pab / teacache / magcache / fbcache / lemica: target skip "
+                             "fraction in (0, 1) "
                              "(default 0.5; coda's is its schedule's, uniform's set by "
                              "--interval/--warmup)")
     parser.add_argument("--interval", type=int, default=None,
@@ -171,7 +176,7 @@ def main(args) -> int:
 
     # policies that keep operator inputs as monitor references (DRA, TeaCache) need room for
     # them beside the cached outputs
-    inputs = policy_name in ("coda+dra", "teacache")
+    inputs = policy_name in ("coda+dra", "teacache", "fbcache")
     driver = _driver(backend, args, model, rtl_videos or len(digits), inputs)  # bad --lanes etc. fail now
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
@@ -349,9 +354,9 @@ def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
     return None
 
 
-#: the policies --skip calibrates; --profile is read by these (and DRA)
-_SKIP_POLICIES = ("pab", "teacache", "magcache")
-_PROFILE_POLICIES = ("coda+dra", "teacache", "magcache")
+#: the policies --skip calibrates; --profile is read by these (and DRA: its calibration videos)
+_SKIP_POLICIES = ("pab", "teacache", "magcache", "fbcache", "lemica")
+_PROFILE_POLICIES = ("coda+dra", "teacache", "magcache", "fbcache", "lemica")
 
 
 def _policy(args, model):
@@ -378,11 +383,12 @@ def _policy(args, model):
     if args.skip is not None and name not in _SKIP_POLICIES:
         how = ("its schedule's (--schedule)" if name.startswith("coda")
                else "set by --interval/--warmup")
-        raise ValueError(f"--skip {args.skip}: a pab / teacache / magcache option (the skip "
+        raise ValueError(f"--skip {args.skip}: a pab / teacache / magcache / fbcache / lemica "
+                         f"option (the skip "
                          f"of {name} is {how}), expected no --skip with --policy {name}")
     if args.profile is not None and name not in _PROFILE_POLICIES:
-        raise ValueError(f"--profile {args.profile}: read by coda+dra / teacache / magcache "
-                         f"only, expected no --profile with --policy {name}")
+        raise ValueError(f"--profile {args.profile}: read by coda+dra / teacache / magcache / "
+                         f"fbcache / lemica only, expected no --profile with --policy {name}")
     skip = 0.5 if args.skip is None else args.skip
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
@@ -419,9 +425,30 @@ def _policy(args, model):
         raise ValueError(f"--policy {name} --steps {args.steps}: the shipped schedule is for "
                          "50 steps; give --schedule of coda schedule search for "
                          f"{args.steps} steps, or --policy uniform")
-    sched = load_schedule(args.schedule or SHIPPED_SCHEDULE, model_id=mhash,
-                          num_steps=args.steps, num_layers=layers)
-    return name, get_policy(name, schedule=sched, profile=profile)
+    path = args.schedule or SHIPPED_SCHEDULE
+    sched = load_schedule(path, model_id=mhash, num_steps=args.steps, num_layers=layers)
+    if name == "coda":
+        return name, get_policy(name, schedule=sched)
+    return name, get_policy(name, schedule=sched,
+                            thresholds=_dra_thresholds(args, model, sched, profile, path))
+
+
+def _dra_thresholds(args, model, sched, profile, path):
+    """coda+dra's thresholds: the schedule file's ``"dra"`` block if it has one (checked
+    against the model, steps and schedule), else calibrated now on the profile's videos
+    (:func:`coda.host.dra_calibration.calibrate_step_dra`, torch backend)."""
+    from pathlib import Path
+
+    from coda.host.backend import TorchBackend
+    from coda.host.dra_calibration import calibrate_step_dra, load_step_dra
+    from coda.host.profile import model_hash
+
+    if "dra" in json.loads(Path(path).read_text()):
+        return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
+    return calibrate_step_dra(
+        model, sched, profile.meta["prompts"], profile.meta["seeds"], num_steps=args.steps,
+        guidance_scale=args.guidance,
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True))
 
 
 def _machine() -> str:

@@ -65,12 +65,15 @@ from coda.host.link import check_segment_output, segment_bytes, tensor_bytes
 from coda.host.policies import check_seed, check_weight, uniform_for_skip
 from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
 from coda.jsonout import json_text
+# the proxy's weights live below the policies (LeMiCa reads them too); re-exported here
+from coda.host.weights import quality_weights, step_weights
 
 __all__ = ["LinkModel", "NMEModel", "CostModel", "SearchResult", "anneal", "op_flops",
            "flop_compute_time", "segment_nme_cycles", "schedule_to_matrix", "matrix_to_schedule",
            "load_schedule", "save_schedule", "uniform_for_skip", "SHIPPED_SCHEDULE",
            "SHIPPED_SKIPS", "shipped_schedule",
-           "SHIPPED_PROFILE", "reusable_executions", "check_skip"]
+           "SHIPPED_PROFILE", "reusable_executions", "check_skip", "step_weights",
+           "quality_weights"]
 
 ComputeTime = Callable[[str, dict], float]
 
@@ -323,35 +326,6 @@ class CostModel:
                 "transfer_s": float(link + store_bytes / self.link.bandwidth),
                 "mismatch_s": float(mism),
                 "skip": float(m.mean())}
-
-
-def step_weights(profile) -> tuple[float, np.ndarray]:
-    """(p, w[steps]): the weight of a reuse at each step in the quality proxy, the profile's
-    measured step sensitivity (:func:`coda.host.profile.step_sensitivity`) smoothed by the
-    least-squares fit ``log sens = c + p log(1 - s/S)`` (the measurement is noisy, a few
-    videos per block; its trend is a decay: a deviation early moves the rest of the
-    trajectory, one late does not). Mean 1; p = 0 (flat) without a measurement."""
-    steps = profile.num_steps
-    frac = 1.0 - (np.arange(steps) + 0.5) / steps
-    sens = profile.sensitivity
-    if sens is None or not np.all(np.isfinite(sens)) or np.any(np.asarray(sens) <= 0):
-        return 0.0, np.ones(steps)
-    a = np.stack([np.ones(steps), np.log(frac)], axis=1)
-    p = float(np.clip(np.linalg.lstsq(a, np.log(np.asarray(sens, np.float64)), rcond=None)[0][1],
-                      0.0, 8.0))
-    w = frac ** p
-    return p, w / w.mean()
-
-
-def quality_weights(profile) -> np.ndarray:
-    """[branches, ops]: mean |output| / mean |input| over videos and steps >= 1 (how much of
-    the residual stream an operator writes); 1 where undefined."""
-    out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1))      # [B, L, K]
-    inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(inp > 0, out / inp, 1.0)
-    w = np.nan_to_num(w, nan=1.0)
-    return w.reshape(w.shape[0], -1)
 
 
 # ---------------------------------------------------------------- the annealer

@@ -142,7 +142,10 @@ def reused_steps_for(skip: float, num_steps: int, always: int = 0) -> int:
 # ---------------------------------------------------------------- the stand-in
 def plan_by_dp(change: np.ndarray, weight: np.ndarray, count: int, *, cooldown: int = 1,
                gamma: float = 1.0, max_run: int = 5) -> tuple[frozenset, float]:
-    """The exact cheapest set of ``count`` reused steps under the stand-in cost.
+    """The exact cheapest set of ``count`` reused steps under the stand-in cost: the
+    minimum-error path through the DAG of steps (:func:`coda.host.policies.lemica.
+    min_error_path`) whose edge ``i -> j`` reuses steps i+1..j-1 from step i's caches at
+    ``Σ_s w(s)^gamma (D(s) - D(i))``.
 
     Args:
         change: float [S] profiled change per step (:func:`step_change`; index 0 unused).
@@ -155,42 +158,27 @@ def plan_by_dp(change: np.ndarray, weight: np.ndarray, count: int, *, cooldown: 
         (reused steps, proxy cost). Raises ValueError when no plan has ``count`` reused steps
         under these constraints.
     """
+    from coda.host.policies.lemica import min_error_path
+
     s_n = len(change)
-    cum = np.cumsum(change)
+    cum = np.cumsum(np.asarray(change, np.float64))
     w = np.asarray(weight, np.float64) ** gamma
     last = s_n - max(1, cooldown)             # steps last..S-1 are computed
-    inf = math.inf
-    # f[c][r]: least cost with step c computed and r steps reused before it
-    f = np.full((s_n, count + 1), inf)
-    back = np.full((s_n, count + 1), -1, np.int64)
-    f[0, 0] = 0.0
-    for c in range(s_n):
-        for r in range(count + 1):
-            if f[c, r] == inf:
-                continue
-            run_cost = 0.0
-            for m in range(0, max_run + 1):      # reuse c+1..c+m, compute j = c+m+1
-                j = c + m + 1
-                if j >= s_n or r + m > count:
+    cost = np.full((s_n, s_n), math.inf)
+    for i in range(s_n):
+        run = 0.0
+        for j in range(i + 1, min(s_n, i + max_run + 2)):
+            if j - 1 > i:                     # step j-1 joins the span reused from i
+                if j - 1 >= last:
                     break
-                if m:
-                    s = c + m
-                    if s >= last:
-                        break
-                    run_cost += w[s] * (cum[s] - cum[c])
-                if f[c, r] + run_cost < f[j, r + m]:
-                    f[j, r + m] = f[c, r] + run_cost
-                    back[j, r + m] = c
-    if f[s_n - 1, count] == inf:
+                run += w[j - 1] * (cum[j - 1] - cum[i])
+            cost[i, j] = run
+    try:
+        path, total = min_error_path(cost, s_n - count)
+    except ValueError:
         raise ValueError(f"no plan reuses {count} of {s_n} steps with runs <= {max_run} and "
-                         f"the last {cooldown} computed")
-    reused, j, r = set(), s_n - 1, count
-    while j > 0:
-        c = int(back[j, r])
-        reused.update(range(c + 1, j))
-        r -= j - c - 1
-        j = c
-    return frozenset(reused), float(f[s_n - 1, count])
+                         f"the last {cooldown} computed") from None
+    return frozenset(range(s_n)) - frozenset(path), total
 
 
 def uniform_plan(num_steps: int, num_layers: int, count: int, *, cooldown: int = 1,

@@ -37,12 +37,12 @@ def profile_3(tmp_path_factory):
 
 def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     out = tmp_path / "e"
-    assert main(["eval", "--policy", "uniform,pab,teacache,magcache,coda,coda+dra",
+    assert main(["eval", "--policy", "uniform,pab,teacache,magcache,fbcache,lemica,coda,coda+dra",
                  "--skip", "0.3", "--prompts", "3,5", "--seeds", "5", "--steps", "3",
                  "--profile", str(profile_3), "--workers", "0", "--out", str(out)]) == 0
     rows = json.loads((out / "pareto.json").read_text())
-    assert [r["policy"] for r in rows] == ["uniform", "pab", "teacache", "magcache", "coda",
-                                           "coda+dra"]
+    assert [r["policy"] for r in rows] == ["uniform", "pab", "teacache", "magcache", "fbcache",
+                                           "lemica", "coda", "coda+dra"]
     for r in rows:
         assert KEYS <= set(r) and r["target_skip"] == 0.3 and r["videos"] == 2
         assert 0 <= r["ops_skipped_fraction"] < 1 and 0 <= r["label_accuracy"] <= 1

@@ -1,5 +1,6 @@
-"""The baseline policies (PAB, TeaCache, MagCache), DRA and the registry, on a small random
-Latte with the real NMP driver."""
+"""The baseline policies (PAB, TeaCache, MagCache, FBCache, LeMiCa), step-level DRA and the
+registry, on a small random Latte (test_cache_engine's configuration) with the real NMP
+driver."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from coda.host.events import EventLog
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import cached_generate
 from coda.host.policies import POLICIES, SchedulePolicy, get_policy
-from coda.host.policies.dra import DRAPolicy, input_change_limits
+from coda.host.dra_calibration import (calibrate_step_dra, load_step_dra, probe_values,
+                                       save_step_dra)
+from coda.host.policies.dra import StepDRAPolicy, StepThresholds, schedule_digest
+from coda.host.policies.fbcache import FBCachePolicy
+from coda.host.policies.lemica import lemica_schedule, min_error_path, span_costs
 from coda.host.policies.magcache import MagCachePolicy, magnitude_ratios
 from coda.host.policies.pab import PABPolicy
 from coda.host.policies.teacache import TeaCachePolicy, fit_rescale
-from coda.host.profile import profile_model
-from coda.host.schedule import OP_TYPES, operator_order
+from coda.host.profile import model_hash, profile_model
+from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
 from coda.host.search import anneal, schedule_to_matrix
 from coda.hw.isa import NMEConfig
 
@@ -55,6 +60,18 @@ def run(model, policy, labels, seeds):
     video, stats = cached_generate(model, labels, driver(), policy, events=log,
                                    num_steps=STEPS, guidance_scale=3.0, seeds=seeds)
     return video, stats, log
+
+
+def whole_steps(steps, layers=2):
+    """A schedule reusing every operator of ``steps``, both branches."""
+    every = frozenset(operator_order(layers))
+    return Schedule(STEPS, layers, {(s, b): every for s in steps for b in BRANCHES},
+                    name=f"steps{sorted(steps)}")
+
+
+def table_for(model, sched, thresholds):
+    return StepThresholds(thresholds, STEPS, model_hash(model), schedule_digest(sched), 1.0,
+                          1.0)
 
 
 # ---------------------------------------------------------------- registry
@@ -96,11 +113,19 @@ def test_every_calibrated_policy_refuses_a_run_too_short_to_cache(name, short_pr
 def test_registry_builds_every_policy_and_refuses_bad_input(setup):
     model, prof = setup
     sched = anneal(prof, 0.4, moves=2000).schedule
+    table = calibrate_step_dra(model, sched, [2], [40], num_steps=STEPS, guidance_scale=3.0,
+                               driver_factory=driver)
     for name in POLICIES:
+        extra = {"thresholds": table} if name == "coda+dra" else {}
         pol = get_policy(name, skip=0.4, profile=prof, num_steps=STEPS, num_layers=2,
-                         schedule=sched)
+                         schedule=sched, **extra)
         assert pol.name.startswith(name.split("+")[0] if name != "coda" else "coda(")
-    assert get_policy("coda+dra", profile=prof, schedule=sched).name.endswith("+dra")
+    assert get_policy("coda+dra", schedule=sched, thresholds=table).name.endswith("+dra")
+    with pytest.raises(ValueError, match="'coda\\+dra' needs thresholds"):
+        get_policy("coda+dra", schedule=sched)
+    other = anneal(prof, 0.3, moves=2000).schedule
+    with pytest.raises(ValueError, match="calibrated for schedule"):
+        get_policy("coda+dra", schedule=other, thresholds=table)
     with pytest.raises(ValueError, match="needs a schedule"):
         get_policy("coda", schedule="file.json")
     with pytest.raises(ValueError, match="unknown policy 'fora'"):
@@ -177,46 +202,202 @@ def e_ref_only(log, key):
     return [e.reused for e in ev[1:]] == [ev[1].reused] * (len(ev) - 1)
 
 
-# ---------------------------------------------------------------- DRA
-def test_dra_with_a_lenient_threshold_changes_nothing_but_costs_monitors(setup):
+# ---------------------------------------------------------------- step-level DRA
+def test_step_dra_probing_only_changes_nothing_but_costs_monitors(setup):
     model, prof = setup
-    static = SchedulePolicy(anneal(prof, 0.4, seed=0, moves=3000).schedule)
-    ref, ref_stats, _ = run(model, static, [2, 6], [40, 41])
-    dra = DRAPolicy(static, input_change_limits(prof), margin=1e6)
-    got, stats, log = run(model, dra, [2, 6], [40, 41])
+    sched = anneal(prof, 0.4, seed=0, moves=3000).schedule
+    ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
+    got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched)), [2, 6], [40, 41])
     assert torch.equal(got, ref)
     assert stats["fallbacks"] == 0 and stats["ops_reused"] == ref_stats["ops_reused"]
+    first = operator_order(2)[0]
+    probed = {(s, b, i) for s in range(STEPS) for b in BRANCHES for i in range(2)
+              if first in sched.reused(s, b)}
     mons = log.of("monitor")
-    assert len(mons) == stats["monitors"] > 0
-    heads = {(s.step, s.branch, s.sample, s.ops[0]) for s in log.of("segment")}
-    assert {(m.step, m.branch, m.sample, (m.layer, m.op)) for m in mons} == heads
-    assert all(m.nme_cycles > 0 and m.bytes_to_nmp > 0 for m in mons)
+    assert probed and {(m.step, m.branch, m.sample) for m in mons} == probed
+    assert len(mons) == len(probed) == stats["monitors"]
+    assert all((m.layer, m.op) == first and m.nme_cycles > 0 and m.bytes_to_nmp > 0
+               for m in mons)
+    # the reference is the input kept at the last step that computed the first operator
+    for m in mons:
+        assert m.reference_step == max(s for s in range(m.step)
+                                       if first not in sched.reused(s, m.branch))
     assert stats["pcie_bytes"] > ref_stats["pcie_bytes"]          # kept inputs + monitors
 
 
-def test_dra_falls_back_for_a_window_and_per_sample(setup):
-    model, prof = setup
-    static = SchedulePolicy(anneal(prof, 0.5, seed=0, moves=3000).schedule)
-    dra = DRAPolicy(static, input_change_limits(prof), margin=1e-6, window=2)
-    both, stats, log = run(model, dra, [2, 6], [40, 41])
-    assert stats["fallbacks"] > 0
-    assert stats["ops_reused"] < round(0.5 * STEPS * 2 * 10) * 2
-    fallbacks = [e for e in log.of("op") if e.reason == "fallback"]
-    fired = {(m.step, m.branch, m.sample, m.layer, m.op) for m in log.of("monitor")}
-    for e in fallbacks:   # each fallback was fired by its monitor this step or the one before
-        assert any((e.step - d, e.branch, e.sample, e.layer, e.op) in fired for d in (0, 1))
-        assert e.stored_bytes > 0 and e.kept_bytes > 0
-    for i, (label, seed) in enumerate([(2, 40), (6, 41)]):
+def test_step_dra_fallback_computes_and_stores_the_whole_step(setup):
+    model, _ = setup
+    sched = whole_steps({2, 3, 4})
+    # step 3 always falls back (threshold 0), steps 2 and 4 never do
+    dra = StepDRAPolicy(SchedulePolicy(sched), table_for(model, sched, {2: 1e9, 3: 0.0, 4: 1e9}))
+    got, stats, log = run(model, dra, [2, 6], [40, 41])
+    # = the static schedule that computes step 3: step 4 reads step 3's fresh caches
+    ref, ref_stats, _ = run(model, SchedulePolicy(whole_steps({2, 4})), [2, 6], [40, 41])
+    assert torch.equal(got, ref)
+    ops = log.of("op")
+    fallbacks = [e for e in ops if e.reason == "fallback"]
+    assert {(e.step, e.branch, e.sample, e.ref) for e in fallbacks} == \
+        {(3, b, i, r) for b in BRANCHES for i in range(2) for r in operator_order(2)}
+    assert stats["fallbacks"] == len(fallbacks) == 2 * 2 * 10
+    assert stats["ops_computed"] - run(model, SchedulePolicy(sched), [2, 6], [40, 41])[1][
+        "ops_computed"] == stats["fallbacks"]
+    assert all(e.stored_bytes > 0 and not e.reused for e in fallbacks)
+    assert all(e.kept_bytes > 0 for e in fallbacks if e.ref == operator_order(2)[0])
+    assert all(e.reused for e in ops if e.step in (2, 4))
+    assert dra.fired == 2 * 2
+    assert ref_stats["ops_reused"] == stats["ops_reused"]
+
+
+def test_step_dra_decides_per_sample_and_branch(setup):
+    model, _ = setup
+    sched = whole_steps({2, 4, 5})
+    labels, seeds = [2, 6, 9], [40, 41, 42]
+    values = {}
+    for i, (label, seed) in enumerate(zip(labels, seeds)):
+        _, _, log = run(model, StepDRAPolicy(SchedulePolicy(sched)), [label], [seed])
+        values[i] = {(m.step, m.branch): m.value for m in log.of("monitor")}
+    # step 4's threshold between the videos' probes: some fall back, some do not
+    at4 = sorted(v[(4, "cond")] for v in values.values())
+    assert at4[0] < at4[-1]
+    thr = 0.5 * (at4[0] + at4[1])
+    dra = StepDRAPolicy(SchedulePolicy(sched), table_for(model, sched, {2: 1e9, 4: thr, 5: 1e9}))
+    three, _, log3 = run(model, dra, labels, seeds)
+    fired = {(e.branch, e.sample) for e in log3.of("op") if e.reason == "fallback"}
+    assert fired == {(b, i) for i in range(3) for b in BRANCHES if values[i][(4, b)] > thr}
+    for i, (label, seed) in enumerate(zip(labels, seeds)):
         one, _, _ = run(model, dra, [label], [seed])
-        assert torch.equal(one, both[i:i + 1])
+        assert torch.equal(one, three[i:i + 1])
 
 
-def test_dra_limits_follow_the_profile(setup):
-    _, prof = setup
-    lim = input_change_limits(prof)
-    x = np.nan_to_num(prof.in_change.astype(np.float64))
-    k = operator_order(2).index((1, "temporal_ffn"))
-    expect = x[:, 1:4, 0, 1, OP_TYPES.index("temporal_ffn")].max(axis=0).sum()
-    assert lim[3, 0, k] - lim[0, 0, k] == pytest.approx(expect)
-    with pytest.raises(ValueError, match="margin=0"):
-        DRAPolicy(SchedulePolicy(anneal(prof, 0.3, moves=100).schedule), lim, margin=0)
+def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_schedule(
+        setup, tmp_path):
+    model, _ = setup
+    sched = whole_steps({2, 4, 5})
+    kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
+    values = probe_values(model, sched, [2, 6], [40, 41], **kw)
+    assert sorted(values) == [2, 4, 5] and all(len(v) == 2 * 2 * 2 for v in values.values())
+    table = calibrate_step_dra(model, sched, [2, 6], [40, 41], quantile=0.75, margin=1.5, **kw)
+    assert table.thresholds == {s: 1.5 * float(np.quantile(values[s], 0.75)) for s in values}
+    assert (table.prompts, table.seeds, table.model_hash) == ((2, 6), (40, 41),
+                                                               model_hash(model))
+    path = tmp_path / "s.json"
+    save_step_dra(path, sched, table)
+    assert load_step_dra(path, model_id=model_hash(model), num_steps=STEPS) == (sched, table)
+    with pytest.raises(ValueError, match="calibrated for model"):
+        load_step_dra(path, model_id="0123456789abcdef")
+    with pytest.raises(ValueError, match="holds another schedule"):
+        save_step_dra(path, whole_steps({2, 4}), StepThresholds(
+            {2: 0.1}, STEPS, table.model_hash, schedule_digest(whole_steps({2, 4})), 0.5, 1.0))
+    with pytest.raises(ValueError, match="made for 8 steps, expected 9"):
+        load_step_dra(path, num_steps=9)
+    other = StepThresholds(table.thresholds, STEPS + 1, table.model_hash,
+                           table.schedule_hash, 0.5, 1.0)
+    with pytest.raises(ValueError, match="DRA thresholds for 9 steps, this run has 8"):
+        run(model, StepDRAPolicy(SchedulePolicy(sched), other), [2], [40])
+    with pytest.raises(ValueError, match="calibrated for schedule"):
+        StepDRAPolicy(SchedulePolicy(whole_steps({2, 4})), table)
+    with pytest.raises(ValueError, match="quantile=1.5: expected a fraction in"):
+        calibrate_step_dra(model, sched, [2], [40], quantile=1.5, **kw)
+    with pytest.raises(ValueError, match="threshold -1.0 at step 2"):
+        StepThresholds({2: -1.0}, STEPS, "m", "s", 0.5, 1.0)
+
+
+# ---------------------------------------------------------------- FBCache
+def test_fbcache_reuses_the_rest_of_the_step_per_sample_from_nme_probes(setup):
+    model, prof = setup
+    pol = FBCachePolicy.calibrate(prof, 0.3)
+    assert abs(pol.simulate_skip(prof) - 0.3) < 0.1
+    assert FBCachePolicy(0.0).simulate_skip(prof) == 0.0
+    labels, seeds = [2, 6, 9], [40, 41, 42]
+    three, stats, log = run(model, pol, labels, seeds)
+    mons = log.of("monitor")
+    # one probe per sample, branch and step 1..S-2, on layer 1's first operator
+    assert sorted((m.step, m.branch, m.sample) for m in mons) == sorted(
+        (s, b, i) for s in range(1, STEPS - 1) for b in BRANCHES for i in range(3))
+    assert all((m.layer, m.op) == (1, OP_TYPES[0]) and m.nme_cycles > 0 for m in mons)
+    reuse = {(m.step, m.branch, m.sample): m.value < pol.threshold for m in mons}
+    assert any(reuse.values()) and not all(reuse.values())
+    for e in log.of("op"):
+        expect = e.layer >= 1 and reuse.get((e.step, e.branch, e.sample), False)
+        assert e.reused == expect, e
+    assert stats["ops_reused"] == 10 // 2 * sum(reuse.values())
+    # the reference is the step that last computed the rest
+    for m in mons:
+        assert m.reference_step == max(s for s in range(m.step)
+                                       if not reuse.get((s, m.branch, m.sample), False))
+    for i, (label, seed) in enumerate(zip(labels, seeds)):
+        one, _, _ = run(model, pol, [label], [seed])
+        assert torch.equal(one, three[i:i + 1])
+    with pytest.raises(ValueError, match="threshold=-1: expected a finite value"):
+        FBCachePolicy(-1)
+    with pytest.raises(ValueError, match="skip 1.2: expected a fraction"):
+        FBCachePolicy.calibrate(prof, 1.2)
+
+
+# ---------------------------------------------------------------- LeMiCa
+def _brute_force(cost, computed):
+    from itertools import combinations
+    n = cost.shape[0]
+    best = None
+    for inner in combinations(range(1, n - 1), computed - 2):
+        path = (0, *inner, n - 1)
+        total = sum(cost[a, b] for a, b in zip(path, path[1:]))
+        if best is None or total < best[1] - 1e-12:
+            best = (path, total)
+    return best
+
+
+def test_min_error_path_is_exact_against_brute_force():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.integers(2, 8).flatmap(lambda n: st.tuples(
+        st.just(n), st.integers(2, n),
+        st.lists(st.floats(0, 100, allow_nan=False), min_size=n * n, max_size=n * n))))
+    def check(case):
+        n, computed, flat = case
+        cost = np.array(flat).reshape(n, n)
+        path, total = min_error_path(cost, computed)
+        want_path, want = _brute_force(cost, computed)
+        assert len(path) == computed and path[0] == 0 and path[-1] == n - 1
+        assert total == pytest.approx(want) and path == want_path
+        assert total == pytest.approx(sum(cost[a, b] for a, b in zip(path, path[1:])))
+
+    check()
+    hand = np.array([[0, 5, 1, 9], [0, 0, 1, 2], [0, 0, 0, 7], [0, 0, 0, 0]], float)
+    assert min_error_path(hand, 3) == ((0, 1, 3), 7.0)     # 0-1-3: 5 + 2; 0-2-3: 1 + 7
+    assert min_error_path(hand, 4) == ((0, 1, 2, 3), 13.0)
+    with pytest.raises(ValueError, match="computed=5: expected 2..4"):
+        min_error_path(hand, 5)
+    with pytest.raises(ValueError, match="expected a square"):
+        min_error_path(np.zeros((2, 3)), 2)
+
+
+def test_lemica_reuses_whole_steps_on_the_minimum_error_path(setup):
+    model, prof = setup
+    cost = span_costs(prof)
+    g = prof.meta["guidance_scale"]
+    # one entry derived again: reuse steps 2..4 from step 1's cache
+    from coda.host.weights import quality_weights, step_weights
+    change = np.nan_to_num(prof.mean("out_change").astype(np.float64)).reshape(STEPS, 2, -1)
+    change[0] = 0
+    d = np.cumsum((change * quality_weights(prof)[None]).mean(axis=2), axis=0)
+    w = step_weights(prof)[1]
+    want = sum(abs(g * (d[s, 0] - d[1, 0]) + (1 - g) * (d[s, 1] - d[1, 1])) * w[s]
+               for s in (2, 3, 4))
+    assert cost[1, 5] == pytest.approx(want) and cost[1, 2] == 0.0
+    sched = lemica_schedule(prof, 0.4)
+    reused = sorted({s for s, _ in sched.reuse})
+    assert len(reused) == round(0.4 * STEPS) and 0 not in reused and STEPS - 1 not in reused
+    assert all(sched.reused(s, b) == frozenset(operator_order(2)) for s in reused
+               for b in BRANCHES)
+    computed = [s for s in range(STEPS) if s not in reused]
+    assert tuple(computed) == _brute_force(cost, len(computed))[0]
+    pol = get_policy("lemica", skip=0.4, profile=prof)
+    _, stats, log = run(model, pol, [2], [40])
+    assert {(e.step, e.branch, e.ref) for e in log.of("op") if e.reused} == \
+        {(s, b, r) for s in reused for b in BRANCHES for r in operator_order(2)}
+    assert stats["ops_skipped_fraction"] == sched.ops_skipped_fraction()
+    with pytest.raises(ValueError, match="skip 0.95: 8 of 8 steps reused, expected 1..6"):
+        lemica_schedule(prof, 0.95)

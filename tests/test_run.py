@@ -77,17 +77,29 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     from torchmetrics.functional.image import (peak_signal_noise_ratio,
                                                 structural_similarity_index_measure)
 
+    from coda.host.dra_calibration import save_step_dra
     from coda.host.model.classifier import digit_classifier
     from coda.host.model.dit import load_model
     from coda.host.ops import MAX_SEGMENT_TERMS
+    from coda.host.policies.dra import StepThresholds, schedule_digest
     from coda.host.profile import model_hash
     from coda.host.schedule import BRANCHES, segment_runs
     from coda.host.search import load_schedule
 
-    got = _capture(monkeypatch)
     prompts, steps = [3, 8], 6
+    # DRA's thresholds in the schedule file: 0 at every probed step, so every probe falls back
+    model, _ = load_model()
+    sched = load_schedule(schedule_6 / "s.json")
+    first = sched.order()[0]
+    probed = {s for s in range(steps) for b in BRANCHES if first in sched.reused(s, b)}
+    assert probed
+    dra_file = schedule_6 / "s_dra.json"
+    dra_file.write_text((schedule_6 / "s.json").read_text())
+    save_step_dra(dra_file, sched, StepThresholds(
+        {s: 0.0 for s in probed}, steps, model_hash(model), schedule_digest(sched), 1.0, 1.0))
+    got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", str(steps), "--policy", "coda+dra",
-               "--schedule", str(schedule_6 / "s.json"),
+               "--schedule", str(dra_file),
                "--profile", str(schedule_6 / "p" / "profile.npz"),
                "--prompts", ",".join(map(str, prompts)), "--threads", "1"])
     assert rc == 0
@@ -140,18 +152,18 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     assert sorted((g.step, g.branch, g.sample, g.ops) for g in segs) == runs
     for g in segs:
         assert sorted(e.ref for e in ops if e.segment == g.segment) == sorted(g.ops)
-    # monitors: at an operator the schedule reuses, whose input exists (no segment open
-    # before it); a fallback starts at a monitor or continues the previous step's (window 2)
-    op_at = {(e.step, e.branch, e.sample, e.index): e for e in ops}
-    for m in mons:
-        assert (m.layer, m.op) in sched.reused(m.step, m.branch)
-        prev = op_at.get((m.step, m.branch, m.sample, m.index - 1))
-        assert prev is None or not prev.reused or prev.ref == (0, "spatial_ffn")
-    monitored = {(m.step, m.branch, m.sample, m.index) for m in mons}
-    for key, e in op_at.items():
-        if e.reason == "fallback":
-            prev = op_at[(key[0] - 1, *key[1:])] if key[0] else None
-            assert key in monitored or (prev is not None and prev.reason == "fallback"), e
+    # step DRA's probes: the first operator, at every step and branch the schedule reuses it
+    # (every sample); with the file's thresholds of 0 each one falls back: every operator of
+    # that step the schedule reuses is computed (reason "fallback"), and nothing else is
+    first = sched.order()[0]
+    assert sorted((m.step, m.branch, m.sample) for m in mons) == sorted(
+        (s, b, i) for s, b in {(s, b) for s in range(steps) for b in BRANCHES
+                               if first in sched.reused(s, b)} for i in range(len(prompts)))
+    assert all((m.layer, m.op) == first for m in mons)
+    probed = {(m.step, m.branch, m.sample) for m in mons}
+    for e in ops:
+        assert (e.reason == "fallback") == ((e.step, e.branch, e.sample) in probed
+                                            and e.ref in sched.reused(e.step, e.branch)), e
     assert report["monitors"] == len(mons) > 0
     # NME work: a program per 8 terms of a segment, one per monitor; the cycles the driver
     # counted are the events' cycles
@@ -240,14 +252,15 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     (["--policy", ""], "--policy '': empty, expected one of coda"),
     (["--policy", "pab", "--skip", "1.2"], "--skip 1.2: expected a fraction in (0, 1)"),
     (["--policy", "pab", "--skip", "nan"], "--skip nan: expected a fraction in (0, 1)"),
-    (["--policy", "uniform", "--skip", "0.3"], "--skip 0.3: a pab / teacache / magcache option"),
+    (["--policy", "uniform", "--skip", "0.3"], "--skip 0.3: a pab / teacache / magcache / "
+                                                "fbcache / lemica option"),
     (["--interval", "3", "--skip", "0.3"], "expected no --skip with --policy uniform"),
     (["--policy", "coda", "--skip", "0.3"], "expected no --skip with --policy coda"),
     (["--policy", "coda", "--schedule", "s.json", "--skip", "0.3"],
      "expected no --skip with --policy coda"),
     (["--policy", "coda+dra", "--skip", "0.3"], "expected no --skip with --policy coda+dra"),
     (["--policy", "uniform", "--profile", "p.npz"], "--profile p.npz: read by coda+dra / "
-                                                    "teacache / magcache only"),
+                                                    "teacache / magcache / fbcache / lemica only"),
     (["--policy", "coda", "--profile", "p.npz"], "expected no --profile with --policy coda"),
     (["--steps", "4", "--warmup", "100"], "--warmup 100 with --steps 4: nothing would be "
                                           "cached"),

@@ -471,25 +471,22 @@ def test_interleaved_replay_of_a_monitored_generation_completes(generation):
     """System f with both branches launching segments and DRA monitors on the NMEs at the
     same time: the replay ends (it used to deadlock: two launches each holding one of the
     DIMMs' two host-access slots)."""
-    import numpy as np
-
     from coda.host.backend import TorchBackend
     from coda.host.driver import NMPDriver
     from coda.host.events import EventLog
-    from coda.host.model.sample import cached_generate
-    from coda.host.policies.dra import DRAPolicy
-
-    from coda.host.model.sample import cache_mem_words
+    from coda.host.model.sample import cache_mem_words, cached_generate
+    from coda.host.policies.dra import StepDRAPolicy, StepThresholds
     from coda.hw.isa import NMEConfig
 
     model = generation["model"]
     cfg = NMEConfig(lanes=8, mem_words=cache_mem_words(model, 2, 2, 8, inputs=True))
-    # cumulative limits (input_change_limits' form): a cache read d steps after it was
-    # written may have changed by x * d
-    limits = np.cumsum(np.full((STEPS, 2, 4 * 5), 0.08), axis=0)
+    # step DRA around the uniform policy (the first operator reused at steps 3, 5, 7, 9):
+    # the probes of steps 5 and 9 fall back (threshold 0), the others never do
+    table = StepThresholds({s: 0.0 if s % 4 == 1 else 1e9 for s in range(STEPS)}, STEPS,
+                           "any", "any", 1.0, 1.0)
     log = EventLog()
     cached_generate(model, [3, 7], NMPDriver(TorchBackend(), cfg, dimms=1, ranks=2),
-                    DRAPolicy(generation["policy"], limits), events=log, num_steps=STEPS)
+                    StepDRAPolicy(generation["policy"], table), events=log, num_steps=STEPS)
     stats = log.stats()
     assert stats["monitors"] > 0 and stats["fallbacks"] > 0 and stats["segments"] > 0
     out = modelled(log)

@@ -8,7 +8,9 @@
 | ``pab``     | ``pab.py``      | static  | PAB: broadcast ranges per attention type inside step windows |
 | ``teacache``| ``teacache.py`` | dynamic | TeaCache: accumulated rescaled relative L1 of the first operator's input |
 | ``magcache``| ``magcache.py`` | static  | MagCache: accumulated magnitude-ratio error per operator |
-| ``coda+dra``| ``dra.py``      | dynamic | the annealed schedule plus DRA's run-time fallback (a wrapper of any policy) |
+| ``fbcache`` | ``fbcache.py``  | dynamic | First Block Cache: block 0 gates reusing the rest |
+| ``lemica``  | ``lemica.py``   | static  | LeMiCa: whole steps, min-error path over steps |
+| ``coda+dra``| ``dra.py``      | dynamic | a static schedule plus step-level DRA (fallback) |
 
 Every policy is a :class:`coda.host.policies.base.CachePolicy` (decide before each operator,
 observe the events after it, reset between generations); :func:`as_policy` turns what a user
@@ -113,7 +115,9 @@ POLICIES = {
     "teacache": "profile + (threshold or skip)",
     "magcache": "profile + (threshold or skip)",
     "coda": "schedule (a Schedule: coda.host.search.load_schedule or anneal)",
-    "coda+dra": "as coda, plus profile (DRA's thresholds); margin, window",
+    "fbcache": "profile + (threshold or skip)",
+    "lemica": "profile + skip",
+    "coda+dra": "as coda, plus thresholds (coda.host.dra_calibration.calibrate_step_dra)",
 }
 
 
@@ -123,22 +127,26 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
     """A policy by name (:data:`POLICIES`).
 
     Args:
-        name: ``uniform``, ``pab``, ``teacache``, ``magcache``, ``coda`` or ``coda+dra``.
+        name: ``uniform``, ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica``,
+            ``coda`` or ``coda+dra``.
         skip: target fraction of operator executions reused; each policy is calibrated to it
             (uniform / PAB: the closest parameters; TeaCache / MagCache: the threshold on the
-            profile; coda: the ``schedule`` given, made for it).
-        profile: a :class:`coda.host.profile.Profile` (teacache, magcache, DRA).
+            profile; FBCache: its threshold on the profile; LeMiCa: its path on the profile;
+            coda: the ``schedule`` given, made for it).
+        profile: a :class:`coda.host.profile.Profile` (teacache, magcache, fbcache, lemica).
         schedule: a :class:`Schedule` (coda, coda+dra): read one with
             :func:`coda.host.search.load_schedule` or anneal one with
             :func:`coda.host.search.anneal`.
         num_steps, num_layers: the run's shape (uniform and PAB with ``skip``).
         **params: the policy's own parameters (``interval``, ``warmup`` for uniform;
-            ``threshold``; DRA's ``margin``, ``window``; the search's ``seed``, ``moves``).
+            ``threshold``; coda+dra's ``thresholds``, a
+            :class:`coda.host.policies.dra.StepThresholds` calibrated on ``schedule``).
     Raises:
-        ValueError: an unknown name, a skip outside (0, 1), a missing profile / shape,
-            parameters the policy does not take, a run (``num_steps``, or the profile's
-            steps) shorter than :data:`MIN_CACHED_STEPS`, or a policy calibrated to ``skip``
-            that would reuse nothing ("nothing would be cached").
+        ValueError: an unknown name, a skip outside (0, 1), a missing profile / shape /
+            thresholds, thresholds of another schedule, parameters the policy does not
+            take, a run (``num_steps``, or the profile's steps) shorter than
+            :data:`MIN_CACHED_STEPS`, or a policy calibrated to ``skip`` that would reuse
+            nothing ("nothing would be cached").
     """
     policy = _get_policy(name, skip, profile, schedule, num_steps, num_layers, params)
     if skip is not None and name in ("uniform", "pab", "teacache", "magcache"):
@@ -214,18 +222,30 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) ->
         if "threshold" in p:
             return MagCachePolicy(magnitude_ratios(prof), float(p["threshold"]))
         return MagCachePolicy.calibrate(prof, need("skip or threshold", skip))
+    if name == "fbcache":
+        from .fbcache import FBCachePolicy
+        p = take("threshold")
+        if "threshold" in p:
+            return FBCachePolicy(float(p["threshold"]))
+        return FBCachePolicy.calibrate(need("a profile", profile), need("skip or threshold", skip))
+    if name == "lemica":
+        from .lemica import lemica_schedule
+        take()
+        return SchedulePolicy(lemica_schedule(need("a profile", profile), need("skip", skip)))
     # coda, coda+dra
-    p = take("margin", "window", "quantile")
+    p = take("thresholds") if name == "coda+dra" else take()
     if not isinstance(schedule, Schedule):
         raise ValueError(f"policy {name!r} needs a schedule (coda.host.search.load_schedule "
                          f"or anneal), got {type(schedule).__name__}")
-    sched = schedule
-    policy: CachePolicy = SchedulePolicy(sched)
+    policy: CachePolicy = SchedulePolicy(schedule)
     if name == "coda+dra":
-        from .dra import DRAPolicy, input_change_limits
-        prof = need("a profile (DRA's thresholds)", profile)
-        policy = DRAPolicy(policy, input_change_limits(prof, p.get("quantile", 1.0)),
-                           margin=p.get("margin", 1.0), window=p.get("window", 2))
+        from .dra import StepDRAPolicy, StepThresholds
+        table = p.get("thresholds")
+        if not isinstance(table, StepThresholds):
+            raise ValueError(f"policy 'coda+dra' needs thresholds (a StepThresholds of "
+                             f"coda.host.dra_calibration.calibrate_step_dra or load_step_dra), "
+                             f"got {type(table).__name__}")
+        policy = StepDRAPolicy(policy, table)
     return policy
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE"]
+__all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE", "calibrate_threshold"]
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,23 @@ class CachePolicy:
     def describe(self) -> dict:
         """Parameters for reports (JSON-serialisable)."""
         return {"name": self.name}
+
+
+def calibrate_threshold(make: Callable[[float], Any], skip_of: Callable[[Any], float],
+                        skip: float, iters: int = 40):
+    """The policy ``make(threshold)`` whose skip fraction ``skip_of(policy)`` is closest to
+    ``skip``, by bisection on the threshold (TeaCache, MagCache, FBCache calibrate with it):
+    the bracket [0, hi] starts at hi = 1 and doubles until ``skip_of(make(hi)) >= skip`` or hi
+    reaches 1e6; then ``iters`` halvings; of the two ends the closer one (the lower on a tie).
+    ``skip_of`` must not decrease with the threshold. Returns the policy."""
+    lo, hi = 0.0, 1.0
+    while skip_of(make(hi)) < skip and hi < 1e6:
+        hi *= 2
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if skip_of(make(mid)) < skip:
+            lo = mid
+        else:
+            hi = mid
+    a, b = make(lo), make(hi)
+    return a if abs(skip_of(a) - skip) <= abs(skip_of(b) - skip) else b

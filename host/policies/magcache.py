@@ -22,6 +22,7 @@ import numpy as np
 
 from coda.host.schedule import BRANCHES, Schedule, operator_order
 
+from .base import calibrate_threshold
 from .static import StaticPolicy
 
 __all__ = ["MagCachePolicy", "magnitude_ratios"]
@@ -90,17 +91,8 @@ class MagCachePolicy(StaticPolicy):
         for k in range(1, 11):
             if frac(cls(ratios, 1e9, k, retention)) >= skip:
                 break
-        lo, hi = 0.0, 1.0
-        while frac(cls(ratios, hi, k, retention)) < skip and hi < 1e6:
-            hi *= 2
-        for _ in range(30):
-            mid = 0.5 * (lo + hi)
-            if frac(cls(ratios, mid, k, retention)) < skip:
-                lo = mid
-            else:
-                hi = mid
-        a, b = cls(ratios, lo, k, retention), cls(ratios, hi, k, retention)
-        return a if abs(frac(a) - skip) <= abs(frac(b) - skip) else b
+        return calibrate_threshold(lambda t: cls(ratios, t, k, retention), frac, skip,
+                                   iters=30)
 
     def describe(self) -> dict:
         return {"name": self.name, "threshold": self.threshold, "max_skips": self.max_skips,

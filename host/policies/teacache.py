@@ -25,7 +25,7 @@ import numpy as np
 
 from coda.host.schedule import OP_TYPES
 
-from .base import CachePolicy, Decision, OpQuery
+from .base import CachePolicy, Decision, OpQuery, calibrate_threshold
 
 __all__ = ["TeaCachePolicy", "fit_rescale"]
 
@@ -126,17 +126,8 @@ class TeaCachePolicy(CachePolicy):
         from coda.host.policies import check_cached_steps
         check_cached_steps(profile.num_steps, "profile --steps", "teacache")
         coeffs = tuple(fit_rescale(profile))
-        lo, hi = 0.0, 1.0
-        while cls(hi, coeffs).simulate_skip(profile) < skip and hi < 1e6:
-            hi *= 2
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            if cls(mid, coeffs).simulate_skip(profile) < skip:
-                lo = mid
-            else:
-                hi = mid
-        a, b = cls(lo, coeffs), cls(hi, coeffs)
-        return a if abs(a.simulate_skip(profile) - skip) <= abs(b.simulate_skip(profile) - skip) else b
+        return calibrate_threshold(lambda t: cls(t, coeffs),
+                                   lambda p: p.simulate_skip(profile), skip, iters=40)
 
     def describe(self) -> dict:
         return {"name": self.name, "threshold": self.threshold, "coeffs": list(self.coeffs)}
