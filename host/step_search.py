@@ -27,7 +27,7 @@ proxy's step weights are uncertain, so several ``gamma`` and ``max_run`` and bot
 
 **Judge** (:func:`judge`): each candidate is a cached generation of the calibration videos
 (the profile's prompts and seeds, never held-out ones) compared with their full-compute
-videos (PSNR over the whole set, torchmetrics via :func:`coda.host.evaluate.psnr_db`);
+videos (PSNR over the whole set, torchmetrics via :func:`coda.host.metrics.psnr_db`);
 candidates run as Ray tasks (:func:`rollout_task`), or in this process with ``workers=0``
 (the same bits). A first round on a few videos prunes to ``finalists``, which run on all.
 The most faithful finalist wins.
@@ -295,7 +295,7 @@ def _cpu_model() -> str:
 
 
 def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:
-    from coda.host.evaluate import psnr_db
+    from coda.host.metrics import psnr_db
     per = [psnr_db(videos[i:i + 1], full[i:i + 1]) for i in range(len(videos))]
     return {"psnr_db": psnr_db(videos, full), "per_video_psnr_db": per,
             "mean_psnr_db": float(np.mean(per))}

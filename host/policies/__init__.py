@@ -30,7 +30,8 @@ import math
 from coda.host.schedule import OP_TYPES, Schedule
 from coda.lists import items, no_duplicates
 
-from .base import COMPUTE, CachePolicy, Decision, OpQuery
+from .base import (COMPUTE, MIN_CACHED_STEPS, SCHEDULE_POLICIES, CachePolicy, Decision, OpQuery,
+                   check_cached_steps)
 from .static import SchedulePolicy, StaticPolicy
 from .uniform import UniformIntervalPolicy
 
@@ -55,26 +56,6 @@ def as_policy(policy) -> CachePolicy:
     raise TypeError(f"policy {policy!r}: expected a CachePolicy (coda.host.policies) or a Schedule")
 
 
-#: the fewest DDIM steps in which a rule-based policy (uniform, PAB, TeaCache, MagCache)
-#: reuses anything: the first step computes every operator, and the step after the warmup
-#: computes before any reuse. (A coda schedule says itself what it reuses: coda schedule
-#: search anneals one only if something can be reused, coda.host.search.check_skip.)
-MIN_CACHED_STEPS = 3
-#: the policies whose schedule (not a rule) decides what is reused
-SCHEDULE_POLICIES = ("coda", "coda+dra")
-
-
-def check_cached_steps(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
-    """``steps`` if a cache policy can reuse anything in a run of that many DDIM steps
-    (>= :data:`MIN_CACHED_STEPS`; any for :data:`SCHEDULE_POLICIES`, whose schedule is
-    checked against the steps when read); ValueError naming ``flag`` (and ``policy``)
-    otherwise: nothing would be cached."""
-    if steps < MIN_CACHED_STEPS and policy not in SCHEDULE_POLICIES:
-        with_policy = f" with --policy {policy}" if policy else ""
-        raise ValueError(f"{flag} {steps}{with_policy}: nothing would be cached (the first "
-                         "step computes every operator, the next one computes before any "
-                         f"reuse); expected --steps >= {MIN_CACHED_STEPS}")
-    return steps
 
 
 def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 0.02):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE", "calibrate_threshold"]
+__all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE", "MIN_CACHED_STEPS",
+           "SCHEDULE_POLICIES", "check_cached_steps", "calibrate_threshold"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +131,25 @@ def calibrate_threshold(make: Callable[[float], Any], skip_of: Callable[[Any], f
             hi = mid
     a, b = make(lo), make(hi)
     return a if abs(skip_of(a) - skip) <= abs(skip_of(b) - skip) else b
+
+
+#: the fewest DDIM steps in which a rule-based policy (uniform, PAB, TeaCache, MagCache)
+#: reuses anything: the first step computes every operator, and the step after the warmup
+#: computes before any reuse. (A coda schedule says itself what it reuses: coda schedule
+#: search makes one only if something can be reused.)
+MIN_CACHED_STEPS = 3
+#: the policies whose schedule (not a rule) decides what is reused
+SCHEDULE_POLICIES = ("coda", "coda+dra")
+
+
+def check_cached_steps(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
+    """``steps`` if a cache policy can reuse anything in a run of that many DDIM steps
+    (>= :data:`MIN_CACHED_STEPS`; any for :data:`SCHEDULE_POLICIES`, whose schedule is
+    checked against the steps when read); ValueError naming ``flag`` (and ``policy``)
+    otherwise: nothing would be cached."""
+    if steps < MIN_CACHED_STEPS and policy not in SCHEDULE_POLICIES:
+        with_policy = f" with --policy {policy}" if policy else ""
+        raise ValueError(f"{flag} {steps}{with_policy}: nothing would be cached (the first "
+                         "step computes every operator, the next one computes before any "
+                         f"reuse); expected --steps >= {MIN_CACHED_STEPS}")
+    return steps

@@ -83,7 +83,7 @@ class MagCachePolicy(StaticPolicy):
         """The smallest K (1..10) that can reach ``skip``, then the threshold (bisection)
         whose skip fraction is closest to it. Raises ValueError for a profile too short to
         cache anything (:func:`coda.host.policies.check_cached_steps`)."""
-        from coda.host.policies import check_cached_steps
+        from .base import check_cached_steps
         check_cached_steps(profile.num_steps, "profile --steps", "magcache")
         ratios = magnitude_ratios(profile)
         steps, layers = profile.num_steps, profile.num_layers

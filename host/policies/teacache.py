@@ -123,7 +123,7 @@ class TeaCachePolicy(CachePolicy):
         """The threshold (bisection) whose simulated skip fraction on the profile is closest
         to ``skip``, with the polynomial fitted on it. Raises ValueError for a profile too
         short to cache anything (:func:`coda.host.policies.check_cached_steps`)."""
-        from coda.host.policies import check_cached_steps
+        from .base import check_cached_steps
         check_cached_steps(profile.num_steps, "profile --steps", "teacache")
         coeffs = tuple(fit_rescale(profile))
         return calibrate_threshold(lambda t: cls(t, coeffs),
