@@ -28,6 +28,7 @@ from coda.host.policies.dra import (DEFAULT_MARGIN, DEFAULT_QUANTILE, StepDRAPol
                                     StepThresholds, schedule_digest)
 from coda.host.policies.static import SchedulePolicy
 from coda.host.schedule import BRANCHES, Schedule
+from coda.jsonout import json_text
 
 __all__ = ["calibrate_step_dra", "probe_values", "save_step_dra", "load_step_dra"]
 
@@ -118,7 +119,7 @@ def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThreshol
             raise ValueError(f"{path}: holds another schedule than the one calibrated")
         data = old
     data["dra"] = thresholds.to_dict()
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(json_text(data, indent=1) + "\n")
 
 
 def load_step_dra(path: str | Path, *, model_id: str | None = None,
