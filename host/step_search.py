@@ -354,7 +354,7 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
                  prune_videos: int = 6, finalists: int = 4, workers: int = 2,
                  cooldown: int = 1, num_steps: int | None = None,
                  guidance_scale: float | None = None, target: str | None = DEFAULT_TARGET,
-                 log=print) -> SearchReport:
+                 max_latency_s: float | None = None, log=print) -> SearchReport:
     """The whole-step search for ``skip``: candidates from the stand-in
     (:func:`candidate_plans`), a first round of rollouts on the first ``prune_videos``
     calibration videos, the best ``finalists`` on all of them; the finalist with the highest
@@ -363,13 +363,18 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
     ``labels``/``seeds``: the calibration videos (the profile's), ``full`` their full-compute
     videos. ``target``: every candidate's modelled latency and energy in system f for that
     target (:func:`coda.host.system.cost.schedule_cost`, the schedule transferred as ``coda
-    sim`` transfers it; None: not modelled). Returns a :class:`SearchReport` (each
-    candidate: label, skip, segments, the modelled cost, round-1 and, for finalists,
-    round-2 scores)."""
+    sim`` transfers it; None: not modelled). ``max_latency_s``: only candidates modelled at
+    most that slow there may be finalists (needs ``target``). Returns a
+    :class:`SearchReport` (each candidate: label, skip, segments, the modelled cost, round-1
+    and, for finalists, round-2 scores; ``pareto``: the candidates no other beats on both
+    round-1 PSNR and modelled latency). Raises ValueError when no candidate meets
+    ``max_latency_s``."""
     t0 = time.perf_counter()
     num_steps = num_steps or profile.num_steps
     guidance_scale = profile.meta.get("guidance", 5.0) if guidance_scale is None \
         else guidance_scale
+    if max_latency_s is not None and target is None:
+        raise ValueError("a latency budget needs a target to model the latency on")
     plans = candidate_plans(profile, skip, cooldown=cooldown)
     scheds = [p.schedule() for p in plans]
     rows = [{"label": p.label, "always": list(p.always), "plan": p.describe(),
@@ -383,6 +388,13 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
             row["modelled"] = {"target": target, "system": "f", "latency_s": c["latency_s"],
                                "energy_j": c["energy_j"], "segments": c["segments"],
                                "host_link_bytes": c["host_link_bytes"]}
+    if max_latency_s is not None:       # only what the budget allows is rolled out
+        keep = [i for i, r in enumerate(rows) if r["modelled"]["latency_s"] <= max_latency_s]
+        if not keep:
+            least = min(r["modelled"]["latency_s"] for r in rows)
+            raise ValueError(f"--latency {max_latency_s:g}: no candidate for skip {skip} is "
+                             f"modelled that fast on {target} (the fastest: {least:.1f} s)")
+        plans, scheds, rows = ([x[i] for i in keep] for x in (plans, scheds, rows))
     n1 = min(prune_videos, len(labels))
     log(f"skip {skip}: {len(plans)} candidates, round 1 on {n1} videos")
     for row, score in zip(rows, judge(scheds, labels[:n1], seeds[:n1], full[:n1],
@@ -398,6 +410,14 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
         rows[i]["round2"] = score
     win = max(best, key=lambda i: (rows[i]["round2"]["psnr_db"],
                                    rows[i]["round2"]["mean_psnr_db"]))
+    if target is not None:
+        for i, row in enumerate(rows):
+            row["pareto"] = not any(
+                o["round1"]["psnr_db"] >= row["round1"]["psnr_db"]
+                and o["modelled"]["latency_s"] <= row["modelled"]["latency_s"]
+                and (o["round1"]["psnr_db"], -o["modelled"]["latency_s"])
+                != (row["round1"]["psnr_db"], -row["modelled"]["latency_s"])
+                for o in rows)
     plan = plans[win]
     name = f"coda-steps(skip={skip:g})"
     return SearchReport(plan, plan.schedule(name), rows, time.perf_counter() - t0)
@@ -431,6 +451,9 @@ def configure(parser) -> None:
     steps.add_argument("--target", default=DEFAULT_TARGET,
                        help="MODEL@RES whose modelled system-f latency and energy every "
                             f"candidate reports (coda sim's transfer; default {DEFAULT_TARGET})")
+    steps.add_argument("--latency", type=float, default=None,
+                       help="seconds: only candidates modelled at most this slow on --target "
+                            "(system f) may win (default: any)")
     anneal_ = parser.add_argument_group("--method anneal")
     anneal_.add_argument("--seed", type=int, default=0,
                          help="annealing seed, 0..2^31-1 (default 0)")
@@ -454,6 +477,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
                          prune_videos: int = 6, finalists: int = 4,
                          refs_dir: str | Path | None = "build/refs",
                          target: str | None = DEFAULT_TARGET,
+                         max_latency_s: float | None = None,
                          log=print) -> tuple[SearchReport, dict]:
     """:func:`search_steps` for the shipped model on the profile file after ``coda schedule
     search``'s checks; the calibration videos' full-compute videos are kept in ``refs_dir``
@@ -472,6 +496,8 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     if target is not None:
         from coda.host.system.cost import parse_target
         parse_target(target)
+    if max_latency_s is not None and not (math.isfinite(max_latency_s) and max_latency_s > 0):
+        raise ValueError(f"--latency {max_latency_s}: expected a finite time > 0 (seconds)")
     prof = Profile.load(profile_path)
     model, _ = load_model()
     prof.check_for(model_hash(model), what=f"--profile {profile_path}")
@@ -488,11 +514,13 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     full_s = time.perf_counter() - t0
     rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
                        prune_videos=prune_videos, finalists=finalists, workers=workers,
-                       cooldown=cooldown, guidance_scale=guidance, target=target, log=log)
+                       cooldown=cooldown, guidance_scale=guidance, target=target,
+                       max_latency_s=max_latency_s, log=log)
     rollouts = [c for c in rep.candidates for r in ("round1", "round2") if r in c]
     info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile_path),
             "profile_seeds": prof.meta.get("seeds"), "target_skip": skip, "method": "steps",
             "plan": rep.plan.describe(), "plan_label": rep.plan.label,
+            "target": target, "max_latency_s": max_latency_s,
             "always": list(rep.plan.always), "cooldown": cooldown,
             "calibration": {"prompts": prof.meta.get("prompts"), "seeds": prof.meta.get("seeds"),
                             "videos": len(labels), "guidance_scale": guidance,
@@ -531,7 +559,7 @@ def main(args) -> int:
     rep, info = checked_search_steps(args.profile, args.skip, cooldown=args.cooldown,
                                      workers=args.workers, prune_videos=args.prune_videos,
                                      finalists=args.finalists, target=args.target,
-                                     log=console.print)
+                                     max_latency_s=args.latency, log=console.print)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_schedule(out, rep.schedule, info)
     console.print(f"schedule {rep.schedule.name} -> {out}  ({info['search_s']:.0f} s, "
@@ -539,8 +567,9 @@ def main(args) -> int:
     for c in sorted(rep.candidates, key=lambda c: -c["round1"]["psnr_db"]):
         r2 = f" | all {c['round2']['psnr_db']:.2f} dB" if "round2" in c else ""
         lat = f" | f {c['modelled']['latency_s']:.0f} s" if "modelled" in c else ""
+        front = " | Pareto" if c.get("pareto") else ""
         console.print(f"  {c['label']:<24} always {'+'.join(c['always']) or '-':<10} skip "
                       f"{c['skip']:.3f} | segments {c['segments_per_video']}{lat} | round 1 "
-                      f"{c['round1']['psnr_db']:.2f} dB{r2}")
+                      f"{c['round1']['psnr_db']:.2f} dB{r2}{front}")
     console.print(f"  chosen: {rep.plan.label}, {rep.plan.describe()}")
     return 0

@@ -198,3 +198,25 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip):
     assert len(whole) == reused_steps_for(skip, 50, len(always))
     assert info["target_skip"] == skip and info["calibration"]["videos"] >= 20
     assert info["model_hash"] == model_hash(model)
+
+
+def test_a_latency_budget_keeps_only_candidates_modelled_that_fast(profile_6, tmp_path,
+                                                                   capsys):
+    """--latency: the winner is modelled at most that slow on the target; a budget below every
+    candidate is refused, naming the fastest."""
+    out = tmp_path / "s.json"
+    args = ["schedule", "search", "--profile", str(profile_6), "--skip", "0.3", "--workers",
+            "0", "--prune-videos", "1", "--finalists", "1", "--out", str(out)]
+    assert main(args) == 0
+    cands = json.loads(out.read_text())["coda"]["candidates"]
+    lat = sorted({c["modelled"]["latency_s"] for c in cands})
+    front = [c for c in cands if c["pareto"]]
+    assert front and all(not (o["round1"]["psnr_db"] > c["round1"]["psnr_db"]
+                              and o["modelled"]["latency_s"] < c["modelled"]["latency_s"])
+                         for c in front for o in cands)
+    assert main(args + ["--latency", str(lat[0])]) == 0
+    info = json.loads(out.read_text())["coda"]
+    chosen = next(c for c in info["candidates"] if c["plan"] == info["plan"])
+    assert chosen["modelled"]["latency_s"] <= lat[0]
+    assert main(args + ["--latency", str(lat[0] / 2)]) == 2
+    assert "no candidate for skip 0.3 is modelled that fast" in capsys.readouterr().err
