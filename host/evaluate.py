@@ -265,6 +265,7 @@ def main(args) -> int:
                                                 indent=1) + "\n")
     (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
     pareto_plot(rows, out / "pareto.png")
+    (out / "table.md").write_text(markdown_table(rows))
 
     table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
                         f"{acc_full:.3f})")
@@ -285,6 +286,25 @@ def main(args) -> int:
                       f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
                       f"executions {100 * c['extra_executions']:.2f} %")
     return 0
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as the Markdown table the docs show (``DIR/table.md``): per policy and target
+    the skip reached, whole-set and mean per-video PSNR (dB), SSIM, label accuracy, segments
+    and host-link MB per video, DRA's fallbacks per video, the modelled system-f latency (s)
+    of a static schedule and the videos on which CODA beats the policy."""
+    head = ("| policy | target | skipped | PSNR dB | mean PSNR dB | SSIM | label acc. | segments "
+            "| PCIe MB | fallbacks | f latency s | CODA wins |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        lat = f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else ""
+        wins = f"{r['coda_wins']}/{r['videos']}" if "coda_wins" in r else ""
+        fb = f"{r['fallbacks']:.1f}" if r["fallbacks"] else ""
+        lines.append(f"| {r['policy']} | {r['target_skip']:g} | {r['ops_skipped_fraction']:.3f} "
+                     f"| {r['psnr_db']:.2f} | {r['mean_psnr_db']:.2f} | {r['ssim']:.4f} "
+                     f"| {r['label_accuracy']:.3f} | {r['segments']:.0f} "
+                     f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | {lat} | {wins} |")
+    return "\n".join(lines) + "\n"
 
 
 def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: int = 2,

@@ -54,6 +54,8 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     dra = next(r for r in rows if r["policy"] == "coda+dra")
     assert dra["monitors"] > 0 and dra["monitor_nme_cycles"] > 0
     assert (out / "pareto.png").stat().st_size > 1000
+    table = (out / "table.md").read_text().splitlines()
+    assert len(table) == 2 + len(rows) and table[2].startswith("| uniform | 0.3 |")
     corner = json.loads((out / "corner_cases.json").read_text())
     assert {c["set"] for c in corner} == {"worst-static-psnr", "fastest-motion", "all"}
     videos = json.loads((out / "videos.json").read_text())["videos"]
