@@ -208,17 +208,33 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 
 #: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
 #: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
-#: 512 channels (256 KiB per stream), per (standard, lanes, depth): {K: utilisation}. Measured
-#: here: ``python -m coda.host.system.validate --measure-nmp`` (DRAM-timed 1 x 1 DIMM-NMP;
-#: ``build/system/segment_util.json``), on the FR-FCFS controller with the default bypass cap
-#: of 1 (hw/dram_scheduler.py).
-SEGMENT_UTIL: dict[tuple[str, int, int], dict[int, float]] = {
-    ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608, 8: 0.8615},
-    ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.715, 3: 0.7216, 4: 0.7225, 6: 0.7272, 8: 0.7285},
-    ("DDR4-3200", 8, 256): {1: 0.8436, 2: 0.8177, 3: 0.801, 4: 0.8122, 6: 0.8096, 8: 0.8184},
-    ("DDR4-3200", 8, 64): {1: 0.635, 2: 0.5942, 3: 0.581, 4: 0.5997, 6: 0.6002, 8: 0.6014},
-    ("LPDDR5-6400", 8, 256): {1: 0.5707, 2: 0.5498, 3: 0.5414, 4: 0.528, 6: 0.5188, 8: 0.5154},
-    ("LPDDR5-6400", 8, 64): {1: 0.497, 2: 0.4696, 3: 0.4655, 4: 0.4627, 6: 0.4613, 8: 0.4609},
+#: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.link.SEGMENT_OUTPUTS`)
+#: and (standard, lanes, depth): {K: utilisation}. Measured here: ``python -m
+#: coda.host.system.validate --measure-nmp`` -> :func:`coda.host.system.validate.
+#: measure_segment_utilisation` (DRAM-timed 1 x 1 DIMM-NMP; ``build/system/segment_util.json``),
+#: on the FR-FCFS controller with the default bypass cap of 1 (hw/dram_scheduler.py).
+#: ``"residual"``: x written by the host right before each program (its rows left open by
+#: the write); date 2026-12-01, development machine. ``"sum"``: x a resident slot of zeros
+#: stored once before the draws (``store(..., x_of=group)``, as the cache engine places it),
+#: never rewritten, so the program activates its rows; SUM_MEASURED says when and where.
+SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
+    "residual": {
+        ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608,
+                                8: 0.8615},
+        ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.715, 3: 0.7216, 4: 0.7225, 6: 0.7272,
+                               8: 0.7285},
+        ("DDR4-3200", 8, 256): {1: 0.8436, 2: 0.8177, 3: 0.801, 4: 0.8122, 6: 0.8096,
+                                8: 0.8184},
+        ("DDR4-3200", 8, 64): {1: 0.635, 2: 0.5942, 3: 0.581, 4: 0.5997, 6: 0.6002,
+                               8: 0.6014},
+        ("LPDDR5-6400", 8, 256): {1: 0.5707, 2: 0.5498, 3: 0.5414, 4: 0.528, 6: 0.5188,
+                                  8: 0.5154},
+        ("LPDDR5-6400", 8, 64): {1: 0.497, 2: 0.4696, 3: 0.4655, 4: 0.4627, 6: 0.4613,
+                                 8: 0.4609},
+    },
+    "sum": {
+        # @@SUM_LONG@@
+    },
 }
 
 
@@ -229,22 +245,33 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: of [512, 96] on a 1 x 2 DIMM-NMP (256 rows x 96 channels = 3,072 words per stream and
 #: rank), K random slots of a group of 32 (one bank colour, as the driver places one branch
 #: of a video), 16 draws per K, refresh phase and open rows carried over from job to job;
-#: utilisation of the centre (min + max) / 2 of the draws' cycles. Per (standard,
-#: lanes, depth): (words per stream, {K: utilisation}). Measured here:
-#: ``python -m coda.host.system.validate --measure-nmp`` ->
-#: :func:`coda.host.system.validate.measure_tile_utilisation` (``build/system/tile_util.json``,
-#: which also holds each K's min/max cycles over the draws), on the FR-FCFS controller with
-#: the default bypass cap of 1.
-SEGMENT_UTIL_TILE: dict[tuple[str, int, int], tuple[int, dict[int, float]]] = {
-    ("DDR5-4800", 8, 64): (3072, {
-        1: 0.8204, 2: 0.7639, 3: 0.7702, 4: 0.7669, 6: 0.7654, 8: 0.766}),
-    ("DDR5-4800", 8, 256): (3072, {
-        1: 0.8877, 2: 0.8739, 3: 0.8664, 4: 0.8733, 6: 0.8721, 8: 0.8725}),
-    ("DDR4-3200", 8, 64): (3072, {
-        1: 0.7169, 2: 0.6604, 3: 0.6672, 4: 0.6726, 6: 0.6734, 8: 0.6768}),
-    ("DDR4-3200", 8, 256): (3072, {
-        1: 0.8628, 2: 0.8605, 3: 0.855, 4: 0.8597, 6: 0.862, 8: 0.8551}),
+#: utilisation of the centre (min + max) / 2 of the draws' cycles. Per segment form and
+#: (standard, lanes, depth): (words per stream, {K: utilisation}); the forms' x as in
+#: :data:`SEGMENT_UTIL`. Measured here: ``python -m coda.host.system.validate --measure-nmp``
+#: -> :func:`coda.host.system.validate.measure_tile_utilisation`
+#: (``build/system/tile_util.json``, which also holds each K's min/max cycles over the draws),
+#: on the FR-FCFS controller with the default bypass cap of 1. ``"residual"``: 2026-12-01,
+#: development machine; ``"sum"``: see SUM_MEASURED.
+SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, float]]]] = {
+    "residual": {
+        ("DDR5-4800", 8, 64): (3072, {
+            1: 0.8204, 2: 0.7639, 3: 0.7702, 4: 0.7669, 6: 0.7654, 8: 0.766}),
+        ("DDR5-4800", 8, 256): (3072, {
+            1: 0.8877, 2: 0.8739, 3: 0.8664, 4: 0.8733, 6: 0.8721, 8: 0.8725}),
+        ("DDR4-3200", 8, 64): (3072, {
+            1: 0.7169, 2: 0.6604, 3: 0.6672, 4: 0.6726, 6: 0.6734, 8: 0.6768}),
+        ("DDR4-3200", 8, 256): (3072, {
+            1: 0.8628, 2: 0.8605, 3: 0.855, 4: 0.8597, 6: 0.862, 8: 0.8551}),
+    },
+    "sum": {
+        ("DDR5-4800", 8, 64): (3072, {
+            1: 0.7364, 2: 0.7073, 3: 0.6915, 4: 0.6883, 6: 0.6812, 8: 0.6796}),
+        # @@SUM_TILE@@
+    },
 }
+
+#: where and how the ``"sum"`` tables were measured
+SUM_MEASURED = "@@SUM_MEASURED@@"
 
 
 def _interp_k(table: dict[int, float], k: int) -> float:
@@ -257,25 +284,33 @@ def _interp_k(table: dict[int, float], k: int) -> float:
 
 
 def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
-                        words: int | None = None) -> float:
+                        words: int | None = None, segment_output: str = "sum") -> float:
     """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
     k, linear interpolation) streaming ``words`` words per stream and rank (None: long
-    streams).
+    streams), of the segment form ``segment_output`` (:data:`coda.host.link.SEGMENT_OUTPUTS`:
+    ``"sum"`` reads x from a resident slot of zeros, ``"residual"`` from an x the host has
+    just written; the two differ in the rows the program finds open).
 
     Two measured tile lengths: the long streams of :data:`SEGMENT_UTIL`
     (:data:`SEGMENT_UTIL_WORDS` words) and the shipped model's tiles of
     :data:`SEGMENT_UTIL_TILE` (3,072 words). A launch costs a fixed part (program start,
     pipeline fill and drain, the first rows' activations) plus a part per word, so
     ``1 / utilisation`` is linear in ``1 / words``: it is interpolated so between the two,
-    and each measurement is used as is beyond it. Without a segment measurement for the
-    lanes x depth, the 4-stream segment's of the lanes sweep (:func:`nmp_efficiency`).
-    Raises ValueError when the project has neither."""
+    and each measurement is used as is beyond it. A table measured for the ``"residual"``
+    form only (a configuration missing from the ``"sum"`` table) stands for both; without a
+    segment measurement for the lanes x depth, the 4-stream segment's of the lanes sweep
+    (:func:`nmp_efficiency`).
+    Raises ValueError for an unknown form, or when the project has no measurement."""
+    from coda.host.link import check_segment_output
+
+    form = check_segment_output(segment_output)
     name = get_standard(standard).name
-    table = SEGMENT_UTIL.get((name, lanes, depth))
+    key = (name, lanes, depth)
+    table = SEGMENT_UTIL[form].get(key, SEGMENT_UTIL["residual"].get(key))
     if table is None:
         return nmp_efficiency(standard, lanes, depth, 4)
     long_u = _interp_k(table, k)
-    tile = SEGMENT_UTIL_TILE.get((name, lanes, depth))
+    tile = SEGMENT_UTIL_TILE[form].get(key, SEGMENT_UTIL_TILE["residual"].get(key))
     if words is None or tile is None or words >= SEGMENT_UTIL_WORDS:
         return long_u
     w_s, tab_s = tile
