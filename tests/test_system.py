@@ -413,7 +413,7 @@ def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
 
 
 def test_segment_utilisation_table():
-    from coda.host.system.platforms import SEGMENT_UTIL, segment_utilisation
+    from coda.host.system.platforms import SEGMENT_UTIL, SEGMENT_UTIL_TILE, segment_utilisation
 
     t = SEGMENT_UTIL["sum"][("DDR5-4800", 8, 256)]
     assert segment_utilisation("DDR5-4800", 8, 256, 4) == t[4]
@@ -421,6 +421,14 @@ def test_segment_utilisation_table():
     assert segment_utilisation("DDR5-4800", 2, 256, 3) == 0.311     # lanes sweep fallback
     with pytest.raises(ValueError, match="no DIMM-NMP measurement"):
         segment_utilisation("DDR5-4800", 4, 64, 1)
+    # each form its own measurement: the tile table for the shipped model's tiles
+    for form in ("sum", "residual"):
+        words, tab = SEGMENT_UTIL_TILE[form][("DDR5-4800", 8, 64)]
+        assert segment_utilisation("DDR5-4800", 8, 64, 3, words, segment_output=form) == tab[3]
+        assert segment_utilisation("DDR5-4800", 8, 64, 3, segment_output=form) == \
+            SEGMENT_UTIL[form][("DDR5-4800", 8, 64)][3]
+    with pytest.raises(ValueError, match="segment_output='both'"):
+        segment_utilisation("DDR5-4800", 8, 64, 1, segment_output="both")
 
 
 def test_parse_systems():

@@ -233,6 +233,8 @@ SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
                                  8: 0.4609},
     },
     "sum": {
+        ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.7149, 3: 0.7227, 4: 0.7232, 6: 0.7275,
+                               8: 0.7282},
         # @@SUM_LONG@@
     },
 }
@@ -266,6 +268,8 @@ SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, flo
     "sum": {
         ("DDR5-4800", 8, 64): (3072, {
             1: 0.7364, 2: 0.7073, 3: 0.6915, 4: 0.6883, 6: 0.6812, 8: 0.6796}),
+        ("DDR5-4800", 8, 256): (3072, {
+            1: 0.8528, 2: 0.8548, 3: 0.8447, 4: 0.8479, 6: 0.8453, 8: 0.8426}),
         # @@SUM_TILE@@
     },
 }
@@ -284,12 +288,24 @@ def _interp_k(table: dict[int, float], k: int) -> float:
 
 
 def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
-                        words: int | None = None, segment_output: str = "sum") -> float:
+                        words: int | None = None, segment_output: str = "sum",
+                        program: int = 0) -> float:
     """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
     k, linear interpolation) streaming ``words`` words per stream and rank (None: long
     streams), of the segment form ``segment_output`` (:data:`coda.host.link.SEGMENT_OUTPUTS`:
     ``"sum"`` reads x from a resident slot of zeros, ``"residual"`` from an x the host has
-    just written; the two differ in the rows the program finds open).
+    just written), the ``program``-th launch of its chain (a segment of more than 8 terms).
+
+    The forms are measured apart because the driver places their streams apart (bank
+    colours, :mod:`coda.host.placement`, slots of colour c): a residual launch writes x at
+    c^3 with the gate vectors in its range (bank c^2), y at c^1; a launch whose x is
+    resident at c^3 (the sum form's slot of zeros) puts the gates in y's range at c^1,
+    whose second half is bank c, the slots' own (row conflicts all along: 10-12 % more
+    cycles, DDR5-4800, depth 64, 3,072-word tiles). A chained launch reads the previous
+    one's y in place: at c^1 (its y and gates at c^3, gates in bank c^2: placed as a
+    residual launch) after the first launch or an even one, at c^3 (as a sum launch) after an
+    odd one. So the first launch takes ``segment_output``'s table, odd launches the residual
+    one, even ones the sum one.
 
     Two measured tile lengths: the long streams of :data:`SEGMENT_UTIL`
     (:data:`SEGMENT_UTIL_WORDS` words) and the shipped model's tiles of
@@ -304,6 +320,8 @@ def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
     from coda.host.link import check_segment_output
 
     form = check_segment_output(segment_output)
+    if program:
+        form = "residual" if program % 2 else "sum"
     name = get_standard(standard).name
     key = (name, lanes, depth)
     table = SEGMENT_UTIL[form].get(key, SEGMENT_UTIL["residual"].get(key))

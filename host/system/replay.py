@@ -239,9 +239,9 @@ class _Replay:
             t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
                                depth=p.depth, clock_hz=p.nme_clock_hz,
                                rank_peak_bytes_per_cycle=p.rank_peak_bytes_per_nme_cycle,
-                               dram_util=lambda kk, w: segment_utilisation(
+                               dram_util=lambda kk, w, j: segment_utilisation(
                                    p.dram.name, p.lanes, p.depth, kk, w,
-                                   segment_output=self.wl.segment_output),
+                                   segment_output=self.wl.segment_output, program=j),
                                stream_tokens=tuple(streams))
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":

@@ -333,8 +333,8 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
         k = len(e.ops)
         m = segment_timing(e.tokens, e.channels, k, n_ranks=n, lanes=lanes, depth=depth,
                            rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
-                           dram_util=lambda kk, w: segment_utilisation(
-                               std.name, lanes, depth, kk, w, segment_output=form))
+                           dram_util=lambda kk, w, j: segment_utilisation(
+                               std.name, lanes, depth, kk, w, segment_output=form, program=j))
         segs.append({"step": e.step, "branch": e.branch, "k": k, "tokens": e.tokens,
                      "cosim_cycles": e.nme_cycles, "model_cycles": m.cycles,
                      "rel_error": m.cycles / e.nme_cycles - 1})
@@ -378,8 +378,9 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800",
             m = segment_timing(512, 96, k, n_ranks=2, lanes=8, depth=depth,
                                clock_hz=1e9 / std.tCK_ns,
                                rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
-                               dram_util=lambda kk, w: segment_utilisation(
-                                   std.name, 8, depth, kk, w, segment_output=segment_output))
+                               dram_util=lambda kk, w, j: segment_utilisation(
+                                   std.name, 8, depth, kk, w, segment_output=segment_output,
+                                   program=j))
             rows.append({"k": k, "depth": depth, "segment_output": segment_output,
                          "cosim_cycles": cycles,
                          "model_cycles": m.cycles, "ideal_cycles": m.cycles_ideal,
