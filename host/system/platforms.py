@@ -32,7 +32,7 @@ from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS, check_nme_mhz
 
 __all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
-           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "segment_utilisation",
+           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "SUM_MEASURED", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
            "nmp_efficiency"]
 
@@ -211,12 +211,15 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 #: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.link.SEGMENT_OUTPUTS`)
 #: and (standard, lanes, depth): {K: utilisation}. Measured here: ``python -m
 #: coda.host.system.validate --measure-nmp`` -> :func:`coda.host.system.validate.
-#: measure_segment_utilisation` (DRAM-timed 1 x 1 DIMM-NMP; ``build/system/segment_util.json``),
-#: on the FR-FCFS controller with the default bypass cap of 1 (hw/dram_scheduler.py).
-#: ``"residual"``: x written by the host right before each program (its rows left open by
-#: the write); date 2026-12-01, development machine. ``"sum"``: x a resident slot of zeros
-#: stored once before the draws (``store(..., x_of=group)``, as the cache engine places it),
-#: never rewritten, so the program activates its rows; SUM_MEASURED says when and where.
+#: measure_segment_utilisation` (DRAM-timed 1 x 1 DIMM-NMP;
+#: ``build/system/segment_util-FORM.json``, the residual form's written as
+#: ``segment_util.json`` before the forms), on the FR-FCFS controller with the default
+#: bypass cap of 1 (hw/dram_scheduler.py).
+#: ``"residual"``: x written by the host right before each program; date 2026-12-01,
+#: development machine. ``"sum"``: x a resident slot of zeros stored once before the draws
+#: (``store(..., x_of=group)``, as the cache engine places it), never rewritten; the driver
+#: then places the gate vectors otherwise (:func:`segment_utilisation`); SUM_MEASURED says
+#: when and where.
 SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
     "residual": {
         ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608,
@@ -235,6 +238,12 @@ SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
     "sum": {
         ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.7149, 3: 0.7227, 4: 0.7232, 6: 0.7275,
                                8: 0.7282},
+        ("DDR5-4800", 8, 256): {1: 0.8624, 2: 0.8568, 3: 0.8576, 4: 0.8586, 6: 0.8603,
+                                8: 0.8608},
+        ("DDR4-3200", 8, 256): {1: 0.8545, 2: 0.8462, 3: 0.8502, 4: 0.8506, 6: 0.8558,
+                                8: 0.857},
+        ("DDR4-3200", 8, 64): {1: 0.664, 2: 0.6312, 3: 0.6443, 4: 0.6498, 6: 0.6577,
+                               8: 0.6619},
         # @@SUM_LONG@@
     },
 }
@@ -251,7 +260,8 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: (standard, lanes, depth): (words per stream, {K: utilisation}); the forms' x as in
 #: :data:`SEGMENT_UTIL`. Measured here: ``python -m coda.host.system.validate --measure-nmp``
 #: -> :func:`coda.host.system.validate.measure_tile_utilisation`
-#: (``build/system/tile_util.json``, which also holds each K's min/max cycles over the draws),
+#: (``build/system/tile_util-FORM.json``, residual: ``tile_util.json``, which also hold each
+#: K's min/max cycles over the draws),
 #: on the FR-FCFS controller with the default bypass cap of 1. ``"residual"``: 2026-12-01,
 #: development machine; ``"sum"``: see SUM_MEASURED.
 SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, float]]]] = {
@@ -270,12 +280,20 @@ SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, flo
             1: 0.7364, 2: 0.7073, 3: 0.6915, 4: 0.6883, 6: 0.6812, 8: 0.6796}),
         ("DDR5-4800", 8, 256): (3072, {
             1: 0.8528, 2: 0.8548, 3: 0.8447, 4: 0.8479, 6: 0.8453, 8: 0.8426}),
-        # @@SUM_TILE@@
+        ("DDR4-3200", 8, 64): (3072, {
+            1: 0.6436, 2: 0.611, 3: 0.6053, 4: 0.6021, 6: 0.6038, 8: 0.5997}),
+        ("DDR4-3200", 8, 256): (3072, {
+            1: 0.8346, 2: 0.8383, 3: 0.8294, 4: 0.8359, 6: 0.8257, 8: 0.8275}),
     },
 }
 
 #: where and how the ``"sum"`` tables were measured
-SUM_MEASURED = "@@SUM_MEASURED@@"
+SUM_MEASURED = (
+    "measured here, 2026-12-04, on an AMD EPYC (lscpu model name; 2 cores shared): "
+    "coda.host.system.validate.measure_tile_utilisation / measure_segment_utilisation"
+    "(STD, DEPTH, segment_output='sum') one configuration at a time, what python -m "
+    "coda.host.system.validate --measure-nmp --segment-output sum runs "
+    "(build/system/tile_util-sum.json, segment_util-sum.json)")
 
 
 def _interp_k(table: dict[int, float], k: int) -> float:
@@ -462,7 +480,8 @@ class Platform:
                 "energy": self.energy.sources,
                 "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
                 "segment_utilisation": "measured here: python -m coda.host.system.validate "
-                                       "--measure-nmp (SEGMENT_UTIL)",
+                                       "--measure-nmp (SEGMENT_UTIL, SEGMENT_UTIL_TILE; "
+                                       "sum form: " + SUM_MEASURED + ")",
                 "dram": f"hw/dram_standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
 
 
