@@ -18,8 +18,8 @@ the host waiting for the slowest rank. Per launch:
   compiled segment programs of that many terms, that tile length and the segments' form
   (:func:`coda.host.system.platforms.segment_utilisation`: long streams, 86-87 % for
   DDR5-4800 at 8 lanes, depth 256; the shipped model's 3,072-word tiles over placements as a
-  generation makes them, 87-89 % for residual segments, 84-85 % for sum segments; ``1/utilisation`` interpolated linearly in ``1/words``
-  between the two);
+  generation makes them, 87-89 % for residual segments, 84-85 % for sum segments;
+  ``1/utilisation`` interpolated linearly in ``1/words`` between the two);
 - the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
 
 Why max: the NME's issue side runs ahead of execution, so lanes and DRAM overlap. A
