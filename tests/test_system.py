@@ -145,17 +145,22 @@ def _zero_slot_writes(segs, n_ranks: int, lanes: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("depth", [64, pytest.param(256, marks=pytest.mark.slow)])
-def test_modelled_nme_time_against_a_dram_timed_generation(depth):
+@pytest.mark.parametrize("depth,form", [
+    (64, "sum"), pytest.param(64, "residual", marks=pytest.mark.slow),
+    pytest.param(256, "sum", marks=pytest.mark.slow)])
+def test_modelled_nme_time_against_a_dram_timed_generation(depth, form):
     """A short real generation (6 steps, PAB, one prompt) with every segment on the 1 x 2
-    DDR5-4800 DIMM-NMP cosimulation (the build coda run --dram uses): the modelled NME
-    cycles of every segment (cycle model bounded by the utilisation measured on the shipped
-    model's tiles) are within 2 % of the cycles the cosimulation measured, the sum within
-    1 %. The driver's bank-coloured placement makes equal segments cost equal cycles (what
-    is left is the refresh phase): per K, max and min are within 2 % of their mean."""
+    DDR5-4800 DIMM-NMP cosimulation (the build coda run --dram uses), its segments of the
+    form ``form`` (the engine's default "sum": x a resident slot of zeros; "residual": x
+    written by the host): the modelled NME cycles of every segment (cycle model bounded by
+    the utilisation measured on the shipped model's tiles for that form) are within 2 % of
+    the cycles the cosimulation measured, the sum within 1 %. The driver's bank-coloured
+    placement makes equal segments cost equal cycles (what is left is the refresh phase):
+    per K, max and min are within 2 % of their mean."""
     from coda.host.system.validate import run_check
 
-    r = run_check("DDR5-4800", depth, steps=6, prompts=(5,))
+    r = run_check("DDR5-4800", depth, steps=6, prompts=(5,), segment_output=form)
+    assert r["segment_output"] == form
     assert r["segments"] > 20
     assert abs(r["total_rel_error"]) < 0.01
     by_k = {}
@@ -408,14 +413,22 @@ def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
 
 
 def test_segment_utilisation_table():
-    from coda.host.system.platforms import SEGMENT_UTIL, segment_utilisation
+    from coda.host.system.platforms import SEGMENT_UTIL, SEGMENT_UTIL_TILE, segment_utilisation
 
-    t = SEGMENT_UTIL[("DDR5-4800", 8, 256)]
+    t = SEGMENT_UTIL["sum"][("DDR5-4800", 8, 256)]
     assert segment_utilisation("DDR5-4800", 8, 256, 4) == t[4]
     assert segment_utilisation("ddr5_4800", 8, 256, 5) == pytest.approx((t[4] + t[6]) / 2)
     assert segment_utilisation("DDR5-4800", 2, 256, 3) == 0.311     # lanes sweep fallback
     with pytest.raises(ValueError, match="no DIMM-NMP measurement"):
         segment_utilisation("DDR5-4800", 4, 64, 1)
+    # each form its own measurement: the tile table for the shipped model's tiles
+    for form in ("sum", "residual"):
+        words, tab = SEGMENT_UTIL_TILE[form][("DDR5-4800", 8, 64)]
+        assert segment_utilisation("DDR5-4800", 8, 64, 3, words, segment_output=form) == tab[3]
+        assert segment_utilisation("DDR5-4800", 8, 64, 3, segment_output=form) == \
+            SEGMENT_UTIL[form][("DDR5-4800", 8, 64)][3]
+    with pytest.raises(ValueError, match="segment_output='both'"):
+        segment_utilisation("DDR5-4800", 8, 64, 1, segment_output="both")
 
 
 def test_parse_systems():
@@ -541,9 +554,28 @@ def _wan_small():
 def test_sum_segments_send_no_residual_and_the_gpu_adds_it():
     """Per segment, "residual" sends x down ([T, C] 16-bit, tiled over the ranks) and "sum"
     does not; "sum" writes one slot of zeros per branch (one sample) instead, and the GPU runs one
-    elementwise add per segment (h + z, three [T, C] tensors in the model's dtype). The rest
-    (bytes up, segments, NME time) is the same."""
+    elementwise add per segment (h + z, three [T, C] tensors in the model's dtype). The bytes
+    up and the segments are the same; the NME time of each is its segments' modelled time
+    with that form's measured DRAM utilisation (the driver places their streams apart)."""
+    from coda.host.system.nme import segment_timing
+    from coda.host.system.platforms import segment_utilisation
     from coda.host.system.replay import _mem_kernel
+
+    def nme_s(wl, form, system):
+        """the NME time of the launches: d one per reused operator, e and f the segments"""
+        out = 0.0
+        launches = [(shape.ops[i].tokens, shape.ops[i].channels, 1)
+                    for seg in wl.segments.values() for i in seg.ops] if system == "d" else \
+            [(seg.tokens, seg.channels, seg.k) for seg in wl.segments.values()]
+        for tokens, channels, k in launches:
+            t = segment_timing(tokens, channels, k, n_ranks=plat.n_ranks,
+                               lanes=plat.lanes, depth=plat.depth, clock_hz=plat.nme_clock_hz,
+                               rank_peak_bytes_per_cycle=plat.rank_peak_bytes_per_nme_cycle,
+                               dram_util=lambda kk, w, j: segment_utilisation(
+                                   plat.dram.name, plat.lanes, plat.depth, kk, w,
+                                   segment_output=form, program=j))
+            out += t.seconds + t.programs * plat.pcie.latency_s
+        return out
 
     shape, sched = _wan_small()
     plat = platform("rtx4090", "DDR5-4800", 2, 4)
@@ -560,7 +592,8 @@ def test_sum_segments_send_no_residual_and_the_gpu_adds_it():
         assert n == r["residual"].segments > 0
         assert r["residual"].d2h_bytes - r["sum"].d2h_bytes == n * x - branches * x, s
         assert r["residual"].h2d_bytes == r["sum"].h2d_bytes
-        assert r["sum"].nme_busy_s == pytest.approx(r["residual"].nme_busy_s, rel=1e-12)
+        for f in wl:
+            assert r[f].nme_busy_s == pytest.approx(nme_s(wl[f], f, s), rel=1e-9), (s, f)
         assert r["sum"].gpu_busy_s - r["residual"].gpu_busy_s == pytest.approx(n * add,
                                                                                 rel=1e-9)
     for s in "ac":                                 # no NMP segments: the form is moot

@@ -221,7 +221,7 @@ def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int 
 
 
 def cached_generate(model, labels, driver, policy=None, *, events=None,
-                    **kwargs) -> tuple[torch.Tensor, dict]:
+                    segment_output: str = "sum", **kwargs) -> tuple[torch.Tensor, dict]:
     """Generate with the CODA cache engine attached for this call only.
 
     Args:
@@ -231,6 +231,7 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
         policy: a cache policy or ``Schedule`` (default ``UniformIntervalPolicy()``).
         events: an :class:`coda.host.events.EventLog` that receives the operator events
             (default: a fresh one, dropped).
+        segment_output: the segments' form (``CodaCacheConfig.segment_output``).
         **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode, ...).
     Returns:
         (videos [B, 1, F, H, W], stats): the generation's counters
@@ -240,7 +241,8 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
     """
     from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache, remove_coda_cache
 
-    hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, policy, events=events))
+    hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, policy, events=events,
+                                                               segment_output=segment_output))
     try:
         videos = generate(model, labels, **kwargs)
         stats = hook.stats

@@ -27,7 +27,7 @@ __all__ = ["modelled"]
 def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
              depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = "DDR5-4800",
              nme_mhz: float | None = None, cfg: str = "batched",
-             nme_timing: str = "model") -> dict:
+             nme_timing: str = "model", segment_output: str = "sum") -> dict:
     """The modelled systems a..f of the last generation in ``events`` (an
     :class:`coda.host.events.EventLog` of the shipped model, e.g. from
     ``coda.host.model.sample.cached_generate(..., events=log)``).
@@ -44,6 +44,9 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         cfg: how the generation's CFG ran (``"batched"``: coda.host.model.sample's default).
         nme_timing: ``"model"`` (the platform's DRAM) or ``"events"`` (the events' cycles,
             e.g. from ``coda run --dram``).
+        segment_output: the form the events' segments had (the cache engine's
+            ``CodaCacheConfig.segment_output``, default ``"sum"``): their bytes and the
+            measured DRAM utilisation the model uses.
     Returns:
         JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report),
         ``cache_bytes``, ``nme_check`` (per segment, the cycle model's ideal-memory cycles
@@ -56,7 +59,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
     from .workload import from_events
 
     shape = shipped_shape(model_config)
-    wl = from_events(events, shape, cfg=cfg)
+    wl = from_events(events, shape, cfg=cfg, segment_output=segment_output)
     plat = platform or make_platform("rtx4090", dram, dimms, ranks, lanes=lanes, depth=depth,
                                      nme_mhz=nme_mhz)
     worst, ev_sum, model_sum = 0.0, 0, 0

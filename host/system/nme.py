@@ -15,11 +15,11 @@ the host waiting for the slowest rank. Per launch:
   the store read or write the whole stream; a per-channel gate vector is re-read for every
   token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
   cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for
-  compiled segment programs of that many terms and that tile length
+  compiled segment programs of that many terms, that tile length and the segments' form
   (:func:`coda.host.system.platforms.segment_utilisation`: long streams, 86-87 % for
   DDR5-4800 at 8 lanes, depth 256; the shipped model's 3,072-word tiles over placements as a
-  generation makes them, 85-87 %; ``1/utilisation`` interpolated linearly in ``1/words``
-  between the two);
+  generation makes them, 87-89 % for residual segments, 84-85 % for sum segments;
+  ``1/utilisation`` interpolated linearly in ``1/words`` between the two);
 - the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
 
 Why max: the NME's issue side runs ahead of execution, so lanes and DRAM overlap. A
@@ -150,9 +150,11 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         clock_hz: NME clock (Hz) for ``seconds``; None: seconds = 0 (cycles only).
         rank_peak_bytes_per_cycle, dram_util: one rank's peak DRAM bytes per NME cycle and
             the measured utilisation (a number, or a function of a launch's terms and
-            words per stream and rank, ``f(k, words)``, or of its terms only, ``f(k)``, e.g.
-            :func:`coda.host.system.platforms.segment_utilisation`); None: ideal memory
-            (``cycles = cycles_ideal``).
+            words per stream and rank, ``f(k, words)``, of those and the launch's index in
+            its chain, ``f(k, words, program)`` (0 for the first of a segment of more than 8
+            terms; the streams of a chained launch are placed otherwise, see
+            :func:`coda.host.system.platforms.segment_utilisation`), or of its terms only,
+            ``f(k)``); None: ideal memory (``cycles = cycles_ideal``).
         mem_latency: memory latency of the ideal-memory cycle model.
         stream_tokens: two residual streams (CogVideoX, HunyuanVideo): each its own segment
             of that many tokens, one after the other (the cache engine's order).
@@ -172,7 +174,10 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
     rows = -(-int(tokens) // int(n_ranks))            # the slowest rank's tile
     util_of = None
     if callable(dram_util):
-        util_of = dram_util if _arity(dram_util) >= 2 else (lambda kk, w: dram_util(kk))
+        arity = _arity(dram_util)
+        util_of = (dram_util if arity >= 3 else
+                   (lambda kk, w, j: dram_util(kk, w)) if arity == 2 else
+                   (lambda kk, w, j: dram_util(kk)))
     stream_words = -(-rows * int(channels) // lanes)
     total = ideal = dram = programs = 0
     rank_bytes = 0
@@ -183,7 +188,7 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         if rank_peak_bytes_per_cycle is None:
             cd = 0
         else:
-            util = util_of(kk, stream_words) if util_of else dram_util
+            util = util_of(kk, stream_words, programs) if util_of else dram_util
             cd = math.ceil(nbytes / (rank_peak_bytes_per_cycle * util))
         ideal += cyc
         dram += cd

@@ -32,7 +32,7 @@ from coda.hw.dram_standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS, check_nme_mhz
 
 __all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
-           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "segment_utilisation",
+           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "SUM_MEASURED", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
            "nmp_efficiency"]
 
@@ -208,17 +208,47 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 
 #: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
 #: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
-#: 512 channels (256 KiB per stream), per (standard, lanes, depth): {K: utilisation}. Measured
-#: here: ``python -m coda.host.system.validate --measure-nmp`` (DRAM-timed 1 x 1 DIMM-NMP;
-#: ``build/system/segment_util.json``), on the FR-FCFS controller with the default bypass cap
-#: of 1 (hw/dram_scheduler.py).
-SEGMENT_UTIL: dict[tuple[str, int, int], dict[int, float]] = {
-    ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608, 8: 0.8615},
-    ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.715, 3: 0.7216, 4: 0.7225, 6: 0.7272, 8: 0.7285},
-    ("DDR4-3200", 8, 256): {1: 0.8436, 2: 0.8177, 3: 0.801, 4: 0.8122, 6: 0.8096, 8: 0.8184},
-    ("DDR4-3200", 8, 64): {1: 0.635, 2: 0.5942, 3: 0.581, 4: 0.5997, 6: 0.6002, 8: 0.6014},
-    ("LPDDR5-6400", 8, 256): {1: 0.5707, 2: 0.5498, 3: 0.5414, 4: 0.528, 6: 0.5188, 8: 0.5154},
-    ("LPDDR5-6400", 8, 64): {1: 0.497, 2: 0.4696, 3: 0.4655, 4: 0.4627, 6: 0.4613, 8: 0.4609},
+#: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.link.SEGMENT_OUTPUTS`)
+#: and (standard, lanes, depth): {K: utilisation}. Measured here: ``python -m
+#: coda.host.system.validate --measure-nmp`` -> :func:`coda.host.system.validate.
+#: measure_segment_utilisation` (DRAM-timed 1 x 1 DIMM-NMP;
+#: ``build/system/segment_util-FORM.json``, the residual form's written as
+#: ``segment_util.json`` before the forms), on the FR-FCFS controller with the default
+#: bypass cap of 1 (hw/dram_scheduler.py).
+#: ``"residual"``: x written by the host right before each program; date 2026-12-01,
+#: development machine. ``"sum"``: x a resident slot of zeros stored once before the draws
+#: (``store(..., x_of=group)``, as the cache engine places it), never rewritten; the driver
+#: then places the gate vectors otherwise (:func:`segment_utilisation`); SUM_MEASURED says
+#: when and where.
+SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
+    "residual": {
+        ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608,
+                                8: 0.8615},
+        ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.715, 3: 0.7216, 4: 0.7225, 6: 0.7272,
+                               8: 0.7285},
+        ("DDR4-3200", 8, 256): {1: 0.8436, 2: 0.8177, 3: 0.801, 4: 0.8122, 6: 0.8096,
+                                8: 0.8184},
+        ("DDR4-3200", 8, 64): {1: 0.635, 2: 0.5942, 3: 0.581, 4: 0.5997, 6: 0.6002,
+                               8: 0.6014},
+        ("LPDDR5-6400", 8, 256): {1: 0.5707, 2: 0.5498, 3: 0.5414, 4: 0.528, 6: 0.5188,
+                                  8: 0.5154},
+        ("LPDDR5-6400", 8, 64): {1: 0.497, 2: 0.4696, 3: 0.4655, 4: 0.4627, 6: 0.4613,
+                                 8: 0.4609},
+    },
+    "sum": {
+        ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.7149, 3: 0.7227, 4: 0.7232, 6: 0.7275,
+                               8: 0.7282},
+        ("DDR5-4800", 8, 256): {1: 0.8624, 2: 0.8568, 3: 0.8576, 4: 0.8586, 6: 0.8603,
+                                8: 0.8608},
+        ("DDR4-3200", 8, 256): {1: 0.8545, 2: 0.8462, 3: 0.8502, 4: 0.8506, 6: 0.8558,
+                                8: 0.857},
+        ("DDR4-3200", 8, 64): {1: 0.664, 2: 0.6312, 3: 0.6443, 4: 0.6498, 6: 0.6577,
+                               8: 0.6619},
+        ("LPDDR5-6400", 8, 256): {1: 0.5689, 2: 0.5496, 3: 0.5407, 4: 0.5301, 6: 0.5196,
+                                  8: 0.5131},
+        ("LPDDR5-6400", 8, 64): {1: 0.5028, 2: 0.476, 3: 0.4708, 4: 0.4668, 6: 0.4626,
+                                 8: 0.4637},
+    },
 }
 
 
@@ -229,22 +259,44 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: of [512, 96] on a 1 x 2 DIMM-NMP (256 rows x 96 channels = 3,072 words per stream and
 #: rank), K random slots of a group of 32 (one bank colour, as the driver places one branch
 #: of a video), 16 draws per K, refresh phase and open rows carried over from job to job;
-#: utilisation of the centre (min + max) / 2 of the draws' cycles. Per (standard,
-#: lanes, depth): (words per stream, {K: utilisation}). Measured here:
-#: ``python -m coda.host.system.validate --measure-nmp`` ->
-#: :func:`coda.host.system.validate.measure_tile_utilisation` (``build/system/tile_util.json``,
-#: which also holds each K's min/max cycles over the draws), on the FR-FCFS controller with
-#: the default bypass cap of 1.
-SEGMENT_UTIL_TILE: dict[tuple[str, int, int], tuple[int, dict[int, float]]] = {
-    ("DDR5-4800", 8, 64): (3072, {
-        1: 0.8204, 2: 0.7639, 3: 0.7702, 4: 0.7669, 6: 0.7654, 8: 0.766}),
-    ("DDR5-4800", 8, 256): (3072, {
-        1: 0.8877, 2: 0.8739, 3: 0.8664, 4: 0.8733, 6: 0.8721, 8: 0.8725}),
-    ("DDR4-3200", 8, 64): (3072, {
-        1: 0.7169, 2: 0.6604, 3: 0.6672, 4: 0.6726, 6: 0.6734, 8: 0.6768}),
-    ("DDR4-3200", 8, 256): (3072, {
-        1: 0.8628, 2: 0.8605, 3: 0.855, 4: 0.8597, 6: 0.862, 8: 0.8551}),
+#: utilisation of the centre (min + max) / 2 of the draws' cycles. Per segment form and
+#: (standard, lanes, depth): (words per stream, {K: utilisation}); the forms' x as in
+#: :data:`SEGMENT_UTIL`. Measured here: ``python -m coda.host.system.validate --measure-nmp``
+#: -> :func:`coda.host.system.validate.measure_tile_utilisation`
+#: (``build/system/tile_util-FORM.json``, residual: ``tile_util.json``, which also hold each
+#: K's min/max cycles over the draws),
+#: on the FR-FCFS controller with the default bypass cap of 1. ``"residual"``: 2026-12-01,
+#: development machine; ``"sum"``: see SUM_MEASURED.
+SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, float]]]] = {
+    "residual": {
+        ("DDR5-4800", 8, 64): (3072, {
+            1: 0.8204, 2: 0.7639, 3: 0.7702, 4: 0.7669, 6: 0.7654, 8: 0.766}),
+        ("DDR5-4800", 8, 256): (3072, {
+            1: 0.8877, 2: 0.8739, 3: 0.8664, 4: 0.8733, 6: 0.8721, 8: 0.8725}),
+        ("DDR4-3200", 8, 64): (3072, {
+            1: 0.7169, 2: 0.6604, 3: 0.6672, 4: 0.6726, 6: 0.6734, 8: 0.6768}),
+        ("DDR4-3200", 8, 256): (3072, {
+            1: 0.8628, 2: 0.8605, 3: 0.855, 4: 0.8597, 6: 0.862, 8: 0.8551}),
+    },
+    "sum": {
+        ("DDR5-4800", 8, 64): (3072, {
+            1: 0.7364, 2: 0.7073, 3: 0.6915, 4: 0.6883, 6: 0.6812, 8: 0.6796}),
+        ("DDR5-4800", 8, 256): (3072, {
+            1: 0.8528, 2: 0.8548, 3: 0.8447, 4: 0.8479, 6: 0.8453, 8: 0.8426}),
+        ("DDR4-3200", 8, 64): (3072, {
+            1: 0.6436, 2: 0.611, 3: 0.6053, 4: 0.6021, 6: 0.6038, 8: 0.5997}),
+        ("DDR4-3200", 8, 256): (3072, {
+            1: 0.8346, 2: 0.8383, 3: 0.8294, 4: 0.8359, 6: 0.8257, 8: 0.8275}),
+    },
 }
+
+#: where and how the ``"sum"`` tables were measured
+SUM_MEASURED = (
+    "measured here, 2026-12-04, on an AMD EPYC (lscpu model name; 2 cores shared): "
+    "coda.host.system.validate.measure_tile_utilisation / measure_segment_utilisation"
+    "(STD, DEPTH, segment_output='sum') one configuration at a time, what python -m "
+    "coda.host.system.validate --measure-nmp --segment-output sum runs "
+    "(build/system/tile_util-sum.json, segment_util-sum.json)")
 
 
 def _interp_k(table: dict[int, float], k: int) -> float:
@@ -257,25 +309,47 @@ def _interp_k(table: dict[int, float], k: int) -> float:
 
 
 def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
-                        words: int | None = None) -> float:
+                        words: int | None = None, segment_output: str = "sum",
+                        program: int = 0) -> float:
     """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
     k, linear interpolation) streaming ``words`` words per stream and rank (None: long
-    streams).
+    streams), of the segment form ``segment_output`` (:data:`coda.host.link.SEGMENT_OUTPUTS`:
+    ``"sum"`` reads x from a resident slot of zeros, ``"residual"`` from an x the host has
+    just written), the ``program``-th launch of its chain (a segment of more than 8 terms).
+
+    The forms are measured apart because the driver places their streams apart (bank
+    colours, :mod:`coda.host.placement`, slots of colour c): a residual launch writes x at
+    c^3 with the gate vectors in its range (bank c^2), y at c^1; a launch whose x is
+    resident at c^3 (the sum form's slot of zeros) puts the gates in y's range at c^1,
+    whose second half is bank c, the slots' own (row conflicts all along: 10-12 % more
+    cycles, DDR5-4800, depth 64, 3,072-word tiles). A chained launch reads the previous
+    one's y in place: at c^1 (its y and gates at c^3, gates in bank c^2: placed as a
+    residual launch) after the first launch or an even one, at c^3 (as a sum launch) after an
+    odd one. So the first launch takes ``segment_output``'s table, odd launches the residual
+    one, even ones the sum one.
 
     Two measured tile lengths: the long streams of :data:`SEGMENT_UTIL`
     (:data:`SEGMENT_UTIL_WORDS` words) and the shipped model's tiles of
     :data:`SEGMENT_UTIL_TILE` (3,072 words). A launch costs a fixed part (program start,
     pipeline fill and drain, the first rows' activations) plus a part per word, so
     ``1 / utilisation`` is linear in ``1 / words``: it is interpolated so between the two,
-    and each measurement is used as is beyond it. Without a segment measurement for the
-    lanes x depth, the 4-stream segment's of the lanes sweep (:func:`nmp_efficiency`).
-    Raises ValueError when the project has neither."""
+    and each measurement is used as is beyond it. A table measured for the ``"residual"``
+    form only (a configuration missing from the ``"sum"`` table) stands for both; without a
+    segment measurement for the lanes x depth, the 4-stream segment's of the lanes sweep
+    (:func:`nmp_efficiency`).
+    Raises ValueError for an unknown form, or when the project has no measurement."""
+    from coda.host.link import check_segment_output
+
+    form = check_segment_output(segment_output)
+    if program:
+        form = "residual" if program % 2 else "sum"
     name = get_standard(standard).name
-    table = SEGMENT_UTIL.get((name, lanes, depth))
+    key = (name, lanes, depth)
+    table = SEGMENT_UTIL[form].get(key, SEGMENT_UTIL["residual"].get(key))
     if table is None:
         return nmp_efficiency(standard, lanes, depth, 4)
     long_u = _interp_k(table, k)
-    tile = SEGMENT_UTIL_TILE.get((name, lanes, depth))
+    tile = SEGMENT_UTIL_TILE[form].get(key, SEGMENT_UTIL_TILE["residual"].get(key))
     if words is None or tile is None or words >= SEGMENT_UTIL_WORDS:
         return long_u
     w_s, tab_s = tile
@@ -409,7 +483,8 @@ class Platform:
                 "energy": self.energy.sources,
                 "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
                 "segment_utilisation": "measured here: python -m coda.host.system.validate "
-                                       "--measure-nmp (SEGMENT_UTIL)",
+                                       "--measure-nmp (SEGMENT_UTIL, SEGMENT_UTIL_TILE; "
+                                       "sum form: " + SUM_MEASURED + ")",
                 "dram": f"hw/dram_standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
 
 

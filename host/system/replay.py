@@ -24,7 +24,8 @@ Times:
 - copy: ``latency_s + bytes / min(PCIe bandwidth of the direction, host channel
   bandwidth)``;
 - NME launch: :func:`coda.host.system.nme.segment_timing` (cycle model, bounded by the
-  DRAM utilisation measured for segment programs on the DIMM-NMP) plus one command per
+  DRAM utilisation measured for segment programs of the workload's form on the DIMM-NMP,
+  :func:`coda.host.system.platforms.segment_utilisation`) plus one command per
   launch (``latency_s``); or, with
   ``nme_timing="events"``, the cycles the events report (e.g. a DRAM-timed cosimulation).
 
@@ -238,8 +239,9 @@ class _Replay:
             t = segment_timing(tokens, channels, k, n_ranks=p.n_ranks, lanes=p.lanes,
                                depth=p.depth, clock_hz=p.nme_clock_hz,
                                rank_peak_bytes_per_cycle=p.rank_peak_bytes_per_nme_cycle,
-                               dram_util=lambda kk, w: segment_utilisation(
-                                   p.dram.name, p.lanes, p.depth, kk, w),
+                               dram_util=lambda kk, w, j: segment_utilisation(
+                                   p.dram.name, p.lanes, p.depth, kk, w,
+                                   segment_output=self.wl.segment_output, program=j),
                                stream_tokens=tuple(streams))
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":

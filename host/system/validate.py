@@ -129,30 +129,52 @@ def bench(shape_cache: Path | None = None) -> dict:
             "generation_s_max": round(t_events + max(per.values()), 3)}
 
 
-def _segment_cycles(driver, tokens: int, channels: int, k: int, seed: int) -> int:
-    """NME cycles of one k-term segment of random bf16 data on ``driver``."""
+def _segment_cycles(driver, tokens: int, channels: int, k: int, seed: int,
+                    x=None) -> int:
+    """NME cycles of one k-term segment of random bf16 data on ``driver``; ``x``: the key of
+    a resident slot to read x from in place (None: a random x, written by the host)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     keys = []
     for i in range(k):
         driver.store(("check", k, i), torch.randn(tokens, channels, generator=g)
-                     .to(torch.bfloat16))
+                     .to(torch.bfloat16), group="check")
         keys.append(("check", k, i))
-    x = torch.randn(tokens, channels, generator=g).to(torch.bfloat16)
+    x_rand = torch.randn(tokens, channels, generator=g).to(torch.bfloat16)
     gates = [torch.randn(channels, generator=g).to(torch.bfloat16) for _ in range(k)]
     before = driver.stats["nme_cycles"]
-    driver.segment(x, gates, keys)
+    driver.segment(x_rand if x is None else x, gates, keys)
     cycles = driver.stats["nme_cycles"] - before
     for key in keys:
         driver.free(key)
     return cycles
 
 
+def _x_of_form(driver, segment_output: str, tokens: int, channels: int, group):
+    """What a measured segment of form ``segment_output`` reads as x: None for
+    ``"residual"`` (a fresh x the host writes right before each program), for ``"sum"`` the
+    key of a slot of zeros stored now, once, where the cache engine places it
+    (``store(..., x_of=group)``: the group's colour XOR SCRATCH_XOR[0]) and never
+    rewritten."""
+    import torch
+
+    from coda.host.link import check_segment_output
+
+    if check_segment_output(segment_output) == "residual":
+        return None
+    key = ("zero", group)
+    driver.store(key, torch.zeros(tokens, channels, dtype=torch.bfloat16), x_of=group)
+    return key
+
+
 def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
-                                lanes: int = 8) -> dict:
+                                lanes: int = 8, segment_output: str = "sum") -> dict:
     """DRAM utilisation of compiled segment programs on a 1 x 1 DRAM-timed DIMM-NMP:
-    bytes the program streams / (cycles x the rank's peak bytes per cycle)."""
+    bytes the program streams / (cycles x the rank's peak bytes per cycle). The segments
+    have the form ``segment_output`` (:data:`coda.host.link.SEGMENT_OUTPUTS`): ``"sum"``
+    reads x from a slot of zeros stored once before the first (placed as the cache engine
+    places it), ``"residual"`` from a random x the host writes right before each."""
     from coda.host.backend import get_backend
     from coda.host.driver import NMPDriver
     from coda.hw.dram_standards import get_standard
@@ -166,20 +188,22 @@ def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
     driver = NMPDriver(backend, NMEConfig(lanes=lanes, depth=depth, mem_words=1 << 19), 1, 1)
     rows = {}
     try:
+        x = _x_of_form(driver, segment_output, tokens, channels, "check")
         for k in ks:
-            cycles = _segment_cycles(driver, tokens, channels, k, seed=k)
+            cycles = _segment_cycles(driver, tokens, channels, k, seed=k, x=x)
             m = segment_timing(tokens, channels, k, n_ranks=1, lanes=lanes, depth=depth)
             rows[k] = round(m.rank_dram_bytes / (cycles * std.burst_bytes / std.nBL), 4)
     finally:
         if hasattr(backend, "close"):
             backend.close()
     return {"dram": std.name, "lanes": lanes, "depth": depth, "tokens": tokens,
-            "channels": channels, "utilisation": rows}
+            "channels": channels, "segment_output": segment_output, "utilisation": rows}
 
 
 def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
                              tokens: int = 512, channels: int = 96, slots: int = 32,
-                             draws: int = 16, lanes: int = 8, seed: int = 0) -> dict:
+                             draws: int = 16, lanes: int = 8, seed: int = 0,
+                             segment_output: str = "sum") -> dict:
     """DRAM utilisation of K-term segments of the shipped model's tile on a 1 x 2 DRAM-timed
     DIMM-NMP (the machine ``coda run --dram`` uses), over cache placements as a generation
     makes them: ``slots`` cache slots of ``[tokens, channels]`` are stored one after the
@@ -192,7 +216,11 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     still differ by the refresh phase they meet (DDR5-4800, K = 1: 3 or 4 REF of tRFC =
     708 cycles in about 30,000), and the centre is the one value nearest to all of them;
     ``spread[K]`` = (min, max) cycles, ``mean_cycles[K]``; ``cycles[K]``: every draw's, the
-    uncounted first included."""
+    uncounted first included. ``segment_output``: the segments' form
+    (:data:`coda.host.link.SEGMENT_OUTPUTS`): ``"sum"`` reads x in place from one slot of
+    zeros stored after the cache slots, once, where the cache engine places it
+    (``store(..., x_of="tile")``) and never rewritten; ``"residual"``: a fresh random x the
+    host writes right before each segment."""
     import random
 
     import torch
@@ -218,6 +246,7 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
         for key in keys:
             driver.store(key, torch.randn(tokens, channels, generator=g).to(torch.bfloat16),
                          group="tile")
+        x_key = _x_of_form(driver, segment_output, tokens, channels, "tile")
         for k in ks:
             cyc = []
             for _ in range(1 + draws):   # the first, after a change of K, is not counted
@@ -225,7 +254,7 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
                 gates = [torch.randn(channels, generator=g).to(torch.bfloat16)
                          for _ in range(k)]
                 before = driver.stats["nme_cycles"]
-                driver.segment(x, gates, rng.sample(keys, k))
+                driver.segment(x if x_key is None else x_key, gates, rng.sample(keys, k))
                 cyc.append(driver.stats["nme_cycles"] - before)
             cycles[k], cyc = cyc, cyc[1:]
             m = segment_timing(tokens, channels, k, n_ranks=2, lanes=lanes, depth=depth)
@@ -243,17 +272,20 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     rows = -(-tokens // 2)
     return {"dram": std.name, "lanes": lanes, "depth": depth, "tokens": tokens,
             "channels": channels, "ranks": 2, "words_per_stream": -(-rows * channels // lanes),
-            "slots": slots, "draws": draws, "utilisation": util, "mean_cycles": mean, "cycles": cycles,
-            "spread_cycles": spread}
+            "segment_output": segment_output, "slots": slots, "draws": draws,
+            "utilisation": util, "mean_cycles": mean, "cycles": cycles, "spread_cycles": spread}
 
 
 def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
               prompts=(5,), lanes: int = 8, dimms: int = 1, ranks: int = 2,
-              policy: str = "pab", warmup: bool = True) -> dict:
+              policy: str = "pab", warmup: bool = True, segment_output: str = "sum") -> dict:
     """A short cached generation of the shipped model with every segment on the DRAM-timed
     DIMM-NMP (as ``coda run --dram``): each SegmentEvent's measured ``nme_cycles`` against
     :func:`coda.host.system.nme.segment_timing` on the same DRAM (per segment, and per K the
-    worst and the mean relative error; ``total_rel_error`` of the summed cycles)."""
+    worst and the mean relative error; ``total_rel_error`` of the summed cycles). The
+    engine's segments have the form ``segment_output`` (default: the engine's, ``"sum"``),
+    modelled with that form's measured utilisation; the result names it."""
+    from coda.host.link import check_segment_output
     import torch
 
     from coda.host.backend import get_backend
@@ -268,6 +300,7 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
     from .nme import segment_timing
     from .platforms import segment_utilisation
 
+    form = check_segment_output(segment_output)
     std = get_standard(dram)
     model, _ = load_model()
     layers = len(model.transformer.transformer_blocks)
@@ -288,7 +321,8 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
             _segment_cycles(driver, dcfg["frames"] * (dcfg["size"] // tcfg["patch_size"]) ** 2,
                             tcfg["num_attention_heads"] * tcfg["attention_head_dim"], 1, seed=1)
         cached_generate(model, torch.tensor(list(prompts)), driver, pol, events=log,
-                        num_steps=steps, guidance_scale=4.0, seed=0, progress=False)
+                        num_steps=steps, guidance_scale=4.0, seed=0, progress=False,
+                        segment_output=form)
     finally:
         if hasattr(backend, "close"):
             backend.close()
@@ -300,8 +334,8 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
         k = len(e.ops)
         m = segment_timing(e.tokens, e.channels, k, n_ranks=n, lanes=lanes, depth=depth,
                            rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
-                           dram_util=lambda kk, w: segment_utilisation(std.name, lanes, depth,
-                                                                       kk, w))
+                           dram_util=lambda kk, w, j: segment_utilisation(
+                               std.name, lanes, depth, kk, w, segment_output=form, program=j))
         segs.append({"step": e.step, "branch": e.branch, "k": k, "tokens": e.tokens,
                      "cosim_cycles": e.nme_cycles, "model_cycles": m.cycles,
                      "rel_error": m.cycles / e.nme_cycles - 1})
@@ -311,7 +345,8 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
     tot_c = sum(s["cosim_cycles"] for s in segs)
     tot_m = sum(s["model_cycles"] for s in segs)
     return {"dram": std.name, "depth": depth, "lanes": lanes, "ranks": n, "steps": steps,
-            "prompts": list(prompts), "policy": policy, "wall_s": round(wall, 1),
+            "prompts": list(prompts), "policy": policy, "segment_output": form,
+            "wall_s": round(wall, 1),
             "segments": len(segs), "placement_misses": driver.stats["placement_misses"],
             "max_abs_rel_error": max((abs(s["rel_error"]) for s in segs), default=0.0),
             "total_rel_error": tot_m / tot_c - 1 if tot_c else 0.0,
@@ -320,9 +355,11 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
             "segments_detail": segs}
 
 
-def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800") -> list[dict]:
+def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800",
+               segment_output: str = "sum") -> list[dict]:
     """Segments of the shipped model's shape on a 1 x 2 DRAM-timed DIMM-NMP: cosimulated
-    cycles against the model (cycle model bounded by SEGMENT_UTIL)."""
+    cycles against the model (cycle model bounded by SEGMENT_UTIL), both of the form
+    ``segment_output`` (x as :func:`measure_segment_utilisation` reads it)."""
     from coda.host.backend import get_backend
     from coda.host.driver import NMPDriver
     from coda.hw.dram_standards import get_standard
@@ -336,14 +373,17 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800") -> lis
     driver = NMPDriver(backend, NMEConfig(lanes=8, depth=depth, mem_words=1 << 18), 1, 2)
     rows = []
     try:
+        x = _x_of_form(driver, segment_output, 512, 96, "check")
         for k in ks:
-            cycles = _segment_cycles(driver, 512, 96, k, seed=100 + k)
+            cycles = _segment_cycles(driver, 512, 96, k, seed=100 + k, x=x)
             m = segment_timing(512, 96, k, n_ranks=2, lanes=8, depth=depth,
                                clock_hz=1e9 / std.tCK_ns,
                                rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
-                               dram_util=lambda kk, w: segment_utilisation(std.name, 8, depth,
-                                                                           kk, w))
-            rows.append({"k": k, "depth": depth, "cosim_cycles": cycles,
+                               dram_util=lambda kk, w, j: segment_utilisation(
+                                   std.name, 8, depth, kk, w, segment_output=segment_output,
+                                   program=j))
+            rows.append({"k": k, "depth": depth, "segment_output": segment_output,
+                         "cosim_cycles": cycles,
                          "model_cycles": m.cycles, "ideal_cycles": m.cycles_ideal,
                          "rel_error": round(m.cycles / cycles - 1, 4)})
     finally:
@@ -352,39 +392,58 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800") -> lis
     return rows
 
 
+def _measure_nmp(out: Path, form: str, what: str) -> None:
+    """--measure-nmp: the segment utilisation tables of ``form`` (``what``: "long", "tile"
+    or "all") and the segment check, JSON files suffixed with the form under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    if what in ("long", "all"):
+        util = [measure_segment_utilisation(std, depth, segment_output=form)
+                for std in ("DDR5-4800", "DDR4-3200", "LPDDR5-6400") for depth in (256, 64)]
+        (out / f"segment_util-{form}.json").write_text(json_text(util, indent=1) + "\n")
+        for u in util:
+            print(form, u["dram"], "depth", u["depth"], u["utilisation"])
+    if what in ("tile", "all"):
+        tile = [measure_tile_utilisation(std, depth, segment_output=form)
+                for std in ("DDR5-4800", "DDR4-3200") for depth in (64, 256)]
+        (out / f"tile_util-{form}.json").write_text(json_text(tile, indent=1) + "\n")
+        for u in tile:
+            print(form, u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
+                  u["utilisation"])
+    if what == "all":
+        check = dram_check(64, segment_output=form) + dram_check(256, segment_output=form)
+        (out / f"dram_check-{form}.json").write_text(json_text(check, indent=1) + "\n")
+        for r in check:
+            print(r)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from coda.host.link import SEGMENT_OUTPUTS
+
     parser = argparse.ArgumentParser(prog="python -m coda.host.system.validate")
     parser.add_argument("--out", type=Path, default=Path("build/system"))
     parser.add_argument("--measure-nmp", action="store_true",
                         help="also measure segment DRAM utilisation and check segment times "
                              "on the DRAM-timed DIMM-NMP cosimulation (Verilator, minutes)")
+    parser.add_argument("--measure", choices=("all", "long", "tile"), default="all",
+                        help="with --measure-nmp: only the long-stream table (long), only "
+                             "the tile table (tile), or both and the segment check (all)")
     parser.add_argument("--check-nmp", action="store_true",
                         help="only the check of a short real generation (6 steps, PAB, one "
                              "prompt) on the 1 x 2 DRAM-timed DIMM-NMP against the model, "
-                             "DDR5-4800 / DDR4-3200 x depth 64 / 256 (run_check.json)")
+                             "DDR5-4800 / DDR4-3200 x depth 64 / 256 (run_check-FORM.json)")
+    parser.add_argument("--segment-output", choices=SEGMENT_OUTPUTS, default="sum",
+                        help="the segments' form measured and checked (default: the cache "
+                             "engine's, sum)")
     args = parser.parse_args(argv)
+    form = args.segment_output
     if args.measure_nmp:
-        args.out.mkdir(parents=True, exist_ok=True)
-        util = [measure_segment_utilisation(std, depth)
-                for std in ("DDR5-4800", "DDR4-3200", "LPDDR5-6400") for depth in (256, 64)]
-        (args.out / "segment_util.json").write_text(json_text(util, indent=1) + "\n")
-        for u in util:
-            print(u["dram"], "depth", u["depth"], u["utilisation"])
-        tile = [measure_tile_utilisation(std, depth)
-                for std in ("DDR5-4800", "DDR4-3200") for depth in (64, 256)]
-        (args.out / "tile_util.json").write_text(json_text(tile, indent=1) + "\n")
-        for u in tile:
-            print(u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
-                  u["utilisation"])
-        check = dram_check(64) + dram_check(256)
-        (args.out / "dram_check.json").write_text(json_text(check, indent=1) + "\n")
-        for r in check:
-            print(r)
+        _measure_nmp(args.out, form, args.measure)
     if args.measure_nmp or args.check_nmp:
         args.out.mkdir(parents=True, exist_ok=True)
-        runs = [run_check(std, depth) for std in ("DDR5-4800", "DDR4-3200")
+        runs = [run_check(std, depth, segment_output=form) for std in ("DDR5-4800", "DDR4-3200")
                 for depth in (64, 256)]
-        (args.out / "run_check.json").write_text(json_text(runs, indent=1) + "\n")
+        (args.out / f"run_check-{form}.json").write_text(json_text(runs, indent=1) + "\n")
+        print(f"segment_output={form}")
         print(f"{'DRAM':11} {'depth':>5} {'segs':>4} {'total':>7} {'worst':>7}  per K: worst "
               "(mean)")
         for r in runs:
