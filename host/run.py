@@ -46,6 +46,7 @@ the generation, the run itself goes on.
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
