@@ -401,3 +401,19 @@ def test_lemica_reuses_whole_steps_on_the_minimum_error_path(setup):
     assert stats["ops_skipped_fraction"] == sched.ops_skipped_fraction()
     with pytest.raises(ValueError, match="skip 0.95: 8 of 8 steps reused, expected 1..6"):
         lemica_schedule(prof, 0.95)
+
+
+@pytest.mark.parametrize("skip", [0.3, 0.5, 0.6, 0.7])
+def test_uniform_for_skip_says_the_interval_it_uses(skip):
+    """The policy's own fields name the intervals its schedule uses: one interval for every
+    type is the default interval (no per-type table beside it); mixed intervals list every
+    type, the default the smaller."""
+    from coda.host.policies import uniform_for_skip
+    from coda.host.schedule import OP_TYPES
+    p = uniform_for_skip(skip, 50, 4)
+    used = {op: p.interval(op) for op in OP_TYPES}
+    if len(set(used.values())) == 1:
+        assert p.intervals == {} and p.default_interval == used["spatial_attn"]
+    else:
+        assert set(p.intervals) == set(OP_TYPES) and p.default_interval == min(used.values())
+    assert f"default_interval={p.default_interval}" in repr(p)

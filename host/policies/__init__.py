@@ -84,8 +84,10 @@ def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 
                 if best is None or key < best[0]:
                     best = (key, (combo, k, warmup))
     combo, k, warmup = best[1]
-    return UniformIntervalPolicy(intervals=dict(zip(OP_TYPES, combo)), default_interval=k,
-                                 warmup=warmup)
+    if len(set(combo)) == 1:        # one interval for every type: it is the default
+        return UniformIntervalPolicy(default_interval=combo[0], warmup=warmup)
+    return UniformIntervalPolicy(intervals=dict(zip(OP_TYPES, combo)),
+                                 default_interval=min(combo), warmup=warmup)
 
 
 # ---------------------------------------------------------------- the registry
