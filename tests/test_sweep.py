@@ -300,3 +300,19 @@ def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path):
             run_sweep(k, grid_points(k, {"x": [1]}), tmp_path, sequential=True,
                       progress=False, log=lambda m: None)
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_schedule_search_rollouts_on_ray_give_the_bits_of_the_loop():
+    """coda schedule search's rollouts (coda.host.step_search.judge) as Ray tasks score as
+    in this process (Ray tests live in this file: one xdist worker runs them in turn)."""
+    import torch
+
+    from coda.host.model.dit import load_model
+    from coda.host.step_search import StepPlan, full_videos, judge
+    model, _ = load_model()
+    full = full_videos(model, [3], [77], num_steps=6, guidance_scale=5.0)
+    scheds = [StepPlan(6, 4, {2, 3}).schedule(), StepPlan(6, 4, {3}, ("cross_attn",)).schedule()]
+    here = judge(scheds, [3], [77], full, num_steps=6, guidance_scale=5.0, workers=0)
+    on_ray = judge(scheds, [3], [77], full, num_steps=6, guidance_scale=5.0, workers=1)
+    assert [r["psnr_db"] for r in here] == [r["psnr_db"] for r in on_ray]
+    assert torch.isfinite(torch.tensor([r["psnr_db"] for r in here])).all()
