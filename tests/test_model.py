@@ -268,9 +268,10 @@ def tiny_cache_slot():
 def _needed_words(slot, videos: int, ranks: int, lanes: int) -> float:
     """Words per rank for the slots of ``videos`` videos as cache_mem_words documents: each
     rank's tile (the largest, of ceil(T / ranks) tokens) in a power-of-two region, one bank
-    colour of 4 per slot group (branch of a video), the fullest colour holding
-    ceil(groups / 4) groups, 1.5x headroom."""
+    colour of 4 per slot group (branch of a video) with one more slot per group for the sum
+    segments' zeros, the fullest colour holding ceil(groups / 4) groups, 1.5x headroom."""
     per_group, branches, tokens, channels = slot
+    per_group += 1
     tile = math.ceil(math.ceil(tokens / ranks) * channels / lanes)
     region = 2 ** math.ceil(math.log2(tile))
     return 1.5 * 4 * math.ceil(videos * branches / 4) * per_group * region
@@ -294,17 +295,18 @@ def test_cache_mem_words_is_the_smallest_power_of_two_holding_the_slots(
 
 
 def test_cache_mem_words_counts_all_five_operator_types(tiny_cache_slot):
-    """150 videos over 2 ranks of 8 lanes: the 5 operator types of a slot need 288,000 words,
-    4 would need 230,400 <= 2**18, so the power-of-two round-up no longer hides a wrong count."""
+    """120 videos over 2 ranks of 8 lanes: the 5 operator types of a slot group and its slot
+    of zeros need 276,480 words, 4 types would need 230,400 <= 2**18, so the power-of-two
+    round-up no longer hides a wrong count."""
     from coda.host.model.sample import cache_mem_words
 
     model, slot = tiny_cache_slot
     assert slot[0] == 5
-    needed = _needed_words(slot, 150, 2, 8)
-    assert _needed_words((4,) + slot[1:], 150, 2, 8) <= 1 << 18 < needed
-    words = cache_mem_words(model, 150, ranks=2, lanes=8)
+    needed = _needed_words(slot, 120, 2, 8)
+    assert _needed_words((4,) + slot[1:], 120, 2, 8) <= 1 << 18 < needed
+    words = cache_mem_words(model, 120, ranks=2, lanes=8)
     assert words >= needed and words // 2 < needed
-    assert cache_mem_words(model, 150, ranks=4, lanes=8) == 1 << 18   # half the words each
+    assert cache_mem_words(model, 120, ranks=4, lanes=8) == 1 << 18   # half the words each
     with pytest.raises(ValueError, match="videos=0"):
         cache_mem_words(model, 0, ranks=2, lanes=8)
 

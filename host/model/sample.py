@@ -257,7 +257,9 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
 
     Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
     16-bit elements, and with ``inputs`` a second one for the operator's input (the monitor
-    references of DRA and TeaCache, the profiler's inputs). The driver places each rank's tile of a slot at a power-of-two-aligned
+    references of DRA and TeaCache, the profiler's inputs), plus the slot of zeros its sum
+    segments read as x (:mod:`coda.host.cache_engine`; placed in another colour, but every
+    colour holds as many of them as groups). The driver places each rank's tile of a slot at a power-of-two-aligned
     base and all slots of one branch of one video (a slot group) in one DRAM bank colour
     (:mod:`coda.host.placement`), a quarter of the memory for the 4 banks per bank group of
     every DRAM preset (JEDEC JESD79-4 / JESD79-5 / JESD209-5): the groups fill the colours
@@ -279,7 +281,7 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     region = 1 << (tile - 1).bit_length()
     colours = get_standard(DEFAULT_STANDARD).banks_per_group
     groups = videos * len(BRANCHES)
-    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks) * (2 if inputs else 1)
+    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks) * (2 if inputs else 1) + 1
     words = 1.5 * colours * -(-groups // colours) * slots * region
     return 1 << max(18, math.ceil(math.log2(words)))
 
