@@ -203,10 +203,9 @@ def main(args) -> int:
                              f"(--profile {profile_path} has seeds {profiled}); expected "
                              "held-out seeds, disjoint from the profile's")
     if any(name.startswith("coda") for name in policies):
-        from coda.host.step_search import constant_op_types, reused_steps_for
+        from coda.host.step_search import check_reachable, constant_op_types
         for skip in skips:       # the search's bound, for every skip before any search
-            for always in dict.fromkeys([(), constant_op_types(profile)]):
-                reused_steps_for(skip, args.steps, len(always))
+            check_reachable(skip, args.steps, constant_op_types(profile))
     console = Console()
     console.print(preset.describe())    # the top of the output: which NME runs the segments
     driver_factory = _driver_factory(model, backend, nme)

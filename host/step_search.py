@@ -48,7 +48,8 @@ import torch
 from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError
 from coda.host.system.cost import DEFAULT_TARGET
 
-__all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "plan_by_dp",
+__all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
+           "plan_by_dp",
            "uniform_plan", "candidate_plans", "rollout", "full_videos", "judge", "search_steps",
            "SearchReport"]
 
@@ -126,17 +127,34 @@ def step_change(profile, skip_types: tuple[str, ...] = ()) -> np.ndarray:
     return np.nan_to_num(d, nan=0.0)
 
 
-def reused_steps_for(skip: float, num_steps: int, always: int = 0) -> int:
+def reused_steps_for(skip: float, num_steps: int, always: int = 0, cooldown: int = 1) -> int:
     """Whole steps to reuse so the plan's skip fraction is the closest to ``skip`` (ties: the
-    larger), with ``always`` types of :data:`OP_TYPES` reused at every step from step 1 on.
-    Raises ValueError when no count in 0..num_steps-2 comes within 1/num_steps of ``skip``."""
-    k = len(OP_TYPES)
+    larger), with ``always`` types of :data:`OP_TYPES` reused at every step from step 1 on and
+    the last ``cooldown`` steps computed. Raises ValueError when no count in
+    0..num_steps-1-cooldown comes within 1/num_steps of ``skip``."""
+    k, most = len(OP_TYPES), max(0, num_steps - 1 - max(1, cooldown))
     frac = lambda n: (n * k + (num_steps - 1 - n) * always) / (num_steps * k)  # noqa: E731
-    best = min(range(num_steps - 1), key=lambda n: (abs(frac(n) - skip), -n))
+    best = min(range(most + 1), key=lambda n: (abs(frac(n) - skip), -n))
     if abs(frac(best) - skip) > 1.0 / num_steps:
-        raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps with {always} "
-                         f"always-reused types reach {frac(0):.3f}..{frac(num_steps - 2):.3f}")
+        raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps (the last "
+                         f"{max(1, cooldown)} computed, {always} operator types reused at every "
+                         f"step) reach {frac(0):.3f}..{frac(most):.3f}")
     return best
+
+
+def check_reachable(skip: float, num_steps: int, constant: tuple = (), cooldown: int = 1):
+    """Raise ValueError (naming ``--skip`` and the ranges) unless a whole-step plan reaches
+    ``skip``, with or without the ``constant`` operator types reused at every step."""
+    ranges = []
+    for always in dict.fromkeys([(), tuple(constant)]):
+        try:
+            reused_steps_for(skip, num_steps, len(always), cooldown)
+            return
+        except ValueError as exc:
+            ranges.append(str(exc).rsplit(" reach ", 1)[1] + (
+                f" with {'+'.join(always)} reused at every step" if always else ""))
+    raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps (the last "
+                     f"{max(1, cooldown)} computed) reach {', or '.join(ranges)}")
 
 
 # ---------------------------------------------------------------- the stand-in
@@ -209,7 +227,10 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
     _, w = step_weights(profile)
     plans: list[StepPlan] = []
     for always in dict.fromkeys([(), const]):
-        count = reused_steps_for(skip, steps, len(always))
+        try:
+            count = reused_steps_for(skip, steps, len(always), cooldown)
+        except ValueError:
+            continue
         change = step_change(profile, always)
         try:
             plans.append(uniform_plan(steps, layers, count, cooldown=cooldown, always=always))
@@ -224,6 +245,10 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
                     continue
                 plans.append(StepPlan(steps, layers, reused, always,
                                       f"dp gamma={gamma:g} max_run={run}"))
+    if not plans:
+        check_reachable(skip, steps, const, cooldown)
+        raise ValueError(f"--skip {skip}: no whole-step plan of {steps} steps with runs of at "
+                         f"most {max(max_runs)} reused steps reaches it")
     unique: dict = {}
     for p in plans:
         unique.setdefault((p.reused, p.always), p)
@@ -504,8 +529,8 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     if cooldown > prof.num_steps - 2:
         raise ValueError(f"--cooldown {cooldown}: expected 1..{prof.num_steps - 2} steps for a "
                          f"profile of {prof.num_steps} steps")
-    for always in dict.fromkeys([(), constant_op_types(prof)]):
-        reused_steps_for(skip, prof.num_steps, len(always))     # a reachable skip, else raise
+    check_reachable(skip, prof.num_steps, constant_op_types(prof), cooldown)
+    candidate_plans(prof, skip, cooldown=cooldown)      # every plan the search would try
     labels, seeds = calibration_videos(prof)
     guidance = float(prof.meta.get("guidance_scale", 5.0))
     t0 = time.perf_counter()

@@ -97,7 +97,9 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
      "--profile half.npz: not a profile written by coda profile"),
     # the search's bound, for every skip, before any search
     (["--policy", "coda", "--skip", "0.5,0.99"], "--skip 0.99: whole-step plans of 50 steps "
-                                                 "with 0 always-reused types reach 0.000..0.960"),
+                                                 "(the last 1 computed) reach 0.000..0.960, or "
+                                                 "0.196..0.964 with cross_attn reused at every "
+                                                 "step"),
     (["--workers", "-1"], "--workers -1: expected >= 0"),
 ])
 def test_coda_eval_refuses_bad_input(tmp_path, capsys, monkeypatch, argv, message):

@@ -141,6 +141,10 @@ def test_coda_schedule_search_by_rollouts(profile_6, tmp_path, capsys):
     (["--finalists", "0"], "--finalists 0: expected >= 1"),
     (["--cooldown", "0"], "--cooldown 0: expected >= 1"),
     (["--skip", "0.99"], "--skip 0.99: whole-step plans of 6 steps"),
+    # the cooldown bounds the reachable skip before any work: 2 of 6 steps reused, with the
+    # cross attention at every other step 13 / 30 at most
+    (["--skip", "0.7", "--cooldown", "3"], "--skip 0.7: whole-step plans of 6 steps (the last 3 "
+                                           "computed) reach 0.000..0.333, or 0.167..0.433"),
 ])
 def test_coda_schedule_search_by_rollouts_refuses_bad_input(profile_6, tmp_path, capsys,
                                                             argv, message):
