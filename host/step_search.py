@@ -19,7 +19,7 @@ Uniform reuse with a warm-up is a point of this space; so are PAB-like step wind
 last computed step ``c``, the error proxy is ``w(s)^gamma * (D(s) - D(c))``: the profiled mean
 relative output change accumulated since ``c`` (``D`` cumulative over steps of
 :func:`step_change`), weighted by the profile's step sensitivity (``w``,
-:func:`coda.host.search.step_weights`). An exact dynamic programme over the computed steps
+:func:`coda.host.weights.step_weights`). An exact dynamic programme over the computed steps
 (a path through the DAG of steps, as LeMiCa's) gives the cheapest plan with exactly the
 number of reused steps the target needs, runs of at most ``max_run`` reused steps. The
 proxy's step weights are uncertain, so several ``gamma`` and ``max_run`` and both choices of
@@ -220,7 +220,7 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
     """The candidates for ``skip``: the stand-in's optimum for every ``gamma`` x ``max_run``,
     with and without the profile's constant operator types reused at every step, and
     uniform's plan; duplicates dropped, order kept."""
-    from coda.host.search import step_weights
+    from coda.host.weights import step_weights
 
     steps, layers = profile.num_steps, profile.num_layers
     const = constant_op_types(profile)
