@@ -67,7 +67,7 @@ bench: $(STAMP)
 # profile and the CODA search used seeds 100-101); the two halves of the targets run side by
 # side, one core each: build/eval/{low,high}/pareto.json, pareto.png, videos.json,
 # corner_cases.json.
-EVAL = $(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,fbcache,lemica,coda,coda+dra \
+EVAL = $(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,fbcache,lemica,coda,coda-lat,coda+dra \
 	--prompts 0-9 --seeds 0-1 --steps 50 --threads 1 --batch 10 --workers 1
 eval: $(STAMP)
 	$(EVAL) --skip 0.3,0.5 --out build/eval/low & pid=$$!; \

@@ -39,9 +39,9 @@ from coda.jsonout import json_text
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
 POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "coda",
-                "coda+dra")
+                "coda-lat", "coda+dra")
 DEFAULT_POLICIES = ("uniform", "pab", "teacache", "coda", "coda+dra")
-_NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda+dra")
+_NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda-lat", "coda+dra")
 
 
 # ---------------------------------------------------------------- one policy
@@ -270,7 +270,7 @@ def main(args) -> int:
                         f"{acc_full:.3f})")
     for col in ("policy", "target", "skipped", "PSNR dB", "mean PSNR", "SSIM", "label acc",
                 "segments/video", "PCIe MB/video", "fallbacks/video", "f latency s",
-                "coda wins"):
+                "coda wins", "coda-lat wins"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["policy"], f"{r['target_skip']:.2f}", f"{r['ops_skipped_fraction']:.3f}",
@@ -278,7 +278,7 @@ def main(args) -> int:
                       f"{r['label_accuracy']:.3f}", f"{r['segments']:.0f}",
                       f"{r['pcie_bytes'] / 1e6:.1f}", f"{r['fallbacks']:.1f}",
                       f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else "",
-                      "" if "coda_wins" not in r else f"{r['coda_wins']}/{r['videos']}")
+                      *(_wins(r, key) for _, key in WIN_COLUMNS))
     console.print(table)
     for c in corner:
         console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
@@ -291,36 +291,40 @@ def markdown_table(rows: list[dict]) -> str:
     """The rows as the Markdown table the docs show (``DIR/table.md``): per policy and target
     the skip reached, whole-set and mean per-video PSNR (dB), SSIM, label accuracy, segments
     and host-link MB per video, DRA's fallbacks per video, the modelled system-f latency (s)
-    of a static schedule and the videos on which CODA beats the policy."""
+    of a static schedule and the videos on which CODA (CODA within uniform's latency) beats
+    the policy."""
     head = ("| policy | target | skipped | PSNR dB | mean PSNR dB | SSIM | label acc. | segments "
-            "| PCIe MB | fallbacks | f latency s | CODA wins |")
-    lines = [head, "|" + "---|" * 12]
+            "| PCIe MB | fallbacks | f latency s | CODA wins | CODA-lat wins |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         lat = f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else ""
-        wins = f"{r['coda_wins']}/{r['videos']}" if "coda_wins" in r else ""
         fb = f"{r['fallbacks']:.1f}" if r["fallbacks"] else ""
         lines.append(f"| {r['policy']} | {r['target_skip']:g} | {r['ops_skipped_fraction']:.3f} "
                      f"| {r['psnr_db']:.2f} | {r['mean_psnr_db']:.2f} | {r['ssim']:.4f} "
                      f"| {r['label_accuracy']:.3f} | {r['segments']:.0f} "
-                     f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | {lat} | {wins} |")
+                     f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | {lat} | "
+                     + " | ".join(_wins(r, key) for _, key in WIN_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 
 def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: int = 2,
-                  log=print):
+                  latency: str | None = None, log=print):
     """The CODA schedule for ``skip``: the shipped one when ``profile_path`` is the shipped
     profile and a schedule was shipped for ``skip``; else the whole-step search on the
-    profile's calibration videos. Returns (Schedule, a line saying where it came from).
+    profile's calibration videos. ``latency``: None (chosen on quality) or ``"uniform"``
+    (within the uniform baseline's modelled system-f latency at ``skip``, ``coda-lat``).
+    Returns (Schedule, a line saying where it came from).
     Raises ValueError as :func:`coda.host.step_search.checked_search_steps`."""
     from coda.host.profile import model_hash
     from coda.host.search import SHIPPED_PROFILE, load_schedule, shipped_schedule
     from coda.host.step_search import checked_search_steps
 
-    path = shipped_schedule(skip)
+    path = shipped_schedule(skip, latency)
     if profile_path.resolve() == Path(SHIPPED_PROFILE).resolve() and path.exists():
         return (load_schedule(path, model_id=model_hash(model), num_steps=profile.num_steps,
                               num_layers=profile.num_layers), f"shipped {path.name}")
-    rep, info = checked_search_steps(profile_path, skip, workers=workers, log=log)
+    rep, info = checked_search_steps(profile_path, skip, workers=workers,
+                                     max_latency_s=latency, log=log)
     return rep.schedule, (f"searched in {info['search_s']:.0f} s ({info['rollouts']} rollouts): "
                           f"{rep.plan.label}, {rep.plan.describe()}")
 
@@ -341,15 +345,25 @@ def _modelled(policy, steps: int, layers: int, target: str | None = None) -> dic
                                               "host_link_bytes")}}}
 
 
+#: the CODA rows whose wins over every other policy are counted: (policy, row key)
+WIN_COLUMNS = (("coda", "coda_wins"), ("coda-lat", "coda_lat_wins"))
+
+
 def _count_wins(rows: list[dict], per_video: dict) -> None:
-    """For every policy row at a target where ``coda`` ran too: ``coda_wins``, the videos on
-    which CODA's PSNR is above this policy's (added to the row in place)."""
-    for r in rows:
-        mine, coda = per_video[(r["policy"], r["target_skip"])], \
-            per_video.get(("coda", r["target_skip"]))
-        if coda is None or r["policy"] == "coda":
-            continue
-        r["coda_wins"] = int(sum(c["psnr_db"] > m["psnr_db"] for c, m in zip(coda, mine)))
+    """For every policy row at a target where ``coda`` (``coda-lat``) ran too:
+    ``coda_wins`` (``coda_lat_wins``), the videos on which that schedule's PSNR is above this
+    policy's (added to the row in place)."""
+    for ref, key in WIN_COLUMNS:
+        for r in rows:
+            mine, coda = per_video[(r["policy"], r["target_skip"])], \
+                per_video.get((ref, r["target_skip"]))
+            if coda is None or r["policy"] == ref:
+                continue
+            r[key] = int(sum(c["psnr_db"] > m["psnr_db"] for c, m in zip(coda, mine)))
+
+
+def _wins(row: dict, key: str) -> str:
+    return f"{row[key]}/{row['videos']}" if key in row else ""
 
 
 def _driver_factory(model, backend, nme: dict):
@@ -377,11 +391,15 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, args, drive
     layers = len(model.transformer.transformer_blocks)
     policies_at = {}
     for skip in skips:
-        sched = table = None
-        if any(name.startswith("coda") for name in policies):
-            sched, source = coda_schedule(profile, profile_path, model, skip,
-                                          workers=args.workers, log=console.print)
-            console.print(f"coda schedule for skip {skip}: {source}")
+        table = None
+        scheds = {}
+        for name, latency in (("coda", None), ("coda-lat", "uniform")):
+            if name in policies or (name == "coda" and "coda+dra" in policies):
+                scheds[name], source = coda_schedule(profile, profile_path, model, skip,
+                                                     workers=args.workers, latency=latency,
+                                                     log=console.print)
+                console.print(f"{name} schedule for skip {skip}: {source}")
+        sched = scheds.get("coda")
         if "coda+dra" in policies:
             table = calibrate_step_dra(model, sched, profile.meta["prompts"],
                                        profile.meta["seeds"], num_steps=args.steps,
@@ -390,7 +408,8 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, args, drive
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
-                                                   schedule=sched, num_steps=args.steps,
+                                                   schedule=scheds.get(name, sched),
+                                                   num_steps=args.steps,
                                                    num_layers=layers, **extra)
     return policies_at
 

@@ -83,10 +83,17 @@ SCHEDULES_DIR = Path(__file__).resolve().parent / "schedules"
 SHIPPED_SKIPS = (0.3, 0.5, 0.6, 0.7)
 
 
-def shipped_schedule(skip: float) -> Path:
+def shipped_schedule(skip: float, latency: str | None = None) -> Path:
     """The shipped model's searched schedule file for ``skip`` (one of
-    :data:`SHIPPED_SKIPS`; whether it exists is for the caller to check)."""
-    return SCHEDULES_DIR / f"coda_latte_digits_50_skip{skip:g}.json"
+    :data:`SHIPPED_SKIPS`; whether it exists is for the caller to check): chosen on quality
+    alone (``latency`` None), or within the uniform baseline's modelled latency
+    (``latency="uniform"``, ``coda schedule search --latency uniform``).
+    Raises ValueError for another ``latency``."""
+    if latency is None:
+        return SCHEDULES_DIR / f"coda_latte_digits_50_skip{skip:g}.json"
+    if latency != "uniform":
+        raise ValueError(f"latency={latency!r}: expected None or 'uniform'")
+    return SCHEDULES_DIR / f"coda_latte_digits_50_skip{skip:g}_latency-uniform.json"
 
 
 #: ``coda run``'s default schedule

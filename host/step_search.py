@@ -50,7 +50,7 @@ from coda.host.system.cost import DEFAULT_TARGET
 
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
            "plan_by_dp",
-           "uniform_plan", "candidate_plans", "rollout", "full_videos", "judge", "search_steps",
+           "uniform_plan", "uniform_latency", "counts_within_latency", "candidate_plans", "rollout", "full_videos", "judge", "search_steps",
            "SearchReport"]
 
 
@@ -216,10 +216,15 @@ def uniform_plan(num_steps: int, num_layers: int, count: int, *, cooldown: int =
 
 
 def candidate_plans(profile, skip: float, *, cooldown: int = 1,
-                    gammas=(0.0, 0.5, 1.0, 2.0), max_runs=(2, 3, 5)) -> list[StepPlan]:
+                    gammas=(0.0, 0.5, 1.0, 2.0, 3.0), max_runs=(2, 3, 5, 8),
+                    counts: dict | None = None) -> list[StepPlan]:
     """The candidates for ``skip``: the stand-in's optimum for every ``gamma`` x ``max_run``,
     with and without the profile's constant operator types reused at every step, and
-    uniform's plan; duplicates dropped, order kept."""
+    uniform's plan; duplicates dropped, order kept.
+
+    ``counts``: reused steps per choice of ``always`` (a tuple of operator types, as
+    :func:`counts_within_latency` gives them); a choice missing from it is left out. None:
+    the count that reaches ``skip`` (:func:`reused_steps_for`) for both choices."""
     from coda.host.weights import step_weights
 
     steps, layers = profile.num_steps, profile.num_layers
@@ -227,10 +232,15 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
     _, w = step_weights(profile)
     plans: list[StepPlan] = []
     for always in dict.fromkeys([(), const]):
-        try:
-            count = reused_steps_for(skip, steps, len(always), cooldown)
-        except ValueError:
-            continue
+        if counts is not None:
+            if always not in counts:
+                continue
+            count = counts[always]
+        else:
+            try:
+                count = reused_steps_for(skip, steps, len(always), cooldown)
+            except ValueError:
+                continue
         change = step_change(profile, always)
         try:
             plans.append(uniform_plan(steps, layers, count, cooldown=cooldown, always=always))
@@ -253,6 +263,63 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
     for p in plans:
         unique.setdefault((p.reused, p.always), p)
     return list(unique.values())
+
+
+#: Relative tolerance of a latency budget: plans with the same reused-step count differ by
+#: hundredths of a second of a ~2,000 s modelled generation depending on where the steps lie
+#: (and a figure recomputed differs in its last bits), so ``<= budget * (1 + LATENCY_RTOL)``.
+LATENCY_RTOL = 1e-4
+
+
+def within_budget(latency_s: float, max_latency_s: float) -> bool:
+    """``latency_s <= max_latency_s`` up to :data:`LATENCY_RTOL` (relative)."""
+    return latency_s <= max_latency_s * (1.0 + LATENCY_RTOL)
+
+
+def uniform_latency(profile, skip: float, target: str = DEFAULT_TARGET) -> float:
+    """Seconds: the modelled system-f latency on ``target`` of the uniform baseline at
+    ``skip`` (:func:`coda.host.policies.uniform_for_skip`, the policy ``coda eval`` runs as
+    ``uniform``), the budget of ``coda schedule search --latency uniform``."""
+    from coda.host.policies import uniform_for_skip
+    from coda.host.system.cost import schedule_cost
+
+    steps, layers = profile.num_steps, profile.num_layers
+    sched = uniform_for_skip(skip, steps, layers).build(steps, layers)
+    return float(schedule_cost(sched, target, "f")["latency_s"])
+
+
+def counts_within_latency(profile, skip: float, max_latency_s: float, *,
+                          target: str = DEFAULT_TARGET, cooldown: int = 1) -> dict:
+    """Reused steps per choice of ``always`` (none, or the profile's constant operator types
+    at every step) for a latency budget: for each, the fewest whole reused steps, at least
+    as many as reach ``skip``, whose uniform plan (:func:`uniform_plan`, else the reused steps
+    in one run before the cooldown) is modelled at most ``max_latency_s`` seconds in system f
+    on ``target``. A choice that no count fits is left out; the modelled latency depends on
+    where the steps lie by a few seconds, so the search filters its candidates again.
+
+    Reusing an operator in a computed step costs a segment per layer on the host link, so on
+    a large target it saves less time than its share of executions: a budget turns skip
+    fraction into fewer reused steps for the plans that reuse the constant types."""
+    from coda.host.system.cost import schedule_cost
+
+    steps, layers = profile.num_steps, profile.num_layers
+    most = steps - 1 - max(1, cooldown)
+    out = {}
+    for always in dict.fromkeys([(), constant_op_types(profile)]):
+        try:
+            first = reused_steps_for(skip, steps, len(always), cooldown)
+        except ValueError:
+            continue
+        for n in range(first, most + 1):
+            try:
+                plan = uniform_plan(steps, layers, n, cooldown=cooldown, always=always)
+            except ValueError:
+                plan = StepPlan(steps, layers, frozenset(range(most - n + 1, most + 1)), always)
+            if within_budget(schedule_cost(plan.schedule(), target, "f")["latency_s"],
+                             max_latency_s):
+                out[always] = n
+                break
+    return out
 
 
 # ---------------------------------------------------------------- the judge
@@ -400,7 +467,10 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
         else guidance_scale
     if max_latency_s is not None and target is None:
         raise ValueError("a latency budget needs a target to model the latency on")
-    plans = candidate_plans(profile, skip, cooldown=cooldown)
+    counts = None if max_latency_s is None else counts_within_latency(
+        profile, skip, max_latency_s, target=target, cooldown=cooldown)
+    plans = candidate_plans(profile, skip, cooldown=cooldown, counts=counts) if counts != {} \
+        else []
     scheds = [p.schedule() for p in plans]
     rows = [{"label": p.label, "always": list(p.always), "plan": p.describe(),
              "skip": p.skip_fraction(),
@@ -414,11 +484,12 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
                                "energy_j": c["energy_j"], "segments": c["segments"],
                                "host_link_bytes": c["host_link_bytes"]}
     if max_latency_s is not None:       # only what the budget allows is rolled out
-        keep = [i for i, r in enumerate(rows) if r["modelled"]["latency_s"] <= max_latency_s]
+        keep = [i for i, r in enumerate(rows)
+                if within_budget(r["modelled"]["latency_s"], max_latency_s)]
         if not keep:
-            least = min(r["modelled"]["latency_s"] for r in rows)
             raise ValueError(f"--latency {max_latency_s:g}: no candidate for skip {skip} is "
-                             f"modelled that fast on {target} (the fastest: {least:.1f} s)")
+                             f"modelled that fast on {target} (the fastest reaching it: "
+                             f"{_fastest_latency(profile, skip, target, cooldown):.1f} s)")
         plans, scheds, rows = ([x[i] for i in keep] for x in (plans, scheds, rows))
     n1 = min(prune_videos, len(labels))
     log(f"skip {skip}: {len(plans)} candidates, round 1 on {n1} videos")
@@ -446,6 +517,18 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
     plan = plans[win]
     name = f"coda-steps(skip={skip:g})"
     return SearchReport(plan, plan.schedule(name), rows, time.perf_counter() - t0)
+
+
+def _fastest_latency(profile, skip: float, target: str, cooldown: int) -> float:
+    """The modelled latency of the fastest plan reaching ``skip``: the most reused steps
+    the cooldown allows, with the constant operator types at every step."""
+    from coda.host.system.cost import schedule_cost
+
+    steps = profile.num_steps
+    most = steps - 1 - max(1, cooldown)
+    plan = StepPlan(steps, profile.num_layers, frozenset(range(1, most + 1)),
+                    constant_op_types(profile))
+    return float(schedule_cost(plan.schedule(), target, "f")["latency_s"])
 
 
 # ---------------------------------------------------------------- the command
@@ -476,9 +559,12 @@ def configure(parser) -> None:
     steps.add_argument("--target", default=DEFAULT_TARGET,
                        help="MODEL@RES whose modelled system-f latency and energy every "
                             f"candidate reports (coda sim's transfer; default {DEFAULT_TARGET})")
-    steps.add_argument("--latency", type=float, default=None,
-                       help="seconds: only candidates modelled at most this slow on --target "
-                            "(system f) may win (default: any)")
+    steps.add_argument("--latency", default=None,
+                       help="seconds, or 'uniform' (the uniform baseline's modelled latency "
+                            "at --skip): only candidates modelled at most this slow on "
+                            "--target (system f) may win; plans reusing the constant operator "
+                            "types then reuse as many more whole steps as the budget needs "
+                            "(default: any)")
     anneal_ = parser.add_argument_group("--method anneal")
     anneal_.add_argument("--seed", type=int, default=0,
                          help="annealing seed, 0..2^31-1 (default 0)")
@@ -502,7 +588,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
                          prune_videos: int = 6, finalists: int = 4,
                          refs_dir: str | Path | None = "build/refs",
                          target: str | None = DEFAULT_TARGET,
-                         max_latency_s: float | None = None,
+                         max_latency_s: float | str | None = None,
                          log=print) -> tuple[SearchReport, dict]:
     """:func:`search_steps` for the shipped model on the profile file after ``coda schedule
     search``'s checks; the calibration videos' full-compute videos are kept in ``refs_dir``
@@ -521,8 +607,17 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     if target is not None:
         from coda.host.system.cost import parse_target
         parse_target(target)
-    if max_latency_s is not None and not (math.isfinite(max_latency_s) and max_latency_s > 0):
-        raise ValueError(f"--latency {max_latency_s}: expected a finite time > 0 (seconds)")
+    budget = max_latency_s
+    if budget is not None and budget != "uniform":
+        try:
+            budget = float(budget)
+        except (TypeError, ValueError):
+            budget = math.nan
+        if not (math.isfinite(budget) and budget > 0):
+            raise ValueError(f"--latency {max_latency_s}: expected a finite time > 0 (seconds) "
+                             "or 'uniform'")
+    if budget is not None and target is None:
+        raise ValueError("--latency needs a --target to model the latency on")
     prof = Profile.load(profile_path)
     model, _ = load_model()
     prof.check_for(model_hash(model), what=f"--profile {profile_path}")
@@ -531,6 +626,8 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
                          f"profile of {prof.num_steps} steps")
     check_reachable(skip, prof.num_steps, constant_op_types(prof), cooldown)
     candidate_plans(prof, skip, cooldown=cooldown)      # every plan the search would try
+    if budget == "uniform":
+        budget = uniform_latency(prof, skip, target)
     labels, seeds = calibration_videos(prof)
     guidance = float(prof.meta.get("guidance_scale", 5.0))
     t0 = time.perf_counter()
@@ -540,12 +637,13 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, worker
     rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
                        prune_videos=prune_videos, finalists=finalists, workers=workers,
                        cooldown=cooldown, guidance_scale=guidance, target=target,
-                       max_latency_s=max_latency_s, log=log)
+                       max_latency_s=budget, log=log)
     rollouts = [c for c in rep.candidates for r in ("round1", "round2") if r in c]
     info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile_path),
             "profile_seeds": prof.meta.get("seeds"), "target_skip": skip, "method": "steps",
             "plan": rep.plan.describe(), "plan_label": rep.plan.label,
-            "target": target, "max_latency_s": max_latency_s,
+            "target": target, "max_latency_s": budget,
+            "latency_budget": "uniform" if max_latency_s == "uniform" else budget,
             "always": list(rep.plan.always), "cooldown": cooldown,
             "calibration": {"prompts": prof.meta.get("prompts"), "seeds": prof.meta.get("seeds"),
                             "videos": len(labels), "guidance_scale": guidance,

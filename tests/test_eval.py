@@ -37,12 +37,13 @@ def profile_3(tmp_path_factory):
 
 def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     out = tmp_path / "e"
-    assert main(["eval", "--policy", "uniform,pab,teacache,magcache,fbcache,lemica,coda,coda+dra",
+    assert main(["eval", "--policy",
+                 "uniform,pab,teacache,magcache,fbcache,lemica,coda,coda-lat,coda+dra",
                  "--skip", "0.3", "--prompts", "3,5", "--seeds", "5", "--steps", "3",
                  "--profile", str(profile_3), "--workers", "0", "--out", str(out)]) == 0
     rows = json.loads((out / "pareto.json").read_text())
     assert [r["policy"] for r in rows] == ["uniform", "pab", "teacache", "magcache", "fbcache",
-                                           "lemica", "coda", "coda+dra"]
+                                           "lemica", "coda", "coda-lat", "coda+dra"]
     for r in rows:
         assert KEYS <= set(r) and r["target_skip"] == 0.3 and r["videos"] == 2
         assert 0 <= r["ops_skipped_fraction"] < 1 and 0 <= r["label_accuracy"] <= 1
@@ -51,6 +52,12 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     # whole-step plans of 3 steps (cooldown 1) reuse step 1 or nothing, with or without the
     # constant cross attention at steps 1-2: 1/3 is the closest to 0.3 (0, 2/15, 6/15 else)
     assert coda["ops_skipped_fraction"] == pytest.approx(1 / 3) and coda["segments"] > 0
+    # coda-lat: searched within uniform's modelled latency at the skip, and counted against
+    from coda.host.step_search import within_budget
+    lat, uni = (next(r for r in rows if r["policy"] == p) for p in ("coda-lat", "uniform"))
+    assert within_budget(lat["modelled"]["latency_s"], uni["modelled"]["latency_s"])
+    assert all(("coda_lat_wins" in r) == (r["policy"] != "coda-lat") for r in rows)
+    assert all(("coda_wins" in r) == (r["policy"] != "coda") for r in rows)
     dra = next(r for r in rows if r["policy"] == "coda+dra")
     assert dra["monitors"] > 0 and dra["monitor_nme_cycles"] > 0
     assert (out / "pareto.png").stat().st_size > 1000

@@ -163,8 +163,9 @@ def test_a_profile_of_another_model_is_refused_before_any_rollout(tmp_path, caps
     assert "made for model 'synthetic'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("latency", [None, "uniform"])
 @pytest.mark.parametrize("skip", [0.3, 0.5, 0.6, 0.7])
-def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip):
+def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip, latency):
     """Each shipped schedule was searched for the shipped model and profile: whole steps
     reused in both branches (plus, at every step from 1 on, the profile's constant types if
     the plan says so), as many reused steps as the target needs."""
@@ -173,9 +174,10 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip):
     from coda.host.search import SHIPPED_PROFILE, load_schedule, shipped_schedule
 
     model, _ = load_model()
-    path = shipped_schedule(skip)
+    path = shipped_schedule(skip, latency)
     sched = load_schedule(path, model_id=model_hash(model), num_steps=50, num_layers=4)
     info = json.loads(path.read_text())["coda"]
+    assert info.get("latency_budget") == latency
     prof = Profile.load(SHIPPED_PROFILE)
     always = tuple(info["always"])
     assert set(always) <= set(constant_op_types(prof))
@@ -185,7 +187,18 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip):
     for s in range(50):
         want = every if s in whole else (const if s else set())
         assert sched.reused(s, "cond") == sched.reused(s, "uncond") == want
-    assert len(whole) == reused_steps_for(skip, 50, len(always))
+    budget = info.get("latency_budget")
+    if budget is None:      # chosen on quality alone: the count that reaches the skip
+        assert len(whole) == reused_steps_for(skip, 50, len(always))
+    else:                   # the fewest reused steps modelled within the budget
+        from coda.host.step_search import counts_within_latency, uniform_latency, within_budget
+        from coda.host.system.cost import schedule_cost
+        seconds = uniform_latency(prof, skip, info["target"]) if budget == "uniform" else budget
+        assert seconds == pytest.approx(info["max_latency_s"], rel=1e-12)
+        assert len(whole) == counts_within_latency(prof, skip, seconds,
+                                                   target=info["target"])[always]
+        assert within_budget(schedule_cost(sched, info["target"], "f")["latency_s"], seconds)
+        assert len(whole) >= reused_steps_for(skip, 50, len(always))
     assert info["target_skip"] == skip and info["calibration"]["videos"] >= 20
     assert info["model_hash"] == model_hash(model)
 
@@ -207,6 +220,61 @@ def test_a_latency_budget_keeps_only_candidates_modelled_that_fast(profile_6, tm
     assert main(args + ["--latency", str(lat[0])]) == 0
     info = json.loads(out.read_text())["coda"]
     chosen = next(c for c in info["candidates"] if c["plan"] == info["plan"])
-    assert chosen["modelled"]["latency_s"] <= lat[0]
-    assert main(args + ["--latency", str(lat[0] / 2)]) == 2
-    assert "no candidate for skip 0.3 is modelled that fast" in capsys.readouterr().err
+    from coda.host.step_search import within_budget
+    assert within_budget(chosen["modelled"]["latency_s"], lat[0])   # up to LATENCY_RTOL
+    # a budget reuses more steps when it must; below the fastest plan (every step but the
+    # first and the last reused, the constant types at every step) it is refused, naming it
+    from coda.host.profile import Profile
+    from coda.host.system.cost import schedule_cost
+    prof = Profile.load(profile_6)
+    fastest = schedule_cost(StepPlan(6, prof.num_layers, frozenset(range(1, 5)),
+                                     constant_op_types(prof)).schedule(),
+                            "wan2.1-14b@720p", "f")["latency_s"]
+    assert fastest < lat[0] / 2
+    assert main(args + ["--latency", str(lat[0] / 2)]) == 0
+    capsys.readouterr()
+    assert main(args + ["--latency", str(fastest / 2)]) == 2
+    err = capsys.readouterr().err
+    assert "no candidate for skip 0.3 is modelled that fast" in err
+    assert f"(the fastest reaching it: {fastest:.1f} s)" in err
+
+
+def test_a_uniform_latency_budget(profile_6, tmp_path, capsys):
+    """--latency uniform: the budget is the uniform baseline's modelled latency at the skip;
+    the winner is modelled within it, and each choice of ``always`` reuses the fewest whole
+    steps that fit it (without ``always``: uniform's own count, which fits by definition)."""
+    from coda.host.profile import Profile
+    from coda.host.step_search import (LATENCY_RTOL, counts_within_latency, uniform_latency,
+                                       within_budget)
+    from coda.host.system.cost import schedule_cost
+
+    prof = Profile.load(profile_6)
+    budget = uniform_latency(prof, 0.3)
+    counts = counts_within_latency(prof, 0.3, budget)
+    assert counts[()] == reused_steps_for(0.3, 6, 0)
+    for always, n in counts.items():
+        assert n >= reused_steps_for(0.3, 6, len(always))
+        if n > reused_steps_for(0.3, 6, len(always)):     # one fewer would not fit
+            fewer = uniform_plan(6, prof.num_layers, n - 1, always=always)
+            assert not within_budget(schedule_cost(fewer.schedule(), "wan2.1-14b@720p",
+                                                   "f")["latency_s"], budget)
+    assert within_budget(budget * (1 + LATENCY_RTOL), budget)
+    assert not within_budget(budget * (1 + 2 * LATENCY_RTOL), budget)
+    out = tmp_path / "s.json"
+    assert main(["schedule", "search", "--profile", str(profile_6), "--skip", "0.3",
+                 "--workers", "0", "--prune-videos", "1", "--finalists", "1",
+                 "--latency", "uniform", "--out", str(out)]) == 0
+    info = json.loads(out.read_text())["coda"]
+    assert info["latency_budget"] == "uniform" and info["max_latency_s"] == budget
+    assert all(within_budget(c["modelled"]["latency_s"], budget) for c in info["candidates"])
+    chosen = next(c for c in info["candidates"] if c["plan"] == info["plan"])
+    assert chosen["skip"] >= 0.3 - 1 / 6
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-3", "nan", "inf"])
+def test_a_bad_latency_budget_is_refused(profile_6, tmp_path, capsys, value):
+    assert main(["schedule", "search", "--profile", str(profile_6), "--skip", "0.3",
+                 "--latency", value, "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--latency {value}: expected a finite time > 0 (seconds) or 'uniform'" in err, err
+    assert not (tmp_path / "s.json").exists()

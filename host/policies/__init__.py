@@ -4,7 +4,8 @@
 |-------------|-----------------|---------|------|
 | ``uniform`` | ``uniform.py``  | static  | DeepCache/FORA: every operator type recomputed every k steps |
 | ``schedule``| ``static.py``   | static  | a fixed :class:`coda.host.schedule.Schedule` (e.g. annealed by ``coda schedule search``) |
-| ``coda``    | ``static.py``   | static  | the annealed schedule (``coda schedule search``; the shipped one by default) |
+| ``coda``    | ``static.py``   | static  | the searched schedule (``coda schedule search``; the shipped one by default) |
+| ``coda-lat``| ``static.py``   | static  | as ``coda``, searched within uniform's modelled latency (``--latency uniform``) |
 | ``pab``     | ``pab.py``      | static  | PAB: broadcast ranges per attention type inside step windows |
 | ``teacache``| ``teacache.py`` | dynamic | TeaCache: accumulated rescaled relative L1 of the first operator's input |
 | ``magcache``| ``magcache.py`` | static  | MagCache: accumulated magnitude-ratio error per operator |
@@ -98,6 +99,7 @@ POLICIES = {
     "teacache": "profile + (threshold or skip)",
     "magcache": "profile + (threshold or skip)",
     "coda": "schedule (a Schedule: coda.host.search.load_schedule or anneal)",
+    "coda-lat": "as coda: the schedule searched within uniform's modelled latency",
     "fbcache": "profile + (threshold or skip)",
     "lemica": "profile + skip",
     "coda+dra": "as coda, plus thresholds (coda.host.dra_calibration.calibrate_step_dra)",
@@ -111,7 +113,7 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
 
     Args:
         name: ``uniform``, ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica``,
-            ``coda`` or ``coda+dra``.
+            ``coda``, ``coda-lat`` or ``coda+dra``.
         skip: target fraction of operator executions reused; each policy is calibrated to it
             (uniform / PAB: the closest parameters; TeaCache / MagCache: the threshold on the
             profile; FBCache: its threshold on the profile; LeMiCa: its path on the profile;
@@ -215,7 +217,7 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) ->
         from .lemica import lemica_schedule
         take()
         return SchedulePolicy(lemica_schedule(need("a profile", profile), need("skip", skip)))
-    # coda, coda+dra
+    # coda, coda-lat, coda+dra
     p = take("thresholds") if name == "coda+dra" else take()
     if not isinstance(schedule, Schedule):
         raise ValueError(f"policy {name!r} needs a schedule (coda.host.search.load_schedule "
