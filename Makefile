@@ -55,10 +55,10 @@ coverage: $(STAMP)
 # Mutation testing of the NME RTL (long; resumable): yosys mutate, the fast cocotb regression on
 # every mutant (each a task on a local Ray); build/mutation/results.json (kill_rate, survivors).
 mutation: $(STAMP)
-	$(RUN) $(PY) -m coda.synth.mutation --mutants 240 --out build/mutation
+	$(RUN) $(VENV)/bin/coda mutation --mutants 240 --out build/mutation
 
 bench: $(STAMP)
-	$(RUN) $(PY) -m coda.cosim.bench
+	$(RUN) $(VENV)/bin/coda bench
 
 # The cache-policy benchmark (long: its halves took 21 and 16 min side by side on 2 cores, on
 # 2026-12-04, AMD EPYC, beside other jobs): uniform, PAB, TeaCache, MagCache,
@@ -77,7 +77,7 @@ synth: $(STAMP)
 	$(RUN) $(VENV)/bin/coda synth --lanes 8 --fmt bf16 --target ecp5 --out build/synth/default
 
 synth-sweep: $(STAMP)
-	$(RUN) $(PY) -m coda.synth.sweep
+	$(RUN) $(VENV)/bin/coda synth-sweep
 
 clean:
 	rm -rf build out

@@ -1,6 +1,6 @@
 """Cosimulation speed: build time, simulated NME cycles per second, per-job overhead.
 
-``python -m coda.cosim.bench [--lanes 8] [--fmt bf16] [--mem-words 65536]`` (``make bench``)
+``coda bench [--lanes 8] [--fmt bf16] [--mem-words 65536]`` (``make bench``)
 builds (or reuses) the Verilated NME, then through :class:`~coda.cosim.rtl_backend.RTLBackend`:
 
 - one big MOV/ADD program over three streams filling the memory: NME cycles / wall second of
@@ -65,6 +65,7 @@ import numpy as np
 from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.sweep import add_run_options
 from coda.jsonout import json_text
+from coda.paths import check_output_path
 
 
 def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3) -> dict:
@@ -892,70 +893,86 @@ def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="coda.cosim.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--lanes", type=int, default=8)
-    ap.add_argument("--fmt", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--mem-words", type=int, default=1 << 16)
-    ap.add_argument("--depth", type=int, default=64)
-    ap.add_argument("--out", type=Path, default=Path("build/bench/cosim.json"))
-    ap.add_argument("--nmp-dimms", type=int, default=2)
-    ap.add_argument("--nmp-ranks", type=int, default=2)
-    ap.add_argument("--nmp-dram", default="DDR5-4800")
-    ap.add_argument("--nmp-lanes", type=int, default=8,
-                    help="NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's 8 B/tCK)")
-    ap.add_argument("--nmp-depth", type=int, default=256,
-                    help="NME buffer depth in words of the DIMM-NMP (words per stream block)")
-    ap.add_argument("--nmp-flags", default=None,
-                    help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
-                         "backend's default set only)")
-    ap.add_argument("--skip-nme", action="store_true", help="only the DIMM-NMP figures")
-    ap.add_argument("--skip-dram", action="store_true",
-                    help="leave out the DRAM controller replays (build/bench/dram.json)")
-    ap.add_argument("--sweep-lanes", default=",".join(map(str, SWEEP_LANES)),
-                    help="lanes of the design-space sweep ('' = no sweep)")
-    ap.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
-    ap.add_argument("--sweep-clocks", default=",".join(clock_label(c) for c in SWEEP_CLOCKS),
-                    help="NME clocks of the sweep in MHz, 'dram' for the NME on the DRAM "
-                         "clock (no crossing); each at most the standard's DRAM clock")
-    ap.add_argument("--sweep-drams", default=",".join(SWEEP_DRAMS),
-                    help="DRAM standards of the sweep")
-    ap.add_argument("--sweep-stream-bytes", type=int, default=SWEEP_STREAM_BYTES,
-                    help="bytes per stream of the sweep's programs")
-    ap.add_argument("--sweep-units", default=SWEEP_UNITS, metavar="M,A,O",
-                    help="NME units of every sweep point: register stages in each FPMul, "
-                         "each FPAdd, and after the buffers (NMEConfig mul_latency, "
-                         "add_latency, operand_latency; default 0,0,0, combinational; 5,7,1 "
-                         "places and routes on ECP5 at about 100 MHz)")
-    ap.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
-                    help="the knee: fewest lanes within this share of the best utilisation")
-    ap.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
-    ap.add_argument("--sweep-report-only", action="store_true",
-                    help="measure nothing: tables, dse.json and dse.png of the sweep records "
-                         "already in build/bench/dse/ (any code version) matching the options")
-    add_run_options(ap, "sweep's points")
-    args = ap.parse_args(argv)
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda bench``."""
+    parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument("--fmt", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--mem-words", type=int, default=1 << 16)
+    parser.add_argument("--depth", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("build/bench/cosim.json"))
+    parser.add_argument("--nmp-dimms", type=int, default=2)
+    parser.add_argument("--nmp-ranks", type=int, default=2)
+    parser.add_argument("--nmp-dram", default="DDR5-4800")
+    parser.add_argument("--nmp-lanes", type=int, default=8,
+                        help="NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's "
+                             "8 B/tCK)")
+    parser.add_argument("--nmp-depth", type=int, default=256,
+                        help="NME buffer depth in words of the DIMM-NMP (words per stream "
+                             "block)")
+    parser.add_argument("--nmp-flags", default=None,
+                        help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
+                             "backend's default set only)")
+    parser.add_argument("--skip-nme", action="store_true", help="only the DIMM-NMP figures")
+    parser.add_argument("--skip-dram", action="store_true",
+                        help="leave out the DRAM controller replays (build/bench/dram.json)")
+    parser.add_argument("--sweep-lanes", default=",".join(map(str, SWEEP_LANES)),
+                        help="lanes of the design-space sweep ('' = no sweep)")
+    parser.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
+    parser.add_argument("--sweep-clocks",
+                        default=",".join(clock_label(c) for c in SWEEP_CLOCKS),
+                        help="NME clocks of the sweep in MHz, 'dram' for the NME on the DRAM "
+                             "clock (no crossing); each at most the standard's DRAM clock")
+    parser.add_argument("--sweep-drams", default=",".join(SWEEP_DRAMS),
+                        help="DRAM standards of the sweep")
+    parser.add_argument("--sweep-stream-bytes", type=int, default=SWEEP_STREAM_BYTES,
+                        help="bytes per stream of the sweep's programs")
+    parser.add_argument("--sweep-units", default=SWEEP_UNITS, metavar="M,A,O",
+                        help="NME units of every sweep point: register stages in each FPMul, "
+                             "each FPAdd, and after the buffers (NMEConfig mul_latency, "
+                             "add_latency, operand_latency; default 0,0,0, combinational; 5,7,1 "
+                             "places and routes on ECP5 at about 100 MHz)")
+    parser.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
+                        help="the knee: fewest lanes within this share of the best utilisation")
+    parser.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
+    parser.add_argument("--sweep-report-only", action="store_true",
+                        help="measure nothing: tables, dse.json and dse.png of the sweep "
+                             "records already in build/bench/dse/ (any code version) matching "
+                             "the options")
+    add_run_options(parser, "sweep's points")
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    """The comma-separated ints of an option (``''``: none); ValueError naming it."""
     try:
-        sweep_lanes = [int(v) for v in args.sweep_lanes.split(",") if v]
-        sweep_depths = [int(v) for v in args.sweep_depths.split(",") if v]
-        sweep_clocks = parse_clocks(args.sweep_clocks)
-        sweep_drams = [v.strip() for v in args.sweep_drams.split(",") if v.strip()]
-        sweep_units = units_label(parse_units(args.sweep_units, "--sweep-units"))
-        if not 0 < args.knee_tolerance <= 1:
-            raise ValueError(f"--knee-tolerance {args.knee_tolerance}: expected 0 < t <= 1")
-        from coda.hw.dram_standards import get_standard
-        from coda.hw.nmp import check_nme_mhz
-        # every clock must suit at least one standard (the fastest); faster than a slower
-        # standard's DRAM clock: left out for that one (sweep says so)
-        fastest = max((get_standard(s) for s in sweep_drams), key=lambda s: -s.tCK_ns,
-                      default=None)
-        if fastest is None:
-            raise ValueError("--sweep-drams: expected at least one standard")
-        for c in sweep_clocks:
-            if c:
-                check_nme_mhz(c, fastest)
-    except ValueError as exc:
-        ap.error(str(exc))
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated ints") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``coda bench``: the design-space sweep (unless ``--sweep-lanes ''``), then (unless
+    ``--sweep-only``) the DRAM replays and the cosimulation speed; returns 0, or 1 when
+    ``--sweep-report-only`` finds no records."""
+    # every option is checked before any build (ValueError: ``coda: error:``, exit 2)
+    check_output_path(args.out, "--out")
+    sweep_lanes = _ints(args.sweep_lanes, "--sweep-lanes")
+    sweep_depths = _ints(args.sweep_depths, "--sweep-depths")
+    sweep_clocks = parse_clocks(args.sweep_clocks)
+    sweep_drams = [v.strip() for v in args.sweep_drams.split(",") if v.strip()]
+    sweep_units = units_label(parse_units(args.sweep_units, "--sweep-units"))
+    if not 0 < args.knee_tolerance <= 1:
+        raise ValueError(f"--knee-tolerance {args.knee_tolerance}: expected 0 < t <= 1")
+    from coda.hw.dram_standards import get_standard
+    from coda.hw.nmp import check_nme_mhz
+    # every clock must suit at least one standard (the fastest); faster than a slower
+    # standard's DRAM clock: left out for that one (sweep says so)
+    fastest = max((get_standard(s) for s in sweep_drams), key=lambda s: -s.tCK_ns,
+                  default=None)
+    if fastest is None:
+        raise ValueError("--sweep-drams: expected at least one standard")
+    for c in sweep_clocks:
+        if c:
+            check_nme_mhz(c, fastest)
     if sweep_lanes:
         sweep_json = args.out.with_name("dse.json")
         t0 = time.perf_counter()
@@ -1002,7 +1019,3 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -32,22 +32,20 @@ the rules of Ramulator 2's DDR5 model: tRC after an ACT and tRP after a PRE of a
 tRPab after a PREA, tRFC after a REF; tRFCsb before the next ACT or REFsb of the same BA and
 before a REF or PREA.
 
-Usage: ``python -m coda.cosim.dram_check --standard DDR4-3200 CMDS.csv`` (exit 1 on
-violations).
+Usage: ``coda dram check --standard DDR4-3200 CMDS.csv`` (exit 1 on violations).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from coda.hw.dram_standards import DRAMStandard, get_standard
 
-__all__ = ["Violation", "check_commands", "check_file", "main"]
+__all__ = ["Violation", "check_commands", "check_file", "configure", "main"]
 
 NEVER = -(1 << 62)
 HEADER = ["cycle", "channel", "rank", "bankgroup", "bank", "command", "row", "column"]
@@ -267,20 +265,24 @@ def check_file(std: DRAMStandard | str, path: str | Path) -> list[Violation]:
         return check_commands(std, reader)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coda.cosim.dram_check", description=__doc__.splitlines()[0])
-    parser.add_argument("--standard", required=True)
-    parser.add_argument("csv", nargs="+")
-    args = parser.parse_args(argv)
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda dram check``."""
+    parser.add_argument("--standard", required=True,
+                        help="the DRAM preset the trace was made for, e.g. DDR4-3200")
+    parser.add_argument("csv", nargs="+", help="command trace(s): CSV with the header "
+                                               + ",".join(HEADER))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``coda dram check``: prints the first 50 violations of each file and their count;
+    returns 0 when there are none, 1 otherwise (ValueError for an unknown standard or a
+    wrong header, OSError for an unreadable file: ``coda: error:``, exit 2)."""
+    std = get_standard(args.standard)
     bad = 0
     for path in args.csv:
-        found = check_file(args.standard, path)
+        found = check_file(std, path)
         bad += len(found)
         for v in found[:50]:
             print(f"{path}: {v}")
         print(f"{path}: {len(found)} violations")
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

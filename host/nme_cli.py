@@ -22,7 +22,6 @@ with a masked tail and a token count that splits unevenly over ranks) instead of
 separate cached Verilator build, ``coda.cosim.build.build_sim(waves=True)``) and writes the FST
 waveform of the run to FILE.fst (GTKWave, Surfer); with several ranks, rank simulator n >= 1
 writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
-Also runnable as ``python -m coda.host.nme_cli ...`` (the same options, the same errors).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ nothing else costs time).
 
 Usage::
 
-    python -m coda.host.pass_efficiency [--op gated_residual] [--tokens 16384] [--channels 64]
+    coda pass-efficiency [--op gated_residual] [--tokens 16384] [--channels 64]
         [--depths 16,64,256] [--units 0,0,0 3,5,1] [--latency 1] [--trail-stores both]
         [--json FILE]
 
@@ -18,7 +18,6 @@ operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,8 +26,9 @@ from coda.hw.nme_cycles import model_cycles
 from coda.cosim.bench import parse_units
 from coda.host import compiler
 from coda.jsonout import json_text
+from coda.paths import check_output_path
 
-__all__ = ["OPS", "efficiency", "main"]
+__all__ = ["OPS", "efficiency", "configure", "main"]
 
 #: Operators measured, and their input shapes from (tokens T, channels C).
 OPS = {
@@ -61,48 +61,41 @@ def efficiency(op: str, tokens: int, channels: int, cfg: NMEConfig,
             "passes": len(program.uops), "words": n_words}
 
 
-def _units(text: str) -> tuple[int, int, int]:
-    """``--units M,A,O`` (:func:`coda.cosim.bench.parse_units`) for argparse."""
-    try:
-        return parse_units(text, "--units")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc))
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda pass-efficiency``."""
+    parser.add_argument("--op", default="gated_residual", choices=sorted(OPS))
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--depths", default="16,64,256", help="buffer depths in words")
+    parser.add_argument("--units", nargs="+", default=["0,0,0", "3,5,1"], metavar="M,A,O",
+                        help="M,A,O per NME: mul, add and operand latency")
+    parser.add_argument("--latency", type=int, default=1, help="memory read latency (cycles)")
+    parser.add_argument("--trail-stores", choices=("on", "off", "both"), default="both",
+                        help="NMEConfig.trail_stores: stores trail the next blocks' reads "
+                             "(default both: a row each)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows to this file")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the table (and write ``--json``); returns 0, or 2 for a bad option."""
-    ap = argparse.ArgumentParser(prog="python -m coda.host.pass_efficiency",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", default="gated_residual", choices=sorted(OPS))
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--channels", type=int, default=64)
-    ap.add_argument("--depths", default="16,64,256", help="buffer depths in words")
-    ap.add_argument("--units", type=_units, nargs="+", default=[(0, 0, 0), (3, 5, 1)],
-                    help="M,A,O per NME: mul, add and operand latency")
-    ap.add_argument("--latency", type=int, default=1, help="memory read latency (cycles)")
-    ap.add_argument("--trail-stores", choices=("on", "off", "both"), default="both",
-                    help="NMEConfig.trail_stores: stores trail the next blocks' reads "
-                         "(default both: a row each)")
-    ap.add_argument("--json", type=Path, default=None, help="write the rows to this file")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+def main(args: argparse.Namespace) -> int:
+    """Print the table (and write ``--json``); returns 0. A bad option (``--units`` out of
+    range, channels the lanes do not divide): ValueError, ``coda: error:``, exit 2."""
+    units = [parse_units(u, "--units") for u in args.units]
+    if args.json is not None:
+        check_output_path(args.json, "--json")
     try:
         depths = [int(d) for d in args.depths.split(",") if d]
-        rows = []
-        trails = {"on": (True,), "off": (False,), "both": (False, True)}[args.trail_stores]
-        for m, a, o in args.units:
-            for trail in trails:
-                for depth in depths:
-                    cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a,
-                                    operand_latency=o, trail_stores=trail)
-                    rows.append({"units": f"{m},{a},{o}", "trail": "on" if trail else "off",
-                                 "depth": depth, **efficiency(args.op, args.tokens,
-                                                              args.channels, cfg, args.latency)})
-    except ValueError as exc:
-        print(f"pass_efficiency: {exc}", file=sys.stderr)
-        return 2
+    except ValueError:
+        raise ValueError(f"--depths {args.depths!r}: expected comma-separated ints") from None
+    rows = []
+    trails = {"on": (True,), "off": (False,), "both": (False, True)}[args.trail_stores]
+    for m, a, o in units:
+        for trail in trails:
+            for depth in depths:
+                cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a,
+                                operand_latency=o, trail_stores=trail)
+                rows.append({"units": f"{m},{a},{o}", "trail": "on" if trail else "off",
+                             "depth": depth, **efficiency(args.op, args.tokens,
+                                                          args.channels, cfg, args.latency)})
     print(f"{args.op} [{args.tokens}, {args.channels}], 8 lanes bf16, memory latency "
           f"{args.latency}: units (mul,add,operand)  trail  depth  cycles  ideal  "
           "words/pass/cycle")
@@ -114,7 +107,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json_text({"op": args.op, "tokens": args.tokens,
                                          "channels": args.channels, "rows": rows}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

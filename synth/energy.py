@@ -1,7 +1,7 @@
 """Energy per element of each cache operator on the NME — an ESTIMATE, not a measurement.
 
-Method (``python -m coda.synth.energy``)
------------------------------------------
+Method (``coda energy``)
+------------------------
 Each operator is compiled to its NME program (:mod:`coda.host.compiler`). Per element of the
 output stream, the program implies
 
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,9 +59,10 @@ from pathlib import Path
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig, Op, Program, RSrc
 from coda.jsonout import json_text
+from coda.paths import check_output_path
 
 __all__ = ["EnergyConstants", "HOROWITZ_45NM", "program_events", "Activity",
-           "measure_activity", "energy_per_element", "estimate", "OPERATORS", "main"]
+           "measure_activity", "energy_per_element", "estimate", "OPERATORS", "configure", "main"]
 
 #: the cache operators of the report, in order (segment with K = 4 terms)
 OPERATORS = ("add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_combine",
@@ -294,9 +294,8 @@ def print_table(result: dict) -> None:
     Console(width=160).print(table)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m coda.synth.energy``: measure toggles on the RTL, write ``energy.json``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda energy``."""
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument("--fmt", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--depth", type=int, default=NMEConfig.depth)
@@ -305,8 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-measure", action="store_true",
                         help="nominal estimate only (no RTL simulation)")
     parser.add_argument("--out", type=Path, default=Path("build/synth/energy"))
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``coda energy``: measure toggles on the RTL, write ``energy.json``. Bad options:
+    ValueError before any simulation (``coda: error:``, exit 2)."""
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth)
+    if args.tokens < 1:
+        raise ValueError(f"--tokens {args.tokens}: expected >= 1")
+    check_output_path(args.out, "--out", folder=True)
     t0 = time.perf_counter()
     result = estimate(cfg, measure=not args.no_measure, tokens=args.tokens, seed=args.seed)
     result["seconds"] = round(time.perf_counter() - t0, 1)
@@ -316,7 +322,3 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     print(f"report: {path} ({result['seconds']} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

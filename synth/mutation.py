@@ -1,6 +1,6 @@
 """Mutation testing of the NME RTL: does the cocotb regression notice a broken netlist?
 
-``python -m coda.synth.mutation`` (``make mutation``; long, resumable) takes the NME's Verilog
+``coda mutation`` (``make mutation``; long, resumable) takes the NME's Verilog
 as ``coda verilog`` writes it, and with yosys' ``mutate`` pass:
 
 1. flattens it (``proc; flatten; memory -nomap``) and lists ``--mutants`` mutations spread
@@ -53,10 +53,11 @@ from coda.hw.isa import NMEConfig
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 from coda.jsonout import json_text
+from coda.paths import check_output_path
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments",
-           "prove_survivors", "run_mutation", "main"]
+           "prove_survivors", "run_mutation", "configure", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
 #: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths)
@@ -321,8 +322,7 @@ def prove_survivors(out: Path, survivors: list[dict], cfg: NMEConfig = MUTATION_
                 **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
                for r in survivors if r["analysis"].get("vector")]
     (Path(out) / "vectors.json").write_text(json_text(
-        {"generated_by": "python -m coda.synth.mutation (coda.synth.mutation_proof."
-                         "solver_vector)", "config": asdict(cfg), "vectors": vectors},
+        {"generated_by": "coda mutation (coda.synth.mutation_proof.solver_vector)", "config": asdict(cfg), "vectors": vectors},
         indent=1) + "\n")
     return verdicts
 
@@ -410,29 +410,43 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="coda.synth.mutation", description=__doc__.splitlines()[0])
-    ap.add_argument("--mutants", type=int, default=240, help="mutations to list (default 240)")
-    ap.add_argument("--seed", type=int, default=1, help="yosys mutate -seed (default 1)")
-    ap.add_argument("--only", default=None, help="comma list of mutant ids to run (default all)")
-    ap.add_argument("--out", type=Path, default=Path("build/mutation"))
-    ap.add_argument("--no-prove", action="store_true",
-                    help="skip the equivalence analysis of the survivors (yosys sat)")
-    ap.add_argument("--prove-timeout", type=float, default=300,
-                    help="seconds per solver run (default 300)")
-    ap.add_argument("--rerun-survivors", action="store_true",
-                    help="run only the survivors of OUT/results.json again (after adding "
-                         "tests), keeping the mutants it killed")
-    add_run_options(ap, "mutants")
-    args = ap.parse_args(argv)
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda mutation``."""
+    parser.add_argument("--mutants", type=int, default=240, help="mutations to list (default 240)")
+    parser.add_argument("--seed", type=int, default=1, help="yosys mutate -seed (default 1)")
+    parser.add_argument("--only", default=None,
+                        help="comma list of mutant ids to run (default all)")
+    parser.add_argument("--out", type=Path, default=Path("build/mutation"))
+    parser.add_argument("--no-prove", action="store_true",
+                        help="skip the equivalence analysis of the survivors (yosys sat)")
+    parser.add_argument("--prove-timeout", type=float, default=300,
+                        help="seconds per solver run (default 300)")
+    parser.add_argument("--rerun-survivors", action="store_true",
+                        help="run only the survivors of OUT/results.json again (after adding "
+                             "tests), keeping the mutants it killed")
+    add_run_options(parser, "mutants")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``coda mutation`` (module docstring); returns 0. Bad options: ValueError before
+    any work (``coda: error:``, exit 2)."""
+    from coda.host.policies import check_seed
+
     if args.rerun_survivors and args.only:
-        ap.error("--rerun-survivors and --only: give one of them")
+        raise ValueError("--rerun-survivors and --only: give one of them")
+    check_seed(args.seed)
+    if args.mutants < 1:
+        raise ValueError(f"--mutants {args.mutants}: expected >= 1")
+    if not args.prove_timeout > 0:
+        raise ValueError(f"--prove-timeout {args.prove_timeout}: expected > 0 seconds")
     try:
-        from coda.host.policies import check_seed
-        check_seed(args.seed)
-    except ValueError as exc:
-        ap.error(str(exc))
-    only = [int(x) for x in args.only.split(",")] if args.only else None
+        only = [int(x) for x in args.only.split(",")] if args.only else None
+    except ValueError:
+        raise ValueError(f"--only {args.only!r}: expected comma-separated mutant ids") from None
+    if args.rerun_survivors and not (args.out / "results.json").is_file():
+        raise ValueError(f"--rerun-survivors: no {args.out / 'results.json'} of an earlier "
+                         "run")
+    check_output_path(args.out, "--out", folder=True)
     res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,
                        sequential=args.sequential, address=args.address,
                        prove=not args.no_prove, prove_timeout_s=args.prove_timeout,
@@ -447,7 +461,3 @@ def main(argv: list[str] | None = None) -> int:
               f"[{s.get('portbit')}] {' '.join(s['src'])}")
     print(f"results: {args.out / 'results.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

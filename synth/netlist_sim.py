@@ -47,9 +47,10 @@ from coda.synth.flow import nme_source
 from coda.synth.stimuli import op_case
 from coda.synth.yosys_synth import synth_generic
 from coda.jsonout import json_text
+from coda.paths import check_output_path
 
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
-           "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "main"]
+           "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "configure", "main"]
 
 #: where the NME's cocotb tests live (``tests/cocotb_nme.py``: they compare the RTL with the
 #: torch reference of coda.host, so they sit above every layer, with the other tests)
@@ -287,12 +288,8 @@ def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
                       timeout_s=timeout_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m coda.synth.netlist_sim``: check one configuration, write a JSON report.
-
-    Returns 0 when the netlist is equivalent on every job, 1 otherwise.
-    """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda netlist check``."""
     parser.add_argument("--lanes", type=int, default=2)
     parser.add_argument("--fmt", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--depth", type=int, default=16)
@@ -303,9 +300,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="report folder (default build/synth/netlist_sim)")
     parser.add_argument("--cocotb", action="store_true",
                         help=f"also run the cosim cocotb tests {COCOTB_SUBSET!r} on the netlist")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``coda netlist check``: check one configuration, write a JSON report.
+
+    Returns 0 when the netlist is equivalent on every job, 1 otherwise. Bad options:
+    ValueError before any build (``coda: error:``, exit 2).
+    """
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=args.mem_words,
                     operand_isolation=args.operand_isolation == "on")
+    if args.out is not None:
+        check_output_path(args.out, "--out", folder=True)
     report = check_equivalence(cfg, seed=args.seed)
     out = args.out or build_dir("synth", "netlist_sim")
     out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +332,3 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json_text(data, indent=1, default=str) + "\n")
     print(f"report: {path}")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Area / Fmax sweep of the NME over lanes and formats, and where DRAM bandwidth caps lanes.
 
-``python -m coda.synth.sweep`` (``make synth-sweep``; long: minutes per configuration on a
+``coda synth-sweep`` (``make synth-sweep``; long: minutes per configuration on a
 shared machine; NOT part of ``make test``) runs :func:`coda.synth.flow.synthesize` for every
 (target, lanes, format) as a point of the sweep engine (:mod:`coda.sweep`: tasks on a local
 Ray by default, ``--address`` for a cluster, ``--sequential`` for a plain loop; ``coda sweep
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from coda.cosim.bench import SWEEP_UNITS, config_units, fmax_below, parse_units, units_label
@@ -50,9 +49,10 @@ from coda.synth.flow import check_synth_options, synthesize
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
 from coda.jsonout import json_text
+from coda.paths import check_output_path
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
-           "bandwidth_table", "measured_table", "clock_table", "plot", "main"]
+           "bandwidth_table", "measured_table", "clock_table", "plot", "configure", "main"]
 
 LANES = (1, 2, 4, 8, 16, 32)
 FORMATS = ("bf16", "fp16")
@@ -423,9 +423,8 @@ def print_table(rows: list[dict]) -> None:
     Console(width=220).print(table)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the sweep (resuming), then tabulate, analyse bandwidth and plot. Returns 0."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda synth-sweep``."""
     parser.add_argument("--lanes", type=int, nargs="+", default=list(LANES))
     parser.add_argument("--fmts", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--targets", nargs="+", default=["generic", "ecp5"],
@@ -442,15 +441,15 @@ def main(argv: list[str] | None = None) -> int:
                              "places and routes 8 lanes on ECP5 at about 100 MHz)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
     add_run_options(parser, "configurations")
-    args = parser.parse_args(argv)
-    try:
-        args.units = units_label(args.units)
-    except ValueError as exc:
-        parser.error(str(exc).replace("units", "--units", 1))
-    try:
-        check_synth_options(100.0, args.seed, args.timeout)
-    except ValueError as exc:
-        parser.error(str(exc))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the sweep (resuming), then tabulate, analyse bandwidth and plot. Returns 0. Bad
+    options: ValueError before any synthesis (``coda: error:``, exit 2)."""
+    args.units = units_label(parse_units(args.units, "--units"))
+    check_synth_options(100.0, args.seed, args.timeout)
+    get_standard(args.dram)
+    check_output_path(args.root, "--root", folder=True)
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_sweep(args.root, args.lanes, args.fmts, args.targets,
@@ -481,7 +480,3 @@ def main(argv: list[str] | None = None) -> int:
     if bench:
         print(f"cosim bench results found: {[b['file'] for b in bench]}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,6 +9,10 @@ solver that blows up fails with ``std::bad_alloc`` instead of taking the machine
 
 Exit status: 0, or 1 when yosys reports an ERROR (its message on stdout, as the command
 line prints it); 2 for a bad command line.
+
+An internal command, not a ``coda`` sub-command: :func:`coda.synth.tools.yosys_argv` runs it
+in a child process in place of the ``yosys`` binary (same options, output and exit status),
+and ``-q`` runs it once more as its own child to filter the log.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from coda.cli import main as coda_main
 from coda.cosim import bench
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
@@ -371,10 +372,9 @@ def test_parse_clocks_and_bad_sweep_input():
     (["--knee-tolerance", "0"], "knee-tolerance"),
 ])
 def test_bench_cli_refuses_bad_sweep_options(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--sweep-only"] + argv)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert coda_main(["bench", "--sweep-only"] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err
 
 
 def test_dse_point_refuses_a_bad_clock_before_any_build():
@@ -418,15 +418,15 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
                                clocks=(100.0,), lanes=(8,))
     assert {(r["dram"], r["nme_mhz"], r["lanes"]) for r in only} == {("DDR4-3200", 100.0, 8)}
     monkeypatch.chdir(tmp_path)
-    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
-                       "--sweep-lanes", "1,2,4,8,16,32,64", "--sweep-depths", "16,256",
-                       "--sweep-clocks", "dram,100,400,800,1200"]) == 0
+    assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                      "--sweep-lanes", "1,2,4,8,16,32,64", "--sweep-depths", "16,256",
+                      "--sweep-clocks", "dram,100,400,800,1200"]) == 0
     dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
     assert dse["version"] == bench.DSE_VERSION and dse["areas"] == {}
     assert len(dse["rows"]) == len(rows)
     assert (tmp_path / "build" / "bench" / "dse.png").stat().st_size > 0
     assert not (folder / "points").exists()                # nothing measured
-    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", "64"]) == 1
+    assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", "64"]) == 1
     assert "no sweep records" in capsys.readouterr().out
 
 
@@ -565,10 +565,10 @@ def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
     assert bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units="1,0,0") == []
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "260")
-    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
-                       "--sweep-lanes", "1,2,4,8,16,32", "--sweep-depths", "16,256",
-                       "--sweep-clocks", "dram,100,400,800,1200",
-                       "--sweep-units", PIPELINED]) == 0
+    assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                      "--sweep-lanes", "1,2,4,8,16,32", "--sweep-depths", "16,256",
+                      "--sweep-clocks", "dram,100,400,800,1200",
+                      "--sweep-units", PIPELINED]) == 0
     out = capsys.readouterr().out
     assert out.count("NME units mul 3 / add 5 / operand 1") == 2       # both tables
     assert "operand 0" not in out
@@ -576,8 +576,8 @@ def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
     assert dse["version"] == bench.DSE_VERSION == 3 and dse["units"] == PIPELINED
     assert len(dse["rows"]) == n and {r["units"] for r in dse["rows"]} == {PIPELINED}
     assert {k["units"] for k in dse["knees"]} == {PIPELINED}
-    assert bench.main(["--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
-                       "--sweep-units", "1,0,0"]) == 1
+    assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
+                      "--sweep-units", "1,0,0"]) == 1
     assert "no sweep records matching the options (units 1,0,0)" in capsys.readouterr().out
 
 
@@ -591,9 +591,7 @@ def test_bench_cli_refuses_bad_sweep_units_before_any_build(value, why, capsys, 
     monkeypatch.setattr(bench, "sweep", no_build)
     monkeypatch.setattr(bench, "measure_nmp", no_build)
     argv = (["--sweep-units" + value] if value.startswith("=") else ["--sweep-units", value])
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--sweep-only", "--sequential"] + argv)
-    assert exc.value.code == 2
+    assert coda_main(["bench", "--sweep-only", "--sequential"] + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--sweep-units {value.lstrip('=')!r}: expected M,A,O" in err and why in err
 

@@ -356,18 +356,20 @@ def test_min_snr_weights_follow_the_formula():
                           rtol=1e-6)
 
 
-def test_two_stage_recipe_starts_stage_2_from_stage_1(tmp_path):
-    """``main`` writes stage 1 beside the weights and stage 2 starts from it: with a zero
-    stage-2 learning rate the optimiser moves nothing, so the final EMA weights equal stage
-    1's (up to the EMA's float rounding), and both differ from a fresh model."""
+def test_two_stage_recipe_starts_stage_2_from_stage_1(tmp_path, capsys):
+    """``coda train`` writes stage 1 beside the weights and stage 2 starts from it: with a
+    zero stage-2 learning rate the optimiser moves nothing, so the final EMA weights equal
+    stage 1's (up to the EMA's float rounding), and both differ from a fresh model. Bad
+    options: one ``coda: error:`` line naming the value, exit 2, nothing trained."""
     from safetensors.torch import load_file
 
-    from coda.host.model.train import main, stage1_path
+    from coda.cli import main
+    from coda.host.model.train import stage1_path
 
     out = tmp_path / "w.safetensors"
-    args = ["--steps", "2", "--batch-size", "1", "--image-batch-size", "2", "--video-steps", "1",
-            "--video-batch-size", "1", "--video-lr", "0", "--threads", "1", "--weights", str(out),
-            "--config", str(tmp_path / "w.json")]
+    args = ["train", "--steps", "2", "--batch-size", "1", "--image-batch-size", "2",
+            "--video-steps", "1", "--video-batch-size", "1", "--video-lr", "0", "--threads", "1",
+            "--weights", str(out), "--config", str(tmp_path / "w.json")]
     assert main(args) == 0
     first, final = load_file(str(stage1_path(out))), load_file(str(out))
     assert stage1_path(out).name == "w_stage1.safetensors"
@@ -375,11 +377,15 @@ def test_two_stage_recipe_starts_stage_2_from_stage_1(tmp_path):
     fresh = build_model().state_dict()
     assert any(not torch.equal(first[k], fresh[k]) for k in fresh)
     assert all(torch.allclose(first[k], final[k], rtol=1e-6, atol=1e-7) for k in first)
-    with pytest.raises(SystemExit):
-        main(["--stage", "2", "--init", str(tmp_path / "none.safetensors"),
-              "--weights", str(out)])
-    with pytest.raises(SystemExit):
-        main(["--video-steps", "-1"])
+    capsys.readouterr()
+    before = out.stat().st_mtime_ns
+    assert main(["train", "--stage", "2", "--init", str(tmp_path / "none.safetensors"),
+                 "--weights", str(out)]) == 2
+    assert capsys.readouterr().err == (f"coda: error: --init {tmp_path / 'none.safetensors'}: "
+                                       "no such weights file (run stage 1 first)\n")
+    assert main(["train", "--video-steps", "-1"]) == 2
+    assert capsys.readouterr().err == "coda: error: --video-steps -1: expected >= 0\n"
+    assert out.stat().st_mtime_ns == before
 
 
 def test_video_figures_on_training_data():

@@ -5,8 +5,14 @@ from dataclasses import replace
 
 import pytest
 
+from coda.cli import main as coda_main
 from coda.hw.isa import MAX_MUL_LATENCY, NMEConfig
-from coda.host.pass_efficiency import efficiency, main
+from coda.host.pass_efficiency import efficiency
+
+
+def run(argv):
+    """``coda pass-efficiency ARGV``, as a user runs it."""
+    return coda_main(["pass-efficiency", *argv])
 
 
 def test_efficiency_is_ideal_over_cycles_and_grows_with_depth():
@@ -29,24 +35,24 @@ def test_efficiency_is_ideal_over_cycles_and_grows_with_depth():
 
 def test_cli_table_json_and_bad_options(tmp_path, capsys):
     out = tmp_path / "eff.json"
-    assert main(["--tokens", "256", "--depths", "16,64", "--units", "0,0,0", "--json",
-                 str(out)]) == 0
+    assert run(["--tokens", "256", "--depths", "16,64", "--units", "0,0,0", "--json",
+                str(out)]) == 0
     assert "words/pass/cycle" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
     assert [(r["units"], r["trail"], r["depth"]) for r in rows] == [
         ("0,0,0", "off", 16), ("0,0,0", "off", 64), ("0,0,0", "on", 16), ("0,0,0", "on", 64)]
-    assert main(["--tokens", "256", "--depths", "16", "--trail-stores", "on", "--json",
-                 str(out)]) == 0
+    assert run(["--tokens", "256", "--depths", "16", "--trail-stores", "on", "--json",
+                str(out)]) == 0
     assert {r["trail"] for r in json.loads(out.read_text())["rows"]} == {"on"}
-    assert main(["--op", "add", "--tokens", "64", "--depths", "16", "--units", "0,0,0"]) == 0
+    assert run(["--op", "add", "--tokens", "64", "--depths", "16", "--units", "0,0,0"]) == 0
     assert "add [64, 64]" in capsys.readouterr().out
-    assert main(["--units", "9,0,0"]) == 2
+    assert run(["--units", "9,0,0"]) == 2
     err = capsys.readouterr().err
-    assert "--units '9,0,0': expected M,A,O" in err
+    assert err.startswith("coda: error: --units '9,0,0': expected M,A,O") and err.count("\n") == 1
     assert f"mul_latency=9: expected an int 0..{MAX_MUL_LATENCY}" in err
-    assert main(["--units", "a,b"]) == 2
+    assert run(["--units", "a,b"]) == 2
     assert "--units 'a,b': expected M,A,O: three comma-separated ints" in capsys.readouterr().err
-    assert main(["--channels", "12"]) == 2
+    assert run(["--channels", "12"]) == 2
     assert "CHAN needs C % lanes == 0" in capsys.readouterr().err
 
 

@@ -148,9 +148,9 @@ def test_sweep_points_of_pipelined_units(tmp_path, capsys):
     # two seeds of the 4,5,1 netlist: the best Fmax is the row's, whatever the folder order
     assert [(r["lut4"], r["fmax_mhz"]) for r in sweep.collect(tmp_path, "4,5,1")] == \
         [(16_482, 100.88)]
-    with pytest.raises(SystemExit):
-        sweep.main(["--units", "4,5", "--root", str(tmp_path), "--report-only"])
-    assert "--units '4,5': expected M,A,O" in capsys.readouterr().err
+    from coda.cli import main
+    assert main(["synth-sweep", "--units", "4,5", "--root", str(tmp_path), "--report-only"]) == 2
+    assert capsys.readouterr().err.startswith("coda: error: --units '4,5': expected M,A,O")
     with pytest.raises(ValueError, match="units '9,0,0'"):
         sweep.synth_point({**base, "units": "9,0,0"}, tmp_path / "never")
     assert not (tmp_path / "never").exists()

@@ -226,14 +226,14 @@ def load_model(device: str = "cpu", weights: Path = WEIGHTS_FILE,
         (model, config dict).
     Raises:
         FileNotFoundError: the weights or config are missing (train them with
-            ``python -m coda.host.model.train``).
+            ``coda train``).
     """
     from safetensors.torch import load_file
 
     weights, config = Path(weights), Path(config)
     for path in (weights, config):
         if not path.exists():
-            raise FileNotFoundError(f"{path}: missing; run `python -m coda.host.model.train`")
+            raise FileNotFoundError(f"{path}: missing; run `coda train`")
     cfg = json.loads(config.read_text())
     model = DigitLatte(cfg)
     model.load_state_dict(load_file(str(weights)))

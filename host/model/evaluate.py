@@ -1,5 +1,4 @@
-"""Prompt adherence, identity and motion of the shipped video DiT:
-``python -m coda.host.model.evaluate``.
+"""Prompt adherence, identity and motion of the shipped video DiT: ``coda model eval``.
 
 Full-compute CFG generations of ``per_digit`` videos of every digit 0..9 (initial-noise
 seeds ``seed_base + i``; the default base, 10**6, is far from the noise seeds of
@@ -29,7 +28,7 @@ from coda.jsonout import json_text
 from .classifier import digit_classifier
 from .data import NUM_CLASSES, moving_digits
 
-__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "motion_range", "evaluate", "main"]
+__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "motion_range", "evaluate", "configure", "main"]
 
 DEFAULT_SEED_BASE = 1_000_000
 MOTION_REFERENCE_VIDEOS = 400
@@ -141,14 +140,12 @@ def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
             "seed_base": seed_base, **figures, "generate_s": wall}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the JSON report of :func:`evaluate` for the shipped (or a given) model."""
-    import argparse
+def configure(parser) -> None:
+    """Options of ``coda model eval``."""
     from pathlib import Path
 
-    from .dit import CONFIG_FILE, WEIGHTS_FILE, load_model
+    from .dit import CONFIG_FILE, WEIGHTS_FILE
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-digit", type=int, default=5)
     parser.add_argument("--guidance", type=float, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -159,7 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=CONFIG_FILE)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = parser.parse_args(argv)
+
+
+def main(args) -> int:
+    """Print the JSON report of :func:`evaluate` for the shipped (or a given) model. Bad
+    options: ValueError before any generation (``coda: error:``, exit 2)."""
+    from coda.paths import check_output_path
+
+    from .dit import load_model
+
+    if args.per_digit < 1:
+        raise ValueError(f"--per-digit {args.per_digit}: expected >= 1")
+    if args.threads < 1:
+        raise ValueError(f"--threads {args.threads}: expected >= 1")
+    if args.json is not None:
+        check_output_path(args.json, "--json")
     torch.set_num_threads(args.threads)
     model, _ = load_model(weights=args.weights, config=args.config)
     report = evaluate(model, args.per_digit, args.guidance, args.steps, args.seed_base, args.eta)
@@ -170,7 +181,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json_text(report, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,7 +16,7 @@ eq. 16): ancestral sampling. Clipping x0 to [-1, 1] (diffusers' ``clip_sample``,
 2026-12-01) broke the deterministic sampler: DDIM re-derives the noise from the clipped x0,
 ``eps = (x_t - sqrt(abar) x0) / sqrt(1 - abar)``, so at low noise every clipped pixel's error is
 amplified by ``1 / sqrt(1 - abar)`` and left on the digit as a speckle the classifier reads as
-other digits (``python -m coda.host.model.evaluate``, 50 videos, stage 1's weights: label
+other digits (``coda model eval``, 50 videos, stage 1's weights: label
 accuracy 0.575 clipped at CFG 3, 0.948 unclipped at CFG 5, identity kept in 16 % and 74 % of
 the videos; the shipped two-stage weights: 0.990 and 92 %). The guidance
 scale was chosen on validation seeds (``--seed-base 2000000``), not on the evaluation ones; the
@@ -31,13 +31,11 @@ import math
 
 import torch
 
-from coda.jsonout import json_text
-
 from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
            "generate", "cache_mem_words", "video_psnr", "video_ssim", "side_by_side_gif",
-           "cached_generate", "main"]
+           "cached_generate"]
 
 CFG_MODES = ("batched", "separate")
 DEFAULT_STEPS = 50
@@ -285,54 +283,3 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     words = 1.5 * colours * -(-groups // colours) * slots * region
     return 1 << max(18, math.ceil(math.log2(words)))
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m coda.host.model.sample``: full-compute vs cached generation of every digit
-    with the shipped model (cache segments on the torch backend); prints a JSON report."""
-    import argparse
-    import time
-
-    from coda.host.backend import TorchBackend
-    from coda.host.driver import NMPDriver
-    from coda.host.policies import UniformIntervalPolicy
-    from coda.hw.isa import NMEConfig
-
-    from .classifier import label_accuracy
-    from .dit import load_model
-
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
-    parser.add_argument("--per-digit", type=int, default=1, help="videos per digit 0..9")
-    parser.add_argument("--interval", type=int, default=2, help="uniform policy k (all op types)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    model, _ = load_model()
-    labels = torch.arange(10).repeat_interleave(args.per_digit)
-    common = dict(num_steps=args.steps, guidance_scale=args.guidance, seed=args.seed)
-    start = time.perf_counter()
-    full = generate(model, labels, **common)
-    full_s = time.perf_counter() - start
-    driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=cache_mem_words(
-        model, len(labels), ranks=4, lanes=8)), ranks=4)
-    policy = UniformIntervalPolicy(default_interval=args.interval, warmup=args.warmup)
-    start = time.perf_counter()
-    cached, stats = cached_generate(model, labels, driver, policy, **common)
-    report = {
-        "videos": len(labels), "steps": args.steps, "guidance_scale": args.guidance,
-        "policy": policy.build(args.steps, len(model.transformer.transformer_blocks)).name,
-        "label_accuracy_full": label_accuracy(full, labels),
-        "label_accuracy_cached": label_accuracy(cached, labels),
-        "psnr_db": video_psnr(cached, full), "ssim": video_ssim(cached, full),
-        "full_s": full_s, "cached_s": time.perf_counter() - start,
-        "nme_cycles": driver.stats["nme_cycles"], **stats,
-    }
-    print(json_text(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Train the shipped video DiT on moving digits: ``python -m coda.host.model.train``.
+"""Train the shipped video DiT on moving digits: ``coda train``.
 
 Recipe (all fixed, so the same command reproduces the weights on the same torch build and CPU;
 on another CPU the float rounding differs and the bits drift apart within a few hundred steps), two
@@ -20,8 +20,7 @@ Stage 2 (``--video-steps`` 5,000): from stage 1's EMA weights, videos only (16 p
 single frames, so every step trains the temporal blocks), seed ``seed + 1``, a fresh AdamW and
 EMA, peak lr 3e-4 with the same warm-up and cosine decay. Why: stage 1's images teach digit
 shapes but skip the temporal blocks, whose job is that the eight frames show one digit.
-Measured (``python -m coda.host.model.evaluate --seed-base 2000000``, 50 validation videos, CFG
-5): identity kept 0.74 (stage 1 alone) -> 0.80 (3,000 stage-2 steps) -> 0.90 (5,000 steps, the
+Measured (``coda model eval --seed-base 2000000``, 50 validation videos, CFG 5): identity kept 0.74 (stage 1 alone) -> 0.80 (3,000 stage-2 steps) -> 0.90 (5,000 steps, the
 recipe), label accuracy 0.960 -> 0.970 -> 0.985; stage 2's loss still fell after 3,000 steps
 (mean of the last 100: 0.0424 at 3,000, 0.0410 at 5,000).
 
@@ -40,10 +39,12 @@ from pathlib import Path
 
 import torch
 
+from coda.paths import check_output_path
+
 from .data import NULL_LABEL, moving_digits
 from .dit import CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model, latte_init, save_model
 
-__all__ = ["train", "stage1_path", "main"]
+__all__ = ["train", "stage1_path", "configure", "main"]
 
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
@@ -118,15 +119,15 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
         batch_size: videos per step.
         image_batch_size: single frames per step (0 = videos only). Why: the frames of one
             video show one digit, so a video step teaches few digit shapes; images cost 1/F
-            of a video each. Measured here at hidden 64 (``python -m coda.host.model.sample
-            --per-digit 2``, 20 videos, CFG 3, 50 steps, x0 clipped): 16 videos x 4,000 steps gave 20.6 %
-            label accuracy, 8 videos + 64 images x 10,000 steps 35 %.
+            of a video each. Measured here at hidden 64 (label accuracy of full-compute
+            generations, 2 per digit, 20 videos, CFG 3, 50 steps, x0 clipped): 16 videos x
+            4,000 steps gave 20.6 % label accuracy, 8 videos + 64 images x 10,000 steps 35 %.
         lr: peak learning rate.
         seed: seeds the initial weights, the data stream, the noise and the label dropout.
         weights, config_path: where to write the safetensors file and its JSON config.
         log_every: print the mean loss every this many steps.
         snr_gamma: Min-SNR gamma of the loss weighting (:func:`min_snr_weights`; 0 = off, the
-            shipped recipe). Measured (``python -m coda.host.model.evaluate``, 50 videos, CFG
+            shipped recipe). Measured (``coda model eval``, 50 videos, CFG
             3, eta 1): gamma 5 at 7,000 steps gave label accuracy 0.748 and digit 7 at 0.025,
             against 0.868 and 0.50 for the plain MSE.
         checkpoint_every: also save the EMA weights every this many steps as
@@ -207,8 +208,8 @@ def stage1_path(weights: Path) -> Path:
     return weights.with_name(f"{weights.stem}_stage1{weights.suffix}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda train``."""
     parser.add_argument("--steps", type=int, default=STEPS, help="stage 1 steps")
     parser.add_argument("--batch-size", type=int, default=BATCH, help="stage 1 videos per step")
     parser.add_argument("--image-batch-size", type=int, default=IMAGE_BATCH,
@@ -239,26 +240,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snr-gamma", type=float, default=0.0,
                         help=f"Min-SNR loss weighting gamma (default 0 = plain MSE; the "
                              f"paper's is {MIN_SNR_GAMMA:g})")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``coda train``: stage 1 then stage 2 (or the one ``--stage`` names); returns 0.
+    Bad options: ValueError before any training (``coda: error:``, exit 2)."""
     if args.video_steps < 0:
-        parser.error(f"--video-steps {args.video_steps}: expected >= 0")
+        raise ValueError(f"--video-steps {args.video_steps}: expected >= 0")
     if args.video_steps == 0 and args.stage == "2":
-        parser.error("--stage 2 with --video-steps 0: expected a stage 2 of >= 1 step")
-    torch.set_num_threads(args.threads)
+        raise ValueError("--stage 2 with --video-steps 0: expected a stage 2 of >= 1 step")
+    if args.threads < 1:
+        raise ValueError(f"--threads {args.threads}: expected >= 1")
+    check_output_path(args.weights, "--weights")
+    check_output_path(args.config, "--config")
     first = stage1_path(args.weights) if args.video_steps else Path(args.weights)
+    init = args.init if args.init is not None else first
+    # stage 2 starts from --init, or from stage 1's file, which stage 1 writes unless --stage 2
+    if (args.video_steps and args.stage != "1" and (args.stage == "2" or args.init is not None)
+            and not Path(init).exists()):
+        raise ValueError(f"--init {init}: no such weights file (run stage 1 first)")
+    torch.set_num_threads(args.threads)
     if args.stage in ("all", "1"):
         train(args.steps, args.batch_size, args.image_batch_size, args.lr, args.seed, first,
               first.with_suffix(".json") if args.video_steps else args.config, args.log_every,
               args.checkpoint_every, args.snr_gamma)
     if args.video_steps and args.stage in ("all", "2"):
-        init = args.init if args.init is not None else first
-        if not Path(init).exists():
-            parser.error(f"--init {init}: no such weights file (run stage 1 first)")
         train(args.video_steps, args.video_batch_size, 0, args.video_lr, args.seed + 1,
               args.weights, args.config, args.log_every, args.checkpoint_every, args.snr_gamma,
               init)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -34,7 +34,7 @@ What the model cannot see: the cosimulation's cycles of one segment also depend 
 its slots lie in rank memory (row conflicts between the streams) and on the refresh phase
 (simulated time carries over from launch to launch). Identical segments of a real
 generation (same K, shape and program) differ by up to 20 % at depth 64 and 4-5 % at depth
-256; the model gives their mean (``python -m coda.host.system.validate --check-nmp``).
+256; the model gives their mean (``coda validate --check-nmp``).
 
 Where a rank tile exceeds the ISA's limits (``max_elems`` = 2^24 - 1 elements per
 program, 2^24 words of address space), it runs as several programs of whole rows

@@ -209,12 +209,11 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 #: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
 #: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
 #: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.link.SEGMENT_OUTPUTS`)
-#: and (standard, lanes, depth): {K: utilisation}. Measured here: ``python -m
-#: coda.host.system.validate --measure-nmp`` -> :func:`coda.host.system.validate.
-#: measure_segment_utilisation` (DRAM-timed 1 x 1 DIMM-NMP;
-#: ``build/system/segment_util-FORM.json``, the residual form's written as
-#: ``segment_util.json`` before the forms), on the FR-FCFS controller with the default
-#: bypass cap of 1 (hw/dram_scheduler.py).
+#: and (standard, lanes, depth): {K: utilisation}. Measured here: ``coda validate
+#: --measure-nmp`` -> :func:`coda.host.system.validate.measure_segment_utilisation`
+#: (DRAM-timed 1 x 1 DIMM-NMP; ``build/system/segment_util-FORM.json``, the residual form's
+#: written as ``segment_util.json`` before the forms), on the FR-FCFS controller with the
+#: default bypass cap of 1 (hw/dram_scheduler.py).
 #: ``"residual"``: x written by the host right before each program; date 2026-12-01,
 #: development machine. ``"sum"``: x a resident slot of zeros stored once before the draws
 #: (``store(..., x_of=group)``, as the cache engine places it), never rewritten; the driver
@@ -261,7 +260,7 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: of a video), 16 draws per K, refresh phase and open rows carried over from job to job;
 #: utilisation of the centre (min + max) / 2 of the draws' cycles. Per segment form and
 #: (standard, lanes, depth): (words per stream, {K: utilisation}); the forms' x as in
-#: :data:`SEGMENT_UTIL`. Measured here: ``python -m coda.host.system.validate --measure-nmp``
+#: :data:`SEGMENT_UTIL`. Measured here: ``coda validate --measure-nmp``
 #: -> :func:`coda.host.system.validate.measure_tile_utilisation`
 #: (``build/system/tile_util-FORM.json``, residual: ``tile_util.json``, which also hold each
 #: K's min/max cycles over the draws),
@@ -294,8 +293,8 @@ SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, flo
 SUM_MEASURED = (
     "measured here, 2026-12-04, on an AMD EPYC (lscpu model name; 2 cores shared): "
     "coda.host.system.validate.measure_tile_utilisation / measure_segment_utilisation"
-    "(STD, DEPTH, segment_output='sum') one configuration at a time, what python -m "
-    "coda.host.system.validate --measure-nmp --segment-output sum runs "
+    "(STD, DEPTH, segment_output='sum') one configuration at a time, what coda validate "
+    "--measure-nmp --segment-output sum runs "
     "(build/system/tile_util-sum.json, segment_util-sum.json)")
 
 
@@ -482,8 +481,8 @@ class Platform:
         return {"gpu": self.gpu.sources, "pcie": self.pcie.sources,
                 "energy": self.energy.sources,
                 "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
-                "segment_utilisation": "measured here: python -m coda.host.system.validate "
-                                       "--measure-nmp (SEGMENT_UTIL, SEGMENT_UTIL_TILE; "
+                "segment_utilisation": "measured here: coda validate --measure-nmp "
+                                       "(SEGMENT_UTIL, SEGMENT_UTIL_TILE; "
                                        "sum form: " + SUM_MEASURED + ")",
                 "dram": f"hw/dram_standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
 

@@ -1,6 +1,6 @@
 """Checks of the system model against the world, and its own speed.
 
-``python -m coda.host.system.validate [--out build/system]``:
+``coda validate [--out build/system]``:
 
 1. **Published full-generation latencies** (:data:`PUBLISHED`): each case is replayed as
    system a (GPU only) on the named GPU's preset, at the published model, resolution,
@@ -40,7 +40,7 @@ from pathlib import Path
 from coda.jsonout import json_text
 
 __all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation",
-           "measure_tile_utilisation", "dram_check", "run_check", "main"]
+           "measure_tile_utilisation", "dram_check", "run_check", "configure", "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
 PUBLISHED = [
@@ -416,10 +416,10 @@ def _measure_nmp(out: Path, form: str, what: str) -> None:
             print(r)
 
 
-def main(argv: list[str] | None = None) -> int:
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda validate``."""
     from coda.host.link import SEGMENT_OUTPUTS
 
-    parser = argparse.ArgumentParser(prog="python -m coda.host.system.validate")
     parser.add_argument("--out", type=Path, default=Path("build/system"))
     parser.add_argument("--measure-nmp", action="store_true",
                         help="also measure segment DRAM utilisation and check segment times "
@@ -434,7 +434,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-output", choices=SEGMENT_OUTPUTS, default="sum",
                         help="the segments' form measured and checked (default: the cache "
                              "engine's, sum)")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``coda validate`` (module docstring); returns 0. An unusable ``--out``:
+    ValueError before any work (``coda: error:``, exit 2)."""
+    from coda.paths import check_output_path
+
+    check_output_path(args.out, "--out", folder=True)
     form = args.segment_output
     if args.measure_nmp:
         _measure_nmp(args.out, form, args.measure)
@@ -465,7 +472,3 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "bench.json").write_text(json_text(b, indent=1) + "\n")
     print(json_text(b))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
