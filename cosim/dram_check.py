@@ -105,116 +105,16 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
     channel_cmd: dict[int, tuple[int, int]] = {}    # channel: (cycle, rank) of its last command
     out: list[Violation] = []
     for n, row in enumerate(rows, 2):
-        try:
-            t, ch, rk = int(row["cycle"]), int(row["channel"]), int(row["rank"])
-            cmd = row["command"].strip()
-            bg = int(row["bankgroup"]) if row["bankgroup"] not in ("", None) else None
-            ba = int(row["bank"]) if row["bank"] not in ("", None) else None
-            rw = int(row["row"]) if row["row"] not in ("", None) else None
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ValueError(f"line {n}: {row!r}: expected columns {','.join(HEADER)} ({exc})")
-        key = (ch, rk)
-        s = ranks[key]
-        if t <= s.last_cycle:
-            out.append(Violation(t, ch, rk, cmd, "order",
-                                 f"not after the previous command at {s.last_cycle}"))
-        s.last_cycle = t
-        last = channel_cmd.get(ch)
-        if last is not None and last[0] == t and last[1] != rk:
-            out.append(Violation(t, ch, rk, cmd, "command bus",
-                                 f"rank {last[1]} has a command in the same cycle"))
-        channel_cmd[ch] = (t, rk)
-        if t - s.last_ref < std.tRFC:
-            _need(out, key, t, cmd, "tRFC", s.last_ref, std.tRFC, "REF")
-        if cmd == "REFsb":
-            if not std.tRFCsb:
-                raise ValueError(f"line {n}: REFsb: {std.name} has no same-bank refresh "
-                                 f"(tRFCsb = 0); expected ACT, PRE, PREA, RD, WR or REF")
-            if ba is None or not 0 <= ba < std.banks_per_group:
-                raise ValueError(f"line {n}: REFsb needs a bank in 0..{std.banks_per_group - 1}, "
-                                 f"got {ba}")
-        if cmd in ("ACT", "PRE", "RD", "WR"):
-            if bg is None or ba is None or not 0 <= bg < std.bank_groups or not 0 <= ba < std.banks_per_group:
-                raise ValueError(f"line {n}: {cmd} needs bankgroup/bank in range, got {bg},{ba}")
-            b = (bg, ba)
-        if cmd == "ACT":
-            if b in s.open_row:
-                out.append(Violation(t, ch, rk, cmd, "state", f"bank {b} already open"))
-            _need(out, key, t, cmd, "tRC", s.act[b], std.tRC, "ACT same bank")
-            _need(out, key, t, cmd, "tRP", s.pre[b], std.tRP, "PRE same bank")
-            _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
-            _need(out, key, t, cmd, "tRRD_L", s.bg_act[bg], std.tRRD_L, "ACT same bank group")
-            if s.acts:
-                _need(out, key, t, cmd, "tRRD_S", s.acts[-1], std.tRRD_S, "ACT")
-            if len(s.acts) >= 4:
-                _need(out, key, t, cmd, "tFAW", s.acts[-4], std.tFAW, "4th previous ACT")
-            _need(out, key, t, cmd, "tRFCsb", s.sb_ref[ba], std.tRFCsb, f"REFsb bank {ba}")
-            s.open_row[b] = rw
-            s.act[b] = s.bg_act[bg] = t
-            s.acts.append(t)
-        elif cmd in ("PRE", "PREA"):
-            if cmd == "PREA":
-                _need(out, key, t, cmd, "tRFCsb", s.last_sb, std.tRFCsb, "REFsb")
-            banks = [b] if cmd == "PRE" else list(s.open_row)
-            for pb in banks:
-                _need(out, key, t, cmd, "tRAS", s.act[pb], std.tRAS, f"ACT bank {pb}")
-                _need(out, key, t, cmd, "tRTP", s.rd[pb], std.tRTP, f"RD bank {pb}")
-                _need(out, key, t, cmd, "tWR", s.wr[pb], std.CWL + std.nBL + std.tWR,
-                      f"WR bank {pb} (CWL+nBL+tWR)")
-                s.open_row.pop(pb, None)
-                s.pre[pb] = t
-            if cmd == "PREA":
-                s.last_prea = t
-            else:
-                s.last_pre_any = t
-        elif cmd in ("RD", "WR"):
-            if s.open_row.get(b, None) != rw or b not in s.open_row:
-                out.append(Violation(t, ch, rk, cmd, "state",
-                                     f"bank {b} has row {s.open_row.get(b)} open, not {rw}"))
-            _need(out, key, t, cmd, "tRCD", s.act[b], std.tRCD, "ACT same bank")
-            if cmd == "RD":
-                _need(out, key, t, cmd, "tCCD_L", s.bg_rd[bg], std.tCCD_L, "RD same bank group")
-                _need(out, key, t, cmd, "tCCD_S", s.last_rd, std.tCCD_S, "RD")
-                _need(out, key, t, cmd, "tWTR_L", s.bg_wr[bg], std.CWL + std.nBL + std.tWTR_L,
-                      "WR same bank group (CWL+nBL+tWTR_L)")
-                _need(out, key, t, cmd, "tWTR_S", s.last_wr, std.CWL + std.nBL + std.tWTR_S,
-                      "WR (CWL+nBL+tWTR_S)")
-                s.rd[b] = s.bg_rd[bg] = s.last_rd = t
-                start = t + std.CL
-            else:
-                _need(out, key, t, cmd, "tCCD_L_WR", s.bg_wr[bg], std.tCCD_L_WR, "WR same bank group")
-                _need(out, key, t, cmd, "tCCD_S", s.last_wr, std.tCCD_S, "WR")
-                _need(out, key, t, cmd, "tRTW", s.last_rd, std.tRTW, "RD")
-                s.wr[b] = s.bg_wr[bg] = s.last_wr = t
-                start = t + std.CWL
-            s.bursts.append((start, start + std.nBL, cmd, t))
-        elif cmd == "REF":
-            if s.open_row:
-                out.append(Violation(t, ch, rk, cmd, "state", f"banks {sorted(s.open_row)} open"))
-            if s.acts:
-                _need(out, key, t, cmd, "tRC", s.acts[-1], std.tRC, "ACT")
-            _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
-            _need(out, key, t, cmd, "tRP", s.last_pre_any, std.tRP, "PRE")
-            _need(out, key, t, cmd, "tRFCsb", s.last_sb, std.tRFCsb, "REFsb")
-            _refresh_rate(out, key, std, t, s.refs, cmd, s.sb_refs)
-            s.refs += 1
-            s.last_ref = t
-        elif cmd == "REFsb":
-            sbanks = [(g, ba) for g in range(std.bank_groups)]
-            still = sorted(sb for sb in sbanks if sb in s.open_row)
-            if still:
-                out.append(Violation(t, ch, rk, cmd, "state", f"banks {still} open"))
-            for sb in sbanks:
-                _need(out, key, t, cmd, "tRC", s.act[sb], std.tRC, f"ACT bank {sb}")
-                _need(out, key, t, cmd, "tRP", s.pre[sb], std.tRP, f"PRE bank {sb}")
-            _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
-            _need(out, key, t, cmd, "tRFCsb", s.sb_ref[ba], std.tRFCsb, f"REFsb bank {ba}")
-            _refresh_rate(out, key, std, t, s.refs, cmd, s.sb_refs)
-            s.sb_refs += 1
-            s.sb_ref[ba] = s.last_sb = t
-        else:
-            raise ValueError(f"line {n}: command {cmd!r}: expected ACT, PRE, PREA, RD, WR, REF "
-                             f"or REFsb")
+        c = _command(std, n, row)
+        s = ranks[c.key]
+        _order(out, s, channel_cmd, c)
+        if c.t - s.last_ref < std.tRFC:
+            _need(out, c.key, c.t, c.cmd, "tRFC", s.last_ref, std.tRFC, "REF")
+        check = _CHECKS.get(c.cmd)
+        if check is None:
+            raise ValueError(f"line {n}: command {c.cmd!r}: expected ACT, PRE, PREA, RD, WR, "
+                             f"REF or REFsb")
+        check(out, std, s, c)
     channels = defaultdict(list)
     for key, s in ranks.items():
         _refresh_rate(out, key, std, s.last_cycle, s.refs, "end", s.sb_refs)
@@ -222,6 +122,174 @@ def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
     for ch, bursts in channels.items():
         _bus(out, ch, bursts, std.tRTRS)
     return out
+
+
+@dataclass(frozen=True)
+class _Command:
+    """One row of the log, read: cycle ``t`` of channel ``ch``, rank ``rk``; ``bg``, ``ba``,
+    ``row`` None where the row leaves them empty."""
+    t: int
+    ch: int
+    rk: int
+    cmd: str
+    bg: int | None
+    ba: int | None
+    row: int | None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.ch, self.rk
+
+    @property
+    def bank(self) -> tuple[int, int]:
+        return self.bg, self.ba
+
+
+def _command(std: DRAMStandard, n: int, row: dict) -> _Command:
+    """Line ``n`` of the log read, its bank address checked against ``std`` for the commands
+    that take one. Raises ValueError naming the line for a missing or malformed column, a
+    REFsb on a standard without same-bank refresh, or a bank out of range."""
+    try:
+        c = _Command(int(row["cycle"]), int(row["channel"]), int(row["rank"]),
+                     row["command"].strip(),
+                     int(row["bankgroup"]) if row["bankgroup"] not in ("", None) else None,
+                     int(row["bank"]) if row["bank"] not in ("", None) else None,
+                     int(row["row"]) if row["row"] not in ("", None) else None)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"line {n}: {row!r}: expected columns {','.join(HEADER)} ({exc})")
+    if c.cmd == "REFsb":
+        if not std.tRFCsb:
+            raise ValueError(f"line {n}: REFsb: {std.name} has no same-bank refresh "
+                             f"(tRFCsb = 0); expected ACT, PRE, PREA, RD, WR or REF")
+        if c.ba is None or not 0 <= c.ba < std.banks_per_group:
+            raise ValueError(f"line {n}: REFsb needs a bank in 0..{std.banks_per_group - 1}, "
+                             f"got {c.ba}")
+    if c.cmd in ("ACT", "PRE", "RD", "WR"):
+        if (c.bg is None or c.ba is None or not 0 <= c.bg < std.bank_groups
+                or not 0 <= c.ba < std.banks_per_group):
+            raise ValueError(f"line {n}: {c.cmd} needs bankgroup/bank in range, got "
+                             f"{c.bg},{c.ba}")
+    return c
+
+
+def _order(out, s: _Rank, channel_cmd: dict, c: _Command) -> None:
+    """Command order: each rank's commands in increasing cycles; one command per cycle on a
+    channel's command bus (shared by its ranks)."""
+    if c.t <= s.last_cycle:
+        out.append(Violation(c.t, c.ch, c.rk, c.cmd, "order",
+                             f"not after the previous command at {s.last_cycle}"))
+    s.last_cycle = c.t
+    last = channel_cmd.get(c.ch)
+    if last is not None and last[0] == c.t and last[1] != c.rk:
+        out.append(Violation(c.t, c.ch, c.rk, c.cmd, "command bus",
+                             f"rank {last[1]} has a command in the same cycle"))
+    channel_cmd[c.ch] = (c.t, c.rk)
+
+
+def _activate(out, std: DRAMStandard, s: _Rank, c: _Command) -> None:
+    """ACT: a closed bank; tRC / tRP / tRPab / tRFCsb after what last used or refreshed the
+    bank, tRRD_L / tRRD_S / tFAW after earlier ACTs."""
+    key, t, cmd, bg, ba, b = c.key, c.t, c.cmd, c.bg, c.ba, c.bank
+    if b in s.open_row:
+        out.append(Violation(t, c.ch, c.rk, cmd, "state", f"bank {b} already open"))
+    _need(out, key, t, cmd, "tRC", s.act[b], std.tRC, "ACT same bank")
+    _need(out, key, t, cmd, "tRP", s.pre[b], std.tRP, "PRE same bank")
+    _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
+    _need(out, key, t, cmd, "tRRD_L", s.bg_act[bg], std.tRRD_L, "ACT same bank group")
+    if s.acts:
+        _need(out, key, t, cmd, "tRRD_S", s.acts[-1], std.tRRD_S, "ACT")
+    if len(s.acts) >= 4:
+        _need(out, key, t, cmd, "tFAW", s.acts[-4], std.tFAW, "4th previous ACT")
+    _need(out, key, t, cmd, "tRFCsb", s.sb_ref[ba], std.tRFCsb, f"REFsb bank {ba}")
+    s.open_row[b] = c.row
+    s.act[b] = s.bg_act[bg] = t
+    s.acts.append(t)
+
+
+def _precharge(out, std: DRAMStandard, s: _Rank, c: _Command) -> None:
+    """PRE (one bank) and PREA (every open bank): tRAS after the bank's ACT, tRTP after its
+    RD, CWL + nBL + tWR after its WR; PREA also tRFCsb after a REFsb."""
+    key, t, cmd = c.key, c.t, c.cmd
+    if cmd == "PREA":
+        _need(out, key, t, cmd, "tRFCsb", s.last_sb, std.tRFCsb, "REFsb")
+    banks = [c.bank] if cmd == "PRE" else list(s.open_row)
+    for pb in banks:
+        _need(out, key, t, cmd, "tRAS", s.act[pb], std.tRAS, f"ACT bank {pb}")
+        _need(out, key, t, cmd, "tRTP", s.rd[pb], std.tRTP, f"RD bank {pb}")
+        _need(out, key, t, cmd, "tWR", s.wr[pb], std.CWL + std.nBL + std.tWR,
+              f"WR bank {pb} (CWL+nBL+tWR)")
+        s.open_row.pop(pb, None)
+        s.pre[pb] = t
+    if cmd == "PREA":
+        s.last_prea = t
+    else:
+        s.last_pre_any = t
+
+
+def _read_write(out, std: DRAMStandard, s: _Rank, c: _Command) -> None:
+    """RD / WR: the row open in the bank, tRCD after its ACT; RD: tCCD_L / tCCD_S after RDs,
+    the write-to-read turnaround (CWL + nBL + tWTR_L / tWTR_S); WR: tCCD_L_WR / tCCD_S after
+    WRs, tRTW after a RD. Records the data burst for the channel's data bus."""
+    key, t, cmd, bg, b, rw = c.key, c.t, c.cmd, c.bg, c.bank, c.row
+    if s.open_row.get(b, None) != rw or b not in s.open_row:
+        out.append(Violation(t, c.ch, c.rk, cmd, "state",
+                             f"bank {b} has row {s.open_row.get(b)} open, not {rw}"))
+    _need(out, key, t, cmd, "tRCD", s.act[b], std.tRCD, "ACT same bank")
+    if cmd == "RD":
+        _need(out, key, t, cmd, "tCCD_L", s.bg_rd[bg], std.tCCD_L, "RD same bank group")
+        _need(out, key, t, cmd, "tCCD_S", s.last_rd, std.tCCD_S, "RD")
+        _need(out, key, t, cmd, "tWTR_L", s.bg_wr[bg], std.CWL + std.nBL + std.tWTR_L,
+              "WR same bank group (CWL+nBL+tWTR_L)")
+        _need(out, key, t, cmd, "tWTR_S", s.last_wr, std.CWL + std.nBL + std.tWTR_S,
+              "WR (CWL+nBL+tWTR_S)")
+        s.rd[b] = s.bg_rd[bg] = s.last_rd = t
+        start = t + std.CL
+    else:
+        _need(out, key, t, cmd, "tCCD_L_WR", s.bg_wr[bg], std.tCCD_L_WR, "WR same bank group")
+        _need(out, key, t, cmd, "tCCD_S", s.last_wr, std.tCCD_S, "WR")
+        _need(out, key, t, cmd, "tRTW", s.last_rd, std.tRTW, "RD")
+        s.wr[b] = s.bg_wr[bg] = s.last_wr = t
+        start = t + std.CWL
+    s.bursts.append((start, start + std.nBL, cmd, t))
+
+
+def _refresh(out, std: DRAMStandard, s: _Rank, c: _Command) -> None:
+    """REF (all banks): every bank closed, tRC / tRPab / tRP / tRFCsb after the last ACT,
+    PREA, PRE, REFsb; the refresh rate (:func:`_refresh_rate`)."""
+    key, t, cmd = c.key, c.t, c.cmd
+    if s.open_row:
+        out.append(Violation(t, c.ch, c.rk, cmd, "state", f"banks {sorted(s.open_row)} open"))
+    if s.acts:
+        _need(out, key, t, cmd, "tRC", s.acts[-1], std.tRC, "ACT")
+    _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
+    _need(out, key, t, cmd, "tRP", s.last_pre_any, std.tRP, "PRE")
+    _need(out, key, t, cmd, "tRFCsb", s.last_sb, std.tRFCsb, "REFsb")
+    _refresh_rate(out, key, std, t, s.refs, cmd, s.sb_refs)
+    s.refs += 1
+    s.last_ref = t
+
+
+def _refresh_same_bank(out, std: DRAMStandard, s: _Rank, c: _Command) -> None:
+    """REFsb (bank address BA in every bank group): those banks closed, tRC / tRP after their
+    ACT / PRE, tRPab after a PREA, tRFCsb after the last REFsb of BA; the refresh rate."""
+    key, t, cmd, ba = c.key, c.t, c.cmd, c.ba
+    sbanks = [(g, ba) for g in range(std.bank_groups)]
+    still = sorted(sb for sb in sbanks if sb in s.open_row)
+    if still:
+        out.append(Violation(t, c.ch, c.rk, cmd, "state", f"banks {still} open"))
+    for sb in sbanks:
+        _need(out, key, t, cmd, "tRC", s.act[sb], std.tRC, f"ACT bank {sb}")
+        _need(out, key, t, cmd, "tRP", s.pre[sb], std.tRP, f"PRE bank {sb}")
+    _need(out, key, t, cmd, "tRPab", s.last_prea, std.tRPab, "PREA")
+    _need(out, key, t, cmd, "tRFCsb", s.sb_ref[ba], std.tRFCsb, f"REFsb bank {ba}")
+    _refresh_rate(out, key, std, t, s.refs, cmd, s.sb_refs)
+    s.sb_refs += 1
+    s.sb_ref[ba] = s.last_sb = t
+
+
+#: the rule family that checks each command
+_CHECKS = {"ACT": _activate, "PRE": _precharge, "PREA": _precharge, "RD": _read_write,
+           "WR": _read_write, "REF": _refresh, "REFsb": _refresh_same_bank}
 
 
 def _refresh_rate(out, key, std, t, refs_before, cmd, sb_before=0):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from coda.hw.isa import NMEConfig, Status
 from coda.hw.nme_cycles import model_cycles
-from coda.cosim.bench import parse_units
+from coda.cosim.nme_units import parse_units
 from coda.host import compiler
 from coda.jsonout import json_text
 from coda.paths import check_output_path

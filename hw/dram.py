@@ -62,6 +62,8 @@ postponed (``refresh_postpone``) but never pulled in; no LPDDR5 per-bank refresh
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO
@@ -148,7 +150,7 @@ class DRAMController(wiring.Component):
         max_bypass: column commands that may overtake the oldest request before only its
             commands may issue (default 1: measured, the DIMM-NMP's streams keep their
             in-order utilisation, 16 cost the residual add 0.18 points; random traffic wants
-            more, see :data:`coda.cosim.bench.RANDOM_CONTROLLER`).
+            more, see :data:`coda.cosim.dram_bench.RANDOM_CONTROLLER`).
         row_policy: ``"open"`` (default), ``"closed"`` or ``"timeout"``
             (:mod:`coda.hw.dram_rowpolicy`); row_timeout: its cycles (default 64);
             policy_banks: banks it tracks at once (default 4).
@@ -220,35 +222,55 @@ class DRAMController(wiring.Component):
         super().__init__(members)
 
     def elaborate(self, platform):
-        std = self.std
         m = Module()
-        NR = self.ranks
-        mapping = AddressMapping(std, NR)
-        cstd = channel_banks(std, NR)        # the queues', scheduler's and policy's view
-        A, D = mapping.addr_bits, 8 * std.burst_bytes
-        RQ, WQ, n_look = self.read_queue, self.write_queue, self.n_look
-        bank_bits = ceil_log2(cstd.banks)
-        R = self.rob_depth
-        tag_bits = ceil_log2(R)
+        mapping = AddressMapping(self.std, self.ranks)
+        cycle = self._cycle_counter(m)
+        rq, wq, sched, policy, timing = self._parts(m, mapping)
+        refresh = self._refresh(m, rq, wq, sched, timing)
+        wmode, raw = self._write_mode(m, rq, wq)
+        self._scheduler_inputs(m, mapping, rq, wq, sched, policy, timing, wmode, raw)
+        self._refresh_inputs(m, rq, wq, sched, timing, refresh)
+        cmd = self._command(m, mapping, rq, wq, sched, policy, timing, refresh, wmode)
+        rob_tail, unanswered = self._read_order(m, rq, cmd)
+        self._queue_updates(m, mapping, rq, wq, cmd, wmode, cycle, rob_tail, unanswered)
+        self._statistics(m, rq, wq, cmd, cycle, unanswered)
+        return m
 
+    @staticmethod
+    def _cycle_counter(m):
+        """The cycle counter: cycles since reset (``stat_cycles``, the requests' stamps)."""
         cycle = Signal(STAT_BITS)           # cycles since reset (stat_cycles, request stamps)
         m.d.sync += cycle.eq(cycle + 1)
+        return cycle
 
+    def _parts(self, m, mapping):
+        """The read and write queues, the scheduler, the row policy and the timing table."""
+        std, NR = self.std, self.ranks
+        cstd = channel_banks(std, NR)        # the queues', scheduler's and policy's view
+        A, D = mapping.addr_bits, 8 * std.burst_bytes
+        n_look = self.n_look
+        bank_bits = ceil_log2(cstd.banks)
+        tag_bits = ceil_log2(self.rob_depth)
         # the read queue's payload is the request's acceptance cycle (read latency) and its
         # response tag, the write queue's the write data and byte mask
-        m.submodules.rq = rq = RequestQueue(RQ, A, bank_bits, look=n_look,
+        m.submodules.rq = rq = RequestQueue(self.read_queue, A, bank_bits, look=n_look,
                                             payload_bits=32 + tag_bits)
-        m.submodules.wq = wq = RequestQueue(WQ, A, bank_bits, look=n_look,
+        m.submodules.wq = wq = RequestQueue(self.write_queue, A, bank_bits, look=n_look,
                                             payload_bits=D + D // 8, match_ports=2)
         m.submodules.scheduler = sched = Scheduler(cstd, n_look, max_bypass=self.max_bypass,
                                                    closes=self.n_close, ranks=NR)
         m.submodules.policy = policy = RowPolicy(cstd, self.row_policy,
                                                  timeout=self.row_timeout,
                                                  candidates=self.policy_banks)
-        same_bank = self.refresh == "same_bank"
-        kind_is_ref = sched.kind == Cmd.REF
         m.submodules.timing = timing = TimingTable(std, n_look + policy.n_close,
-                                                   same_bank=same_bank, ranks=NR)
+                                                   same_bank=self.refresh == "same_bank",
+                                                   ranks=NR)
+        return rq, wq, sched, policy, timing
+
+    def _refresh(self, m, rq, wq, sched, timing):
+        """The refresh managers: one per rank, else the rank's all-bank or same-bank one."""
+        std, NR = self.std, self.ranks
+        kind_is_ref = sched.kind == Cmd.REF
         if NR > 1:          # a refresh manager per rank, rank r's first REF r * tREFI / NR early
             refreshers = []
             for r in range(NR):
@@ -263,18 +285,21 @@ class DRAMController(wiring.Component):
             m.d.comb += [sched.ref_pending.eq(Cat(rf.pending for rf in refreshers)),
                          sched.prea.eq(Cat(rf.prea for rf in refreshers)),
                          sched.ref.eq(Cat(rf.ref for rf in refreshers))]
-        elif not same_bank:
+            return None
+        if self.refresh != "same_bank":
             m.submodules.refresh = refresh = AllBankRefresh(std, self.refresh_postpone)
             m.d.comb += refresh.issued.eq(kind_is_ref)
-        else:
-            m.submodules.sb_refresh = sbr = SameBankRefresh(std, self.refresh_postpone)
-            m.d.comb += [timing.sb_ba.eq(sbr.ba), timing.sb_pre_bg.eq(sbr.pre_bg),
-                         sbr.sb_open.eq(timing.sb_open), sbr.sb_pre_ok.eq(timing.sb_pre_ok),
-                         sbr.sb_ok.eq(timing.sb_ok), sbr.issued.eq(sched.kind == Cmd.REFSB),
-                         sched.sb_block.eq(sbr.block), sched.sb_ba.eq(sbr.ba),
-                         sched.sb_pre.eq(sbr.pre), sched.refsb.eq(sbr.refsb)]
+            return refresh
+        m.submodules.sb_refresh = sbr = SameBankRefresh(std, self.refresh_postpone)
+        m.d.comb += [timing.sb_ba.eq(sbr.ba), timing.sb_pre_bg.eq(sbr.pre_bg),
+                     sbr.sb_open.eq(timing.sb_open), sbr.sb_pre_ok.eq(timing.sb_pre_ok),
+                     sbr.sb_ok.eq(timing.sb_ok), sbr.issued.eq(sched.kind == Cmd.REFSB),
+                     sched.sb_block.eq(sbr.block), sched.sb_ba.eq(sbr.ba),
+                     sched.sb_pre.eq(sbr.pre), sched.refsb.eq(sbr.refsb)]
+        return sbr
 
-        # ---- write mode and the read-after-write hazard (the oldest read vs queued writes)
+    def _write_mode(self, m, rq, wq):
+        """Write mode (the watermarks) and the read-after-write hazard of the oldest read."""
         wmode = Signal()
         raw = Signal()
         m.d.comb += [wq.match_addr[0].eq(rq.look[0].addr),
@@ -287,8 +312,11 @@ class DRAMController(wiring.Component):
             with m.If((wq.count == 0)
                       | ((wq.count <= self.write_low) & (rq.count > 0) & ~raw)):
                 m.d.sync += wmode.eq(0)
+        return wmode, raw
 
-        # ---- the scheduler sees the active queue's first entries, asks the timing table
+    @staticmethod
+    def _scheduler_inputs(m, mapping, rq, wq, sched, policy, timing, wmode, raw):
+        """The scheduler's view: the active queue's first entries, the timing table's rows."""
         for e, r, w in zip(sched.look, rq.look, wq.look):
             f = mapping.fields(Mux(wmode, w.addr, r.addr))
             m.d.comb += [e.valid.eq(Mux(wmode, w.valid, r.valid)),
@@ -301,10 +329,14 @@ class DRAMController(wiring.Component):
         m.d.comb += [
             sched.wmode.eq(wmode), sched.raw.eq(raw),
         ]
-        if self.refresh_postpone >= 2 and NR == 1:  # postponed refresh waits for idle time
+
+    def _refresh_inputs(self, m, rq, wq, sched, timing, refresh):
+        """The one-rank refresh manager's inputs (idle time, bank state) and its requests."""
+        same_bank = self.refresh == "same_bank"
+        if self.refresh_postpone >= 2 and self.ranks == 1:   # postponed refresh waits for idle
             busy = (rq.count != 0) | (wq.count != 0)
-            m.d.comb += (sbr.busy if same_bank else refresh.busy).eq(busy)
-        if not same_bank and NR == 1:
+            m.d.comb += refresh.busy.eq(busy)
+        if not same_bank and self.ranks == 1:
             m.d.comb += [
                 refresh.any_open.eq(timing.any_open), refresh.prea_ok.eq(timing.prea_ok),
                 refresh.ref_ok.eq(timing.ref_ok),
@@ -312,7 +344,11 @@ class DRAMController(wiring.Component):
                 sched.ref.eq(refresh.ref),
             ]
 
-        # ---- the chosen command: its entry's fields, to the device and the timing table
+    def _command(self, m, mapping, rq, wq, sched, policy, timing, refresh, wmode):
+        """The chosen command: its entry's fields, to the device, timing table and policy."""
+        std, NR = self.std, self.ranks
+        D = 8 * std.burst_bytes
+        bank_bits = ceil_log2(channel_banks(std, NR).banks)
         kind, sel = sched.kind, sched.sel
         m.d.comb += [rq.sel.eq(sel), wq.sel.eq(sel)]
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
@@ -328,7 +364,8 @@ class DRAMController(wiring.Component):
             with m.If(sched.policy_pre & (sched.sel_close == k)):
                 m.d.comb += [bg.eq(c.bg), ba.eq(c.bank >> ceil_log2(std.bank_groups)),
                              row.eq(c.row), cbank.eq(c.bank)]
-        if same_bank:       # the same-bank refresh's PRE and REFsb: bank BA (of group pre_bg)
+        if self.refresh == "same_bank":     # the same-bank refresh's PRE and REFsb: bank BA
+            sbr = refresh                   # (of group pre_bg)
             with m.If(sched.refresh_pre | (kind == Cmd.REFSB)):
                 m.d.comb += [bg.eq(Mux(kind == Cmd.REFSB, 0, sbr.pre_bg)), ba.eq(sbr.ba),
                              row.eq(0), cbank.eq(Cat(bg, sbr.ba))]
@@ -346,16 +383,24 @@ class DRAMController(wiring.Component):
             policy.issue.kind.eq(kind), policy.issue.bank.eq(cbank),
             policy.issue.bg.eq(bg), policy.issue.row.eq(row),
         ]
+        return SimpleNamespace(is_act=is_act, is_rd=is_rd, is_wr=is_wr, is_ref=is_ref,
+                               entry_pre=entry_pre)
 
-        # ---- response order: each read takes the next tag at acceptance; RDs (any order)
-        # send their tags through a FIFO that the device's bursts (in RD order) pop; data
-        # waits in a tag-indexed buffer until every older read has been answered
+    def _read_order(self, m, rq, cmd):
+        """The read responses in request order: tags, the tag FIFO, the reorder buffer."""
+        std = self.std
+        D = 8 * std.burst_bytes
+        R = self.rob_depth
+        tag_bits = ceil_log2(R)
+        # each read takes the next tag at acceptance; RDs (any order) send their tags through
+        # a FIFO that the device's bursts (in RD order) pop; data waits in a tag-indexed
+        # buffer until every older read has been answered
         rob_tail, rob_head = Signal(tag_bits + 1), Signal(tag_bits + 1)
         unanswered = Signal(tag_bits + 1)
         m.d.comb += unanswered.eq(rob_tail - rob_head)
         m.submodules.tags = tags = SyncFIFO(width=tag_bits,
                                             depth=std.read_latency // std.tCCD_S + 2)
-        m.d.comb += [tags.w_en.eq(is_rd), tags.w_data.eq(rq.sel_payload[32:]),
+        m.d.comb += [tags.w_en.eq(cmd.is_rd), tags.w_data.eq(rq.sel_payload[32:]),
                      tags.r_en.eq(self.rd_valid)]
         m.submodules.rob = rob = Memory(shape=unsigned(D), depth=R, init=[])
         rob_w = rob.write_port()
@@ -374,10 +419,15 @@ class DRAMController(wiring.Component):
         clr_ready = Mux(deliver, (one << head_tag)[:R], 0)
         m.d.sync += [ready.eq((ready | set_ready) & ~clr_ready),
                      rob_head.eq(rob_head + deliver)]
+        return rob_tail, unanswered
 
-        # ---- queue updates. Hazards: a write to the address of a queued read waits until
-        # that read has issued (write-after-read); a read (write) whose address a queued
-        # write has is flagged: it issues only as the oldest entry of its queue
+    def _queue_updates(self, m, mapping, rq, wq, cmd, wmode, cycle, rob_tail, unanswered):
+        """The queues' pushes (with the ordering hazards), pops and bank-state marks."""
+        RQ, WQ, R = self.read_queue, self.write_queue, self.rob_depth
+        tag_bits = ceil_log2(R)
+        # Hazards: a write to the address of a queued read waits until that read has issued
+        # (write-after-read); a read (write) whose address a queued write has is flagged: it
+        # issues only as the oldest entry of its queue
         push = self.req_valid & self.req_ready
         m.d.comb += [rq.match_addr[0].eq(self.req_addr), wq.match_addr[1].eq(self.req_addr),
                      self.req_ready.eq(Mux(self.req_we, (wq.count < WQ) & ~rq.match[0],
@@ -385,16 +435,20 @@ class DRAMController(wiring.Component):
         m.d.sync += rob_tail.eq(rob_tail + (push & ~self.req_we))
         req_bank = mapping.fields(self.req_addr).bank
         for q, pop, push_q, active, payload in (
-                (rq, is_rd, push & ~self.req_we, ~wmode, Cat(cycle[:32], rob_tail[:tag_bits])),
-                (wq, is_wr, push & self.req_we, wmode, Cat(self.req_wdata, self.req_wmask))):
+                (rq, cmd.is_rd, push & ~self.req_we, ~wmode,
+                 Cat(cycle[:32], rob_tail[:tag_bits])),
+                (wq, cmd.is_wr, push & self.req_we, wmode, Cat(self.req_wdata, self.req_wmask))):
             m.d.comb += [q.push.eq(push_q), q.push_addr.eq(self.req_addr),
                          q.push_bank.eq(req_bank), q.push_flag.eq(wq.match[1]),
                          q.push_payload.eq(payload), q.done.eq(pop),
-                         q.mark_act.eq(is_act & active), q.mark_pre.eq(entry_pre & active)]
+                         q.mark_act.eq(cmd.is_act & active),
+                         q.mark_pre.eq(cmd.entry_pre & active)]
 
-        # ---- idle, statistics
+    def _statistics(self, m, rq, wq, cmd, cycle, unanswered):
+        """``idle`` and the statistics counters (``stat_*``)."""
         m.d.comb += self.idle.eq((rq.count == 0) & (wq.count == 0) & (unanswered == 0))
         stats = {n: Signal(STAT_BITS, name=f"st_{n}") for n in STAT_NAMES}
+        is_rd, is_wr = cmd.is_rd, cmd.is_wr
         sel_act = Mux(is_rd, rq.sel_act, wq.sel_act)
         sel_pre = Mux(is_rd, rq.sel_pre, wq.sel_pre)
         col = is_rd | is_wr
@@ -404,16 +458,15 @@ class DRAMController(wiring.Component):
             stats["row_hits"].eq(stats["row_hits"] + (col & ~sel_act & ~sel_pre)),
             stats["row_misses"].eq(stats["row_misses"] + (col & sel_act & ~sel_pre)),
             stats["row_conflicts"].eq(stats["row_conflicts"] + (col & sel_pre)),
-            stats["refreshes"].eq(stats["refreshes"] + is_ref),
+            stats["refreshes"].eq(stats["refreshes"] + cmd.is_ref),
         ]
         with m.If(is_rd):
             m.d.sync += stats["read_latency"].eq(
                 stats["read_latency"] + (cycle[:32] - rq.sel_payload[:32])[:32]
-                + std.read_latency)
+                + self.std.read_latency)
         m.d.comb += stats["cycles"].eq(cycle)
         for n in STAT_NAMES:
             m.d.comb += getattr(self, f"stat_{n}").eq(stats[n])
-        return m
 
 
 class WordAdapter(wiring.Component):

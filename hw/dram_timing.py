@@ -21,6 +21,8 @@ data (:mod:`coda.hw.dram_standards`).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -115,109 +117,108 @@ class TimingTable(wiring.Component):
         })
 
     def elaborate(self, platform):
-        if self.ranks > 1:
-            return self._elaborate_ranks()
-        std = self.std
         m = Module()
-        nbank, nbg, T = std.banks, std.bank_groups, STAMP_BITS
-
-        now = Signal(T, reset_less=True)    # time base of the constraint timestamps
+        now = Signal(STAMP_BITS, reset_less=True)   # time base of the constraint timestamps
         m.d.sync += now.eq(now + 1)
+        tb = _Stamps(m, now)
+        if self.ranks > 1:
+            s = self._rank_state(tb)
+            self._rank_answers(tb, s)
+            self._rank_updates(tb, s)
+        else:
+            s = self._state(tb)
+            self._answers(tb, s)
+            self._updates(tb, s)
+        return m
 
-        def after(stamp):
-            """The constraint whose earliest cycle is ``stamp`` allows a command now."""
-            return now >= stamp
+    # ---- one rank
 
-        def later(a, b):
-            return Mux(a > b, a, b)
-
-        def table(depth, name, shape):
-            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem
-
-        def read(mem, index):
-            """Data of a new combinational read port of ``mem`` at ``index``."""
-            port = mem.read_port(domain="comb")
-            m.d.comb += port.addr.eq(index)
-            return port.data
-
+    def _state(self, tb):
+        """The rank's state: open rows, the timestamp RAMs and registers, the tFAW counters."""
+        std, T = self.std, STAMP_BITS
+        nbank, nbg = std.banks, std.bank_groups
+        s = SimpleNamespace()
         # open rows and constraint timestamps, one RAM word per bank (group). A constraint
         # that a command puts on every bank (group) other than its own is a single "_any"
         # timestamp: with same-group values >= other-group values max(own, any) is the
         # per-group counter.
-        is_open = Signal(nbank)
-        open_row = table(nbank, "open_row", ceil_log2(std.rows))
-        act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
-        rd_at, wr_at, rrd_at = (table(nbg, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
+        s.is_open = Signal(nbank)
+        s.open_row = tb.table(nbank, "open_row", ceil_log2(std.rows))
+        s.act_at, s.pre_at, s.col_at = (tb.table(nbank, n, T)
+                                        for n in ("act_at", "pre_at", "col_at"))
+        s.rd_at, s.wr_at, s.rrd_at = (tb.table(nbg, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
         # in the time base of `now`: kept over a reset, like the RAMs
-        act_any, rd_any, wr_any, rrd_any = (Signal(T, name=n, reset_less=True) for n in
-                                            ("act_any", "rd_any", "wr_any", "rrd_any"))
+        s.act_any, s.rd_any, s.wr_any, s.rrd_any = (Signal(T, name=n, reset_less=True) for n in
+                                                    ("act_any", "rd_any", "wr_any", "rrd_any"))
         # latest ACT- / PRE-allowed stamp of any bank: all banks may ACT (REF) / PRE (PREA)
-        act_all = Signal(T, reset_less=True)
-        pre_all = Signal(T, reset_less=True)
-        faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
-        faw_ok = faw[3] == 0
-        bgb = ceil_log2(nbg)
-        bpg = std.banks_per_group
+        s.act_all = Signal(T, reset_less=True)
+        s.pre_all = Signal(T, reset_less=True)
+        s.faw = [Signal(range(std.tFAW + 1), name=f"faw{k}") for k in range(4)]
         if self.same_bank:
+            bpg = std.banks_per_group
             # per bank address BA: latest ACT/PRE-allowed stamp of its banks (REFsb needs
             # tRC/tRP of all of them), and the end of its last REFsb (tRFCsb)
-            act_ba = [Signal(T, name=f"act_ba{k}", reset_less=True) for k in range(bpg)]
-            sb_until = [Signal(T, name=f"sb_until{k}", reset_less=True) for k in range(bpg)]
-            sb_any = Signal(T, reset_less=True)
-            act_ba_a, sb_until_a = Array(act_ba), Array(sb_until)
+            s.act_ba = [Signal(T, name=f"act_ba{k}", reset_less=True) for k in range(bpg)]
+            s.sb_until = [Signal(T, name=f"sb_until{k}", reset_less=True) for k in range(bpg)]
+            s.sb_any = Signal(T, reset_less=True)
+            s.act_ba_a, s.sb_until_a = Array(s.act_ba), Array(s.sb_until)
+        return s
 
-        # ---- answers
+    def _answers(self, tb, s):
+        """The answers: each row query's bank state and allowed commands, PREA, REF, REFsb."""
+        m, after, read = tb.m, tb.after, tb.read
+        nbg = self.std.bank_groups
+        bgb = ceil_log2(nbg)
+        faw_ok = s.faw[3] == 0
         for q in self.rows:
-            sb_free = after(sb_until_a[q.bank[bgb:]]) if self.same_bank else Const(1)
+            sb_free = after(s.sb_until_a[q.bank[bgb:]]) if self.same_bank else Const(1)
             m.d.comb += [
-                q.opened.eq(is_open.bit_select(q.bank, 1)),
-                q.row_hit.eq(read(open_row, q.bank) == q.row),
-                q.act_ok.eq(after(read(act_at, q.bank)) & after(read(rrd_at, q.bg))
-                            & after(act_any) & after(rrd_any) & faw_ok & sb_free),
-                q.pre_ok.eq(after(read(pre_at, q.bank))),
-                q.col_ok.eq(after(read(col_at, q.bank))),
-                q.rd_ok.eq(after(read(rd_at, q.bg)) & after(rd_any)),
-                q.wr_ok.eq(after(read(wr_at, q.bg)) & after(wr_any)),
+                q.opened.eq(s.is_open.bit_select(q.bank, 1)),
+                q.row_hit.eq(read(s.open_row, q.bank) == q.row),
+                q.act_ok.eq(after(read(s.act_at, q.bank)) & after(read(s.rrd_at, q.bg))
+                            & after(s.act_any) & after(s.rrd_any) & faw_ok & sb_free),
+                q.pre_ok.eq(after(read(s.pre_at, q.bank))),
+                q.col_ok.eq(after(read(s.col_at, q.bank))),
+                q.rd_ok.eq(after(read(s.rd_at, q.bg)) & after(s.rd_any)),
+                q.wr_ok.eq(after(read(s.wr_at, q.bg)) & after(s.wr_any)),
             ]
         m.d.comb += [
-            self.any_open.eq(is_open.any()),
+            self.any_open.eq(s.is_open.any()),
         ]
         if self.same_bank:
-            sb_open = Cat(is_open.bit_select(Cat(Const(g, bgb), self.sb_ba), 1)
+            sb_open = Cat(s.is_open.bit_select(Cat(Const(g, bgb), self.sb_ba), 1)
                           for g in range(nbg))
             m.d.comb += [
-                self.prea_ok.eq(after(pre_all) & after(sb_any)),
-                self.ref_ok.eq(after(act_all) & after(sb_any)),
+                self.prea_ok.eq(after(s.pre_all) & after(s.sb_any)),
+                self.ref_ok.eq(after(s.act_all) & after(s.sb_any)),
                 self.sb_open.eq(sb_open),
-                self.sb_pre_ok.eq(after(read(pre_at, Cat(self.sb_pre_bg, self.sb_ba)))),
-                self.sb_ok.eq((sb_open == 0) & after(act_ba_a[self.sb_ba]) & after(act_any)
-                              & after(sb_until_a[self.sb_ba])),
+                self.sb_pre_ok.eq(after(read(s.pre_at, Cat(self.sb_pre_bg, self.sb_ba)))),
+                self.sb_ok.eq((sb_open == 0) & after(s.act_ba_a[self.sb_ba]) & after(s.act_any)
+                              & after(s.sb_until_a[self.sb_ba])),
             ]
         else:
-            m.d.comb += [self.prea_ok.eq(after(pre_all)), self.ref_ok.eq(after(act_all))]
+            m.d.comb += [self.prea_ok.eq(after(s.pre_all)), self.ref_ok.eq(after(s.act_all))]
 
-        # ---- updates from the issued command (stamp = now + the constraint's cycles)
+    def _updates(self, tb, s):
+        """The issued command's updates: timestamps (now + the constraint), open rows, tFAW."""
+        std = self.std
+        m, now, later, update = tb.m, tb.now, tb.later, tb.update
+        nbank = std.banks
+        act_any, act_all, pre_all, is_open, faw = s.act_any, s.act_all, s.pre_all, s.is_open, s.faw
+        # (stamp = now + the constraint's cycles)
         kind, bank, bg = self.issue.kind, self.issue.bank, self.issue.bg
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
         is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
         is_prea, is_ref = kind == Cmd.PREA, kind == Cmd.REF
-
-        def update(mem, index, en, stamp, keep_later=True):
-            port = mem.write_port()
-            m.d.comb += [port.addr.eq(index), port.en.eq(en),
-                         port.data.eq(later(read(mem, index), stamp) if keep_later else stamp)]
-
         act_stamp = now + Mux(is_act, std.tRC, std.tRP)
-        update(act_at, bank, is_act | is_pre, act_stamp)
+        update(s.act_at, bank, is_act | is_pre, act_stamp)
         pre_stamp = now + Mux(is_act, std.tRAS, Mux(is_rd, std.tRTP, std.write_to_pre))
-        update(pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
-        update(col_at, bank, is_act, now + std.tRCD, keep_later=False)
-        update(rd_at, bg, is_rd | is_wr, now + Mux(is_rd, std.tCCD_L, std.write_to_read_l))
-        update(wr_at, bg, is_wr, now + std.tCCD_L_WR, keep_later=False)
-        update(rrd_at, bg, is_act, now + std.tRRD_L, keep_later=False)
-        orow_w = open_row.write_port()
+        update(s.pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
+        update(s.col_at, bank, is_act, now + std.tRCD, keep_later=False)
+        update(s.rd_at, bg, is_rd | is_wr, now + Mux(is_rd, std.tCCD_L, std.write_to_read_l))
+        update(s.wr_at, bg, is_wr, now + std.tCCD_L_WR, keep_later=False)
+        update(s.rrd_at, bg, is_act, now + std.tRRD_L, keep_later=False)
+        orow_w = s.open_row.write_port()
         m.d.comb += [orow_w.addr.eq(bank), orow_w.data.eq(self.issue.row), orow_w.en.eq(is_act)]
         all_stamp = now + Mux(is_prea, std.tRPab, std.tRFC)
         with m.If(is_prea | is_ref):
@@ -226,23 +227,23 @@ class TimingTable(wiring.Component):
         with m.If(is_act | is_pre):
             m.d.sync += act_all.eq(later(act_all, act_stamp))
         if self.same_bank:
-            ba = bank[bgb:]
-            for k in range(bpg):
+            ba = bank[ceil_log2(std.bank_groups):]
+            for k in range(std.banks_per_group):
                 with m.If((is_act | is_pre) & (ba == k)):
-                    m.d.sync += act_ba[k].eq(later(act_ba[k], act_stamp))
+                    m.d.sync += s.act_ba[k].eq(later(s.act_ba[k], act_stamp))
                 with m.If((kind == Cmd.REFSB) & (ba == k)):
-                    m.d.sync += sb_until[k].eq(now + std.tRFCsb)
+                    m.d.sync += s.sb_until[k].eq(now + std.tRFCsb)
             with m.If(kind == Cmd.REFSB):
-                m.d.sync += sb_any.eq(now + std.tRFCsb)
+                m.d.sync += s.sb_any.eq(now + std.tRFCsb)
         with m.If(is_act | is_rd | is_wr):
             m.d.sync += pre_all.eq(later(pre_all, pre_stamp))
         with m.If(is_rd | is_wr):
-            m.d.sync += rd_any.eq(later(rd_any, now + Mux(is_rd, std.tCCD_S,
-                                                          std.write_to_read_s)))
-            m.d.sync += wr_any.eq(later(wr_any, now + Mux(is_rd, max(std.tRTW, std.tCCD_L),
-                                                          std.tCCD_S)))
+            m.d.sync += s.rd_any.eq(later(s.rd_any, now + Mux(is_rd, std.tCCD_S,
+                                                              std.write_to_read_s)))
+            m.d.sync += s.wr_any.eq(later(s.wr_any, now + Mux(is_rd, max(std.tRTW, std.tCCD_L),
+                                                              std.tCCD_S)))
         with m.If(is_act):
-            m.d.sync += [rrd_any.eq(now + std.tRRD_S),
+            m.d.sync += [s.rrd_any.eq(now + std.tRRD_S),
                          is_open.eq(is_open | (Const(1, nbank) << bank)[:nbank])]
         with m.If(is_pre):
             m.d.sync += is_open.eq(is_open & ~(Const(1, nbank) << bank)[:nbank])
@@ -254,100 +255,92 @@ class TimingTable(wiring.Component):
             m.d.sync += [faw[0].eq(std.tFAW - 1)] + [faw[k].eq(dec[k - 1]) for k in range(1, 4)]
         with m.Else():
             m.d.sync += [faw[k].eq(dec[k]) for k in range(4)]
-        return m
 
-    def _elaborate_ranks(self):
-        """The table of R ranks sharing a channel (see the class docstring): the one-rank
-        table's constraints per rank, plus the rank-switch constraints of the data bus."""
-        std, R = self.std, self.ranks
-        m = Module()
-        nb, nbg, T = std.banks, std.bank_groups, STAMP_BITS
-        nbank = nb * R
-        rank_lo = ceil_log2(nbg) + ceil_log2(std.banks_per_group)
+    # ---- R ranks sharing a channel (see the class docstring): the one-rank table's
+    # constraints per rank, plus the rank-switch constraints of the data bus
 
-        now = Signal(T, reset_less=True)
-        m.d.sync += now.eq(now + 1)
+    def _rank_of(self, bank):
+        """The rank bits of the channel's flat bank index ``bank``."""
+        std = self.std
+        return bank[ceil_log2(std.bank_groups) + ceil_log2(std.banks_per_group):]
 
-        def after(stamp):
-            return now >= stamp
+    def _group(self, bg, bank):
+        """The (rank, bank group) index of the per-group tables."""
+        return Cat(bg, self._rank_of(bank))
 
-        def later(a, b):
-            return Mux(a > b, a, b)
-
-        def table(depth, name, shape):
-            mem = Memory(shape=unsigned(shape), depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem
-
-        def read(mem, index):
-            port = mem.read_port(domain="comb")
-            m.d.comb += port.addr.eq(index)
-            return port.data
-
-        def rank_of(bank):
-            return bank[rank_lo:]
-
-        def group(bg, bank):            # (rank, bank group) index of the per-group tables
-            return Cat(bg, rank_of(bank))
-
-        is_open = Signal(nbank)
-        open_row = table(nbank, "open_row", ceil_log2(std.rows))
-        act_at, pre_at, col_at = (table(nbank, n, T) for n in ("act_at", "pre_at", "col_at"))
-        rd_at, wr_at, rrd_at = (table(nbg * R, n, T) for n in ("rd_at", "wr_at", "rrd_at"))
+    def _rank_state(self, tb):
+        """The ranks' state: open rows, timestamp RAMs, per-rank stamps and tFAW counters."""
+        std, R, T = self.std, self.ranks, STAMP_BITS
+        nbank, nbg = std.banks * R, std.bank_groups
+        s = SimpleNamespace()
+        s.is_open = Signal(nbank)
+        s.open_row = tb.table(nbank, "open_row", ceil_log2(std.rows))
+        s.act_at, s.pre_at, s.col_at = (tb.table(nbank, n, T)
+                                        for n in ("act_at", "pre_at", "col_at"))
+        s.rd_at, s.wr_at, s.rrd_at = (tb.table(nbg * R, n, T)
+                                      for n in ("rd_at", "wr_at", "rrd_at"))
 
         def per_rank(name):
             return [Signal(T, name=f"{name}{r}", reset_less=True) for r in range(R)]
 
-        act_any, rd_any, wr_any, rrd_any = (per_rank(n) for n in
-                                            ("act_any", "rd_any", "wr_any", "rrd_any"))
-        act_all, pre_all = per_rank("act_all"), per_rank("pre_all")
-        faw = [[Signal(range(std.tFAW + 1), name=f"faw{r}_{k}") for k in range(4)]
-               for r in range(R)]
-        faw_ok = Signal(R)
-        m.d.comb += faw_ok.eq(Cat(f[3] == 0 for f in faw))
-        act_any_a, rd_any_a, wr_any_a, rrd_any_a = (Array(x) for x in
-                                                    (act_any, rd_any, wr_any, rrd_any))
+        s.act_any, s.rd_any, s.wr_any, s.rrd_any = (per_rank(n) for n in
+                                                    ("act_any", "rd_any", "wr_any", "rrd_any"))
+        s.act_all, s.pre_all = per_rank("act_all"), per_rank("pre_all")
+        s.faw = [[Signal(range(std.tFAW + 1), name=f"faw{r}_{k}") for k in range(4)]
+                 for r in range(R)]
+        s.faw_ok = Signal(R)
+        tb.m.d.comb += s.faw_ok.eq(Cat(f[3] == 0 for f in s.faw))
+        return s
 
+    def _rank_answers(self, tb, s):
+        """The answers: each row query's bank state and allowed commands; PREA/REF per rank."""
+        m, after, read, group = tb.m, tb.after, tb.read, self._group
+        R, nb = self.ranks, self.std.banks
+        act_any_a, rd_any_a, wr_any_a, rrd_any_a = (Array(x) for x in
+                                                    (s.act_any, s.rd_any, s.wr_any, s.rrd_any))
         for q in self.rows:
-            r = rank_of(q.bank)
+            r = self._rank_of(q.bank)
             m.d.comb += [
-                q.opened.eq(is_open.bit_select(q.bank, 1)),
-                q.row_hit.eq(read(open_row, q.bank) == q.row),
-                q.act_ok.eq(after(read(act_at, q.bank)) & after(read(rrd_at, group(q.bg, q.bank)))
+                q.opened.eq(s.is_open.bit_select(q.bank, 1)),
+                q.row_hit.eq(read(s.open_row, q.bank) == q.row),
+                q.act_ok.eq(after(read(s.act_at, q.bank))
+                            & after(read(s.rrd_at, group(q.bg, q.bank)))
                             & after(act_any_a[r]) & after(rrd_any_a[r])
-                            & faw_ok.bit_select(r, 1)),
-                q.pre_ok.eq(after(read(pre_at, q.bank))),
-                q.col_ok.eq(after(read(col_at, q.bank))),
-                q.rd_ok.eq(after(read(rd_at, group(q.bg, q.bank))) & after(rd_any_a[r])),
-                q.wr_ok.eq(after(read(wr_at, group(q.bg, q.bank))) & after(wr_any_a[r])),
+                            & s.faw_ok.bit_select(r, 1)),
+                q.pre_ok.eq(after(read(s.pre_at, q.bank))),
+                q.col_ok.eq(after(read(s.col_at, q.bank))),
+                q.rd_ok.eq(after(read(s.rd_at, group(q.bg, q.bank))) & after(rd_any_a[r])),
+                q.wr_ok.eq(after(read(s.wr_at, group(q.bg, q.bank))) & after(wr_any_a[r])),
             ]
         m.d.comb += [
-            self.any_open.eq(Cat(is_open[r * nb:(r + 1) * nb].any() for r in range(R))),
-            self.prea_ok.eq(Cat(after(x) for x in pre_all)),
-            self.ref_ok.eq(Cat(after(x) for x in act_all)),
+            self.any_open.eq(Cat(s.is_open[r * nb:(r + 1) * nb].any() for r in range(R))),
+            self.prea_ok.eq(Cat(after(x) for x in s.pre_all)),
+            self.ref_ok.eq(Cat(after(x) for x in s.act_all)),
         ]
 
+    def _rank_updates(self, tb, s):
+        """The issued command's updates: per-rank stamps, the data bus's rank switch, tFAW."""
+        std, R = self.std, self.ranks
+        m, now, later, update, group = tb.m, tb.now, tb.later, tb.update, self._group
+        nb = std.banks
+        nbank = nb * R
+        act_any, rd_any, wr_any, rrd_any = s.act_any, s.rd_any, s.wr_any, s.rrd_any
+        act_all, pre_all, faw, is_open = s.act_all, s.pre_all, s.faw, s.is_open
         kind, bank, bg = self.issue.kind, self.issue.bank, self.issue.bg
-        ir = rank_of(bank)
+        ir = self._rank_of(bank)
         is_act, is_pre = kind == Cmd.ACT, kind == Cmd.PRE
         is_rd, is_wr = kind == Cmd.RD, kind == Cmd.WR
         is_prea, is_ref = kind == Cmd.PREA, kind == Cmd.REF
-
-        def update(mem, index, en, stamp, keep_later=True):
-            port = mem.write_port()
-            m.d.comb += [port.addr.eq(index), port.en.eq(en),
-                         port.data.eq(later(read(mem, index), stamp) if keep_later else stamp)]
-
         act_stamp = now + Mux(is_act, std.tRC, std.tRP)
-        update(act_at, bank, is_act | is_pre, act_stamp)
+        update(s.act_at, bank, is_act | is_pre, act_stamp)
         pre_stamp = now + Mux(is_act, std.tRAS, Mux(is_rd, std.tRTP, std.write_to_pre))
-        update(pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
-        update(col_at, bank, is_act, now + std.tRCD, keep_later=False)
-        update(rd_at, group(bg, bank), is_rd | is_wr,
+        update(s.pre_at, bank, is_act | is_rd | is_wr, pre_stamp)
+        update(s.col_at, bank, is_act, now + std.tRCD, keep_later=False)
+        update(s.rd_at, group(bg, bank), is_rd | is_wr,
                now + Mux(is_rd, std.tCCD_L, std.write_to_read_l))
-        update(wr_at, group(bg, bank), is_wr, now + std.tCCD_L_WR, keep_later=False)
-        update(rrd_at, group(bg, bank), is_act, now + std.tRRD_L, keep_later=False)
-        orow_w = open_row.write_port()
+        update(s.wr_at, group(bg, bank), is_wr, now + std.tCCD_L_WR, keep_later=False)
+        update(s.rrd_at, group(bg, bank), is_act, now + std.tRRD_L, keep_later=False)
+        orow_w = s.open_row.write_port()
         m.d.comb += [orow_w.addr.eq(bank), orow_w.data.eq(self.issue.row), orow_w.en.eq(is_act)]
         all_stamp = now + Mux(is_prea, std.tRPab, std.tRFC)
         # data-bus rank switch (DRAMsim3 timing.cc read_to_read_o ... write_to_read_o)
@@ -388,4 +381,38 @@ class TimingTable(wiring.Component):
         with m.If(is_prea):
             m.d.sync += is_open.eq(Cat(Mux(ir == r, 0, is_open[r * nb:(r + 1) * nb])
                                        for r in range(R)))
-        return m
+
+
+class _Stamps:
+    """The timing table's building blocks on module ``m`` with the time base ``now``."""
+
+    def __init__(self, m, now):
+        self.m, self.now = m, now
+
+    def after(self, stamp):
+        """The constraint whose earliest cycle is ``stamp`` allows a command now."""
+        return self.now >= stamp
+
+    @staticmethod
+    def later(a, b):
+        """The later of two stamps."""
+        return Mux(a > b, a, b)
+
+    def table(self, depth, name, shape):
+        """A RAM of ``depth`` words of ``shape`` bits, submodule ``name``."""
+        mem = Memory(shape=unsigned(shape), depth=depth, init=[])
+        self.m.submodules[name] = mem
+        return mem
+
+    def read(self, mem, index):
+        """Data of a new combinational read port of ``mem`` at ``index``."""
+        port = mem.read_port(domain="comb")
+        self.m.d.comb += port.addr.eq(index)
+        return port.data
+
+    def update(self, mem, index, en, stamp, keep_later=True):
+        """A write port of ``mem`` writing ``stamp`` at ``index`` (keeping a later one)."""
+        port = mem.write_port()
+        self.m.d.comb += [port.addr.eq(index), port.en.eq(en),
+                          port.data.eq(self.later(self.read(mem, index), stamp) if keep_later
+                                       else stamp)]

@@ -171,6 +171,10 @@ class _Stages:
             out.append(reg)
         return tuple(out)
 
+    def named(self, boundary: int, values: dict) -> dict:
+        """The dict ``values`` (name -> value) after ``boundary``, as :meth:`__call__`."""
+        return dict(zip(values, self(boundary, **values)))
+
 
 # --------------------------------------------------------------------------------------
 # Shared datapath pieces (they add logic to the given Module)
@@ -303,10 +307,22 @@ class FPAdd(wiring.Component):
                           "y": Out(fmt.width)})
 
     def elaborate(self, platform):
-        fmt = self.fmt
-        M, E = fmt.man_bits, fmt.exp_bits
         m = Module()
         cut = _Stages(m, FPADD_CUTS[self.latency], "add")
+        v = cut.named(0, self._classify(m))
+        v = cut.named(1, self._order(m, **v))
+        v = cut.named(2, self._align(m, **v))
+        v = cut.named(3, self._add(m, **v))
+        v = cut.named(4, self._normalise_shift(m, **v))
+        v = cut.named(5, self._normalise(m, **v))
+        v = cut.named(6, self._round(m, **v))
+        m.d.comb += self.y.eq(_specials(self.fmt, **v))
+        return m
+
+    def _classify(self, m):
+        """The operands unpacked, their special cases, magnitude order, exponent differences."""
+        fmt = self.fmt
+        M, E = fmt.man_bits, fmt.exp_bits
         a = _Unpacked(m, fmt, self.a, "a")
         b = _Unpacked(m, fmt, self.b, "b")
         b_sign = Signal()
@@ -328,14 +344,14 @@ class FPAdd(wiring.Component):
         # swap); the swap picks the non-negative one.
         d_ab, d_ba = Signal(E + 1), Signal(E + 1)
         m.d.comb += [d_ab.eq(a.exp - b.exp), d_ba.eq(b.exp - a.exp)]
+        return dict(a_sign=a.sign, b_sign=b_sign, a_exp=a.exp, b_exp=b.exp, a_sig=a.sig,
+                    b_sig=b.sig, swap=swap, d_ab=d_ab, d_ba=d_ba, nan=nan, inf=inf,
+                    inf_sign=inf_sign)
 
-        # ---- boundary 0
-        (a_sign, b_sign, a_exp, b_exp, a_sig, b_sig, swap, d_ab, d_ba, nan, inf,
-         inf_sign) = cut(
-            0, a_sign=a.sign, b_sign=b_sign, a_exp=a.exp, b_exp=b.exp, a_sig=a.sig,
-            b_sig=b.sig, swap=swap, d_ab=d_ab, d_ba=d_ba, nan=nan, inf=inf,
-            inf_sign=inf_sign)
-
+    def _order(self, m, a_sign, b_sign, a_exp, b_exp, a_sig, b_sig, swap, d_ab, d_ba,
+               **special):
+        """The swap to ``|x| >= |y|``, the effective operation and the alignment shift."""
+        M, E = self.fmt.man_bits, self.fmt.exp_bits
         x_sign, y_sign = Signal(), Signal()
         x_exp = Signal(E)
         x_sig, y_sig = Signal(M + 1), Signal(M + 1)
@@ -355,32 +371,31 @@ class FPAdd(wiring.Component):
                      s_ba.eq(Mux(d_ba[E] | (d_ba[:E] > ext), Mux(d_ba[E], 0, ext), d_ba))]
         shift = Signal(range(ext + 1))
         m.d.comb += shift.eq(Mux(swap, s_ba, s_ab))
+        return dict(x_sign=x_sign, x_exp=x_exp, x_sig=x_sig, y_sig=y_sig, shift=shift,
+                    eff_sub=eff_sub, **special)
 
-        # ---- boundary 1
-        (x_sign, x_exp, x_sig, y_sig, shift, eff_sub, nan, inf, inf_sign) = cut(
-            1, x_sign=x_sign, x_exp=x_exp, x_sig=x_sig, y_sig=y_sig, shift=shift,
-            eff_sub=eff_sub, nan=nan, inf=inf, inf_sign=inf_sign)
-
+    def _align(self, m, x_sign, x_exp, x_sig, y_sig, shift, eff_sub, **special):
+        """The alignment: ``y`` shifted right, with a guard, a round and a sticky bit."""
+        ext = self.fmt.man_bits + 4
         y_wide = Signal(2 * ext)
         m.d.comb += y_wide.eq(Cat(Const(0, ext), y_sig.shift_left(3)) >> shift)
         y_al = Signal(ext)
         m.d.comb += y_al.eq(Cat(y_wide[:ext + 1].any(), y_wide[ext + 1:]))
+        return dict(x_sign=x_sign, x_exp=x_exp, x_sig=x_sig, y_al=y_al, eff_sub=eff_sub,
+                    **special)
 
-        # ---- boundary 2
-        (x_sign, x_exp, x_sig, y_al, eff_sub, nan, inf, inf_sign) = cut(
-            2, x_sign=x_sign, x_exp=x_exp, x_sig=x_sig, y_al=y_al, eff_sub=eff_sub,
-            nan=nan, inf=inf, inf_sign=inf_sign)
-
+    def _add(self, m, x_sign, x_exp, x_sig, y_al, eff_sub, **special):
+        """The significand adder/subtractor, with one carry bit on top."""
+        ext = self.fmt.man_bits + 4
         # Sum with one carry bit on top: bit M+4 carry, bit M+3 units of x.
         total = Signal(ext + 1)
         x_al = Cat(Const(0, 3), x_sig)
         m.d.comb += total.eq(Mux(eff_sub, x_al - y_al, x_al + y_al))
+        return dict(x_sign=x_sign, x_exp=x_exp, total=total, eff_sub=eff_sub, **special)
 
-        # ---- boundary 3
-        (x_sign, x_exp, total, eff_sub, nan, inf, inf_sign) = cut(
-            3, x_sign=x_sign, x_exp=x_exp, total=total, eff_sub=eff_sub, nan=nan, inf=inf,
-            inf_sign=inf_sign)
-
+    def _normalise_shift(self, m, x_sign, x_exp, total, eff_sub, **special):
+        """The leading-zero count, the result's sign and the normalisation shift."""
+        ext = self.fmt.man_bits + 4
         lz = _leading_zeros(m, total, "add_lz")
         nonzero = Signal()
         m.d.comb += nonzero.eq(total.any())
@@ -396,12 +411,13 @@ class FPAdd(wiring.Component):
         m.d.comb += [capped.eq(x_exp < lz), norm_shift.eq(Mux(capped, x_exp, lz))]
         hidden = Signal()
         m.d.comb += hidden.eq(nonzero & ~capped)
+        return dict(sign=sign, x_exp=x_exp, total=total, norm_shift=norm_shift, hidden=hidden,
+                    **special)
 
-        # ---- boundary 4
-        (sign, x_exp, total, norm_shift, hidden, nan, inf, inf_sign) = cut(
-            4, sign=sign, x_exp=x_exp, total=total, norm_shift=norm_shift, hidden=hidden,
-            nan=nan, inf=inf, inf_sign=inf_sign)
-
+    def _normalise(self, m, sign, x_exp, total, norm_shift, hidden, **special):
+        """The normalising left shift, the result's exponent field and overflow."""
+        fmt = self.fmt
+        E, ext = fmt.exp_bits, fmt.man_bits + 4
         norm = Signal(ext + 1)
         m.d.comb += norm.eq(total << norm_shift)
         e_res = Signal(E + 1)
@@ -410,20 +426,12 @@ class FPAdd(wiring.Component):
         m.d.comb += e_field.eq(Mux(hidden, e_res, 0))
         overflow = Signal()
         m.d.comb += overflow.eq(hidden & (e_res >= fmt.exp_max))
+        return dict(sign=sign, norm=norm, e_field=e_field, overflow=overflow, **special)
 
-        # ---- boundary 5
-        (sign, norm, e_field, overflow, nan, inf, inf_sign) = cut(
-            5, sign=sign, norm=norm, e_field=e_field, overflow=overflow, nan=nan, inf=inf,
-            inf_sign=inf_sign)
-
-        mag = _round_pack(m, fmt, norm, e_field, overflow, "add_mag")
-
-        # ---- boundary 6
-        sign, mag, nan, inf, inf_sign = cut(6, sign=sign, mag=mag, nan=nan, inf=inf,
-                                            inf_sign=inf_sign)
-
-        m.d.comb += self.y.eq(_specials(fmt, sign, mag, nan, inf, inf_sign))
-        return m
+    def _round(self, m, sign, norm, e_field, overflow, **special):
+        """Round to nearest even and pack the magnitude."""
+        mag = _round_pack(m, self.fmt, norm, e_field, overflow, "add_mag")
+        return dict(sign=sign, mag=mag, **special)
 
 
 # --------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ follows the micro-op word in its cycle.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -121,10 +123,16 @@ class NMECheck(wiring.Component):
         })
 
     def elaborate(self, platform):
-        cfg = self.cfg
-        L, IM = cfg.lanes, cfg.imem_depth
         m = Module()
-        n_uops, n_elems = self.n_uops, self.n_elems
+        r = self._registers(m)
+        fsm = self._walk(m, r)
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        return m
+
+    def _registers(self, m):
+        """The check's registers: W, tail mask, program facts, divider, multiplier, limits."""
+        cfg = self.cfg
+        L = cfg.lanes
         n_words = Signal(32)                 # W = ceil(N / L)
         tail_mask = Signal(L)                # valid lanes of word W-1
         streams = Signal(9)
@@ -142,117 +150,128 @@ class NMECheck(wiring.Component):
         mul_acc = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
         mul_cand = Signal(ADDR_BITS + 1 + PARAM_BITS + 7)
         mul_plier = Signal(PARAM_BITS + 7)
-        f = UopFields(self.uop.data)
         # mem_words - extent for the extents that depend on W only (valid from V_CHECK on:
         # W is written in V_DIV's last cycle)
         lim_mem, lim_int8 = Signal(signed(34)), Signal(signed(34))
         m.d.sync += [lim_mem.eq(cfg.mem_words - n_words),
                      lim_int8.eq(cfg.mem_words - ((n_words + 1) >> 1))]
-
-        def reject(code):
-            m.d.comb += [self.reject.eq(1), self.status.eq(code)]
-            m.next = "IDLE"
-
         # k is the last micro-op (registered: k changes two cycles before it is used)
         k_last = Signal()
-        m.d.sync += k_last.eq(k == n_uops - 1)
-
-        def next_uop():
-            m.d.sync += k.eq(k + 1)
-            with m.If(k_last):
-                m.next = "V_END"
-            with m.Else():
-                m.next = "V_FETCH"
-
+        m.d.sync += k_last.eq(k == self.n_uops - 1)
         flags = _CheckFlags()
         rng = _RangeRegs()
         if cfg.trail_stores:
             m.d.comb += self.trail.eq(rng.trail)
         bad_length = Signal()
+        return SimpleNamespace(
+            n_words=n_words, tail_mask=tail_mask, streams=streams, has_l1=has_l1,
+            written=written, prev_read=prev_read, first_read=first_read, prev_addr=prev_addr,
+            seen_read=seen_read, k=k, div_q=div_q, div_r=div_r, div_n=div_n, mul_acc=mul_acc,
+            mul_cand=mul_cand, mul_plier=mul_plier, lim_mem=lim_mem, lim_int8=lim_int8,
+            k_last=k_last, flags=flags, rng=rng, bad_length=bad_length)
 
+    def _reject(self, m, code):
+        """Refuse the program with ``code`` (the ``reject`` pulse) and go idle."""
+        m.d.comb += [self.reject.eq(1), self.status.eq(code)]
+        m.next = "IDLE"
+
+    @staticmethod
+    def _next_uop(m, r):
+        """Go on to the next micro-op, or to ``V_END`` after the last."""
+        m.d.sync += r.k.eq(r.k + 1)
+        with m.If(r.k_last):
+            m.next = "V_END"
+        with m.Else():
+            m.next = "V_FETCH"
+
+    def _walk(self, m, r):
+        """The walk, FSM ``check``: lengths, W, each micro-op's rules, the stream count."""
+        cfg = self.cfg
+        n_uops, n_elems = self.n_uops, self.n_elems
+        k, flags, rng, seen_read = r.k, r.flags, r.rng, r.seen_read
+        f = UopFields(self.uop.data)
         with m.FSM(name="check") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.next = "V_LEN"
 
             with m.State("V_LEN"):
-                m.d.sync += [k.eq(0), streams.eq(0), has_l1.eq(0), written.eq(0),
+                m.d.sync += [k.eq(0), r.streams.eq(0), r.has_l1.eq(0), r.written.eq(0),
                              seen_read.eq(0),
-                             div_q.eq(n_elems), div_r.eq(0), div_n.eq(0)]
+                             r.div_q.eq(n_elems), r.div_r.eq(0), r.div_n.eq(0)]
                 rng.clear(m)
                 # the length rules, registered: V_DIV's first cycle rejects
-                m.d.sync += bad_length.eq((n_uops == 0) | (n_uops > IM) | (n_elems == 0)
-                                          | (n_elems > cfg.max_elems))
+                m.d.sync += r.bad_length.eq((n_uops == 0) | (n_uops > cfg.imem_depth)
+                                            | (n_elems == 0) | (n_elems > cfg.max_elems))
                 m.next = "V_DIV"
 
             with m.State("V_DIV"):
-                with m.If(bad_length):
-                    reject(Status.BAD_LENGTH)
+                with m.If(r.bad_length):
+                    self._reject(m, Status.BAD_LENGTH)
                 with m.Else():
-                    self._words_and_tail(m, n_elems, n_words, tail_mask, div_q, div_r, div_n,
-                                         done_state="V_FETCH")
+                    self._words_and_tail(m, n_elems, r.n_words, r.tail_mask, r.div_q, r.div_r,
+                                         r.div_n, done_state="V_FETCH")
 
             with m.State("V_FETCH"):
                 m.next = "V_CHECK"
 
             with m.State("V_CHECK"):
-                self._check_uop(m, f, k, lim_mem, lim_int8, streams, has_l1, written, flags,
-                                mul_acc, mul_cand, mul_plier)
-                rng.load(m, f, n_words)
+                self._check_uop(m, f, k, r.lim_mem, r.lim_int8, r.streams, r.has_l1, r.written,
+                                flags, r.mul_acc, r.mul_cand, r.mul_plier)
+                rng.load(m, f, r.n_words)
                 with m.If(f.rsrc != RSrc.BUF):
                     # the previous reading micro-op's record: this one follows it
                     m.d.comb += [self.phase_init.en.eq(seen_read),
-                                 self.phase_init.index.eq(prev_read),
-                                 self.phase_init.addr.eq(prev_addr),
+                                 self.phase_init.index.eq(r.prev_read),
+                                 self.phase_init.addr.eq(r.prev_addr),
                                  self.phase_init.next.eq(k)]
-                    m.d.sync += [prev_read.eq(k), prev_addr.eq(f.addr), seen_read.eq(1)]
+                    m.d.sync += [r.prev_read.eq(k), r.prev_addr.eq(f.addr), seen_read.eq(1)]
                     with m.If(~seen_read):
-                        m.d.sync += first_read.eq(k)
+                        m.d.sync += r.first_read.eq(k)
                 m.next = "V_DECIDE"
 
             with m.State("V_DECIDE"):
                 rng.update(m)
                 # the registered outcome of V_CHECK, in validate's order
                 with m.If(flags.bad_opcode):
-                    reject(Status.BAD_OPCODE)
+                    self._reject(m, Status.BAD_OPCODE)
                 with m.Elif(flags.bad_operand):
-                    reject(Status.BAD_OPERAND)
+                    self._reject(m, Status.BAD_OPERAND)
                 with m.Elif(flags.bad_addr):         # also GROUP with addr >= mem_words
-                    reject(Status.BAD_ADDR)
+                    self._reject(m, Status.BAD_ADDR)
                 with m.Elif(flags.group_scaled):
                     m.next = "V_GROUP"
                 with m.Else():
-                    next_uop()
+                    self._next_uop(m, r)
 
             with m.State("V_GROUP"):
                 # shift-add: mul_acc = (mem_words - addr) * (param * L)
-                with m.If(mul_plier == 0):
-                    with m.If(n_words > mul_acc):        # W - 1 >= acc
-                        reject(Status.BAD_ADDR)
+                with m.If(r.mul_plier == 0):
+                    with m.If(r.n_words > r.mul_acc):        # W - 1 >= acc
+                        self._reject(m, Status.BAD_ADDR)
                     with m.Else():
                         m.next = "V_NEXT"
                 with m.Else():
-                    with m.If(mul_plier[0]):
-                        m.d.sync += mul_acc.eq(mul_acc + mul_cand)
-                    m.d.sync += [mul_plier.eq(mul_plier >> 1), mul_cand.eq(mul_cand << 1)]
+                    with m.If(r.mul_plier[0]):
+                        m.d.sync += r.mul_acc.eq(r.mul_acc + r.mul_cand)
+                    m.d.sync += [r.mul_plier.eq(r.mul_plier >> 1),
+                                 r.mul_cand.eq(r.mul_cand << 1)]
 
             with m.State("V_NEXT"):
-                next_uop()
+                self._next_uop(m, r)
 
             with m.State("V_END"):
                 # the last reading micro-op's record: the first one follows, a block later
                 m.d.comb += [self.phase_init.en.eq(seen_read),
-                             self.phase_init.index.eq(prev_read),
-                             self.phase_init.addr.eq(prev_addr),
-                             self.phase_init.next.eq(first_read), self.phase_init.wrap.eq(1)]
-                with m.If(streams > cfg.max_streams):
-                    reject(Status.TOO_MANY_STREAMS)
+                             self.phase_init.index.eq(r.prev_read),
+                             self.phase_init.addr.eq(r.prev_addr),
+                             self.phase_init.next.eq(r.first_read), self.phase_init.wrap.eq(1)]
+                with m.If(r.streams > cfg.max_streams):
+                    self._reject(m, Status.TOO_MANY_STREAMS)
                 with m.Else():
                     m.d.comb += self.accept.eq(1)
                     m.next = "IDLE"
-
-        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
-        return m
+        return fsm
 
     def _words_and_tail(self, m, n_elems, n_words, tail_mask, div_q, div_r, div_n, done_state):
         """W = ceil(N/L) and the tail lane mask: a shift for a power-of-two L, else a

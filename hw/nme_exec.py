@@ -34,6 +34,8 @@ gated clock (:meth:`_clock_gates`).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth.hdl import (Array, Cat, ClockDomain, ClockSignal, Const, Module, Mux, ResetSignal,
                           Signal)
 from amaranth.lib import data, wiring
@@ -113,14 +115,28 @@ class NMEExec(wiring.Component):
         super().__init__(members)
 
     def elaborate(self, platform):
+        m = Module()
+        timing = LaneTiming.of(self.cfg)
+        buf_rd, buf_wr, fifo, afifo, lanes = self._storage(m, timing)
+        r = self._pass_registers(m, timing)
+        p = self._pipeline_control(m, r, timing, buf_rd)
+        self._lane_controls(m, r, p, timing, lanes, buf_rd)
+        self._writeback(m, p, timing, lanes, buf_wr, fifo)
+        self._store_stream(m, r, p, fifo, afifo)
+        self._word_counters(m, r, p, timing)
+        s = self._l1_sum(m, timing, lanes)
+        fsm = self._sequencer(m, r, p, s, timing, lanes)
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        if self.measure_toggles:
+            m.d.comb += self.toggles.eq(self._toggle_counter(m, lanes))
+        return m
+
+    def _storage(self, m, timing):
+        """The ``nbuf`` buffers (block RAMs), the store FIFO and its address FIFO, the lanes."""
         cfg = self.cfg
         L, D, NB = cfg.lanes, cfg.depth, cfg.nbuf
-        m = Module()
         fmt = fp_format(cfg.fmt)
-        timing = LaneTiming.of(cfg)
         fifo_depth = timing.store_fifo_depth
-        n_uops, n_words, tail_mask = self.n_uops, self.n_words, self.tail_mask
-
         buf_rd, buf_wr = [], []
         for b in range(NB):
             mem = Memory(shape=16 * L, depth=D, init=[])
@@ -137,63 +153,73 @@ class NMEExec(wiring.Component):
                            measure_toggles=self.measure_toggles, timing=timing)
             m.submodules[f"lane{j}"] = lane
             lanes.append(lane)
+        return buf_rd, buf_wr, fifo, afifo, lanes
 
+    def _pass_registers(self, m, timing):
+        """The sequencer's registers: micro-op index, current pass, block, word counters."""
+        D = self.cfg.depth
+        fifo_depth = timing.store_fifo_depth
+        r = SimpleNamespace()
         # current micro-op, block, pass counters
-        k = Signal(UOP_INDEX_BITS)           # micro-op index
-        cur_op, cur_rsrc, cur_store = Signal(4), Signal(3), Signal()
-        cur_d, cur_p, cur_q, cur_r = Signal(4), Signal(4), Signal(4), Signal(4)
+        r.k = Signal(UOP_INDEX_BITS)         # micro-op index
+        r.cur_op, r.cur_rsrc, r.cur_store = Signal(4), Signal(3), Signal()
+        r.cur_d, r.cur_p, r.cur_q, r.cur_r = Signal(4), Signal(4), Signal(4), Signal(4)
         # R comes from memory (the response stream); an L1 pass: registers loaded with the
         # micro-op (X_LOAD), so no decode of it is in front of ``enter``
-        read_pass, is_l1 = Signal(), Signal()
-        base = Signal(32)
+        r.read_pass, r.is_l1 = Signal(), Signal()
+        r.base = Signal(32)
         # words from the block's start to the end: x_left = W - base; x_rest = W - base - blen
         # (the next block's x_left), a register: base and blen hold still from X_LOAD to X_END
-        x_left, x_rest = Signal(32), Signal(32)
-        blen = Signal(range(D + 1))
+        r.x_left, r.x_rest = Signal(32), Signal(32)
+        r.blen = Signal(range(D + 1))
         # the block is longer than the pipeline up to the result stage (set with blen): a
         # pass over it may hand over to the next one as its last word enters (see X_RUN)
-        long_block = Signal()
-        n_res = timing.result_stage
-        assert n_res >= 3, "a hand-over needs the next micro-op read 3 cycles into a pass"
-
-        def is_long(words):
-            return (words > n_res) if D > n_res else Const(0)
-
+        r.long_block = Signal()
+        assert timing.result_stage >= 3, \
+            "a hand-over needs the next micro-op read 3 cycles into a pass"
         # base + blen (the next block's base), a register like x_rest
-        base_nx = Signal(32)
-        m.d.sync += [x_rest.eq(x_left - blen), base_nx.eq(base + blen)]
-        last_block = Signal()
-        idx_w = max(1, ceil_log2(D))
-        i_cnt = Signal(range(D + 1))         # words entered (BUF pass)
-        j_cnt = Signal(range(D + 1))         # responses taken (read pass)
+        r.base_nx = Signal(32)
+        m.d.sync += [r.x_rest.eq(r.x_left - r.blen), r.base_nx.eq(r.base + r.blen)]
+        r.last_block = Signal()
+        r.i_cnt = Signal(range(D + 1))       # words entered (BUF pass)
+        r.j_cnt = Signal(range(D + 1))       # responses taken (read pass)
         # i_cnt < blen, j_cnt < blen as registers (set with the counters: blen holds still
         # from X_LOAD to X_END), so no compare is in front of ``enter``
-        i_more, j_more = Signal(), Signal()
+        r.i_more, r.j_more = Signal(), Signal()
         # the next word to enter is the pass's last (a register, set with the counters)
-        w_last = Signal()
-        st_addr = Signal(ADDR_BITS)          # the next entering store word's address
-        trail = Signal()                     # the program's stores may trail its reads
-        x_passes = Signal(PASS_BITS)         # passes completed
-        used = Signal(range(fifo_depth + 1))         # store credits in use
-        room = Signal(init=1)                        # used < fifo_depth (a register)
-        m.d.comb += [self.uop.addr.eq(k), self.passes.eq(x_passes)]
+        r.w_last = Signal()
+        r.st_addr = Signal(ADDR_BITS)        # the next entering store word's address
+        r.trail = Signal()                   # the program's stores may trail its reads
+        r.x_passes = Signal(PASS_BITS)       # passes completed
+        r.used = Signal(range(fifo_depth + 1))       # store credits in use
+        r.room = Signal(init=1)                      # used < fifo_depth (a register)
+        m.d.comb += [self.uop.addr.eq(r.k), self.passes.eq(r.x_passes)]
         # k is the last micro-op (registered: valid from the second cycle after k changed)
-        k_last = Signal()
-        m.d.sync += k_last.eq(k == n_uops - 1)
+        r.k_last = Signal()
+        m.d.sync += r.k_last.eq(r.k == self.n_uops - 1)
         # the next micro-op's index (read during X_RUN: its fields wait in ``f`` for the
         # hand-over, from the third cycle of a pass on)
-        k_nx = Signal(UOP_INDEX_BITS)
-        m.d.comb += k_nx.eq(Mux(k_last, 0, k + 1))
+        r.k_nx = Signal(UOP_INDEX_BITS)
+        m.d.comb += r.k_nx.eq(Mux(r.k_last, 0, r.k + 1))
+        return r
 
-        # ---- pipeline control (stage numbers: coda.hw.nme_iface.LaneTiming)
+    def _is_long(self, words, timing):
+        """A block of ``words`` is longer than the pipeline up to the result stage."""
+        n_res = timing.result_stage
+        return (words > n_res) if self.cfg.depth > n_res else Const(0)
+
+    def _pipeline_control(self, m, r, timing, buf_rd):
+        """Pipeline control: word entry, each stage's valid bit, index, controls, last flag."""
+        idx_w = max(1, ceil_log2(self.cfg.depth))
+        n_res = timing.result_stage
         run = Signal()                       # in X_RUN
         enter = Signal()                     # a word enters stage 0 this cycle
         gap_ok = Const(1, 1)                 # L1 words come every l1_gap cycles
         if timing.l1_gap > 1:
             gap = Signal(range(timing.l1_gap))
             gap_zero = Signal(init=1)        # gap == 0, a register
-            gap_ok = ~is_l1 | gap_zero
-            with m.If(enter & is_l1):
+            gap_ok = ~r.is_l1 | gap_zero
+            with m.If(enter & r.is_l1):
                 m.d.sync += [gap.eq(timing.l1_gap - 1), gap_zero.eq(0)]
             with m.Elif(gap != 0):
                 m.d.sync += [gap.eq(gap - 1), gap_zero.eq(gap == 1)]
@@ -204,10 +230,10 @@ class NMEExec(wiring.Component):
         acc_clear = Signal()
         m.d.sync += acc_clear.eq(self.start)
         m.d.comb += [
-            enter.eq(run & gap_ok & Mux(read_pass, self.rsp.valid & j_more,
-                                        i_more & (~cur_store | room))),
-            self.rsp.ready.eq(enter & read_pass),
-            idx0.eq(Mux(read_pass, j_cnt, i_cnt)),
+            enter.eq(run & gap_ok & Mux(r.read_pass, self.rsp.valid & r.j_more,
+                                        r.i_more & (~r.cur_store | r.room))),
+            self.rsp.ready.eq(enter & r.read_pass),
+            idx0.eq(Mux(r.read_pass, r.j_cnt, r.i_cnt)),
         ]
         for rp in buf_rd:
             m.d.comb += rp.addr.eq(idx0)
@@ -222,31 +248,15 @@ class NMEExec(wiring.Component):
             ix = Signal(idx_w, name=f"idx{st}")
             m.d.sync += ix.eq(idxs[-1])
             idxs.append(ix)
-        v_op = vs[timing.operand_stage]      # a word's operands reach the lanes
         # the pass's controls, decoded from the micro-op at a word's entry and delayed with
         # it (ctls[k]: of the word in stage k), so that a pass may start while the previous
         # one's words are still in the lanes
-        ctl0 = Signal(PASS_CONTROL)
-        m.d.comb += [
-            ctl0.rsrc.eq(cur_rsrc), ctl0.p.eq(cur_p), ctl0.q.eq(cur_q), ctl0.r.eq(cur_r),
-            ctl0.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
-            ctl0.mul_a_q.eq(cur_op == Op.MAC),
-            ctl0.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
-            ctl0.add_b_mul.eq(cur_op == Op.MAC),
-            ctl0.sub.eq(cur_op == Op.SUB),
-            ctl0.op_l1.eq(is_l1),
-            ctl0.res_sel.eq(Mux(cur_op == Op.MOV, RES_R,
-                                Mux(cur_op == Op.MUL, RES_PROD, RES_SUM))),
-            ctl0.write_buf.eq(~cur_store & ~is_l1),
-            ctl0.store.eq(cur_store),
-            ctl0.d.eq(cur_d),
-        ]
-        ctls = [ctl0]
+        ctls = [self._decode_pass(m, r)]
         for st in range(1, n_res + 1):
             c = Signal(PASS_CONTROL, name=f"ctl{st}")
             m.d.sync += c.eq(ctls[-1])
             ctls.append(c)
-        m.d.sync += last1.eq(last_block & (idx0 == blen - 1))
+        m.d.sync += last1.eq(r.last_block & (idx0 == r.blen - 1))
         last_op = last1                      # ... and it is the program's last word
         for st in range(2, timing.operand_stage + 1):
             last_k = Signal(name=f"last{st}")
@@ -257,8 +267,35 @@ class NMEExec(wiring.Component):
         # starts two cycles later)
         pipe_empty = Signal()
         m.d.comb += pipe_empty.eq(~Cat(*vs[:n_res + 1]).any()
-                                  & (~is_l1 | ~Cat(*vs[:n_l1 + 1]).any()))
+                                  & (~r.is_l1 | ~Cat(*vs[:n_l1 + 1]).any()))
+        return SimpleNamespace(run=run, enter=enter, idx0=idx0, acc_clear=acc_clear, vs=vs,
+                               idxs=idxs, ctls=ctls, v_op=vs[timing.operand_stage],
+                               last_op=last_op, pipe_empty=pipe_empty)
 
+    def _decode_pass(self, m, r):
+        """The current pass's controls (:data:`PASS_CONTROL`) for the word entering."""
+        cur_op = r.cur_op
+        ctl0 = Signal(PASS_CONTROL)
+        m.d.comb += [
+            ctl0.rsrc.eq(r.cur_rsrc), ctl0.p.eq(r.cur_p), ctl0.q.eq(r.cur_q),
+            ctl0.r.eq(r.cur_r),
+            ctl0.op_mul.eq((cur_op == Op.MUL) | (cur_op == Op.MAC)),
+            ctl0.mul_a_q.eq(cur_op == Op.MAC),
+            ctl0.op_add.eq((cur_op == Op.ADD) | (cur_op == Op.SUB) | (cur_op == Op.MAC)),
+            ctl0.add_b_mul.eq(cur_op == Op.MAC),
+            ctl0.sub.eq(cur_op == Op.SUB),
+            ctl0.op_l1.eq(r.is_l1),
+            ctl0.res_sel.eq(Mux(cur_op == Op.MOV, RES_R,
+                                Mux(cur_op == Op.MUL, RES_PROD, RES_SUM))),
+            ctl0.write_buf.eq(~r.cur_store & ~r.is_l1),
+            ctl0.store.eq(r.cur_store),
+            ctl0.d.eq(r.cur_d),
+        ]
+        return ctl0
+
+    def _lane_controls(self, m, r, p, timing, lanes, buf_rd):
+        """The lanes' operands and controls, by stage; with clock gating their clock gates."""
+        vs, ctls = p.vs, p.ctls
         # the response stream's head, registered every cycle (no enable: ``enter`` does not
         # fan out to it): stage 1 reads it only after a word entered (v1), and then it is
         # that word
@@ -266,8 +303,8 @@ class NMEExec(wiring.Component):
         m.d.sync += head1.eq(self.rsp.payload)
         ka, kw = timing.add_stage, timing.operand_stage + 1   # kw: the L1 operands load
         c_op, c_add, c_l1 = ctls[timing.operand_stage], ctls[ka], ctls[kw]
-        self._lanes_operands(m, lanes, buf_rd, head1, last_op, tail_mask, v_op, c_op,
-                             acc_clear)
+        self._lanes_operands(m, lanes, buf_rd, head1, p.last_op, self.tail_mask, p.v_op, c_op,
+                             p.acc_clear)
         for lane in lanes:
             m.d.comb += [
                 lane.op_mul.eq(c_op.op_mul), lane.mul_a_q.eq(c_op.mul_a_q),
@@ -278,49 +315,60 @@ class NMEExec(wiring.Component):
         if self.clock_gating:
             kd, kc = timing.diff_stage, timing.acc_stage
             # words of an L1 pass, by stage (the L1 path runs on into the next pass)
-            l1s = [enter & is_l1]
+            l1s = [p.enter & r.is_l1]
             for st in range(1, kc + 1):
                 lvs = Signal(name=f"l1v{st}")
                 m.d.sync += lvs.eq(l1s[-1])
                 l1s.append(lvs)
-            self._clock_gates(m, (v_op, v_op & ctls[timing.operand_stage].op_mul,
+            self._clock_gates(m, (p.v_op, p.v_op & ctls[timing.operand_stage].op_mul,
                                   vs[ka] & ctls[ka].op_add, vs[ka], vs[kw] & ctls[kw].op_l1,
-                                  l1s[kd], l1s[kc] | acc_clear))
+                                  l1s[kd], l1s[kc] | p.acc_clear))
 
-        # the result stage: buffer write or store FIFO
-        result = Signal(16 * L)
+    def _writeback(self, m, p, timing, lanes, buf_wr, fifo):
+        """The result stage: the lanes' results to buffer ``d`` or into the store FIFO."""
+        n_res = timing.result_stage
+        result = Signal(16 * self.cfg.lanes)
         m.d.comb += result.eq(Cat(*[lane.y for lane in lanes]))
-        c_res = ctls[n_res]
+        c_res = p.ctls[n_res]
         for b, wp in enumerate(buf_wr):
-            m.d.comb += [wp.addr.eq(idxs[n_res]), wp.data.eq(result),
-                         wp.en.eq(vs[n_res] & c_res.write_buf & (c_res.d == b))]
-        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(vs[n_res] & c_res.store)]
+            m.d.comb += [wp.addr.eq(p.idxs[n_res]), wp.data.eq(result),
+                         wp.en.eq(p.vs[n_res] & c_res.write_buf & (c_res.d == b))]
+        m.d.comb += [fifo.w_data.eq(result), fifo.w_en.eq(p.vs[n_res] & c_res.store)]
 
-        # ---- the store stream: the store FIFOs' heads, the tail lanes masked in the last word
+    def _store_stream(self, m, r, p, fifo, afifo):
+        """The store stream (the store FIFOs' heads, tail lanes masked), the store address."""
+        L = self.cfg.lanes
         m.d.comb += [
-            afifo.w_data.eq(Cat(st_addr, last_block & w_last)),
-            afifo.w_en.eq(enter & cur_store),
+            afifo.w_data.eq(Cat(r.st_addr, r.last_block & r.w_last)),
+            afifo.w_en.eq(p.enter & r.cur_store),
             self.store.valid.eq(fifo.r_rdy),
             self.store.payload.addr.eq(afifo.r_data[:ADDR_BITS]),
             self.store.payload.data.eq(fifo.r_data),
-            self.store.payload.mask.eq(Mux(afifo.r_data[ADDR_BITS], tail_mask,
+            self.store.payload.mask.eq(Mux(afifo.r_data[ADDR_BITS], self.tail_mask,
                                            Const((1 << L) - 1, L))),
             fifo.r_en.eq(self.store.valid & self.store.ready),
             afifo.r_en.eq(self.store.valid & self.store.ready),
         ]
-        with m.If(enter & cur_store):
-            m.d.sync += st_addr.eq(st_addr + 1)
-        with m.If(enter & ~read_pass):
-            m.d.sync += [i_cnt.eq(i_cnt + 1), i_more.eq(i_cnt + 1 < blen)]
-        with m.If(enter & read_pass):
-            m.d.sync += [j_cnt.eq(j_cnt + 1), j_more.eq(j_cnt + 1 < blen)]
-        with m.If(enter):
-            m.d.sync += w_last.eq(idx0 + 2 == blen)
-        used_next = Signal.like(used)
-        m.d.comb += used_next.eq(used + (enter & cur_store) - self.store_done)
-        m.d.sync += [used.eq(used_next), room.eq(used_next < fifo_depth)]
+        with m.If(p.enter & r.cur_store):
+            m.d.sync += r.st_addr.eq(r.st_addr + 1)
 
-        # ---- the L1 sum of the lanes
+    def _word_counters(self, m, r, p, timing):
+        """The pass's word counters (their compares registered), the store credits in use."""
+        enter, idx0, blen = p.enter, p.idx0, r.blen
+        with m.If(enter & ~r.read_pass):
+            m.d.sync += [r.i_cnt.eq(r.i_cnt + 1), r.i_more.eq(r.i_cnt + 1 < blen)]
+        with m.If(enter & r.read_pass):
+            m.d.sync += [r.j_cnt.eq(r.j_cnt + 1), r.j_more.eq(r.j_cnt + 1 < blen)]
+        with m.If(enter):
+            m.d.sync += r.w_last.eq(idx0 + 2 == blen)
+        used_next = Signal.like(r.used)
+        m.d.comb += used_next.eq(r.used + (enter & r.cur_store) - self.store_done)
+        m.d.sync += [r.used.eq(used_next), r.room.eq(used_next < timing.store_fifo_depth)]
+
+    @staticmethod
+    def _l1_sum(m, timing, lanes):
+        """The L1 sum's fp32 adder and registers (running sum, lane, cycle, next lane's)."""
+        L = len(lanes)
         sum_acc = Signal(32)
         sum_j = Signal(range(L))
         sum_wait = Signal(range(timing.sum_cycles_per_lane))   # cycles into one lane's add
@@ -332,54 +380,62 @@ class NMEExec(wiring.Component):
         m.d.comb += next_j.eq(Mux(sum_j == L - 1, 0, sum_j + 1))
         next_acc = Array([lane.acc for lane in lanes])[next_j]
         m.d.comb += [l1_add.a.eq(sum_acc), l1_add.b.eq(sum_b), l1_add.sub.eq(0)]
+        return SimpleNamespace(acc=sum_acc, j=sum_j, wait=sum_wait, add=l1_add, b=sum_b,
+                               next_acc=next_acc)
 
+    def _load_pass(self, m, r, f, words, store_base):
+        """Load the micro-op in ``f`` as the current pass over a block of ``words`` words
+        whose stores start at ``store_base`` (overrides the counters' updates of this
+        cycle)."""
+        m.d.sync += [r.cur_op.eq(f.op), r.cur_rsrc.eq(f.rsrc), r.cur_store.eq(f.store),
+                     r.read_pass.eq(f.rsrc != RSrc.BUF), r.is_l1.eq(f.op == Op.L1),
+                     r.cur_d.eq(f.d), r.cur_p.eq(f.p), r.cur_q.eq(f.q), r.cur_r.eq(f.r),
+                     r.st_addr.eq(f.addr + store_base),
+                     r.i_cnt.eq(0), r.j_cnt.eq(0),
+                     r.i_more.eq(words != 0), r.j_more.eq(words != 0), r.w_last.eq(words == 1)]
+
+    def _next_block(self, m, r, timing):
+        """Advance to the next block (its base, length, flags) and its first micro-op;
+        returns the next block's length."""
+        D = self.cfg.depth
+        left = r.x_rest
+        words = Mux(left >= D, D, left)
+        m.d.sync += [r.k.eq(0), r.base.eq(r.base_nx), r.x_left.eq(left), r.blen.eq(words),
+                     r.last_block.eq(left <= D), r.long_block.eq(self._is_long(left, timing))]
+        return words
+
+    def _finish(self, m, l1_bits=0):
+        """The end of the program: the ``finish`` pulse with the L1 sum's bits."""
+        m.d.comb += [self.finish.eq(1), self.l1.eq(l1_bits)]
+        m.next = "IDLE"
+
+    def _sequencer(self, m, r, p, s, timing, lanes):
+        """The sequencer, FSM ``execute``: blocks, micro-ops, passes, the L1 sum; returned."""
+        D, L = self.cfg.depth, self.cfg.lanes
+        k, blen, x_left = r.k, r.blen, r.x_left
         f = UopFields(self.uop.data)
-
-        def load_pass(words, store_base):
-            """Load the micro-op in ``f`` as the current pass over a block of ``words``
-            words whose stores start at ``store_base`` (overrides the counters' updates of
-            this cycle)."""
-            m.d.sync += [cur_op.eq(f.op), cur_rsrc.eq(f.rsrc), cur_store.eq(f.store),
-                         read_pass.eq(f.rsrc != RSrc.BUF), is_l1.eq(f.op == Op.L1),
-                         cur_d.eq(f.d), cur_p.eq(f.p), cur_q.eq(f.q), cur_r.eq(f.r),
-                         st_addr.eq(f.addr + store_base),
-                         i_cnt.eq(0), j_cnt.eq(0),
-                         i_more.eq(words != 0), j_more.eq(words != 0), w_last.eq(words == 1)]
-
-        def next_block():
-            """Advance to the next block (its base, length, flags) and its first micro-op;
-            returns the next block's length."""
-            left = x_rest
-            words = Mux(left >= D, D, left)
-            m.d.sync += [k.eq(0), base.eq(base_nx), x_left.eq(left), blen.eq(words),
-                         last_block.eq(left <= D), long_block.eq(is_long(left))]
-            return words
-
-        def finish(l1_bits=0):
-            m.d.comb += [self.finish.eq(1), self.l1.eq(l1_bits)]
-            m.next = "IDLE"
-
         with m.FSM(name="execute") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [base.eq(0), x_left.eq(n_words), x_passes.eq(0),
-                                 trail.eq(self.trail)]
+                    m.d.sync += [r.base.eq(0), x_left.eq(self.n_words), r.x_passes.eq(0),
+                                 r.trail.eq(self.trail)]
                     m.next = "X_BLOCK"
 
             with m.State("X_BLOCK"):
                 m.d.sync += [k.eq(0), blen.eq(Mux(x_left >= D, D, x_left)),
-                             last_block.eq(x_left <= D), long_block.eq(is_long(x_left))]
+                             r.last_block.eq(x_left <= D),
+                             r.long_block.eq(self._is_long(x_left, timing))]
                 m.next = "X_FETCH"
 
             with m.State("X_FETCH"):
                 m.next = "X_LOAD"
 
             with m.State("X_LOAD"):
-                load_pass(blen, base)
+                self._load_pass(m, r, f, blen, r.base)
                 m.next = "X_RUN"
 
             with m.State("X_RUN"):
-                m.d.comb += [run.eq(1), self.uop.addr.eq(k_nx)]
+                m.d.comb += [p.run.eq(1), self.uop.addr.eq(r.k_nx)]
                 # A pass that neither stores (unless the stores may trail) nor accumulates
                 # L1, is not the program's last and runs over a block longer than the
                 # pipeline hands over to the next
@@ -390,31 +446,33 @@ class NMEExec(wiring.Component):
                 # read-after-write rule. Any other pass ends when its last word entered, its
                 # words (and those before) left the lanes and a store pass's last request
                 # left (X_END, X_LOAD).
-                overlap = (~cur_store | trail) & ~is_l1 & long_block & ~(last_block & k_last)
-                with m.If(enter & w_last & overlap):
-                    m.d.sync += x_passes.eq(x_passes + 1)
-                    with m.If(k_last):
-                        load_pass(next_block(), base_nx)
+                overlap = ((~r.cur_store | r.trail) & ~r.is_l1 & r.long_block
+                           & ~(r.last_block & r.k_last))
+                with m.If(p.enter & r.w_last & overlap):
+                    m.d.sync += r.x_passes.eq(r.x_passes + 1)
+                    with m.If(r.k_last):
+                        self._load_pass(m, r, f, self._next_block(m, r, timing), r.base_nx)
                     with m.Else():
-                        load_pass(blen, base)
+                        self._load_pass(m, r, f, blen, r.base)
                         m.d.sync += k.eq(k + 1)
-                with m.Elif(Mux(read_pass, ~j_more, ~i_more) & (used == 0) & pipe_empty):
+                with m.Elif(Mux(r.read_pass, ~r.j_more, ~r.i_more) & (r.used == 0)
+                            & p.pipe_empty):
                     m.next = "X_END"
 
             with m.State("X_END"):
                 # the next micro-op is read now, so X_LOAD follows directly
-                m.d.sync += x_passes.eq(x_passes + 1)
-                with m.If(k_last):
+                m.d.sync += r.x_passes.eq(r.x_passes + 1)
+                with m.If(r.k_last):
                     m.d.comb += self.uop.addr.eq(0)
-                    next_block()
-                    with m.If(~last_block):
+                    self._next_block(m, r, timing)
+                    with m.If(~r.last_block):
                         m.next = "X_LOAD"
                     with m.Elif(self.has_l1):
-                        m.d.sync += [sum_acc.eq(0), sum_j.eq(0), sum_wait.eq(0),
-                                     sum_b.eq(lanes[0].acc)]
+                        m.d.sync += [s.acc.eq(0), s.j.eq(0), s.wait.eq(0),
+                                     s.b.eq(lanes[0].acc)]
                         m.next = "X_SUM"
                     with m.Else():
-                        finish()
+                        self._finish(m)
                 with m.Else():
                     m.d.comb += self.uop.addr.eq(k + 1)
                     m.d.sync += k.eq(k + 1)
@@ -423,18 +481,14 @@ class NMEExec(wiring.Component):
             with m.State("X_SUM"):
                 # lanes summed in order 0..L-1 in fp32 (ISA), starting from +0; each add
                 # takes sum_cycles_per_lane cycles (its operands stay put meanwhile)
-                with m.If(sum_wait == timing.sum_cycles_per_lane - 1):
-                    m.d.sync += [sum_acc.eq(l1_add.y), sum_j.eq(sum_j + 1), sum_wait.eq(0),
-                                 sum_b.eq(next_acc)]
-                    with m.If(sum_j == L - 1):
-                        finish(l1_add.y)
+                with m.If(s.wait == timing.sum_cycles_per_lane - 1):
+                    m.d.sync += [s.acc.eq(s.add.y), s.j.eq(s.j + 1), s.wait.eq(0),
+                                 s.b.eq(s.next_acc)]
+                    with m.If(s.j == L - 1):
+                        self._finish(m, s.add.y)
                 with m.Else():
-                    m.d.sync += sum_wait.eq(sum_wait + 1)
-
-        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
-        if self.measure_toggles:
-            m.d.comb += self.toggles.eq(self._toggle_counter(m, lanes))
-        return m
+                    m.d.sync += s.wait.eq(s.wait + 1)
+        return fsm
 
     def _lanes_operands(self, m, lanes, buf_rd, head, last_op, tail_mask, v_op, ctl,
                         acc_clear):

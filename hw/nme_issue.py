@@ -31,6 +31,8 @@ and are dropped, and a program's first read waits until none is outstanding.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
@@ -42,6 +44,10 @@ from .nme_iface import (PASS_BITS, TAG_BITS, UOP_INDEX_BITS, PhaseInit, UopField
                         read_credits, response_signature, store_signature)
 
 __all__ = ["NMEIssue"]
+
+#: Bits of a phase record: next read address, CHAN/GROUP phase, GROUP element lane, and the
+#: next reading micro-op (its index, and whether it is in the next block).
+_SLOT_BITS = ADDR_BITS + PARAM_BITS + 6 + UOP_INDEX_BITS + 1
 
 
 class NMEIssue(wiring.Component):
@@ -83,65 +89,81 @@ class NMEIssue(wiring.Component):
         })
 
     def elaborate(self, platform):
-        cfg = self.cfg
-        L, D, IM = cfg.lanes, cfg.depth, cfg.imem_depth
-        RF = read_credits(cfg)
         m = Module()
-        n_uops, n_words = self.n_uops, self.n_words
+        slot_w, slot_r, rsp_fifo, tag_fifo = self._storage(m)
+        w = self._walk_registers(m, slot_w, slot_r)
+        wb = self._record_writes(m, slot_w)
+        req = self._request_register(m)
+        outstanding = self._responses(m, req, rsp_fifo, tag_fifo)
+        issue_read, advanced = self._read_issue(m, w, req, tag_fifo)
+        self._request_select(m, w, req, issue_read)
+        self._walk(m, w, wb, slot_w, slot_r, issue_read, advanced, outstanding)
+        return m
 
-        # a phase record: next read address, CHAN/GROUP phase, GROUP element lane, and the
-        # next reading micro-op (its index, and whether it is in the next block)
-        slot_bits = ADDR_BITS + PARAM_BITS + 6 + UOP_INDEX_BITS + 1
-        m.submodules.slots = slots = Memory(shape=slot_bits, depth=IM, init=[])
-        slot_w, slot_r = slots.write_port(), slots.read_port()
+    def _storage(self, m):
+        """The stream phase records (a RAM, one slot per micro-op), the response and tag FIFOs."""
+        L, IM = self.cfg.lanes, self.cfg.imem_depth
+        RF = read_credits(self.cfg)
+        m.submodules.slots = slots = Memory(shape=_SLOT_BITS, depth=IM, init=[])
+        slot_ports = slots.write_port(), slots.read_port()     # (unnamed: $signature__*)
         m.submodules.rsp_fifo = rsp_fifo = SyncFIFOBuffered(width=16 * L + TAG_BITS, depth=RF)
         m.submodules.tag_fifo = tag_fifo = SyncFIFO(width=TAG_BITS, depth=RF)
+        return (*slot_ports, rsp_fifo, tag_fifo)
 
+    def _walk_registers(self, m, slot_w, slot_r):
+        """The walk's registers: block, micro-op (and the next one), pass, stream phases."""
+        D = self.cfg.depth
+        n_uops = self.n_uops
+        w = SimpleNamespace()
         # the walk over (block, micro-op)
-        ik = Signal(UOP_INDEX_BITS)
-        ibase = Signal(32)
-        i_left = Signal(32)                  # W - ibase
-        iblen = Signal(range(D + 1))
+        w.ik = Signal(UOP_INDEX_BITS)
+        w.ibase = Signal(32)
+        w.i_left = Signal(32)                # W - ibase
+        w.iblen = Signal(range(D + 1))
         # the next block's base and words left, registers (ibase, iblen hold still in a pass)
-        ibase_nx, i_rest = Signal(32), Signal(32)
-        m.d.sync += [ibase_nx.eq(ibase + iblen), i_rest.eq(i_left - iblen)]
+        w.ibase_nx, w.i_rest = Signal(32), Signal(32, name="i_rest")
+        m.d.sync += [w.ibase_nx.eq(w.ibase + w.iblen), w.i_rest.eq(w.i_left - w.iblen)]
         # a read pass over the block may hand over to the next micro-op as its last read
         # goes out: the next micro-op's fields are read from the third cycle of a pass on
-        i_long = Signal()
-        i_final = Signal()                   # the last block (i_left <= D, a register)
-        i_rsrc, i_store = Signal(3), Signal()
-        i_addr = Signal(ADDR_BITS)
+        w.i_long = Signal()
+        w.i_final = Signal()                 # the last block (i_left <= D, a register)
+        w.i_rsrc, w.i_store = Signal(3), Signal()
+        w.i_addr = Signal(ADDR_BITS)
         # the micro-op's param as param - 1 and param != 0 (registered at I_LOAD): no
         # subtractor in front of the phase compare of every read
-        i_last_ph, i_param_nz = Signal(PARAM_BITS), Signal()
-        icnt = Signal(range(D + 1))
-        i_one = Signal()                     # the next read is the pass's last (a register)
-        i_passes = Signal(PASS_BITS)
-        fresh = Signal()                     # first pass of a program: wait for stale reads
-        trail = Signal()                     # the program's stores may trail its reads
-        ra = Signal(ADDR_BITS)               # next read address
-        ph = Signal(PARAM_BITS)              # CHAN phase / GROUP count within a group
-        elane = Signal(6)                    # GROUP element lane
-        par_i = Signal()                     # parity of the word index (INT8 half)
-        m.d.comb += [self.uop.addr.eq(ik), slot_r.addr.eq(ik), slot_w.addr.eq(ik)]
+        w.i_last_ph, w.i_param_nz = Signal(PARAM_BITS), Signal()
+        w.icnt = Signal(range(D + 1))
+        w.i_one = Signal()                   # the next read is the pass's last (a register)
+        w.i_passes = Signal(PASS_BITS)
+        w.fresh = Signal()                   # first pass of a program: wait for stale reads
+        w.trail = Signal()                   # the program's stores may trail its reads
+        w.ra = Signal(ADDR_BITS)             # next read address
+        w.ph = Signal(PARAM_BITS)            # CHAN phase / GROUP count within a group
+        w.elane = Signal(6)                  # GROUP element lane
+        w.par_i = Signal()                   # parity of the word index (INT8 half)
+        m.d.comb += [self.uop.addr.eq(w.ik), slot_r.addr.eq(w.ik), slot_w.addr.eq(w.ik)]
         # The walk visits every micro-op in order; where the stores may trail (``trail``)
         # only the micro-ops that read memory, each record naming the next one (``i_nx``;
         # ``i_wrap``: it is in the next block), as nothing else needs the issue side.
-        i_nx, i_wrap = Signal(UOP_INDEX_BITS), Signal()
+        w.i_nx, w.i_wrap = Signal(UOP_INDEX_BITS), Signal()
         # ik is the block's last micro-op the walk visits (registered: valid from the
         # second cycle after ik changed)
-        i_last = Signal()
-        m.d.sync += i_last.eq(Mux(trail, i_wrap, ik == n_uops - 1))
-        ik_nx = Signal(UOP_INDEX_BITS)
-        m.d.comb += ik_nx.eq(Mux(trail, i_nx, Mux(i_last, 0, ik + 1)))
+        w.i_last = Signal()
+        m.d.sync += w.i_last.eq(Mux(w.trail, w.i_wrap, w.ik == n_uops - 1))
+        w.ik_nx = Signal(UOP_INDEX_BITS)
+        m.d.comb += w.ik_nx.eq(Mux(w.trail, w.i_nx, Mux(w.i_last, 0, w.ik + 1)))
         # the walk visits one micro-op: a hand-over keeps the stream phase registers (its
         # record is the one being written back)
-        i_single = Signal()
-        m.d.sync += i_single.eq(Mux(trail, i_nx == ik, n_uops == 1))
+        w.i_single = Signal()
+        m.d.sync += w.i_single.eq(Mux(w.trail, w.i_nx == w.ik, n_uops == 1))
+        return w
+
+    def _record_writes(self, m, slot_w):
+        """The phase records' writes: a hand-over's write-back register, the check's records."""
         # a hand-over's phase record is written in the next cycle, from registers (no path
         # from the stream advance into the record memory); the next read of that record is
         # at least 2 cycles later (a hand-over needs 3 reads, I_END comes after I_RUN)
-        wb_en, wb_addr, wb_data = Signal(), Signal(UOP_INDEX_BITS), Signal(slot_bits)
+        wb_en, wb_addr, wb_data = Signal(), Signal(UOP_INDEX_BITS), Signal(_SLOT_BITS)
         m.d.sync += wb_en.eq(0)
         with m.If(wb_en):
             m.d.comb += [slot_w.addr.eq(wb_addr), slot_w.en.eq(1), slot_w.data.eq(wb_data)]
@@ -149,8 +171,11 @@ class NMEIssue(wiring.Component):
             m.d.comb += [slot_w.addr.eq(self.phase_init.index), slot_w.en.eq(1),
                          slot_w.data.eq(Cat(self.phase_init.addr, Const(0, PARAM_BITS + 6),
                                             self.phase_init.next, self.phase_init.wrap))]
+        return SimpleNamespace(en=wb_en, addr=wb_addr, data=wb_data)
 
-        # ---- memory request register
+    def _request_register(self, m):
+        """The memory request register on the ``mem_req_*`` port, and its transfers."""
+        L = self.cfg.lanes
         req_valid, req_we = Signal(), Signal()
         req_addr = Signal(ADDR_BITS)
         req_wdata, req_wmask = Signal(16 * L), Signal(L)
@@ -162,131 +187,148 @@ class NMEIssue(wiring.Component):
         read_xfer = Signal()
         m.d.comb += [read_xfer.eq(req_valid & self.mem_req_ready & ~req_we),
                      self.store_done.eq(req_valid & self.mem_req_ready & req_we)]
+        return SimpleNamespace(valid=req_valid, we=req_we, addr=req_addr, wdata=req_wdata,
+                               wmask=req_wmask, free=req_free, read_xfer=read_xfer)
 
+    def _responses(self, m, req, rsp_fifo, tag_fifo):
+        """The reads in flight (reset-less count) and the responses of this program, tagged."""
+        RF = read_credits(self.cfg)
         # reads in flight survive a reset (the memory still answers them): count them
         outstanding = Signal(range(RF + 2), reset_less=True)
-        m.d.sync += outstanding.eq(outstanding + read_xfer - self.mem_rsp_valid)
+        m.d.sync += outstanding.eq(outstanding + req.read_xfer - self.mem_rsp_valid)
         # a response belongs to this program iff its tag is waiting (tags are reset)
         m.d.comb += [rsp_fifo.w_data.eq(Cat(self.mem_rsp_data, tag_fifo.r_data)),
                      rsp_fifo.w_en.eq(self.mem_rsp_valid & tag_fifo.r_rdy),
                      tag_fifo.r_en.eq(self.mem_rsp_valid),
                      self.rsp.valid.eq(rsp_fifo.r_rdy), self.rsp.payload.eq(rsp_fifo.r_data),
                      rsp_fifo.r_en.eq(self.rsp.ready)]
+        return outstanding
+
+    def _read_issue(self, m, w, req, tag_fifo):
+        """A read's issue (read credits, its tag) and the stream advance after it."""
+        RF = read_credits(self.cfg)
         rd_used = Signal(range(RF + 1))      # reads issued and not yet taken by execution
         # icnt < iblen, rd_used < RF and "this pass reads" as registers (set with what they
         # compare), so no compare is in front of issue_read
-        i_more, rd_room, i_read = Signal(), Signal(init=1), Signal()
-        issuing = Signal()                   # in I_RUN of a read pass
+        w.i_more, w.rd_room, w.i_read = Signal(), Signal(init=1), Signal()
+        w.issuing = Signal()                 # in I_RUN of a read pass
         issue_read = Signal()
         m.d.comb += [
-            issue_read.eq(issuing & i_more & rd_room & req_free & ~self.store.valid),
-            tag_fifo.w_data.eq(Cat(par_i, elane)),
+            issue_read.eq(w.issuing & w.i_more & w.rd_room & req.free & ~self.store.valid),
+            tag_fifo.w_data.eq(Cat(w.par_i, w.elane)),
             tag_fifo.w_en.eq(issue_read),
         ]
         rd_next = Signal.like(rd_used)
         m.d.comb += rd_next.eq(rd_used + issue_read - (self.rsp.valid & self.rsp.ready))
-        m.d.sync += [rd_used.eq(rd_next), rd_room.eq(rd_next < RF)]
-        ra_n, ph_n, elane_n = self._stream_advance(m, issue_read, i_rsrc, i_last_ph,
-                                                   i_param_nz, i_addr, ra, ph, elane, par_i)
+        m.d.sync += [rd_used.eq(rd_next), w.rd_room.eq(rd_next < RF)]
+        advanced = self._stream_advance(m, issue_read, w.i_rsrc, w.i_last_ph, w.i_param_nz,
+                                        w.i_addr, w.ra, w.ph, w.elane, w.par_i)
+        return issue_read, advanced
 
-        # the head of execution's store stream, or else a read of the issue side
-        m.d.comb += self.store.ready.eq(req_free)
-        with m.If(req_free):
-            m.d.sync += req_valid.eq(0)
+    def _request_select(self, m, w, req, issue_read):
+        """The request register's load: the head of execution's store stream, else a read."""
+        m.d.comb += self.store.ready.eq(req.free)
+        with m.If(req.free):
+            m.d.sync += req.valid.eq(0)
             with m.If(self.store.valid):
-                m.d.sync += [req_valid.eq(1), req_we.eq(1),
-                             req_addr.eq(self.store.payload.addr),
-                             req_wdata.eq(self.store.payload.data),
-                             req_wmask.eq(self.store.payload.mask)]
+                m.d.sync += [req.valid.eq(1), req.we.eq(1),
+                             req.addr.eq(self.store.payload.addr),
+                             req.wdata.eq(self.store.payload.data),
+                             req.wmask.eq(self.store.payload.mask)]
             with m.Elif(issue_read):
-                m.d.sync += [req_valid.eq(1), req_we.eq(0), req_addr.eq(ra),
-                             icnt.eq(icnt + 1), i_more.eq(icnt + 1 < iblen),
-                             i_one.eq(icnt + 2 == iblen)]
+                m.d.sync += [req.valid.eq(1), req.we.eq(0), req.addr.eq(w.ra),
+                             w.icnt.eq(w.icnt + 1), w.i_more.eq(w.icnt + 1 < w.iblen),
+                             w.i_one.eq(w.icnt + 2 == w.iblen)]
 
-        # ---- the walk: read requests of every read pass, up to RF words ahead
+    @staticmethod
+    def _load_pass(m, w, fi, slot_r, words, block_base, phases):
+        """Load the micro-op in ``fi`` (and, with ``phases``, its stream phase record)
+        as the current pass over ``words`` words from ``block_base``."""
+        m.d.sync += [w.i_rsrc.eq(fi.rsrc), w.i_store.eq(fi.store), w.i_addr.eq(fi.addr),
+                     w.i_read.eq(fi.rsrc != RSrc.BUF), w.i_more.eq(words != 0),
+                     w.i_one.eq(words == 1), w.icnt.eq(0), w.par_i.eq(block_base[0]),
+                     w.i_last_ph.eq(fi.param - 1), w.i_param_nz.eq(fi.param != 0)]
+        # (a record's next/wrap fields never change after the check)
+        m.d.sync += Cat(w.i_nx, w.i_wrap).eq(slot_r.data[ADDR_BITS + PARAM_BITS + 6:])
+        with m.If(phases):
+            m.d.sync += [w.ra.eq(slot_r.data[0:ADDR_BITS]),
+                         w.ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
+                         w.elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:][:6])]
+
+    def _block_flags(self, m, w, words, left):
+        """The block's flags: long enough to hand over (3 words), the last block."""
+        m.d.sync += [w.i_long.eq(words >= 3), w.i_final.eq(left <= self.cfg.depth)]
+
+    def _walk(self, m, w, wb, slot_w, slot_r, issue_read, advanced, outstanding):
+        """The walk, FSM ``issue``: read requests of every read pass, up to RF words ahead."""
+        D = self.cfg.depth
+        ik, iblen = w.ik, w.iblen
+        ra_n, ph_n, elane_n = advanced
         fi = UopFields(self.uop.data)
-
-        def load_pass(words, block_base, phases):
-            """Load the micro-op in ``fi`` (and, with ``phases``, its stream phase record)
-            as the current pass over ``words`` words from ``block_base``."""
-            m.d.sync += [i_rsrc.eq(fi.rsrc), i_store.eq(fi.store), i_addr.eq(fi.addr),
-                         i_read.eq(fi.rsrc != RSrc.BUF), i_more.eq(words != 0),
-                         i_one.eq(words == 1), icnt.eq(0), par_i.eq(block_base[0]),
-                         i_last_ph.eq(fi.param - 1), i_param_nz.eq(fi.param != 0)]
-            # (a record's next/wrap fields never change after the check)
-            m.d.sync += Cat(i_nx, i_wrap).eq(slot_r.data[ADDR_BITS + PARAM_BITS + 6:])
-            with m.If(phases):
-                m.d.sync += [ra.eq(slot_r.data[0:ADDR_BITS]),
-                             ph.eq(slot_r.data[ADDR_BITS:ADDR_BITS + PARAM_BITS]),
-                             elane.eq(slot_r.data[ADDR_BITS + PARAM_BITS:][:6])]
-
-        def block_flags(words, left):
-            m.d.sync += [i_long.eq(words >= 3), i_final.eq(left <= D)]
-
         with m.FSM(name="issue"):
             with m.State("I_IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [ibase.eq(0), i_left.eq(n_words), i_passes.eq(0), fresh.eq(1),
-                                 trail.eq(self.trail)]
+                    m.d.sync += [w.ibase.eq(0), w.i_left.eq(self.n_words), w.i_passes.eq(0),
+                                 w.fresh.eq(1), w.trail.eq(self.trail)]
                     m.next = "I_BLOCK"
 
             with m.State("I_BLOCK"):
-                words = Mux(i_left >= D, D, i_left)
+                words = Mux(w.i_left >= D, D, w.i_left)
                 m.d.sync += [ik.eq(0), iblen.eq(words)]
-                block_flags(words, i_left)
+                self._block_flags(m, w, words, w.i_left)
                 m.next = "I_FETCH"
 
             with m.State("I_FETCH"):
                 m.next = "I_LOAD"
 
             with m.State("I_LOAD"):
-                load_pass(iblen, ibase, 1)
-                with m.If(~fresh | (outstanding == 0)):
+                self._load_pass(m, w, fi, slot_r, iblen, w.ibase, 1)
+                with m.If(~w.fresh | (outstanding == 0)):
                     m.next = "I_RUN"
 
             with m.State("I_RUN"):
-                m.d.comb += [issuing.eq(i_read), self.uop.addr.eq(ik_nx),
-                             slot_r.addr.eq(ik_nx)]
-                m.d.sync += fresh.eq(0)
-                with m.If(i_read):
+                m.d.comb += [w.issuing.eq(w.i_read), self.uop.addr.eq(w.ik_nx),
+                             slot_r.addr.eq(w.ik_nx)]
+                m.d.sync += w.fresh.eq(0)
+                with m.If(w.i_read):
                     # the last read of a pass over a long enough block, not the walk's
                     # last pass: hand over to the next micro-op (its first read may go out
                     # in the next cycle); the stream phases after this read are written
                     # back
-                    with m.If(issue_read & i_one & i_long & ~(i_last & i_final)):
-                        m.d.sync += [wb_en.eq(1), wb_addr.eq(ik),
-                                     wb_data.eq(Cat(ra_n, ph_n, elane_n, i_nx, i_wrap))]
-                        m.d.sync += i_passes.eq(i_passes + 1)
-                        with m.If(i_last):
-                            words = Mux(i_rest >= D, D, i_rest)
-                            m.d.sync += [ik.eq(0), ibase.eq(ibase_nx), i_left.eq(i_rest),
-                                         iblen.eq(words)]
-                            block_flags(words, i_rest)
-                            load_pass(words, ibase_nx, ~i_single)
+                    with m.If(issue_read & w.i_one & w.i_long & ~(w.i_last & w.i_final)):
+                        m.d.sync += [wb.en.eq(1), wb.addr.eq(ik),
+                                     wb.data.eq(Cat(ra_n, ph_n, elane_n, w.i_nx, w.i_wrap))]
+                        m.d.sync += w.i_passes.eq(w.i_passes + 1)
+                        with m.If(w.i_last):
+                            words = Mux(w.i_rest >= D, D, w.i_rest)
+                            m.d.sync += [ik.eq(0), w.ibase.eq(w.ibase_nx),
+                                         w.i_left.eq(w.i_rest), iblen.eq(words)]
+                            self._block_flags(m, w, words, w.i_rest)
+                            self._load_pass(m, w, fi, slot_r, words, w.ibase_nx, ~w.i_single)
                         with m.Else():
-                            load_pass(iblen, ibase, ~i_single)
-                            m.d.sync += ik.eq(ik_nx)
-                    with m.Elif(~i_more):
+                            self._load_pass(m, w, fi, slot_r, iblen, w.ibase, ~w.i_single)
+                            m.d.sync += ik.eq(w.ik_nx)
+                    with m.Elif(~w.i_more):
                         m.next = "I_END"
-                with m.Elif(i_store):
+                with m.Elif(w.i_store):
                     # reads after a store pass go out only after its last store
-                    with m.If(self.x_passes == (i_passes + 1)[:PASS_BITS]):
+                    with m.If(self.x_passes == (w.i_passes + 1)[:PASS_BITS]):
                         m.next = "I_END"
                 with m.Else():
                     m.next = "I_END"
 
             with m.State("I_END"):
-                m.d.comb += [slot_w.en.eq(1), slot_w.data.eq(Cat(ra, ph, elane, i_nx, i_wrap))]
-                m.d.sync += [ik.eq(ik_nx), i_passes.eq(i_passes + 1)]
-                with m.If(i_last):
-                    m.d.sync += [ibase.eq(ibase_nx), i_left.eq(i_rest)]
-                    with m.If(i_final):
+                m.d.comb += [slot_w.en.eq(1),
+                             slot_w.data.eq(Cat(w.ra, w.ph, w.elane, w.i_nx, w.i_wrap))]
+                m.d.sync += [ik.eq(w.ik_nx), w.i_passes.eq(w.i_passes + 1)]
+                with m.If(w.i_last):
+                    m.d.sync += [w.ibase.eq(w.ibase_nx), w.i_left.eq(w.i_rest)]
+                    with m.If(w.i_final):
                         m.next = "I_IDLE"
                     with m.Else():
                         m.next = "I_BLOCK"
                 with m.Else():
                     m.next = "I_FETCH"
-        return m
 
     def _stream_advance(self, m, issue, rsrc, last_ph, param_nz, addr, ra, ph, elane, par_i):
         """Next read address and CHAN/GROUP/INT8 phase after issuing one read (``last_ph`` =

@@ -24,7 +24,7 @@ was placed and routed (said so in the table). If the cosim bench left throughput
 Measured throughput
 -------------------
 With the DIMM-NMP design-space sweep of ``make bench`` (``build/bench/dse.json``, from
-:func:`coda.cosim.bench.sweep`: one rank; here its rows with the NME clocked at the DRAM tCK,
+:func:`coda.cosim.design_space.sweep`: one rank; here its rows with the NME clocked at the DRAM tCK,
 best buffer depth per lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
 a residual add and of a 4-stream segment, and that per 1,000 generic cells / ECP5 LUT4s
 (performance per area, frequency-free because the cosim NME runs at tCK). The *measured knee*
@@ -32,7 +32,7 @@ is the smallest lanes count reaching 95 % of the best elements/cycle: beyond it 
 the lanes, sets the throughput, and perf/area falls. A version-2 ``dse.json`` (the sweep
 over NME clocks and DRAM standards) also gives :func:`clock_table`: per standard, NME clock
 (MHz) and lanes count, the measured elements per ns per 1,000 generic cells / LUT4s, the knee
-of :func:`coda.cosim.bench.knees` at that clock (said NME-bound when even the widest NME
+of :func:`coda.cosim.design_space.knees` at that clock (said NME-bound when even the widest NME
 does not saturate the rank) and whether the ECP5 Fmax of that lanes count reaches the clock.
 """
 
@@ -42,7 +42,8 @@ import argparse
 import json
 from pathlib import Path
 
-from coda.cosim.bench import SWEEP_UNITS, config_units, fmax_below, parse_units, units_label
+from coda.cosim.nme_units import COMBINATIONAL as SWEEP_UNITS, parse_units, units_label
+from coda.cosim.synth_area import config_units, fmax_below
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import NMEConfig
 from coda.synth.flow import check_synth_options, synthesize
@@ -272,15 +273,16 @@ def clock_table(rows: list[dict], dse: dict, fmt: str = "bf16",
     """Measured throughput per area at every NME clock of a version-2 ``dse.json``.
 
     One dict per (standard, NME clock, program, lanes) with the best depth
-    (:func:`coda.cosim.bench.best_rows`): ``dram, nme_mhz`` (None: on the DRAM clock),
+    (:func:`coda.cosim.design_space.best_rows`): ``dram, nme_mhz`` (None: on the DRAM clock),
     ``program, lanes, depth, elements_per_ns, utilisation``; ``cells_total`` / ``lut4`` and
     ``per_kcell`` / ``per_klut`` (elements/ns per 1,000 generic cells / ECP5 LUT4s) where
     ``rows`` (:func:`collect`) has the lanes count in ``fmt``; ``ecp5_fmax_mhz`` where placed
     and routed and ``fmax_ok`` (that Fmax reaches the NME clock; None without a figure);
-    ``knee`` (True on the knee of :func:`coda.cosim.bench.knees` at ``tolerance``) and
+    ``knee`` (True on the knee of :func:`coda.cosim.design_space.knees` at ``tolerance``) and
     ``saturated`` (that clock's knee is DRAM-bound). ``[]`` for a version-1 file (no clocks).
     """
-    from coda.cosim.bench import best_rows, knees, perf_per_area
+    from coda.cosim.design_space import best_rows, knees
+    from coda.cosim.synth_area import perf_per_area
 
     if dse.get("version", 1) < 2:
         return []

@@ -1,6 +1,9 @@
-"""make bench's sweep presentation (the measurements themselves run in `make bench`): the
-table and the plot of the rows :func:`bench.dse_rows` makes of sweep records, checked cell by
-cell and line by line against those rows."""
+"""make bench's design-space sweep without measuring (the measurements themselves run in
+`make bench`): the rows :func:`coda.cosim.design_space.dse_rows` makes of sweep records, their
+knees, the tables and the plot of :mod:`coda.cosim.design_space_report` (checked cell by cell
+and line by line against those rows), performance per area from synthesis reports
+(:mod:`coda.cosim.synth_area`), the NME units (:mod:`coda.cosim.nme_units`) and the options
+of ``coda bench`` (:mod:`coda.cosim.bench`)."""
 
 import json
 import math
@@ -8,7 +11,8 @@ import math
 import pytest
 
 from coda.cli import main as coda_main
-from coda.cosim import bench
+from coda.cosim import (bench, design_space, design_space_report, nme_units, nmp_measure,
+                        synth_area)
 from coda.hw.dram_standards import get_standard
 from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
 
@@ -18,7 +22,7 @@ STREAM_BYTES = 4096
 
 def _records():
     """Sweep records as the engine returns them (coda.sweep: params, figures, timing,
-    status), with the figures :func:`bench.dse_point` derives from a measurement (cycles of
+    status), with the figures :func:`design_space.dse_point` derives from a measurement (cycles of
     a program over ``elements`` per stream): here cycles from a simple bound (the slower of
     the NME port and the DRAM peak, plus a turnaround per stream block), so every point
     differs. One failed point, which the rows leave out."""
@@ -28,7 +32,7 @@ def _records():
     for lanes in (1, 4, 16):
         for depth in (16, 256):
             figures = {}
-            for prog, streams in bench.PROGRAM_STREAMS.items():
+            for prog, streams in nmp_measure.PROGRAM_STREAMS.items():
                 elements = STREAM_BYTES // 2
                 cycles = (max(math.ceil(streams * elements / lanes),
                               math.ceil(2 * streams * elements / peak))
@@ -70,7 +74,7 @@ def _clock_util(std, lanes, mhz):
 def _clock_records():
     """Version-2 sweep records (with ``nme_mhz`` and ns) of a roofline rank: every (standard,
     clock, lanes, depth 16 / 256), the depth-256 point 2 % slower than the depth-16 one (so
-    the best depth is 16), figures as :func:`bench.dse_point` derives them."""
+    the best depth is 16), figures as :func:`design_space.dse_point` derives them."""
     recs = []
     for name in STDS:
         std = get_standard(name)
@@ -78,7 +82,7 @@ def _clock_records():
             for lanes in LANES:
                 for depth in (16, 256):
                     figures = {"nme_mhz_effective": mhz or 1000.0 / std.tCK_ns}
-                    for prog, streams in bench.PROGRAM_STREAMS.items():
+                    for prog, streams in nmp_measure.PROGRAM_STREAMS.items():
                         elements = STREAM_BYTES // 2
                         moved = 2 * streams * elements
                         u = _clock_util(std, lanes, mhz) * (0.98 if depth == 256 else 1.0)
@@ -104,9 +108,9 @@ def _clock_records():
 
 def test_dse_rows_are_the_records_figures():
     records = _records()
-    rows = bench.dse_rows(records)
+    rows = design_space.dse_rows(records)
     ok = [r for r in records if r["status"] == "ok"]
-    assert len(rows) == len(ok) * len(bench.PROGRAM_STREAMS)
+    assert len(rows) == len(ok) * len(nmp_measure.PROGRAM_STREAMS)
     for row in rows:
         rec, = [r for r in ok if (r["params"]["lanes"], r["params"]["depth"])
                 == (row["lanes"], row["depth"])]
@@ -129,10 +133,10 @@ def test_sweep_table_cells_are_the_rows(capsys, monkeypatch):
     elements per ns (3 decimals), utilisation (percent, 1 decimal) and GB/s (2 decimals); a
     program without a row shows '-'."""
     monkeypatch.setenv("COLUMNS", "240")        # rich: no wrapped cells
-    rows = bench.dse_rows(_records())
+    rows = design_space.dse_rows(_records())
     missing = rows.pop()                         # the last point's segment4
     assert missing["program"] == "segment4"
-    bench.print_sweep(rows)
+    design_space_report.print_sweep(rows)
     out = capsys.readouterr().out
     assert "DIMM-NMP design space (per rank)" in out
     lines = [line.split("│")[1:-1] for line in out.splitlines() if line.count("│") == 11]
@@ -164,14 +168,14 @@ def test_sweep_plot_draws_the_rows(tmp_path, monkeypatch):
     figures = []
     close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
-    rows = bench.dse_rows(_clock_records())
-    bench.plot_sweep(rows, tmp_path / "dse.png")
+    rows = design_space.dse_rows(_clock_records())
+    design_space_report.plot_sweep(rows, tmp_path / "dse.png")
     fig, = figures
     assert len(fig.axes) == 4 * len(STDS)
     for s, name in enumerate(sorted(STDS)):
         std = get_standard(name)
         for col, prog in enumerate(("residual_add", "segment4")):
-            streams = bench.PROGRAM_STREAMS[prog]
+            streams = nmp_measure.PROGRAM_STREAMS[prog]
             top, bottom = fig.axes[4 * s + col], fig.axes[4 * s + 2 + col]
             assert top.get_title() == f"{name} {prog}"
             for ax, value in ((top, lambda r: r["elements_per_ns"]),
@@ -201,19 +205,19 @@ def test_sweep_plot_draws_the_rows(tmp_path, monkeypatch):
 
 def test_rank_memory_holds_the_four_streams():
     for words in (1, 16383, 16384, 131072):
-        mem = bench._mem_words(words)
+        mem = nmp_measure.mem_words(words)
         assert mem >= 4 * words + 1 and mem & (mem - 1) == 0 and mem >= 1024
 
 
 def test_clock_rows_keep_standard_clock_and_figures():
     records = _clock_records()
-    rows = bench.dse_rows(records)
-    assert len(rows) == len(records) * len(bench.PROGRAM_STREAMS)
+    rows = design_space.dse_rows(records)
+    assert len(rows) == len(records) * len(nmp_measure.PROGRAM_STREAMS)
     for row in rows:
         rec, = [r for r in records if r["params"]["dram"] == row["dram"]
                 and (r["params"]["nme_mhz"] or None) == row["nme_mhz"]
                 and (r["params"]["lanes"], r["params"]["depth"]) == (row["lanes"], row["depth"])]
-        for key in bench.ROW_KEYS:
+        for key in design_space.ROW_KEYS:
             assert row[key] == rec["figures"][f"{row['program']}.{key}"], key
         assert row["nme_mhz_effective"] == rec["figures"]["nme_mhz_effective"]
 
@@ -226,8 +230,8 @@ def test_knee_per_clock_follows_the_roofline():
     lanes_max (the widest, with powers of two), and ``lanes_to_saturate`` is
     ceil(tol x SAT x peak / (2 B x f x EFF))."""
     tol = 0.95
-    ks = bench.knees(bench.dse_rows(_clock_records()), tol)
-    assert len(ks) == sum(len(c) for c in CLOCKS.values()) * len(bench.PROGRAM_STREAMS)
+    ks = design_space.knees(design_space.dse_rows(_clock_records()), tol)
+    assert len(ks) == sum(len(c) for c in CLOCKS.values()) * len(nmp_measure.PROGRAM_STREAMS)
     seen = set()
     for k in ks:
         std = get_standard(k["dram"])
@@ -251,28 +255,28 @@ def test_knee_per_clock_follows_the_roofline():
         assert k["rank_best"] == pytest.approx(SAT, rel=1e-3)
         assert k["tolerance"] == tol
         seen.add((k["dram"], k["nme_mhz"], k["program"]))
-    assert seen == {(s, c, p) for s in STDS for c in CLOCKS[s] for p in bench.PROGRAM_STREAMS}
+    assert seen == {(s, c, p) for s in STDS for c in CLOCKS[s] for p in nmp_measure.PROGRAM_STREAMS}
     # at 100 MHz nothing saturates either rank, at the DRAM clock both do
     assert {k["saturated"] for k in ks if k["nme_mhz"] == 100.0} == {False}
     assert {k["saturated"] for k in ks if k["nme_mhz"] is None} == {True}
     with pytest.raises(ValueError, match="tolerance"):
-        bench.knees([], 0)
+        design_space.knees([], 0)
     with pytest.raises(ValueError, match="tolerance"):
-        bench.knees([], 1.5)
+        design_space.knees([], 1.5)
 
 
 def test_knee_tolerance_moves_the_knee():
     """A looser tolerance never gives more lanes; tolerance 1 gives the first lanes count at
     the best utilisation itself."""
-    rows = bench.dse_rows(_clock_records())
+    rows = design_space.dse_rows(_clock_records())
     strict = {(k["dram"], k["nme_mhz"], k["program"]): k["knee_lanes"]
-              for k in bench.knees(rows, 1.0)}
+              for k in design_space.knees(rows, 1.0)}
     loose = {(k["dram"], k["nme_mhz"], k["program"]): k["knee_lanes"]
-             for k in bench.knees(rows, 0.5)}
+             for k in design_space.knees(rows, 0.5)}
     assert all(loose[key] <= strict[key] for key in strict)
     assert any(loose[key] < strict[key] for key in strict)
-    for k in bench.knees(rows, 1.0):
-        pts = [r for r in bench.best_rows(rows) if (r["dram"], r["nme_mhz"], r["program"])
+    for k in design_space.knees(rows, 1.0):
+        pts = [r for r in design_space.best_rows(rows) if (r["dram"], r["nme_mhz"], r["program"])
                == (k["dram"], k["nme_mhz"], k["program"])]
         top = max(r["utilisation"] for r in pts)
         assert k["knee_lanes"] == min(r["lanes"] for r in pts if r["utilisation"] == top)
@@ -290,25 +294,25 @@ def _write_report(root, target, lanes, fmt, res, units=None):
 def test_perf_per_area_from_synth_reports(tmp_path):
     """Areas come from the synthesis sweep's report.json files of the format asked for;
     perf/area = elements/ns / (area / 1000); no area, no key; no reports, {}."""
-    assert bench.synth_areas(tmp_path / "none") == {}
+    assert synth_area.synth_areas(tmp_path / "none") == {}
     _write_report(tmp_path, "generic", 4, "bf16", {"cells_total": 80_000})
     _write_report(tmp_path, "generic", 8, "bf16", {"cells_total": 160_000})
     _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 20_000, "fmax_mhz": 64.3})
     _write_report(tmp_path, "generic", 8, "fp16", {"cells_total": 1})
     (tmp_path / "points" / "broken").mkdir()
     (tmp_path / "points" / "broken" / "report.json").write_text("{not json")
-    areas = bench.synth_areas(tmp_path, "bf16")
+    areas = synth_area.synth_areas(tmp_path, "bf16")
     assert areas == {4: {"cells_total": 80_000},
                      8: {"cells_total": 160_000, "lut4": 20_000, "fmax_mhz": 64.3}}
     rows = [{"lanes": 2, "elements_per_ns": 1.0}, {"lanes": 4, "elements_per_ns": 2.0},
             {"lanes": 8, "elements_per_ns": 3.0}]
-    out = bench.perf_per_area(rows, areas)
+    out = synth_area.perf_per_area(rows, areas)
     assert "per_kcell" not in out[0] and "per_klut" not in out[0]
     assert out[1]["per_kcell"] == pytest.approx(2.0 / 80) and "per_klut" not in out[1]
     assert out[2]["per_kcell"] == pytest.approx(3.0 / 160)
     assert out[2]["per_klut"] == pytest.approx(3.0 / 20)
     assert rows[0] == {"lanes": 2, "elements_per_ns": 1.0}       # inputs untouched
-    knee = bench.perf_per_area([{"knee_lanes": 8, "knee_elements_per_ns": 4.0}], areas)[0]
+    knee = synth_area.perf_per_area([{"knee_lanes": 8, "knee_elements_per_ns": 4.0}], areas)[0]
     assert knee["per_klut"] == pytest.approx(4.0 / 20)
 
 
@@ -318,25 +322,25 @@ def test_synth_areas_are_those_of_the_units_asked_for(tmp_path):
     _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 15_000, "fmax_mhz": 24.6})
     _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 16_482, "fmax_mhz": 100.88}, "451")
     _write_report(tmp_path, "ecp5", 4, "bf16", {"lut4": 9_000, "fmax_mhz": 101.0}, "451")
-    assert bench.synth_areas(tmp_path, "bf16") == {8: {"lut4": 15_000, "fmax_mhz": 24.6}}
-    assert bench.synth_areas(tmp_path, "bf16", "4,5,1") == bench.synth_areas(
+    assert synth_area.synth_areas(tmp_path, "bf16") == {8: {"lut4": 15_000, "fmax_mhz": 24.6}}
+    assert synth_area.synth_areas(tmp_path, "bf16", "4,5,1") == synth_area.synth_areas(
         tmp_path, "bf16", (4, 5, 1)) == {4: {"lut4": 9_000, "fmax_mhz": 101.0},
                                          8: {"lut4": 16_482, "fmax_mhz": 100.88}}
-    assert bench.synth_areas(tmp_path, "bf16", "3,5,1") == {}
+    assert synth_area.synth_areas(tmp_path, "bf16", "3,5,1") == {}
     # another placer seed of the same netlist: the best Fmax counts, whatever the order
     _write_report(tmp_path, "ecp5", 8, "bf16", {"lut4": 16_482, "fmax_mhz": 96.15}, "451_s3")
     _write_report(tmp_path, "ecp5", 4, "bf16", {"lut4": 9_000, "fmax_mhz": 103.0}, "451_s3")
-    assert bench.synth_areas(tmp_path, "bf16", "4,5,1") == {
+    assert synth_area.synth_areas(tmp_path, "bf16", "4,5,1") == {
         4: {"lut4": 9_000, "fmax_mhz": 103.0}, 8: {"lut4": 16_482, "fmax_mhz": 100.88}}
-    assert bench.config_units({"lanes": 8}) == "0,0,0"
+    assert synth_area.config_units({"lanes": 8}) == "0,0,0"
     with pytest.raises(ValueError, match="units '9,5,1': expected M,A,O"):
-        bench.synth_areas(tmp_path, "bf16", "9,5,1")
+        synth_area.synth_areas(tmp_path, "bf16", "9,5,1")
 
 
 def test_knee_table_says_when_there_is_no_area(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "260")
-    ks = bench.knees(bench.dse_rows(_clock_records()))
-    bench.print_knees(ks, {})
+    ks = design_space.knees(design_space.dse_rows(_clock_records()))
+    design_space_report.print_knees(ks, {})
     out = capsys.readouterr().out
     assert "no synthesis results" in out and "make synth-sweep" in out
     lines = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
@@ -347,21 +351,21 @@ def test_knee_table_says_when_there_is_no_area(capsys, monkeypatch):
         assert cells[3] == str(k["knee_lanes"])
         assert cells[8] == ("yes" if k["saturated"] else "no")
         assert cells[10:] == ["-", "-"]
-    bench.print_knees(ks, {8: {"cells_total": 1000}})
+    design_space_report.print_knees(ks, {8: {"cells_total": 1000}})
     out = capsys.readouterr().out
     assert "no synthesis results" not in out
 
 
 def test_parse_clocks_and_bad_sweep_input():
-    assert bench.parse_clocks("dram, 64,100.5,0") == [0.0, 64.0, 100.5, 0.0]
+    assert design_space.parse_clocks("dram, 64,100.5,0") == [0.0, 64.0, 100.5, 0.0]
     for bad, msg in (("", "at least one"), ("fast", "expected MHz"), ("-5", "positive"),
                      ("nan", "positive"), ("inf", "positive")):
         with pytest.raises(ValueError, match=msg):
-            bench.parse_clocks(bad)
+            design_space.parse_clocks(bad)
     with pytest.raises(ValueError, match="clocks is empty"):
-        bench.sweep(clocks=())
+        design_space.sweep(clocks=())
     with pytest.raises(ValueError, match="fastest standard"):
-        bench.sweep(lanes=(8,), clocks=(3000.0,), dram=("DDR4-3200",))
+        design_space.sweep(lanes=(8,), clocks=(3000.0,), dram=("DDR4-3200",))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -380,9 +384,9 @@ def test_bench_cli_refuses_bad_sweep_options(argv, message, capsys):
 def test_dse_point_refuses_a_bad_clock_before_any_build():
     base = {"lanes": 8, "depth": 256, "fmt": "bf16", "stream_bytes": 4096}
     with pytest.raises(ValueError, match="may not exceed the DDR4-3200"):
-        bench.dse_point({**base, "dram": "DDR4-3200", "nme_mhz": 2400.0})
+        design_space.dse_point({**base, "dram": "DDR4-3200", "nme_mhz": 2400.0})
     with pytest.raises(ValueError, match="positive"):
-        bench.dse_point({**base, "dram": "DDR5-4800", "nme_mhz": -1.0})
+        design_space.dse_point({**base, "dram": "DDR5-4800", "nme_mhz": -1.0})
 
 
 def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch):
@@ -407,14 +411,14 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
     folder.mkdir(parents=True)
     (folder / "results.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in lines + [newer, stale, other]))
-    rows = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES)
-    assert len(rows) == (1 + len(recs)) * len(bench.PROGRAM_STREAMS)
+    rows = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    assert len(rows) == (1 + len(recs)) * len(nmp_measure.PROGRAM_STREAMS)
     p = lines[1]["params"]
     seg, = [r for r in rows if (r["dram"], r["nme_mhz"], r["lanes"], r["depth"], r["program"])
             == (p["dram"], p["nme_mhz"] or None, p["lanes"], p["depth"], "segment4")]
     assert seg["utilisation"] == 0.5                      # the newer record
     assert {(r["lanes"], r["nme_mhz"]) for r in rows if r["lanes"] == 64} == {(64, None)}
-    only = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, drams=("DDR4-3200",),
+    only = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, drams=("DDR4-3200",),
                                clocks=(100.0,), lanes=(8,))
     assert {(r["dram"], r["nme_mhz"], r["lanes"]) for r in only} == {("DDR4-3200", 100.0, 8)}
     monkeypatch.chdir(tmp_path)
@@ -422,7 +426,7 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
                       "--sweep-lanes", "1,2,4,8,16,32,64", "--sweep-depths", "16,256",
                       "--sweep-clocks", "dram,100,400,800,1200"]) == 0
     dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
-    assert dse["version"] == bench.DSE_VERSION and dse["areas"] == {}
+    assert dse["version"] == design_space.DSE_VERSION and dse["areas"] == {}
     assert len(dse["rows"]) == len(rows)
     assert (tmp_path / "build" / "bench" / "dse.png").stat().st_size > 0
     assert not (folder / "points").exists()                # nothing measured
@@ -449,18 +453,19 @@ def _with_units(records, units, scale=1.0):
 
 
 def test_parse_units_reads_three_ints_and_names_a_bad_value():
-    assert bench.parse_units("3,5,1") == (3, 5, 1)
-    assert bench.parse_units(" 0, 0 ,0") == (0, 0, 0)
-    assert bench.units_label(None) == bench.units_label("") == "0,0,0" == bench.SWEEP_UNITS
-    assert bench.units_label((3, 5, 1)) == bench.units_label(" 3 ,5, 1") == PIPELINED
-    assert bench.units_title(PIPELINED) == "NME units mul 3 / add 5 / operand 1"
+    assert nme_units.parse_units("3,5,1") == (3, 5, 1)
+    assert nme_units.parse_units(" 0, 0 ,0") == (0, 0, 0)
+    assert nme_units.units_label(None) == nme_units.units_label("") == "0,0,0" \
+        == design_space.SWEEP_UNITS == nme_units.COMBINATIONAL
+    assert nme_units.units_label((3, 5, 1)) == nme_units.units_label(" 3 ,5, 1") == PIPELINED
+    assert nme_units.units_title(PIPELINED) == "NME units mul 3 / add 5 / operand 1"
     for bad, why in (("3,5", "2 given"), ("3,5,1,0", "4 given"), ("", "1 given"),
                      ("a,5,1", "invalid literal"), ("1.5,0,0", "invalid literal"),
                      (f"{MAX_MUL_LATENCY + 1},0,0", f"mul_latency={MAX_MUL_LATENCY + 1}"),
                      (f"0,{MAX_ADD_LATENCY + 1},0", f"add_latency={MAX_ADD_LATENCY + 1}"), ("0,0,2", "operand_latency=2"),
                      ("-1,0,0", "mul_latency=-1")):
         with pytest.raises(ValueError) as exc:
-            bench.parse_units(bad, "--sweep-units")
+            nme_units.parse_units(bad, "--sweep-units")
         msg = str(exc.value)
         assert msg.startswith(f"--sweep-units {bad!r}: expected M,A,O"), msg
         assert why in msg and "\n" not in msg
@@ -473,18 +478,19 @@ def test_units_reach_the_rows_and_knees_old_records_are_combinational():
     and figures."""
     old = _with_units(_clock_records(), None)
     piped = _with_units(_clock_records(), " 3, 5,1", scale=0.5)   # canonicalised
-    rows = bench.dse_rows(old + piped)
-    assert len(rows) == 2 * len(old) * len(bench.PROGRAM_STREAMS)
+    rows = design_space.dse_rows(old + piped)
+    assert len(rows) == 2 * len(old) * len(nmp_measure.PROGRAM_STREAMS)
     assert {r["units"] for r in rows[:len(rows) // 2]} == {"0,0,0"}
     assert {r["units"] for r in rows[len(rows) // 2:]} == {PIPELINED}
     for r0, r1 in zip(rows[:len(rows) // 2], rows[len(rows) // 2:]):
         assert (r0["dram"], r0["nme_mhz"], r0["lanes"], r0["depth"], r0["program"]) == \
             (r1["dram"], r1["nme_mhz"], r1["lanes"], r1["depth"], r1["program"])
         assert r1["utilisation"] == pytest.approx(0.5 * r0["utilisation"], rel=1e-12)
-    best = bench.best_rows(rows)
-    assert len(best) == 2 * len(bench.best_rows(rows[:len(rows) // 2]))
-    ks = bench.knees(rows)
-    alone = {u: bench.knees([r for r in rows if r["units"] == u]) for u in ("0,0,0", PIPELINED)}
+    best = design_space.best_rows(rows)
+    assert len(best) == 2 * len(design_space.best_rows(rows[:len(rows) // 2]))
+    ks = design_space.knees(rows)
+    alone = {u: design_space.knees([r for r in rows if r["units"] == u])
+             for u in ("0,0,0", PIPELINED)}
     assert len(ks) == sum(len(k) for k in alone.values())
     for k in ks:
         same, = [a for a in alone[k["units"]]
@@ -497,15 +503,15 @@ def test_units_reach_the_rows_and_knees_old_records_are_combinational():
         assert b["rank_best"] == pytest.approx(0.5 * a["rank_best"], rel=1e-12)
     # a dse.json row without units (version 2) counts as 0,0,0
     v2 = [{k: v for k, v in r.items() if k != "units"} for r in rows[:len(rows) // 2]]
-    assert [k["units"] for k in bench.knees(v2)] == ["0,0,0"] * len(alone["0,0,0"])
+    assert [k["units"] for k in design_space.knees(v2)] == ["0,0,0"] * len(alone["0,0,0"])
 
 
 def test_tables_are_titled_with_the_units(capsys, monkeypatch):
     """One table per units set, titled with them, each holding that set's rows only."""
     monkeypatch.setenv("COLUMNS", "260")
-    rows = bench.dse_rows(_with_units(_records(), None)
+    rows = design_space.dse_rows(_with_units(_records(), None)
                           + _with_units(_records(), PIPELINED, scale=0.5))
-    bench.print_sweep(rows)
+    design_space_report.print_sweep(rows)
     out = capsys.readouterr().out
     first, second = (out.index("NME units mul 0 / add 0 / operand 0"),
                      out.index("NME units mul 3 / add 5 / operand 1"))
@@ -519,11 +525,11 @@ def test_tables_are_titled_with_the_units(capsys, monkeypatch):
         units = "0,0,0" if i < n else PIPELINED
         r = by[(units, int(cells[2]), int(cells[3]), "residual_add")]
         assert cells[4:6] == [f"{r['elements_per_ns']:.3f}", f"{100 * r['utilisation']:.1f} %"]
-    bench.print_knees(bench.knees(rows), {})
+    design_space_report.print_knees(design_space.knees(rows), {})
     out = capsys.readouterr().out
     assert out.count("knee per clock") == 2
     assert out.index("mul 0 / add 0 / operand 0") < out.index("mul 3 / add 5 / operand 1")
-    bench.print_sweep([r for r in rows if r["units"] == PIPELINED])
+    design_space_report.print_sweep([r for r in rows if r["units"] == PIPELINED])
     out = capsys.readouterr().out
     assert "mul 3 / add 5 / operand 1" in out and "mul 0 / add 0" not in out
 
@@ -546,23 +552,23 @@ def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
     dse.json with those units and titles the tables with them."""
     recs = _clock_records()
     folder = _results_file(tmp_path, [(None, recs), (PIPELINED, recs), ("0,0,0", recs[:4])])
-    n = len(recs) * len(bench.PROGRAM_STREAMS)
-    default = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    n = len(recs) * len(nmp_measure.PROGRAM_STREAMS)
+    default = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES)
     assert len(default) == n and {r["units"] for r in default} == {"0,0,0"}
     # the 0,0,0 records (later in the file, at half the utilisation) replace the old ones
     # of the same parameters
     plain = {(r["dram"], r["nme_mhz"], r["lanes"], r["depth"], r["program"]): r["utilisation"]
-             for r in bench.dse_rows(recs)}
+             for r in design_space.dse_rows(recs)}
     replaced = {(r["dram"], r["nme_mhz"], r["lanes"], r["depth"]) for r in default
                 if r["utilisation"] == pytest.approx(0.5 * plain[(r["dram"], r["nme_mhz"],
                                                                   r["lanes"], r["depth"],
                                                                   r["program"])])}
     assert replaced == {(p["dram"], p["nme_mhz"] or None, p["lanes"], p["depth"])
                         for p in (rec["params"] for rec in recs[:4])}
-    piped = bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units=" 3,5, 1")
+    piped = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, units=" 3,5, 1")
     assert len(piped) == n and {r["units"] for r in piped} == {PIPELINED}
-    assert len(bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units=None)) == 2 * n
-    assert bench.recorded_rows(folder, stream_bytes=STREAM_BYTES, units="1,0,0") == []
+    assert len(design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, units=None)) == 2 * n
+    assert design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, units="1,0,0") == []
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "260")
     assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
@@ -573,7 +579,7 @@ def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
     assert out.count("NME units mul 3 / add 5 / operand 1") == 2       # both tables
     assert "operand 0" not in out
     dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
-    assert dse["version"] == bench.DSE_VERSION == 3 and dse["units"] == PIPELINED
+    assert dse["version"] == design_space.DSE_VERSION == 3 and dse["units"] == PIPELINED
     assert len(dse["rows"]) == n and {r["units"] for r in dse["rows"]} == {PIPELINED}
     assert {k["units"] for k in dse["knees"]} == {PIPELINED}
     assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
@@ -590,6 +596,7 @@ def test_bench_cli_refuses_bad_sweep_units_before_any_build(value, why, capsys, 
         raise AssertionError("measured despite bad --sweep-units")
     monkeypatch.setattr(bench, "sweep", no_build)
     monkeypatch.setattr(bench, "measure_nmp", no_build)
+    monkeypatch.setattr(design_space, "measure_nmp", no_build)
     argv = (["--sweep-units" + value] if value.startswith("=") else ["--sweep-units", value])
     assert coda_main(["bench", "--sweep-only", "--sequential"] + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -613,12 +620,12 @@ def _fake_measure(calls):
 
 def test_dse_point_builds_the_nme_with_the_units(monkeypatch):
     calls = []
-    monkeypatch.setattr(bench, "measure_nmp", _fake_measure(calls))
+    monkeypatch.setattr(design_space, "measure_nmp", _fake_measure(calls))
     base = {"lanes": 8, "depth": 256, "fmt": "bf16", "stream_bytes": 4096,
             "dram": "DDR5-4800", "nme_mhz": 100.0}
-    piped = bench.dse_point({**base, "units": PIPELINED})
-    plain = bench.dse_point(base)                                  # no units: 0,0,0
-    zero = bench.dse_point({**base, "units": "0,0,0"})
+    piped = design_space.dse_point({**base, "units": PIPELINED})
+    plain = design_space.dse_point(base)                                  # no units: 0,0,0
+    zero = design_space.dse_point({**base, "units": "0,0,0"})
     cfgs = [c["cfg"] for c in calls]
     assert [(c.mul_latency, c.add_latency, c.operand_latency) for c in cfgs] == \
         [(3, 5, 1), (0, 0, 0), (0, 0, 0)]
@@ -631,7 +638,7 @@ def test_dse_point_builds_the_nme_with_the_units(monkeypatch):
     # bad units: refused before measure_nmp, with where a comma-holding value goes
     for bad in ("3", "3,5,9"):
         with pytest.raises(ValueError, match=r"units .*expected M,A,O.*--grid TOML"):
-            bench.dse_point({**base, "units": bad})
+            design_space.dse_point({**base, "units": bad})
     assert len(calls) == 3
 
 
@@ -642,19 +649,19 @@ def test_sweep_gives_every_point_the_units(tmp_path, monkeypatch):
     import coda.sweep
 
     calls = []
-    monkeypatch.setattr(bench, "measure_nmp", _fake_measure(calls))
+    monkeypatch.setattr(design_space, "measure_nmp", _fake_measure(calls))
     seen = []
 
     def run_sweep(kind, points, folder, **kw):
         seen.extend(points)
-        return [{"params": p, "status": "ok", "figures": bench.dse_point(p), "timing": {}}
+        return [{"params": p, "status": "ok", "figures": design_space.dse_point(p), "timing": {}}
                 for p in points]
     monkeypatch.setattr(coda.sweep, "run_sweep", run_sweep)
     out = tmp_path / "dse.json"
-    rows = bench.sweep(lanes=(2, 4), clocks=(100.0,), dram="DDR5-4800", stream_bytes=4096,
+    rows = design_space.sweep(lanes=(2, 4), clocks=(100.0,), dram="DDR5-4800", stream_bytes=4096,
                        out=out, units=(3, 5, 1), synth_root=tmp_path / "none")
     assert [p["units"] for p in seen] == [PIPELINED] * 2
-    kind = bench.sweep_kind()
+    kind = design_space.sweep_kind()
     assert kind.param("units").default == "0,0,0"
     keys = {coda.sweep.point_key(kind, p) for p in seen}
     assert not keys & {coda.sweep.point_key(kind, {**p, "units": "0,0,0"}) for p in seen}
@@ -664,5 +671,5 @@ def test_sweep_gives_every_point_the_units(tmp_path, monkeypatch):
     dse = json.loads(out.read_text())
     assert dse["units"] == PIPELINED and {r["units"] for r in dse["rows"]} == {PIPELINED}
     with pytest.raises(ValueError, match="units '3,5': expected M,A,O"):
-        bench.sweep(lanes=(2,), clocks=(100.0,), dram="DDR5-4800", units="3,5")
+        design_space.sweep(lanes=(2,), clocks=(100.0,), dram="DDR5-4800", units="3,5")
     assert len(calls) == 2

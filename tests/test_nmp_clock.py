@@ -221,21 +221,21 @@ def test_cli_nme_mhz(tmp_path, capsys, runs):
 
 
 def test_dse_figures_of_a_real_run_at_two_clocks():
-    """``make bench``'s design-space figures (:func:`coda.cosim.bench.program_figures`) of a
-    real run of this module's build (1 x 2 ranks, 8 lanes, depth 128) at 200 and 400 MHz,
+    """``make bench``'s design-space figures (:func:`coda.cosim.design_space.program_figures`)
+    of a real run of this module's build (1 x 2 ranks, 8 lanes, depth 128) at 200 and 400 MHz,
     1024 words per stream: ns = NME cycles x the NME period (measure_nmp rounds to 0.1 ns),
     DRAM cycles = ns / tCK to an edge, elements/ns = elements / ns; both clocks are below the
     knee (8 lanes x 2 B x 400 MHz = 6.4 GB/s, a third of the rank's peak), so elements/ns
     doubles from 200 to 400 MHz but for the fixed latency of a program (within 12 %); the
     bytes moved do not depend on the clock, so utilisation and GB/s grow by the same factor."""
-    from coda.cosim import bench
+    from coda.cosim import design_space, nmp_measure
 
     words = 1024
     figs = {}
     for f in (200.0, 400.0):
-        m = bench.measure_nmp(CFG, STD.name, 1, 2, stream_words=words, nme_mhz=f)
+        m = nmp_measure.measure_nmp(CFG, STD.name, 1, 2, stream_words=words, nme_mhz=f)
         assert m["violations"] == 0
-        figs[f] = {p: bench.program_figures(m[p], STD) for p in bench.PROGRAM_STREAMS}
+        figs[f] = {p: design_space.program_figures(m[p], STD) for p in nmp_measure.PROGRAM_STREAMS}
     for f, per in figs.items():
         for prog, g in per.items():
             assert g["elements"] == words * CFG.lanes
@@ -246,12 +246,12 @@ def test_dse_figures_of_a_real_run_at_two_clocks():
                                                             abs=1e-4)
             # the program's streams cross the DRAM bus, to a burst or two (the adapter's
             # read-line reuse and write merging) and the rounding of utilisation (4 decimals)
-            streams = bench.PROGRAM_STREAMS[prog]
+            streams = nmp_measure.PROGRAM_STREAMS[prog]
             per_cycle = STD.burst_bytes / STD.nBL
             moved = g["utilisation"] * g["dram_cycles"] * per_cycle
             assert abs(moved - 2 * streams * g["elements"]) <= (
                 2 * STD.burst_bytes + 5e-5 * g["dram_cycles"] * per_cycle), (f, prog, moved)
-    for prog in bench.PROGRAM_STREAMS:
+    for prog in nmp_measure.PROGRAM_STREAMS:
         lo, hi = figs[200.0][prog], figs[400.0][prog]
         speedup = hi["elements_per_ns"] / lo["elements_per_ns"]
         assert 1.76 <= speedup <= 2.0 + 1e-3, (prog, speedup)

@@ -219,7 +219,7 @@ def test_measured_knee_and_perf_per_area(tmp_path):
 def test_measured_table_and_clock_table_of_a_version2_dse(capsys):
     """A version-2 dse.json (standard and NME clock per row): the lanes table uses the
     same-domain rows of dse["dram"] only; clock_table gives perf/area at every clock, the
-    knee of coda.cosim.bench.knees, and whether the ECP5 Fmax reaches the clock."""
+    knee of coda.cosim.design_space.knees, and whether the ECP5 Fmax reaches the clock."""
     rows = [{"lanes": n, "fmt": "bf16", "cells_total": 1000 * n, "lut4": 500 * n,
              "fmax_mhz": 64.0 if n == 8 else None} for n in (4, 8)]
 

@@ -17,7 +17,7 @@ Kinds (each declared by the module that owns the work; parameters and defaults w
 
 - ``synth``: synthesis of the NME, yosys generic cells or ECP5 with nextpnr (coda.synth.sweep);
 - ``bench``: the DIMM-NMP design space of one rank, cycles and DRAM utilisation of a residual
-  add and a 4-stream segment (coda.cosim.bench);
+  add and a 4-stream segment (coda.cosim.design_space);
 - ``schedule``: annealing restarts of ``coda schedule search`` (coda.host.search);
 - ``sim``: ``coda sim`` runs of the system model (coda.host.system.sim).
 """
@@ -33,7 +33,7 @@ __all__ = ["kinds", "configure", "main"]
 
 def kinds() -> dict:
     """The sweep kinds by name (coda.sweep.SweepKind)."""
-    from coda.cosim.bench import sweep_kind as bench
+    from coda.cosim.design_space import sweep_kind as bench
     from coda.host.search import sweep_kind as schedule
     from coda.host.system.sim import sweep_kind as sim
     from coda.synth.sweep import sweep_kind as synth

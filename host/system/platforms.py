@@ -175,14 +175,15 @@ class NMPEfficiency:
     """Measured DRAM utilisation of one DIMM-NMP rank running long NME programs.
 
     ``util[(lanes, depth)] = (residual_add, segment4)``: bytes moved / peak bytes of the
-    cycles, from ``coda.cosim.bench.sweep`` / ``measure_nmp`` on the DRAM-timed DIMM-NMP.
+    cycles, from ``coda.cosim.design_space.sweep`` / ``coda.cosim.nmp_measure.measure_nmp``
+    on the DRAM-timed DIMM-NMP.
     """
     standard: str
     util: dict
     source: str
 
 
-_SWEEP_CMD = ("coda.cosim.bench.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
+_SWEEP_CMD = ("coda.cosim.design_space.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
               "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model, on the FR-FCFS "
               "controller with the default bypass cap of 1; build/system/nmp_*.json)")
 NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
@@ -195,7 +196,7 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
         "measured here: make bench (docs/results.md: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
         "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.899 "
         "elements/cycle of the 4-stream segment, re-measured on the FR-FCFS controller: "
-        "coda.cosim.bench.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
+        "coda.cosim.design_space.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
         "and " + _SWEEP_CMD),
     "DDR4-3200": NMPEfficiency(
         "DDR4-3200", {(8, 256): (0.8643, 0.8686), (8, 64): (0.688, 0.7139)},
@@ -370,8 +371,8 @@ def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float
     if row is None:
         have = {k: sorted(v.util) for k, v in NMP_EFFICIENCY.items()}
         raise ValueError(f"no DIMM-NMP measurement for {standard} with {lanes} lanes, depth "
-                         f"{depth}: measured (lanes, depth) are {have} (run coda.cosim.bench "
-                         "sweep to add one)")
+                         f"{depth}: measured (lanes, depth) are {have} (run "
+                         "coda.cosim.design_space sweep to add one)")
     add, seg = row
     return seg if streams >= 4 or add is None else add
 
