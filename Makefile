@@ -60,9 +60,10 @@ mutation: $(STAMP)
 bench: $(STAMP)
 	$(RUN) $(VENV)/bin/coda bench
 
-# The cache-policy benchmark (long: its halves took 21 and 16 min side by side on 2 cores, on
-# 2026-12-04, AMD EPYC, beside other jobs): uniform, PAB, TeaCache, MagCache,
-# FirstBlockCache, a LeMiCa-style step path, the searched CODA schedule and CODA + DRA at
+# The cache-policy benchmark (long: 26 min 16 s with its halves side by side on 2 cores, on
+# 2026-12-05, AMD EPYC, beside other jobs): uniform, PAB, TeaCache, MagCache,
+# FirstBlockCache, a LeMiCa-style step path, the searched CODA schedule (chosen on quality;
+# within uniform's modelled latency: coda-lat) and CODA + DRA at
 # 0.3 / 0.5 / 0.6 / 0.7 reused, on 20 held-out videos (prompts 0-9 x seeds 0-1; the shipped
 # profile and the CODA search used seeds 100-101); the two halves of the targets run side by
 # side, one core each: build/eval/{low,high}/pareto.json, pareto.png, videos.json,
