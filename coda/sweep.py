@@ -2,8 +2,8 @@
 
 A base helper (it imports only coda's other base helpers, coda.jsonout and coda.lists): a sweep
 *kind* (:class:`SweepKind`) is declared by
-the module that owns the work — ``coda.synth.sweep`` (ECP5 / generic synthesis),
-``coda.cosim.design_space`` (the DIMM-NMP design space), ``coda.host.search`` (annealing restarts),
+the module that owns the work — ``coda.experiments.area_sweep`` (ECP5 / generic synthesis),
+``coda.experiments.design_space`` (the DIMM-NMP design space), ``coda.experiments.search`` (annealing restarts),
 ``coda.host.system.sim`` (the system model) — and run here, either
 
 - on **Ray** (:func:`run_sweep`, default): ``ray.init()`` starts a local Ray on this machine

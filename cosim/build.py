@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
-from coda.hw.isa import NMEConfig
+from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
 
 __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "build_sim",
@@ -234,13 +234,14 @@ def _waves_build_args(out: Path) -> tuple[list[str], str]:
 
 
 def _hw_sources_digest() -> str:
-    """Hash of the hardware description (every hw/*.py) and the Amaranth version."""
+    """Hash of the hardware description (every .py file under hw/) and the Amaranth version."""
     import amaranth
 
     import coda.hw
     digest = hashlib.sha256(amaranth.__version__.encode())
-    for path in sorted(Path(coda.hw.__file__).resolve().parent.glob("*.py")):
-        digest.update(path.name.encode())
+    hw = Path(coda.hw.__file__).resolve().parent
+    for path in sorted(hw.rglob("*.py")):
+        digest.update(str(path.relative_to(hw)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -291,7 +292,7 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
         CosimBuildError: Verilog generation or the Verilator/C++ build failed (with log tail).
     """
     if not isinstance(cfg, NMEConfig):
-        raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.isa.NMEConfig")
+        raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.nme.isa.NMEConfig")
     if verilog is None:
         verilog = nme_verilog_cached(cfg, measure_toggles)
     tog_w = _toggle_width(verilog, DUT_NAME)

@@ -2,7 +2,7 @@
 
 The coverage model of one NME build (format ``fmt``, ``lanes``), sampled by the cocotb tests
 (tests/cocotb_nme.py: its checker samples every program it runs, through the interpreter's
-``observe`` hook, :func:`coda.host.interp.run_words`):
+``observe`` hook, :func:`coda.host.nme.interp.run_words`):
 
 =================  ============================================================================
 coverpoint         bins
@@ -20,7 +20,7 @@ coverpoint         bins
                    product), ``tie`` (the exact result halfway between two neighbours)
 ``l1_result``      L1's fp32 sum: zero, normal, inf, nan
 ``tail``           elements modulo lanes, 0 (full last word) .. lanes-1 (masked tail)
-``operator``       the operators of coda.host.ops run compiled
+``operator``       the operators of coda.host.nme.ops run compiled
 ``segment_k``      segment terms K = 1..8
 ``dequant_group``  dequant_int8 scale shape: group = lanes or wider x one or several groups
                    per row
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coda.hw.isa import NMEConfig, Op, RSrc, Status
+from coda.hw.nme.isa import NMEConfig, Op, RSrc, Status
 from coda.jsonout import json_text
 
 __all__ = ["FLOAT_CLASSES", "RESULT_EVENTS", "float_class", "result_events", "NMECoverage",
@@ -289,7 +289,7 @@ class NMECoverage:
 
     def buffers(self, uops) -> None:
         """The buffers a program that ran (status OK) used, by role: ``uops`` are
-        :func:`coda.hw.isa.decode_uop` tuples (op, rsrc, store, d, p, q, r, addr, param)."""
+        :func:`coda.hw.nme.isa.decode_uop` tuples (op, rsrc, store, d, p, q, r, addr, param)."""
         for op, rsrc, store, d, p, q, r, _addr, _param in uops:
             if op in (*ARITH, Op.L1):
                 self._buffer("P", p)

@@ -27,10 +27,10 @@ DRAM_BENCH_STANDARDS = ("DDR4-3200", "DDR5-4800")
 def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[dict]:
     """The DRAM rows of ``make bench`` (module docstring): one dict per (standard, trace) with
     the replay's results, ``violations`` (checker), and for the random reads ``act_bound_gbps``
-    and ``of_act_bound`` (:attr:`coda.hw.dram_standards.DRAMStandard.act_bound_gbps`).
+    and ``of_act_bound`` (:attr:`coda.hw.dram.standards.DRAMStandard.act_bound_gbps`).
 
     Raises AssertionError if a command trace breaks a JEDEC rule."""
-    from coda.hw.dram_standards import get_standard
+    from coda.hw.dram.standards import get_standard
 
     rows = []
     for name in standards:

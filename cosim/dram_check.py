@@ -1,7 +1,7 @@
 """Independent JEDEC timing checker of a DRAM command trace (CSV from ``coda dram replay
 --commands`` or the cosimulation's ``+dram_cmds``).
 
-Written from the standard's timing table (:class:`coda.hw.dram_standards.DRAMStandard`), not
+Written from the standard's timing table (:class:`coda.hw.dram.standards.DRAMStandard`), not
 from the controller: it replays the log, keeps per-bank / per-bank-group / per-rank command
 history and reports every pair of commands closer than the standard allows, every command
 illegal in the bank's state (ACT to an open bank, RD/WR to a closed bank or another row,
@@ -43,7 +43,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.hw.dram_standards import DRAMStandard, get_standard
+from coda.hw.dram.standards import DRAMStandard, get_standard
 
 __all__ = ["Violation", "check_commands", "check_file", "configure", "main"]
 

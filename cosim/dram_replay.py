@@ -1,6 +1,6 @@
 """``coda dram replay``: memory traces on the DRAM timing model, Verilated, no Python per clock.
 
-The Amaranth :class:`coda.hw.dram.DRAMController` of one rank and the SV device of
+The Amaranth :class:`coda.hw.dram.controller.DRAMController` of one rank and the SV device of
 ``dram_top.sv`` are Verilated once per standard (cached under ``build/dram/``) with a C++
 main that only toggles the clock; the trace is converted to a hex file that the SV trace
 player streams in. Trace formats (one request per line, ``#`` comments allowed):
@@ -12,7 +12,7 @@ player streams in. Trace formats (one request per line, ``#`` comments allowed):
 Byte addresses map to bursts of ``std.burst_bytes`` (the low bits select bytes inside the
 burst and are dropped; addresses beyond the rank, or the channel's ranks, wrap). With
 ``--ranks`` R > 1 the controller drives R ranks sharing one channel (command and data bus):
-rank bits between bank and row (:mod:`coda.hw.dram_mapping`), per-rank bank state, tRRD/tFAW
+rank bits between bank and row (:mod:`coda.hw.dram.mapping`), per-rank bank state, tRRD/tFAW
 and refresh, tRTRS between the bursts of two ranks; the command log's ``rank`` column names
 the rank. Results: requests served, DRAM
 cycles, achieved GB/s (bytes moved by RD/WR / (cycles * tCK)), row hits/misses/conflicts,
@@ -32,21 +32,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from coda.hw.dram import DRAMController
-from coda.hw.dram_rowpolicy import ROW_POLICIES
-from coda.hw.dram_standards import DRAMStandard, STANDARDS, get_standard
+from coda.hw.dram.controller import DRAMController
+from coda.hw.dram.rowpolicy import ROW_POLICIES
+from coda.hw.dram.standards import DRAMStandard, STANDARDS, get_standard
 from coda.jsonout import json_text
 
-from .toolchain import build_dir, build_lock, setup_verilator_env
+from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 
 __all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model", "run_requests",
            "replay", "run_words",
            "parse_size", "configure", "main", "verilator_params", "channel_addr_bits"]
 
 _HERE = Path(__file__).resolve().parent
-# every part of the controller (hw/dram*.py: controller, mapping, queue, scheduler, refresh,
+# every part of the controller (hw/dram/*.py: controller, mapping, queue, scheduler, refresh,
 # timing table, standards) and this harness: a change of any rebuilds the model
-_SOURCES = [_HERE / "dram_top.sv", *sorted((_HERE.parent / "hw").glob("dram*.py")),
+_SOURCES = [_HERE / "dram_top.sv", *sorted((_HERE.parent / "hw" / "dram").glob("*.py")),
             Path(__file__).resolve()]
 
 _MAIN_CPP = r"""
@@ -185,12 +185,13 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     Args:
         top: ``"replay"`` (burst trace player) or ``"word"`` (NME word-port player around
             WordAdapter + controller, ``lanes`` elements per word).
-        controller: keyword arguments of :class:`coda.hw.dram.DRAMController` (queue depths,
+        controller: keyword arguments of :class:`coda.hw.dram.controller.DRAMController` (queue depths,
             ``lookahead``, ``row_policy``...; None: its defaults).
     Raises:
         ValueError: unknown top. subprocess.CalledProcessError: Verilator failed.
     """
-    from coda.hw.dram import DRAMController, DRAMWordMemory, check_controller, dram_verilog
+    from coda.hw.dram.controller import (DRAMController, DRAMWordMemory, check_controller,
+                                         dram_verilog)
 
     std = get_standard(std)
     _, write_high, write_low = check_controller(std, **(controller or {}))  # fails before a build
@@ -310,7 +311,7 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
 
 def channel_addr_bits(std: DRAMStandard, controller: dict | None = None) -> int:
     """Burst address bits of the replayed channel: the rank's, plus the rank bits of
-    ``controller["ranks"]`` (:class:`coda.hw.dram_mapping.AddressMapping`)."""
+    ``controller["ranks"]`` (:class:`coda.hw.dram.mapping.AddressMapping`)."""
     return std.burst_addr_bits + ((controller or {}).get("ranks", 1) - 1).bit_length()
 
 
@@ -452,7 +453,7 @@ def replay(std: DRAMStandard | str, trace: str | Path, **kw) -> dict:
 
 
 #: the controller options of ``coda dram replay`` and their defaults, read off
-#: :class:`coda.hw.dram.DRAMController`: an option left at its default is not passed, so the
+#: :class:`coda.hw.dram.controller.DRAMController`: an option left at its default is not passed, so the
 #: default model is one cached build
 CONTROLLER_DEFAULTS = {
     name: inspect.signature(DRAMController).parameters[name].default
@@ -506,11 +507,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def controller_options(args) -> dict:
-    """The :class:`coda.hw.dram.DRAMController` keywords of the CLI options (only those
+    """The :class:`coda.hw.dram.controller.DRAMController` keywords of the CLI options (only those
     differing from its defaults, so the default model is one cached build).
 
     Raises ValueError naming a bad value (checked here, before any build)."""
-    from coda.hw.dram import check_controller
+    from coda.hw.dram.controller import check_controller
     opts = {k: getattr(args, k) for k, d in CONTROLLER_DEFAULTS.items()
             if getattr(args, k) != d}
     check_controller(args.standard, **opts)     # raises on a bad value, naming it

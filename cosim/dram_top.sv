@@ -1,5 +1,5 @@
 // DRAM device model and trace-player tops around the Amaranth DRAM controller
-// (coda.hw.dram). Everything runs on the DRAM command clock; no Python per clock.
+// (coda.hw.dram.controller). Everything runs on the DRAM command clock; no Python per clock.
 //
 // coda_dram_device: behavioural rank. Stores bursts in an array of 2**STORE_BITS entries
 // indexed by the low bits of {row, bank, bankgroup, column burst}; a WR writes its burst

@@ -2,7 +2,7 @@
 
 A memory image is a numpy ``uint16`` array of shape ``(mem_words, lanes)``: ``mem[w, j]`` is
 element ``j`` of word ``w``, i.e. bits ``[16j, 16j+16)`` of the ``16*lanes``-bit word (see
-:mod:`coda.hw.isa`). In a hex file a word is written most significant digit first, so element
+:mod:`coda.hw.nme.isa`). In a hex file a word is written most significant digit first, so element
 ``lanes-1`` comes first. Sparse files put ``@addr`` (hex word address) before each word, which
 ``$readmemh`` understands and which the top's dirty-word dump writes.
 

@@ -14,7 +14,7 @@ second, per-job overhead.
   rank's image) and one simulator per rank (``max_sims=2``: images stay resident, the two run
   in parallel): wall seconds per launch and simulated cycles (both ranks) per wall second.
 
-``coda bench`` (:mod:`coda.cosim.bench`) reports it unless ``--skip-nme``.
+``coda bench`` (:mod:`coda.experiments.bench`) reports it unless ``--skip-nme``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 
 __all__ = ["measure"]
 

@@ -1,7 +1,7 @@
 """NME units ``"M,A,O"``: the register stages of an NME's FP units, as one text value.
 
 ``M`` stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages between the buffers
-and the operand registers (:class:`~coda.hw.isa.NMEConfig` ``mul_latency``, ``add_latency``,
+and the operand registers (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
 ``operand_latency``). ``0,0,0`` (:data:`COMBINATIONAL`) is the NME of combinational units,
 also the units of any record, row or report that names none (from before the units were a
 parameter). ``coda bench --sweep-units``, ``coda synth-sweep --units`` and
@@ -10,7 +10,7 @@ parameter). ``coda bench --sweep-units``, ``coda synth-sweep --units`` and
 
 from __future__ import annotations
 
-from coda.hw.isa import NMEConfig
+from coda.hw.nme.isa import NMEConfig
 
 __all__ = ["COMBINATIONAL", "parse_units", "units_label", "units_title"]
 
@@ -21,11 +21,11 @@ COMBINATIONAL = "0,0,0"
 def parse_units(text: str, flag: str = "units") -> tuple[int, int, int]:
     """NME units ``"M,A,O"`` as ``(mul_latency, add_latency, operand_latency)``: register
     stages (NME cycles) in each FPMul, in each FPAdd, and between the buffers and the
-    operand registers, each in the range :class:`~coda.hw.isa.NMEConfig` accepts.
+    operand registers, each in the range :class:`~coda.hw.nme.isa.NMEConfig` accepts.
     ``flag`` names the value's source in the error (``--sweep-units``, ``units``).
     Raises ValueError naming ``flag`` and the value for anything but three comma-separated
     ints in range."""
-    from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY
+    from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY
 
     want = (f"expected M,A,O: three comma-separated ints, mul 0..{MAX_MUL_LATENCY}, "
             f"add 0..{MAX_ADD_LATENCY}, operand 0..{MAX_OPERAND_LATENCY}")

@@ -1,7 +1,7 @@
 """The ``rtl`` backend of a whole DIMM-NMP: ranks with their DRAM timing, Verilated, in lockstep.
 
-:class:`NMPRTLBackend` implements :class:`coda.host.backend.Backend` for
-:class:`coda.host.driver.NMPDriver`: ``execute_many(cfg, jobs)`` puts job ``k`` on rank ``k``
+:class:`NMPRTLBackend` implements :class:`coda.host.nme.backend.Backend` for
+:class:`coda.host.nmp.driver.NMPDriver`: ``execute_many(cfg, jobs)`` puts job ``k`` on rank ``k``
 of a ``dimms x ranks`` system (:class:`coda.hw.nmp.DIMMNMP`, one JEDEC-timed DRAM controller and
 one ``coda_dram_device`` per rank, ``cosim/nmp_top.sv``) and runs all ranks' programs in one
 simulator job: per-rank header words (each rank its own ``n_elems``), then the micro-ops
@@ -43,10 +43,10 @@ from coda.cosim.nmp_build import (CMD_DEPTH, DEFAULT_FLAGS, FLAG_SETS, MAX_COSIM
 from coda.cosim.nmp_image import burst_index_map, to_bursts, words_per_burst, write_bursts
 from coda.cosim.nmp_session import NMPSession, command_stream, cycle_limit
 from coda.cosim.rtl_backend import SessionOwner
-from coda.hw.dram import STAT_NAMES
-from coda.hw.dram_standards import get_standard
-from coda.hw.executor import ExecResult
-from coda.hw.isa import NMEConfig, Program, Status
+from coda.hw.dram.controller import STAT_NAMES
+from coda.hw.dram.standards import get_standard
+from coda.hw.nme.executor import ExecResult
+from coda.hw.nme.isa import NMEConfig, Program, Status
 from coda.hw.nmp import check_nme_mhz, check_shape
 
 __all__ = ["NMPRTLBackend", "JobReport"]
@@ -88,7 +88,7 @@ class NMPRTLBackend(SessionOwner):
     """Backend running the ranks' programs on a Verilated DIMM-NMP with DRAM timing.
 
     Args:
-        dram: DRAM preset name (``coda.hw.dram_standards.STANDARDS``).
+        dram: DRAM preset name (``coda.hw.dram.standards.STANDARDS``).
         dimms, ranks: system shape (>= 1 each); ``execute_many`` maps job k to rank k.
         flags: Verilator option set (:data:`FLAG_SETS`).
         clock_gating: gated lane clocks in the ranks' NMEs (the default; same results and
@@ -155,7 +155,7 @@ class NMPRTLBackend(SessionOwner):
     def execute_many(self, cfg: NMEConfig, jobs: list[tuple[Program, np.ndarray]], *,
                      inplace: bool = False) -> list:
         """Run job ``k`` on rank ``k`` (batches of ``dimms*ranks`` jobs), all ranks of a batch
-        in lockstep; returns one :class:`coda.host.backend.ExecResult` per job, in order
+        in lockstep; returns one :class:`coda.host.nme.backend.ExecResult` per job, in order
         (``inplace`` is ignored: the images stay as given, the results are the ranks' memories).
 
         Raises:

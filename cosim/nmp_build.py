@@ -23,8 +23,8 @@ from pathlib import Path
 from coda.cosim.build import LINT_FLAGS, CosimBuildError, log_tail
 from coda.cosim.nmp_image import store_bits
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
-from coda.hw.dram_standards import DRAMStandard, get_standard
-from coda.hw.isa import NMEConfig
+from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import check_shape
 from coda.jsonout import json_text
 
@@ -143,7 +143,7 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: 
     Args:
         cfg: NME configuration of every rank; std: DRAM preset; dimms, ranks: system shape.
         flags: a key of :data:`FLAG_SETS` (Verilator and C++ optimisation levers).
-        clock_gating: gated lane clocks in every rank's NME (:class:`coda.hw.nme.NME`).
+        clock_gating: gated lane clocks in every rank's NME (:class:`coda.hw.nme.top.NME`).
         nme_clock: the NMEs on their own clock behind AsyncFIFOs (:mod:`coda.hw.nmp`); the
             frequency is chosen when the simulator starts (:func:`clock_plusargs`).
     Raises:

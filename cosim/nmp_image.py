@@ -2,7 +2,7 @@
 
 An NME's image (uint16 ``[mem_words, lanes]``) is regrouped into DRAM bursts, and each burst
 sits at the device index of its (bank group, bank, row, column) under the controller's address
-mapping (:func:`coda.hw.dram_mapping.map_burst_address`) and the device's
+mapping (:func:`coda.hw.dram.mapping.map_burst_address`) and the device's
 ``{row, bank, bankgroup, column burst}`` indexing (``cosim/dram_top.sv``). Bursts travel to
 the device as ``@index data`` lines (``$readmemh``).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from coda.cosim import memfile
-from coda.hw.dram_mapping import map_burst_address
-from coda.hw.dram_standards import DRAMStandard, get_standard
-from coda.hw.isa import NMEConfig
+from coda.hw.dram.mapping import map_burst_address
+from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.hw.nme.isa import NMEConfig
 
 __all__ = ["words_per_burst", "store_bits", "burst_index_map", "to_bursts", "write_bursts"]
 

@@ -12,8 +12,8 @@ depth of the DIMM-NMP is 256 words (4 KiB per stream block at 8 lanes): measured
 streams, 64 words hold DDR5-4800 to 81 % of peak (read/write turnarounds of the short blocks),
 256 words reach 88 %.
 
-``coda bench`` reports it for the 2 x 2 system (:mod:`coda.cosim.bench`); every point of the
-design-space sweep is one 1 x 1 run (:func:`coda.cosim.design_space.dse_point`).
+``coda bench`` reports it for the 2 x 2 system (:mod:`coda.experiments.bench`); every point of the
+design-space sweep is one 1 x 1 run (:func:`coda.experiments.design_space.dse_point`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 
 __all__ = ["PROGRAM_STREAMS", "segment_programs", "mem_words", "measure_nmp"]
 
@@ -75,7 +75,7 @@ def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: 
 
     from coda.cosim.nmp_backend import NMPRTLBackend
     from coda.cosim.nmp_build import DEFAULT_FLAGS, build_nmp_sim
-    from coda.hw.dram_standards import get_standard
+    from coda.hw.dram.standards import get_standard
 
     flags = flags or DEFAULT_FLAGS
     std = get_standard(dram)

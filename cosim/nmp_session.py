@@ -13,8 +13,8 @@ from pathlib import Path
 
 from coda.cosim.nmp_build import TOP_NAME, NMPBuild, clock_plusargs
 from coda.cosim.rtl_backend import SimSession
-from coda.hw.dram_standards import DRAMStandard, get_standard
-from coda.hw.isa import NMEConfig, Program
+from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.hw.nme.isa import NMEConfig, Program
 
 __all__ = ["NMPSession", "command_stream", "cycle_limit", "SERVER_MODULE"]
 

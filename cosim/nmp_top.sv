@@ -34,7 +34,7 @@ module nmp_tb_top #(
     parameter int CMD_DEPTH = 1024, CDC = 0
 );
     localparam logic [2:0] OP_LOAD = 3'd1, OP_RUN = 3'd3, OP_DUMP = 3'd4;
-    localparam int NSTAT = 8;   // coda.hw.dram.STAT_NAMES order
+    localparam int NSTAT = 8;   // coda.hw.dram.controller.STAT_NAMES order
 
     longint tck_half_fs = 208333, nme_half_fs = 208333;
     initial begin

@@ -1,6 +1,6 @@
 """The ``rtl`` backend: NME programs executed by the Verilated NME, from plain Python.
 
-:class:`RTLBackend` implements the :class:`coda.host.backend.Backend` protocol. For each NME
+:class:`RTLBackend` implements the :class:`coda.host.nme.backend.Backend` protocol. For each NME
 configuration it builds the cosimulation once (:func:`coda.cosim.build.build_sim`, cached on
 disk) and starts simulator processes running the cocotb job server (:mod:`coda.cosim.server`),
 one per rank of the driver's jobs (up to ``max_sims``), which run in parallel; every program is
@@ -9,7 +9,7 @@ Each simulator keeps its rank's memory image: only the words that changed since 
 are loaded and only the words the NME wrote are read back, so a long stream of programs costs
 little.
 
-Results are bit-identical to :class:`coda.host.backend.TorchBackend` for ``mem``, ``status`` and
+Results are bit-identical to :class:`coda.host.nme.backend.TorchBackend` for ``mem``, ``status`` and
 ``l1``; ``cycles`` are the RTL's measured clock cycles from the header being presented to
 ``done`` (inclusive).
 
@@ -41,8 +41,8 @@ import numpy as np
 from coda.cosim import memfile
 from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_command,
                               sim_env)
-from coda.hw.executor import ExecResult
-from coda.hw.isa import NMEConfig, Program, Status
+from coda.hw.nme.executor import ExecResult
+from coda.hw.nme.isa import NMEConfig, Program, Status
 
 __all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit"]
 
@@ -428,7 +428,7 @@ class RTLBackend(SessionOwner):
         simulator 0 of ``cfg``.
 
         Returns:
-            :class:`coda.host.backend.ExecResult` (``cycles``: measured RTL clock cycles;
+            :class:`coda.host.nme.backend.ExecResult` (``cycles``: measured RTL clock cycles;
             ``mem`` read-only, the record of the simulator's memory: copy it to change it).
         Raises:
             TypeError / ValueError: malformed image, or program fields that do not encode.

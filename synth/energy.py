@@ -2,7 +2,7 @@
 
 Method (``coda energy``)
 ------------------------
-Each operator is compiled to its NME program (:mod:`coda.host.compiler`). Per element of the
+Each operator is compiled to its NME program (:mod:`coda.host.nme.compiler`). Per element of the
 output stream, the program implies
 
 - **FP operations** per micro-op: ADD/SUB one add, MUL one mul, MAC one mul and one add (two
@@ -14,7 +14,7 @@ output stream, the program implies
   or is L1;
 - **DRAM traffic**: the read and write requests the RTL issued (measured, ``16 * lanes`` bits
   each), plus row activations assuming streams run sequentially through rows (one activation
-  per row of the rank, :attr:`coda.hw.dram_standards.DRAMStandard` columns x rank width bits).
+  per row of the rank, :attr:`coda.hw.dram.standards.DRAMStandard` columns x rank width bits).
 
 Per-event energies and their sources:
 
@@ -56,8 +56,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coda.hw.dram_standards import get_standard
-from coda.hw.isa import NMEConfig, Op, Program, RSrc
+from coda.hw.dram.standards import get_standard
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc
 from coda.jsonout import json_text
 from coda.paths import check_output_path
 

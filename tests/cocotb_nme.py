@@ -2,18 +2,18 @@
 
 Started by ``tests/test_cosim_nme.py`` (or :func:`coda.cosim.build.run_cocotb`) with:
 
-- ``CODA_COSIM_CFG``: the :class:`~coda.hw.isa.NMEConfig` of the build, as JSON;
+- ``CODA_COSIM_CFG``: the :class:`~coda.hw.nme.isa.NMEConfig` of the build, as JSON;
 - ``CODA_COSIM_LANES`` / ``CODA_COSIM_MEM_WORDS``: memory geometry (for the models);
 - ``CODA_COSIM_SCALE``: sample-size multiplier (default 1: a few minutes for all tests);
 - ``CODA_COSIM_REPORT``: optional JSON file where tests record numbers (cycles, toggles);
 - ``CODA_COVERAGE``: optional JSON file: functional coverage (:mod:`coda.cosim.coverage`) is
   sampled on every program and written there at the end of each test;
-- ``CODA_MUTANT``: on the mutant netlist of :mod:`coda.synth.mutation`, the mutant to run.
+- ``CODA_MUTANT``: on the mutant netlist of :mod:`coda.verify.mutation`, the mutant to run.
 
 Every check compares the whole memory image (so masked tail lanes and bytes outside the output
 must be untouched) and the L1 bits, NaNs by class (the NME emits a canonical NaN, torch keeps
-x86 payloads for fp16). References: :mod:`coda.host.interp` (the program interpreter) and, for
-micro-ops and operators, torch computed directly here or through :mod:`coda.host.ops`.
+x86 payloads for fp16). References: :mod:`coda.host.nme.interp` (the program interpreter) and, for
+micro-ops and operators, torch computed directly here or through :mod:`coda.host.nme.ops`.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from cocotb.triggers import Timer
 
 from coda.cosim.coverage import NMECoverage
 from coda.cosim.tb import CLOCK_NS, NMEHarness
-from coda.host import bits as hb
-from coda.host import ops as ref
-from coda.host.compiler import compile_op, plan_layout
-from coda.host.interp import run_words
-from coda.hw.isa import (NMEConfig, Op, Program, RSrc, Status, UOp, decode_uop, encode_header,
+from coda.host.nme import bits as hb
+from coda.host.nme import ops as ref
+from coda.host.nme.compiler import compile_op, plan_layout
+from coda.host.nme.interp import run_words
+from coda.hw.nme.isa import (NMEConfig, Op, Program, RSrc, Status, UOp, decode_uop, encode_header,
                          encode_uop, validate)
 
 torch.set_num_threads(1)
@@ -55,7 +55,7 @@ _MUTANT_KILLED = []      # the test that killed the mutant under test, once one 
 
 
 def nme_test(test):
-    """Every test of this module: on a mutant netlist (coda.synth.mutation, ``CODA_MUTANT``
+    """Every test of this module: on a mutant netlist (coda.verify.mutation, ``CODA_MUTANT``
     = K > 0) first select mutant K, and once a test has failed (the mutant is killed) skip
     the rest; when the test ends, passed or failed, write the coverage sampled so far
     (cumulative over this simulator's tests)."""
@@ -466,13 +466,13 @@ async def operator_case(ck: Checker, rng, op: str, t: int, c: int, *, k: int = 3
     y = layout["y"]
     got = hb.unpack_words(out[y:y + hb.words_for(expected.numel(), L)], expected.numel())
     assert hb.same_bits(got, hb.to_bits(expected).reshape(-1), CFG.fmt), \
-        f"{what}: differs from coda.host.ops"
+        f"{what}: differs from coda.host.nme.ops"
 
 
 @cocotb.test()
 @nme_test
 async def test_operators(dut):
-    """Every operator of the reference table, compiled and run, vs coda.host.ops."""
+    """Every operator of the reference table, compiled and run, vs coda.host.nme.ops."""
     ck = Checker(dut)
     await ck.start()
     rng = np.random.default_rng(202)
@@ -647,7 +647,7 @@ async def test_normalisation_paths(dut):
     SUB; every leading-zero count, subnormal and zero results), products of subnormal and
     tiny operands (MUL, MAC), and the fp32 L1 subtractor and accumulator on near-cancelling
     16-bit pairs whose exponents are up to 27 apart, two pairs alone in one lane per program
-    so that every |P - R| shows in the sum. Found by the mutation run (coda.synth.mutation):
+    so that every |P - R| shows in the sum. Found by the mutation run (coda.verify.mutation):
     random bits reach these paths about once per 2**8 elements per exponent, too rarely per
     lane."""
     ck = Checker(dut)
@@ -679,7 +679,7 @@ async def test_normalisation_paths(dut):
 
 
 # ----------------------------------------------------------------------------- solver vectors
-#: operands found by the equivalence analysis of surviving mutants (coda.synth.mutation_proof:
+#: operands found by the equivalence analysis of surviving mutants (coda.verify.mutation_proof:
 #: a copy of build/mutation/vectors.json that ``make mutation`` writes)
 SOLVER_VECTORS = Path(__file__).resolve().parent / "data" / "mutation_vectors.json"
 

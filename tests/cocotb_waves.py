@@ -17,7 +17,7 @@ import cocotb
 import numpy as np
 
 from coda.cosim.tb import NMEHarness
-from coda.hw.isa import Op, Program, RSrc, Status, UOp
+from coda.hw.nme.isa import Op, Program, RSrc, Status, UOp
 
 WORDS = 4        # memory words copied
 SRC, DST = 0, 64

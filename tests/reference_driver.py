@@ -1,14 +1,14 @@
 """A reference for the cache engine's tests: cache slots in a dict and segments by the torch
-reference :func:`coda.host.ops.segment` (plain torch in the NME format), with the counters
+reference :func:`coda.host.nme.ops.segment` (plain torch in the NME format), with the counters
 the engine reads. Not a test module (no ``test_`` prefix); tests import it by name."""
 
 import torch
 
-from coda.host import ops
+from coda.host.nme import ops
 
 
 class TorchSegmentDriver:
-    """Reference: slots in a dict, segments by coda.host.ops.segment (plain torch, NME format)."""
+    """Reference: slots in a dict, segments by coda.host.nme.ops.segment (plain torch, NME format)."""
 
     def __init__(self):
         self.slots = {}

@@ -1,4 +1,4 @@
-"""The cache engine on the four diffusers video transformers it serves (coda.host.arch): the same
+"""The cache engine on the four diffusers video transformers it serves (coda.host.cache.arch): the same
 battery for each, on small random-initialised configurations, with the real NMPDriver.
 
 Where a test compares a batch with single samples or batched CFG with separate calls, the model
@@ -17,15 +17,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coda.host.arch import ARCHITECTURES, UnsupportedModelError, get_architecture, model_ops
-from coda.host.backend import TorchBackend
-from coda.host.cache_engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
+from coda.host.cache.arch import ARCHITECTURES, UnsupportedModelError, get_architecture, model_ops
+from coda.host.nme.backend import TorchBackend
+from coda.host.cache.engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
                                     remove_coda_cache)
-from coda.host.driver import NMPDriver
-from coda.host.events import EventLog
-from coda.host.policies import UniformIntervalPolicy
-from coda.host.schedule import ModelOps, Schedule, ScheduleError, segment_runs
-from coda.hw.isa import NMEConfig
+from coda.host.nmp.driver import NMPDriver
+from coda.host.cache.events import EventLog
+from coda.host.cache.policies import UniformIntervalPolicy
+from coda.host.cache.schedule import ModelOps, Schedule, ScheduleError, segment_runs
+from coda.hw.nme.isa import NMEConfig
 from reference_driver import TorchSegmentDriver
 
 STEPS = 5
@@ -353,7 +353,7 @@ def test_a_size_change_between_generations_equals_a_fresh_hook(name):
 def test_rtl_backend_gives_the_torch_bits_events_and_cycles(name):
     """Each architecture (HunyuanVideo: dual- and single-stream blocks, two residual streams)
     on the Verilated NMEs: the bits and the events (cycles included) of the torch backend."""
-    from coda.host.backend import get_backend
+    from coda.host.nme.backend import get_backend
 
     arch = ARCHS[name]
     model = build(arch)
@@ -517,14 +517,14 @@ def test_operators_of_each_architecture_and_their_schedules():
     assert latte.ops is None and '"arch"' not in latte.to_json()   # Latte files unchanged
     with pytest.raises(ScheduleError, match="unknown operators"):
         Schedule(4, hy.num_layers, {(1, "cond"): frozenset({(2, "attn")})}, ops=hy)
-    from coda.host.policies import SchedulePolicy
-    from coda.host.policies.base import OpQuery
+    from coda.host.cache.policies import SchedulePolicy
+    from coda.host.cache.policies.base import OpQuery
     q = OpQuery(step=1, num_steps=4, branch="cond", sample=0, layer=0, op="attn", index=0,
                 num_layers=hy.num_layers, cached_step=0, kept_step=None, segment_open=False,
                 model_ops=hy)
     with pytest.raises(ScheduleError, match="is for 4 steps of a latte model with 2 layers"):
         SchedulePolicy(latte).decide(q)
-    from coda.host.policies import StaticPolicy
+    from coda.host.cache.policies import StaticPolicy
 
     class LatteOnly(StaticPolicy):
         name = "latte-only"
@@ -539,11 +539,11 @@ def test_operators_of_each_architecture_and_their_schedules():
 def test_a_hidden_size_the_lanes_do_not_divide_is_refused_when_applied():
     from diffusers import WanTransformer3DModel
 
-    from coda.host.backend import TorchBackend
-    from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache, get_coda_cache_hook
-    from coda.host.driver import NMPDriver
-    from coda.host.policies import UniformIntervalPolicy
-    from coda.hw.isa import NMEConfig
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache, get_coda_cache_hook
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.cache.policies import UniformIntervalPolicy
+    from coda.hw.nme.isa import NMEConfig
 
     model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=3,
                                   attention_head_dim=6, in_channels=4, out_channels=4,

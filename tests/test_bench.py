@@ -1,9 +1,9 @@
 """make bench's design-space sweep without measuring (the measurements themselves run in
-`make bench`): the rows :func:`coda.cosim.design_space.dse_rows` makes of sweep records, their
-knees, the tables and the plot of :mod:`coda.cosim.design_space_report` (checked cell by cell
+`make bench`): the rows :func:`coda.experiments.design_space.dse_rows` makes of sweep records, their
+knees, the tables and the plot of :mod:`coda.experiments.design_space_report` (checked cell by cell
 and line by line against those rows), performance per area from synthesis reports
-(:mod:`coda.cosim.synth_area`), the NME units (:mod:`coda.cosim.nme_units`) and the options
-of ``coda bench`` (:mod:`coda.cosim.bench`)."""
+(:mod:`coda.experiments.synth_area`), the NME units (:mod:`coda.cosim.nme_units`) and the options
+of ``coda bench`` (:mod:`coda.experiments.bench`)."""
 
 import json
 import math
@@ -11,10 +11,13 @@ import math
 import pytest
 
 from coda.cli import main as coda_main
-from coda.cosim import (bench, design_space, design_space_report, nme_units, nmp_measure,
-                        synth_area)
-from coda.hw.dram_standards import get_standard
-from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
+from coda.cosim import nme_units, nmp_measure
+from coda.experiments import bench
+from coda.experiments import design_space
+from coda.experiments import design_space_report
+from coda.experiments import synth_area
+from coda.hw.dram.standards import get_standard
+from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
 
 DRAM = "DDR5-4800"
 STREAM_BYTES = 4096

@@ -15,15 +15,15 @@ import textwrap
 import pytest
 import torch
 
-from coda.host.backend import TorchBackend
-from coda.host.cache_engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
+from coda.host.nme.backend import TorchBackend
+from coda.host.cache.engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
                                     remove_coda_cache, reset_coda_cache)
-from coda.host.driver import NMPDriver
+from coda.host.nmp.driver import NMPDriver
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import generate
-from coda.host.policies import UniformIntervalPolicy
-from coda.host.schedule import OP_TYPES, Schedule, ScheduleError, operator_order, segment_runs
-from coda.hw.isa import NMEConfig
+from coda.host.cache.policies import UniformIntervalPolicy
+from coda.host.cache.schedule import OP_TYPES, Schedule, ScheduleError, operator_order, segment_runs
+from coda.hw.nme.isa import NMEConfig
 from reference_driver import TorchSegmentDriver
 
 STEPS = 6
@@ -36,12 +36,12 @@ _TINY_SRC = f"""
 import copy, torch
 torch.set_num_threads(1)
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
-from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache
-from coda.host.policies import UniformIntervalPolicy
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
+from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache
+from coda.host.cache.policies import UniformIntervalPolicy
 from coda.host.model.sample import generate
-from coda.hw.isa import NMEConfig
+from coda.hw.nme.isa import NMEConfig
 cfg = copy.deepcopy(DEFAULT_CONFIG)
 cfg["transformer"].update({TINY!r})
 cfg["data"].update(frames=4, size=16)
@@ -200,7 +200,7 @@ def test_stats_are_per_generation():
 @pytest.mark.parametrize("keep_slots", [False, True])
 def test_a_second_model_can_use_the_rank_memory_of_an_idle_one(keep_slots):
     # rank memories that hold one model's cache, not two
-    from coda.host.driver import NMPCapacityError
+    from coda.host.nmp.driver import NMPCapacityError
 
     model_a, model_b = tiny_model(), tiny_model()
     driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14), ranks=2)
@@ -341,7 +341,7 @@ def test_events_follow_the_schedule_operator_by_operator():
         assert seg.bytes_from_nmp == 4096 and seg.programs == 1 and seg.nme_cycles > 0
     assert hook.stats["pcie_bytes"] == sum(e.stored_bytes for e in ops_ev) + sum(
         s.bytes_to_nmp + s.bytes_from_nmp for s in hook.events.of("segment"))
-    from coda.host.events import EventLog
+    from coda.host.cache.events import EventLog
     assert EventLog.from_jsonl(hook.events.to_jsonl()).events == hook.events.events
 
 
@@ -411,7 +411,7 @@ def test_interleaved_cfg_overlaps_the_rtl_nmes_with_the_other_branch():
     """On the Verilated NMEs (one simulator process per rank) a branch's segment is still
     running while the host computes the other branch: the overlap is measured; the bits, the
     events and the NME cycles are those of the torch backend."""
-    from coda.host.backend import get_backend
+    from coda.host.nme.backend import get_backend
 
     model = tiny_model()
     cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # the build tests/test_run.py uses too
@@ -496,7 +496,7 @@ def test_an_aborted_generation_frees_its_rank_memory(failure):
     storing; a launched segment abandoned); its slots and the scratch of segments it launched
     are freed then, so the second model generates the bits it generates on a fresh driver,
     and the aborted model's next generation starts again at step 0."""
-    from coda.host.driver import NMPCapacityError
+    from coda.host.nmp.driver import NMPCapacityError
 
     model_a, model_b = tiny_model(), tiny_model()
     driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14), ranks=2)
@@ -547,7 +547,7 @@ def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, input
     plus a segment's scratch; checked with the driver's own placement (bank colours,
     power-of-two alignment), for 1..4 videos."""
     from coda.host.model.sample import cache_mem_words
-    from coda.host.schedule import BRANCHES
+    from coda.host.cache.schedule import BRANCHES
     model = tiny_model()
     tcfg, data = model.config["transformer"], model.config["data"]
     tokens = data["frames"] * (data["size"] // tcfg["patch_size"]) ** 2

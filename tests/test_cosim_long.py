@@ -4,7 +4,7 @@ Run by ``make verify-long`` (``pytest -m slow``). For each format (bf16, fp16) a
 add, sub, mul and the MAC / gated residual ``x + g*c``, big programs (~170k elements each) run
 on the Verilated NME through :class:`coda.cosim.rtl_backend.RTLBackend` (memory loaded and read
 in bulk), and every result element is compared with torch computed directly (NaNs by class);
-the memory image is also compared with :class:`coda.host.backend.TorchBackend`. Operands are
+the memory image is also compared with :class:`coda.host.nme.backend.TorchBackend`. Operands are
 uniform random 16-bit patterns (every class: zeros, subnormals, normals, inf, NaN) mixed with
 finite normal values. Prints the counts; zero mismatches required.
 """
@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 
 PAIRS_PER_OP = 1_000_000
 MEM_WORDS = 1 << 16
 
 
 def _operands(rng: np.random.Generator, n: int, fmt: str) -> np.ndarray:
-    from coda.host import bits as hb
+    from coda.host.nme import bits as hb
 
     raw = rng.integers(0, 1 << 16, n, dtype=np.uint16)
     finite = hb.to_bits(torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 8)
@@ -53,8 +53,8 @@ def _torch(op: str, a, b, c):
 @pytest.mark.parametrize("fmt", ["bf16", "fp16"])
 def test_million_pairs_per_op(fmt):
     from coda.cosim.rtl_backend import RTLBackend
-    from coda.host import bits as hb
-    from coda.host.backend import TorchBackend
+    from coda.host.nme import bits as hb
+    from coda.host.nme.backend import TorchBackend
 
     cfg = NMEConfig(lanes=8, fmt=fmt, mem_words=MEM_WORDS)
     wn = MEM_WORDS // 4 - 1                  # four streams of wn words each fit the memory

@@ -2,7 +2,7 @@
 
 Builds each configuration once per session (and reuses it across sessions: build/cosim/<key>/),
 runs the cocotb tests of tests/cocotb_nme.py in the simulator, and checks
-:class:`coda.cosim.rtl_backend.RTLBackend` against :class:`coda.host.backend.TorchBackend`.
+:class:`coda.cosim.rtl_backend.RTLBackend` against :class:`coda.host.nme.backend.TorchBackend`.
 
 Configuration: 8 lanes, depth 16 (so small programs already span several blocks), a 4096-word
 memory (whole-memory dumps stay cheap).
@@ -21,7 +21,7 @@ import torch
 from coda.cosim.build import build_sim, log_tail, nme_verilog_cached, run_cocotb
 from coda.cosim.build import failure_report, waves_requested
 from coda.cosim.toolchain import build_dir
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, Status, UOp
 
 BASE = NMEConfig(lanes=8, depth=16, mem_words=4096)
 _BUILDS: dict = {}
@@ -30,7 +30,7 @@ _BUILDS: dict = {}
 def _build(cfg: NMEConfig, measure_toggles: bool = False, waves: bool = False):
     """The cosimulation of ``cfg``: the NME as ``coda verilog`` writes it, or with
     ``measure_toggles`` one whose lanes count FU operand toggles (``dbg_fu_toggles``, a
-    simulation-only option of :class:`coda.hw.nme.NME`); ``waves``: its traced (FST) model."""
+    simulation-only option of :class:`coda.hw.nme.top.NME`); ``waves``: its traced (FST) model."""
     key = (cfg, measure_toggles, waves)
     if key not in _BUILDS:
         _BUILDS[key] = build_sim(cfg, measure_toggles=measure_toggles, waves=waves)
@@ -234,8 +234,8 @@ def test_operand_isolation_reduces_toggles():
 # ----------------------------------------------------------------------------- RTL backend
 def _operator_jobs(cfg: NMEConfig, rng: np.random.Generator):
     """(name, program, image) of a few compiled operators on random images."""
-    from coda.host import bits as hb
-    from coda.host.compiler import compile_op, plan_layout
+    from coda.host.nme import bits as hb
+    from coda.host.nme.compiler import compile_op, plan_layout
 
     dtype = hb.torch_dtype(cfg.fmt)
     jobs = []
@@ -264,7 +264,7 @@ def _operator_jobs(cfg: NMEConfig, rng: np.random.Generator):
 
 
 def _same(res_a, res_b, fmt: str) -> bool:
-    from coda.host import bits as hb
+    from coda.host.nme import bits as hb
     l1a = np.float32(res_a.l1).view(np.uint32)
     l1b = np.float32(res_b.l1).view(np.uint32)
     l1_ok = l1a == l1b or (np.isnan(res_a.l1) and np.isnan(res_b.l1))
@@ -276,7 +276,7 @@ def test_rtl_backend_matches_torch_backend():
     program, one persistent simulator serving all jobs; execute_many too, spread over
     ``max_sims`` parallel simulators; close stops them all."""
     from coda.cosim.rtl_backend import RTLBackend
-    from coda.host.backend import TorchBackend
+    from coda.host.nme.backend import TorchBackend
 
     cfg = BASE
     _build(cfg)

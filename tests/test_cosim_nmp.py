@@ -20,10 +20,10 @@ from coda.cosim.dram_check import check_file
 from coda.cosim.nmp_backend import NMPRTLBackend
 from coda.cosim.nmp_session import command_stream
 from coda.cosim.toolchain import build_dir
-from coda.host import ops as ref
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp
+from coda.host.nme import ops as ref
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, Status, UOp
 
 CFG = NMEConfig(lanes=4, depth=32, mem_words=1 << 16)
 STD = "DDR5-4800"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from coda.cosim import dram_check, dram_replay
-from coda.hw.dram_mapping import map_burst_address
-from coda.hw.dram_standards import STANDARDS, get_standard
+from coda.hw.dram.mapping import map_burst_address
+from coda.hw.dram.standards import STANDARDS, get_standard
 
 ALL = list(STANDARDS)
 
@@ -51,7 +51,7 @@ def test_act_bound_arithmetic():
 
 
 def test_controller_parameter_errors_name_the_value():
-    from coda.hw.dram import DRAMController
+    from coda.hw.dram.controller import DRAMController
     with pytest.raises(ValueError, match=r"row policy 'lazy': expected one of open, closed, "
                                          r"timeout"):
         DRAMController("DDR4-3200", row_policy="lazy")
@@ -287,7 +287,7 @@ def test_refresh_postponement_refreshes_in_idle_time(tmp_path):
 
 def test_refresh_postpone_out_of_range_is_refused(capsys):
     from coda.cli import main
-    from coda.hw.dram import check_controller
+    from coda.hw.dram.controller import check_controller
     with pytest.raises(ValueError, match=r"^refresh_postpone=5: expected 0\.\.4 \(DDR5-4800: "
                                          r"JEDEC lets at most 4 REF be postponed\)$"):
         check_controller("DDR5-4800", refresh_postpone=5)
@@ -341,7 +341,7 @@ def test_word_adapter_bit_exact_out_of_order(name, policy, refresh, tmp_path):
 def _rank_burst_at(s, ranks, rank, bg, ba, row, burst):
     """The byte address that the channel mapping of ``ranks`` ranks maps to (rank, bg, ba,
     row, column burst)."""
-    from coda.hw.dram_mapping import AddressMapping
+    from coda.hw.dram.mapping import AddressMapping
     mp = AddressMapping(s, ranks)
     gb, cb, bb = mp.bg_bits, mp.col_bits, mp.ba_bits
     for field in range(s.banks_per_group):
@@ -355,7 +355,7 @@ def _rank_burst_at(s, ranks, rank, bg, ba, row, burst):
 def test_rank_mapping_between_bank_and_row():
     """[bank group | column burst | bank | rank | row]: a row-stripe of every bank per rank,
     then the next rank; the one-rank mapping is the R = 1 case."""
-    from coda.hw.dram_mapping import AddressMapping
+    from coda.hw.dram.mapping import AddressMapping
     s = STANDARDS["DDR4-3200"]
     stripe = s.bank_groups * s.bursts_per_row * s.banks_per_group     # 2,048 bursts
     m1, m2, m4 = (AddressMapping(s, r) for r in (1, 2, 4))
@@ -429,7 +429,7 @@ def test_ranks_random_and_adversarial_no_violations(name, ranks, postpone, tmp_p
 
 
 def test_ranks_options_are_checked():
-    from coda.hw.dram import check_controller
+    from coda.hw.dram.controller import check_controller
     with pytest.raises(ValueError, match=r"^ranks=3: expected 1, 2 or 4$"):
         check_controller("DDR4-3200", ranks=3)
     with pytest.raises(ValueError, match=r"ranks=2: refresh='same_bank' is one rank only"):

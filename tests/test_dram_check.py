@@ -3,7 +3,7 @@ checks: for each rule a minimal hand-written command log whose last command come
 too early, and the same log with that command one cycle later (the gap respected) passing.
 
 Every cycle is derived from the standard's own timing parameters
-(:mod:`coda.hw.dram_standards`); nothing is pasted. A log breaks *exactly* its rule, except
+(:mod:`coda.hw.dram.standards`); nothing is pasted. A log breaks *exactly* its rule, except
 where the standard itself makes two constraints coincide: then the other rule is expected too,
 and the condition for it is written out from the parameters (e.g. DDR5's tFAW = 4 x tRRD_S, so
 a fifth ACT one cycle inside tFAW is also one cycle inside tRRD_S). Those rules are then also
@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from coda.cosim import dram_check
-from coda.hw.dram_standards import STANDARDS
+from coda.hw.dram.standards import STANDARDS
 
 ALL = list(STANDARDS)
 T0 = 100          # first command of every log (an arbitrary cycle, no refresh owed yet)

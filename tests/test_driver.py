@@ -6,12 +6,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coda.hw.isa import NMEConfig, Status
-from coda.host import ops
-from coda.hw.executor import ExecResult
-from coda.host.backend import TorchBackend
-from coda.host.bits import from_bits, same_bits, to_bits
-from coda.host.driver import NMPCapacityError, NMPDriver, tile_bounds
+from coda.hw.nme.isa import NMEConfig, Status
+from coda.host.nme import ops
+from coda.hw.nme.executor import ExecResult
+from coda.host.nme.backend import TorchBackend
+from coda.host.nme.bits import from_bits, same_bits, to_bits
+from coda.host.nmp.driver import NMPCapacityError, NMPDriver, tile_bounds
 
 RANK_SHAPES = [(1, 1), (1, 2), (3, 1), (2, 2), (1, 5), (2, 3)]  # 1..6 ranks
 
@@ -125,7 +125,7 @@ def test_lockstep_launch_and_stats():
 
 
 def _segment_programs(cfg, rows):
-    from coda.host import compiler
+    from coda.host.nme import compiler
     progs = []
     for r in rows:
         sh = {"x": (r, 16), "g": (1, 16), "c": (1, r, 16)}
@@ -304,7 +304,7 @@ def test_fit_mem_words_is_the_smallest_size_the_placement_holds(op, shapes, rank
     to the reference), at half that size it raises NMPCapacityError, and fits() says so."""
     from dataclasses import replace
 
-    from coda.host.driver import fit_mem_words
+    from coda.host.nmp.driver import fit_mem_words
     cfg = NMEConfig(lanes=8)
     words = fit_mem_words(TorchBackend(), cfg, op, shapes, ranks=ranks, min_words=1 << 8)
     assert 1 << 8 < words < 1 << 24

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coda.cli import main
-from coda.host.evaluate import motion_px, psnr_db, ssim
+from coda.experiments.evaluate import motion_px, psnr_db, ssim
 from coda.host.model.sample import video_psnr, video_ssim
 
 KEYS = {"policy", "target_skip", "ops_skipped_fraction", "psnr_db", "ssim", "label_accuracy",
@@ -53,7 +53,7 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     # constant cross attention at steps 1-2: 1/3 is the closest to 0.3 (0, 2/15, 6/15 else)
     assert coda["ops_skipped_fraction"] == pytest.approx(1 / 3) and coda["segments"] > 0
     # coda-lat: searched within uniform's modelled latency at the skip, and counted against
-    from coda.host.step_search import within_budget
+    from coda.experiments.step_search import within_budget
     lat, uni = (next(r for r in rows if r["policy"] == p) for p in ("coda-lat", "uniform"))
     assert within_budget(lat["modelled"]["latency_s"], uni["modelled"]["latency_s"])
     assert all(("coda_lat_wins" in r) == (r["policy"] != "coda-lat") for r in rows)
@@ -110,7 +110,7 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     (["--workers", "-1"], "--workers -1: expected >= 0"),
 ])
 def test_coda_eval_refuses_bad_input(tmp_path, capsys, monkeypatch, argv, message):
-    from coda.host.search import SHIPPED_PROFILE
+    from coda.host.cache.shipped import SHIPPED_PROFILE
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text.npz").write_text("not a profile\n")
     data = SHIPPED_PROFILE.read_bytes()

@@ -1,4 +1,4 @@
-"""The NME floating-point units (coda.hw.fp) against torch eager on CPU, bit for bit.
+"""The NME floating-point units (coda.hw.nme.fp) against torch eager on CPU, bit for bit.
 
 Each test drives many vectors through one amaranth.sim testbench (combinational logic:
 ``ctx.set`` then ``ctx.get``, no clock; a pipelined unit gets one vector per clock cycle and
@@ -23,10 +23,10 @@ from amaranth.sim import Simulator
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from coda.hw.fp import (BF16, FP16, FP32, FPADD_CUTS, FPADD_MAX_LATENCY, FPMUL_CUTS,
+from coda.hw.nme.fp import (BF16, FP16, FP32, FPADD_CUTS, FPADD_MAX_LATENCY, FPMUL_CUTS,
                         FPMUL_MAX_LATENCY, FPAdd, FPFormat, FPMul, FPWiden, Int8ToFP,
                         fp_format)
-from coda.hw.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
+from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT_VIEW = {16: (torch.int16, np.uint16), 32: (torch.int32, np.uint32)}

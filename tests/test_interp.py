@@ -1,5 +1,5 @@
 """The NME compiler + torch interpreter against the reference (bit for bit), and the
-interpreter against a word-by-word model of the ISA written from hw/isa.py."""
+interpreter against a word-by-word model of the ISA written from hw/nme/isa.py."""
 
 import numpy as np
 import pytest
@@ -7,10 +7,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, Status, UOp, encode_header, validate
-from coda.host import compiler, interp, ops
-from coda.host.backend import TorchBackend, get_backend
-from coda.host.bits import (canonical_nan_bits, from_bits, int8_words_for, is_nan_bits,
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, Status, UOp, encode_header, validate
+from coda.host.nme import compiler
+from coda.host.nme import interp
+from coda.host.nme import ops
+from coda.host.nme.backend import TorchBackend, get_backend
+from coda.host.nme.bits import (canonical_nan_bits, from_bits, int8_words_for, is_nan_bits,
                             pack_int8_words, pack_words, same_bits, to_bits, torch_dtype,
                             unpack_words, words_for)
 
@@ -191,7 +193,7 @@ def test_layout_outside_memory_is_an_error():
 # ---------------------------------------------------------------- the ISA, word by word
 
 def word_model(cfg: NMEConfig, program: Program, mem: np.ndarray, buf_bits=None):
-    """hw/isa.py executed literally: blocks, passes, words; lanes as small torch vectors.
+    """hw/nme/isa.py executed literally: blocks, passes, words; lanes as small torch vectors.
 
     ``buf_bits`` (uint16 [nbuf, depth, lanes]) is what the buffers hold at the start (what a
     previous program left), zeros by default: an accepted program must not depend on it."""
@@ -590,14 +592,14 @@ def measure_rtl_cycles(cfg: NMEConfig, programs: list[Program], latencies=(1, 4,
 
 
 def check_cycle_model_against_rtl(name: str) -> None:
-    """The cycle model (:func:`coda.hw.nme_cycles.model_cycles`, also what TorchBackend
+    """The cycle model (:func:`coda.hw.nme.cycles.model_cycles`, also what TorchBackend
     reports) equals the Verilated NME's cycles on :func:`cycle_cases` of configuration
     ``name`` at memory latency 1, 4 and 20 (the read credits hold the issue side back at 20
     for depth <= 5: the model's word walk), the RTL's status is :func:`validate`'s, and the
     memory image it leaves is the interpreter's, bit for bit. Every program runs on the same
     random image, so the directed and random programs that store over their own read
     streams check the order of the NME's memory requests."""
-    from coda.hw.nme_cycles import model_cycles
+    from coda.hw.nme.cycles import model_cycles
     cfg = CYCLE_CONFIGS[name]
     progs = cycle_cases(cfg, list(CYCLE_CONFIGS).index(name))
     mem = _image(cfg, seed=list(CYCLE_CONFIGS).index(name))
@@ -653,7 +655,7 @@ def test_cycle_walk_jumps_over_repeating_blocks_exactly(uops, depth, n_words, la
     """The cycle model's jump over blocks whose start state recurs gives the cycles of the
     block-by-block walk (every block stepped), for any micro-op mix, depth, memory latency,
     pipeline, and stores that trail later reads or not."""
-    from coda.hw.nme_cycles import _walk_cycles
+    from coda.hw.nme.cycles import _walk_cycles
     cfg = NMEConfig(lanes=8, depth=depth, mul_latency=lm, add_latency=la, operand_latency=lo)
     uops = tuple(uops)
     assert (_walk_cycles(cfg, uops, n_words, 40, latency, trail=trail)
@@ -662,7 +664,7 @@ def test_cycle_walk_jumps_over_repeating_blocks_exactly(uops, depth, n_words, la
 
 def _read_word(u: UOp, w: int, lanes: int) -> int:
     """The memory word that micro-op ``u`` reads for stream word ``w`` (the ISA's R
-    sources, coda.hw.isa)."""
+    sources, coda.hw.nme.isa)."""
     if u.rsrc == RSrc.MEM:
         return u.addr + w
     if u.rsrc == RSrc.CHAN:
@@ -683,11 +685,11 @@ _STREAM_UOP = st.builds(
 @given(uops=st.lists(_STREAM_UOP, min_size=1, max_size=5), n_words=st.integers(1, 30),
        lanes=st.sampled_from([1, 2, 8]))
 def test_trailing_stores_never_meet_a_later_read(uops, n_words, lanes):
-    """Where the check lets stores trail (coda.hw.nme_check.stores_may_trail), no read of
+    """Where the check lets stores trail (coda.hw.nme.check.stores_may_trail), no read of
     stream word w touches a word that a store of an earlier stream word w' < w writes, so
     reads may go out before the earlier blocks' stores at any depth; and a program that reads
     the word stored one word earlier may not let them trail."""
-    from coda.hw.nme_check import stores_may_trail
+    from coda.hw.nme.check import stores_may_trail
     if stores_may_trail(uops, n_words):
         stored = {}                                  # word -> earliest stream word storing it
         for u in uops:

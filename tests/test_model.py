@@ -219,12 +219,12 @@ def test_quality_metrics_known_values():
 
 
 def test_cached_generate_reports_and_detaches():
-    from coda.host.backend import TorchBackend
-    from coda.host.cache_engine import get_coda_cache_hook
-    from coda.host.driver import NMPDriver
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.cache.engine import get_coda_cache_hook
+    from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cached_generate
-    from coda.host.policies import UniformIntervalPolicy
-    from coda.hw.isa import NMEConfig
+    from coda.host.cache.policies import UniformIntervalPolicy
+    from coda.hw.nme.isa import NMEConfig
 
     model = build_model(tiny_config(), seed=2).eval()
     driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 14))
@@ -241,13 +241,13 @@ def tiny_cache_slot():
     """(model, bytes one video caches): read off a cached generation's operator events, one
     [T, C] slot of 16-bit elements per CFG branch x layer x operator type the engine meets
     (the schedule's real operator types, not a count written here)."""
-    from coda.host.backend import TorchBackend
-    from coda.host.driver import NMPDriver
-    from coda.host.events import EventLog
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.cache.events import EventLog
     from coda.host.model.sample import cached_generate
-    from coda.host.policies import UniformIntervalPolicy
-    from coda.host.schedule import OP_TYPES, operator_order
-    from coda.hw.isa import NMEConfig
+    from coda.host.cache.policies import UniformIntervalPolicy
+    from coda.host.cache.schedule import OP_TYPES, operator_order
+    from coda.hw.nme.isa import NMEConfig
 
     model = build_model(tiny_config(), seed=2).eval()
     log = EventLog()

@@ -1,4 +1,4 @@
-"""The equivalence analysis of surviving mutants (coda.synth.mutation_proof) on the real NME
+"""The equivalence analysis of surviving mutants (coda.verify.mutation_proof) on the real NME
 Verilog: its verdicts checked against torch and against the arithmetic of the design."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from coda.host import bits as hb
-from coda.hw.isa import NMEConfig
-from coda.synth.mutation_proof import _common, _equiv_induct, analyse, owner_module
+from coda.host.nme import bits as hb
+from coda.hw.nme.isa import NMEConfig
+from coda.verify.mutation_proof import _common, _equiv_induct, analyse, owner_module
 from coda.synth.tools import run_tool, tool_path
 
 CFG = NMEConfig(lanes=2, depth=16, mem_words=256)
@@ -81,7 +81,7 @@ def test_multiplier_mutant_counterexample_is_real(nme_v, tmp_path):
 
 
 def test_int8_dropped_bit_is_proved_equivalent(nme_v, tmp_path):
-    """Int8ToFP shifts the 8-bit magnitude left and keeps its low 8 bits (hw/fp.py): a bit of
+    """Int8ToFP shifts the 8-bit magnitude left and keeps its low 8 bits (hw/nme/fp.py): a bit of
     the wider shift result above them is never used, so forcing it is an equivalent mutant;
     forcing a kept bit is not, and the counterexample names the int8 that shows it."""
     shl = cells(nme_v, "coda_nme.execute.int8_0", "$shl")
@@ -153,9 +153,9 @@ def test_cut_submodules_do_not_hide_a_lane_input_mutant(nme_v, tmp_path):
 
 
 def test_arguments_apply_only_to_their_netlist(tmp_path):
-    """synth/mutation_arguments.toml: an argument counts only for the netlist it was written
+    """verify/mutation_arguments.toml: an argument counts only for the netlist it was written
     for (any RTL change drops them all), and an entry without its keys is an error."""
-    from coda.synth.mutation import _mutation_key, load_arguments
+    from coda.verify.mutation import _mutation_key, load_arguments
 
     entry = ('[[mutant]]\ncell = "$flatten\\\\execute.$add$x"\nmode = "const0"\nport = "Y"\n'
              'portbit = 8\nwhy = """k counts the micro-ops of one program:\n  at most 32."""\n')

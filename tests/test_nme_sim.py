@@ -2,7 +2,7 @@
 
 The memory model answers reads in order after a random latency (>= 1 cycle) with random gaps
 and refuses requests at random (``mem_req_ready`` low), all from an explicit seed. The
-reference (:func:`reference`) executes a program per :mod:`coda.hw.isa` with torch eager
+reference (:func:`reference`) executes a program per :mod:`coda.hw.nme.isa` with torch eager
 bf16/fp16 arithmetic, block by block, so results must match bit for bit.
 """
 
@@ -19,9 +19,9 @@ import torch
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from coda.hw.isa import (MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig, Op,
+from coda.hw.nme.isa import (MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig, Op,
                          Program, RSrc, Status, UOp, validate)
-from coda.hw.nme import NME
+from coda.hw.nme.top import NME
 from coda.hw.verilog import nme_verilog
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -678,7 +678,7 @@ def test_gated_residual_cycles_1000_elements():
 def _cycle_programs(cfg: NMEConfig) -> list[Program]:
     """Compiled operators at 1 and 2*depth+1 words, stores followed by buffer passes, and a
     few rejected programs."""
-    from coda.host import compiler
+    from coda.host.nme import compiler
     L, D = cfg.lanes, cfg.depth
     progs = []
     for words in (1, 2 * D + 1):
@@ -709,11 +709,11 @@ def _cycle_programs(cfg: NMEConfig) -> list[Program]:
     # pipelined units: the L1 path longer than the result path (la > lm) and shorter
     (2, 2, "fp16", 2, 3), (1, 1, "bf16", 3, 1), (5, 1, "fp16", 1, 4)])
 def test_cycle_model_matches_the_nme(lanes, depth, fmt, lm, la):
-    """coda.hw.nme_cycles.model_cycles == the NME's cycles with a 1-cycle always-ready memory,
+    """coda.hw.nme.cycles.model_cycles == the NME's cycles with a 1-cycle always-ready memory,
     for configurations the Verilator cosim cannot build (lanes 1, depth <= 2: zero-width
     wires), with combinational and pipelined units (same results); tests/test_interp.py
     checks the others against Verilated counts."""
-    from coda.hw.nme_cycles import model_cycles
+    from coda.hw.nme.cycles import model_cycles
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=depth, nbuf=4, imem_depth=8, max_streams=8,
                     mem_words=128, mul_latency=lm, add_latency=la)
     progs = _cycle_programs(cfg)
@@ -818,7 +818,7 @@ def test_clock_gating_cli(tmp_path):
     import re
 
     from coda.cli import main
-    from coda.hw.lane import GATED_DOMAINS
+    from coda.hw.nme.lane import GATED_DOMAINS
     assert main(["verilog", "--lanes", "2", "--clock-gating", "on", "--operand-isolation",
                  "off", "-o", str(tmp_path / "bad.v")]) == 2
     for flag, isolation, gated in (("on", "on", True), ("off", "on", False),

@@ -28,11 +28,11 @@ import torch
 from coda.cosim.dram_check import check_file
 from coda.cosim.nmp_backend import NMPRTLBackend
 from coda.cosim.toolchain import build_dir
-from coda.host import ops as ref
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
-from coda.hw.dram_standards import get_standard
-from coda.hw.isa import NMEConfig
+from coda.host.nme import ops as ref
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
+from coda.hw.dram.standards import get_standard
+from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import check_nme_mhz
 
 CFG = NMEConfig(lanes=8, depth=128, mem_words=1 << 15)
@@ -221,14 +221,15 @@ def test_cli_nme_mhz(tmp_path, capsys, runs):
 
 
 def test_dse_figures_of_a_real_run_at_two_clocks():
-    """``make bench``'s design-space figures (:func:`coda.cosim.design_space.program_figures`)
+    """``make bench``'s design-space figures (:func:`coda.experiments.design_space.program_figures`)
     of a real run of this module's build (1 x 2 ranks, 8 lanes, depth 128) at 200 and 400 MHz,
     1024 words per stream: ns = NME cycles x the NME period (measure_nmp rounds to 0.1 ns),
     DRAM cycles = ns / tCK to an edge, elements/ns = elements / ns; both clocks are below the
     knee (8 lanes x 2 B x 400 MHz = 6.4 GB/s, a third of the rank's peak), so elements/ns
     doubles from 200 to 400 MHz but for the fixed latency of a program (within 12 %); the
     bytes moved do not depend on the clock, so utilisation and GB/s grow by the same factor."""
-    from coda.cosim import design_space, nmp_measure
+    from coda.cosim import nmp_measure
+    from coda.experiments import design_space
 
     words = 1024
     figs = {}

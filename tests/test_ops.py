@@ -1,12 +1,12 @@
-"""The torch reference of the cache operators (coda.host.ops): exact known values, the order
+"""The torch reference of the cache operators (coda.host.nme.ops): exact known values, the order
 of roundings, and the input checks."""
 
 import numpy as np
 import pytest
 import torch
 
-from coda.host import ops
-from coda.host.bits import from_bits, same_bits, to_bits
+from coda.host.nme import ops
+from coda.host.nme.bits import from_bits, same_bits, to_bits
 
 BF16, FP16 = torch.bfloat16, torch.float16
 

@@ -1,4 +1,4 @@
-"""The pass-efficiency table of the cycle model (coda.host.pass_efficiency)."""
+"""The pass-efficiency table of the cycle model (coda.host.nme.pass_efficiency)."""
 
 import json
 from dataclasses import replace
@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 
 from coda.cli import main as coda_main
-from coda.hw.isa import MAX_MUL_LATENCY, NMEConfig
-from coda.host.pass_efficiency import efficiency
+from coda.hw.nme.isa import MAX_MUL_LATENCY, NMEConfig
+from coda.host.nme.pass_efficiency import efficiency
 
 
 def run(argv):

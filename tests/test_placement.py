@@ -1,4 +1,4 @@
-"""Bank-coloured placement (host/placement.py) and the driver's use of it."""
+"""Bank-coloured placement (host/nmp/placement.py) and the driver's use of it."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
-from coda.host.placement import SCRATCH_XOR, SLOT_COLOUR, BankColouredAllocator
-from coda.hw.dram_mapping import AddressMapping
-from coda.hw.dram_standards import STANDARDS
-from coda.hw.isa import NMEConfig
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
+from coda.host.nmp.placement import SCRATCH_XOR, SLOT_COLOUR, BankColouredAllocator
+from coda.hw.dram.mapping import AddressMapping
+from coda.hw.dram.standards import STANDARDS
+from coda.hw.nme.isa import NMEConfig
 
 PRESETS = sorted(STANDARDS)
 

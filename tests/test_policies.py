@@ -10,24 +10,24 @@ import numpy as np
 import pytest
 import torch
 
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
-from coda.host.events import EventLog
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
+from coda.host.cache.events import EventLog
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import cached_generate
-from coda.host.policies import POLICIES, SchedulePolicy, get_policy
-from coda.host.dra_calibration import (calibrate_step_dra, load_step_dra, probe_values,
+from coda.host.cache.policies import POLICIES, SchedulePolicy, get_policy
+from coda.experiments.dra_calibration import (calibrate_step_dra, load_step_dra, probe_values,
                                        save_step_dra)
-from coda.host.policies.dra import StepDRAPolicy, StepThresholds, schedule_digest
-from coda.host.policies.fbcache import FBCachePolicy
-from coda.host.policies.lemica import lemica_schedule, min_error_path, span_costs
-from coda.host.policies.magcache import MagCachePolicy, magnitude_ratios
-from coda.host.policies.pab import PABPolicy
-from coda.host.policies.teacache import TeaCachePolicy, fit_rescale
-from coda.host.profile import model_hash, profile_model
-from coda.host.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
-from coda.host.search import anneal, schedule_to_matrix
-from coda.hw.isa import NMEConfig
+from coda.host.cache.policies.dra import StepDRAPolicy, StepThresholds, schedule_digest
+from coda.host.cache.policies.fbcache import FBCachePolicy
+from coda.host.cache.policies.lemica import lemica_schedule, min_error_path, span_costs
+from coda.host.cache.policies.magcache import MagCachePolicy, magnitude_ratios
+from coda.host.cache.policies.pab import PABPolicy
+from coda.host.cache.policies.teacache import TeaCachePolicy, fit_rescale
+from coda.experiments.profile import model_hash, profile_model
+from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
+from coda.experiments.search import anneal, schedule_to_matrix
+from coda.hw.nme.isa import NMEConfig
 
 TINY = dict(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
             num_layers=2, sample_size=16, video_length=4, caption_channels=16)
@@ -47,7 +47,7 @@ def driver(videos=1):
 
 @pytest.fixture(scope="module")
 def setup():
-    from coda.host.profile import _InputNormDriver
+    from coda.experiments.profile import _InputNormDriver
     model = tiny_model()
     prof = profile_model(model, [2, 6], [40], lambda n: _InputNormDriver(
         TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 16), ranks=2),
@@ -78,7 +78,7 @@ def table_for(model, sched, thresholds):
 @pytest.fixture(scope="module")
 def short_profiles():
     """Profiles of the tiny model over 1, 2 and 3 steps."""
-    from coda.host.profile import _InputNormDriver
+    from coda.experiments.profile import _InputNormDriver
     model = tiny_model()
     return {n: profile_model(model, [2], [40], lambda v: _InputNormDriver(
         TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 16), ranks=2),
@@ -104,7 +104,7 @@ def test_every_calibrated_policy_refuses_a_run_too_short_to_cache(name, short_pr
                 cls.calibrate(short_profiles[steps], 0.3)
     with pytest.raises(ValueError, match="expected a profile of >= 2 steps"):
         fit_rescale(short_profiles[1])       # no step >= 1 to fit on: not a reshape error
-    from coda.host.policies import MIN_CACHED_STEPS, expected_skip
+    from coda.host.cache.policies import MIN_CACHED_STEPS, expected_skip
     assert MIN_CACHED_STEPS == 3
     kw = dict(profile=short_profiles[3], num_steps=3, num_layers=2)
     assert expected_skip(get_policy(name, skip=0.3, **kw), **kw) > 0.0
@@ -381,7 +381,7 @@ def test_lemica_reuses_whole_steps_on_the_minimum_error_path(setup):
     cost = span_costs(prof)
     g = prof.meta["guidance_scale"]
     # one entry derived again: reuse steps 2..4 from step 1's cache
-    from coda.host.weights import quality_weights, step_weights
+    from coda.host.cache.weights import quality_weights, step_weights
     change = np.nan_to_num(prof.mean("out_change").astype(np.float64)).reshape(STEPS, 2, -1)
     change[0] = 0
     d = np.cumsum((change * quality_weights(prof)[None]).mean(axis=2), axis=0)
@@ -410,8 +410,8 @@ def test_uniform_for_skip_says_the_interval_it_uses(skip):
     """The policy's own fields name the intervals its schedule uses: one interval for every
     type is the default interval (no per-type table beside it); mixed intervals list every
     type, the default the smaller."""
-    from coda.host.policies import uniform_for_skip
-    from coda.host.schedule import OP_TYPES
+    from coda.host.cache.policies import uniform_for_skip
+    from coda.host.cache.schedule import OP_TYPES
     p = uniform_for_skip(skip, 50, 4)
     used = {op: p.interval(op) for op in OP_TYPES}
     if len(set(used.values())) == 1:

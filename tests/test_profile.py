@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from coda.cli import main
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import cached_generate
-from coda.host.policies.base import CachePolicy, Decision
-from coda.host.profile import (Profile, ProfilingDriver, model_hash, parse_int_list,
+from coda.host.cache.policies.base import CachePolicy, Decision
+from coda.experiments.profile import (Profile, ProfilingDriver, model_hash, parse_int_list,
                                plot_heatmap, profile_model, stability_ranking)
-from coda.host.schedule import BRANCHES, OP_TYPES
-from coda.hw.isa import NMEConfig
+from coda.host.cache.schedule import BRANCHES, OP_TYPES
+from coda.hw.nme.isa import NMEConfig
 
 TINY = dict(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
             num_layers=2, sample_size=16, video_length=4, caption_channels=16)
@@ -34,7 +34,7 @@ def tiny_model(seed=1):
 
 
 def factory(backend=None):
-    from coda.host.profile import _InputNormDriver
+    from coda.experiments.profile import _InputNormDriver
     return lambda videos: _InputNormDriver(backend or TorchBackend(),
                                            NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
 
@@ -92,7 +92,7 @@ def test_profile_is_per_video_not_per_batch(tiny_profile):
 
 
 def test_profile_on_the_rtl_backend_gives_the_same_numbers(tiny_profile):
-    from coda.host.backend import get_backend
+    from coda.host.nme.backend import get_backend
     model, prof = tiny_profile
     backend = get_backend("rtl")
     try:
@@ -139,7 +139,7 @@ def test_parse_int_list():
 
 
 def test_parse_list_is_the_same_rule_for_names_and_numbers():
-    from coda.host.policies import parse_list
+    from coda.host.cache.policies import parse_list
     assert parse_list("uniform, coda", "--policy", choices=("uniform", "coda")) == \
         ["uniform", "coda"]
     assert parse_list("0.3,0.5", "--skip", float) == [0.3, 0.5]
@@ -189,7 +189,7 @@ def test_profile_load_refuses_truncated_text_and_non_finite_files(tiny_profile, 
 
 
 def test_sensitivity_defaults_follow_the_run():
-    from coda.host.profile import _sensitivity_plan
+    from coda.experiments.profile import _sensitivity_plan
     assert _sensitivity_plan(None, None, 50, 20) == (10, 4)       # the shipped profile's
     assert _sensitivity_plan(None, None, 4, 1) == (2, 1)          # short run: 2-step blocks
     assert _sensitivity_plan(None, None, 3, 2) == (1, 2)
@@ -240,7 +240,7 @@ def test_coda_profile_refuses_bad_input(tmp_path, capsys, argv, message):
 
 
 def test_step_sensitivity_is_measured_per_block_and_saved(tiny_profile, tmp_path):
-    from coda.host.profile import step_sensitivity
+    from coda.experiments.profile import step_sensitivity
     model, prof = tiny_profile
     plain = lambda n: NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
     sens = step_sensitivity(model, prof, plain, blocks=2, videos=1)

@@ -25,7 +25,7 @@ def _capture(monkeypatch) -> dict:
     every prompt, which checks it)
     and the NMP drivers (the RTL run's first)."""
     import coda.host.model.sample as sample
-    import coda.host.run as run
+    import coda.experiments.run as run
 
     got = {"videos": [], "cached": [], "drivers": []}
     generate, cached_generate, make_driver = sample.generate, sample.cached_generate, run._driver
@@ -77,14 +77,14 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     from torchmetrics.functional.image import (peak_signal_noise_ratio,
                                                 structural_similarity_index_measure)
 
-    from coda.host.dra_calibration import save_step_dra
+    from coda.experiments.dra_calibration import save_step_dra
     from coda.host.model.classifier import digit_classifier
     from coda.host.model.dit import load_model
-    from coda.host.ops import MAX_SEGMENT_TERMS
-    from coda.host.policies.dra import StepThresholds, schedule_digest
-    from coda.host.profile import model_hash
-    from coda.host.schedule import BRANCHES, segment_runs
-    from coda.host.search import load_schedule
+    from coda.host.nme.ops import MAX_SEGMENT_TERMS
+    from coda.host.cache.policies.dra import StepThresholds, schedule_digest
+    from coda.experiments.profile import model_hash
+    from coda.host.cache.schedule import BRANCHES, segment_runs
+    from coda.host.cache.shipped import load_schedule
 
     prompts, steps = [3, 8], 6
     # DRA's thresholds in the schedule file: 0 at every probed step, so every probe falls back
@@ -208,9 +208,9 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
 
 def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     from coda.host.model.dit import load_model
-    from coda.host.profile import Profile, model_hash
-    from coda.host.run import _policy
-    from coda.host.search import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
+    from coda.experiments.profile import Profile, model_hash
+    from coda.experiments.run import _policy
+    from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
 
     model, _ = load_model()
     sched = load_schedule(SHIPPED_SCHEDULE, model_id=model_hash(model), num_steps=50,
@@ -297,8 +297,8 @@ def test_coda_run_refuses_a_truncated_or_non_finite_profile(tmp_path, capsys):
     before any generation, naming the file."""
     import numpy as np
 
-    from coda.host.profile import Profile
-    from coda.host.search import SHIPPED_PROFILE
+    from coda.experiments.profile import Profile
+    from coda.host.cache.shipped import SHIPPED_PROFILE
 
     data = SHIPPED_PROFILE.read_bytes()
     (tmp_path / "half.npz").write_bytes(data[:len(data) // 2])
@@ -337,7 +337,7 @@ def test_coda_run_without_a_modelled_platform_still_reports(tmp_path):
 def _uniform_schedule(interval: int, warmup: int, steps: int):
     """The schedule the uniform policy follows on the shipped model."""
     from coda.host.model.dit import load_model
-    from coda.host.policies import get_policy
+    from coda.host.cache.policies import get_policy
 
     model, _ = load_model()
     return get_policy("uniform", interval=interval, warmup=warmup).build(
@@ -345,7 +345,7 @@ def _uniform_schedule(interval: int, warmup: int, steps: int):
 
 
 def test_modelled_availability_is_decided_from_the_flags():
-    from coda.host.run import _modelled_unavailable
+    from coda.experiments.run import _modelled_unavailable
 
     class Args:
         lanes, dimms, ranks = 8, 1, 2

@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from coda.cli import main
-from coda.host.backend import TorchBackend
-from coda.host.driver import NMPDriver
-from coda.host.profile import Profile
-from coda.host.schedule import BRANCHES, OP_TYPES, Schedule
-from coda.host.search import (CostModel, LinkModel, NMEModel, anneal, flop_compute_time,
-                              load_schedule, matrix_to_schedule, op_flops, quality_weights,
-                              schedule_to_matrix, segment_nme_cycles, uniform_for_skip)
-from coda.hw.isa import NMEConfig
+from coda.host.nme.backend import TorchBackend
+from coda.host.nmp.driver import NMPDriver
+from coda.experiments.profile import Profile
+from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule
+from coda.experiments.search import (CostModel, LinkModel, NMEModel, anneal, flop_compute_time,
+                                     matrix_to_schedule, op_flops, quality_weights,
+                                     schedule_to_matrix, segment_nme_cycles, uniform_for_skip)
+from coda.host.cache.shipped import load_schedule
+from coda.hw.nme.isa import NMEConfig
 
 SHAPE = {"frames": 8, "tokens_per_frame": 64, "hidden": 96, "heads": 4, "ffn_inner": 384,
          "cond_tokens": 1, "layers": 2}
@@ -68,7 +69,7 @@ def test_anneal_cooldown_and_its_limits():
 
 
 def test_the_skip_bound_counts_step_0_and_the_cooldown():
-    from coda.host.search import check_skip, reusable_executions
+    from coda.experiments.search import check_skip, reusable_executions
     prof = synthetic_profile(steps=6, layers=4)          # 240 executions, 40 per step
     assert reusable_executions(6, 4, cooldown=1) == 160     # steps 1..4
     assert reusable_executions(6, 4, cooldown=0) == 200
@@ -252,7 +253,7 @@ def test_load_schedule_refuses_unreadable_files(tmp_path):
 
 
 def test_step_weights_fit_the_measured_decay():
-    from coda.host.search import step_weights
+    from coda.experiments.search import step_weights
     prof = synthetic_profile(steps=20)
     assert step_weights(prof)[0] == 0.0                       # no measurement: flat
     frac = 1 - (np.arange(20) + 0.5) / 20
@@ -266,10 +267,10 @@ def test_step_weights_fit_the_measured_decay():
 
 
 def test_transfer_term_counts_the_segment_form():
-    """The transfer term's bytes are coda.host.link.segment_bytes: a "residual" segment
+    """The transfer term's bytes are coda.host.nmp.link.segment_bytes: a "residual" segment
     sends x ([T, C] bf16 tiled over the ranks) down, a "sum" segment (the default, as the
     cache engine) does not; everything else is the same."""
-    from coda.host.link import segment_bytes, tensor_bytes
+    from coda.host.nmp.link import segment_bytes, tensor_bytes
 
     prof = synthetic_profile()
     change = prof.mean("out_change").reshape(12, 2, 10)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.cli import main
-from coda.host.schedule import BRANCHES, OP_TYPES, ScheduleError
-from coda.host.step_search import (StepPlan, constant_op_types, plan_by_dp,
+from coda.host.cache.schedule import BRANCHES, OP_TYPES, ScheduleError
+from coda.experiments.step_search import (StepPlan, constant_op_types, plan_by_dp,
                                    reused_steps_for, step_change, uniform_plan)
 from test_search import synthetic_profile
 
@@ -170,8 +170,8 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip, l
     reused in both branches (plus, at every step from 1 on, the profile's constant types if
     the plan says so), as many reused steps as the target needs."""
     from coda.host.model.dit import load_model
-    from coda.host.profile import Profile, model_hash
-    from coda.host.search import SHIPPED_PROFILE, load_schedule, shipped_schedule
+    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule, shipped_schedule
 
     model, _ = load_model()
     path = shipped_schedule(skip, latency)
@@ -191,7 +191,8 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip, l
     if budget is None:      # chosen on quality alone: the count that reaches the skip
         assert len(whole) == reused_steps_for(skip, 50, len(always))
     else:                   # the fewest reused steps modelled within the budget
-        from coda.host.step_search import counts_within_latency, uniform_latency, within_budget
+        from coda.experiments.step_search import (counts_within_latency, uniform_latency,
+                                                  within_budget)
         from coda.host.system.cost import schedule_cost
         seconds = uniform_latency(prof, skip, info["target"]) if budget == "uniform" else budget
         assert seconds == pytest.approx(info["max_latency_s"], rel=1e-12)
@@ -220,11 +221,11 @@ def test_a_latency_budget_keeps_only_candidates_modelled_that_fast(profile_6, tm
     assert main(args + ["--latency", str(lat[0])]) == 0
     info = json.loads(out.read_text())["coda"]
     chosen = next(c for c in info["candidates"] if c["plan"] == info["plan"])
-    from coda.host.step_search import within_budget
+    from coda.experiments.step_search import within_budget
     assert within_budget(chosen["modelled"]["latency_s"], lat[0])   # up to LATENCY_RTOL
     # a budget reuses more steps when it must; below the fastest plan (every step but the
     # first and the last reused, the constant types at every step) it is refused, naming it
-    from coda.host.profile import Profile
+    from coda.experiments.profile import Profile
     from coda.host.system.cost import schedule_cost
     prof = Profile.load(profile_6)
     fastest = schedule_cost(StepPlan(6, prof.num_layers, frozenset(range(1, 5)),
@@ -243,8 +244,8 @@ def test_a_uniform_latency_budget(profile_6, tmp_path, capsys):
     """--latency uniform: the budget is the uniform baseline's modelled latency at the skip;
     the winner is modelled within it, and each choice of ``always`` reuses the fewest whole
     steps that fit it (without ``always``: uniform's own count, which fits by definition)."""
-    from coda.host.profile import Profile
-    from coda.host.step_search import (LATENCY_RTOL, counts_within_latency, uniform_latency,
+    from coda.experiments.profile import Profile
+    from coda.experiments.step_search import (LATENCY_RTOL, counts_within_latency, uniform_latency,
                                        within_budget)
     from coda.host.system.cost import schedule_cost
 

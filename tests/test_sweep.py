@@ -187,7 +187,8 @@ def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
 def test_schedule_sweep_points_are_coda_schedule_search(tmp_path):
     """Two annealing restarts: each point's figures are those of checked_anneal itself."""
     from coda.cli.sweep import kinds
-    from coda.host.search import SHIPPED_PROFILE, checked_anneal
+    from coda.experiments.search import checked_anneal
+    from coda.host.cache.shipped import SHIPPED_PROFILE
 
     kind = kinds()["schedule"]
     pts = grid_points(kind, {"seed": [0, 1], "moves": [3000]})
@@ -303,12 +304,12 @@ def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path):
 
 
 def test_schedule_search_rollouts_on_ray_give_the_bits_of_the_loop():
-    """coda schedule search's rollouts (coda.host.step_search.judge) as Ray tasks score as
+    """coda schedule search's rollouts (coda.experiments.step_search.judge) as Ray tasks score as
     in this process (Ray tests live in this file: one xdist worker runs them in turn)."""
     import torch
 
     from coda.host.model.dit import load_model
-    from coda.host.step_search import StepPlan, full_videos, judge
+    from coda.experiments.step_search import StepPlan, full_videos, judge
     model, _ = load_model()
     full = full_videos(model, [3], [77], num_steps=6, guidance_scale=5.0)
     scheds = [StepPlan(6, 4, {2, 3}).schedule(), StepPlan(6, 4, {3}, ("cross_attn",)).schedule()]

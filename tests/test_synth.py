@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from coda.hw.isa import NMEConfig, Op, Program, RSrc, UOp
-from coda.synth import ecp5, energy, flow, harness, sweep
+from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.synth import ecp5, energy, flow, harness
+from coda.experiments import area_sweep as sweep
 
 SMALL = NMEConfig(lanes=1, fmt="bf16", depth=16, mem_words=4096)
 
@@ -219,7 +220,7 @@ def test_measured_knee_and_perf_per_area(tmp_path):
 def test_measured_table_and_clock_table_of_a_version2_dse(capsys):
     """A version-2 dse.json (standard and NME clock per row): the lanes table uses the
     same-domain rows of dse["dram"] only; clock_table gives perf/area at every clock, the
-    knee of coda.cosim.design_space.knees, and whether the ECP5 Fmax reaches the clock."""
+    knee of coda.experiments.design_space.knees, and whether the ECP5 Fmax reaches the clock."""
     rows = [{"lanes": n, "fmt": "bf16", "cells_total": 1000 * n, "lut4": 500 * n,
              "fmax_mhz": 64.0 if n == 8 else None} for n in (4, 8)]
 
@@ -255,7 +256,7 @@ def test_measured_table_and_clock_table_of_a_version2_dse(capsys):
 
 @pytest.mark.slow
 def test_netlist_equivalent_to_rtl_and_torch():
-    from coda.synth.netlist_sim import check_equivalence
+    from coda.verify.netlist_sim import check_equivalence
 
     report = check_equivalence(NMEConfig(lanes=2, fmt="bf16", depth=16, mem_words=4096))
     assert report.jobs >= 20

@@ -28,13 +28,13 @@ STEPS = 10
 @pytest.fixture(scope="module")
 def generation():
     """A real cached generation of the shipped model on the torch backend (1 x 2 ranks)."""
-    from coda.host.backend import TorchBackend
-    from coda.host.driver import NMPDriver
-    from coda.host.events import EventLog
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.cache.events import EventLog
     from coda.host.model.dit import load_model
     from coda.host.model.sample import cache_mem_words, cached_generate
-    from coda.host.policies import UniformIntervalPolicy
-    from coda.hw.isa import NMEConfig
+    from coda.host.cache.policies import UniformIntervalPolicy
+    from coda.hw.nme.isa import NMEConfig
 
     torch.set_num_threads(1)
     model, _ = load_model()
@@ -92,8 +92,8 @@ def test_opensora_hand_written_matches_traced_pixart_blocks():
                                           ("hunyuanvideo", 5), ("latte-1", 16)])
 def test_traced_operators_are_the_cache_engines(name, frames):
     """The traced operators, in forward order, are those the cache engine hooks
-    (coda.host.arch.model_ops), so a real EventLog of any of these models maps onto them."""
-    from coda.host.arch import model_ops
+    (coda.host.cache.arch.model_ops), so a real EventLog of any of these models maps onto them."""
+    from coda.host.cache.arch import model_ops
     from coda.host.system.shapes import _build, get_spec
 
     shape = model_shape(name, "256x256", frames=frames)
@@ -135,7 +135,7 @@ def test_modelled_nme_cycles_equal_cosim_events(generation):
 def _zero_slot_writes(segs, n_ranks: int, lanes: int) -> dict:
     """(segment, generation) -> bytes of the slots of zeros it wrote: the engine's sum
     segments (its default) write one per generation, branch, sample and stream, with the
-    sample's first segment in the branch (coda.host.link)."""
+    sample's first segment in the branch (coda.host.nmp.link)."""
     out, seen = {}, set()
     for s in segs:
         first = (s.generation, s.branch, s.sample) not in seen
@@ -176,16 +176,16 @@ def test_modelled_nme_time_against_a_dram_timed_generation(depth, form):
 @torch.no_grad()
 def test_two_stream_segments_equal_the_engine_on_hunyuanvideo():
     """HunyuanVideo keeps a video and a text stream, each with its own gates and NME programs
-    (host/arch): the modelled cycles and bytes of every segment, per stream, equal the
+    (host/cache/arch): the modelled cycles and bytes of every segment, per stream, equal the
     engine's events on a small random configuration."""
     from diffusers import HunyuanVideoTransformer3DModel
 
-    from coda.host.backend import TorchBackend
-    from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache
-    from coda.host.driver import NMPDriver
-    from coda.host.events import EventLog
-    from coda.host.policies import UniformIntervalPolicy
-    from coda.hw.isa import NMEConfig
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.cache.events import EventLog
+    from coda.host.cache.policies import UniformIntervalPolicy
+    from coda.hw.nme.isa import NMEConfig
 
     torch.manual_seed(1)
     model = HunyuanVideoTransformer3DModel(
@@ -240,9 +240,9 @@ def test_synthesized_events_equal_real_ones(generation, digits_shape):
 def test_a_long_segment_crosses_the_link_once_as_the_driver_chains_it():
     """More than 8 terms: programs chain in rank memory; the modelled bytes and programs are
     those the driver moves (measured on a 20-term segment)."""
-    from coda.host.backend import TorchBackend
-    from coda.host.driver import NMPDriver
-    from coda.hw.isa import NMEConfig
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.hw.nme.isa import NMEConfig
 
     drv = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 18), ranks=2)
     x = torch.zeros(512, 96, dtype=torch.bfloat16)
@@ -404,7 +404,7 @@ def test_bad_input_names_the_value(kwargs, match):
 def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
     with pytest.raises(ValueError, match="coda: the annealed CODA schedule is not shipped"):
         resolve("coda", digits_shape, 10, coda_path=tmp_path / "coda.json")
-    from coda.host.policies import UniformIntervalPolicy
+    from coda.host.cache.policies import UniformIntervalPolicy
     (tmp_path / "coda.json").write_text(UniformIntervalPolicy(warmup=3).build(50, 4).to_json())
     wan = model_shape("wan2.1-1.3b", "480p", 2)
     ms = resolve("coda", wan, 30, coda_path=tmp_path / "coda.json")
@@ -484,12 +484,12 @@ def test_interleaved_replay_of_a_monitored_generation_completes(generation):
     """System f with both branches launching segments and DRA monitors on the NMEs at the
     same time: the replay ends (it used to deadlock: two launches each holding one of the
     DIMMs' two host-access slots)."""
-    from coda.host.backend import TorchBackend
-    from coda.host.driver import NMPDriver
-    from coda.host.events import EventLog
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.cache.events import EventLog
     from coda.host.model.sample import cache_mem_words, cached_generate
-    from coda.host.policies.dra import StepDRAPolicy, StepThresholds
-    from coda.hw.isa import NMEConfig
+    from coda.host.cache.policies.dra import StepDRAPolicy, StepThresholds
+    from coda.hw.nme.isa import NMEConfig
 
     model = generation["model"]
     cfg = NMEConfig(lanes=8, mem_words=cache_mem_words(model, 2, 2, 8, inputs=True))
@@ -612,8 +612,8 @@ def test_segment_output_is_checked():
 
 # ------------------------------------------------------------------------------ schedule_cost
 def _shipped_schedules():
-    from coda.host.schedule import Schedule
-    from coda.host.search import SHIPPED_SCHEDULE
+    from coda.host.cache.schedule import Schedule
+    from coda.host.cache.shipped import SHIPPED_SCHEDULE
 
     shipped = Schedule.from_json(SHIPPED_SCHEDULE.read_text())
     return shipped, Schedule(shipped.num_steps, shipped.num_layers, {}, "nothing reused")
@@ -699,5 +699,5 @@ def test_schedule_cost_refuses_bad_input():
         schedule_cost(shipped, segment_output="z")
     with pytest.raises(ValueError, match="steps 0: expected 1..1000"):
         schedule_cost(shipped, steps=0)
-    with pytest.raises(TypeError, match="expected a coda.host.schedule.Schedule, got dict"):
+    with pytest.raises(TypeError, match="expected a coda.host.cache.schedule.Schedule, got dict"):
         schedule_cost({})

@@ -19,7 +19,7 @@ from coda.cosim.build import (LeanVerilator, build_sim, failure_report, run_coco
                               sim_command, waves_requested)
 from coda.cosim.fst import read_fst
 from coda.cosim.toolchain import build_dir
-from coda.hw.isa import NMEConfig
+from coda.hw.nme.isa import NMEConfig
 
 BASE = NMEConfig(lanes=3, fmt="fp16", depth=5, mem_words=2048, trail_stores=True)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     # the main job and the cache schedule
-    (("run",), "coda.host.run", "the main job: cached CFG denoising of the shipped video DiT"),
-    (("profile",), "coda.host.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
-    (("schedule", "search"), "coda.host.step_search", "search a static cache schedule: whole steps judged by rollouts (or --method anneal)"),
-    (("eval",), "coda.host.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),
+    (("run",), "coda.experiments.run", "the main job: cached CFG denoising of the shipped video DiT"),
+    (("profile",), "coda.experiments.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
+    (("schedule", "search"), "coda.experiments.step_search", "search a static cache schedule: whole steps judged by rollouts (or --method anneal)"),
+    (("eval",), "coda.experiments.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),
     # the shipped model
     (("train",), "coda.host.model.train", "train the shipped video DiT on moving digits (two stages)"),
     (("model", "eval"), "coda.host.model.evaluate", "label accuracy, identity and motion of the shipped video DiT's generations"),
@@ -33,17 +33,17 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("validate",), "coda.host.system.validate", "check the system model against published latencies (and the DIMM-NMP cosimulation), time it"),
     # the hardware: RTL, cosimulation, DRAM
     (("verilog",), "coda.hw.verilog", "write synthesizable Verilog of the NME / DIMM-NMP"),
-    (("nme", "run"), "coda.host.nme_cli", "run tensors through one cache operator on a backend"),
-    (("pass-efficiency",), "coda.host.pass_efficiency", "NME cycles of a cache operator on a long stream against one word per pass per cycle"),
+    (("nme", "run"), "coda.experiments.nme_run", "run tensors through one cache operator on a backend"),
+    (("pass-efficiency",), "coda.host.nme.pass_efficiency", "NME cycles of a cache operator on a long stream against one word per pass per cycle"),
     (("dram", "replay"), "coda.cosim.dram_replay", "replay a memory trace on the DRAM timing model"),
     (("dram", "check"), "coda.cosim.dram_check", "check a DRAM command trace against the JEDEC timing rules (exit 1 on violations)"),
-    (("bench",), "coda.cosim.bench", "DIMM-NMP design-space sweep, DRAM controller replays and cosimulation speed (build/bench/)"),
+    (("bench",), "coda.experiments.bench", "DIMM-NMP design-space sweep, DRAM controller replays and cosimulation speed (build/bench/)"),
     # synthesis and verification of the NME
     (("synth",), "coda.synth.flow", "synthesise the NME with yosys / nextpnr and report area, Fmax"),
-    (("synth-sweep",), "coda.synth.sweep", "area / Fmax of the NME over lanes and formats, bandwidth bound and plot (build/synth/)"),
-    (("netlist", "check"), "coda.synth.netlist_sim", "simulate the synthesised NME netlist against the RTL and torch (exit 1 on a mismatch)"),
+    (("synth-sweep",), "coda.experiments.area_sweep", "area / Fmax of the NME over lanes and formats, bandwidth bound and plot (build/synth/)"),
+    (("netlist", "check"), "coda.verify.netlist_sim", "simulate the synthesised NME netlist against the RTL and torch (exit 1 on a mismatch)"),
     (("energy",), "coda.synth.energy", "estimate the energy per element of each cache operator on the NME (toggles on the RTL)"),
-    (("mutation",), "coda.synth.mutation", "mutation testing of the NME RTL against the cocotb regression (long; resumable)"),
+    (("mutation",), "coda.verify.mutation", "mutation testing of the NME RTL against the cocotb regression (long; resumable)"),
     # any of the above as a grid
     (("sweep",), "coda.cli.sweep", "run a sweep (synth, bench, schedule, sim): every point a Ray task"),
 ]

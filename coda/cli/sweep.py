@@ -15,10 +15,10 @@ A value that holds commas (``intervals`` of ``sim``) goes in a ``--grid`` TOML f
 Kinds (each declared by the module that owns the work; parameters and defaults with
 ``coda sweep KIND --list``):
 
-- ``synth``: synthesis of the NME, yosys generic cells or ECP5 with nextpnr (coda.synth.sweep);
+- ``synth``: synthesis of the NME, yosys generic cells or ECP5 with nextpnr (coda.experiments.area_sweep);
 - ``bench``: the DIMM-NMP design space of one rank, cycles and DRAM utilisation of a residual
-  add and a 4-stream segment (coda.cosim.design_space);
-- ``schedule``: annealing restarts of ``coda schedule search`` (coda.host.search);
+  add and a 4-stream segment (coda.experiments.design_space);
+- ``schedule``: annealing restarts of ``coda schedule search`` (coda.experiments.search);
 - ``sim``: ``coda sim`` runs of the system model (coda.host.system.sim).
 """
 
@@ -33,10 +33,10 @@ __all__ = ["kinds", "configure", "main"]
 
 def kinds() -> dict:
     """The sweep kinds by name (coda.sweep.SweepKind)."""
-    from coda.cosim.design_space import sweep_kind as bench
-    from coda.host.search import sweep_kind as schedule
+    from coda.experiments.design_space import sweep_kind as bench
+    from coda.experiments.search import sweep_kind as schedule
     from coda.host.system.sim import sweep_kind as sim
-    from coda.synth.sweep import sweep_kind as synth
+    from coda.experiments.area_sweep import sweep_kind as synth
     return {k.name: k for k in (synth(), bench(), schedule(), sim())}
 
 

@@ -1,7 +1,7 @@
 """Classifier-free-guidance sampling of the digit DiT with diffusers' ``DDIMScheduler``.
 
 Every transformer call is wrapped in diffusers' ``transformer.cache_context(name,
-step_index=i, num_inference_steps=n)`` so cache hooks (:mod:`coda.host.cache_engine`) know the
+step_index=i, num_inference_steps=n)`` so cache hooks (:mod:`coda.host.cache.engine`) know the
 CFG branch and the step; without hooks the context is inert. Two CFG modes:
 
 - ``"batched"``: one call per step on ``[uncond; cond]`` (context name ``"uncond|cond"``);
@@ -125,7 +125,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc="denoise", leave=False)
-    from coda.host.cache_engine import coda_generation
+    from coda.host.cache.engine import coda_generation
     with coda_generation(transformer):    # ended by an exception: its cache slots are freed
         for i, t in enumerate(steps):
             uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
@@ -227,17 +227,17 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
         labels: digits 0..9.
         driver: an ``NMPDriver`` (its backend decides torch or RTL execution of segments).
         policy: a cache policy or ``Schedule`` (default ``UniformIntervalPolicy()``).
-        events: an :class:`coda.host.events.EventLog` that receives the operator events
+        events: an :class:`coda.host.cache.events.EventLog` that receives the operator events
             (default: a fresh one, dropped).
         segment_output: the segments' form (``CodaCacheConfig.segment_output``).
         **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode, ...).
     Returns:
         (videos [B, 1, F, H, W], stats): the generation's counters
-        (:meth:`coda.host.events.EventLog.stats`: ops_computed, ops_reused,
+        (:meth:`coda.host.cache.events.EventLog.stats`: ops_computed, ops_reused,
         ops_skipped_fraction, segments, programs, stores, nme_cycles, pcie_bytes, ...; and
         calls).
     """
-    from coda.host.cache_engine import CodaCacheConfig, apply_coda_cache, remove_coda_cache
+    from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache, remove_coda_cache
 
     hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, policy, events=events,
                                                                segment_output=segment_output))
@@ -256,18 +256,18 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
     16-bit elements, and with ``inputs`` a second one for the operator's input (the monitor
     references of DRA and TeaCache, the profiler's inputs), plus the slot of zeros its sum
-    segments read as x (:mod:`coda.host.cache_engine`; placed in another colour, but every
+    segments read as x (:mod:`coda.host.cache.engine`; placed in another colour, but every
     colour holds as many of them as groups). The driver places each rank's tile of a slot at a power-of-two-aligned
     base and all slots of one branch of one video (a slot group) in one DRAM bank colour
-    (:mod:`coda.host.placement`), a quarter of the memory for the 4 banks per bank group of
+    (:mod:`coda.host.nmp.placement`), a quarter of the memory for the 4 banks per bank group of
     every DRAM preset (JEDEC JESD79-4 / JESD79-5 / JESD209-5): the groups fill the colours
     in turn, so the fullest colour holds ``ceil(groups / 4)`` groups. 1.5x that leaves room
     for the operators' scratch and fragmentation.
     Raises ValueError if videos, ranks or lanes < 1.
     """
-    from coda.host.placement import DEFAULT_STANDARD
-    from coda.host.schedule import BRANCHES, OP_TYPES
-    from coda.hw.dram_standards import get_standard
+    from coda.host.nmp.placement import DEFAULT_STANDARD
+    from coda.host.cache.schedule import BRANCHES, OP_TYPES
+    from coda.hw.dram.standards import get_standard
 
     if min(videos, ranks, lanes) < 1:
         raise ValueError(f"videos={videos}, ranks={ranks}, lanes={lanes}: expected >= 1 each")

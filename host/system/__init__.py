@@ -29,7 +29,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
              nme_mhz: float | None = None, cfg: str = "batched",
              nme_timing: str = "model", segment_output: str = "sum") -> dict:
     """The modelled systems a..f of the last generation in ``events`` (an
-    :class:`coda.host.events.EventLog` of the shipped model, e.g. from
+    :class:`coda.host.cache.events.EventLog` of the shipped model, e.g. from
     ``coda.host.model.sample.cached_generate(..., events=log)``).
 
     Args:

@@ -1,7 +1,7 @@
 """The modelled cost of a shipped-model schedule on a paper-scale machine, for a schedule
 search: :func:`schedule_cost`.
 
-A :class:`coda.host.schedule.Schedule` of the shipped model (Latte, 4 layers, the 5
+A :class:`coda.host.cache.schedule.Schedule` of the shipped model (Latte, 4 layers, the 5
 operator types) is transferred to the target model exactly as ``coda sim --schedule FILE``
 transfers it (:func:`coda.host.system.schedules.transfer`: operator type, relative depth,
 relative step), its generation synthesised (:func:`coda.host.system.sim.workload`) and
@@ -22,8 +22,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from coda.host.link import check_segment_output
-from coda.host.schedule import Schedule
+from coda.host.nmp.link import check_segment_output
+from coda.host.cache.schedule import Schedule
 
 from .sim import DEFAULT_SHAPE_CACHE, MAX_STEPS
 
@@ -108,7 +108,7 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
             flags (gpu default: ``coda sim``'s ``--platform``); dimms x ranks default 4 x 8,
             enough host DIMMs for Wan 2.1 14B's 720p cache.
         segment_output: ``"sum"`` (default, the cache engine's) or ``"residual"``
-            (:mod:`coda.host.link`).
+            (:mod:`coda.host.nmp.link`).
         prefetch: operators of H2D look-ahead (``--prefetch``).
         shape_cache: where traced shapes are cached on disk (None: trace every new target).
     Returns:
@@ -119,7 +119,7 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
         "weights": "resident" | "streamed", "cache_bytes", "ops_skipped_fraction" and
         "fixups" of the transferred schedule, "target", "system", "segment_output"}``.
     Raises:
-        TypeError: ``schedule`` is not a :class:`coda.host.schedule.Schedule`.
+        TypeError: ``schedule`` is not a :class:`coda.host.cache.schedule.Schedule`.
         ValueError: a bad target, system, steps, segment_output or machine (the message
             names the value and the choices).
     """
@@ -131,7 +131,7 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
     from .sim import workload
 
     if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule: expected a coda.host.schedule.Schedule, got "
+        raise TypeError(f"schedule: expected a coda.host.cache.schedule.Schedule, got "
                         f"{type(schedule).__name__}")
     if system not in SYSTEMS:
         raise ValueError(f"system {system!r}: expected one of {', '.join(SYSTEMS)}")

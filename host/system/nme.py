@@ -2,15 +2,15 @@
 rank's tile, bounded by the rank's DRAM bandwidth as the DIMM-NMP cosimulation measured it.
 
 A segment ``y = x + Σ_k g_k ⊙ c_k`` over ``[T, C]`` runs as the driver runs it
-(:meth:`coda.host.driver.NMPDriver.segment`): tiled over tokens across the ``n`` ranks (the
+(:meth:`coda.host.nmp.driver.NMPDriver.segment`): tiled over tokens across the ``n`` ranks (the
 first ``T mod n`` ranks hold one row more), one program per rank in lockstep, at most
-:data:`coda.host.ops.MAX_SEGMENT_TERMS` terms per program (longer segments chain launches),
+:data:`coda.host.nme.ops.MAX_SEGMENT_TERMS` terms per program (longer segments chain launches),
 the host waiting for the slowest rank. Per launch:
 
-- ``cycles_ideal``: :func:`coda.hw.nme_cycles.model_cycles` of
+- ``cycles_ideal``: :func:`coda.hw.nme.cycles.model_cycles` of
   ``compile_op("segment", ...)`` on the largest tile, at memory latency ``mem_latency``
   (1 = the torch backend's and the Verilated NME's ideal memory): exactly the cycles the
-  torch backend reports in :class:`coda.host.events.SegmentEvent`;
+  torch backend reports in :class:`coda.host.cache.events.SegmentEvent`;
 - ``cycles_dram``: the words the program moves on one rank (every memory read micro-op and
   the store read or write the whole stream; a per-channel gate vector is re-read for every
   token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
@@ -50,10 +50,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from coda.host import compiler
-from coda.host.ops import MAX_SEGMENT_TERMS
-from coda.hw.isa import ADDR_BITS, NMEConfig, Program, RSrc, Status
-from coda.hw.nme_cycles import model_cycles
+from coda.host.nme import compiler
+from coda.host.nme.ops import MAX_SEGMENT_TERMS
+from coda.hw.nme.isa import ADDR_BITS, NMEConfig, Program, RSrc, Status
+from coda.hw.nme.cycles import model_cycles
 
 __all__ = ["SegmentTiming", "segment_timing", "program_words", "launch_cycles"]
 

@@ -11,7 +11,7 @@ Units: FLOP/s, bytes/s, bytes, seconds, watts, picojoules (pJ).
 
 Conventions shared with the rest of the project:
 
-- a *rank* is what :mod:`coda.hw.dram_standards` calls one: what one controller drives on
+- a *rank* is what :mod:`coda.hw.dram.standards` calls one: what one controller drives on
   its own data bus (DDR4: a 64-bit rank; DDR5: one 32-bit subchannel; LPDDR5: one x16
   channel). Each rank has one NME (docs/design.md), so ``--dimms D --ranks R`` gives ``D·R``
   NMEs, as in the driver and the DIMM-NMP cosimulation;
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from coda.hw.dram_standards import DRAMStandard, get_standard
+from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS, check_nme_mhz
 
 __all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
@@ -175,7 +175,7 @@ class NMPEfficiency:
     """Measured DRAM utilisation of one DIMM-NMP rank running long NME programs.
 
     ``util[(lanes, depth)] = (residual_add, segment4)``: bytes moved / peak bytes of the
-    cycles, from ``coda.cosim.design_space.sweep`` / ``coda.cosim.nmp_measure.measure_nmp``
+    cycles, from ``coda.experiments.design_space.sweep`` / ``coda.cosim.nmp_measure.measure_nmp``
     on the DRAM-timed DIMM-NMP.
     """
     standard: str
@@ -183,7 +183,7 @@ class NMPEfficiency:
     source: str
 
 
-_SWEEP_CMD = ("coda.cosim.design_space.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
+_SWEEP_CMD = ("coda.experiments.design_space.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
               "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model, on the FR-FCFS "
               "controller with the default bypass cap of 1; build/system/nmp_*.json)")
 NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
@@ -196,7 +196,7 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
         "measured here: make bench (docs/results.md: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
         "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.899 "
         "elements/cycle of the 4-stream segment, re-measured on the FR-FCFS controller: "
-        "coda.cosim.design_space.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
+        "coda.experiments.design_space.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
         "and " + _SWEEP_CMD),
     "DDR4-3200": NMPEfficiency(
         "DDR4-3200", {(8, 256): (0.8643, 0.8686), (8, 64): (0.688, 0.7139)},
@@ -209,12 +209,12 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 
 #: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
 #: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
-#: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.link.SEGMENT_OUTPUTS`)
+#: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`)
 #: and (standard, lanes, depth): {K: utilisation}. Measured here: ``coda validate
 #: --measure-nmp`` -> :func:`coda.host.system.validate.measure_segment_utilisation`
 #: (DRAM-timed 1 x 1 DIMM-NMP; ``build/system/segment_util-FORM.json``, the residual form's
 #: written as ``segment_util.json`` before the forms), on the FR-FCFS controller with the
-#: default bypass cap of 1 (hw/dram_scheduler.py).
+#: default bypass cap of 1 (hw/dram/scheduler.py).
 #: ``"residual"``: x written by the host right before each program; date 2026-12-01,
 #: development machine. ``"sum"``: x a resident slot of zeros stored once before the draws
 #: (``store(..., x_of=group)``, as the cache engine places it), never rewritten; the driver
@@ -313,12 +313,12 @@ def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
                         program: int = 0) -> float:
     """Measured DRAM utilisation of a ``k``-term segment program (k <= 8; between measured
     k, linear interpolation) streaming ``words`` words per stream and rank (None: long
-    streams), of the segment form ``segment_output`` (:data:`coda.host.link.SEGMENT_OUTPUTS`:
+    streams), of the segment form ``segment_output`` (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`:
     ``"sum"`` reads x from a resident slot of zeros, ``"residual"`` from an x the host has
     just written), the ``program``-th launch of its chain (a segment of more than 8 terms).
 
     The forms are measured apart because the driver places their streams apart (bank
-    colours, :mod:`coda.host.placement`, slots of colour c): a residual launch writes x at
+    colours, :mod:`coda.host.nmp.placement`, slots of colour c): a residual launch writes x at
     c^3 with the gate vectors in its range (bank c^2), y at c^1; a launch whose x is
     resident at c^3 (the sum form's slot of zeros) puts the gates in y's range at c^1,
     whose second half is bank c, the slots' own (row conflicts all along: 10-12 % more
@@ -338,7 +338,7 @@ def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
     segment measurement for the lanes x depth, the 4-stream segment's of the lanes sweep
     (:func:`nmp_efficiency`).
     Raises ValueError for an unknown form, or when the project has no measurement."""
-    from coda.host.link import check_segment_output
+    from coda.host.nmp.link import check_segment_output
 
     form = check_segment_output(segment_output)
     if program:
@@ -372,7 +372,7 @@ def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float
         have = {k: sorted(v.util) for k, v in NMP_EFFICIENCY.items()}
         raise ValueError(f"no DIMM-NMP measurement for {standard} with {lanes} lanes, depth "
                          f"{depth}: measured (lanes, depth) are {have} (run "
-                         "coda.cosim.design_space sweep to add one)")
+                         "coda.experiments.design_space sweep to add one)")
     add, seg = row
     return seg if streams >= 4 or add is None else add
 
@@ -416,7 +416,7 @@ class Platform:
 
     Attributes:
         gpu, pcie, energy: the presets. dram: the :class:`DRAMStandard` of the host DIMMs.
-        dimms, ranks: DIMMs and ranks per DIMM (each rank as :mod:`coda.hw.dram_standards`
+        dimms, ranks: DIMMs and ranks per DIMM (each rank as :mod:`coda.hw.dram.standards`
             defines it). lanes, depth: the NME's SIMD lanes and buffer depth (words).
         nme_mhz: the NMEs' own clock, MHz (None: the DRAM command clock, 1 / tCK).
     """
@@ -485,7 +485,7 @@ class Platform:
                 "segment_utilisation": "measured here: coda validate --measure-nmp "
                                        "(SEGMENT_UTIL, SEGMENT_UTIL_TILE; "
                                        "sum form: " + SUM_MEASURED + ")",
-                "dram": f"hw/dram_standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
+                "dram": f"hw/dram/standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
 
 
 PLATFORM_NAMES = tuple(GPUS)
@@ -498,7 +498,7 @@ def platform(gpu: str = DEFAULT_PLATFORM, dram: str = "DDR5-4800", dimms: int = 
     """A :class:`Platform` from preset names.
 
     Args:
-        gpu: a key of :data:`GPUS`. dram: a :mod:`coda.hw.dram_standards` preset.
+        gpu: a key of :data:`GPUS`. dram: a :mod:`coda.hw.dram.standards` preset.
         dimms, ranks: >= 1. lanes, depth: the NME (needs a DIMM-NMP measurement).
         nme_mhz: the NMEs' own clock in MHz (:func:`coda.hw.nmp.check_nme_mhz`: 1 MHz up to
             the DRAM command clock); None: the DRAM command clock.

@@ -50,7 +50,7 @@ Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
   guidance-distilled model has one branch: f = e.
 
 Segments (d, e, f) have the workload's form (``Workload.segment_output``,
-:mod:`coda.host.link`): ``"sum"`` (the cache engine's default) sends the gates and command
+:mod:`coda.host.nmp.link`): ``"sum"`` (the cache engine's default) sends the gates and command
 words down, brings ``z = Σ g_k ⊙ c_k`` up and then adds it to the residual stream on the
 GPU (one elementwise kernel, timed as the other cache kernels: reads two ``[T, C]``
 tensors and writes one in the model's dtype), and writes each row's (branch and sample's)

@@ -1,12 +1,12 @@
 """Cache schedules for any traced model: which operators are reused at each step and branch.
 
-:class:`coda.host.schedule.Schedule` names the shipped Latte's operators ``(layer, op)``;
+:class:`coda.host.cache.schedule.Schedule` names the shipped Latte's operators ``(layer, op)``;
 paper-scale models have other operators (Wan: self/cross attention and FFN per block;
 HunyuanVideo: dual- and single-stream blocks), so a schedule here is per (step, branch) a set
 of operator *indices* of a :class:`coda.host.system.shapes.ModelShape`
 (:class:`ModelSchedule`). Three ways to get one (:func:`resolve`):
 
-- ``uniform``: :class:`coda.host.policies.uniform.UniformIntervalPolicy`'s rule applied to
+- ``uniform``: :class:`coda.host.cache.policies.uniform.UniformIntervalPolicy`'s rule applied to
   the model's operators directly (each operator recomputed every ``k`` steps of its kind,
   after ``warmup`` steps): nothing is transferred;
 - ``FILE``: a :class:`Schedule` JSON made for the shipped model, *transferred*: target
@@ -18,7 +18,7 @@ of operator *indices* of a :class:`coda.host.system.shapes.ModelShape`
   counted (``fixups``). For the shipped model at the schedule's own steps the mapping is the
   identity;
 - ``coda``: the annealed schedule of the shipped model that ``coda schedule search`` ships
-  (issue 13) at :data:`coda.host.search.SHIPPED_SCHEDULE`, transferred like a file;
+  (issue 13) at :data:`coda.host.cache.shipped.SHIPPED_SCHEDULE`, transferred like a file;
   refused while that file does not exist.
 """
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from coda.host.policies.uniform import UniformIntervalPolicy
-from coda.host.schedule import BRANCHES, Schedule, ScheduleError
+from coda.host.cache.policies.uniform import UniformIntervalPolicy
+from coda.host.cache.schedule import BRANCHES, Schedule, ScheduleError
 
 from .shapes import ModelShape
 
@@ -40,8 +40,8 @@ __all__ = ["ModelSchedule", "coda_schedule_path", "uniform", "transfer", "resolv
 
 def coda_schedule_path() -> Path:
     """Where ``--schedule coda`` finds the annealed schedule (a Schedule JSON written by
-    ``coda schedule search``, issue 13): :data:`coda.host.search.SHIPPED_SCHEDULE`."""
-    from coda.host.search import SHIPPED_SCHEDULE
+    ``coda schedule search``, issue 13): :data:`coda.host.cache.shipped.SHIPPED_SCHEDULE`."""
+    from coda.host.cache.shipped import SHIPPED_SCHEDULE
 
     return Path(SHIPPED_SCHEDULE)
 
@@ -204,19 +204,19 @@ def resolve(spec: str, shape: ModelShape, num_steps: int, *, interval: int = 2,
         path = Path(spec)
         if not path.is_file():
             raise ValueError(f"--schedule {spec!r}: expected 'coda', 'uniform' or a Schedule "
-                             "JSON file (coda.host.schedule.Schedule.to_json)")
+                             "JSON file (coda.host.cache.schedule.Schedule.to_json)")
         label = str(path)
     try:
         sched = Schedule.from_json(path.read_text())
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--schedule {spec}: {path} is not a Schedule JSON "
-                         f"(coda.host.schedule.Schedule.to_json): {exc}") from None
+                         f"(coda.host.cache.schedule.Schedule.to_json): {exc}") from None
     return transfer(sched, shape, num_steps, label)
 
 
 def parse_intervals(text: str | None) -> dict[str, int]:
     """``"cross_attn=6,temporal_attn=4"`` -> {op type: k}. Raises ValueError naming the value."""
-    from coda.host.schedule import OP_TYPES
+    from coda.host.cache.schedule import OP_TYPES
 
     out: dict[str, int] = {}
     for part in (text or "").split(","):

@@ -111,10 +111,10 @@ class OpShape:
 
     Attributes:
         index: forward position. layer: the model's layer (block) index it belongs to.
-        op: operator name, as the cache engine names it (``host/arch``: e.g. Wan's ``"attn"``,
+        op: operator name, as the cache engine names it (``host/cache/arch``: e.g. Wan's ``"attn"``,
             Latte's ``"spatial_attn"``).
         kind: the shipped model's operator type it corresponds to, for transferring
-            schedules (one of :data:`coda.host.schedule.OP_TYPES`).
+            schedules (one of :data:`coda.host.cache.schedule.OP_TYPES`).
         tokens, channels: the cached output per sample, ``[T, C]`` (for joint text-video
             attention T counts the text tokens too).
         gated: an adaLN gate scales the output (else the gate is 1).
@@ -122,7 +122,7 @@ class OpShape:
         kernels: its GPU kernels (norm and modulation before it included).
         stream_tokens: for a model with two residual streams (CogVideoX, HunyuanVideo: video
             then text tokens, each with its own gates and NME programs, as the cache engine
-            runs them: ``host/arch``), the tokens of each; () for one stream.
+            runs them: ``host/cache/arch``), the tokens of each; () for one stream.
     """
     index: int
     layer: int
@@ -235,7 +235,7 @@ class OpGroup:
             text FFNs).
         layer_offset: model layer of the group's first block; None: after the previous
             group's blocks (HunyuanVideo's single-stream blocks follow its dual-stream ones,
-            layers L..L+S-1 as ``host/arch`` numbers them); Latte's spatial and temporal
+            layers L..L+S-1 as ``host/cache/arch`` numbers them); Latte's spatial and temporal
             block ``i`` are both layer ``i``.
     """
     blocks: str

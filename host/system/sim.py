@@ -7,7 +7,7 @@ shapes on the meta device (cached under ``build/system/shapes``), builds the sch
 (``uniform``: the uniform-interval rule on the model's operators; ``FILE`` / ``coda``: a
 shipped-model Schedule JSON transferred by operator type, relative depth and relative step),
 synthesises the generation's operator events (NMP segments of the form ``--segment-output``:
-``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.link`), replays them
+``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.nmp.link`), replays them
 as systems a..f and writes
 
 - ``DIR/report.json``: ``cache_bytes``, the configuration (model, platform, schedule, memory
@@ -57,7 +57,7 @@ def configure(parser) -> None:
     parser.add_argument("--dimms", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=2,
                         help="ranks per DIMM, one NME each (a DDR5 rank = one 32-bit "
-                             "subchannel, as in hw/dram_standards)")
+                             "subchannel, as in hw/dram/standards)")
     parser.add_argument("--lanes", type=int, default=8, help="NME lanes (default 8)")
     parser.add_argument("--depth", type=int, default=256, help="NME buffer depth, words")
     parser.add_argument("--nme-mhz", type=float, default=None,
@@ -108,7 +108,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
-    segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`, ``--segment-output``).
+    segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``).
 
     Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
     the Workload}``. Raises ValueError for bad input (message names the flag).
@@ -216,7 +216,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
     Returns simulate's dict plus ``systems`` (the letters) and ``wall_s``. Raises
     ValueError naming the flag."""
-    from coda.host.link import SEGMENT_OUTPUTS
+    from coda.host.nmp.link import SEGMENT_OUTPUTS
 
     from .platforms import DEFAULT_PLATFORM
     from .schedules import parse_intervals
@@ -356,7 +356,7 @@ def sweep_kind():
     return SweepKind(
         name="sim", run=sweep_point, description=__doc__.splitlines()[0],
         version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent,
-                               Path(__file__).parent.parent / "link.py"),
+                               Path(__file__).parent.parent / "nmp" / "link.py"),
         params=(Param("model", str, "wan2.1-14b"), Param("resolution", str),
                 Param("seconds", float), Param("frames", int), Param("steps", int, 50),
                 Param("platform", str, DEFAULT_PLATFORM), Param("dram", str, "DDR5-4800"),

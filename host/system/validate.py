@@ -159,7 +159,7 @@ def _x_of_form(driver, segment_output: str, tokens: int, channels: int, group):
     rewritten."""
     import torch
 
-    from coda.host.link import check_segment_output
+    from coda.host.nmp.link import check_segment_output
 
     if check_segment_output(segment_output) == "residual":
         return None
@@ -172,13 +172,13 @@ def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
                                 lanes: int = 8, segment_output: str = "sum") -> dict:
     """DRAM utilisation of compiled segment programs on a 1 x 1 DRAM-timed DIMM-NMP:
     bytes the program streams / (cycles x the rank's peak bytes per cycle). The segments
-    have the form ``segment_output`` (:data:`coda.host.link.SEGMENT_OUTPUTS`): ``"sum"``
+    have the form ``segment_output`` (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`): ``"sum"``
     reads x from a slot of zeros stored once before the first (placed as the cache engine
     places it), ``"residual"`` from a random x the host writes right before each."""
-    from coda.host.backend import get_backend
-    from coda.host.driver import NMPDriver
-    from coda.hw.dram_standards import get_standard
-    from coda.hw.isa import NMEConfig
+    from coda.host.nme.backend import get_backend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
 
@@ -217,7 +217,7 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     708 cycles in about 30,000), and the centre is the one value nearest to all of them;
     ``spread[K]`` = (min, max) cycles, ``mean_cycles[K]``; ``cycles[K]``: every draw's, the
     uncounted first included. ``segment_output``: the segments' form
-    (:data:`coda.host.link.SEGMENT_OUTPUTS`): ``"sum"`` reads x in place from one slot of
+    (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`): ``"sum"`` reads x in place from one slot of
     zeros stored after the cache slots, once, where the cache engine places it
     (``store(..., x_of="tile")``) and never rewritten; ``"residual"``: a fresh random x the
     host writes right before each segment."""
@@ -225,10 +225,10 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
 
     import torch
 
-    from coda.host.backend import get_backend
-    from coda.host.driver import NMPDriver
-    from coda.hw.dram_standards import get_standard
-    from coda.hw.isa import NMEConfig
+    from coda.host.nme.backend import get_backend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
 
@@ -285,17 +285,17 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
     worst and the mean relative error; ``total_rel_error`` of the summed cycles). The
     engine's segments have the form ``segment_output`` (default: the engine's, ``"sum"``),
     modelled with that form's measured utilisation; the result names it."""
-    from coda.host.link import check_segment_output
+    from coda.host.nmp.link import check_segment_output
     import torch
 
-    from coda.host.backend import get_backend
-    from coda.host.driver import NMPDriver
-    from coda.host.events import EventLog, SegmentEvent
+    from coda.host.nme.backend import get_backend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.cache.events import EventLog, SegmentEvent
     from coda.host.model.dit import load_model
     from coda.host.model.sample import cache_mem_words, cached_generate
-    from coda.host.policies import get_policy
-    from coda.hw.dram_standards import get_standard
-    from coda.hw.isa import NMEConfig
+    from coda.host.cache.policies import get_policy
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
     from .platforms import segment_utilisation
@@ -360,10 +360,10 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800",
     """Segments of the shipped model's shape on a 1 x 2 DRAM-timed DIMM-NMP: cosimulated
     cycles against the model (cycle model bounded by SEGMENT_UTIL), both of the form
     ``segment_output`` (x as :func:`measure_segment_utilisation` reads it)."""
-    from coda.host.backend import get_backend
-    from coda.host.driver import NMPDriver
-    from coda.hw.dram_standards import get_standard
-    from coda.hw.isa import NMEConfig
+    from coda.host.nme.backend import get_backend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
     from .platforms import segment_utilisation
@@ -418,7 +418,7 @@ def _measure_nmp(out: Path, form: str, what: str) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda validate``."""
-    from coda.host.link import SEGMENT_OUTPUTS
+    from coda.host.nmp.link import SEGMENT_OUTPUTS
 
     parser.add_argument("--out", type=Path, default=Path("build/system"))
     parser.add_argument("--measure-nmp", action="store_true",

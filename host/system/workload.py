@@ -3,14 +3,14 @@ call and operator what each row (CFG branch x sample) does, and the segments.
 
 Two sources, one form:
 
-- :func:`from_events`: the :class:`coda.host.events.EventLog` of a real cached generation
+- :func:`from_events`: the :class:`coda.host.cache.events.EventLog` of a real cached generation
   (the shipped model: ``coda.host.model.sample.cached_generate(..., events=log)``);
 - :func:`synthesize`: for models whose weights cannot run here, the same event types made
   from a :class:`coda.host.system.shapes.ModelShape` and a
   :class:`coda.host.system.schedules.ModelSchedule` (no tensors): operators in forward
   order, segments as the cache engine forms them (maximal runs, flushed before the row's
   next computed operator, at a barrier and at the end of the call), bytes as the driver moves
-  them (:func:`coda.host.link.segment_bytes`, re-exported here) and NME cycles from the cycle model
+  them (:func:`coda.host.nmp.link.segment_bytes`, re-exported here) and NME cycles from the cycle model
   (:func:`coda.host.system.nme.segment_timing`, ideal memory, as the torch backend reports).
 
 How a generation's rows group into transformer calls follows the model's pipeline
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from coda.host.events import EventLog, OpEvent, SegmentEvent
-from coda.host.link import check_segment_output, segment_bytes, tensor_bytes
+from coda.host.cache.events import EventLog, OpEvent, SegmentEvent
+from coda.host.nmp.link import check_segment_output, segment_bytes, tensor_bytes
 
 from .nme import segment_timing
 from .schedules import ModelSchedule, branches_of, segment_runs
@@ -102,7 +102,7 @@ class Workload:
         cache_slots: (branch, sample, op index) -> bytes of every slot ever stored.
         source: ``"events"`` (a real generation) or ``"synthesized"``.
         schedule: the schedule's description (synthesized) or the log's stats.
-        segment_output: the segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`):
+        segment_output: the segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`):
             ``"sum"`` segments are followed by the xPU's residual add.
     """
     shape: ModelShape
@@ -160,7 +160,7 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
     ``CodaCacheConfig.segment_output``, or what :func:`synthesize` was given).
 
     Raises ValueError if the log has no such generation or names operators ``shape`` lacks,
-    or for a ``segment_output`` not in :data:`coda.host.link.SEGMENT_OUTPUTS`.
+    or for a ``segment_output`` not in :data:`coda.host.nmp.link.SEGMENT_OUTPUTS`.
     """
     check_segment_output(segment_output)
     if log.generations == 0:
@@ -215,7 +215,7 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
     shapes). One generation, ``samples`` samples per branch. ``segment_output``: the
-    segments' form (:data:`coda.host.link.SEGMENT_OUTPUTS`); with ``"sum"`` a sample's
+    segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`); with ``"sum"`` a sample's
     first segment in a branch also writes its slot of zeros (one tensor per stream), as the
     cache engine counts it. Raises ValueError for another ``segment_output``."""
     check_segment_output(segment_output)

@@ -1,0 +1,210 @@
+"""``coda bench`` (``make bench``): the DIMM-NMP design-space sweep, the DRAM controller
+alone, and the cosimulation's speed, in ``build/bench/``.
+
+``coda bench [--lanes 8] [--fmt bf16] [--mem-words 65536]`` runs, in this order:
+
+1. unless ``--sweep-lanes ''``, the design-space sweep
+   (:func:`coda.experiments.design_space.sweep`): lanes x buffer depth x NME clock
+   (``--sweep-clocks``, MHz; ``dram``: the NME on the DRAM clock, no crossing) x DRAM standard
+   (``--sweep-drams``, default DDR5-4800 and DDR4-3200) of one DIMM-NMP rank, every point with
+   the NME units ``--sweep-units M,A,O`` (default ``0,0,0``, the combinational FP units;
+   :mod:`coda.cosim.nme_units`), written to ``build/bench/dse.json`` (+ ``dse.png``, and two
+   tables on stdout: every point, and the knee per standard and clock with elements/ns per
+   area where ``make synth-sweep`` left areas; :mod:`coda.experiments.design_space_report`,
+   :mod:`coda.experiments.synth_area`); its points run through the sweep engine
+   (:mod:`coda.sweep`): tasks on a local Ray (``--workers``, default all CPUs), on a cluster
+   (``--address``) or a plain loop (``--sequential``), records in ``build/bench/dse/`` (a
+   stopped sweep resumes). ``--sweep-only`` stops after it; ``--sweep-report-only``
+   measures nothing and reports the records already there;
+2. unless ``--skip-dram``, the DRAM controller alone (:func:`coda.cosim.dram_bench.bench_dram`):
+   standard traces on DDR4-3200 and DDR5-4800, every command trace checked, written to
+   ``build/bench/dram.json``;
+3. unless ``--skip-nme``, the speed of the NME's cosimulation on an ideal memory
+   (:func:`coda.cosim.nme_speed.measure`: simulated cycles per second, per-job overhead, two
+   ranks in lockstep);
+4. a whole DIMM-NMP (:func:`coda.cosim.nmp_measure.measure_nmp`, ``--nmp-dimms`` x
+   ``--nmp-ranks`` of ``--nmp-dram``, 256 KiB per stream): simulated cycles per wall second
+   and the DRAM bandwidth utilisation per rank of a long residual add and a 4-stream segment;
+   ``--nmp-flags`` measures other Verilator/C++ option sets
+   (:data:`coda.cosim.nmp_build.FLAG_SETS`, one build each).
+
+Prints steps 3 and 4 as one JSON object; writes it to ``--out`` (default
+``build/bench/cosim.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from coda.experiments.design_space import (KNEE_TOLERANCE, SWEEP_CLOCKS, SWEEP_DEPTHS, SWEEP_DRAMS,
+                                     SWEEP_LANES, SWEEP_STREAM_BYTES, SWEEP_UNITS, clock_label,
+                                     knees, parse_clocks, recorded_rows, sweep, write_dse)
+from coda.experiments.design_space_report import plot_sweep, print_knees, print_sweep
+from coda.cosim.dram_bench import bench_dram
+from coda.cosim.nme_speed import measure
+from coda.cosim.nme_units import parse_units, units_label
+from coda.cosim.nmp_measure import measure_nmp, mem_words
+from coda.experiments.synth_area import SYNTH_ROOT, synth_areas
+from coda.hw.nme.isa import NMEConfig
+from coda.jsonout import json_text
+from coda.paths import check_output_path
+from coda.sweep import add_run_options
+
+__all__ = ["NMP_STREAM_BYTES", "configure", "main"]
+
+#: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
+NMP_STREAM_BYTES = 256 << 10
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda bench``."""
+    parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument("--fmt", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--mem-words", type=int, default=1 << 16)
+    parser.add_argument("--depth", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("build/bench/cosim.json"))
+    parser.add_argument("--nmp-dimms", type=int, default=2)
+    parser.add_argument("--nmp-ranks", type=int, default=2)
+    parser.add_argument("--nmp-dram", default="DDR5-4800")
+    parser.add_argument("--nmp-lanes", type=int, default=8,
+                        help="NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's "
+                             "8 B/tCK)")
+    parser.add_argument("--nmp-depth", type=int, default=256,
+                        help="NME buffer depth in words of the DIMM-NMP (words per stream "
+                             "block)")
+    parser.add_argument("--nmp-flags", default=None,
+                        help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
+                             "backend's default set only)")
+    parser.add_argument("--skip-nme", action="store_true", help="only the DIMM-NMP figures")
+    parser.add_argument("--skip-dram", action="store_true",
+                        help="leave out the DRAM controller replays (build/bench/dram.json)")
+    parser.add_argument("--sweep-lanes", default=",".join(map(str, SWEEP_LANES)),
+                        help="lanes of the design-space sweep ('' = no sweep)")
+    parser.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
+    parser.add_argument("--sweep-clocks",
+                        default=",".join(clock_label(c) for c in SWEEP_CLOCKS),
+                        help="NME clocks of the sweep in MHz, 'dram' for the NME on the DRAM "
+                             "clock (no crossing); each at most the standard's DRAM clock")
+    parser.add_argument("--sweep-drams", default=",".join(SWEEP_DRAMS),
+                        help="DRAM standards of the sweep")
+    parser.add_argument("--sweep-stream-bytes", type=int, default=SWEEP_STREAM_BYTES,
+                        help="bytes per stream of the sweep's programs")
+    parser.add_argument("--sweep-units", default=SWEEP_UNITS, metavar="M,A,O",
+                        help="NME units of every sweep point: register stages in each FPMul, "
+                             "each FPAdd, and after the buffers (NMEConfig mul_latency, "
+                             "add_latency, operand_latency; default 0,0,0, combinational; 5,7,1 "
+                             "places and routes on ECP5 at about 100 MHz)")
+    parser.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
+                        help="the knee: fewest lanes within this share of the best utilisation")
+    parser.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
+    parser.add_argument("--sweep-report-only", action="store_true",
+                        help="measure nothing: tables, dse.json and dse.png of the sweep "
+                             "records already in build/bench/dse/ (any code version) matching "
+                             "the options")
+    add_run_options(parser, "sweep's points")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``coda bench``: the design-space sweep (unless ``--sweep-lanes ''``), then (unless
+    ``--sweep-only``) the DRAM replays and the cosimulation speed; returns 0, or 1 when
+    ``--sweep-report-only`` finds no records."""
+    # every option is checked before any build (ValueError: ``coda: error:``, exit 2)
+    check_output_path(args.out, "--out")
+    grid = _sweep_grid(args)
+    if grid["lanes"]:
+        if not _design_space(args, grid):
+            return 1
+        if args.sweep_only or args.sweep_report_only:
+            return 0
+    if not args.skip_dram:
+        bench_dram(out=args.out.with_name("dram.json"))
+    text = json_text(_cosim_speed(args), indent=1)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    """The comma-separated ints of an option (``''``: none); ValueError naming it."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated ints") from None
+
+
+def _sweep_grid(args: argparse.Namespace) -> dict:
+    """The design-space options read and checked: ``lanes``, ``depths`` (ints), ``clocks``
+    (MHz, 0: on the DRAM clock), ``drams`` (names), ``units`` (``"M,A,O"``). Raises
+    ValueError naming the option for a bad value, a knee tolerance outside (0, 1], no
+    standard, or a clock faster than the fastest standard's DRAM clock (a clock faster only
+    than a slower standard's is left out for that one: the sweep says so)."""
+    grid = {"lanes": _ints(args.sweep_lanes, "--sweep-lanes"),
+            "depths": _ints(args.sweep_depths, "--sweep-depths"),
+            "clocks": parse_clocks(args.sweep_clocks),
+            "drams": [v.strip() for v in args.sweep_drams.split(",") if v.strip()],
+            "units": units_label(parse_units(args.sweep_units, "--sweep-units"))}
+    if not 0 < args.knee_tolerance <= 1:
+        raise ValueError(f"--knee-tolerance {args.knee_tolerance}: expected 0 < t <= 1")
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nmp import check_nme_mhz
+    fastest = max((get_standard(s) for s in grid["drams"]), key=lambda s: -s.tCK_ns,
+                  default=None)
+    if fastest is None:
+        raise ValueError("--sweep-drams: expected at least one standard")
+    for c in grid["clocks"]:
+        if c:
+            check_nme_mhz(c, fastest)
+    return grid
+
+
+def _design_space(args: argparse.Namespace, grid: dict) -> bool:
+    """The design-space sweep of ``grid`` (:func:`_sweep_grid`) measured (or with
+    ``--sweep-report-only`` the records already there), ``dse.json``, ``dse.png`` and the two
+    tables; False (said on stdout) when ``--sweep-report-only`` finds no records."""
+    sweep_json = args.out.with_name("dse.json")
+    t0 = time.perf_counter()
+    if args.sweep_report_only:
+        rows = recorded_rows(sweep_json.with_suffix(""), grid["lanes"], grid["depths"],
+                             args.fmt, grid["drams"], args.sweep_stream_bytes, grid["clocks"],
+                             units=grid["units"])
+        if not rows:
+            print(f"no sweep records matching the options (units {grid['units']}) in "
+                  f"{sweep_json.with_suffix('')}")
+            return False
+        write_dse(sweep_json, rows, grid["drams"], args.fmt, grid["clocks"],
+                  args.sweep_stream_bytes, args.knee_tolerance, units=grid["units"])
+    else:
+        rows = sweep(grid["lanes"], grid["depths"], args.fmt, grid["drams"],
+                     args.sweep_stream_bytes, out=sweep_json, clocks=grid["clocks"],
+                     workers=args.workers, sequential=args.sequential,
+                     address=args.address, tolerance=args.knee_tolerance,
+                     units=grid["units"])
+    plot_sweep(rows, sweep_json.with_suffix(".png"))
+    print_sweep(rows)
+    print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt,
+                                                              grid["units"]))
+    print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')} "
+          f"({time.perf_counter() - t0:.0f} s)")
+    return True
+
+
+def _cosim_speed(args: argparse.Namespace) -> dict:
+    """The JSON of ``--out``: the NME's cosimulation speed (:func:`measure`, unless
+    ``--skip-nme``) and ``dimm_nmp``: :func:`measure_nmp` of the ``--nmp-*`` system with
+    :data:`NMP_STREAM_BYTES` per stream, once per ``--nmp-flags`` set."""
+    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, mem_words=args.mem_words, depth=args.depth)
+    result = {} if args.skip_nme else measure(cfg)
+    from coda.cosim.nmp_build import FLAG_SETS
+    flag_sets = ([None] if args.nmp_flags is None else
+                 list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
+    # 256 KiB per stream (the 2 x 2 and NME-clock figures of docs/results.md)
+    words = NMP_STREAM_BYTES // (2 * args.nmp_lanes)
+    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth,
+                     mem_words=mem_words(words))
+    result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f,
+                                      stream_words=words) for f in flag_sets]
+    return result

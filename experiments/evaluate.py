@@ -1,0 +1,436 @@
+"""``coda eval``: cache policies compared on the same engine, seeds and metrics (Pareto).
+
+For every policy x target skip fraction, the cached CFG generations of ``prompts x seeds``
+(seeds held out from the profile's) are compared with full compute: achieved
+``ops_skipped_fraction``, PSNR and SSIM (torchmetrics, data range 2 for pixels in [-1, 1]),
+label accuracy (:mod:`coda.host.model.classifier`), segments and host-link bytes per video.
+Each policy is calibrated to the target on the profile (:func:`coda.host.cache.policies.get_policy`);
+the CODA schedule is the whole-step search's (:mod:`coda.experiments.step_search`, rollouts of the
+profile's calibration videos): the shipped schedule for the target when the profile is the
+shipped one (:func:`coda.host.cache.shipped.shipped_schedule`), else searched here. Besides the
+whole-set PSNR (the pooled MSE of all videos), every row has the mean of the per-video PSNRs,
+and the CODA rows count the videos on which CODA beats each other policy at the same target.
+
+Corner cases: the held-out videos on which the static CODA schedule degrades most (the
+quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, so DRA, which
+never sees that choice, is scored on exactly those videos) and, separately, the quarter
+with the fastest motion of the digit in the full-compute video (centre-of-mass travel per
+frame, what :mod:`coda.host.model.data` varies). For both: PSNR without and with DRA and the
+extra operator executions DRA spent on them. DRA's thresholds are calibrated on the profile's
+own videos (:func:`coda.experiments.dra_calibration.calibrate_step_dra`), never on the held-out ones.
+
+Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
+label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
+(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``; a PSNR of identical
+videos (infinite) is ``null`` there (JSON has no Infinity).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coda.experiments.metrics import motion_px, psnr_db, ssim
+from coda.jsonout import json_text
+
+__all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
+
+POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "coda",
+                "coda-lat", "coda+dra")
+DEFAULT_POLICIES = ("uniform", "pab", "teacache", "coda", "coda+dra")
+_NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda-lat", "coda+dra")
+
+
+# ---------------------------------------------------------------- one policy
+def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_scale,
+                    driver_factory, batch: int = 2) -> dict:
+    """Cached generations of every (label, seed) video under ``policy``, in chunks of
+    ``batch`` videos (each chunk one generation with a fresh driver), against ``full``.
+
+    Returns a dict: videos [N, 1, F, H, W], per-video PSNR, executions per video (computed,
+    reused, fallbacks), and totals over all generations (EventLog.stats)."""
+    from coda.host.cache.events import EventLog
+    from coda.host.model.sample import cached_generate
+
+    log = EventLog()
+    videos = []
+    vid_seeds = [s for s in seeds for _ in labels]
+    vid_labels = [p for _ in seeds for p in labels]
+    gen_of = []
+    for i in range(0, len(vid_labels), batch):
+        lab, sd = vid_labels[i:i + batch], vid_seeds[i:i + batch]
+        v, _ = cached_generate(model, lab, driver_factory(len(lab)), policy, events=log,
+                               num_steps=num_steps, guidance_scale=guidance_scale, seeds=sd)
+        gen_of.extend((log.generations - 1, j) for j in range(len(lab)))
+        videos.append(v)
+    videos = torch.cat(videos)
+    per_video = []
+    index = {g: n for n, g in enumerate(gen_of)}
+    counts = np.zeros((len(gen_of), 3), np.int64)   # computed, reused, fallback
+    mon_cycles = np.zeros(len(gen_of), np.int64)
+    for e in log.of("op"):
+        n = index[(e.generation, e.sample)]
+        counts[n, 1 if e.reused else 0] += 1
+        counts[n, 2] += e.reason == "fallback"
+    for e in log.of("monitor"):
+        mon_cycles[index[(e.generation, e.sample)]] += e.nme_cycles
+    for n in range(len(gen_of)):
+        per_video.append({"prompt": vid_labels[n], "seed": vid_seeds[n],
+                          "psnr_db": psnr_db(videos[n:n + 1], full[n:n + 1]),
+                          "computed": int(counts[n, 0]), "reused": int(counts[n, 1]),
+                          "fallbacks": int(counts[n, 2]),
+                          "monitor_nme_cycles": int(mon_cycles[n])})
+    stats = log.stats()
+    mons = log.of("monitor")
+    stats["monitor_nme_cycles"] = sum(m.nme_cycles for m in mons)
+    stats["monitor_bytes"] = sum(m.bytes_to_nmp for m in mons)
+    stats["kept_bytes"] = sum(e.kept_bytes for e in log.of("op"))
+    return {"videos": videos, "per_video": per_video, "stats": stats}
+
+
+def pareto_plot(rows: list[dict], path) -> None:
+    """PSNR and SSIM against the achieved skip fraction, one line per policy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        pts = sorted((r["ops_skipped_fraction"], r["psnr_db"], r["ssim"]) for r in rows
+                     if r["policy"] == name)
+        x = [p[0] for p in pts]
+        axes[0].plot(x, [p[1] for p in pts], "o-", label=name)
+        axes[1].plot(x, [p[2] for p in pts], "o-", label=name)
+    axes[0].set_ylabel("PSNR vs full compute (dB)")
+    axes[1].set_ylabel("SSIM vs full compute")
+    for ax in axes:
+        ax.set_xlabel("operator executions skipped (fraction)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("cache policies on the shipped Latte (held-out seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the command
+def configure(parser) -> None:
+    from coda.host.model.sample import DEFAULT_GUIDANCE
+    from coda.hw.verilog import add_latency_arguments
+    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES),
+                        help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
+                             "(default uniform,pab,teacache,coda,coda+dra)")
+    parser.add_argument("--skip", default="0.3,0.5,0.6",
+                        help="comma-separated distinct target skip fractions in (0, 1)")
+    parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
+                        "(default 0-9)")
+    parser.add_argument("--seeds", default="0", help="distinct noise seeds 0..2^31-1, e.g. 0 or "
+                        "0-3, disjoint from the profile's (default 0)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="DDIM steps, 1..1000 (the model's training timesteps; default 50)")
+    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                        help=f"CFG scale, finite and >= 0 (default {DEFAULT_GUIDANCE:g})")
+    parser.add_argument("--profile", default=None,
+                        help="profile.npz of coda profile (default: the shipped one for "
+                             "50 steps)")
+    parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
+                        help="where segments and monitors run (default torch)")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
+    parser.add_argument("--batch", type=int, default=2, help="videos per generation")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="Ray workers of the coda search's rollouts when no shipped "
+                             "schedule fits (0: in this process; default 2)")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from coda.host.nme.backend import get_backend
+    from coda.host.model.classifier import label_accuracy
+    from coda.host.model.dit import load_model
+    from coda.host.cache.policies import (MAX_SEED, check_cached_steps, check_guidance, check_steps,
+                                    parse_int_list, parse_list)
+    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.shipped import SHIPPED_PROFILE
+    from coda.experiments.step_search import full_videos
+    from coda.hw.verilog import resolve_preset
+    from coda.paths import check_output_path
+
+    # ---- every check before any work
+    policies = parse_list(args.policy, "--policy", str, choices=POLICY_NAMES)
+    skips = parse_list(args.skip, "--skip", float,
+                       expected="comma-separated distinct fractions in (0, 1)")
+    for s in skips:
+        if not 0.0 < s < 1.0:
+            raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
+    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
+    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
+    check_steps(args.steps)
+    for name in policies:            # a policy that would cache nothing: nothing to compare
+        check_cached_steps(args.steps, "--steps", name)
+    check_guidance(args.guidance)
+    if args.workers < 0:
+        raise ValueError(f"--workers {args.workers}: expected >= 0")
+    for flag in ("batch", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
+    out = check_output_path(args.out, "--out", folder=True)
+    profile = None
+    profile_path = args.profile or SHIPPED_PROFILE
+    # a given --profile is always checked (also when no policy reads it); the shipped one
+    # only when a policy needs it
+    if args.profile is not None or any(p in _NEEDS_PROFILE for p in policies):
+        profile = Profile.load(profile_path)
+    backend = get_backend(args.backend)
+    torch.set_num_threads(args.threads)
+    model, _ = load_model()
+    layers = len(model.transformer.transformer_blocks)
+    if profile is not None:
+        profile.check_for(model_hash(model), args.steps, layers,
+                          what=f"--profile {profile_path}")
+        profiled = [int(s) for s in profile.meta.get("seeds", [])]
+        overlap = [s for s in seeds if s in profiled]
+        if overlap:
+            raise ValueError(f"--seeds {args.seeds}: seeds {overlap} were profiled "
+                             f"(--profile {profile_path} has seeds {profiled}); expected "
+                             "held-out seeds, disjoint from the profile's")
+    if any(name.startswith("coda") for name in policies):
+        from coda.experiments.step_search import check_reachable, constant_op_types
+        for skip in skips:       # the search's bound, for every skip before any search
+            check_reachable(skip, args.steps, constant_op_types(profile))
+    console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs the segments
+    driver_factory = _driver_factory(model, backend, nme)
+    policies_at = _calibrated(policies, skips, profile, Path(profile_path), model, args,
+                              driver_factory, console)
+    out.mkdir(parents=True, exist_ok=True)
+
+    common = dict(num_steps=args.steps, guidance_scale=args.guidance)
+    vid_labels = torch.tensor([p for _ in seeds for p in prompts])
+    vid_seeds = [s for s in seeds for _ in prompts]
+    t0 = time.perf_counter()
+    console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {args.steps} steps")
+    full = full_videos(model, vid_labels.tolist(), vid_seeds, cache_dir="build/refs", **common)
+    motion = motion_px(full)
+    acc_full = label_accuracy(full, vid_labels)
+
+    rows, per_video = [], {}
+    for skip in skips:
+        for name in policies:
+            t1 = time.perf_counter()
+            policy = policies_at[(name, skip)]
+            res = evaluate_policy(model, policy, prompts, seeds, full,
+                                  driver_factory=driver_factory, batch=args.batch, **common)
+            st, n = res["stats"], len(vid_labels)
+            row = {"policy": name, "target_skip": skip,
+                   "ops_skipped_fraction": st["ops_skipped_fraction"],
+                   "psnr_db": psnr_db(res["videos"], full),
+                   "mean_psnr_db": float(np.mean([v["psnr_db"] for v in res["per_video"]])),
+                   "ssim": ssim(res["videos"], full),
+                   "label_accuracy": label_accuracy(res["videos"], vid_labels),
+                   "segments": st["segments"] / n, "pcie_bytes": st["pcie_bytes"] / n,
+                   "videos": n, "per_video_counts": True,
+                   "fallbacks": st["fallbacks"] / n, "monitors": st["monitors"] / n,
+                   "nme_cycles": st["nme_cycles"] / n,
+                   "monitor_nme_cycles": st["monitor_nme_cycles"] / n,
+                   "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
+                   "params": policy.describe(), "seconds": time.perf_counter() - t1,
+                   **_modelled(policy, args.steps, layers)}
+            rows.append(row)
+            per_video[(name, skip)] = res["per_video"]
+            console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
+                          f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
+                          f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
+            (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+
+    _count_wins(rows, per_video)
+    corner = _corner_cases(per_video, skips, motion)
+    videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
+               **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
+              for i in range(len(vid_labels))]
+    summary = {"label_accuracy_full": acc_full, "profile": str(profile_path),
+               "prompts": prompts, "seeds": seeds, "steps": args.steps,
+               "wall_s": time.perf_counter() - t0}
+    (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+    (out / "videos.json").write_text(json_text({"summary": summary, "videos": videos},
+                                                indent=1) + "\n")
+    (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
+    pareto_plot(rows, out / "pareto.png")
+    (out / "table.md").write_text(markdown_table(rows))
+
+    table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
+                        f"{acc_full:.3f})")
+    for col in ("policy", "target", "skipped", "PSNR dB", "mean PSNR", "SSIM", "label acc",
+                "segments/video", "PCIe MB/video", "fallbacks/video", "f latency s",
+                "coda wins", "coda-lat wins"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["policy"], f"{r['target_skip']:.2f}", f"{r['ops_skipped_fraction']:.3f}",
+                      f"{r['psnr_db']:.2f}", f"{r['mean_psnr_db']:.2f}", f"{r['ssim']:.4f}",
+                      f"{r['label_accuracy']:.3f}", f"{r['segments']:.0f}",
+                      f"{r['pcie_bytes'] / 1e6:.1f}", f"{r['fallbacks']:.1f}",
+                      f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else "",
+                      *(_wins(r, key) for _, key in WIN_COLUMNS))
+    console.print(table)
+    for c in corner:
+        console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
+                      f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
+                      f"executions {100 * c['extra_executions']:.2f} %")
+    return 0
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as the Markdown table the docs show (``DIR/table.md``): per policy and target
+    the skip reached, whole-set and mean per-video PSNR (dB), SSIM, label accuracy, segments
+    and host-link MB per video, DRA's fallbacks per video, the modelled system-f latency (s)
+    of a static schedule and the videos on which CODA (CODA within uniform's latency) beats
+    the policy."""
+    head = ("| policy | target | skipped | PSNR dB | mean PSNR dB | SSIM | label acc. | segments "
+            "| PCIe MB | fallbacks | f latency s | CODA wins | CODA-lat wins |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        lat = f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else ""
+        fb = f"{r['fallbacks']:.1f}" if r["fallbacks"] else ""
+        lines.append(f"| {r['policy']} | {r['target_skip']:g} | {r['ops_skipped_fraction']:.3f} "
+                     f"| {r['psnr_db']:.2f} | {r['mean_psnr_db']:.2f} | {r['ssim']:.4f} "
+                     f"| {r['label_accuracy']:.3f} | {r['segments']:.0f} "
+                     f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | {lat} | "
+                     + " | ".join(_wins(r, key) for _, key in WIN_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: int = 2,
+                  latency: str | None = None, log=print):
+    """The CODA schedule for ``skip``: the shipped one when ``profile_path`` is the shipped
+    profile and a schedule was shipped for ``skip``; else the whole-step search on the
+    profile's calibration videos. ``latency``: None (chosen on quality) or ``"uniform"``
+    (within the uniform baseline's modelled system-f latency at ``skip``, ``coda-lat``).
+    Returns (Schedule, a line saying where it came from).
+    Raises ValueError as :func:`coda.experiments.step_search.checked_search_steps`."""
+    from coda.experiments.profile import model_hash
+    from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule, shipped_schedule
+    from coda.experiments.step_search import checked_search_steps
+
+    path = shipped_schedule(skip, latency)
+    if profile_path.resolve() == Path(SHIPPED_PROFILE).resolve() and path.exists():
+        return (load_schedule(path, model_id=model_hash(model), num_steps=profile.num_steps,
+                              num_layers=profile.num_layers), f"shipped {path.name}")
+    rep, info = checked_search_steps(profile_path, skip, workers=workers,
+                                     max_latency_s=latency, log=log)
+    return rep.schedule, (f"searched in {info['search_s']:.0f} s ({info['rollouts']} rollouts): "
+                          f"{rep.plan.label}, {rep.plan.describe()}")
+
+
+def _modelled(policy, steps: int, layers: int, target: str | None = None) -> dict:
+    """``{"modelled": {...}}``: the modelled latency, energy, segments and host-link bytes
+    of a static policy's schedule in system f for ``target`` (default:
+    :data:`coda.host.system.cost.DEFAULT_TARGET`), as ``coda sim`` transfers a schedule;
+    ``{}`` for a dynamic policy (its reuse differs from video to video)."""
+    from coda.host.system.cost import DEFAULT_TARGET, schedule_cost
+
+    build = getattr(policy, "build", None)
+    if build is None:
+        return {}
+    c = schedule_cost(build(steps, layers), target or DEFAULT_TARGET, "f")
+    return {"modelled": {"target": target or DEFAULT_TARGET, "system": "f",
+                         **{k: c[k] for k in ("latency_s", "energy_j", "segments",
+                                              "host_link_bytes")}}}
+
+
+#: the CODA rows whose wins over every other policy are counted: (policy, row key)
+WIN_COLUMNS = (("coda", "coda_wins"), ("coda-lat", "coda_lat_wins"))
+
+
+def _count_wins(rows: list[dict], per_video: dict) -> None:
+    """For every policy row at a target where ``coda`` (``coda-lat``) ran too:
+    ``coda_wins`` (``coda_lat_wins``), the videos on which that schedule's PSNR is above this
+    policy's (added to the row in place)."""
+    for ref, key in WIN_COLUMNS:
+        for r in rows:
+            mine, coda = per_video[(r["policy"], r["target_skip"])], \
+                per_video.get((ref, r["target_skip"]))
+            if coda is None or r["policy"] == ref:
+                continue
+            r[key] = int(sum(c["psnr_db"] > m["psnr_db"] for c, m in zip(coda, mine)))
+
+
+def _wins(row: dict, key: str) -> str:
+    return f"{row[key]}/{row['videos']}" if key in row else ""
+
+
+def _driver_factory(model, backend, nme: dict):
+    """``f(videos) -> NMPDriver`` with slots for outputs and kept inputs (DRA, TeaCache,
+    FBCache), 2 ranks of 8 lanes, the NME of ``nme`` (the preset's units)."""
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words
+    from coda.hw.nme.isa import NMEConfig
+
+    def factory(videos: int):
+        words = cache_mem_words(model, videos, 2, 8, inputs=True)
+        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
+    return factory
+
+
+def _calibrated(policies, skips, profile, profile_path: Path, model, args, driver_factory,
+                console) -> dict:
+    """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
+    coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
+    (:func:`coda.experiments.dra_calibration.calibrate_step_dra`), the others by
+    :func:`coda.host.cache.policies.get_policy`."""
+    from coda.experiments.dra_calibration import calibrate_step_dra
+    from coda.host.cache.policies import get_policy
+
+    layers = len(model.transformer.transformer_blocks)
+    policies_at = {}
+    for skip in skips:
+        table = None
+        scheds = {}
+        for name, latency in (("coda", None), ("coda-lat", "uniform")):
+            if name in policies or (name == "coda" and "coda+dra" in policies):
+                scheds[name], source = coda_schedule(profile, profile_path, model, skip,
+                                                     workers=args.workers, latency=latency,
+                                                     log=console.print)
+                console.print(f"{name} schedule for skip {skip}: {source}")
+        sched = scheds.get("coda")
+        if "coda+dra" in policies:
+            table = calibrate_step_dra(model, sched, profile.meta["prompts"],
+                                       profile.meta["seeds"], num_steps=args.steps,
+                                       guidance_scale=args.guidance,
+                                       driver_factory=driver_factory)
+        for name in policies:
+            extra = {"thresholds": table} if name == "coda+dra" else {}
+            policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
+                                                   schedule=scheds.get(name, sched),
+                                                   num_steps=args.steps,
+                                                   num_layers=layers, **extra)
+    return policies_at
+
+
+def _corner_cases(per_video: dict, skips, motion) -> list[dict]:
+    out = []
+    for skip in skips:
+        if ("coda", skip) not in per_video or ("coda+dra", skip) not in per_video:
+            continue
+        static, dra = per_video[("coda", skip)], per_video[("coda+dra", skip)]
+        n = len(static)
+        quarter = max(1, n // 4)
+        sets = {"worst-static-psnr": list(np.argsort([v["psnr_db"] for v in static])[:quarter]),
+                "fastest-motion": list(np.argsort(-np.asarray(motion))[:quarter]),
+                "all": list(range(n))}
+        for label, idx in sets.items():
+            execs = sum(static[i]["computed"] + static[i]["reused"] for i in idx)
+            extra = sum(dra[i]["computed"] - static[i]["computed"] for i in idx)
+            out.append({"set": label, "target_skip": skip, "videos": [int(i) for i in idx],
+                        "psnr_coda": float(np.mean([static[i]["psnr_db"] for i in idx])),
+                        "psnr_coda_dra": float(np.mean([dra[i]["psnr_db"] for i in idx])),
+                        "extra_executions": extra / execs if execs else 0.0,
+                        "fallbacks": int(sum(dra[i]["fallbacks"] for i in idx))})
+    return out

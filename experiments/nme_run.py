@@ -1,0 +1,318 @@
+"""``coda nme run``: tensors from a .npz file through one cache operator on the NMP.
+
+Usage::
+
+    coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz \\
+                 [--backend torch|rtl] [--lanes N] [--dimms D] [--ranks R] [--mem-words W]
+                 [--preset combinational|timing-closed] [--waves FILE.fst]
+    coda nme run --op OP --fmt F --make-example IN.npz [--lanes N] [--seed S]
+
+IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.nme.ops`:
+``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
+dequant_int8): floating-point inputs as uint16 arrays of raw bf16/fp16 bit patterns, ``q`` as
+int8, ``group`` as an integer scalar. OUT.npz receives ``y`` (uint16 bit patterns) or, for
+l1_distance, ``l1`` (a float32 scalar). stdout gets the NME configuration (``--preset``
+and latencies, :func:`coda.hw.verilog.resolve_preset`) and a one-line summary. Bad files, keys,
+dtypes or shapes print one clear error line and exit with status 2.
+
+``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
+with a masked tail and a token count that splits unevenly over ranks) instead of running.
+
+``--waves FILE.fst`` (with ``--backend rtl``, without ``--dram``) runs the traced NME model (a
+separate cached Verilator build, ``coda.cosim.build.build_sim(waves=True)``) and writes the FST
+waveform of the run to FILE.fst (GTKWave, Surfer); with several ranks, rank simulator n >= 1
+writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coda.paths import check_output_path
+from coda.hw.nme.isa import NMEConfig
+from coda.hw.verilog import add_latency_arguments, resolve_preset
+from coda.host.nme import ops as ref
+from coda.host.nme.backend import BACKENDS, get_backend
+from coda.host.nme.bits import from_bits, to_bits, torch_dtype
+from coda.host.cache.policies import check_seed
+from coda.host.nmp.driver import NMPCapacityError, NMPDriver, fit_mem_words
+
+__all__ = ["configure", "main", "make_example", "read_inputs"]
+
+# Smallest and largest rank memory the CLI picks when --mem-words is not given (words).
+_MIN_MEM_WORDS = 1 << 10
+_MAX_MEM_WORDS = 1 << 24
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``coda nme run`` to ``parser``."""
+    parser.add_argument("--op", required=True, help=f"operator: {', '.join(ref.OPS)}")
+    parser.add_argument("--fmt", default="bf16", help="element format: bf16 or fp16")
+    parser.add_argument("--inputs", help="input .npz (see module doc)")
+    parser.add_argument("--out", help="output .npz (y or l1)")
+    parser.add_argument("--backend", default="torch", help=f"one of {', '.join(BACKENDS)}")
+    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes (1..64)")
+    parser.add_argument("--depth", type=int, default=64, help="NME buffer depth in words")
+    add_latency_arguments(parser)
+    parser.add_argument("--dimms", type=int, default=1, help="DIMMs")
+    parser.add_argument("--ranks", type=int, default=1, help="ranks per DIMM")
+    parser.add_argument("--dram", default=None,
+                        help="DRAM preset of the ranks (DDR4-3200, DDR5-4800, LPDDR5-6400): with "
+                             "--backend rtl, run the whole DIMM-NMP with DRAM timing "
+                             "(coda.cosim.nmp_backend); default: one NME with an ideal memory")
+    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
+                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
+                             "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs; "
+                             "reports ns, NME and DRAM cycles (default: NMEs on the DRAM clock)")
+    parser.add_argument("--mem-words", type=int, default=None,
+                        help="words per rank memory (default: the smallest power of two in "
+                             "which the driver places the operands and result)")
+    parser.add_argument("--make-example", metavar="IN.npz", default=None,
+                        help="write a random example input file for --op/--fmt and exit")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --make-example")
+    parser.add_argument("--waves", metavar="FILE.fst", default=None,
+                        help="with --backend rtl: write the FST waveform of the run (the traced "
+                             "NME model, built once and cached); ranks 2.. write FILE-<n>.fst")
+
+
+def _fail(msg: str) -> int:
+    print(f"coda: error: {msg}", file=sys.stderr)   # the prefix of coda.cli's errors
+    return 2
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the command; returns the exit status (0 ok, 2 bad input). Options and output path
+    are checked before any work; nothing is written when the command fails."""
+    try:
+        _check_options(args)
+        if args.make_example is not None:
+            path = _check_out(args.make_example, "--make-example")
+            if path.suffix != ".npz":
+                raise ValueError(f"--make-example {args.make_example}: expected a file name "
+                                 f"ending in .npz")
+            make_example(path, args.op, args.fmt, args.lanes, args.seed)
+            print(f"wrote example inputs of {args.op} ({args.fmt}) to {path}")
+            return 0
+        if not args.inputs or not args.out:
+            raise ValueError("--inputs IN.npz and --out OUT.npz are required "
+                             "(or --make-example IN.npz)")
+        return _run(args)
+    except (ValueError, KeyError, FileNotFoundError, NMPCapacityError, RuntimeError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        return _fail(str(msg))
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The format and geometry options, checked as a run checks them (NMEConfig), with the
+    message naming the option: ``--lanes 0: expected 1..64``."""
+    torch_dtype(args.fmt)
+    check_seed(args.seed)     # --make-example's seed: the range of every command's seeds
+    args.nme_preset = resolve_preset(args)
+    _check_waves(args)
+    if args.dimms < 1 or args.ranks < 1:
+        raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
+    mem_words = _MAX_MEM_WORDS if args.mem_words is None else args.mem_words
+    try:
+        _config(args, mem_words)
+    except ValueError as exc:   # NMEConfig's messages read "field=value: expected ..."
+        field, _, rest = str(exc).partition("=")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+
+
+def _config(args: argparse.Namespace, mem_words: int) -> NMEConfig:
+    """The NME of the options: lanes, format, depth, the units' and operand path's register
+    stages (``--mul-latency``, ``--add-latency``, ``--operand-latency``), whether stores
+    trail (``--trail-stores``), ``mem_words``."""
+    return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words,
+                     trail_stores=args.trail_stores == "on",
+                     mul_latency=args.mul_latency, add_latency=args.add_latency,
+                     operand_latency=args.operand_latency)
+
+
+def _check_waves(args: argparse.Namespace) -> None:
+    """``--waves``: only for a run on the NME RTL (``--backend rtl``, no ``--dram``, no
+    ``--make-example``) and a writable file path ending in .fst; ValueError otherwise."""
+    waves = getattr(args, "waves", None)
+    if waves is None:
+        return
+    if args.make_example is not None:
+        raise ValueError(f"--waves {waves}: --make-example runs nothing to record")
+    if args.backend != "rtl":
+        raise ValueError(f"--waves {waves}: waveforms come from the RTL simulator, "
+                         f"expected --backend rtl (got --backend {args.backend})")
+    if args.dram is not None:
+        raise ValueError(f"--waves {waves}: not available with --dram (the DIMM-NMP "
+                         f"cosimulation); waveforms are of the NME on an ideal memory")
+    if check_output_path(waves, "--waves").suffix != ".fst":
+        raise ValueError(f"--waves {waves}: expected a file name ending in .fst")
+
+
+def _check_out(path: str, flag: str) -> Path:
+    """``Path(path)`` if an output .npz file can be created there (coda.cli's check, and no
+    "-": an .npz file cannot go to stdout); ValueError naming ``flag`` otherwise."""
+    if path == "-":
+        raise ValueError(f"{flag} -: an .npz file cannot go to stdout, expected a file path")
+    return check_output_path(path, flag)
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = ref.get_op(args.op)
+    out = _check_out(args.out, "--out")
+    inputs = read_inputs(args.inputs, args.op, args.fmt)
+    tensors = {n: inputs[n] for n in spec.inputs}
+    params = {n: inputs[n] for n in spec.params}
+    meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
+    spec(**meta, **params)  # shape errors before any memory is sized
+    waves = getattr(args, "waves", None)
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if nme_mhz is not None and args.dram is None:
+        raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock meets "
+                         f"the DRAM controller's; an ideal memory has no clock)")
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                          **({"waves": waves} if waves else {}),
+                          **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
+    try:
+        cfg = _config(args, args.mem_words or _MAX_MEM_WORDS)
+        if not args.mem_words:   # sized by the placement the driver makes
+            cfg = replace(cfg, mem_words=fit_mem_words(
+                backend, cfg, args.op, {n: tuple(t.shape) for n, t in tensors.items()},
+                params.get("group"), args.dimms, args.ranks, min_words=_MIN_MEM_WORDS,
+                max_words=_MAX_MEM_WORDS))
+        driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
+        start = time.perf_counter()
+        result = driver.run_op(args.op, **tensors, **params)
+        wall = time.perf_counter() - start
+    finally:
+        if waves:
+            backend.close()   # the simulators finish their FST files as they exit
+    out.parent.mkdir(parents=True, exist_ok=True)
+    arrays = ({"l1": np.float32(result)} if spec.output == "l1" else {"y": to_bits(result)})
+    with open(out, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
+        np.savez(fh, **arrays)
+    shown = f"l1={result:.6g}" if spec.output == "l1" else f"y{list(result.shape)}"
+    first = tensors[spec.inputs[0]]
+    timing = ""
+    last = getattr(backend, "last", None)
+    if args.dram and last is not None:   # the DIMM-NMP's last job: both clocks
+        timing = (f"nme_mhz={last.nme_mhz:.6g} ns={last.ns:.1f} job_nme_cycles={last.cycles} "
+                  f"dram_cycles={last.dram_cycles} ")
+    print(args.nme_preset.describe())    # the top of the output: which NME ran
+    print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
+          f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
+          f"{'dram=' + args.dram + ' ' if args.dram else ''}{timing}"
+          f"nme_cycles={driver.stats['nme_cycles']} programs={driver.stats['rank_programs']} "
+          f"wall={wall * 1e3:.1f} ms -> {out}"
+          + (f" waves={','.join(str(p) for p in backend.wave_files)}" if waves else ""))
+    return 0
+
+
+def read_inputs(path: str | Path, op: str, fmt: str) -> dict:
+    """Load the inputs of ``op`` from a .npz file: float inputs as ``fmt`` tensors (from
+    uint16 bit patterns), ``q`` as an int8 tensor, ``group`` as an int.
+
+    Raises FileNotFoundError, or ValueError naming the file and what is wrong with it (not
+    an .npz archive of arrays, missing key, bad dtype) and what was expected.
+    """
+    spec = ref.get_op(op)
+    torch_dtype(fmt)
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"inputs file {str(path)!r} is a folder, expected an .npz file")
+    if not path.is_file():
+        raise FileNotFoundError(f"inputs file {str(path)!r} does not exist")
+    arrays = _load_npz(path)
+    needed = spec.inputs + spec.params
+    missing = [n for n in needed if n not in arrays]
+    if missing:
+        raise ValueError(f"{str(path)!r} has no array {missing[0]!r}: op {op} needs "
+                         f"{list(needed)}, the file has {sorted(arrays)}")
+    out: dict = {}
+    for name in spec.inputs:
+        arr = arrays[name]
+        if name == "q":
+            if arr.dtype != np.int8:
+                raise ValueError(f"array 'q' has dtype {arr.dtype}, expected int8")
+            out[name] = torch.from_numpy(arr.copy())
+        else:
+            if arr.dtype != np.uint16:
+                raise ValueError(f"array {name!r} has dtype {arr.dtype}, expected uint16 "
+                                 f"(raw {fmt} bit patterns)")
+            out[name] = from_bits(arr, fmt)
+    for name in spec.params:
+        arr = arrays[name]
+        if arr.shape != () or arr.dtype.kind not in "iu":
+            raise ValueError(f"array {name!r} is {arr.dtype} of shape {arr.shape}, "
+                             f"expected an integer scalar")
+        out[name] = int(arr)
+    return out
+
+
+def _load_npz(path: Path) -> dict:
+    """The arrays of an .npz file (a zip archive of .npy arrays, loaded without pickle)."""
+    def bad(why) -> ValueError:
+        return ValueError(f"{str(path)!r} is not a readable .npz file ({why})")
+
+    if not zipfile.is_zipfile(path):   # else np.load tries .npy, then pickle
+        raise bad("not a zip archive")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise bad(exc) from None
+    for name, arr in arrays.items():
+        if not isinstance(arr, np.ndarray):   # np.load gives other members as bytes
+            raise bad(f"member {name!r} is not a .npy array")
+    return arrays
+
+
+def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
+                 seed: int = 0) -> Path:
+    """Write a runnable example input file for ``op``: T = 37 tokens (uneven over ranks),
+    C = 4 * lanes channels, N = T*C + 5 elements for flat operators (a masked tail), K = 3
+    segment terms, group G = 2 * lanes; values normal(0, 1) rounded to ``fmt`` (scales and
+    gates uniform in [0, 1)); deterministic for a given ``seed``. Returns the path, written
+    under exactly that name.
+    """
+    spec = ref.get_op(op)
+    dtype = torch_dtype(fmt)
+    NMEConfig(lanes=int(lanes), fmt=fmt)   # lanes / fmt as an NME accepts them
+    gen = torch.Generator().manual_seed(int(seed))
+    t, c, k, group = 37, 4 * int(lanes), 3, 2 * int(lanes)
+    n = t * c + 5
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    def unit(*shape):
+        return torch.rand(*shape, generator=gen).to(dtype)
+
+    if op in ("add", "sub", "mul", "l1_distance"):
+        arrays = {"a": normal(n), "b": normal(n)}
+    elif op == "scale":
+        arrays = {"a": normal(t, c), "s": unit(c)}
+    elif op == "gated_residual":
+        arrays = {"x": normal(t, c), "g": unit(c), "c": normal(t, c)}
+    elif op == "segment":
+        arrays = {"x": normal(t, c), "g": unit(k, c), "c": normal(k, t, c)}
+    elif op == "cfg_combine":
+        arrays = {"u": normal(t, c), "c": normal(t, c), "s": torch.tensor(7.5, dtype=dtype)}
+    else:  # dequant_int8
+        q = torch.randint(-128, 128, (t, c), generator=gen, dtype=torch.int8)
+        arrays = {"q": q, "scale": unit(t, c // group) / 64}
+    assert set(arrays) == set(spec.inputs)
+    out = {name: (v.numpy() if v.dtype == torch.int8 else to_bits(v)) for name, v in arrays.items()}
+    if spec.params:
+        out["group"] = np.int64(group)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
+        np.savez(fh, **out)
+    return path

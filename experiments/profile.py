@@ -1,0 +1,533 @@
+"""``coda profile``: how much each DiT operator changes between denoising steps.
+
+Full-compute CFG generations of the shipped model (or any Latte) record, per video, step,
+CFG branch, layer and operator type, the relative L1 change ``Σ|a_s - a_{s-1}| / Σ|a_{s-1}|``
+of the operator's **output** and of its **input** against the previous step. Both numerators
+run on the NMEs with the ``l1_distance`` operator against the previous step's tensor, which
+stays in rank memory (``NMPDriver.l1_to_slot``: only the new tensor crosses the host link):
+
+- inputs through the cache engine's own monitor (:meth:`OpQuery.input_change` of
+  :class:`ProfilePolicy`, which keeps every operator's input every step; one
+  :class:`coda.host.cache.events.MonitorEvent` each);
+- outputs by :class:`ProfilingDriver`, an :class:`NMPDriver` that, before it overwrites an
+  operator's cache slot with this step's output, runs ``l1_to_slot`` of the new output against
+  the slot (the policy stores every output every step).
+
+The denominators ``Σ|a_{s-1}|`` are taken on the host when the tensor is written (as the engine
+does for kept inputs). Also recorded: the mean absolute value of each output and input
+(``out_abs``, ``in_abs``), for the cost model's weights. Everything is per video (relative L1
+per sample, never pooled over a batch); :meth:`Profile.mean` averages over videos.
+
+Files: ``DIR/profile.npz`` (arrays ``[videos, steps, branches, layers, op types]``, NaN at step
+0), ``DIR/profile.json`` (metadata: model hash, prompts, seeds, steps, shapes, the stability
+ranking) and ``DIR/heatmap.png`` (operators x steps, one panel per operator type).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coda.host.nmp.driver import NMPDriver
+# parse_int_list lives with the other command-line helpers; re-exported here
+from coda.host.cache.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
+from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
+from coda.host.cache.schedule import BRANCHES, OP_TYPES
+from coda.jsonout import json_text
+
+__all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
+           "step_sensitivity",
+           "parse_int_list", "stability_ranking", "plot_heatmap", "ARRAYS"]
+
+#: the arrays of a profile, each [videos, steps, branches, layers, op types] float32
+ARRAYS = ("out_change", "in_change", "out_abs", "in_abs")
+PROFILE_VERSION = 1
+
+
+def model_hash(model) -> str:
+    """sha256 (first 16 hex digits) of the model's configuration and weights: a profile or
+    schedule made for one model is refused for another."""
+    h = hashlib.sha256(json.dumps(model.config, sort_keys=True).encode())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def model_shape(model) -> dict:
+    """The shapes the cost model needs: frames, tokens per frame, hidden, heads, FFN width,
+    condition tokens, layers."""
+    cfg = model.config
+    t = cfg["transformer"]
+    frames, size = cfg["data"]["frames"], cfg["data"]["size"]
+    hidden = t["num_attention_heads"] * t["attention_head_dim"]
+    block = model.transformer.transformer_blocks[0]
+    ffn_inner = block.ff.net[-1].in_features
+    return {"frames": frames, "tokens_per_frame": (size // t["patch_size"]) ** 2,
+            "hidden": hidden, "heads": t["num_attention_heads"], "ffn_inner": ffn_inner,
+            "cond_tokens": 1, "layers": len(model.transformer.transformer_blocks)}
+
+
+# ---------------------------------------------------------------- measuring
+class ProfilingDriver(NMPDriver):
+    """An :class:`NMPDriver` that measures, on the NMEs, how much an operator's output changed
+    since the step before, right before its cache slot is overwritten.
+
+    ``records`` collects ``(key, index, value, abs_mean)`` per output store, ``index`` = how
+    many times the slot was written before in this generation (= the step when every step
+    stores), ``value`` = ``Σ|new - old| / Σ|old|`` (NaN for the first write), ``abs_mean`` =
+    mean |new|. Slots whose key ends with ``"in"`` (kept inputs) are only counted.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.records: list[tuple] = []
+        self._writes: dict = {}
+        self._norms: dict = {}
+
+    def store(self, key, tensor, group=None, x_of=None):
+        if x_of is not None:        # a sum segment's slot of zeros: no operator's output
+            return super().store(key, tensor, group, x_of)
+        fresh = key not in self
+        writes = 0 if fresh else self._writes.get(key, 0)
+        is_input = isinstance(key, tuple) and key and key[-1] == "in"
+        if not is_input:
+            value = float("nan")
+            if not fresh and self.load_shape(key) == tuple(tensor.shape):
+                l1 = self.l1_to_slot(tensor, key)
+                norm = self._norms[key]
+                value = l1 / norm if norm > 0 else (0.0 if l1 == 0 else float("inf"))
+            mag = float(tensor.float().abs().sum())
+            self._norms[key] = mag
+            self.records.append((key, writes, value, mag / max(1, tensor.numel())))
+        self._writes[key] = writes + 1
+        super().store(key, tensor, group)
+
+    def load_shape(self, key) -> tuple:
+        return self._slot(key).shape
+
+    def free(self, key):
+        self._writes.pop(key, None)
+        self._norms.pop(key, None)
+        super().free(key)
+
+
+@dataclass(eq=False)
+class ProfilePolicy(CachePolicy):
+    """Compute every operator; store its output and keep its input every step; at every step
+    after the first, measure the input's change against the previous step on the NMEs
+    (:meth:`OpQuery.input_change`). ``monitors`` collects ``(step, branch, sample, layer, op,
+    value)`` of the current generation."""
+    name = "profile"
+    monitors: list = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.monitors = []
+
+    def decide(self, q: OpQuery) -> Decision:
+        if q.kept_step is not None:
+            if q.kept_step != q.step - 1:
+                raise RuntimeError(f"profile: input of {q.ref} kept at step {q.kept_step}, "
+                                   f"expected {q.step - 1}")
+            q.input_change()
+        return Decision(False, store=True, keep_input=True, reason="profile")
+
+    def observe(self, event) -> None:
+        if event.kind == "monitor":
+            self.monitors.append((event.step, event.branch, event.sample, event.layer,
+                                  event.op, event.value))
+
+
+class _InputNormDriver(ProfilingDriver):
+    """Also records the mean |input| of every kept input (host side)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.input_records: list[tuple] = []
+
+    def store(self, key, tensor, group=None, x_of=None):
+        if x_of is None and isinstance(key, tuple) and key and key[-1] == "in":
+            writes = self._writes.get(key, 0) if key in self else 0
+            self.input_records.append((key, writes,
+                                       float(tensor.float().abs().sum()) / max(1, tensor.numel())))
+        super().store(key, tensor, group, x_of)
+
+
+@dataclass
+class Profile:
+    """Per-operator change between steps of a set of full-compute generations.
+
+    Attributes:
+        out_change, in_change: relative L1 change of each operator's output / input against
+            the previous step, float32 [videos, steps, branches, layers, op types] (NaN at
+            step 0), numerators computed on the NMEs.
+        out_abs, in_abs: mean |output| / |input| per element, same shape.
+        meta: model hash, prompts, seeds, steps, guidance, shape, videos ((prompt, seed) each).
+        sensitivity: per step, the final video's squared error per unit of the quality proxy
+            when operators are reused at that step (:func:`step_sensitivity`), or None.
+    """
+    out_change: np.ndarray
+    in_change: np.ndarray
+    out_abs: np.ndarray
+    in_abs: np.ndarray
+    meta: dict
+    sensitivity: np.ndarray | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.out_change.shape[1])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.out_change.shape[3])
+
+    def mean(self, name: str = "out_change") -> np.ndarray:
+        """Mean over videos: [steps, branches, layers, op types] (step 0: NaN for changes)."""
+        arr = getattr(self, name)
+        with np.errstate(invalid="ignore"):
+            return arr.mean(axis=0) if arr.shape[0] else arr[0]
+
+    def check_for(self, model_id: str | None = None, num_steps: int | None = None,
+                  num_layers: int | None = None, what: str = "profile") -> None:
+        """Raise ValueError if this profile was made for another model / step / layer count."""
+        if model_id is not None and self.meta.get("model_hash") != model_id:
+            raise ValueError(f"{what}: made for model {self.meta.get('model_hash')!r}, "
+                             f"expected the model in use ({model_id})")
+        if num_steps is not None and self.num_steps != num_steps:
+            raise ValueError(f"{what}: made for {self.num_steps} steps, expected {num_steps}")
+        if num_layers is not None and self.num_layers != num_layers:
+            raise ValueError(f"{what}: made for {self.num_layers} layers, expected {num_layers}")
+
+    # ---- files
+    def save(self, folder: str | Path) -> Path:
+        """Write ``folder/profile.npz`` (arrays + metadata JSON) and ``folder/profile.json``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "profile.npz"
+        meta = dict(self.meta, version=PROFILE_VERSION)
+        extra = {} if self.sensitivity is None else {"sensitivity": self.sensitivity}
+        np.savez_compressed(path, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
+                            meta=np.array(json_text(meta)), **extra)
+        (folder / "profile.json").write_text(json_text(meta, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, flag: str = "--profile") -> "Profile":
+        """Read a ``profile.npz``. Raises ValueError (naming ``flag`` and the file) if it is
+        not one: unreadable, truncated or corrupt, arrays of the wrong shape, or values that
+        are not finite (changes and magnitudes must be finite and >= 0, except the changes at
+        step 0, which have no previous step; the step sensitivity finite and >= 0)."""
+        path = Path(path)
+        what = f"{flag} {path}"
+        if path.is_dir():
+            raise ValueError(f"{what}: is a folder, expected a profile.npz file")
+        if not path.is_file():
+            raise ValueError(f"{what}: no such file, expected a profile.npz written "
+                             "by coda profile")
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+            if magic != b"PK\x03\x04":           # np.load would try a pickle or a .npy
+                raise zipfile.BadZipFile("not a .npz (zip) archive" if magic else "empty file")
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: np.asarray(data[k], dtype=np.float32) for k in ARRAYS}
+                meta = json.loads(str(data["meta"]))
+                sens = (np.asarray(data["sensitivity"], dtype=np.float64)
+                        if "sensitivity" in data.files else None)
+        except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile,
+                zlib.error) as exc:
+            # a text file, a truncated or corrupt archive, a missing or malformed array
+            raise ValueError(f"{what}: not a profile written by coda profile "
+                             f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{what}: not a profile written by coda profile (its metadata "
+                             f"is a {type(meta).__name__}, expected a JSON object)")
+        shapes = {a.shape for a in arrays.values()}
+        shape = arrays["out_change"].shape
+        if len(shapes) != 1 or len(shape) != 5 or shape[2] != len(BRANCHES) or \
+                shape[4] != len(OP_TYPES) or shape[1] < 1 or shape[0] < 1 or shape[3] < 1:
+            raise ValueError(f"{what}: arrays of shape {sorted(shapes)}, expected one "
+                             "shape [videos >= 1, steps >= 1, 2 branches, layers, 5 op types]")
+        for name, arr in arrays.items():
+            first = 1 if name.endswith("_change") else 0      # changes: NaN at step 0
+            checked = arr[:, first:]
+            bad = ~np.isfinite(checked) | (checked < 0)
+            if bad.any():
+                v, s, b, layer, k = (int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(
+                    f"{what}: {int(bad.sum())} values of {name} are not finite and >= 0 (the "
+                    f"first, {checked[v, s, b, layer, k]}, at video {v}, step {s + first}, "
+                    f"{BRANCHES[b]}, layer {layer}, {OP_TYPES[k]}); expected a profile of "
+                    "finite measurements")
+        if sens is not None and sens.shape != (shape[1],):
+            raise ValueError(f"{what}: sensitivity of shape {sens.shape}, expected "
+                             f"({shape[1]},)")
+        if sens is not None and not (np.all(np.isfinite(sens)) and np.all(sens >= 0)):
+            bad = int((~(np.isfinite(sens) & (sens >= 0))).sum())
+            raise ValueError(f"{what}: {bad} of its {sens.size} step-sensitivity values are "
+                             "not finite and >= 0; expected a profile of finite measurements")
+        return cls(**arrays, meta=meta, sensitivity=sens)
+
+
+def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
+                  guidance_scale: float, progress: bool = False) -> Profile:
+    """Profile full-compute CFG generations: one generation per seed, all labels batched
+    (video (label, seed) starts from the noise of ``seed``).
+
+    Args:
+        model: a DigitLatte. labels: digits. seeds: noise seeds.
+        driver_factory: ``f(videos) -> ProfilingDriver`` (a fresh driver per generation).
+        num_steps, guidance_scale: as :func:`coda.host.model.sample.generate`.
+    Returns:
+        the :class:`Profile` (videos in order seed-major, then label).
+    """
+    from coda.host.model.sample import cached_generate
+
+    labels = [int(x) for x in labels]
+    layers = len(model.transformer.transformer_blocks)
+    n_vid = len(labels) * len(seeds)
+    arrays = {k: np.full((n_vid, num_steps, len(BRANCHES), layers, len(OP_TYPES)), np.nan,
+                         np.float32) for k in ARRAYS}
+    b_idx = {b: i for i, b in enumerate(BRANCHES)}
+    o_idx = {o: i for i, o in enumerate(OP_TYPES)}
+    for si, seed in enumerate(seeds):
+        driver = driver_factory(len(labels))
+        policy = ProfilePolicy()
+        cached_generate(model, labels, driver, policy, num_steps=num_steps,
+                        guidance_scale=guidance_scale, seeds=[seed] * len(labels),
+                        progress=progress)
+        base = si * len(labels)
+        for key, step, value, mag in driver.records:
+            _, branch, sample, layer, op = key[:5]
+            idx = (base + sample, step, b_idx[branch], layer, o_idx[op])
+            arrays["out_change"][idx] = value
+            arrays["out_abs"][idx] = mag
+        for key, step, mag in driver.input_records:
+            _, branch, sample, layer, op = key[:5]
+            arrays["in_abs"][(base + sample, step, b_idx[branch], layer, o_idx[op])] = mag
+        for step, branch, sample, layer, op, value in policy.monitors:
+            arrays["in_change"][(base + sample, step, b_idx[branch], layer, o_idx[op])] = value
+    meta = {"model_hash": model_hash(model), "prompts": labels, "seeds": [int(s) for s in seeds],
+            "videos": [[p, int(s)] for s in seeds for p in labels], "steps": num_steps,
+            "guidance_scale": guidance_scale, "branches": list(BRANCHES),
+            "op_types": list(OP_TYPES), "layers": layers, "shape": model_shape(model)}
+    return Profile(**arrays, meta=meta)
+
+
+def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 10,
+                     videos: int = 2) -> np.ndarray:
+    """How much the final video suffers, per unit of the schedule search's quality proxy, when
+    operators are reused at each part of the run: for each of ``blocks`` blocks of steps, a
+    generation of the profile's first ``videos`` videos that reuses every operator at every
+    other step of the block (a one-step-old cache), against full compute:
+    ``sensitivity = MSE(final video) / proxy(the reuses)``, proxy as
+    :class:`coda.experiments.search.CostModel` computes it (profiled one-step output change x
+    |output| / |input|). Early steps weigh more than their change says (a deviation there
+    moves the whole remaining trajectory); returned per step, normalised to mean 1.
+    """
+    from coda.host.model.sample import cached_generate, generate
+    from coda.host.cache.schedule import Schedule, operator_order
+
+    steps, layers = profile.num_steps, profile.num_layers
+    pairs = profile.meta["videos"][:videos]
+    labels, seeds = [p for p, _ in pairs], [s for _, s in pairs]
+    kw = dict(num_steps=steps, guidance_scale=profile.meta["guidance_scale"], seeds=seeds)
+    full = generate(model, labels, **kw)
+    change = np.nan_to_num(profile.mean("out_change").reshape(steps, len(BRANCHES), -1))
+    out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1)).reshape(len(BRANCHES), -1)
+    inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1)).reshape(len(BRANCHES), -1)
+    weight = np.nan_to_num(np.where(inp > 0, out / np.where(inp > 0, inp, 1), 1.0), nan=1.0)
+    everything = frozenset(operator_order(layers))
+    edges = np.linspace(0, steps, blocks + 1).round().astype(int)
+    sens = np.ones(steps)
+    per_block = []
+    for b0, b1 in zip(edges[:-1], edges[1:]):
+        reuse_steps = [s for s in range(b0 + 1, b1, 2)]
+        if not reuse_steps:
+            per_block.append(None)
+            continue
+        sched = Schedule(steps, layers, {(s, br): everything for s in reuse_steps
+                                         for br in BRANCHES}, name="sensitivity")
+        video, _ = cached_generate(model, labels, driver_factory(len(labels)), sched, **kw)
+        mse = float(((video.double() - full.double()) ** 2).mean())
+        proxy = float(sum((change[s] * weight).sum() for s in reuse_steps))
+        per_block.append(mse / proxy if proxy > 0 else None)
+    known = [v for v in per_block if v is not None]
+    fill = float(np.mean(known)) if known else 1.0
+    for (b0, b1), v in zip(zip(edges[:-1], edges[1:]), per_block):
+        sens[b0:b1] = fill if v is None else v
+    if not sens.mean() > 0:
+        return np.ones(steps)        # no reuse changed the video: nothing to weigh
+    return sens / sens.mean()
+
+
+# ---------------------------------------------------------------- reading a profile
+def stability_ranking(profile: Profile, skip_first: int = 1) -> list[dict]:
+    """Operator types from most to least stable: the mean relative output change over videos,
+    steps ``>= skip_first`` (step 0 has no previous step), branches and layers; also the
+    input change and the median over steps. Returns dicts with ``op``, ``out_change``,
+    ``out_change_median``, ``in_change``."""
+    rows = []
+    for k, op in enumerate(OP_TYPES):
+        out = profile.mean("out_change")[skip_first:, :, :, k]
+        inp = profile.mean("in_change")[skip_first:, :, :, k]
+        rows.append({"op": op, "out_change": float(np.nanmean(out)),
+                     "out_change_median": float(np.nanmedian(out.mean(axis=(1, 2)))),
+                     "in_change": float(np.nanmean(inp))})
+    return sorted(rows, key=lambda r: r["out_change"])
+
+
+def plot_heatmap(profile: Profile, path: str | Path) -> None:
+    """Heat map of log10 mean relative output change: one panel per operator type, rows =
+    (branch, layer), columns = steps."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mean = profile.mean("out_change")          # [S, B, L, K]
+    steps, _, layers, _ = mean.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logm = np.log10(np.where(mean > 0, mean, np.nan))
+    finite = logm[np.isfinite(logm)]
+    vmin, vmax = (np.percentile(finite, 1), np.percentile(finite, 99)) if finite.size else (-3, 0)
+    fig, axes = plt.subplots(len(OP_TYPES), 1, figsize=(10, 2.0 * len(OP_TYPES)), sharex=True)
+    for k, (ax, op) in enumerate(zip(np.atleast_1d(axes), OP_TYPES)):
+        grid = np.concatenate([logm[:, b, :, k].T for b in range(len(BRANCHES))])
+        raw = np.concatenate([mean[:, b, :, k].T for b in range(len(BRANCHES))])
+        grid = np.where(raw == 0, vmin, grid)        # exactly constant: the darkest colour
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax,
+                       interpolation="nearest")
+        zero = np.nanmax(raw[:, 1:]) == 0 if raw.shape[1] > 1 else False
+        ax.set_title(op + ("  (output exactly constant between steps: change 0)" if zero
+                           else ""), fontsize=9)
+        ax.set_yticks(range(len(BRANCHES) * layers))
+        ax.set_yticklabels([f"{b[:4]} L{l}" for b in BRANCHES for l in range(layers)], fontsize=6)
+    np.atleast_1d(axes)[-1].set_xlabel("denoising step")
+    fig.colorbar(im, ax=axes, label="log10 relative L1 change of the output vs previous step")
+    fig.suptitle(f"operator output change between steps ({len(profile.meta.get('videos', []))} "
+                 f"videos, NME l1_distance)", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the command
+def configure(parser) -> None:
+    from coda.host.model.sample import DEFAULT_GUIDANCE
+    from coda.hw.verilog import add_latency_arguments
+    parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
+                        "(default 0-9)")
+    parser.add_argument("--seeds", default="100", help="distinct noise seeds 0..2^31-1, e.g. 100 "
+                        "or 100-101; evaluate on other seeds (default 100)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="DDIM steps, 2..1000 (the model's training timesteps; default 50)")
+    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                        help=f"CFG scale, finite and >= 0 (default {DEFAULT_GUIDANCE:g})")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
+                        help="where l1_distance runs (default torch; same numbers)")
+    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
+    parser.add_argument("--ranks", type=int, default=2, help="ranks (1 DIMM)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--sensitivity-blocks", type=int, default=None,
+                        help="blocks of steps of the step-sensitivity runs, 0..steps/2 (each "
+                             "block needs 2 steps: one computed, one reusing it; 0: none; "
+                             "default min(10, steps/2): 10 for 50 steps)")
+    parser.add_argument("--sensitivity-videos", type=int, default=None,
+                        help="profiled videos the step-sensitivity runs generate, 1..prompts x "
+                             "seeds (default min(4, prompts x seeds))")
+
+
+def _sensitivity_plan(blocks: int | None, videos: int | None, steps: int,
+                      profiled: int) -> tuple[int, int]:
+    """(blocks, videos) of the step-sensitivity runs from ``--sensitivity-blocks`` /
+    ``--sensitivity-videos`` (None: the defaults). A block needs 2 steps (one computed, one
+    reusing its one-step-old cache), so at most ``steps // 2`` blocks; at most the
+    ``profiled`` videos. Raises ValueError naming the flags."""
+    most = steps // 2
+    if blocks is None:
+        blocks = min(10, most)
+    elif not 0 <= blocks <= most:
+        raise ValueError(f"--sensitivity-blocks {blocks}: expected 0..{most} with --steps "
+                         f"{steps} (each block needs 2 steps: one computed, one reusing it; "
+                         "0: no step-sensitivity runs)")
+    if videos is None:
+        videos = min(4, profiled)
+    elif not 1 <= videos <= profiled:
+        raise ValueError(f"--sensitivity-videos {videos}: expected 1..{profiled}, the videos "
+                         f"profiled (--prompts x --seeds)")
+    elif blocks == 0:
+        raise ValueError(f"--sensitivity-videos {videos}: has no effect with "
+                         "--sensitivity-blocks 0, expected no --sensitivity-videos")
+    return blocks, videos
+
+
+def make_driver_factory(model, backend, lanes: int, ranks: int, **nme):
+    """``f(videos) -> ProfilingDriver`` sized for outputs and inputs of every operator, on
+    NMEs of ``lanes`` lanes and the other :class:`coda.hw.nme.isa.NMEConfig` fields ``nme``
+    (e.g. a preset's ``mul_latency``, ``add_latency``, ``operand_latency``)."""
+    from coda.host.model.sample import cache_mem_words
+    from coda.hw.nme.isa import NMEConfig
+
+    def factory(videos: int) -> ProfilingDriver:
+        words = cache_mem_words(model, videos, ranks, lanes, inputs=True)   # outputs and inputs
+        return _InputNormDriver(backend, NMEConfig(lanes=lanes, mem_words=words, **nme),
+                                ranks=ranks)
+    return factory
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from coda.host.nme.backend import get_backend
+    from coda.host.model.dit import load_model
+    from coda.hw.verilog import resolve_preset
+    from coda.paths import check_output_path
+
+    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
+    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
+    check_steps(args.steps, lo=2)
+    check_guidance(args.guidance)
+    for flag in ("lanes", "ranks", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+    blocks, videos = _sensitivity_plan(args.sensitivity_blocks, args.sensitivity_videos,
+                                       args.steps, len(prompts) * len(seeds))
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
+    out = check_output_path(args.out, "--out", folder=True)
+    backend = get_backend(args.backend)
+    torch.set_num_threads(args.threads)
+    console = Console()
+    console.print(preset.describe())    # the top of the output: which NME runs l1_distance
+    model, _ = load_model()
+    t0 = time.perf_counter()
+    prof = profile_model(model, prompts, seeds,
+                         make_driver_factory(model, backend, args.lanes, args.ranks, **nme),
+                         num_steps=args.steps, guidance_scale=args.guidance, progress=True)
+    if blocks:
+        console.print(f"step sensitivity: {blocks} blocks x {videos} videos")
+        plain = make_driver_factory(model, backend, args.lanes, args.ranks, **nme)
+        prof.sensitivity = step_sensitivity(model, prof, plain, blocks=blocks, videos=videos)
+    if hasattr(backend, "close"):
+        backend.close()
+    ranking = stability_ranking(prof)
+    prof.meta.update(backend=args.backend, lanes=args.lanes, ranks=args.ranks,
+                     stability_ranking=ranking, wall_s=time.perf_counter() - t0)
+    path = prof.save(out)
+    plot_heatmap(prof, out / "heatmap.png")
+    console.print(f"profile of {len(prof.meta['videos'])} videos x {args.steps} steps -> {path}")
+    console.print("operator types, most stable first (mean relative L1 change of the output "
+                  "between steps; input change):")
+    for r in ranking:
+        console.print(f"  {r['op']:14s} out {r['out_change']:.4f} (median over steps "
+                      f"{r['out_change_median']:.4f})  in {r['in_change']:.4f}")
+    return 0

@@ -1,0 +1,570 @@
+"""``coda run``: the main job — cached CFG denoising of the shipped video DiT, its cache
+operators executed by the NME RTL (Verilator cosimulation) or by the torch backend.
+
+For digit prompts (default all ten) it generates, with the same seeds and CFG:
+
+1. the full-compute video (every operator of every step computed by the DiT);
+2. the cached video, under the cache policy ``--policy`` (default ``coda``: the searched
+   whole-step schedule shipped for the model's 50 steps at half the operator executions
+   reused, ``host/cache/schedules/coda_latte_digits_50_skip0.5.json``, or ``--schedule FILE``;
+   ``coda+dra`` adds step-level DRA, its thresholds from the schedule file's ``"dra"`` block
+   or calibrated on the profile's videos; ``uniform`` with ``--interval``/``--warmup``;
+   ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica`` calibrated to ``--skip`` on
+   the shipped profile or ``--profile``), with the cache segments ``y = x + sum_k g_k * c_k``
+   run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
+   with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
+   whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
+   ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
+   timing; ``--nme-mhz F`` puts the NMEs on their own F MHz clock behind asynchronous
+   FIFOs, and ``rtl`` reports the jobs' NME cycles, DRAM cycles and ns; the modelled systems
+   then use their own NME timing, which clocks the NME at tCK);
+3. when the backend is ``rtl``, the cached generation of every prompt on the ``torch``
+   backend, whose first videos must be bit-identical to the RTL's (a video's bits do not
+   depend on the other videos of its batch).
+
+The RTL cosimulation is the slow part (minutes per video on 2 cores; docs/results.md), so
+with ``--backend rtl`` only the first ``--rtl-videos`` prompts (default 3) go through it (their
+seeds and their policy as in the whole run); when that is fewer than the prompts, the
+report's quality figures, GIFs, counters and ``modelled`` systems are of the torch run, while
+``rtl`` holds the RTL run's own (prompts, NME programs and cycles, seconds, and its
+``modelled`` replay, whose ``nme_check`` compares the cycle model with the cosimulated cycles,
+or which the DRAM-timed NMEs time with ``--dram``); ``sim_cycles_per_s`` and ``interleave``
+are always the cosimulation's.
+
+It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
+``DIR/<digit>_<i>.gif`` (one prompt each) and ``DIR/report.json`` and prints a summary
+table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
+the cached videos against the full-compute ones (torchmetrics, :mod:`coda.experiments.evaluate`);
+prompt adherence: the scikit-learn digit classifier's per-frame accuracy
+(:func:`coda.host.model.classifier.label_accuracy`). The report names the ``policy``, counts
+DRA's ``dra_fallbacks`` and the ``pcie_bytes`` that crossed the host link (stores, kept
+inputs, segments, monitors). ``modelled`` is the generation replayed as the systems a..f of
+the system model (``"available": true``), or ``{"available": false, "reason": ...}`` when the
+system model has no DRAM measurement for the run's NMEs (e.g. ``--lanes 4``): decided before
+the generation, the run itself goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coda.jsonout import json_text
+
+DEFAULT_PROMPTS = "0-9"
+DEFAULT_RTL_VIDEOS = 3
+GRID_COLUMNS = 5
+POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache", "fbcache",
+                  "lemica")
+
+
+def configure(parser) -> None:
+    from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+    from coda.hw.verilog import add_latency_arguments
+
+    parser.add_argument("--out", default="out", help="output folder (default: out/)")
+    parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
+                        help=f"distinct digits 0..9, e.g. 0,3,7 or 0-3 (default: "
+                             f"{DEFAULT_PROMPTS})")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help="DDIM steps, 1..1000 (the model's training timesteps)")
+    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
+                        help="CFG scale, finite and >= 0")
+    parser.add_argument("--backend", choices=("rtl", "torch"), default="rtl",
+                        help="where cache segments run (default: rtl = Verilated NME)")
+    parser.add_argument("--rtl-videos", type=int, default=None,
+                        help=f"rtl backend: how many of the prompts (the first ones) run through "
+                             f"the RTL and are checked bit for bit against torch; the rest run "
+                             f"on torch (default {DEFAULT_RTL_VIDEOS}, at most the prompts)")
+    parser.add_argument("--policy", default=None,
+                        help=f"cache policy, one of {', '.join(POLICY_CHOICES)} (default coda: "
+                             "the shipped annealed schedule; uniform if --interval/--warmup "
+                             "are given)")
+    parser.add_argument("--schedule", default=None, metavar="FILE",
+                        help="coda / coda+dra: a schedule JSON of coda schedule search "
+                             "(default: the shipped one, 50 steps)")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="profile.npz for teacache, magcache, fbcache, lemica and DRA "
+                             "(its calibration videos; default: the "
+                             "shipped one, 50 steps)")
+    parser.add_argument("--skip", type=float, default=None,
+                        help="pab / teacache / magcache / fbcache / lemica: target skip "
+                             "fraction in (0, 1) "
+                             "(default 0.5; coda's is its schedule's, uniform's set by "
+                             "--interval/--warmup)")
+    parser.add_argument("--interval", type=int, default=None,
+                        help="uniform policy: recompute every k steps (k >= 2, default 2)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="uniform policy: first steps always computed (1..steps-2, "
+                             "default min(5, steps-2))")
+    parser.add_argument("--dram", default=None, metavar="STD",
+                        help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
+                             "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
+    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
+                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
+                             "command clock) behind asynchronous FIFOs (default: the DRAM clock)")
+    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
+    parser.add_argument("--dimms", type=int, default=1)
+    parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="base noise seed: video i uses seed + i, each 0..2^31-1")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+
+
+def _driver(backend, args, model, videos: int, inputs: bool):
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words
+    from coda.hw.nme.isa import NMEConfig
+
+    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs)
+    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
+                    mul_latency=args.mul_latency, add_latency=args.add_latency,
+                    operand_latency=args.operand_latency)
+    return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
+
+
+@dataclass
+class _Setup:
+    """What ``coda run``'s options decided (:func:`_setup`: every one checked before any work
+    or any file), handed to the parts of :func:`main`."""
+    digits: list[int]
+    rtl_videos: int | None       # prompts through the RTL (the first ones); None: torch backend
+    nme_mhz: float | None        # the NMEs' own clock (--nme-mhz, checked); None: not given
+    preset: Any                  # the NME (coda.hw.verilog.resolve_preset)
+    out: Path
+    model: Any
+    policy_name: str
+    policy: Any
+    backend: Any                 # where the cache segments run (--backend, --dram)
+    modelled_dram: str           # the DRAM of the modelled systems: --dram, else DDR5-4800
+
+    @property
+    def inputs(self) -> bool:
+        """Whether the policy keeps operator inputs as monitor references (DRA, TeaCache,
+        FBCache): they need room beside the cached outputs."""
+        return self.policy_name in ("coda+dra", "teacache", "fbcache")
+
+
+@dataclass
+class _Generation:
+    """The videos and counters of the run (:func:`_generate`), handed to the parts of
+    :func:`main`. ``cached``, ``stats``, ``events`` and ``driver`` are those of the
+    ``--backend`` run, or, where the RTL ran only the first prompts, of the torch run of every
+    prompt (:func:`_check_rtl_bits`; the RTL run's events are then ``rtl_events``)."""
+    labels: torch.Tensor         # every prompt's digit
+    seeds: list[int]             # every prompt's noise seed
+    full: torch.Tensor           # the full-compute videos of every prompt
+    cached: torch.Tensor
+    stats: dict                  # cached_generate's counters of ``cached``
+    events: Any                  # the EventLog of ``cached``
+    driver: Any                  # the NMP driver of ``cached``
+    backend_prompts: int         # prompts of the --backend run (the first ones)
+    cached_s: float              # seconds of the --backend run's cached generation
+    sim: dict                    # the backend's simulator counters (cycles, seconds, ...)
+    cosim_stats: dict            # the --backend driver's counters (CFG interleaving)
+    rtl_events: Any = None
+
+
+def main(args) -> int:
+    """Run ``coda run`` (module docstring): check every option, generate the full-compute and
+    the cached videos, check the RTL's bits against torch, model the systems, write the GIFs
+    and ``report.json`` and print the summary. Returns 0, or 1 when the RTL and torch
+    backends disagree."""
+    from rich.console import Console
+
+    run = _setup(args)
+    torch.set_num_threads(args.threads)
+    console = Console()
+    console.print(run.preset.describe())    # the top of the output: which NME runs the segments
+    t_start = time.perf_counter()
+    # bad --lanes etc. fail now
+    driver = _driver(run.backend, args, run.model, run.rtl_videos or len(run.digits), run.inputs)
+    # whether the modelled systems can be computed for this NME (the system model has DRAM
+    # utilisations only for measured lanes x depth): decided now, the run goes on without
+    modelled_reason = _modelled_unavailable(args, driver.cfg.depth, run.modelled_dram)
+    run.out.mkdir(parents=True, exist_ok=True)
+    gen = _generate(console, args, run, driver)
+    bit_exact = rtl = None
+    if args.backend == "rtl":
+        bit_exact, rtl = _check_rtl_bits(console, args, run, gen, modelled_reason)
+    gifs, grid = _write_gifs(run.out, run.digits, gen.full, gen.cached)
+    modelled = _modelled(args, run, gen, modelled_reason)
+    report = _report(args, run, gen, bit_exact, rtl, modelled, gifs, grid, t_start)
+    (run.out / "report.json").write_text(json_text(report, indent=2) + "\n")
+    _print_summary(console, report, run.out / "report.json")
+    if bit_exact is False:
+        console.print("[red]RTL and torch backends disagree[/]")
+        return 1
+    return 0
+
+
+def _setup(args) -> _Setup:
+    """Every check before any work or any file: flags, output folder, policy, backend (whose
+    simulators are built and started only when the first segment runs); loads the model (the
+    policy's files are checked against it). Raises ValueError naming the flag."""
+    from coda.host.nme.backend import get_backend
+    from coda.host.model.dit import load_model
+    from coda.host.cache.policies import check_guidance, check_seed, check_steps, parse_int_list
+    from coda.hw.verilog import resolve_preset
+    from coda.paths import check_output_path
+
+    digits = parse_int_list(args.prompts, "--prompts", 0, 9)
+    check_steps(args.steps)
+    check_guidance(args.guidance)
+    check_seed(args.seed, count=len(digits))
+    rtl_videos = _rtl_videos(args, len(digits))
+    for flag in ("interval", "warmup", "lanes", "dimms", "ranks", "threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} {value}: expected >= 1")
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if nme_mhz is not None:   # before the model loads: a bad clock fails at once
+        if args.dram is None:
+            raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock "
+                             f"meets the DRAM controller's; an ideal memory has no clock)")
+        from coda.hw.nmp import check_nme_mhz
+        nme_mhz = check_nme_mhz(nme_mhz, args.dram)
+    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
+    out = check_output_path(args.out, "--out", folder=True)
+    model, _ = load_model()
+    policy_name, policy = _policy(args, model)
+    # bad --backend/--dram combinations and presets fail here
+    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                          **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
+    return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
+                  backend, modelled_dram=args.dram or "DDR5-4800")
+
+
+def _sampling(args) -> dict:
+    """The keyword arguments of every generation of the run (steps, CFG, base seed)."""
+    return dict(num_steps=args.steps, guidance_scale=args.guidance, seed=args.seed,
+                progress=True)
+
+
+def _generate(console, args, run: _Setup, driver) -> _Generation:
+    """The full-compute videos of every prompt, then the cached videos of the prompts that
+    go through ``--backend`` (with ``rtl`` the first ``--rtl-videos``) with their segments
+    on ``driver``; closes the backend."""
+    from coda.host.cache.events import EventLog
+    from coda.host.model.sample import cached_generate, generate
+
+    digits, backend = run.digits, run.backend
+    labels = torch.tensor(digits, dtype=torch.int64)
+    console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
+    full = generate(run.model, labels, **_sampling(args))
+
+    seeds = [args.seed + i for i in range(len(digits))]
+    run_labels = labels[:run.rtl_videos] if run.rtl_videos else labels
+    console.print(f"[bold]cached[/] {len(run_labels)} prompts, segments on the "
+                  f"[cyan]{args.backend}[/] backend ({args.dimms} DIMM × {args.ranks} ranks, "
+                  f"{args.lanes} lanes, {args.dram or 'ideal memory'})")
+    t0 = time.perf_counter()
+    events = EventLog()
+    cached, stats = cached_generate(run.model, run_labels, driver, run.policy, events=events,
+                                    **_sampling(args), seeds=seeds[:len(run_labels)])
+    cached_s = time.perf_counter() - t0
+    sim = dict(getattr(backend, "stats", {}))
+    if hasattr(backend, "close"):
+        backend.close()
+    # CFG interleaving: the cosimulation's (torch never overlaps)
+    return _Generation(labels, seeds, full, cached, stats, events, driver, len(run_labels),
+                       cached_s, sim, cosim_stats=driver.stats)
+
+
+def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
+                    modelled_reason: str | None) -> tuple[bool, dict]:
+    """With ``--backend rtl``: the torch backend generates every prompt once, and its first
+    videos check the RTL's bit for bit (a video's bits do not depend on the others of its
+    batch: the model's conditioning is batch-invariant, every policy decides per sample).
+    Where the RTL ran only some prompts, the report's figures and GIFs are of this run:
+    ``gen`` takes its videos, counters, driver and events (the RTL run's events kept as
+    ``gen.rtl_events``), and the RTL run's own replay as systems a..f goes in the RTL section.
+    Returns (bit_exact, the report's ``rtl`` section)."""
+    from coda.host.nme.backend import get_backend
+    from coda.host.cache.events import EventLog
+    from coda.host.model.sample import cached_generate
+    from coda.host.system import modelled as modelled_systems
+
+    n, digits = gen.backend_prompts, run.digits
+    console.print(f"[bold]cached[/] all {len(digits)} prompts, segments on the "
+                  f"[cyan]torch[/] backend (its first {n} checked against "
+                  f"the RTL's bits)")
+    ref_driver = _driver(get_backend("torch"), args, run.model, len(digits), run.inputs)
+    ref_events = EventLog()
+    reference, ref_stats = cached_generate(run.model, gen.labels, ref_driver, run.policy,
+                                           events=ref_events, **_sampling(args),
+                                           seeds=gen.seeds)
+    bit_exact = bool(torch.equal(reference[:n].view(torch.int32), gen.cached.view(torch.int32)))
+    rtl = {"prompts": digits[:n], "nme_cycles": gen.driver.stats["nme_cycles"],
+           "nme_programs": gen.driver.stats["programs"], "cached_generation_s": gen.cached_s}
+    if args.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
+        rtl.update(nme_mhz=getattr(run.backend, "nme_mhz", None),
+                   job_nme_cycles=gen.sim.get("cycles", 0),
+                   job_dram_cycles=gen.sim.get("dram_cycles", 0), job_ns=gen.sim.get("ns", 0.0))
+    if n < len(digits):
+        gen.rtl_events = gen.events
+        gen.cached, gen.stats, gen.driver, gen.events = (reference, ref_stats, ref_driver,
+                                                         ref_events)
+        if modelled_reason is None:   # the RTL run's replay: its nme_check compares the
+            # cycle model with the cycles the cosimulation measured (ideal memory), or
+            # the DRAM-timed NMEs time it (--dram)
+            rtl["modelled"] = modelled_systems(
+                gen.rtl_events, run.model.config, lanes=args.lanes, depth=gen.driver.cfg.depth,
+                dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram,
+                nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model")
+    return bit_exact, rtl
+
+
+def _write_gifs(out: Path, digits: list[int], full, cached) -> tuple[list[str], Path]:
+    """``<digit>_<i>.gif`` per prompt and ``grid.gif`` (every prompt, full compute | cached,
+    :data:`GRID_COLUMNS` pairs per row) in ``out``; returns the prompts' GIFs and the grid."""
+    from coda.host.model.sample import side_by_side_gif
+
+    gifs = []
+    for i, d in enumerate(digits):
+        path = out / f"{d}_{i}.gif"
+        side_by_side_gif(path, full[i:i + 1], cached[i:i + 1])
+        gifs.append(str(path))
+    grid = out / "grid.gif"
+    side_by_side_gif(grid, full, cached, scale=3, columns=min(GRID_COLUMNS, len(digits)))
+    return gifs, grid
+
+
+def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
+    """The report's ``modelled``: the run's events replayed on the default platform (RTX
+    4090, PCIe 4.0 x16, these DIMMs with DDR5-4800 unless --dram says otherwise) as the
+    systems a..f of the ablation, ``"available": true``; or ``{"available": false,
+    "reason": reason}``."""
+    from coda.host.system import modelled as modelled_systems
+
+    if reason is not None:
+        return {"available": False, "reason": reason}
+    modelled = modelled_systems(
+        gen.events, run.model.config, lanes=args.lanes, depth=gen.driver.cfg.depth,
+        dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram, nme_mhz=run.nme_mhz,
+        # the events' NME cycles (counted at nme_mhz) time the NMEs when they all came
+        # from the DRAM-timed DIMM-NMP
+        nme_timing="events" if args.dram and gen.rtl_events is None else "model")
+    modelled["available"] = True
+    return modelled
+
+
+def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: dict | None,
+            modelled: dict, gifs: list[str], grid: Path, t_start: float) -> dict:
+    """``report.json`` (module docstring): the options, the policy, the bit check, quality
+    (PSNR, SSIM) and prompt adherence of the cached videos, the counters, the cosimulation's
+    speed and CFG interleaving, the files, the machine and the modelled systems."""
+    from coda.experiments.evaluate import psnr_db, ssim
+    from coda.host.model.classifier import label_accuracy
+
+    full, cached, stats, driver = gen.full, gen.cached, gen.stats, gen.driver
+    sim_cycles = gen.sim.get("cycles", 0)
+    sim_seconds = gen.sim.get("seconds", 0.0)
+    preset = run.preset
+    return {
+        "prompts": run.digits,
+        "steps": args.steps,
+        "guidance_scale": args.guidance,
+        "backend": args.backend,
+        "dram": args.dram,
+        "nme_mhz": run.nme_mhz,
+        "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
+        "nme": {"preset": preset.name, **preset.units(), "fmax": preset.fmax,
+                "trail_stores": args.trail_stores == "on"},
+        "policy": run.policy_name,
+        "policy_params": run.policy.describe(),
+        "bit_exact_rtl_vs_torch": bit_exact,
+        "rtl": rtl,
+        "psnr_db": psnr_db(cached, full),
+        "ssim": ssim(cached, full),
+        "label_accuracy_full": label_accuracy(full, gen.labels),
+        "label_accuracy_cached": label_accuracy(cached, gen.labels),
+        "ops_skipped_fraction": stats["ops_skipped_fraction"],
+        "segments": stats["segments"],
+        "dra_fallbacks": stats["fallbacks"],
+        "monitors": stats["monitors"],
+        "pcie_bytes": stats["pcie_bytes"],
+        "nme_programs": driver.stats["programs"],
+        "nme_cycles": driver.stats["nme_cycles"],
+        # CFG interleaving in the cosimulation: segments launched while the host went on
+        # computing the other branch, host seconds spent meanwhile, seconds then waited
+        "interleave": {"async_launches": gen.cosim_stats["async_launches"],
+                       "overlap_s": gen.cosim_stats["overlap_s"],
+                       "wait_s": gen.cosim_stats["wait_s"]},
+        "sim_cycles_per_s": sim_cycles / sim_seconds if sim_seconds else None,
+        "cached_generation_s": gen.cached_s,
+        "wall_s": time.perf_counter() - t_start,
+        "gifs": gifs,
+        "grid_gif": str(grid),
+        "machine": _machine(),
+        "modelled": modelled,
+    }
+
+
+def _print_summary(console, report: dict, path: Path) -> None:
+    """The summary table of ``report`` (written to ``path``): its headline figures, the
+    prompts through the RTL, the grid GIF and the modelled systems."""
+    from rich.table import Table
+
+    table = Table(title=f"coda run — report in {path}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key in ("policy", "bit_exact_rtl_vs_torch", "psnr_db", "ssim", "label_accuracy_full",
+                "label_accuracy_cached", "ops_skipped_fraction", "segments", "dra_fallbacks",
+                "pcie_bytes", "nme_cycles",
+                "sim_cycles_per_s", "wall_s"):
+        value = report[key]
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    if report["rtl"] is not None:
+        table.add_row("prompts through the RTL", ",".join(map(str, report["rtl"]["prompts"])))
+    table.add_row("grid GIF", report["grid_gif"])
+    modelled = report["modelled"]
+    if not modelled["available"]:
+        table.add_row("modelled systems", f"not available: {modelled['reason']}")
+    for letter, row in modelled.get("systems", {}).items():
+        if row.get("fits", True):
+            table.add_row(f"modelled {letter}: {row['name']}",
+                          f"{row['latency_s']:.4g} s, {row['speedup']:.3g}x")
+        else:
+            table.add_row(f"modelled {letter}: {row['name']}", "does not fit")
+    console.print(table)
+
+
+def _rtl_videos(args, prompts: int) -> int | None:
+    """How many prompts (the first ones) run through the RTL: None with ``--backend torch``.
+    Raises ValueError: ``--rtl-videos`` with the torch backend, or outside 1..prompts."""
+    if args.backend != "rtl":
+        if args.rtl_videos is not None:
+            raise ValueError(f"--rtl-videos {args.rtl_videos}: an option of --backend rtl, "
+                             f"expected no --rtl-videos with --backend {args.backend}")
+        return None
+    if args.rtl_videos is None:
+        return min(DEFAULT_RTL_VIDEOS, prompts)
+    if not 1 <= args.rtl_videos <= prompts:
+        raise ValueError(f"--rtl-videos {args.rtl_videos}: expected 1..{prompts} (the number of "
+                         f"--prompts)")
+    return args.rtl_videos
+
+
+def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
+    """None when the report's ``modelled`` section (the generation replayed as systems a..f,
+    :func:`coda.host.system.modelled`) can be computed for this run's NMEs (``--lanes``,
+    the driver's buffer ``depth``, ``--dimms``, ``--ranks``, ``dram``), else why not (the
+    system model's own message, e.g. no DIMM-NMP measurement for these lanes)."""
+    from coda.host.system.platforms import DEFAULT_PLATFORM, platform
+
+    try:
+        platform(DEFAULT_PLATFORM, dram, args.dimms, args.ranks, lanes=args.lanes, depth=depth)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+#: the policies --skip calibrates; --profile is read by these (and DRA: its calibration videos)
+_SKIP_POLICIES = ("pab", "teacache", "magcache", "fbcache", "lemica")
+_PROFILE_POLICIES = ("coda+dra", "teacache", "magcache", "fbcache", "lemica")
+
+
+def _policy(args, model):
+    """(name, policy) from the flags; every file is read and checked here, before any work.
+    A flag the chosen policy does not read is refused, not ignored."""
+    from coda.host.cache.policies import check_cached_steps, get_policy
+    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
+
+    uniform_flags = args.interval is not None or args.warmup is not None
+    if args.policy is not None and not args.policy.strip():
+        raise ValueError(f"--policy {args.policy!r}: empty, expected one of "
+                         f"{', '.join(POLICY_CHOICES)} (or no --policy: coda)")
+    name = args.policy if args.policy is not None else ("uniform" if uniform_flags else "coda")
+    if name not in POLICY_CHOICES:
+        raise ValueError(f"--policy {name!r}: unknown policy, expected one of "
+                         f"{', '.join(POLICY_CHOICES)}")
+    if uniform_flags and name != "uniform":
+        raise ValueError(f"--interval/--warmup: options of --policy uniform, expected no "
+                         f"--interval/--warmup with --policy {name}")
+    if args.schedule is not None and not name.startswith("coda"):
+        raise ValueError(f"--schedule {args.schedule}: a coda / coda+dra option, expected no "
+                         f"--schedule with --policy {name}")
+    if args.skip is not None and name not in _SKIP_POLICIES:
+        how = ("its schedule's (--schedule)" if name.startswith("coda")
+               else "set by --interval/--warmup")
+        raise ValueError(f"--skip {args.skip}: a pab / teacache / magcache / fbcache / lemica "
+                         f"option (the skip "
+                         f"of {name} is {how}), expected no --skip with --policy {name}")
+    if args.profile is not None and name not in _PROFILE_POLICIES:
+        raise ValueError(f"--profile {args.profile}: read by coda+dra / teacache / magcache / "
+                         f"fbcache / lemica only, expected no --profile with --policy {name}")
+    skip = 0.5 if args.skip is None else args.skip
+    if not 0.0 < skip < 1.0:
+        raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
+    check_cached_steps(args.steps, "--steps", name)   # any rule-based policy: else no reuse
+    layers = len(model.transformer.transformer_blocks)
+    mhash = model_hash(model)
+    if name == "uniform":
+        interval = 2 if args.interval is None else args.interval
+        # default 5, fewer for a short run (the last two steps: one computed, one reused)
+        warmup = max(1, min(5, args.steps - 2)) if args.warmup is None else args.warmup
+        if interval < 2:
+            raise ValueError(f"--interval {interval}: recomputes every step, nothing would be "
+                             "cached; expected >= 2")
+        if warmup > args.steps - 2:
+            given = "" if args.warmup is not None else " (the default)"
+            raise ValueError(f"--warmup {warmup}{given} with --steps {args.steps}: nothing "
+                             "would be cached (the uniform policy computes the --warmup first "
+                             "steps and the step after them before any reuse); expected "
+                             f"--warmup 1..{args.steps - 2} (--steps - 2)")
+        return name, get_policy("uniform", interval=interval, warmup=warmup)
+    profile = None
+    if name in _PROFILE_POLICIES:
+        if args.profile is None and args.steps != 50:
+            raise ValueError(f"--policy {name} --steps {args.steps}: the shipped profile is "
+                             "for 50 steps; give --profile of coda profile --steps "
+                             f"{args.steps}")
+        path = args.profile or SHIPPED_PROFILE
+        profile = Profile.load(path)
+        profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+    if name in _SKIP_POLICIES:
+        return name, get_policy(name, skip=skip, profile=profile,
+                                num_steps=args.steps, num_layers=layers)
+    if args.schedule is None and args.steps != 50:
+        raise ValueError(f"--policy {name} --steps {args.steps}: the shipped schedule is for "
+                         "50 steps; give --schedule of coda schedule search for "
+                         f"{args.steps} steps, or --policy uniform")
+    path = args.schedule or SHIPPED_SCHEDULE
+    sched = load_schedule(path, model_id=mhash, num_steps=args.steps, num_layers=layers)
+    if name == "coda":
+        return name, get_policy(name, schedule=sched)
+    return name, get_policy(name, schedule=sched,
+                            thresholds=_dra_thresholds(args, model, sched, profile, path))
+
+
+def _dra_thresholds(args, model, sched, profile, path):
+    """coda+dra's thresholds: the schedule file's ``"dra"`` block if it has one (checked
+    against the model, steps and schedule), else calibrated now on the profile's videos
+    (:func:`coda.experiments.dra_calibration.calibrate_step_dra`, torch backend)."""
+    from pathlib import Path
+
+    from coda.host.nme.backend import TorchBackend
+    from coda.experiments.dra_calibration import calibrate_step_dra, load_step_dra
+    from coda.experiments.profile import model_hash
+
+    if "dra" in json.loads(Path(path).read_text()):
+        return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
+    return calibrate_step_dra(
+        model, sched, profile.meta["prompts"], profile.meta["seeds"], num_steps=args.steps,
+        guidance_scale=args.guidance,
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True))
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip()

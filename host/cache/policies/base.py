@@ -1,0 +1,155 @@
+"""The policy interface of the cache engine: decide before each operator, observe after it,
+reset between generations.
+
+The engine (:mod:`coda.host.cache.engine`) asks its policy, for every cacheable operator of
+every sample of every CFG branch at every step, in forward order, one question
+(:class:`OpQuery`) and gets one :class:`Decision`: reuse the cached output or compute; after
+computing, whether to write the output to the cache and whether to keep the operator's input
+as a reference for a later :meth:`OpQuery.input_change`. Afterwards it hands the policy each
+event it emitted (:mod:`coda.host.cache.events`). A policy never sees the engine's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE", "MIN_CACHED_STEPS",
+           "SCHEDULE_POLICIES", "check_cached_steps", "calibrate_threshold"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one operator of one sample.
+
+    Attributes:
+        reuse: True: apply the cached output (in a segment on the NMEs); False: compute.
+        store: (computed only) write the output to its cache slot for a later reuse.
+        keep_input: (computed only) keep the operator's input in rank memory as the reference
+            of later :meth:`OpQuery.input_change` calls (costs its bytes on the host link).
+        reason: a short label recorded in the event (e.g. ``"schedule"``, ``"fallback"``).
+    """
+    reuse: bool
+    store: bool = False
+    keep_input: bool = False
+    reason: str = "schedule"
+
+
+#: compute, keep nothing
+COMPUTE = Decision(False, reason="compute")
+
+
+@dataclass(frozen=True)
+class OpQuery:
+    """The engine's question about one operator of one sample.
+
+    Attributes:
+        step, num_steps: denoising step index and step count of the generation.
+        branch: ``"cond"`` or ``"uncond"``. sample: index within the branch's batch.
+        layer, op: the operator ((layer, op type)); index: its forward position.
+        num_layers: layers of the model.
+        cached_step: the step whose output the cache slot holds (None: nothing cached).
+        kept_step: the step whose input was kept as reference (None: none kept).
+        segment_open: the previous operator of this sample was reused and its segment has
+            not run yet (this operator's input exists only after that segment).
+        model_ops: the model's operators in forward order
+            (:class:`coda.host.cache.schedule.ModelOps`; None: Latte's of ``num_layers``).
+    """
+    step: int
+    num_steps: int
+    branch: str
+    sample: int
+    layer: int
+    op: str
+    index: int
+    num_layers: int
+    cached_step: int | None
+    kept_step: int | None
+    segment_open: bool
+    model_ops: Any = field(default=None, repr=False, compare=False)
+    _input_change: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ref(self) -> tuple[int, str]:
+        return (self.layer, self.op)
+
+    @property
+    def cached(self) -> bool:
+        return self.cached_step is not None
+
+    def input_change(self) -> float:
+        """Relative L1 change ``Σ|x - x_ref| / Σ|x_ref|`` of this operator's input against the
+        input kept at step :attr:`kept_step`, computed on the NMEs (``l1_distance``); an
+        open segment is run first (the input must exist). Emits a MonitorEvent.
+
+        Raises ValueError if no input was kept (``kept_step is None``)."""
+        if self._input_change is None or self.kept_step is None:
+            raise ValueError(f"step {self.step}, {self.branch} sample {self.sample}, "
+                             f"({self.layer}, {self.op!r}): no kept input to compare with "
+                             "(decide keep_input=True when it is computed)")
+        return self._input_change()
+
+
+class CachePolicy:
+    """Base class of cache policies (one file each in :mod:`coda.host.cache.policies`).
+
+    Subclasses implement :meth:`decide`; :meth:`reset` clears per-generation state (called
+    when a generation starts); :meth:`observe` receives every event the engine emits.
+    ``name`` labels reports.
+    """
+    name = "policy"
+
+    def reset(self) -> None:
+        """Forget everything of the previous generation."""
+
+    def decide(self, q: OpQuery) -> Decision:
+        raise NotImplementedError
+
+    def observe(self, event) -> None:
+        """An event of the current generation (:mod:`coda.host.cache.events`)."""
+
+    def describe(self) -> dict:
+        """Parameters for reports (JSON-serialisable)."""
+        return {"name": self.name}
+
+
+def calibrate_threshold(make: Callable[[float], Any], skip_of: Callable[[Any], float],
+                        skip: float, iters: int = 40):
+    """The policy ``make(threshold)`` whose skip fraction ``skip_of(policy)`` is closest to
+    ``skip``, by bisection on the threshold (TeaCache, MagCache, FBCache calibrate with it):
+    the bracket [0, hi] starts at hi = 1 and doubles until ``skip_of(make(hi)) >= skip`` or hi
+    reaches 1e6; then ``iters`` halvings; of the two ends the closer one (the lower on a tie).
+    ``skip_of`` must not decrease with the threshold. Returns the policy."""
+    lo, hi = 0.0, 1.0
+    while skip_of(make(hi)) < skip and hi < 1e6:
+        hi *= 2
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if skip_of(make(mid)) < skip:
+            lo = mid
+        else:
+            hi = mid
+    a, b = make(lo), make(hi)
+    return a if abs(skip_of(a) - skip) <= abs(skip_of(b) - skip) else b
+
+
+#: the fewest DDIM steps in which a rule-based policy (uniform, PAB, TeaCache, MagCache)
+#: reuses anything: the first step computes every operator, and the step after the warmup
+#: computes before any reuse. (A coda schedule says itself what it reuses: coda schedule
+#: search makes one only if something can be reused.)
+MIN_CACHED_STEPS = 3
+#: the policies whose schedule (not a rule) decides what is reused
+SCHEDULE_POLICIES = ("coda", "coda+dra")
+
+
+def check_cached_steps(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
+    """``steps`` if a cache policy can reuse anything in a run of that many DDIM steps
+    (>= :data:`MIN_CACHED_STEPS`; any for :data:`SCHEDULE_POLICIES`, whose schedule is
+    checked against the steps when read); ValueError naming ``flag`` (and ``policy``)
+    otherwise: nothing would be cached."""
+    if steps < MIN_CACHED_STEPS and policy not in SCHEDULE_POLICIES:
+        with_policy = f" with --policy {policy}" if policy else ""
+        raise ValueError(f"{flag} {steps}{with_policy}: nothing would be cached (the first "
+                         "step computes every operator, the next one computes before any "
+                         f"reuse); expected --steps >= {MIN_CACHED_STEPS}")
+    return steps

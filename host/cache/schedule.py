@@ -1,0 +1,268 @@
+"""Cache schedules as data: which DiT operators are reused at each timestep, per CFG branch.
+
+The cacheable operators of a Latte transformer with ``L`` layers, in forward order, are::
+
+    for layer in 0..L-1:
+        (layer, "spatial_attn")   spatial self-attention       (gated by adaLN gate_msa)
+        (layer, "cross_attn")     cross attention to the label (no gate: Latte adds it as is)
+        (layer, "spatial_ffn")    FFN of the spatial block     (gated by gate_mlp)
+        [layer 0 only, F > 1: temporal position embedding, not cacheable -> segment barrier]
+        (layer, "temporal_attn")  temporal self-attention      (gated by gate_msa)
+        (layer, "temporal_ffn")   FFN of the temporal block    (gated by gate_mlp)
+
+Other architectures have other operators (:data:`ARCH_OP_TYPES`, one module each in
+:mod:`coda.host.cache.arch`, which says per architecture what a segment barrier is); their forward
+order is a :class:`ModelOps` (``coda.host.cache.arch.model_ops(transformer)``). Latte's stays the
+default everywhere: a schedule, a query or a segment count without ``ops`` is Latte's.
+
+A :class:`Schedule` maps every (step index, branch) to the frozenset of (layer, op) reused at
+that step; everything else is computed. A *segment* is a maximal run of consecutive reused
+operators in this order within one step and branch (docs/design.md, Terms); it runs on the
+NMEs as one ``y = x + Σ g_k ⊙ c_k`` program.
+
+Policies that make or follow schedules live in :mod:`coda.host.cache.policies`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+__all__ = ["OP_TYPES", "ARCH_OP_TYPES", "ALL_OP_TYPES", "BRANCHES", "OpRef", "ModelOps",
+           "operator_order", "segment_runs", "Schedule", "ScheduleError"]
+
+OP_TYPES: tuple[str, ...] = ("spatial_attn", "cross_attn", "spatial_ffn",
+                             "temporal_attn", "temporal_ffn")
+BRANCHES: tuple[str, ...] = ("cond", "uncond")
+OpRef = tuple[int, str]   # (layer, op type)
+
+#: operator types per architecture, in a block's forward order (``coda.host.cache.arch.<name>``
+#: documents each: which module computes it, its gate, its residual streams)
+ARCH_OP_TYPES: dict[str, tuple[str, ...]] = {
+    "latte": OP_TYPES,
+    "cogvideox": ("attn", "ffn"),               # joint text+video attention / FFN
+    "wan": ("attn", "cross_attn", "ffn"),
+    "hunyuan_video": ("attn", "ffn", "single"),  # dual-stream attn, ffn; single-stream block
+}
+#: every operator type of every architecture (a uniform interval may name any of them)
+ALL_OP_TYPES: tuple[str, ...] = tuple(dict.fromkeys(
+    op for ops in ARCH_OP_TYPES.values() for op in ops))
+
+# Between layer 0's spatial and temporal blocks Latte adds the temporal position embedding:
+# a computed operation, so no segment can run across it.
+_BARRIER_AFTER: OpRef = (0, "spatial_ffn")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run (bad step, branch, operator, or a reuse of something
+    never computed)."""
+
+
+def operator_order(num_layers: int) -> list[OpRef]:
+    """The cacheable operators of a ``num_layers``-layer Latte in forward order (other
+    architectures: :attr:`ModelOps.ops`)."""
+    if num_layers < 1:
+        raise ScheduleError(f"num_layers={num_layers}: expected >= 1")
+    return [(layer, op) for layer in range(num_layers) for op in OP_TYPES]
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    """The cacheable operators of one model, in forward order.
+
+    Attributes:
+        arch: architecture, a key of :data:`ARCH_OP_TYPES`.
+        ops: the (layer, op) in the order the model's forward runs them; ``layer`` numbers
+            the model's blocks in forward order (HunyuanVideo: dual-stream blocks
+            0..L-1, then single-stream blocks L..L+S-1).
+    Raises:
+        ScheduleError: an unknown architecture, an op type of another architecture, a
+            repeated operator or no operator.
+    """
+    arch: str
+    ops: tuple[OpRef, ...]
+    _index: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.arch not in ARCH_OP_TYPES:
+            raise ScheduleError(f"arch {self.arch!r}: expected one of {sorted(ARCH_OP_TYPES)}")
+        ops = tuple((int(layer), str(op)) for layer, op in self.ops)
+        bad = sorted({op for _, op in ops} - set(ARCH_OP_TYPES[self.arch]))
+        if bad or not ops or len(set(ops)) != len(ops) or min(l for l, _ in ops) < 0:
+            raise ScheduleError(f"{self.arch} operators {list(ops)[:6]}...: expected distinct "
+                                f"(layer >= 0, op) with ops in {ARCH_OP_TYPES[self.arch]}")
+        object.__setattr__(self, "ops", ops)
+        self._index.update((ref, i) for i, ref in enumerate(ops))
+
+    @classmethod
+    def latte(cls, num_layers: int) -> "ModelOps":
+        """Latte's operators (:func:`operator_order`)."""
+        return cls("latte", tuple(operator_order(num_layers)))
+
+    @property
+    def num_layers(self) -> int:
+        """Blocks-in-forward-order count (1 + the largest layer)."""
+        return 1 + max(layer for layer, _ in self.ops)
+
+    @property
+    def op_types(self) -> tuple[str, ...]:
+        return ARCH_OP_TYPES[self.arch]
+
+    def index(self, ref: OpRef) -> int:
+        """Forward position of ``ref``. Raises KeyError for an operator the model lacks."""
+        return self._index[ref]
+
+    def barriers(self, frames: int = 2) -> frozenset:
+        """Operators after which a segment always ends, because the model's own code computes
+        something between them and the next operator: Latte's temporal position embedding
+        after layer 0's spatial FFN (videos of F > 1 frames). CogVideoX, Wan and
+        HunyuanVideo pass their residual streams straight from block to block: none."""
+        if self.arch == "latte" and frames > 1:
+            return frozenset({_BARRIER_AFTER})
+        return frozenset()
+
+
+def segment_runs(reused: Iterable[OpRef], num_layers: int, frames: int = 2,
+                 ops: ModelOps | None = None) -> list[list[OpRef]]:
+    """The segments of one step and branch: maximal runs of consecutive reused operators.
+
+    Args:
+        reused: the (layer, op) reused at this step.
+        num_layers: layers of the model.
+        frames: frames of the video (with F = 1 Latte adds no temporal embedding, so
+            layer 0's spatial FFN and temporal attention may share a segment).
+        ops: the model's operators (default: Latte's of ``num_layers``).
+    Returns:
+        list of runs, each a list of (layer, op) in forward order.
+    """
+    ops = ModelOps.latte(num_layers) if ops is None else ops
+    barriers = ops.barriers(frames)
+    reused = set(reused)
+    runs: list[list[OpRef]] = []
+    current: list[OpRef] = []
+    for ref in ops.ops:
+        if ref in reused:
+            current.append(ref)
+        elif current:
+            runs.append(current)
+            current = []
+        if ref in barriers and current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return runs
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per (step, branch) the frozenset of reused (layer, op); validated on construction.
+
+    Attributes:
+        num_steps: denoising steps the schedule covers (step indices 0..num_steps-1).
+        num_layers: layers of the model it was made for.
+        reuse: mapping (step, branch) -> frozenset of (layer, op); missing entries reuse nothing.
+        name: a label for reports.
+        ops: the model's operators (:class:`ModelOps`) for an architecture other than Latte;
+            None (the default) is Latte's of ``num_layers`` (a Latte ``ModelOps`` given here
+            is stored as None, so equal schedules compare equal).
+    Raises:
+        ScheduleError: unknown branch or operator, step or layer out of range, or an operator
+            reused at a step before it was ever computed in that branch; ``ops`` whose layer
+            count is not ``num_layers``.
+    """
+    num_steps: int
+    num_layers: int
+    reuse: Mapping[tuple[int, str], frozenset] = field(default_factory=dict)
+    name: str = "custom"
+    ops: ModelOps | None = None
+
+    def __post_init__(self):
+        if self.num_steps < 1:
+            raise ScheduleError(f"num_steps={self.num_steps}: expected >= 1")
+        if self.ops is not None:
+            if self.ops.num_layers != self.num_layers:
+                raise ScheduleError(f"{self.ops.arch} operators span {self.ops.num_layers} layers, "
+                                    f"the schedule says num_layers={self.num_layers}")
+            if self.ops.arch == "latte" and self.ops == ModelOps.latte(self.num_layers):
+                object.__setattr__(self, "ops", None)
+        ops = set(self.order())
+        clean = {}
+        for (step, branch), refs in self.reuse.items():
+            if branch not in BRANCHES:
+                raise ScheduleError(f"branch {branch!r}: expected one of {BRANCHES}")
+            if not 0 <= step < self.num_steps:
+                raise ScheduleError(f"step {step}: expected 0..{self.num_steps - 1}")
+            refs = frozenset((int(layer), str(op)) for layer, op in refs)
+            bad = refs - ops
+            if bad:
+                kinds = OP_TYPES if self.ops is None else self.ops.op_types
+                raise ScheduleError(f"step {step}, branch {branch}: unknown operators {sorted(bad)}; "
+                                    f"expected layers 0..{self.num_layers - 1} and ops {kinds}")
+            if refs:
+                clean[(int(step), branch)] = refs
+        object.__setattr__(self, "reuse", clean)
+        self._check_computed_before_reuse()
+
+    def _check_computed_before_reuse(self) -> None:
+        order = set(self.order())
+        for branch in BRANCHES:
+            computed: set[OpRef] = set()
+            for step in range(self.num_steps):
+                reused = self.reused(step, branch)
+                never = reused - computed
+                if never:
+                    layer, op = sorted(never)[0]
+                    raise ScheduleError(
+                        f"step {step}, branch {branch}: reuses ({layer}, {op!r}) which was never "
+                        f"computed at an earlier step of this branch")
+                computed |= order - reused
+
+    def order(self) -> list[OpRef]:
+        """The model's operators in forward order."""
+        return operator_order(self.num_layers) if self.ops is None else list(self.ops.ops)
+
+    def model_ops(self) -> ModelOps:
+        """The model's operators as a :class:`ModelOps` (Latte's when ``ops`` is None)."""
+        return ModelOps.latte(self.num_layers) if self.ops is None else self.ops
+
+    def reused(self, step: int, branch: str) -> frozenset:
+        """The (layer, op) reused at ``step`` in ``branch`` (empty frozenset if none)."""
+        return self.reuse.get((step, branch), frozenset())
+
+    def store_after_compute(self, step: int, branch: str, ref: OpRef) -> bool:
+        """Whether a computed operator's output must be written to its cache slot: only if the
+        next step reuses it (a later reuse implies this one, or a recompute in between)."""
+        return step + 1 < self.num_steps and ref in self.reused(step + 1, branch)
+
+    def ops_skipped_fraction(self) -> float:
+        """Reused operator executions / all cacheable operator executions, both branches."""
+        total = self.num_steps * len(BRANCHES) * len(self.order())
+        return sum(len(v) for v in self.reuse.values()) / total
+
+    def segment_count(self, frames: int = 2) -> int:
+        """Segments over all steps and both branches (see :func:`segment_runs`)."""
+        return sum(len(segment_runs(self.reused(s, b), self.num_layers, frames, self.ops))
+                   for s in range(self.num_steps) for b in BRANCHES)
+
+    def to_json(self) -> str:
+        """JSON text; :meth:`from_json` reads it back."""
+        items = [{"step": s, "branch": b, "reuse": sorted([list(r) for r in refs])}
+                 for (s, b), refs in sorted(self.reuse.items())]
+        data = {"name": self.name, "num_steps": self.num_steps, "num_layers": self.num_layers,
+                "reuse": items}
+        if self.ops is not None:        # Latte's files keep their format
+            data.update(arch=self.ops.arch, ops=[list(r) for r in self.ops.ops])
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        data = json.loads(text)
+        reuse = {(int(i["step"]), i["branch"]): frozenset((int(l), o) for l, o in i["reuse"])
+                 for i in data["reuse"]}
+        ops = None
+        if data.get("arch", "latte") != "latte" or "ops" in data:
+            ops = ModelOps(data.get("arch", "latte"),
+                           tuple((int(l), str(o)) for l, o in data["ops"]))
+        return cls(data["num_steps"], data["num_layers"], reuse, data.get("name", "custom"), ops)

@@ -1,0 +1,109 @@
+"""How close the NME comes to one word per pass per cycle on a long stream: a compiled cache
+operator's cycles from the cycle model (:func:`coda.hw.nme.cycles.model_cycles`, exact
+against the RTL) against its ideal, ``passes x words`` (every pass takes one word per cycle,
+nothing else costs time).
+
+Usage::
+
+    coda pass-efficiency [--op gated_residual] [--tokens 16384] [--channels 64]
+        [--depths 16,64,256] [--units 0,0,0 3,5,1] [--latency 1] [--trail-stores both]
+        [--json FILE]
+
+prints one row per (units, trail, depth): cycles, ideal cycles, their ratio (words per pass
+per cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
+operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
+(:class:`coda.hw.nme.isa.NMEConfig`); the NME has 8 lanes, bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from coda.hw.nme.isa import NMEConfig, Status
+from coda.hw.nme.cycles import model_cycles
+from coda.cosim.nme_units import parse_units
+from coda.host.nme import compiler
+from coda.jsonout import json_text
+from coda.paths import check_output_path
+
+__all__ = ["OPS", "efficiency", "configure", "main"]
+
+#: Operators measured, and their input shapes from (tokens T, channels C).
+OPS = {
+    "gated_residual": lambda t, c: {"x": (t, c), "g": (c,), "c": (t, c)},
+    "add": lambda t, c: {"a": (t * c,), "b": (t * c,)},          # the compiler's add is 1-D
+}
+
+
+def efficiency(op: str, tokens: int, channels: int, cfg: NMEConfig,
+               mem_latency: int = 1) -> dict:
+    """Cycles of ``op`` over a ``[tokens, channels]`` stream on an NME ``cfg`` with a memory
+    that answers every read after ``mem_latency`` cycles, and its ideal.
+
+    Returns ``{"cycles", "ideal", "ratio", "passes", "words"}``: NME cycles (int), ideal
+    cycles ``passes * words`` (micro-ops x words of ``cfg.lanes`` elements), ``ideal /
+    cycles`` (float, <= 1). Raises ValueError for an unknown ``op`` or shapes the compiler
+    refuses (e.g. ``channels`` not a multiple of the lanes)."""
+    if op not in OPS:
+        raise ValueError(f"op={op!r}: expected one of {sorted(OPS)}")
+    shapes = OPS[op](tokens, channels)
+    # room for any stream; the compiler's layout (as the driver uses it) decides whether the
+    # stores may trail later reads (coda.hw.nme.check.stores_may_trail)
+    cfg = replace(cfg, mem_words=1 << 24)
+    layout, _ = compiler.plan_layout(op, cfg, shapes)
+    program = compiler.compile_op(op, cfg, shapes, layout)
+    cycles = model_cycles(cfg, program, Status.OK, mem_latency)
+    n_words = -(-program.n_elems // cfg.lanes)
+    ideal = len(program.uops) * n_words
+    return {"cycles": cycles, "ideal": ideal, "ratio": round(ideal / cycles, 4),
+            "passes": len(program.uops), "words": n_words}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda pass-efficiency``."""
+    parser.add_argument("--op", default="gated_residual", choices=sorted(OPS))
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--depths", default="16,64,256", help="buffer depths in words")
+    parser.add_argument("--units", nargs="+", default=["0,0,0", "3,5,1"], metavar="M,A,O",
+                        help="M,A,O per NME: mul, add and operand latency")
+    parser.add_argument("--latency", type=int, default=1, help="memory read latency (cycles)")
+    parser.add_argument("--trail-stores", choices=("on", "off", "both"), default="both",
+                        help="NMEConfig.trail_stores: stores trail the next blocks' reads "
+                             "(default both: a row each)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows to this file")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the table (and write ``--json``); returns 0. A bad option (``--units`` out of
+    range, channels the lanes do not divide): ValueError, ``coda: error:``, exit 2."""
+    units = [parse_units(u, "--units") for u in args.units]
+    if args.json is not None:
+        check_output_path(args.json, "--json")
+    try:
+        depths = [int(d) for d in args.depths.split(",") if d]
+    except ValueError:
+        raise ValueError(f"--depths {args.depths!r}: expected comma-separated ints") from None
+    rows = []
+    trails = {"on": (True,), "off": (False,), "both": (False, True)}[args.trail_stores]
+    for m, a, o in units:
+        for trail in trails:
+            for depth in depths:
+                cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a,
+                                operand_latency=o, trail_stores=trail)
+                rows.append({"units": f"{m},{a},{o}", "trail": "on" if trail else "off",
+                             "depth": depth, **efficiency(args.op, args.tokens,
+                                                          args.channels, cfg, args.latency)})
+    print(f"{args.op} [{args.tokens}, {args.channels}], 8 lanes bf16, memory latency "
+          f"{args.latency}: units (mul,add,operand)  trail  depth  cycles  ideal  "
+          "words/pass/cycle")
+    for r in rows:
+        print(f"  {r['units']:>7}  {r['trail']:>5}  {r['depth']:>5}  {r['cycles']:>9,}  "
+              f"{r['ideal']:>9,}  {r['ratio']:.3f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json_text({"op": args.op, "tokens": args.tokens,
+                                         "channels": args.channels, "rows": rows}, indent=1))
+    return 0
