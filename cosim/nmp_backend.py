@@ -48,6 +48,7 @@ from coda.hw.dram.standards import get_standard
 from coda.hw.nme.executor import ExecResult
 from coda.hw.nme.isa import NMEConfig, Program, Status
 from coda.hw.nmp import check_nme_mhz, check_shape
+from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["NMPRTLBackend", "JobReport"]
 
@@ -105,7 +106,7 @@ class NMPRTLBackend(SessionOwner):
     """
     name = "rtl-nmp"
 
-    def __init__(self, dram: str = "DDR5-4800", dimms: int = 1, ranks: int = 2, *,
+    def __init__(self, dram: str = DEFAULT_STANDARD, dimms: int = 1, ranks: int = 2, *,
                  flags: str = DEFAULT_FLAGS, clock_gating: bool = True,
                  commands: str | Path | None = None, keep_logs: bool = False,
                  job_timeout_s: float = 1800.0, nme_mhz: float | None = None):

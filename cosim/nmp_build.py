@@ -27,6 +27,7 @@ from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import check_shape
 from coda.jsonout import json_text
+from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME", "DUT_NAME",
            "CMD_DEPTH", "MAX_COSIM_RANKS", "clock_plusargs", "half_period_fs"]
@@ -135,7 +136,7 @@ def _runner(make_flags: list[str]):
     return _Lean()
 
 
-def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = "DDR5-4800", dimms: int = 1,
+def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = DEFAULT_STANDARD, dimms: int = 1,
                   ranks: int = 2, *, flags: str = DEFAULT_FLAGS,
                   clock_gating: bool = True, nme_clock: bool = False) -> NMPBuild:
     """Build (or reuse, cached under ``build/cosim/nmp-<key>``) the DIMM-NMP cosimulation.

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
+from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["PROGRAM_STREAMS", "segment_programs", "mem_words", "measure_nmp"]
 
@@ -53,7 +54,7 @@ def mem_words(stream_words: int) -> int:
     return 1 << max(10, (4 * stream_words).bit_length())
 
 
-def measure_nmp(cfg: NMEConfig, dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
+def measure_nmp(cfg: NMEConfig, dram: str = DEFAULT_STANDARD, dimms: int = 2, ranks: int = 2,
                 flags: str | None = None, stream_words: int | None = None,
                 nme_mhz: float | None = None) -> dict:
     """Speed and bandwidth of a ``dimms x ranks`` DIMM-NMP on long programs (module docstring).

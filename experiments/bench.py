@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from coda.experiments.design_space import (KNEE_TOLERANCE, SWEEP_CLOCKS, SWEEP_DEPTHS, SWEEP_DRAMS,
@@ -47,8 +48,11 @@ from coda.cosim.nme_speed import measure
 from coda.cosim.nme_units import parse_units, units_label
 from coda.cosim.nmp_measure import measure_nmp, mem_words
 from coda.experiments.synth_area import SYNTH_ROOT, synth_areas
+from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nme.isa import NMEConfig
+from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import check_output_path
 from coda.sweep import add_run_options
 
@@ -58,51 +62,54 @@ __all__ = ["NMP_STREAM_BYTES", "configure", "main"]
 NMP_STREAM_BYTES = 256 << 10
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """Every option of ``coda bench`` with its default (the one source of them)."""
+    lanes: int = option(NMEConfig.lanes, "NME lanes of the NME-alone speed run")
+    fmt: str = option(NMEConfig.fmt, "NME format", choices=("bf16", "fp16"))
+    mem_words: int = option(NMEConfig.mem_words, "NME memory of the NME-alone run", unit="words")
+    depth: int = option(NMEConfig.depth, "NME buffer depth of the NME-alone run", unit="words",
+                        source="NMEConfig.depth")
+    out: Path = option(Path("build/bench/cosim.json"), "the cosimulation speed JSON (dram.json "
+                       "and dse.json go beside it)")
+    nmp_dimms: int = option(2, "DIMMs of the DIMM-NMP")
+    nmp_ranks: int = option(2, "ranks per DIMM of the DIMM-NMP")
+    nmp_dram: str = option(DEFAULT_STANDARD, "DRAM standard of the DIMM-NMP")
+    nmp_lanes: int = option(8, "NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's "
+                            "8 B/tCK)")
+    nmp_depth: int = option(NMP_DEPTH, "NME buffer depth of the DIMM-NMP (words per stream "
+                            "block)", unit="words", source="coda.hw.nmp.NMP_DEPTH: 88 % of "
+                            "DDR5-4800's peak where 64 words reach 81 %")
+    nmp_flags: str = option(None, "comma-separated FLAG_SETS keys to compare, or 'all'",
+                            type=str, default_text="the backend's default set only")
+    skip_nme: bool = option(False, "only the DIMM-NMP figures")
+    skip_dram: bool = option(False, "leave out the DRAM controller replays (build/bench/dram.json)")
+    sweep_lanes: str = option(",".join(map(str, SWEEP_LANES)), "lanes of the design-space "
+                              "sweep ('' = no sweep)")
+    sweep_depths: str = option(",".join(map(str, SWEEP_DEPTHS)), "buffer depths of the sweep",
+                               unit="words")
+    sweep_clocks: str = option(",".join(clock_label(c) for c in SWEEP_CLOCKS), "NME clocks of "
+                               "the sweep in MHz, 'dram' for the NME on the DRAM clock (no "
+                               "crossing); each at most the standard's DRAM clock")
+    sweep_drams: str = option(",".join(SWEEP_DRAMS), "DRAM standards of the sweep")
+    sweep_stream_bytes: int = option(SWEEP_STREAM_BYTES, "bytes per stream of the sweep's "
+                                     "programs", unit="bytes")
+    sweep_units: str = option(SWEEP_UNITS, "NME units of every sweep point: register stages in "
+                              "each FPMul, each FPAdd, and after the buffers (NMEConfig "
+                              "mul_latency, add_latency, operand_latency; 0,0,0 is "
+                              "combinational; 5,7,1 places and routes on ECP5 at about 100 MHz)",
+                              metavar="M,A,O")
+    knee_tolerance: float = option(KNEE_TOLERANCE, "the knee: fewest lanes within this share "
+                                   "of the best utilisation")
+    sweep_only: bool = option(False, "only the design-space sweep")
+    sweep_report_only: bool = option(False, "measure nothing: tables, dse.json and dse.png of "
+                                     "the sweep records already in build/bench/dse/ (any code "
+                                     "version) matching the options")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda bench``."""
-    parser.add_argument("--lanes", type=int, default=8)
-    parser.add_argument("--fmt", default="bf16", choices=["bf16", "fp16"])
-    parser.add_argument("--mem-words", type=int, default=1 << 16)
-    parser.add_argument("--depth", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("build/bench/cosim.json"))
-    parser.add_argument("--nmp-dimms", type=int, default=2)
-    parser.add_argument("--nmp-ranks", type=int, default=2)
-    parser.add_argument("--nmp-dram", default="DDR5-4800")
-    parser.add_argument("--nmp-lanes", type=int, default=8,
-                        help="NME lanes of the DIMM-NMP (8: 16 B per NME cycle, twice DDR5's "
-                             "8 B/tCK)")
-    parser.add_argument("--nmp-depth", type=int, default=256,
-                        help="NME buffer depth in words of the DIMM-NMP (words per stream "
-                             "block)")
-    parser.add_argument("--nmp-flags", default=None,
-                        help="comma-separated FLAG_SETS keys to compare, or 'all' (default: the "
-                             "backend's default set only)")
-    parser.add_argument("--skip-nme", action="store_true", help="only the DIMM-NMP figures")
-    parser.add_argument("--skip-dram", action="store_true",
-                        help="leave out the DRAM controller replays (build/bench/dram.json)")
-    parser.add_argument("--sweep-lanes", default=",".join(map(str, SWEEP_LANES)),
-                        help="lanes of the design-space sweep ('' = no sweep)")
-    parser.add_argument("--sweep-depths", default=",".join(map(str, SWEEP_DEPTHS)))
-    parser.add_argument("--sweep-clocks",
-                        default=",".join(clock_label(c) for c in SWEEP_CLOCKS),
-                        help="NME clocks of the sweep in MHz, 'dram' for the NME on the DRAM "
-                             "clock (no crossing); each at most the standard's DRAM clock")
-    parser.add_argument("--sweep-drams", default=",".join(SWEEP_DRAMS),
-                        help="DRAM standards of the sweep")
-    parser.add_argument("--sweep-stream-bytes", type=int, default=SWEEP_STREAM_BYTES,
-                        help="bytes per stream of the sweep's programs")
-    parser.add_argument("--sweep-units", default=SWEEP_UNITS, metavar="M,A,O",
-                        help="NME units of every sweep point: register stages in each FPMul, "
-                             "each FPAdd, and after the buffers (NMEConfig mul_latency, "
-                             "add_latency, operand_latency; default 0,0,0, combinational; 5,7,1 "
-                             "places and routes on ECP5 at about 100 MHz)")
-    parser.add_argument("--knee-tolerance", type=float, default=KNEE_TOLERANCE,
-                        help="the knee: fewest lanes within this share of the best utilisation")
-    parser.add_argument("--sweep-only", action="store_true", help="only the design-space sweep")
-    parser.add_argument("--sweep-report-only", action="store_true",
-                        help="measure nothing: tables, dse.json and dse.png of the sweep "
-                             "records already in build/bench/dse/ (any code version) matching "
-                             "the options")
+    """Options of ``coda bench``: :class:`BenchConfig`, and where the sweep's points run."""
+    add_options(parser, BenchConfig)
     add_run_options(parser, "sweep's points")
 
 

@@ -32,6 +32,7 @@ from coda.cosim.nmp_measure import PROGRAM_STREAMS, measure_nmp, mem_words
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area, synth_areas
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
+from coda.hw.dram.standards import DEFAULT_STANDARD
 
 SWEEP_LANES = (1, 2, 4, 8, 16, 32)
 SWEEP_DEPTHS = (256,)
@@ -164,7 +165,7 @@ def sweep_kind():
         description="DIMM-NMP design space: lanes x buffer depth x NME clock of one rank "
                     "(make bench)",
         params=(Param("lanes", int, 8), Param("depth", int, 256), Param("fmt", str, "bf16"),
-                Param("dram", str, "DDR5-4800"), Param("stream_bytes", int, SWEEP_STREAM_BYTES),
+                Param("dram", str, DEFAULT_STANDARD), Param("stream_bytes", int, SWEEP_STREAM_BYTES),
                 Param("nme_mhz", float, 0.0,
                       help="NME clock in MHz; 0: on the DRAM clock (no crossing)"),
                 Param("units", str, SWEEP_UNITS,
@@ -193,7 +194,7 @@ def dse_rows(records: list[dict]) -> list[dict]:
         if rec["status"] != "ok":
             continue
         p, f, t = rec["params"], rec["figures"], rec.get("timing") or {}
-        std = get_standard(p.get("dram", "DDR5-4800"))
+        std = get_standard(p.get("dram", DEFAULT_STANDARD))
         mhz = p.get("nme_mhz") or None
         for prog in PROGRAM_STREAMS:
             vals = {k: f.get(f"{prog}.{k}") for k in ROW_KEYS}
@@ -413,7 +414,7 @@ def recorded_rows(folder: Path, lanes=None, depths=None, fmt: str = "bf16", dram
                 or p.get("stream_bytes") != stream_bytes \
                 or (lanes is not None and p["lanes"] not in lanes) \
                 or (depths is not None and p["depth"] not in depths) \
-                or (drams is not None and p.get("dram", "DDR5-4800") not in drams) \
+                or (drams is not None and p.get("dram", DEFAULT_STANDARD) not in drams) \
                 or (clocks is not None and float(p.get("nme_mhz") or 0.0) not in clocks) \
                 or (want is not None and rec_units != want):
             continue

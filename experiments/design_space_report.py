@@ -16,6 +16,7 @@ from coda.experiments.design_space import (KNEE_TOLERANCE, best_rows, by_units, 
 from coda.cosim.nme_units import parse_units, units_title
 from coda.cosim.nmp_measure import PROGRAM_STREAMS
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area
+from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["print_sweep", "print_knees", "plot_sweep"]
 
@@ -95,14 +96,14 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
 
     best = best_rows(rows)
     units_sets = list(by_units(best))
-    stds = [dram] if dram else sorted({r.get("dram") or "DDR5-4800" for r in best})
+    stds = [dram] if dram else sorted({r.get("dram") or DEFAULT_STANDARD for r in best})
     fig, axes = plt.subplots(2 * len(stds), 2, figsize=(10, 6 * len(stds)), sharex=True,
                              squeeze=False)
     for s, name in enumerate(stds):
         std = get_standard(name)
         for col, prog in enumerate(("residual_add", "segment4")):
             top, bottom = axes[2 * s, col], axes[2 * s + 1, col]
-            mine = [r for r in best if (r.get("dram") or "DDR5-4800") == std.name
+            mine = [r for r in best if (r.get("dram") or DEFAULT_STANDARD) == std.name
                     and r["program"] == prog]
             for units, mhz in sorted({(row_units(r), r.get("nme_mhz") or 0.0) for r in mine},
                                      key=lambda k: (parse_units(k[0]), k[1])):

@@ -28,13 +28,17 @@ videos (infinite) is ``null`` there (JSON has no Infinity).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from coda.experiments.metrics import motion_px, psnr_db, ssim
+from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.jsonout import json_text
+from coda.options import add_options, from_args, option
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
@@ -117,118 +121,174 @@ def pareto_plot(rows: list[dict], path) -> None:
 
 
 # ---------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class EvalConfig:
+    """Every option of ``coda eval`` with its default (the one source of them; the NME's
+    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    policy: str = option(",".join(DEFAULT_POLICIES), "comma-separated policies of "
+                         + ", ".join(POLICY_NAMES))
+    skip: str = option("0.3,0.5,0.6", "comma-separated distinct target skip fractions in (0, 1)")
+    prompts: str = option("0-9", "distinct digits, e.g. 0-9 or 1,4,9")
+    seeds: str = option("0", "distinct noise seeds 0..2^31-1, e.g. 0 or 0-3, disjoint from the "
+                        "profile's")
+    steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
+    guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
+    profile: str = option(None, "profile.npz of coda profile", type=str,
+                          default_text="the shipped one for 50 steps")
+    backend: str = option("torch", "where segments and monitors run", choices=("torch", "rtl"))
+    batch: int = option(2, "videos per generation")
+    workers: int = option(2, "Ray workers of the coda search's rollouts when no shipped "
+                          "schedule fits (0: in this process)")
+    out: str = option(None, "output folder", type=str, required=True)
+    threads: int = option(1, "torch CPU threads")
+
+
 def configure(parser) -> None:
-    from coda.host.model.sample import DEFAULT_GUIDANCE
     from coda.hw.verilog import add_latency_arguments
-    parser.add_argument("--policy", default=",".join(DEFAULT_POLICIES),
-                        help=f"comma-separated policies of {', '.join(POLICY_NAMES)} "
-                             "(default uniform,pab,teacache,coda,coda+dra)")
-    parser.add_argument("--skip", default="0.3,0.5,0.6",
-                        help="comma-separated distinct target skip fractions in (0, 1)")
-    parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
-                        "(default 0-9)")
-    parser.add_argument("--seeds", default="0", help="distinct noise seeds 0..2^31-1, e.g. 0 or "
-                        "0-3, disjoint from the profile's (default 0)")
-    parser.add_argument("--steps", type=int, default=50,
-                        help="DDIM steps, 1..1000 (the model's training timesteps; default 50)")
-    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
-                        help=f"CFG scale, finite and >= 0 (default {DEFAULT_GUIDANCE:g})")
-    parser.add_argument("--profile", default=None,
-                        help="profile.npz of coda profile (default: the shipped one for "
-                             "50 steps)")
-    parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
-                        help="where segments and monitors run (default torch)")
+    add_options(parser, EvalConfig)
     add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
-    parser.add_argument("--batch", type=int, default=2, help="videos per generation")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="Ray workers of the coda search's rollouts when no shipped "
-                             "schedule fits (0: in this process; default 2)")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 
 def main(args) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from coda.host.nme.backend import get_backend
-    from coda.host.model.classifier import label_accuracy
-    from coda.host.model.dit import load_model
-    from coda.host.cache.policies import (MAX_SEED, check_cached_steps, check_guidance, check_steps,
-                                    parse_int_list, parse_list)
-    from coda.experiments.profile import Profile, model_hash
-    from coda.host.cache.shipped import SHIPPED_PROFILE
     from coda.experiments.step_search import full_videos
+
+    cfg = from_args(EvalConfig, args)
+    s = _checked_setup(cfg, args)
+    console = Console()
+    console.print(s.preset.describe())    # the top of the output: which NME runs the segments
+    driver_factory = _driver_factory(s.model, s.backend, s.nme)
+    policies_at = _calibrated(s.policies, s.skips, s.profile, Path(s.profile_path), s.model,
+                              cfg, driver_factory, console)
+    s.out.mkdir(parents=True, exist_ok=True)
+
+    common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
+    vid_labels = torch.tensor([p for _ in s.seeds for p in s.prompts])
+    vid_seeds = [seed for seed in s.seeds for _ in s.prompts]
+    t0 = time.perf_counter()
+    console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {cfg.steps} steps")
+    full = full_videos(s.model, vid_labels.tolist(), vid_seeds, cache_dir="build/refs", **common)
+    motion = motion_px(full)
+    from coda.host.model.classifier import label_accuracy
+    acc_full = label_accuracy(full, vid_labels)
+
+    rows, per_video = _evaluate_all(cfg, s, policies_at, full, vid_labels, driver_factory,
+                                    console)
+    _count_wins(rows, per_video)
+    corner = _corner_cases(per_video, s.skips, motion)
+    videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
+               **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
+              for i in range(len(vid_labels))]
+    summary = {"label_accuracy_full": acc_full, "profile": str(s.profile_path),
+               "prompts": s.prompts, "seeds": s.seeds, "steps": cfg.steps,
+               "wall_s": time.perf_counter() - t0}
+    out = s.out
+    (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+    (out / "videos.json").write_text(json_text({"summary": summary, "videos": videos},
+                                                indent=1) + "\n")
+    (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
+    pareto_plot(rows, out / "pareto.png")
+    (out / "table.md").write_text(markdown_table(rows))
+    _print_summary(rows, corner, out, acc_full, console)
+    return 0
+
+
+@dataclass
+class _EvalSetup:
+    """What ``coda eval``'s options decided (:func:`_checked_setup`: every check before any
+    work), handed to the parts of :func:`main`."""
+    policies: list[str]
+    skips: list[float]
+    prompts: list[int]
+    seeds: list[int]
+    preset: Any                  # the NME (coda.hw.verilog.resolve_preset)
+    nme: dict                    # the NME's units and trail_stores, as NMEConfig fields
+    out: Path
+    profile: Any                 # the Profile, or None when no policy reads one
+    profile_path: Path
+    backend: Any
+    model: Any
+    layers: int
+
+
+def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
+    """Every check of ``coda eval``'s options, then the model, the profile and the backend.
+    ``args`` gives the NME's units (:func:`coda.hw.verilog.add_latency_arguments`). Raises
+    ValueError naming the flag."""
+    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.policies import (MAX_SEED, check_cached_steps, check_guidance,
+                                          check_steps, parse_int_list, parse_list)
+    from coda.host.cache.shipped import SHIPPED_PROFILE
+    from coda.host.model.dit import load_model
+    from coda.host.nme.backend import get_backend
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
     # ---- every check before any work
-    policies = parse_list(args.policy, "--policy", str, choices=POLICY_NAMES)
-    skips = parse_list(args.skip, "--skip", float,
+    policies = parse_list(cfg.policy, "--policy", str, choices=POLICY_NAMES)
+    skips = parse_list(cfg.skip, "--skip", float,
                        expected="comma-separated distinct fractions in (0, 1)")
     for s in skips:
         if not 0.0 < s < 1.0:
             raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
-    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
-    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
-    check_steps(args.steps)
+    prompts = parse_int_list(cfg.prompts, "--prompts", 0, 9)
+    seeds = parse_int_list(cfg.seeds, "--seeds", 0, MAX_SEED)
+    check_steps(cfg.steps)
     for name in policies:            # a policy that would cache nothing: nothing to compare
-        check_cached_steps(args.steps, "--steps", name)
-    check_guidance(args.guidance)
-    if args.workers < 0:
-        raise ValueError(f"--workers {args.workers}: expected >= 0")
+        check_cached_steps(cfg.steps, "--steps", name)
+    check_guidance(cfg.guidance)
+    if cfg.workers < 0:
+        raise ValueError(f"--workers {cfg.workers}: expected >= 0")
     for flag in ("batch", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
+        if getattr(cfg, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(cfg, flag)}: expected >= 1")
     preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
-    out = check_output_path(args.out, "--out", folder=True)
+    out = check_output_path(cfg.out, "--out", folder=True)
     profile = None
-    profile_path = args.profile or SHIPPED_PROFILE
+    profile_path = cfg.profile or SHIPPED_PROFILE
     # a given --profile is always checked (also when no policy reads it); the shipped one
     # only when a policy needs it
-    if args.profile is not None or any(p in _NEEDS_PROFILE for p in policies):
+    if cfg.profile is not None or any(p in _NEEDS_PROFILE for p in policies):
         profile = Profile.load(profile_path)
-    backend = get_backend(args.backend)
-    torch.set_num_threads(args.threads)
+    backend = get_backend(cfg.backend)
+    torch.set_num_threads(cfg.threads)
     model, _ = load_model()
     layers = len(model.transformer.transformer_blocks)
     if profile is not None:
-        profile.check_for(model_hash(model), args.steps, layers,
+        profile.check_for(model_hash(model), cfg.steps, layers,
                           what=f"--profile {profile_path}")
         profiled = [int(s) for s in profile.meta.get("seeds", [])]
         overlap = [s for s in seeds if s in profiled]
         if overlap:
-            raise ValueError(f"--seeds {args.seeds}: seeds {overlap} were profiled "
+            raise ValueError(f"--seeds {cfg.seeds}: seeds {overlap} were profiled "
                              f"(--profile {profile_path} has seeds {profiled}); expected "
                              "held-out seeds, disjoint from the profile's")
     if any(name.startswith("coda") for name in policies):
         from coda.experiments.step_search import check_reachable, constant_op_types
         for skip in skips:       # the search's bound, for every skip before any search
-            check_reachable(skip, args.steps, constant_op_types(profile))
-    console = Console()
-    console.print(preset.describe())    # the top of the output: which NME runs the segments
-    driver_factory = _driver_factory(model, backend, nme)
-    policies_at = _calibrated(policies, skips, profile, Path(profile_path), model, args,
-                              driver_factory, console)
-    out.mkdir(parents=True, exist_ok=True)
+            check_reachable(skip, cfg.steps, constant_op_types(profile))
+    return _EvalSetup(policies, skips, prompts, seeds, preset, nme, out, profile,
+                      Path(profile_path), backend, model, layers)
 
-    common = dict(num_steps=args.steps, guidance_scale=args.guidance)
-    vid_labels = torch.tensor([p for _ in seeds for p in prompts])
-    vid_seeds = [s for s in seeds for _ in prompts]
-    t0 = time.perf_counter()
-    console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {args.steps} steps")
-    full = full_videos(model, vid_labels.tolist(), vid_seeds, cache_dir="build/refs", **common)
-    motion = motion_px(full)
-    acc_full = label_accuracy(full, vid_labels)
 
+def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid_labels,
+                  driver_factory, console) -> tuple[list[dict], dict]:
+    """One row per (skip, policy): the cached videos of every prompt and seed against
+    ``full``, their quality, counters per video and modelled cost; pareto.json rewritten
+    after each. Returns (rows, per-video results by (policy, skip))."""
+    from coda.host.model.classifier import label_accuracy
+
+    common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
+    model, prompts, seeds, layers, out = s.model, s.prompts, s.seeds, s.layers, s.out
     rows, per_video = [], {}
-    for skip in skips:
-        for name in policies:
+    for skip in s.skips:
+        for name in s.policies:
             t1 = time.perf_counter()
             policy = policies_at[(name, skip)]
             res = evaluate_policy(model, policy, prompts, seeds, full,
-                                  driver_factory=driver_factory, batch=args.batch, **common)
+                                  driver_factory=driver_factory, batch=cfg.batch, **common)
             st, n = res["stats"], len(vid_labels)
             row = {"policy": name, "target_skip": skip,
                    "ops_skipped_fraction": st["ops_skipped_fraction"],
@@ -243,28 +303,20 @@ def main(args) -> int:
                    "monitor_nme_cycles": st["monitor_nme_cycles"] / n,
                    "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
                    "params": policy.describe(), "seconds": time.perf_counter() - t1,
-                   **_modelled(policy, args.steps, layers)}
+                   **_modelled(policy, cfg.steps, layers)}
             rows.append(row)
             per_video[(name, skip)] = res["per_video"]
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
                           f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
                           f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
             (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+    return rows, per_video
 
-    _count_wins(rows, per_video)
-    corner = _corner_cases(per_video, skips, motion)
-    videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
-               **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
-              for i in range(len(vid_labels))]
-    summary = {"label_accuracy_full": acc_full, "profile": str(profile_path),
-               "prompts": prompts, "seeds": seeds, "steps": args.steps,
-               "wall_s": time.perf_counter() - t0}
-    (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
-    (out / "videos.json").write_text(json_text({"summary": summary, "videos": videos},
-                                                indent=1) + "\n")
-    (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
-    pareto_plot(rows, out / "pareto.png")
-    (out / "table.md").write_text(markdown_table(rows))
+
+def _print_summary(rows: list[dict], corner: list[dict], out: Path, acc_full: float,
+                   console) -> None:
+    """The comparison table and the corner cases, on the console."""
+    from rich.table import Table
 
     table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
                         f"{acc_full:.3f})")
@@ -284,7 +336,7 @@ def main(args) -> int:
         console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
                       f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
                       f"executions {100 * c['extra_executions']:.2f} %")
-    return 0
+
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -379,7 +431,7 @@ def _driver_factory(model, backend, nme: dict):
     return factory
 
 
-def _calibrated(policies, skips, profile, profile_path: Path, model, args, driver_factory,
+def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver_factory,
                 console) -> dict:
     """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
     coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
@@ -396,20 +448,20 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, args, drive
         for name, latency in (("coda", None), ("coda-lat", "uniform")):
             if name in policies or (name == "coda" and "coda+dra" in policies):
                 scheds[name], source = coda_schedule(profile, profile_path, model, skip,
-                                                     workers=args.workers, latency=latency,
+                                                     workers=cfg.workers, latency=latency,
                                                      log=console.print)
                 console.print(f"{name} schedule for skip {skip}: {source}")
         sched = scheds.get("coda")
         if "coda+dra" in policies:
             table = calibrate_step_dra(model, sched, profile.meta["prompts"],
-                                       profile.meta["seeds"], num_steps=args.steps,
-                                       guidance_scale=args.guidance,
+                                       profile.meta["seeds"], num_steps=cfg.steps,
+                                       guidance_scale=cfg.guidance,
                                        driver_factory=driver_factory)
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
                                                    schedule=scheds.get(name, sched),
-                                                   num_steps=args.steps,
+                                                   num_steps=cfg.steps,
                                                    num_layers=layers, **extra)
     return policies_at
 

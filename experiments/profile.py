@@ -41,7 +41,9 @@ from coda.host.nmp.driver import NMPDriver
 from coda.host.cache.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
 from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.cache.schedule import BRANCHES, OP_TYPES
+from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.jsonout import json_text
+from coda.options import add_options, option
 
 __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
            "step_sensitivity",
@@ -419,31 +421,34 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
 
 
 # ---------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Every option of ``coda profile`` with its default (the one source of them; the NME's
+    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    prompts: str = option("0-9", "distinct digits, e.g. 0-9 or 1,4,9")
+    seeds: str = option("100", "distinct noise seeds 0..2^31-1, e.g. 100 or 100-101; evaluate "
+                        "on other seeds")
+    steps: int = option(DEFAULT_STEPS, "DDIM steps, 2..1000 (the model's training timesteps)")
+    guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
+    out: str = option(None, "output folder", type=str, required=True)
+    backend: str = option("torch", "where l1_distance runs (same numbers)",
+                          choices=("torch", "rtl"))
+    lanes: int = option(8, "NME SIMD lanes")
+    ranks: int = option(2, "ranks (1 DIMM)")
+    threads: int = option(1, "torch CPU threads")
+    sensitivity_blocks: int = option(None, "blocks of steps of the step-sensitivity runs, "
+                                     "0..steps/2 (each block needs 2 steps: one computed, one "
+                                     "reusing it; 0: none)", type=int,
+                                     default_text="min(10, steps/2): 10 for 50 steps")
+    sensitivity_videos: int = option(None, "profiled videos the step-sensitivity runs "
+                                     "generate, 1..prompts x seeds", type=int,
+                                     default_text="min(4, prompts x seeds)")
+
+
 def configure(parser) -> None:
-    from coda.host.model.sample import DEFAULT_GUIDANCE
     from coda.hw.verilog import add_latency_arguments
-    parser.add_argument("--prompts", default="0-9", help="distinct digits, e.g. 0-9 or 1,4,9 "
-                        "(default 0-9)")
-    parser.add_argument("--seeds", default="100", help="distinct noise seeds 0..2^31-1, e.g. 100 "
-                        "or 100-101; evaluate on other seeds (default 100)")
-    parser.add_argument("--steps", type=int, default=50,
-                        help="DDIM steps, 2..1000 (the model's training timesteps; default 50)")
-    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
-                        help=f"CFG scale, finite and >= 0 (default {DEFAULT_GUIDANCE:g})")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--backend", choices=("torch", "rtl"), default="torch",
-                        help="where l1_distance runs (default torch; same numbers)")
-    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+    add_options(parser, ProfileConfig)
     add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
-    parser.add_argument("--ranks", type=int, default=2, help="ranks (1 DIMM)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--sensitivity-blocks", type=int, default=None,
-                        help="blocks of steps of the step-sensitivity runs, 0..steps/2 (each "
-                             "block needs 2 steps: one computed, one reusing it; 0: none; "
-                             "default min(10, steps/2): 10 for 50 steps)")
-    parser.add_argument("--sensitivity-videos", type=int, default=None,
-                        help="profiled videos the step-sensitivity runs generate, 1..prompts x "
-                             "seeds (default min(4, prompts x seeds))")
 
 
 def _sensitivity_plan(blocks: int | None, videos: int | None, steps: int,

@@ -54,7 +54,10 @@ from typing import Any
 
 import torch
 
+from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.jsonout import json_text
+from coda.options import add_options, option
 
 DEFAULT_PROMPTS = "0-9"
 DEFAULT_RTL_VIDEOS = 3
@@ -63,58 +66,53 @@ POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache", 
                   "lemica")
 
 
-def configure(parser) -> None:
-    from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
-    from coda.hw.verilog import add_latency_arguments
+@dataclass(frozen=True)
+class RunConfig:
+    """Every option of ``coda run`` with its default (the one source of them; the NME's units
+    come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    out: str = option("out", "output folder")
+    prompts: str = option(DEFAULT_PROMPTS, "distinct digits 0..9, e.g. 0,3,7 or 0-3")
+    steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
+    guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
+    backend: str = option("rtl", "where cache segments run (rtl = the Verilated NME)",
+                          choices=("rtl", "torch"))
+    rtl_videos: int = option(None, "rtl backend: how many of the prompts (the first ones) run "
+                             "through the RTL and are checked bit for bit against torch; the "
+                             "rest run on torch", type=int,
+                             default_text=f"{DEFAULT_RTL_VIDEOS}, at most the prompts")
+    policy: str = option(None, f"cache policy, one of {', '.join(POLICY_CHOICES)}", type=str,
+                         default_text="coda: the shipped searched schedule; uniform if "
+                         "--interval/--warmup are given")
+    schedule: str = option(None, "coda / coda+dra: a schedule JSON of coda schedule search",
+                           type=str, metavar="FILE", default_text="the shipped one, 50 steps")
+    profile: str = option(None, "profile.npz for teacache, magcache, fbcache, lemica and DRA "
+                          "(its calibration videos)", type=str, metavar="FILE",
+                          default_text="the shipped one, 50 steps")
+    skip: float = option(None, "pab / teacache / magcache / fbcache / lemica: target skip "
+                         "fraction in (0, 1)", type=float,
+                         default_text="0.5; coda's is its schedule's, uniform's set by "
+                         "--interval/--warmup")
+    interval: int = option(None, "uniform policy: recompute every k steps (k >= 2)", type=int,
+                           default_text="2")
+    warmup: int = option(None, "uniform policy: first steps always computed (1..steps-2)",
+                         type=int, default_text="min(5, steps-2)")
+    dram: str = option(None, "cosimulate the DIMM-NMP with this DRAM preset (e.g. "
+                       f"{DEFAULT_STANDARD}; rtl backend only)", type=str, metavar="STD",
+                       default_text="NMEs on an ideal 1-cycle memory")
+    nme_mhz: float = option(None, "with --dram: the NMEs on their own clock of F MHz (1 .. the "
+                            "DRAM command clock) behind asynchronous FIFOs", type=float,
+                            metavar="F", default_text="the DRAM clock")
+    lanes: int = option(8, "NME SIMD lanes")
+    dimms: int = option(1, "DIMMs")
+    ranks: int = option(2, "ranks per DIMM, one NME each")
+    seed: int = option(0, "base noise seed: video i uses seed + i, each 0..2^31-1")
+    threads: int = option(2, "torch CPU threads")
 
-    parser.add_argument("--out", default="out", help="output folder (default: out/)")
-    parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
-                        help=f"distinct digits 0..9, e.g. 0,3,7 or 0-3 (default: "
-                             f"{DEFAULT_PROMPTS})")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help="DDIM steps, 1..1000 (the model's training timesteps)")
-    parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE,
-                        help="CFG scale, finite and >= 0")
-    parser.add_argument("--backend", choices=("rtl", "torch"), default="rtl",
-                        help="where cache segments run (default: rtl = Verilated NME)")
-    parser.add_argument("--rtl-videos", type=int, default=None,
-                        help=f"rtl backend: how many of the prompts (the first ones) run through "
-                             f"the RTL and are checked bit for bit against torch; the rest run "
-                             f"on torch (default {DEFAULT_RTL_VIDEOS}, at most the prompts)")
-    parser.add_argument("--policy", default=None,
-                        help=f"cache policy, one of {', '.join(POLICY_CHOICES)} (default coda: "
-                             "the shipped annealed schedule; uniform if --interval/--warmup "
-                             "are given)")
-    parser.add_argument("--schedule", default=None, metavar="FILE",
-                        help="coda / coda+dra: a schedule JSON of coda schedule search "
-                             "(default: the shipped one, 50 steps)")
-    parser.add_argument("--profile", default=None, metavar="FILE",
-                        help="profile.npz for teacache, magcache, fbcache, lemica and DRA "
-                             "(its calibration videos; default: the "
-                             "shipped one, 50 steps)")
-    parser.add_argument("--skip", type=float, default=None,
-                        help="pab / teacache / magcache / fbcache / lemica: target skip "
-                             "fraction in (0, 1) "
-                             "(default 0.5; coda's is its schedule's, uniform's set by "
-                             "--interval/--warmup)")
-    parser.add_argument("--interval", type=int, default=None,
-                        help="uniform policy: recompute every k steps (k >= 2, default 2)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="uniform policy: first steps always computed (1..steps-2, "
-                             "default min(5, steps-2))")
-    parser.add_argument("--dram", default=None, metavar="STD",
-                        help="cosimulate the DIMM-NMP with this DRAM preset (e.g. DDR5-4800; "
-                             "rtl backend only; default: NMEs on an ideal 1-cycle memory)")
-    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
-                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
-                             "command clock) behind asynchronous FIFOs (default: the DRAM clock)")
-    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes")
+
+def configure(parser) -> None:
+    from coda.hw.verilog import add_latency_arguments
+    add_options(parser, RunConfig)
     add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
-    parser.add_argument("--dimms", type=int, default=1)
-    parser.add_argument("--ranks", type=int, default=2, help="ranks per DIMM")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="base noise seed: video i uses seed + i, each 0..2^31-1")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
 
 
 def _driver(backend, args, model, videos: int, inputs: bool):
@@ -238,7 +236,7 @@ def _setup(args) -> _Setup:
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
-                  backend, modelled_dram=args.dram or "DDR5-4800")
+                  backend, modelled_dram=args.dram or DEFAULT_STANDARD)
 
 
 def _sampling(args) -> dict:

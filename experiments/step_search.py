@@ -47,6 +47,7 @@ import torch
 
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError
 from coda.host.system.cost import DEFAULT_TARGET
+from coda.options import add_options, option
 
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
            "plan_by_dp",
@@ -535,46 +536,43 @@ def _fastest_latency(profile, skip: float, target: str, cooldown: int) -> float:
 METHODS = ("steps", "anneal")
 
 
+@dataclass(frozen=True)
+class SearchConfig:
+    """Every option of ``coda schedule search`` with its default (the one source of them)."""
+    profile: str = option(None, "profile.npz written by coda profile", type=str, required=True)
+    skip: float = option(None, "target fraction of operator executions reused, in (0, 1)",
+                         type=float, required=True)
+    out: str = option(None, "schedule JSON to write", type=str, required=True)
+    method: str = option("steps", "steps: whole-step plans judged by rollouts of the "
+                         "calibration videos (the profile's; the shipped model only); anneal: "
+                         "the per-operator annealer on the profile alone", choices=METHODS)
+    cooldown: int = option(1, "last steps that compute everything, 0..steps-2 (steps: at least "
+                           "1); --skip can reach at most (steps - 1 - cooldown) / steps",
+                           unit="steps")
+    workers: int = option(2, "Ray workers for the rollouts, one CPU each; 0 runs them in this "
+                          "process (the same bits)", group="--method steps")
+    prune_videos: int = option(6, "calibration videos of the first round", unit="videos",
+                               group="--method steps")
+    finalists: int = option(4, "candidates rolled out on every calibration video",
+                            group="--method steps")
+    target: str = option(DEFAULT_TARGET, "MODEL@RES whose modelled system-f latency and "
+                         "energy every candidate reports (coda sim's transfer)",
+                         group="--method steps")
+    latency: str = option(None, "seconds, or 'uniform' (the uniform baseline's modelled "
+                          "latency at --skip): only candidates modelled at most this slow on "
+                          "--target (system f) may win; plans reusing the constant operator "
+                          "types then reuse as many more whole steps as the budget needs",
+                          type=str, default_text="any", group="--method steps")
+    seed: int = option(0, "annealing seed, 0..2^31-1", group="--method anneal")
+    moves: int = option(200_000, "annealing moves", group="--method anneal")
+    w_transfer: float = option(0.1, "weight of the transfer term, finite and >= 0",
+                               group="--method anneal")
+    w_mismatch: float = option(0.1, "weight of the pipeline-mismatch term, finite and >= 0",
+                               group="--method anneal")
+
+
 def configure(parser) -> None:
-    parser.add_argument("--profile", required=True, help="profile.npz written by coda profile")
-    parser.add_argument("--skip", type=float, required=True,
-                        help="target fraction of operator executions reused, in (0, 1)")
-    parser.add_argument("--out", required=True, help="schedule JSON to write")
-    parser.add_argument("--method", choices=METHODS, default="steps",
-                        help="steps: whole-step plans judged by rollouts of the calibration "
-                             "videos (the profile's; the shipped model only); anneal: the "
-                             "per-operator annealer on the profile alone (default steps)")
-    parser.add_argument("--cooldown", type=int, default=1,
-                        help="last steps that compute everything, 0..steps-2 (default 1; "
-                             "steps: at least 1); --skip can reach at most "
-                             "(steps - 1 - cooldown) / steps")
-    steps = parser.add_argument_group("--method steps")
-    steps.add_argument("--workers", type=int, default=2,
-                       help="Ray workers for the rollouts, one CPU each; 0 runs them in this "
-                            "process (the same bits; default 2)")
-    steps.add_argument("--prune-videos", type=int, default=6,
-                       help="calibration videos of the first round (default 6)")
-    steps.add_argument("--finalists", type=int, default=4,
-                       help="candidates rolled out on every calibration video (default 4)")
-    steps.add_argument("--target", default=DEFAULT_TARGET,
-                       help="MODEL@RES whose modelled system-f latency and energy every "
-                            f"candidate reports (coda sim's transfer; default {DEFAULT_TARGET})")
-    steps.add_argument("--latency", default=None,
-                       help="seconds, or 'uniform' (the uniform baseline's modelled latency "
-                            "at --skip): only candidates modelled at most this slow on "
-                            "--target (system f) may win; plans reusing the constant operator "
-                            "types then reuse as many more whole steps as the budget needs "
-                            "(default: any)")
-    anneal_ = parser.add_argument_group("--method anneal")
-    anneal_.add_argument("--seed", type=int, default=0,
-                         help="annealing seed, 0..2^31-1 (default 0)")
-    anneal_.add_argument("--moves", type=int, default=200_000,
-                         help="annealing moves (default 200000)")
-    anneal_.add_argument("--w-transfer", type=float, default=0.1,
-                         help="weight of the transfer term, finite and >= 0 (default 0.1)")
-    anneal_.add_argument("--w-mismatch", type=float, default=0.1,
-                         help="weight of the pipeline-mismatch term, finite and >= 0 "
-                              "(default 0.1)")
+    add_options(parser, SearchConfig)
 
 
 def calibration_videos(profile) -> tuple[list[int], list[int]]:
@@ -584,10 +582,12 @@ def calibration_videos(profile) -> tuple[list[int], list[int]]:
     return ([int(p) for _ in seeds for p in prompts], [int(s) for s in seeds for _ in prompts])
 
 
-def checked_search_steps(profile_path, skip: float, *, cooldown: int = 1, workers: int = 2,
-                         prune_videos: int = 6, finalists: int = 4,
+def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchConfig.cooldown,
+                         workers: int = SearchConfig.workers,
+                         prune_videos: int = SearchConfig.prune_videos,
+                         finalists: int = SearchConfig.finalists,
                          refs_dir: str | Path | None = "build/refs",
-                         target: str | None = DEFAULT_TARGET,
+                         target: str | None = SearchConfig.target,
                          max_latency_s: float | str | None = None,
                          log=print) -> tuple[SearchReport, dict]:
     """:func:`search_steps` for the shipped model on the profile file after ``coda schedule

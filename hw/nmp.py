@@ -73,7 +73,7 @@ from coda.hw.yosys import use_pinned_yosys
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
            "MAX_RANKS", "check_shape", "check_nme_mhz", "REQ_FIFO_DEPTH", "rsp_fifo_depth",
-           "MIN_NME_MHZ", "CDC_BURSTS_IN_FLIGHT"]
+           "MIN_NME_MHZ", "CDC_BURSTS_IN_FLIGHT", "NMP_DEPTH"]
 
 #: entries of a rank's burst-request AsyncFIFO (adapter -> controller) with ``nme_clock``:
 #: covers the pointer round trip (write, two DRAM-clock synchroniser flops, read, two
@@ -128,6 +128,12 @@ def check_nme_mhz(nme_mhz, std) -> float | None:
 #: that a typo (``--dimms 1000``) fails at once instead of elaborating for hours (an 8 x 8
 #: system elaborates in about 5 s on the 2-core development machine)
 MAX_RANKS = 256
+
+#: NME buffer depth (words per stream block) of the DIMM-NMP, where the NME alone defaults
+#: to :attr:`coda.hw.nme.isa.NMEConfig.depth` (64): with 256 KiB streams on DDR5-4800, 64
+#: words hold the rank to 81 % of its peak bandwidth (read/write turnarounds of the short
+#: blocks), 256 words reach 88 % (measured: :mod:`coda.cosim.nmp_measure`, ``coda bench``)
+NMP_DEPTH = 256
 
 #: DRAM-side members of a rank (``dram_`` + the controller's name), in/out direction.
 DRAM_PORTS = ("cmd_kind", "cmd_bg", "cmd_ba", "cmd_row", "cmd_col", "cmd_wdata", "cmd_wmask",

@@ -18,6 +18,7 @@ from typing import Callable
 
 from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
 from coda.hw.yosys import use_pinned_yosys
+from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
            "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset"]
@@ -81,7 +82,7 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False
                                measure_toggles=measure_toggles), name=name)
 
 
-def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-4800",
+def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = DEFAULT_STANDARD,
                      dimms: int = 1, ranks: int = 1, clock_gating: bool = True,
                      nme_mhz: float | None = None) -> str:
     """Verilog of a whole DIMM-NMP (:func:`coda.hw.nmp.dimm_verilog`): ``dimms * ranks``
@@ -108,7 +109,7 @@ def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = "DDR5-48
 TOPS: dict[str, Callable[..., str]] = {"nme": nme_verilog, "dimm": dimm_top_verilog}
 #: options of ``coda verilog`` passed to a top's function (beyond cfg and name), with the
 #: value each takes when not given
-TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": "DDR5-4800", "dimms": 1, "ranks": 1,
+TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": DEFAULT_STANDARD, "dimms": 1, "ranks": 1,
                                                       "nme_mhz": None}}
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 
 from coda.hw.dram.mapping import AddressMapping
-from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.hw.dram.standards import DEFAULT_STANDARD, DRAMStandard, get_standard
 
 __all__ = ["BankColouredAllocator", "SCRATCH_XOR", "SLOT_COLOUR", "DEFAULT_STANDARD"]
 
@@ -50,8 +50,6 @@ SLOT_COLOUR = 3
 #: cached operand (0 if none): a segment on slots of colour c puts x at c^3, y at c^1
 SCRATCH_XOR = (3, 1, 2, 0)
 
-#: the mapping colours are computed with when the backend has no DRAM (the DIMM-NMP's default)
-DEFAULT_STANDARD = "DDR5-4800"
 
 
 class BankColouredAllocator:

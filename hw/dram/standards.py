@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["DRAMStandard", "STANDARDS", "get_standard", "channel_banks", "DDR4_3200", "DDR5_4800", "LPDDR5_6400"]
+__all__ = ["DRAMStandard", "STANDARDS", "DEFAULT_STANDARD", "get_standard", "channel_banks", "DDR4_3200", "DDR5_4800", "LPDDR5_6400"]
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,10 @@ LPDDR5_6400 = DRAMStandard(
 )
 
 STANDARDS: dict[str, DRAMStandard] = {s.name: s for s in (DDR4_3200, DDR5_4800, LPDDR5_6400)}
+
+#: the standard of the DIMMs in CODA's design (DDR5-4800 RDIMMs, JESD79-5): the default of every
+#: command and function that takes a DRAM standard
+DEFAULT_STANDARD = DDR5_4800.name
 
 
 def get_standard(name: str | DRAMStandard) -> DRAMStandard:
