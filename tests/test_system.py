@@ -14,10 +14,10 @@ from coda.host.system import modelled
 from coda.host.system.ablation import run_ablation
 from coda.host.system.nme import segment_timing
 from coda.host.system.platforms import platform
+from coda.host.system.presets import model_shape, opensora_shape, shipped_shape
 from coda.host.system.replay import SYSTEMS, replay
 from coda.host.system.schedules import resolve, transfer, uniform
-from coda.host.system.shapes import (ATTENTION, GEMM, model_shape, opensora_shape,
-                                     shipped_shape)
+from coda.host.system.shapes import ATTENTION, GEMM
 from coda.host.system.sim import parse_systems, simulate
 from coda.host.system.workload import from_events, segment_bytes, synthesize, tensor_bytes
 
@@ -94,10 +94,11 @@ def test_traced_operators_are_the_cache_engines(name, frames):
     """The traced operators, in forward order, are those the cache engine hooks
     (coda.host.cache.arch.model_ops), so a real EventLog of any of these models maps onto them."""
     from coda.host.cache.arch import model_ops
-    from coda.host.system.shapes import _build, get_spec
+    from coda.host.system.presets import get_spec
+    from coda.host.system.trace import build
 
     shape = model_shape(name, "256x256", frames=frames)
-    model, _ = _build(get_spec(name))
+    model, _ = build(get_spec(name))
     assert [o.ref for o in shape.ops] == [tuple(r) for r in model_ops(model).ops]
     two = name in ("cogvideox-2b", "hunyuanvideo")
     assert all(bool(o.stream_tokens) == two for o in shape.ops)

@@ -3,7 +3,9 @@ DIMM-NMP machine, where the time goes, and what it costs in energy.
 
 | module | what |
 |---|---|
-| ``shapes.py`` | model presets: diffusers transformers traced on the meta device (kernels per cacheable operator), Open-Sora 1.2 by hand, the shipped model |
+| ``shapes.py`` | a model's shape: its cacheable operators and the GPU kernels (FLOPs, bytes) of each |
+| ``presets.py`` | model presets with their sources (the diffusers models, Open-Sora 1.2 by hand, the shipped model), resolutions and frame rules, ``model_shape`` |
+| ``trace.py`` | a diffusers transformer traced on the meta device, its operators those of the cache engine's adapter (``host/cache/arch``) |
 | ``platforms.py`` | GPU, PCIe, DIMM and energy presets, every number with its source; measured DIMM-NMP DRAM utilisation |
 | ``nme.py`` | NME time of a segment: cycle model of the compiled program, DRAM-bounded |
 | ``schedules.py`` | schedules over any model's operators: uniform rule, transfer of a shipped-model Schedule, ``coda`` |
@@ -55,7 +57,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
     from .ablation import run_ablation
     from .nme import segment_timing
     from .platforms import platform as make_platform
-    from .shapes import shipped_shape
+    from .presets import shipped_shape
     from .workload import from_events
 
     shape = shipped_shape(model_config)

@@ -35,8 +35,8 @@ DEFAULT_TARGET = "wan2.1-14b@720p"
 def parse_target(target: str) -> tuple[str, str | None]:
     """``"MODEL@RES"`` -> (model, resolution).
 
-    MODEL is one of :func:`coda.host.system.shapes.model_names`; RES one of
-    :data:`coda.host.system.shapes.RESOLUTIONS` (``480p``, ``720p``). The shipped model
+    MODEL is one of :func:`coda.host.system.presets.model_names`; RES one of
+    :data:`coda.host.system.presets.RESOLUTIONS` (``480p``, ``720p``). The shipped model
     (``latte-digits``) has its resolution in its preset (its training size, ``SxS`` pixels):
     ``"latte-digits"`` or ``"latte-digits@SxS"`` give (``"latte-digits"``, None); another
     resolution is refused.
@@ -44,7 +44,7 @@ def parse_target(target: str) -> tuple[str, str | None]:
     Raises:
         ValueError: naming the value and the choices (models or resolutions).
     """
-    from .shapes import RESOLUTIONS, model_names
+    from .presets import RESOLUTIONS, model_names
 
     model, sep, res = str(target).partition("@")
     if model not in model_names():
@@ -68,7 +68,7 @@ def parse_target(target: str) -> tuple[str, str | None]:
 def _shipped_resolution() -> str:
     import json
 
-    from .shapes import _shipped_config
+    from .presets import _shipped_config
 
     size = json.loads(_shipped_config().read_text())["data"]["size"]
     return f"{size}x{size}"

@@ -39,7 +39,7 @@ DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
 def configure(parser) -> None:
     from .platforms import DEFAULT_PLATFORM, GPUS
-    from .shapes import model_names
+    from .presets import model_names
 
     parser.add_argument("--model", default="wan2.1-14b",
                         help=f"one of {', '.join(model_names())} (default wan2.1-14b)")
@@ -162,7 +162,7 @@ def setup(model: str, *, resolution=None, seconds=None, frames=None, gpu: str = 
     shipped model; 4 s but for the fixed-length Latte models). Raises ValueError for bad
     input (message names the flag), e.g. a hidden size that is not a multiple of ``lanes``."""
     from .platforms import platform
-    from .shapes import model_shape
+    from .presets import model_shape
 
     plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, nme_mhz=nme_mhz,
                     **platform_overrides)

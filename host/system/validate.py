@@ -107,7 +107,7 @@ def bench(shape_cache: Path | None = None) -> dict:
     from .platforms import platform
     from .replay import replay
     from .schedules import uniform
-    from .shapes import model_shape
+    from .presets import model_shape
     from .workload import from_events, synthesize
 
     t0 = time.perf_counter()

@@ -94,12 +94,18 @@ class BlockSpec:
     Class attributes:
         block_class: the diffusers block class it replays.
         ops: its cacheable operators in forward order (op types of :mod:`coda.host.cache.schedule`).
+        op_modules: op -> the attributes of the block's submodules that compute it (several:
+            one per stream; ``()``: the whole block), for code that attributes work to
+            operators without running :meth:`compute` (the system model's meta-device trace).
+        ungated: the ops whose residual is added without a gate (:meth:`gates` gives 1).
         streams: residual stream name -> the forward parameter carrying it, in the order the
             block returns them (``"hidden"``, the video tokens, first).
         returns_tuple: the block returns a tuple of its streams (else the one tensor).
     """
     block_class: str = ""
     ops: tuple[str, ...] = ()
+    op_modules: dict[str, tuple[str, ...]] = {}
+    ungated: frozenset[str] = frozenset()
     streams: dict[str, str] = {"hidden": "hidden_states"}
     returns_tuple: bool = False
 

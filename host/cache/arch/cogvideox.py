@@ -30,6 +30,7 @@ __all__ = ["CogVideoX"]
 class _CogVideoXBlock(BlockSpec):
     block_class = "CogVideoXBlock"
     ops = ("attn", "ffn")
+    op_modules = {"attn": ("attn1",), "ffn": ("ff",)}
     streams = {"hidden": "hidden_states", "encoder": "encoder_hidden_states"}
     returns_tuple = True
 

@@ -39,6 +39,7 @@ def _mod(norm, temb, chunks):
 class _DualBlock(BlockSpec):
     block_class = "HunyuanVideoTransformerBlock"
     ops = ("attn", "ffn")
+    op_modules = {"attn": ("attn",), "ffn": ("ff", "ff_context")}
     streams = {"hidden": "hidden_states", "encoder": "encoder_hidden_states"}
     returns_tuple = True
 
@@ -95,6 +96,7 @@ class _DualBlock(BlockSpec):
 class _SingleBlock(BlockSpec):
     block_class = "HunyuanVideoSingleTransformerBlock"
     ops = ("single",)
+    op_modules = {"single": ()}
     streams = {"hidden": "hidden_states", "encoder": "encoder_hidden_states"}
     returns_tuple = True
 

@@ -111,6 +111,8 @@ class _LatteBlock(BlockSpec):
 
 class _Spatial(_LatteBlock):
     ops = ("spatial_attn", "cross_attn", "spatial_ffn")
+    op_modules = {"spatial_attn": ("attn1",), "cross_attn": ("attn2",), "spatial_ffn": ("ff",)}
+    ungated = frozenset({"cross_attn"})
 
     def to_canonical(self, stream, x, batch):           # [B*F, N, C] -> [B, F, N, C]
         return x.reshape(batch, -1, x.shape[-2], x.shape[-1])
@@ -121,6 +123,7 @@ class _Spatial(_LatteBlock):
 
 class _Temporal(_LatteBlock):
     ops = ("temporal_attn", "temporal_ffn")
+    op_modules = {"temporal_attn": ("attn1",), "temporal_ffn": ("ff",)}
     temporal = True
 
     def check(self, call):

@@ -30,6 +30,8 @@ __all__ = ["Wan"]
 class _WanBlock(BlockSpec):
     block_class = "WanTransformerBlock"
     ops = ("attn", "cross_attn", "ffn")
+    op_modules = {"attn": ("attn1",), "cross_attn": ("attn2",), "ffn": ("ffn",)}
+    ungated = frozenset({"cross_attn"})
 
     def pinned(self):
         from diffusers.models.transformers.transformer_wan import WanTransformerBlock
