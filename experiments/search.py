@@ -354,6 +354,153 @@ class SearchResult:
     accepted: int
 
 
+def _greedy_start(cm: CostModel, target: int, steps: int, n_b: int, n_k: int,
+                  cooldown: int) -> np.ndarray:
+    """The start of the walk, a reuse matrix [steps, branches, ops] of ``target`` True: the
+    (step, operator) pairs cheapest to reuse in both CFG branches (one step stale), then, for
+    an odd count, the cheapest single execution; never step 0 or the last ``cooldown``."""
+    one = cm.d * cm.weight[None]                                       # [S, B, K]
+    pair = np.abs((one * cm.cfg_coef[None, :, None]).sum(axis=1))      # [S, K]
+    single = one * np.abs(cm.cfg_coef)[None, :, None]
+    for sc in (pair, single):
+        sc[0] = np.inf
+        if cooldown:
+            sc[steps - cooldown:] = np.inf
+    m = np.zeros((steps, n_b, n_k), bool)
+    ps, pk = np.unravel_index(np.argsort(pair, axis=None, kind="stable")[:target // n_b],
+                              pair.shape)
+    m[ps, :, pk] = True
+    single[m] = np.inf
+    m.reshape(-1)[np.argsort(single, axis=None, kind="stable")[:target - int(m.sum())]] = True
+    return m
+
+
+def _temperature(it: int, moves: int, t_start: float = 0.02, t_end: float = 1e-5) -> float:
+    """The geometric cooling schedule: ``t_start`` at move 0 down to ``t_end`` at the last."""
+    return t_start * (t_end / t_start) ** (it / max(1, moves - 1))
+
+
+def _metropolis(delta: float, temp: float, rng: np.random.Generator) -> bool:
+    """Accept a move whose cost changes by ``delta``: always when it does not rise, else with
+    probability ``exp(-delta / temp)`` (draws from ``rng`` only then)."""
+    return delta <= 0 or rng.random() < math.exp(-delta / temp)
+
+
+@dataclass
+class _Move:
+    """One proposed move, applied to the matrix while it is judged: its ``(reused, free)``
+    flat-index swaps, the operator rows and steps it touches with their new terms, the
+    changes of the four summed terms and the total cost after it."""
+    swaps: list[tuple[int, int]]
+    rows: dict
+    steps: dict
+    deltas: tuple[float, float, float, float]
+    cost: float
+
+
+class _Walk:
+    """The annealing's state: the reuse matrix ``m`` [steps, branches, ops], its reused and
+    free executions (lists with positions, so a move draws one in O(1)), and the cost terms
+    kept per operator row (quality, stores) and per step (link time, mismatch), so a move
+    re-evaluates only the rows and steps it touches.
+
+    ``objective(quality, stores, link_s, mismatch_s)`` -> the normalised total cost."""
+
+    def __init__(self, cm: CostModel, m: np.ndarray, cooldown: int,
+                 objective: Callable[[float, float, float, float], float]):
+        steps, n_b, n_k = m.shape
+        self.cm, self.m, self.flat_m, self.objective = cm, m, m.reshape(-1), objective
+        self.steps, self.n_b, self.n_k, self.cooldown = steps, n_b, n_k, cooldown
+        self.rowq = np.zeros(n_k)
+        self.rows_st = np.zeros(n_k, int)
+        for k in range(n_k):
+            self.rowq[k], self.rows_st[k] = cm.op_terms(m, k)
+        st = [cm.step_terms(m, s) for s in range(steps)]
+        self.step_link = np.array([x[2] for x in st])
+        self.step_mism = np.array([x[3] for x in st])
+        self.cost = objective(self.rowq.sum(), self.rows_st.sum(), self.step_link.sum(),
+                              self.step_mism.sum())
+        self.sums = (self.rowq.sum(), self.rows_st.sum(), self.step_link.sum(),
+                     self.step_mism.sum())
+        self.reused = list(np.flatnonzero(m.reshape(-1)))
+        last = (steps - cooldown) * n_b * n_k
+        self.free = [i for i in np.flatnonzero(~m.reshape(-1))
+                     if n_b * n_k <= i < last]   # steps >= 1
+        self.pos_r = {c: i for i, c in enumerate(self.reused)}
+        self.pos_f = {c: i for i, c in enumerate(self.free)}
+
+    def propose(self, rng: np.random.Generator) -> list[tuple[int, int]] | None:
+        """(reused, free) position swaps of one move, or None for a move off the grid:
+        one execution to anywhere or next to it (+-1 step, +-1 operator, the other branch),
+        or an operator reused in both branches moved as a pair (anywhere or +-1 step/op)."""
+        m, reused, free = self.m, self.reused, self.free
+        steps, n_b, n_k, cooldown = self.steps, self.n_b, self.n_k, self.cooldown
+        a = reused[rng.integers(len(reused))]
+        s, b, k = np.unravel_index(a, m.shape)
+        if n_b == 2 and rng.random() < 0.5:
+            if not m[s, 1 - b, k]:
+                return None
+            if rng.random() < 0.5:
+                s2, k2 = int(rng.integers(1, steps - cooldown)), int(rng.integers(n_k))
+            else:
+                kind = rng.integers(4)
+                s2, k2 = s + (-1, 1, 0, 0)[kind], k + (0, 0, -1, 1)[kind]
+            if not (1 <= s2 < steps - cooldown and 0 <= k2 < n_k) or m[s2, :, k2].any():
+                return None
+            return [(np.ravel_multi_index((s, bb, k), m.shape),
+                     np.ravel_multi_index((s2, bb, k2), m.shape)) for bb in range(n_b)]
+        if rng.random() < 0.5:
+            return [(a, free[rng.integers(len(free))])]
+        kind = rng.integers(5)
+        s2 = s + (-1, 1, 0, 0, 0)[kind]
+        k2 = k + (0, 0, -1, 1, 0)[kind]
+        b2 = 1 - b if kind == 4 else b
+        if not (1 <= s2 < steps - cooldown and 0 <= k2 < n_k) or m[s2, b2, k2]:
+            return None
+        return [(a, np.ravel_multi_index((s2, b2, k2), m.shape))]
+
+    def try_move(self, swaps: list[tuple[int, int]]) -> _Move:
+        """Apply ``swaps`` to the matrix and cost the rows and steps they touch."""
+        cm, m, flat_m = self.cm, self.m, self.flat_m
+        rows, steps_hit = set(), set()
+        for a, c in swaps:
+            flat_m[a], flat_m[c] = False, True
+            for pos in (a, c):
+                sp, _, kp = np.unravel_index(pos, m.shape)
+                rows.add(kp)
+                steps_hit.add(sp)
+        new_rows = {r: cm.op_terms(m, r) for r in rows}
+        new_steps = {s: cm.step_terms(m, s) for s in steps_hit}
+        dq = sum(new_rows[r][0] - self.rowq[r] for r in rows)
+        dst = sum(new_rows[r][1] - self.rows_st[r] for r in rows)
+        dl = sum(new_steps[s][2] - self.step_link[s] for s in steps_hit)
+        dm = sum(new_steps[s][3] - self.step_mism[s] for s in steps_hit)
+        q_sum, st_sum, l_sum, m_sum = self.sums
+        new = self.objective(q_sum + dq, st_sum + dst, l_sum + dl, m_sum + dm)
+        return _Move(swaps, new_rows, new_steps, (dq, dst, dl, dm), new)
+
+    def accept(self, move: _Move) -> None:
+        """Keep the move: its cost, terms and the reused / free lists follow it."""
+        self.cost = move.cost
+        self.sums = tuple(total + d for total, d in zip(self.sums, move.deltas))
+        for r, terms in move.rows.items():
+            self.rowq[r], self.rows_st[r] = terms
+        for s, terms in move.steps.items():
+            self.step_link[s], self.step_mism[s] = terms[2], terms[3]
+        for a, c in move.swaps:
+            i = self.pos_r.pop(a)
+            self.reused[i] = c
+            self.pos_r[c] = i
+            j = self.pos_f.pop(c)
+            self.free[j] = a
+            self.pos_f[a] = j
+
+    def reject(self, move: _Move) -> None:
+        """Undo the move's swaps on the matrix."""
+        for a, c in move.swaps:
+            self.flat_m[a], self.flat_m[c] = True, False
+
+
 def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
            w_transfer: float = 0.1, w_mismatch: float = 0.1,
            compute_time: ComputeTime = flop_compute_time, link: LinkModel | None = None,
@@ -387,123 +534,33 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
     norm_q = ref["quality"] or 1.0
     norm_t = ref["transfer_s"] or 1.0
     norm_m = ref["mismatch_s"] or max(1e-12, ref["transfer_s"] or 1.0)
-
-    # start (greedy): the (step, operator) pairs cheapest to reuse in both CFG branches
-    # (one step stale), then, for an odd count, the cheapest single execution
-    one = cm.d * cm.weight[None]                                       # [S, B, K]
-    pair = np.abs((one * cm.cfg_coef[None, :, None]).sum(axis=1))      # [S, K]
-    single = one * np.abs(cm.cfg_coef)[None, :, None]
-    for sc in (pair, single):
-        sc[0] = np.inf
-        if cooldown:
-            sc[steps - cooldown:] = np.inf
-    m = np.zeros((steps, n_b, n_k), bool)
-    ps, pk = np.unravel_index(np.argsort(pair, axis=None, kind="stable")[:target // n_b],
-                              pair.shape)
-    m[ps, :, pk] = True
-    single[m] = np.inf
-    m.reshape(-1)[np.argsort(single, axis=None, kind="stable")[:target - int(m.sum())]] = True
-
-    rowq = np.zeros(n_k)
-    rows_st = np.zeros(n_k, int)
-    for k in range(n_k):
-        rowq[k], rows_st[k] = cm.op_terms(m, k)
-    st = [cm.step_terms(m, s) for s in range(steps)]
-    step_link = np.array([x[2] for x in st])
-    step_mism = np.array([x[3] for x in st])
     tb, bw = cm.tensor_bytes, cm.link.bandwidth
 
     def total_cost(q, stores, link_s, mism):
         return (q / norm_q + w_transfer * (link_s + stores * tb / bw) / norm_t
                 + w_mismatch * mism / norm_m)
 
-    cur = total_cost(rowq.sum(), rows_st.sum(), step_link.sum(), step_mism.sum())
-    q_sum, st_sum, l_sum, m_sum = rowq.sum(), rows_st.sum(), step_link.sum(), step_mism.sum()
-    best, best_m = cur, m.copy()
-
-    reused = list(np.flatnonzero(m.reshape(-1)))
-    last = (steps - cooldown) * n_b * n_k
-    free = [i for i in np.flatnonzero(~m.reshape(-1)) if n_b * n_k <= i < last]   # steps >= 1
-    pos_r = {c: i for i, c in enumerate(reused)}
-    pos_f = {c: i for i, c in enumerate(free)}
-
-    # temperature: from the spread of cost changes of random moves
-    t_start = 0.02
-    t_end = 1e-5
+    walk = _Walk(cm, _greedy_start(cm, target, steps, n_b, n_k, cooldown), cooldown,
+                 total_cost)
+    best, best_m = walk.cost, walk.m.copy()
     accepted = 0
-    flat_m = m.reshape(-1)
-    if not free:        # every reusable execution is reused: the schedule is determined
+    if not walk.free:   # every reusable execution is reused: the schedule is determined
         moves = 0
-    def propose() -> list[tuple[int, int]] | None:
-        """(reused, free) position swaps of one move, or None for a move off the grid:
-        one execution to anywhere or next to it (+-1 step, +-1 operator, the other branch),
-        or an operator reused in both branches moved as a pair (anywhere or +-1 step/op)."""
-        a = reused[rng.integers(len(reused))]
-        s, b, k = np.unravel_index(a, m.shape)
-        if n_b == 2 and rng.random() < 0.5:
-            if not m[s, 1 - b, k]:
-                return None
-            if rng.random() < 0.5:
-                s2, k2 = int(rng.integers(1, steps - cooldown)), int(rng.integers(n_k))
-            else:
-                kind = rng.integers(4)
-                s2, k2 = s + (-1, 1, 0, 0)[kind], k + (0, 0, -1, 1)[kind]
-            if not (1 <= s2 < steps - cooldown and 0 <= k2 < n_k) or m[s2, :, k2].any():
-                return None
-            return [(np.ravel_multi_index((s, bb, k), m.shape),
-                     np.ravel_multi_index((s2, bb, k2), m.shape)) for bb in range(n_b)]
-        if rng.random() < 0.5:
-            return [(a, free[rng.integers(len(free))])]
-        kind = rng.integers(5)
-        s2 = s + (-1, 1, 0, 0, 0)[kind]
-        k2 = k + (0, 0, -1, 1, 0)[kind]
-        b2 = 1 - b if kind == 4 else b
-        if not (1 <= s2 < steps - cooldown and 0 <= k2 < n_k) or m[s2, b2, k2]:
-            return None
-        return [(a, np.ravel_multi_index((s2, b2, k2), m.shape))]
-
     for it in range(moves):
-        temp = t_start * (t_end / t_start) ** (it / max(1, moves - 1))
-        swaps = propose()
+        temp = _temperature(it, moves)
+        swaps = walk.propose(rng)
         if swaps is None:
             continue
-        rows, steps_hit = set(), set()
-        for a, c in swaps:
-            flat_m[a], flat_m[c] = False, True
-            for pos in (a, c):
-                sp, _, kp = np.unravel_index(pos, m.shape)
-                rows.add(kp)
-                steps_hit.add(sp)
-        new_rows = {r: cm.op_terms(m, r) for r in rows}
-        new_steps = {s: cm.step_terms(m, s) for s in steps_hit}
-        dq = sum(new_rows[r][0] - rowq[r] for r in rows)
-        dst = sum(new_rows[r][1] - rows_st[r] for r in rows)
-        dl = sum(new_steps[s][2] - step_link[s] for s in steps_hit)
-        dm = sum(new_steps[s][3] - step_mism[s] for s in steps_hit)
-        new = total_cost(q_sum + dq, st_sum + dst, l_sum + dl, m_sum + dm)
-        delta = new - cur
-        if delta <= 0 or rng.random() < math.exp(-delta / temp):
+        move = walk.try_move(swaps)
+        if _metropolis(move.cost - walk.cost, temp, rng):
             accepted += 1
-            cur = new
-            q_sum, st_sum, l_sum, m_sum = q_sum + dq, st_sum + dst, l_sum + dl, m_sum + dm
-            for r in rows:
-                rowq[r], rows_st[r] = new_rows[r]
-            for s in steps_hit:
-                step_link[s], step_mism[s] = new_steps[s][2], new_steps[s][3]
-            for a, c in swaps:
-                i = pos_r.pop(a)
-                reused[i] = c
-                pos_r[c] = i
-                j = pos_f.pop(c)
-                free[j] = a
-                pos_f[a] = j
-            if cur < best - 1e-12:
-                best, best_m = cur, m.copy()
+            walk.accept(move)
+            if walk.cost < best - 1e-12:
+                best, best_m = walk.cost, walk.m.copy()
         else:
-            for a, c in swaps:
-                flat_m[a], flat_m[c] = True, False
+            walk.reject(move)
         if progress is not None and it % 20000 == 0:
-            progress(it, cur)
+            progress(it, walk.cost)
     terms = cm.evaluate(best_m)
     terms["step_decay"] = decay
     name = f"coda(skip={skip:g},seed={seed})"
