@@ -23,11 +23,13 @@ generation of the shipped model.
 
 from __future__ import annotations
 
+from coda.hw.dram.standards import DEFAULT_STANDARD
+
 __all__ = ["modelled"]
 
 
 def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
-             depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = "DDR5-4800",
+             depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = DEFAULT_STANDARD,
              nme_mhz: float | None = None, cfg: str = "batched",
              nme_timing: str = "model", segment_output: str = "sum") -> dict:
     """The modelled systems a..f of the last generation in ``events`` (an

@@ -19,6 +19,9 @@ replay.
 
 from __future__ import annotations
 
+from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.hw.nmp import NMP_DEPTH
+
 import functools
 from pathlib import Path
 
@@ -89,8 +92,8 @@ def target_setup(model: str, resolution: str | None, seconds: float | None, gpu:
 
 def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str = "f", *,
                   steps: int = 50, seconds: float | None = None, gpu: str | None = None,
-                  dram: str = "DDR5-4800", dimms: int = 4, ranks: int = 8, lanes: int = 8,
-                  depth: int = 256, nme_mhz: float | None = None,
+                  dram: str = DEFAULT_STANDARD, dimms: int = 4, ranks: int = 8, lanes: int = 8,
+                  depth: int = NMP_DEPTH, nme_mhz: float | None = None,
                   segment_output: str = "sum", prefetch: int = 1,
                   shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """Modelled latency and energy of one generation of ``target`` under ``schedule``, as

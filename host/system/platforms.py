@@ -26,6 +26,9 @@ Conventions shared with the rest of the project:
 
 from __future__ import annotations
 
+from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.hw.nmp import NMP_DEPTH
+
 from dataclasses import dataclass, field, replace
 
 from coda.hw.dram.standards import DRAMStandard, get_standard
@@ -426,7 +429,7 @@ class Platform:
     dimms: int
     ranks: int
     lanes: int = 8
-    depth: int = 256
+    depth: int = NMP_DEPTH
     energy: Energy = ENERGY
     nme_mhz: float | None = None
 
@@ -492,8 +495,8 @@ PLATFORM_NAMES = tuple(GPUS)
 DEFAULT_PLATFORM = "rtx4090"
 
 
-def platform(gpu: str = DEFAULT_PLATFORM, dram: str = "DDR5-4800", dimms: int = 2,
-             ranks: int = 2, *, lanes: int = 8, depth: int = 256, pcie: PCIeLink = PCIE4_X16,
+def platform(gpu: str = DEFAULT_PLATFORM, dram: str = DEFAULT_STANDARD, dimms: int = 2,
+             ranks: int = 2, *, lanes: int = 8, depth: int = NMP_DEPTH, pcie: PCIeLink = PCIE4_X16,
              nme_mhz: float | None = None, **overrides) -> Platform:
     """A :class:`Platform` from preset names.
 

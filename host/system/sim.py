@@ -23,65 +23,71 @@ and prints a table.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from coda.host.cache.policies.uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP
+from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
+from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
+from coda.options import add_options, from_args, option
+
+from .platforms import DEFAULT_PLATFORM, GPUS
+from .presets import model_names
 
 #: the diffusion schedulers of every modelled model have 1000 training timesteps
 MAX_STEPS = 1000
 
 __all__ = ["configure", "main", "simulate", "checked_simulate", "parse_systems", "sweep_point",
-           "sweep_kind", "setup", "workload"]
+           "sweep_kind", "setup", "workload", "SimConfig"]
 
 DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
 
-def configure(parser) -> None:
-    from .platforms import DEFAULT_PLATFORM, GPUS
-    from .presets import model_names
+@dataclass(frozen=True)
+class SimConfig:
+    """Every option of ``coda sim`` with its default (the one source of them: :func:`setup`,
+    :func:`simulate` and :func:`checked_simulate` read their defaults here)."""
+    model: str = option("wan2.1-14b", f"one of {', '.join(model_names())}")
+    resolution: str = option(None, "480p, 720p or WIDTHxHEIGHT", type=str,
+                             default_text="720p; latte-digits: 32x32")
+    seconds: float = option(None, "video length", type=float, unit="s",
+                            default_text="4 s; fixed-length models: their frame count")
+    frames: int = option(None, "frames instead of --seconds", type=int,
+                         default_text="from --seconds")
+    steps: int = option(50, "denoising steps", unit="steps")
+    platform: str = option(DEFAULT_PLATFORM, f"GPU: one of {', '.join(GPUS)}")
+    dram: str = option(DEFAULT_STANDARD, "host DIMMs: " + ", ".join(STANDARDS))
+    dimms: int = option(2, "DIMMs")
+    ranks: int = option(2, "ranks per DIMM, one NME each (a DDR5 rank = one 32-bit "
+                        "subchannel, as in coda.hw.dram.standards)")
+    lanes: int = option(8, "NME lanes")
+    depth: int = option(NMP_DEPTH, "NME buffer depth", unit="words",
+                        source="coda.hw.nmp.NMP_DEPTH, the DIMM-NMP's")
+    nme_mhz: float = option(None, "the NMEs' own clock, as coda nme run --nme-mhz", type=float,
+                            unit="MHz", default_text="the DRAM command clock, 2,400 MHz for "
+                            "DDR5-4800")
+    schedule: str = option("uniform", "uniform, coda (the shipped searched schedule) or a "
+                           "Schedule JSON file (transferred to the model)")
+    interval: int = option(DEFAULT_INTERVAL, "uniform: recompute every k steps, as coda run",
+                           unit="steps")
+    intervals: str = option("", "uniform: per operator type, e.g. cross_attn=6,temporal_attn=4 "
+                            "(types of the shipped model; each model operator has one)")
+    warmup: int = option(DEFAULT_WARMUP, "uniform: first steps always computed, as coda run",
+                         unit="steps")
+    system: str = option("all", "a..f, several (e.g. c,e,f) or all")
+    prefetch: int = option(1, "operators of H2D prefetch look-ahead", unit="operators")
+    segment_output: str = option("sum", "what an NMP segment returns (systems d-f): sum (as "
+                                 "the cache engine: the gates go down, z = sum g*c comes up, "
+                                 "the GPU adds the residual) or residual (x down, y = x + sum "
+                                 "g*c up)", choices=("sum", "residual"))
+    out: str = option("out-sim", "output folder")
 
-    parser.add_argument("--model", default="wan2.1-14b",
-                        help=f"one of {', '.join(model_names())} (default wan2.1-14b)")
-    parser.add_argument("--resolution", default=None,
-                        help="480p, 720p or WIDTHxHEIGHT (default 720p; latte-digits: 32x32)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="video length in seconds (default 4; fixed-length models: "
-                             "their frame count)")
-    parser.add_argument("--frames", type=int, default=None, help="frames instead of --seconds")
-    parser.add_argument("--steps", type=int, default=50, help="denoising steps (default 50)")
-    parser.add_argument("--platform", default=DEFAULT_PLATFORM,
-                        help=f"GPU: one of {', '.join(GPUS)} (default {DEFAULT_PLATFORM})")
-    parser.add_argument("--dram", default="DDR5-4800",
-                        help="host DIMMs: DDR4-3200, DDR5-4800 or LPDDR5-6400")
-    parser.add_argument("--dimms", type=int, default=2)
-    parser.add_argument("--ranks", type=int, default=2,
-                        help="ranks per DIMM, one NME each (a DDR5 rank = one 32-bit "
-                             "subchannel, as in hw/dram/standards)")
-    parser.add_argument("--lanes", type=int, default=8, help="NME lanes (default 8)")
-    parser.add_argument("--depth", type=int, default=256, help="NME buffer depth, words")
-    parser.add_argument("--nme-mhz", type=float, default=None,
-                        help="the NMEs' own clock in MHz (default: the DRAM command clock, "
-                             "2,400 MHz for DDR5-4800), as coda nme run --nme-mhz")
-    parser.add_argument("--schedule", default="uniform",
-                        help="uniform, coda (the annealed schedule, once shipped) or a "
-                             "Schedule JSON file (transferred to the model)")
-    parser.add_argument("--interval", type=int, default=2,
-                        help="uniform: recompute every k steps (default 2, as coda run)")
-    parser.add_argument("--intervals", default="",
-                        help="uniform: per operator type, e.g. cross_attn=6,temporal_attn=4 "
-                             "(types of the shipped model; each model operator has one)")
-    parser.add_argument("--warmup", type=int, default=5,
-                        help="uniform: first steps always computed (default 5, as coda run)")
-    parser.add_argument("--system", default="all",
-                        help="a..f, several (e.g. c,e,f) or all")
-    parser.add_argument("--prefetch", type=int, default=1,
-                        help="operators of H2D prefetch look-ahead (default 1)")
-    parser.add_argument("--segment-output", default="sum", choices=("sum", "residual"),
-                        help="what an NMP segment returns (systems d-f): sum (default, as the "
-                             "cache engine: the gates go down, z = sum g*c comes up, the GPU "
-                             "adds the residual) or residual (x down, y = x + sum g*c up)")
-    parser.add_argument("--out", default="out-sim", help="output folder (default out-sim/)")
+
+def configure(parser) -> None:
+    add_options(parser, SimConfig)
 
 
 def parse_systems(text: str) -> str:
@@ -99,12 +105,15 @@ def parse_systems(text: str) -> str:
     return "".join(s for s in SYSTEMS if s in parts)
 
 
-def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: int = 50,
-             gpu: str = "rtx4090", dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2,
-             lanes: int = 8, depth: int = 256, nme_mhz: float | None = None,
-             schedule: str = "uniform", interval: int = 2,
-             warmup: int = 5, intervals: dict | None = None, systems: str = "abcdef",
-             prefetch: int = 1, segment_output: str = "sum",
+def simulate(model: str, *, resolution=None, seconds=None, frames=None,
+             steps: int = SimConfig.steps, gpu: str = SimConfig.platform,
+             dram: str = SimConfig.dram, dimms: int = SimConfig.dimms,
+             ranks: int = SimConfig.ranks, lanes: int = SimConfig.lanes,
+             depth: int = SimConfig.depth, nme_mhz: float | None = None,
+             schedule: str = SimConfig.schedule, interval: int = SimConfig.interval,
+             warmup: int = SimConfig.warmup, intervals: dict | None = None,
+             systems: str = "abcdef", prefetch: int = SimConfig.prefetch,
+             segment_output: str = SimConfig.segment_output,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
@@ -153,9 +162,10 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None, steps: i
     return {"report": report, "ablation": abl, "workload": wl, "shape": shape}
 
 
-def setup(model: str, *, resolution=None, seconds=None, frames=None, gpu: str = "rtx4090",
-          dram: str = "DDR5-4800", dimms: int = 2, ranks: int = 2, lanes: int = 8,
-          depth: int = 256, nme_mhz: float | None = None,
+def setup(model: str, *, resolution=None, seconds=None, frames=None,
+          gpu: str = SimConfig.platform, dram: str = SimConfig.dram, dimms: int = SimConfig.dimms,
+          ranks: int = SimConfig.ranks, lanes: int = SimConfig.lanes,
+          depth: int = SimConfig.depth, nme_mhz: float | None = None,
           shape_cache: Path | None = DEFAULT_SHAPE_CACHE, **platform_overrides):
     """``coda sim``'s model and machine: (:class:`~coda.host.system.shapes.ModelShape`,
     :class:`~coda.host.system.platforms.Platform`), with its defaults (720p but for the
@@ -206,11 +216,14 @@ _ASSUMPTIONS = [
 
 
 def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
-                     steps: int = 50, platform: str | None = None, dram: str = "DDR5-4800",
-                     dimms: int = 2, ranks: int = 2, lanes: int = 8, depth: int = 256,
-                     nme_mhz: float | None = None, schedule: str = "uniform", interval: int = 2, intervals: str = "",
-                     warmup: int = 5, system: str = "all", prefetch: int = 1,
-                     segment_output: str = "sum",
+                     steps: int = SimConfig.steps, platform: str | None = None,
+                     dram: str = SimConfig.dram, dimms: int = SimConfig.dimms,
+                     ranks: int = SimConfig.ranks, lanes: int = SimConfig.lanes,
+                     depth: int = SimConfig.depth, nme_mhz: float | None = None,
+                     schedule: str = SimConfig.schedule, interval: int = SimConfig.interval,
+                     intervals: str = SimConfig.intervals, warmup: int = SimConfig.warmup,
+                     system: str = SimConfig.system, prefetch: int = SimConfig.prefetch,
+                     segment_output: str = SimConfig.segment_output,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
@@ -218,7 +231,6 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
     ValueError naming the flag."""
     from coda.host.nmp.link import SEGMENT_OUTPUTS
 
-    from .platforms import DEFAULT_PLATFORM
     from .schedules import parse_intervals
 
     systems = parse_systems(system)
@@ -254,14 +266,9 @@ def main(args) -> int:
 
     out = check_output_path(args.out, "--out", folder=True)
     console = Console(width=max(Console().width, 150))
-    res = checked_simulate(model=args.model, resolution=args.resolution, seconds=args.seconds,
-                           frames=args.frames, steps=args.steps, platform=args.platform,
-                           dram=args.dram, dimms=args.dimms, ranks=args.ranks,
-                           lanes=args.lanes, depth=args.depth, nme_mhz=args.nme_mhz,
-                           schedule=args.schedule,
-                           interval=args.interval, intervals=args.intervals,
-                           warmup=args.warmup, system=args.system, prefetch=args.prefetch,
-                           segment_output=args.segment_output)
+    options = dataclasses.asdict(from_args(SimConfig, args))
+    del options["out"]
+    res = checked_simulate(**options)
     systems = res["systems"]
     report, abl, wl = res["report"], res["ablation"], res["workload"]
     out.mkdir(parents=True, exist_ok=True)
@@ -346,24 +353,22 @@ def sweep_point(params: dict, workdir: Path) -> dict:
     return _jsonable(figures)
 
 
+_TYPES = {"int": int, "float": float, "str": str}
+#: SimConfig's options that are not sweep parameters (the NME clock is the DRAM's in a sweep)
+_NOT_SWEPT = ("nme_mhz", "out")
+
+
 def sweep_kind():
     """The ``sim`` sweep kind (coda.sweep.SweepKind): models x resolutions x platforms x
     DIMM counts x schedules ... of the system model, one point per ``coda sim`` run."""
     import coda.hw
     from coda.sweep import Param, SweepKind, sources_digest
 
-    from .platforms import DEFAULT_PLATFORM
     return SweepKind(
         name="sim", run=sweep_point, description=__doc__.splitlines()[0],
         version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent,
                                Path(__file__).parent.parent / "nmp" / "link.py"),
-        params=(Param("model", str, "wan2.1-14b"), Param("resolution", str),
-                Param("seconds", float), Param("frames", int), Param("steps", int, 50),
-                Param("platform", str, DEFAULT_PLATFORM), Param("dram", str, "DDR5-4800"),
-                Param("dimms", int, 2), Param("ranks", int, 2), Param("lanes", int, 8),
-                Param("depth", int, 256), Param("schedule", str, "uniform"),
-                Param("interval", int, 2), Param("intervals", str, ""),
-                Param("warmup", int, 5), Param("system", str, "all"),
-                Param("prefetch", int, 1), Param("segment_output", str, "sum")),
+        params=tuple(Param(f.name, _TYPES[f.type], f.default)
+                     for f in dataclasses.fields(SimConfig) if f.name not in _NOT_SWEPT),
         headline=("cache_bytes", "a.latency_s", "c.latency_s", "f.latency_s", "f.speedup",
                   "f.speedup_vs_c", "f.energy_efficiency"))

@@ -33,6 +33,8 @@ and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
 
 from __future__ import annotations
 
+from coda.hw.dram.standards import DEFAULT_STANDARD
+
 import argparse
 import time
 from pathlib import Path
@@ -113,7 +115,7 @@ def bench(shape_cache: Path | None = None) -> dict:
     t0 = time.perf_counter()
     shape = model_shape("wan2.1-14b", "720p", 4, cache_dir=shape_cache)
     t_shape = time.perf_counter() - t0
-    plat = platform("rtx4090", "DDR5-4800", 4, 8)
+    plat = platform("rtx4090", DEFAULT_STANDARD, 4, 8)
     t0 = time.perf_counter()
     wl = from_events(synthesize(shape, uniform(shape, 50), n_ranks=plat.n_ranks), shape)
     t_events = time.perf_counter() - t0
@@ -276,7 +278,7 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
             "utilisation": util, "mean_cycles": mean, "cycles": cycles, "spread_cycles": spread}
 
 
-def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
+def run_check(dram: str = DEFAULT_STANDARD, depth: int = 64, *, steps: int = 6,
               prompts=(5,), lanes: int = 8, dimms: int = 1, ranks: int = 2,
               policy: str = "pab", warmup: bool = True, segment_output: str = "sum") -> dict:
     """A short cached generation of the shipped model with every segment on the DRAM-timed
@@ -355,7 +357,7 @@ def run_check(dram: str = "DDR5-4800", depth: int = 64, *, steps: int = 6,
             "segments_detail": segs}
 
 
-def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = "DDR5-4800",
+def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = DEFAULT_STANDARD,
                segment_output: str = "sum") -> list[dict]:
     """Segments of the shipped model's shape on a 1 x 2 DRAM-timed DIMM-NMP: cosimulated
     cycles against the model (cycle model bounded by SEGMENT_UTIL), both of the form

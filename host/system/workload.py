@@ -21,6 +21,8 @@ uncond then cond), ``two_pass`` (a call per branch, cond then uncond as ``WanPip
 
 from __future__ import annotations
 
+from coda.hw.nmp import NMP_DEPTH
+
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -210,7 +212,7 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
 
 
 def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = 8,
-               depth: int = 256, samples: int = 1, fmt: str = "bf16",
+               depth: int = NMP_DEPTH, samples: int = 1, fmt: str = "bf16",
                segment_output: str = "sum") -> EventLog:
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the

@@ -34,7 +34,7 @@ from coda.lists import items, no_duplicates
 from .base import (COMPUTE, MIN_CACHED_STEPS, SCHEDULE_POLICIES, CachePolicy, Decision, OpQuery,
                    check_cached_steps)
 from .static import SchedulePolicy, StaticPolicy
-from .uniform import UniformIntervalPolicy
+from .uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP, UniformIntervalPolicy
 
 __all__ = ["CachePolicy", "Decision", "OpQuery", "COMPUTE", "StaticPolicy", "SchedulePolicy",
            "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip",
@@ -180,8 +180,8 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) ->
         if skip is not None:
             return uniform_for_skip(skip, need("num_steps", num_steps),
                                     need("num_layers", num_layers))
-        return UniformIntervalPolicy(default_interval=p.get("interval", 2),
-                                     warmup=p.get("warmup", 5))
+        return UniformIntervalPolicy(default_interval=p.get("interval", DEFAULT_INTERVAL),
+                                     warmup=p.get("warmup", DEFAULT_WARMUP))
     if name == "pab":
         from .pab import PABPolicy
         p = take("ranges", "windows")

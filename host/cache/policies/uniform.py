@@ -16,6 +16,13 @@ from .static import StaticPolicy
 __all__ = ["UniformIntervalPolicy"]
 
 
+#: the uniform rule of ``coda run --policy uniform`` and ``coda sim --schedule uniform`` when
+#: neither --interval nor --warmup is given: every operator recomputed every 2nd step after 5
+#: computed steps (the common uniform-reuse baseline: a short warm-up, then every other step)
+DEFAULT_INTERVAL = 2
+DEFAULT_WARMUP = 5
+
+
 @dataclass(frozen=True, eq=True)
 class UniformIntervalPolicy(StaticPolicy):
     """Recompute each operator type every ``intervals[op]`` steps; the first ``warmup`` steps
