@@ -190,8 +190,8 @@ def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
     Raises:
         ValueError: unknown top. subprocess.CalledProcessError: Verilator failed.
     """
-    from coda.hw.dram.controller import (DRAMController, DRAMWordMemory, check_controller,
-                                         dram_verilog)
+    from coda.hw.dram.controller import DRAMController, check_controller, dram_verilog
+    from coda.hw.dram.word_memory import DRAMWordMemory
 
     std = get_standard(std)
     _, write_high, write_low = check_controller(std, **(controller or {}))  # fails before a build

@@ -1,14 +1,14 @@
 """Rank-level DIMM-NMP: one NME per DRAM rank, ranks of DIMMs driven by one host command port.
 
 :class:`RankNMP` is one rank's buffer-chip engine: an :class:`coda.hw.nme.top.NME` whose memory is
-the rank's DRAM through :class:`coda.hw.dram.controller.DRAMWordMemory` (word adapter + JEDEC-timed
+the rank's DRAM through :class:`coda.hw.dram.word_memory.DRAMWordMemory` (word adapter + JEDEC-timed
 controller). Two clockings:
 
 * **same domain** (``nme_clock=False``, the default): the NME and the controller share the
   DRAM command clock (domain ``sync``; one NME cycle = one tCK of the standard), so every NME
   access is timed by the controller with no crossing.
 * **own NME clock** (``nme_clock=True``): the NME and its word adapter
-  (:class:`coda.hw.dram.controller.WordAdapter`: words into whole bursts, write merging, read-line
+  (:class:`coda.hw.dram.word_memory.WordAdapter`: words into whole bursts, write merging, read-line
   reuse) run in domain ``nme`` (Verilog ports ``nme_clk``/``nme_rst``) at the NME's
   frequency; the JEDEC-timed :class:`coda.hw.dram.controller.DRAMController` stays on the DRAM command
   clock (``sync``: ``clk``/``rst``). They meet at the burst port through two
@@ -65,9 +65,9 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from coda.hw.dram.controller import (STAT_BITS, STAT_NAMES, DRAMController, DRAMWordMemory,
-                                     WordAdapter)
+from coda.hw.dram.controller import STAT_BITS, STAT_NAMES, DRAMController
 from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.hw.dram.word_memory import DRAMWordMemory, WordAdapter
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.yosys import use_pinned_yosys
 
