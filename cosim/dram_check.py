@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coda.hw.dram.standards import DRAMStandard, get_standard
+from coda.options import add_options, option
 
-__all__ = ["Violation", "check_commands", "check_file", "configure", "main"]
+__all__ = ["Violation", "check_commands", "check_file", "DRAMCheckConfig", "configure", "main"]
 
 NEVER = -(1 << 62)
 HEADER = ["cycle", "channel", "rank", "bankgroup", "bank", "command", "row", "column"]
@@ -333,12 +334,19 @@ def check_file(std: DRAMStandard | str, path: str | Path) -> list[Violation]:
         return check_commands(std, reader)
 
 
+@dataclass(frozen=True)
+class DRAMCheckConfig:
+    """Every option of ``coda dram check`` (the one source of them; none has a default)."""
+    standard: str = option(None, "the DRAM preset the trace was made for, e.g. DDR4-3200",
+                           type=str, required=True)
+    csv: tuple[str, ...] = option(None, "command trace(s): CSV with the header "
+                                  + ",".join(HEADER), type=str, nargs="+", positional=True,
+                                  required=True)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda dram check``."""
-    parser.add_argument("--standard", required=True,
-                        help="the DRAM preset the trace was made for, e.g. DDR4-3200")
-    parser.add_argument("csv", nargs="+", help="command trace(s): CSV with the header "
-                                               + ",".join(HEADER))
+    """Options of ``coda dram check``: :class:`DRAMCheckConfig`."""
+    add_options(parser, DRAMCheckConfig)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -30,18 +30,21 @@ import stat
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from coda.hw.dram.controller import DRAMController
 from coda.hw.dram.rowpolicy import ROW_POLICIES
-from coda.hw.dram.standards import DRAMStandard, STANDARDS, get_standard
+from coda.hw.dram.standards import DDR4_3200, DRAMStandard, STANDARDS, get_standard
 from coda.jsonout import json_text
+from coda.options import add_options, option
 
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 
 __all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model", "run_requests",
            "replay", "run_words",
-           "parse_size", "configure", "main", "verilator_params", "channel_addr_bits"]
+           "parse_size", "DRAMReplayConfig", "configure", "main", "verilator_params",
+           "channel_addr_bits"]
 
 _HERE = Path(__file__).resolve().parent
 # every part of the controller (hw/dram/*.py: controller, mapping, queue, scheduler, refresh,
@@ -461,49 +464,56 @@ CONTROLLER_DEFAULTS = {
                  "refresh_postpone", "policy_banks", "max_bypass")}
 
 
+_CTRL = "DRAMController's default"
+
+
+@dataclass(frozen=True)
+class DRAMReplayConfig:
+    """Every option of ``coda dram replay`` with its default (the one source of them; the
+    controller's from :data:`CONTROLLER_DEFAULTS`, i.e. :class:`DRAMController`'s own)."""
+    standard: str = option(DDR4_3200.name, f"DRAM preset, one of {', '.join(STANDARDS)}")
+    trace: str = option(None, "DRAMsim3 (0xADDR READ|WRITE CYCLE) or LD|ST ADDR trace",
+                        type=str, exclusive="source", required=True)
+    stream_add: str = option(None, "generate a STREAM-add trace with arrays of SIZE (e.g. "
+                             "2MiB)", type=str, metavar="SIZE", exclusive="source",
+                             required=True)
+    random_reads: int = option(None, "generate N one-burst reads at random addresses in "
+                               "--span", type=int, metavar="N", exclusive="source",
+                               required=True)
+    span: str = option("1GiB", "address range of --random-reads", unit="bytes")
+    seed: int = option(0, "seed of --random-reads")
+    commands: str = option(None, "write the DRAM command trace CSV here", type=str)
+    json: str = option(None, "write the results as JSON here", type=str)
+    max_cycles: int = option(None, "stop (as an error) after this many DRAM cycles", type=int,
+                             default_text="no limit")
+    row_policy: str = option(CONTROLLER_DEFAULTS["row_policy"], "row policy of the controller",
+                             choices=ROW_POLICIES, source=_CTRL)
+    row_timeout: int = option(CONTROLLER_DEFAULTS["row_timeout"], "cycles after a bank's last "
+                              "access before the timeout policy closes it", unit="DRAM cycles",
+                              source=_CTRL)
+    lookahead: int = option(CONTROLLER_DEFAULTS["lookahead"], "queue entries the FR-FCFS "
+                            "scheduler chooses from", source=_CTRL)
+    read_queue: int = option(CONTROLLER_DEFAULTS["read_queue"], "read queue depth",
+                             unit="bursts", source=_CTRL)
+    refresh: str = option(CONTROLLER_DEFAULTS["refresh"], "all-bank REF, or DDR5 same-bank "
+                          "REFsb", choices=("all", "same_bank"), source=_CTRL)
+    ranks: int = option(CONTROLLER_DEFAULTS["ranks"], "ranks sharing the channel's command and "
+                        "data bus", choices=(1, 2, 4), source=_CTRL)
+    refresh_postpone: int = option(CONTROLLER_DEFAULTS["refresh_postpone"], "REFs the "
+                                   "controller may owe while requests are queued, then issued "
+                                   "back to back (0 up to the standard's JEDEC limit: DDR4 8, "
+                                   "DDR5 4; 0: each REF when due)", metavar="N", unit="REFs",
+                                   source=_CTRL)
+    policy_banks: int = option(CONTROLLER_DEFAULTS["policy_banks"], "banks the closed/timeout "
+                               "row policy tracks at once", source=_CTRL)
+    max_bypass: int = option(CONTROLLER_DEFAULTS["max_bypass"], "column commands that may "
+                             "overtake the oldest request before only its commands issue",
+                             source=_CTRL)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda dram replay``."""
-    parser.add_argument("--standard", default="DDR4-3200",
-                        help=f"DRAM preset, one of {', '.join(STANDARDS)} (default DDR4-3200)")
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="DRAMsim3 (0xADDR READ|WRITE CYCLE) or LD|ST ADDR trace")
-    src.add_argument("--stream-add", metavar="SIZE",
-                     help="generate a STREAM-add trace with arrays of SIZE (e.g. 2MiB)")
-    src.add_argument("--random-reads", metavar="N", type=int,
-                     help="generate N one-burst reads at random addresses in --span")
-    parser.add_argument("--span", default="1GiB",
-                        help="address range of --random-reads (default 1GiB)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of --random-reads (default 0)")
-    parser.add_argument("--commands", help="write the DRAM command trace CSV here")
-    parser.add_argument("--json", help="write the results as JSON here")
-    parser.add_argument("--max-cycles", type=int, default=None,
-                        help="stop (as an error) after this many DRAM cycles")
-    parser.add_argument("--row-policy", choices=ROW_POLICIES,
-                        default=CONTROLLER_DEFAULTS["row_policy"],
-                        help="row policy of the controller (default open)")
-    parser.add_argument("--row-timeout", type=int, default=CONTROLLER_DEFAULTS["row_timeout"],
-                        help="cycles after a bank's last access before the timeout policy "
-                             "closes it (default 64)")
-    parser.add_argument("--lookahead", type=int, default=CONTROLLER_DEFAULTS["lookahead"],
-                        help="queue entries the FR-FCFS scheduler chooses from (default 8)")
-    parser.add_argument("--read-queue", type=int, default=CONTROLLER_DEFAULTS["read_queue"],
-                        help="read queue depth in bursts (default 16)")
-    parser.add_argument("--refresh", choices=("all", "same_bank"),
-                        default=CONTROLLER_DEFAULTS["refresh"],
-                        help="all-bank REF, or DDR5 same-bank REFsb (default all)")
-    parser.add_argument("--ranks", type=int, choices=(1, 2, 4),
-                        default=CONTROLLER_DEFAULTS["ranks"],
-                        help="ranks sharing the channel's command and data bus (default 1)")
-    parser.add_argument("--refresh-postpone", type=int,
-                        default=CONTROLLER_DEFAULTS["refresh_postpone"], metavar="N",
-                        help="REFs the controller may owe while requests are queued, then "
-                             "issued back to back (0 up to the standard's JEDEC limit: "
-                             "DDR4 8, DDR5 4; default 0: each REF when due)")
-    parser.add_argument("--policy-banks", type=int, default=CONTROLLER_DEFAULTS["policy_banks"],
-                        help="banks the closed/timeout row policy tracks at once (default 4)")
-    parser.add_argument("--max-bypass", type=int, default=CONTROLLER_DEFAULTS["max_bypass"],
-                        help="column commands that may overtake the oldest request before "
-                             "only its commands issue (default 1)")
+    """Options of ``coda dram replay``: :class:`DRAMReplayConfig`."""
+    add_options(parser, DRAMReplayConfig)
 
 
 def controller_options(args) -> dict:

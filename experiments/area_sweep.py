@@ -40,20 +40,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from coda.cosim.nme_units import COMBINATIONAL as SWEEP_UNITS, parse_units, units_label
 from coda.experiments.synth_area import config_units, fmax_below
-from coda.hw.dram.standards import get_standard
+from coda.hw.dram.standards import DDR4_3200, get_standard
 from coda.hw.nme.isa import NMEConfig
 from coda.synth.flow import check_synth_options, synthesize
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import check_output_path
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
-           "bandwidth_table", "measured_table", "clock_table", "plot", "configure", "main"]
+           "bandwidth_table", "measured_table", "clock_table", "plot", "AreaSweepConfig",
+           "configure", "main"]
 
 LANES = (1, 2, 4, 8, 16, 32)
 FORMATS = ("bf16", "fp16")
@@ -427,23 +430,32 @@ def print_table(rows: list[dict]) -> None:
     Console(width=220).print(table)
 
 
+@dataclass(frozen=True)
+class AreaSweepConfig:
+    """Every option of ``coda synth-sweep`` with its default (the one source of them; where
+    its points run: :func:`coda.sweep.add_run_options`, as every sweep's)."""
+    lanes: tuple[int, ...] = option(LANES, "lanes counts of the sweep", nargs="+")
+    fmts: tuple[str, ...] = option(FORMATS, "element formats of the sweep", nargs="+",
+                                   choices=FORMATS)
+    targets: tuple[str, ...] = option(("generic", "ecp5"), "synthesis targets of the sweep",
+                                      nargs="+", choices=("generic", "ecp5"))
+    ecp5_max_lanes: int = option(8, "place and route only up to this many lanes")
+    timeout: float = option(None, "time limit of each tool run, in seconds", type=float,
+                            default_text="no limit")
+    dram: str = option(DDR4_3200.name, "DRAM preset for the bandwidth bound")
+    root: Path = option(Path("build/synth/sweep"), "folder of the sweep's points")
+    report_only: bool = option(False, "tabulate what exists")
+    units: str = option(SWEEP_UNITS, "NME units of every configuration: register stages in "
+                        "each FPMul, each FPAdd, after the buffers (5,7,1 places and routes 8 "
+                        "lanes on ECP5 at about 100 MHz)", metavar="M,A,O",
+                        source="coda.cosim.nme_units.COMBINATIONAL")
+    seed: int = option(1, "nextpnr placer seed")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda synth-sweep``."""
-    parser.add_argument("--lanes", type=int, nargs="+", default=list(LANES))
-    parser.add_argument("--fmts", nargs="+", default=list(FORMATS), choices=FORMATS)
-    parser.add_argument("--targets", nargs="+", default=["generic", "ecp5"],
-                        choices=("generic", "ecp5"))
-    parser.add_argument("--ecp5-max-lanes", type=int, default=8,
-                        help="place and route only up to this many lanes (default 8)")
-    parser.add_argument("--timeout", type=float, default=None, help="per tool run, seconds")
-    parser.add_argument("--dram", default="DDR4-3200", help="DRAM preset for the bound")
-    parser.add_argument("--root", type=Path, default=Path("build/synth/sweep"))
-    parser.add_argument("--report-only", action="store_true", help="tabulate what exists")
-    parser.add_argument("--units", default=SWEEP_UNITS, metavar="M,A,O",
-                        help="NME units of every configuration: register stages in each "
-                             "FPMul, each FPAdd, after the buffers (default 0,0,0; 5,7,1 "
-                             "places and routes 8 lanes on ECP5 at about 100 MHz)")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (default 1)")
+    """Options of ``coda synth-sweep``: :class:`AreaSweepConfig`, and where the
+    configurations run (:func:`coda.sweep.add_run_options`)."""
+    add_options(parser, AreaSweepConfig)
     add_run_options(parser, "configurations")
 
 

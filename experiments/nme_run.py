@@ -30,13 +30,15 @@ import argparse
 import sys
 import time
 import zipfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from coda.options import add_options, option
 from coda.paths import check_output_path
+from coda.hw.dram.standards import STANDARDS
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.host.nme import ops as ref
@@ -45,42 +47,51 @@ from coda.host.nme.bits import from_bits, to_bits, torch_dtype
 from coda.host.cache.policies import check_seed
 from coda.host.nmp.driver import NMPCapacityError, NMPDriver, fit_mem_words
 
-__all__ = ["configure", "main", "make_example", "read_inputs"]
+__all__ = ["NMERunConfig", "configure", "main", "make_example", "read_inputs"]
 
 # Smallest and largest rank memory the CLI picks when --mem-words is not given (words).
 _MIN_MEM_WORDS = 1 << 10
 _MAX_MEM_WORDS = 1 << 24
 
 
+@dataclass(frozen=True)
+class NMERunConfig:
+    """Every option of ``coda nme run`` with its default (the one source of them; the NME's
+    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    op: str = option(None, f"operator: {', '.join(ref.OPS)}", type=str, required=True)
+    fmt: str = option(NMEConfig.fmt, "element format: bf16 or fp16", source="NMEConfig.fmt")
+    inputs: str = option(None, "input .npz (see module doc)", type=str)
+    out: str = option(None, "output .npz (y or l1)", type=str)
+    backend: str = option("torch", f"one of {', '.join(BACKENDS)}")
+    lanes: int = option(NMEConfig.lanes, "NME SIMD lanes (1..64)", source="NMEConfig.lanes")
+    depth: int = option(NMEConfig.depth, "NME buffer depth", unit="words",
+                        source="NMEConfig.depth")
+    dimms: int = option(1, "DIMMs")
+    ranks: int = option(1, "ranks per DIMM")
+    dram: str = option(None, f"DRAM preset of the ranks ({', '.join(STANDARDS)}): with "
+                       "--backend rtl, run the whole DIMM-NMP with DRAM timing "
+                       "(coda.cosim.nmp_backend)", type=str,
+                       default_text="one NME with an ideal memory")
+    nme_mhz: float = option(None, "with --dram: the NMEs on their own clock of F MHz (1 .. the "
+                            "DRAM command clock, 2400 for DDR5-4800) behind asynchronous "
+                            "FIFOs; reports ns, NME and DRAM cycles", type=float, metavar="F",
+                            default_text="NMEs on the DRAM clock")
+    mem_words: int = option(None, "words per rank memory", type=int,
+                            default_text="the smallest power of two in which the driver "
+                            "places the operands and result")
+    make_example: str = option(None, "write a random example input file for --op/--fmt and "
+                               "exit", type=str, metavar="IN.npz")
+    seed: int = option(0, "seed of --make-example")
+    waves: str = option(None, "with --backend rtl: write the FST waveform of the run (the "
+                        "traced NME model, built once and cached); ranks 2.. write "
+                        "FILE-<n>.fst", type=str, metavar="FILE.fst")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``coda nme run`` to ``parser``."""
-    parser.add_argument("--op", required=True, help=f"operator: {', '.join(ref.OPS)}")
-    parser.add_argument("--fmt", default="bf16", help="element format: bf16 or fp16")
-    parser.add_argument("--inputs", help="input .npz (see module doc)")
-    parser.add_argument("--out", help="output .npz (y or l1)")
-    parser.add_argument("--backend", default="torch", help=f"one of {', '.join(BACKENDS)}")
-    parser.add_argument("--lanes", type=int, default=8, help="NME SIMD lanes (1..64)")
-    parser.add_argument("--depth", type=int, default=64, help="NME buffer depth in words")
+    """Add the options of ``coda nme run`` to ``parser``: :class:`NMERunConfig` and the NME's
+    units (:func:`coda.hw.verilog.add_latency_arguments`)."""
+    add_options(parser, NMERunConfig)
     add_latency_arguments(parser)
-    parser.add_argument("--dimms", type=int, default=1, help="DIMMs")
-    parser.add_argument("--ranks", type=int, default=1, help="ranks per DIMM")
-    parser.add_argument("--dram", default=None,
-                        help="DRAM preset of the ranks (DDR4-3200, DDR5-4800, LPDDR5-6400): with "
-                             "--backend rtl, run the whole DIMM-NMP with DRAM timing "
-                             "(coda.cosim.nmp_backend); default: one NME with an ideal memory")
-    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
-                        help="with --dram: the NMEs on their own clock of F MHz (1 .. the DRAM "
-                             "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs; "
-                             "reports ns, NME and DRAM cycles (default: NMEs on the DRAM clock)")
-    parser.add_argument("--mem-words", type=int, default=None,
-                        help="words per rank memory (default: the smallest power of two in "
-                             "which the driver places the operands and result)")
-    parser.add_argument("--make-example", metavar="IN.npz", default=None,
-                        help="write a random example input file for --op/--fmt and exit")
-    parser.add_argument("--seed", type=int, default=0, help="seed of --make-example")
-    parser.add_argument("--waves", metavar="FILE.fst", default=None,
-                        help="with --backend rtl: write the FST waveform of the run (the traced "
-                             "NME model, built once and cached); ranks 2.. write FILE-<n>.fst")
 
 
 def _fail(msg: str) -> int:

@@ -19,9 +19,11 @@ from typing import Callable
 from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
 from coda.hw.yosys import use_pinned_yosys
 from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.options import add_options, option
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
-           "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset"]
+           "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset",
+           "NMEUnitsConfig", "VerilogConfig"]
 
 
 @dataclass(frozen=True)
@@ -113,37 +115,49 @@ TOP_OPTIONS: dict[str, dict[str, object]] = {"dimm": {"dram": DEFAULT_STANDARD, 
                                                       "nme_mhz": None}}
 
 
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+_PRESET = NME_PRESETS[DEFAULT_PRESET]
+
+
+@dataclass(frozen=True)
+class NMEUnitsConfig:
+    """The NME-units options of every command that builds an NME (``coda verilog``, ``coda
+    synth``, ``coda nme run``, ``coda run``, ``coda eval``, ``coda profile``), added by
+    :func:`add_latency_arguments`: ``--preset NAME`` (:data:`NME_PRESETS`) and the register
+    stages of the FP units and of the operand path (NMEConfig's ``mul_latency``,
+    ``add_latency``, ``operand_latency``, ranges from :mod:`coda.hw.nme.isa`), None unless
+    given (:func:`resolve_preset` fills them in), and ``--trail-stores on|off``."""
+    preset: str = option(None, "named NME configuration: " + "; ".join(
+                             f"{p.name} = mul {p.mul_latency} / add {p.add_latency} / operand "
+                             f"{p.operand_latency}, Fmax {p.fmax}" for p in NME_PRESETS.values())
+                         + "; latency flags that differ from a preset are refused", type=str,
+                         choices=tuple(sorted(NME_PRESETS)),
+                         default_text=f"{DEFAULT_PRESET}; coda.hw.verilog.DEFAULT_PRESET")
+    mul_latency: int = option(None, f"register stages inside each lane's FPMul, "
+                              f"0..{MAX_MUL_LATENCY}", type=int,
+                              default_text=f"{_PRESET.mul_latency}, the {DEFAULT_PRESET} "
+                              "preset's")
+    add_latency: int = option(None, f"register stages inside every FPAdd, 0..{MAX_ADD_LATENCY}",
+                              type=int, default_text=f"{_PRESET.add_latency}, the "
+                              f"{DEFAULT_PRESET} preset's")
+    operand_latency: int = option(None, "register stages between the block RAMs and the "
+                                  f"lanes' operand selection, 0..{MAX_OPERAND_LATENCY}",
+                                  type=int, default_text=f"{_PRESET.operand_latency}, the "
+                                  f"{DEFAULT_PRESET} preset's")
+    trail_stores: str = option(_on_off(NMEConfig.trail_stores), "let stores trail the next "
+                               "blocks' reads where they cannot meet", choices=("on", "off"),
+                               source="NMEConfig.trail_stores")
+
+
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--preset NAME`` (:data:`NME_PRESETS`), ``--mul-latency`` / ``--add-latency`` /
-    ``--operand-latency``: the register stages of the FP units and of the operand path
-    (NMEConfig's ``mul_latency`` 0..MAX_MUL_LATENCY, ``add_latency`` 0..MAX_ADD_LATENCY,
-    ``operand_latency`` 0..MAX_OPERAND_LATENCY, from :mod:`coda.hw.nme.isa`), and ``--trail-stores
-    on|off`` (``trail_stores``), for every command that builds an NME (``coda verilog``,
-    ``coda synth``, ``coda nme run``, ``coda run``). The latencies are None unless given:
-    :func:`resolve_preset` fills them in."""
-    defaults = NMEConfig()
-    default = NME_PRESETS[DEFAULT_PRESET]
-    parser.add_argument("--preset", choices=sorted(NME_PRESETS), default=None,
-                        help="named NME configuration: " + "; ".join(
-                            f"{p.name} = mul {p.mul_latency} / add {p.add_latency} / operand "
-                            f"{p.operand_latency}, Fmax {p.fmax}" for p in NME_PRESETS.values())
-                        + f" (default {DEFAULT_PRESET}; latency flags that differ from a "
-                          "preset are refused)")
-    parser.add_argument("--mul-latency", type=int, default=None,
-                        help=f"register stages inside each lane's FPMul, 0..{MAX_MUL_LATENCY} "
-                             f"(default {default.mul_latency}: combinational)")
-    parser.add_argument("--add-latency", type=int, default=None,
-                        help=f"register stages inside every FPAdd, 0..{MAX_ADD_LATENCY} "
-                             f"(default {default.add_latency}: combinational)")
-    parser.add_argument("--operand-latency", type=int, default=None,
-                        help="register stages between the block RAMs and the lanes' operand "
-                             f"selection, 0..{MAX_OPERAND_LATENCY} "
-                             f"(default {default.operand_latency})")
-    parser.add_argument("--trail-stores", choices=("on", "off"),
-                        default="on" if defaults.trail_stores else "off",
-                        help="let stores trail the next blocks' reads where they cannot meet "
-                             "(NMEConfig.trail_stores; default "
-                             f"{'on' if defaults.trail_stores else 'off'})")
+    """Add the options of :class:`NMEUnitsConfig` (``--preset``, ``--mul-latency``,
+    ``--add-latency``, ``--operand-latency``, ``--trail-stores``) to ``parser``: every command
+    that builds an NME calls it. The latencies are None unless given: :func:`resolve_preset`
+    fills them in."""
+    add_options(parser, NMEUnitsConfig)
 
 
 def resolve_preset(args: argparse.Namespace) -> NMEPreset:
@@ -181,42 +195,51 @@ def resolve_preset(args: argparse.Namespace) -> NMEPreset:
     return preset
 
 
+_DIMM = TOP_OPTIONS["dimm"]
+
+
+@dataclass(frozen=True)
+class VerilogConfig:
+    """Every option of ``coda verilog`` with its default (the one source of them; the NME's
+    units come from :class:`NMEUnitsConfig`, as every NME command's; the NME's sizes default
+    to :class:`coda.hw.nme.isa.NMEConfig`'s, the ``--top dimm`` options to
+    :data:`TOP_OPTIONS`)."""
+    top: str = option("nme", "which design to write", choices=tuple(sorted(TOPS)))
+    lanes: int = option(NMEConfig.lanes, "SIMD lanes, 1..64", source="NMEConfig.lanes")
+    fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
+                      source="NMEConfig.fmt")
+    depth: int = option(NMEConfig.depth, "buffer depth", unit="words", source="NMEConfig.depth")
+    nbuf: int = option(NMEConfig.nbuf, "on-chip buffers, 2..16", source="NMEConfig.nbuf")
+    imem_depth: int = option(NMEConfig.imem_depth, "most micro-ops per program",
+                             source="NMEConfig.imem_depth")
+    max_streams: int = option(NMEConfig.max_streams, "most memory micro-ops per program",
+                              source="NMEConfig.max_streams")
+    mem_words: int = option(NMEConfig.mem_words, "rank-local memory size", unit="words",
+                            source="NMEConfig.mem_words")
+    operand_isolation: str = option(_on_off(NMEConfig.operand_isolation), "gate FU operand "
+                                    "registers of idle lanes/units", choices=("on", "off"),
+                                    source="NMEConfig.operand_isolation")
+    clock_gating: str = option(None, "gate the lanes' clocks while they idle", type=str,
+                               choices=("on", "off"), default_text="on for dimm, off for nme")
+    dimms: int = option(None, "--top dimm: DIMMs", type=int, default_text=f"{_DIMM['dimms']}")
+    ranks: int = option(None, "--top dimm: ranks per DIMM", type=int,
+                        default_text=f"{_DIMM['ranks']}")
+    dram: str = option(None, "--top dimm: DRAM preset of the ranks", type=str,
+                       default_text=f"{_DIMM['dram']}; coda.hw.dram.standards.DEFAULT_STANDARD")
+    nme_mhz: float = option(None, "--top dimm: the NMEs on their own clock of F MHz (1 .. the "
+                            "DRAM command clock, 2400 for DDR5-4800) behind asynchronous FIFOs, "
+                            "extra ports nme_clk/nme_rst", type=float, metavar="F",
+                            default_text="on the DRAM clock")
+    name: str = option(None, "Verilog module name", type=str, default_text="the top")
+    output: str = option(None, "Verilog file to write ('-': stdout)", type=str, required=True,
+                         flag=("-o", "--output"))
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda verilog``."""
-    defaults = NMEConfig()
-    parser.add_argument("--top", choices=sorted(TOPS), default="nme",
-                        help="which design to write (default nme)")
-    parser.add_argument("--lanes", type=int, default=defaults.lanes,
-                        help=f"SIMD lanes, 1..64 (default {defaults.lanes})")
-    parser.add_argument("--fmt", choices=("bf16", "fp16"), default=defaults.fmt,
-                        help=f"element format (default {defaults.fmt})")
-    parser.add_argument("--depth", type=int, default=defaults.depth,
-                        help=f"buffer depth in words (default {defaults.depth})")
-    parser.add_argument("--nbuf", type=int, default=defaults.nbuf,
-                        help=f"on-chip buffers, 2..16 (default {defaults.nbuf})")
-    parser.add_argument("--imem-depth", type=int, default=defaults.imem_depth,
-                        help=f"most micro-ops per program (default {defaults.imem_depth})")
-    parser.add_argument("--max-streams", type=int, default=defaults.max_streams,
-                        help=f"most memory micro-ops per program (default {defaults.max_streams})")
-    parser.add_argument("--mem-words", type=int, default=defaults.mem_words,
-                        help=f"rank-local memory size in words (default {defaults.mem_words})")
-    parser.add_argument("--operand-isolation", choices=("on", "off"), default="on",
-                        help="gate FU operand registers of idle lanes/units (default on)")
+    """Options of ``coda verilog``: :class:`VerilogConfig` and the NME's units
+    (:func:`add_latency_arguments`)."""
+    add_options(parser, VerilogConfig)
     add_latency_arguments(parser)
-    parser.add_argument("--clock-gating", choices=("on", "off"), default=None,
-                        help="gate the lanes' clocks while they idle (default: on for dimm, "
-                             "off for nme)")
-    parser.add_argument("--dimms", type=int, default=None, help="--top dimm: DIMMs (default 1)")
-    parser.add_argument("--ranks", type=int, default=None,
-                        help="--top dimm: ranks per DIMM (default 1)")
-    parser.add_argument("--dram", default=None,
-                        help="--top dimm: DRAM preset of the ranks (default DDR5-4800)")
-    parser.add_argument("--nme-mhz", type=float, default=None, metavar="F",
-                        help="--top dimm: the NMEs on their own clock of F MHz (1 .. the DRAM "
-                             "command clock, 2400 for DDR5-4800) behind asynchronous FIFOs, "
-                             "extra ports nme_clk/nme_rst (default: on the DRAM clock)")
-    parser.add_argument("--name", default=None, help="Verilog module name (default: the top)")
-    parser.add_argument("-o", "--output", required=True, help="Verilog file to write ('-': stdout)")
 
 
 def config_from_args(args: argparse.Namespace) -> NMEConfig:

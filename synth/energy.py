@@ -59,10 +59,12 @@ from pathlib import Path
 from coda.hw.dram.standards import get_standard
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import check_output_path
 
 __all__ = ["EnergyConstants", "HOROWITZ_45NM", "program_events", "Activity",
-           "measure_activity", "energy_per_element", "estimate", "OPERATORS", "configure", "main"]
+           "measure_activity", "energy_per_element", "estimate", "OPERATORS", "EnergyConfig",
+           "configure", "main"]
 
 #: the cache operators of the report, in order (segment with K = 4 terms)
 OPERATORS = ("add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_combine",
@@ -294,16 +296,22 @@ def print_table(result: dict) -> None:
     Console(width=160).print(table)
 
 
+@dataclass(frozen=True)
+class EnergyConfig:
+    """Every option of ``coda energy`` with its default (the one source of them)."""
+    lanes: int = option(NMEConfig.lanes, "SIMD lanes", source="NMEConfig.lanes")
+    fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
+                      source="NMEConfig.fmt")
+    depth: int = option(NMEConfig.depth, "buffer depth", unit="words", source="NMEConfig.depth")
+    tokens: int = option(64, "tokens of each operator's measured stream, >= 1")
+    seed: int = option(0, "seed of the operands")
+    no_measure: bool = option(False, "nominal estimate only (no RTL simulation)")
+    out: Path = option(Path("build/synth/energy"), "report folder")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda energy``."""
-    parser.add_argument("--lanes", type=int, default=8)
-    parser.add_argument("--fmt", default="bf16", choices=("bf16", "fp16"))
-    parser.add_argument("--depth", type=int, default=NMEConfig.depth)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-measure", action="store_true",
-                        help="nominal estimate only (no RTL simulation)")
-    parser.add_argument("--out", type=Path, default=Path("build/synth/energy"))
+    """Options of ``coda energy``: :class:`EnergyConfig`."""
+    add_options(parser, EnergyConfig)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -41,17 +41,19 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from coda.hw.nme.isa import NMEConfig
-from coda.hw.verilog import add_latency_arguments, resolve_preset
+from coda.hw.verilog import NME_PRESETS, add_latency_arguments, resolve_preset
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
 from coda.synth.yosys_synth import synth_ecp5, synth_generic
 from coda.jsonout import json_text
+from coda.options import add_options, option
 
-__all__ = ["nme_source", "synthesize", "print_report", "configure", "main",
+__all__ = ["nme_source", "synthesize", "print_report", "SynthConfig", "configure", "main",
            "check_synth_options", "MAX_FREQ_MHZ"]
 
 #: the highest nextpnr target clock taken, MHz (above any ECP5 fabric clock)
@@ -202,25 +204,35 @@ def print_report(report: dict) -> None:
     console.print(cells)
 
 
+@dataclass(frozen=True)
+class SynthConfig:
+    """Every option of ``coda synth`` with its default (the one source of them; the NME's
+    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    lanes: int = option(NMEConfig.lanes, "SIMD lanes", source="NMEConfig.lanes")
+    fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
+                      source="NMEConfig.fmt")
+    depth: int = option(NMEConfig.depth, "buffer depth", unit="words", source="NMEConfig.depth")
+    operand_isolation: str = option("on" if NMEConfig.operand_isolation else "off",
+                                    "gate FU operand registers of idle lanes/units",
+                                    choices=("on", "off"), source="NMEConfig.operand_isolation")
+    target: str = option("generic", "generic: yosys gates; ecp5: LUTs, then nextpnr",
+                         choices=("generic", "ecp5"))
+    out: Path = option(None, "output folder", type=Path, required=True)
+    freq: float = option(100.0, f"nextpnr target clock, at most {MAX_FREQ_MHZ:g}", unit="MHz")
+    seed: int = option(None, "nextpnr placer seed", type=int,
+                       default_text="the --preset's: " + ", ".join(
+                           f"{p.seed} for {p.name}" for p in NME_PRESETS.values()))
+    no_pnr: bool = option(False, "ECP5: stop after yosys")
+    device: str = option(None, "ECP5: the part to place on", type=str,
+                         choices=tuple(d.name for d in ECP5_DEVICES),
+                         default_text="the smallest that holds the design")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda synth``."""
-    parser.add_argument("--lanes", type=int, default=8, help="SIMD lanes (default 8)")
-    parser.add_argument("--fmt", default="bf16", choices=("bf16", "fp16"))
-    parser.add_argument("--depth", type=int, default=NMEConfig.depth,
-                        help=f"buffer depth in words (default {NMEConfig.depth})")
-    parser.add_argument("--operand-isolation", default="on", choices=("on", "off"))
+    """Options of ``coda synth``: :class:`SynthConfig` and the NME's units
+    (:func:`coda.hw.verilog.add_latency_arguments`)."""
+    add_options(parser, SynthConfig)
     add_latency_arguments(parser)
-    parser.add_argument("--target", default="generic", choices=("generic", "ecp5"))
-    parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--freq", type=float, default=100.0,
-                        help="nextpnr target clock in MHz (default 100)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="nextpnr placer seed (default: the --preset's, 1 for the "
-                             "combinational NME, 2 for timing-closed)")
-    parser.add_argument("--no-pnr", action="store_true", help="ECP5: stop after yosys")
-    parser.add_argument("--device", default=None, choices=[d.name for d in ECP5_DEVICES],
-                        help="ECP5: the part to place on (default: the smallest that holds "
-                             "the design)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -46,18 +46,19 @@ import json
 import re
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coda.hw.nme.isa import NMEConfig
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import check_output_path
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments",
-           "prove_survivors", "run_mutation", "configure", "main"]
+           "prove_survivors", "run_mutation", "MutationConfig", "configure", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
 #: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths)
@@ -410,20 +411,25 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
     return results
 
 
+@dataclass(frozen=True)
+class MutationConfig:
+    """Every option of ``coda mutation`` with its default (the one source of them; where the
+    mutants run: :func:`coda.sweep.add_run_options`, as every sweep's)."""
+    mutants: int = option(240, "mutations to list")
+    seed: int = option(1, "yosys mutate -seed")
+    only: str = option(None, "comma list of mutant ids to run", type=str, default_text="all")
+    out: Path = option(Path("build/mutation"), "results folder (results.json; resumable)")
+    no_prove: bool = option(False, "skip the equivalence analysis of the survivors (yosys sat)")
+    prove_timeout: float = option(300, "time limit of each solver run", type=float,
+                                  unit="seconds")
+    rerun_survivors: bool = option(False, "run only the survivors of OUT/results.json again "
+                                   "(after adding tests), keeping the mutants it killed")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda mutation``."""
-    parser.add_argument("--mutants", type=int, default=240, help="mutations to list (default 240)")
-    parser.add_argument("--seed", type=int, default=1, help="yosys mutate -seed (default 1)")
-    parser.add_argument("--only", default=None,
-                        help="comma list of mutant ids to run (default all)")
-    parser.add_argument("--out", type=Path, default=Path("build/mutation"))
-    parser.add_argument("--no-prove", action="store_true",
-                        help="skip the equivalence analysis of the survivors (yosys sat)")
-    parser.add_argument("--prove-timeout", type=float, default=300,
-                        help="seconds per solver run (default 300)")
-    parser.add_argument("--rerun-survivors", action="store_true",
-                        help="run only the survivors of OUT/results.json again (after adding "
-                             "tests), keeping the mutants it killed")
+    """Options of ``coda mutation``: :class:`MutationConfig`, and where the mutants run
+    (:func:`coda.sweep.add_run_options`)."""
+    add_options(parser, MutationConfig)
     add_run_options(parser, "mutants")
 
 

@@ -47,10 +47,12 @@ from coda.synth.flow import nme_source
 from coda.synth.stimuli import op_case
 from coda.synth.yosys_synth import synth_generic
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import check_output_path
 
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
-           "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "configure", "main"]
+           "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "NetlistCheckConfig",
+           "configure", "main"]
 
 #: where the NME's cocotb tests live (``tests/cocotb_nme.py``: they compare the RTL with the
 #: torch reference of coda.host, so they sit above every layer, with the other tests)
@@ -288,18 +290,27 @@ def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
                       timeout_s=timeout_s)
 
 
+@dataclass(frozen=True)
+class NetlistCheckConfig:
+    """Every option of ``coda netlist check`` with its default (the one source of them; a
+    small NME by default: the gate-level simulation is slow)."""
+    lanes: int = option(2, "SIMD lanes")
+    fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
+                      source="NMEConfig.fmt")
+    depth: int = option(16, "buffer depth", unit="words")
+    mem_words: int = option(4096, "rank-local memory size", unit="words")
+    operand_isolation: str = option("on" if NMEConfig.operand_isolation else "off",
+                                    "gate FU operand registers of idle lanes/units",
+                                    choices=("on", "off"), source="NMEConfig.operand_isolation")
+    seed: int = option(0, "seed of the equivalence jobs (and of the cocotb subset)")
+    out: Path = option(None, "report folder", type=Path, default_text="build/synth/netlist_sim")
+    cocotb: bool = option(False, f"also run the cosim cocotb tests {COCOTB_SUBSET!r} on the "
+                          "netlist")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda netlist check``."""
-    parser.add_argument("--lanes", type=int, default=2)
-    parser.add_argument("--fmt", default="bf16", choices=("bf16", "fp16"))
-    parser.add_argument("--depth", type=int, default=16)
-    parser.add_argument("--mem-words", type=int, default=4096)
-    parser.add_argument("--operand-isolation", default="on", choices=("on", "off"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="report folder (default build/synth/netlist_sim)")
-    parser.add_argument("--cocotb", action="store_true",
-                        help=f"also run the cosim cocotb tests {COCOTB_SUBSET!r} on the netlist")
+    """Options of ``coda netlist check``: :class:`NetlistCheckConfig`."""
+    add_options(parser, NetlistCheckConfig)
 
 
 def main(args: argparse.Namespace) -> int:

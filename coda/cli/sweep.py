@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["kinds", "configure", "main"]
+from coda.options import add_options, option
+
+__all__ = ["kinds", "SweepConfig", "configure", "main"]
 
 
 def kinds() -> dict:
@@ -43,20 +46,31 @@ def kinds() -> dict:
 KIND_NAMES = ("synth", "bench", "schedule", "sim")
 
 
+@dataclass(frozen=True)
+class SweepConfig:
+    """Every option of ``coda sweep`` with its default (the one source of them; where the
+    points run: :func:`coda.sweep.add_run_options`; the parameters of each kind and their
+    defaults: ``coda sweep KIND --list``)."""
+    kind: str = option(None, f"one of {', '.join(KIND_NAMES)}", type=str, positional=True,
+                       required=True, metavar="KIND")
+    param: tuple[str, ...] = option((), "a parameter and its values (repeatable; the grid is "
+                                    "the product)", type=str, action="append",
+                                    metavar="NAME=V1,V2,...")
+    grid: str = option(None, "TOML grid: NAME = value or NAME = [v1, v2, ...] per line",
+                       type=str, metavar="FILE.toml")
+    out: str = option(None, "sweep folder: results.jsonl, points/", type=str,
+                      default_text="build/sweep/KIND")
+    no_progress: bool = option(False, "no progress bar")
+    list: bool = option(False, "print KIND's parameters and defaults, run nothing")
+
+
 def configure(parser) -> None:
+    """Options of ``coda sweep``: :class:`SweepConfig`, and where the points run
+    (:func:`coda.sweep.add_run_options`)."""
     from coda.sweep import add_run_options
 
-    parser.add_argument("kind", metavar="KIND", help=f"one of {', '.join(KIND_NAMES)}")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
-                        help="a parameter and its values (repeatable; the grid is the product)")
-    parser.add_argument("--grid", default=None, metavar="FILE.toml",
-                        help="TOML grid: NAME = value or NAME = [v1, v2, ...] per line")
-    parser.add_argument("--out", default=None,
-                        help="sweep folder (default build/sweep/KIND): results.jsonl, points/")
+    add_options(parser, SweepConfig)
     add_run_options(parser)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--list", action="store_true",
-                        help="print KIND's parameters and defaults, run nothing")
 
 
 def main(args) -> int:

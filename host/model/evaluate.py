@@ -19,16 +19,22 @@ from one ``torch.Generator`` seeded by ``--seed``) are classified frame by frame
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from coda.jsonout import json_text
+from coda.options import add_options, option
 
 from .classifier import digit_classifier
 from .data import NUM_CLASSES, moving_digits
+from .dit import CONFIG_FILE, WEIGHTS_FILE
+from .sample import DEFAULT_ETA, DEFAULT_GUIDANCE, DEFAULT_STEPS
 
-__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "motion_range", "evaluate", "configure", "main"]
+__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "motion_range", "evaluate", "ModelEvalConfig",
+           "configure", "main"]
 
 DEFAULT_SEED_BASE = 1_000_000
 MOTION_REFERENCE_VIDEOS = 400
@@ -140,22 +146,31 @@ def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
             "seed_base": seed_base, **figures, "generate_s": wall}
 
 
+@dataclass(frozen=True)
+class ModelEvalConfig:
+    """Every option of ``coda model eval`` with its default (the one source of them; the
+    sampler's settings are None unless given: :func:`evaluate` takes :mod:`.sample`'s)."""
+    per_digit: int = option(5, "videos per digit 0..9, >= 1")
+    guidance: float = option(None, "CFG scale", type=float,
+                             default_text=f"{DEFAULT_GUIDANCE:g}; coda.host.model.sample.DEFAULT_GUIDANCE")
+    steps: int = option(None, "DDIM steps", type=int,
+                        default_text=f"{DEFAULT_STEPS}; coda.host.model.sample.DEFAULT_STEPS")
+    eta: float = option(None, "DDIM eta (1 = ancestral, better prompt adherence)", type=float,
+                        default_text=f"{DEFAULT_ETA:g}; coda.host.model.sample.DEFAULT_ETA")
+    seed_base: int = option(DEFAULT_SEED_BASE, "initial-noise seed of the first video; video i "
+                            "uses seed_base + i", source="far from the seeds of the demo and "
+                            "of training")
+    weights: Path = option(WEIGHTS_FILE, "the model's weights (safetensors)",
+                           default_text=f"the shipped model's, weights/{WEIGHTS_FILE.name}")
+    config: Path = option(CONFIG_FILE, "the model's configuration (JSON)",
+                          default_text=f"the shipped model's, weights/{CONFIG_FILE.name}")
+    threads: int = option(1, "torch CPU threads")
+    json: Path = option(None, "also write the report here", type=Path)
+
+
 def configure(parser) -> None:
-    """Options of ``coda model eval``."""
-    from pathlib import Path
-
-    from .dit import CONFIG_FILE, WEIGHTS_FILE
-
-    parser.add_argument("--per-digit", type=int, default=5)
-    parser.add_argument("--guidance", type=float, default=None)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--eta", type=float, default=None,
-                        help="DDIM eta (default 0; 1 = ancestral, better prompt adherence)")
-    parser.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
-    parser.add_argument("--weights", type=Path, default=WEIGHTS_FILE)
-    parser.add_argument("--config", type=Path, default=CONFIG_FILE)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    """Options of ``coda model eval``: :class:`ModelEvalConfig`."""
+    add_options(parser, ModelEvalConfig)
 
 
 def main(args) -> int:

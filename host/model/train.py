@@ -35,16 +35,18 @@ import argparse
 import copy
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from coda.options import add_options, option
 from coda.paths import check_output_path
 
 from .data import NULL_LABEL, moving_digits
 from .dit import CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model, latte_init, save_model
 
-__all__ = ["train", "stage1_path", "configure", "main"]
+__all__ = ["train", "stage1_path", "TrainConfig", "configure", "main"]
 
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
@@ -208,38 +210,45 @@ def stage1_path(weights: Path) -> Path:
     return weights.with_name(f"{weights.stem}_stage1{weights.suffix}")
 
 
+_RECIPE = "the shipped recipe"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of ``coda train`` with its default (the one source of them: the
+    recipe's constants of this module)."""
+    steps: int = option(STEPS, "stage 1 steps", unit="steps", source=_RECIPE)
+    batch_size: int = option(BATCH, "stage 1 videos per step", source=_RECIPE)
+    image_batch_size: int = option(IMAGE_BATCH, "stage 1 single frames per step (image-video "
+                                   "joint training; 0 = off)", source=_RECIPE)
+    lr: float = option(LR, "stage 1 peak learning rate", source=_RECIPE)
+    video_steps: int = option(VIDEO_STEPS, "stage 2 (videos only, from stage 1's EMA weights) "
+                              "steps; 0 = no stage 2, stage 1 writes --weights", unit="steps",
+                              source=_RECIPE)
+    video_batch_size: int = option(VIDEO_BATCH, "stage 2 videos per step", source=_RECIPE)
+    video_lr: float = option(VIDEO_LR, "stage 2 peak learning rate", source=_RECIPE)
+    stage: str = option("all", "run both stages, or one: stage 2 alone starts from --init",
+                        choices=("all", "1", "2"))
+    init: Path = option(None, "stage 2's starting weights", type=Path,
+                        default_text="stage 1's file beside --weights, <weights stem>_stage1")
+    seed: int = option(0, "stage 1's seed; stage 2 uses seed + 1")
+    threads: int = option(2, "torch CPU threads (1 is robust on a shared machine; the result's "
+                          "last bits may depend on it)")
+    weights: Path = option(WEIGHTS_FILE, "where to write the weights (safetensors)",
+                           default_text=f"the shipped model's, weights/{WEIGHTS_FILE.name}")
+    config: Path = option(CONFIG_FILE, "where to write the model configuration (JSON)",
+                          default_text=f"the shipped model's, weights/{CONFIG_FILE.name}")
+    log_every: int = option(50, "print the mean loss every this many steps", unit="steps")
+    checkpoint_every: int = option(0, "also save the EMA weights every this many steps as "
+                                   "<weights stem>_step<N>.safetensors (0 = never)",
+                                   unit="steps")
+    snr_gamma: float = option(0.0, "Min-SNR loss weighting gamma (0 = plain MSE, measured "
+                              f"better here; the paper's is {MIN_SNR_GAMMA:g})", source=_RECIPE)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda train``."""
-    parser.add_argument("--steps", type=int, default=STEPS, help="stage 1 steps")
-    parser.add_argument("--batch-size", type=int, default=BATCH, help="stage 1 videos per step")
-    parser.add_argument("--image-batch-size", type=int, default=IMAGE_BATCH,
-                        help="stage 1 single frames per step (image-video joint training; "
-                             "0 = off)")
-    parser.add_argument("--lr", type=float, default=LR, help="stage 1 peak learning rate")
-    parser.add_argument("--video-steps", type=int, default=VIDEO_STEPS,
-                        help="stage 2 (videos only, from stage 1's EMA weights) steps; 0 = "
-                             "no stage 2, stage 1 writes --weights")
-    parser.add_argument("--video-batch-size", type=int, default=VIDEO_BATCH,
-                        help="stage 2 videos per step")
-    parser.add_argument("--video-lr", type=float, default=VIDEO_LR,
-                        help="stage 2 peak learning rate")
-    parser.add_argument("--stage", choices=("all", "1", "2"), default="all",
-                        help="run both stages, or one: stage 2 alone starts from --init "
-                             "(default: stage 1's file beside --weights)")
-    parser.add_argument("--init", type=Path, default=None,
-                        help="stage 2's starting weights (default: <weights stem>_stage1)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="stage 1's seed; stage 2 uses seed + 1")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch CPU threads (1 is robust on a shared machine; the "
-                             "result's last bits may depend on it)")
-    parser.add_argument("--weights", type=Path, default=WEIGHTS_FILE)
-    parser.add_argument("--config", type=Path, default=CONFIG_FILE)
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--checkpoint-every", type=int, default=0)
-    parser.add_argument("--snr-gamma", type=float, default=0.0,
-                        help=f"Min-SNR loss weighting gamma (default 0 = plain MSE; the "
-                             f"paper's is {MIN_SNR_GAMMA:g})")
+    """Options of ``coda train``: :class:`TrainConfig`."""
+    add_options(parser, TrainConfig)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,17 +18,18 @@ operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from coda.hw.nme.isa import NMEConfig, Status
 from coda.hw.nme.cycles import model_cycles
-from coda.cosim.nme_units import parse_units
+from coda.cosim.nme_units import COMBINATIONAL, parse_units
 from coda.host.nme import compiler
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import check_output_path
 
-__all__ = ["OPS", "efficiency", "configure", "main"]
+__all__ = ["OPS", "efficiency", "PassEfficiencyConfig", "configure", "main"]
 
 #: Operators measured, and their input shapes from (tokens T, channels C).
 OPS = {
@@ -61,19 +62,24 @@ def efficiency(op: str, tokens: int, channels: int, cfg: NMEConfig,
             "passes": len(program.uops), "words": n_words}
 
 
+@dataclass(frozen=True)
+class PassEfficiencyConfig:
+    """Every option of ``coda pass-efficiency`` with its default (the one source of them)."""
+    op: str = option("gated_residual", "operator", choices=tuple(sorted(OPS)))
+    tokens: int = option(16384, "tokens T of the [T, C] stream")
+    channels: int = option(64, "channels C of the [T, C] stream")
+    depths: str = option("16,64,256", "comma-separated buffer depths", unit="words")
+    units: tuple[str, ...] = option((COMBINATIONAL, "3,5,1"), "M,A,O per NME: mul, add and operand "
+                          "latency (register stages)", nargs="+", metavar="M,A,O")
+    latency: int = option(1, "memory read latency", unit="cycles")
+    trail_stores: str = option("both", "NMEConfig.trail_stores: stores trail the next blocks' "
+                               "reads (both: a row each)", choices=("on", "off", "both"))
+    json: Path = option(None, "write the rows to this file", type=Path)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda pass-efficiency``."""
-    parser.add_argument("--op", default="gated_residual", choices=sorted(OPS))
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--channels", type=int, default=64)
-    parser.add_argument("--depths", default="16,64,256", help="buffer depths in words")
-    parser.add_argument("--units", nargs="+", default=["0,0,0", "3,5,1"], metavar="M,A,O",
-                        help="M,A,O per NME: mul, add and operand latency")
-    parser.add_argument("--latency", type=int, default=1, help="memory read latency (cycles)")
-    parser.add_argument("--trail-stores", choices=("on", "off", "both"), default="both",
-                        help="NMEConfig.trail_stores: stores trail the next blocks' reads "
-                             "(default both: a row each)")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows to this file")
+    """Options of ``coda pass-efficiency``: :class:`PassEfficiencyConfig`."""
+    add_options(parser, PassEfficiencyConfig)
 
 
 def main(args: argparse.Namespace) -> int:
