@@ -11,7 +11,8 @@ from coda.host.nme import ops
 from coda.hw.nme.executor import ExecResult
 from coda.host.nme.backend import TorchBackend
 from coda.host.nme.bits import from_bits, same_bits, to_bits
-from coda.host.nmp.driver import NMPCapacityError, NMPDriver, tile_bounds
+from coda.host.nmp.driver import NMPCapacityError, NMPDriver
+from coda.host.nmp.tiling import tile_bounds
 
 RANK_SHAPES = [(1, 1), (1, 2), (3, 1), (2, 2), (1, 5), (2, 3)]  # 1..6 ranks
 

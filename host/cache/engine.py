@@ -76,7 +76,7 @@ from diffusers.hooks.hooks import ModelHook, StateManager
 from coda.host.cache.arch import Architecture, get_architecture
 from .arch.base import BlockCall, BlockSpec
 from .arch.deferred import Deferred, continues, materialized
-from coda.host.nmp.driver import PendingOp
+from coda.host.nmp.launch import PendingOp
 from coda.host.cache.events import EventLog, MonitorEvent, OpEvent, SegmentEvent
 from coda.host.nmp.link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
 from coda.host.nme.ops import MAX_SEGMENT_TERMS

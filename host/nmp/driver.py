@@ -3,7 +3,7 @@
 A system has ``dimms * ranks`` NMEs; rank ``i`` (``i = dimm * ranks + rank``) owns a memory
 image of ``cfg.mem_words`` words. A tensor ``[T, C]`` is tiled over tokens across all ranks
 (rank ``i`` holds rows ``i*T//n ..``: the first ``T % n`` ranks hold one row more, see
-:func:`tile_bounds`); flat ``[N]`` operands are tiled over elements the same way; per-channel
+:func:`coda.host.nmp.tiling.tile_bounds`); flat ``[N]`` operands are tiled over elements the same way; per-channel
 vectors (gates ``[C]``) and scalars are replicated to every rank. An operator compiles to one
 program per rank (tiles may differ by one row), all run in lockstep through
 ``backend.execute_many``, and the host gathers the tiles of the result.
@@ -30,10 +30,9 @@ bytes requested and the bytes free.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Hashable
+from dataclasses import dataclass, replace
+from typing import Callable, Hashable
 
 import numpy as np
 import torch
@@ -44,70 +43,18 @@ from coda.host.nme import compiler
 from coda.host.nme import ops as ref
 from coda.hw.nme.executor import Backend
 from coda.host.nme.interp import CANONICAL_NAN_F32
+from coda.host.nmp.launch import ChainedSegment, Launch, PendingOp
 from coda.host.nmp.placement import (DEFAULT_STANDARD, SCRATCH_XOR, SLOT_COLOUR,
                                      BankColouredAllocator)
+from coda.host.nmp.tiling import (PLACEMENT, REPLICATE, split_operand, tile, tile_bounds,
+                                  tile_shapes)
 from coda.host.nme.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
                             unpack_words)
 
-__all__ = ["NMPDriver", "NMPCapacityError", "PendingOp", "PLACEMENT", "tile_bounds",
-           "tile_shapes", "fit_mem_words"]
-
-# How each operand of an operator is placed on the ranks: split along dim 0 (rows, or
-# elements of a flat vector), split along dim 1 (segment's c [K, T, C]), or replicated.
-_SPLIT0, _SPLIT1, _REPLICATE = "split0", "split1", "replicate"
-#: op -> input name -> placement on the ranks
-PLACEMENT = {
-    "add": {"a": _SPLIT0, "b": _SPLIT0},
-    "sub": {"a": _SPLIT0, "b": _SPLIT0},
-    "mul": {"a": _SPLIT0, "b": _SPLIT0},
-    "l1_distance": {"a": _SPLIT0, "b": _SPLIT0},
-    "scale": {"a": _SPLIT0, "s": _REPLICATE},
-    "gated_residual": {"x": _SPLIT0, "g": _REPLICATE, "c": _SPLIT0},
-    "segment": {"x": _SPLIT0, "g": _REPLICATE, "c": _SPLIT1},
-    "cfg_combine": {"u": _SPLIT0, "c": _SPLIT0, "s": _REPLICATE},
-    "dequant_int8": {"q": _SPLIT0, "scale": _SPLIT0},
-}
-
+__all__ = ["NMPDriver", "NMPCapacityError", "fit_mem_words"]
 
 class NMPCapacityError(MemoryError):
     """A rank memory cannot hold a requested range (message: rank, bytes requested, free)."""
-
-
-def tile_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``range(n)`` into ``parts`` contiguous [start, end) ranges whose sizes differ by
-    at most one, the larger ones first (like ``torch.tensor_split``)."""
-    base, extra = divmod(int(n), int(parts))
-    bounds, start = [], 0
-    for i in range(parts):
-        end = start + base + (i < extra)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
-def tile_shapes(op: str, shapes: dict[str, tuple], n_ranks: int) -> list[dict | None]:
-    """Per rank, the shapes of ``op``'s operand tiles (None for a rank with an empty tile:
-    no rows, or rows of zero elements such as ``[T, 0]``).
-
-    ``shapes`` maps the op's input names to full shapes; the split operands are cut with
-    :func:`tile_bounds` along their token (or element) axis, the others replicated.
-    """
-    spec = ref.get_op(op)
-    split_name = next(n for n in spec.inputs if PLACEMENT[op][n] == _SPLIT0)
-    out: list[dict | None] = []
-    for r0, r1 in tile_bounds(shapes[split_name][0], n_ranks):
-        if r1 == r0:
-            out.append(None)
-            continue
-        tiled = {}
-        for name, shape in shapes.items():
-            shape = list(shape)
-            axis = {_SPLIT0: 0, _SPLIT1: 1}.get(PLACEMENT[op][name])
-            if axis is not None:
-                shape[axis] = r1 - r0
-            tiled[name] = tuple(shape)
-        out.append(tiled if math.prod(tiled[split_name]) else None)
-    return out
 
 
 def fit_mem_words(backend: Backend, cfg: NMEConfig, op: str, shapes: dict[str, tuple],
@@ -135,95 +82,6 @@ class _Slot:
     rows: list[tuple[int, int]]    # token range of each rank's tile
     addrs: list[int | None]        # word address of each rank's tile (None: empty tile)
     words: list[int]               # words of each rank's tile
-
-
-@dataclass
-class _Ticket:
-    """One lockstep launch: its jobs (rank, program), their layouts, the backend's handle
-    (None: done at once), the results once collected, the submit time (perf_counter s)."""
-    jobs: list
-    layouts: list
-    handle: Any
-    results: list | None
-    t_submit: float
-    merged: bool = False
-
-
-@dataclass
-class PendingOp:
-    """An operator launched on the NMEs whose result has not been taken yet.
-
-    :meth:`result` waits for the launch (if it is still in flight), merges what the programs
-    wrote into the rank images and returns the operator's result; later calls return the same
-    object. Meanwhile the host may compute (the other CFG branch) and write cache slots; a
-    second launch first completes this one (the NMEs run one program at a time).
-    """
-    driver: "NMPDriver | None"
-    gather: Callable[[list], Any] | None
-    ticket: _Ticket | None
-    release: Callable[[], None] | None
-    bytes_to_nmp: int = 0
-    bytes_from_nmp: int = 0
-    nme_cycles: int = 0
-    programs: int = 0
-    y_addrs: list = field(default_factory=list)   # per rank: word address of the output tile
-    _value: Any = None
-    _done: bool = False
-
-    @classmethod
-    def done(cls, value) -> "PendingOp":
-        return cls(None, None, None, None, _value=value, _done=True)
-
-    def result(self):
-        """The operator's result (waits for the launch). After it: ``bytes_to_nmp``
-        (operands written and command words), ``bytes_from_nmp`` (result read back),
-        ``nme_cycles`` (the slowest rank's), ``programs`` (lockstep launches) of this
-        operator alone."""
-        if not self._done:
-            try:
-                results = self.driver._complete(self.ticket)
-                read = self.driver.stats["bytes_read"]
-                self._value = self.gather(results)
-                self.bytes_from_nmp = self.driver.stats["bytes_read"] - read
-                self.nme_cycles = max(r.cycles for r in results)
-                self.programs = 1
-            finally:
-                self.release()
-            self._done = True
-        return self._value
-
-    def finish_in_place(self) -> None:
-        """Complete the launch and release its scratch without reading the result back (an
-        intermediate of a chained segment, already read by the next program)."""
-        if not self._done:
-            try:
-                results = self.driver._complete(self.ticket)
-                self.nme_cycles = max(r.cycles for r in results)
-                self.programs = 1
-            finally:
-                self.release()
-            self._done = True
-
-
-@dataclass
-class _ChainedSegment:
-    """A segment of more than MAX_SEGMENT_TERMS terms as programs chained in rank memory:
-    program i+1 reads program i's output where it lies, so only x goes down and y comes up.
-    Same interface as :class:`PendingOp`."""
-    parts: list
-
-    def result(self):
-        y = self.parts[-1].result()
-        for part in self.parts[:-1]:
-            part.finish_in_place()
-        return y
-
-    def __getattr__(self, name):
-        if name in ("bytes_to_nmp", "nme_cycles", "programs"):
-            return sum(getattr(p, name) for p in self.parts)
-        if name == "bytes_from_nmp":
-            return self.parts[-1].bytes_from_nmp
-        raise AttributeError(name)
 
 
 class NMPDriver:
@@ -254,7 +112,7 @@ class NMPDriver:
         self._allocs = self._new_allocators()
         self._group_colours: dict = {}
         self._slots: dict[Hashable, _Slot] = {}
-        self._inflight: _Ticket | None = None
+        self._inflight: Launch | None = None
         self._open: dict[int, Callable[[], None]] = {}   # launched ops' unreleased scratch
         self.stats: dict = {}
         self.reset_stats()
@@ -396,7 +254,7 @@ class NMPDriver:
             raise KeyError(f"no cache slot {key!r} (slots: {len(self._slots)})") from None
 
     # ---------------------------------------------------------------- operators
-    def segment_submit(self, x, gates: list[torch.Tensor], keys: list) -> "PendingOp":
+    def segment_submit(self, x, gates: list[torch.Tensor], keys: list) -> PendingOp:
         """A coalesced segment on cached slots: ``((x + g0*c0) + g1*c1) + ...``, c_k = slot keys[k].
 
         Args:
@@ -444,7 +302,7 @@ class NMPDriver:
             for part in parts:       # nothing left in flight or allocated
                 part.finish_in_place()
             raise
-        return parts[0] if len(parts) == 1 else _ChainedSegment(parts)
+        return parts[0] if len(parts) == 1 else ChainedSegment(parts)
 
     def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
         """:meth:`segment_submit` and wait: y [T, C] in the cache dtype (same arguments and
@@ -523,15 +381,6 @@ class NMPDriver:
         return self._run(op, tensors, params.get("group"))
 
     # ---------------------------------------------------------------- execution
-    def _tile(self, op: str, name: str, t: torch.Tensor, bounds: tuple[int, int]) -> torch.Tensor:
-        mode = PLACEMENT[op][name]
-        r0, r1 = bounds
-        if mode == _SPLIT0:
-            return t[r0:r1]
-        if mode == _SPLIT1:
-            return t[:, r0:r1]
-        return t
-
     def _run(self, op: str, tensors: dict, group: int | None,
              cached: dict[str, list[list[int | None]]] | None = None):
         """Tile, place scratch streams, compile per rank, launch in lockstep, gather."""
@@ -539,7 +388,7 @@ class NMPDriver:
 
     def _start(self, op: str, tensors: dict, group: int | None,
                cached: dict[str, list[list[int | None]]] | None = None,
-               resident: dict[str, list[int | None]] | None = None) -> "PendingOp":
+               resident: dict[str, list[int | None]] | None = None) -> PendingOp:
         """Tile, place scratch streams, compile per rank and launch in lockstep; the
         :class:`PendingOp` gathers the result. ``resident``: operands already in rank memory
         (tiled like x) at these per-rank word addresses; their tensors give only the shape
@@ -550,14 +399,13 @@ class NMPDriver:
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
         for name, slot_addrs in cached.items():  # cached operand: K slots tiled like x
             shapes[name] = (len(slot_addrs),) + shapes["x"]
-        split_name = next(n for n in spec.inputs if PLACEMENT[op][n] == _SPLIT0)
-        bounds = tile_bounds(shapes[split_name][0], self.n_ranks)
+        bounds = tile_bounds(shapes[split_operand(op)][0], self.n_ranks)
         plans = []  # per rank: (tiles, tile shapes), or None for an empty tile
         for (r0, r1), tiled in zip(bounds, tile_shapes(op, shapes, self.n_ranks)):
             if tiled is None:
                 plans.append(None)
                 continue
-            tiles = {n: self._tile(op, n, t, (r0, r1)) for n, t in tensors.items()}
+            tiles = {n: tile(op, n, t, (r0, r1)) for n, t in tensors.items()}
             plans.append((tiles, tiled))
         if not any(plans):
             return PendingOp.done(self._empty_result(spec, tensors, group))
@@ -603,7 +451,7 @@ class NMPDriver:
 
     def fits(self, op: str, shapes: dict[str, tuple], group: int | None = None) -> bool:
         """Whether :meth:`run_op` of ``op`` on operands of these full ``shapes`` (input name
-        -> shape, as :func:`tile_shapes` takes them) can place its operands and result in the
+        -> shape, as :func:`~coda.host.nmp.tiling.tile_shapes` takes them) can place its operands and result in the
         rank memories as they are now: the very placement it makes (bank colours,
         power-of-two alignment, first-fit fallback), tried and released. Nothing is written.
         Raises ValueError as :func:`coda.host.nme.compiler.stream_words` (bad shapes)."""
@@ -641,7 +489,7 @@ class NMPDriver:
         want = [(base ^ x) % alloc.colours for x in SCRATCH_XOR]
         free = iter([c for c in want if c not in taken] + sorted(taken))
         names = list(scratch[first])
-        tiled = [n for n in names if PLACEMENT[op].get(n) != _REPLICATE]
+        tiled = [n for n in names if PLACEMENT[op].get(n) != REPLICATE]
         groups = [[n] for n in tiled]
         groups[0] += [n for n in names if n not in tiled]
         ranges: list[tuple[list, list, list]] = []
@@ -699,7 +547,7 @@ class NMPDriver:
             return np.concatenate([pack_words(to_bits(row), self.cfg.lanes) for row in t])
         return pack_words(to_bits(t), self.cfg.lanes)
 
-    def _submit(self, jobs: list[tuple[int, Program]], layouts: list) -> "_Ticket":
+    def _submit(self, jobs: list[tuple[int, Program]], layouts: list) -> Launch:
         """Launch one program per rank in lockstep without waiting (backends with
         ``submit_many``), after the launch still in flight, if any, has completed: the
         ranks' NMEs run one program at a time."""
@@ -712,7 +560,7 @@ class NMPDriver:
             handle, results = None, self.backend.execute_many(self.cfg, images, inplace=True)
         else:
             handle, results = submit(self.cfg, images), None
-        ticket = _Ticket(jobs, layouts, handle, results, time.perf_counter())
+        ticket = Launch(jobs, layouts, handle, results, time.perf_counter())
         self._inflight = ticket if results is None else None
         if results is not None:
             self._complete(ticket)
@@ -733,7 +581,7 @@ class NMPDriver:
         if self._inflight is not None:
             self._complete(self._inflight)
 
-    def _complete(self, ticket: "_Ticket") -> list:
+    def _complete(self, ticket: Launch) -> list:
         """Collect a launch's results (once) and merge what the programs wrote into the rank
         images: only their output streams, so host writes made meanwhile (cache stores of the
         other CFG branch) are kept."""

@@ -4,7 +4,7 @@
 (:mod:`coda.host.system.workload`, :mod:`coda.host.system.replay`) count with.
 
 A tensor ``[T, C]`` in the NME format (bf16 or fp16: 2 bytes an element) is tiled over the
-ranks by tokens (:func:`coda.host.nmp.driver.tile_bounds`), each rank tile whole words of
+ranks by tokens (:func:`coda.host.nmp.tiling.tile_bounds`), each rank tile whole words of
 ``lanes`` elements (:func:`coda.host.nme.bits.words_for`).
 
 A segment (:mod:`coda.host.cache.engine`) has two forms (:data:`SEGMENT_OUTPUTS`,
@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 
 from coda.host.nme.bits import words_for
-from coda.host.nmp.driver import tile_bounds
+from coda.host.nmp.tiling import tile_bounds
 from coda.host.nme.ops import MAX_SEGMENT_TERMS
 
 __all__ = ["SEGMENT_OUTPUTS", "CMD_WORD_BYTES", "tensor_bytes", "segment_bytes",
