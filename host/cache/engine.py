@@ -49,6 +49,10 @@ branch the engine asks its policy (:mod:`coda.host.cache.policies`) for a :class
   where the model passes its streams straight from block to block; the model's own code in
   between (Latte's temporal position embedding) ends it (:meth:`ModelOps.barriers`).
 
+This module holds the hooks, their configuration and the generation's bookkeeping; one
+step's forward (programs, CFG trunks, decisions per operator) is
+:class:`coda.host.cache.step.StepRun`, its segments :mod:`coda.host.cache.segments`.
+
 Everything it does is emitted as operator events (:mod:`coda.host.cache.events`) into
 ``hook.events``; ``hook.state.stats`` are counted from them.
 
@@ -66,7 +70,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
@@ -74,15 +77,13 @@ import torch
 from diffusers.hooks.hooks import ModelHook, StateManager
 
 from coda.host.cache.arch import Architecture, get_architecture
-from .arch.base import BlockCall, BlockSpec
-from .arch.deferred import Deferred, continues, materialized
-from coda.host.nmp.launch import PendingOp
-from coda.host.cache.events import EventLog, MonitorEvent, OpEvent, SegmentEvent
+from .arch.base import BlockSpec
+from coda.host.cache.events import EventLog
 from coda.host.nmp.link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
-from coda.host.nme.ops import MAX_SEGMENT_TERMS
 from coda.host.cache.policies import as_policy
-from .policies.base import CachePolicy, Decision, OpQuery
-from coda.host.cache.schedule import BRANCHES, ScheduleError
+from .policies.base import CachePolicy
+from coda.host.cache.schedule import BRANCHES
+from coda.host.cache.step import PRIMARY, StepRun
 
 __all__ = ["BATCHED_CFG", "SEGMENT_OUTPUTS", "CodaCacheConfig", "CodaCacheState", "CodaCacheHook",
            "apply_coda_cache", "remove_coda_cache", "reset_coda_cache", "get_coda_cache_hook",
@@ -93,7 +94,6 @@ BLOCK_HOOK_NAME = "coda_cache_block"
 BATCHED_CFG = "uncond|cond"
 #: context names of diffusers pipelines meaning a batched CFG call (CogVideoX: [uncond; cond])
 _CONTEXT_ALIASES = {"cond_uncond": BATCHED_CFG}
-_PRIMARY = "hidden"      # the video-token stream: monitors and the Latte-compatible slot keys
 _NME_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _DTYPE_NAMES = {v: k for k, v in _NME_DTYPES.items()}
 _hook_ids = itertools.count()
@@ -214,7 +214,7 @@ class CodaCacheHook(ModelHook):
         self.context_manager = StateManager(CodaCacheState)
         self._tag = f"coda{next(_hook_ids)}"
         self._last_generation: int | None = None
-        self._run: _StepRun | None = None
+        self._run: StepRun | None = None
 
     def initialize_hook(self, module):
         self.arch: Architecture = get_architecture(module)
@@ -333,7 +333,8 @@ class CodaCacheHook(ModelHook):
     # ---- the forward ----------------------------------------------------------
     def new_forward(self, module, *args, **kwargs):
         """The transformer's own forward (under ``torch.no_grad``: the engine is for
-        inference), its blocks recorded and run by this call's :class:`_StepRun`.
+        inference), its blocks recorded and run by this call's
+        :class:`~coda.host.cache.step.StepRun`.
         Raises ValueError for a call the architecture does not cover, a missing or bad cache
         context, steps out of order."""
         call_args = self.arch.bind_call(module, args, kwargs)
@@ -342,7 +343,7 @@ class CodaCacheHook(ModelHook):
         branches = _parse_branches(ctx.name, self.arch.batch_size(call_args))
         step = self._begin_call(ctx, branches)
         try:
-            run = self._run = _StepRun(self, module, branches, step)
+            run = self._run = StepRun(self, module, branches, step)
             with torch.no_grad():
                 output = run.finish(self.fn_ref.original_forward(*args, **kwargs))
         except BaseException:   # KeyboardInterrupt, NMPCapacityError, ...: nothing is held
@@ -354,11 +355,11 @@ class CodaCacheHook(ModelHook):
         return output
 
     def key(self, branch: str, sample: int, layer: int, op: str, what: str = "out",
-            stream: str = _PRIMARY) -> Hashable:
+            stream: str = PRIMARY) -> Hashable:
         """Slot key of one sample's (index within its branch) cached operator output
         (``what="out"``) or kept input (``what="in"``), per residual stream."""
         key = (self._tag, branch, sample, layer, op)
-        if stream != _PRIMARY:
+        if stream != PRIMARY:
             key += (stream,)
         return key if what == "out" else key + (what,)
 
@@ -367,402 +368,9 @@ class CodaCacheHook(ModelHook):
         self.policy.observe(event)
 
 
-@dataclass(eq=False)
-class _Node:
-    """One recorded block call of a program; ``lazies``: its deferred outputs still alive;
-    ``values``: its real outputs per stream once the program ran."""
-    call: BlockCall
-    lazies: weakref.WeakSet = field(default_factory=weakref.WeakSet)
-    values: dict[str, torch.Tensor] | None = None
-
-
-@dataclass(eq=False)
-class _Program:
-    """Consecutive block calls whose residual streams pass straight from one to the next:
-    run together, one trunk per CFG branch, segments spanning their boundaries.
-
-    inputs: stream -> the real tensor entering the first block; canon: their canonical
-    shapes; nodes: the calls in order; executed: it ran (or is running)."""
-    inputs: dict[str, torch.Tensor]
-    canon: dict[str, torch.Size]
-    nodes: list[_Node] = field(default_factory=list)
-    executed: bool = False
-
-
-class _StepRun:
-    """One transformer forward (one step, one or two branches) under the hook's policy: the
-    programs its block calls form, their execution, and the engine state the block specs see
-    (:class:`coda.host.cache.arch.base.StepState`: ``b``, ``h``, ``take``, ``put``, ``rows``).
-
-    Rows are the batch indices; row ``i`` is sample ``sample_of[i]`` of branch ``branch_of[i]``.
-    """
-
-    def __init__(self, hook, model, branches, step):
-        self.hook, self.m = hook, model
-        self.driver, self.dtype = hook.config.driver, hook.dtype
-        self.ops = hook.model_ops
-        self.step, self.num_steps = step, hook.state.num_steps
-        self.branch_of = branches
-        counters: dict[str, int] = {}
-        self.sample_of = []
-        for br in branches:
-            self.sample_of.append(counters.get(br, 0))
-            counters[br] = counters.get(br, 0) + 1
-        self.b = len(branches)
-        self.pending: list[list[tuple]] = [[] for _ in branches]
-        self.h: dict[str, torch.Tensor] = {}
-        self.program: _Program | None = None
-        self._called: set[int] = set()
-
-    def _event_fields(self, row: int) -> dict:
-        return dict(generation=self.hook.state.generation, step=self.step,
-                    num_steps=self.num_steps, branch=self.branch_of[row],
-                    sample=self.sample_of[row])
-
-    # ---- StepState: what the block specs see ------------------------------------------
-    def take(self, stream: str, samples: torch.Tensor) -> torch.Tensor:
-        h = self.h[stream]
-        return h if len(samples) == self.b else h.index_select(0, samples)
-
-    def put(self, stream: str, samples: torch.Tensor, value: torch.Tensor) -> None:
-        if len(samples) == self.b:
-            self.h[stream] = value.contiguous()
-        else:   # the same values, on these rows only
-            self.h[stream] = self.h[stream].index_copy(0, samples, value.contiguous())
-
-    def rows(self, t, samples: torch.Tensor, per: int = 1):
-        if t is None or len(samples) == self.b:
-            return t
-        if per == 1:
-            return t.index_select(0, samples)
-        return t.reshape(self.b, per, *t.shape[1:]).index_select(0, samples).reshape(-1, *t.shape[1:])
-
-    @property
-    def c(self) -> int:
-        return self.h[_PRIMARY].shape[-1]
-
-    def _tokens(self) -> dict[str, int]:
-        """Tokens per sample of each stream."""
-        return {s: h[0].numel() // h.shape[-1] for s, h in self.h.items()}
-
-    # ---- the model's blocks: record, run on demand ------------------------------------
-    def block_call(self, spec: BlockSpec, block: torch.nn.Module, layer: int, args, kwargs):
-        """A hooked block's call: recorded into the open program (or a new one); returns its
-        outputs as :class:`Deferred` tensors."""
-        if id(block) in self._called:
-            raise ValueError(f"layer {layer} ({spec.block_class}) called twice in one forward: "
-                             "the CODA cache engine needs each block once per step")
-        self._called.add(id(block))
-        bound = spec.bind(block, args, kwargs)
-        streams = {s: bound.pop(param) for s, param in spec.streams.items()}
-        # anything else deferred that a block gets is computed now: the spec needs real values
-        bound = {k: materialized(v) for k, v in bound.items()}
-        call = BlockCall(spec, block, layer, bound)
-        spec.check(call)
-        if not self._continues(spec, streams):
-            real = {s: materialized(x) for s, x in streams.items()}
-            self.run_open()
-            self.program = _Program(real, {s: spec.to_canonical(s, x, self.b).shape
-                                           for s, x in real.items()})
-        call.prep = spec.prepare(call, self.b)
-        node = _Node(call)
-        self.program.nodes.append(node)
-        outs = [Deferred(self, node, s, x.shape, x.dtype, x.device) for s, x in streams.items()]
-        return tuple(outs) if spec.returns_tuple else outs[0]
-
-    def _continues(self, spec: BlockSpec, streams: dict) -> bool:
-        """Whether a block with these stream inputs continues the open program: each input is
-        the last block's output of that stream, moved at most by layout operations that land
-        on the same canonical tokens (:func:`coda.host.cache.arch.deferred.continues`)."""
-        p = self.program
-        if p is None or p.executed or not p.nodes:
-            return False
-        last = p.nodes[-1]
-        if set(streams) != set(last.call.spec.streams):
-            return False
-        return all(isinstance(x, Deferred) and x._owner is self and x._node is last
-                   and x._stream == s and x._value is None
-                   and continues(x, last.call.spec, spec, s, p.canon[s], self.b)
-                   for s, x in streams.items())
-
-    def node_value(self, node: _Node, stream: str) -> torch.Tensor:
-        """A recorded block's real output (runs its program first). Raises RuntimeError for
-        an output dropped when its program ran (the engine keeps every one still referenced)."""
-        if node.values is None:
-            p = self.program
-            if p is None or p.executed or not any(n is node for n in p.nodes):
-                raise RuntimeError("CODA cache engine: a block output was needed after its "
-                                   "program ran without keeping it")
-            self._execute(p)
-        return node.values[stream]
-
-    def run_open(self) -> None:
-        """Run the open program, if any (a step's programs run in the order recorded)."""
-        if self.program is not None and not self.program.executed:
-            self._execute(self.program)
-
-    def finish(self, output):
-        """After the model's forward: run what is still recorded; the output with any deferred
-        tensor replaced by its value."""
-        self.run_open()
-        assert not any(self.pending), "segments left pending after a step"
-        if isinstance(output, Deferred):
-            return output.materialize()
-        if isinstance(output, tuple):
-            return type(output)(materialized(o) for o in output)
-        if isinstance(output, dict):    # diffusers' ModelOutput
-            for k, v in list(output.items()):
-                if isinstance(v, Deferred):
-                    output[k] = v.materialize()
-        return output
-
-    def _execute(self, p: _Program) -> None:
-        """Run a program: one trunk per CFG branch over its blocks, operator by operator. It is
-        cut after a block whose outputs someone else still holds (their values are kept)."""
-        p.executed = True
-        nodes = p.nodes
-        first = nodes[0].call.spec
-        # a copy the engine owns (segments write rows in place)
-        self.h = {s: first.to_canonical(s, x, self.b).clone(memory_format=torch.contiguous_format)
-                  for s, x in p.inputs.items()}
-        p.inputs = {}
-        cuts = [i for i, n in enumerate(nodes[:-1]) if len(n.lazies)] + [len(nodes) - 1]
-        start = 0
-        for cut in cuts:
-            self._run_trunks(nodes[start:cut + 1])
-            node, last = nodes[cut], cut == len(nodes) - 1
-            node.values = {s: node.call.spec.from_canonical(s, h if last else h.clone())
-                           for s, h in self.h.items()}
-            start = cut + 1
-
-    def _run_trunks(self, nodes: list[_Node]) -> None:
-        branches = list(dict.fromkeys(self.branch_of))
-        if self.hook.config.interleave_cfg and len(branches) > 1:
-            groups = [[r for r, br in enumerate(self.branch_of) if br == name] for name in branches]
-        else:
-            groups = [list(range(self.b))]
-        # CFG interleaving: each branch's trunk pauses right after launching a segment, so the
-        # other branch computes on the xPU while the NMEs run it (the RTL simulators are
-        # processes of their own); the program ends when both trunks are done.
-        trunks = [self._trunk(nodes, rows) for rows in groups]
-        while trunks:
-            for trunk in list(trunks):
-                try:
-                    next(trunk)
-                except StopIteration:
-                    trunks.remove(trunk)
-
-    def _trunk(self, nodes: list[_Node], rows: list[int]):
-        """The blocks ``nodes`` for ``rows`` (a generator: it yields after launching
-        segments, so another branch's trunk may run meanwhile)."""
-        for node in nodes:
-            for op in node.call.spec.ops:
-                yield from self.operator(node.call, op, rows)
-        yield from self.flush_rows(rows)
-
-    # ---- one operator for some rows of the call -------------------------------------
-    def operator(self, call: BlockCall, op: str, rows: list[int]):
-        """Decide, then compute or queue for a segment, ``(call.layer, op)`` for ``rows`` (a
-        generator, see :meth:`flush_rows`)."""
-        hook, st = self.hook, self.hook.state
-        layer, spec = call.layer, call.spec
-        index = self.ops.index((layer, op))
-        decisions: dict[int, Decision] = {}
-        for row in rows:
-            br, j = self.branch_of[row], self.sample_of[row]
-            bstate = st.branches[br]
-            out_key, in_key = hook.key(br, j, layer, op), hook.key(br, j, layer, op, "in")
-            slot, kept = bstate.slots.get(out_key), bstate.kept.get(in_key)
-            q = OpQuery(step=self.step, num_steps=self.num_steps, branch=br, sample=j,
-                        layer=layer, op=op, index=index, num_layers=self.ops.num_layers,
-                        cached_step=None if slot is None else slot[1],
-                        kept_step=None if kept is None else kept[1],
-                        segment_open=bool(self.pending[row]), model_ops=self.ops,
-                        _input_change=lambda row=row: self.input_change(row, layer, op, index))
-            d = hook.policy.decide(q)
-            if d.reuse and slot is None:
-                raise ScheduleError(
-                    f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) "
-                    "needs a cached output, but none was stored")
-            decisions[row] = d
-        compute = [row for row in rows if not decisions[row].reuse]
-        reuse = [row for row in rows if decisions[row].reuse]
-        if reuse:
-            gates = {s: g.to(self.dtype) for s, g in
-                     spec.gates(self, call, op, torch.tensor(reuse, dtype=torch.long)).items()}
-            for pos, row in enumerate(reuse):
-                self.pending[row].append(({s: g[pos] for s, g in gates.items()}, layer, op, index,
-                                          decisions[row].reason))
-        if not compute:
-            return
-        yield from self.flush_rows(compute)
-        samples = torch.tensor(compute, dtype=torch.long)
-        x_before = {row: self.h[_PRIMARY][row] for row in compute if decisions[row].keep_input}
-        out = spec.compute(self, call, op, samples)
-        tokens = sum(self._tokens().values())
-        for pos, row in enumerate(compute):
-            d = decisions[row]
-            stored = self.store(row, layer, op, {s: o[pos] for s, o in out.items()}) if d.store else 0
-            kept = self.keep_input(row, layer, op, x_before[row]) if d.keep_input else 0
-            hook.emit(OpEvent(**self._event_fields(row), layer=layer, op=op, index=index,
-                              reused=False, reason=d.reason, tokens=tokens,
-                              channels=self.c, dtype=hook.fmt, stored_bytes=stored,
-                              kept_bytes=kept))
-
-    def _bytes_written(self) -> int:
-        return self.driver.stats["bytes_written"]
-
-    def store(self, row: int, layer: int, op: str, outs: dict[str, torch.Tensor]) -> int:
-        """Write one row's pre-gate outputs (per stream, canonical [..., C]) to their slots;
-        returns the bytes written."""
-        br, j = self.branch_of[row], self.sample_of[row]
-        before = self._bytes_written()
-        for stream, out in outs.items():
-            tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
-            key = self.hook.key(br, j, layer, op, stream=stream)
-            self.driver.store(key, tensor, group=(br, j, stream))
-            self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
-        return self._bytes_written() - before
-
-    def keep_input(self, row: int, layer: int, op: str, x: torch.Tensor) -> int:
-        """Keep one row's operator input (video stream, canonical) in rank memory as a monitor
-        reference, with ``Σ|x|`` in fp32; returns the bytes written."""
-        br, j = self.branch_of[row], self.sample_of[row]
-        tensor = x.reshape(-1, self.c).to(self.dtype).contiguous()
-        key = self.hook.key(br, j, layer, op, "in")
-        before = self._bytes_written()
-        self.driver.store(key, tensor, group=(br, j, _PRIMARY))
-        norm = float(tensor.float().abs().sum())
-        self.hook.state.branches[br].kept[key] = (tuple(tensor.shape), self.step, norm)
-        return self._bytes_written() - before
-
-    def input_change(self, row: int, layer: int, op: str, index: int) -> float:
-        """The relative L1 change of a row's operator input (video stream) against its kept
-        reference, the numerator on the NMEs (``driver.l1_to_slot``); emits a MonitorEvent."""
-        self.flush(row)
-        br, j = self.branch_of[row], self.sample_of[row]
-        key = self.hook.key(br, j, layer, op, "in")
-        shape, ref_step, norm = self.hook.state.branches[br].kept[key]
-        x16 = self.h[_PRIMARY][row].reshape(-1, self.c).to(self.dtype).contiguous()
-        self.driver.wait()      # so the counters below see this check alone
-        s = self.driver.stats
-        before, cycles, programs = (s["bytes_written"] + s["cmd_bytes"], s["nme_cycles"],
-                                    s["programs"])
-        l1 = self.driver.l1_to_slot(x16, key)
-        value = l1 / norm if norm > 0 else (0.0 if l1 == 0 else float("inf"))
-        self.hook.emit(MonitorEvent(
-            **self._event_fields(row), layer=layer, op=op, index=index, reference_step=ref_step,
-            value=value, bytes_to_nmp=s["bytes_written"] + s["cmd_bytes"] - before,
-            programs=self.driver.stats["programs"] - programs,
-            nme_cycles=self.driver.stats["nme_cycles"] - cycles))
-        return value
-
-    # ---- segments -----------------------------------------------------------------
-    def flush_rows(self, rows: list[int]):
-        """Run the pending segments of ``rows`` (a generator): launch them on the NMEs, yield
-        once so another branch's trunk computes meanwhile, then take their results."""
-        launched = [self._launch_segment(row) for row in rows if self.pending[row]]
-        if launched:
-            yield
-        for item in launched:
-            self._finish_segment(*item)
-
-    def flush(self, row: int) -> None:
-        """Run a row's pending segment now (no other work overlaps it)."""
-        if self.pending[row]:
-            self._finish_segment(*self._launch_segment(row))
-
-    def _launch_segment(self, row: int):
-        """Launch a row's pending reused operators as one segment per residual stream,
-        ``x + Σ g_k ⊙ c_k`` with x = 0 (``"sum"``) or the row (``"residual"``). The NME takes at most MAX_SEGMENT_TERMS terms per program: the
-        driver chains longer ones in rank memory (one round trip); a driver without
-        ``segment_submit`` gets one call per MAX_SEGMENT_TERMS terms (the same rounding)."""
-        run, self.pending[row] = self.pending[row], []
-        hook = self.hook
-        br, j = self.branch_of[row], self.sample_of[row]
-        slots = hook.state.branches[br].slots
-        submit = getattr(self.driver, "segment_submit", None)
-        native = submit is not None
-        chunk = len(run) if native else MAX_SEGMENT_TERMS
-        if submit is None:      # a driver without asynchronous launches or chaining
-            submit = lambda *a: PendingOp.done(self.driver.segment(*a))  # noqa: E731
-        launches: dict[str, list] = {}
-        zero_bytes = 0
-        for stream, h in self.h.items():
-            x16 = h[row].reshape(-1, self.c).to(self.dtype).contiguous()
-            keys = [hook.key(br, j, layer, op, stream=stream) for _, layer, op, _, _ in run]
-            for key, (_, layer, op, _, _) in zip(keys, run):
-                if key not in slots or slots[key][0] != tuple(x16.shape) or key not in self.driver:
-                    raise ScheduleError(
-                        f"step {self.step}, branch {br}, sample {j}: reuse of ({layer}, {op!r}) "
-                        f"needs a cached tensor of shape {tuple(x16.shape)}, found "
-                        f"{slots[key][0] if key in slots else None}")
-            y = x16
-            if hook.config.segment_output == "sum":
-                y, written = self._zero_input(br, j, stream, x16, in_place=native)
-                zero_bytes += written
-            pending = []
-            for i in range(0, len(run), chunk):
-                if pending:
-                    y = pending[-1].result()
-                pending.append(submit(y, [g[stream] for g, *_ in run[i:i + chunk]],
-                                      keys[i:i + chunk]))
-            launches[stream] = pending
-        return row, run, launches, zero_bytes
-
-    def _zero_input(self, branch: str, sample: int, stream: str, x16: torch.Tensor,
-                    in_place: bool):
-        """The x of a sum segment: with ``in_place`` (a driver with ``segment_submit``, which
-        reads x from a slot) the key of the sample's slot of zeros of ``x16``'s shape, placed
-        where the segment would put an x it sent (``store(..., x_of=group)``: the same DRAM
-        banks as a residual segment), written once per generation and kept with the
-        branch's slots (its bytes go to the first segment that needs it); else a zero
-        tensor. Returns (x, bytes written)."""
-        if not in_place:
-            return torch.zeros_like(x16), 0
-        key = self.hook.key(branch, sample, -1, "zero", stream=stream)
-        slots = self.hook.state.branches[branch].slots
-        if key in slots and slots[key][0] == tuple(x16.shape) and key in self.driver:
-            return key, 0
-        before = self._bytes_written()
-        self.driver.store(key, torch.zeros_like(x16), x_of=(branch, sample, stream))
-        slots[key] = (tuple(x16.shape), self.step)
-        return key, self._bytes_written() - before
-
-    def _finish_segment(self, row: int, run: list, launches: dict[str, list],
-                        zero_bytes: int = 0) -> None:
-        """Take a launched segment's results into the row (``"sum"``: added to it in the
-        model's dtype; ``"residual"``: in place of it); emit its OpEvents and SegmentEvent."""
-        hook = self.hook
-        add = hook.config.segment_output == "sum"
-        for stream, pending in launches.items():
-            y = pending[-1].result()
-            h = self.h[stream]
-            y = y.to(h.dtype).reshape(h.shape[1:])
-            h[row] = h[row] + y if add else y
-        every = [p for pending in launches.values() for p in pending]
-        per_stream = self._tokens()
-        tokens = sum(per_stream.values())
-        seg = hook.state.segments
-        hook.state.segments += 1
-        fields = self._event_fields(row)
-        for _, layer, op, index, reason in run:
-            hook.emit(OpEvent(**fields, layer=layer, op=op, index=index, reused=True,
-                              reason=reason, tokens=tokens, channels=self.c,
-                              dtype=hook.fmt, segment=seg))
-        hook.emit(SegmentEvent(
-            **fields, segment=seg, ops=tuple((layer, op) for _, layer, op, _, _ in run),
-            first_index=run[0][3], tokens=tokens, channels=self.c, dtype=hook.fmt,
-            bytes_to_nmp=zero_bytes + sum(p.bytes_to_nmp for p in every),
-            bytes_from_nmp=sum(p.bytes_from_nmp for p in every),
-            programs=sum(p.programs for p in every),
-            nme_cycles=sum(p.nme_cycles for p in every),
-            stream_tokens=tuple(per_stream.values()) if len(per_stream) > 1 else ()))
-
-
 class _BlockHook(ModelHook):
     """On one transformer block: inside a hooked transformer forward, the call goes to the
-    step's :class:`_StepRun` (recorded, run with the cache); outside one, the block runs as
+    step's :class:`~coda.host.cache.step.StepRun` (recorded, run with the cache); outside one, the block runs as
     diffusers wrote it."""
 
     def __init__(self, owner: CodaCacheHook, spec: BlockSpec, layer: int):
