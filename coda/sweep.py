@@ -42,7 +42,7 @@ import threading
 import time
 import tomllib
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 

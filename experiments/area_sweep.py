@@ -49,7 +49,6 @@ from coda.hw.dram.standards import DDR4_3200, get_standard
 from coda.hw.nme.isa import NMEConfig
 from coda.synth.flow import check_synth_options, synthesize
 from coda.sweep import add_run_options
-from coda.synth.tools import SynthError
 from coda.jsonout import json_text
 from coda.options import add_options, option
 from coda.paths import check_output_path

@@ -52,7 +52,6 @@ incremental cost updates, seeded (``numpy.random.default_rng(seed)``): scipy's
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -63,9 +62,8 @@ import numpy as np
 
 from coda.host.nmp.link import check_segment_output, segment_bytes, tensor_bytes
 from coda.host.cache.policies import check_seed, check_weight, uniform_for_skip
-from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
+from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
 from coda.host.cache.shipped import SHIPPED_PROFILE, save_schedule
-from coda.jsonout import json_text
 # the proxy's weights live below the policies (LeMiCa reads them too); re-exported here
 from coda.host.cache.weights import quality_weights, step_weights
 

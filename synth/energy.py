@@ -53,7 +53,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from coda.hw.dram.standards import get_standard

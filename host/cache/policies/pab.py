@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Mapping
 
-from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError, operator_order
+from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError
 
 from .static import StaticPolicy
 
