@@ -17,7 +17,6 @@ package does not import it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -25,10 +24,9 @@ import numpy as np
 
 from coda.host.cache.events import EventLog
 from coda.host.cache.policies.dra import (DEFAULT_MARGIN, DEFAULT_QUANTILE, StepDRAPolicy,
-                                    StepThresholds, schedule_digest)
+                                    StepThresholds)
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
-from coda.jsonout import json_text
 
 __all__ = ["calibrate_step_dra", "probe_values", "save_step_dra", "load_step_dra"]
 
@@ -94,7 +92,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
     probed = sorted({s for s in range(num_steps) for b in BRANCHES
                      if first in schedule.reused(s, b)})
     table = {s: margin * float(np.quantile(values[s], quantile)) for s in probed}
-    return StepThresholds(table, num_steps, model_hash(model), schedule_digest(schedule),
+    return StepThresholds(table, num_steps, model_hash(model), schedule.digest(),
                           quantile, margin, tuple(int(x) for x in labels),
                           tuple(int(s) for s in seeds), float(guidance_scale))
 
@@ -105,21 +103,10 @@ def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThreshol
 
     Raises ValueError if the table was not calibrated on ``schedule``, or the file is not a
     schedule JSON or holds another schedule."""
-    path = Path(path)
+    from coda.host.cache.shipped import save_schedule_block
+
     thresholds.check_for(schedule=schedule, what=f"DRA thresholds for {path}")
-    data = json.loads(schedule.to_json())
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-            same = Schedule.from_json(json.dumps(old)) == schedule
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}: not a schedule JSON ({type(exc).__name__}: {exc}); "
-                             "expected the file of the calibrated schedule") from None
-        if not same:
-            raise ValueError(f"{path}: holds another schedule than the one calibrated")
-        data = old
-    data["dra"] = thresholds.to_dict()
-    path.write_text(json_text(data, indent=1) + "\n")
+    save_schedule_block(path, schedule, "dra", thresholds.to_dict())
 
 
 def load_step_dra(path: str | Path, *, model_id: str | None = None,
@@ -128,11 +115,11 @@ def load_step_dra(path: str | Path, *, model_id: str | None = None,
 
     Raises ValueError naming the file: unreadable, not a schedule, no ``"dra"`` block, or a
     table of another model hash, step count or schedule than the file's."""
-    from coda.host.cache.shipped import load_schedule
+    from coda.host.cache.shipped import load_schedule, schedule_block
 
     path = Path(path)
     sched = load_schedule(path, model_id=model_id, num_steps=num_steps)
-    block = json.loads(path.read_text()).get("dra")
+    block = schedule_block(path, "dra")
     if block is None:
         raise ValueError(f"{path}: no DRA thresholds (a \"dra\" block); calibrate them with "
                          "calibrate_step_dra and write them with save_step_dra")

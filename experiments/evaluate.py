@@ -37,6 +37,7 @@ import torch
 
 from coda.experiments.metrics import motion_px, psnr_db, ssim
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.host.cache.forecast import CACHE_MODES
 from coda.jsonout import json_text
 from coda.options import add_options, from_args, option
 
@@ -46,13 +47,16 @@ POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "
                 "coda-lat", "coda+dra")
 DEFAULT_POLICIES = ("uniform", "pab", "teacache", "coda", "coda+dra")
 _NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda-lat", "coda+dra")
+#: the static policies whose schedules --cache forecast calibrates alphas for
+FORECAST_POLICIES = ("uniform", "pab", "magcache", "coda", "coda-lat")
 
 
 # ---------------------------------------------------------------- one policy
 def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_scale,
-                    driver_factory, batch: int = 2) -> dict:
+                    driver_factory, batch: int = 2, forecast=None) -> dict:
     """Cached generations of every (label, seed) video under ``policy``, in chunks of
-    ``batch`` videos (each chunk one generation with a fresh driver), against ``full``.
+    ``batch`` videos (each chunk one generation with a fresh driver), against ``full``;
+    with ``forecast`` (a :class:`coda.host.cache.forecast.ForecastTable`) in forecast mode.
 
     Returns a dict: videos [N, 1, F, H, W], per-video PSNR, executions per video (computed,
     reused, fallbacks), and totals over all generations (EventLog.stats)."""
@@ -66,8 +70,10 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
     gen_of = []
     for i in range(0, len(vid_labels), batch):
         lab, sd = vid_labels[i:i + batch], vid_seeds[i:i + batch]
-        v, _ = cached_generate(model, lab, driver_factory(len(lab)), policy, events=log,
-                               num_steps=num_steps, guidance_scale=guidance_scale, seeds=sd)
+        mode = {"cache": "forecast", "forecast": forecast} if forecast is not None else {}
+        v, _ = cached_generate(model, lab, driver_factory(len(lab), 2 if mode else 1), policy,
+                               events=log, num_steps=num_steps, guidance_scale=guidance_scale,
+                               seeds=sd, **mode)
         gen_of.extend((log.generations - 1, j) for j in range(len(lab)))
         videos.append(v)
     videos = torch.cat(videos)
@@ -133,6 +139,9 @@ class EvalConfig:
                         "profile's")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
     guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
+    cache: str = option("reuse", "comma-separated cache modes of "
+                        + ", ".join(CACHE_MODES) + " (forecast: a row NAME+forecast per static "
+                        "policy, its alphas calibrated on the profile's videos)")
     profile: str = option(None, "profile.npz of coda profile", type=str,
                           default_text="the shipped one for 50 steps")
     backend: str = option("torch", "where segments and monitors run", choices=("torch", "rtl"))
@@ -160,7 +169,7 @@ def main(args) -> int:
     console.print(s.preset.describe())    # the top of the output: which NME runs the segments
     driver_factory = _driver_factory(s.model, s.backend, s.nme)
     policies_at = _calibrated(s.policies, s.skips, s.profile, Path(s.profile_path), s.model,
-                              cfg, driver_factory, console)
+                              cfg, driver_factory, console, s.modes)
     s.out.mkdir(parents=True, exist_ok=True)
 
     common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
@@ -199,6 +208,7 @@ class _EvalSetup:
     """What ``coda eval``'s options decided (:func:`_checked_setup`: every check before any
     work), handed to the parts of :func:`main`."""
     policies: list[str]
+    modes: list[str]             # --cache: reuse and/or forecast
     skips: list[float]
     prompts: list[int]
     seeds: list[int]
@@ -227,6 +237,10 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
 
     # ---- every check before any work
     policies = parse_list(cfg.policy, "--policy", str, choices=POLICY_NAMES)
+    modes = parse_list(cfg.cache, "--cache", str, choices=CACHE_MODES)
+    if "forecast" in modes and not set(policies) & set(FORECAST_POLICIES):
+        raise ValueError(f"--cache {cfg.cache} --policy {cfg.policy}: forecast serves the "
+                         f"static policies ({', '.join(FORECAST_POLICIES)}), none given")
     skips = parse_list(cfg.skip, "--skip", float,
                        expected="comma-separated distinct fractions in (0, 1)")
     for s in skips:
@@ -250,7 +264,8 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     profile_path = cfg.profile or SHIPPED_PROFILE
     # a given --profile is always checked (also when no policy reads it); the shipped one
     # only when a policy needs it
-    if cfg.profile is not None or any(p in _NEEDS_PROFILE for p in policies):
+    if (cfg.profile is not None or "forecast" in modes
+            or any(p in _NEEDS_PROFILE for p in policies)):
         profile = Profile.load(profile_path)
     backend = get_backend(cfg.backend)
     torch.set_num_threads(cfg.threads)
@@ -269,7 +284,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
         from coda.experiments.step_search import check_reachable, constant_op_types
         for skip in skips:       # the search's bound, for every skip before any search
             check_reachable(skip, cfg.steps, constant_op_types(profile))
-    return _EvalSetup(policies, skips, prompts, seeds, preset, nme, out, profile,
+    return _EvalSetup(policies, modes, skips, prompts, seeds, preset, nme, out, profile,
                       Path(profile_path), backend, model, layers)
 
 
@@ -284,10 +299,13 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
     model, prompts, seeds, layers, out = s.model, s.prompts, s.seeds, s.layers, s.out
     rows, per_video = [], {}
     for skip in s.skips:
-        for name in s.policies:
+        for name in [n for n in s.policies if "reuse" in s.modes] + \
+                [f"{n}+forecast" for n in s.policies if (f"{n}+forecast", skip) in policies_at]:
             t1 = time.perf_counter()
-            policy = policies_at[(name, skip)]
-            res = evaluate_policy(model, policy, prompts, seeds, full,
+            policy, table = policies_at[(name, skip)], None
+            if name.endswith("+forecast"):
+                policy, table = policy
+            res = evaluate_policy(model, policy, prompts, seeds, full, forecast=table,
                                   driver_factory=driver_factory, batch=cfg.batch, **common)
             st, n = res["stats"], len(vid_labels)
             row = {"policy": name, "target_skip": skip,
@@ -303,6 +321,7 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
                    "monitor_nme_cycles": st["monitor_nme_cycles"] / n,
                    "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
                    "params": policy.describe(), "seconds": time.perf_counter() - t1,
+                   **({"forecast": table.describe()} if table is not None else {}),
                    **_modelled(policy, cfg.steps, layers)}
             rows.append(row)
             per_video[(name, skip)] = res["per_video"]
@@ -419,20 +438,21 @@ def _wins(row: dict, key: str) -> str:
 
 
 def _driver_factory(model, backend, nme: dict):
-    """``f(videos) -> NMPDriver`` with slots for outputs and kept inputs (DRA, TeaCache,
-    FBCache), 2 ranks of 8 lanes, the NME of ``nme`` (the preset's units)."""
+    """``f(videos, history=1) -> NMPDriver`` with slots for outputs (``history`` per operator:
+    2 in forecast mode) and kept inputs (DRA, TeaCache, FBCache), 2 ranks of 8 lanes, the NME
+    of ``nme`` (the preset's units)."""
     from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
     from coda.hw.nme.isa import NMEConfig
 
-    def factory(videos: int):
-        words = cache_mem_words(model, videos, 2, 8, inputs=True)
+    def factory(videos: int, history: int = 1):
+        words = cache_mem_words(model, videos, 2, 8, inputs=True, history=history)
         return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
     return factory
 
 
 def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver_factory,
-                console) -> dict:
+                console, modes=("reuse",)) -> dict:
     """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
     coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
     (:func:`coda.experiments.dra_calibration.calibrate_step_dra`), the others by
@@ -463,7 +483,30 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                                                    schedule=scheds.get(name, sched),
                                                    num_steps=cfg.steps,
                                                    num_layers=layers, **extra)
+    if "forecast" in modes:
+        _forecast_tables(policies_at, profile, model, cfg, driver_factory, console)
     return policies_at
+
+
+def _forecast_tables(policies_at: dict, profile, model, cfg, driver_factory, console) -> None:
+    """Add ``(NAME+forecast, skip) -> (policy, ForecastTable)`` for every static policy of
+    :data:`FORECAST_POLICIES` in ``policies_at``, every table calibrated at once on the
+    profile's videos (:func:`coda.experiments.forecast_calibration.calibrate_forecast`)."""
+    from coda.experiments.forecast_calibration import calibrate_forecast
+
+    layers = len(model.transformer.transformer_blocks)
+    static = {f"{name}@{skip}": (name, skip) for name, skip in policies_at
+              if name in FORECAST_POLICIES}
+    t0 = time.perf_counter()
+    tables = calibrate_forecast(
+        model, {k: policies_at[v]._schedule(cfg.steps, layers) for k, v in static.items()},
+        profile.meta["prompts"], profile.meta["seeds"], num_steps=cfg.steps,
+        guidance_scale=cfg.guidance, driver_factory=driver_factory)
+    console.print(f"forecast alphas of {len(tables)} schedules calibrated on the profile's "
+                  f"{len(profile.meta['prompts']) * len(profile.meta['seeds'])} videos in "
+                  f"{time.perf_counter() - t0:.0f} s")
+    for key, (name, skip) in static.items():
+        policies_at[(f"{name}+forecast", skip)] = (policies_at[(name, skip)], tables[key])
 
 
 def _corner_cases(per_video: dict, skips, motion) -> list[dict]:

@@ -57,6 +57,7 @@ import torch
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.jsonout import json_text
+from coda.host.cache.forecast import CACHE_MODES
 from coda.options import add_options, option
 
 DEFAULT_PROMPTS = "0-9"
@@ -85,8 +86,13 @@ class RunConfig:
                          "--interval/--warmup are given")
     schedule: str = option(None, "coda / coda+dra: a schedule JSON of coda schedule search",
                            type=str, metavar="FILE", default_text="the shipped one, 50 steps")
-    profile: str = option(None, "profile.npz for teacache, magcache, fbcache, lemica and DRA "
-                          "(its calibration videos)", type=str, metavar="FILE",
+    cache: str = option("reuse", "what a reused operator contributes: its last computed "
+                        "output, or a forecast from its last two (static policies: uniform, "
+                        "pab, coda; the alphas from the schedule file's \"forecast\" block, "
+                        "else calibrated now on --profile's videos)", choices=CACHE_MODES)
+    profile: str = option(None, "profile.npz for teacache, magcache, fbcache, lemica, DRA "
+                          "and --cache forecast (its calibration videos)", type=str,
+                          metavar="FILE",
                           default_text="the shipped one, 50 steps")
     skip: float = option(None, "pab / teacache / magcache / fbcache / lemica: target skip "
                          "fraction in (0, 1)", type=float,
@@ -120,7 +126,8 @@ def _driver(backend, args, model, videos: int, inputs: bool):
     from coda.host.model.sample import cache_mem_words
     from coda.hw.nme.isa import NMEConfig
 
-    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs)
+    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs,
+                                history=2 if args.cache == "forecast" else 1)
     cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
                     mul_latency=args.mul_latency, add_latency=args.add_latency,
                     operand_latency=args.operand_latency)
@@ -141,6 +148,13 @@ class _Setup:
     policy: Any
     backend: Any                 # where the cache segments run (--backend, --dram)
     modelled_dram: str           # the DRAM of the modelled systems: --dram, else DDR5-4800
+    forecast: Any = None         # --cache forecast: the alphas (ForecastTable)
+    forecast_source: str | None = None
+
+    def cache_kwargs(self) -> dict:
+        """cached_generate's cache mode and alphas for this run."""
+        return {"cache": "forecast" if self.forecast is not None else "reuse",
+                "forecast": self.forecast}
 
     @property
     def inputs(self) -> bool:
@@ -232,11 +246,13 @@ def _setup(args) -> _Setup:
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model()
     policy_name, policy = _policy(args, model)
+    forecast, source = _forecast(args, model, policy_name, policy)
     # bad --backend/--dram combinations and presets fail here
     backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
-                  backend, modelled_dram=args.dram or DEFAULT_STANDARD)
+                  backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
+                  forecast_source=source)
 
 
 def _sampling(args) -> dict:
@@ -265,7 +281,8 @@ def _generate(console, args, run: _Setup, driver) -> _Generation:
     t0 = time.perf_counter()
     events = EventLog()
     cached, stats = cached_generate(run.model, run_labels, driver, run.policy, events=events,
-                                    **_sampling(args), seeds=seeds[:len(run_labels)])
+                                    **run.cache_kwargs(), **_sampling(args),
+                                    seeds=seeds[:len(run_labels)])
     cached_s = time.perf_counter() - t0
     sim = dict(getattr(backend, "stats", {}))
     if hasattr(backend, "close"):
@@ -296,7 +313,8 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
     ref_driver = _driver(get_backend("torch"), args, run.model, len(digits), run.inputs)
     ref_events = EventLog()
     reference, ref_stats = cached_generate(run.model, gen.labels, ref_driver, run.policy,
-                                           events=ref_events, **_sampling(args),
+                                           events=ref_events, **run.cache_kwargs(),
+                                           **_sampling(args),
                                            seeds=gen.seeds)
     bit_exact = bool(torch.equal(reference[:n].view(torch.int32), gen.cached.view(torch.int32)))
     rtl = {"prompts": digits[:n], "nme_cycles": gen.driver.stats["nme_cycles"],
@@ -377,6 +395,9 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
                 "trail_stores": args.trail_stores == "on"},
         "policy": run.policy_name,
         "policy_params": run.policy.describe(),
+        "cache": args.cache,
+        "forecast": None if run.forecast is None else {"source": run.forecast_source,
+                                                       **run.forecast.describe()},
         "bit_exact_rtl_vs_torch": bit_exact,
         "rtl": rtl,
         "psnr_db": psnr_db(cached, full),
@@ -467,6 +488,8 @@ def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
 #: the policies --skip calibrates; --profile is read by these (and DRA: its calibration videos)
 _SKIP_POLICIES = ("pab", "teacache", "magcache", "fbcache", "lemica")
 _PROFILE_POLICIES = ("coda+dra", "teacache", "magcache", "fbcache", "lemica")
+#: the static policies --cache forecast serves
+_FORECAST_POLICIES = ("coda", "uniform", "pab", "magcache")
 
 
 def _policy(args, model):
@@ -496,7 +519,11 @@ def _policy(args, model):
         raise ValueError(f"--skip {args.skip}: a pab / teacache / magcache / fbcache / lemica "
                          f"option (the skip "
                          f"of {name} is {how}), expected no --skip with --policy {name}")
-    if args.profile is not None and name not in _PROFILE_POLICIES:
+    if args.cache == "forecast" and name not in _FORECAST_POLICIES:
+        raise ValueError(f"--cache forecast with --policy {name}: expected a static policy "
+                         f"({', '.join(_FORECAST_POLICIES)}; the alphas are calibrated for "
+                         "a schedule's computed steps)")
+    if args.profile is not None and name not in _PROFILE_POLICIES and args.cache != "forecast":
         raise ValueError(f"--profile {args.profile}: read by coda+dra / teacache / magcache / "
                          f"fbcache / lemica only, expected no --profile with --policy {name}")
     skip = 0.5 if args.skip is None else args.skip
@@ -559,6 +586,40 @@ def _dra_thresholds(args, model, sched, profile, path):
         model, sched, profile.meta["prompts"], profile.meta["seeds"], num_steps=args.steps,
         guidance_scale=args.guidance,
         driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True))
+
+
+def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
+    """--cache forecast: (alphas, where they came from); (None, None) for reuse. The alphas
+    are the schedule file's ``"forecast"`` block (coda: --schedule or the shipped one) if it
+    has one (checked against the model, steps and schedule), else calibrated now on the
+    profile's videos (--profile or the shipped one;
+    :func:`coda.experiments.forecast_calibration.calibrate_forecast`, torch backend)."""
+    from coda.host.nme.backend import TorchBackend
+    from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
+    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE
+
+    if args.cache != "forecast":
+        return None, None
+    mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
+    sched = policy._schedule(args.steps, layers)
+    if name == "coda":
+        path = args.schedule or SHIPPED_SCHEDULE
+        found = load_forecast(path, model_id=mhash, num_steps=args.steps)
+        if found is not None:
+            return found[1], f"{path} (\"forecast\" block)"
+    if args.profile is None and args.steps != 50:
+        raise ValueError(f"--cache forecast --steps {args.steps}: the alphas are calibrated on "
+                         "the profile's videos and the shipped profile is for 50 steps; give "
+                         f"--profile of coda profile --steps {args.steps}")
+    path = args.profile or SHIPPED_PROFILE
+    profile = Profile.load(path)
+    profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+    table = calibrate_forecast(
+        model, {name: sched}, profile.meta["prompts"], profile.meta["seeds"],
+        num_steps=args.steps, guidance_scale=args.guidance,
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, False))[name]
+    return table, f"calibrated on {path}'s {len(table.videos)} videos"
 
 
 def _machine() -> str:

@@ -21,6 +21,13 @@ class TorchSegmentDriver:
     def free(self, key):
         del self.slots[key]
 
+    def swap(self, a, b):
+        sa, sb = self.slots.pop(a, None), self.slots.pop(b, None)
+        if sa is not None:
+            self.slots[b] = sa
+        if sb is not None:
+            self.slots[a] = sb
+
     def __contains__(self, key):
         return key in self.slots
 

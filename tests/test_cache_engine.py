@@ -24,6 +24,7 @@ from coda.host.model.sample import generate
 from coda.host.cache.policies import UniformIntervalPolicy
 from coda.host.cache.schedule import OP_TYPES, Schedule, ScheduleError, operator_order, segment_runs
 from coda.hw.nme.isa import NMEConfig
+from coda.experiments.forecast_calibration import computed_pairs
 from reference_driver import TorchSegmentDriver
 
 STEPS = 6
@@ -300,6 +301,11 @@ def test_uniform_interval_schedule_known_case():
     assert sched.segment_count(frames=1) == 4 * 2 * 1
     assert sched.store_after_compute(2, "cond", (0, "cross_attn"))
     assert not sched.store_after_compute(3, "cond", (0, "cross_attn"))
+    # forecast (history 2): step 3 reads steps 2 and 1, so step 1 stores too; step 0 does not
+    assert [s for s in range(10) if sched.store_after_compute(s, "cond", (0, "cross_attn"), 2)
+            and not sched.reused(s, "cond")] == [1, 2, 4, 6, 8]
+    with pytest.raises(ValueError, match="history=3: expected 1"):
+        sched.store_after_compute(2, "cond", (0, "cross_attn"), 3)
     assert Schedule.from_json(sched.to_json()) == sched
 
 
@@ -540,12 +546,12 @@ def test_an_aborted_generation_frees_its_rank_memory(failure):
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
-@pytest.mark.parametrize("inputs", [False, True])
-def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, inputs):
+@pytest.mark.parametrize("inputs, history", [(False, 1), (True, 1), (False, 2), (True, 2)])
+def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, inputs, history):
     """cache_mem_words sizes rank memory for every slot of a generation (per video and CFG
     branch one slot group, per operator type and layer a slot, with ``inputs`` a second one)
-    plus a segment's scratch; checked with the driver's own placement (bank colours,
-    power-of-two alignment), for 1..4 videos."""
+    plus a segment's scratch, with ``history`` 2 (forecast) the older entries too; checked with
+    the driver's own placement (bank colours, power-of-two alignment), for 1..4 videos."""
     from coda.host.model.sample import cache_mem_words
     from coda.host.cache.schedule import BRANCHES
     model = tiny_model()
@@ -554,16 +560,133 @@ def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, input
     hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
     layers = len(model.transformer.transformer_blocks)
     for videos in range(1, 5):
-        words = cache_mem_words(model, videos, ranks, 8, inputs=inputs)
+        words = cache_mem_words(model, videos, ranks, 8, inputs=inputs, history=history)
         driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=words), ranks=ranks)
         zeros = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
         for v in range(videos):
             for br in BRANCHES:
                 for layer in range(layers):
                     for op in OP_TYPES:
-                        for what in ("out", "in")[:1 + inputs]:
+                        for what in ("out", "prev")[:history] + ("in",) * inputs:
                             driver.store((br, v, layer, op, what), zeros, group=(br, v))
         shapes = {"x": (tokens, hidden), "g": (len(OP_TYPES), hidden),
                   "c": (len(OP_TYPES), tokens, hidden)}
         assert driver.fits("segment", shapes), (videos, words)
         assert driver.stats["placement_misses"] == 0
+
+
+# ---------------------------------------------------------------- forecast mode
+def _forecast_table(sched: Schedule, alpha: float = 0.5):
+    """alpha at every reused step for every operator type (a made-up table, not a fit)."""
+    from coda.host.cache.forecast import ForecastTable
+    steps = {s for (s, _), refs in sched.reuse.items() if refs}
+    return ForecastTable({s: dict.fromkeys(OP_TYPES, alpha) for s in steps}, sched.num_steps,
+                         "tiny", sched.digest())
+
+
+class HistorySpy(TorchSegmentDriver):
+    """The torch reference driver, checking each forecast segment's inputs: the newer entry
+    of an operator must be its output of the last step that computed it, the older one that
+    of the computed step before (what ForecastTable's alphas were fitted for)."""
+
+    def __init__(self, transformer, sched):
+        super().__init__()
+        self.transformer, self.sched = transformer, sched
+        self.stored = {}                       # (branch, sample, layer, op) -> [(step, tensor)]
+        self.checked = 0
+
+    def _step(self, branch):
+        """The step running in ``branch`` (a call sets its branches' step as it begins)."""
+        return get_coda_cache_hook(self.transformer).state.branches[branch].last_step
+
+    def store(self, key, tensor, group=None, x_of=None):
+        if key[3] != -1 and key[-1] != "in":
+            self.stored.setdefault(key[1:5], []).append((self._step(key[1]), tensor.clone()))
+        super().store(key, tensor, group)
+
+    def segment(self, x, gates, keys):
+        for key in keys:
+            if key[-1] == "prev":
+                continue
+            history = self.stored[key[1:5]]
+            pair = computed_pairs(self.sched, key[1], (key[3], key[4])).get(
+                self._step(key[1]))
+            done = {s: t for s, t in history}
+            assert torch.equal(self.slots[key], done[pair[0]] if pair else history[-1][1])
+            prev = key + ("prev",)
+            if pair and prev in keys:
+                assert torch.equal(self.slots[prev], done[pair[1]])
+                self.checked += 1
+        return super().segment(x, gates, keys)
+
+
+def test_forecast_segments_equal_the_torch_reference_and_read_the_last_two_outputs():
+    """Forecast mode on the NMP driver (torch NME backend) gives the bits of the torch
+    reference driver; every forecast term reads the operator's outputs of the schedule's
+    last two computed steps; it differs from plain reuse; and it stores more (the older
+    entry too) than reuse does."""
+    model = tiny_model()
+    sched = POLICY.build(STEPS, 2)
+    table = _forecast_table(sched)
+    runs, spy = {}, HistorySpy(model.transformer, sched)
+    for name, driver in (("nmp", nmp_driver()), ("ref", spy)):
+        remove_coda_cache(model.transformer)
+        hook = apply_coda_cache(model.transformer, CodaCacheConfig(
+            driver, sched, cache="forecast", forecast=table, interleave_cfg=False))
+        runs[name] = (generate(model, [3, 7], num_steps=STEPS), dict(hook.stats), hook.events)
+    assert torch.equal(runs["nmp"][0], runs["ref"][0])
+    assert spy.checked > 0
+    reuse = cached(model, nmp_driver(), sched)
+    plain = generate(model, [3, 7], num_steps=STEPS)
+    assert not torch.equal(plain, runs["nmp"][0])
+    assert runs["nmp"][1]["ops_reused"] == reuse.stats["ops_reused"]
+    assert runs["nmp"][1]["segment_ops"] == reuse.stats["segment_ops"]
+    # the older entries: a computed output stored where only the step after next reuses it
+    extra = sum(r not in sched.reused(s, b) and sched.store_after_compute(s, b, r, 2)
+                and not sched.store_after_compute(s, b, r)
+                for s in range(STEPS) for b in ("cond", "uncond") for r in operator_order(2))
+    t, c = 4 * (16 // model.config["transformer"]["patch_size"]) ** 2, 32
+    assert extra > 0
+    stored = lambda log: sum(e.stored_bytes for e in log.of("op"))  # noqa: E731
+    assert stored(runs["nmp"][2]) - stored(reuse.events) == 2 * extra * t * c * 2  # 2 samples
+
+
+def test_forecast_with_alpha_zero_is_plain_reuse():
+    model = tiny_model()
+    sched = POLICY.build(STEPS, 2)
+    hook = cached(model, nmp_driver(), sched)
+    want = generate(model, [3, 7], num_steps=STEPS)
+    assert hook.stats["segments"] > 0
+    remove_coda_cache(model.transformer)
+    apply_coda_cache(model.transformer, CodaCacheConfig(
+        nmp_driver(), sched, cache="forecast", forecast=_forecast_table(sched, 0.0)))
+    assert torch.equal(generate(model, [3, 7], num_steps=STEPS), want)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(cache="taylor"), "cache='taylor': expected one of reuse, forecast"),
+    (dict(cache="forecast"), "cache='forecast' needs a ForecastTable"),
+    (dict(cache="forecast", forecast="alphas.json"), "got str"),
+])
+def test_a_bad_cache_mode_is_refused_when_applied(bad, message):
+    with pytest.raises(ValueError, match=message):
+        apply_coda_cache(tiny_model().transformer, CodaCacheConfig(nmp_driver(), POLICY, **bad))
+
+
+def test_forecast_needs_a_static_policy_and_its_own_schedule_and_step_count():
+    from coda.host.cache.policies.fbcache import FBCachePolicy
+    model = tiny_model()
+    sched = POLICY.build(STEPS, 2)
+    with pytest.raises(ValueError, match="policy 'fbcache': expected a static policy"):
+        apply_coda_cache(model.transformer, CodaCacheConfig(
+            nmp_driver(), FBCachePolicy(threshold=0.1), cache="forecast",
+            forecast=_forecast_table(sched)))
+    other = UniformIntervalPolicy(default_interval=3, warmup=1).build(STEPS, 2)
+    for table, message in ((_forecast_table(other), "calibrated for schedule"),
+                           (_forecast_table(POLICY.build(STEPS + 2, 2)),
+                            f"calibrated for {STEPS + 2} steps, expected {STEPS}")):
+        remove_coda_cache(model.transformer)
+        apply_coda_cache(model.transformer, CodaCacheConfig(
+            nmp_driver(), sched, cache="forecast", forecast=table))
+        with pytest.raises(ValueError, match=message):
+            generate(model, [3], num_steps=STEPS)

@@ -172,6 +172,23 @@ def test_first_fit_reuses_freed_ranges():
     assert drv.keys() == [] and drv.free_bytes() == [1024] and not drv.mems[0].any()
 
 
+def test_swap_exchanges_slots_without_moving_data():
+    """swap: the forecast mode's newer and older entries trade places in the slot table; the
+    next store at the newer key overwrites the entry older than both in place."""
+    drv = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=256), ranks=2)
+    a, b = (torch.full((4, 16), v, dtype=torch.bfloat16) for v in (1.0, 2.0))
+    drv.store("new", a)
+    written = drv.stats["bytes_written"]
+    drv.swap("new", "old")                   # "old" had no slot: it takes "new"'s
+    assert drv.keys() == ["old"] and torch.equal(drv.load("old"), a)
+    drv.store("new", b)
+    drv.swap("new", "old")
+    assert torch.equal(drv.load("new"), a) and torch.equal(drv.load("old"), b)
+    assert drv.stats["bytes_written"] == 2 * written
+    with pytest.raises(KeyError, match="no cache slot 'x' or 'y' to swap"):
+        drv.swap("x", "y")
+
+
 def test_slot_and_operand_errors():
     cfg = NMEConfig(lanes=8, fmt="bf16", mem_words=256)
     drv = NMPDriver(TorchBackend(), cfg, ranks=2)

@@ -18,7 +18,7 @@ from coda.host.model.sample import cached_generate
 from coda.host.cache.policies import POLICIES, SchedulePolicy, get_policy
 from coda.experiments.dra_calibration import (calibrate_step_dra, load_step_dra, probe_values,
                                        save_step_dra)
-from coda.host.cache.policies.dra import StepDRAPolicy, StepThresholds, schedule_digest
+from coda.host.cache.policies.dra import StepDRAPolicy, StepThresholds
 from coda.host.cache.policies.fbcache import FBCachePolicy
 from coda.host.cache.policies.lemica import lemica_schedule, min_error_path, span_costs
 from coda.host.cache.policies.magcache import MagCachePolicy, magnitude_ratios
@@ -70,7 +70,7 @@ def whole_steps(steps, layers=2):
 
 
 def table_for(model, sched, thresholds):
-    return StepThresholds(thresholds, STEPS, model_hash(model), schedule_digest(sched), 1.0,
+    return StepThresholds(thresholds, STEPS, model_hash(model), sched.digest(), 1.0,
                           1.0)
 
 
@@ -289,7 +289,7 @@ def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_sched
         load_step_dra(path, model_id="0123456789abcdef")
     with pytest.raises(ValueError, match="holds another schedule"):
         save_step_dra(path, whole_steps({2, 4}), StepThresholds(
-            {2: 0.1}, STEPS, table.model_hash, schedule_digest(whole_steps({2, 4})), 0.5, 1.0))
+            {2: 0.1}, STEPS, table.model_hash, whole_steps({2, 4}).digest(), 0.5, 1.0))
     with pytest.raises(ValueError, match="made for 8 steps, expected 9"):
         load_step_dra(path, num_steps=9)
     other = StepThresholds(table.thresholds, STEPS + 1, table.model_hash,

@@ -81,7 +81,7 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     from coda.host.model.classifier import digit_classifier
     from coda.host.model.dit import load_model
     from coda.host.nme.ops import MAX_SEGMENT_TERMS
-    from coda.host.cache.policies.dra import StepThresholds, schedule_digest
+    from coda.host.cache.policies.dra import StepThresholds
     from coda.experiments.profile import model_hash
     from coda.host.cache.schedule import BRANCHES, segment_runs
     from coda.host.cache.shipped import load_schedule
@@ -96,7 +96,7 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     dra_file = schedule_6 / "s_dra.json"
     dra_file.write_text((schedule_6 / "s.json").read_text())
     save_step_dra(dra_file, sched, StepThresholds(
-        {s: 0.0 for s in probed}, steps, model_hash(model), schedule_digest(sched), 1.0, 1.0))
+        {s: 0.0 for s in probed}, steps, model_hash(model), sched.digest(), 1.0, 1.0))
     got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", str(steps), "--policy", "coda+dra",
                "--schedule", str(dra_file),
@@ -462,3 +462,36 @@ def test_coda_run_dram_needs_rtl_and_a_known_preset(tmp_path, capsys):
     assert "--dram DDR5-4800: DRAM timing needs --backend rtl" in capsys.readouterr().err
     assert main(["run", "--out", str(tmp_path), "--dram", "DDR9", "--policy", "uniform"]) == 2
     assert "DDR9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dram", [None, "DDR5-4800"])
+def test_coda_run_forecast_on_the_rtl_is_bit_identical_to_torch(tmp_path, schedule_6,
+                                                                 monkeypatch, dram):
+    """--cache forecast: the alphas calibrated on the profile's videos (its prompt 3, seed 77)
+    for the uniform schedule, forecast segments of two terms per reused operator through the
+    Verilated NMEs (ideal memory, and DRAM-timed) give the torch backend's bits."""
+    import torch
+
+    got = _capture(monkeypatch)
+    rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--interval", "2",
+               "--warmup", "1", "--prompts", "5", "--threads", "1", "--cache", "forecast",
+               "--profile", str(schedule_6 / "p" / "profile.npz")]
+              + (["--dram", dram] if dram else []))
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    (cached, events), (reference, _) = got["cached"][-2:]
+    assert report["bit_exact_rtl_vs_torch"] is torch.equal(cached.view(torch.int32),
+                                                           reference.view(torch.int32)) is True
+    assert report["cache"] == "forecast" and report["forecast"]["videos"] == 1
+    assert "calibrated on" in report["forecast"]["source"]
+    # forecast terms: two per reused operator where the table has a non-zero alpha
+    segs = events.of("segment")
+    assert segs and any(s.terms > len(s.ops) for s in segs)
+    assert all(len(s.ops) <= s.terms <= 2 * len(s.ops) for s in segs)
+
+
+def test_coda_run_forecast_refuses_a_dynamic_policy(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path), "--policy", "teacache",
+                 "--cache", "forecast"]) == 2
+    assert ("--cache forecast with --policy teacache: expected a static policy"
+            in capsys.readouterr().err)

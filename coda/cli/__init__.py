@@ -24,6 +24,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("run",), "coda.experiments.run", "the main job: cached CFG denoising of the shipped video DiT"),
     (("profile",), "coda.experiments.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
     (("schedule", "search"), "coda.experiments.step_search", "search a static cache schedule: whole steps judged by rollouts (or --method anneal)"),
+    (("schedule", "forecast"), "coda.experiments.forecast_calibration", "calibrate the forecast mode's alphas for a schedule on the profile's videos (its \"forecast\" block)"),
     (("eval",), "coda.experiments.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),
     # the shipped model
     (("train",), "coda.host.model.train", "train the shipped video DiT on moving digits (two stages)"),

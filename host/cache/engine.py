@@ -79,9 +79,11 @@ from diffusers.hooks.hooks import ModelHook, StateManager
 from coda.host.cache.arch import Architecture, get_architecture
 from .arch.base import BlockSpec
 from coda.host.cache.events import EventLog
+from coda.host.cache.forecast import CACHE_MODES, ForecastTable
 from coda.host.nmp.link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
 from coda.host.cache.policies import as_policy
 from .policies.base import CachePolicy
+from .policies.static import StaticPolicy
 from coda.host.cache.schedule import BRANCHES
 from coda.host.cache.step import PRIMARY, StepRun
 
@@ -126,9 +128,16 @@ class CodaCacheConfig:
         segment_output: ``"sum"`` (default: the NME returns ``Σ g_k ⊙ c_k`` and the xPU adds
             the residual in the model's dtype) or ``"residual"`` (the NME adds the residual
             in the cache format); see the module docstring.
+        cache: what a reused operator contributes (:data:`coda.host.cache.forecast.CACHE_MODES`):
+            ``"reuse"`` (default) its last computed output, ``"forecast"``
+            ``(1 + alpha) c_k - alpha c_k'`` from its last two (both kept in rank memory; a
+            static policy stores for it), alpha from ``forecast``.
+        forecast: the :class:`coda.host.cache.forecast.ForecastTable` of ``cache="forecast"``
+            (its step count must be the generation's).
     Raises (on apply):
         ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver; a
-            ``num_inference_steps`` below 1; a ``segment_output`` other than the two.
+            ``num_inference_steps`` below 1; a ``segment_output`` other than the two; a
+            ``cache`` mode other than the two, or ``"forecast"`` without a table.
     """
     driver: Any
     policy: Any = None
@@ -138,6 +147,13 @@ class CodaCacheConfig:
     interleave_cfg: bool = True
     num_inference_steps: int | None = None
     segment_output: str = "sum"
+    cache: str = "reuse"
+    forecast: Any = None
+
+    @property
+    def history(self) -> int:
+        """Computed outputs kept per reused operator: 2 in forecast mode, else 1."""
+        return 2 if self.cache == "forecast" else 1
 
     def resolved_dtype(self) -> torch.dtype:
         fmt = getattr(getattr(self.driver, "cfg", None), "fmt", None)
@@ -205,9 +221,18 @@ class CodaCacheHook(ModelHook):
         if config.num_inference_steps is not None and int(config.num_inference_steps) < 1:
             raise ValueError(f"num_inference_steps={config.num_inference_steps}: expected >= 1")
         check_segment_output(config.segment_output)
+        if config.cache not in CACHE_MODES:
+            raise ValueError(f"cache={config.cache!r}: expected one of {', '.join(CACHE_MODES)}")
+        if config.cache == "forecast" and not isinstance(config.forecast, ForecastTable):
+            raise ValueError("cache='forecast' needs a ForecastTable (forecast=...), "
+                             f"got {type(config.forecast).__name__}")
         self.dtype = config.resolved_dtype()
         self.fmt = _DTYPE_NAMES[self.dtype]
         self.policy: CachePolicy = as_policy(config.policy)
+        if config.cache == "forecast" and not isinstance(self.policy, StaticPolicy):
+            raise ValueError(f"cache='forecast' with policy {self.policy.name!r}: expected a "
+                             "static policy (uniform, pab, magcache, coda): the alphas are "
+                             "calibrated for a schedule's computed steps")
         self.events = config.events if config.events is not None else EventLog()
         self.state = CodaCacheState()
         # diffusers' cache_context() delivers the CacheContext to StateManager attributes.
@@ -298,6 +323,9 @@ class CodaCacheHook(ModelHook):
         return steps.pop()
 
     def _start_generation(self, num_steps: int) -> None:
+        if self.config.cache == "forecast":     # alphas of this step count and schedule
+            self.config.forecast.check_for(None, num_steps, self.policy._schedule(
+                num_steps, self.num_layers, self.model_ops))
         for branch in self.state.branches.values():
             self._free_slots(branch)
         self.state.reset()
@@ -357,7 +385,8 @@ class CodaCacheHook(ModelHook):
     def key(self, branch: str, sample: int, layer: int, op: str, what: str = "out",
             stream: str = PRIMARY) -> Hashable:
         """Slot key of one sample's (index within its branch) cached operator output
-        (``what="out"``) or kept input (``what="in"``), per residual stream."""
+        (``what="out"``), its previous output in forecast mode (``what="prev"``) or kept
+        input (``what="in"``), per residual stream."""
         key = (self._tag, branch, sample, layer, op)
         if stream != PRIMARY:
             key += (stream,)

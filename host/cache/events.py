@@ -96,6 +96,8 @@ class SegmentEvent:
         stream_tokens: for a model with more than one residual stream (CogVideoX and
             HunyuanVideo: video, then text tokens, each stream with its own gates and its own
             programs), the tokens of each stream (summing to ``tokens``); () for one stream.
+        terms: the cached tensors it reads per stream (``len(ops)`` for plain reuse; a
+            forecast term reads two, :mod:`coda.host.cache.forecast`); 0: ``len(ops)``.
     """
     generation: int
     step: int
@@ -113,6 +115,7 @@ class SegmentEvent:
     programs: int
     nme_cycles: int
     stream_tokens: tuple[int, ...] = ()
+    terms: int = 0
     kind: str = field(default="segment", init=False)
 
 

@@ -25,6 +25,7 @@ Policies that make or follow schedules live in :mod:`coda.host.cache.policies`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -231,10 +232,16 @@ class Schedule:
         """The (layer, op) reused at ``step`` in ``branch`` (empty frozenset if none)."""
         return self.reuse.get((step, branch), frozenset())
 
-    def store_after_compute(self, step: int, branch: str, ref: OpRef) -> bool:
+    def store_after_compute(self, step: int, branch: str, ref: OpRef, history: int = 1) -> bool:
         """Whether a computed operator's output must be written to its cache slot: only if the
-        next step reuses it (a later reuse implies this one, or a recompute in between)."""
-        return step + 1 < self.num_steps and ref in self.reused(step + 1, branch)
+        next step reuses it (a later reuse implies this one, or a recompute in between).
+        With ``history=2`` (the forecast mode, :mod:`coda.host.cache.forecast`, which reads
+        the last two computed outputs) also if the step after next reuses it: this output is
+        then the older of the two."""
+        if history not in (1, 2):
+            raise ValueError(f"history={history}: expected 1 (reuse) or 2 (forecast)")
+        return any(s < self.num_steps and ref in self.reused(s, branch)
+                   for s in range(step + 1, step + 1 + history))
 
     def ops_skipped_fraction(self) -> float:
         """Reused operator executions / all cacheable operator executions, both branches."""
@@ -245,6 +252,11 @@ class Schedule:
         """Segments over all steps and both branches (see :func:`segment_runs`)."""
         return sum(len(segment_runs(self.reused(s, b), self.num_layers, frames, self.ops))
                    for s in range(self.num_steps) for b in BRANCHES)
+
+    def digest(self) -> str:
+        """sha256 (first 16 hex digits) of :meth:`to_json`: a table calibrated on one schedule
+        (DRA's thresholds, the forecast's alphas) is refused for another."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
         """JSON text; :meth:`from_json` reads it back."""

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from coda.host.cache.events import OpEvent, SegmentEvent
+from coda.host.cache.forecast import forecast_gates
 from coda.host.cache.schedule import ScheduleError
 from coda.host.nme.ops import MAX_SEGMENT_TERMS
 from coda.host.nmp.launch import PendingOp
@@ -46,6 +47,7 @@ class LaunchedSegment:
     ops: list[ReusedOp]
     launches: dict[str, list]
     zero_bytes: int = 0
+    terms: int = 0
 
 
 def launch(run: Any, row: int) -> LaunchedSegment:
@@ -62,11 +64,11 @@ def launch(run: Any, row: int) -> LaunchedSegment:
     slots = hook.state.branches[br].slots
     submit = getattr(driver, "segment_submit", None)
     native = submit is not None
-    chunk = len(ops) if native else MAX_SEGMENT_TERMS
     if submit is None:      # a driver without asynchronous launches or chaining
         submit = lambda *a: PendingOp.done(driver.segment(*a))  # noqa: E731
     launches: dict[str, list] = {}
     zero_bytes = 0
+    terms = 0
     for stream, h in run.h.items():
         x16 = h[row].reshape(-1, run.c).to(run.dtype).contiguous()
         keys = [hook.key(br, j, r.layer, r.op, stream=stream) for r in ops]
@@ -76,18 +78,44 @@ def launch(run: Any, row: int) -> LaunchedSegment:
                     f"step {run.step}, branch {br}, sample {j}: reuse of ({r.layer}, {r.op!r}) "
                     f"needs a cached tensor of shape {tuple(x16.shape)}, found "
                     f"{slots[key][0] if key in slots else None}")
+        gates, keys = _terms(run, br, j, stream, ops, keys, tuple(x16.shape))
+        terms = len(keys)
+        chunk = len(keys) if native else MAX_SEGMENT_TERMS
         y = x16
         if hook.config.segment_output == "sum":
             y, written = zero_input(run, br, j, stream, x16, in_place=native)
             zero_bytes += written
         pending = []
-        for i in range(0, len(ops), chunk):
+        for i in range(0, len(keys), chunk):
             if pending:
                 y = pending[-1].result()
-            pending.append(submit(y, [r.gates[stream] for r in ops[i:i + chunk]],
-                                  keys[i:i + chunk]))
+            pending.append(submit(y, gates[i:i + chunk], keys[i:i + chunk]))
         launches[stream] = pending
-    return LaunchedSegment(row, ops, launches, zero_bytes)
+    return LaunchedSegment(row, ops, launches, zero_bytes, terms)
+
+
+def _terms(run: Any, branch: str, sample: int, stream: str, ops: list[ReusedOp], keys: list,
+           shape: tuple) -> tuple[list, list]:
+    """The segment's (gates, slot keys) on one stream: one term ``g c_k`` per reused operator,
+    or in forecast mode two, ``(g (1 + alpha)) c_k`` and ``(-g alpha) c_k'``
+    (:func:`coda.host.cache.forecast.forecast_gates`), where alpha at this step is not 0 and
+    the previous entry ``c_k'`` is in rank memory (else plain reuse)."""
+    config = run.hook.config
+    if config.cache != "forecast":
+        return [r.gates[stream] for r in ops], keys
+    slots = run.hook.state.branches[branch].slots
+    gates, out = [], []
+    for r, key in zip(ops, keys):
+        alpha = config.forecast.alpha(run.step, r.op)
+        prev = run.hook.key(branch, sample, r.layer, r.op, "prev", stream)
+        if alpha == 0.0 or prev not in slots or slots[prev][0] != shape:
+            gates.append(r.gates[stream])
+            out.append(key)
+            continue
+        g_now, g_prev = forecast_gates(r.gates[stream], alpha, run.dtype)
+        gates += [g_now, g_prev]
+        out += [key, prev]
+    return gates, out
 
 
 def zero_input(run: Any, branch: str, sample: int, stream: str, x16: torch.Tensor,
@@ -136,5 +164,5 @@ def finish(run: Any, seg: LaunchedSegment) -> None:
         bytes_to_nmp=seg.zero_bytes + sum(p.bytes_to_nmp for p in every),
         bytes_from_nmp=sum(p.bytes_from_nmp for p in every),
         programs=sum(p.programs for p in every),
-        nme_cycles=sum(p.nme_cycles for p in every),
+        nme_cycles=sum(p.nme_cycles for p in every), terms=seg.terms,
         stream_tokens=tuple(per_stream.values()) if len(per_stream) > 1 else ()))

@@ -1,7 +1,9 @@
 """The shipped model's searched schedules (``host/cache/schedules/``: one per skip fraction,
 chosen on quality or within uniform reuse's modelled latency) and the profile they were
 searched on; the schedule file format of ``coda schedule search``: the Schedule JSON
-(:meth:`coda.host.cache.schedule.Schedule.to_json`) plus a ``"coda"`` block of search info.
+(:meth:`coda.host.cache.schedule.Schedule.to_json`) plus a ``"coda"`` block of search info,
+and the blocks of what was calibrated for that schedule (``"dra"``: DRA's thresholds,
+``"forecast"``: the forecast mode's alphas), written by :func:`save_schedule_block`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from coda.host.cache.schedule import Schedule, ScheduleError
 from coda.jsonout import json_text
 
 __all__ = ["SCHEDULES_DIR", "SHIPPED_SKIPS", "shipped_schedule", "SHIPPED_SCHEDULE",
-           "SHIPPED_PROFILE", "save_schedule", "load_schedule"]
+           "SHIPPED_PROFILE", "save_schedule", "load_schedule", "save_schedule_block",
+           "schedule_block"]
 
 #: the searched schedule of the shipped model (50 steps) and the profile it was searched on
 SCHEDULES_DIR = Path(__file__).resolve().parent / "schedules"
@@ -74,3 +77,33 @@ def load_schedule(path: str | Path, *, model_id: str | None = None,
         raise ValueError(f"--schedule {path}: made for {sched.num_layers} layers, expected "
                          f"{num_layers}")
     return sched
+
+
+def save_schedule_block(path: str | Path, schedule: Schedule, name: str, block: dict) -> None:
+    """Write ``block`` (JSON-able) as the ``name`` block of the schedule file ``path``, its
+    other blocks kept; the file is written fresh from ``schedule`` if it does not exist.
+
+    Raises ValueError if the file is not a schedule JSON or holds another schedule."""
+    path = Path(path)
+    data = json.loads(schedule.to_json())
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            same = Schedule.from_json(json.dumps(old)) == schedule
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a schedule JSON ({type(exc).__name__}: {exc}); "
+                             "expected the file of the calibrated schedule") from None
+        if not same:
+            raise ValueError(f"{path}: holds another schedule than the one calibrated")
+        data = old
+    data[name] = block
+    path.write_text(json_text(data, indent=1) + "\n")
+
+
+def schedule_block(path: str | Path, name: str) -> dict | None:
+    """The ``name`` block of a schedule file (None if it has none). Raises ValueError naming
+    the file if it cannot be read as JSON."""
+    try:
+        return json.loads(Path(path).read_text()).get(name)
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: cannot read its {name!r} block ({exc})") from None

@@ -250,6 +250,7 @@ class StepRun:
                         cached_step=None if slot is None else slot[1],
                         kept_step=None if kept is None else kept[1],
                         segment_open=bool(self.pending[row]), model_ops=self.ops,
+                        history=hook.config.history,
                         _input_change=lambda row=row: self.input_change(row, layer, op, index))
             d = hook.policy.decide(q)
             if d.reuse and slot is None:
@@ -287,15 +288,30 @@ class StepRun:
 
     def store(self, row: int, layer: int, op: str, outs: dict[str, torch.Tensor]) -> int:
         """Write one row's pre-gate outputs (per stream, canonical [..., C]) to their slots;
-        returns the bytes written."""
+        returns the bytes written. In forecast mode (``history`` 2) the entry there becomes
+        the older one first (:meth:`keep_previous`)."""
         br, j = self.branch_of[row], self.sample_of[row]
+        slots = self.hook.state.branches[br].slots
         before = self.bytes_written()
         for stream, out in outs.items():
             tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
             key = self.hook.key(br, j, layer, op, stream=stream)
+            if self.hook.config.history == 2:
+                self.keep_previous(slots, key, self.hook.key(br, j, layer, op, "prev", stream))
             self.driver.store(key, tensor, group=(br, j, stream))
-            self.hook.state.branches[br].slots[key] = (tuple(tensor.shape), self.step)
+            slots[key] = (tuple(tensor.shape), self.step)
         return self.bytes_written() - before
+
+    def keep_previous(self, slots: dict, key, prev) -> None:
+        """Make the entry at ``key`` the older entry ``prev`` of a forecast: the driver swaps
+        the two slots (host-side slot table, no data moves), so the next store at ``key``
+        overwrites the entry older than both in place."""
+        if key not in slots:
+            return
+        self.driver.swap(key, prev)
+        slots[key], slots[prev] = slots.get(prev), slots[key]
+        if slots[key] is None:
+            del slots[key]
 
     def keep_input(self, row: int, layer: int, op: str, x: torch.Tensor) -> int:
         """Keep one row's operator input (video stream, canonical) in rank memory as a monitor

@@ -219,7 +219,8 @@ def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int 
 
 
 def cached_generate(model, labels, driver, policy=None, *, events=None,
-                    segment_output: str = "sum", **kwargs) -> tuple[torch.Tensor, dict]:
+                    segment_output: str = "sum", cache: str = "reuse", forecast=None,
+                    **kwargs) -> tuple[torch.Tensor, dict]:
     """Generate with the CODA cache engine attached for this call only.
 
     Args:
@@ -230,6 +231,8 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
         events: an :class:`coda.host.cache.events.EventLog` that receives the operator events
             (default: a fresh one, dropped).
         segment_output: the segments' form (``CodaCacheConfig.segment_output``).
+        cache, forecast: reuse or forecast, and the forecast's alpha table
+            (``CodaCacheConfig.cache`` / ``.forecast``).
         **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode, ...).
     Returns:
         (videos [B, 1, F, H, W], stats): the generation's counters
@@ -239,8 +242,9 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
     """
     from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache, remove_coda_cache
 
-    hook = apply_coda_cache(model.transformer, CodaCacheConfig(driver, policy, events=events,
-                                                               segment_output=segment_output))
+    hook = apply_coda_cache(model.transformer, CodaCacheConfig(
+        driver, policy, events=events, segment_output=segment_output, cache=cache,
+        forecast=forecast))
     try:
         videos = generate(model, labels, **kwargs)
         stats = hook.stats
@@ -249,13 +253,15 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
     return videos, stats
 
 
-def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = False) -> int:
+def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = False,
+                    history: int = 1) -> int:
     """Words of rank memory (a power of two, >= 2**18) that hold the cache of ``videos``
     videos generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
 
     Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
-    16-bit elements, and with ``inputs`` a second one for the operator's input (the monitor
-    references of DRA and TeaCache, the profiler's inputs), plus the slot of zeros its sum
+    16-bit elements (``history`` of them: 2 in forecast mode, :mod:`coda.host.cache.forecast`,
+    which reads an operator's last two outputs), and with ``inputs`` one more for the
+    operator's input (the monitor references of DRA and TeaCache, the profiler's inputs), plus the slot of zeros its sum
     segments read as x (:mod:`coda.host.cache.engine`; placed in another colour, but every
     colour holds as many of them as groups). The driver places each rank's tile of a slot at a power-of-two-aligned
     base and all slots of one branch of one video (a slot group) in one DRAM bank colour
@@ -263,7 +269,7 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     every DRAM preset (JEDEC JESD79-4 / JESD79-5 / JESD209-5): the groups fill the colours
     in turn, so the fullest colour holds ``ceil(groups / 4)`` groups. 1.5x that leaves room
     for the operators' scratch and fragmentation.
-    Raises ValueError if videos, ranks or lanes < 1.
+    Raises ValueError if videos, ranks or lanes < 1 or history is not 1 or 2.
     """
     from coda.host.nmp.placement import DEFAULT_STANDARD
     from coda.host.cache.schedule import BRANCHES, OP_TYPES
@@ -271,6 +277,8 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
 
     if min(videos, ranks, lanes) < 1:
         raise ValueError(f"videos={videos}, ranks={ranks}, lanes={lanes}: expected >= 1 each")
+    if history not in (1, 2):
+        raise ValueError(f"history={history}: expected 1 (reuse) or 2 (forecast)")
     cfg = model.config
     tcfg = cfg["transformer"]
     tokens = cfg["data"]["frames"] * (cfg["data"]["size"] // tcfg["patch_size"]) ** 2
@@ -279,7 +287,7 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     region = 1 << (tile - 1).bit_length()
     colours = get_standard(DEFAULT_STANDARD).banks_per_group
     groups = videos * len(BRANCHES)
-    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks) * (2 if inputs else 1) + 1
+    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks) * (history + inputs) + 1
     words = 1.5 * colours * -(-groups // colours) * slots * region
     return 1 << max(18, math.ceil(math.log2(words)))
 

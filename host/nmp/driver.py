@@ -247,6 +247,19 @@ class NMPDriver:
         self._release(slot.addrs, slot.words)
         del self._slots[key]
 
+    def swap(self, a: Hashable, b: Hashable) -> None:
+        """Exchange the cache slots of keys ``a`` and ``b`` in the host's slot table (no data
+        moves; a key without a slot takes the other's and leaves none behind): how the cache
+        keeps an operator's previous output beside its newest (forecast mode). Raises
+        KeyError if neither key has a slot."""
+        sa, sb = self._slots.pop(a, None), self._slots.pop(b, None)
+        if sa is None and sb is None:
+            raise KeyError(f"no cache slot {a!r} or {b!r} to swap")
+        if sa is not None:
+            self._slots[b] = sa
+        if sb is not None:
+            self._slots[a] = sb
+
     def _slot(self, key) -> _Slot:
         try:
             return self._slots[key]

@@ -54,6 +54,8 @@ class OpQuery:
             not run yet (this operator's input exists only after that segment).
         model_ops: the model's operators in forward order
             (:class:`coda.host.cache.schedule.ModelOps`; None: Latte's of ``num_layers``).
+        history: computed outputs per operator the cache reads: 1 (reuse) or 2 (forecast,
+            :mod:`coda.host.cache.forecast`); a static policy stores for it.
     """
     step: int
     num_steps: int
@@ -67,6 +69,7 @@ class OpQuery:
     kept_step: int | None
     segment_open: bool
     model_ops: Any = field(default=None, repr=False, compare=False)
+    history: int = 1
     _input_change: Callable[[], float] | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -27,7 +27,6 @@ executions over the static policy).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -37,7 +36,7 @@ from coda.host.cache.schedule import Schedule
 from .base import CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy
 
-__all__ = ["StepDRAPolicy", "StepThresholds", "schedule_digest", "DEFAULT_QUANTILE",
+__all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE",
            "DEFAULT_MARGIN"]
 
 #: quantile of the calibration probes taken as a step's threshold, chosen on the calibration
@@ -63,12 +62,6 @@ DEFAULT_QUANTILE = 0.9
 DEFAULT_MARGIN = 1.0
 
 
-def schedule_digest(schedule: Schedule) -> str:
-    """sha256 (first 16 hex digits) of the schedule's JSON (:meth:`Schedule.to_json`): a
-    threshold table calibrated on one schedule is refused for another."""
-    return hashlib.sha256(schedule.to_json().encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class StepThresholds:
     """Per reused step, the largest relative L1 change of the block-0 input DRA lets a reuse
@@ -78,7 +71,7 @@ class StepThresholds:
         thresholds: step index -> threshold (>= 0, finite) for every step at which the
             calibrated schedule reuses the first operator in some branch.
         num_steps: the run's step count. model_hash: :func:`coda.experiments.profile.model_hash`.
-        schedule_hash: :func:`schedule_digest` of the calibrated schedule.
+        schedule_hash: :meth:`Schedule.digest` of the calibrated schedule.
         quantile, margin: threshold = margin x the quantile of the calibration probes.
         prompts, seeds: the calibration videos (every prompt with every seed).
         guidance_scale: the CFG scale of the calibration runs.
@@ -122,9 +115,9 @@ class StepThresholds:
         if num_steps is not None and self.num_steps != num_steps:
             raise ValueError(f"{what}: calibrated for {self.num_steps} steps, expected "
                              f"{num_steps}")
-        if schedule is not None and self.schedule_hash != schedule_digest(schedule):
+        if schedule is not None and self.schedule_hash != schedule.digest():
             raise ValueError(f"{what}: calibrated for schedule {self.schedule_hash!r}, expected "
-                             f"the schedule in use ({schedule_digest(schedule)}, "
+                             f"the schedule in use ({schedule.digest()}, "
                              f"{schedule.name!r}); calibrate it again (calibrate_step_dra)")
 
     def to_dict(self) -> dict:

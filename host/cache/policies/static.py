@@ -45,7 +45,8 @@ class StaticPolicy(CachePolicy):
         sched = self._schedule(q.num_steps, q.num_layers, q.model_ops)
         if q.ref in sched.reused(q.step, q.branch):
             return Decision(True, reason="schedule")
-        return Decision(False, store=sched.store_after_compute(q.step, q.branch, q.ref),
+        return Decision(False, store=sched.store_after_compute(q.step, q.branch, q.ref,
+                                                               q.history),
                         reason="schedule")
 
 
