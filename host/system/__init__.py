@@ -10,7 +10,7 @@ DIMM-NMP machine, where the time goes, and what it costs in energy.
 | ``nme.py`` | NME time of a segment: cycle model of the compiled program, DRAM-bounded |
 | ``schedules.py`` | schedules over any model's operators: uniform rule, transfer of a shipped-model Schedule, ``coda`` |
 | ``workload.py`` | a generation as calls x operators x rows, from a real EventLog or synthesised |
-| ``replay.py`` | the SimPy replay of systems a..f |
+| ``replay.py`` | the SimPy replay of systems a..g |
 | ``energy.py`` | joules from the replay |
 | ``ablation.py`` | the ablation: memory checks, speedups, bottlenecks |
 | ``plots.py`` | timeline and breakdown figures |
@@ -31,8 +31,10 @@ __all__ = ["modelled"]
 def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
              depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = DEFAULT_STANDARD,
              nme_mhz: float | None = None, cfg: str = "batched",
-             nme_timing: str = "model", segment_output: str = "sum") -> dict:
-    """The modelled systems a..f of the last generation in ``events`` (an
+             nme_timing: str = "model", segment_output: str = "sum",
+             cache: str = "reuse") -> dict:
+    """The modelled systems a..f (and g: the forecast's history over PCIe, with
+    ``cache="forecast"``) of the last generation in ``events`` (an
     :class:`coda.host.cache.events.EventLog` of the shipped model, e.g. from
     ``coda.host.model.sample.cached_generate(..., events=log)``).
 
@@ -51,8 +53,12 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         segment_output: the form the events' segments had (the cache engine's
             ``CodaCacheConfig.segment_output``, default ``"sum"``): their bytes and the
             measured DRAM utilisation the model uses.
+        cache: the cache mode the generation ran in (``CodaCacheConfig.cache``, default
+            ``"reuse"``; :data:`coda.host.cache.forecast.CACHE_MODES`): its segments'
+            forecast terms and its footprint (two entries per operator stored twice).
     Returns:
-        JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report),
+        JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report;
+        a..g with ``cache="forecast"``), ``cache`` (the mode),
         ``cache_bytes``, ``nme_check`` (per segment, the cycle model's ideal-memory cycles
         against the events' ``nme_cycles``: ``segments``, ``max_rel_error``, sums).
     """
@@ -63,7 +69,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
     from .workload import from_events
 
     shape = shipped_shape(model_config)
-    wl = from_events(events, shape, cfg=cfg, segment_output=segment_output)
+    wl = from_events(events, shape, cfg=cfg, segment_output=segment_output, cache=cache)
     plat = platform or make_platform("rtx4090", dram, dimms, ranks, lanes=lanes, depth=depth,
                                      nme_mhz=nme_mhz)
     worst, ev_sum, model_sum = 0.0, 0, 0
@@ -74,10 +80,12 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         model_sum += t.cycles_ideal
         if seg.nme_cycles:
             worst = max(worst, abs(t.cycles_ideal - seg.nme_cycles) / seg.nme_cycles)
-    abl = run_ablation(wl, plat, "abcdef", nme_timing=nme_timing, record=True)
+    abl = run_ablation(wl, plat, "abcdefg" if cache == "forecast" else "abcdef",
+                       nme_timing=nme_timing, record=True)
     return {
         "platform": plat.describe(),
         "cache_bytes": wl.cache_bytes,
+        "cache": cache,
         "systems": abl["systems"],
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "nme_check": {"segments": len(wl.segments), "events_nme_cycles": ev_sum,

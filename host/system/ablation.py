@@ -1,5 +1,6 @@
-"""The CODA ablation: systems a..f (:data:`coda.host.system.replay.SYSTEMS`) replayed on the
-same workload (same schedule), with memory checks, energy, speedups and what bounds each.
+"""The CODA ablation: systems a..g (:data:`coda.host.system.replay.SYSTEMS`; g is the forecast
+mode's history over PCIe) replayed on the same workload (same schedule and cache mode), with
+memory checks, energy, speedups and what bounds each.
 
 Memory checks (``fits``):
 
@@ -8,8 +9,12 @@ Memory checks (``fits``):
   else *streamed* per operator over PCIe in every system (two operators' weights buffered);
 - b keeps the cache in GPU memory: it fits only if cache + activations + weights (or the
   streaming buffers) fit;
-- c..f keep the cache in the host DIMMs: it must fit their capacity (``dimms x ranks x``
+- c..g keep the cache in the host DIMMs: it must fit their capacity (``dimms x ranks x``
   rank capacity of the DRAM preset).
+
+The cache is the workload's footprint (:attr:`coda.host.system.workload.Workload.cache_bytes`):
+in the forecast mode two entries per operator stored more than once (history 2), so a cache
+that fits for plain reuse may not.
 
 Speedup and energy efficiency are against a (GPU only) and against c (host-offloaded cache
 with the cache operators on the GPU: the baseline the CODA paper's NMP systems improve on).
@@ -33,7 +38,8 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
     """Where weights and cache live, and which systems fit.
 
     Returns ``{"weights": "resident"|"streamed", "activation_bytes", "weight_bytes",
-    "cache_bytes", "gpu_bytes", "host_bytes", "fits": {system: (bool, reason)}}``.
+    "cache_bytes", "cache", "history", "gpu_bytes", "host_bytes", "fits": {system: (bool,
+    reason)}}`` (bytes; ``cache``: the cache mode, ``history``: entries per operator).
     """
     sh, g = wl.shape, plat.gpu
     rows = max(len(c.rows) for calls in wl.calls for c in calls)
@@ -42,6 +48,8 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
     resident = sh.weight_bytes + act <= g.mem_bytes
     w_gpu = sh.weight_bytes if resident else 2 * max_op_w
     cache = wl.cache_bytes
+    what = (f"cache ({wl.cache}, up to {wl.history} entries per operator)" if wl.history > 1
+            else "cache")
     fits = {}
     base_ok = act + w_gpu <= g.mem_bytes
     base_reason = "" if base_ok else (
@@ -51,17 +59,18 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
         ok, reason = base_ok, base_reason
         if ok and s == "b" and cache + act + w_gpu > g.mem_bytes:
             ok, reason = False, (
-                f"cache {cache / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + weights "
+                f"{what} {cache / GIB:.1f} GiB + activations {act / GIB:.1f} GiB + weights "
                 f"{w_gpu / GIB:.1f} GiB ({'resident' if resident else 'streamed buffers'}) "
                 f"exceed the GPU's {g.mem_bytes / GIB:.0f} GiB")
-        if ok and s in "cdef" and cache > plat.host_bytes:
+        if ok and s in "cdefg" and cache > plat.host_bytes:
             ok, reason = False, (
-                f"cache {cache / GIB:.1f} GiB exceeds the host DIMMs' {plat.host_bytes / GIB:.0f}"
+                f"{what} {cache / GIB:.1f} GiB exceeds the host DIMMs' {plat.host_bytes / GIB:.0f}"
                 f" GiB ({plat.dimms} DIMMs x {plat.ranks} ranks x {plat.rank_bytes / GIB:.0f} "
                 f"GiB of {plat.dram.name}); add --dimms/--ranks")
         fits[s] = (ok, reason)
     return {"weights": "resident" if resident else "streamed", "activation_bytes": int(act),
             "weight_bytes": int(sh.weight_bytes), "cache_bytes": int(cache),
+            "cache": wl.cache, "history": wl.history,
             "gpu_bytes": int(g.mem_bytes), "host_bytes": int(plat.host_bytes), "fits": fits}
 
 
@@ -77,7 +86,7 @@ def bottleneck(row: dict) -> str:
     return ", ".join(f"{k} {100 * v:.1f} %" for k, v in parts)
 
 
-def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdef", *,
+def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdefg", *,
                  nme_timing: str = "model", prefetch: int = 1, record: bool = True) -> dict:
     """Replay ``wl`` as each of ``systems`` on ``plat``.
 
@@ -85,9 +94,9 @@ def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdef", *,
     SystemResult}, "sim_s": seconds of simulation}``; each row has ``name, fits`` and, when
     it fits, ``latency_s, latency_per_step_s, energy_j, energy (by component), speedup,
     speedup_vs_c, energy_efficiency, energy_efficiency_vs_c, pcie_bytes, h2d_bytes,
-    d2h_bytes, gpu_busy_fraction, breakdown, segments, nme_launches, nme_busy_s,
-    bottleneck``; else ``fits: false, reason``. Speedups against a system that did not
-    run or fit are None.
+    d2h_bytes, history_bytes, gpu_busy_fraction, breakdown, segments, nme_launches,
+    nme_busy_s, bottleneck``, and ``cache`` (the mode); else ``fits: false, reason``.
+    Speedups against a system that did not run or fit are None.
     """
     mem = memory_plan(wl, plat)
     rows, results = {}, {}
@@ -98,17 +107,18 @@ def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdef", *,
             continue
         ok, reason = mem["fits"][s]
         if not ok:
-            rows[s] = {"name": SYSTEMS[s], "fits": False, "reason": reason}
+            rows[s] = {"name": SYSTEMS[s], "cache": wl.cache, "fits": False, "reason": reason}
             continue
         res = replay(wl, plat, s, nme_timing=nme_timing, prefetch=prefetch, record=record,
                      weights=mem["weights"])
         results[s] = res
         en = energy(res, plat)
         rows[s] = {
-            "name": SYSTEMS[s], "fits": True, "latency_s": res.latency_s,
+            "name": SYSTEMS[s], "cache": wl.cache, "fits": True, "latency_s": res.latency_s,
             "latency_per_step_s": res.latency_s / wl.num_steps, "energy_j": en["total_j"],
             "energy": en, "pcie_bytes": res.h2d_bytes + res.d2h_bytes,
             "h2d_bytes": res.h2d_bytes, "d2h_bytes": res.d2h_bytes,
+            "history_bytes": res.history_bytes,
             "gpu_busy_fraction": res.gpu_busy_s / res.latency_s if res.latency_s else 0.0,
             "breakdown": breakdown(res) if record else {}, "segments": res.segments,
             "nme_launches": res.nme_launches, "nme_busy_s": res.nme_busy_s,

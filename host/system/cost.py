@@ -5,7 +5,7 @@ A :class:`coda.host.cache.schedule.Schedule` of the shipped model (Latte, 4 laye
 operator types) is transferred to the target model exactly as ``coda sim --schedule FILE``
 transfers it (:func:`coda.host.system.schedules.transfer`: operator type, relative depth,
 relative step), its generation synthesised (:func:`coda.host.system.sim.workload`) and
-replayed as one of the systems a..f (:func:`coda.host.system.replay.replay`) on ``coda
+replayed as one of the systems a..g (:func:`coda.host.system.replay.replay`) on ``coda
 sim``'s machine (:func:`coda.host.system.sim.setup`), with the memory check of the ablation
 (:func:`coda.host.system.ablation.memory_plan`) and its energy
 (:func:`coda.host.system.energy.energy`). Nothing is computed in a second way: a schedule
@@ -94,7 +94,7 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
                   steps: int = 50, seconds: float | None = None, gpu: str | None = None,
                   dram: str = DEFAULT_STANDARD, dimms: int = 4, ranks: int = 8, lanes: int = 8,
                   depth: int = NMP_DEPTH, nme_mhz: float | None = None,
-                  segment_output: str = "sum", prefetch: int = 1,
+                  segment_output: str = "sum", prefetch: int = 1, cache: str = "reuse",
                   shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """Modelled latency and energy of one generation of ``target`` under ``schedule``, as
     system ``system`` of the ablation (what ``coda sim --schedule FILE --system SYSTEM``
@@ -103,7 +103,7 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
     Args:
         schedule: a schedule of the shipped model (any steps and layers; transferred).
         target: ``"MODEL@RES"`` (:func:`parse_target`), e.g. ``"wan2.1-14b@720p"``.
-        system: one letter of :data:`coda.host.system.replay.SYSTEMS` (a..f).
+        system: one letter of :data:`coda.host.system.replay.SYSTEMS` (a..g).
         steps: denoising steps of the target generation (1..1000; default 50).
         seconds: video length (default: ``coda sim``'s, 4 s; fixed-length models their
             frames).
@@ -113,6 +113,9 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
         segment_output: ``"sum"`` (default, the cache engine's) or ``"residual"``
             (:mod:`coda.host.nmp.link`).
         prefetch: operators of H2D look-ahead (``--prefetch``).
+        cache: the cache mode (``--cache``, :data:`coda.host.cache.forecast.CACHE_MODES`):
+            ``"forecast"`` reads two cached tensors per forecast term and keeps two entries
+            per stored operator (:mod:`coda.host.system.workload`).
         shape_cache: where traced shapes are cached on disk (None: trace every new target).
     Returns:
         ``{"latency_s": s, "energy_j": J, "segments": NME segments run, "host_link_bytes":
@@ -120,10 +123,11 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
         "h2d_bytes", "d2h_bytes", "gpu_busy_s", "nme_busy_s", "fits": bool, "reason": "" or
         why it does not fit (then latency_s and energy_j are ``inf`` and the counts 0),
         "weights": "resident" | "streamed", "cache_bytes", "ops_skipped_fraction" and
-        "fixups" of the transferred schedule, "target", "system", "segment_output"}``.
+        "fixups" of the transferred schedule, "target", "system", "segment_output",
+        "cache"}``.
     Raises:
         TypeError: ``schedule`` is not a :class:`coda.host.cache.schedule.Schedule`.
-        ValueError: a bad target, system, steps, segment_output or machine (the message
+        ValueError: a bad target, system, steps, segment_output, cache or machine (the message
             names the value and the choices).
     """
     from .ablation import memory_plan
@@ -132,6 +136,7 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
     from .replay import SYSTEMS, replay
     from .schedules import branches_of, transfer
     from .sim import workload
+    from .workload import check_cache
 
     if not isinstance(schedule, Schedule):
         raise TypeError(f"schedule: expected a coda.host.cache.schedule.Schedule, got "
@@ -143,14 +148,15 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
     if prefetch < 0:
         raise ValueError(f"prefetch {prefetch}: expected >= 0")
     check_segment_output(segment_output)
+    check_cache(cache)
     model, resolution = parse_target(target)
     shape, plat = target_setup(model, resolution, seconds, gpu or DEFAULT_PLATFORM, dram,
                                dimms, ranks, lanes, depth, nme_mhz, shape_cache)
     ms = transfer(schedule, shape, steps)
-    wl = workload(shape, plat, ms, segment_output)
+    wl = workload(shape, plat, ms, segment_output, cache)
     mem = memory_plan(wl, plat)
     ok, reason = mem["fits"][system]
-    out = {"target": target, "system": system, "segment_output": segment_output,
+    out = {"target": target, "system": system, "segment_output": segment_output, "cache": cache,
            "fits": ok, "reason": reason, "weights": mem["weights"],
            "cache_bytes": wl.cache_bytes,
            "ops_skipped_fraction": ms.ops_skipped_fraction(branches_of(shape)),

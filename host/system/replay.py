@@ -1,5 +1,5 @@
 """Event-driven replay of a generation on GPU, PCIe, DIMMs and NMEs (SimPy), for the six
-systems of the CODA ablation.
+systems of the CODA ablation and a seventh, g, for the forecast mode of the cache.
 
 Resources (``simpy.Resource``; FIFO, deterministic):
 
@@ -48,6 +48,22 @@ Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
   share the GPU, the first branch of the step having priority (non-preemptive): while its
   segment is on PCIe/NMEs the GPU computes the other branch; the timestep is the sync point (both branches finish before the next step). A
   guidance-distilled model has one branch: f = e.
+- **g** f with the forecast's history over PCIe: the forecast's arithmetic (the cache mode
+  ``"forecast"``, :mod:`coda.host.cache.forecast`), both entries in the host DIMMs as in
+  c..f, but the NMEs only sum the newer entries (one term ``g (1 + alpha) c_k`` per reused
+  operator, as a plain reuse); every forecast term's older entry ``c_k'`` crosses the host
+  link (H2D, prefetched as c's loads) at each use and the GPU adds ``-g alpha c_k'`` (one
+  elementwise kernel of three ``[T, C]`` tensors, as c's cache operator). Its link bytes
+  beyond f's are the history's, ``SystemResult.history_bytes`` = forecast terms x one
+  ``[T, C]`` tensor, less f's second gate vector and command words per forecast term: g
+  against f is what keeping the history near memory buys. With ``cache="reuse"`` there is
+  no history: g = f.
+
+The cache mode (``Workload.cache``) sets how many cached tensors a reused operator reads
+(``Action.terms``: 2 for a forecast term, else 1): b's cache kernel reads ``2 + terms``
+``[T, C]`` tensors and writes one, c loads ``terms`` tensors over PCIe and its kernel reads
+``2 + terms``, d's one-operator segments and e/f's coalesced ones have a term per cached
+tensor (``SegmentItem.k``: gates, command words, NME streams).
 
 Segments (d, e, f) have the workload's form (``Workload.segment_output``,
 :mod:`coda.host.nmp.link`): ``"sum"`` (the cache engine's default) sends the gates and command
@@ -83,7 +99,12 @@ SYSTEMS = {
     "d": "+ DIMM-NMP, one transfer per cached operator",
     "e": "+ scheduler: coalesced segments",
     "f": "+ CFG-interleaved pipelining",
+    "g": "f, forecast history over PCIe (GPU applies the older entry)",
 }
+#: systems whose reused operators run as coalesced NMP segments
+_COALESCED = ("e", "f", "g")
+#: systems whose step's CFG branches are interleaved on the GPU
+_INTERLEAVED = ("f", "g")
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,8 @@ class SystemResult:
             DIMMs / host memory served over PCIe. nme_rank_bytes: DRAM bytes the NMEs moved
             (all ranks). nme_flops: 16-bit FP operations on the NMEs (adds + muls).
         weights: ``"resident"`` or ``"streamed"``. segments: NME launches' segments.
+        history_bytes: bytes of the forecast's older entries that crossed the host link
+            (system g; part of ``h2d_bytes``).
         intervals: busy intervals (for the timeline).
     """
     system: str
@@ -126,6 +149,7 @@ class SystemResult:
     weights: str = "resident"
     segments: int = 0
     nme_launches: int = 0
+    history_bytes: int = 0
     intervals: list = field(default_factory=list, repr=False)
 
 
@@ -160,7 +184,7 @@ class _Replay:
         # f: the GPU serves the first branch of a step whenever it has work and the other
         # branch fills the gaps while the first waits on its segment (non-preemptive)
         order = CALL_ORDER[wl.cfg]
-        self._priority = {b: i for i, b in enumerate(order)} if system == "f" else {}
+        self._priority = {b: i for i, b in enumerate(order)} if system in _INTERLEAVED else {}
         self._gpu_t: dict = {}
         self._seg_t: dict = {}
         self._zero_written: set = set()   # rows whose slot of zeros is in rank memory
@@ -254,9 +278,11 @@ class _Replay:
         yield from self.copy("d2h", nbytes, "store", branch, step)
 
     def segment(self, seg_ops, row, tokens, channels, step, events_cycles=None,
-                bytes_down=None, bytes_up=None, streams=()):
+                bytes_down=None, bytes_up=None, streams=(), terms=0):
+        """One segment's round trip (generator): ``terms`` NME terms per stream (0: one per
+        operator of ``seg_ops``)."""
         branch = row[0]
-        k = len(seg_ops)
+        k = terms or len(seg_ops)
         form = self.wl.segment_output
         sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes,
                            stream_tokens=tuple(streams), segment_output=form)
@@ -265,9 +291,11 @@ class _Replay:
         use_events = bytes_down is not None
         down = bytes_down if use_events else sb["down"]
         up = bytes_up if use_events else sb["up"]
-        if form == "sum" and not use_events and row not in self._zero_written:
+        if form == "sum" and row not in self._zero_written:
             self._zero_written.add(row)
-            down += tensor_bytes(tokens, channels, self.p.n_ranks, self.lanes, tuple(streams))
+            if not use_events:
+                down += tensor_bytes(tokens, channels, self.p.n_ranks, self.lanes,
+                                     tuple(streams))
         seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
                                                                   events_cycles, streams)
         yield from self.copy("d2h", down, "x", branch, step)
@@ -290,7 +318,7 @@ class _Replay:
 
     def monitor(self, m, step):
         ops = self.shape.ops[m.index]
-        if self.sys in ("d", "e", "f"):
+        if self.sys in ("d",) + _COALESCED:
             yield from self.copy("d2h", m.bytes_down, "x", m.row[0], step)
             nbytes = 2 * tensor_bytes(ops.tokens, ops.channels, self.p.n_ranks, self.lanes,
                                       ops.stream_tokens)
@@ -308,6 +336,66 @@ class _Replay:
             yield from self.gpu_run(_mem_kernel(2 * ops.tokens * ops.channels * self.elem,
                                                 self.g), "cache_op", m.row[0], step)
 
+    def _load_bytes(self, i: int, act) -> int:
+        """H2D bytes of reused operator ``i``'s cached tensors for one row (action ``act``)
+        in this system: c loads its ``terms`` tensors, g the older entry of a forecast term;
+        the others none."""
+        o = self.shape.ops[i]
+        n = {"c": act.terms, "g": act.terms - 1}.get(self.sys, 0)
+        return n * o.tokens * o.channels * self.elem
+
+    def reuse_rows(self, call: Call, i: int, reuse: list, loads: dict, pending: dict):
+        """The rows ``reuse`` of ``call`` that reuse operator ``i`` (generator): b and c run
+        the cache operator on the GPU (c after its loads), d one segment per row, e/f/g
+        join the row's open segment (g: then adds the forecast's older entries on the
+        GPU)."""
+        sys, step, rows = self.sys, call.step, call.rows
+        op, acts = self.shape.ops[i], call.actions[i]
+        label = "|".join(call.branches)
+        tensor = op.tokens * op.channels * self.elem
+        if sys in ("b", "c"):
+            for j in reuse if sys == "c" else ():
+                yield loads.pop((i, j))
+            yield from self.gpu_run(_mem_kernel(
+                sum(2 + acts[j].terms for j in reuse) * tensor, self.g), "cache_op", label, step)
+        elif sys == "d":
+            for j in reuse:
+                yield from self.segment([i], rows[j], op.tokens, op.channels, step,
+                                        streams=op.stream_tokens, terms=acts[j].terms)
+        else:                                   # e, f, g: join the row's open segment
+            for j in reuse:
+                seg = self.wl.segments.get(acts[j].segment)
+                if pending[rows[j]] is None:
+                    pending[rows[j]] = seg if seg is not None else [i]
+                elif isinstance(pending[rows[j]], list):
+                    pending[rows[j]].append(i)
+            history = [j for j in reuse if (i, j) in loads]         # g's older entries
+            for j in history:
+                yield loads.pop((i, j))
+            if history:
+                yield from self.gpu_run(_mem_kernel(3 * len(history) * tensor, self.g),
+                                        "cache_op", label, step)
+
+    def flush(self, call: Call, j: int, pending: dict):
+        """Run row ``j``'s open segment of ``call``, if any (generator): as the events
+        give it, or in g with one term per operator (the newer entries only)."""
+        row = call.rows[j]
+        item, pending[row] = pending[row], None
+        if item is None:
+            return
+        if isinstance(item, list):     # synthesized in-replay (no SegmentItem)
+            o = self.shape.ops[item[0]]
+            terms = 0 if self.sys == "g" else sum(call.actions[i][j].terms for i in item)
+            yield from self.segment(item, row, o.tokens, o.channels, call.step,
+                                    streams=o.stream_tokens, terms=terms)
+        elif self.sys == "g" and item.forecast_terms:
+            yield from self.segment(item.ops, row, item.tokens, item.channels, call.step,
+                                    streams=item.stream_tokens)
+        else:
+            yield from self.segment(item.ops, row, item.tokens, item.channels, call.step,
+                                    item.nme_cycles, item.bytes_down, item.bytes_up,
+                                    item.stream_tokens, item.k)
+
     def call(self, call: Call):
         """One transformer call (generator)."""
         env, sys, step = self.env, self.sys, call.step
@@ -318,6 +406,7 @@ class _Replay:
         loads: dict = {}
         weights: dict = {}
         nomodel = sys == "a"
+        coalesced = sys in _COALESCED
 
         def reused(i, j):
             return (not nomodel) and call.actions[i][j].reused
@@ -329,67 +418,32 @@ class _Replay:
                     wb = float(self.shape.ops[ii].kernels.weight_bytes.sum())
                     weights[ii] = env.process(self.copy("h2d", wb, "weights", label, step,
                                                         dimm=False))
-                if sys == "c":
-                    for j, r in enumerate(rows):
-                        if reused(ii, j) and (ii, j) not in loads:
-                            o = self.shape.ops[ii]
-                            nb = o.tokens * o.channels * self.elem
-                            loads[(ii, j)] = env.process(self.copy("h2d", nb, "load", r[0],
-                                                                   step))
-
-        def flush(j):
-            item = pending[rows[j]]
-            pending[rows[j]] = None
-            if item is None:
-                return
-            if isinstance(item, list):     # synthesized in-replay (no SegmentItem)
-                o = self.shape.ops[item[0]]
-                yield from self.segment(item, rows[j], o.tokens, o.channels, step,
-                                        streams=o.stream_tokens)
-            else:
-                yield from self.segment(item.ops, rows[j], item.tokens, item.channels, step,
-                                        item.nme_cycles, item.bytes_down, item.bytes_up,
-                                        item.stream_tokens)
+                for j, r in enumerate(rows):
+                    if not reused(ii, j) or (ii, j) in loads:
+                        continue
+                    nb = self._load_bytes(ii, call.actions[ii][j])
+                    if nb:
+                        if sys == "g":
+                            self.res.history_bytes += nb
+                        loads[(ii, j)] = env.process(self.copy("h2d", nb, "load", r[0],
+                                                               step))
 
         for i in range(n_ops):
             op = self.shape.ops[i]
             acts = call.actions[i]
             issue_ahead(i)
             for m in call.monitors.get(i, ()):
-                j = rows.index(m.row)
-                if sys in ("e", "f"):
-                    yield from flush(j)
+                if coalesced:
+                    yield from self.flush(call, rows.index(m.row), pending)
                 yield from self.monitor(m, step)
             compute = [j for j in range(len(rows)) if not reused(i, j)]
             reuse = [j for j in range(len(rows)) if reused(i, j)]
-            # reused rows
             if reuse:
-                if sys == "b":
-                    yield from self.gpu_run(_mem_kernel(
-                        3 * len(reuse) * op.tokens * op.channels * self.elem, self.g),
-                        "cache_op", label, step)
-                elif sys == "c":
-                    for j in reuse:
-                        yield loads.pop((i, j))
-                    yield from self.gpu_run(_mem_kernel(
-                        3 * len(reuse) * op.tokens * op.channels * self.elem, self.g),
-                        "cache_op", label, step)
-                elif sys == "d":
-                    for j in reuse:
-                        yield from self.segment([i], rows[j], op.tokens, op.channels, step,
-                                                streams=op.stream_tokens)
-                else:                           # e, f: join the row's open segment
-                    for j in reuse:
-                        seg = self.wl.segments.get(acts[j].segment)
-                        if pending[rows[j]] is None:
-                            pending[rows[j]] = seg if seg is not None else [i]
-                        elif isinstance(pending[rows[j]], list):
-                            pending[rows[j]].append(i)
-            # computed rows
+                yield from self.reuse_rows(call, i, reuse, loads, pending)
             if compute:
-                if sys in ("e", "f"):
+                if coalesced:
                     for j in compute:
-                        yield from flush(j)
+                        yield from self.flush(call, j, pending)
                 if i in weights:
                     yield weights.pop(i)
                 yield from self.gpu_run(self.op_time(i, len(compute)), "compute", label, step)
@@ -402,19 +456,19 @@ class _Replay:
                                 rows[j][0], step)
                         elif sb:
                             env.process(self.store(sb + acts[j].kept_bytes, rows[j][0], step))
-            if op.barrier_after and sys in ("e", "f"):
+            if op.barrier_after and coalesced:
                 for j in range(len(rows)):
-                    yield from flush(j)
-        if sys in ("e", "f"):
+                    yield from self.flush(call, j, pending)
+        if coalesced:
             for j in range(len(rows)):
-                yield from flush(j)
+                yield from self.flush(call, j, pending)
         for ev in list(loads.values()) + list(weights.values()):
             yield ev
 
     def run(self):
         def main():
             for calls in self.wl.calls:
-                if self.sys == "f":
+                if self.sys in _INTERLEAVED:
                     parts = [c2 for c in calls for c2 in self.wl.split_by_branch(c)]
                     procs = [self.env.process(self.call(c)) for c in parts]
                     yield simpy.AllOf(self.env, procs)
@@ -432,7 +486,7 @@ class _Replay:
 def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "model",
            prefetch: int = 1, record: bool = True, weights: str = "resident",
 ) -> SystemResult:
-    """Replay ``wl`` on ``plat`` as system ``system`` (a..f).
+    """Replay ``wl`` on ``plat`` as system ``system`` (a..g, :data:`SYSTEMS`).
 
     Args:
         nme_timing: ``"model"`` (segment_timing on the platform's DRAM) or ``"events"`` (the

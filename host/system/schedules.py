@@ -72,18 +72,39 @@ class ModelSchedule:
     def reused(self, step: int, branch: str) -> frozenset:
         return self.reuse.get((step, branch), frozenset())
 
-    def store_after_compute(self, step: int, branch: str, index: int) -> bool:
-        """A computed output is written to the cache only if the next step reuses it."""
-        return step + 1 < self.num_steps and index in self.reused(step + 1, branch)
+    def store_after_compute(self, step: int, branch: str, index: int, history: int = 1) -> bool:
+        """Whether operator ``index``'s output computed at ``step`` is written to the cache:
+        the cache engine's rule, :meth:`coda.host.cache.schedule.Schedule.store_after_compute`
+        (applied to operator indices, not re-derived): if the next step reuses it, and with
+        ``history=2`` (the forecast mode, :mod:`coda.host.cache.forecast`) also if the step
+        after next does. Raises ValueError for a history other than 1 or 2."""
+        return Schedule.store_after_compute(self, step, branch, index, history)
+
+    def computed_pairs(self, branch: str, index: int) -> dict[int, tuple[int, int]]:
+        """For each step ``t`` at which operator ``index`` is reused in ``branch`` and two
+        earlier steps computed it: ``t -> (k, k')``, the last and the one before: the steps
+        at which the forecast mode extrapolates (a *forecast term*,
+        :mod:`coda.host.cache.forecast`). The rule of
+        :func:`coda.experiments.forecast_calibration.computed_pairs`, on operator indices."""
+        pairs, computed = {}, []
+        for t in range(self.num_steps):
+            if index in self.reused(t, branch):
+                if len(computed) >= 2:
+                    pairs[t] = (computed[-1], computed[-2])
+            else:
+                computed.append(t)
+        return pairs
 
     def ops_skipped_fraction(self, branches: tuple[str, ...] = BRANCHES) -> float:
         total = self.num_steps * len(branches) * self.num_ops
         return sum(len(self.reused(s, b)) for s in range(self.num_steps) for b in branches) / total
 
-    def stored(self, branch: str) -> set[int]:
-        """Operators whose output is written to the cache at some step of ``branch``."""
+    def stored(self, branch: str, history: int = 1) -> set[int]:
+        """Operators whose output is written to the cache at some step of ``branch`` (with
+        ``history`` as in :meth:`store_after_compute`)."""
         return {i for s in range(self.num_steps) for i in range(self.num_ops)
-                if i not in self.reused(s, branch) and self.store_after_compute(s, branch, i)}
+                if i not in self.reused(s, branch)
+                and self.store_after_compute(s, branch, i, history)}
 
     def describe(self, branches: tuple[str, ...] = BRANCHES) -> dict:
         return {"name": self.name, "source": self.source, "num_steps": self.num_steps,

@@ -1,5 +1,6 @@
 """``coda sim``: latency and energy of a cached generation on a GPU + PCIe + DIMM-NMP machine,
-for the six systems of the CODA ablation, for the shipped model or a paper-scale video DiT.
+for the six systems of the CODA ablation and the forecast's history over PCIe (g), for the
+shipped model or a paper-scale video DiT.
 
 ``coda sim --model wan2.1-14b --resolution 720p --seconds 4 --platform rtx4090 --dram
 DDR5-4800 --dimms 4 --ranks 8 --schedule uniform --system all --out DIR`` traces the model's
@@ -7,11 +8,14 @@ shapes on the meta device (cached under ``build/system/shapes``), builds the sch
 (``uniform``: the uniform-interval rule on the model's operators; ``FILE`` / ``coda``: a
 shipped-model Schedule JSON transferred by operator type, relative depth and relative step),
 synthesises the generation's operator events (NMP segments of the form ``--segment-output``:
-``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.nmp.link`), replays them
-as systems a..f and writes
+``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.nmp.link`) in the cache
+mode ``--cache`` (``reuse``, the default, or ``forecast``: :mod:`coda.host.cache.forecast`,
+two cached tensors per forecast term, two entries per stored operator,
+:mod:`coda.host.system.workload`), replays them as systems a..g and writes
 
-- ``DIR/report.json``: ``cache_bytes``, the configuration (model, platform, schedule, memory
-  plan, every parameter's source) and ``systems`` keyed a..f (``name, latency_s,
+- ``DIR/report.json``: ``cache_bytes``, ``cache`` (mode, entries per operator, forecast
+  terms), the configuration (model, platform, schedule, memory plan, every parameter's
+  source) and ``systems`` keyed a..g (``name, cache, latency_s,
   latency_per_step_s, energy_j, speedup, energy_efficiency, speedup_vs_c,
   energy_efficiency_vs_c, pcie_bytes, gpu_busy_fraction, breakdown, bottleneck`` or
   ``fits: false`` with ``reason``);
@@ -28,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from coda.host.cache.forecast import CACHE_MODES
 from coda.host.cache.policies.uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP
 from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
 from coda.hw.nmp import NMP_DEPTH
@@ -41,7 +46,7 @@ from .presets import model_names
 MAX_STEPS = 1000
 
 __all__ = ["configure", "main", "simulate", "checked_simulate", "parse_systems", "sweep_point",
-           "sweep_kind", "setup", "workload", "SimConfig"]
+           "sweep_kind", "setup", "workload", "cache_summary", "SimConfig"]
 
 DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
@@ -77,12 +82,17 @@ class SimConfig:
                             "(types of the shipped model; each model operator has one)")
     warmup: int = option(DEFAULT_WARMUP, "uniform: first steps always computed, as coda run",
                          unit="steps")
-    system: str = option("all", "a..f, several (e.g. c,e,f) or all")
+    system: str = option("all", "a..g, several (e.g. c,e,f) or all")
     prefetch: int = option(1, "operators of H2D prefetch look-ahead", unit="operators")
     segment_output: str = option("sum", "what an NMP segment returns (systems d-f): sum (as "
                                  "the cache engine: the gates go down, z = sum g*c comes up, "
                                  "the GPU adds the residual) or residual (x down, y = x + sum "
                                  "g*c up)", choices=("sum", "residual"))
+    cache: str = option(CACHE_MODES[0], "what a reused operator contributes: reuse (its last "
+                        "computed output) or forecast ((1+alpha) c_k - alpha c_k' of its last "
+                        "two: two cached tensors read per forecast term, two entries per "
+                        "operator, stores for either of the next two steps)",
+                        choices=CACHE_MODES, source="coda.host.cache.forecast.CACHE_MODES")
     out: str = option("out-sim", "output folder")
 
 
@@ -91,7 +101,7 @@ def configure(parser) -> None:
 
 
 def parse_systems(text: str) -> str:
-    """``"all"``, ``"a"``..``"f"`` or a comma list -> the letters in order.
+    """``"all"``, ``"a"``..``"g"`` or a comma list -> the letters in order.
     Raises ValueError naming the value."""
     from .replay import SYSTEMS
 
@@ -112,12 +122,13 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
              depth: int = SimConfig.depth, nme_mhz: float | None = None,
              schedule: str = SimConfig.schedule, interval: int = SimConfig.interval,
              warmup: int = SimConfig.warmup, intervals: dict | None = None,
-             systems: str = "abcdef", prefetch: int = SimConfig.prefetch,
-             segment_output: str = SimConfig.segment_output,
+             systems: str = "abcdefg", prefetch: int = SimConfig.prefetch,
+             segment_output: str = SimConfig.segment_output, cache: str = SimConfig.cache,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
-    segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``).
+    segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``);
+    ``cache``: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`, ``--cache``).
 
     Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
     the Workload}``. Raises ValueError for bad input (message names the flag).
@@ -130,6 +141,8 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
                          f"have {MAX_STEPS} training timesteps)")
     if prefetch < 0:
         raise ValueError(f"--prefetch {prefetch}: expected >= 0")
+    if cache not in CACHE_MODES:
+        raise ValueError(f"--cache {cache!r}: expected one of {', '.join(CACHE_MODES)}")
     t0 = time.perf_counter()
     shape, plat = setup(model, resolution=resolution, seconds=seconds, frames=frames, gpu=gpu,
                         dram=dram, dimms=dimms, ranks=ranks, lanes=lanes, depth=depth,
@@ -138,19 +151,20 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     sched = resolve(schedule, shape, steps, interval=interval, warmup=warmup,
                     intervals=intervals)
     t0 = time.perf_counter()
-    wl = workload(shape, plat, sched, segment_output)
+    wl = workload(shape, plat, sched, segment_output, cache)
     t_events = time.perf_counter() - t0
     abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
     report = {
         "model": shape.describe(),
         "cache_bytes": wl.cache_bytes,
+        "cache": cache_summary(wl),
         "cache_bytes_per_branch": wl.cache_bytes_per_branch(),
         "cache_bytes_all_ops_per_branch": shape.all_ops_cache_bytes(1),
         "steps": steps,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
         "replay": {"prefetch": prefetch, "nme_timing": "model",
-                   "segment_output": segment_output},
+                   "segment_output": segment_output, "cache": cache},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "systems": abl["systems"],
         "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
@@ -187,15 +201,32 @@ def setup(model: str, *, resolution=None, seconds=None, frames=None,
     return shape, plat
 
 
-def workload(shape, plat, sched, segment_output: str = "sum"):
+def workload(shape, plat, sched, segment_output: str = "sum", cache: str = "reuse"):
     """The :class:`~coda.host.system.workload.Workload` of one generation of ``shape`` under
     the :class:`~coda.host.system.schedules.ModelSchedule` ``sched`` on ``plat``'s DIMM-NMP
-    (synthesised events), its segments of form ``segment_output``."""
+    (synthesised events), its segments of form ``segment_output``, its cache in mode
+    ``cache``."""
     from .workload import from_events, synthesize
 
     log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=plat.lanes, depth=plat.depth,
-                     segment_output=segment_output)
-    return from_events(log, shape, segment_output=segment_output)
+                     segment_output=segment_output, cache=cache)
+    return from_events(log, shape, segment_output=segment_output, cache=cache)
+
+
+def cache_summary(wl) -> dict:
+    """The report's ``cache``: ``mode`` (:data:`coda.host.cache.forecast.CACHE_MODES`),
+    ``history`` (entries kept per stored operator), ``bytes`` (the footprint, B),
+    ``reused_ops`` (reused operator executions, all rows) and ``forecast_terms`` (those read
+    as forecast terms: two cached tensors)."""
+    reused = sum(a.reused for calls in wl.calls for c in calls for acts in c.actions
+                 for a in acts)
+    out = {"mode": wl.cache, "history": wl.history, "bytes": wl.cache_bytes,
+           "reused_ops": reused, "forecast_terms": wl.forecast_terms}
+    if wl.cache == "forecast" and wl.source == "synthesized":
+        out["note"] = ("no alpha table for this model: every reuse with two earlier computed "
+                       "steps is a forecast term, alpha = 0 steps included (the engine runs "
+                       "those as plain reuses), an upper bound of the forecast's cost")
+    return out
 
 
 _ASSUMPTIONS = [
@@ -205,6 +236,9 @@ _ASSUMPTIONS = [
     "while the NMEs run a segment they own their ranks: host copies to those ranks wait",
     "segments of > 8 terms chain NME launches in rank memory (one round trip per segment, "
     "the paper's coalescing), as NMPDriver.segment_submit runs them",
+    "cache forecast: two cached tensors (NME terms, or PCIe loads in c) per reused operator "
+    "with two earlier computed steps, two entries per stored operator in the footprint; "
+    "g reads the older entry over PCIe and adds it on the GPU",
     "segment_output sum (the cache engine's default): a segment sends gates and commands "
     "down, z = sum g*c up, and the GPU adds it to the residual stream (an elementwise "
     "kernel); residual: x down, y up",
@@ -224,6 +258,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      intervals: str = SimConfig.intervals, warmup: int = SimConfig.warmup,
                      system: str = SimConfig.system, prefetch: int = SimConfig.prefetch,
                      segment_output: str = SimConfig.segment_output,
+                     cache: str = SimConfig.cache,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
@@ -250,7 +285,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                    lanes=lanes, depth=depth, nme_mhz=nme_mhz, schedule=schedule,
                    interval=interval,
                    warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
-                   prefetch=prefetch, segment_output=segment_output,
+                   prefetch=prefetch, segment_output=segment_output, cache=cache,
                    shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
     res["systems"] = systems
@@ -293,7 +328,8 @@ def _table(report: dict, out: Path):
 
     m = report["model"]
     t = Table(title=(f"coda sim: {m['name']} {m['width']}x{m['height']}, {m['frames']} frames, "
-                     f"{report['steps']} steps, cache {report['cache_bytes'] / 1e9:.1f} GB, "
+                     f"{report['steps']} steps, cache {report['cache_bytes'] / 1e9:.1f} GB "
+                     f"({report['cache']['mode']}), "
                      f"schedule {report['schedule']['name']}"
                      f"{' (transferred)' if report['schedule']['transferred'] else ''}, "
                      f"{report['replay']['segment_output']} segments"),
@@ -304,12 +340,13 @@ def _table(report: dict, out: Path):
         t.add_column(col, justify="left" if col == "system" else "right")
     for s, r in report["systems"].items():
         if not r["fits"]:
-            t.add_row(f"{s} {r['name']}", "does not fit", *[""] * 10)
+            t.add_row(f"{s} {r['name']} [{r['cache']}]", "does not fit", *[""] * 10)
             continue
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"   # noqa: E731
         b, lat = r.get("breakdown") or {}, r["latency_s"] or 1.0
         pct = lambda k: f"{100 * b[k] / lat:.1f} %" if k in b else "-"   # noqa: E731
-        t.add_row(f"{s} {r['name']}", f(r["latency_s"], 1), f(r["latency_per_step_s"], 3),
+        t.add_row(f"{s} {r['name']} [{r['cache']}]", f(r["latency_s"], 1),
+                  f(r["latency_per_step_s"], 3),
                   f(r["energy_j"] / 1e3, 1), f(r["speedup"]), f(r["speedup_vs_c"]),
                   f(r["energy_efficiency"]), f(r["energy_efficiency_vs_c"]),
                   f(r["pcie_bytes"] / 1e9, 0), f"{100 * r['gpu_busy_fraction']:.1f} %",

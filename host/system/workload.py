@@ -17,6 +17,18 @@ How a generation's rows group into transformer calls follows the model's pipelin
 (``ModelShape.cfg``): ``batched`` (one call per step with both branches, diffusers' order
 uncond then cond), ``two_pass`` (a call per branch, cond then uncond as ``WanPipeline``) or
 ``distilled`` (one call, cond only).
+
+The cache mode (``cache``, :data:`coda.host.cache.forecast.CACHE_MODES`): ``"reuse"`` reads
+one cached tensor per reused operator; ``"forecast"`` (:mod:`coda.host.cache.forecast`) reads
+two, ``(1 + alpha) c_k - alpha c_k'``, where the operator's last two computed outputs are in
+the cache (a *forecast term*: two terms of its segment, one more ``[T, C]`` stream on the
+NMEs), keeps two entries per stored operator (history 2: the footprint doubles for every
+operator stored more than once) and stores a computed output when either of the next two
+steps reuses it (:meth:`coda.host.system.schedules.ModelSchedule.store_after_compute`,
+the cache engine's rule). A synthesised forecast generation has no alpha table (the
+paper-scale models' alphas are not calibrated here), so every reuse with two earlier computed
+steps is a forecast term, alpha = 0 steps included (the engine runs those as plain 1-term
+reuses): an upper bound of the forecast's cost.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from coda.host.cache.events import EventLog, OpEvent, SegmentEvent
+from coda.host.cache.forecast import CACHE_MODES
 from coda.host.nmp.link import check_segment_output, segment_bytes, tensor_bytes
 
 from .nme import segment_timing
@@ -34,27 +47,39 @@ from .schedules import ModelSchedule, branches_of, segment_runs
 from .shapes import ModelShape
 
 __all__ = ["Action", "SegmentItem", "MonitorItem", "Call", "Workload", "segment_bytes",
-           "tensor_bytes", "from_events", "synthesize", "CALL_ORDER"]
+           "tensor_bytes", "from_events", "synthesize", "check_cache", "CALL_ORDER"]
 
 #: branch order inside a call / between calls, per CFG mode
 CALL_ORDER = {"batched": ("uncond", "cond"), "two_pass": ("cond", "uncond"),
               "distilled": ("cond",)}
 
 
+def check_cache(cache: str) -> str:
+    """``cache`` if it is one of :data:`coda.host.cache.forecast.CACHE_MODES`, else
+    ValueError naming the value and the choices."""
+    if cache not in CACHE_MODES:
+        raise ValueError(f"cache={cache!r}: expected one of {', '.join(CACHE_MODES)}")
+    return cache
+
+
 @dataclass
 class Action:
     """What one row does at one operator: ``reused`` (in ``segment``) or computed, with
-    the bytes written to the DIMMs for its cache store and kept input."""
+    the bytes written to the DIMMs for its cache store and kept input. A reused operator
+    reads ``terms`` cached tensors per stream: 1 (its last computed output) or 2 (a forecast
+    term, its last two)."""
     reused: bool
     segment: int | None = None
     store_bytes: int = 0
     kept_bytes: int = 0
+    terms: int = 1
 
 
 @dataclass
 class SegmentItem:
     """One segment of one row: operator indices, its ``[T, C]``, bytes, NME cycles (as
-    the events report them: the backend's, per launch the slowest rank)."""
+    the events report them: the backend's, per launch the slowest rank) and ``terms``, the
+    cached tensors it reads per stream (``SegmentEvent.terms``; 0: one per operator)."""
     id: int
     row: tuple[str, int]
     ops: list[int]
@@ -65,10 +90,17 @@ class SegmentItem:
     programs: int
     nme_cycles: int
     stream_tokens: tuple = ()
+    terms: int = 0
 
     @property
     def k(self) -> int:
-        return len(self.ops)
+        """Terms of the segment's NME program per stream: ``terms``, or one per operator."""
+        return self.terms or len(self.ops)
+
+    @property
+    def forecast_terms(self) -> int:
+        """Reused operators of the segment read as forecast terms (two cached tensors)."""
+        return self.k - len(self.ops)
 
 
 @dataclass
@@ -101,11 +133,14 @@ class Workload:
     Attributes:
         shape: the model. num_steps: steps. cfg: CFG mode of the calls.
         calls: per step, the calls in order. segments: id -> :class:`SegmentItem`.
-        cache_slots: (branch, sample, op index) -> bytes of every slot ever stored.
+        cache_slots: (branch, sample, op index) -> bytes of the operator's cache entries
+            (one stored tensor's bytes times the entries kept: 1, or with history 2 two
+            once it has been stored twice).
         source: ``"events"`` (a real generation) or ``"synthesized"``.
         schedule: the schedule's description (synthesized) or the log's stats.
         segment_output: the segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`):
             ``"sum"`` segments are followed by the xPU's residual add.
+        cache: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`).
     """
     shape: ModelShape
     num_steps: int
@@ -116,6 +151,18 @@ class Workload:
     source: str
     schedule: dict = field(default_factory=dict)
     segment_output: str = "sum"
+    cache: str = "reuse"
+
+    @property
+    def history(self) -> int:
+        """Cache entries kept per stored operator: 2 in forecast mode, else 1."""
+        return 2 if self.cache == "forecast" else 1
+
+    @property
+    def forecast_terms(self) -> int:
+        """Reused operator executions (all rows, steps) read as forecast terms."""
+        return sum(a.terms - 1 for calls in self.calls for c in calls for acts in c.actions
+                   for a in acts if a.reused)
 
     @property
     def samples(self) -> int:
@@ -123,7 +170,8 @@ class Workload:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes of all cache slots (the footprint: slots are kept for the generation)."""
+        """Bytes of all cache entries (the footprint: entries are kept for the generation;
+        with history 2 two per operator stored more than once), B."""
         return sum(self.cache_slots.values())
 
     def cache_bytes_per_branch(self) -> dict:
@@ -156,15 +204,28 @@ def _group_rows(rows: list[tuple[str, int]], cfg: str) -> list[list[tuple[str, i
 
 
 def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
-                cfg: str | None = None, segment_output: str = "sum") -> Workload:
+                cfg: str | None = None, segment_output: str = "sum",
+                cache: str = "reuse") -> Workload:
     """The :class:`Workload` of one generation of ``log`` (default: the last one), whose
-    segments had the form ``segment_output`` (the events do not say it: the cache engine's
-    ``CodaCacheConfig.segment_output``, or what :func:`synthesize` was given).
+    segments had the form ``segment_output`` and whose cache the mode ``cache`` (the events
+    do not say them: the cache engine's ``CodaCacheConfig.segment_output`` and ``.cache``,
+    or what :func:`synthesize` was given).
+
+    In forecast mode an operator's footprint is two entries once it has been stored twice
+    (the engine keeps the older one, ``StepRun.keep_previous``). A segment's forecast terms
+    (``SegmentEvent.terms`` beyond one per operator) go to its operators that had two
+    stored outputs before the step, in forward order (the events count them per segment,
+    not per operator; the operators of a segment share its ``[T, C]``, so every total is
+    exact).
 
     Raises ValueError if the log has no such generation or names operators ``shape`` lacks,
-    or for a ``segment_output`` not in :data:`coda.host.nmp.link.SEGMENT_OUTPUTS`.
+    for a ``segment_output`` not in :data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, a ``cache``
+    not in :data:`coda.host.cache.forecast.CACHE_MODES`, or forecast terms with
+    ``cache="reuse"``.
     """
     check_segment_output(segment_output)
+    check_cache(cache)
+    history = 2 if cache == "forecast" else 1
     if log.generations == 0:
         raise ValueError("the event log holds no generation")
     gen = log.generations - 1 if generation is None else generation
@@ -178,20 +239,27 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
     num_steps = ops[0].num_steps
     per_step: dict = defaultdict(dict)            # step -> (row, op index) -> Action
     slots: dict = {}
+    stores: dict = defaultdict(int)               # (branch, sample, op index) -> stores so far
+    in_segment: dict = defaultdict(list)          # segment -> [(Action, two entries stored)]
     for e in ops:
         if e.ref not in index:
             raise ValueError(f"event operator {e.ref} is not an operator of {shape.name}")
         i = index[e.ref]
-        row = (e.branch, e.sample)
-        per_step[e.step][(row, i)] = Action(e.reused, e.segment, e.stored_bytes, e.kept_bytes)
+        row, key = (e.branch, e.sample), (e.branch, e.sample, i)
+        act = Action(e.reused, e.segment, e.stored_bytes, e.kept_bytes)
+        per_step[e.step][(row, i)] = act
+        if e.reused:
+            in_segment[e.segment].append((act, stores[key] >= 2))
         if e.stored_bytes:
-            slots[(e.branch, e.sample, i)] = e.stored_bytes
+            stores[key] += 1
+            slots[key] = e.stored_bytes * min(history, stores[key])
     segments = {}
     for s in log.of("segment", gen):
-        segments[s.segment] = SegmentItem(
+        seg = segments[s.segment] = SegmentItem(
             s.segment, (s.branch, s.sample), [index[tuple(r)] for r in s.ops], s.tokens,
             s.channels, s.bytes_to_nmp, s.bytes_from_nmp, s.programs, s.nme_cycles,
-            tuple(getattr(s, "stream_tokens", ()) or ()))
+            tuple(getattr(s, "stream_tokens", ()) or ()), getattr(s, "terms", 0))
+        _assign_forecast_terms(seg, in_segment.get(s.segment, []), cache)
     monitors: dict = defaultdict(lambda: defaultdict(list))
     for m in log.of("monitor", gen):
         monitors[m.step][index[(m.layer, m.op)]].append(MonitorItem(
@@ -208,24 +276,47 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
             step_calls.append(Call(step, group, table, mons))
         calls.append(step_calls)
     return Workload(shape, num_steps, cfg, calls, segments, slots, "events",
-                    schedule=log.stats(gen), segment_output=segment_output)
+                    schedule=log.stats(gen), segment_output=segment_output, cache=cache)
+
+
+def _assign_forecast_terms(seg: SegmentItem, acts: list, cache: str) -> None:
+    """Give ``seg.forecast_terms`` of the segment's reused operators ``acts`` ((Action, two
+    entries stored) in forward order) two terms: those with two stored entries first."""
+    extra = seg.forecast_terms
+    if extra and cache != "forecast":
+        raise ValueError(f"segment {seg.id}: {seg.k} terms for {len(seg.ops)} operators "
+                         "(forecast terms) in a generation read with cache='reuse'; expected "
+                         "cache='forecast'")
+    if not 0 <= extra <= len(acts):
+        raise ValueError(f"segment {seg.id}: {seg.k} terms for {len(seg.ops)} operators: "
+                         "expected one or two per operator")
+    for act, _ in sorted(acts, key=lambda pair: not pair[1])[:extra]:
+        act.terms = 2
 
 
 def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = 8,
                depth: int = NMP_DEPTH, samples: int = 1, fmt: str = "bf16",
-               segment_output: str = "sum") -> EventLog:
+               segment_output: str = "sum", cache: str = "reuse") -> EventLog:
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
     shapes). One generation, ``samples`` samples per branch. ``segment_output``: the
     segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`); with ``"sum"`` a sample's
     first segment in a branch also writes its slot of zeros (one tensor per stream), as the
-    cache engine counts it. Raises ValueError for another ``segment_output``."""
+    cache engine counts it. ``cache``: the cache mode
+    (:data:`coda.host.cache.forecast.CACHE_MODES`): with ``"forecast"`` a reused operator
+    with two earlier computed steps (:meth:`ModelSchedule.computed_pairs`) is two terms of
+    its segment (every such reuse: no alpha table, module docstring) and a computed output
+    is stored when either of the next two steps reuses it. Raises ValueError for another
+    ``segment_output`` or ``cache``."""
     check_segment_output(segment_output)
+    history = 2 if check_cache(cache) == "forecast" else 1
     log = EventLog()
     gen = log.start_generation()
     seg_id = 0
     zero_written: set = set()           # (branch, sample): slot of zeros in rank memory
     n = schedule.num_steps
+    forecast = {(b, o.index): set(schedule.computed_pairs(b, o.index))
+                for b in branches_of(shape) for o in shape.ops} if history == 2 else {}
     for step in range(n):
         for branch in branches_of(shape):
             reused = schedule.reused(step, branch)
@@ -236,7 +327,7 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                 for op in shape.ops:
                     if op.index in runs:
                         run = runs[op.index]
-                        k = len(run)
+                        k = sum(1 + (step in forecast.get((branch, i), ())) for i in run)
                         st = op.stream_tokens
                         sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes,
                                            stream_tokens=st, segment_output=segment_output)
@@ -258,11 +349,11 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                             ops=tuple(shape.ops[i].ref for i in run), first_index=run[0],
                             tokens=op.tokens, channels=op.channels, dtype=fmt,
                             bytes_to_nmp=zero + sb["down"], bytes_from_nmp=sb["up"],
-                            programs=sb["programs"], nme_cycles=t.cycles_ideal,
+                            programs=sb["programs"], nme_cycles=t.cycles_ideal, terms=k,
                             **({"stream_tokens": st} if st else {})))
                         seg_id += 1
                     elif op.index not in reused:
-                        store = schedule.store_after_compute(step, branch, op.index)
+                        store = schedule.store_after_compute(step, branch, op.index, history)
                         log.append(OpEvent(
                             **base, layer=op.layer, op=op.op, index=op.index, reused=False,
                             reason="schedule", tokens=op.tokens, channels=op.channels,
