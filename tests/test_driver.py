@@ -79,6 +79,10 @@ def _op_inputs(op, gen, t, c, n, fmt):
         "dequant_int8": lambda: {"q": torch.randint(-128, 128, (t, c), generator=gen,
                                                     dtype=torch.int8),
                                  "scale": f(t, c // 8), "group": 8},
+        "segment_int8": lambda: {"x": f(t, c), "g": f(3, c),
+                                 "q": torch.randint(-127, 128, (3, t, c), generator=gen,
+                                                    dtype=torch.int8),
+                                 "scale": f(3, t, c // 8), "group": 8},
     }[op]()
 
 
@@ -334,3 +338,58 @@ def test_fit_mem_words_is_the_smallest_size_the_placement_holds(op, shapes, rank
     assert same_bits(to_bits(fit.run_op(op, **tensors)), to_bits(ops.OPS[op](**tensors)), "bf16")
     with pytest.raises(NMPCapacityError):
         small.run_op(op, **tensors)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(RANK_SHAPES), st.sampled_from(["bf16", "fp16"]),
+       st.integers(1, 13), st.integers(1, 3), st.integers(1, 2), st.integers(1, 16),
+       st.integers(0, 2 ** 31))
+def test_int8_slots_segment_is_bit_exact_over_ranks(ranks, fmt, t, groups, per, k, seed):
+    """int8 cache slots (q packed for the INT8 stream, scales beside it, tiled over the
+    ranks): a segment dequantises them on the NMEs with the bits of ops.segment on int8
+    terms, chained beyond segment_terms (7) terms; load dequantises the same way; the bytes
+    written are q and scales, whole words per rank."""
+    from coda.host.nme.compiler import segment_terms
+    dimms, per_dimm = ranks
+    cfg = NMEConfig(lanes=4, fmt=fmt, depth=3, mem_words=4096)
+    drv = NMPDriver(TorchBackend(), cfg, dimms=dimms, ranks=per_dimm)
+    gen = torch.Generator().manual_seed(seed)
+    group = 4 * per
+    c = group * groups
+    dtype = torch.bfloat16 if fmt == "bf16" else torch.float16
+    entries = [ops.quant_int8(torch.randn(t, c, generator=gen), group, dtype) for _ in range(k)]
+    gates = [rand(gen, c, fmt=fmt) for _ in range(k)]
+    x = rand(gen, t, c, fmt=fmt)
+    for i, (q, s) in enumerate(entries):
+        drv.store_int8(("blk", i), q, s, group)
+    y = drv.segment(x, gates, [("blk", i) for i in range(k)])
+    want, m = x, segment_terms(cfg, "segment_int8")
+    for i in range(0, k, m):
+        part = entries[i:i + m]
+        want = ops.segment(want, torch.stack(gates[i:i + m]), torch.stack([q for q, _ in part]),
+                           torch.stack([s for _, s in part]), group)
+    assert same_bits(to_bits(y), to_bits(want), fmt)
+    assert drv.stats["programs"] == -(-k // m)
+    for i, (q, s) in enumerate(entries):
+        assert same_bits(to_bits(drv.load(("blk", i))), to_bits(ops.dequant_int8(q, s, group)),
+                         fmt)
+
+
+def test_int8_slot_errors_name_g_and_c():
+    drv = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1024), ranks=2)
+    q, s = ops.quant_int8(torch.ones(4, 48), 16, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"int8 cache group G=20 for C=48 channels: expected a "
+                                         r"divisor of C=48 that is a multiple of the NME's 8"):
+        drv.store_int8("a", q, s, 20)
+    with pytest.raises(ValueError, match=r"G=12 for C=48"):
+        drv.store_int8("a", q, s, 12)
+    with pytest.raises(ValueError, match=r"scale has shape \[4, 3\], expected \[T, C/G\] = "
+                                         r"\[4, 6\]"):
+        drv.store_int8("a", q, s, 8)
+    with pytest.raises(ValueError, match="expected torch.int8"):
+        drv.store_int8("a", q.float(), s, 16)
+    drv.store_int8("a", q, s, 16)
+    drv.store("b", torch.ones(4, 48, dtype=torch.bfloat16))
+    g = torch.ones(48, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"mix cache formats \['bf16', 'int8 G=16'\]"):
+        drv.segment(torch.zeros(4, 48, dtype=torch.bfloat16), [g, g], ["a", "b"])

@@ -4,6 +4,7 @@ of roundings, and the input checks."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings, strategies as st
 
 from coda.host.nme import ops
 from coda.host.nme.bits import from_bits, same_bits, to_bits
@@ -120,9 +121,73 @@ def test_bad_inputs_name_argument_and_expectation(call, message):
 
 def test_registry_covers_every_operator():
     assert set(ops.OPS) == {"add", "sub", "mul", "scale", "gated_residual", "segment",
-                            "cfg_combine", "l1_distance", "dequant_int8"}
+                            "cfg_combine", "l1_distance", "dequant_int8", "segment_int8"}
+    assert ops.OPS["segment_int8"].params == ("group",)
     assert ops.OPS["l1_distance"].output == "l1"
     assert ops.OPS["dequant_int8"].params == ("group",)
     x = t([[1.0, 2.0]])
     assert same_bits(to_bits(ops.OPS["scale"](a=x, s=t([2.0, 0.5]))),
                      to_bits(t([[2.0, 1.0]])), "bf16")
+
+
+# ---------------------------------------------------------------- int8 cache entries
+def test_quant_int8_known_values_and_a_zero_group():
+    c = torch.tensor([[1.0, -2.0, 0.5, 0.25, 0.0, 0.0, -0.0, 0.0]])
+    q, s = ops.quant_int8(c, 4, BF16)
+    assert s.dtype == BF16 and s.tolist() == [[(torch.tensor(2.0) / 127).to(BF16).item(), 0.0]]
+    s0 = s[0, 0].float()
+    assert q.dtype == torch.int8
+    assert q[0, :4].tolist() == [int(torch.round(v / s0)) for v in c[0, :4]]
+    assert q[0, :4].tolist()[1] == -127 and q[0, 4:].tolist() == [0, 0, 0, 0]
+    d = ops.dequant_int8(q, s, 4)
+    assert d[0, 4:].view(torch.int16).tolist() == [0, 0, 0, 0]    # exact +0, no NaN
+
+
+def test_quant_int8_rounds_half_to_even():
+    # max 127 -> scale 1 exactly: c / scale are the values themselves
+    c = torch.tensor([[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, 126.5]])
+    q, s = ops.quant_int8(c, 8, BF16)
+    assert s.item() == 1.0
+    assert q.tolist() == [[127, 2, 4, -2, 0, 0, 2, 126]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([BF16, FP16]), st.integers(1, 4), st.sampled_from([1, 2, 8, 16]),
+       st.integers(1, 3), st.floats(-6, 6), st.integers(0, 2 ** 31))
+def test_quant_dequant_error_is_at_most_half_a_scale(dtype, t_, group, groups, log_mag, seed):
+    """Per element, |q * scale - c| <= scale / 2 (exactly, in float64) for c in the cache
+    format wherever the scale is a normal number of the format (a subnormal fp16 scale has
+    fewer digits; one that underflows to 0 gives q = 0), and dequant_int8 gives that product rounded once to the format."""
+    gen = torch.Generator().manual_seed(seed)
+    c = (torch.randn(t_, group * groups, generator=gen) * 10.0 ** log_mag).to(dtype)
+    assume(bool(torch.isfinite(c).all()))    # fp16 overflows beyond 65504
+    if seed % 5 == 0:
+        c[:, :group] = 0                     # a zero group
+    q, s = ops.quant_int8(c, group, dtype)
+    assert q.abs().max() <= 127
+    scale = s.double().repeat_interleave(group, dim=1)
+    err = (q.double() * scale - c.double()).abs()
+    normal = scale >= torch.finfo(dtype).tiny
+    assert torch.all((err <= scale / 2)[normal]), (err - scale / 2).max()
+    assert torch.all(q[scale == 0] == 0)
+    d = ops.dequant_int8(q, s, group)
+    assert torch.all(d[c == 0] == 0)         # zero groups (and zeros) dequantise to 0
+    assert torch.equal(d, (q.double() * scale).to(dtype))
+
+
+def test_segment_on_int8_terms_dequantises_then_runs_the_usual_terms():
+    gen = torch.Generator().manual_seed(4)
+    x, g = torch.randn(3, 16, generator=gen).to(BF16), torch.randn(2, 16, generator=gen).to(BF16)
+    entries = [ops.quant_int8(torch.randn(3, 16, generator=gen), 8, BF16) for _ in range(2)]
+    q, s = torch.stack([e[0] for e in entries]), torch.stack([e[1] for e in entries])
+    deq = torch.stack([ops.dequant_int8(a, b, 8) for a, b in entries])
+    want = ops.segment(x, g, deq)
+    assert torch.equal(ops.segment(x, g, q, s, 8), want)
+    assert torch.equal(ops.segment_int8(x, g, q, s, 8), want)
+    assert torch.equal(ops.OPS["segment_int8"](x=x, g=g, q=q, scale=s, group=8), want)
+    with pytest.raises(ValueError, match="int8 terms 'c' need scale"):
+        ops.segment(x, g, q)
+    with pytest.raises(ValueError, match=r"segment_int8: group=5, expected a positive divisor of C=16"):
+        ops.segment_int8(x, g, q, s, 5)
+    with pytest.raises(ValueError, match=r"quant_int8: group G=5 does not divide C=16"):
+        ops.quant_int8(x, 5, BF16)

@@ -11,12 +11,15 @@ order of rounded operations:
 | scale          | b0=a(MEM); b0=b0*s(CHAN); store b0                                           | 3 | 3 |
 | gated_residual | b0=x(MEM); b1=g(CHAN); b0=b0+b1*c(MAC, MEM); store b0                        | 4 | 4 |
 | segment        | b0=x(MEM); per k: b1=g_k(CHAN), b0=b0+b1*c_k(MAC, MEM); store b0             | 2K+2 | 2K+2 |
+| segment_int8   | b0=x(MEM); per k: b1=q_k(INT8), b1=b1*scale_k(GROUP), b1=b1*g_k(CHAN),       | 4K+2 | 3K+2 |
+|                | b0=b0+b1; store b0                                                           |      |      |
 | cfg_combine    | b1=u(MEM); b0=c(MEM); b0=b0-b1; b0=b1+b0*s(MAC, GROUP scalar); store b0      | 5 | 4 |
 | l1_distance    | b0=a(MEM); L1 b0, b(MEM)                                                     | 2 | 2 |
 | dequant_int8   | b0=q(INT8); b0=b0*scale(GROUP, G/lanes words per scale); store b0            | 3 | 3 |
 
-Every ``+ - *`` is one rounded IEEE operation in the reference's order. The only operand
-swap is cfg_combine's product, computed ``(c-u)*s`` instead of ``s*(c-u)``: IEEE
+Every ``+ - *`` is one rounded IEEE operation in the reference's order. The operand swaps
+are segment_int8's gate product (``g*d`` computed ``d*g``, d the dequantised term) and
+cfg_combine's product, computed ``(c-u)*s`` instead of ``s*(c-u)``: IEEE
 multiplication is commutative bit for bit, except the payload of a NaN, which the NME makes
 canonical anyway (NaNs are compared by class).
 
@@ -44,9 +47,28 @@ from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp, ADDR_BITS, PARAM_
 from coda.host.nme import ops as ref
 from coda.host.nme.bits import int8_words_for, torch_dtype, words_for
 
-__all__ = ["op_dims", "stream_words", "plan_layout", "compile_op", "program_streams"]
+__all__ = ["op_dims", "stream_words", "plan_layout", "compile_op", "program_streams",
+           "TERM_STREAMS", "segment_terms"]
 
 Layout = Mapping[str, "int | Sequence[int]"]
+
+#: the segment operators' per-term streams: K of each, one per term
+TERM_STREAMS = {"segment": ("g", "c"), "segment_int8": ("g", "q", "scale")}
+#: micro-ops and memory streams of a segment program: fixed (x, store y) + per term
+_SEGMENT_COST = {"segment": (2, 2), "segment_int8": (4, 3)}
+
+
+def segment_terms(cfg: NMEConfig, op: str = "segment") -> int:
+    """The most terms one program of ``op`` (``"segment"`` or ``"segment_int8"``) holds on
+    an NME of ``cfg``: at most :data:`coda.host.nme.ops.MAX_SEGMENT_TERMS`, and within
+    ``cfg.imem_depth`` micro-ops and ``cfg.max_streams`` streams. Raises ValueError if not
+    even one term fits."""
+    uops, streams = _SEGMENT_COST[op]
+    k = min(ref.MAX_SEGMENT_TERMS, (cfg.imem_depth - 2) // uops, (cfg.max_streams - 2) // streams)
+    if k < 1:
+        raise ValueError(f"{op}: imem_depth={cfg.imem_depth}, max_streams={cfg.max_streams} "
+                         f"hold no term (one needs {2 + uops} micro-ops, {2 + streams} streams)")
+    return k
 
 
 def op_dims(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]],
@@ -89,14 +111,15 @@ def _op_dims(op: str, fmt: str, shapes: tuple, group: int | None) -> dict[str, i
     first = meta[spec.inputs[0]]
     if first.dim() == 2:
         dims["t"], dims["c"] = first.shape
-    if op == "segment":
+    if op in TERM_STREAMS:
         dims["k"] = meta["g"].shape[0]
     return dims
 
 
 def stream_words(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]],
                  group: int | None = None) -> dict[str, int]:
-    """Words each stream of ``op`` occupies in memory (for ``segment``: per term ``g_k``/``c_k``).
+    """Words each stream of ``op`` occupies in memory (for the segments: per term, the streams
+    of :data:`TERM_STREAMS`).
 
     Returns a dict input name / ``"y"`` -> words (``"y"`` absent for l1_distance).
     Raises ValueError as :func:`op_dims`.
@@ -108,7 +131,7 @@ def stream_words(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]],
         numel = 1
         for d in shapes[name]:
             numel *= int(d)
-        if op == "segment" and name in ("g", "c"):
+        if name in TERM_STREAMS.get(op, ()):
             numel //= dims["k"]
         sizes[name] = int8_words_for(numel, lanes) if name == "q" else words_for(numel, lanes)
     if ref.get_op(op).output == "y":
@@ -128,7 +151,7 @@ def plan_layout(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]],
     layout: dict = {}
     addr = int(base)
     for name, words in sizes.items():
-        if op == "segment" and name in ("g", "c"):
+        if name in TERM_STREAMS.get(op, ()):
             layout[name] = [addr + i * words for i in range(k)]
             addr += k * words
         else:
@@ -210,6 +233,17 @@ def _uops(op: str, cfg: NMEConfig, dims: dict, layout: Layout, group: int | None
             uops += [_mem(Op.MOV, RSrc.CHAN, _addr(layout, "g", k, words["g"]), d=1, param=chan),
                      _mem(Op.MAC, RSrc.MEM, _addr(layout, "c", k, words["c"]), p=0, q=1)]
         return uops + [_store(0, a("y"))]
+    if op == "segment_int8":
+        chan, grp = _chan_param(cfg, dims["c"]), _group_param(cfg, group)
+        uops = [_mem(Op.MOV, RSrc.MEM, a("x"))]
+        for k in range(dims["k"]):
+            uops += [_mem(Op.MOV, RSrc.INT8, _addr(layout, "q", k, words["q"]), d=1),
+                     _mem(Op.MUL, RSrc.GROUP, _addr(layout, "scale", k, words["scale"]),
+                          d=1, p=1, param=grp),
+                     _mem(Op.MUL, RSrc.CHAN, _addr(layout, "g", k, words["g"]), d=1, p=1,
+                          param=chan),
+                     UOp(Op.ADD, RSrc.BUF, d=0, p=0, r=1)]
+        return uops + [_store(0, a("y"))]
     if op == "cfg_combine":
         return [_mem(Op.MOV, RSrc.MEM, a("u"), d=1),
                 _mem(Op.MOV, RSrc.MEM, a("c"), d=0),
@@ -235,9 +269,9 @@ def _check_fits(op: str, cfg: NMEConfig, uops: list[UOp], layout: Layout, words:
         raise ValueError(f"{op}: {streams} memory streams, expected at most "
                          f"max_streams={cfg.max_streams}")
     for name, size in words.items():
-        for k in range(dims.get("k", 1) if (op == "segment" and name in ("g", "c")) else 1):
-            start = _addr(layout, name, k, size) if op == "segment" and name in ("g", "c") \
-                else _addr(layout, name)
+        per_term = name in TERM_STREAMS.get(op, ())
+        for k in range(dims.get("k", 1) if per_term else 1):
+            start = _addr(layout, name, k, size) if per_term else _addr(layout, name)
             # a scalar GROUP operand reads one word; every other stream its full size
             extent = 1 if (op == "cfg_combine" and name == "s") else size
             if start + extent > cfg.mem_words:
@@ -254,7 +288,7 @@ def compile_op(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]], lay
         cfg: the NME configuration (lanes, fmt, limits).
         shapes: input name -> shape, as the reference :mod:`coda.host.nme.ops` takes them.
         layout: stream name -> word address (module docstring); ``"y"`` for the output.
-        group: G for ``dequant_int8``.
+        group: G for ``dequant_int8`` and ``segment_int8``.
     Returns:
         The :class:`Program` (``n_elems`` = elements of the output; of ``a`` for l1_distance).
     Raises:

@@ -11,9 +11,16 @@ per operation on CPU, docs/design.md); scalars are 0-d tensors of that dtype, ne
 | scale          | a [T,C], s [C]                          | a*s                                      |
 | gated_residual | x [T,C], g [C], c [T,C]                 | x + g*c                                  |
 | segment        | x [T,C], g [K,C], c [K,T,C], 1<=K<=8    | ((x + g0*c0) + g1*c1) + ... left to right |
+| segment_int8   | x, g as segment; q int8 [K,T,C],        | segment with c_k = dequant_int8(q_k,      |
+|                | scale [K,T,C/G], group=G                | scale_k, G) (each rounded to the format)  |
 | cfg_combine    | u, c [T,C], s []                        | u + s*(c-u)                              |
 | l1_distance    | a, b [N]                                | sum |a-b| in float32 (0-d float32 tensor) |
 | dequant_int8   | q int8 [T,C], scale [T,C/G], group=G    | q * scale, one scale per G channels      |
+
+:func:`quant_int8` is the host side of the compressed cache (not an NME operator): per group
+of G channels, scale = max|c| / 127 rounded to the format, q = round-half-to-even(c / scale)
+clamped to [-127, 127]; :func:`dequant_int8` inverts it within scale / 2 per element (before
+the product's rounding to the format).
 
 Bad inputs raise ``ValueError`` naming the operator, the argument, the shape or dtype seen and
 the one expected. :data:`OPS` maps each name to an :class:`OpSpec` for the CLI and the driver.
@@ -29,13 +36,15 @@ import torch
 __all__ = [
     "MAX_SEGMENT_TERMS", "FLOAT_DTYPES", "OpSpec", "OPS", "get_op",
     "add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_combine", "l1_distance",
-    "dequant_int8",
+    "dequant_int8", "quant_int8", "segment_int8", "INT8_QMAX",
 ]
 
 #: Most cached operators coalesced into one segment (the segment operator's K limit).
 MAX_SEGMENT_TERMS = 8
 #: dtypes a cache tensor may have
 FLOAT_DTYPES = (torch.bfloat16, torch.float16)
+#: largest |q| of an int8 cache entry (symmetric: -128 is never produced)
+INT8_QMAX = 127
 
 
 def _tensor(op: str, name: str, t) -> torch.Tensor:
@@ -118,25 +127,66 @@ def gated_residual(x: torch.Tensor, g: torch.Tensor, c: torch.Tensor) -> torch.T
     return x + g * c
 
 
-def segment(x: torch.Tensor, g: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+def segment(x: torch.Tensor, g: torch.Tensor, c: torch.Tensor, scale: torch.Tensor | None = None,
+            group: int | None = None) -> torch.Tensor:
     """A coalesced segment of K cached gated residuals, ``((x + g0*c0) + g1*c1) + ...``.
 
     Evaluated left to right, every product and every sum rounded to the dtype.
     x: [T, C]; g: [K, C]; c: [K, T, C]; 1 <= K <= 8 (:data:`MAX_SEGMENT_TERMS`); one dtype.
+    Compressed terms: c int8 [K, T, C] with ``scale`` [K, T, C/G] of x's dtype and
+    ``group`` = G: each ``c_k`` is first ``dequant_int8(c_k, scale_k, G)`` (one rounded
+    product per element), then the same arithmetic.
     Returns [T, C].
     """
     x = _float("segment", "x", x, 2)
     g = _float("segment", "g", g, 2)
+    if isinstance(c, torch.Tensor) and c.dtype == torch.int8:
+        if scale is None or group is None:
+            raise ValueError("segment: int8 terms 'c' need scale=[K, T, C/G] and group=G")
+        return segment_int8(x, g, c, scale, group)
     c = _float("segment", "c", c, 3)
     _same_dtype("segment", "x", x, g=g, c=c)
-    k = g.shape[0]
-    if not 1 <= k <= MAX_SEGMENT_TERMS:
-        raise ValueError(f"segment: argument 'g' has K={k} rows, expected 1..{MAX_SEGMENT_TERMS}")
-    _shape("segment", "g", g, (k,) + tuple(x.shape[1:]), "[K, C]")
+    k = _segment_k("segment", x, g)
     _shape("segment", "c", c, (k,) + tuple(x.shape), "[K, T, C]")
     y = x
     for gk, ck in zip(g, c):
         y = y + gk * ck
+    return y
+
+
+def _segment_k(op: str, x: torch.Tensor, g: torch.Tensor) -> int:
+    k = g.shape[0]
+    if not 1 <= k <= MAX_SEGMENT_TERMS:
+        raise ValueError(f"{op}: argument 'g' has K={k} rows, expected 1..{MAX_SEGMENT_TERMS}")
+    _shape(op, "g", g, (k,) + tuple(x.shape[1:]), "[K, C]")
+    return k
+
+
+def segment_int8(x: torch.Tensor, g: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                 group: int) -> torch.Tensor:
+    """A segment on int8 cache entries: ``((x + g0*d0) + g1*d1) + ...`` with
+    ``d_k = dequant_int8(q_k, scale_k, group)`` in the format.
+
+    x: [T, C]; g: [K, C]; scale: [K, T, C/G]; all of one float dtype; q: int8 [K, T, C];
+    group: G, a divisor of C; 1 <= K <= 8. Returns [T, C].
+    """
+    x = _float("segment_int8", "x", x, 2)
+    g = _float("segment_int8", "g", g, 2)
+    scale = _float("segment_int8", "scale", scale, 3)
+    _same_dtype("segment_int8", "x", x, g=g, scale=scale)
+    q = _tensor("segment_int8", "q", q)
+    if q.dtype != torch.int8:
+        raise ValueError(f"segment_int8: argument 'q' has dtype {q.dtype}, expected torch.int8")
+    k = _segment_k("segment_int8", x, g)
+    _shape("segment_int8", "q", q, (k,) + tuple(x.shape), "[K, T, C]")
+    group = int(group)
+    t, c = x.shape
+    if group < 1 or c % group:
+        raise ValueError(f"segment_int8: group={group}, expected a positive divisor of C={c}")
+    _shape("segment_int8", "scale", scale, (k, t, c // group), "[K, T, C/G]")
+    y = x
+    for gk, qk, sk in zip(g, q, scale):
+        y = y + gk * dequant_int8(qk, sk, group)
     return y
 
 
@@ -187,6 +237,48 @@ def dequant_int8(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tens
     return q.to(scale.dtype) * scale.repeat_interleave(group, dim=1)
 
 
+def quant_int8(c: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group int8 quantisation of a cache tensor (the host side of an int8 cache entry;
+    :func:`dequant_int8` is its inverse on the NME).
+
+    For each token and each group of ``group`` = G consecutive channels, in fp32: ``scale =
+    max|c| / 127`` rounded once to ``dtype`` (the NME format), then ``q = round-half-to-even(
+    c / scale)`` with the rounded scale, clamped to [-127, 127]. A group whose scale is 0
+    (all zeros, or too small for the format) gets q = 0, so it dequantises to exact zeros.
+    Then ``|q * scale - c| <= scale / 2`` per element of a finite c whose scale is a normal
+    number of the format (:func:`dequant_int8` adds the rounding of that product).
+
+    Args:
+        c: [T, C] float tensor (any float dtype; e.g. the model's fp32 output).
+        group: G >= 1, a divisor of C.
+        dtype: torch.bfloat16 or torch.float16, the scale's format.
+    Returns:
+        (q int8 [T, C], scale [T, C/G] of ``dtype``).
+    Raises:
+        ValueError: c not a 2-d float tensor, a G that does not divide C, another dtype.
+    """
+    c = _tensor("quant_int8", "c", c)
+    if not c.is_floating_point() or c.dim() != 2:
+        raise ValueError(f"quant_int8: argument 'c' is {c.dtype} {tuple(c.shape)}, expected "
+                         "a float tensor [T, C]")
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"quant_int8: dtype {dtype}, expected torch.bfloat16 or torch.float16")
+    group = int(group)
+    t, ch = c.shape
+    if group < 1 or ch % group:
+        raise ValueError(f"quant_int8: group G={group} does not divide C={ch} channels, "
+                         f"expected a positive divisor of C={ch}")
+    c32 = c.float().reshape(t, ch // group, group)
+    amax = c32.abs().amax(dim=2, keepdim=True)
+    scale = (amax / INT8_QMAX).to(dtype)
+    s32 = scale.float()
+    safe = torch.where(s32 > 0, s32, torch.ones_like(s32))
+    q = torch.round(c32 / safe)                  # torch.round: half to even
+    q = torch.where(s32 > 0, torch.nan_to_num(q, nan=0.0), torch.zeros_like(q))
+    q = q.clamp(-INT8_QMAX, INT8_QMAX).to(torch.int8)
+    return q.reshape(t, ch), scale.reshape(t, ch // group)
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One reference operator.
@@ -223,6 +315,7 @@ OPS: dict[str, OpSpec] = {s.name: s for s in (
     OpSpec("cfg_combine", cfg_combine, ("u", "c", "s")),
     OpSpec("l1_distance", l1_distance, ("a", "b"), output="l1"),
     OpSpec("dequant_int8", dequant_int8, ("q", "scale"), ("group",)),
+    OpSpec("segment_int8", segment_int8, ("x", "g", "q", "scale"), ("group",)),
 )}
 
 

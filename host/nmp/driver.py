@@ -48,8 +48,8 @@ from coda.host.nmp.placement import (DEFAULT_STANDARD, SCRATCH_XOR, SLOT_COLOUR,
                                      BankColouredAllocator)
 from coda.host.nmp.tiling import (PLACEMENT, REPLICATE, split_operand, tile, tile_bounds,
                                   tile_shapes)
-from coda.host.nme.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
-                            unpack_words)
+from coda.host.nme.bits import (from_bits, int8_words_for, pack_int8_words, pack_words,
+                                to_bits, torch_dtype, unpack_int8_words, unpack_words)
 
 __all__ = ["NMPDriver", "NMPCapacityError", "fit_mem_words"]
 
@@ -81,7 +81,13 @@ class _Slot:
     dtype: torch.dtype
     rows: list[tuple[int, int]]    # token range of each rank's tile
     addrs: list[int | None]        # word address of each rank's tile (None: empty tile)
-    words: list[int]               # words of each rank's tile
+    words: list[int]               # words of each rank's tile (int8: q and scales together)
+    qgroup: int | None = None      # int8 entry: channels per scale G (None: 16-bit entry)
+    scale_addrs: list[int | None] | None = None   # int8 entry: each rank's scales
+
+    @property
+    def fmt(self) -> str:
+        return "bf16" if self.qgroup is None else "int8"
 
 
 class NMPDriver:
@@ -228,16 +234,88 @@ class NMPDriver:
             if addr is not None:
                 self._write(rank, addr, pack_words(bits[r0:r1], self.cfg.lanes))
 
+    def store_int8(self, key: Hashable, q: torch.Tensor, scale: torch.Tensor, qgroup: int,
+                   group: Hashable = None) -> None:
+        """Write (or overwrite) cache slot ``key`` with an int8 entry: ``q`` int8 [T, C] packed
+        two per 16-bit element as the NME's INT8 stream reads it, then ``scale`` [T, C/G] of
+        the cache dtype (one per ``qgroup`` = G channels), each rank's tile (rows of both)
+        in one range; ``group`` as in :meth:`store`. Segments on such slots dequantise on the
+        NMEs (:func:`coda.host.nme.ops.segment_int8`); :func:`coda.host.nme.ops.quant_int8`
+        makes q and scale. Bytes written: about ``0.5 + 1/G`` of a 16-bit entry's.
+
+        Raises ValueError for bad tensors or a G that does not divide C or is not a multiple
+        of the lanes (the GROUP stream's rule); :class:`NMPCapacityError` as :meth:`store`.
+        """
+        if not isinstance(q, torch.Tensor) or q.dtype != torch.int8 or q.dim() != 2:
+            raise ValueError(f"slot {key!r}: q is {getattr(q, 'dtype', type(q).__name__)} "
+                             f"{list(getattr(q, 'shape', []))}, expected torch.int8 [T, C]")
+        shape = tuple(q.shape)
+        qgroup = self.check_qgroup(qgroup, shape[1])
+        scale = self._check_cache_tensor(f"slot {key!r} scale", scale)
+        if tuple(scale.shape) != (shape[0], shape[1] // qgroup):
+            raise ValueError(f"slot {key!r}: scale has shape {list(scale.shape)}, expected "
+                             f"[T, C/G] = {[shape[0], shape[1] // qgroup]}")
+        lanes = self.cfg.lanes
+        old = self._slots.get(key)
+        if old is None or old.shape != shape or old.qgroup != qgroup:
+            if old is not None:
+                self.free(key)
+            rows = tile_bounds(shape[0], self.n_ranks)
+            qwords = [int8_words_for((r1 - r0) * shape[1], lanes) for r0, r1 in rows]
+            swords = [compiler.words_for((r1 - r0) * shape[1] // qgroup, lanes)
+                      for r0, r1 in rows]
+            words = [a + b if a else 0 for a, b in zip(qwords, swords)]
+            colour = self._group_colours.setdefault(group,
+                                                    SLOT_COLOUR + len(self._group_colours))
+            addrs = self._alloc(words, f"int8 slot {key!r} {list(shape)} G={qgroup}", colour)
+            self._slots[key] = _Slot(shape, self.dtype, rows, addrs, words, qgroup,
+                                     [None if a is None else a + w
+                                      for a, w in zip(addrs, qwords)])
+        slot = self._slots[key]
+        sbits = to_bits(scale)
+        for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs)):
+            if addr is not None:
+                self._write(rank, addr, pack_int8_words(q[r0:r1], lanes))
+                self._write(rank, slot.scale_addrs[rank], pack_words(sbits[r0:r1], lanes))
+
+    def check_qgroup(self, qgroup: int, channels: int) -> int:
+        """``qgroup`` (G, channels per int8 scale) if it divides ``channels`` (C) and is a
+        multiple of the NME's lanes (a GROUP stream's scale must cover whole words); else
+        ValueError naming G and C."""
+        qgroup = int(qgroup)
+        if qgroup < 1 or channels % qgroup or qgroup % self.cfg.lanes:
+            raise ValueError(f"int8 cache group G={qgroup} for C={channels} channels: expected "
+                             f"a divisor of C={channels} that is a multiple of the NME's "
+                             f"{self.cfg.lanes} lanes")
+        return qgroup
+
     def load(self, key: Hashable) -> torch.Tensor:
-        """Read cache slot ``key`` back: [T, C] in the cache dtype, bit-exact.
+        """Read cache slot ``key`` back: [T, C] in the cache dtype, bit-exact (an int8 entry
+        dequantised on the host: :func:`coda.host.nme.ops.dequant_int8`, the NME's bits).
         Raises KeyError naming the key if there is no such slot."""
         self.wait()
         slot = self._slot(key)
+        if slot.qgroup is not None:
+            return self._load_int8(slot)
         tiles = [unpack_words(self._read(rank, addr, slot.words[rank]), (r1 - r0) * slot.shape[1])
                  for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs))
                  if addr is not None]
         flat = np.concatenate(tiles) if tiles else np.zeros(0, np.uint16)
         return from_bits(flat.reshape(slot.shape), self.cfg.fmt)
+
+    def _load_int8(self, slot: _Slot) -> torch.Tensor:
+        c, g, lanes = slot.shape[1], slot.qgroup, self.cfg.lanes
+        parts = []
+        for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs)):
+            if addr is None:
+                continue
+            n = (r1 - r0) * c
+            q = unpack_int8_words(self._read(rank, addr, int8_words_for(n, lanes)), n)
+            s = unpack_words(self._read(rank, slot.scale_addrs[rank],
+                                        compiler.words_for(n // g, lanes)), n // g)
+            parts.append(ref.dequant_int8(torch.from_numpy(q.reshape(r1 - r0, c)),
+                                          from_bits(s.reshape(r1 - r0, c // g), self.cfg.fmt), g))
+        return torch.cat(parts) if parts else torch.empty(slot.shape, dtype=self.dtype)
 
     def free(self, key: Hashable) -> None:
         """Release cache slot ``key`` (after the launch in flight, which may read it).
@@ -276,10 +354,13 @@ class NMPDriver:
                 link; e.g. a slot of zeros, for a segment that returns ``Σ g_k ⊙ c_k`` alone
                 and leaves the residual add to the xPU).
             gates: K >= 1 vectors [C] of the cache dtype (replicated).
-            keys: K slot keys, each slot [T, C].
+            keys: K slot keys, each slot [T, C], all 16-bit entries (:meth:`store`) or all
+                int8 entries of one G (:meth:`store_int8`: the NMEs dequantise them,
+                :func:`coda.host.nme.ops.segment_int8`).
         Returns:
             a :class:`PendingOp` whose ``result()`` is y [T, C] in the cache dtype, bit-exact
-            with :func:`coda.host.nme.ops.segment` (for K > 8, the NME's limit per program, with
+            with :func:`coda.host.nme.ops.segment` (for K above the terms one program holds,
+            :func:`coda.host.nme.compiler.segment_terms`: 8, 7 int8 terms at the defaults, with
             its left-to-right evaluation continued: the programs are chained in rank memory,
             each reading the previous one's output in place); on a backend with
             ``submit_many`` (the RTL NMEs) the segment runs while the host goes on.
@@ -301,21 +382,40 @@ class NMPDriver:
                 raise ValueError(f"segment: slot {key!r} has shape {list(slot.shape)}, "
                                  f"expected {list(x.shape)} (the shape of x)")
         g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
-        m = ref.MAX_SEGMENT_TERMS
-        parts = [self._start("segment", {"x": x, "g": g[:m]}, None,
-                             cached={"c": [s.addrs for s in slots[:m]]},
+        op, qgroup = self._segment_format(keys, slots)
+        m = compiler.segment_terms(self.cfg, op)
+        parts = [self._start(op, {"x": x, "g": g[:m]}, qgroup, cached=self._terms(slots[:m]),
                              resident=None if x_slot is None else {"x": x_slot.addrs})]
         shape_only = torch.empty(x.shape, dtype=x.dtype, device="meta")
         try:
             for i in range(m, len(keys), m):
-                parts.append(self._start("segment", {"x": shape_only, "g": g[i:i + m]}, None,
-                                         cached={"c": [s.addrs for s in slots[i:i + m]]},
+                parts.append(self._start(op, {"x": shape_only, "g": g[i:i + m]}, qgroup,
+                                         cached=self._terms(slots[i:i + m]),
                                          resident={"x": parts[-1].y_addrs}))
         except BaseException:
             for part in parts:       # nothing left in flight or allocated
                 part.finish_in_place()
             raise
         return parts[0] if len(parts) == 1 else ChainedSegment(parts)
+
+    @staticmethod
+    def _segment_format(keys: list, slots: list[_Slot]) -> tuple[str, int | None]:
+        """The segment operator of these slots: ``segment`` on 16-bit entries, ``segment_int8``
+        (and its G) on int8 entries; ValueError for a mix."""
+        kinds = {(s.fmt, s.qgroup) for s in slots}
+        if len(kinds) > 1:
+            raise ValueError(f"segment: slots {keys!r} mix cache formats "
+                             f"{sorted(f'{f} G={g}' if g else f for f, g in kinds)}, "
+                             "expected one format (and one G) per segment")
+        fmt, qgroup = kinds.pop()
+        return ("segment", None) if fmt == "bf16" else ("segment_int8", qgroup)
+
+    @staticmethod
+    def _terms(slots: list[_Slot]) -> dict[str, list[list[int | None]]]:
+        """The cached operands of a segment program on ``slots``: their per-rank addresses."""
+        if slots[0].qgroup is None:
+            return {"c": [s.addrs for s in slots]}
+        return {"q": [s.addrs for s in slots], "scale": [s.scale_addrs for s in slots]}
 
     def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
         """:meth:`segment_submit` and wait: y [T, C] in the cache dtype (same arguments and
@@ -411,7 +511,8 @@ class NMPDriver:
         resident = resident or {}
         shapes = {n: tuple(t.shape) for n, t in tensors.items()}
         for name, slot_addrs in cached.items():  # cached operand: K slots tiled like x
-            shapes[name] = (len(slot_addrs),) + shapes["x"]
+            t, c = shapes["x"]
+            shapes[name] = (len(slot_addrs), t, c // group if name == "scale" else c)
         bounds = tile_bounds(shapes[split_operand(op)][0], self.n_ranks)
         plans = []  # per rank: (tiles, tile shapes), or None for an empty tile
         for (r0, r1), tiled in zip(bounds, tile_shapes(op, shapes, self.n_ranks)):
@@ -458,8 +559,9 @@ class NMPDriver:
         if plan is None:
             return {}
         words = compiler.stream_words(op, self.cfg, plan[1], group)
-        k = plan[1]["g"][0] if op == "segment" else 1
-        return {n: w * (k if op == "segment" and n in ("g", "c") else 1)
+        per_term = compiler.TERM_STREAMS.get(op, ())
+        k = plan[1]["g"][0] if per_term else 1
+        return {n: w * (k if n in per_term else 1)
                 for n, w in words.items() if n not in cached}
 
     def fits(self, op: str, shapes: dict[str, tuple], group: int | None = None) -> bool:
@@ -550,15 +652,16 @@ class NMPDriver:
             layout[name] = addr = addrs[name]
             if name in tiles:
                 t = tiles[name]
-                packed = pack_int8_words(t, self.cfg.lanes) if name == "q" else \
-                    self._pack_rows(op, name, t)
+                packed = self._pack_rows(op, name, t)
                 self._write(rank, addr, packed)
         return layout
 
     def _pack_rows(self, op: str, name: str, t: torch.Tensor) -> np.ndarray:
-        if op == "segment" and name in ("g", "c"):  # K rows, each from a word boundary
-            return np.concatenate([pack_words(to_bits(row), self.cfg.lanes) for row in t])
-        return pack_words(to_bits(t), self.cfg.lanes)
+        pack = (lambda v: pack_int8_words(v, self.cfg.lanes)) if t.dtype == torch.int8 else \
+            (lambda v: pack_words(to_bits(v), self.cfg.lanes))
+        if name in compiler.TERM_STREAMS.get(op, ()):  # K rows, each from a word boundary
+            return np.concatenate([pack(row) for row in t])
+        return pack(t)
 
     def _submit(self, jobs: list[tuple[int, Program]], layouts: list) -> Launch:
         """Launch one program per rank in lockstep without waiting (backends with

@@ -1,6 +1,7 @@
 """How the NMP driver tiles an operator's operands over the ranks: by tokens (rows of a
 ``[T, C]`` tensor, elements of a flat ``[N]`` one; the first ``T % n`` ranks hold one row
-more), by the segment's cached slots' tokens (``c`` ``[K, T, C]`` along dim 1), or replicated
+more), by the segment's cached slots' tokens (``c`` ``[K, T, C]`` along dim 1; an int8
+segment's ``q`` and ``scale`` the same), or replicated
 to every rank (per-channel gates ``[C]``, scalars). :data:`PLACEMENT` says which, per operator
 and input; :func:`tile_bounds` and :func:`tile_shapes` give each rank's rows and shapes,
 :func:`split_operand` the input whose rows set the tiling, :func:`tile` one rank's tile.
@@ -29,6 +30,7 @@ PLACEMENT = {
     "scale": {"a": SPLIT0, "s": REPLICATE},
     "gated_residual": {"x": SPLIT0, "g": REPLICATE, "c": SPLIT0},
     "segment": {"x": SPLIT0, "g": REPLICATE, "c": SPLIT1},
+    "segment_int8": {"x": SPLIT0, "g": REPLICATE, "q": SPLIT1, "scale": SPLIT1},
     "cfg_combine": {"u": SPLIT0, "c": SPLIT0, "s": REPLICATE},
     "dequant_int8": {"q": SPLIT0, "scale": SPLIT0},
 }
