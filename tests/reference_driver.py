@@ -18,6 +18,9 @@ class TorchSegmentDriver:
     def store(self, key, tensor, group=None):
         self.slots[key] = tensor.clone()
 
+    def store_int8(self, key, q, scale, qgroup, group=None):
+        self.slots[key] = (q.clone(), scale.clone(), int(qgroup))
+
     def free(self, key):
         del self.slots[key]
 
@@ -32,4 +35,8 @@ class TorchSegmentDriver:
         return key in self.slots
 
     def segment(self, x, gates, keys):
-        return ops.segment(x, torch.stack(gates), torch.stack([self.slots[k] for k in keys]))
+        entries = [self.slots[k] for k in keys]
+        if isinstance(entries[0], tuple):     # int8 entries: (q, scale, G)
+            return ops.segment(x, torch.stack(gates), torch.stack([e[0] for e in entries]),
+                               torch.stack([e[1] for e in entries]), entries[0][2])
+        return ops.segment(x, torch.stack(gates), torch.stack(entries))

@@ -78,6 +78,7 @@ from diffusers.hooks.hooks import ModelHook, StateManager
 
 from coda.host.cache.arch import Architecture, get_architecture
 from .arch.base import BlockSpec
+from coda.host.cache.compress import check_format, resolve_group
 from coda.host.cache.events import EventLog
 from coda.host.cache.forecast import CACHE_MODES, ForecastTable
 from coda.host.nmp.link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
@@ -134,10 +135,21 @@ class CodaCacheConfig:
             static policy stores for it), alpha from ``forecast``.
         forecast: the :class:`coda.host.cache.forecast.ForecastTable` of ``cache="forecast"``
             (its step count must be the generation's).
+        cache_format: how a computed output is kept in rank memory
+            (:data:`coda.host.cache.compress.CACHE_FORMATS`): ``"bf16"`` (default) in the
+            NME's 16-bit format, ``"int8"`` quantised per group of ``cache_group`` channels
+            (about half the bytes; the NMEs dequantise in the segment,
+            :mod:`coda.host.cache.compress`). Composes with ``cache="forecast"`` (both
+            entries int8). Needs a driver with ``store_int8``.
+        cache_group: G, channels per int8 scale (int8 only): a divisor of the hidden size C
+            and a multiple of the NME's lanes; default (None) the largest such G up to 64
+            (:func:`coda.host.cache.compress.resolve_group`).
     Raises (on apply):
         ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver; a
             ``num_inference_steps`` below 1; a ``segment_output`` other than the two; a
-            ``cache`` mode other than the two, or ``"forecast"`` without a table.
+            ``cache`` mode other than the two, or ``"forecast"`` without a table; a
+            ``cache_format`` other than the two, int8 on a driver without ``store_int8``, a
+            ``cache_group`` that does not divide C or is not a multiple of the lanes.
     """
     driver: Any
     policy: Any = None
@@ -149,6 +161,8 @@ class CodaCacheConfig:
     segment_output: str = "sum"
     cache: str = "reuse"
     forecast: Any = None
+    cache_format: str = "bf16"
+    cache_group: int | None = None
 
     @property
     def history(self) -> int:
@@ -228,6 +242,14 @@ class CodaCacheHook(ModelHook):
                              f"got {type(config.forecast).__name__}")
         self.dtype = config.resolved_dtype()
         self.fmt = _DTYPE_NAMES[self.dtype]
+        check_format(config.cache_format)
+        if config.cache_format == "int8" and not hasattr(config.driver, "store_int8"):
+            raise ValueError(f"cache_format='int8' needs a driver with store_int8 "
+                             f"({type(config.driver).__name__} has none)")
+        if config.cache_format != "int8" and config.cache_group is not None:
+            raise ValueError(f"cache_group={config.cache_group}: an int8 option, expected "
+                             f"none with cache_format={config.cache_format!r}")
+        self.group: int | None = None     # G of int8 entries, set for the model's C
         self.policy: CachePolicy = as_policy(config.policy)
         if config.cache == "forecast" and not isinstance(self.policy, StaticPolicy):
             raise ValueError(f"cache='forecast' with policy {self.policy.name!r}: expected a "
@@ -253,6 +275,8 @@ class CodaCacheHook(ModelHook):
             raise ValueError(f"{type(module).__name__}: hidden size {channels} is not a multiple "
                              f"of the NME's {lanes} lanes (a per-channel gate fills whole words); "
                              "use a driver whose lanes divide it")
+        if self.config.cache_format == "int8":
+            self.group = resolve_group(channels, lanes or 1, self.config.cache_group)
         return module
 
     @property

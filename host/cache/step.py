@@ -29,6 +29,7 @@ from coda.host.cache.events import MonitorEvent, OpEvent
 from coda.host.cache.policies.base import Decision, OpQuery
 from coda.host.cache.schedule import ScheduleError
 from coda.host.cache.segments import ReusedOp
+from coda.host.nme.ops import quant_int8
 
 __all__ = ["StepRun", "PRIMARY"]
 
@@ -287,18 +288,25 @@ class StepRun:
         return self.driver.stats["bytes_written"]
 
     def store(self, row: int, layer: int, op: str, outs: dict[str, torch.Tensor]) -> int:
-        """Write one row's pre-gate outputs (per stream, canonical [..., C]) to their slots;
-        returns the bytes written. In forecast mode (``history`` 2) the entry there becomes
+        """Write one row's pre-gate outputs (per stream, canonical [..., C]) to their slots, in
+        the NME format or, with ``cache_format="int8"``, quantised per group of G channels
+        (:func:`coda.host.nme.ops.quant_int8`, from the model's dtype); returns the bytes
+        written (int8: q and scales). In forecast mode (``history`` 2) the entry there becomes
         the older one first (:meth:`keep_previous`)."""
         br, j = self.branch_of[row], self.sample_of[row]
         slots = self.hook.state.branches[br].slots
         before = self.bytes_written()
         for stream, out in outs.items():
-            tensor = out.reshape(-1, self.c).to(self.dtype).contiguous()
             key = self.hook.key(br, j, layer, op, stream=stream)
             if self.hook.config.history == 2:
                 self.keep_previous(slots, key, self.hook.key(br, j, layer, op, "prev", stream))
-            self.driver.store(key, tensor, group=(br, j, stream))
+            tensor = out.reshape(-1, self.c)
+            if self.hook.group is not None:     # int8 entry: quantised here, on the xPU
+                q, scale = quant_int8(tensor, self.hook.group, self.dtype)
+                self.driver.store_int8(key, q, scale, self.hook.group, group=(br, j, stream))
+            else:
+                tensor = tensor.to(self.dtype).contiguous()
+                self.driver.store(key, tensor, group=(br, j, stream))
             slots[key] = (tuple(tensor.shape), self.step)
         return self.bytes_written() - before
 

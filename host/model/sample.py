@@ -220,6 +220,7 @@ def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int 
 
 def cached_generate(model, labels, driver, policy=None, *, events=None,
                     segment_output: str = "sum", cache: str = "reuse", forecast=None,
+                    cache_format: str = "bf16", cache_group: int | None = None,
                     **kwargs) -> tuple[torch.Tensor, dict]:
     """Generate with the CODA cache engine attached for this call only.
 
@@ -233,6 +234,8 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
         segment_output: the segments' form (``CodaCacheConfig.segment_output``).
         cache, forecast: reuse or forecast, and the forecast's alpha table
             (``CodaCacheConfig.cache`` / ``.forecast``).
+        cache_format, cache_group: how computed outputs are kept, ``"bf16"`` or ``"int8"``
+            with G channels per scale (``CodaCacheConfig.cache_format`` / ``.cache_group``).
         **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode, ...).
     Returns:
         (videos [B, 1, F, H, W], stats): the generation's counters
@@ -244,7 +247,7 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
 
     hook = apply_coda_cache(model.transformer, CodaCacheConfig(
         driver, policy, events=events, segment_output=segment_output, cache=cache,
-        forecast=forecast))
+        forecast=forecast, cache_format=cache_format, cache_group=cache_group))
     try:
         videos = generate(model, labels, **kwargs)
         stats = hook.stats
@@ -254,7 +257,8 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
 
 
 def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = False,
-                    history: int = 1) -> int:
+                    history: int = 1, cache_format: str = "bf16",
+                    cache_group: int | None = None) -> int:
     """Words of rank memory (a power of two, >= 2**18) that hold the cache of ``videos``
     videos generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
 
@@ -268,13 +272,19 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     (:mod:`coda.host.nmp.placement`), a quarter of the memory for the 4 banks per bank group of
     every DRAM preset (JEDEC JESD79-4 / JESD79-5 / JESD209-5): the groups fill the colours
     in turn, so the fullest colour holds ``ceil(groups / 4)`` groups. 1.5x that leaves room
-    for the operators' scratch and fragmentation.
-    Raises ValueError if videos, ranks or lanes < 1 or history is not 1 or 2.
+    for the operators' scratch and fragmentation. With ``cache_format="int8"`` an output slot
+    holds the int8 values (two per 16-bit element) and one 16-bit scale per ``cache_group``
+    channels (:mod:`coda.host.cache.compress`), about half a 16-bit slot; kept inputs and the
+    slot of zeros stay 16-bit.
+    Raises ValueError if videos, ranks or lanes < 1, history is not 1 or 2, or as
+    :func:`coda.host.cache.compress.resolve_group` (an unknown format, a bad G).
     """
     from coda.host.nmp.placement import DEFAULT_STANDARD
     from coda.host.cache.schedule import BRANCHES, OP_TYPES
     from coda.hw.dram.standards import get_standard
+    from coda.host.cache.compress import check_format, resolve_group
 
+    check_format(cache_format)
     if min(videos, ranks, lanes) < 1:
         raise ValueError(f"videos={videos}, ranks={ranks}, lanes={lanes}: expected >= 1 each")
     if history not in (1, 2):
@@ -283,11 +293,18 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     tcfg = cfg["transformer"]
     tokens = cfg["data"]["frames"] * (cfg["data"]["size"] // tcfg["patch_size"]) ** 2
     hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
-    tile = -(-(-(-tokens // ranks) * hidden) // lanes)           # words of the largest tile
+    rows = -(-tokens // ranks)
+    tile = -(-(rows * hidden) // lanes)           # words of the largest 16-bit tile
     region = 1 << (tile - 1).bit_length()
+    out_region = region
+    if cache_format == "int8":
+        group = resolve_group(hidden, lanes, cache_group)
+        words8 = -(-(rows * hidden) // (2 * lanes)) + -(-(rows * hidden // group) // lanes)
+        out_region = 1 << (words8 - 1).bit_length()
     colours = get_standard(DEFAULT_STANDARD).banks_per_group
     groups = videos * len(BRANCHES)
-    slots = len(OP_TYPES) * len(model.transformer.transformer_blocks) * (history + inputs) + 1
-    words = 1.5 * colours * -(-groups // colours) * slots * region
+    ops = len(OP_TYPES) * len(model.transformer.transformer_blocks)
+    per_group = ops * (history * out_region + inputs * region) + region
+    words = 1.5 * colours * -(-groups // colours) * per_group
     return 1 << max(18, math.ceil(math.log2(words)))
 

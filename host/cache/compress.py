@@ -1,0 +1,62 @@
+"""Compressed cache entries: the format a computed operator's output is kept in rank memory.
+
+``cache_format`` (:data:`CACHE_FORMATS`):
+
+- ``"bf16"`` (default): the NME's own 16-bit format (bf16, or fp16 on an fp16 NME), the output
+  rounded once to it; a segment reads it as a plain stream (:func:`coda.host.nme.ops.segment`);
+- ``"int8"``: per token and group of G channels, a scale ``max|c| / 127`` in the NME format and
+  int8 ``q = round-half-to-even(c / scale)`` (:func:`coda.host.nme.ops.quant_int8`, on the xPU
+  where the output is computed), q packed two per 16-bit element as the NME's INT8 stream
+  reads it and the scales beside it (:meth:`coda.host.nmp.driver.NMPDriver.store_int8`):
+  ``0.5 + 2/G`` of the bytes of a 16-bit entry (``1 + 2/G`` bytes per element against 2).
+  A segment dequantises on the NMEs (:func:`coda.host.nme.ops.segment_int8`: ``q * scale``
+  rounded to the format, then the usual ``g * d`` and sum), one program of up to 7 terms at the
+  default NME limits.
+
+G must divide the hidden size C and be a multiple of the NME's lanes (a GROUP stream's scale
+covers whole words); :func:`resolve_group` picks the default, the largest such G up to
+:data:`DEFAULT_GROUP` (64 on a hidden size that is a multiple of 64; 48 on the shipped digit
+model's C = 96).
+"""
+
+from __future__ import annotations
+
+__all__ = ["CACHE_FORMATS", "DEFAULT_GROUP", "check_format", "resolve_group"]
+
+#: what a cached operator output is stored as in rank memory
+CACHE_FORMATS = ("bf16", "int8")
+#: the largest default group of channels per int8 scale
+DEFAULT_GROUP = 64
+
+
+def check_format(cache_format: str) -> str:
+    """``cache_format`` if it is one of :data:`CACHE_FORMATS`; else ValueError naming them."""
+    if cache_format not in CACHE_FORMATS:
+        raise ValueError(f"cache_format={cache_format!r}: expected one of "
+                         f"{', '.join(CACHE_FORMATS)}")
+    return cache_format
+
+
+def resolve_group(channels: int, lanes: int, group: int | None = None) -> int:
+    """The int8 group G (channels per scale) for a hidden size of ``channels`` (C) on an NME
+    of ``lanes`` lanes: ``group`` if given and valid, else the largest multiple of ``lanes``
+    up to :data:`DEFAULT_GROUP` that divides C.
+
+    Raises:
+        ValueError: a given G that does not divide C or is not a multiple of the lanes, or no
+            default G (C has no divisor that is a multiple of the lanes), naming G and C.
+    """
+    channels, lanes = int(channels), int(lanes)
+    if group is not None:
+        group = int(group)
+        if group < 1 or channels % group or group % lanes:
+            raise ValueError(f"cache_group G={group} for C={channels} channels: expected a "
+                             f"divisor of C={channels} that is a multiple of the NME's "
+                             f"{lanes} lanes")
+        return group
+    for g in range(DEFAULT_GROUP - DEFAULT_GROUP % lanes, 0, -lanes):
+        if channels % g == 0:
+            return g
+    raise ValueError(f"cache_format='int8' on C={channels} channels: no group G <= "
+                     f"{DEFAULT_GROUP} divides C={channels} and is a multiple of the NME's "
+                     f"{lanes} lanes; give cache_group")
