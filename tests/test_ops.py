@@ -121,8 +121,9 @@ def test_bad_inputs_name_argument_and_expectation(call, message):
 
 def test_registry_covers_every_operator():
     assert set(ops.OPS) == {"add", "sub", "mul", "scale", "gated_residual", "segment",
-                            "cfg_combine", "l1_distance", "dequant_int8", "segment_int8"}
-    assert ops.OPS["segment_int8"].params == ("group",)
+                            "cfg_combine", "l1_distance", "dequant_int8"}
+    assert set(ops.ENGINE_OPS) == {"segment_int8"}
+    assert ops.get_op("segment_int8").params == ("group",)
     assert ops.OPS["l1_distance"].output == "l1"
     assert ops.OPS["dequant_int8"].params == ("group",)
     x = t([[1.0, 2.0]])
@@ -184,7 +185,7 @@ def test_segment_on_int8_terms_dequantises_then_runs_the_usual_terms():
     want = ops.segment(x, g, deq)
     assert torch.equal(ops.segment(x, g, q, s, 8), want)
     assert torch.equal(ops.segment_int8(x, g, q, s, 8), want)
-    assert torch.equal(ops.OPS["segment_int8"](x=x, g=g, q=q, scale=s, group=8), want)
+    assert torch.equal(ops.get_op("segment_int8")(x=x, g=g, q=q, scale=s, group=8), want)
     with pytest.raises(ValueError, match="int8 terms 'c' need scale"):
         ops.segment(x, g, q)
     with pytest.raises(ValueError, match=r"segment_int8: group=5, expected a positive divisor of C=16"):

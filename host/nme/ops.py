@@ -23,7 +23,9 @@ clamped to [-127, 127]; :func:`dequant_int8` inverts it within scale / 2 per ele
 the product's rounding to the format).
 
 Bad inputs raise ``ValueError`` naming the operator, the argument, the shape or dtype seen and
-the one expected. :data:`OPS` maps each name to an :class:`OpSpec` for the CLI and the driver.
+the one expected. :data:`OPS` maps each name to an :class:`OpSpec` for the CLI and the driver;
+:data:`ENGINE_OPS` holds ``segment_int8``, which only the driver compiles (for the cache
+engine's int8 entries).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 __all__ = [
     "MAX_SEGMENT_TERMS", "FLOAT_DTYPES", "OpSpec", "OPS", "get_op",
     "add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_combine", "l1_distance",
-    "dequant_int8", "quant_int8", "segment_int8", "INT8_QMAX",
+    "dequant_int8", "quant_int8", "segment_int8", "INT8_QMAX", "ENGINE_OPS",
 ]
 
 #: Most cached operators coalesced into one segment (the segment operator's K limit).
@@ -315,13 +317,18 @@ OPS: dict[str, OpSpec] = {s.name: s for s in (
     OpSpec("cfg_combine", cfg_combine, ("u", "c", "s")),
     OpSpec("l1_distance", l1_distance, ("a", "b"), output="l1"),
     OpSpec("dequant_int8", dequant_int8, ("q", "scale"), ("group",)),
+)}
+#: operators the NMP driver compiles for the cache engine beside :data:`OPS` (not offered by
+#: ``coda nme run``): the segment on int8 cache entries
+ENGINE_OPS: dict[str, OpSpec] = {s.name: s for s in (
     OpSpec("segment_int8", segment_int8, ("x", "g", "q", "scale"), ("group",)),
 )}
 
 
 def get_op(name: str) -> OpSpec:
-    """The :class:`OpSpec` of an operator name. Raises ValueError listing the known names."""
-    try:
-        return OPS[name]
-    except KeyError:
-        raise ValueError(f"unknown op {name!r}: expected one of {sorted(OPS)}") from None
+    """The :class:`OpSpec` of an operator name (:data:`OPS` or :data:`ENGINE_OPS`). Raises
+    ValueError listing the known names."""
+    spec = OPS.get(name) or ENGINE_OPS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown op {name!r}: expected one of {sorted(OPS)}")
+    return spec
