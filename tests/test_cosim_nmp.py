@@ -192,3 +192,44 @@ def test_system_shape_is_checked_before_any_build():
     assert check_shape(16, 16) == (16, 16)
     with pytest.raises(ValueError, match=f"expected at most {MAX_RANKS}"):
         check_shape(16, 17)
+
+
+@pytest.mark.parametrize("memory", ["dram", "ideal"])
+def test_int8_segment_tiled_bit_exact(rtl, memory):
+    """A 9-term segment on int8 cache slots [601, 64] (G = 16: four scales per token) tiled
+    301/300 rows over the ranks, chained after 7 terms: the NMEs dequantise (INT8 and GROUP
+    streams) with the bits of ops.segment on int8 terms and of the torch backend, behind the
+    DDR5-4800 controller and on the ideal-memory Verilated NME (RTLBackend, stalls)."""
+    from coda.cosim.rtl_backend import RTLBackend
+    from coda.host.nme.compiler import segment_terms
+
+    rng = torch.Generator().manual_seed(5)
+    T, C, K, G = 601, 64, 9, 16
+    entries = [ref.quant_int8(torch.randn(T, C, generator=rng), G, torch.bfloat16)
+               for _ in range(K)]
+    gates = [_bf16(rng, C) for _ in range(K)]
+    x = _bf16(rng, T, C)
+    ideal = RTLBackend(latency=3, req_stall=0.1, rsp_stall=0.1, seed=2) if memory == "ideal" \
+        else None
+    try:
+        drivers = [NMPDriver(ideal or rtl, CFG, dimms=1, ranks=2),
+                   NMPDriver(TorchBackend(), CFG, 1, 2)]
+        outs = []
+        for drv in drivers:
+            for k, (q, s) in enumerate(entries):
+                drv.store_int8(("q", k), q, s, G)
+            outs.append(drv.segment(x, gates, [("q", k) for k in range(K)]))
+    finally:
+        if ideal is not None:
+            ideal.close()
+    m = segment_terms(CFG, "segment_int8")
+    want = x
+    for i in range(0, K, m):
+        part = entries[i:i + m]
+        want = ref.segment(want, torch.stack(gates[i:i + m]), torch.stack([q for q, _ in part]),
+                           torch.stack([s for _, s in part]), G)
+    assert np.array_equal(_bits(outs[0]), _bits(want))
+    assert np.array_equal(_bits(outs[0]), _bits(outs[1]))
+    assert drivers[0].stats["programs"] == 2
+    if memory == "dram":
+        assert rtl.last.status == [0, 0] and not rtl.last.error
