@@ -37,6 +37,7 @@ import torch
 
 from coda.experiments.metrics import motion_px, psnr_db, ssim
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.jsonout import json_text
 from coda.options import add_options, from_args, option
@@ -53,10 +54,13 @@ FORECAST_POLICIES = ("uniform", "pab", "magcache", "coda", "coda-lat")
 
 # ---------------------------------------------------------------- one policy
 def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_scale,
-                    driver_factory, batch: int = 2, forecast=None) -> dict:
+                    driver_factory, batch: int = 2, forecast=None, cache_format: str = "bf16",
+                    cache_group: int | None = None) -> dict:
     """Cached generations of every (label, seed) video under ``policy``, in chunks of
     ``batch`` videos (each chunk one generation with a fresh driver), against ``full``;
-    with ``forecast`` (a :class:`coda.host.cache.forecast.ForecastTable`) in forecast mode.
+    with ``forecast`` (a :class:`coda.host.cache.forecast.ForecastTable`) in forecast mode;
+    cache entries in ``cache_format`` (``"bf16"`` or ``"int8"`` with ``cache_group``
+    channels per scale, :mod:`coda.host.cache.compress`).
 
     Returns a dict: videos [N, 1, F, H, W], per-video PSNR, executions per video (computed,
     reused, fallbacks), and totals over all generations (EventLog.stats)."""
@@ -71,9 +75,10 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
     for i in range(0, len(vid_labels), batch):
         lab, sd = vid_labels[i:i + batch], vid_seeds[i:i + batch]
         mode = {"cache": "forecast", "forecast": forecast} if forecast is not None else {}
-        v, _ = cached_generate(model, lab, driver_factory(len(lab), 2 if mode else 1), policy,
-                               events=log, num_steps=num_steps, guidance_scale=guidance_scale,
-                               seeds=sd, **mode)
+        fmt = {"cache_format": cache_format, "cache_group": cache_group}
+        v, _ = cached_generate(model, lab, driver_factory(len(lab), 2 if mode else 1, **fmt),
+                               policy, events=log, num_steps=num_steps,
+                               guidance_scale=guidance_scale, seeds=sd, **mode, **fmt)
         gen_of.extend((log.generations - 1, j) for j in range(len(lab)))
         videos.append(v)
     videos = torch.cat(videos)
@@ -98,6 +103,7 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
     stats["monitor_nme_cycles"] = sum(m.nme_cycles for m in mons)
     stats["monitor_bytes"] = sum(m.bytes_to_nmp for m in mons)
     stats["kept_bytes"] = sum(e.kept_bytes for e in log.of("op"))
+    stats["stored_bytes"] = sum(e.stored_bytes for e in log.of("op"))
     return {"videos": videos, "per_video": per_video, "stats": stats}
 
 
@@ -142,6 +148,13 @@ class EvalConfig:
     cache: str = option("reuse", "comma-separated cache modes of "
                         + ", ".join(CACHE_MODES) + " (forecast: a row NAME+forecast per static "
                         "policy, its alphas calibrated on the profile's videos)")
+    cache_format: str = option("bf16", "comma-separated cache entry formats of "
+                               + ", ".join(CACHE_FORMATS) + " (int8: a row NAME+int8 per "
+                               "policy, entries quantised per group of --cache-group channels "
+                               "and dequantised on the NMEs)")
+    cache_group: int = option(None, "int8: channels per scale G, a divisor of the hidden size "
+                              "and a multiple of the lanes", type=int,
+                              default_text="the largest such G up to 64")
     profile: str = option(None, "profile.npz of coda profile", type=str,
                           default_text="the shipped one for 50 steps")
     backend: str = option("torch", "where segments and monitors run", choices=("torch", "rtl"))
@@ -209,6 +222,7 @@ class _EvalSetup:
     work), handed to the parts of :func:`main`."""
     policies: list[str]
     modes: list[str]             # --cache: reuse and/or forecast
+    formats: list[str]           # --cache-format: bf16 and/or int8
     skips: list[float]
     prompts: list[int]
     seeds: list[int]
@@ -238,6 +252,10 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     # ---- every check before any work
     policies = parse_list(cfg.policy, "--policy", str, choices=POLICY_NAMES)
     modes = parse_list(cfg.cache, "--cache", str, choices=CACHE_MODES)
+    formats = parse_list(cfg.cache_format, "--cache-format", str, choices=CACHE_FORMATS)
+    if cfg.cache_group is not None and "int8" not in formats:
+        raise ValueError(f"--cache-group {cfg.cache_group}: an int8 option, expected "
+                         f"--cache-format int8 (got {cfg.cache_format})")
     if "forecast" in modes and not set(policies) & set(FORECAST_POLICIES):
         raise ValueError(f"--cache {cfg.cache} --policy {cfg.policy}: forecast serves the "
                          f"static policies ({', '.join(FORECAST_POLICIES)}), none given")
@@ -284,7 +302,12 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
         from coda.experiments.step_search import check_reachable, constant_op_types
         for skip in skips:       # the search's bound, for every skip before any search
             check_reachable(skip, cfg.steps, constant_op_types(profile))
-    return _EvalSetup(policies, modes, skips, prompts, seeds, preset, nme, out, profile,
+    if "int8" in formats:
+        from coda.host.cache.compress import resolve_group
+        tcfg = model.config["transformer"]
+        resolve_group(tcfg["num_attention_heads"] * tcfg["attention_head_dim"], 8,
+                      cfg.cache_group)      # a bad G is refused before any work
+    return _EvalSetup(policies, modes, formats, skips, prompts, seeds, preset, nme, out, profile,
                       Path(profile_path), backend, model, layers)
 
 
@@ -299,16 +322,20 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
     model, prompts, seeds, layers, out = s.model, s.prompts, s.seeds, s.layers, s.out
     rows, per_video = [], {}
     for skip in s.skips:
-        for name in [n for n in s.policies if "reuse" in s.modes] + \
-                [f"{n}+forecast" for n in s.policies if (f"{n}+forecast", skip) in policies_at]:
+        names = [n for n in s.policies if "reuse" in s.modes] + \
+            [f"{n}+forecast" for n in s.policies if (f"{n}+forecast", skip) in policies_at]
+        for base, fmt in [(b, f) for b in names for f in s.formats]:
+            name = base + ("+int8" if fmt == "int8" else "")
             t1 = time.perf_counter()
-            policy, table = policies_at[(name, skip)], None
-            if name.endswith("+forecast"):
+            policy, table = policies_at[(base, skip)], None
+            if base.endswith("+forecast"):
                 policy, table = policy
             res = evaluate_policy(model, policy, prompts, seeds, full, forecast=table,
-                                  driver_factory=driver_factory, batch=cfg.batch, **common)
+                                  driver_factory=driver_factory, batch=cfg.batch,
+                                  cache_format=fmt, cache_group=cfg.cache_group, **common)
             st, n = res["stats"], len(vid_labels)
-            row = {"policy": name, "target_skip": skip,
+            row = {"policy": name, "target_skip": skip, "cache_format": fmt,
+                   "stored_bytes": st["stored_bytes"] / n,
                    "ops_skipped_fraction": st["ops_skipped_fraction"],
                    "psnr_db": psnr_db(res["videos"], full),
                    "mean_psnr_db": float(np.mean([v["psnr_db"] for v in res["per_video"]])),
@@ -438,15 +465,17 @@ def _wins(row: dict, key: str) -> str:
 
 
 def _driver_factory(model, backend, nme: dict):
-    """``f(videos, history=1) -> NMPDriver`` with slots for outputs (``history`` per operator:
-    2 in forecast mode) and kept inputs (DRA, TeaCache, FBCache), 2 ranks of 8 lanes, the NME
+    """``f(videos, history=1, cache_format="bf16", cache_group=None) -> NMPDriver`` with slots
+    for outputs (``history`` per operator: 2 in forecast mode; int8 or 16-bit) and kept inputs (DRA, TeaCache, FBCache), 2 ranks of 8 lanes, the NME
     of ``nme`` (the preset's units)."""
     from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
     from coda.hw.nme.isa import NMEConfig
 
-    def factory(videos: int, history: int = 1):
-        words = cache_mem_words(model, videos, 2, 8, inputs=True, history=history)
+    def factory(videos: int, history: int = 1, cache_format: str = "bf16",
+                cache_group: int | None = None):
+        words = cache_mem_words(model, videos, 2, 8, inputs=True, history=history,
+                                cache_format=cache_format, cache_group=cache_group)
         return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
     return factory
 

@@ -10,7 +10,11 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    ``coda+dra`` adds step-level DRA, its thresholds from the schedule file's ``"dra"`` block
    or calibrated on the profile's videos; ``uniform`` with ``--interval``/``--warmup``;
    ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica`` calibrated to ``--skip`` on
-   the shipped profile or ``--profile``), with the cache segments ``y = x + sum_k g_k * c_k``
+   the shipped profile or ``--profile``; with ``--cache forecast`` a static policy's reused
+   operators contribute ``(1 + alpha) c_k - alpha c_k'`` from their last two computed
+   outputs, the alphas from the schedule file's ``"forecast"`` block or calibrated on the
+   profile's videos, :mod:`coda.host.cache.forecast`), with the cache segments
+   ``y = x + sum_k g_k * c_k``
    run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
    with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
    whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
@@ -57,6 +61,7 @@ import torch
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.jsonout import json_text
+from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.options import add_options, option
 
@@ -90,6 +95,13 @@ class RunConfig:
                         "output, or a forecast from its last two (static policies: uniform, "
                         "pab, coda; the alphas from the schedule file's \"forecast\" block, "
                         "else calibrated now on --profile's videos)", choices=CACHE_MODES)
+    cache_format: str = option("bf16", "how computed outputs are kept in rank memory: the "
+                               "NME's 16-bit format, or int8 with one scale per "
+                               "--cache-group channels (quantised on the host, dequantised "
+                               "on the NMEs in the segment)", choices=CACHE_FORMATS)
+    cache_group: int = option(None, "--cache-format int8: channels per scale G, a divisor of "
+                              "the hidden size and a multiple of --lanes", type=int,
+                              metavar="G", default_text="the largest such G up to 64")
     profile: str = option(None, "profile.npz for teacache, magcache, fbcache, lemica, DRA "
                           "and --cache forecast (its calibration videos)", type=str,
                           metavar="FILE",
@@ -121,13 +133,17 @@ def configure(parser) -> None:
     add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
 
 
-def _driver(backend, args, model, videos: int, inputs: bool):
+def _driver(backend, args, model, videos: int, inputs: bool, calibration: bool = False):
+    """An NMP driver sized for ``videos`` videos of this run (``calibration``: for the 16-bit
+    entries of a calibration run, whatever --cache-format says)."""
     from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
     from coda.hw.nme.isa import NMEConfig
 
     mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs,
-                                history=2 if args.cache == "forecast" else 1)
+                                history=2 if args.cache == "forecast" else 1,
+                                cache_format="bf16" if calibration else args.cache_format,
+                                cache_group=None if calibration else args.cache_group)
     cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
                     mul_latency=args.mul_latency, add_latency=args.add_latency,
                     operand_latency=args.operand_latency)
@@ -150,10 +166,13 @@ class _Setup:
     modelled_dram: str           # the DRAM of the modelled systems: --dram, else DDR5-4800
     forecast: Any = None         # --cache forecast: the alphas (ForecastTable)
     forecast_source: str | None = None
+    cache_format: str = "bf16"   # --cache-format
+    cache_group: int | None = None   # --cache-format int8: G (resolved for the model)
 
     def cache_kwargs(self) -> dict:
-        """cached_generate's cache mode and alphas for this run."""
-        return {"cache": "forecast" if self.forecast is not None else "reuse",
+        """cached_generate's cache mode, alphas and entry format for this run."""
+        return {"cache_format": self.cache_format, "cache_group": self.cache_group,
+                "cache": "forecast" if self.forecast is not None else "reuse",
                 "forecast": self.forecast}
 
     @property
@@ -245,6 +264,7 @@ def _setup(args) -> _Setup:
     preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model()
+    group = _cache_group(args, model)
     policy_name, policy = _policy(args, model)
     forecast, source = _forecast(args, model, policy_name, policy)
     # bad --backend/--dram combinations and presets fail here
@@ -252,7 +272,22 @@ def _setup(args) -> _Setup:
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
                   backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
-                  forecast_source=source)
+                  forecast_source=source, cache_format=args.cache_format, cache_group=group)
+
+
+def _cache_group(args, model) -> int | None:
+    """--cache-format int8: G (--cache-group, or the default for the model's hidden size and
+    --lanes), checked; None for bf16. Raises ValueError naming G and C."""
+    from coda.host.cache.compress import resolve_group
+
+    if args.cache_format != "int8":
+        if args.cache_group is not None:
+            raise ValueError(f"--cache-group {args.cache_group}: an int8 option, expected "
+                             "--cache-format int8")
+        return None
+    tcfg = model.config["transformer"]
+    return resolve_group(tcfg["num_attention_heads"] * tcfg["attention_head_dim"], args.lanes,
+                         args.cache_group)
 
 
 def _sampling(args) -> dict:
@@ -396,6 +431,7 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
         "policy": run.policy_name,
         "policy_params": run.policy.describe(),
         "cache": args.cache,
+        "cache_format": run.cache_format, "cache_group": run.cache_group,
         "forecast": None if run.forecast is None else {"source": run.forecast_source,
                                                        **run.forecast.describe()},
         "bit_exact_rtl_vs_torch": bit_exact,
@@ -585,7 +621,7 @@ def _dra_thresholds(args, model, sched, profile, path):
     return calibrate_step_dra(
         model, sched, profile.meta["prompts"], profile.meta["seeds"], num_steps=args.steps,
         guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True))
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True))
 
 
 def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
@@ -618,7 +654,7 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     table = calibrate_forecast(
         model, {name: sched}, profile.meta["prompts"], profile.meta["seeds"],
         num_steps=args.steps, guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, False))[name]
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, False, True))[name]
     return table, f"calibrated on {path}'s {len(table.videos)} videos"
 
 

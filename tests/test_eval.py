@@ -144,3 +144,30 @@ def test_coda_eval_at_the_largest_skip(tmp_path, profile_3):
                  "--out", str(out)]) == 0
     rows = json.loads((out / "pareto.json").read_text())
     assert rows[0]["ops_skipped_fraction"] == pytest.approx(1 / 3)
+
+
+def test_coda_eval_int8_rows(tmp_path):
+    """--cache-format bf16,int8: a row NAME and NAME+int8 per policy; the int8 row stores
+    0.5 + 1/48 of the bf16 row's bytes (G = 48 on the shipped model's 96 channels)."""
+    out = tmp_path / "e"
+    assert main(["eval", "--policy", "uniform", "--cache-format", "bf16,int8", "--skip", "0.5",
+                 "--steps", "6", "--prompts", "3", "--seeds", "0", "--batch", "1",
+                 "--out", str(out)]) == 0
+    rows = {r["policy"]: r for r in json.loads((out / "pareto.json").read_text())}
+    assert set(rows) == {"uniform", "uniform+int8"}
+    assert rows["uniform"]["cache_format"] == "bf16" and rows["uniform+int8"]["cache_format"] == "int8"
+    ratio = rows["uniform+int8"]["stored_bytes"] / rows["uniform"]["stored_bytes"]
+    assert ratio == pytest.approx((1536 + 64) / 3072)
+    assert rows["uniform+int8"]["ops_skipped_fraction"] == rows["uniform"]["ops_skipped_fraction"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cache-format", "int8", "--cache-group", "64"], "cache_group G=64 for C=96 channels"),
+    (["--cache-group", "48"], "--cache-group 48: an int8 option"),
+    (["--cache-format", "fp8"], "--cache-format"),
+])
+def test_coda_eval_refuses_a_bad_cache_format(tmp_path, capsys, argv, message):
+    out = tmp_path / "e"
+    assert main(["eval", "--policy", "uniform", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err and not out.exists(), err

@@ -495,3 +495,44 @@ def test_coda_run_forecast_refuses_a_dynamic_policy(tmp_path, capsys):
                  "--cache", "forecast"]) == 2
     assert ("--cache forecast with --policy teacache: expected a static policy"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("dram", [None, "DDR5-4800"])
+def test_coda_run_int8_on_the_rtl_is_bit_identical_to_torch(tmp_path, schedule_6,
+                                                             monkeypatch, dram):
+    """--cache-format int8: outputs quantised on the host (G = 48, the default for the
+    shipped model's 96 channels), segments dequantising them on the Verilated NMEs (ideal
+    memory, and DRAM-timed), a program per 7 int8 terms, give the torch backend's bits; the
+    stored bytes are 0.5 + 1/48 of the 16-bit entries' (to whole words per rank tile)."""
+    import torch
+
+    from coda.host.nme.compiler import segment_terms
+    from coda.hw.nme.isa import NMEConfig
+
+    got = _capture(monkeypatch)
+    rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--policy", "coda",
+               "--schedule", str(schedule_6 / "s.json"), "--prompts", "5", "--threads", "1",
+               "--cache-format", "int8"] + (["--dram", dram] if dram else []))
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    (cached, events), (reference, _) = got["cached"][-2:]
+    assert report["bit_exact_rtl_vs_torch"] is torch.equal(cached.view(torch.int32),
+                                                           reference.view(torch.int32)) is True
+    assert report["cache_format"] == "int8" and report["cache_group"] == 48
+    segs, ops = events.of("segment"), events.of("op")
+    k = segment_terms(NMEConfig(), "segment_int8")
+    assert segs and sum(s.programs for s in segs) == sum(-(-s.terms // k) for s in segs)
+    stored = [e for e in ops if e.stored_bytes]
+    per_rank = 96 * 512 // 2                 # elements of a rank's tile of one slot
+    int8_words = per_rank // 16 + -(-per_rank // 48 // 8)
+    assert stored and all(e.stored_bytes == 2 * int8_words * 16 for e in stored)
+    assert 0.50 <= int8_words / (per_rank // 8) <= 0.53
+
+
+def test_coda_run_int8_refuses_a_group_that_does_not_divide_the_channels(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path), "--policy", "uniform", "--cache-format",
+                 "int8", "--cache-group", "64"]) == 2
+    assert "cache_group G=64 for C=96 channels" in capsys.readouterr().err
+    assert main(["run", "--out", str(tmp_path), "--policy", "uniform",
+                 "--cache-group", "48"]) == 2
+    assert "--cache-group 48: an int8 option" in capsys.readouterr().err
