@@ -48,8 +48,10 @@ from coda.host.nmp.placement import (DEFAULT_STANDARD, SCRATCH_XOR, SLOT_COLOUR,
                                      BankColouredAllocator)
 from coda.host.nmp.tiling import (PLACEMENT, REPLICATE, split_operand, tile, tile_bounds,
                                   tile_shapes)
-from coda.host.nme.bits import (from_bits, int8_words_for, pack_int8_words, pack_words,
-                                to_bits, torch_dtype, unpack_int8_words, unpack_words)
+from coda.host.nme.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
+                                unpack_words)
+from coda.host.nmp.slots import (Slot, check_qgroup, int8_tile_words, load_int8,
+                                 segment_format, term_operands)
 
 __all__ = ["NMPDriver", "NMPCapacityError", "fit_mem_words"]
 
@@ -73,21 +75,6 @@ def fit_mem_words(backend: Backend, cfg: NMEConfig, op: str, shapes: dict[str, t
             return words
         words *= 2
     return int(max_words)
-
-
-@dataclass
-class _Slot:
-    shape: tuple[int, int]
-    dtype: torch.dtype
-    rows: list[tuple[int, int]]    # token range of each rank's tile
-    addrs: list[int | None]        # word address of each rank's tile (None: empty tile)
-    words: list[int]               # words of each rank's tile (int8: q and scales together)
-    qgroup: int | None = None      # int8 entry: channels per scale G (None: 16-bit entry)
-    scale_addrs: list[int | None] | None = None   # int8 entry: each rank's scales
-
-    @property
-    def fmt(self) -> str:
-        return "bf16" if self.qgroup is None else "int8"
 
 
 class NMPDriver:
@@ -117,7 +104,7 @@ class NMPDriver:
         self.dram = dram if dram is not None else getattr(backend, "std", DEFAULT_STANDARD)
         self._allocs = self._new_allocators()
         self._group_colours: dict = {}
-        self._slots: dict[Hashable, _Slot] = {}
+        self._slots: dict[Hashable, Slot] = {}
         self._inflight: Launch | None = None
         self._open: dict[int, Callable[[], None]] = {}   # launched ops' unreleased scratch
         self.stats: dict = {}
@@ -227,7 +214,7 @@ class NMPDriver:
             if x_of is not None:
                 colour ^= SCRATCH_XOR[0]
             addrs = self._alloc(words, f"slot {key!r} {list(shape)}", colour)
-            self._slots[key] = _Slot(shape, tensor.dtype, rows, addrs, words)
+            self._slots[key] = Slot(shape, tensor.dtype, rows, addrs, words)
         slot = self._slots[key]
         bits = to_bits(tensor)
         for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs)):
@@ -250,7 +237,7 @@ class NMPDriver:
             raise ValueError(f"slot {key!r}: q is {getattr(q, 'dtype', type(q).__name__)} "
                              f"{list(getattr(q, 'shape', []))}, expected torch.int8 [T, C]")
         shape = tuple(q.shape)
-        qgroup = self.check_qgroup(qgroup, shape[1])
+        qgroup = check_qgroup(qgroup, shape[1], self.cfg.lanes)
         scale = self._check_cache_tensor(f"slot {key!r} scale", scale)
         if tuple(scale.shape) != (shape[0], shape[1] // qgroup):
             raise ValueError(f"slot {key!r}: scale has shape {list(scale.shape)}, expected "
@@ -261,14 +248,12 @@ class NMPDriver:
             if old is not None:
                 self.free(key)
             rows = tile_bounds(shape[0], self.n_ranks)
-            qwords = [int8_words_for((r1 - r0) * shape[1], lanes) for r0, r1 in rows]
-            swords = [compiler.words_for((r1 - r0) * shape[1] // qgroup, lanes)
-                      for r0, r1 in rows]
-            words = [a + b if a else 0 for a, b in zip(qwords, swords)]
+            qwords, words = zip(*(int8_tile_words(r1 - r0, shape[1], qgroup, lanes)
+                                  for r0, r1 in rows))
             colour = self._group_colours.setdefault(group,
                                                     SLOT_COLOUR + len(self._group_colours))
             addrs = self._alloc(words, f"int8 slot {key!r} {list(shape)} G={qgroup}", colour)
-            self._slots[key] = _Slot(shape, self.dtype, rows, addrs, words, qgroup,
+            self._slots[key] = Slot(shape, self.dtype, rows, addrs, list(words), qgroup,
                                      [None if a is None else a + w
                                       for a, w in zip(addrs, qwords)])
         slot = self._slots[key]
@@ -277,17 +262,6 @@ class NMPDriver:
             if addr is not None:
                 self._write(rank, addr, pack_int8_words(q[r0:r1], lanes))
                 self._write(rank, slot.scale_addrs[rank], pack_words(sbits[r0:r1], lanes))
-
-    def check_qgroup(self, qgroup: int, channels: int) -> int:
-        """``qgroup`` (G, channels per int8 scale) if it divides ``channels`` (C) and is a
-        multiple of the NME's lanes (a GROUP stream's scale must cover whole words); else
-        ValueError naming G and C."""
-        qgroup = int(qgroup)
-        if qgroup < 1 or channels % qgroup or qgroup % self.cfg.lanes:
-            raise ValueError(f"int8 cache group G={qgroup} for C={channels} channels: expected "
-                             f"a divisor of C={channels} that is a multiple of the NME's "
-                             f"{self.cfg.lanes} lanes")
-        return qgroup
 
     def load(self, key: Hashable) -> torch.Tensor:
         """Read cache slot ``key`` back: [T, C] in the cache dtype, bit-exact (an int8 entry
@@ -303,19 +277,11 @@ class NMPDriver:
         flat = np.concatenate(tiles) if tiles else np.zeros(0, np.uint16)
         return from_bits(flat.reshape(slot.shape), self.cfg.fmt)
 
-    def _load_int8(self, slot: _Slot) -> torch.Tensor:
-        c, g, lanes = slot.shape[1], slot.qgroup, self.cfg.lanes
-        parts = []
-        for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs)):
-            if addr is None:
-                continue
-            n = (r1 - r0) * c
-            q = unpack_int8_words(self._read(rank, addr, int8_words_for(n, lanes)), n)
-            s = unpack_words(self._read(rank, slot.scale_addrs[rank],
-                                        compiler.words_for(n // g, lanes)), n // g)
-            parts.append(ref.dequant_int8(torch.from_numpy(q.reshape(r1 - r0, c)),
-                                          from_bits(s.reshape(r1 - r0, c // g), self.cfg.fmt), g))
-        return torch.cat(parts) if parts else torch.empty(slot.shape, dtype=self.dtype)
+    def _load_int8(self, slot: Slot) -> torch.Tensor:
+        tiles = [(r1 - r0, self._read(rank, addr, slot.words[rank]))
+                 for rank, ((r0, r1), addr) in enumerate(zip(slot.rows, slot.addrs))
+                 if addr is not None]
+        return load_int8(slot, tiles, self.cfg)
 
     def free(self, key: Hashable) -> None:
         """Release cache slot ``key`` (after the launch in flight, which may read it).
@@ -338,7 +304,7 @@ class NMPDriver:
         if sb is not None:
             self._slots[a] = sb
 
-    def _slot(self, key) -> _Slot:
+    def _slot(self, key) -> Slot:
         try:
             return self._slots[key]
         except KeyError:
@@ -382,40 +348,21 @@ class NMPDriver:
                 raise ValueError(f"segment: slot {key!r} has shape {list(slot.shape)}, "
                                  f"expected {list(x.shape)} (the shape of x)")
         g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
-        op, qgroup = self._segment_format(keys, slots)
+        op, qgroup = segment_format(keys, slots)
         m = compiler.segment_terms(self.cfg, op)
-        parts = [self._start(op, {"x": x, "g": g[:m]}, qgroup, cached=self._terms(slots[:m]),
+        parts = [self._start(op, {"x": x, "g": g[:m]}, qgroup, cached=term_operands(slots[:m]),
                              resident=None if x_slot is None else {"x": x_slot.addrs})]
         shape_only = torch.empty(x.shape, dtype=x.dtype, device="meta")
         try:
             for i in range(m, len(keys), m):
                 parts.append(self._start(op, {"x": shape_only, "g": g[i:i + m]}, qgroup,
-                                         cached=self._terms(slots[i:i + m]),
+                                         cached=term_operands(slots[i:i + m]),
                                          resident={"x": parts[-1].y_addrs}))
         except BaseException:
             for part in parts:       # nothing left in flight or allocated
                 part.finish_in_place()
             raise
         return parts[0] if len(parts) == 1 else ChainedSegment(parts)
-
-    @staticmethod
-    def _segment_format(keys: list, slots: list[_Slot]) -> tuple[str, int | None]:
-        """The segment operator of these slots: ``segment`` on 16-bit entries, ``segment_int8``
-        (and its G) on int8 entries; ValueError for a mix."""
-        kinds = {(s.fmt, s.qgroup) for s in slots}
-        if len(kinds) > 1:
-            raise ValueError(f"segment: slots {keys!r} mix cache formats "
-                             f"{sorted(f'{f} G={g}' if g else f for f, g in kinds)}, "
-                             "expected one format (and one G) per segment")
-        fmt, qgroup = kinds.pop()
-        return ("segment", None) if fmt == "bf16" else ("segment_int8", qgroup)
-
-    @staticmethod
-    def _terms(slots: list[_Slot]) -> dict[str, list[list[int | None]]]:
-        """The cached operands of a segment program on ``slots``: their per-rank addresses."""
-        if slots[0].qgroup is None:
-            return {"c": [s.addrs for s in slots]}
-        return {"q": [s.addrs for s in slots], "scale": [s.scale_addrs for s in slots]}
 
     def segment(self, x: torch.Tensor, gates: list[torch.Tensor], keys: list) -> torch.Tensor:
         """:meth:`segment_submit` and wait: y [T, C] in the cache dtype (same arguments and
