@@ -33,10 +33,13 @@ def pytest_configure(config):
 #: files fill in around them; a long file handed out late is the run's tail while the other
 #: worker sits idle. The order follows ``pytest -n 2 --dist loadfile --durations=0`` summed
 #: per file on a fresh ``build/`` (2026-12-03: test_dram 636 s of its 20 DRAM-model builds,
-#: test_run 263, test_nme_sim 241, test_cosim_nme 224, ... test_synth 42). Only the order
-#: changes, never what runs.
-RUN_FIRST = ("test_dram.py", "test_run.py", "test_nme_sim.py", "test_cosim_nme.py",
-             "test_nmp_clock.py", "test_waves.py", "test_interp.py", "test_fp.py",
+#: test_run 263, test_nme_sim 241, test_cosim_nme 224, ... test_synth 42; test_dram.py is now
+#: test_dram_controller.py + test_dram_replay.py, test_nme_sim.py test_nme_sim_timing.py +
+#: test_nme_sim_programs.py, test_interp.py's Verilator builds test_interp_cycles.py's). Only
+#: the order changes, never what runs.
+RUN_FIRST = ("test_dram_controller.py", "test_run.py", "test_dram_replay.py",
+             "test_nme_sim_timing.py", "test_cosim_nme.py", "test_nme_sim_programs.py",
+             "test_nmp_clock.py", "test_waves.py", "test_interp_cycles.py", "test_fp.py",
              "test_cosim_nmp.py", "test_system.py", "test_profile.py", "test_sweep.py",
              "test_synth.py")
 

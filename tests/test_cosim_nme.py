@@ -25,6 +25,10 @@ from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, Status, UOp
 
 BASE = NMEConfig(lanes=8, depth=16, mem_words=4096)
 _BUILDS: dict = {}
+#: pytest's assertion rewriting for every file of the testbench (cocotb_nme.py gathers the
+#: tests of cocotb_nme_datapath.py and cocotb_nme_control.py; run_cocotb rewrites only the
+#: module it loads)
+REWRITE_ASSERTIONS = {"COCOTB_REWRITE_ASSERTION_FILES": "cocotb_nme*.py"}
 
 
 def _build(cfg: NMEConfig, measure_toggles: bool = False, waves: bool = False):
@@ -47,7 +51,7 @@ def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1,
     report.unlink(missing_ok=True)
     env = {"CODA_COSIM_CFG": json.dumps(asdict(cfg)), "CODA_COSIM_LANES": str(cfg.lanes),
            "CODA_COSIM_MEM_WORDS": str(cfg.mem_words), "CODA_COSIM_SCALE": str(scale),
-           "CODA_COSIM_REPORT": str(report)}
+           "CODA_COSIM_REPORT": str(report), **REWRITE_ASSERTIONS}
     if coverage is not None:          # functional coverage sampled and written there
         coverage.unlink(missing_ok=True)
         env["CODA_COVERAGE"] = str(coverage)
@@ -60,19 +64,24 @@ def _run(cfg: NMEConfig, tag: str, testcase: str | None = None, scale: int = 1,
 
 
 def _cocotb_tests_defined() -> list[str]:
-    """The names of the ``@cocotb.test`` functions of tests/cocotb_nme.py, read from its
-    source (it imports only inside the simulator)."""
+    """The names of the ``@cocotb.test`` functions of the NME's testbench (tests/cocotb_nme*.py:
+    cocotb_nme.py, the module cocotb loads, gathers those of cocotb_nme_datapath.py and
+    cocotb_nme_control.py), read from their source (they import only inside the simulator).
+    One defined but not gathered does not run: the regression's outcomes then miss it."""
     import ast
     from pathlib import Path
-
-    tree = ast.parse((Path(__file__).parent / "cocotb_nme.py").read_text())
 
     def is_cocotb_test(dec) -> bool:
         dec = dec.func if isinstance(dec, ast.Call) else dec
         return (isinstance(dec, ast.Attribute) and dec.attr == "test"
                 and isinstance(dec.value, ast.Name) and dec.value.id == "cocotb")
-    return [f.name for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and any(is_cocotb_test(d) for d in f.decorator_list)]
+    names = []
+    for path in sorted(Path(__file__).parent.glob("cocotb_nme*.py")):
+        tree = ast.parse(path.read_text())
+        names += [f.name for f in tree.body
+                  if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and any(is_cocotb_test(d) for d in f.decorator_list)]
+    return names
 
 
 def _cocotb_outcomes(results) -> dict[str, str]:

@@ -65,29 +65,16 @@ def _gif_panels(path, scale: int = 4, gap: int = 2) -> list[list]:
     return frames
 
 
-def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatch):
-    """An annealed schedule with DRA's monitors (l1_distance on the NME) and fallbacks: the
-    decisions depend on NME results, so equal bits also mean equal decisions. Every figure of
-    the report is derived again here from what the run computed (its videos, its operator
-    events, its driver) and from the schedule."""
-    import math
-
-    import numpy as np
-    import torch
-    from torchmetrics.functional.image import (peak_signal_noise_ratio,
-                                                structural_similarity_index_measure)
-
+def _dra_schedule_that_always_falls_back(schedule_6, steps: int):
+    """A copy of the annealed schedule with DRA's thresholds in the file: 0 at every probed
+    step, so every probe falls back."""
     from coda.experiments.dra_calibration import save_step_dra
-    from coda.host.model.classifier import digit_classifier
-    from coda.host.model.dit import load_model
-    from coda.host.nme.ops import MAX_SEGMENT_TERMS
-    from coda.host.cache.policies.dra import StepThresholds
     from coda.experiments.profile import model_hash
-    from coda.host.cache.schedule import BRANCHES, segment_runs
+    from coda.host.cache.policies.dra import StepThresholds
+    from coda.host.cache.schedule import BRANCHES
     from coda.host.cache.shipped import load_schedule
+    from coda.host.model.dit import load_model
 
-    prompts, steps = [3, 8], 6
-    # DRA's thresholds in the schedule file: 0 at every probed step, so every probe falls back
     model, _ = load_model()
     sched = load_schedule(schedule_6 / "s.json")
     first = sched.order()[0]
@@ -97,6 +84,169 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     dra_file.write_text((schedule_6 / "s.json").read_text())
     save_step_dra(dra_file, sched, StepThresholds(
         {s: 0.0 for s in probed}, steps, model_hash(model), sched.digest(), 1.0, 1.0))
+    return dra_file
+
+
+def _every_op(sched, prompts, steps: int) -> list[tuple]:
+    """(step, branch, sample, layer, op) of every operator of the generation."""
+    from coda.host.cache.schedule import BRANCHES
+
+    return [(s, b, i, layer, op) for s in range(steps) for b in BRANCHES
+            for i in range(len(prompts)) for layer, op in sched.order()]
+
+
+def _check_quality(report, full, cached, prompts) -> None:
+    """PSNR, SSIM of the cached videos against the full-compute ones (pixels in [-1, 1]),
+    and the classifier's label accuracy on every frame of both."""
+    import math
+
+    import numpy as np
+    from torchmetrics.functional.image import (peak_signal_noise_ratio,
+                                                structural_similarity_index_measure)
+
+    from coda.host.model.classifier import digit_classifier
+
+    frames = lambda v: v.double().reshape(-1, 1, *v.shape[-2:])  # noqa: E731
+    assert report["psnr_db"] == float(peak_signal_noise_ratio(frames(cached), frames(full),
+                                                              data_range=2.0))
+    mse = float(((cached.double() - full.double()) ** 2).mean())
+    assert report["psnr_db"] == pytest.approx(10 * math.log10(2.0 ** 2 / mse), rel=1e-6)
+    assert report["ssim"] == float(structural_similarity_index_measure(
+        frames(cached), frames(full), data_range=2.0))
+    assert 0 < report["ssim"] < 1
+    # prompt adherence: the classifier's hits on every frame of the produced videos
+    clf = digit_classifier()
+    for key, videos in (("label_accuracy_full", full), ("label_accuracy_cached", cached)):
+        hits = clf.predict_frames(videos) == np.array(prompts)[:, None]
+        assert report[key] == float(hits.mean()), key
+
+
+def _check_operator_events(report, events, sched, prompts, steps: int) -> None:
+    """One event per step x branch x sample x operator; DRA reuses what the schedule reuses
+    unless a monitor made it recompute (fallback); the fallbacks and the fraction of
+    operators skipped reported from them."""
+    from coda.host.cache.schedule import BRANCHES
+
+    ops = events.of("op")
+    every = _every_op(sched, prompts, steps)
+    assert sorted((e.step, e.branch, e.sample, e.layer, e.op) for e in ops) == sorted(every)
+    for e in ops:
+        assert (e.reused or e.reason == "fallback") == (e.ref in sched.reused(e.step, e.branch))
+    fallbacks = sum(e.reason == "fallback" for e in ops)
+    planned = len(prompts) * sum(len(sched.reused(s, b)) for s in range(steps) for b in BRANCHES)
+    assert report["dra_fallbacks"] == fallbacks > 0
+    assert report["ops_skipped_fraction"] == (planned - fallbacks) / len(every)
+
+
+def _check_segments(report, events, sched, model, prompts, steps: int) -> None:
+    """Segments: the maximal runs of what was reused, per step, branch and sample."""
+    from coda.host.cache.schedule import segment_runs
+
+    ops, segs = events.of("op"), events.of("segment")
+    every = _every_op(sched, prompts, steps)
+    frames_n = model.config["data"]["frames"]
+    runs = sorted((s, b, i, tuple(run)) for s, b, i in {k[:3] for k in every}
+                  for run in segment_runs({e.ref for e in ops if e.reused
+                                           and (e.step, e.branch, e.sample) == (s, b, i)},
+                                          sched.num_layers, frames_n))
+    assert report["segments"] == len(runs) > 0
+    assert sorted((g.step, g.branch, g.sample, g.ops) for g in segs) == runs
+    for g in segs:
+        assert sorted(e.ref for e in ops if e.segment == g.segment) == sorted(g.ops)
+
+
+def _check_dra_probes(report, events, sched, prompts, steps: int) -> None:
+    """Step DRA's probes: the first operator, at every step and branch the schedule reuses it
+    (every sample); with the file's thresholds of 0 each one falls back: every operator of
+    that step the schedule reuses is computed (reason "fallback"), and nothing else is."""
+    from coda.host.cache.schedule import BRANCHES
+
+    ops, mons = events.of("op"), events.of("monitor")
+    first = sched.order()[0]
+    assert sorted((m.step, m.branch, m.sample) for m in mons) == sorted(
+        (s, b, i) for s, b in {(s, b) for s in range(steps) for b in BRANCHES
+                               if first in sched.reused(s, b)} for i in range(len(prompts)))
+    assert all((m.layer, m.op) == first for m in mons)
+    probed = {(m.step, m.branch, m.sample) for m in mons}
+    for e in ops:
+        assert (e.reason == "fallback") == ((e.step, e.branch, e.sample) in probed
+                                            and e.ref in sched.reused(e.step, e.branch)), e
+    assert report["monitors"] == len(mons) > 0
+
+
+def _check_nme_work(report, events, driver) -> None:
+    """NME work: a program per 8 terms of a segment, one per monitor; the cycles the driver
+    counted are the events' cycles."""
+    from coda.host.nme.ops import MAX_SEGMENT_TERMS
+
+    segs, mons = events.of("segment"), events.of("monitor")
+    assert report["nme_programs"] == (sum(-(-len(g.ops) // MAX_SEGMENT_TERMS) for g in segs)
+                                      + len(mons)) == driver.stats["programs"]
+    assert report["nme_cycles"] == sum(g.nme_cycles for g in segs + mons) > 0
+
+
+def _check_host_link_bytes(report, events, driver) -> None:
+    """Host-link bytes: every [T, C] tensor of 16-bit elements that crossed it (stored
+    outputs, kept inputs, each sum segment's z up, the slot of zeros a sample's segments in a
+    CFG branch read as x, written once per generation, monitor inputs), the K gate vectors of
+    each segment to every rank, and the command words the driver sent."""
+    ops, segs, mons = events.of("op"), events.of("segment"), events.of("monitor")
+    (t, c), = {(e.tokens, e.channels) for e in ops}
+    stores, kept = sum(e.stored_bytes > 0 for e in ops), sum(e.kept_bytes > 0 for e in ops)
+    assert all(e.stored_bytes in (0, 2 * t * c) and e.kept_bytes in (0, 2 * t * c) for e in ops)
+    zero_slots = len({(g.generation, g.branch, g.sample) for g in segs})
+    tensors = stores + kept + len(segs) + zero_slots + len(mons)
+    gates = sum(len(g.ops) for g in segs) * driver.n_ranks
+    assert report["pcie_bytes"] == (2 * t * c * tensors + 2 * c * gates
+                                    + driver.stats["cmd_bytes"])
+    assert report["pcie_bytes"] == (driver.stats["bytes_written"] + driver.stats["bytes_read"]
+                                    + driver.stats["cmd_bytes"])
+
+
+def _check_interleave(report, driver) -> None:
+    """Segments ran on the simulators while the host computed the other CFG branch."""
+    assert report["interleave"]["async_launches"] == driver.stats["programs"]
+    assert report["interleave"]["overlap_s"] > 0
+
+
+def _check_modelled_platform(report) -> None:
+    """The generation replayed on the default platform; every segment's modelled NME time is
+    the cycles the cosimulation measured (ideal memory: the cycle model is exact)."""
+    modelled = report["modelled"]
+    assert modelled["available"] is True and set(modelled["systems"]) == set("abcdef")
+    assert modelled["nme_check"]["max_rel_error"] == 0.0
+    assert modelled["nme_check"]["segments"] == report["segments"]
+    assert all(row["latency_s"] > 0 for row in modelled["systems"].values() if row["fits"])
+
+
+def _check_gifs(report, out, full, cached) -> None:
+    """The GIFs: per frame, the full-compute | cached pixels of the videos the run computed."""
+    import numpy as np
+    import torch
+
+    assert [p.split("/")[-1] for p in report["gifs"]] == ["3_0.gif", "8_1.gif"]
+    pixels = lambda v: ((v.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()  # noqa: E731
+    for i, name in enumerate(("3_0.gif", "8_1.gif")):
+        panels = _gif_panels(out / name)
+        assert len(panels) == full.shape[2]
+        for k, (left, right) in enumerate(panels):
+            assert np.array_equal(left, pixels(full[i, 0, k]))
+            assert np.array_equal(right, pixels(cached[i, 0, k]))
+
+
+def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatch):
+    """An annealed schedule with DRA's monitors (l1_distance on the NME) and fallbacks: the
+    decisions depend on NME results, so equal bits also mean equal decisions. Every figure of
+    the report is derived again here from what the run computed (its videos, its operator
+    events, its driver) and from the schedule."""
+    import torch
+
+    from coda.experiments.profile import model_hash
+    from coda.host.cache.shipped import load_schedule
+    from coda.host.model.dit import load_model
+
+    prompts, steps = [3, 8], 6
+    dra_file = _dra_schedule_that_always_falls_back(schedule_6, steps)
     got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", str(steps), "--policy", "coda+dra",
                "--schedule", str(dra_file),
@@ -112,98 +262,19 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     bit_exact = torch.equal(reference.view(torch.int32), cached.view(torch.int32))
     assert report["bit_exact_rtl_vs_torch"] is bit_exact is True
 
-    # quality of the cached videos against the full-compute ones (pixels in [-1, 1])
-    frames = lambda v: v.double().reshape(-1, 1, *v.shape[-2:])  # noqa: E731
-    assert report["psnr_db"] == float(peak_signal_noise_ratio(frames(cached), frames(full),
-                                                              data_range=2.0))
-    mse = float(((cached.double() - full.double()) ** 2).mean())
-    assert report["psnr_db"] == pytest.approx(10 * math.log10(2.0 ** 2 / mse), rel=1e-6)
-    assert report["ssim"] == float(structural_similarity_index_measure(
-        frames(cached), frames(full), data_range=2.0))
-    assert 0 < report["ssim"] < 1
-    # prompt adherence: the classifier's hits on every frame of the produced videos
-    clf = digit_classifier()
-    for key, videos in (("label_accuracy_full", full), ("label_accuracy_cached", cached)):
-        hits = clf.predict_frames(videos) == np.array(prompts)[:, None]
-        assert report[key] == float(hits.mean()), key
-
-    # the operator events against the schedule: one per step x branch x sample x operator;
-    # DRA reuses what the schedule reuses unless a monitor made it recompute (fallback)
+    _check_quality(report, full, cached, prompts)
     model, _ = load_model()
     sched = load_schedule(schedule_6 / "s.json", model_id=model_hash(model), num_steps=steps,
                           num_layers=len(model.transformer.transformer_blocks))
-    ops, segs, mons = events.of("op"), events.of("segment"), events.of("monitor")
-    every = [(s, b, i, layer, op) for s in range(steps) for b in BRANCHES
-             for i in range(len(prompts)) for layer, op in sched.order()]
-    assert sorted((e.step, e.branch, e.sample, e.layer, e.op) for e in ops) == sorted(every)
-    for e in ops:
-        assert (e.reused or e.reason == "fallback") == (e.ref in sched.reused(e.step, e.branch))
-    fallbacks = sum(e.reason == "fallback" for e in ops)
-    planned = len(prompts) * sum(len(sched.reused(s, b)) for s in range(steps) for b in BRANCHES)
-    assert report["dra_fallbacks"] == fallbacks > 0
-    assert report["ops_skipped_fraction"] == (planned - fallbacks) / len(every)
-    # segments: the maximal runs of what was reused, per step, branch and sample
-    frames_n = model.config["data"]["frames"]
-    runs = sorted((s, b, i, tuple(run)) for s, b, i in {k[:3] for k in every}
-                  for run in segment_runs({e.ref for e in ops if e.reused
-                                           and (e.step, e.branch, e.sample) == (s, b, i)},
-                                          sched.num_layers, frames_n))
-    assert report["segments"] == len(runs) > 0
-    assert sorted((g.step, g.branch, g.sample, g.ops) for g in segs) == runs
-    for g in segs:
-        assert sorted(e.ref for e in ops if e.segment == g.segment) == sorted(g.ops)
-    # step DRA's probes: the first operator, at every step and branch the schedule reuses it
-    # (every sample); with the file's thresholds of 0 each one falls back: every operator of
-    # that step the schedule reuses is computed (reason "fallback"), and nothing else is
-    first = sched.order()[0]
-    assert sorted((m.step, m.branch, m.sample) for m in mons) == sorted(
-        (s, b, i) for s, b in {(s, b) for s in range(steps) for b in BRANCHES
-                               if first in sched.reused(s, b)} for i in range(len(prompts)))
-    assert all((m.layer, m.op) == first for m in mons)
-    probed = {(m.step, m.branch, m.sample) for m in mons}
-    for e in ops:
-        assert (e.reason == "fallback") == ((e.step, e.branch, e.sample) in probed
-                                            and e.ref in sched.reused(e.step, e.branch)), e
-    assert report["monitors"] == len(mons) > 0
-    # NME work: a program per 8 terms of a segment, one per monitor; the cycles the driver
-    # counted are the events' cycles
-    assert report["nme_programs"] == (sum(-(-len(g.ops) // MAX_SEGMENT_TERMS) for g in segs)
-                                      + len(mons)) == driver.stats["programs"]
-    assert report["nme_cycles"] == sum(g.nme_cycles for g in segs + mons) > 0
-    # host-link bytes: every [T, C] tensor of 16-bit elements that crossed it (stored outputs,
-    # kept inputs, each sum segment's z up, the slot of zeros a sample's segments in a CFG
-    # branch read as x, written once per generation, monitor inputs), the K gate vectors of
-    # each segment to every rank, and the command words the driver sent
-    (t, c), = {(e.tokens, e.channels) for e in ops}
-    stores, kept = sum(e.stored_bytes > 0 for e in ops), sum(e.kept_bytes > 0 for e in ops)
-    assert all(e.stored_bytes in (0, 2 * t * c) and e.kept_bytes in (0, 2 * t * c) for e in ops)
-    zero_slots = len({(g.generation, g.branch, g.sample) for g in segs})
-    tensors = stores + kept + len(segs) + zero_slots + len(mons)
-    gates = sum(len(g.ops) for g in segs) * driver.n_ranks
-    assert report["pcie_bytes"] == (2 * t * c * tensors + 2 * c * gates
-                                    + driver.stats["cmd_bytes"])
-    assert report["pcie_bytes"] == (driver.stats["bytes_written"] + driver.stats["bytes_read"]
-                                    + driver.stats["cmd_bytes"])
+    _check_operator_events(report, events, sched, prompts, steps)
+    _check_segments(report, events, sched, model, prompts, steps)
+    _check_dra_probes(report, events, sched, prompts, steps)
+    _check_nme_work(report, events, driver)
+    _check_host_link_bytes(report, events, driver)
     assert report["sim_cycles_per_s"] > 0 and report["wall_s"] > 0
-    # segments ran on the simulators while the host computed the other CFG branch
-    assert report["interleave"]["async_launches"] == driver.stats["programs"]
-    assert report["interleave"]["overlap_s"] > 0
-    # the generation replayed on the default platform; every segment's modelled NME time is
-    # the cycles the cosimulation measured (ideal memory: the cycle model is exact)
-    modelled = report["modelled"]
-    assert modelled["available"] is True and set(modelled["systems"]) == set("abcdef")
-    assert modelled["nme_check"]["max_rel_error"] == 0.0
-    assert modelled["nme_check"]["segments"] == report["segments"]
-    assert all(row["latency_s"] > 0 for row in modelled["systems"].values() if row["fits"])
-    # the GIFs: per frame, the full-compute | cached pixels of the videos the run computed
-    assert [p.split("/")[-1] for p in report["gifs"]] == ["3_0.gif", "8_1.gif"]
-    pixels = lambda v: ((v.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()  # noqa: E731
-    for i, name in enumerate(("3_0.gif", "8_1.gif")):
-        panels = _gif_panels(tmp_path / name)
-        assert len(panels) == full.shape[2]
-        for k, (left, right) in enumerate(panels):
-            assert np.array_equal(left, pixels(full[i, 0, k]))
-            assert np.array_equal(right, pixels(cached[i, 0, k]))
+    _check_interleave(report, driver)
+    _check_modelled_platform(report)
+    _check_gifs(report, tmp_path, full, cached)
 
 
 def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():

@@ -4,8 +4,8 @@ model stays untraced; bad ``--waves`` input is refused before any work.
 
 One traced build per session, cached on disk under ``build/cosim/waves-<key>/``: a small
 NME (3 fp16 lanes, buffers of 5 words, trailing stores), one of the cycle-model
-configurations of tests/test_interp.py, whose untraced build it shares. Its C++ is a third of
-the 8-lane NME's, so the traced build (Verilator's FST writer) costs about half.
+configurations of tests/test_interp_cycles.py, whose untraced build it shares. Its C++ is a
+third of the 8-lane NME's, so the traced build (Verilator's FST writer) costs about half.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_default_model_is_not_traced(traced, tmp_path, monkeypatch):
     """The default model keeps its own key, folder and untraced binary (also under WAVES=1);
     only the traced one has Verilator's FST writer; a waveform needs the traced model."""
     monkeypatch.setenv("WAVES", "1")
-    default = build_sim(BASE)   # cached by tests/test_interp.py
+    default = build_sim(BASE)   # cached by tests/test_interp_cycles.py
     assert traced.waves and not default.waves
     assert traced.key != default.key and traced.path.name == f"waves-{traced.key}"
     assert default.path.name == default.key
