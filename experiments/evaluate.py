@@ -349,7 +349,8 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
                    "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
                    "params": policy.describe(), "seconds": time.perf_counter() - t1,
                    **({"forecast": table.describe()} if table is not None else {}),
-                   **_modelled(policy, cfg.steps, layers)}
+                   **_modelled(policy, cfg.steps, layers,
+                               cache="forecast" if table is not None else "reuse")}
             rows.append(row)
             per_video[(name, skip)] = res["per_video"]
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
@@ -427,9 +428,10 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
                           f"{rep.plan.label}, {rep.plan.describe()}")
 
 
-def _modelled(policy, steps: int, layers: int, target: str | None = None) -> dict:
+def _modelled(policy, steps: int, layers: int, target: str | None = None,
+              cache: str = "reuse") -> dict:
     """``{"modelled": {...}}``: the modelled latency, energy, segments and host-link bytes
-    of a static policy's schedule in system f for ``target`` (default:
+    of a static policy's schedule in system f in cache mode ``cache`` for ``target`` (default:
     :data:`coda.host.system.cost.DEFAULT_TARGET`), as ``coda sim`` transfers a schedule;
     ``{}`` for a dynamic policy (its reuse differs from video to video)."""
     from coda.host.system.cost import DEFAULT_TARGET, schedule_cost
@@ -437,7 +439,7 @@ def _modelled(policy, steps: int, layers: int, target: str | None = None) -> dic
     build = getattr(policy, "build", None)
     if build is None:
         return {}
-    c = schedule_cost(build(steps, layers), target or DEFAULT_TARGET, "f")
+    c = schedule_cost(build(steps, layers), target or DEFAULT_TARGET, "f", cache=cache)
     return {"modelled": {"target": target or DEFAULT_TARGET, "system": "f",
                          **{k: c[k] for k in ("latency_s", "energy_j", "segments",
                                               "host_link_bytes")}}}

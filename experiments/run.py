@@ -368,7 +368,8 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
             rtl["modelled"] = modelled_systems(
                 gen.rtl_events, run.model.config, lanes=args.lanes, depth=gen.driver.cfg.depth,
                 dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram,
-                nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model")
+                nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model",
+                cache=args.cache)
     return bit_exact, rtl
 
 
@@ -390,7 +391,7 @@ def _write_gifs(out: Path, digits: list[int], full, cached) -> tuple[list[str], 
 def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
     """The report's ``modelled``: the run's events replayed on the default platform (RTX
     4090, PCIe 4.0 x16, these DIMMs with DDR5-4800 unless --dram says otherwise) as the
-    systems a..f of the ablation, ``"available": true``; or ``{"available": false,
+    systems of the ablation (a..f; a..g with ``--cache forecast``), ``"available": true``; or ``{"available": false,
     "reason": reason}``."""
     from coda.host.system import modelled as modelled_systems
 
@@ -401,7 +402,8 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
         dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram, nme_mhz=run.nme_mhz,
         # the events' NME cycles (counted at nme_mhz) time the NMEs when they all came
         # from the DRAM-timed DIMM-NMP
-        nme_timing="events" if args.dram and gen.rtl_events is None else "model")
+        nme_timing="events" if args.dram and gen.rtl_events is None else "model",
+        cache=args.cache)
     modelled["available"] = True
     return modelled
 

@@ -291,7 +291,7 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
 
     class Args:
         policy = schedule = profile = interval = warmup = skip = None
-        steps = 50
+        steps, cache = 50, "reuse"
     name, policy = _policy(Args, model)
     assert name == "coda" and policy.schedule == sched
 

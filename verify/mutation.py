@@ -217,8 +217,9 @@ def mutant_kind():
     return SweepKind(name="mutant", run=_mutant_point,
                      params=(Param("mutant", int), Param("netlist", str),
                              Param("netlist_sha", str), Param("config", str)),
-                     version=sources_digest(Path(__file__).resolve().parents[1] / "tests"
-                                            / "cocotb_nme.py", tb.__file__),
+                     version=sources_digest(*sorted((Path(__file__).resolve().parents[1]
+                                                     / "tests").glob("cocotb_nme*.py")),
+                                            tb.__file__),
                      folder=lambda p: f"m{p['mutant']}", headline=("killed", "killed_by"))
 
 
