@@ -27,6 +27,7 @@ videos (infinite) is ``null`` there (JSON has no Infinity).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,7 +377,7 @@ def _print_summary(rows: list[dict], corner: list[dict], out: Path, acc_full: fl
                       f"{r['psnr_db']:.2f}", f"{r['mean_psnr_db']:.2f}", f"{r['ssim']:.4f}",
                       f"{r['label_accuracy']:.3f}", f"{r['segments']:.0f}",
                       f"{r['pcie_bytes'] / 1e6:.1f}", f"{r['fallbacks']:.1f}",
-                      f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else "",
+                      _latency(r),
                       *(_wins(r, key) for _, key in WIN_COLUMNS))
     console.print(table)
     for c in corner:
@@ -396,7 +397,7 @@ def markdown_table(rows: list[dict]) -> str:
             "| PCIe MB | fallbacks | f latency s | CODA wins | CODA-lat wins |")
     lines = [head, "|" + "---|" * 13]
     for r in rows:
-        lat = f"{r['modelled']['latency_s']:.0f}" if "modelled" in r else ""
+        lat = _latency(r)
         fb = f"{r['fallbacks']:.1f}" if r["fallbacks"] else ""
         lines.append(f"| {r['policy']} | {r['target_skip']:g} | {r['ops_skipped_fraction']:.3f} "
                      f"| {r['psnr_db']:.2f} | {r['mean_psnr_db']:.2f} | {r['ssim']:.4f} "
@@ -443,6 +444,15 @@ def _modelled(policy, steps: int, layers: int, target: str | None = None,
     return {"modelled": {"target": target or DEFAULT_TARGET, "system": "f",
                          **{k: c[k] for k in ("latency_s", "energy_j", "segments",
                                               "host_link_bytes")}}}
+
+
+def _latency(row: dict) -> str:
+    """A row's modelled system-f latency (s) as the tables show it: blank for a dynamic
+    policy, "does not fit" where the cache exceeds the target's DIMMs."""
+    if "modelled" not in row:
+        return ""
+    lat = row["modelled"]["latency_s"]
+    return f"{lat:.0f}" if math.isfinite(lat) else "does not fit"
 
 
 #: the CODA rows whose wins over every other policy are counted: (policy, row key)
