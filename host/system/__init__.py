@@ -8,6 +8,7 @@ DIMM-NMP machine, where the time goes, and what it costs in energy.
 | ``trace.py`` | a diffusers transformer traced on the meta device, its operators those of the cache engine's adapter (``host/cache/arch``) |
 | ``platforms.py`` | GPU, PCIe, DIMM and energy presets, every number with its source; measured DIMM-NMP DRAM utilisation |
 | ``nme.py`` | NME time of a segment: cycle model of the compiled program, DRAM-bounded |
+| ``formats.py`` | cache entry formats: bf16 or int8 (bytes of an entry, of an int8 segment, terms per launch) |
 | ``schedules.py`` | schedules over any model's operators: uniform rule, transfer of a shipped-model Schedule, ``coda`` |
 | ``workload.py`` | a generation as calls x operators x rows, from a real EventLog or synthesised |
 | ``replay.py`` | the SimPy replay of systems a..g |
@@ -32,7 +33,8 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
              depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = DEFAULT_STANDARD,
              nme_mhz: float | None = None, cfg: str = "batched",
              nme_timing: str = "model", segment_output: str = "sum",
-             cache: str = "reuse") -> dict:
+             cache: str = "reuse", cache_format: str = "bf16",
+             cache_group: int | None = None) -> dict:
     """The modelled systems a..f (and g: the forecast's history over PCIe, with
     ``cache="forecast"``) of the last generation in ``events`` (an
     :class:`coda.host.cache.events.EventLog` of the shipped model, e.g. from
@@ -56,26 +58,34 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         cache: the cache mode the generation ran in (``CodaCacheConfig.cache``, default
             ``"reuse"``; :data:`coda.host.cache.forecast.CACHE_MODES`): its segments'
             forecast terms and its footprint (two entries per operator stored twice).
+        cache_format, cache_group: the entries' format the generation ran with
+            (``CodaCacheConfig.cache_format``, ``.cache_group``; G default
+            :func:`coda.host.cache.compress.resolve_group` of the model's C): with int8 its
+            segments are timed as ``segment_int8`` programs (the bytes are the events').
     Returns:
         JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report;
-        a..g with ``cache="forecast"``), ``cache`` (the mode),
+        a..g with ``cache="forecast"``), ``cache`` (the mode), ``cache_format``,
+        ``cache_group`` (int8's G, else None),
         ``cache_bytes``, ``nme_check`` (per segment, the cycle model's ideal-memory cycles
         against the events' ``nme_cycles``: ``segments``, ``max_rel_error``, sums).
     """
     from .ablation import run_ablation
+    from .formats import cache_group as cache_group_of
     from .nme import segment_timing
     from .platforms import platform as make_platform
     from .presets import shipped_shape
     from .workload import from_events
 
     shape = shipped_shape(model_config)
-    wl = from_events(events, shape, cfg=cfg, segment_output=segment_output, cache=cache)
+    group = cache_group_of(cache_format, shape.hidden, lanes, cache_group)
+    wl = from_events(events, shape, cfg=cfg, segment_output=segment_output, cache=cache,
+                     cache_group=group)
     plat = platform or make_platform("rtx4090", dram, dimms, ranks, lanes=lanes, depth=depth,
                                      nme_mhz=nme_mhz)
     worst, ev_sum, model_sum = 0.0, 0, 0
     for seg in wl.segments.values():
         t = segment_timing(seg.tokens, seg.channels, seg.k, n_ranks=dimms * ranks,
-                           lanes=lanes, depth=depth)
+                           lanes=lanes, depth=depth, group=group)
         ev_sum += seg.nme_cycles
         model_sum += t.cycles_ideal
         if seg.nme_cycles:
@@ -85,7 +95,7 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
     return {
         "platform": plat.describe(),
         "cache_bytes": wl.cache_bytes,
-        "cache": cache,
+        "cache": cache, "cache_format": wl.cache_format, "cache_group": group,
         "systems": abl["systems"],
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "nme_check": {"segments": len(wl.segments), "events_nme_cycles": ev_sum,

@@ -14,7 +14,8 @@ Memory checks (``fits``):
 
 The cache is the workload's footprint (:attr:`coda.host.system.workload.Workload.cache_bytes`):
 in the forecast mode two entries per operator stored more than once (history 2), so a cache
-that fits for plain reuse may not.
+that fits for plain reuse may not; int8 entries take ``0.5 + 1/G`` of the bf16 bytes
+(:mod:`coda.host.system.formats`), so one that does not fit in bf16 may.
 
 Speedup and energy efficiency are against a (GPU only) and against c (host-offloaded cache
 with the cache operators on the GPU: the baseline the CODA paper's NMP systems improve on).
@@ -38,8 +39,9 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
     """Where weights and cache live, and which systems fit.
 
     Returns ``{"weights": "resident"|"streamed", "activation_bytes", "weight_bytes",
-    "cache_bytes", "cache", "history", "gpu_bytes", "host_bytes", "fits": {system: (bool,
-    reason)}}`` (bytes; ``cache``: the cache mode, ``history``: entries per operator).
+    "cache_bytes", "cache", "history", "cache_format", "cache_group", "gpu_bytes",
+    "host_bytes", "fits": {system: (bool, reason)}}`` (bytes; ``cache``: the cache mode,
+    ``history``: entries per operator; ``cache_format``/``cache_group``: bf16 or int8 of G).
     """
     sh, g = wl.shape, plat.gpu
     rows = max(len(c.rows) for calls in wl.calls for c in calls)
@@ -48,8 +50,9 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
     resident = sh.weight_bytes + act <= g.mem_bytes
     w_gpu = sh.weight_bytes if resident else 2 * max_op_w
     cache = wl.cache_bytes
-    what = (f"cache ({wl.cache}, up to {wl.history} entries per operator)" if wl.history > 1
-            else "cache")
+    notes = ([f"{wl.cache}, up to {wl.history} entries per operator"] if wl.history > 1
+             else []) + ([f"int8 G={wl.cache_group}"] if wl.cache_group else [])
+    what = f"cache ({'; '.join(notes)})" if notes else "cache"
     fits = {}
     base_ok = act + w_gpu <= g.mem_bytes
     base_reason = "" if base_ok else (
@@ -70,7 +73,8 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
         fits[s] = (ok, reason)
     return {"weights": "resident" if resident else "streamed", "activation_bytes": int(act),
             "weight_bytes": int(sh.weight_bytes), "cache_bytes": int(cache),
-            "cache": wl.cache, "history": wl.history,
+            "cache": wl.cache, "history": wl.history, "cache_format": wl.cache_format,
+            "cache_group": wl.cache_group,
             "gpu_bytes": int(g.mem_bytes), "host_bytes": int(plat.host_bytes), "fits": fits}
 
 

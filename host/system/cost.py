@@ -28,7 +28,7 @@ from pathlib import Path
 from coda.host.nmp.link import check_segment_output
 from coda.host.cache.schedule import Schedule
 
-from .sim import DEFAULT_SHAPE_CACHE, MAX_STEPS
+from .sim import DEFAULT_SHAPE_CACHE, MAX_STEPS, SimConfig
 
 __all__ = ["schedule_cost", "parse_target", "target_setup", "DEFAULT_TARGET"]
 
@@ -95,6 +95,8 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
                   dram: str = DEFAULT_STANDARD, dimms: int = 4, ranks: int = 8, lanes: int = 8,
                   depth: int = NMP_DEPTH, nme_mhz: float | None = None,
                   segment_output: str = "sum", prefetch: int = 1, cache: str = "reuse",
+                  cache_format: str = SimConfig.cache_format,
+                  cache_group: int | None = SimConfig.cache_group,
                   shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """Modelled latency and energy of one generation of ``target`` under ``schedule``, as
     system ``system`` of the ablation (what ``coda sim --schedule FILE --system SYSTEM``
@@ -116,6 +118,10 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
         cache: the cache mode (``--cache``, :data:`coda.host.cache.forecast.CACHE_MODES`):
             ``"forecast"`` reads two cached tensors per forecast term and keeps two entries
             per stored operator (:mod:`coda.host.system.workload`).
+        cache_format, cache_group: the entries' format, ``"bf16"`` or ``"int8"`` of G
+            channels per scale (``--cache-format``, ``--cache-group``; G default
+            :func:`coda.host.cache.compress.resolve_group` of the target's hidden size):
+            int8 entries take ``0.5 + 1/G`` of the bytes (:mod:`coda.host.system.formats`).
         shape_cache: where traced shapes are cached on disk (None: trace every new target).
     Returns:
         ``{"latency_s": s, "energy_j": J, "segments": NME segments run, "host_link_bytes":
@@ -124,11 +130,11 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
         why it does not fit (then latency_s and energy_j are ``inf`` and the counts 0),
         "weights": "resident" | "streamed", "cache_bytes", "ops_skipped_fraction" and
         "fixups" of the transferred schedule, "target", "system", "segment_output",
-        "cache"}``.
+        "cache", "cache_format", "cache_group"}``.
     Raises:
         TypeError: ``schedule`` is not a :class:`coda.host.cache.schedule.Schedule`.
-        ValueError: a bad target, system, steps, segment_output, cache or machine (the message
-            names the value and the choices).
+        ValueError: a bad target, system, steps, segment_output, cache, cache format or G
+            (naming G and C), or machine (the message names the value and the choices).
     """
     from .ablation import memory_plan
     from .energy import energy
@@ -153,10 +159,11 @@ def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str 
     shape, plat = target_setup(model, resolution, seconds, gpu or DEFAULT_PLATFORM, dram,
                                dimms, ranks, lanes, depth, nme_mhz, shape_cache)
     ms = transfer(schedule, shape, steps)
-    wl = workload(shape, plat, ms, segment_output, cache)
+    wl = workload(shape, plat, ms, segment_output, cache, cache_format, cache_group)
     mem = memory_plan(wl, plat)
     ok, reason = mem["fits"][system]
     out = {"target": target, "system": system, "segment_output": segment_output, "cache": cache,
+           "cache_format": wl.cache_format, "cache_group": wl.cache_group,
            "fits": ok, "reason": reason, "weights": mem["weights"],
            "cache_bytes": wl.cache_bytes,
            "ops_skipped_fraction": ms.ops_skipped_fraction(branches_of(shape)),

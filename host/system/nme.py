@@ -55,6 +55,8 @@ from coda.host.nme.ops import MAX_SEGMENT_TERMS
 from coda.hw.nme.isa import ADDR_BITS, NMEConfig, Program, RSrc, Status
 from coda.hw.nme.cycles import model_cycles
 
+from .formats import terms_per_program
+
 __all__ = ["SegmentTiming", "segment_timing", "program_words", "launch_cycles"]
 
 
@@ -80,33 +82,47 @@ class SegmentTiming:
 
 
 def program_words(program: Program, lanes: int) -> int:
-    """Words a program moves between its rank's DRAM and the NME (reads + stores)."""
+    """Words a program moves between its rank's DRAM and the NME (reads + stores): a MEM or
+    CHAN stream and a store one per word (a gate vector re-read per token), an INT8 stream
+    one per two words (two words' int8 values per memory word), a GROUP stream its extent
+    (one scale per ``param·lanes`` elements, the ISA's BAD_ADDR extent: the word adapter
+    serves the repeated reads of one scale word from its read line)."""
     words = -(-program.n_elems // lanes)
     total = 0
     for u in program.uops:
-        if u.store or RSrc(u.rsrc) in (RSrc.MEM, RSrc.CHAN, RSrc.GROUP):
+        if u.store or RSrc(u.rsrc) in (RSrc.MEM, RSrc.CHAN):
             total += words
         elif RSrc(u.rsrc) == RSrc.INT8:
             total += -(-words // 2)
+        elif RSrc(u.rsrc) == RSrc.GROUP:     # one element per param*lanes (scalar: one word)
+            total += (words - 1) // (u.param * lanes) + 1 if u.param else 1
     return total
 
 
 @functools.lru_cache(maxsize=4096)
-def _compiled(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int) -> Program:
+def _compiled(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int,
+              group: int | None = None) -> Program:
     words = -(-rows * channels // lanes)
     cfg = NMEConfig(lanes=lanes, depth=depth, fmt=fmt,
                     mem_words=min(1 << ADDR_BITS, max(1 << 16, (2 * k + 2) * words + 2 * k)),
                     max_elems=(1 << 32) - 1)
-    shapes = {"x": (rows, channels), "g": (k, channels), "c": (k, rows, channels)}
-    layout, _ = compiler.plan_layout("segment", cfg, shapes)
-    return compiler.compile_op("segment", cfg, shapes, layout)
+    if group is None:
+        op, shapes = "segment", {"x": (rows, channels), "g": (k, channels),
+                                 "c": (k, rows, channels)}
+    else:
+        op, shapes = "segment_int8", {"x": (rows, channels), "g": (k, channels),
+                                      "q": (k, rows, channels),
+                                      "scale": (k, rows, channels // group)}
+    layout, _ = compiler.plan_layout(op, cfg, shapes, group)
+    return compiler.compile_op(op, cfg, shapes, layout, group)
 
 
 @functools.lru_cache(maxsize=4096)
 def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int,
-                  mem_latency: int = 1) -> tuple[int, int, int]:
+                  mem_latency: int = 1, group: int | None = None) -> tuple[int, int, int]:
     """(cycles_ideal, words moved, elements) of one segment launch of ``k`` terms on a
-    ``rows x channels`` rank tile, split in row chunks where the ISA needs it."""
+    ``rows x channels`` rank tile (int8 entries of G ``group``: the ``segment_int8``
+    program), split in row chunks where the ISA needs it."""
     limit = (1 << 24) - 1
     words_row = -(-channels // lanes)
     max_rows = max(1, min(limit // channels, ((1 << ADDR_BITS) - 2 * k - 1)
@@ -115,7 +131,7 @@ def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k:
     left = rows
     while left > 0:
         r = min(left, max_rows)
-        prog = _compiled(lanes, depth, fmt, r, channels, k)
+        prog = _compiled(lanes, depth, fmt, r, channels, k, group)
         cfg = NMEConfig(lanes=lanes, depth=depth, fmt=fmt)
         cycles += model_cycles(cfg, prog, Status.OK, mem_latency)
         words += program_words(prog, lanes)
@@ -139,7 +155,8 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
                    depth: int, fmt: str = "bf16", clock_hz: float | None = None,
                    rank_peak_bytes_per_cycle: float | None = None,
                    dram_util: float | Callable[[int], float] | None = None,
-                   mem_latency: int = 1, stream_tokens: tuple = ()) -> SegmentTiming:
+                   mem_latency: int = 1, stream_tokens: tuple = (),
+                   group: int | None = None) -> SegmentTiming:
     """NME time of a ``k``-term segment over ``[tokens, channels]`` on ``n_ranks`` ranks.
 
     Args:
@@ -158,6 +175,12 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         mem_latency: memory latency of the ideal-memory cycle model.
         stream_tokens: two residual streams (CogVideoX, HunyuanVideo): each its own segment
             of that many tokens, one after the other (the cache engine's order).
+        group: int8 cache entries of G channels per scale (:mod:`coda.host.system.formats`):
+            the ``segment_int8`` program (4 micro-ops and 3 streams a term, at most
+            :func:`coda.host.system.formats.terms_per_program` terms a launch; two
+            multiplies and an add per element and term), timed by the same cycle model;
+            its DRAM utilisation is the bf16 segment's of the same terms (``dram_util``: no
+            DRAM-timed measurement of int8 programs). None: bf16.
     Raises:
         ValueError: k < 1, or shapes the compiler refuses (C not a multiple of lanes).
     """
@@ -167,7 +190,7 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         parts = [segment_timing(t, channels, k, n_ranks=n_ranks, lanes=lanes, depth=depth,
                                 fmt=fmt, clock_hz=clock_hz,
                                 rank_peak_bytes_per_cycle=rank_peak_bytes_per_cycle,
-                                dram_util=dram_util, mem_latency=mem_latency)
+                                dram_util=dram_util, mem_latency=mem_latency, group=group)
                  for t in stream_tokens]
         return SegmentTiming(*(sum(getattr(p, f) for p in parts)
                                for f in SegmentTiming.__dataclass_fields__))
@@ -181,9 +204,11 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
     stream_words = -(-rows * int(channels) // lanes)
     total = ideal = dram = programs = 0
     rank_bytes = 0
-    for i in range(0, k, MAX_SEGMENT_TERMS):
-        kk = min(MAX_SEGMENT_TERMS, k - i)
-        cyc, words, _ = launch_cycles(lanes, depth, fmt, rows, int(channels), kk, mem_latency)
+    per = MAX_SEGMENT_TERMS if group is None else terms_per_program(lanes, depth, group)
+    for i in range(0, k, per):
+        kk = min(per, k - i)
+        cyc, words, _ = launch_cycles(lanes, depth, fmt, rows, int(channels), kk, mem_latency,
+                                      group)
         nbytes = words * 2 * lanes
         if rank_peak_bytes_per_cycle is None:
             cd = 0
@@ -199,4 +224,4 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
     seconds = total / clock_hz if clock_hz else 0.0
     return SegmentTiming(seconds=seconds, cycles=total, cycles_ideal=ideal, cycles_dram=dram,
                          programs=programs, rank_dram_bytes=rank_bytes, adds=k * elems,
-                         muls=k * elems)
+                         muls=(1 if group is None else 2) * k * elems)

@@ -65,6 +65,14 @@ The cache mode (``Workload.cache``) sets how many cached tensors a reused operat
 ``2 + terms``, d's one-operator segments and e/f's coalesced ones have a term per cached
 tensor (``SegmentItem.k``: gates, command words, NME streams).
 
+The cache format (``Workload.cache_group``, :mod:`coda.host.system.formats`): with int8
+entries every cached tensor the GPU reads or a link moves is ``0.5 + 1/G`` of a bf16 one
+(b's and c's cache kernels read ``2`` bf16 tensors and ``terms`` entries, b's store kernel
+writes one entry; c's loads and g's history loads are entries; the stores down are the
+workload's, int8 already), and the NMP segments run the ``segment_int8`` program (command
+words, NME cycles and DRAM words of :func:`coda.host.system.nme.segment_timing` with
+``group``).
+
 Segments (d, e, f) have the workload's form (``Workload.segment_output``,
 :mod:`coda.host.nmp.link`): ``"sum"`` (the cache engine's default) sends the gates and command
 words down, brings ``z = Σ g_k ⊙ c_k`` up and then adds it to the residual stream on the
@@ -85,10 +93,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from .formats import dense_entry_bytes, format_segment_bytes
 from .nme import segment_timing
 from .platforms import Platform, nmp_efficiency, segment_utilisation
 from .shapes import ATTENTION, GEMM, Kernels
-from .workload import CALL_ORDER, Call, Workload, segment_bytes, tensor_bytes
+from .workload import CALL_ORDER, Call, Workload, tensor_bytes
 
 __all__ = ["SYSTEMS", "SystemResult", "replay", "gpu_time", "Interval", "breakdown"]
 
@@ -266,7 +275,7 @@ class _Replay:
                                dram_util=lambda kk, w, j: segment_utilisation(
                                    p.dram.name, p.lanes, p.depth, kk, w,
                                    segment_output=self.wl.segment_output, program=j),
-                               stream_tokens=tuple(streams))
+                               stream_tokens=tuple(streams), group=self.wl.cache_group)
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":
                 seconds = events_cycles / p.nme_clock_hz
@@ -284,8 +293,8 @@ class _Replay:
         branch = row[0]
         k = terms or len(seg_ops)
         form = self.wl.segment_output
-        sb = segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes,
-                           stream_tokens=tuple(streams), segment_output=form)
+        sb = format_segment_bytes(tokens, channels, k, self.p.n_ranks, self.lanes,
+                                  self.p.depth, self.wl.cache_group, tuple(streams), form)
         # a real run's bytes are the driver's, on the run's ranks (a row's first "sum"
         # segment includes the row's slot of zeros)
         use_events = bytes_down is not None
@@ -340,9 +349,14 @@ class _Replay:
         """H2D bytes of reused operator ``i``'s cached tensors for one row (action ``act``)
         in this system: c loads its ``terms`` tensors, g the older entry of a forecast term;
         the others none."""
-        o = self.shape.ops[i]
         n = {"c": act.terms, "g": act.terms - 1}.get(self.sys, 0)
-        return n * o.tokens * o.channels * self.elem
+        return n * self._entry(i)
+
+    def _entry(self, i: int) -> int:
+        """Bytes of one cache entry of operator ``i`` held densely (GPU or host memory):
+        bf16, or int8 q and scales (:func:`coda.host.system.formats.dense_entry_bytes`)."""
+        o = self.shape.ops[i]
+        return dense_entry_bytes(o.tokens, o.channels, self.elem, self.wl.cache_group)
 
     def reuse_rows(self, call: Call, i: int, reuse: list, loads: dict, pending: dict):
         """The rows ``reuse`` of ``call`` that reuse operator ``i`` (generator): b and c run
@@ -357,7 +371,8 @@ class _Replay:
             for j in reuse if sys == "c" else ():
                 yield loads.pop((i, j))
             yield from self.gpu_run(_mem_kernel(
-                sum(2 + acts[j].terms for j in reuse) * tensor, self.g), "cache_op", label, step)
+                sum(2 * tensor + acts[j].terms * self._entry(i) for j in reuse), self.g),
+                "cache_op", label, step)
         elif sys == "d":
             for j in reuse:
                 yield from self.segment([i], rows[j], op.tokens, op.channels, step,
@@ -373,8 +388,9 @@ class _Replay:
             for j in history:
                 yield loads.pop((i, j))
             if history:
-                yield from self.gpu_run(_mem_kernel(3 * len(history) * tensor, self.g),
-                                        "cache_op", label, step)
+                yield from self.gpu_run(_mem_kernel(
+                    len(history) * (2 * tensor + self._entry(i)), self.g), "cache_op", label,
+                    step)
 
     def flush(self, call: Call, j: int, pending: dict):
         """Run row ``j``'s open segment of ``call``, if any (generator): as the events
@@ -452,8 +468,8 @@ class _Replay:
                         sb = acts[j].store_bytes
                         if sb and sys == "b":
                             yield from self.gpu_run(_mem_kernel(
-                                2 * op.tokens * op.channels * self.elem, self.g), "store",
-                                rows[j][0], step)
+                                op.tokens * op.channels * self.elem + self._entry(i), self.g),
+                                "store", rows[j][0], step)
                         elif sb:
                             env.process(self.store(sb + acts[j].kept_bytes, rows[j][0], step))
             if op.barrier_after and coalesced:

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.host.cache.policies.uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP
 from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
@@ -93,6 +94,16 @@ class SimConfig:
                         "two: two cached tensors read per forecast term, two entries per "
                         "operator, stores for either of the next two steps)",
                         choices=CACHE_MODES, source="coda.host.cache.forecast.CACHE_MODES")
+    cache_format: str = option(CACHE_FORMATS[0], "what a cache entry is stored as: bf16 or "
+                               "int8 (q packed two per 16-bit element and one 16-bit scale "
+                               "per --cache-group channels: 0.5 + 1/G of the bytes in the "
+                               "footprint, stores and loads; segments run segment_int8)",
+                               choices=CACHE_FORMATS,
+                               source="coda.host.cache.compress.CACHE_FORMATS")
+    cache_group: int = option(None, "int8: G, channels per scale (a divisor of the hidden "
+                              "size C, a multiple of --lanes)", type=int, unit="channels",
+                              default_text="the largest multiple of the lanes up to 64 "
+                              "dividing C (coda.host.cache.compress.resolve_group)")
     out: str = option("out-sim", "output folder")
 
 
@@ -124,11 +135,16 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
              warmup: int = SimConfig.warmup, intervals: dict | None = None,
              systems: str = "abcdefg", prefetch: int = SimConfig.prefetch,
              segment_output: str = SimConfig.segment_output, cache: str = SimConfig.cache,
+             cache_format: str = SimConfig.cache_format,
+             cache_group: int | None = SimConfig.cache_group,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
     segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``);
-    ``cache``: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`, ``--cache``).
+    ``cache``: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`, ``--cache``);
+    ``cache_format``, ``cache_group``: the entries' format and int8 G (``--cache-format``,
+    ``--cache-group``; G default :func:`coda.host.cache.compress.resolve_group` of the
+    model's hidden size, :mod:`coda.host.system.formats`).
 
     Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
     the Workload}``. Raises ValueError for bad input (message names the flag).
@@ -151,7 +167,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     sched = resolve(schedule, shape, steps, interval=interval, warmup=warmup,
                     intervals=intervals)
     t0 = time.perf_counter()
-    wl = workload(shape, plat, sched, segment_output, cache)
+    wl = workload(shape, plat, sched, segment_output, cache, cache_format, cache_group)
     t_events = time.perf_counter() - t0
     abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
     report = {
@@ -164,7 +180,8 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
         "replay": {"prefetch": prefetch, "nme_timing": "model",
-                   "segment_output": segment_output, "cache": cache},
+                   "segment_output": segment_output, "cache": cache,
+                   "cache_format": wl.cache_format, "cache_group": wl.cache_group},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
         "systems": abl["systems"],
         "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
@@ -201,27 +218,39 @@ def setup(model: str, *, resolution=None, seconds=None, frames=None,
     return shape, plat
 
 
-def workload(shape, plat, sched, segment_output: str = "sum", cache: str = "reuse"):
+def workload(shape, plat, sched, segment_output: str = "sum", cache: str = "reuse",
+             cache_format: str = SimConfig.cache_format,
+             cache_group: int | None = SimConfig.cache_group):
     """The :class:`~coda.host.system.workload.Workload` of one generation of ``shape`` under
     the :class:`~coda.host.system.schedules.ModelSchedule` ``sched`` on ``plat``'s DIMM-NMP
     (synthesised events), its segments of form ``segment_output``, its cache in mode
-    ``cache``."""
+    ``cache``, its entries ``cache_format`` (int8: G ``cache_group``, default
+    :func:`coda.host.cache.compress.resolve_group` of the hidden size; ValueError naming G
+    and C for a bad one)."""
+    from .formats import cache_group as resolve
     from .workload import from_events, synthesize
 
+    group = resolve(cache_format, shape.hidden, plat.lanes, cache_group)
+    for c in sorted({o.channels for o in shape.ops} - {shape.hidden}) if group else ():
+        resolve(cache_format, c, plat.lanes, group)
     log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=plat.lanes, depth=plat.depth,
-                     segment_output=segment_output, cache=cache)
-    return from_events(log, shape, segment_output=segment_output, cache=cache)
+                     segment_output=segment_output, cache=cache, cache_group=group)
+    return from_events(log, shape, segment_output=segment_output, cache=cache,
+                       cache_group=group)
 
 
 def cache_summary(wl) -> dict:
     """The report's ``cache``: ``mode`` (:data:`coda.host.cache.forecast.CACHE_MODES`),
     ``history`` (entries kept per stored operator), ``bytes`` (the footprint, B),
-    ``reused_ops`` (reused operator executions, all rows) and ``forecast_terms`` (those read
-    as forecast terms: two cached tensors)."""
+    ``reused_ops`` (reused operator executions, all rows), ``forecast_terms`` (those read
+    as forecast terms: two cached tensors), ``format`` (bf16 or int8), ``group`` (int8's G,
+    else None) and ``entry_ratio`` (an entry's bytes against bf16's: 1 or 0.5 + 1/G)."""
     reused = sum(a.reused for calls in wl.calls for c in calls for acts in c.actions
                  for a in acts)
     out = {"mode": wl.cache, "history": wl.history, "bytes": wl.cache_bytes,
-           "reused_ops": reused, "forecast_terms": wl.forecast_terms}
+           "reused_ops": reused, "forecast_terms": wl.forecast_terms,
+           "format": wl.cache_format, "group": wl.cache_group,
+           "entry_ratio": wl.entry_ratio}
     if wl.cache == "forecast" and wl.source == "synthesized":
         out["note"] = ("no alpha table for this model: every reuse with two earlier computed "
                        "steps is a forecast term, alpha = 0 steps included (the engine runs "
@@ -239,6 +268,10 @@ _ASSUMPTIONS = [
     "cache forecast: two cached tensors (NME terms, or PCIe loads in c) per reused operator "
     "with two earlier computed steps, two entries per stored operator in the footprint; "
     "g reads the older entry over PCIe and adds it on the GPU",
+    "cache_format int8: every entry 0.5 + 1/G of the bf16 bytes (footprint, stores, c/g "
+    "loads, b's cache kernels); segments run segment_int8 (4 micro-ops, 3 streams a term, "
+    "7 terms a launch; cycle model of that program), at the DRAM utilisation measured for "
+    "bf16 segments of the same terms (int8 programs have no DRAM-timed measurement)",
     "segment_output sum (the cache engine's default): a segment sends gates and commands "
     "down, z = sum g*c up, and the GPU adds it to the residual stream (an elementwise "
     "kernel); residual: x down, y up",
@@ -259,6 +292,8 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      system: str = SimConfig.system, prefetch: int = SimConfig.prefetch,
                      segment_output: str = SimConfig.segment_output,
                      cache: str = SimConfig.cache,
+                     cache_format: str = SimConfig.cache_format,
+                     cache_group: int | None = SimConfig.cache_group,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
@@ -286,6 +321,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                    interval=interval,
                    warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
                    prefetch=prefetch, segment_output=segment_output, cache=cache,
+                   cache_format=cache_format, cache_group=cache_group,
                    shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
     res["systems"] = systems
@@ -326,10 +362,11 @@ def main(args) -> int:
 def _table(report: dict, out: Path):
     from rich.table import Table
 
-    m = report["model"]
+    m, cache = report["model"], report["cache"]
+    fmt = cache["format"] + ("" if cache["group"] is None else f" G={cache['group']}")
     t = Table(title=(f"coda sim: {m['name']} {m['width']}x{m['height']}, {m['frames']} frames, "
                      f"{report['steps']} steps, cache {report['cache_bytes'] / 1e9:.1f} GB "
-                     f"({report['cache']['mode']}), "
+                     f"({cache['mode']}, {fmt}), "
                      f"schedule {report['schedule']['name']}"
                      f"{' (transferred)' if report['schedule']['transferred'] else ''}, "
                      f"{report['replay']['segment_output']} segments"),

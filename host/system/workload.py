@@ -29,6 +29,12 @@ the cache engine's rule). A synthesised forecast generation has no alpha table (
 paper-scale models' alphas are not calibrated here), so every reuse with two earlier computed
 steps is a forecast term, alpha = 0 steps included (the engine runs those as plain 1-term
 reuses): an upper bound of the forecast's cost.
+
+The cache format (``cache_group``: None for bf16 entries, else G of int8 entries,
+:mod:`coda.host.system.formats`): an int8 entry is ``0.5 + 1/G`` of the bf16 bytes in the
+footprint and in every store, and an int8 segment is the ``segment_int8`` program (its
+command words and NME cycles, at most 7 terms a launch). It composes with the forecast mode
+(both entries int8).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from coda.host.cache.events import EventLog, OpEvent, SegmentEvent
 from coda.host.cache.forecast import CACHE_MODES
 from coda.host.nmp.link import check_segment_output, segment_bytes, tensor_bytes
 
+from .formats import entry_bytes, entry_ratio, format_segment_bytes
 from .nme import segment_timing
 from .schedules import ModelSchedule, branches_of, segment_runs
 from .shapes import ModelShape
@@ -141,6 +148,7 @@ class Workload:
         segment_output: the segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`):
             ``"sum"`` segments are followed by the xPU's residual add.
         cache: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`).
+        cache_group: G of int8 cache entries, None for bf16 (:mod:`coda.host.system.formats`).
     """
     shape: ModelShape
     num_steps: int
@@ -152,6 +160,17 @@ class Workload:
     schedule: dict = field(default_factory=dict)
     segment_output: str = "sum"
     cache: str = "reuse"
+    cache_group: int | None = None
+
+    @property
+    def cache_format(self) -> str:
+        """``"bf16"`` or ``"int8"`` (:data:`coda.host.cache.compress.CACHE_FORMATS`)."""
+        return "bf16" if self.cache_group is None else "int8"
+
+    @property
+    def entry_ratio(self) -> float:
+        """Bytes of an entry against a bf16 entry's: 1, or ``0.5 + 1/G`` for int8."""
+        return entry_ratio(self.cache_group)
 
     @property
     def history(self) -> int:
@@ -205,7 +224,7 @@ def _group_rows(rows: list[tuple[str, int]], cfg: str) -> list[list[tuple[str, i
 
 def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
                 cfg: str | None = None, segment_output: str = "sum",
-                cache: str = "reuse") -> Workload:
+                cache: str = "reuse", cache_group: int | None = None) -> Workload:
     """The :class:`Workload` of one generation of ``log`` (default: the last one), whose
     segments had the form ``segment_output`` and whose cache the mode ``cache`` (the events
     do not say them: the cache engine's ``CodaCacheConfig.segment_output`` and ``.cache``,
@@ -216,7 +235,9 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
     (``SegmentEvent.terms`` beyond one per operator) go to its operators that had two
     stored outputs before the step, in forward order (the events count them per segment,
     not per operator; the operators of a segment share its ``[T, C]``, so every total is
-    exact).
+    exact). ``cache_group``: G of the generation's int8 entries (None: bf16; the engine's
+    ``CodaCacheConfig.cache_group`` as resolved): its segments run the ``segment_int8``
+    program; the events' bytes are the driver's, int8 already.
 
     Raises ValueError if the log has no such generation or names operators ``shape`` lacks,
     for a ``segment_output`` not in :data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, a ``cache``
@@ -276,7 +297,8 @@ def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
             step_calls.append(Call(step, group, table, mons))
         calls.append(step_calls)
     return Workload(shape, num_steps, cfg, calls, segments, slots, "events",
-                    schedule=log.stats(gen), segment_output=segment_output, cache=cache)
+                    schedule=log.stats(gen), segment_output=segment_output, cache=cache,
+                    cache_group=cache_group)
 
 
 def _assign_forecast_terms(seg: SegmentItem, acts: list, cache: str) -> None:
@@ -296,7 +318,8 @@ def _assign_forecast_terms(seg: SegmentItem, acts: list, cache: str) -> None:
 
 def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = 8,
                depth: int = NMP_DEPTH, samples: int = 1, fmt: str = "bf16",
-               segment_output: str = "sum", cache: str = "reuse") -> EventLog:
+               segment_output: str = "sum", cache: str = "reuse",
+               cache_group: int | None = None) -> EventLog:
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
     shapes). One generation, ``samples`` samples per branch. ``segment_output``: the
@@ -306,8 +329,10 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
     (:data:`coda.host.cache.forecast.CACHE_MODES`): with ``"forecast"`` a reused operator
     with two earlier computed steps (:meth:`ModelSchedule.computed_pairs`) is two terms of
     its segment (every such reuse: no alpha table, module docstring) and a computed output
-    is stored when either of the next two steps reuses it. Raises ValueError for another
-    ``segment_output`` or ``cache``."""
+    is stored when either of the next two steps reuses it. ``cache_group``: G of int8 entries
+    (None: bf16, :mod:`coda.host.system.formats`): stores of ``0.5 + 1/G`` of the bytes and
+    ``segment_int8`` segments (command words, cycles, 7 terms a launch). Raises ValueError for
+    another ``segment_output`` or ``cache``."""
     check_segment_output(segment_output)
     history = 2 if check_cache(cache) == "forecast" else 1
     log = EventLog()
@@ -329,15 +354,15 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                         run = runs[op.index]
                         k = sum(1 + (step in forecast.get((branch, i), ())) for i in run)
                         st = op.stream_tokens
-                        sb = segment_bytes(op.tokens, op.channels, k, n_ranks, lanes,
-                                           stream_tokens=st, segment_output=segment_output)
+                        sb = format_segment_bytes(op.tokens, op.channels, k, n_ranks, lanes,
+                                                  depth, cache_group, st, segment_output)
                         zero = 0
                         if segment_output == "sum" and (branch, sample) not in zero_written:
                             zero_written.add((branch, sample))
                             zero = tensor_bytes(op.tokens, op.channels, n_ranks, lanes, st)
                         t = segment_timing(op.tokens, op.channels, k, n_ranks=n_ranks,
                                            lanes=lanes, depth=depth, fmt=fmt,
-                                           stream_tokens=st)
+                                           stream_tokens=st, group=cache_group)
                         for i in run:
                             o = shape.ops[i]
                             log.append(OpEvent(**base, layer=o.layer, op=o.op, index=i,
@@ -358,7 +383,8 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                             **base, layer=op.layer, op=op.op, index=op.index, reused=False,
                             reason="schedule", tokens=op.tokens, channels=op.channels,
                             dtype=fmt,
-                            stored_bytes=tensor_bytes(op.tokens, op.channels, n_ranks, lanes,
-                                                      op.stream_tokens) if store else 0))
+                            stored_bytes=entry_bytes(op.tokens, op.channels, n_ranks, lanes,
+                                                     cache_group, op.stream_tokens)
+                            if store else 0))
     return log
 
