@@ -369,7 +369,7 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
                 gen.rtl_events, run.model.config, lanes=args.lanes, depth=gen.driver.cfg.depth,
                 dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram,
                 nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model",
-                cache=args.cache)
+                cache=args.cache, cache_format=run.cache_format, cache_group=run.cache_group)
     return bit_exact, rtl
 
 
@@ -403,7 +403,7 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
         # the events' NME cycles (counted at nme_mhz) time the NMEs when they all came
         # from the DRAM-timed DIMM-NMP
         nme_timing="events" if args.dram and gen.rtl_events is None else "model",
-        cache=args.cache)
+        cache=args.cache, cache_format=run.cache_format, cache_group=run.cache_group)
     modelled["available"] = True
     return modelled
 
@@ -534,8 +534,8 @@ def _policy(args, model):
     """(name, policy) from the flags; every file is read and checked here, before any work.
     A flag the chosen policy does not read is refused, not ignored."""
     from coda.host.cache.policies import check_cached_steps, get_policy
-    from coda.experiments.profile import Profile, model_hash
-    from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
+    from coda.experiments.profile import model_hash
+    from coda.host.cache.shipped import SHIPPED_SCHEDULE, load_schedule
 
     uniform_flags = args.interval is not None or args.warmup is not None
     if args.policy is not None and not args.policy.strip():
@@ -586,13 +586,7 @@ def _policy(args, model):
         return name, get_policy("uniform", interval=interval, warmup=warmup)
     profile = None
     if name in _PROFILE_POLICIES:
-        if args.profile is None and args.steps != 50:
-            raise ValueError(f"--policy {name} --steps {args.steps}: the shipped profile is "
-                             "for 50 steps; give --profile of coda profile --steps "
-                             f"{args.steps}")
-        path = args.profile or SHIPPED_PROFILE
-        profile = Profile.load(path)
-        profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+        profile = _profile(args, mhash, layers, f"--policy {name}")[0]
     if name in _SKIP_POLICIES:
         return name, get_policy(name, skip=skip, profile=profile,
                                 num_steps=args.steps, num_layers=layers)
@@ -626,6 +620,21 @@ def _dra_thresholds(args, model, sched, profile, path):
         driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True))
 
 
+def _profile(args, mhash: str, layers: int, who: str):
+    """(the profile, its path): --profile or the shipped one (50 steps), checked against the
+    model, --steps and the layers; ``who`` names the option that reads it in the error."""
+    from coda.experiments.profile import Profile
+    from coda.host.cache.shipped import SHIPPED_PROFILE
+
+    if args.profile is None and args.steps != 50:
+        raise ValueError(f"{who} --steps {args.steps}: the shipped profile is for 50 steps; "
+                         f"give --profile of coda profile --steps {args.steps}")
+    path = args.profile or SHIPPED_PROFILE
+    profile = Profile.load(path)
+    profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+    return profile, path
+
+
 def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     """--cache forecast: (alphas, where they came from); (None, None) for reuse. The alphas
     are the schedule file's ``"forecast"`` block (coda: --schedule or the shipped one) if it
@@ -634,8 +643,8 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     :func:`coda.experiments.forecast_calibration.calibrate_forecast`, torch backend)."""
     from coda.host.nme.backend import TorchBackend
     from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
-    from coda.experiments.profile import Profile, model_hash
-    from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE
+    from coda.experiments.profile import model_hash
+    from coda.host.cache.shipped import SHIPPED_SCHEDULE
 
     if args.cache != "forecast":
         return None, None
@@ -646,13 +655,7 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
         found = load_forecast(path, model_id=mhash, num_steps=args.steps)
         if found is not None:
             return found[1], f"{path} (\"forecast\" block)"
-    if args.profile is None and args.steps != 50:
-        raise ValueError(f"--cache forecast --steps {args.steps}: the alphas are calibrated on "
-                         "the profile's videos and the shipped profile is for 50 steps; give "
-                         f"--profile of coda profile --steps {args.steps}")
-    path = args.profile or SHIPPED_PROFILE
-    profile = Profile.load(path)
-    profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+    profile, path = _profile(args, mhash, layers, "--cache forecast")
     table = calibrate_forecast(
         model, {name: sched}, profile.meta["prompts"], profile.meta["seeds"],
         num_steps=args.steps, guidance_scale=args.guidance,

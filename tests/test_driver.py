@@ -378,7 +378,7 @@ def test_int8_slots_segment_is_bit_exact_over_ranks(ranks, fmt, t, groups, per, 
 def test_int8_slot_errors_name_g_and_c():
     drv = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=1024), ranks=2)
     q, s = ops.quant_int8(torch.ones(4, 48), 16, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"int8 cache group G=20 for C=48 channels: expected a "
+    with pytest.raises(ValueError, match=r"cache_group G=20 for C=48 channels: expected a "
                                          r"divisor of C=48 that is a multiple of the NME's 8"):
         drv.store_int8("a", q, s, 20)
     with pytest.raises(ValueError, match=r"G=12 for C=48"):

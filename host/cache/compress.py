@@ -8,7 +8,7 @@
   int8 ``q = round-half-to-even(c / scale)`` (:func:`coda.host.nme.ops.quant_int8`, on the xPU
   where the output is computed), q packed two per 16-bit element as the NME's INT8 stream
   reads it and the scales beside it (:meth:`coda.host.nmp.driver.NMPDriver.store_int8`):
-  ``0.5 + 2/G`` of the bytes of a 16-bit entry (``1 + 2/G`` bytes per element against 2).
+  ``0.5 + 1/G`` of the bytes of a 16-bit entry (``1 + 2/G`` bytes per element against 2).
   A segment dequantises on the NMEs (:func:`coda.host.nme.ops.segment_int8`: ``q * scale``
   rounded to the format, then the usual ``g * d`` and sum), one program of up to 7 terms at the
   default NME limits.
@@ -20,6 +20,8 @@ model's C = 96).
 """
 
 from __future__ import annotations
+
+from coda.host.nmp.slots import check_qgroup
 
 __all__ = ["CACHE_FORMATS", "DEFAULT_GROUP", "check_format", "resolve_group"]
 
@@ -48,12 +50,7 @@ def resolve_group(channels: int, lanes: int, group: int | None = None) -> int:
     """
     channels, lanes = int(channels), int(lanes)
     if group is not None:
-        group = int(group)
-        if group < 1 or channels % group or group % lanes:
-            raise ValueError(f"cache_group G={group} for C={channels} channels: expected a "
-                             f"divisor of C={channels} that is a multiple of the NME's "
-                             f"{lanes} lanes")
-        return group
+        return check_qgroup(group, channels, lanes)
     for g in range(DEFAULT_GROUP - DEFAULT_GROUP % lanes, 0, -lanes):
         if channels % g == 0:
             return g

@@ -51,9 +51,9 @@ def check_qgroup(qgroup: int, channels: int, lanes: int) -> int:
     and C."""
     qgroup = int(qgroup)
     if qgroup < 1 or channels % qgroup or qgroup % lanes:
-        raise ValueError(f"int8 cache group G={qgroup} for C={channels} channels: expected "
-                         f"a divisor of C={channels} that is a multiple of the NME's "
-                         f"{lanes} lanes")
+        raise ValueError(f"cache_group G={qgroup} for C={channels} channels: expected a "
+                         f"divisor of C={channels} that is a multiple of the NME's {lanes} "
+                         "lanes")
     return qgroup
 
 
