@@ -30,8 +30,7 @@ from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.cache.schedule import Schedule
 from coda.options import add_options, from_args, option
 
-__all__ = ["record_outputs", "fit_tables", "calibrate_forecast", "computed_pairs",
-           "save_forecast", "load_forecast"]
+__all__ = ["record_outputs", "fit_tables", "calibrate_forecast", "save_forecast", "load_forecast"]
 
 
 @dataclass(eq=False)
@@ -79,19 +78,6 @@ def record_outputs(model, labels: Sequence[int], seed: int, *, num_steps: int,
     return out
 
 
-def computed_pairs(schedule: Schedule, branch: str, ref) -> dict[int, tuple[int, int]]:
-    """For each step ``t`` at which ``schedule`` reuses ``ref`` = (layer, op) in ``branch``
-    and two earlier steps computed it: ``t -> (k, k')``, the last and the one before."""
-    pairs, computed = {}, []
-    for t in range(schedule.num_steps):
-        if ref in schedule.reused(t, branch):
-            if len(computed) >= 2:
-                pairs[t] = (computed[-1], computed[-2])
-        else:
-            computed.append(t)
-    return pairs
-
-
 def _sums(outputs: dict, schedules: dict, acc: dict) -> None:
     """Add one generation's sums to ``acc[name][(t, op)] = [num, den, err_reuse, norm]`` for
     every schedule (batched over the schedule's reused steps per recorded operator)."""
@@ -100,7 +86,7 @@ def _sums(outputs: dict, schedules: dict, acc: dict) -> None:
     for (branch, _, layer, op, _), seq in outputs.items():
         c = torch.stack(seq).flatten(1).float()          # [steps, tokens * C]
         for name, schedule in schedules.items():
-            pairs = computed_pairs(schedule, branch, (layer, op))
+            pairs = schedule.computed_pairs(branch, (layer, op))
             if not pairs:
                 continue
             t, k, k2 = (torch.tensor(x) for x in zip(*((t, k, k2)

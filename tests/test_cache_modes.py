@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coda.experiments.forecast_calibration import computed_pairs
 from coda.host.cache.engine import (CodaCacheConfig, apply_coda_cache, get_coda_cache_hook,
                                     remove_coda_cache)
 from coda.host.cache.policies import UniformIntervalPolicy
@@ -63,7 +62,7 @@ class HistorySpy(TorchSegmentDriver):
             if key[-1] == "prev":
                 continue
             history = self.stored[key[1:5]]
-            pair = computed_pairs(self.sched, key[1], (key[3], key[4])).get(
+            pair = self.sched.computed_pairs(key[1], (key[3], key[4])).get(
                 self._step(key[1]))
             done = {s: t for s, t in history}
             assert torch.equal(self.slots[key], done[pair[0]] if pair else history[-1][1])

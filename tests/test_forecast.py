@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coda.experiments.forecast_calibration import (calibrate_forecast, computed_pairs,
+from coda.experiments.forecast_calibration import (calibrate_forecast,
                                                    load_forecast, record_outputs,
                                                    save_forecast)
 from coda.host.cache.forecast import ALPHA_RANGE, ForecastTable, fit_alpha, forecast_gates
@@ -84,7 +84,7 @@ def test_calibration_fits_each_step_and_type_on_the_recorded_outputs(tmp_path):
                                guidance_scale=4.0, driver_factory=_factory(model))["u"]
     sums = {}
     for (branch, _, layer, op, _), seq in rec.items():
-        for t, (k, k2) in computed_pairs(SCHED, branch, (layer, op)).items():
+        for t, (k, k2) in SCHED.computed_pairs(branch, (layer, op)).items():
             c = [seq[i].double().numpy().ravel() for i in (t, k, k2)]
             s = sums.setdefault((t, op), [0.0, 0.0])
             s[0] += float((c[0] - c[1]) @ (c[1] - c[2]))

@@ -243,6 +243,19 @@ class Schedule:
         return any(s < self.num_steps and ref in self.reused(s, branch)
                    for s in range(step + 1, step + 1 + history))
 
+    def computed_pairs(self, branch: str, ref) -> dict[int, tuple[int, int]]:
+        """For each step ``t`` at which ``ref`` is reused in ``branch`` and two earlier steps
+        computed it: ``t -> (k, k')``, the last and the one before: the steps at which the
+        forecast mode extrapolates (:mod:`coda.host.cache.forecast`)."""
+        pairs, computed = {}, []
+        for t in range(self.num_steps):
+            if ref in self.reused(t, branch):
+                if len(computed) >= 2:
+                    pairs[t] = (computed[-1], computed[-2])
+            else:
+                computed.append(t)
+        return pairs
+
     def ops_skipped_fraction(self) -> float:
         """Reused operator executions / all cacheable operator executions, both branches."""
         total = self.num_steps * len(BRANCHES) * len(self.order())

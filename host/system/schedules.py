@@ -81,19 +81,10 @@ class ModelSchedule:
         return Schedule.store_after_compute(self, step, branch, index, history)
 
     def computed_pairs(self, branch: str, index: int) -> dict[int, tuple[int, int]]:
-        """For each step ``t`` at which operator ``index`` is reused in ``branch`` and two
-        earlier steps computed it: ``t -> (k, k')``, the last and the one before: the steps
-        at which the forecast mode extrapolates (a *forecast term*,
-        :mod:`coda.host.cache.forecast`). The rule of
-        :func:`coda.experiments.forecast_calibration.computed_pairs`, on operator indices."""
-        pairs, computed = {}, []
-        for t in range(self.num_steps):
-            if index in self.reused(t, branch):
-                if len(computed) >= 2:
-                    pairs[t] = (computed[-1], computed[-2])
-            else:
-                computed.append(t)
-        return pairs
+        """The steps at which operator ``index`` is a forecast term in ``branch``, ``t ->
+        (k, k')`` (:meth:`coda.host.cache.schedule.Schedule.computed_pairs`, on operator
+        indices)."""
+        return Schedule.computed_pairs(self, branch, index)
 
     def ops_skipped_fraction(self, branches: tuple[str, ...] = BRANCHES) -> float:
         total = self.num_steps * len(branches) * self.num_ops
