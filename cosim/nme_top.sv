@@ -2,13 +2,17 @@
 // stalls, a command feeder and a job controller, so that a whole program runs with no
 // Python per clock (see docs/design.md, Cosimulation).
 //
+// The memory's words live in the file +MEM_SHM, which the host maps too (cosim/shared_mem.py,
+// DPI-C side cosim/shared_mem.cpp): the host writes and reads them directly, nothing is
+// loaded or dumped through the HDL; the file also lists the words written since a job began.
+//
 // cocotb drives the job port (tb_* inputs, marked public) and waits for tb_ack to change:
-//   OP_LOAD  : $readmemh(+MEM_IN) into the memory (full image or sparse "@addr data" lines)
+//   OP_LOAD  : acknowledge (the host has written the memory: a clock edge passes)
 //   OP_CLEAR : zero the whole memory
-//   OP_RUN   : $readmemh(+CMD_IN) into the command buffer, stream tb_ncmd words into the NME,
-//              wait for `done`, latch status / l1 / cycles / toggles, and (tb_dump_dirty) write
-//              the words written during the run to +MEM_OUT as "@addr data" lines
-//   OP_DUMP  : $writememh(+MEM_OUT) of the whole memory
+//   OP_RUN   : $readmemh(+CMD_IN) into the command buffer, empty the written-words list,
+//              stream tb_ncmd words into the NME, wait for `done`, latch status / l1 /
+//              cycles / toggles and the number of words written (tb_ndirty)
+//   OP_DUMP  : acknowledge (the host reads the memory)
 // A reset (tb_rst) aborts a running job (tb_aborted); the memory is not reset: reads in flight
 // are still answered, as a real memory would.
 `timescale 1ns/1ps
@@ -46,7 +50,6 @@ module nme_tb_top #(
     logic [15:0] tb_rsp_stall /*verilator public_flat_rw*/ = 16'd0;
     logic [7:0]  tb_latency /*verilator public_flat_rw*/ = 8'd1;     // cycles, >= 1
     logic [31:0] tb_max_cycles /*verilator public_flat_rw*/ = 32'd1000000;
-    logic        tb_dump_dirty /*verilator public_flat_rw*/ = 1'b1;
 
     logic [31:0] tb_ack /*verilator public_flat_rw*/ = 32'd0;   // = tb_req when the job ended
     logic [2:0]  tb_status /*verilator public_flat_rw*/ = 3'd0;
@@ -67,11 +70,24 @@ module nme_tb_top #(
     logic        tb_nme_busy /*verilator public_flat_rw*/;
     logic        tb_nme_done /*verilator public_flat_rw*/;
 
-    string mem_in_path = "mem_in.hex", mem_out_path = "mem_out.hex", cmd_in_path = "cmd_in.hex";
+    // ---------------------------------------------------------------- the shared memory
+    import "DPI-C" function int coda_mem_open(input string path, input int words,
+                                              input int lanes);
+    import "DPI-C" function void coda_mem_read(input int addr, output bit [WB-1:0] data);
+    import "DPI-C" function void coda_mem_write(input int addr, input bit [WB-1:0] data,
+                                                input bit [LANES-1:0] mask);
+    import "DPI-C" function void coda_mem_run_start();
+    import "DPI-C" function int coda_mem_ndirty();
+    import "DPI-C" function void coda_mem_clear();
+
+    string mem_shm_path = "mem.shm", cmd_in_path = "cmd_in.hex";
     initial begin
-        void'($value$plusargs("MEM_IN=%s", mem_in_path));
-        void'($value$plusargs("MEM_OUT=%s", mem_out_path));
+        int err;
+        void'($value$plusargs("MEM_SHM=%s", mem_shm_path));
         void'($value$plusargs("CMD_IN=%s", cmd_in_path));
+        err = coda_mem_open(mem_shm_path, MEM_WORDS, LANES);
+        if (err != 0) $fatal(1, "+MEM_SHM=%s: cannot map a %0d-word, %0d-lane memory (error %0d)",
+                             mem_shm_path, MEM_WORDS, LANES, err);
     end
 
     // ---------------------------------------------------------------- the NME
@@ -123,8 +139,6 @@ module nme_tb_top #(
     wire rsp_stall = lfsr[31:16] < tb_rsp_stall;
 
     // ---------------------------------------------------------------- memory
-    logic [WB-1:0] mem [MEM_WORDS];
-    bit            dirty [MEM_WORDS];
     logic [WB-1:0] rsp_data [RSP_DEPTH];
     logic [63:0]   rsp_due [RSP_DEPTH];
     logic [RSP_AW-1:0] rsp_head = '0, rsp_tail = '0;
@@ -146,24 +160,6 @@ module nme_tb_top #(
     assign cmd_valid = (jstate == J_RUN) && (cmd_idx < tb_ncmd);
     assign cmd_data = cmd_buf[cmd_idx[$clog2(CMD_DEPTH)-1:0]];
 
-    task automatic dump_dirty();
-        int fd, n;
-        n = 0;
-        fd = $fopen(mem_out_path, "w");
-        for (int i = 0; i < MEM_WORDS; i++) begin
-            if (dirty[i]) begin
-                $fwrite(fd, "@%0h %h\n", i, mem[i]);
-                n++;
-            end
-        end
-        $fclose(fd);
-        tb_ndirty <= n;
-    endtask
-
-    task automatic clear_dirty();
-        for (int i = 0; i < MEM_WORDS; i++) dirty[i] = 1'b0;
-    endtask
-
     task automatic finish_job(input logic timed_out);
         tb_status <= status;
         tb_l1 <= l1;
@@ -171,7 +167,7 @@ module nme_tb_top #(
         tb_cmd_left <= tb_ncmd - cmd_idx;
         tb_rsp_left <= 32'(rsp_count);
         tb_timeout <= timed_out;
-        if (tb_dump_dirty) dump_dirty();
+        tb_ndirty <= 32'(coda_mem_ndirty());
         tb_ack <= last_req;
         jstate <= J_IDLE;
     endtask
@@ -186,17 +182,15 @@ module nme_tb_top #(
             if (32'(mem_req_addr) >= MEM_WORDS) begin
                 tb_oob <= tb_oob + 32'd1;
             end else if (mem_req_we) begin
-                logic [WB-1:0] word;
-                word = mem[mem_req_addr];
-                for (int j = 0; j < LANES; j++)
-                    if (mem_req_wmask[j]) word[16*j +: 16] = mem_req_wdata[16*j +: 16];
-                mem[mem_req_addr] = word;
-                dirty[mem_req_addr] = 1'b1;
+                coda_mem_write(32'(mem_req_addr), mem_req_wdata, mem_req_wmask);
                 tb_nwrites <= tb_nwrites + 32'd1;
             end
             if (!mem_req_we) begin
+                bit [WB-1:0] word;
+                word = '0;
+                if (32'(mem_req_addr) < MEM_WORDS) coda_mem_read(32'(mem_req_addr), word);
                 if (rsp_count == (RSP_AW+1)'(RSP_DEPTH)) tb_overflow <= tb_overflow + 32'd1;
-                rsp_data[rsp_tail] <= (32'(mem_req_addr) < MEM_WORDS) ? mem[mem_req_addr] : '0;
+                rsp_data[rsp_tail] <= word;
                 rsp_due[rsp_tail] <= tb_clk_count + 64'(tb_latency == 0 ? 8'd1 : tb_latency);
                 rsp_tail <= rsp_tail + 1'b1;
                 tb_nreads <= tb_nreads + 32'd1;
@@ -222,21 +216,13 @@ module nme_tb_top #(
                     if (tb_req != last_req) begin
                         last_req <= tb_req;
                         case (tb_op)
-                            OP_LOAD: begin
-                                $readmemh(mem_in_path, mem);
-                                tb_ack <= tb_req;
-                            end
                             OP_CLEAR: begin
-                                for (int i = 0; i < MEM_WORDS; i++) mem[i] = '0;
-                                tb_ack <= tb_req;
-                            end
-                            OP_DUMP: begin
-                                $writememh(mem_out_path, mem);
+                                coda_mem_clear();
                                 tb_ack <= tb_req;
                             end
                             OP_RUN: begin
                                 $readmemh(cmd_in_path, cmd_buf);
-                                clear_dirty();
+                                coda_mem_run_start();
                                 cmd_idx <= 16'd0;
                                 tb_cycles <= 32'd0;
                                 tb_timeout <= 1'b0;

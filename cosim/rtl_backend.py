@@ -5,9 +5,12 @@ configuration it builds the cosimulation once (:func:`coda.cosim.build.build_sim
 disk) and starts simulator processes running the cocotb job server (:mod:`coda.cosim.server`),
 one per rank of the driver's jobs (up to ``max_sims``), which run in parallel; every program is
 a request over a TCP socket on 127.0.0.1, run at full Verilator speed with no Python per clock.
-Each simulator keeps its rank's memory image: only the words that changed since its previous job
-are loaded and only the words the NME wrote are read back, so a long stream of programs costs
-little.
+Each simulator's memory is a file the host maps too (:mod:`coda.cosim.shared_mem`). A caller
+that keeps its rank images in these memories (:meth:`RTLBackend.rank_image`, as
+:class:`coda.host.nmp.driver.NMPDriver` does) moves nothing at all between jobs: what it writes
+is what the NME reads and what the NME writes is in its array when the job ends. An image of
+the caller's own is compared with the memory and only the words that differ are copied in;
+its result is a copy of the memory after the job.
 
 Results are bit-identical to :class:`coda.host.nme.backend.TorchBackend` for ``mem``, ``status`` and
 ``l1``; ``cycles`` are the RTL's measured clock cycles from the header being presented to
@@ -41,6 +44,7 @@ import numpy as np
 from coda.cosim import memfile
 from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_command,
                               sim_env)
+from coda.cosim.shared_mem import SharedMemory, memory_path
 from coda.hw.nme.executor import ExecResult
 from coda.hw.nme.isa import NMEConfig, Program, Status
 
@@ -77,15 +81,25 @@ class SimSession:
         job_timeout_s: wall limit for one request (s).
         waves: an ``.fst`` file where the simulator writes the waveform of its whole life
             (the build must be traced; complete once :meth:`close` returns).
+        memory: the simulator's memory (a :class:`SharedMemory` of the build's geometry, kept
+            by the caller, e.g. a rank image); default: a new zeroed one of its own, deleted
+            by :meth:`close`.
     Raises:
         CosimRunError: the simulator did not start or connect in time (with its log tail).
         ValueError: ``waves`` with an untraced build, or not an .fst path.
     """
 
     def __init__(self, build: SimBuild, workdir: Path, *, start_timeout_s: float = 120.0,
-                 job_timeout_s: float = 600.0, waves: str | os.PathLike | None = None):
+                 job_timeout_s: float = 600.0, waves: str | os.PathLike | None = None,
+                 memory: SharedMemory | None = None):
         self._prepare(build, workdir, job_timeout_s)
-        command = sim_command(build, self.workdir, waves=waves)
+        if memory is not None and (memory.words, memory.lanes) != (build.mem_words, build.lanes):
+            raise ValueError(f"memory of {memory.words} words x {memory.lanes} lanes: the build "
+                             f"has {build.mem_words} x {build.lanes}")
+        self._own_memory = memory is None
+        self.memory = memory if memory is not None else SharedMemory.create(
+            memory_path(self.workdir), build.lanes, build.mem_words)
+        command = sim_command(build, self.workdir, waves=waves, memory=self.memory.path)
         self.waves = Path(command[-1]) if waves is not None else None
         self._start(SERVER_MODULE, {"CODA_COSIM_LANES": str(build.lanes),
                                     "CODA_COSIM_MEM_WORDS": str(build.mem_words)},
@@ -98,10 +112,11 @@ class SimSession:
         self.job_timeout_s = job_timeout_s
         self.waves: Path | None = None       # the FST file this simulator writes, if any
         self.log = self.workdir / "sim.log"
-        self.shadow: np.ndarray | None = None   # what the simulator's memory holds
+        self.memory: SharedMemory | None = None
+        self._own_memory = False
         self.jobs = 0
         self.seconds = 0.0
-        self._pending: tuple | None = None   # (words, mem, t0) of a submitted program
+        self._pending: tuple | None = None   # (words, shared, t0) of a submitted program
 
     def _start(self, server_module: str, extra_env: dict, command: list[str],
                start_timeout_s: float) -> None:
@@ -184,35 +199,31 @@ class SimSession:
         return self._answer(req.get("op"), timeout_s)
 
     # ------------------------------------------------------------------ jobs
-    def sync_memory(self, mem: np.ndarray) -> bool:
-        """Write the words of ``mem`` the simulator does not hold yet; True if a load is due."""
-        if self.shadow is None:
-            memfile.write_image(self.workdir / "mem_in.hex", mem)
-        else:
-            changed = memfile.changed_words(mem, self.shadow)
-            if changed.size == 0:
-                return False
-            if changed.size > mem.shape[0] // 2:
-                memfile.write_image(self.workdir / "mem_in.hex", mem)
-            else:
-                memfile.write_sparse(self.workdir / "mem_in.hex", mem, changed)
-        return True
+    def sync_memory(self, mem: np.ndarray) -> int:
+        """Make the simulator's memory equal ``mem``: nothing to do when ``mem`` is that
+        memory (:attr:`memory`), else the words that differ are copied in. Returns how many
+        were."""
+        if mem is self.memory.mem:
+            return 0
+        changed = memfile.changed_words(mem, self.memory.mem)
+        self.memory.mem[changed] = mem[changed]
+        return int(changed.size)
 
     def submit(self, words: list[int], mem: np.ndarray, *, latency: int, req_stall: float,
                rsp_stall: float, seed: int, max_cycles: int) -> None:
         """Start command ``words`` on image ``mem`` without waiting; :meth:`collect` ends it.
-        Several sessions' programs thus run in parallel (one simulator process each)."""
+        Several sessions' programs thus run in parallel (one simulator process each). When
+        ``mem`` is the simulator's own memory the caller may go on writing words the program
+        does not touch (other cache slots) while it runs, as a host writes rank memory
+        while the NME works; an image of the caller's own is copied in first."""
         if self._pending is not None:
             raise CosimRunError("submit while a program is pending: collect it first")
         t0 = time.perf_counter()
-        load = self.sync_memory(mem)
-        self.shadow = None   # unknown until the answer arrives
-        self._send({"op": "run", "words": [f"{w:x}" for w in words], "load": load,
+        self.sync_memory(mem)
+        self._send({"op": "run", "words": [f"{w:x}" for w in words],
                     "latency": latency, "req_stall": req_stall, "rsp_stall": rsp_stall,
                     "seed": seed, "max_cycles": max_cycles})
-        # a snapshot: the caller may write its image (other cache slots) while this runs,
-        # and what the simulator holds afterwards is this image plus the NME's writes
-        self._pending = (words, mem.copy(), t0)
+        self._pending = (words, mem is self.memory.mem, t0)
 
     @property
     def pending(self) -> bool:
@@ -223,24 +234,21 @@ class SimSession:
         """Wait for the pending program; (the server's answer, the image after, read-only)."""
         if self._pending is None:
             raise CosimRunError("collect without a submitted program")
-        words, mem, t0 = self._pending
+        words, shared, t0 = self._pending
         self._pending = None
         answer = self._answer("run")
-        out = mem          # the snapshot taken at submit: this session's own copy
-        if answer["ndirty"]:
-            addrs, dirty = memfile.read_sparse(self.workdir / "mem_out.hex", mem.shape[1])
-            if addrs.size != answer["ndirty"]:
-                raise CosimRunError(f"dirty dump has {addrs.size} words, expected "
-                                    f"{answer['ndirty']}")
-            out[addrs] = dirty
+        if answer["ndirty"] != self.memory.ndirty:
+            raise CosimRunError(f"the top counted {answer['ndirty']} words written, the memory "
+                                f"lists {self.memory.ndirty}")
         if answer["timeout"] or answer["aborted"] or answer["faults"]:
             raise CosimRunError(f"NME protocol fault {answer['faults']} (timeout "
                                 f"{answer['timeout']}, aborted {answer['aborted']}) on program "
                                 f"{[hex(w) for w in words]}:\n" + log_tail(self.log))
-        # the image after the program, read-only: it is both the caller's result and the
-        # record of what the simulator holds (no second copy of a 2^20-word image per job)
-        out.flags.writeable = False
-        self.shadow = out
+        if shared:
+            out = self.memory.mem      # the caller's own array: the NME wrote into it
+        else:
+            out = self.memory.mem.copy()
+            out.flags.writeable = False
         self.jobs += 1
         self.seconds += time.perf_counter() - t0
         return answer, out
@@ -252,10 +260,8 @@ class SimSession:
         return self.collect()
 
     def dump(self) -> np.ndarray:
-        """The simulator's whole memory (uint16 ``[mem_words, lanes]``)."""
-        self.request({"op": "dump"})
-        return memfile.read_full(self.workdir / "mem_out.hex", self.build.mem_words,
-                                 self.build.lanes)
+        """A copy of the simulator's whole memory (uint16 ``[mem_words, lanes]``)."""
+        return self.memory.mem.copy()
 
     # ------------------------------------------------------------------ shutdown
     def close(self, timeout_s: float = 10.0) -> None:
@@ -274,6 +280,8 @@ class SimSession:
         except OSError:
             pass
         self._logfh.close()
+        if self._own_memory and self.memory is not None:
+            self.memory.close(unlink=True)
 
     def kill(self) -> None:
         """Stop the simulator process at once."""
@@ -351,8 +359,9 @@ class RTLBackend(SessionOwner):
     ``stats``: ``programs``, ``cycles`` (summed over jobs), ``seconds`` (wall time from each
     launch to its collection, less simulator builds and starts: an upper bound of the time
     the simulators ran when the caller computes between :meth:`submit_many` and
-    :meth:`collect`), ``starts``,
-    ``start_seconds``, ``toggles``.
+    :meth:`collect`), ``sim_seconds`` (the simulators' own wall time running programs,
+    summed over jobs: what is left of ``seconds`` x simulators is per-job overhead and
+    waiting), ``starts``, ``start_seconds``, ``toggles``.
     """
     name = "rtl"
 
@@ -386,9 +395,11 @@ class RTLBackend(SessionOwner):
         self.job_timeout_s = float(job_timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.keep_logs = keep_logs
-        self.sessions: dict[tuple[NMEConfig, int], SimSession] = {}
+        self.sessions: dict[tuple, SimSession] = {}
+        self._rank_memories: dict[tuple[NMEConfig, int], SharedMemory] = {}
+        self._rank_of: dict[int, tuple[NMEConfig, int]] = {}   # id(array) -> its (cfg, rank)
         self.stats = {"programs": 0, "cycles": 0, "seconds": 0.0, "starts": 0,
-                      "start_seconds": 0.0, "toggles": 0}
+                      "start_seconds": 0.0, "toggles": 0, "sim_seconds": 0.0}
         self._track()
 
     def build(self, cfg: NMEConfig):
@@ -406,22 +417,66 @@ class RTLBackend(SessionOwner):
         return path
 
     def session(self, cfg: NMEConfig, slot: int = 0) -> SimSession:
-        """Simulator ``slot`` of ``cfg`` (0 .. max_sims-1), built and started on first use."""
+        """Simulator ``slot`` of ``cfg`` (0 .. max_sims-1), built and started on first use,
+        with a memory of its own (the images of :meth:`rank_image` have their own
+        simulators)."""
         if not isinstance(cfg, NMEConfig):
             raise TypeError(f"cfg of type {type(cfg).__name__}: expected NMEConfig")
         if not 0 <= slot < self.max_sims:
             raise ValueError(f"slot={slot}: expected 0..{self.max_sims - 1}")
-        sess = self.sessions.get((cfg, slot))
+        return self._session((cfg, slot), cfg, None)
+
+    def _session(self, key, cfg: NMEConfig, memory: SharedMemory | None) -> SimSession:
+        """The simulator of ``key``, (re)started on first use or after it died."""
+        sess = self.sessions.get(key)
         if sess is None or sess.proc.poll() is not None:
             t0 = time.perf_counter()
             build = self.build(cfg)
             workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
+            if sess is not None:
+                sess.close()
             sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,
-                              job_timeout_s=self.job_timeout_s, waves=self._next_wave_file())
-            self.sessions[cfg, slot] = sess
+                              job_timeout_s=self.job_timeout_s, waves=self._next_wave_file(),
+                              memory=memory)
+            self.sessions[key] = sess
             self.stats["starts"] += 1
             self.stats["start_seconds"] += time.perf_counter() - t0
         return sess
+
+    def rank_image(self, cfg: NMEConfig, rank: int) -> np.ndarray:
+        """The memory of rank ``rank`` (>= 0) for ``cfg``: uint16 ``[cfg.mem_words,
+        cfg.lanes]``, zeroed when first asked for, mapped by the simulator that will run the
+        rank's programs (its own, started on the rank's first job). A caller that keeps its
+        rank image in this array and passes it back as the job's image moves no words
+        between jobs (:class:`coda.host.nmp.driver.NMPDriver` does). The same array on every
+        call until :meth:`close`. Raises TypeError / ValueError for a bad ``cfg`` / ``rank``."""
+        if not isinstance(cfg, NMEConfig):
+            raise TypeError(f"cfg of type {type(cfg).__name__}: expected NMEConfig")
+        if not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank={rank!r}: expected an int >= 0")
+        memory = self._rank_memories.get((cfg, rank))
+        if memory is None:
+            memory = SharedMemory.create(memory_path(), cfg.lanes, cfg.mem_words)
+            self._rank_memories[cfg, rank] = memory
+            self._rank_of[id(memory.mem)] = (cfg, rank)
+        return memory.mem
+
+    def _job_session(self, cfg: NMEConfig, mem: np.ndarray, foreign: int) -> SimSession:
+        """The simulator of a job on image ``mem``: its rank's when ``mem`` is a
+        :meth:`rank_image` of ``cfg``, else foreign slot ``foreign``."""
+        owner = self._rank_of.get(id(mem))
+        if owner is not None and owner[0] == cfg and self._rank_memories[owner].mem is mem:
+            return self._session((cfg, "rank", owner[1]), cfg, self._rank_memories[owner])
+        return self.session(cfg, foreign)
+
+    def close(self) -> None:
+        """Stop every simulator and delete the rank memories' files (arrays still held by a
+        caller stay readable; a later job on them copies them in as images of its own)."""
+        super().close()
+        for memory in self._rank_memories.values():
+            memory.close(unlink=True)
+        self._rank_memories.clear()
+        self._rank_of.clear()
 
     def execute(self, cfg: NMEConfig, program: Program, mem: np.ndarray):
         """Run ``program`` on a copy of ``mem`` (uint16 ``[cfg.mem_words, cfg.lanes]``) on
@@ -466,7 +521,13 @@ class RTLBackend(SessionOwner):
         for program, mem in jobs:
             mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
             prepared.append((program.words(), mem, cycle_limit(cfg, program, self.latency, stall)))
-        sessions = [self.session(cfg, slot) for slot in range(len(prepared))]
+        sessions, foreign = [], 0
+        for _, mem, _ in prepared:
+            sessions.append(self._job_session(cfg, mem, foreign))
+            foreign += sessions[-1].memory.mem is not mem
+        if len({id(s) for s in sessions}) < len(sessions):
+            raise ValueError("two jobs of one launch on the same rank image: expected one "
+                             "job per rank")
         error = None
         for sess, (words, mem, limit) in zip(sessions, prepared):
             try:
@@ -505,6 +566,7 @@ class RTLBackend(SessionOwner):
             self.stats["programs"] += 1
             self.stats["cycles"] += answer["cycles"]
             self.stats["toggles"] += answer["toggles"]
+            self.stats["sim_seconds"] += answer.get("sim_wall_s", 0.0)
             results.append(ExecResult(out, status, _f32(answer["l1_bits"]),
                                       int(answer["cycles"])))
         return results

@@ -2,19 +2,20 @@
 
 Started once per NME configuration by :mod:`coda.cosim.rtl_backend`. It connects back to the
 backend on ``127.0.0.1:$CODA_COSIM_PORT``, says hello with ``$CODA_COSIM_TOKEN`` and then serves
-one JSON line per request, one JSON line per answer. Memory images travel in the hex files named
-by the top's plusargs (the backend writes ``+MEM_IN`` and reads ``+MEM_OUT``; command words come
-in the request); between requests the simulator is blocked on the socket (no simulated time
-passes), during a request it runs the program in HDL with no Python per clock.
+one JSON line per request, one JSON line per answer. The memory is the file both map
+(:mod:`coda.cosim.shared_mem`): the backend writes and reads the words itself, nothing travels
+in the requests but the command words; between requests the simulator is blocked on the
+socket (no simulated time passes), during a request it runs the program in HDL with no Python
+per clock.
 
 Requests (``op`` field):
 
-- ``run``: ``{"op": "run", "words": [hex, ...], "load": bool, "latency": c, "req_stall": p,
-  "rsp_stall": p, "seed": s, "max_cycles": m}``: optionally ``$readmemh`` the memory file, run
-  the command words (header then micro-ops, hex strings), answer ``status``, ``l1_bits``,
-  ``cycles``, ``toggles``, ``ndirty`` (the dirty words are in ``+MEM_OUT``), ``timeout``,
-  ``aborted``, ``faults``, ``nreads``, ``nwrites``, ``sim_ns``.
-- ``dump``: write the whole memory to ``+MEM_OUT``.
+- ``run``: ``{"op": "run", "words": [hex, ...], "latency": c, "req_stall": p,
+  "rsp_stall": p, "seed": s, "max_cycles": m}``: run the command words (header then micro-ops,
+  hex strings) on the memory as it is, answer ``status``, ``l1_bits``, ``cycles``,
+  ``toggles``, ``ndirty`` (the words written, listed in the memory file), ``timeout``,
+  ``aborted``, ``faults``, ``nreads``, ``nwrites``, ``sim_ns`` and ``sim_wall_s`` (wall seconds
+  of the run in the simulator, Python of the request excluded).
 - ``reset``: pulse the reset.
 - ``quit``: end the simulation.
 
@@ -26,11 +27,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import cocotb
 from cocotb.utils import get_sim_time
 
-from coda.cosim.tb import OP_LOAD, NMEHarness
+from coda.cosim.tb import NMEHarness
 
 __all__ = ["serve"]
 
@@ -52,23 +54,20 @@ async def _handle(h: NMEHarness, req: dict) -> dict:
                            req_stall=float(req.get("req_stall", 0.0)),
                            rsp_stall=float(req.get("rsp_stall", 0.0)),
                            seed=int(req.get("seed", 1)))
-        if req.get("load"):
-            await h.port.call(OP_LOAD)
         words = [int(w, 16) for w in req["words"]]
         t0 = get_sim_time("ns")
+        w0 = time.perf_counter()
         res = await h.driver.run(words, int(req.get("max_cycles", 50_000_000)))
+        wall = time.perf_counter() - w0
         return {"ok": True, "status": int(res.status), "l1_bits": res.l1_bits,
                 "cycles": res.cycles, "toggles": res.toggles, "ndirty": int(res.dirty_addrs.size),
                 "timeout": res.timeout, "aborted": res.aborted, "faults": res.protocol_faults(),
                 "nreads": res.nreads, "nwrites": res.nwrites,
-                "sim_ns": get_sim_time("ns") - t0}
-    if op == "dump":
-        await h.memory.dump()
-        return {"ok": True}
+                "sim_ns": get_sim_time("ns") - t0, "sim_wall_s": wall}
     if op == "reset":
         await h.driver.reset(int(req.get("cycles", 3)))
         return {"ok": True}
-    raise ValueError(f"unknown request op {op!r}: expected run, dump, reset or quit")
+    raise ValueError(f"unknown request op {op!r}: expected run, reset or quit")
 
 
 async def serve_requests(handle, log=None) -> None:

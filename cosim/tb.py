@@ -6,9 +6,12 @@ L1 / cycles / written words out) and :class:`NMEHarness` (both, plus ``execute``
 on a memory image). Every method costs a handful of Python awaits per *job*, none per clock: the
 top's job port runs file loads, the command stream, the program and the dumps in HDL.
 
-Files: the top reads/writes the paths of its plusargs ``+MEM_IN``, ``+MEM_OUT``, ``+CMD_IN``.
-The memory geometry comes from the environment (``CODA_COSIM_LANES``,
-``CODA_COSIM_MEM_WORDS``), set by whoever started the simulator (:mod:`coda.cosim.build`).
+Files: the top's memory is the file of its plusarg ``+MEM_SHM``
+(:class:`coda.cosim.shared_mem.SharedMemory`, created by whoever started the simulator), which
+:class:`MemoryModel` maps too: loads and dumps are numpy copies, and a program's written
+words come from the file's list of them; command words go through ``+CMD_IN``. The memory
+geometry comes from the environment (``CODA_COSIM_LANES``, ``CODA_COSIM_MEM_WORDS``), set by
+whoever started the simulator (:mod:`coda.cosim.build`), and must match the file's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 from cocotb.triggers import Timer
 
 from coda.cosim import memfile
+from coda.cosim.shared_mem import SharedMemory
 from coda.hw.nme.isa import Status
 
 __all__ = ["RunResult", "JobPort", "MemoryModel", "CommandDriver", "NMEHarness",
@@ -120,8 +124,11 @@ class MemoryModel:
         self.port = port
         self.lanes = _env_int("CODA_COSIM_LANES")
         self.mem_words = _env_int("CODA_COSIM_MEM_WORDS")
-        self.mem_in = Path(str(cocotb.plusargs.get("MEM_IN", "mem_in.hex")))
-        self.mem_out = Path(str(cocotb.plusargs.get("MEM_OUT", "mem_out.hex")))
+        self.shared = SharedMemory.attach(str(cocotb.plusargs.get("MEM_SHM", "mem.shm")))
+        if (self.shared.words, self.shared.lanes) != (self.mem_words, self.lanes):
+            raise RuntimeError(f"{self.shared.path}: {self.shared.words} words of "
+                               f"{self.shared.lanes} lanes, the environment says "
+                               f"{self.mem_words} of {self.lanes}")
         self.config = (1, 0.0, 0.0)   # (latency, req_stall, rsp_stall) set by configure()
 
     def configure(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
@@ -148,7 +155,7 @@ class MemoryModel:
     async def load(self, mem: np.ndarray) -> None:
         """Replace the whole memory with ``mem`` (uint16 ``[mem_words, lanes]``)."""
         mem = memfile.check_image(mem, self.mem_words, self.lanes)
-        memfile.write_image(self.mem_in, mem)
+        self.shared.mem[:] = mem
         await self.port.call(OP_LOAD)
 
     async def load_words(self, mem: np.ndarray, addrs: np.ndarray) -> None:
@@ -156,7 +163,7 @@ class MemoryModel:
         addrs = np.asarray(addrs, dtype=np.int64)
         if addrs.size == 0:
             return
-        memfile.write_sparse(self.mem_in, mem, addrs)
+        self.shared.mem[addrs] = mem[addrs]
         await self.port.call(OP_LOAD)
 
     async def clear(self) -> None:
@@ -166,7 +173,7 @@ class MemoryModel:
     async def dump(self) -> np.ndarray:
         """The whole memory: uint16 ``[mem_words, lanes]``."""
         await self.port.call(OP_DUMP)
-        return memfile.read_full(self.mem_out, self.mem_words, self.lanes)
+        return self.shared.mem.copy()
 
 
 class CommandDriver:
@@ -192,7 +199,6 @@ class CommandDriver:
         memfile.write_commands(self.cmd_in, words)
         self.dut.tb_ncmd.value = len(words)
         self.dut.tb_max_cycles.value = max_cycles
-        self.dut.tb_dump_dirty.value = 1
         self._pending = self.port.post(OP_RUN)
 
     async def wait(self) -> RunResult:
@@ -220,9 +226,11 @@ class CommandDriver:
         ndirty = int(d.tb_ndirty.value)
         aborted = bool(int(d.tb_aborted.value))
         if ndirty and not aborted:
-            addrs, words = memfile.read_sparse(self.memory.mem_out, self.memory.lanes)
+            addrs = self.memory.shared.dirty_addrs()
+            words = self.memory.shared.mem[addrs]
             if len(addrs) != ndirty:
-                raise RuntimeError(f"dirty dump has {len(addrs)} words, the top counted {ndirty}")
+                raise RuntimeError(f"{len(addrs)} words listed as written, the top counted "
+                                   f"{ndirty}")
         else:
             addrs = np.zeros(0, dtype=np.int64)
             words = np.zeros((0, self.memory.lanes), dtype=np.uint16)

@@ -323,6 +323,41 @@ def test_rtl_backend_matches_torch_backend():
     assert all(p.poll() is not None for p in procs), "simulator still running after close()"
 
 
+def test_rtl_backend_rank_images_are_the_simulators_memories():
+    """A rank image (RTLBackend.rank_image) is the memory its simulator maps: a job on it
+    returns that very array with the NME's stores in it and TorchBackend's bits, words the host
+    writes between jobs reach the next program without a load, an image of the caller's own
+    gives the same bits from a copy, and two jobs of one launch on one rank image are refused.
+    The memory files are deleted by close."""
+    from coda.cosim.rtl_backend import RTLBackend
+    from coda.host.nme.backend import TorchBackend
+
+    cfg = BASE
+    rng = np.random.default_rng(12)
+    jobs = _operator_jobs(cfg, rng)
+    torch_be = TorchBackend()
+    with RTLBackend(max_sims=2) as rtl:
+        images = [rtl.rank_image(cfg, r) for r in range(2)]
+        assert rtl.rank_image(cfg, 1) is images[1] and not images[0].any()
+        paths = [m.path for m in rtl._rank_memories.values()]
+        for name, program, mem in jobs[:4]:
+            images[0][:] = mem           # the host writes its rank memory in place
+            images[1][:] = mem[::-1]
+            exp = [torch_be.execute(cfg, program, m.copy()) for m in images]
+            own = rtl.execute(cfg, program, images[1].copy())
+            got = rtl.execute_many(cfg, [(program, m) for m in images])
+            for r in range(2):
+                assert got[r].mem is images[r], f"{name}: rank {r} result is not its image"
+                assert _same(got[r], exp[r], cfg.fmt), f"{name}: rank {r}"
+            assert own.mem is not images[1] and _same(own, exp[1], cfg.fmt), name
+        assert {k[1:] for k in rtl.sessions if len(k) == 3} == {("rank", 0), ("rank", 1)}
+        with pytest.raises(ValueError, match="same rank image"):
+            rtl.execute_many(cfg, [(jobs[0][1], images[0]), (jobs[0][1], images[0])])
+        with pytest.raises(ValueError, match="rank=-1"):
+            rtl.rank_image(cfg, -1)
+    assert not any(p.exists() for p in paths), "rank memory files left after close()"
+
+
 def test_rtl_backend_rejects_bad_image():
     from coda.cosim.rtl_backend import RTLBackend
 

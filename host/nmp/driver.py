@@ -100,7 +100,12 @@ class NMPDriver:
         self.n_ranks = self.dimms * self.ranks
         self.dtype = torch_dtype(cfg.fmt)
         self.word_bytes = 2 * cfg.lanes
-        self.mems = [np.zeros((cfg.mem_words, cfg.lanes), np.uint16) for _ in range(self.n_ranks)]
+        # the rank images: the backend's own memories where it offers them (the RTL's are
+        # mapped by its simulators, so nothing is copied between jobs), else host arrays
+        rank_image = getattr(backend, "rank_image", None)
+        self.mems = [rank_image(cfg, r) if rank_image is not None
+                     else np.zeros((cfg.mem_words, cfg.lanes), np.uint16)
+                     for r in range(self.n_ranks)]
         self.dram = dram if dram is not None else getattr(backend, "std", DEFAULT_STANDARD)
         self._allocs = self._new_allocators()
         self._group_colours: dict = {}

@@ -48,3 +48,8 @@ class Backend(Protocol):
         of into a copy; a backend whose memory lives elsewhere (a simulator) ignores it.
         """
         ...
+
+    # Optional: ``rank_image(cfg, rank) -> np.ndarray``, the backend's own memory for a rank
+    # (uint16 [cfg.mem_words, cfg.lanes]); a caller that passes it back as the rank's image
+    # moves no words between jobs (the RTL backend maps it into its simulators). The driver
+    # uses it where present.
