@@ -249,23 +249,27 @@ def _hw_sources_digest() -> str:
     return digest.hexdigest()
 
 
-def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False) -> str:
-    """``coda.hw.verilog.nme_verilog(cfg, "coda_nme", measure_toggles=...)``, cached in
-    ``build/cosim/verilog/``.
+def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False,
+                       clock_gating: bool = False) -> str:
+    """``coda.hw.verilog.nme_verilog(cfg, "coda_nme", measure_toggles=..., clock_gating=...)``,
+    cached in ``build/cosim/verilog/``.
 
     Elaborating the NME takes tens of seconds; the cache key is the configuration and the
     hash of every ``hw/*.py`` source, so any change of the hardware regenerates it.
     Raises CosimBuildError if generation fails.
     """
-    key = hashlib.sha256(json.dumps([asdict(cfg), measure_toggles, _hw_sources_digest()]
-                                    if measure_toggles else [asdict(cfg), _hw_sources_digest()]
-                                    ).encode()).hexdigest()
+    parts = [asdict(cfg), measure_toggles, _hw_sources_digest()] if measure_toggles else \
+        [asdict(cfg), _hw_sources_digest()]
+    if clock_gating:     # only then: the ungated NME keeps the key it always had
+        parts.append({"clock_gating": True})
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
     path = build_dir("cosim", "verilog") / f"{key[:20]}.v"
     if path.exists():
         return path.read_text()
     try:
         from coda.hw.verilog import nme_verilog
-        verilog = nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles)
+        verilog = nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles,
+                              clock_gating=clock_gating)
     except Exception as exc:  # the message must say which config failed and why
         raise CosimBuildError(f"generating the NME Verilog for {cfg} failed: {exc!r}") from exc
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -275,7 +279,8 @@ def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False) -> str:
 
 
 def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False,
-              measure_toggles: bool = False, waves: bool = False) -> SimBuild:
+              measure_toggles: bool = False, waves: bool = False,
+              clock_gating: bool = False) -> SimBuild:
     """Build (or reuse) the cosimulation of the NME ``cfg``.
 
     Args:
@@ -289,6 +294,10 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
             ``build/cosim/waves-<key>/`` (about 1.5x the default's build time); runs of it write
             waveforms when :func:`sim_command` / :func:`run_cocotb` are given a file, and run
             slower than the default model even without one.
+        clock_gating: with the default Verilog, the NME with gated lane clocks
+            (:class:`coda.hw.nme.top.NME`): the same bits and cycles, and Verilator evaluates
+            a lane's registers only in the cycles they may load (about 1.5x the simulated
+            cycles per second of the ungated NME: docs/results.md, Cosimulation speed).
     Returns:
         The :class:`SimBuild`. A cache hit costs only the Verilog generation and a hash.
     Raises:
@@ -297,7 +306,7 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
     if not isinstance(cfg, NMEConfig):
         raise TypeError(f"cfg of type {type(cfg).__name__}: expected coda.hw.nme.isa.NMEConfig")
     if verilog is None:
-        verilog = nme_verilog_cached(cfg, measure_toggles)
+        verilog = nme_verilog_cached(cfg, measure_toggles, clock_gating)
     tog_w = _toggle_width(verilog, DUT_NAME)
     params = {"LANES": cfg.lanes, "MEM_WORDS": cfg.mem_words, "RSP_DEPTH": RSP_DEPTH,
               "CMD_DEPTH": CMD_DEPTH, "TOG_W": tog_w or 64}

@@ -346,6 +346,9 @@ class RTLBackend(SessionOwner):
         keep_logs: keep the simulators' work folders (logs, hex files) after :meth:`close`.
         max_sims: simulator processes per configuration (1..64) that :meth:`execute_many`
             spreads its jobs over (one per rank of the driver).
+        clock_gating: simulate NMEs with gated lane clocks (the default, as the DIMM-NMP's
+            cosimulation: the same bits and cycles, a faster model; :func:`build_sim`);
+            False: the ungated NME.
         measure_toggles: simulate NMEs with the simulation-only FU toggle counter
             (``stats["toggles"]``; 0 without it).
         waves: an ``.fst`` file: run the traced model (a separate cached build) and write
@@ -368,6 +371,7 @@ class RTLBackend(SessionOwner):
     def __init__(self, *, latency: int = 1, req_stall: float = 0.0, rsp_stall: float = 0.0,
                  seed: int = 1, job_timeout_s: float = 600.0, start_timeout_s: float = 180.0,
                  keep_logs: bool = False, max_sims: int = 8, measure_toggles: bool = False,
+                 clock_gating: bool = True,
                  waves: str | os.PathLike | None = None):
         if not 1 <= int(latency) <= 255:
             raise ValueError(f"latency={latency}: expected 1..255 cycles")
@@ -388,6 +392,7 @@ class RTLBackend(SessionOwner):
         self.wave_files: list[Path] = []
         self.max_sims = int(max_sims)
         self.measure_toggles = bool(measure_toggles)
+        self.clock_gating = bool(clock_gating)
         self.latency = int(latency)
         self.req_stall = float(req_stall)
         self.rsp_stall = float(rsp_stall)
@@ -405,6 +410,7 @@ class RTLBackend(SessionOwner):
     def build(self, cfg: NMEConfig):
         """The Verilated model this backend runs for ``cfg`` (subclasses swap the Verilog)."""
         return build_sim(cfg, measure_toggles=self.measure_toggles,
+                         clock_gating=self.clock_gating,
                          waves=self.waves is not None)
 
     def _next_wave_file(self) -> Path | None:

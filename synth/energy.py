@@ -164,7 +164,7 @@ def measure_activity(cfg: NMEConfig, ops=OPERATORS, *, tokens: int = 64, channel
     out = []
     for isolation in (True, False):
         icfg = dataclasses.replace(cfg, operand_isolation=isolation)
-        backend = RTLBackend(measure_toggles=True)
+        backend = RTLBackend(measure_toggles=True, clock_gating=False)   # the synthesised, ungated NME
         try:
             session = backend.session(icfg)
             for i, op in enumerate(ops):
