@@ -22,19 +22,28 @@ alone, and the cosimulation's speed, in ``build/bench/``.
 3. unless ``--skip-nme``, the speed of the NME's cosimulation on an ideal memory
    (:func:`coda.cosim.nme_speed.measure`: simulated cycles per second, per-job overhead, two
    ranks in lockstep);
-4. a whole DIMM-NMP (:func:`coda.cosim.nmp_measure.measure_nmp`, ``--nmp-dimms`` x
+4. unless ``--skip-nme`` or ``--run-prompts ''``, a cosimulated generation: ``coda run`` of
+   ``--run-prompts`` (default 0,1) through the RTL on an ideal memory, 1 DIMM x 2 ranks, and of
+   ``--run-dram-prompts`` (default 0; ``''``: none) on the DRAM-timed DIMM-NMP of
+   ``--nmp-dram``: each one's ``sim_cycles_per_s`` (NME cycles summed over the ranks per
+   second from launch to result, as ``coda run`` reports it), seconds and bit-exactness, and
+   the ideal-memory run's ratio to step 3's ``ceiling`` (two ranks, no host in the loop), in
+   ``rtl_generation``; the runs' own folders are beside ``--out`` (``run-ideal``,
+   ``run-dram``);
+5. a whole DIMM-NMP (:func:`coda.cosim.nmp_measure.measure_nmp`, ``--nmp-dimms`` x
    ``--nmp-ranks`` of ``--nmp-dram``, 256 KiB per stream): simulated cycles per wall second
    and the DRAM bandwidth utilisation per rank of a long residual add and a 4-stream segment;
    ``--nmp-flags`` measures other Verilator/C++ option sets
    (:data:`coda.cosim.nmp_build.FLAG_SETS`, one build each).
 
-Prints steps 3 and 4 as one JSON object; writes it to ``--out`` (default
+Prints steps 3 to 5 as one JSON object; writes it to ``--out`` (default
 ``build/bench/cosim.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +92,10 @@ class BenchConfig:
     nmp_flags: str = option(None, "comma-separated FLAG_SETS keys to compare, or 'all'",
                             type=str, default_text="the backend's default set only")
     skip_nme: bool = option(False, "only the DIMM-NMP figures")
+    run_prompts: str = option("0,1", "prompts of the cosimulated generation on an ideal "
+                              "memory ('' = none)")
+    run_dram_prompts: str = option("0", "prompts of the cosimulated generation on the "
+                                   "DRAM-timed DIMM-NMP of --nmp-dram ('' = none)")
     skip_dram: bool = option(False, "leave out the DRAM controller replays (build/bench/dram.json)")
     sweep_lanes: str = option(",".join(map(str, SWEEP_LANES)), "lanes of the design-space "
                               "sweep ('' = no sweep)")
@@ -205,6 +218,8 @@ def _cosim_speed(args: argparse.Namespace) -> dict:
     :data:`NMP_STREAM_BYTES` per stream, once per ``--nmp-flags`` set."""
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, mem_words=args.mem_words, depth=args.depth)
     result = {} if args.skip_nme else measure(cfg)
+    if not args.skip_nme:
+        result["rtl_generation"] = _rtl_generations(args, result["ceiling"])
     from coda.cosim.nmp_build import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
@@ -215,3 +230,35 @@ def _cosim_speed(args: argparse.Namespace) -> dict:
     result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f,
                                       stream_words=words) for f in flag_sets]
     return result
+
+
+def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
+    """Step 4 of the module docstring: ``coda run`` of ``--run-prompts`` (ideal memory) and
+    ``--run-dram-prompts`` (``--nmp-dram``), every prompt through the RTL; their
+    cosimulation figures, and the ideal run's ``ceiling_ratio`` (ceiling cycles/s over its
+    own)."""
+    from coda.experiments import run as coda_run
+
+    out = {"ceiling_cycles_per_s": ceiling["cycles_per_s"]}
+    for name, prompts, dram in (("ideal", args.run_prompts, None),
+                                ("dram", args.run_dram_prompts, args.nmp_dram)):
+        if not prompts:
+            continue
+        folder = args.out.with_name(f"run-{name}")
+        argv = ["--out", str(folder), "--prompts", prompts] + (["--dram", dram] if dram else [])
+        parser = argparse.ArgumentParser()
+        coda_run.configure(parser)
+        t0 = time.perf_counter()
+        coda_run.main(parser.parse_args(argv))
+        report = json.loads((folder / "report.json").read_text())
+        out[name] = {"command": "coda run " + " ".join(argv), "dram": dram,
+                     "prompts": report["rtl"]["prompts"],
+                     "bit_exact_rtl_vs_torch": report["bit_exact_rtl_vs_torch"],
+                     "nme_programs": report["rtl"]["nme_programs"],
+                     "sim_cycles_per_s": round(report["sim_cycles_per_s"]),
+                     "cached_generation_s": round(report["rtl"]["cached_generation_s"], 1),
+                     "wall_s": round(time.perf_counter() - t0, 1)}
+    if "ideal" in out:
+        out["ideal"]["ceiling_ratio"] = round(ceiling["cycles_per_s"]
+                                              / out["ideal"]["sim_cycles_per_s"], 3)
+    return out

@@ -358,6 +358,22 @@ def test_rtl_backend_rank_images_are_the_simulators_memories():
     assert not any(p.exists() for p in paths), "rank memory files left after close()"
 
 
+def test_cosim_speed_measure_counts_the_models_cycles():
+    """coda bench's speed figures (nme_speed.measure) run the programs they say: the big
+    program's RTL cycles are the cycle model's, the ceiling counts every rank of every launch,
+    and every rate is positive."""
+    from coda.cosim.nme_speed import big_program, measure
+    from coda.hw.nme.cycles import model_cycles
+
+    out = measure(BASE, tiny_jobs=3, launches=2, ranks=2)
+    big = model_cycles(BASE, big_program(BASE), Status.OK, mem_latency=1)
+    assert out["one_rank"]["cycles"] == out["own_image"]["cycles"] == big
+    assert out["ceiling"]["cycles"] == 2 * 2 * big and out["ceiling"]["ranks"] == 2
+    for key in ("one_rank", "own_image", "ceiling"):
+        assert out[key]["cycles_per_s"] > 0 and out[key]["sim_cycles_per_s"] > 0
+    assert out["tiny_job"]["ms_per_job"] > 0
+
+
 def test_rtl_backend_rejects_bad_image():
     from coda.cosim.rtl_backend import RTLBackend
 
