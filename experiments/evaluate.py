@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from coda.experiments.metrics import motion_px, psnr_db, ssim
+from coda.host.cache.device import DEVICES
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
@@ -159,6 +160,9 @@ class EvalConfig:
     profile: str = option(None, "profile.npz of coda profile", type=str,
                           default_text="the shipped one for 50 steps")
     backend: str = option("torch", "where segments and monitors run", choices=("torch", "rtl"))
+    device: str = option("cpu", "where the DiT, the CFG loop and the cache hooks run (cuda: "
+                         "a GPU, torch built with CUDA; the schedule search stays on the CPU)",
+                         choices=DEVICES)
     batch: int = option(2, "videos per generation")
     workers: int = option(2, "Ray workers of the coda search's rollouts when no shipped "
                           "schedule fits (0: in this process)")
@@ -191,7 +195,9 @@ def main(args) -> int:
     vid_seeds = [seed for seed in s.seeds for _ in s.prompts]
     t0 = time.perf_counter()
     console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {cfg.steps} steps")
-    full = full_videos(s.model, vid_labels.tolist(), vid_seeds, cache_dir="build/refs", **common)
+    on_cpu = cfg.device == "cpu"    # kept videos are the CPU's (full_videos keys them so)
+    full = full_videos(s.model, vid_labels.tolist(), vid_seeds,
+                       cache_dir="build/refs" if on_cpu else None, **common)
     motion = motion_px(full)
     from coda.host.model.classifier import label_accuracy
     acc_full = label_accuracy(full, vid_labels)
@@ -242,6 +248,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     ``args`` gives the NME's units (:func:`coda.hw.verilog.add_latency_arguments`). Raises
     ValueError naming the flag."""
     from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.device import resolve_device
     from coda.host.cache.policies import (MAX_SEED, check_cached_steps, check_guidance,
                                           check_steps, parse_int_list, parse_list)
     from coda.host.cache.shipped import SHIPPED_PROFILE
@@ -251,6 +258,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     from coda.paths import check_output_path
 
     # ---- every check before any work
+    device = resolve_device(cfg.device, "--device")     # no CUDA: refused first
     policies = parse_list(cfg.policy, "--policy", str, choices=POLICY_NAMES)
     modes = parse_list(cfg.cache, "--cache", str, choices=CACHE_MODES)
     formats = parse_list(cfg.cache_format, "--cache-format", str, choices=CACHE_FORMATS)
@@ -288,7 +296,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
         profile = Profile.load(profile_path)
     backend = get_backend(cfg.backend)
     torch.set_num_threads(cfg.threads)
-    model, _ = load_model()
+    model, _ = load_model(device)
     layers = len(model.transformer.transformer_blocks)
     if profile is not None:
         profile.check_for(model_hash(model), cfg.steps, layers,

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from coda.host.cache.device import DEVICES
 from coda.host.nmp.driver import NMPDriver
 # parse_int_list lives with the other command-line helpers; re-exported here
 from coda.host.cache.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
@@ -60,7 +61,7 @@ def model_hash(model) -> str:
     h = hashlib.sha256(json.dumps(model.config, sort_keys=True).encode())
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().float().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -431,6 +432,8 @@ class ProfileConfig:
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 2..1000 (the model's training timesteps)")
     guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
     out: str = option(None, "output folder", type=str, required=True)
+    device: str = option("cpu", "where the DiT, the CFG loop and the cache hooks run (cuda: "
+                         "a GPU, torch built with CUDA)", choices=DEVICES)
     backend: str = option("torch", "where l1_distance runs (same numbers)",
                           choices=("torch", "rtl"))
     lanes: int = option(8, "NME SIMD lanes")
@@ -492,11 +495,13 @@ def make_driver_factory(model, backend, lanes: int, ranks: int, **nme):
 def main(args) -> int:
     from rich.console import Console
 
+    from coda.host.cache.device import resolve_device
     from coda.host.nme.backend import get_backend
     from coda.host.model.dit import load_model
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
+    device = resolve_device(args.device, "--device")     # no CUDA: refused first
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
     seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
     check_steps(args.steps, lo=2)
@@ -513,7 +518,7 @@ def main(args) -> int:
     torch.set_num_threads(args.threads)
     console = Console()
     console.print(preset.describe())    # the top of the output: which NME runs l1_distance
-    model, _ = load_model()
+    model, _ = load_model(device)
     t0 = time.perf_counter()
     prof = profile_model(model, prompts, seeds,
                          make_driver_factory(model, backend, args.lanes, args.ranks, **nme),

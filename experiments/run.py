@@ -26,6 +26,12 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    backend, whose first videos must be bit-identical to the RTL's (a video's bits do not
    depend on the other videos of its batch).
 
+``--device cuda`` runs the DiT, the CFG loop and the cache hooks on the GPU (the NMP driver
+takes each segment's tensors to the host and back, as PCIe does); ``--backend device`` keeps
+the cache in that device's memory instead, its segments torch ops there
+(:class:`coda.host.cache.device.DeviceCache`, system b of the ablation: no NME, nothing of
+the cache on the host link; the modelled systems are then a..c).
+
 With ``--backend rtl`` every prompt goes through the RTL by default (the RTL run of all ten
 takes about 2.5 minutes on 2 cores: docs/results.md, Cosimulation speed); ``--rtl-videos N``
 puts only the first N through it (their seeds and their policy as in the whole run); when
@@ -59,6 +65,7 @@ from typing import Any
 
 import torch
 
+from coda.host.cache.device import DEVICES
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.jsonout import json_text
@@ -80,8 +87,11 @@ class RunConfig:
     prompts: str = option(DEFAULT_PROMPTS, "distinct digits 0..9, e.g. 0,3,7 or 0-3")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
     guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
-    backend: str = option("rtl", "where cache segments run (rtl = the Verilated NME)",
-                          choices=("rtl", "torch"))
+    backend: str = option("rtl", "where cache segments run (rtl = the Verilated NME; device = "
+                          "the cache in --device memory, torch ops there)",
+                          choices=("rtl", "torch", "device"))
+    device: str = option("cpu", "where the DiT, the CFG loop and the cache hooks run (cuda: "
+                         "a GPU, torch built with CUDA)", choices=DEVICES)
     rtl_videos: int = option(None, "rtl backend: how many of the prompts (the first ones) run "
                              "through the RTL and are checked bit for bit against torch; the "
                              "rest run on torch", type=int,
@@ -159,10 +169,10 @@ class _Setup:
     nme_mhz: float | None        # the NMEs' own clock (--nme-mhz, checked); None: not given
     preset: Any                  # the NME (coda.hw.verilog.resolve_preset)
     out: Path
-    model: Any
+    model: Any                   # on --device
     policy_name: str
     policy: Any
-    backend: Any                 # where the cache segments run (--backend, --dram)
+    backend: Any                 # where the cache segments run (--backend, --dram; None: device)
     modelled_dram: str           # the DRAM of the modelled systems: --dram, else DDR5-4800
     forecast: Any = None         # --cache forecast: the alphas (ForecastTable)
     forecast_source: str | None = None
@@ -209,16 +219,23 @@ def main(args) -> int:
     backends disagree."""
     from rich.console import Console
 
+    from coda.host.cache.device import DeviceCache
+    from coda.hw.nme.isa import NMEConfig
+
     run = _setup(args)
     torch.set_num_threads(args.threads)
     console = Console()
-    console.print(run.preset.describe())    # the top of the output: which NME runs the segments
+    # the top of the output: which NME runs the segments
+    console.print(run.preset.describe() if run.backend is not None else
+                  f"the cache in {args.device} memory, its segments torch ops there (no NME)")
     t_start = time.perf_counter()
     # bad --lanes etc. fail now
-    driver = _driver(run.backend, args, run.model, run.rtl_videos or len(run.digits), run.inputs)
+    driver = DeviceCache() if run.backend is None else _driver(
+        run.backend, args, run.model, run.rtl_videos or len(run.digits), run.inputs)
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
-    modelled_reason = _modelled_unavailable(args, driver.cfg.depth, run.modelled_dram)
+    modelled_reason = _modelled_unavailable(args, getattr(driver.cfg, "depth", NMEConfig.depth),
+                                            run.modelled_dram)
     run.out.mkdir(parents=True, exist_ok=True)
     gen = _generate(console, args, run, driver)
     bit_exact = rtl = None
@@ -239,12 +256,14 @@ def _setup(args) -> _Setup:
     """Every check before any work or any file: flags, output folder, policy, backend (whose
     simulators are built and started only when the first segment runs); loads the model (the
     policy's files are checked against it). Raises ValueError naming the flag."""
+    from coda.host.cache.device import resolve_device
     from coda.host.nme.backend import get_backend
     from coda.host.model.dit import load_model
     from coda.host.cache.policies import check_guidance, check_seed, check_steps, parse_int_list
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
+    device = resolve_device(args.device, "--device")    # no CUDA: refused first
     digits = parse_int_list(args.prompts, "--prompts", 0, 9)
     check_steps(args.steps)
     check_guidance(args.guidance)
@@ -263,13 +282,14 @@ def _setup(args) -> _Setup:
         nme_mhz = check_nme_mhz(nme_mhz, args.dram)
     preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     out = check_output_path(args.out, "--out", folder=True)
-    model, _ = load_model()
+    model, _ = load_model(device)
     group = _cache_group(args, model)
     policy_name, policy = _policy(args, model)
     forecast, source = _forecast(args, model, policy_name, policy)
-    # bad --backend/--dram combinations and presets fail here
-    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
-                          **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
+    backend = None          # --backend device: no NME; bad --backend/--dram and presets fail here
+    if args.backend != "device" or args.dram is not None:
+        backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+                              **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
                   backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
                   forecast_source=source, cache_format=args.cache_format, cache_group=group)
@@ -310,9 +330,10 @@ def _generate(console, args, run: _Setup, driver) -> _Generation:
 
     seeds = [args.seed + i for i in range(len(digits))]
     run_labels = labels[:run.rtl_videos] if run.rtl_videos else labels
+    where = (f"{args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
+             f"{args.dram or 'ideal memory'}" if backend is not None else args.device)
     console.print(f"[bold]cached[/] {len(run_labels)} prompts, segments on the "
-                  f"[cyan]{args.backend}[/] backend ({args.dimms} DIMM × {args.ranks} ranks, "
-                  f"{args.lanes} lanes, {args.dram or 'ideal memory'})")
+                  f"[cyan]{args.backend}[/] backend ({where})")
     t0 = time.perf_counter()
     events = EventLog()
     cached, stats = cached_generate(run.model, run_labels, driver, run.policy, events=events,
@@ -394,11 +415,13 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
     systems of the ablation (a..f; a..g with ``--cache forecast``), ``"available": true``; or ``{"available": false,
     "reason": reason}``."""
     from coda.host.system import modelled as modelled_systems
+    from coda.hw.nme.isa import NMEConfig
 
     if reason is not None:
         return {"available": False, "reason": reason}
-    modelled = modelled_systems(
-        gen.events, run.model.config, lanes=args.lanes, depth=gen.driver.cfg.depth,
+    modelled = modelled_systems(     # a device cache has no NME: the default depth
+        gen.events, run.model.config, lanes=args.lanes,
+        depth=getattr(gen.driver.cfg, "depth", NMEConfig.depth),
         dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram, nme_mhz=run.nme_mhz,
         # the events' NME cycles (counted at nme_mhz) time the NMEs when they all came
         # from the DRAM-timed DIMM-NMP
@@ -425,6 +448,7 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
         "steps": args.steps,
         "guidance_scale": args.guidance,
         "backend": args.backend,
+        "device": args.device,
         "dram": args.dram,
         "nme_mhz": run.nme_mhz,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
@@ -451,9 +475,8 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
         "nme_cycles": driver.stats["nme_cycles"],
         # CFG interleaving in the cosimulation: segments launched while the host went on
         # computing the other branch, host seconds spent meanwhile, seconds then waited
-        "interleave": {"async_launches": gen.cosim_stats["async_launches"],
-                       "overlap_s": gen.cosim_stats["overlap_s"],
-                       "wait_s": gen.cosim_stats["wait_s"]},
+        "interleave": {k: gen.cosim_stats.get(k, 0)     # none on a device cache
+                       for k in ("async_launches", "overlap_s", "wait_s")},
         "sim_cycles_per_s": sim_cycles / sim_seconds if sim_seconds else None,
         "cached_generation_s": gen.cached_s,
         "wall_s": time.perf_counter() - t_start,

@@ -79,7 +79,7 @@ from diffusers.hooks.hooks import ModelHook, StateManager
 from coda.host.cache.arch import Architecture, get_architecture
 from .arch.base import BlockSpec
 from coda.host.cache.compress import check_format, resolve_group
-from coda.host.cache.events import EventLog
+from coda.host.cache.events import CACHE_MEMORIES, EventLog
 from coda.host.cache.forecast import CACHE_MODES, ForecastTable
 from coda.host.nmp.link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
 from coda.host.cache.policies import as_policy
@@ -110,7 +110,13 @@ class CodaCacheConfig:
         driver: the NMP driver (``coda.host.nmp.driver.NMPDriver``) holding the cache slots and
             running segments; anything with its ``store/segment/free/__contains__`` and
             ``stats["bytes_written"]`` works (``segment_submit`` for overlapped segments and
-            ``l1_to_slot``, ``wait`` for monitors are used where present / needed).
+            ``l1_to_slot``, ``wait`` for monitors are used where present / needed). The cache
+            in the xPU's own memory (system b) is
+            :class:`coda.host.cache.device.DeviceCache`; a driver's ``cache_memory``
+            (default ``"nmp"``) goes into every event
+            (:data:`coda.host.cache.events.CACHE_MEMORIES`). The engine runs on the device
+            of the model's tensors (``model.to(device)``; an NMP driver takes a segment's
+            inputs from there and returns its output there).
         policy: a :class:`coda.host.cache.policies.base.CachePolicy` (e.g.
             ``UniformIntervalPolicy()``, ``SchedulePolicy(schedule)``, a DRA wrapper), or a
             :class:`coda.host.cache.schedule.Schedule` (run as a ``SchedulePolicy``).
@@ -242,6 +248,10 @@ class CodaCacheHook(ModelHook):
                              f"got {type(config.forecast).__name__}")
         self.dtype = config.resolved_dtype()
         self.fmt = _DTYPE_NAMES[self.dtype]
+        self.cache_memory = getattr(config.driver, "cache_memory", "nmp")
+        if self.cache_memory not in CACHE_MEMORIES:
+            raise ValueError(f"driver cache_memory={self.cache_memory!r}: expected one of "
+                             f"{', '.join(CACHE_MEMORIES)}")
         check_format(config.cache_format)
         if config.cache_format == "int8" and not hasattr(config.driver, "store_int8"):
             raise ValueError(f"cache_format='int8' needs a driver with store_int8 "

@@ -18,6 +18,13 @@ collects it and derives the usual counters (:meth:`EventLog.stats`).
 
 Units: bytes are bytes on the host link (PCIe in the modelled system), whole NME words as
 the driver moves them; cycles are NME clock cycles (per launch, the slowest rank).
+
+Where the cache lives (``cache_memory``, :data:`CACHE_MEMORIES`, on every event): ``"nmp"``
+(the DIMM-NMP's rank memories behind the host link: stores, kept inputs, segments and
+monitors cross it) or ``"device"`` (the xPU's own memory,
+:class:`coda.host.cache.device.DeviceCache`, system b of the ablation: nothing of the cache
+crosses a link; ``stored_bytes`` and ``kept_bytes`` are then the bytes written to device
+memory, and segments and monitors move, launch and count nothing on a link or an NME).
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
-__all__ = ["OpEvent", "SegmentEvent", "MonitorEvent", "Event", "EventLog", "OpRef"]
+__all__ = ["OpEvent", "SegmentEvent", "MonitorEvent", "Event", "EventLog", "OpRef",
+           "CACHE_MEMORIES"]
 
 OpRef = tuple[int, str]   # (layer, op type)
+#: where the cache slots live: the DIMM-NMP behind the host link, or the xPU's memory
+CACHE_MEMORIES = ("nmp", "device")
 
 
 @dataclass(frozen=True)
@@ -48,10 +58,14 @@ class OpEvent:
             ``"threshold"``, ``"no-cache"``).
         tokens, channels: the operator's output per sample, ``[T, C]``.
         dtype: the cache (NME) element format, ``"bf16"`` or ``"fp16"``.
-        stored_bytes: bytes written to the DIMMs for this operator's output (cache store,
-            ``T * C * 2`` rounded up to whole words; 0 if not stored).
+        stored_bytes: bytes written to the cache for this operator's output (cache store:
+            to the DIMMs, ``T * C * 2`` rounded up to whole words; to device memory with
+            ``cache_memory="device"``, ``T * C * 2``; int8 entries: q and scales; 0 if not
+            stored).
         kept_bytes: bytes written to keep its input as a monitor reference (0 if not).
         segment: the id of the segment it ran in (reused) or None (computed).
+        cache_memory: where the cache lives (:data:`CACHE_MEMORIES`): ``"nmp"`` (the
+            bytes crossed the host link) or ``"device"`` (they did not).
     """
     generation: int
     step: int
@@ -69,6 +83,7 @@ class OpEvent:
     stored_bytes: int = 0
     kept_bytes: int = 0
     segment: int | None = None
+    cache_memory: str = "nmp"
     kind: str = field(default="op", init=False)
 
     @property
@@ -98,6 +113,8 @@ class SegmentEvent:
             programs), the tokens of each stream (summing to ``tokens``); () for one stream.
         terms: the cached tensors it reads per stream (``len(ops)`` for plain reuse; a
             forecast term reads two, :mod:`coda.host.cache.forecast`); 0: ``len(ops)``.
+        cache_memory: as :class:`OpEvent`; ``"device"``: the segment ran as torch ops in the
+            xPU's memory (bytes, programs and cycles 0: no link, no NME).
     """
     generation: int
     step: int
@@ -116,6 +133,7 @@ class SegmentEvent:
     nme_cycles: int
     stream_tokens: tuple[int, ...] = ()
     terms: int = 0
+    cache_memory: str = "nmp"
     kind: str = field(default="segment", init=False)
 
 
@@ -132,6 +150,7 @@ class MonitorEvent:
         value: the relative L1 change (float; ``inf`` if the reference is all zeros).
         bytes_to_nmp: the input written to the ranks plus command words.
         programs: NME launches. nme_cycles: their cycles (slowest rank per launch, summed).
+        cache_memory: as :class:`OpEvent` (``"device"``: computed in the xPU's memory).
     """
     generation: int
     step: int
@@ -146,6 +165,7 @@ class MonitorEvent:
     bytes_to_nmp: int
     programs: int
     nme_cycles: int
+    cache_memory: str = "nmp"
     kind: str = field(default="monitor", init=False)
 
 
@@ -192,7 +212,8 @@ class EventLog:
         ``ops_skipped_fraction`` (reused / all), ``fallbacks`` (computed with reason
         ``"fallback"``), ``segments`` (per sample), ``segment_ops``, ``programs`` (segment
         and monitor launches), ``stores`` (outputs written), ``monitors``, ``nme_cycles``,
-        ``pcie_bytes`` (host <-> DIMM bytes of stores, kept inputs, segments and monitors).
+        ``pcie_bytes`` (host <-> DIMM bytes of stores, kept inputs, segments and monitors;
+        a cache in device memory, ``cache_memory="device"``, adds none).
         """
         ops = self.of("op", generation)
         segs = self.of("segment", generation)
@@ -209,7 +230,8 @@ class EventLog:
             "stores": sum(e.stored_bytes > 0 for e in ops),
             "monitors": len(mons),
             "nme_cycles": sum(s.nme_cycles for s in segs) + sum(m.nme_cycles for m in mons),
-            "pcie_bytes": (sum(e.stored_bytes + e.kept_bytes for e in ops)
+            "pcie_bytes": (sum(e.stored_bytes + e.kept_bytes for e in ops
+                               if e.cache_memory == "nmp")
                            + sum(s.bytes_to_nmp + s.bytes_from_nmp for s in segs)
                            + sum(m.bytes_to_nmp for m in mons)),
         }

@@ -90,7 +90,7 @@ class StepRun:
         """The event fields that place a row: generation, step, branch, sample."""
         return dict(generation=self.hook.state.generation, step=self.step,
                     num_steps=self.num_steps, branch=self.branch_of[row],
-                    sample=self.sample_of[row])
+                    sample=self.sample_of[row], cache_memory=self.hook.cache_memory)
 
     # ---- StepState: what the block specs see ------------------------------------------
     def take(self, stream: str, samples: torch.Tensor) -> torch.Tensor:
@@ -113,6 +113,12 @@ class StepRun:
     @property
     def c(self) -> int:
         return self.h[PRIMARY].shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's residual streams are (the engine's index tensors and gates go
+        there)."""
+        return self.h[PRIMARY].device
 
     def tokens(self) -> dict[str, int]:
         """Tokens per sample of each stream."""
@@ -262,15 +268,16 @@ class StepRun:
         compute = [row for row in rows if not decisions[row].reuse]
         reuse = [row for row in rows if decisions[row].reuse]
         if reuse:
-            gates = {s: g.to(self.dtype) for s, g in
-                     spec.gates(self, call, op, torch.tensor(reuse, dtype=torch.long)).items()}
+            picked = torch.tensor(reuse, dtype=torch.long, device=self.device)
+            gates = {s: g.to(self.device, self.dtype)   # an ungated residual's ones: host-made
+                     for s, g in spec.gates(self, call, op, picked).items()}
             for pos, row in enumerate(reuse):
                 self.pending[row].append(ReusedOp({s: g[pos] for s, g in gates.items()}, layer,
                                                   op, index, decisions[row].reason))
         if not compute:
             return
         yield from self.flush_rows(compute)
-        samples = torch.tensor(compute, dtype=torch.long)
+        samples = torch.tensor(compute, dtype=torch.long, device=self.device)
         x_before = {row: self.h[PRIMARY][row] for row in compute if decisions[row].keep_input}
         out = spec.compute(self, call, op, samples)
         tokens = sum(self.tokens().values())

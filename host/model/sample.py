@@ -23,6 +23,12 @@ scale was chosen on validation seeds (``--seed-base 2000000``), not on the evalu
 docs/model.md has the table.
 The initial noise and every step's noise of sample i come from its own generator seeded
 ``seeds[i]``, so a sample does not depend on what else is in the batch.
+
+Device: ``generate(..., device=...)`` moves the model there (``model.to``) and runs the CFG
+loop there (the transformer, the guidance, the scheduler's update, the cache hooks); the
+noise is drawn on the host (CPU generators, so a video's noise is the same on every device)
+and moved, and the videos come back to the host. Without ``device`` it runs where the
+model's parameters are.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import math
 
 import torch
 
+from coda.host.cache.device import resolve_device
 from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
@@ -68,7 +75,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
              guidance_scale: float = DEFAULT_GUIDANCE, seeds: list[int] | None = None,
              seed: int = 0, eta: float = DEFAULT_ETA, frames: int | None = None, size: int | None = None,
              cfg_mode: str = "batched", progress: bool = False,
-             reset_cache: bool = True) -> torch.Tensor:
+             reset_cache: bool = True, device=None) -> torch.Tensor:
     """Denoise videos of the given digits with CFG.
 
     Args:
@@ -87,10 +94,13 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
         progress: show a tqdm bar.
         reset_cache: reset stateful hooks (cache engine) before the first step, so no cache
             is carried over from an earlier generation.
+        device: where the model (moved there) and the CFG loop run: ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"`` or a ``torch.device`` (default: the model's device).
     Returns:
-        float32 [B, 1, F, size, size], clipped to [-1, 1].
+        float32 [B, 1, F, size, size] on the CPU, clipped to [-1, 1].
     Raises:
-        ValueError: bad labels, steps, mode, frames or size.
+        ValueError: bad labels, steps, mode, frames or size; a device that is not there
+            (:func:`coda.host.cache.device.resolve_device`).
     """
     labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
     if labels.numel() == 0 or labels.min() < 0 or labels.max() > 9:
@@ -113,13 +123,18 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     seeds = [seed + i for i in range(b)] if seeds is None else [int(s) for s in seeds]
     if len(seeds) != b:
         raise ValueError(f"{len(seeds)} seeds for {b} labels: expected one per sample")
+    if device is not None:
+        model.to(resolve_device(device))
+    device = next(model.parameters()).device
     transformer = model.transformer
     if reset_cache:
         transformer._reset_stateful_cache()
     sched = make_scheduler(cfg)
     sched.set_timesteps(num_steps)
     generators = [torch.Generator().manual_seed(s) for s in seeds]
-    x = _draw(generators, (1, frames, size, size))          # = initial_noise(seeds, ...)
+    # = initial_noise(seeds, ...), drawn on the host
+    x = _draw(generators, (1, frames, size, size)).to(device)
+    labels = labels.to(device)
     null = torch.full_like(labels, NULL_LABEL)
     steps = sched.timesteps
     if progress:
@@ -130,14 +145,14 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
         for i, t in enumerate(steps):
             uncond, cond = _predict(model, x, t, labels, null, i, num_steps, cfg_mode)
             pred = uncond + guidance_scale * (cond - uncond)
-            noise = _draw(generators, x.shape[1:]) if eta > 0 else None
+            noise = _draw(generators, x.shape[1:]).to(device) if eta > 0 else None
             x = sched.step(pred, t, x, eta=float(eta), variance_noise=noise).prev_sample
-    return x.clamp(-1.0, 1.0)
+    return x.clamp(-1.0, 1.0).cpu()
 
 
 def _predict(model, x, t, labels, null, step, num_steps, cfg_mode):
     transformer = model.transformer
-    tt = torch.full((x.shape[0],), int(t), dtype=torch.long)
+    tt = torch.full((x.shape[0],), int(t), dtype=torch.long, device=x.device)
     if cfg_mode == "batched":
         with transformer.cache_context("uncond|cond", step_index=step, num_inference_steps=num_steps):
             out = model(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([null, labels]))
@@ -227,7 +242,8 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
     Args:
         model: the DigitLatte.
         labels: digits 0..9.
-        driver: an ``NMPDriver`` (its backend decides torch or RTL execution of segments).
+        driver: an ``NMPDriver`` (its backend decides torch or RTL execution of segments) or
+            a :class:`coda.host.cache.device.DeviceCache` (the cache in device memory).
         policy: a cache policy or ``Schedule`` (default ``UniformIntervalPolicy()``).
         events: an :class:`coda.host.cache.events.EventLog` that receives the operator events
             (default: a fresh one, dropped).
@@ -236,7 +252,10 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
             (``CodaCacheConfig.cache`` / ``.forecast``).
         cache_format, cache_group: how computed outputs are kept, ``"bf16"`` or ``"int8"``
             with G channels per scale (``CodaCacheConfig.cache_format`` / ``.cache_group``).
-        **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode, ...).
+        **kwargs: passed to :func:`generate` (num_steps, guidance_scale, seeds, cfg_mode,
+            device, ...): with ``device="cuda"`` the model and the engine run on the GPU, an
+            ``NMPDriver`` takes the segments' tensors over to the host and back, a
+            :class:`coda.host.cache.device.DeviceCache` keeps the cache on the GPU.
     Returns:
         (videos [B, 1, F, H, W], stats): the generation's counters
         (:meth:`coda.host.cache.events.EventLog.stats`: ops_computed, ops_reused,

@@ -16,6 +16,11 @@ operands and results of an operator live in scratch ranges freed when it returns
 that does not fit raises :class:`NMPCapacityError` (a ``MemoryError``) naming the rank, the
 bytes requested and the bytes free.
 
+Devices: the driver and its backends are on the host. A tensor from another device (the
+xPU's, where the model runs) comes to the host where it would cross the link (stores, a
+segment's x and gates, ``l1_to_slot``, ``run_op``), and a tensor result returns to its
+inputs' device, as PCIe moves them (the same bytes counted).
+
 ``stats`` (cumulative, :meth:`NMPDriver.reset_stats` clears it):
 
 - ``programs``: lockstep program launches (one per operator call);
@@ -43,17 +48,19 @@ from coda.host.nme import compiler
 from coda.host.nme import ops as ref
 from coda.hw.nme.executor import Backend
 from coda.host.nme.interp import CANONICAL_NAN_F32
-from coda.host.nmp.launch import ChainedSegment, Launch, PendingOp
+from coda.host.nmp.launch import ChainedSegment, Launch, PendingOp, result_device
 from coda.host.nmp.placement import (DEFAULT_STANDARD, SCRATCH_XOR, SLOT_COLOUR,
                                      BankColouredAllocator)
 from coda.host.nmp.tiling import (PLACEMENT, REPLICATE, split_operand, tile, tile_bounds,
                                   tile_shapes)
 from coda.host.nme.bits import (from_bits, pack_int8_words, pack_words, to_bits, torch_dtype,
                                 unpack_words)
-from coda.host.nmp.slots import (Slot, check_qgroup, int8_tile_words, load_int8,
-                                 segment_format, term_operands)
+from coda.host.nmp.slots import (Slot, check_cache_tensor, check_gate, check_qgroup,
+                                 int8_tile_words, load_int8, segment_format, swap_slots,
+                                 term_operands)
 
 __all__ = ["NMPDriver", "NMPCapacityError", "fit_mem_words"]
+
 
 class NMPCapacityError(MemoryError):
     """A rank memory cannot hold a requested range (message: rank, bytes requested, free)."""
@@ -181,16 +188,6 @@ class NMPDriver:
         return self.mems[rank][addr:addr + n_words]
 
     # ---------------------------------------------------------------- cache slots
-    def _check_cache_tensor(self, what: str, t) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{what} is {type(t).__name__}, expected a torch.Tensor")
-        if t.dtype != self.dtype:
-            raise ValueError(f"{what} has dtype {t.dtype}, expected {self.dtype} "
-                             f"(the NME format {self.cfg.fmt!r})")
-        if t.dim() != 2:
-            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [T, C]")
-        return t
-
     def store(self, key: Hashable, tensor: torch.Tensor, group: Hashable = None,
               x_of: Hashable = None) -> None:
         """Write (or overwrite) cache slot ``key`` with ``tensor`` [T, C] of the cache dtype,
@@ -205,7 +202,7 @@ class NMPDriver:
         Raises ValueError for a bad tensor, :class:`NMPCapacityError` when a rank is full
         (an overwritten slot of another shape is then gone).
         """
-        tensor = self._check_cache_tensor(f"slot {key!r}", tensor)
+        tensor = check_cache_tensor(f"slot {key!r}", tensor, self.cfg.fmt).cpu()   # down the link
         shape = tuple(tensor.shape)
         old = self._slots.get(key)
         if old is None or old.shape != shape:
@@ -243,7 +240,8 @@ class NMPDriver:
                              f"{list(getattr(q, 'shape', []))}, expected torch.int8 [T, C]")
         shape = tuple(q.shape)
         qgroup = check_qgroup(qgroup, shape[1], self.cfg.lanes)
-        scale = self._check_cache_tensor(f"slot {key!r} scale", scale)
+        scale = check_cache_tensor(f"slot {key!r} scale", scale, self.cfg.fmt).cpu()
+        q = q.cpu()                                                     # down the link
         if tuple(scale.shape) != (shape[0], shape[1] // qgroup):
             raise ValueError(f"slot {key!r}: scale has shape {list(scale.shape)}, expected "
                              f"[T, C/G] = {[shape[0], shape[1] // qgroup]}")
@@ -301,13 +299,7 @@ class NMPDriver:
         moves; a key without a slot takes the other's and leaves none behind): how the cache
         keeps an operator's previous output beside its newest (forecast mode). Raises
         KeyError if neither key has a slot."""
-        sa, sb = self._slots.pop(a, None), self._slots.pop(b, None)
-        if sa is None and sb is None:
-            raise KeyError(f"no cache slot {a!r} or {b!r} to swap")
-        if sa is not None:
-            self._slots[b] = sa
-        if sb is not None:
-            self._slots[a] = sb
+        swap_slots(self._slots, a, b)
 
     def _slot(self, key) -> Slot:
         try:
@@ -338,10 +330,13 @@ class NMPDriver:
         Raises:
             ValueError: bad shapes/dtypes or K; KeyError: unknown slot; NMPCapacityError.
         """
+        device = result_device(x, gates)     # where y returns
         x_slot = None if isinstance(x, torch.Tensor) else self._slot(x)
         if x_slot is not None:     # the input in place: a tensor of its shape stands for it
             x = torch.empty(x_slot.shape, dtype=x_slot.dtype, device="meta")
-        x = self._check_cache_tensor("segment input x", x)
+        x = check_cache_tensor("segment input x", x, self.cfg.fmt)
+        if x_slot is None:
+            x = x.cpu()                   # down the link
         if len(gates) != len(keys):
             raise ValueError(f"segment: {len(gates)} gates for {len(keys)} cached slots, "
                              f"expected one gate per slot")
@@ -352,17 +347,19 @@ class NMPDriver:
             if slot.shape != tuple(x.shape):
                 raise ValueError(f"segment: slot {key!r} has shape {list(slot.shape)}, "
                                  f"expected {list(x.shape)} (the shape of x)")
-        g = torch.stack([self._check_gate(i, gk, x.shape[1]) for i, gk in enumerate(gates)])
+        g = torch.stack([check_gate(i, gk, x.shape[1], self.cfg.fmt)
+                         for i, gk in enumerate(gates)]).cpu()
         op, qgroup = segment_format(keys, slots)
         m = compiler.segment_terms(self.cfg, op)
         parts = [self._start(op, {"x": x, "g": g[:m]}, qgroup, cached=term_operands(slots[:m]),
-                             resident=None if x_slot is None else {"x": x_slot.addrs})]
+                             resident=None if x_slot is None else {"x": x_slot.addrs},
+                             device=device)]
         shape_only = torch.empty(x.shape, dtype=x.dtype, device="meta")
         try:
             for i in range(m, len(keys), m):
                 parts.append(self._start(op, {"x": shape_only, "g": g[i:i + m]}, qgroup,
                                          cached=term_operands(slots[i:i + m]),
-                                         resident={"x": parts[-1].y_addrs}))
+                                         resident={"x": parts[-1].y_addrs}, device=device))
         except BaseException:
             for part in parts:       # nothing left in flight or allocated
                 part.finish_in_place()
@@ -388,7 +385,7 @@ class NMPDriver:
             ValueError: bad x or a shape other than the slot's; KeyError: unknown slot;
             NMPCapacityError.
         """
-        x = self._check_cache_tensor("l1 input x", x)
+        x = check_cache_tensor("l1 input x", x, self.cfg.fmt).cpu()     # down the link
         slot = self._slot(key)
         if slot.shape != tuple(x.shape):
             raise ValueError(f"l1_to_slot: slot {key!r} has shape {list(slot.shape)}, "
@@ -417,21 +414,13 @@ class NMPDriver:
         finally:
             self._release(addrs, scratch)
 
-    def _check_gate(self, i: int, g, channels: int) -> torch.Tensor:
-        if not isinstance(g, torch.Tensor) or g.dtype != self.dtype or \
-                tuple(g.shape) != (channels,):
-            desc = (f"{getattr(g, 'dtype', type(g).__name__)} "
-                    f"{list(getattr(g, 'shape', []))}")
-            raise ValueError(f"segment: gate {i} is {desc}, expected {self.dtype} [{channels}]")
-        return g
-
     def run_op(self, op: str, **tensors) -> torch.Tensor | float:
         """Run any reference operator of :mod:`coda.host.nme.ops` on the NMP.
 
         Keyword arguments are the operator's inputs (and ``group`` for dequant_int8), as the
         reference takes them; float inputs must be in the cache dtype. Returns the result
-        tensor (bit-exact with the reference), or for ``l1_distance`` a float: the ranks'
-        fp32 partial sums added in rank order in fp32.
+        tensor (bit-exact with the reference) on the inputs' device, or for
+        ``l1_distance`` a float: the ranks' fp32 partial sums added in rank order in fp32.
         Raises ValueError (bad op / inputs, as the reference does), NMPCapacityError.
         """
         spec = ref.get_op(op)
@@ -443,21 +432,26 @@ class NMPDriver:
             if t.dtype != torch.int8 and t.dtype != self.dtype:
                 raise ValueError(f"{op}: argument {name!r} has dtype {t.dtype}, expected "
                                  f"{self.dtype} (the NME format {self.cfg.fmt!r})")
-        return self._run(op, tensors, params.get("group"))
+        device = result_device(*tensors.values())
+        return self._run(op, {n: t.cpu() for n, t in tensors.items()}, params.get("group"),
+                         device=device)
 
     # ---------------------------------------------------------------- execution
     def _run(self, op: str, tensors: dict, group: int | None,
-             cached: dict[str, list[list[int | None]]] | None = None):
-        """Tile, place scratch streams, compile per rank, launch in lockstep, gather."""
-        return self._start(op, tensors, group, cached).result()
+             cached: dict[str, list[list[int | None]]] | None = None,
+             device: torch.device | None = None):
+        """Tile, place scratch streams, compile per rank, launch in lockstep, gather (a tensor
+        result to ``device``)."""
+        return self._start(op, tensors, group, cached, device=device).result()
 
     def _start(self, op: str, tensors: dict, group: int | None,
                cached: dict[str, list[list[int | None]]] | None = None,
-               resident: dict[str, list[int | None]] | None = None) -> PendingOp:
+               resident: dict[str, list[int | None]] | None = None,
+               device: torch.device | None = None) -> PendingOp:
         """Tile, place scratch streams, compile per rank and launch in lockstep; the
-        :class:`PendingOp` gathers the result. ``resident``: operands already in rank memory
-        (tiled like x) at these per-rank word addresses; their tensors give only the shape
-        (e.g. on the ``meta`` device) and are not written."""
+        :class:`PendingOp` gathers the result (a tensor returns to ``device``). ``resident``:
+        operands already in rank memory (tiled like x) at these per-rank word addresses; their
+        tensors give only the shape (e.g. on the ``meta`` device) and are not written."""
         spec = ref.get_op(op)
         cached = cached or {}
         resident = resident or {}
@@ -474,7 +468,7 @@ class NMPDriver:
             tiles = {n: tile(op, n, t, (r0, r1)) for n, t in tensors.items()}
             plans.append((tiles, tiled))
         if not any(plans):
-            return PendingOp.done(self._empty_result(spec, tensors, group))
+            return PendingOp.done(self._empty_result(spec, tensors, group), device)
         scratch = [self._scratch_words(op, p, group, {**cached, **resident}) for p in plans]
         ranges = self._alloc_scratch(op, scratch, f"{op} operands and result", cached, resident)
         token = id(ranges)
@@ -503,7 +497,8 @@ class NMPDriver:
         return PendingOp(self, lambda results: self._gather(spec, tensors, plans, layouts,
                                                             results, jobs),
                          ticket, release, bytes_to_nmp=bytes_in,
-                         y_addrs=[lay.get("y") if lay else None for lay in layouts])
+                         y_addrs=[lay.get("y") if lay else None for lay in layouts],
+                         device=device)
 
     def _scratch_words(self, op: str, plan, group, cached) -> dict[str, int]:
         """Words of each stream of ``op`` the driver places (not cached, not resident) on one

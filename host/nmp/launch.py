@@ -14,7 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Launch", "PendingOp", "ChainedSegment"]
+import torch
+
+__all__ = ["Launch", "PendingOp", "ChainedSegment", "result_device"]
+
+
+def result_device(*tensors) -> torch.device | None:
+    """The device of the first real (not ``meta``) tensor among ``tensors`` (lists searched
+    too): where an operator's result returns (:attr:`PendingOp.device`). None if none."""
+    for t in tensors:
+        for u in (t if isinstance(t, (list, tuple)) else [t]):
+            if isinstance(u, torch.Tensor) and u.device.type != "meta":
+                return u.device
+    return None
 
 
 @dataclass
@@ -36,7 +48,9 @@ class PendingOp:
     :meth:`result` waits for the launch (if it is still in flight), merges what the programs
     wrote into the rank images and returns the operator's result; later calls return the same
     object. Meanwhile the host may compute (the other CFG branch) and write cache slots; a
-    second launch first completes this one (the NMEs run one program at a time).
+    second launch first completes this one (the NMEs run one program at a time). A tensor
+    result goes to ``device`` (the xPU's device the operator's inputs came from, as the
+    link returns it; None: it stays on the host, where the driver gathered it).
     """
     driver: Any     # the coda.host.nmp.driver.NMPDriver that launched it (None: done at once)
     gather: Callable[[list], Any] | None
@@ -47,12 +61,21 @@ class PendingOp:
     nme_cycles: int = 0
     programs: int = 0
     y_addrs: list = field(default_factory=list)   # per rank: word address of the output tile
+    device: Any = None
     _value: Any = None
     _done: bool = False
 
     @classmethod
-    def done(cls, value) -> "PendingOp":
-        return cls(None, None, None, None, _value=value, _done=True)
+    def done(cls, value, device=None) -> "PendingOp":
+        """An operator whose result is there at once (``value``, sent to ``device``)."""
+        op = cls(None, None, None, None, device=device, _done=True)
+        op._value = op._to_device(value)
+        return op
+
+    def _to_device(self, value):
+        if self.device is not None and isinstance(value, torch.Tensor):
+            return value.to(self.device)
+        return value
 
     def result(self):
         """The operator's result (waits for the launch). After it: ``bytes_to_nmp``
@@ -63,7 +86,7 @@ class PendingOp:
             try:
                 results = self.driver._complete(self.ticket)
                 read = self.driver.stats["bytes_read"]
-                self._value = self.gather(results)
+                self._value = self._to_device(self.gather(results))
                 self.bytes_from_nmp = self.driver.stats["bytes_read"] - read
                 self.nme_cycles = max(r.cycles for r in results)
                 self.programs = 1

@@ -19,11 +19,11 @@ import torch
 
 from coda.hw.nme.isa import NMEConfig
 from coda.host.nme import ops as ref
-from coda.host.nme.bits import from_bits, int8_words_for, unpack_int8_words, unpack_words, \
-    words_for
+from coda.host.nme.bits import from_bits, int8_words_for, torch_dtype, unpack_int8_words, \
+    unpack_words, words_for
 
-__all__ = ["Slot", "check_qgroup", "int8_tile_words", "load_int8", "segment_format",
-           "term_operands"]
+__all__ = ["Slot", "check_cache_tensor", "check_gate", "check_qgroup", "int8_tile_words",
+           "load_int8", "segment_format", "swap_slots", "term_operands"]
 
 
 @dataclass
@@ -43,6 +43,41 @@ class Slot:
     def fmt(self) -> str:
         """``"bf16"`` (a 16-bit entry in the NME format) or ``"int8"``."""
         return "bf16" if self.qgroup is None else "int8"
+
+
+def swap_slots(slots: dict, a: Hashable, b: Hashable) -> None:
+    """Exchange the entries of keys ``a`` and ``b`` in a slot table (a key without one takes
+    the other's and leaves none behind); KeyError if neither has one."""
+    sa, sb = slots.pop(a, None), slots.pop(b, None)
+    if sa is None and sb is None:
+        raise KeyError(f"no cache slot {a!r} or {b!r} to swap")
+    if sa is not None:
+        slots[b] = sa
+    if sb is not None:
+        slots[a] = sb
+
+
+def check_cache_tensor(what: str, t, fmt: str) -> torch.Tensor:
+    """``t`` if it is a tensor [T, C] of the cache format ``fmt``'s dtype (a slot's value, a
+    segment's x); else ValueError naming ``what``, what it is and what was expected."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{what} is {type(t).__name__}, expected a torch.Tensor")
+    if t.dtype != torch_dtype(fmt):
+        raise ValueError(f"{what} has dtype {t.dtype}, expected {torch_dtype(fmt)} "
+                         f"(the NME format {fmt!r})")
+    if t.dim() != 2:
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [T, C]")
+    return t
+
+
+def check_gate(i: int, g, channels: int, fmt: str) -> torch.Tensor:
+    """Gate ``i`` of a segment if it is a [C] tensor of the format ``fmt``'s dtype; else
+    ValueError naming it, what it is and what was expected."""
+    dtype = torch_dtype(fmt)
+    if not isinstance(g, torch.Tensor) or g.dtype != dtype or tuple(g.shape) != (channels,):
+        desc = f"{getattr(g, 'dtype', type(g).__name__)} {list(getattr(g, 'shape', []))}"
+        raise ValueError(f"segment: gate {i} is {desc}, expected {dtype} [{channels}]")
+    return g
 
 
 def check_qgroup(qgroup: int, channels: int, lanes: int) -> int:

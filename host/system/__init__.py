@@ -62,9 +62,14 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
             (``CodaCacheConfig.cache_format``, ``.cache_group``; G default
             :func:`coda.host.cache.compress.resolve_group` of the model's C): with int8 its
             segments are timed as ``segment_int8`` programs (the bytes are the events').
+    Events of a cache in device memory (``cache_memory="device"``,
+    :class:`coda.host.cache.device.DeviceCache`: system b's own run, whose segments crossed
+    no link) are replayed as systems a..c only.
+
     Returns:
         JSON-able dict: ``platform``, ``systems`` (a..f rows as in ``coda sim``'s report;
-        a..g with ``cache="forecast"``), ``cache`` (the mode), ``cache_format``,
+        a..g with ``cache="forecast"``; a..c for a device cache), ``cache`` (the mode),
+        ``cache_format``,
         ``cache_group`` (int8's G, else None),
         ``cache_bytes``, ``nme_check`` (per segment, the cycle model's ideal-memory cycles
         against the events' ``nme_cycles``: ``segments``, ``max_rel_error``, sums).
@@ -90,8 +95,9 @@ def modelled(events, model_config: dict | None = None, platform=None, *, lanes: 
         model_sum += t.cycles_ideal
         if seg.nme_cycles:
             worst = max(worst, abs(t.cycles_ideal - seg.nme_cycles) / seg.nme_cycles)
-    abl = run_ablation(wl, plat, "abcdefg" if cache == "forecast" else "abcdef",
-                       nme_timing=nme_timing, record=True)
+    on_device = any(e.cache_memory == "device" for e in events.of("op"))
+    systems = "abc" if on_device else "abcdefg" if cache == "forecast" else "abcdef"
+    abl = run_ablation(wl, plat, systems, nme_timing=nme_timing, record=True)
     return {
         "platform": plat.describe(),
         "cache_bytes": wl.cache_bytes,
