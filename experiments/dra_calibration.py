@@ -44,16 +44,16 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
     labels, seeds = [int(x) for x in labels], [int(s) for s in seeds]
     if not labels or not seeds:
         raise ValueError(f"labels {labels}, seeds {seeds}: expected at least one of each")
-    from coda.host.model.sample import cached_generate
+    from coda.experiments.cfg_loop import cached_videos
 
     first = schedule.order()[0]
     values: dict[int, list[float]] = {}
     for seed in seeds:
         log = EventLog()
-        cached_generate(model, labels, driver_factory(len(labels)),
-                        StepDRAPolicy(SchedulePolicy(schedule)), events=log,
-                        num_steps=num_steps, guidance_scale=guidance_scale,
-                        seeds=[seed] * len(labels))
+        cached_videos(model, labels, driver_factory(len(labels)),
+                      StepDRAPolicy(SchedulePolicy(schedule)), events=log,
+                      num_steps=num_steps, guidance_scale=guidance_scale,
+                      seeds=[seed] * len(labels))
         for m in log.of("monitor"):
             if (m.layer, m.op) == first:
                 values.setdefault(m.step, []).append(float(m.value))
@@ -69,7 +69,9 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
     ``margin * numpy.quantile(probes at that step, quantile)`` (:func:`probe_values`).
 
     Args:
-        model: a DigitLatte. schedule: the static :class:`Schedule` DRA wraps.
+        model: a DigitLatte, or a :class:`coda.experiments.cfg_loop.CFGLoop` over any
+            transformer the cache engine serves (labels: its prompt indices).
+        schedule: the static :class:`Schedule` DRA wraps (of that model's operators).
         labels, seeds: the calibration videos (e.g. the profile's; keep evaluation seeds out).
         num_steps, guidance_scale: as :func:`coda.host.model.sample.generate`.
         driver_factory: ``f(videos) -> NMPDriver`` with room for kept inputs.

@@ -41,7 +41,7 @@ from coda.host.nmp.driver import NMPDriver
 # parse_int_list lives with the other command-line helpers; re-exported here
 from coda.host.cache.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
 from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
-from coda.host.cache.schedule import BRANCHES, OP_TYPES
+from coda.host.cache.schedule import ARCH_OP_TYPES, BRANCHES, ModelOps
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.jsonout import json_text
 from coda.options import add_options, option
@@ -192,6 +192,25 @@ class Profile:
     def num_layers(self) -> int:
         return int(self.out_change.shape[3])
 
+    @property
+    def model_ops(self) -> ModelOps:
+        """The profiled model's operators: ``meta["arch"]`` and ``meta["ops"]`` (written for
+        the architectures other than Latte), else Latte's of :attr:`num_layers`. Raises
+        ScheduleError (a ValueError) for metadata that names no valid model."""
+        if "ops" not in self.meta:
+            return ModelOps.latte(self.num_layers)
+        return ModelOps(str(self.meta.get("arch", "latte")),
+                        tuple((int(layer), str(op)) for layer, op in self.meta["ops"]))
+
+    def per_op(self, arr) -> np.ndarray:
+        """``arr`` [..., layers, op types] (a name of :data:`ARRAYS` or an array of that
+        layout) as [..., operators], the model's operators in forward order
+        (:meth:`ModelOps.grid_index`; Latte's: the grid flattened as it is)."""
+        a = getattr(self, arr) if isinstance(arr, str) else np.asarray(arr)
+        flat = a.reshape(*a.shape[:-2], -1)
+        idx = self.model_ops.grid_index()
+        return flat if idx == tuple(range(flat.shape[-1])) else flat[..., list(idx)]
+
     def mean(self, name: str = "out_change") -> np.ndarray:
         """Mean over videos: [steps, branches, layers, op types] (step 0: NaN for changes)."""
         arr = getattr(self, name)
@@ -255,20 +274,35 @@ class Profile:
                              f"is a {type(meta).__name__}, expected a JSON object)")
         shapes = {a.shape for a in arrays.values()}
         shape = arrays["out_change"].shape
+        types = ARCH_OP_TYPES.get(meta.get("arch", "latte"))
+        if types is None:
+            raise ValueError(f"{what}: architecture {meta.get('arch')!r}, expected one of "
+                             f"{sorted(ARCH_OP_TYPES)}")
         if len(shapes) != 1 or len(shape) != 5 or shape[2] != len(BRANCHES) or \
-                shape[4] != len(OP_TYPES) or shape[1] < 1 or shape[0] < 1 or shape[3] < 1:
+                shape[4] != len(types) or shape[1] < 1 or shape[0] < 1 or shape[3] < 1:
             raise ValueError(f"{what}: arrays of shape {sorted(shapes)}, expected one "
-                             "shape [videos >= 1, steps >= 1, 2 branches, layers, 5 op types]")
+                             "shape [videos >= 1, steps >= 1, 2 branches, layers, "
+                             f"{len(types)} op types]")
+        probe = cls(**arrays, meta=meta)
+        try:
+            ops = probe.model_ops
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{what}: its operators (meta \"ops\") are not a model's: "
+                             f"{exc}") from None
+        if ops.num_layers != shape[3]:
+            raise ValueError(f"{what}: operators of {ops.num_layers} layers, arrays of "
+                             f"{shape[3]}; expected the same")
         for name, arr in arrays.items():
             first = 1 if name.endswith("_change") else 0      # changes: NaN at step 0
-            checked = arr[:, first:]
+            checked = probe.per_op(arr[:, first:])            # the model's operators only
             bad = ~np.isfinite(checked) | (checked < 0)
             if bad.any():
-                v, s, b, layer, k = (int(i) for i in np.argwhere(bad)[0])
+                v, s, b, i = (int(i) for i in np.argwhere(bad)[0])
+                layer, op = ops.ops[i]
                 raise ValueError(
                     f"{what}: {int(bad.sum())} values of {name} are not finite and >= 0 (the "
-                    f"first, {checked[v, s, b, layer, k]}, at video {v}, step {s + first}, "
-                    f"{BRANCHES[b]}, layer {layer}, {OP_TYPES[k]}); expected a profile of "
+                    f"first, {checked[v, s, b, i]}, at video {v}, step {s + first}, "
+                    f"{BRANCHES[b]}, layer {layer}, {op}); expected a profile of "
                     "finite measurements")
         if sens is not None and sens.shape != (shape[1],):
             raise ValueError(f"{what}: sensitivity of shape {sens.shape}, expected "
@@ -286,30 +320,38 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
     (video (label, seed) starts from the noise of ``seed``).
 
     Args:
-        model: a DigitLatte. labels: digits. seeds: noise seeds.
+        model: a DigitLatte, or a :class:`coda.experiments.cfg_loop.CFGLoop` over any
+            diffusers transformer the cache engine serves (labels: its prompt indices).
+        labels: digits (prompt indices). seeds: noise seeds.
         driver_factory: ``f(videos) -> ProfilingDriver`` (a fresh driver per generation).
         num_steps, guidance_scale: as :func:`coda.host.model.sample.generate`.
     Returns:
-        the :class:`Profile` (videos in order seed-major, then label).
+        the :class:`Profile` (videos in order seed-major, then label). Its arrays hold the
+        architecture's op types (:attr:`Profile.model_ops`; a cell of an operator the model
+        lacks stays NaN); a joint model's operators are measured on their video stream.
     """
-    from coda.host.model.sample import cached_generate
+    from coda.experiments.cfg_loop import CFGLoop, cached_videos
+    from coda.host.cache.arch import model_ops
 
     labels = [int(x) for x in labels]
-    layers = len(model.transformer.transformer_blocks)
+    ops = model_ops(model.transformer)
+    layers, kinds = ops.num_layers, ops.op_types
     n_vid = len(labels) * len(seeds)
-    arrays = {k: np.full((n_vid, num_steps, len(BRANCHES), layers, len(OP_TYPES)), np.nan,
+    arrays = {k: np.full((n_vid, num_steps, len(BRANCHES), layers, len(kinds)), np.nan,
                          np.float32) for k in ARRAYS}
     b_idx = {b: i for i, b in enumerate(BRANCHES)}
-    o_idx = {o: i for i, o in enumerate(OP_TYPES)}
+    o_idx = {o: i for i, o in enumerate(kinds)}
     for si, seed in enumerate(seeds):
         driver = driver_factory(len(labels))
         policy = ProfilePolicy()
-        cached_generate(model, labels, driver, policy, num_steps=num_steps,
-                        guidance_scale=guidance_scale, seeds=[seed] * len(labels),
-                        progress=progress)
+        cached_videos(model, labels, driver, policy, num_steps=num_steps,
+                      guidance_scale=guidance_scale, seeds=[seed] * len(labels),
+                      progress=progress)
         base = si * len(labels)
         for key, step, value, mag in driver.records:
-            _, branch, sample, layer, op = key[:5]
+            if len(key) != 5:           # another stream than the video's (text tokens)
+                continue
+            _, branch, sample, layer, op = key
             idx = (base + sample, step, b_idx[branch], layer, o_idx[op])
             arrays["out_change"][idx] = value
             arrays["out_abs"][idx] = mag
@@ -321,7 +363,10 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
     meta = {"model_hash": model_hash(model), "prompts": labels, "seeds": [int(s) for s in seeds],
             "videos": [[p, int(s)] for s in seeds for p in labels], "steps": num_steps,
             "guidance_scale": guidance_scale, "branches": list(BRANCHES),
-            "op_types": list(OP_TYPES), "layers": layers, "shape": model_shape(model)}
+            "op_types": list(kinds), "layers": layers,
+            "shape": model.shape() if isinstance(model, CFGLoop) else model_shape(model)}
+    if ops != ModelOps.latte(layers):     # Latte's files keep their format
+        meta.update(arch=ops.arch, ops=[list(r) for r in ops.ops])
     return Profile(**arrays, meta=meta)
 
 
@@ -336,19 +381,18 @@ def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 1
     |output| / |input|). Early steps weigh more than their change says (a deviation there
     moves the whole remaining trajectory); returned per step, normalised to mean 1.
     """
-    from coda.host.model.sample import cached_generate, generate
-    from coda.host.cache.schedule import Schedule, operator_order
+    from coda.experiments.cfg_loop import cached_videos, generate_videos
+    from coda.host.cache.schedule import Schedule
+    from coda.host.cache.weights import quality_weights
 
-    steps, layers = profile.num_steps, profile.num_layers
+    steps, ops = profile.num_steps, profile.model_ops
     pairs = profile.meta["videos"][:videos]
     labels, seeds = [p for p, _ in pairs], [s for _, s in pairs]
     kw = dict(num_steps=steps, guidance_scale=profile.meta["guidance_scale"], seeds=seeds)
-    full = generate(model, labels, **kw)
-    change = np.nan_to_num(profile.mean("out_change").reshape(steps, len(BRANCHES), -1))
-    out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1)).reshape(len(BRANCHES), -1)
-    inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1)).reshape(len(BRANCHES), -1)
-    weight = np.nan_to_num(np.where(inp > 0, out / np.where(inp > 0, inp, 1), 1.0), nan=1.0)
-    everything = frozenset(operator_order(layers))
+    full = generate_videos(model, labels, **kw)
+    change = np.nan_to_num(profile.per_op(profile.mean("out_change")))       # [S, B, ops]
+    weight = quality_weights(profile)                                        # [B, ops]
+    everything = frozenset(ops.ops)
     edges = np.linspace(0, steps, blocks + 1).round().astype(int)
     sens = np.ones(steps)
     per_block = []
@@ -357,9 +401,10 @@ def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 1
         if not reuse_steps:
             per_block.append(None)
             continue
-        sched = Schedule(steps, layers, {(s, br): everything for s in reuse_steps
-                                         for br in BRANCHES}, name="sensitivity")
-        video, _ = cached_generate(model, labels, driver_factory(len(labels)), sched, **kw)
+        sched = Schedule(steps, ops.num_layers, {(s, br): everything for s in reuse_steps
+                                                 for br in BRANCHES}, name="sensitivity",
+                         ops=ops)
+        video, _ = cached_videos(model, labels, driver_factory(len(labels)), sched, **kw)
         mse = float(((video.double() - full.double()) ** 2).mean())
         proxy = float(sum((change[s] * weight).sum() for s in reuse_steps))
         per_block.append(mse / proxy if proxy > 0 else None)
@@ -379,7 +424,7 @@ def stability_ranking(profile: Profile, skip_first: int = 1) -> list[dict]:
     input change and the median over steps. Returns dicts with ``op``, ``out_change``,
     ``out_change_median``, ``in_change``."""
     rows = []
-    for k, op in enumerate(OP_TYPES):
+    for k, op in enumerate(profile.model_ops.op_types):
         out = profile.mean("out_change")[skip_first:, :, :, k]
         inp = profile.mean("in_change")[skip_first:, :, :, k]
         rows.append({"op": op, "out_change": float(np.nanmean(out)),
@@ -401,8 +446,9 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
         logm = np.log10(np.where(mean > 0, mean, np.nan))
     finite = logm[np.isfinite(logm)]
     vmin, vmax = (np.percentile(finite, 1), np.percentile(finite, 99)) if finite.size else (-3, 0)
-    fig, axes = plt.subplots(len(OP_TYPES), 1, figsize=(10, 2.0 * len(OP_TYPES)), sharex=True)
-    for k, (ax, op) in enumerate(zip(np.atleast_1d(axes), OP_TYPES)):
+    kinds = profile.model_ops.op_types
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(10, 2.0 * len(kinds)), sharex=True)
+    for k, (ax, op) in enumerate(zip(np.atleast_1d(axes), kinds)):
         grid = np.concatenate([logm[:, b, :, k].T for b in range(len(BRANCHES))])
         raw = np.concatenate([mean[:, b, :, k].T for b in range(len(BRANCHES))])
         grid = np.where(raw == 0, vmin, grid)        # exactly constant: the darkest colour

@@ -62,7 +62,7 @@ import numpy as np
 
 from coda.host.nmp.link import check_segment_output, segment_bytes, tensor_bytes
 from coda.host.cache.policies import check_seed, check_weight, uniform_for_skip
-from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
+from coda.host.cache.schedule import ALL_OP_TYPES, BRANCHES, ModelOps, Schedule
 from coda.host.cache.shipped import SHIPPED_PROFILE, save_schedule
 # the proxy's weights live below the policies (LeMiCa reads them too); re-exported here
 from coda.host.cache.weights import quality_weights, step_weights
@@ -73,9 +73,6 @@ __all__ = ["LinkModel", "NMEModel", "CostModel", "SearchResult", "anneal", "op_f
            "quality_weights"]
 
 ComputeTime = Callable[[str, dict], float]
-
-_BARRIER = OP_TYPES.index("spatial_ffn")      # a segment ends after layer 0's spatial FFN
-
 
 # ---------------------------------------------------------------- hardware models
 @dataclass(frozen=True)
@@ -134,19 +131,34 @@ def op_flops(op: str, shape: dict) -> float:
     """Multiply-add FLOPs (2 per MAC) of one operator of one sample on the xPU: projections
     and attention products (norms, modulation and softmax are a few per element, left out).
 
-    ``shape``: frames F, tokens_per_frame N, hidden C, ffn_inner, cond_tokens."""
-    f, n, c = shape["frames"], shape["tokens_per_frame"], shape["hidden"]
-    t = f * n
-    if op == "spatial_attn":
-        return 2 * 4 * t * c * c + 2 * 2 * f * n * n * c
-    if op == "temporal_attn":
+    ``shape``: Latte's frames F, tokens_per_frame N, hidden C, ffn_inner, cond_tokens
+    (:func:`coda.experiments.profile.model_shape`); another architecture's tokens (video),
+    text_tokens (the text stream of a joint model), cond_tokens, hidden, ffn_inner, mlp_inner
+    (:meth:`coda.experiments.cfg_loop.CFGLoop.shape`): ``attn`` is self-attention over the
+    video tokens (Wan) or joint attention over video and text (CogVideoX, HunyuanVideo),
+    ``ffn`` runs over both streams, ``single`` is HunyuanVideo's single-stream block (q/k/v,
+    attention, ``proj_mlp`` and ``proj_out`` over the concatenated streams)."""
+    c = shape["hidden"]
+    if op in ("attn", "ffn", "single"):
+        tt = shape["tokens"] + shape.get("text_tokens", 0)
+        if op == "attn":
+            return 2 * 4 * tt * c * c + 2 * 2 * tt * tt * c
+        if op == "ffn":
+            return 2 * 2 * tt * c * shape.get("ffn_inner", 4 * c)
+        m = shape.get("mlp_inner", 4 * c)
+        return 2 * 3 * tt * c * c + 2 * 2 * tt * tt * c + 2 * tt * c * m + 2 * tt * (c + m) * c
+    t = shape["tokens"] if "tokens" in shape else shape["frames"] * shape["tokens_per_frame"]
+    if op in ("spatial_attn", "temporal_attn"):
+        f, n = shape["frames"], shape["tokens_per_frame"]
+        if op == "spatial_attn":
+            return 2 * 4 * t * c * c + 2 * 2 * f * n * n * c
         return 2 * 4 * t * c * c + 2 * 2 * n * f * f * c
     if op == "cross_attn":
         m = shape.get("cond_tokens", 1)
         return 2 * 2 * t * c * c + 2 * 2 * m * c * c + 2 * 2 * t * m * c
     if op in ("spatial_ffn", "temporal_ffn"):
         return 2 * 2 * t * c * shape.get("ffn_inner", 4 * c)
-    raise ValueError(f"op {op!r}: expected one of {OP_TYPES}")
+    raise ValueError(f"op {op!r}: expected one of {ALL_OP_TYPES}")
 
 
 def flop_compute_time(op: str, shape: dict, peak_flops: float = 165e12,
@@ -160,8 +172,8 @@ def flop_compute_time(op: str, shape: dict, peak_flops: float = 165e12,
 
 # ---------------------------------------------------------------- schedules as matrices
 def schedule_to_matrix(s: Schedule) -> np.ndarray:
-    """bool [steps, branches, L*5] (True = reused), operators in forward order."""
-    order = {ref: i for i, ref in enumerate(operator_order(s.num_layers))}
+    """bool [steps, branches, operators] (True = reused), operators in forward order."""
+    order = {ref: i for i, ref in enumerate(s.order())}
     m = np.zeros((s.num_steps, len(BRANCHES), len(order)), bool)
     for (step, branch), refs in s.reuse.items():
         for ref in refs:
@@ -169,11 +181,15 @@ def schedule_to_matrix(s: Schedule) -> np.ndarray:
     return m
 
 
-def matrix_to_schedule(m: np.ndarray, num_layers: int, name: str) -> Schedule:
-    order = operator_order(num_layers)
+def matrix_to_schedule(m: np.ndarray, num_layers: int, name: str,
+                       ops: ModelOps | None = None) -> Schedule:
+    """The :class:`Schedule` of a reuse matrix (:func:`schedule_to_matrix`) of the model of
+    ``ops`` (default: Latte's of ``num_layers``)."""
+    ops = ModelOps.latte(num_layers) if ops is None else ops
+    order = ops.ops
     reuse = {(s, b): frozenset(order[i] for i in np.flatnonzero(m[s, bi]))
              for s in range(m.shape[0]) for bi, b in enumerate(BRANCHES) if m[s, bi].any()}
-    return Schedule(m.shape[0], num_layers, reuse, name=name)
+    return Schedule(m.shape[0], ops.num_layers, reuse, name=name, ops=ops)
 
 
 # ---------------------------------------------------------------- cost model
@@ -195,8 +211,13 @@ class CostModel:
             (16-bit tensors tiled over ``nme.ranks`` ranks); the one-time write of a
             branch's slot of zeros (``"sum"``) does not depend on the schedule and is left
             out. Stores are :func:`coda.host.nmp.link.tensor_bytes` each.
+        ops: the model's operators (default: Latte's, ``L*5`` of them); a segment ends at
+            their barriers (:meth:`ModelOps.barriers` for ``shape["frames"]``, 1 if absent),
+            and a joint model's segment is one NME program per residual stream (the video's
+            ``shape["tokens"]`` and the text's ``shape["text_tokens"]``), as its stores.
     Raises:
-        ValueError: a non-finite guidance scale, an unknown ``segment_output``.
+        ValueError: a non-finite guidance scale, an unknown ``segment_output``, ``change``
+            of another operator count than ``ops``.
     """
     change: np.ndarray
     weight: np.ndarray
@@ -206,6 +227,7 @@ class CostModel:
     nme: NMEModel = field(default_factory=NMEModel)
     compute_time: ComputeTime = flop_compute_time
     segment_output: str = "sum"
+    model_ops: ModelOps | None = None
 
     def __post_init__(self):
         check_segment_output(self.segment_output)
@@ -214,28 +236,41 @@ class CostModel:
             raise ValueError(f"guidance_scale={self.guidance_scale}: expected a finite number")
         self.cfg_coef = np.array([g if b == "cond" else 1.0 - g for b in BRANCHES])
         self.steps, _, self.n_ops = self.change.shape
-        self.layers = self.n_ops // len(OP_TYPES)
+        if self.model_ops is None:
+            self.model_ops = ModelOps.latte(self.n_ops // 5)
+        if len(self.model_ops.ops) != self.n_ops:
+            raise ValueError(f"change of {self.n_ops} operators, expected the model's "
+                             f"{len(self.model_ops.ops)}")
+        self.layers = self.model_ops.num_layers
         self.weight = np.asarray(self.weight, np.float64)
         self.d = np.nan_to_num(np.asarray(self.change, np.float64), nan=0.0)
         self.d[0] = 0.0
         self.cum = np.cumsum(self.d, axis=0)                   # [S, B, K]
-        self.ops = [op for _, op in operator_order(self.layers)]
-        tokens = self.shape["frames"] * self.shape["tokens_per_frame"]
+        self.ops = [op for _, op in self.model_ops.ops]
+        self.barrier_at = {self.model_ops.index(r)
+                           for r in self.model_ops.barriers(self.shape.get("frames", 1))}
+        streams = ([self.shape["tokens"], self.shape.get("text_tokens", 0)]
+                   if "tokens" in self.shape
+                   else [self.shape["frames"] * self.shape["tokens_per_frame"]])
+        streams = [t for t in streams if t > 0]
         c = self.shape["hidden"]
         lanes, ranks = self.nme.lanes, self.nme.ranks
-        self.tensor_bytes = tensor_bytes(tokens, c, ranks, lanes)
+        self.tensor_bytes = sum(tensor_bytes(t, c, ranks, lanes) for t in streams)
         self.op_time = np.array([self.compute_time(op, self.shape) for op in self.ops])
         self.op_time_cum = np.concatenate([[0.0], np.cumsum(self.op_time)])
         self.seg_time = [0.0]
         self.seg_bytes = [0]
         for k in range(1, self.n_ops + 1):
-            cycles = segment_nme_cycles(self.nme, tokens, c, k)
-            sb = segment_bytes(tokens, c, k, ranks, lanes, segment_output=self.segment_output)
-            nbytes = sb["down"] + sb["up"]
+            nbytes, seconds = 0, 0.0
+            for tokens in streams:           # one NME program (chain) per residual stream
+                cycles = segment_nme_cycles(self.nme, tokens, c, k)
+                sb = segment_bytes(tokens, c, k, ranks, lanes,
+                                   segment_output=self.segment_output)
+                nbytes += sb["down"] + sb["up"]
+                seconds += (cycles / self.nme.clock_hz + sb["programs"] * self.link.latency_s
+                            + (sb["down"] + sb["up"]) / self.link.bandwidth)
             self.seg_bytes.append(nbytes)
-            self.seg_time.append(cycles / self.nme.clock_hz
-                                 + sb["programs"] * self.link.latency_s
-                                 + nbytes / self.link.bandwidth)
+            self.seg_time.append(seconds)
         self.seg_bytes = np.array(self.seg_bytes)
         self.seg_time = np.array(self.seg_time)
 
@@ -267,7 +302,7 @@ class CostModel:
             elif start is not None:
                 out.append((start, i))
                 start = None
-            if i == _BARRIER and start is not None:
+            if i in self.barrier_at and start is not None:
                 out.append((start, i + 1))
                 start = None
         if start is not None:
@@ -311,27 +346,32 @@ class CostModel:
 
 
 # ---------------------------------------------------------------- the annealer
-def reusable_executions(num_steps: int, num_layers: int, cooldown: int = 1) -> int:
+def reusable_executions(num_steps: int, num_layers: int, cooldown: int = 1,
+                        ops: ModelOps | None = None) -> int:
     """How many operator executions a searched schedule can reuse at most: every operator of
     both branches at steps 1 .. ``num_steps - cooldown - 1`` (step 0 computes everything,
-    nothing was computed before it; the last ``cooldown`` steps compute everything)."""
-    return max(0, num_steps - 1 - cooldown) * len(BRANCHES) * num_layers * len(OP_TYPES)
+    nothing was computed before it; the last ``cooldown`` steps compute everything).
+    ``ops``: the model's operators (default: Latte's of ``num_layers``)."""
+    per_step = num_layers * 5 if ops is None else len(ops.ops)
+    return max(0, num_steps - 1 - cooldown) * len(BRANCHES) * per_step
 
 
-def check_skip(skip: float, num_steps: int, num_layers: int, cooldown: int = 1) -> int:
+def check_skip(skip: float, num_steps: int, num_layers: int, cooldown: int = 1,
+               ops: ModelOps | None = None) -> int:
     """The number of reused executions ``round(skip * N)`` a search for ``skip`` anneals, if
     it is possible: ``skip`` in (0, 1), ``cooldown`` in 0 .. ``num_steps - 2`` and 1 ..
-    :func:`reusable_executions` reused. Raises ValueError naming ``--skip`` /
-    ``--cooldown``, with the allowed range."""
+    :func:`reusable_executions` reused (``ops``: the model's operators, default Latte's of
+    ``num_layers``). Raises ValueError naming ``--skip`` / ``--cooldown``, with the allowed
+    range."""
     if not 0.0 < skip < 1.0:        # NaN too
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
     if not 0 <= cooldown <= num_steps - 2:
         raise ValueError(f"--cooldown {cooldown}: expected 0..{num_steps - 2} steps for a "
                          f"profile of {num_steps} steps (step 0 computes everything and at "
                          "least one step must be left to reuse)")
-    total = num_steps * len(BRANCHES) * num_layers * len(OP_TYPES)
+    total = num_steps * len(BRANCHES) * (num_layers * 5 if ops is None else len(ops.ops))
     target = int(round(skip * total))
-    most = reusable_executions(num_steps, num_layers, cooldown)
+    most = reusable_executions(num_steps, num_layers, cooldown, ops)
     if not 1 <= target <= most:
         raise ValueError(
             f"--skip {skip}: {target} reused of {total} executions, expected 1..{most} reused, "
@@ -512,22 +552,23 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
     ``segment_output``: the segments' form the transfer term counts (:class:`CostModel`).
 
     Raises ValueError for a skip outside (0, 1) or more reuse than the steps allow
-    (:func:`check_skip`), or an unknown ``segment_output``."""
-    steps, layers = profile.num_steps, profile.num_layers
-    n_b, n_k = len(BRANCHES), layers * len(OP_TYPES)
-    target = check_skip(skip, steps, layers, cooldown)
+    (:func:`check_skip`), or an unknown ``segment_output``. Any architecture: the
+    profile's operators (:attr:`Profile.model_ops`) and shapes."""
+    steps, layers, ops = profile.num_steps, profile.num_layers, profile.model_ops
+    n_b, n_k = len(BRANCHES), len(ops.ops)
+    target = check_skip(skip, steps, layers, cooldown, ops)
     t0 = time.perf_counter()
-    change = profile.mean("out_change").reshape(steps, n_b, n_k)
+    change = profile.per_op(profile.mean("out_change"))                   # [S, B, ops]
     decay, weights = step_weights(profile)
     change = change * weights[:, None, None]
     cm = CostModel(change, quality_weights(profile), profile.meta["shape"],
                    guidance_scale=profile.meta["guidance_scale"], link=link or LinkModel(),
                    nme=nme or NMEModel(), compute_time=compute_time,
-                   segment_output=segment_output)
+                   segment_output=segment_output, model_ops=ops)
     rng = np.random.default_rng(seed)
 
     # reference for normalisation: the closest uniform-interval schedule
-    ref_sched = uniform_for_skip(skip, steps, layers).build(steps, layers)
+    ref_sched = uniform_for_skip(skip, steps, layers, ops=ops).schedule_for(steps, ops)
     ref = cm.evaluate(schedule_to_matrix(ref_sched))
     norm_q = ref["quality"] or 1.0
     norm_t = ref["transfer_s"] or 1.0
@@ -562,7 +603,7 @@ def anneal(profile, skip: float, *, seed: int = 0, moves: int = 200_000,
     terms = cm.evaluate(best_m)
     terms["step_decay"] = decay
     name = f"coda(skip={skip:g},seed={seed})"
-    sched = matrix_to_schedule(best_m, layers, name)
+    sched = matrix_to_schedule(best_m, layers, name, ops)
     return SearchResult(sched, terms, ref, float(best), time.perf_counter() - t0, moves,
                         accepted)
 
@@ -586,7 +627,7 @@ def checked_anneal(profile: str | Path, skip: float, *, seed: int = 0, moves: in
     check_weight(w_transfer, "--w-transfer")
     check_weight(w_mismatch, "--w-mismatch")
     prof = Profile.load(profile)
-    check_skip(skip, prof.num_steps, prof.num_layers, cooldown)
+    check_skip(skip, prof.num_steps, prof.num_layers, cooldown, prof.model_ops)
     res = anneal(prof, skip, seed=seed, moves=moves, w_transfer=w_transfer,
                  w_mismatch=w_mismatch, cooldown=cooldown)
     info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile),

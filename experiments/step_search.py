@@ -35,37 +35,40 @@ The most faithful finalist wins.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, ScheduleError
+from coda.host.cache.schedule import BRANCHES, OP_TYPES, ModelOps, Schedule, ScheduleError
 from coda.host.system.cost import DEFAULT_TARGET
 from coda.options import add_options, option
 
+# the judge lives in coda.experiments.rollouts; re-exported here
+from coda.experiments.rollouts import full_videos, judge, rollout, rollout_task
+
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
            "plan_by_dp",
-           "uniform_plan", "uniform_latency", "counts_within_latency", "candidate_plans", "rollout", "full_videos", "judge", "search_steps",
-           "SearchReport"]
+           "uniform_plan", "uniform_latency", "counts_within_latency", "candidate_plans",
+           "rollout", "rollout_task", "full_videos", "judge", "search_steps", "SearchReport"]
 
 
 # ---------------------------------------------------------------- the space
 @dataclass(frozen=True)
 class StepPlan:
-    """A whole-step schedule of a Latte model.
+    """A whole-step schedule of a model (Latte's by default).
 
     Attributes:
         num_steps, num_layers: the model's run (steps 0..num_steps-1, layers).
         reused: the steps at which every operator is reused in both CFG branches.
-        always: operator types (of :data:`coda.host.cache.schedule.OP_TYPES`) reused at every step
-            from step 1 on, computed steps included.
+        always: operator types (of the model's, :data:`coda.host.cache.schedule.OP_TYPES` for
+            Latte) reused at every step from step 1 on, computed steps included.
         label: how the plan was made (for reports).
+        ops: the model's operators (:class:`ModelOps`; None: Latte's of ``num_layers``).
     Raises:
         ScheduleError: step 0 reused, a step out of range, an unknown operator type.
     """
@@ -74,21 +77,27 @@ class StepPlan:
     reused: frozenset
     always: tuple = ()
     label: str = ""
+    ops: ModelOps | None = None
 
     def __post_init__(self):
         bad = [s for s in self.reused if not 1 <= s < self.num_steps]
         if bad:
             raise ScheduleError(f"reused steps {sorted(bad)}: expected 1..{self.num_steps - 1} "
                                 "(step 0 computes the first caches)")
-        unknown = [t for t in self.always if t not in OP_TYPES]
+        types = self.model_ops().op_types
+        unknown = [t for t in self.always if t not in types]
         if unknown:
-            raise ScheduleError(f"always-reused types {unknown}: expected some of {OP_TYPES}")
+            raise ScheduleError(f"always-reused types {unknown}: expected some of {types}")
         object.__setattr__(self, "reused", frozenset(int(s) for s in self.reused))
-        object.__setattr__(self, "always", tuple(t for t in OP_TYPES if t in self.always))
+        object.__setattr__(self, "always", tuple(t for t in types if t in self.always))
+
+    def model_ops(self) -> ModelOps:
+        return ModelOps.latte(self.num_layers) if self.ops is None else self.ops
 
     def schedule(self, name: str | None = None) -> Schedule:
         """The plan as a :class:`Schedule` (both branches alike)."""
-        every = [(layer, op) for layer in range(self.num_layers) for op in OP_TYPES]
+        ops = self.model_ops()
+        every = ops.ops
         const = frozenset(r for r in every if r[1] in self.always)
         reuse = {}
         for step in range(1, self.num_steps):
@@ -96,11 +105,12 @@ class StepPlan:
             for branch in BRANCHES:
                 if refs:
                     reuse[(step, branch)] = refs
-        return Schedule(self.num_steps, self.num_layers, reuse, name or self.describe())
+        return Schedule(self.num_steps, self.num_layers, reuse, name or self.describe(), ops)
 
     def skip_fraction(self) -> float:
         """Reused / all operator executions."""
-        k, a = len(OP_TYPES), len(self.always)
+        ops = self.model_ops()
+        k, a = len(ops.ops), ops.count(self.always)
         n = len(self.reused)
         return (n * k + (self.num_steps - 1 - n) * a) / (self.num_steps * k)
 
@@ -112,44 +122,62 @@ class StepPlan:
 
 def constant_op_types(profile, tol: float = 0.0) -> tuple[str, ...]:
     """Operator types whose profiled relative output change is at most ``tol`` at every step
-    >= 1, video, branch and layer (0.0: exactly constant)."""
-    out = np.asarray(profile.out_change[:, 1:], np.float64)      # [V, S-1, B, L, K]
+    >= 1, video, branch and layer (0.0: exactly constant), of the profile's model."""
+    ops = profile.model_ops
+    out = np.asarray(profile.per_op(profile.out_change[:, 1:]), np.float64)   # [V, S-1, B, ops]
     worst = np.nanmax(np.nan_to_num(out, nan=np.inf).reshape(-1, out.shape[-1]), axis=0)
-    return tuple(t for t, w in zip(OP_TYPES, worst) if w <= tol)
+    return tuple(t for t in ops.op_types
+                 if max(w for w, (_, op) in zip(worst, ops.ops) if op == t) <= tol)
 
 
 def step_change(profile, skip_types: tuple[str, ...] = ()) -> np.ndarray:
     """float64 [steps]: the profiled relative output change between step t-1 and t, the mean
     over videos, branches, layers and the operator types not in ``skip_types``; 0 at step 0."""
-    keep = [i for i, t in enumerate(OP_TYPES) if t not in skip_types]
-    out = np.asarray(profile.out_change, np.float64)[..., keep]
+    ops = profile.model_ops
+    keep = [i for i, (_, t) in enumerate(ops.ops) if t not in skip_types]
+    out = np.asarray(profile.per_op("out_change"), np.float64)[..., keep]   # [V, S, B, ops]
     d = np.zeros(out.shape[1])
     d[1:] = np.nanmean(out[:, 1:].reshape(out.shape[0], out.shape[1] - 1, -1), axis=(0, 2))
     return np.nan_to_num(d, nan=0.0)
 
 
-def reused_steps_for(skip: float, num_steps: int, always: int = 0, cooldown: int = 1) -> int:
+def reused_steps_for(skip: float, num_steps: int, always: int = 0, cooldown: int = 1,
+                     per_step: int | None = None) -> int:
     """Whole steps to reuse so the plan's skip fraction is the closest to ``skip`` (ties: the
     larger), with ``always`` types of :data:`OP_TYPES` reused at every step from step 1 on and
-    the last ``cooldown`` steps computed. Raises ValueError when no count in
-    0..num_steps-1-cooldown comes within 1/num_steps of ``skip``."""
-    k, most = len(OP_TYPES), max(0, num_steps - 1 - max(1, cooldown))
+    the last ``cooldown`` steps computed; another model: ``always`` of its ``per_step``
+    operators per step. Raises ValueError when no count in 0..num_steps-1-cooldown comes
+    within 1/num_steps of ``skip``."""
+    k = len(OP_TYPES) if per_step is None else per_step
+    most = max(0, num_steps - 1 - max(1, cooldown))
     frac = lambda n: (n * k + (num_steps - 1 - n) * always) / (num_steps * k)  # noqa: E731
     best = min(range(most + 1), key=lambda n: (abs(frac(n) - skip), -n))
     if abs(frac(best) - skip) > 1.0 / num_steps:
+        what = (f"{always} operator types" if per_step is None
+                else f"{always} of the {per_step} operators of a step")
         raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps (the last "
-                         f"{max(1, cooldown)} computed, {always} operator types reused at every "
+                         f"{max(1, cooldown)} computed, {what} reused at every "
                          f"step) reach {frac(0):.3f}..{frac(most):.3f}")
     return best
 
 
-def check_reachable(skip: float, num_steps: int, constant: tuple = (), cooldown: int = 1):
+def _reused_steps(skip: float, num_steps: int, always: tuple, cooldown: int,
+                  ops: ModelOps | None) -> int:
+    """:func:`reused_steps_for` with the operator types ``always`` of the model of ``ops``."""
+    if ops is None or ops.arch == "latte":
+        return reused_steps_for(skip, num_steps, len(always), cooldown)
+    return reused_steps_for(skip, num_steps, ops.count(always), cooldown, len(ops.ops))
+
+
+def check_reachable(skip: float, num_steps: int, constant: tuple = (), cooldown: int = 1,
+                    ops: ModelOps | None = None):
     """Raise ValueError (naming ``--skip`` and the ranges) unless a whole-step plan reaches
-    ``skip``, with or without the ``constant`` operator types reused at every step."""
+    ``skip``, with or without the ``constant`` operator types reused at every step
+    (``ops``: the model's operators, default Latte's)."""
     ranges = []
     for always in dict.fromkeys([(), tuple(constant)]):
         try:
-            reused_steps_for(skip, num_steps, len(always), cooldown)
+            _reused_steps(skip, num_steps, always, cooldown, ops)
             return
         except ValueError as exc:
             ranges.append(str(exc).rsplit(" reach ", 1)[1] + (
@@ -201,10 +229,10 @@ def plan_by_dp(change: np.ndarray, weight: np.ndarray, count: int, *, cooldown: 
 
 
 def uniform_plan(num_steps: int, num_layers: int, count: int, *, cooldown: int = 1,
-                 always: tuple = ()) -> StepPlan:
+                 always: tuple = (), ops: ModelOps | None = None) -> StepPlan:
     """Uniform whole-step reuse: after the warm-up that makes the count fit, every k-th step
     computed, the reused steps spread as evenly as the count allows (DeepCache/FORA's rule
-    as a :class:`StepPlan`)."""
+    as a :class:`StepPlan` of the model of ``ops``, default Latte's)."""
     last = num_steps - max(1, cooldown)
     for k in range(2, num_steps):
         for warmup in range(1, last):
@@ -212,7 +240,7 @@ def uniform_plan(num_steps: int, num_layers: int, count: int, *, cooldown: int =
             reused = [s for s in span if (s - warmup) % k != 0]
             if len(reused) == count:
                 return StepPlan(num_steps, num_layers, frozenset(reused), always,
-                                f"uniform k={k} warmup={warmup}")
+                                f"uniform k={k} warmup={warmup}", ops)
     raise ValueError(f"no uniform whole-step plan reuses {count} of {num_steps} steps")
 
 
@@ -228,7 +256,8 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
     the count that reaches ``skip`` (:func:`reused_steps_for`) for both choices."""
     from coda.host.cache.weights import step_weights
 
-    steps, layers = profile.num_steps, profile.num_layers
+    steps, layers, ops = profile.num_steps, profile.num_layers, profile.model_ops
+    mine = None if ops.arch == "latte" else ops
     const = constant_op_types(profile)
     _, w = step_weights(profile)
     plans: list[StepPlan] = []
@@ -239,12 +268,13 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
             count = counts[always]
         else:
             try:
-                count = reused_steps_for(skip, steps, len(always), cooldown)
+                count = _reused_steps(skip, steps, always, cooldown, ops)
             except ValueError:
                 continue
         change = step_change(profile, always)
         try:
-            plans.append(uniform_plan(steps, layers, count, cooldown=cooldown, always=always))
+            plans.append(uniform_plan(steps, layers, count, cooldown=cooldown, always=always,
+                                      ops=mine))
         except ValueError:
             pass
         for gamma in gammas:
@@ -255,9 +285,9 @@ def candidate_plans(profile, skip: float, *, cooldown: int = 1,
                 except ValueError:
                     continue
                 plans.append(StepPlan(steps, layers, reused, always,
-                                      f"dp gamma={gamma:g} max_run={run}"))
+                                      f"dp gamma={gamma:g} max_run={run}", mine))
     if not plans:
-        check_reachable(skip, steps, const, cooldown)
+        check_reachable(skip, steps, const, cooldown, ops)
         raise ValueError(f"--skip {skip}: no whole-step plan of {steps} steps with runs of at "
                          f"most {max(max_runs)} reused steps reaches it")
     unique: dict = {}
@@ -323,117 +353,6 @@ def counts_within_latency(profile, skip: float, max_latency_s: float, *,
     return out
 
 
-# ---------------------------------------------------------------- the judge
-def rollout(model, schedule: Schedule, labels, seeds, *, num_steps: int,
-            guidance_scale: float, batch: int = 10, ranks: int = 2) -> torch.Tensor:
-    """Cached generations of (labels[i], seeds[i]) under ``schedule`` on the torch backend,
-    ``batch`` videos per generation. Returns float32 [N, 1, F, H, W]."""
-    from coda.host.nme.backend import TorchBackend
-    from coda.host.nmp.driver import NMPDriver
-    from coda.host.model.sample import cache_mem_words, cached_generate
-    from coda.hw.nme.isa import NMEConfig
-
-    out = []
-    for i in range(0, len(labels), batch):
-        lab, sd = list(labels[i:i + batch]), list(seeds[i:i + batch])
-        driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=cache_mem_words(
-            model, len(lab), ranks=ranks, lanes=8)), ranks=ranks)
-        v, _ = cached_generate(model, lab, driver, schedule, num_steps=num_steps,
-                               guidance_scale=guidance_scale, seeds=sd)
-        out.append(v)
-    return torch.cat(out)
-
-
-def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
-                batch: int = 10, cache_dir: str | Path | None = None) -> torch.Tensor:
-    """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W].
-
-    ``cache_dir``: keep them there in a file named by a hash of the model (its
-    :func:`coda.experiments.profile.model_hash`), the videos, steps, guidance, and the torch build
-    and CPU, and read it back when asked again (the bits of a generation depend on the CPU)."""
-    from coda.host.model.sample import generate
-
-    path = None
-    if cache_dir is not None:
-        import hashlib
-        import platform
-
-        from coda.experiments.profile import model_hash
-        key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
-                          num_steps, float(guidance_scale), torch.__version__,
-                          platform.machine(), platform.processor(), _cpu_model()])
-        path = Path(cache_dir) / f"full-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
-        if path.exists():
-            return torch.load(path)
-    videos = torch.cat([generate(model, list(labels[i:i + batch]),
-                                 seeds=list(seeds[i:i + batch]), num_steps=num_steps,
-                                 guidance_scale=guidance_scale)
-                        for i in range(0, len(labels), batch)])
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")    # writers side by side: one each
-        torch.save(videos, tmp)
-        tmp.replace(path)
-    return videos
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:
-    from coda.experiments.metrics import psnr_db
-    per = [psnr_db(videos[i:i + 1], full[i:i + 1]) for i in range(len(videos))]
-    return {"psnr_db": psnr_db(videos, full), "per_video_psnr_db": per,
-            "mean_psnr_db": float(np.mean(per))}
-
-
-def rollout_task(schedule_json: str, labels, seeds, full: torch.Tensor, num_steps: int,
-                 guidance_scale: float, threads: int = 1) -> dict:
-    """One candidate's rollout and score (a Ray task body; also run in-process): loads the
-    shipped model, generates, scores against ``full``. Returns :func:`_score`'s dict plus
-    ``wall_s``."""
-    from coda.host.model.dit import load_model
-
-    torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    model, _ = load_model()
-    videos = rollout(model, Schedule.from_json(schedule_json), labels, seeds,
-                     num_steps=num_steps, guidance_scale=guidance_scale)
-    return {**_score(videos, full), "wall_s": time.perf_counter() - t0}
-
-
-def judge(schedules: list[Schedule], labels, seeds, full: torch.Tensor, *, num_steps: int,
-          guidance_scale: float, workers: int = 2) -> list[dict]:
-    """Every schedule's rollout score on the videos (labels[i], seeds[i]) against ``full``,
-    in order: Ray tasks on ``workers`` CPUs of a local Ray (one thread each), or in this
-    process when ``workers`` is 0 (the same bits)."""
-    args = [(s.to_json(), list(labels), list(seeds), full, num_steps, guidance_scale)
-            for s in schedules]
-    if workers <= 0:
-        return [rollout_task(*a) for a in args]
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    try:
-        task = ray.remote(num_cpus=1)(rollout_task)
-        full_ref = ray.put(full)
-        refs = [task.remote(a[0], a[1], a[2], full_ref, a[4], a[5]) for a in args]
-        return ray.get(refs)
-    finally:
-        if started:
-            ray.shutdown()
-
-
 @dataclass
 class SearchReport:
     """What :func:`search_steps` found: the chosen plan and every candidate's figures."""
@@ -447,7 +366,8 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
                  prune_videos: int = 6, finalists: int = 4, workers: int = 2,
                  cooldown: int = 1, num_steps: int | None = None,
                  guidance_scale: float | None = None, target: str | None = DEFAULT_TARGET,
-                 max_latency_s: float | None = None, log=print) -> SearchReport:
+                 max_latency_s: float | None = None, log=print,
+                 judge_with: Callable | None = None) -> SearchReport:
     """The whole-step search for ``skip``: candidates from the stand-in
     (:func:`candidate_plans`), a first round of rollouts on the first ``prune_videos``
     calibration videos, the best ``finalists`` on all of them; the finalist with the highest
@@ -460,8 +380,11 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
     most that slow there may be finalists (needs ``target``). Returns a
     :class:`SearchReport` (each candidate: label, skip, segments, the modelled cost, round-1
     and, for finalists, round-2 scores; ``pareto``: the candidates no other beats on both
-    round-1 PSNR and modelled latency). Raises ValueError when no candidate meets
-    ``max_latency_s``."""
+    round-1 PSNR and modelled latency). ``judge_with``: the rollouts (default
+    :func:`coda.experiments.rollouts.judge`, the shipped model;
+    :func:`coda.experiments.rollouts.loop_judge` for any other model, with ``target=None``).
+    Raises ValueError when no candidate meets ``max_latency_s``."""
+    judge_with = judge if judge_with is None else judge_with
     t0 = time.perf_counter()
     num_steps = num_steps or profile.num_steps
     guidance_scale = profile.meta.get("guidance", 5.0) if guidance_scale is None \
@@ -494,14 +417,14 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
         plans, scheds, rows = ([x[i] for i in keep] for x in (plans, scheds, rows))
     n1 = min(prune_videos, len(labels))
     log(f"skip {skip}: {len(plans)} candidates, round 1 on {n1} videos")
-    for row, score in zip(rows, judge(scheds, labels[:n1], seeds[:n1], full[:n1],
+    for row, score in zip(rows, judge_with(scheds, labels[:n1], seeds[:n1], full[:n1],
                                       num_steps=num_steps, guidance_scale=guidance_scale,
                                       workers=workers)):
         row["round1"] = score
     order = sorted(range(len(rows)), key=lambda i: -rows[i]["round1"]["psnr_db"])
     best = order[:finalists]
     log(f"skip {skip}: {len(best)} finalists on {len(labels)} videos")
-    for i, score in zip(best, judge([scheds[i] for i in best], labels, seeds, full,
+    for i, score in zip(best, judge_with([scheds[i] for i in best], labels, seeds, full,
                                     num_steps=num_steps, guidance_scale=guidance_scale,
                                     workers=workers)):
         rows[i]["round2"] = score

@@ -30,7 +30,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-__all__ = ["OP_TYPES", "ARCH_OP_TYPES", "ALL_OP_TYPES", "BRANCHES", "OpRef", "ModelOps",
+__all__ = ["OP_TYPES", "ARCH_OP_TYPES", "ARCH_OP_KINDS", "PAB_CLASSES", "ALL_OP_TYPES",
+           "BRANCHES", "OpRef", "ModelOps",
            "operator_order", "segment_runs", "Schedule", "ScheduleError"]
 
 OP_TYPES: tuple[str, ...] = ("spatial_attn", "cross_attn", "spatial_ffn",
@@ -38,14 +39,34 @@ OP_TYPES: tuple[str, ...] = ("spatial_attn", "cross_attn", "spatial_ffn",
 BRANCHES: tuple[str, ...] = ("cond", "uncond")
 OpRef = tuple[int, str]   # (layer, op type)
 
-#: operator types per architecture, in a block's forward order (``coda.host.cache.arch.<name>``
-#: documents each: which module computes it, its gate, its residual streams)
-ARCH_OP_TYPES: dict[str, tuple[str, ...]] = {
-    "latte": OP_TYPES,
-    "cogvideox": ("attn", "ffn"),               # joint text+video attention / FFN
-    "wan": ("attn", "cross_attn", "ffn"),
-    "hunyuan_video": ("attn", "ffn", "single"),  # dual-stream attn, ffn; single-stream block
+#: what each operator type of each architecture computes, in a block's forward order: the one
+#: place the policies read it from (:class:`ModelOps`; ``coda.host.cache.arch.<name>``
+#: documents which module computes it, its gate and its residual streams). Kinds:
+#: ``spatial_attn`` / ``temporal_attn`` (Latte's factorised self-attention over the patches of
+#: a frame / over the frames of a patch), ``self_attn`` (over every video token: Wan's 3-D
+#: attention), ``joint_attn`` (over the video and text tokens together: CogVideoX's,
+#: HunyuanVideo's dual-stream blocks), ``cross_attn`` (video queries, condition keys),
+#: ``ffn``, ``joint_block`` (HunyuanVideo's single-stream block: joint attention and an MLP
+#: in parallel, one operator: the block's ``proj_out`` mixes both).
+ARCH_OP_KINDS: dict[str, dict[str, str]] = {
+    "latte": {"spatial_attn": "spatial_attn", "cross_attn": "cross_attn", "spatial_ffn": "ffn",
+              "temporal_attn": "temporal_attn", "temporal_ffn": "ffn"},
+    "cogvideox": {"attn": "joint_attn", "ffn": "ffn"},
+    "wan": {"attn": "self_attn", "cross_attn": "cross_attn", "ffn": "ffn"},
+    "hunyuan_video": {"attn": "joint_attn", "ffn": "ffn", "single": "joint_block"},
 }
+#: operator types per architecture, in a block's forward order
+ARCH_OP_TYPES: dict[str, tuple[str, ...]] = {arch: tuple(kinds)
+                                             for arch, kinds in ARCH_OP_KINDS.items()}
+#: PAB's broadcast class of each operator kind (Zhao et al. 2024; diffusers 0.42
+#: ``hooks/pyramid_attention_broadcast.py`` classifies an attention that is not cross attention
+#: and not in ``temporal_transformer_blocks`` as spatial, which covers Wan's 3-D self-attention
+#: and the joint attention of CogVideoX and HunyuanVideo): ``spatial``, ``temporal``,
+#: ``cross`` attention or ``mlp`` (PAB's MLP broadcast). HunyuanVideo's single-stream block is
+#: one operator here, so broadcasting its attention broadcasts its parallel MLP with it.
+PAB_CLASSES: dict[str, str] = {"spatial_attn": "spatial", "self_attn": "spatial",
+                               "joint_attn": "spatial", "joint_block": "spatial",
+                               "temporal_attn": "temporal", "cross_attn": "cross", "ffn": "mlp"}
 #: every operator type of every architecture (a uniform interval may name any of them)
 ALL_OP_TYPES: tuple[str, ...] = tuple(dict.fromkeys(
     op for ops in ARCH_OP_TYPES.values() for op in ops))
@@ -113,6 +134,40 @@ class ModelOps:
     def index(self, ref: OpRef) -> int:
         """Forward position of ``ref``. Raises KeyError for an operator the model lacks."""
         return self._index[ref]
+
+    def kind(self, op: str) -> str:
+        """What op type ``op`` computes (:data:`ARCH_OP_KINDS`). Raises KeyError for an op
+        type of another architecture."""
+        return ARCH_OP_KINDS[self.arch][op]
+
+    def pab_class(self, op: str) -> str:
+        """PAB's broadcast class of op type ``op`` (:data:`PAB_CLASSES`)."""
+        return PAB_CLASSES[self.kind(op)]
+
+    @property
+    def step_probe(self) -> OpRef:
+        """The operator whose input is the whole model's first block input (the first in
+        forward order): what TeaCache and step-level DRA measure the change of a step by."""
+        return self.ops[0]
+
+    @property
+    def block_probe(self) -> OpRef | None:
+        """The first operator of the layer after the first one: its input is the first
+        layer's output, FBCache's signal (None for a one-layer model)."""
+        first = self.ops[0][0]
+        return next((ref for ref in self.ops if ref[0] != first), None)
+
+    def grid_index(self) -> tuple[int, ...]:
+        """For each operator in forward order, its flat position ``layer * K + k`` in a
+        ``[layers, K]`` grid of the op types (K = ``len(op_types)``): how a profile's
+        ``[..., layers, op types]`` arrays hold it (a model whose layers have different op
+        types, HunyuanVideo's, leaves the other cells empty)."""
+        k = len(self.op_types)
+        return tuple(layer * k + self.op_types.index(op) for layer, op in self.ops)
+
+    def count(self, op_types=None) -> int:
+        """Operators per step (of ``op_types`` only, when given)."""
+        return len(self.ops) if op_types is None else sum(op in op_types for _, op in self.ops)
 
     def barriers(self, frames: int = 2) -> frozenset:
         """Operators after which a segment always ends, because the model's own code computes

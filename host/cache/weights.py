@@ -7,6 +7,8 @@ project, so both can.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 __all__ = ["step_weights", "quality_weights"]
@@ -32,10 +34,13 @@ def step_weights(profile) -> tuple[float, np.ndarray]:
 
 def quality_weights(profile) -> np.ndarray:
     """[branches, ops]: mean |output| / mean |input| over videos and steps >= 1 (how much of
-    the residual stream an operator writes); 1 where undefined."""
-    out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1))      # [B, L, K]
-    inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1))
+    the residual stream an operator writes), the profile's operators in forward order
+    (``profile.per_op``); 1 where undefined."""
+    with warnings.catch_warnings():     # a grid cell of an operator the model lacks: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = np.nanmean(profile.out_abs[:, 1:], axis=(0, 1))      # [B, L, K]
+        inp = np.nanmean(profile.in_abs[:, 1:], axis=(0, 1))
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.where(inp > 0, out / inp, 1.0)
     w = np.nan_to_num(w, nan=1.0)
-    return w.reshape(w.shape[0], -1)
+    return profile.per_op(w)

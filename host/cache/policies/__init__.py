@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from coda.host.cache.schedule import OP_TYPES, Schedule
+from coda.host.cache.schedule import ModelOps, Schedule
 from coda.lists import items, no_duplicates
 
 from .base import (COMPUTE, MIN_CACHED_STEPS, SCHEDULE_POLICIES, CachePolicy, Decision, OpQuery,
@@ -59,16 +59,21 @@ def as_policy(policy) -> CachePolicy:
 
 
 
-def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 0.02):
+def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 0.02,
+                     ops: ModelOps | None = None):
     """The uniform-interval policy (one interval for every operator type if one is within
     ``tol`` of ``skip``, else two neighbouring intervals over the types) whose skip fraction
     is closest to ``skip`` (to 0.005), with the shortest interval and then the most warmup
-    steps (1..20) among the closest.
+    steps (1..20) among the closest. ``ops``: the model's operators (default: Latte's of
+    ``num_layers``); each op type weighs by its operators per step.
     Returns a :class:`coda.host.cache.policies.UniformIntervalPolicy`. Raises ValueError (as
     :func:`check_cached_steps`) for ``num_steps`` < :data:`MIN_CACHED_STEPS`."""
     from itertools import product
 
     check_cached_steps(num_steps, "num_steps")
+    ops = ModelOps.latte(num_layers) if ops is None else ops
+    types = ops.op_types
+    counts = [ops.count((op,)) for op in types]
 
     def reused_steps(k: int, warmup: int) -> int:     # steps >= warmup off the interval
         span = max(0, num_steps - warmup)
@@ -76,10 +81,11 @@ def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 
 
     best = None
     for k in range(1, 12):
-        for combo in product((k, k + 1), repeat=len(OP_TYPES)):
+        for combo in product((k, k + 1), repeat=len(types)):
             mixed = len(set(combo)) > 1
             for warmup in range(1, min(21, num_steps)):
-                got = sum(reused_steps(kk, warmup) for kk in combo) / (len(combo) * num_steps)
+                got = (sum(n * reused_steps(kk, warmup) for n, kk in zip(counts, combo))
+                       / (sum(counts) * num_steps))
                 err = abs(got - skip)
                 key = (err > tol + 1e-9, mixed, round(err / 0.005), k, -warmup, err)
                 if best is None or key < best[0]:
@@ -87,7 +93,7 @@ def uniform_for_skip(skip: float, num_steps: int, num_layers: int, tol: float = 
     combo, k, warmup = best[1]
     if len(set(combo)) == 1:        # one interval for every type: it is the default
         return UniformIntervalPolicy(default_interval=combo[0], warmup=warmup)
-    return UniformIntervalPolicy(intervals=dict(zip(OP_TYPES, combo)),
+    return UniformIntervalPolicy(intervals=dict(zip(types, combo)),
                                  default_interval=min(combo), warmup=warmup)
 
 
@@ -108,8 +114,8 @@ POLICIES = {
 
 def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=None,
                num_steps: int | None = None, num_layers: int | None = None,
-               **params) -> CachePolicy:
-    """A policy by name (:data:`POLICIES`).
+               ops: ModelOps | None = None, **params) -> CachePolicy:
+    """A policy by name (:data:`POLICIES`), for any architecture the engine serves.
 
     Args:
         name: ``uniform``, ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica``,
@@ -118,11 +124,15 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
             (uniform / PAB: the closest parameters; TeaCache / MagCache: the threshold on the
             profile; FBCache: its threshold on the profile; LeMiCa: its path on the profile;
             coda: the ``schedule`` given, made for it).
-        profile: a :class:`coda.experiments.profile.Profile` (teacache, magcache, fbcache, lemica).
+        profile: a :class:`coda.experiments.profile.Profile` (teacache, magcache, fbcache,
+            lemica); its model's operators are the ones calibrated for.
         schedule: a :class:`Schedule` (coda, coda+dra): read one with
             :func:`coda.host.cache.shipped.load_schedule` or anneal one with
             :func:`coda.experiments.search.anneal`.
         num_steps, num_layers: the run's shape (uniform and PAB with ``skip``).
+        ops: the model's operators (:class:`coda.host.cache.schedule.ModelOps`,
+            ``coda.host.cache.arch.model_ops(transformer)``) for uniform and PAB with
+            ``skip``; default: the profile's, else Latte's of ``num_layers``.
         **params: the policy's own parameters (``interval``, ``warmup`` for uniform;
             ``threshold``; coda+dra's ``thresholds``, a
             :class:`coda.host.cache.policies.dra.StepThresholds` calibrated on ``schedule``).
@@ -133,9 +143,13 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
             :data:`MIN_CACHED_STEPS`, or a policy calibrated to ``skip`` that would reuse
             nothing ("nothing would be cached").
     """
-    policy = _get_policy(name, skip, profile, schedule, num_steps, num_layers, params)
+    if ops is None and profile is not None and profile.model_ops.arch != "latte":
+        ops = profile.model_ops
+    if ops is not None:
+        num_layers = ops.num_layers if num_layers is None else num_layers
+    policy = _get_policy(name, skip, profile, schedule, num_steps, num_layers, ops, params)
     if skip is not None and name in ("uniform", "pab", "teacache", "magcache"):
-        got = expected_skip(policy, num_steps, num_layers, profile)
+        got = expected_skip(policy, num_steps, num_layers, profile, ops)
         if got == 0.0:
             steps = profile.num_steps if name in ("teacache", "magcache") else num_steps
             raise ValueError(f"policy {name!r} at skip {skip} on {steps} steps: nothing would "
@@ -144,19 +158,26 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
     return policy
 
 
-def expected_skip(policy, num_steps: int | None, num_layers: int | None, profile=None) -> float:
+def expected_skip(policy, num_steps: int | None, num_layers: int | None, profile=None,
+                  ops: ModelOps | None = None) -> float:
     """The fraction of operator executions ``policy`` reuses: a static policy's schedule
-    for ``num_steps`` x ``num_layers``, TeaCache's simulation on ``profile`` (its steps)."""
+    for ``num_steps`` on the model of ``ops`` (default: the profile's operators and steps
+    when ``num_steps`` is None, else Latte's of ``num_layers``), TeaCache's simulation on
+    ``profile`` (its steps)."""
     if hasattr(policy, "simulate_skip"):
         return float(policy.simulate_skip(profile))
     if isinstance(policy, StaticPolicy) or hasattr(policy, "build"):
-        steps, layers = ((profile.num_steps, profile.num_layers)
-                         if num_steps is None and profile is not None else (num_steps, num_layers))
-        return float(policy.build(steps, layers).ops_skipped_fraction())
+        if num_steps is None and profile is not None:
+            num_steps, num_layers, ops = profile.num_steps, profile.num_layers, profile.model_ops
+        ops = ModelOps.latte(num_layers) if ops is None else ops
+        if isinstance(policy, StaticPolicy):
+            return float(policy.schedule_for(num_steps, ops).ops_skipped_fraction())
+        return float(policy.build(num_steps, num_layers).ops_skipped_fraction())
     raise TypeError(f"policy {policy!r}: expected a static or TeaCache policy")
 
 
-def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) -> CachePolicy:
+def _get_policy(name, skip, profile, schedule, num_steps, num_layers, ops,
+                params) -> CachePolicy:
     """:func:`get_policy` before its check that a calibrated policy caches something."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}: expected one of {', '.join(POLICIES)}")
@@ -179,7 +200,7 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) ->
         p = take("interval", "warmup")
         if skip is not None:
             return uniform_for_skip(skip, need("num_steps", num_steps),
-                                    need("num_layers", num_layers))
+                                    need("num_layers", num_layers), ops=ops)
         return UniformIntervalPolicy(default_interval=p.get("interval", DEFAULT_INTERVAL),
                                      warmup=p.get("warmup", DEFAULT_WARMUP))
     if name == "pab":
@@ -187,7 +208,7 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, params) ->
         p = take("ranges", "windows")
         if skip is not None:
             return PABPolicy.for_skip(skip, need("num_steps", num_steps),
-                                      need("num_layers", num_layers))
+                                      need("num_layers", num_layers), ops=ops)
         return PABPolicy(**p)
     if name in ("uniform", "pab") and skip is not None:
         check_cached_steps(need("num_steps", num_steps), "num_steps", name)

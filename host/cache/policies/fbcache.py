@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coda.host.cache.schedule import OP_TYPES
+from coda.host.cache.schedule import ModelOps
 
 from .base import CachePolicy, Decision, OpQuery, calibrate_threshold
 
@@ -55,12 +55,12 @@ class FBCachePolicy(CachePolicy):
 
     @staticmethod
     def _is_probe(q: OpQuery) -> bool:
-        """Layer 1's first operator (its input is the first block's output)."""
+        """The first operator of layer 1 (:attr:`ModelOps.block_probe`: its input is the
+        first block's output)."""
         if q.layer != 1 or q.index == 0:
             return False
-        ops = q.model_ops.ops if q.model_ops is not None else None
-        before = ops[q.index - 1][0] if ops is not None else (q.index - 1) // len(OP_TYPES)
-        return before == 0
+        ops = q.model_ops if q.model_ops is not None else ModelOps.latte(q.num_layers)
+        return q.ref == ops.block_probe
 
     def decide(self, q: OpQuery) -> Decision:
         if q.layer == 0:
@@ -80,9 +80,11 @@ class FBCachePolicy(CachePolicy):
         """Skip fraction this threshold reaches on the profile's videos. The change since the
         step that last computed the rest is taken as the sum of the profiled one-step input
         changes of layer 1's first operator since then (full compute: an estimate)."""
-        if profile.num_layers < 2:
+        ops = profile.model_ops
+        if ops.block_probe is None:
             return 0.0
-        x = np.nan_to_num(profile.in_change[:, :, :, 1, 0].astype(np.float64), nan=0.0)
+        x = profile.per_op("in_change")[..., ops.index(ops.block_probe)]
+        x = np.nan_to_num(x.astype(np.float64), nan=0.0)
         n_v, n_s, n_b = x.shape
         reused_steps = 0
         for v in range(n_v):
@@ -94,7 +96,8 @@ class FBCachePolicy(CachePolicy):
                         reused_steps += 1
                     else:
                         acc = 0.0
-        return reused_steps * (profile.num_layers - 1) / (n_v * n_s * n_b * profile.num_layers)
+        later = sum(layer != ops.ops[0][0] for layer, _ in ops.ops)     # operators after layer 0
+        return reused_steps * later / (n_v * n_s * n_b * len(ops.ops))
 
     @classmethod
     def calibrate(cls, profile, skip: float) -> "FBCachePolicy":

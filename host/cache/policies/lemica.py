@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coda.host.cache.schedule import BRANCHES, Schedule, operator_order
+from coda.host.cache.schedule import BRANCHES, Schedule
 from coda.host.cache.weights import quality_weights, step_weights
 
 __all__ = ["min_error_path", "span_costs", "lemica_schedule"]
@@ -87,8 +87,8 @@ def span_costs(profile, guidance_scale: float | None = None) -> np.ndarray:
         raise ValueError(f"guidance_scale={g}: expected a finite CFG scale (give one or use a "
                          "profile whose meta has it)")
     steps = profile.num_steps
-    change = np.nan_to_num(profile.mean("out_change").astype(np.float64), nan=0.0)
-    change = change.reshape(steps, len(BRANCHES), -1)           # [S, B, ops]
+    change = np.nan_to_num(profile.per_op(profile.mean("out_change")).astype(np.float64),
+                           nan=0.0)                              # [S, B, ops]
     change[0] = 0.0
     per_step = (change * quality_weights(profile)[None]).mean(axis=2)   # [S, B]
     cum = np.cumsum(per_step, axis=0)
@@ -106,19 +106,19 @@ def span_costs(profile, guidance_scale: float | None = None) -> np.ndarray:
 def lemica_schedule(profile, skip: float, guidance_scale: float | None = None) -> Schedule:
     """The whole-step schedule of the minimum-error path (:func:`min_error_path` over
     :func:`span_costs`) reusing ``round(skip * S)`` of the S steps: every operator of a reused
-    step, both branches; steps 0 and S-1 computed.
+    step, both branches; steps 0 and S-1 computed. On the profile's model (any architecture).
 
     Raises ValueError for a skip outside (0, 1) or one that rounds to no reused step or to
     more than S - 2."""
     if not 0.0 < skip < 1.0:
         raise ValueError(f"skip {skip}: expected a fraction in (0, 1)")
-    steps, layers = profile.num_steps, profile.num_layers
+    steps, ops = profile.num_steps, profile.model_ops
     reused = int(round(skip * steps))
     if not 1 <= reused <= steps - 2:
         raise ValueError(f"skip {skip}: {reused} of {steps} steps reused, expected 1..{steps - 2}"
                          f" (a skip of {1 / steps:.3g}..{(steps - 2) / steps:.3g}: the first and"
                          " last steps are computed)")
     path, _ = min_error_path(span_costs(profile, guidance_scale), steps - reused)
-    every, nodes = frozenset(operator_order(layers)), set(path)
+    every, nodes = frozenset(ops.ops), set(path)
     reuse = {(s, b): every for s in range(steps) if s not in nodes for b in BRANCHES}
-    return Schedule(steps, layers, reuse, name=f"lemica(skip={skip:g})")
+    return Schedule(steps, ops.num_layers, reuse, name=f"lemica(skip={skip:g})", ops=ops)

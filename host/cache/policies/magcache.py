@@ -10,7 +10,8 @@ fraction of the steps is always computed.
 
 Here the rule runs per operator, branch and layer, on the ratios of our profile (mean |output|
 per step, averaged over the profile's videos instead of one calibration sample). It needs no
-run-time signal, so the schedule is static (:class:`StaticPolicy`).
+run-time signal, so the schedule is static (:class:`StaticPolicy`). On any architecture: the
+ratios are the profile's operators in forward order (:attr:`Profile.model_ops`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coda.host.cache.schedule import BRANCHES, Schedule, operator_order
+from coda.host.cache.schedule import BRANCHES, ModelOps, Schedule, ScheduleError
 
 from .base import calibrate_threshold
 from .static import StaticPolicy
@@ -29,9 +30,10 @@ __all__ = ["MagCachePolicy", "magnitude_ratios"]
 
 
 def magnitude_ratios(profile) -> np.ndarray:
-    """γ [steps, branches, L*5]: mean |output| at step s over step s-1 (1 at step 0)."""
-    mag = np.nanmean(profile.out_abs, axis=0)            # [S, B, L, K]
-    mag = mag.reshape(mag.shape[0], mag.shape[1], -1).astype(np.float64)
+    """γ [steps, branches, operators] (the profile's operators in forward order, L*5 for
+    Latte): mean |output| at step s over step s-1 (1 at step 0)."""
+    mag = np.nanmean(profile.per_op("out_abs"), axis=0)     # [S, B, ops]
+    mag = mag.astype(np.float64)
     ratio = np.ones_like(mag)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio[1:] = np.where(mag[:-1] > 0, mag[1:] / mag[:-1], 1.0)
@@ -40,12 +42,14 @@ def magnitude_ratios(profile) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class MagCachePolicy(StaticPolicy):
-    """Attributes: ratios γ [steps, branches, L*5] (:func:`magnitude_ratios`), threshold,
-    max_skips K >= 1, retention (fraction of leading steps always computed)."""
+    """Attributes: ratios γ [steps, branches, operators] (:func:`magnitude_ratios`),
+    threshold, max_skips K >= 1, retention (fraction of leading steps always computed);
+    ops: the model the ratios are of (None: Latte's, L*5 operators)."""
     ratios: np.ndarray
     threshold: float = 0.12
     max_skips: int = 2
     retention: float = 0.2
+    ops: ModelOps | None = None
     _built: dict = field(default_factory=dict, repr=False, compare=False)
     name = "magcache"
 
@@ -55,17 +59,26 @@ class MagCachePolicy(StaticPolicy):
                              f"retention={self.retention}: expected >= 0, >= 1, [0, 1)")
 
     def build(self, num_steps: int, num_layers: int) -> Schedule:
-        from coda.host.cache.schedule import ScheduleError
-
         if self.ratios.shape[0] != num_steps or self.ratios.shape[2] != num_layers * 5:
             raise ScheduleError(f"magcache: ratios for {self.ratios.shape[0]} steps x "
                                 f"{self.ratios.shape[2] // 5} layers; this run has "
                                 f"{num_steps} x {num_layers}")
-        order = operator_order(num_layers)
+        return self._build(num_steps, ModelOps.latte(num_layers))
+
+    def build_for(self, num_steps: int, ops: ModelOps) -> Schedule:
+        """The schedule on the model of ``ops``: the ratios' own (ScheduleError otherwise)."""
+        if self.ratios.shape[0] != num_steps or self.ops is None or self.ops != ops:
+            mine = "latte" if self.ops is None else self.ops.arch
+            raise ScheduleError(f"magcache: ratios for {self.ratios.shape[0]} steps of a {mine} "
+                                f"model with {self.ratios.shape[2]} operators; this run has "
+                                f"{num_steps} steps of a {ops.arch} model with {len(ops.ops)}")
+        return self._build(num_steps, ops)
+
+    def _build(self, num_steps: int, ops: ModelOps) -> Schedule:
         first = max(1, math.ceil(self.retention * num_steps))
         reuse: dict = {}
         for bi, branch in enumerate(BRANCHES):
-            for k, ref in enumerate(order):
+            for k, ref in enumerate(ops.ops):
                 gamma, err, run = 1.0, 0.0, 0
                 for s in range(first, num_steps - 1):
                     gamma *= float(self.ratios[s, bi, k])
@@ -75,23 +88,25 @@ class MagCachePolicy(StaticPolicy):
                         run += 1
                     else:
                         gamma, err, run = 1.0, 0.0, 0
-        return Schedule(num_steps, num_layers, {k: frozenset(v) for k, v in reuse.items()},
-                        name=f"magcache(thr={self.threshold:.4g},K={self.max_skips})")
+        return Schedule(num_steps, ops.num_layers, {k: frozenset(v) for k, v in reuse.items()},
+                        name=f"magcache(thr={self.threshold:.4g},K={self.max_skips})", ops=ops)
 
     @classmethod
     def calibrate(cls, profile, skip: float, retention: float = 0.2) -> "MagCachePolicy":
         """The smallest K (1..10) that can reach ``skip``, then the threshold (bisection)
-        whose skip fraction is closest to it. Raises ValueError for a profile too short to
-        cache anything (:func:`coda.host.cache.policies.check_cached_steps`)."""
+        whose skip fraction is closest to it, on the profile's model. Raises ValueError for a
+        profile too short to cache anything
+        (:func:`coda.host.cache.policies.check_cached_steps`)."""
         from .base import check_cached_steps
         check_cached_steps(profile.num_steps, "profile --steps", "magcache")
         ratios = magnitude_ratios(profile)
-        steps, layers = profile.num_steps, profile.num_layers
-        frac = lambda p: p.build(steps, layers).ops_skipped_fraction()  # noqa: E731
+        steps, ops = profile.num_steps, profile.model_ops
+        mine = None if ops.arch == "latte" else ops       # Latte: build(), its files as they were
+        frac = lambda p: p.schedule_for(steps, ops).ops_skipped_fraction()  # noqa: E731
         for k in range(1, 11):
-            if frac(cls(ratios, 1e9, k, retention)) >= skip:
+            if frac(cls(ratios, 1e9, k, retention, mine)) >= skip:
                 break
-        return calibrate_threshold(lambda t: cls(ratios, t, k, retention), frac, skip,
+        return calibrate_threshold(lambda t: cls(ratios, t, k, retention, mine), frac, skip,
                                    iters=30)
 
     def describe(self) -> dict:

@@ -31,6 +31,12 @@ class StaticPolicy(CachePolicy):
         raise ScheduleError(f"policy {self.name!r} makes Latte schedules only; this model is "
                             f"{ops.arch} (a uniform policy or a Schedule with its ops works)")
 
+    def schedule_for(self, num_steps: int, ops: ModelOps) -> Schedule:
+        """The schedule of a run of ``num_steps`` steps on the model of ``ops`` (any
+        architecture; Latte's through :meth:`build`), built once per shape. Raises
+        ScheduleError as :meth:`build` / :meth:`build_for`."""
+        return self._schedule(num_steps, ops.num_layers, ops)
+
     def _schedule(self, num_steps: int, num_layers: int, ops: ModelOps | None = None) -> Schedule:
         cache = self.__dict__.setdefault("_built", {})
         if ops is not None and ops.arch == "latte" and ops == ModelOps.latte(num_layers):

@@ -6,14 +6,21 @@ consecutive steps, maps the relative L1 change through a polynomial fitted offli
 change -> output change), accumulates it over the steps it skips, and recomputes (resetting
 the sum) once the sum reaches the threshold; the first and last steps are always computed.
 
-Here, per sample and CFG branch: the first operator, layer 0's spatial attention, is computed
-every step and keeps its input; its relative L1 change against the previous step is measured
+Here, per sample and CFG branch: the first operator (:attr:`ModelOps.step_probe`: Latte's
+layer-0 spatial attention, the first block's attention on the other architectures; its input
+is the input of the first block) is computed every step and keeps its input; its relative L1 change against the previous step is measured
 on the NMEs (:meth:`OpQuery.input_change`, one MonitorEvent per sample and step); the
 polynomial (``numpy.polyfit``, degree 4) is fitted on a profile: that input change against the
 mean relative output change of the other operators at the same step. When the step is
 skipped, every other operator of that sample is reused from its cache. A dynamic policy does
 not know ahead which outputs will be reused, so it writes every computed output to its cache
 slot (their bytes count on the host link).
+
+TeaCache proper measures the timestep-*modulated* input of the first block
+(``norm1(x) * (1 + scale) + shift``); the engine keeps and compares the residual stream
+entering the probe operator instead (the one tensor its monitor keeps in rank memory, on every
+architecture alike), and the polynomial fitted on the profile maps that signal to the output
+change, whichever it is.
 """
 
 from __future__ import annotations
@@ -23,27 +30,34 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coda.host.cache.schedule import OP_TYPES
 
 from .base import CachePolicy, Decision, OpQuery, calibrate_threshold
 
 __all__ = ["TeaCachePolicy", "fit_rescale"]
 
 
+#: operator types each architecture's fit leaves out of the output change: the shipped Latte's
+#: cross attention attends to one token, its label, so its output never changes
+_UNFITTED = {"latte": ("cross_attn",)}
+
+
 def fit_rescale(profile, degree: int = 4) -> np.ndarray:
     """Polynomial coefficients (``degree + 1``, highest power first) mapping the first
     operator's relative input change to the mean relative output change of the other
     operators, per (video, step >= 1, branch) of the profile (a lower degree, zero-padded,
-    when the profile has too few points)."""
+    when the profile has too few points). Any architecture: the profile's operators
+    (:attr:`Profile.model_ops`)."""
     if profile.num_steps < 2:     # no step >= 1: no input change to fit on
         raise ValueError(f"profile of {profile.num_steps} step: the rescaling polynomial is "
                          "fitted on the input changes of steps >= 1, expected a profile of "
                          ">= 2 steps (coda profile --steps)")
-    x = profile.in_change[:, 1:, :, 0, 0].reshape(-1)
-    out = profile.out_change[:, 1:].copy()                 # [V, S-1, B, L, K]
-    out[:, :, :, 0, 0] = np.nan                           # the signal operator itself
-    out[..., OP_TYPES.index("cross_attn")] = np.nan        # constant in a one-token condition
-    y = np.nanmean(out.reshape(*out.shape[:3], -1), axis=-1).reshape(-1)
+    ops = profile.model_ops
+    x = profile.per_op("in_change")[:, 1:, :, 0].reshape(-1)     # the step probe, first
+    out = profile.per_op("out_change")[:, 1:].copy()             # [V, S-1, B, ops]
+    out[..., 0] = np.nan                                        # the signal operator itself
+    unfitted = _UNFITTED.get(ops.arch, ())
+    out[..., [i for i, (_, op) in enumerate(ops.ops) if op in unfitted]] = np.nan
+    y = np.nanmean(out, axis=-1).reshape(-1)
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 2:
         raise ValueError(f"profile: {int(ok.sum())} finite points, expected at least 2 to fit "
@@ -94,7 +108,7 @@ class TeaCachePolicy(CachePolicy):
 
     def decide(self, q: OpQuery) -> Decision:
         key = (q.branch, q.sample)
-        if q.index == 0:
+        if q.index == 0:            # the step probe (ModelOps.step_probe)
             change = q.input_change() if q.kept_step is not None else None
             self._skip[key] = self.step_skipped(key, q.step, q.num_steps, change)
             return Decision(False, store=False, keep_input=True, reason="teacache")
@@ -105,9 +119,9 @@ class TeaCachePolicy(CachePolicy):
     def simulate_skip(self, profile) -> float:
         """Skip fraction this policy would reach on the profile's videos (its one-step input
         changes taken as the run-time signal)."""
-        x = profile.in_change[:, :, :, 0, 0]               # [V, S, B]
+        x = profile.per_op("in_change")[..., 0]            # [V, S, B]: the step probe
         n_v, n_s, n_b = x.shape
-        ops = profile.num_layers * len(OP_TYPES)
+        ops = len(profile.model_ops.ops)
         skipped = 0
         for v in range(n_v):
             for b in range(n_b):

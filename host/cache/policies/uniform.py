@@ -83,5 +83,7 @@ class UniformIntervalPolicy(StaticPolicy):
                         ops=ops)
 
     def describe(self) -> dict:
-        return {"name": self.name, "intervals": {op: self.interval(op) for op in OP_TYPES},
+        listed = [op for op in self.intervals if op not in OP_TYPES]    # other architectures'
+        return {"name": self.name,
+                "intervals": {op: self.interval(op) for op in OP_TYPES + tuple(listed)},
                 "warmup": self.warmup, "cooldown": self.cooldown}

@@ -1,0 +1,157 @@
+"""The judge of ``coda schedule search --method steps``
+(:mod:`coda.experiments.step_search`): candidate schedules rolled out as cached generations
+of the calibration videos and scored against their full-compute videos (PSNR over the set,
+torchmetrics via :func:`coda.experiments.metrics.psnr_db`).
+
+For the shipped model the rollouts run as Ray tasks (:func:`rollout_task` loads the model in
+each worker) or in this process (:func:`judge`, ``workers=0``: the same bits); for any other
+model, a :class:`coda.experiments.cfg_loop.CFGLoop` over a diffusers transformer,
+:func:`loop_judge` rolls out in this process with the drivers it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from coda.host.cache.schedule import Schedule
+
+__all__ = ["rollout", "full_videos", "rollout_task", "judge", "loop_judge"]
+
+
+def rollout(model, schedule: Schedule, labels, seeds, *, num_steps: int,
+            guidance_scale: float, batch: int = 10, ranks: int = 2) -> torch.Tensor:
+    """Cached generations of (labels[i], seeds[i]) under ``schedule`` on the torch backend,
+    ``batch`` videos per generation. Returns float32 [N, 1, F, H, W]."""
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.host.model.sample import cache_mem_words, cached_generate
+    from coda.hw.nme.isa import NMEConfig
+
+    out = []
+    for i in range(0, len(labels), batch):
+        lab, sd = list(labels[i:i + batch]), list(seeds[i:i + batch])
+        driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=cache_mem_words(
+            model, len(lab), ranks=ranks, lanes=8)), ranks=ranks)
+        v, _ = cached_generate(model, lab, driver, schedule, num_steps=num_steps,
+                               guidance_scale=guidance_scale, seeds=sd)
+        out.append(v)
+    return torch.cat(out)
+
+
+def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
+                batch: int = 10, cache_dir: str | Path | None = None) -> torch.Tensor:
+    """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W].
+
+    ``cache_dir``: keep them there in a file named by a hash of the model (its
+    :func:`coda.experiments.profile.model_hash`), the videos, steps, guidance, and the torch build
+    and CPU, and read it back when asked again (the bits of a generation depend on the CPU)."""
+    from coda.host.model.sample import generate
+
+    path = None
+    if cache_dir is not None:
+        import hashlib
+        import platform
+
+        from coda.experiments.profile import model_hash
+        key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
+                          num_steps, float(guidance_scale), torch.__version__,
+                          platform.machine(), platform.processor(), _cpu_model()])
+        path = Path(cache_dir) / f"full-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+        if path.exists():
+            return torch.load(path)
+    videos = torch.cat([generate(model, list(labels[i:i + batch]),
+                                 seeds=list(seeds[i:i + batch]), num_steps=num_steps,
+                                 guidance_scale=guidance_scale)
+                        for i in range(0, len(labels), batch)])
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")    # writers side by side: one each
+        torch.save(videos, tmp)
+        tmp.replace(path)
+    return videos
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:
+    from coda.experiments.metrics import psnr_db
+    per = [psnr_db(videos[i:i + 1], full[i:i + 1]) for i in range(len(videos))]
+    return {"psnr_db": psnr_db(videos, full), "per_video_psnr_db": per,
+            "mean_psnr_db": float(np.mean(per))}
+
+
+def rollout_task(schedule_json: str, labels, seeds, full: torch.Tensor, num_steps: int,
+                 guidance_scale: float, threads: int = 1) -> dict:
+    """One candidate's rollout and score (a Ray task body; also run in-process): loads the
+    shipped model, generates, scores against ``full``. Returns :func:`_score`'s dict plus
+    ``wall_s``."""
+    from coda.host.model.dit import load_model
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model, _ = load_model()
+    videos = rollout(model, Schedule.from_json(schedule_json), labels, seeds,
+                     num_steps=num_steps, guidance_scale=guidance_scale)
+    return {**_score(videos, full), "wall_s": time.perf_counter() - t0}
+
+
+def judge(schedules: list[Schedule], labels, seeds, full: torch.Tensor, *, num_steps: int,
+          guidance_scale: float, workers: int = 2) -> list[dict]:
+    """Every schedule's rollout score on the videos (labels[i], seeds[i]) against ``full``,
+    in order: Ray tasks on ``workers`` CPUs of a local Ray (one thread each), or in this
+    process when ``workers`` is 0 (the same bits)."""
+    args = [(s.to_json(), list(labels), list(seeds), full, num_steps, guidance_scale)
+            for s in schedules]
+    if workers <= 0:
+        return [rollout_task(*a) for a in args]
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1)(rollout_task)
+        full_ref = ray.put(full)
+        refs = [task.remote(a[0], a[1], a[2], full_ref, a[4], a[5]) for a in args]
+        return ray.get(refs)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def loop_judge(loop, driver_factory: Callable) -> Callable:
+    """A judge for :func:`coda.experiments.step_search.search_steps` over ``loop`` (a
+    :class:`coda.experiments.cfg_loop.CFGLoop`): ``judge(schedules, labels, seeds, full, *,
+    num_steps, guidance_scale, workers)`` rolls out each schedule on the videos (labels[i],
+    seeds[i]) in one batch, on a fresh ``driver_factory(videos)`` each, in this process
+    (``workers`` is ignored), and scores the final latents against ``full``
+    (:func:`_score`, PSNR with data range 2: a fidelity ranking, not a video quality)."""
+    from coda.experiments.cfg_loop import cached_videos
+
+    def run(schedules, labels, seeds, full, *, num_steps: int, guidance_scale: float,
+            workers: int = 0) -> list[dict]:
+        out = []
+        for sched in schedules:
+            t0 = time.perf_counter()
+            videos, _ = cached_videos(loop, list(labels), driver_factory(len(labels)), sched,
+                                      num_steps=num_steps, guidance_scale=guidance_scale,
+                                      seeds=list(seeds))
+            out.append({**_score(videos, full), "wall_s": time.perf_counter() - t0})
+        return out
+    return run
