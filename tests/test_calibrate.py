@@ -48,8 +48,8 @@ def test_a_cpu_table_holds_measured_times_of_the_adapters_operators(wan_table):
     assert t["per"] == "block" and t["batches"] == [1]           # Wan: two CFG passes
     assert set(t["ops"]) == set(spec.ops)
     assert all(s > 0 for per in t["ops"].values() for s in per.values())
-    blk = t["blocks"][spec.block_class]
-    assert blk["ops"] == list(spec.ops)
+    blk = t["blocks"]["blocks"]                    # WanTransformer3DModel.blocks
+    assert blk["class"] == spec.block_class and blk["ops"] == list(spec.ops)
     # the block's forward is its operators plus a rest (timer noise clamps it at 0)
     assert blk["rest_s"]["1"] == pytest.approx(
         max(0.0, blk["block_s"]["1"] - sum(t["ops"][op]["1"] for op in spec.ops)))
@@ -160,6 +160,10 @@ def test_cli_writes_a_table_and_refuses_bad_input_in_one_line(tmp_path, capsys):
                  str(frames), "--warmup", "0", "--repeat", "1", "--out", str(out)]) == 0
     table = GpuTimes.load(out).table
     assert table["model"] == "latte-digits" and table["command"].startswith("coda calibrate")
+    # Latte's spatial and temporal blocks are one class in two block lists: one entry each
+    lists = ARCHITECTURES["LatteTransformer3DModel"].block_lists
+    assert {k: v["ops"] for k, v in table["blocks"].items()} == {
+        attr: list(spec.ops) for attr, spec in lists}
     capsys.readouterr()
     cases = [(["--model", "sora"], "expected one of " + ", ".join(calibratable())),
              (["--model", "opensora-1.2"], "no diffusers class"),

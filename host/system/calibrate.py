@@ -304,8 +304,10 @@ def calibrate(model: str, *, resolution, seconds=None, frames=None, device: str 
         for ref, t in run["blocks"].values():
             for op, s in t["ops"].items():
                 ops.setdefault(op, {})[str(b)] = s
-            blk = blocks.setdefault(ref.spec.block_class, {"ops": list(ref.spec.ops),
-                                                           "block_s": {}, "rest_s": {}})
+            # keyed by block list: Latte's spatial and temporal blocks share a class
+            blk = blocks.setdefault(ref.name.rsplit(".", 1)[0], {
+                "class": ref.spec.block_class, "ops": list(ref.spec.ops), "block_s": {},
+                "rest_s": {}})
             blk["block_s"][str(b)] = t["block_s"]
             blk["rest_s"][str(b)] = max(0.0, t["block_s"] - sum(t["ops"].values()))
             in_blocks += t["block_s"]

@@ -18,8 +18,9 @@ frame count:
 ``per``       ``"block"``; ``batches``: the rows per call timed (1, and 2 for batched CFG)
 ``ops``       operator name (the adapter's, :mod:`coda.host.cache.arch`) -> {batch: s}: the
               operator as the cache engine computes it (norm, modulation, module, residual)
-``blocks``    block class -> ``ops`` (its operators), ``block_s`` {batch: s} (the block's
-              forward), ``rest_s`` {batch: s} (``block_s`` less its operators, >= 0)
+``blocks``    block list (the model's attribute, e.g. ``"blocks"``) -> ``class``, ``ops``
+              (its operators), ``block_s`` {batch: s} (the block's forward), ``rest_s``
+              {batch: s} (``block_s`` less its operators, >= 0)
 ``other_s``   {batch: s}: one forward less its blocks (embeddings, output head)
 ``cache_ops`` at ``tokens`` x ``channels`` (an operator's cached ``[T, C]``, ``dtype``):
               ``gated_residual_s`` (``x + g*c``), ``segment_s`` {K: s} (``segment`` of K
