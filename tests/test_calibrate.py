@@ -22,14 +22,6 @@ from coda.host.system.sim import simulate
 TINY = dict(resolution="32x32", frames=5)        # Wan / CogVideoX: 8 video tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def wan_table():
     return calibrate("wan2.1-1.3b", **TINY, device="cpu", warmup=1, repeat=2)
