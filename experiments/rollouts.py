@@ -60,9 +60,10 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
         import platform
 
         from coda.experiments.profile import model_hash
+        from coda.host.system.calibrate import cpu_model
         key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
                           num_steps, float(guidance_scale), torch.__version__,
-                          platform.machine(), platform.processor(), _cpu_model()])
+                          platform.machine(), platform.processor(), cpu_model()])
         path = Path(cache_dir) / f"full-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
         if path.exists():
             return torch.load(path)
@@ -76,16 +77,6 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
         torch.save(videos, tmp)
         tmp.replace(path)
     return videos
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:

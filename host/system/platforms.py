@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS, check_nme_mhz
 
-__all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "NMPEfficiency", "NMP_EFFICIENCY",
+__all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "PCIE5_X16", "PCIE_LINKS", "NMPEfficiency", "NMP_EFFICIENCY",
            "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "SUM_MEASURED", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
            "nmp_efficiency"]
@@ -139,6 +139,25 @@ GPUS: dict[str, GPU] = {
                  "power_busy_w": "spec: 400 W (SXM)",
                  "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
                  **_EFF_SOURCES}),
+    # The GPU of the project's GPU check (scripts/gpu_check.py); its link is PCIe 5.0 x16
+    # (PCIE_LINKS). A calibrated table (coda calibrate) replaces the roofline's times.
+    "h200": GPU(
+        "h200", peak_flops=989e12, mem_bw=4.8e12, mem_bytes=141 * 2**30,
+        power_busy_w=700.0, power_stall_w=700.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: H200 SXM FP16/BF16 tensor 989 TFLOPS dense (1,979 with "
+                               "2:4 sparsity; itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-"
+                               "cores.html, 'values per GPU, SXM variant, in dense mode')",
+                 "mem_bw": "spec: H200 SXM 4.8 TB/s HBM3e (same page; "
+                           "www.aiminingco.com/gpu/h200/specs)",
+                 "mem_bytes": "spec: 141 GB HBM3e (MLCommons inference v4.1 system "
+                              "H200-SXM-141GBx8_TRT_MaxQ.json: accelerator_memory_capacity "
+                              "'141 GB'; read as GiB as the other presets' GB)",
+                 "power_busy_w": "spec: 700 W (MLCommons H200-SXM-141GBx8 hw_notes 'H200 TGP "
+                                 "700W'; itkb.uw.cz: TDP 700 W)",
+                 "pcie": "spec: PCIe Gen5 x16 (MLCommons: github.com/mlcommons/inference_"
+                         "results_v4.1, closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json)",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
 }
 
 
@@ -171,6 +190,28 @@ PCIE4_X16 = PCIeLink(
              "latency_s": "assumed: one driver command, the kernel launch figure (20 us)",
              "pj_per_bit": "literature: 1.4-1.9 pJ/b for a 16 x 12 Gb/s I/O over 0.75-20 inch "
                            "PCB (IBM, 32 nm SOI); a lower bound for a PCIe 4.0 SerDes"})
+
+
+PCIE5_X16 = PCIeLink(
+    "PCIe 5.0 x16", theoretical_bw=32e9 * 16 * 128 / 130 / 8,
+    h2d_bw=32e9 * 16 * 128 / 130 / 8 * (PCIE4_X16.h2d_bw / PCIE4_X16.theoretical_bw),
+    d2h_bw=32e9 * 16 * 128 / 130 / 8 * (PCIE4_X16.d2h_bw / PCIE4_X16.theoretical_bw),
+    latency_s=20e-6, pj_per_bit=1.9,
+    sources={"theoretical_bw": "spec: PCIe 5.0 32 GT/s x 16 lanes, 128b/130b = 63.0 GB/s per "
+                               "direction (MLCommons H200-SXM-141GBx8 accelerator_host_"
+                               "interconnect 'PCIe Gen5 x16')",
+             "h2d_bw": "assumed: the PCIe 4.0 measurement's fraction of its theoretical "
+                       "bandwidth (26.09 / 31.5) at Gen5's 63.0 GB/s = 52.2 GB/s (no copy-"
+                       "engine measurement of a Gen5 GPU was found; nvbandwidth issue #24 "
+                       "reports SM copies on H100s of 35.2 GB/s H2D, 52.8 GB/s D2H); a "
+                       "calibrated table (coda calibrate) replaces it with the measured one",
+             "d2h_bw": "assumed: as h2d_bw, 26.83 / 31.5 of 63.0 GB/s = 53.7 GB/s",
+             "latency_s": "assumed: one driver command, the kernel launch figure (20 us)",
+             "pj_per_bit": "literature: as PCIe 4.0 (1.4-1.9 pJ/b board-level I/O, IBM 32 nm "
+                           "SOI); a lower bound for a PCIe 5.0 SerDes"})
+
+#: the host link of a GPU preset that is not PCIe 4.0 x16 (:func:`platform`'s default link)
+PCIE_LINKS: dict[str, PCIeLink] = {"h200": PCIE5_X16}
 
 
 @dataclass(frozen=True)
@@ -422,6 +463,9 @@ class Platform:
         dimms, ranks: DIMMs and ranks per DIMM (each rank as :mod:`coda.hw.dram.standards`
             defines it). lanes, depth: the NME's SIMD lanes and buffer depth (words).
         nme_mhz: the NMEs' own clock, MHz (None: the DRAM command clock, 1 / tCK).
+        gpu_times: measured xPU times (:class:`coda.host.system.gputable.GpuTimes`, from
+            ``coda calibrate``) that replace the roofline where they have an entry; None:
+            the roofline everywhere.
     """
     gpu: GPU
     pcie: PCIeLink
@@ -432,6 +476,7 @@ class Platform:
     depth: int = NMP_DEPTH
     energy: Energy = ENERGY
     nme_mhz: float | None = None
+    gpu_times: object = field(default=None, compare=False)
 
     @property
     def n_ranks(self) -> int:
@@ -478,11 +523,16 @@ class Platform:
                 "nme_clock_hz": self.nme_clock_hz, "rank_peak_bw": self.rank_peak_bw,
                 "rank_bytes": self.rank_bytes, "host_bytes": self.host_bytes,
                 "gpu_peak_flops": self.gpu.peak_flops, "gpu_mem_bw": self.gpu.mem_bw,
-                "gpu_mem_bytes": self.gpu.mem_bytes, "pcie_h2d_bw": self.pcie.h2d_bw,
-                "pcie_d2h_bw": self.pcie.d2h_bw}
+                "gpu_mem_bytes": self.gpu.mem_bytes, "pcie": self.pcie.name,
+                "pcie_h2d_bw": self.pcie.h2d_bw, "pcie_d2h_bw": self.pcie.d2h_bw,
+                "pcie_latency_s": self.pcie.latency_s,
+                "gpu_times": ("roofline" if self.gpu_times is None
+                              else self.gpu_times.describe())}
 
     def sources(self) -> dict:
         return {"gpu": self.gpu.sources, "pcie": self.pcie.sources,
+                "gpu_times": ("roofline: peak figures x efficiencies (gpu)"
+                              if self.gpu_times is None else self.gpu_times.source()),
                 "energy": self.energy.sources,
                 "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
                 "segment_utilisation": "measured here: coda validate --measure-nmp "
@@ -496,17 +546,24 @@ DEFAULT_PLATFORM = "rtx4090"
 
 
 def platform(gpu: str = DEFAULT_PLATFORM, dram: str = DEFAULT_STANDARD, dimms: int = 2,
-             ranks: int = 2, *, lanes: int = 8, depth: int = NMP_DEPTH, pcie: PCIeLink = PCIE4_X16,
-             nme_mhz: float | None = None, **overrides) -> Platform:
+             ranks: int = 2, *, lanes: int = 8, depth: int = NMP_DEPTH,
+             pcie: PCIeLink | None = None, nme_mhz: float | None = None, gpu_times=None,
+             **overrides) -> Platform:
     """A :class:`Platform` from preset names.
 
     Args:
         gpu: a key of :data:`GPUS`. dram: a :mod:`coda.hw.dram.standards` preset.
         dimms, ranks: >= 1. lanes, depth: the NME (needs a DIMM-NMP measurement).
+        pcie: the host link; None: the GPU's (:data:`PCIE_LINKS`, else :data:`PCIE4_X16`).
         nme_mhz: the NMEs' own clock in MHz (:func:`coda.hw.nmp.check_nme_mhz`: 1 MHz up to
             the DRAM command clock); None: the DRAM command clock.
+        gpu_times: a :class:`coda.host.system.gputable.GpuTimes` (``coda sim --gpu-table``):
+            its measured operator times replace the roofline's in the replay, and its
+            measured copies (if the table has them) the link's ``h2d_bw``, ``d2h_bw`` and
+            ``latency_s``.
         overrides: GPU or PCIe fields to replace (e.g. ``h2d_bw=1e15`` for "infinite" PCIe
-            in a sensitivity study), applied to whichever preset has the field.
+            in a sensitivity study), applied to whichever preset has the field (after the
+            table's copies: an override wins).
     Raises:
         ValueError: unknown names, counts < 1, an NME configuration never measured, or a bad
             ``nme_mhz`` (the message names it and the bounds).
@@ -521,7 +578,11 @@ def platform(gpu: str = DEFAULT_PLATFORM, dram: str = DEFAULT_STANDARD, dimms: i
                          f"at most {MAX_RANKS} in all (the DIMM-NMP this project describes)")
     std = get_standard(dram)
     segment_utilisation(std.name, lanes, depth, 1)  # refuse an unmeasured NME up front
-    g, p = GPUS[gpu], pcie
+    g = GPUS[gpu]
+    p = pcie if pcie is not None else PCIE_LINKS.get(gpu, PCIE4_X16)
+    if gpu_times is not None and gpu_times.link():
+        p = replace(p, name=f"{p.name}, measured copies", **gpu_times.link(),
+                    sources={**p.sources, **{k: gpu_times.source() for k in gpu_times.link()}})
     g_over = {k: v for k, v in overrides.items() if hasattr(g, k)}
     p_over = {k: v for k, v in overrides.items() if hasattr(p, k) and k not in g_over}
     unknown = set(overrides) - set(g_over) - set(p_over)
@@ -532,4 +593,4 @@ def platform(gpu: str = DEFAULT_PLATFORM, dram: str = DEFAULT_STANDARD, dimms: i
     except ValueError as exc:
         raise ValueError(f"--nme-mhz: {exc}") from None
     return Platform(replace(g, **g_over), replace(p, **p_over), std, int(dimms), int(ranks),
-                    int(lanes), int(depth), nme_mhz=nme_mhz)
+                    int(lanes), int(depth), nme_mhz=nme_mhz, gpu_times=gpu_times)

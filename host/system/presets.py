@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 
 from .shapes import ATTENTION, GEMM, MEMORY, Kernels, ModelShape, OpShape
-from .trace import ModelSpec, trace
+from .trace import ModelSpec, trace, with_layers
 
 __all__ = ["MODELS", "OPENSORA", "RESOLUTIONS", "MAX_SIDE", "MAX_SECONDS", "MAX_FRAMES",
-           "get_spec", "model_names", "resolve_resolution", "frames_for", "model_shape",
+           "get_spec", "model_names", "resolve_resolution", "frames_for", "video_size", "model_shape",
            "opensora_shape", "shipped_shape"]
 
 #: bumped when the traced fields change, so cached shape files of an older trace are not read
@@ -326,18 +326,11 @@ def opensora_shape(height: int, width: int, frames: int) -> ModelShape:
 
 
 # ------------------------------------------------------------------------------ entry
-def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
-                seconds: float | None = None, frames: int | None = None,
-                cache_dir: Path | None = None) -> ModelShape:
-    """The :class:`ModelShape` of preset ``name`` at ``resolution`` (name, ``WxH`` or
-    (height, width)) and ``seconds`` (or ``frames``).
-
-    Traced shapes are cached as JSON under ``cache_dir`` (keyed by model, size and frames;
-    the trace is deterministic), so a repeated call costs a file read.
-    Raises ValueError for an unknown model or a size the model cannot take.
-    """
-    if name not in model_names():
-        raise ValueError(f"--model {name!r}: expected one of {', '.join(model_names())}")
+def video_size(name: str, resolution: str | tuple[int, int] | None = None,
+               seconds: float | None = None, frames: int | None = None) -> tuple[int, int, int]:
+    """(height, width, frames) of a video of preset ``name`` at ``resolution`` (name, ``WxH``
+    or (height, width); None only for ``latte-digits``: its training size) and ``seconds``
+    (or ``frames``, :func:`frames_for`). Raises ValueError naming the bad value."""
     if resolution is None:
         if name != "latte-digits":
             raise ValueError(f"{name}: a resolution is needed")
@@ -347,15 +340,38 @@ def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
         height, width = resolution
     else:
         height, width = resolve_resolution(resolution)
-    n = frames_for(name, seconds, frames)
+    return height, width, frames_for(name, seconds, frames)
+
+
+def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
+                seconds: float | None = None, frames: int | None = None,
+                cache_dir: Path | None = None, layers: int | None = None) -> ModelShape:
+    """The :class:`ModelShape` of preset ``name`` at ``resolution`` (name, ``WxH`` or
+    (height, width)) and ``seconds`` (or ``frames``); ``layers``: the model cut to at most
+    that many blocks per block list (:func:`coda.host.system.trace.with_layers`, a check at a
+    small size; None: the published depth).
+
+    Traced shapes are cached as JSON under ``cache_dir`` (keyed by model, size, frames and
+    layers; the trace is deterministic), so a repeated call costs a file read.
+    Raises ValueError for an unknown model, a size the model cannot take, or ``layers`` for
+    opensora-1.2 (hand-written, not traced) or below 1.
+    """
+    if name not in model_names():
+        raise ValueError(f"--model {name!r}: expected one of {', '.join(model_names())}")
+    height, width, n = video_size(name, resolution, seconds, frames)
     if name == "opensora-1.2":
+        if layers is not None:
+            raise ValueError("layers: opensora-1.2 is written by hand, not traced; expected "
+                             "None")
         return opensora_shape(height, width, n)
+    spec = with_layers(get_spec(name), layers)
     _latent(name, height, width, n)     # refuse a bad size before anything else
     if cache_dir is not None:
-        path = Path(cache_dir) / f"{name}_{width}x{height}_{n}f_v{SHAPES_VERSION}.json"
+        cut = "" if layers is None else f"_{int(layers)}l"
+        path = Path(cache_dir) / f"{name}_{width}x{height}_{n}f{cut}_v{SHAPES_VERSION}.json"
         if path.is_file():
             return ModelShape.from_json(path.read_text())
-    shape = trace(name, get_spec(name), height, width, n)
+    shape = trace(name, spec, height, width, n)
     if cache_dir is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")   # concurrent sweep points share it

@@ -20,7 +20,14 @@ Times:
 - GPU kernel: ``max(b·F/(P·e_class), (b·A + W)/(BW·e_mem))`` per traced kernel (F FLOPs, A
   activation bytes per sample, W weight bytes, b rows batched, P peak FLOP/s, BW memory
   bandwidth, e the efficiency of the kernel's class), summed per operator and bounded below
-  by ``kernels x launch_s``;
+  by ``kernels x launch_s`` (the *roofline*). With measured times
+  (``Platform.gpu_times``, ``coda sim --gpu-table``: :mod:`coda.host.system.gputable`) an
+  operator takes its measured time for the rows of the call, the rest of a call (``other``)
+  the measured forward outside the blocks plus each block's measured rest, and the cache's
+  elementwise kernels (b's and c's ``x + g⊙c``, b's stores into its slots, the sum form's
+  ``h + z``, g's older entries) their measured times at the operator's ``[T, C]`` (bf16
+  entries only); whatever the table lacks keeps the roofline. :meth:`_Replay.op_time` and
+  :meth:`_Replay.cache_kernel` are the one switch;
 - copy: ``latency_s + bytes / min(PCIe bandwidth of the direction, host channel
   bandwidth)``;
 - NME launch: :func:`coda.host.system.nme.segment_timing` (cycle model, bounded by the
@@ -200,6 +207,8 @@ class _Replay:
         self.g = plat.gpu
         self.elem = self.shape.dtype_bytes
         self.lanes = plat.lanes
+        # measured xPU times (coda calibrate); the cache kernels' are of bf16 entries
+        self.times = plat.gpu_times
 
     # ---------------------------------------------------------------- primitives
     def _log(self, lane, t0, kind, branch, step):
@@ -257,11 +266,30 @@ class _Replay:
 
     # ---------------------------------------------------------------- costs
     def op_time(self, index: int, batch: int) -> float:
+        """Seconds of operator ``index`` (-1: the rest of a call) for ``batch`` rows: measured
+        (``Platform.gpu_times``) where the table has it, else the roofline."""
         key = (index, batch)
         if key not in self._gpu_t:
-            k = self.shape.other if index < 0 else self.shape.ops[index].kernels
-            self._gpu_t[key] = gpu_time(k, batch, self.g)
+            t = None
+            if self.times is not None:
+                t = (self.times.other_s(self.shape, batch) if index < 0
+                     else self.times.op_s(self.shape.ops[index].op, batch))
+            if t is None:
+                k = self.shape.other if index < 0 else self.shape.ops[index].kernels
+                t = gpu_time(k, batch, self.g)
+            self._gpu_t[key] = t
         return self._gpu_t[key]
+
+    def cache_kernel(self, nbytes: float, name: str, op, terms=(1,)) -> float:
+        """Seconds of a cache kernel on the xPU over operator ``op``'s ``[T, C]``: one run of
+        measured kernel ``name`` (:meth:`coda.host.system.gputable.GpuTimes.cache_s`) per
+        entry of ``terms`` (rows, each with its terms), when the table has them and the
+        entries are bf16; else the roofline of one elementwise kernel moving ``nbytes``."""
+        if self.times is not None and self.wl.cache_group is None:
+            each = [self.times.cache_s(name, op.tokens, op.channels, k) for k in terms]
+            if all(t is not None for t in each):
+                return sum(each)
+        return _mem_kernel(nbytes, self.g)
 
     def seg_cost(self, tokens, channels, k, events_cycles=None, streams=()):
         """(seconds, launches, rank bytes, adds, muls) of a k-term segment on this
@@ -322,7 +350,11 @@ class _Replay:
     def _residual_add(self, tokens: int, channels: int) -> float:
         """Seconds of a sum segment's ``h = h + z`` on the xPU: one elementwise kernel that
         reads two ``[tokens, channels]`` tensors and writes one in the model's dtype, timed
-        as every elementwise cache kernel here (:func:`_mem_kernel`)."""
+        as every elementwise cache kernel here (:meth:`cache_kernel`)."""
+        if self.times is not None:
+            t = self.times.cache_s("residual_add", tokens, channels)
+            if t is not None:
+                return t
         return _mem_kernel(3 * tokens * channels * self.elem, self.g)
 
     def monitor(self, m, step):
@@ -370,9 +402,9 @@ class _Replay:
         if sys in ("b", "c"):
             for j in reuse if sys == "c" else ():
                 yield loads.pop((i, j))
-            yield from self.gpu_run(_mem_kernel(
-                sum(2 * tensor + acts[j].terms * self._entry(i) for j in reuse), self.g),
-                "cache_op", label, step)
+            yield from self.gpu_run(self.cache_kernel(
+                sum(2 * tensor + acts[j].terms * self._entry(i) for j in reuse), "cache_op",
+                op, [acts[j].terms for j in reuse]), "cache_op", label, step)
         elif sys == "d":
             for j in reuse:
                 yield from self.segment([i], rows[j], op.tokens, op.channels, step,
@@ -388,9 +420,9 @@ class _Replay:
             for j in history:
                 yield loads.pop((i, j))
             if history:
-                yield from self.gpu_run(_mem_kernel(
-                    len(history) * (2 * tensor + self._entry(i)), self.g), "cache_op", label,
-                    step)
+                yield from self.gpu_run(self.cache_kernel(
+                    len(history) * (2 * tensor + self._entry(i)), "cache_op", op,
+                    [1] * len(history)), "cache_op", label, step)
 
     def flush(self, call: Call, j: int, pending: dict):
         """Run row ``j``'s open segment of ``call``, if any (generator): as the events
@@ -467,9 +499,9 @@ class _Replay:
                     for j in compute:
                         sb = acts[j].store_bytes
                         if sb and sys == "b":
-                            yield from self.gpu_run(_mem_kernel(
-                                op.tokens * op.channels * self.elem + self._entry(i), self.g),
-                                "store", rows[j][0], step)
+                            yield from self.gpu_run(self.cache_kernel(
+                                op.tokens * op.channels * self.elem + self._entry(i),
+                                "slot_copy", op), "store", rows[j][0], step)
                         elif sb:
                             env.process(self.store(sb + acts[j].kept_bytes, rows[j][0], step))
             if op.barrier_after and coalesced:

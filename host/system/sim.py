@@ -104,6 +104,10 @@ class SimConfig:
                               "size C, a multiple of --lanes)", type=int, unit="channels",
                               default_text="the largest multiple of the lanes up to 64 "
                               "dividing C (coda.host.cache.compress.resolve_group)")
+    gpu_table: str = option(None, "measured xPU times (coda calibrate --out FILE) instead of "
+                            "the roofline where the table has them; refused unless measured "
+                            "for the simulated model, resolution and frames", type=str,
+                            default_text="none: the roofline of the --platform preset")
     out: str = option("out-sim", "output folder")
 
 
@@ -138,13 +142,17 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
              cache_format: str = SimConfig.cache_format,
              cache_group: int | None = SimConfig.cache_group,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
-             **platform_overrides) -> dict:
+             gpu_table=None, layers: int | None = None, **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
     segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``);
     ``cache``: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`, ``--cache``);
     ``cache_format``, ``cache_group``: the entries' format and int8 G (``--cache-format``,
     ``--cache-group``; G default :func:`coda.host.cache.compress.resolve_group` of the
-    model's hidden size, :mod:`coda.host.system.formats`).
+    model's hidden size, :mod:`coda.host.system.formats`); ``gpu_table``: a table of
+    measured xPU times (a path or a :class:`~coda.host.system.gputable.GpuTimes`,
+    ``--gpu-table``) that replaces the roofline where it has entries; ``layers``: the model
+    cut to that many blocks per block list (:func:`coda.host.system.presets.model_shape`;
+    a check at a small size, as ``scripts/gpu_check.py`` runs one).
 
     Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
     the Workload}``. Raises ValueError for bad input (message names the flag).
@@ -162,7 +170,8 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     t0 = time.perf_counter()
     shape, plat = setup(model, resolution=resolution, seconds=seconds, frames=frames, gpu=gpu,
                         dram=dram, dimms=dimms, ranks=ranks, lanes=lanes, depth=depth,
-                        nme_mhz=nme_mhz, shape_cache=shape_cache, **platform_overrides)
+                        nme_mhz=nme_mhz, shape_cache=shape_cache, gpu_table=gpu_table,
+                        layers=layers, **platform_overrides)
     t_shape = time.perf_counter() - t0
     sched = resolve(schedule, shape, steps, interval=interval, warmup=warmup,
                     intervals=intervals)
@@ -180,6 +189,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
         "replay": {"prefetch": prefetch, "nme_timing": "model",
+                   "gpu_timing": "roofline" if plat.gpu_times is None else "measured",
                    "segment_output": segment_output, "cache": cache,
                    "cache_format": wl.cache_format, "cache_group": wl.cache_group},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
@@ -197,24 +207,33 @@ def setup(model: str, *, resolution=None, seconds=None, frames=None,
           gpu: str = SimConfig.platform, dram: str = SimConfig.dram, dimms: int = SimConfig.dimms,
           ranks: int = SimConfig.ranks, lanes: int = SimConfig.lanes,
           depth: int = SimConfig.depth, nme_mhz: float | None = None,
-          shape_cache: Path | None = DEFAULT_SHAPE_CACHE, **platform_overrides):
+          shape_cache: Path | None = DEFAULT_SHAPE_CACHE, gpu_table=None,
+          layers: int | None = None, **platform_overrides):
     """``coda sim``'s model and machine: (:class:`~coda.host.system.shapes.ModelShape`,
     :class:`~coda.host.system.platforms.Platform`), with its defaults (720p but for the
-    shipped model; 4 s but for the fixed-length Latte models). Raises ValueError for bad
-    input (message names the flag), e.g. a hidden size that is not a multiple of ``lanes``."""
+    shipped model; 4 s but for the fixed-length Latte models); ``gpu_table`` (a path or a
+    :class:`~coda.host.system.gputable.GpuTimes`) goes into the platform after its check
+    against the shape. Raises ValueError for bad input (message names the flag), e.g. a
+    hidden size that is not a multiple of ``lanes`` or a table measured at another shape."""
+    from .gputable import GpuTimes
     from .platforms import platform
     from .presets import model_shape
 
+    times = (None if gpu_table is None else gpu_table if isinstance(gpu_table, GpuTimes)
+             else GpuTimes.load(gpu_table))
     plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, nme_mhz=nme_mhz,
-                    **platform_overrides)
+                    gpu_times=times, **platform_overrides)
     if resolution is None and model != "latte-digits":
         resolution = "720p"
     if seconds is None and frames is None and model not in ("latte-digits", "latte-1"):
         seconds = 4
-    shape = model_shape(model, resolution, seconds, frames, cache_dir=shape_cache)
+    shape = model_shape(model, resolution, seconds, frames, cache_dir=shape_cache,
+                        layers=layers)
     if shape.hidden % lanes:
         raise ValueError(f"--lanes {lanes}: the NME needs the hidden size {shape.hidden} of "
                          f"{model} to be a multiple of its lanes")
+    if times is not None:
+        times.check_shape(shape)
     return shape, plat
 
 
@@ -259,7 +278,9 @@ def cache_summary(wl) -> dict:
 
 
 _ASSUMPTIONS = [
-    "GPU kernel time: roofline per traced kernel with per-class efficiencies (platforms.py)",
+    "GPU kernel time: roofline per traced kernel with per-class efficiencies (platforms.py); "
+    "with --gpu-table the times measured by coda calibrate where the table has them "
+    "(platform.gpu_times says which; gputable.py)",
     "NME time: cycle model of the compiled program, bounded by the DIMM-NMP DRAM utilisation "
     "measured in the cosimulation (nme.py)",
     "while the NMEs run a segment they own their ranks: host copies to those ranks wait",
@@ -294,6 +315,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      cache: str = SimConfig.cache,
                      cache_format: str = SimConfig.cache_format,
                      cache_group: int | None = SimConfig.cache_group,
+                     gpu_table: str | None = SimConfig.gpu_table,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
@@ -322,7 +344,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                    warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
                    prefetch=prefetch, segment_output=segment_output, cache=cache,
                    cache_format=cache_format, cache_group=cache_group,
-                   shape_cache=shape_cache)
+                   gpu_table=gpu_table, shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
     res["systems"] = systems
     return res
@@ -428,8 +450,9 @@ def sweep_point(params: dict, workdir: Path) -> dict:
 
 
 _TYPES = {"int": int, "float": float, "str": str}
-#: SimConfig's options that are not sweep parameters (the NME clock is the DRAM's in a sweep)
-_NOT_SWEPT = ("nme_mhz", "out")
+#: SimConfig's options that are not sweep parameters (the NME clock is the DRAM's in a sweep;
+#: a measured table belongs to one model and size)
+_NOT_SWEPT = ("nme_mhz", "gpu_table", "out")
 
 
 def sweep_kind():

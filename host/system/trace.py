@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .shapes import ATTENTION, GEMM, MEMORY, Kernels, ModelShape, OpShape
 
-__all__ = ["ModelSpec", "SHIPPED_KIND", "build", "trace"]
+__all__ = ["ModelSpec", "SHIPPED_KIND", "LAYER_KEYS", "with_layers", "build", "inputs", "trace"]
 
 
 @dataclass(frozen=True)
@@ -250,14 +250,35 @@ def _make_modes(tracer: _Tracer):
     return Attention(), Kernels_()
 
 
-def build(spec: ModelSpec):
-    """``spec``'s diffusers model on the meta device in its run dtype: (model, torch dtype)."""
+#: the configuration keys that count a diffusers video transformer's blocks (per block list)
+LAYER_KEYS = ("num_layers", "num_single_layers")
+
+
+def with_layers(spec: ModelSpec, layers: int | None) -> ModelSpec:
+    """``spec`` with at most ``layers`` blocks in each block list (:data:`LAYER_KEYS`: Wan,
+    CogVideoX, Latte ``num_layers``; HunyuanVideo also ``num_single_layers``), for measuring one
+    block (``coda calibrate``) or checking a model at a small size; None: ``spec`` itself.
+    Raises ValueError for ``layers < 1``."""
+    if layers is None:
+        return spec
+    if int(layers) < 1:
+        raise ValueError(f"layers={layers}: expected >= 1")
+    config = {k: min(int(layers), v) if k in LAYER_KEYS else v for k, v in spec.config.items()}
+    return replace(spec, config=config)
+
+
+def build(spec: ModelSpec, device="meta", seed: int | None = None):
+    """``spec``'s diffusers model in its run dtype on ``device``: (model, torch dtype). On the
+    meta device (the default) it has no weights; elsewhere its weights are the class's own
+    random initialisation after ``torch.manual_seed(seed)`` (no download)."""
     import diffusers
     import torch
 
     cls = getattr(diffusers, spec.cls)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
-    with torch.device("meta"):
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.device(device):
         model = cls(**spec.config)
     import logging
     logger = logging.getLogger("diffusers.models.modeling_utils")
@@ -270,30 +291,42 @@ def build(spec: ModelSpec):
     return model, dtype
 
 
-def _inputs(name: str, spec: ModelSpec, latent, dtype):
+def inputs(name: str, spec: ModelSpec, latent, dtype, device="meta", batch: int = 1,
+           seed: int = 0) -> dict:
+    """The keyword arguments of one transformer call of ``spec``'s class on a ``latent``
+    (frames, height, width) of ``batch`` samples: latents and prompt embeddings of the
+    pipeline's sizes (``spec.text_tokens`` x ``spec.text_dim``), timestep 0. On the meta
+    device the tensors are empty; elsewhere normal draws of a generator seeded ``seed``.
+    Raises ValueError for a class without a recipe."""
     import torch
 
     f, h, w = latent
-    meta = dict(device="meta", dtype=dtype)
-    c = spec.latent_channels
-    t = torch.zeros(1, dtype=torch.long, device="meta")
-    text = torch.empty(1, spec.text_tokens, spec.text_dim, **meta)
+    gen = None if str(device) == "meta" else torch.Generator(device).manual_seed(seed)
+
+    def draw(*shape):
+        if gen is None:
+            return torch.empty(*shape, device=device, dtype=dtype)
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
+    b, c = batch, spec.latent_channels
+    t = torch.zeros(b, dtype=torch.long, device=device)
+    text = draw(b, spec.text_tokens, spec.text_dim)
     if spec.cls == "LatteTransformer3DModel":
-        return dict(hidden_states=torch.empty(1, c, f, h, w, **meta), timestep=t,
+        return dict(hidden_states=draw(b, c, f, h, w), timestep=t,
                     encoder_hidden_states=text, return_dict=False)
     if spec.cls == "CogVideoXTransformer3DModel":
-        return dict(hidden_states=torch.empty(1, f, c, h, w, **meta),
+        return dict(hidden_states=draw(b, f, c, h, w),
                     encoder_hidden_states=text, timestep=t, return_dict=False)
     if spec.cls == "WanTransformer3DModel":
-        return dict(hidden_states=torch.empty(1, c, f, h, w, **meta), timestep=t,
+        return dict(hidden_states=draw(b, c, f, h, w), timestep=t,
                     encoder_hidden_states=text, return_dict=False)
     if spec.cls == "HunyuanVideoTransformer3DModel":
-        return dict(hidden_states=torch.empty(1, c, f, h, w, **meta), timestep=t,
+        return dict(hidden_states=draw(b, c, f, h, w), timestep=t,
                     encoder_hidden_states=text,
-                    encoder_attention_mask=torch.ones(1, spec.text_tokens, dtype=torch.bool,
-                                                      device="meta"),
-                    pooled_projections=torch.empty(1, spec.config["pooled_projection_dim"], **meta),
-                    guidance=torch.zeros(1, device="meta", dtype=dtype), return_dict=False)
+                    encoder_attention_mask=torch.ones(b, spec.text_tokens, dtype=torch.bool,
+                                                      device=device),
+                    pooled_projections=draw(b, spec.config["pooled_projection_dim"]),
+                    guidance=torch.zeros(b, device=device, dtype=dtype), return_dict=False)
     raise ValueError(f"{name}: no input recipe for {spec.cls}")
 
 
@@ -320,7 +353,7 @@ def trace(name: str, spec: ModelSpec, height: int, width: int, frames: int) -> M
     attention, kernels = _make_modes(tracer)
     try:
         with torch.no_grad(), attention, kernels:
-            model(**_inputs(name, spec, latent, dtype))
+            model(**inputs(name, spec, latent, dtype))
     finally:
         tracer.close()
     tracer.other += tracer.pending
