@@ -36,7 +36,7 @@ inputs' device, as PCIe moves them (the same bytes counted).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Hashable
 
 import numpy as np

@@ -351,7 +351,7 @@ def main(args) -> int:
           f"{table['device']['name']} ({table['timer']}), per block:")
     for op, per in table["ops"].items():
         print(f"  {op:<14} " + ", ".join(f"batch {b}: {1e3 * s:.3f} ms" for b, s in per.items()))
-    print(f"  other          " + ", ".join(f"batch {b}: {1e3 * s:.3f} ms"
+    print("  other          " + ", ".join(f"batch {b}: {1e3 * s:.3f} ms"
                                           for b, s in table["other_s"].items()))
     print(f"table: {out}")
     return 0

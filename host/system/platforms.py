@@ -523,7 +523,7 @@ class Platform:
                 "nme_clock_hz": self.nme_clock_hz, "rank_peak_bw": self.rank_peak_bw,
                 "rank_bytes": self.rank_bytes, "host_bytes": self.host_bytes,
                 "gpu_peak_flops": self.gpu.peak_flops, "gpu_mem_bw": self.gpu.mem_bw,
-                "gpu_mem_bytes": self.gpu.mem_bytes, "pcie": self.pcie.name,
+                "gpu_mem_bytes": self.gpu.mem_bytes,
                 "pcie_h2d_bw": self.pcie.h2d_bw, "pcie_d2h_bw": self.pcie.d2h_bw,
                 "pcie_latency_s": self.pcie.latency_s,
                 "gpu_times": ("roofline" if self.gpu_times is None
