@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SharedMemory", "MAGIC", "HEADER_BYTES", "shm_folder", "memory_path"]
+__all__ = ["SharedMemory", "MAGIC", "HEADER_BYTES", "shm_folder", "memory_path", "remove_stale"]
 
 MAGIC = b"CODAMEM1"
 HEADER_BYTES = 64
@@ -156,4 +156,24 @@ def memory_path(fallback: str | os.PathLike | None = None) -> Path:
     import tempfile
 
     folder = shm_folder() or Path(fallback if fallback is not None else tempfile.gettempdir())
+    remove_stale(folder)
     return folder / f"coda-mem-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def remove_stale(folder: str | os.PathLike) -> list[Path]:
+    """Delete the rank memory files in ``folder`` whose process is gone (a run killed by a
+    signal it could not clean up after: SIGTERM, SIGKILL); returns them. The owner's pid is
+    in the name (:func:`memory_path`)."""
+    removed = []
+    for path in Path(folder).glob("coda-mem-*-*"):
+        try:
+            pid = int(path.name.split("-")[2])
+            os.kill(pid, 0)
+        except ValueError:
+            continue                     # not one of ours
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        except PermissionError:
+            pass                         # alive, another user's
+    return removed

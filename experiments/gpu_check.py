@@ -12,14 +12,9 @@ check at a small size) and random weights (no download), on ``--device``:
    ``time.perf_counter`` on a CPU) after one untimed transformer call;
 3. the same generation under the cache engine (``apply_coda_cache``) with the uniform policy
    (``--interval`` 2: every other step after ``--warmup-steps`` reused, half of the steps
-   after the warm-up) is timed the same way; its cache backend is chosen in ONE place,
-   :func:`choose_cache_backend`: the device-resident cache (system b) where the installed
-   engine has one (found by feature: a ``backend`` field of
-   :class:`~coda.host.cache.engine.CodaCacheConfig` that takes ``"device"``), else the NMP
-   driver on the torch backend (the NMEs emulated on the host CPU: its time is *not*
-   system b's, and the report says so, ``comparable_to_b: false``). A cache the NMP driver
-   cannot hold (more than :data:`coda.hw.nmp.MAX_RANKS` ranks of 2**24 words) is skipped
-   with the reason;
+   after the warm-up) is timed the same way, with the cache in the GPU's memory
+   (:class:`~coda.host.cache.device.DeviceCache`, system b: slots as device tensors, the
+   cache operators as torch ops there), chosen in one place, :func:`choose_cache_backend`;
 4. ``coda sim`` of the same generation (:func:`coda.host.system.sim.simulate`, systems a and b,
    ``--platform``, default the H200 preset) with the roofline and with the calibrated table;
 
@@ -41,7 +36,7 @@ from pathlib import Path
 from coda.jsonout import json_text
 from coda.options import add_options, from_args, option
 
-__all__ = ["GpuCheckConfig", "choose_cache_backend", "nmp_driver_for", "denoise",
+__all__ = ["GpuCheckConfig", "choose_cache_backend", "denoise",
            "run_check", "main"]
 
 
@@ -64,53 +59,15 @@ class GpuCheckConfig:
     out: str = option("build/gpu_check", "output folder")
 
 
-def choose_cache_backend(nmp_driver):
+def choose_cache_backend():
     """THE place where the cached generation's cache backend is chosen: ``(name, make
-    config, note)`` with ``make(policy) -> CodaCacheConfig``.
-
-    The device-resident cache (``CodaCacheConfig(backend="device")``, system b, issue 44
-    part 2) is used when the installed engine has it, found by feature: ``CodaCacheConfig``
-    has a ``backend`` field and accepts ``"device"``. Otherwise the NMP driver on the torch
-    backend, ``nmp_driver()`` (``"nmp-torch"``: the engine as it is; the NMEs are emulated
-    on the host CPU)."""
+    config, note)`` with ``make(policy) -> CodaCacheConfig``: the device-resident cache
+    (:class:`coda.host.cache.device.DeviceCache`, system b of the ablation)."""
+    from coda.host.cache.device import DeviceCache
     from coda.host.cache.engine import CodaCacheConfig
 
-    note = "CodaCacheConfig has no backend field (no device-resident cache in this engine)"
-    if "backend" in {f.name for f in dataclasses.fields(CodaCacheConfig)}:
-        try:
-            CodaCacheConfig(driver=None, backend="device")
-            return ("device", lambda policy: CodaCacheConfig(driver=None, policy=policy,
-                                                             backend="device"),
-                    "device-resident cache (CodaCacheConfig backend='device')")
-        except (TypeError, ValueError) as exc:
-            note = f"CodaCacheConfig(backend='device') refused: {exc}"
-    return ("nmp-torch", lambda policy: CodaCacheConfig(nmp_driver(), policy),
-            "NMP driver, torch backend (NMEs emulated on the host CPU); " + note)
-
-
-def nmp_driver_for(cache_bytes: int, lanes: int = 8):
-    """``(make driver, None)`` for an NMP driver on the torch backend whose rank memories
-    hold ``cache_bytes`` of cache entries with room for placement (16x the entries' words
-    per rank, rounded up to a power of two, at least 2**18 words: bank colours,
-    power-of-two slot regions, scratch), on 2 ranks or as many more (powers of two) as
-    that needs at 2**24 words a rank; ``(None, reason)`` if it needs more than
-    :data:`coda.hw.nmp.MAX_RANKS` ranks."""
-    from coda.host.nme.backend import TorchBackend
-    from coda.host.nmp.driver import NMPDriver
-    from coda.hw.nme.isa import NMEConfig
-    from coda.hw.nmp import MAX_RANKS
-
-    ranks = 2
-    while True:
-        words = max(1 << 18, 1 << max(0, int(16 * cache_bytes / ranks / (2 * lanes)) - 1)
-                    .bit_length())
-        if words <= 1 << 24:
-            return (lambda: NMPDriver(TorchBackend(), NMEConfig(lanes=lanes, mem_words=words),
-                                      dimms=1, ranks=ranks)), None
-        if ranks * 2 > MAX_RANKS:
-            return None, (f"the cache ({cache_bytes / 1e9:.2f} GB of entries) needs more "
-                          f"than {MAX_RANKS} ranks of 2**24 words in the NMP driver")
-        ranks *= 2
+    return ("device", lambda policy: CodaCacheConfig(DeviceCache(), policy),
+            "device-resident cache (DeviceCache: system b)")
 
 
 def denoise(model, cfg: str, cond: dict, uncond: dict, steps: int):
@@ -148,8 +105,7 @@ def denoise(model, cfg: str, cond: dict, uncond: dict, steps: int):
     return x
 
 
-def _generations(model_name, spec, latent, dev, steps, policy, seed, timing,
-                 nmp_driver, skip_reason):
+def _generations(model_name, spec, latent, dev, steps, policy, seed, timing):
     """Full compute and cached generation of ``spec`` on ``dev``: (full, cached) dicts."""
     import torch
 
@@ -169,10 +125,8 @@ def _generations(model_name, spec, latent, dev, steps, policy, seed, timing,
     full_s = timing(lambda: result.__setitem__("full", denoise(model, spec.cfg, cond, uncond,
                                                                 steps)))
     full = {"seconds": full_s, "per_step_s": full_s / steps, "op_executions": executions}
-    backend, make, note = choose_cache_backend(nmp_driver)
+    backend, make, note = choose_cache_backend()
     cached = {"backend": backend, "backend_note": note, "comparable_to_b": backend == "device"}
-    if backend == "nmp-torch" and nmp_driver is None:
-        return full, {**cached, "ran": False, "reason": skip_reason}
     hook = apply_coda_cache(model, make(policy))
     try:
         cached_s = timing(lambda: result.__setitem__("cached", denoise(
@@ -220,26 +174,33 @@ def run_check(cfg: GpuCheckConfig, command: str = "") -> dict:
     from coda.host.system.presets import get_spec, video_size
     from coda.host.system.trace import with_layers
 
-    for flag, v in (("steps", cfg.steps), ("interval", cfg.interval),
-                    ("warmup-steps", cfg.warmup_steps), ("repeat", cfg.repeat)):
-        if v < 1:
+    from coda.host.system.platforms import GPUS
+    from coda.paths import check_output_path
+
+    for flag, v in (("steps", cfg.steps), ("warmup-steps", cfg.warmup_steps),
+                    ("repeat", cfg.repeat), ("layers", cfg.layers)):
+        if v is not None and v < 1:
             raise ValueError(f"--{flag} {v}: expected >= 1")
+    if cfg.interval < 2:
+        raise ValueError(f"--interval {cfg.interval}: expected >= 2 (every k-th step computed)")
+    if cfg.platform not in GPUS:
+        raise ValueError(f"--platform {cfg.platform!r}: expected one of {', '.join(GPUS)}")
     dev = check_device(cfg.device)
+    spec = with_layers(get_spec(cfg.model), cfg.layers)   # a bad model fails here, before work
+    video_size(cfg.model, cfg.resolution, None, cfg.frames)
+    out = check_output_path(cfg.out, "--out", folder=True)
     t0 = time.perf_counter()
-    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     table = calibrate(cfg.model, resolution=cfg.resolution, frames=cfg.frames,
                       device=cfg.device, warmup=cfg.warmup, repeat=cfg.repeat, seed=cfg.seed,
                       command=f"{command} (its coda calibrate step)")
     (out / "gpu_table.json").write_text(json_text(table, indent=1) + "\n")
     sim = _simulated(cfg, table, out)
-    spec = with_layers(get_spec(cfg.model), cfg.layers)
     h, w, n = video_size(cfg.model, cfg.resolution, None, cfg.frames)
     latent = spec.latent(cfg.model, h, w, n)
-    make_driver, skip = nmp_driver_for(sim["cache_bytes"])
     policy = UniformIntervalPolicy(default_interval=cfg.interval, warmup=cfg.warmup_steps)
     full, cached = _generations(cfg.model, spec, latent, dev, cfg.steps, policy, cfg.seed,
-                                lambda fn: measure(fn, dev, 0, 1), make_driver, skip)
+                                lambda fn: measure(fn, dev, 0, 1))
     rows = [{"what": "full compute", "system": "a", "measured_s": full["seconds"],
              "roofline_s": sim["roofline"]["a"], "calibrated_s": sim["calibrated"]["a"],
              "comparable": True},

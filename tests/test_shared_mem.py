@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from coda.cosim.shared_mem import HEADER_BYTES, SharedMemory, memory_path
+from coda.cosim.shared_mem import HEADER_BYTES, SharedMemory, memory_path, remove_stale
 
 
 @settings(max_examples=20, deadline=None)
@@ -64,3 +64,21 @@ def test_bad_files_and_geometries_are_refused(tmp_path):
 def test_memory_path_is_fresh(tmp_path):
     p, q = memory_path(tmp_path), memory_path(tmp_path)
     assert p != q and p.name.startswith("coda-mem-")
+
+
+def test_files_of_dead_processes_are_removed(tmp_path):
+    """A memory file whose process is gone (killed by SIGTERM / SIGKILL) is deleted when the
+    next one is named; a live process's file and other files stay."""
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = tmp_path / f"coda-mem-{dead}-abc"
+    live = tmp_path / f"coda-mem-{os.getpid()}-def"
+    other = tmp_path / "coda-mem-notapid-x"
+    for p in (stale, live, other):
+        p.write_bytes(b"x")
+    assert remove_stale(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
