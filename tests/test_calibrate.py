@@ -202,3 +202,31 @@ def test_fit_copy_recovers_the_line_through_two_copies(latency, bw, small, big):
     fit = fit_copy(small, latency + small / bw, big, latency + big / bw)
     assert fit["bw"] == pytest.approx(bw, rel=1e-6)
     assert fit["latency_s"] == pytest.approx(latency, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("edit, where", [
+    (lambda t: t["ops"].__setitem__("attn", 5), "ops.attn"),
+    (lambda t: t.__setitem__("ops", []), "'ops'"),
+    (lambda t: t["other_s"].__setitem__("1", float("nan")), "other_s.1"),
+    (lambda t: t["other_s"].__setitem__("1", -1.0), "other_s.1"),
+    (lambda t: t["cache_ops"].__setitem__("segment_s", {"2": "x"}), "cache_ops.segment_s.2"),
+    (lambda t: t["blocks"][next(iter(t["blocks"]))]["rest_s"].__setitem__("1", -0.5),
+     "rest_s.1"),
+])
+def test_a_table_with_a_bad_time_is_refused_naming_it(wan_table, tmp_path, edit, where):
+    """Every time of a hand-edited table is checked (finite, > 0; a block's rest_s may be
+    0): the refusal names --gpu-table, the file and the entry."""
+    table = copy.deepcopy(wan_table)
+    edit(table)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=rf"--gpu-table {path}: .*{where}.*expected measured"):
+        GpuTimes.load(path)
+
+
+def test_an_unreadable_table_is_refused_naming_the_flag(tmp_path):
+    (tmp_path / "b.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="--gpu-table .*b.json: not a UTF-8"):
+        GpuTimes.load(tmp_path / "b.json")
+    with pytest.raises(ValueError, match="--gpu-table .*none.json: cannot be read"):
+        GpuTimes.load(tmp_path / "none.json")

@@ -63,6 +63,45 @@ def fit_copy(small_bytes: int, small_s: float, big_bytes: int, big_s: float) -> 
     return {"bw": bw, "latency_s": max(0.0, small_s - small_bytes / bw)}
 
 
+def _positive(s) -> bool:
+    return isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < float("inf")
+
+
+def _per_batch(name: str, per) -> list[tuple[str, object]]:
+    """(name.batch, seconds) of a {batch: seconds} object; (name, None), a bad value, when
+    it is not one."""
+    if not isinstance(per, dict) or not per:
+        return [(name, None)]
+    return [(f"{name}.{b}", s) for b, s in per.items()]
+
+
+def _times(t: dict) -> list[tuple[str, object]]:
+    """Every measured time of table ``t`` (its ops, blocks, other_s and cache operators) as
+    (where, value), a non-object where an object belongs counting as a bad value."""
+    out = []
+    if not isinstance(t["ops"], dict) or not t["ops"]:
+        return [("ops", t["ops"])]
+    for op, per in t["ops"].items():
+        out += _per_batch(f"ops.{op}", per)
+    for name, block in (t["blocks"].items() if isinstance(t["blocks"], dict) else
+                        [("", t["blocks"])]):
+        if not isinstance(block, dict):
+            out.append((f"blocks.{name}", block))
+            continue
+        for key in ("block_s", "rest_s"):
+            out += _per_batch(f"blocks.{name}.{key}", block.get(key))
+    out += _per_batch("other_s", t["other_s"])
+    cache = t["cache_ops"]
+    if cache is not None:
+        if not isinstance(cache, dict):
+            return out + [("cache_ops", cache)]
+        for key, value in cache.items():
+            if key.endswith("_s"):
+                out += (_per_batch(f"cache_ops.{key}", value) if isinstance(value, dict)
+                        else [(f"cache_ops.{key}", value)])
+    return out
+
+
 @dataclass(frozen=True)
 class GpuTimes:
     """A checked table of measured xPU times (module docstring), as the replay reads it.
@@ -75,7 +114,7 @@ class GpuTimes:
     _ops: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        t, where = self.table, self.path or "the GPU table"
+        t, where = self.table, f"--gpu-table {self.path}" if self.path else "the GPU table"
         if not isinstance(t, dict) or t.get("kind") != TABLE_KIND:
             raise ValueError(f"{where}: not a CODA GPU table (expected \"kind\": "
                              f"\"{TABLE_KIND}\", written by coda calibrate)")
@@ -88,19 +127,28 @@ class GpuTimes:
         if t["timer"] not in TIMERS or t["per"] != "block":
             raise ValueError(f"{where}: timer {t['timer']!r} / per {t['per']!r}: expected "
                              f"one of {TIMERS} / 'block'")
-        bad = [f"ops.{op}.{b}" for op, per in t["ops"].items() for b, s in per.items()
-               if not (isinstance(s, (int, float)) and s > 0)]
+        # a block's rest_s is a difference (its forward less its operators), clipped at 0
+        bad = [name for name, s in _times(t)
+               if not (_positive(s) or (".rest_s." in name and s == 0))]
         if bad:
-            raise ValueError(f"{where}: {bad}: expected measured times > 0 s")
+            raise ValueError(f"{where}: {bad[:6]}: expected measured times > 0 s (finite "
+                             f"numbers, one per batch size)")
 
     @classmethod
     def load(cls, path) -> "GpuTimes":
-        """Read and check a table. Raises ValueError (or OSError) naming the file."""
-        text = Path(path).read_text()
+        """Read and check a table. Raises ValueError naming ``--gpu-table`` and the file
+        (missing, unreadable, not UTF-8 JSON, not a table, bad times)."""
         try:
-            table = json.loads(text)
+            table = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except OSError as exc:
+            raise ValueError(f"--gpu-table {path}: cannot be read ({exc.strerror or exc})") \
+                from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--gpu-table {path}: not a UTF-8 text file (a coda calibrate "
+                             f"table is JSON)") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+            raise ValueError(f"--gpu-table {path}: not JSON ({exc.msg} at line "
+                             f"{exc.lineno})") from None
         return cls(table, str(path))
 
     # ------------------------------------------------------------------ the workload
