@@ -26,7 +26,6 @@ Errors of a simulated system b are ``sim / measured - 1``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import sys
 import time
