@@ -214,8 +214,8 @@ def test_fit_copy_recovers_the_line_through_two_copies(latency, bw, small, big):
      "rest_s.1"),
 ])
 def test_a_table_with_a_bad_time_is_refused_naming_it(wan_table, tmp_path, edit, where):
-    """Every time of a hand-edited table is checked (finite, > 0; a block's rest_s may be
-    0): the refusal names --gpu-table, the file and the entry."""
+    """Every time of a hand-edited table is checked (finite, > 0; the differences rest_s and
+    other_s may be 0): the refusal names --gpu-table, the file and the entry."""
     table = copy.deepcopy(wan_table)
     edit(table)
     path = tmp_path / "t.json"

@@ -127,9 +127,11 @@ class GpuTimes:
         if t["timer"] not in TIMERS or t["per"] != "block":
             raise ValueError(f"{where}: timer {t['timer']!r} / per {t['per']!r}: expected "
                              f"one of {TIMERS} / 'block'")
-        # a block's rest_s is a difference (its forward less its operators), clipped at 0
+        # a block's rest_s (its forward less its operators) and other_s (the forward less
+        # its blocks) are differences, clipped at 0 by coda calibrate: 0 is allowed there
         bad = [name for name, s in _times(t)
-               if not (_positive(s) or (".rest_s." in name and s == 0))]
+               if not (_positive(s) or ((".rest_s." in name or name.startswith("other_s."))
+                                        and s == 0))]
         if bad:
             raise ValueError(f"{where}: {bad[:6]}: expected measured times > 0 s (finite "
                              f"numbers, one per batch size)")
