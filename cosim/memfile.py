@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["check_image", "changed_words", "words_to_hex", "hex_to_words", "write_image",
-           "write_sparse", "read_sparse", "read_full", "write_commands"]
+__all__ = ["check_image", "changed_words", "words_to_hex", "hex_to_words", "write_sparse",
+           "read_sparse", "write_commands"]
 
 
 def check_image(mem: np.ndarray, mem_words: int, lanes: int) -> np.ndarray:
@@ -106,11 +106,6 @@ def hex_to_words(tokens: list[str], lanes: int) -> np.ndarray:
     return raw.reshape(len(tokens), lanes)[:, ::-1].copy()
 
 
-def write_image(path: Path, mem: np.ndarray) -> None:
-    """Write a whole image, one word per line from address 0."""
-    Path(path).write_bytes(_lines(_word_digits(mem)) if mem.shape[0] else b"\n")
-
-
 def write_sparse(path: Path, mem: np.ndarray, addrs: np.ndarray) -> None:
     """Write the words ``mem[addrs]`` as ``@addr word`` lines (addresses in hex, zero-padded
     to the widest: ``$readmemh`` reads either)."""
@@ -157,34 +152,6 @@ def read_sparse(path: Path, lanes: int) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"{path}: expected '@addr word' pairs")
         addrs = np.array([int(a[1:], 16) for a in addr_tokens], dtype=np.int64)
     return addrs, hex_to_words(word_tokens, lanes)
-
-
-def read_full(path: Path, mem_words: int, lanes: int) -> np.ndarray:
-    """Read a ``$writememh`` dump of the whole memory: uint16 ``[mem_words, lanes]``.
-
-    Comment lines (``//``) are skipped; ``@addr`` markers are honoured.
-    """
-    out = np.zeros((mem_words, lanes), dtype=np.uint16)
-    addr = 0
-    run_start, run = 0, []
-    for line in Path(path).read_text().splitlines():
-        line = line.split("//", 1)[0].strip()
-        if not line:
-            continue
-        for tok in line.split():
-            if tok.startswith("@"):
-                if run:
-                    out[run_start:run_start + len(run)] = hex_to_words(run, lanes)
-                addr = int(tok[1:], 16)
-                run_start, run = addr, []
-            else:
-                run.append(tok)
-                addr += 1
-    if run:
-        out[run_start:run_start + len(run)] = hex_to_words(run, lanes)
-    if addr > mem_words:
-        raise ValueError(f"{path}: {addr} words, expected <= {mem_words}")
-    return out
 
 
 def write_commands(path: Path, words: list[int]) -> None:
