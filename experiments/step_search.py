@@ -7,23 +7,8 @@ together, in both CFG branches (a fresh operator computed on a residual stream t
 holds stale outputs costs more than it saves, and CFG multiplies an error that only one
 branch makes by the guidance scale), a warm-up of computed steps, and the last step computed.
 
-**Search space** (:class:`StepPlan`): the set of reused steps (both branches, every
-operator), plus the operator types reused at *every* step from step 1 on (``always``): those
-whose profiled output never changes between steps (the digit model's cross attention
-attends to one token, the label, so its output is constant). With sum segments
-(:mod:`coda.host.cache.engine`) reusing such an operator costs only the cache format's
-rounding of its output, and every execution saved there is a step that need not be reused.
-Uniform reuse with a warm-up is a point of this space; so are PAB-like step windows.
-
-**Stand-in** (:func:`plan_by_dp`): for a reused step ``s`` whose caches were written at the
-last computed step ``c``, the error proxy is ``w(s)^gamma * (D(s) - D(c))``: the profiled mean
-relative output change accumulated since ``c`` (``D`` cumulative over steps of
-:func:`step_change`), weighted by the profile's step sensitivity (``w``,
-:func:`coda.host.cache.weights.step_weights`). An exact dynamic programme over the computed steps
-(a path through the DAG of steps, as LeMiCa's) gives the cheapest plan with exactly the
-number of reused steps the target needs, runs of at most ``max_run`` reused steps. The
-proxy's step weights are uncertain, so several ``gamma`` and ``max_run`` and both choices of
-``always`` make the candidates, with uniform's whole-step plan among them.
+**Search space** and **stand-in**: :mod:`coda.experiments.step_plans` (whole reused steps
+first, then operators refreshed inside the most costly reused step of the best plans).
 
 **Judge** (:func:`judge`): each candidate is a cached generation of the calibration videos
 (the profile's prompts and seeds, never held-out ones) compared with their full-compute
@@ -41,260 +26,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
-from coda.host.cache.schedule import BRANCHES, OP_TYPES, ModelOps, Schedule, ScheduleError
+from coda.host.cache.schedule import Schedule
 from coda.host.system.cost import DEFAULT_TARGET
 from coda.options import add_options, option
 
-# the judge lives in coda.experiments.rollouts; re-exported here
+# the space and the stand-in live in coda.experiments.step_plans, the judge in
+# coda.experiments.rollouts; both re-exported here
 from coda.experiments.rollouts import full_videos, judge, rollout, rollout_task
+from coda.experiments.step_plans import (StepPlan, candidate_plans,
+                                         check_reachable, constant_op_types, plan_by_dp,
+                                         refined_plans, reused_steps_for, step_change,
+                                         uniform_plan)
 
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
-           "plan_by_dp",
-           "uniform_plan", "uniform_latency", "counts_within_latency", "candidate_plans",
+           "plan_by_dp", "uniform_plan", "candidate_plans", "refined_plans",
+           "uniform_latency", "counts_within_latency",
            "rollout", "rollout_task", "full_videos", "judge", "search_steps", "SearchReport"]
-
-
-# ---------------------------------------------------------------- the space
-@dataclass(frozen=True)
-class StepPlan:
-    """A whole-step schedule of a model (Latte's by default).
-
-    Attributes:
-        num_steps, num_layers: the model's run (steps 0..num_steps-1, layers).
-        reused: the steps at which every operator is reused in both CFG branches.
-        always: operator types (of the model's, :data:`coda.host.cache.schedule.OP_TYPES` for
-            Latte) reused at every step from step 1 on, computed steps included.
-        label: how the plan was made (for reports).
-        ops: the model's operators (:class:`ModelOps`; None: Latte's of ``num_layers``).
-    Raises:
-        ScheduleError: step 0 reused, a step out of range, an unknown operator type.
-    """
-    num_steps: int
-    num_layers: int
-    reused: frozenset
-    always: tuple = ()
-    label: str = ""
-    ops: ModelOps | None = None
-
-    def __post_init__(self):
-        bad = [s for s in self.reused if not 1 <= s < self.num_steps]
-        if bad:
-            raise ScheduleError(f"reused steps {sorted(bad)}: expected 1..{self.num_steps - 1} "
-                                "(step 0 computes the first caches)")
-        types = self.model_ops().op_types
-        unknown = [t for t in self.always if t not in types]
-        if unknown:
-            raise ScheduleError(f"always-reused types {unknown}: expected some of {types}")
-        object.__setattr__(self, "reused", frozenset(int(s) for s in self.reused))
-        object.__setattr__(self, "always", tuple(t for t in types if t in self.always))
-
-    def model_ops(self) -> ModelOps:
-        return ModelOps.latte(self.num_layers) if self.ops is None else self.ops
-
-    def schedule(self, name: str | None = None) -> Schedule:
-        """The plan as a :class:`Schedule` (both branches alike)."""
-        ops = self.model_ops()
-        every = ops.ops
-        const = frozenset(r for r in every if r[1] in self.always)
-        reuse = {}
-        for step in range(1, self.num_steps):
-            refs = frozenset(every) if step in self.reused else const
-            for branch in BRANCHES:
-                if refs:
-                    reuse[(step, branch)] = refs
-        return Schedule(self.num_steps, self.num_layers, reuse, name or self.describe(), ops)
-
-    def skip_fraction(self) -> float:
-        """Reused / all operator executions."""
-        ops = self.model_ops()
-        k, a = len(ops.ops), ops.count(self.always)
-        n = len(self.reused)
-        return (n * k + (self.num_steps - 1 - n) * a) / (self.num_steps * k)
-
-    def describe(self) -> str:
-        steps = sorted(self.reused)
-        always = f"+{'+'.join(self.always)}" if self.always else ""
-        return f"steps{always}[{','.join(map(str, steps))}]"
-
-
-def constant_op_types(profile, tol: float = 0.0) -> tuple[str, ...]:
-    """Operator types whose profiled relative output change is at most ``tol`` at every step
-    >= 1, video, branch and layer (0.0: exactly constant), of the profile's model."""
-    ops = profile.model_ops
-    out = np.asarray(profile.per_op(profile.out_change[:, 1:]), np.float64)   # [V, S-1, B, ops]
-    worst = np.nanmax(np.nan_to_num(out, nan=np.inf).reshape(-1, out.shape[-1]), axis=0)
-    return tuple(t for t in ops.op_types
-                 if max(w for w, (_, op) in zip(worst, ops.ops) if op == t) <= tol)
-
-
-def step_change(profile, skip_types: tuple[str, ...] = ()) -> np.ndarray:
-    """float64 [steps]: the profiled relative output change between step t-1 and t, the mean
-    over videos, branches, layers and the operator types not in ``skip_types``; 0 at step 0."""
-    ops = profile.model_ops
-    keep = [i for i, (_, t) in enumerate(ops.ops) if t not in skip_types]
-    out = np.asarray(profile.per_op("out_change"), np.float64)[..., keep]   # [V, S, B, ops]
-    d = np.zeros(out.shape[1])
-    d[1:] = np.nanmean(out[:, 1:].reshape(out.shape[0], out.shape[1] - 1, -1), axis=(0, 2))
-    return np.nan_to_num(d, nan=0.0)
-
-
-def reused_steps_for(skip: float, num_steps: int, always: int = 0, cooldown: int = 1,
-                     per_step: int | None = None) -> int:
-    """Whole steps to reuse so the plan's skip fraction is the closest to ``skip`` (ties: the
-    larger), with ``always`` types of :data:`OP_TYPES` reused at every step from step 1 on and
-    the last ``cooldown`` steps computed; another model: ``always`` of its ``per_step``
-    operators per step. Raises ValueError when no count in 0..num_steps-1-cooldown comes
-    within 1/num_steps of ``skip``."""
-    k = len(OP_TYPES) if per_step is None else per_step
-    most = max(0, num_steps - 1 - max(1, cooldown))
-    frac = lambda n: (n * k + (num_steps - 1 - n) * always) / (num_steps * k)  # noqa: E731
-    best = min(range(most + 1), key=lambda n: (abs(frac(n) - skip), -n))
-    if abs(frac(best) - skip) > 1.0 / num_steps:
-        what = (f"{always} operator types" if per_step is None
-                else f"{always} of the {per_step} operators of a step")
-        raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps (the last "
-                         f"{max(1, cooldown)} computed, {what} reused at every "
-                         f"step) reach {frac(0):.3f}..{frac(most):.3f}")
-    return best
-
-
-def _reused_steps(skip: float, num_steps: int, always: tuple, cooldown: int,
-                  ops: ModelOps | None) -> int:
-    """:func:`reused_steps_for` with the operator types ``always`` of the model of ``ops``."""
-    if ops is None or ops.arch == "latte":
-        return reused_steps_for(skip, num_steps, len(always), cooldown)
-    return reused_steps_for(skip, num_steps, ops.count(always), cooldown, len(ops.ops))
-
-
-def check_reachable(skip: float, num_steps: int, constant: tuple = (), cooldown: int = 1,
-                    ops: ModelOps | None = None):
-    """Raise ValueError (naming ``--skip`` and the ranges) unless a whole-step plan reaches
-    ``skip``, with or without the ``constant`` operator types reused at every step
-    (``ops``: the model's operators, default Latte's)."""
-    ranges = []
-    for always in dict.fromkeys([(), tuple(constant)]):
-        try:
-            _reused_steps(skip, num_steps, always, cooldown, ops)
-            return
-        except ValueError as exc:
-            ranges.append(str(exc).rsplit(" reach ", 1)[1] + (
-                f" with {'+'.join(always)} reused at every step" if always else ""))
-    raise ValueError(f"--skip {skip}: whole-step plans of {num_steps} steps (the last "
-                     f"{max(1, cooldown)} computed) reach {', or '.join(ranges)}")
-
-
-# ---------------------------------------------------------------- the stand-in
-def plan_by_dp(change: np.ndarray, weight: np.ndarray, count: int, *, cooldown: int = 1,
-               gamma: float = 1.0, max_run: int = 5) -> tuple[frozenset, float]:
-    """The exact cheapest set of ``count`` reused steps under the stand-in cost: the
-    minimum-error path through the DAG of steps (:func:`coda.host.cache.policies.lemica.
-    min_error_path`) whose edge ``i -> j`` reuses steps i+1..j-1 from step i's caches at
-    ``Σ_s w(s)^gamma (D(s) - D(i))``.
-
-    Args:
-        change: float [S] profiled change per step (:func:`step_change`; index 0 unused).
-        weight: float [S] step weights (> 0).
-        count: reused steps wanted.
-        cooldown: the last ``cooldown`` steps (>= 1) are computed.
-        gamma: exponent of the weights.
-        max_run: at most this many reused steps in a row.
-    Returns:
-        (reused steps, proxy cost). Raises ValueError when no plan has ``count`` reused steps
-        under these constraints.
-    """
-    from coda.host.cache.policies.lemica import min_error_path
-
-    s_n = len(change)
-    cum = np.cumsum(np.asarray(change, np.float64))
-    w = np.asarray(weight, np.float64) ** gamma
-    last = s_n - max(1, cooldown)             # steps last..S-1 are computed
-    cost = np.full((s_n, s_n), math.inf)
-    for i in range(s_n):
-        run = 0.0
-        for j in range(i + 1, min(s_n, i + max_run + 2)):
-            if j - 1 > i:                     # step j-1 joins the span reused from i
-                if j - 1 >= last:
-                    break
-                run += w[j - 1] * (cum[j - 1] - cum[i])
-            cost[i, j] = run
-    try:
-        path, total = min_error_path(cost, s_n - count)
-    except ValueError:
-        raise ValueError(f"no plan reuses {count} of {s_n} steps with runs <= {max_run} and "
-                         f"the last {cooldown} computed") from None
-    return frozenset(range(s_n)) - frozenset(path), total
-
-
-def uniform_plan(num_steps: int, num_layers: int, count: int, *, cooldown: int = 1,
-                 always: tuple = (), ops: ModelOps | None = None) -> StepPlan:
-    """Uniform whole-step reuse: after the warm-up that makes the count fit, every k-th step
-    computed, the reused steps spread as evenly as the count allows (DeepCache/FORA's rule
-    as a :class:`StepPlan` of the model of ``ops``, default Latte's)."""
-    last = num_steps - max(1, cooldown)
-    for k in range(2, num_steps):
-        for warmup in range(1, last):
-            span = range(warmup, last)
-            reused = [s for s in span if (s - warmup) % k != 0]
-            if len(reused) == count:
-                return StepPlan(num_steps, num_layers, frozenset(reused), always,
-                                f"uniform k={k} warmup={warmup}", ops)
-    raise ValueError(f"no uniform whole-step plan reuses {count} of {num_steps} steps")
-
-
-def candidate_plans(profile, skip: float, *, cooldown: int = 1,
-                    gammas=(0.0, 0.5, 1.0, 2.0, 3.0), max_runs=(2, 3, 5, 8),
-                    counts: dict | None = None) -> list[StepPlan]:
-    """The candidates for ``skip``: the stand-in's optimum for every ``gamma`` x ``max_run``,
-    with and without the profile's constant operator types reused at every step, and
-    uniform's plan; duplicates dropped, order kept.
-
-    ``counts``: reused steps per choice of ``always`` (a tuple of operator types, as
-    :func:`counts_within_latency` gives them); a choice missing from it is left out. None:
-    the count that reaches ``skip`` (:func:`reused_steps_for`) for both choices."""
-    from coda.host.cache.weights import step_weights
-
-    steps, layers, ops = profile.num_steps, profile.num_layers, profile.model_ops
-    mine = None if ops.arch == "latte" else ops
-    const = constant_op_types(profile)
-    _, w = step_weights(profile)
-    plans: list[StepPlan] = []
-    for always in dict.fromkeys([(), const]):
-        if counts is not None:
-            if always not in counts:
-                continue
-            count = counts[always]
-        else:
-            try:
-                count = _reused_steps(skip, steps, always, cooldown, ops)
-            except ValueError:
-                continue
-        change = step_change(profile, always)
-        try:
-            plans.append(uniform_plan(steps, layers, count, cooldown=cooldown, always=always,
-                                      ops=mine))
-        except ValueError:
-            pass
-        for gamma in gammas:
-            for run in max_runs:
-                try:
-                    reused, _ = plan_by_dp(change, w, count, cooldown=cooldown, gamma=gamma,
-                                           max_run=run)
-                except ValueError:
-                    continue
-                plans.append(StepPlan(steps, layers, reused, always,
-                                      f"dp gamma={gamma:g} max_run={run}", mine))
-    if not plans:
-        check_reachable(skip, steps, const, cooldown, ops)
-        raise ValueError(f"--skip {skip}: no whole-step plan of {steps} steps with runs of at "
-                         f"most {max(max_runs)} reused steps reaches it")
-    unique: dict = {}
-    for p in plans:
-        unique.setdefault((p.reused, p.always), p)
-    return list(unique.values())
-
 
 #: Relative tolerance of a latency budget: plans with the same reused-step count differ by
 #: hundredths of a second of a ~2,000 s modelled generation depending on where the steps lie
@@ -366,12 +115,16 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
                  prune_videos: int = 6, finalists: int = 4, workers: int = 2,
                  cooldown: int = 1, num_steps: int | None = None,
                  guidance_scale: float | None = None, target: str | None = DEFAULT_TARGET,
-                 max_latency_s: float | None = None, log=print,
+                 max_latency_s: float | None = None, refine: int = 1, log=print,
                  judge_with: Callable | None = None) -> SearchReport:
     """The whole-step search for ``skip``: candidates from the stand-in
     (:func:`candidate_plans`), a first round of rollouts on the first ``prune_videos``
-    calibration videos, the best ``finalists`` on all of them; the finalist with the highest
-    whole-set PSNR (ties: mean per-video PSNR) wins.
+    calibration videos, the best ``finalists`` on all of them, then the ``refine`` best
+    finalists refined (:func:`refined_plans`: operators computed inside a reused step, as
+    many as keep the plan at ``skip`` and within ``max_latency_s``) and their refinements
+    rolled out on all of them too; the plan with the highest whole-set PSNR on all
+    calibration videos (ties: mean per-video PSNR) wins. Round 1 on a few videos does not
+    rank plans as all of them do, so refinements are judged on all.
 
     ``labels``/``seeds``: the calibration videos (the profile's), ``full`` their full-compute
     videos. ``target``: every candidate's modelled latency and energy in system f for that
@@ -396,17 +149,7 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
     plans = candidate_plans(profile, skip, cooldown=cooldown, counts=counts) if counts != {} \
         else []
     scheds = [p.schedule() for p in plans]
-    rows = [{"label": p.label, "always": list(p.always), "plan": p.describe(),
-             "skip": p.skip_fraction(),
-             "segments_per_video": s.segment_count(frames=full.shape[2])}
-            for p, s in zip(plans, scheds)]
-    if target is not None:
-        from coda.host.system.cost import schedule_cost
-        for row, s in zip(rows, scheds):
-            c = schedule_cost(s, target, "f")
-            row["modelled"] = {"target": target, "system": "f", "latency_s": c["latency_s"],
-                               "energy_j": c["energy_j"], "segments": c["segments"],
-                               "host_link_bytes": c["host_link_bytes"]}
+    rows = [_row(p, s, full.shape[2], target) for p, s in zip(plans, scheds)]
     if max_latency_s is not None:       # only what the budget allows is rolled out
         keep = [i for i, r in enumerate(rows)
                 if within_budget(r["modelled"]["latency_s"], max_latency_s)]
@@ -428,9 +171,9 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
                                     num_steps=num_steps, guidance_scale=guidance_scale,
                                     workers=workers)):
         rows[i]["round2"] = score
-    win = max(best, key=lambda i: (rows[i]["round2"]["psnr_db"],
-                                   rows[i]["round2"]["mean_psnr_db"]))
-    if target is not None:
+    final = lambda i: (rows[i]["round2"]["psnr_db"], rows[i]["round2"]["mean_psnr_db"])  # noqa: E731
+    best = sorted(best, key=final, reverse=True)
+    if target is not None:              # the front of the whole-step plans' first round
         for i, row in enumerate(rows):
             row["pareto"] = not any(
                 o["round1"]["psnr_db"] >= row["round1"]["psnr_db"]
@@ -438,9 +181,50 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
                 and (o["round1"]["psnr_db"], -o["modelled"]["latency_s"])
                 != (row["round1"]["psnr_db"], -row["modelled"]["latency_s"])
                 for o in rows)
+    fits = _fits(skip, target, max_latency_s)
+    more = [q for i in best[:refine] for q in refined_plans(plans[i], profile, fits)]
+    if more:
+        log(f"skip {skip}: {len(more)} refined plans (operators computed inside a reused "
+            f"step) of the best {min(refine, len(best))} finalists on {len(labels)} videos")
+        more_scheds = [q.schedule() for q in more]
+        for q, sc, score in zip(more, more_scheds, judge_with(
+                more_scheds, labels, seeds, full, num_steps=num_steps,
+                guidance_scale=guidance_scale, workers=workers)):
+            best.append(len(rows))
+            plans.append(q)
+            rows.append(dict(_row(q, sc, full.shape[2], target), round2=score))
+    win = max(best, key=final)
     plan = plans[win]
     name = f"coda-steps(skip={skip:g})"
     return SearchReport(plan, plan.schedule(name), rows, time.perf_counter() - t0)
+
+
+def _row(plan: StepPlan, sched: Schedule, frames: int, target: str | None) -> dict:
+    """A candidate's report: label, plan, skip, segments and, with a ``target``, its
+    modelled system-f cost there."""
+    row = {"label": plan.label, "always": list(plan.always), "plan": plan.describe(),
+           "skip": plan.skip_fraction(), "segments_per_video": sched.segment_count(frames)}
+    if target is not None:
+        from coda.host.system.cost import schedule_cost
+        c = schedule_cost(sched, target, "f")
+        row["modelled"] = {"target": target, "system": "f", "latency_s": c["latency_s"],
+                           "energy_j": c["energy_j"], "segments": c["segments"],
+                           "host_link_bytes": c["host_link_bytes"]}
+    return row
+
+
+def _fits(skip: float, target: str | None, max_latency_s: float | None) -> Callable:
+    """Whether a refined plan may be a candidate: it reuses at least ``skip`` of the operator
+    executions and, with a budget, is modelled at most ``max_latency_s`` on ``target``."""
+    def fits(plan: StepPlan) -> bool:
+        if plan.skip_fraction() < skip:
+            return False
+        if max_latency_s is None:
+            return True
+        from coda.host.system.cost import schedule_cost
+        return within_budget(schedule_cost(plan.schedule(), target, "f")["latency_s"],
+                             max_latency_s)
+    return fits
 
 
 def _fastest_latency(profile, skip: float, target: str, cooldown: int) -> float:
@@ -478,6 +262,9 @@ class SearchConfig:
                                group="--method steps")
     finalists: int = option(4, "candidates rolled out on every calibration video",
                             group="--method steps")
+    refine: int = option(1, "best finalists refined with operators computed inside a reused "
+                         "step, as many as --skip and --latency allow, judged on every "
+                         "calibration video; 0: whole steps only", group="--method steps")
     target: str = option(DEFAULT_TARGET, "MODEL@RES whose modelled system-f latency and "
                          "energy every candidate reports (coda sim's transfer)",
                          group="--method steps")
@@ -509,6 +296,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
                          workers: int = SearchConfig.workers,
                          prune_videos: int = SearchConfig.prune_videos,
                          finalists: int = SearchConfig.finalists,
+                         refine: int = SearchConfig.refine,
                          refs_dir: str | Path | None = "build/refs",
                          target: str | None = SearchConfig.target,
                          max_latency_s: float | str | None = None,
@@ -524,7 +312,8 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
     for flag, value, lo in (("--workers", workers, 0), ("--prune-videos", prune_videos, 1),
-                            ("--finalists", finalists, 1), ("--cooldown", cooldown, 1)):
+                            ("--finalists", finalists, 1), ("--cooldown", cooldown, 1),
+                            ("--refine", refine, 0)):
         if value < lo:
             raise ValueError(f"{flag} {value}: expected >= {lo}")
     if target is not None:
@@ -560,7 +349,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
                        prune_videos=prune_videos, finalists=finalists, workers=workers,
                        cooldown=cooldown, guidance_scale=guidance, target=target,
-                       max_latency_s=budget, log=log)
+                       max_latency_s=budget, refine=refine, log=log)
     rollouts = [c for c in rep.candidates for r in ("round1", "round2") if r in c]
     info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile_path),
             "profile_seeds": prof.meta.get("seeds"), "target_skip": skip, "method": "steps",
@@ -568,9 +357,11 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
             "target": target, "max_latency_s": budget,
             "latency_budget": "uniform" if max_latency_s == "uniform" else budget,
             "always": list(rep.plan.always), "cooldown": cooldown,
+            "refresh": [[step, layer, op] for step, (layer, op) in sorted(rep.plan.refresh)],
             "calibration": {"prompts": prof.meta.get("prompts"), "seeds": prof.meta.get("seeds"),
                             "videos": len(labels), "guidance_scale": guidance,
-                            "prune_videos": prune_videos, "finalists": finalists},
+                            "prune_videos": prune_videos, "finalists": finalists,
+                            "refine": refine},
             "search_s": round(rep.seconds + full_s, 1), "full_compute_s": round(full_s, 1),
             "rollouts": len(rollouts), "workers": workers,
             "candidates": [{k: v for k, v in c.items()} for c in rep.candidates]}
@@ -605,18 +396,21 @@ def main(args) -> int:
         return 0
     rep, info = checked_search_steps(args.profile, args.skip, cooldown=args.cooldown,
                                      workers=args.workers, prune_videos=args.prune_videos,
-                                     finalists=args.finalists, target=args.target,
+                                     finalists=args.finalists, refine=args.refine,
+                                     target=args.target,
                                      max_latency_s=args.latency, log=console.print)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_schedule(out, rep.schedule, info)
     console.print(f"schedule {rep.schedule.name} -> {out}  ({info['search_s']:.0f} s, "
                   f"{info['rollouts']} rollouts)")
-    for c in sorted(rep.candidates, key=lambda c: -c["round1"]["psnr_db"]):
+    for c in sorted(rep.candidates, key=lambda c: (-c["round2"]["psnr_db"] if "round2" in c
+                                                   else math.inf, -c.get("round1", {}).get(
+                                                       "psnr_db", -math.inf))):
+        r1 = f" | round 1 {c['round1']['psnr_db']:.2f} dB" if "round1" in c else ""
         r2 = f" | all {c['round2']['psnr_db']:.2f} dB" if "round2" in c else ""
         lat = f" | f {c['modelled']['latency_s']:.0f} s" if "modelled" in c else ""
         front = " | Pareto" if c.get("pareto") else ""
         console.print(f"  {c['label']:<24} always {'+'.join(c['always']) or '-':<10} skip "
-                      f"{c['skip']:.3f} | segments {c['segments_per_video']}{lat} | round 1 "
-                      f"{c['round1']['psnr_db']:.2f} dB{r2}{front}")
+                      f"{c['skip']:.3f} | segments {c['segments_per_video']}{lat}{r1}{r2}{front}")
     console.print(f"  chosen: {rep.plan.label}, {rep.plan.describe()}")
     return 0

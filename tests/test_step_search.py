@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from coda.cli import main
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, ScheduleError
+from coda.experiments.step_plans import stand_in_cost
 from coda.experiments.step_search import (StepPlan, constant_op_types, plan_by_dp,
-                                   reused_steps_for, step_change, uniform_plan)
+                                          refined_plans, reused_steps_for, step_change,
+                                          uniform_plan)
 from test_search import synthetic_profile
 
 
@@ -88,6 +90,76 @@ def test_a_plan_is_a_schedule_of_whole_steps():
         StepPlan(10, 2, {1}, ("x",))
 
 
+def test_operators_refreshed_inside_a_reused_step():
+    """The second level of the space: refreshed operators are computed at their step (both
+    branches), counted out of the skip, named by describe(); only reused steps, operators of
+    the model and types not reused at every step can be refreshed."""
+    refresh = {(4, (1, "spatial_attn")), (4, (0, "temporal_ffn"))}
+    plan = StepPlan(10, 2, {3, 4, 7}, ("cross_attn",), refresh=refresh)
+    sched = plan.schedule()
+    every = {(layer, op) for layer in range(2) for op in OP_TYPES}
+    for branch in BRANCHES:
+        assert sched.reused(4, branch) == every - {r for _, r in refresh}
+        assert sched.reused(3, branch) == sched.reused(7, branch) == every
+    assert plan.skip_fraction() == pytest.approx((3 * 10 + 6 * 2 - 2) / (10 * 10))
+    assert sched.ops_skipped_fraction() == pytest.approx(plan.skip_fraction())
+    assert plan.describe().endswith("refresh[4:0.temporal_ffn,4:1.spatial_attn]")
+    assert plan.refreshed(4) == {r for _, r in refresh} and plan.refreshed(3) == frozenset()
+    for bad in [(5, (0, "spatial_attn")), (4, (2, "spatial_attn")), (4, (0, "cross_attn"))]:
+        with pytest.raises(ScheduleError, match="refreshed operators"):
+            StepPlan(10, 2, {3, 4, 7}, ("cross_attn",), refresh={bad})
+
+
+def test_the_stand_in_cost_is_the_dp_cost():
+    prof = synthetic_profile(steps=12)
+    change, w = step_change(prof), np.linspace(2.0, 0.5, 12)
+    for gamma, run in [(1.0, 3), (2.0, 5), (0.5, 2)]:
+        reused, cost = plan_by_dp(change, w, 5, gamma=gamma, max_run=run)
+        assert stand_in_cost(StepPlan(12, 2, reused), change, w, gamma) == pytest.approx(cost)
+
+
+def test_refined_plans_compute_what_fits_in_the_step_the_stand_in_values_most():
+    from coda.host.cache.weights import step_weights
+
+    prof = synthetic_profile(steps=12, layers=4)
+    always = ("cross_attn",)
+    plan = StepPlan(12, 4, {2, 3, 4, 5, 7, 8, 9}, always, "base")
+    change, (_, w) = step_change(prof, always), step_weights(prof)
+    base = stand_in_cost(plan, change, w)
+    drops = {s: base - stand_in_cost(plan, change, w, computed=frozenset([s]))
+             for s in plan.reused}
+    step = max(sorted(drops), key=drops.get)
+    assert drops[step] > 0
+    assert refined_plans(plan, prof, lambda p: False) == []
+    for most in (4, 8, 15):         # operators the skip leaves room for
+        floor = plan.skip_fraction() - most / (12 * 20)
+        got = refined_plans(plan, prof, lambda p: p.skip_fraction() >= floor - 1e-12,
+                            gammas=(1.0,))
+        assert got and all({s for s, _ in q.refresh} == {step} for q in got)
+        assert all(q.reused == plan.reused and q.always == always for q in got)
+        layers = {q.label.split(" + ")[1]: {r for _, r in q.refresh} for q in got}
+        n = min(3, most // 4)       # 4 fresh operators per layer: the largest range that fits
+        assert layers[f"refresh step {step} last {n} layers"] == {
+            (lay, op) for lay in range(4 - n, 4) for op in OP_TYPES if op not in always}
+        assert layers[f"refresh step {step} first {n} layers"] == {
+            (lay, op) for lay in range(n) for op in OP_TYPES if op not in always}
+        m = min(3, most // 4)       # 4 operators of each type; FFNs change most, then spatial
+        typed = next(v for k, v in layers.items() if "layers" not in k)
+        assert {op for _, op in typed} == set(
+            ["spatial_ffn", "temporal_ffn", "spatial_attn", "temporal_attn"][:m])
+    # one step per gamma: with a decaying sensitivity a steeper weighting picks an earlier
+    # step, each with its families
+    prof.sensitivity = np.geomspace(20.0, 0.1, 12)
+    w = step_weights(prof)[1]
+    step = max(sorted(plan.reused), key=lambda s: stand_in_cost(plan, change, w) -
+               stand_in_cost(plan, change, w, computed=frozenset([s])))
+    early = max(sorted(plan.reused), key=lambda s: stand_in_cost(plan, change, w, 8.0) -
+                stand_in_cost(plan, change, w, 8.0, frozenset([s])))
+    both = refined_plans(plan, prof, lambda p: True, gammas=(1.0, 8.0))
+    assert early < step and {s for q in both for s, _ in q.refresh} == {step, early}
+    assert len(both) == 3 * len({step, early})
+
+
 def test_counts_and_uniform_plans():
     # with cross attention always reused, 0.5 of 50 steps x 5 types needs (125 - 49) / 4 = 19
     assert reused_steps_for(0.5, 50, 1) == 19 and reused_steps_for(0.5, 50) == 25
@@ -121,17 +193,26 @@ def profile_6(tmp_path_factory):
 def test_coda_schedule_search_by_rollouts(profile_6, tmp_path, capsys):
     out = tmp_path / "s.json"
     assert main(["schedule", "search", "--profile", str(profile_6), "--skip", "0.3",
-                 "--workers", "0", "--prune-videos", "1", "--finalists", "2",
+                 "--workers", "0", "--prune-videos", "1", "--finalists", "2", "--refine", "1",
                  "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     info = data["coda"]
     assert info["method"] == "steps" and info["calibration"]["videos"] == 2
-    finals = [c for c in info["candidates"] if "round2" in c]
+    whole = [c for c in info["candidates"] if "round1" in c]
+    finals = [c for c in whole if "round2" in c]
     assert 1 <= len(finals) <= 2
-    # the finalists are the round-1 best, and the winner is the best finalist on all videos
-    r1 = sorted(c["round1"]["psnr_db"] for c in info["candidates"])
+    # the finalists are the round-1 best; the best finalist on all videos is refined, its
+    # refinements judged on all videos too (no round 1), keeping the skip
+    r1 = sorted(c["round1"]["psnr_db"] for c in whole)
     assert min(c["round1"]["psnr_db"] for c in finals) >= r1[-len(finals)]
-    best = max(finals, key=lambda c: c["round2"]["psnr_db"])
+    top = max(finals, key=lambda c: c["round2"]["psnr_db"])
+    refined = [c for c in info["candidates"] if "round1" not in c]
+    for c in refined:
+        assert c["label"].startswith(top["label"] + " + refresh step ")
+        assert c["plan"].startswith(top["plan"] + "refresh[") and c["skip"] >= 0.3
+        assert "round2" in c and "pareto" not in c
+    # the winner is the best of the finalists and the refinements on all videos
+    best = max(finals + refined, key=lambda c: c["round2"]["psnr_db"])
     assert info["plan"] == best["plan"]
     assert "chosen:" in capsys.readouterr().out
 
@@ -139,6 +220,7 @@ def test_coda_schedule_search_by_rollouts(profile_6, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--workers", "-1"], "--workers -1: expected >= 0"),
     (["--finalists", "0"], "--finalists 0: expected >= 1"),
+    (["--refine", "-1"], "--refine -1: expected >= 0"),
     (["--cooldown", "0"], "--cooldown 0: expected >= 1"),
     (["--skip", "0.99"], "--skip 0.99: whole-step plans of 6 steps"),
     # the cooldown bounds the reachable skip before any work: 2 of 6 steps reused, with the
@@ -181,12 +263,13 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip, l
     prof = Profile.load(SHIPPED_PROFILE)
     always = tuple(info["always"])
     assert set(always) <= set(constant_op_types(prof))
-    every = {(layer, op) for layer in range(4) for op in OP_TYPES}
-    const = {r for r in every if r[1] in always}
-    whole = [s for s in range(50) if sched.reused(s, "cond") == every]
+    const = {(layer, op) for layer in range(4) for op in always}
+    whole = [s for s in range(50) if sched.reused(s, "cond") - const]
+    refresh = {(s, (layer, op)) for s, layer, op in info.get("refresh", [])}
+    plan = StepPlan(50, 4, frozenset(whole), always, refresh=refresh).schedule()
     for s in range(50):
-        want = every if s in whole else (const if s else set())
-        assert sched.reused(s, "cond") == sched.reused(s, "uncond") == want
+        assert sched.reused(s, "cond") == sched.reused(s, "uncond") == plan.reused(s, "cond")
+    assert len({s for s, _ in refresh}) <= 1      # refined inside one reused step at most
     budget = info.get("latency_budget")
     if budget is None:      # chosen on quality alone: the count that reaches the skip
         assert len(whole) == reused_steps_for(skip, 50, len(always))
@@ -212,7 +295,7 @@ def test_a_latency_budget_keeps_only_candidates_modelled_that_fast(profile_6, tm
     args = ["schedule", "search", "--profile", str(profile_6), "--skip", "0.3", "--workers",
             "0", "--prune-videos", "1", "--finalists", "1", "--out", str(out)]
     assert main(args) == 0
-    cands = json.loads(out.read_text())["coda"]["candidates"]
+    cands = [c for c in json.loads(out.read_text())["coda"]["candidates"] if "round1" in c]
     lat = sorted({c["modelled"]["latency_s"] for c in cands})
     front = [c for c in cands if c["pareto"]]
     assert front and all(not (o["round1"]["psnr_db"] > c["round1"]["psnr_db"]
