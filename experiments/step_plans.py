@@ -33,7 +33,7 @@ import numpy as np
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, ModelOps, Schedule, ScheduleError
 
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
-           "plan_by_dp", "uniform_plan", "candidate_plans", "refined_plans"]
+           "plan_by_dp", "uniform_plan", "candidate_plans", "stand_in_cost", "refined_plans"]
 
 
 # ---------------------------------------------------------------- the space
