@@ -221,13 +221,10 @@ def plan_by_dp(change: np.ndarray, weight: np.ndarray, count: int, *, cooldown: 
     last = s_n - max(1, cooldown)             # steps last..S-1 are computed
     cost = np.full((s_n, s_n), math.inf)
     for i in range(s_n):
-        run = 0.0
         for j in range(i + 1, min(s_n, i + max_run + 2)):
-            if j - 1 > i:                     # step j-1 joins the span reused from i
-                if j - 1 >= last:
-                    break
-                run += w[j - 1] * (cum[j - 1] - cum[i])
-            cost[i, j] = run
+            if j - 1 > i and j - 1 >= last:   # step j-1 would join the span reused from i
+                break
+            cost[i, j] = _span_cost(cum, w, i, j)
     try:
         path, total = min_error_path(cost, s_n - count)
     except ValueError:
@@ -313,13 +310,18 @@ def stand_in_cost(plan: StepPlan, change: np.ndarray, weight: np.ndarray,
     ``c(s)`` the last step before ``s`` that is not reused or is in ``computed``."""
     cum = np.cumsum(np.asarray(change, np.float64))
     w = np.asarray(weight, np.float64) ** gamma
-    total, last = 0.0, 0
-    for s in range(1, plan.num_steps):
-        if s in plan.reused and s not in computed:
-            total += w[s] * (cum[s] - cum[last])
-        else:
-            last = s
-    return float(total)
+    steps = [s for s in range(plan.num_steps) if s not in plan.reused or s in computed]
+    return float(sum(_span_cost(cum, w, i, j)
+                     for i, j in zip(steps, steps[1:] + [plan.num_steps])))
+
+
+def _span_cost(cum: np.ndarray, w: np.ndarray, i: int, j: int) -> float:
+    """The stand-in's error of steps i+1..j-1 reused from step i's caches (the DP's edge
+    ``i -> j``): ``Σ_s w[s] (cum[s] - cum[i])``, summed in step order."""
+    run = 0.0
+    for s in range(i + 1, j):
+        run += w[s] * (cum[s] - cum[i])
+    return run
 
 
 def refined_plans(plan: StepPlan, profile, fits: Callable[[StepPlan], bool], *,
