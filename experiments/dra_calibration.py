@@ -4,7 +4,10 @@ calibration videos, and its threshold table stored with the schedule.
 :func:`calibrate_step_dra` runs the static schedule with DRA's probes on the calibration
 videos (e.g. the profile's prompts and seeds, ``profile.meta["prompts"]``/``["seeds"]``; never
 the held-out evaluation seeds) and sets each reused step's threshold to a quantile of the
-probe values seen at that step (over videos and both CFG branches), times a margin.
+probe values seen at that step (over videos and both CFG branches), times a margin: one
+quantile for every step, or, budgeted (``budget`` and the profile), the per-step quantile
+``1 - rate`` of :func:`fallback_rates`, which spreads a budget of extra executions over the
+reused steps by what computing each is worth to the profile's stand-in.
 
 :func:`save_step_dra` writes the table as a ``"dra"`` block into the schedule's JSON file
 (beside the ``"coda"`` block of the search; :meth:`Schedule.from_json` ignores both);
@@ -23,21 +26,24 @@ from typing import Callable
 import numpy as np
 
 from coda.host.cache.events import EventLog
-from coda.host.cache.policies.dra import (DEFAULT_MARGIN, DEFAULT_QUANTILE, StepDRAPolicy,
-                                    StepThresholds)
+from coda.host.cache.policies.dra import (DEFAULT_GAMMA, DEFAULT_MARGIN, DEFAULT_QUANTILE,
+                                          StepDRAPolicy, StepThresholds)
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
 
-__all__ = ["calibrate_step_dra", "probe_values", "save_step_dra", "load_step_dra"]
+__all__ = ["calibrate_step_dra", "fallback_rates", "fallback_extra", "probe_values",
+           "save_step_dra", "load_step_dra"]
 
 
 def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
-                 guidance_scale: float, driver_factory: Callable) -> dict[int, list[float]]:
+                 guidance_scale: float, driver_factory: Callable,
+                 probe: str = "l1") -> dict[int, list[float]]:
     """The probes of the static ``schedule`` run on every (label, seed) video: step -> the
-    relative L1 changes of the block-0 input (one per video and branch that reuses the first
-    operator there), measured on the NMEs. One generation per seed, all labels batched, with
-    a fresh ``driver_factory(len(labels))``. Raises ValueError if ``num_steps`` is not the
-    schedule's or no video is given."""
+    ``probe`` values of the block-0 input (one per video and branch that reuses the first
+    operator there; ``"l1"``: its relative L1 change, on the NMEs; ``"accel"``: its relative
+    second difference, on the xPU, from step 2). One generation per seed, all labels
+    batched, with a fresh ``driver_factory(len(labels))``. Raises ValueError if
+    ``num_steps`` is not the schedule's, no video is given or the probe is unknown."""
     if schedule.num_steps != num_steps:
         raise ValueError(f"num_steps={num_steps}: the schedule {schedule.name!r} is for "
                          f"{schedule.num_steps} steps")
@@ -51,7 +57,7 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
     for seed in seeds:
         log = EventLog()
         cached_videos(model, labels, driver_factory(len(labels)),
-                      StepDRAPolicy(SchedulePolicy(schedule)), events=log,
+                      StepDRAPolicy(SchedulePolicy(schedule), probe=probe), events=log,
                       num_steps=num_steps, guidance_scale=guidance_scale,
                       seeds=[seed] * len(labels))
         for m in log.of("monitor"):
@@ -60,13 +66,83 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
     return values
 
 
+#: the most times :func:`calibrate_step_dra` spreads a budget's rates again (each a run of
+#: the calibration videos); the last table is kept
+MAX_SPREADS = 4
+
+
+def fallback_rates(schedule: Schedule, profile, budget: float,
+                   gamma: float = DEFAULT_GAMMA) -> dict[int, float]:
+    """Per probed step of ``schedule`` (one where it reuses the first operator), the fraction
+    of videos and branches DRA should send back to computing, so that the extra executions
+    add up to ``budget`` (a fraction of a video's executions) on videos like the profile's.
+
+    A fallback at step ``s`` computes what the schedule reuses there (``cost_s``: those
+    executions in both branches over all of a video's). The rates are ``min(1, lam *
+    value_s)`` with ``value_s`` what computing step ``s`` is worth to the profile's stand-in
+    (:func:`coda.experiments.step_plans.step_values` with the profile's step change and
+    weights to the power ``gamma``; the schedule's probed steps as the reused steps, the
+    types it reuses at every step as ``always``) and ``lam`` set by bisection so that
+    ``Σ rate_s cost_s = budget``; all 1 when even that is under the budget.
+
+    Raises ValueError: a budget outside (0, 1], a gamma < 0, a profile of another step
+    count, a schedule that probes no step."""
+    from coda.experiments.step_plans import StepPlan, step_change, step_values
+    from coda.host.cache.weights import step_weights
+
+    if not 0.0 < budget <= 1.0:
+        raise ValueError(f"budget={budget}: expected a fraction of the executions in (0, 1]")
+    if not gamma >= 0:
+        raise ValueError(f"gamma={gamma}: expected >= 0")
+    if profile.num_steps != schedule.num_steps:
+        raise ValueError(f"profile of {profile.num_steps} steps, schedule {schedule.name!r} "
+                         f"of {schedule.num_steps}: expected the same step count")
+    n = schedule.num_steps
+    first = schedule.order()[0]
+    probed = sorted({s for s in range(n) for b in BRANCHES if first in schedule.reused(s, b)})
+    if not probed:
+        raise ValueError(f"schedule {schedule.name!r} reuses its first operator at no step: "
+                         "nothing for DRA to fall back from")
+    ops = schedule.model_ops()
+    always = tuple(t for t in ops.op_types
+                   if all((layer, t) in schedule.reused(s, b) for s in range(1, n)
+                          for b in BRANCHES for layer, op in ops.ops if op == t))
+    plan = StepPlan(n, schedule.num_layers, frozenset(probed), always, ops=schedule.ops)
+    _, w = step_weights(profile)
+    value = step_values(plan, step_change(profile, always), w, gamma)
+    total = n * len(BRANCHES) * len(ops.ops)
+    cost = {s: sum(len(schedule.reused(s, b)) for b in BRANCHES) / total for s in probed}
+
+    def spent(lam: float) -> float:
+        return sum(min(1.0, lam * value[s]) * cost[s] for s in probed)
+
+    worth = [s for s in probed if value[s] > 0]
+    if sum(cost[s] for s in worth) <= budget:     # every step worth anything, always
+        return {s: float(s in worth) for s in probed}
+    lo, hi = 0.0, 1.0
+    while spent(hi) < budget:
+        hi *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if spent(mid) < budget else (lo, mid)
+    return {s: min(1.0, lo * max(value[s], 0.0)) for s in probed}
+
+
 def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: int,
                        guidance_scale: float, driver_factory: Callable,
                        quantile: float = DEFAULT_QUANTILE,
-                       margin: float = DEFAULT_MARGIN) -> StepThresholds:
+                       margin: float = DEFAULT_MARGIN, budget: float | None = None,
+                       profile=None, gamma: float = DEFAULT_GAMMA,
+                       probe: str = "l1") -> StepThresholds:
     """Step DRA's thresholds for ``schedule`` from calibration videos (every label with every
     seed): per step at which the schedule reuses the first operator (in any branch),
-    ``margin * numpy.quantile(probes at that step, quantile)`` (:func:`probe_values`).
+    ``margin * numpy.quantile(probes at that step, quantile)`` (:func:`probe_values`); with
+    a ``budget``, the quantile at step ``s`` is ``1 - rate_s`` of :func:`fallback_rates`
+    (threshold 0 where the rate is 1) and ``quantile`` is not used. A fallback moves the
+    inputs of the steps after it, so a budgeted table is then run on the calibration videos
+    (:func:`fallback_extra`); while it spends more than the budget (at most
+    :data:`MAX_SPREADS` runs), the rates are spread again by the budget they were spread by
+    times ``budget / spent``.
 
     Args:
         model: a DigitLatte, or a :class:`coda.experiments.cfg_loop.CFGLoop` over any
@@ -76,11 +152,21 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
         num_steps, guidance_scale: as :func:`coda.host.model.sample.generate`.
         driver_factory: ``f(videos) -> NMPDriver`` with room for kept inputs.
         quantile: in [0, 1] (1: no calibration video would fall back). margin: > 0.
+        budget: None (one quantile), or extra executions in (0, 1] (:data:`DEFAULT_BUDGET`
+            is what ``coda eval`` and ``coda run`` use); then ``profile`` (the schedule's
+            model's :class:`coda.experiments.profile.Profile`) and ``gamma`` are
+            :func:`fallback_rates`'.
+        probe: what the thresholds bound (:data:`coda.host.cache.policies.dra.PROBES`;
+            ``coda eval`` and ``coda run`` use :data:`~coda.host.cache.policies.dra.
+            DEFAULT_PROBE`). A step the probe has no value at (the acceleration at step 1)
+            has no threshold: DRA never falls back there.
     Returns:
-        the :class:`StepThresholds` (model hash, schedule digest, calibration videos).
+        the :class:`StepThresholds` (model hash, schedule digest, calibration videos; with
+        a budget its rates).
     Raises:
         ValueError: a quantile outside [0, 1], a margin <= 0, ``num_steps`` not the
-            schedule's, no labels or seeds.
+            schedule's, no labels or seeds; a budget without a profile, and what
+            :func:`fallback_rates` refuses.
     """
     from coda.experiments.profile import model_hash
 
@@ -88,15 +174,59 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
         raise ValueError(f"quantile={quantile}: expected a fraction in [0, 1]")
     if not margin > 0:
         raise ValueError(f"margin={margin}: expected > 0")
-    values = probe_values(model, schedule, labels, seeds, num_steps=num_steps,
-                          guidance_scale=guidance_scale, driver_factory=driver_factory)
+    if budget is not None and profile is None:
+        raise ValueError(f"budget={budget}: a budgeted calibration needs the profile of the "
+                         "schedule's model (profile=...)")
+    rates = {} if budget is None else fallback_rates(schedule, profile, budget, gamma)
+    runs = dict(num_steps=num_steps, guidance_scale=guidance_scale,
+                driver_factory=driver_factory)
+    values = probe_values(model, schedule, labels, seeds, probe=probe, **runs)
     first = schedule.order()[0]
-    probed = sorted({s for s in range(num_steps) for b in BRANCHES
-                     if first in schedule.reused(s, b)})
-    table = {s: margin * float(np.quantile(values[s], quantile)) for s in probed}
-    return StepThresholds(table, num_steps, model_hash(model), schedule.digest(),
-                          quantile, margin, tuple(int(x) for x in labels),
-                          tuple(int(s) for s in seeds), float(guidance_scale))
+    probed = [s for s in range(num_steps) if s in values and
+              any(first in schedule.reused(s, b) for b in BRANCHES)]   # accel: not at step 1
+
+    def table(rates: dict) -> StepThresholds:
+        rates = {s: r for s, r in rates.items() if s in probed}
+        q = {s: quantile if budget is None else 1.0 - rates[s] for s in probed}
+        cut = {s: 0.0 if q[s] <= 0.0 else margin * float(np.quantile(values[s], q[s]))
+               for s in probed}
+        return StepThresholds(cut, num_steps, model_hash(model), schedule.digest(),
+                              quantile if budget is None else None, margin,
+                              tuple(int(x) for x in labels), tuple(int(s) for s in seeds),
+                              float(guidance_scale), budget,
+                              None if budget is None else float(gamma), rates, probe)
+
+    out = table(rates)
+    if budget is None:
+        return out
+    # a fallback moves the inputs of the steps after it, so the probes there are not the
+    # static run's: measure what the table spends on the calibration videos and spread the
+    # rates by a budget scaled by budget / spent until it spends at most the budget
+    spread = budget
+    for _ in range(MAX_SPREADS):
+        spent = fallback_extra(model, schedule, out, labels, seeds, **runs)
+        if spent <= budget:
+            break
+        spread *= budget / spent
+        out = table(fallback_rates(schedule, profile, spread, gamma))
+    return out
+
+
+def fallback_extra(model, schedule: Schedule, thresholds: StepThresholds, labels, seeds, *,
+                   num_steps: int, guidance_scale: float, driver_factory: Callable) -> float:
+    """The extra operator executions (a fraction of all of the videos') that step DRA with
+    ``thresholds`` around ``schedule`` spends on every (label, seed) video: one generation
+    per seed, all labels batched, a fresh ``driver_factory(len(labels))`` each."""
+    from coda.experiments.cfg_loop import cached_videos
+
+    log = EventLog()
+    for seed in seeds:
+        cached_videos(model, list(labels), driver_factory(len(labels)),
+                      StepDRAPolicy(SchedulePolicy(schedule), thresholds), events=log,
+                      num_steps=num_steps, guidance_scale=guidance_scale,
+                      seeds=[int(seed)] * len(labels))
+    ops = log.of("op")
+    return sum(e.reason == "fallback" for e in ops) / len(ops) if ops else 0.0
 
 
 def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThresholds) -> None:

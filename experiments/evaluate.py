@@ -504,10 +504,12 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                 console, modes=("reuse",)) -> dict:
     """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
     coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
-    (:func:`coda.experiments.dra_calibration.calibrate_step_dra`), the others by
+    with the default budget (:func:`coda.experiments.dra_calibration.calibrate_step_dra`,
+    :data:`coda.host.cache.policies.dra.DEFAULT_BUDGET`), the others by
     :func:`coda.host.cache.policies.get_policy`."""
     from coda.experiments.dra_calibration import calibrate_step_dra
     from coda.host.cache.policies import get_policy
+    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_PROBE
 
     layers = len(model.transformer.transformer_blocks)
     policies_at = {}
@@ -525,7 +527,9 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
             table = calibrate_step_dra(model, sched, profile.meta["prompts"],
                                        profile.meta["seeds"], num_steps=cfg.steps,
                                        guidance_scale=cfg.guidance,
-                                       driver_factory=driver_factory)
+                                       driver_factory=driver_factory,
+                                       budget=DEFAULT_BUDGET, profile=profile,
+                                       probe=DEFAULT_PROBE)
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,

@@ -33,7 +33,8 @@ import numpy as np
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, ModelOps, Schedule, ScheduleError
 
 __all__ = ["StepPlan", "constant_op_types", "step_change", "reused_steps_for", "check_reachable",
-           "plan_by_dp", "uniform_plan", "candidate_plans", "stand_in_cost", "refined_plans"]
+           "plan_by_dp", "uniform_plan", "candidate_plans", "stand_in_cost", "step_values",
+           "refined_plans"]
 
 
 # ---------------------------------------------------------------- the space
@@ -315,6 +316,17 @@ def stand_in_cost(plan: StepPlan, change: np.ndarray, weight: np.ndarray,
                      for i, j in zip(steps, steps[1:] + [plan.num_steps])))
 
 
+def step_values(plan: StepPlan, change: np.ndarray, weight: np.ndarray,
+                gamma: float = 1.0) -> dict[int, float]:
+    """Per reused step of ``plan``, what computing it instead is worth to the stand-in: the
+    drop of :func:`stand_in_cost` (>= 0; a step early in a long run also freshens the
+    caches the rest of the run reads). Used by :func:`refined_plans` and by step DRA's
+    budgeted calibration (:func:`coda.experiments.dra_calibration.fallback_rates`)."""
+    base = stand_in_cost(plan, change, weight, gamma)
+    return {s: base - stand_in_cost(plan, change, weight, gamma, frozenset([s]))
+            for s in sorted(plan.reused)}
+
+
 def _span_cost(cum: np.ndarray, w: np.ndarray, i: int, j: int) -> float:
     """The stand-in's error of steps i+1..j-1 reused from step i's caches (the DP's edge
     ``i -> j``): ``Σ_s w[s] (cum[s] - cum[i])``, summed in step order."""
@@ -353,9 +365,8 @@ def refined_plans(plan: StepPlan, profile, fits: Callable[[StepPlan], bool], *,
     _, w = step_weights(profile)
     steps = []
     for gamma in gammas:
-        base = stand_in_cost(plan, change, w, gamma)
-        steps.append(max(sorted(plan.reused), key=lambda s: base - stand_in_cost(
-            plan, change, w, gamma, frozenset([s]))))
+        value = step_values(plan, change, w, gamma)
+        steps.append(max(sorted(value), key=value.get))
     out: list[StepPlan] = []
     for step in dict.fromkeys(steps):
         for q in _refined_at(plan, profile, step, fits):

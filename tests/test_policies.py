@@ -14,7 +14,7 @@ from coda.host.nme.backend import TorchBackend
 from coda.host.nmp.driver import NMPDriver
 from coda.host.cache.events import EventLog
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
-from coda.host.model.sample import cached_generate
+from coda.host.model.sample import cached_generate, generate
 from coda.host.cache.policies import POLICIES, SchedulePolicy, get_policy
 from coda.experiments.dra_calibration import (calibrate_step_dra, load_step_dra, probe_values,
                                        save_step_dra)
@@ -271,6 +271,61 @@ def test_step_dra_decides_per_sample_and_branch(setup):
         assert torch.equal(one, three[i:i + 1])
 
 
+def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setup):
+    """probe="accel": the relative second difference of the block-0 input over the last three
+    steps, on the xPU (no NME work, no link bytes), from step 2; probing alone changes no
+    bit; a threshold of 0 at a step falls back there as the L1 probe's does."""
+    model, _ = setup
+    sched = whole_steps({2, 4, 5})
+    ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
+    got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched), probe="accel"),
+                          [2, 6], [40, 41])
+    assert torch.equal(got, ref) and stats["fallbacks"] == 0
+    mons = log.of("monitor")
+    assert {(m.step, m.branch, m.sample) for m in mons} == {
+        (s, b, i) for s in (2, 4, 5) for b in BRANCHES for i in range(2)}
+    assert all(m.probe == "accel" and m.cache_memory == "device" and m.nme_cycles == 0
+               and m.bytes_to_nmp == 0 and m.reference_step == m.step - 1 for m in mons)
+    assert stats["pcie_bytes"] == ref_stats["pcie_bytes"]     # nothing kept on the ranks
+    # step 2's block-0 input follows two computed steps: the full-compute model's, so the
+    # value is the formula on the inputs of steps 0-2 of a plain generation (the same fp32
+    # tensors; the sums' order may differ: 1e-6)
+    inputs = []
+    block = model.transformer.transformer_blocks[0]
+    handle = block.register_forward_pre_hook(
+        lambda mod, args, kw: inputs.append((args[0] if args else kw["hidden_states"])
+                                            .detach().float().clone()), with_kwargs=True)
+    try:
+        generate(model, [2, 6], seeds=[40, 41], num_steps=STEPS, guidance_scale=3.0)
+    finally:
+        handle.remove()
+    frames = model.config["data"]["frames"]
+    for m in mons:
+        if m.step != 2:
+            continue
+        row = (m.branch == "cond") * 2 + m.sample      # generate's rows: uncond | cond
+        x = [h.reshape(4, frames, -1)[row].reshape(-1) for h in inputs[:3]]
+        want = float((x[2] - 2.0 * x[1] + x[0]).abs().sum()) / float(x[1].abs().sum())
+        assert m.value == pytest.approx(want, rel=1e-6)
+    table = StepThresholds({2: 1e9, 4: 0.0, 5: 1e9}, STEPS, model_hash(model),
+                           sched.digest(), 1.0, 1.0, probe="accel")
+    dra = StepDRAPolicy(SchedulePolicy(sched), table)
+    assert dra.probe == "accel" and dra.input_history
+    fell, _, _ = run(model, dra, [2, 6], [40, 41])
+    assert torch.equal(fell, run(model, SchedulePolicy(whole_steps({2, 5})), [2, 6],
+                                 [40, 41])[0])
+    with pytest.raises(ValueError, match="probe='l2': expected one of l1, accel"):
+        StepDRAPolicy(SchedulePolicy(sched), probe="l2")
+    with pytest.raises(ValueError, match="of the 'accel' probe for a policy probing 'l1'"):
+        StepDRAPolicy(SchedulePolicy(sched), table, probe="l1")
+    kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
+    early = whole_steps({1, 2, 4, 5})
+    cal = calibrate_step_dra(model, early, [2, 6], [40], probe="accel", quantile=0.5, **kw)
+    values = probe_values(model, early, [2, 6], [40], probe="accel", **kw)
+    assert cal.probe == "accel" and sorted(values) == [2, 4, 5]      # none at step 1
+    assert cal.thresholds == {s: float(np.quantile(values[s], 0.5)) for s in values}
+
+
 def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_schedule(
         setup, tmp_path):
     model, _ = setup
@@ -302,6 +357,86 @@ def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_sched
         calibrate_step_dra(model, sched, [2], [40], quantile=1.5, **kw)
     with pytest.raises(ValueError, match="threshold -1.0 at step 2"):
         StepThresholds({2: -1.0}, STEPS, "m", "s", 0.5, 1.0)
+
+
+def test_budgeted_step_dra_spreads_the_budget_over_the_steps_by_the_stand_in(
+        setup, short_profiles, tmp_path, monkeypatch):
+    """fallback_rates: rates proportional to what computing each probed step is worth to the
+    stand-in (step_values), capped at 1, adding up to the budget in extra executions; the
+    budgeted calibration's thresholds are the (1 - rate) quantiles of the probes."""
+    from coda.experiments.dra_calibration import fallback_extra, fallback_rates
+    from coda.experiments.step_plans import StepPlan, step_change, step_values
+    from coda.host.cache.weights import step_weights
+
+    model, prof = setup
+    sched = whole_steps({2, 4, 5})
+    cost = 2 * 10 / (STEPS * 2 * 10)      # a whole step, both branches, of a video's
+    value = step_values(StepPlan(STEPS, 2, frozenset({2, 4, 5})), step_change(prof),
+                        step_weights(prof)[1], 3.0)
+    assert all(v > 0 for v in value.values())
+    for budget in (0.05, 0.3):
+        rates = fallback_rates(sched, prof, budget, gamma=3.0)
+        assert sorted(rates) == [2, 4, 5]
+        assert sum(r * cost for r in rates.values()) == pytest.approx(budget, rel=1e-9)
+        free = [s for s in rates if rates[s] < 1.0]
+        assert len(free) >= 1 and all(0.0 < rates[s] <= 1.0 for s in rates)
+        for s in free:      # unsaturated rates: in the ratio of the values
+            assert rates[s] / value[s] == pytest.approx(rates[free[0]] / value[free[0]])
+        for s in set(rates) - set(free):    # a saturated step is worth at least the others
+            assert all(value[s] >= value[f] for f in free)
+    assert fallback_rates(sched, prof, 3 * cost, gamma=3.0) == {2: 1.0, 4: 1.0, 5: 1.0}
+    for bad, match in ((0.0, "budget=0.0: expected"), (1.5, "budget=1.5: expected")):
+        with pytest.raises(ValueError, match=match):
+            fallback_rates(sched, prof, bad)
+    with pytest.raises(ValueError, match="gamma=-1: expected >= 0"):
+        fallback_rates(sched, prof, 0.1, gamma=-1)
+    with pytest.raises(ValueError, match="profile of 3 steps, schedule"):
+        fallback_rates(sched, short_profiles[3], 0.1)
+    with pytest.raises(ValueError, match="reuses its first operator at no step"):
+        fallback_rates(Schedule(STEPS, 2, {}, name="none"), prof, 0.1)
+
+    kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
+    values = probe_values(model, sched, [2, 6], [40, 41], **kw)
+
+    def expected(rates):
+        return StepThresholds({s: 0.0 if rates[s] == 1.0 else float(np.quantile(
+            values[s], 1.0 - rates[s])) for s in values}, STEPS, model_hash(model),
+            sched.digest(), None, 1.0, (2, 6), (40, 41), 3.0, budget, 3.0, rates)
+
+    for budget in (0.05, 0.3):
+        first = expected(fallback_rates(sched, prof, budget, gamma=3.0))
+        spent = fallback_extra(model, sched, first, [2, 6], [40, 41], **kw)
+        fell = sum(run(model, StepDRAPolicy(SchedulePolicy(sched), first), [2, 6],
+                       [seed, seed])[1]["fallbacks"] for seed in (40, 41))
+        assert spent == fell / (4 * STEPS * 2 * 10)      # 4 videos, 2 branches, 10 ops
+        # what the first table spends on the calibration videos decides: kept if within the
+        # budget, else the rates spread once more by budget^2 / spent
+        want = first if spent <= budget else expected(
+            fallback_rates(sched, prof, budget * budget / spent, gamma=3.0))
+        table = calibrate_step_dra(model, sched, [2, 6], [40, 41], budget=budget,
+                                   profile=prof, gamma=3.0, **kw)
+        assert table == want and table.quantile is None
+    assert 0 < spent <= 0.3     # the tiny model's videos spend within it: the table is kept
+    # tables that spend 0.6, then 0.45, then 0.2 of a 0.3 budget on them: the rates are
+    # spread by 0.3, then 0.3 * 0.3 / 0.6, then that * 0.3 / 0.45, and that table is kept
+    import coda.experiments.dra_calibration as dc
+    spends = iter([0.6, 0.45, 0.2])
+    monkeypatch.setattr(dc, "fallback_extra", lambda *a, **k: next(spends))
+    table = calibrate_step_dra(model, sched, [2, 6], [40, 41], budget=0.3, profile=prof,
+                               gamma=3.0, **kw)
+    budget = 0.3
+    assert table == expected(fallback_rates(sched, prof, 0.3 * 0.5 * (0.3 / 0.45),
+                                            gamma=3.0))
+    assert next(spends, None) is None
+    path = tmp_path / "b.json"
+    save_step_dra(path, sched, table)
+    assert load_step_dra(path, model_id=model_hash(model), num_steps=STEPS) == (sched, table)
+    with pytest.raises(ValueError, match="needs the profile"):
+        calibrate_step_dra(model, sched, [2], [40], budget=0.3, **kw)
+    with pytest.raises(ValueError, match="neither a quantile nor a budget"):
+        StepThresholds({2: 0.1}, STEPS, "m", "s", None, 1.0)
+    with pytest.raises(ValueError, match="fallback rates"):
+        StepThresholds({2: 0.1}, STEPS, "m", "s", None, 1.0, budget=0.1, rates={2: 1.5})
 
 
 # ---------------------------------------------------------------- FBCache

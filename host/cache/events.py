@@ -151,6 +151,11 @@ class MonitorEvent:
         bytes_to_nmp: the input written to the ranks plus command words.
         programs: NME launches. nme_cycles: their cycles (slowest rank per launch, summed).
         cache_memory: as :class:`OpEvent` (``"device"``: computed in the xPU's memory).
+        probe: ``"l1"`` (the above) or ``"accel"``: step DRA's acceleration probe, the
+            relative second difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|`` of the
+            block-0 input, computed on the xPU in fp32 from the inputs it kept
+            (``cache_memory="device"``, no NME work, no link bytes; a second difference is
+            about 0.1 % of the input, below the 16-bit rounding of kept references).
     """
     generation: int
     step: int
@@ -166,6 +171,7 @@ class MonitorEvent:
     programs: int
     nme_cycles: int
     cache_memory: str = "nmp"
+    probe: str = "l1"
     kind: str = field(default="monitor", init=False)
 
 

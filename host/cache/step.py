@@ -247,6 +247,7 @@ class StepRun:
         layer, spec = call.layer, call.spec
         index = self.ops.index((layer, op))
         decisions: dict[int, Decision] = {}
+        history = index == 0 and hook.policy.input_history
         for row in rows:
             br, j = self.branch_of[row], self.sample_of[row]
             bstate = st.branches[br]
@@ -258,7 +259,11 @@ class StepRun:
                         kept_step=None if kept is None else kept[1],
                         segment_open=bool(self.pending[row]), model_ops=self.ops,
                         history=hook.config.history,
-                        _input_change=lambda row=row: self.input_change(row, layer, op, index))
+                        _input_change=lambda row=row: self.input_change(row, layer, op, index),
+                        _input_accel=(lambda row=row: self.input_accel(row, layer, op))
+                        if history else None)
+            if history:
+                self.record_input(row)
             d = hook.policy.decide(q)
             if d.reuse and slot is None:
                 raise ScheduleError(
@@ -359,6 +364,32 @@ class StepRun:
             value=value, bytes_to_nmp=s["bytes_written"] + s["cmd_bytes"] - before,
             programs=self.driver.stats["programs"] - programs,
             nme_cycles=self.driver.stats["nme_cycles"] - cycles))
+        return value
+
+    def record_input(self, row: int) -> None:
+        """Keep a row's block-0 input (video stream, fp32) of this step on the xPU, the last
+        three steps per sample and branch (:meth:`OpQuery.input_accel`)."""
+        br, j = self.branch_of[row], self.sample_of[row]
+        hist = self.hook.state.branches[br].inputs.setdefault(j, [])
+        hist.append((self.step, self.h[PRIMARY][row].detach().float().clone()))
+        del hist[:-3]
+
+    def input_accel(self, row: int, layer: int, op: str) -> float | None:
+        """The relative second difference of a row's block-0 input over this step and the
+        two before, on the xPU in fp32 (:meth:`OpQuery.input_accel`); None without both
+        earlier steps. Emits a MonitorEvent (``probe="accel"``)."""
+        br, j = self.branch_of[row], self.sample_of[row]
+        hist = self.hook.state.branches[br].inputs.get(j, [])
+        if [s for s, _ in hist] != [self.step - 2, self.step - 1, self.step]:
+            return None
+        (_, x2), (_, x1), (_, x0) = hist
+        norm = float(x1.abs().sum())
+        num = float((x0 - 2.0 * x1 + x2).abs().sum())
+        value = num / norm if norm > 0 else (0.0 if num == 0 else float("inf"))
+        self.hook.emit(MonitorEvent(
+            **{**self.event_fields(row), "cache_memory": "device"}, layer=layer, op=op,
+            index=0, reference_step=self.step - 1, value=value, bytes_to_nmp=0, programs=0,
+            nme_cycles=0, probe="accel"))
         return value
 
     # ---- segments (:mod:`coda.host.cache.segments`) ---------------------------------

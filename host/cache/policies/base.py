@@ -71,6 +71,8 @@ class OpQuery:
     model_ops: Any = field(default=None, repr=False, compare=False)
     history: int = 1
     _input_change: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+    _input_accel: Callable[[], float | None] | None = field(default=None, repr=False,
+                                                           compare=False)
 
     @property
     def ref(self) -> tuple[int, str]:
@@ -92,6 +94,19 @@ class OpQuery:
                              "(decide keep_input=True when it is computed)")
         return self._input_change()
 
+    def input_accel(self) -> float | None:
+        """The relative second difference of the first operator's input (the block-0 input)
+        over the last three steps, ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|``, in fp32 on
+        the xPU from the inputs it kept of the two steps before (the engine keeps them for a
+        policy whose ``input_history`` is true); None before step 2. Emits a MonitorEvent
+        (``probe="accel"``, no NME work, no host-link bytes). Raises ValueError for another
+        operator than the first, or when the policy did not ask for the history."""
+        if self._input_accel is None or self.index != 0:
+            raise ValueError(f"step {self.step}, ({self.layer}, {self.op!r}): the input "
+                             "acceleration is of the first operator's input, kept for a "
+                             "policy with input_history = True")
+        return self._input_accel()
+
 
 class CachePolicy:
     """Base class of cache policies (one file each in :mod:`coda.host.cache.policies`).
@@ -101,6 +116,9 @@ class CachePolicy:
     ``name`` labels reports.
     """
     name = "policy"
+    #: the engine keeps the block-0 input of the last three steps per sample and branch on the
+    #: xPU for :meth:`OpQuery.input_accel` (step DRA's acceleration probe)
+    input_history = False
 
     def reset(self) -> None:
         """Forget everything of the previous generation."""

@@ -1,23 +1,37 @@
 """Step-level dynamic runtime adjustment (DRA): a shadow monitor around a static schedule that
-recomputes a whole step when the video moved more than the calibration videos did.
+recomputes a whole step when a probe says the video needs it more than the calibration
+videos did.
 
 Mixing fresh and stale operators inside one step costs quality (the search's measurement,
 :mod:`coda.experiments.search`), so DRA decides per step, not per operator. Per sample and CFG
 branch, at a step where the static policy reuses the first operator (layer 0's first op; its
-input is the block-0 input), DRA measures the relative L1 change of that input,
-``Σ|x - x_ref| / Σ|x_ref|``, against the input kept at the last step that computed the first
-operator: the numerator on the NMEs (:meth:`OpQuery.input_change`, one
-:class:`coda.host.cache.events.MonitorEvent` with its bytes and NME cycles), the reference kept in
-rank memory (``Decision(keep_input=True)`` when the first operator is computed and its
-output stored). If the change exceeds the step's threshold, every operator of that step the
-static policy would have reused is computed instead (reason ``"fallback"``) and stored, so
-the steps after it read fresh caches; the first operator's input is kept again.
+input is the block-0 input), DRA reads one of two probes (:data:`PROBES`) of that input:
+
+- ``"l1"``: its relative L1 change ``Σ|x - x_ref| / Σ|x_ref|`` against the input kept at
+  the last step that computed the first operator: the numerator on the NMEs
+  (:meth:`OpQuery.input_change`, one :class:`coda.host.cache.events.MonitorEvent` with its
+  bytes and NME cycles), the reference kept in rank memory (``Decision(keep_input=True)``
+  when the first operator is computed and its output stored);
+- ``"accel"`` (the default of ``coda eval`` and ``coda run``): its relative second
+  difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|`` over the last three steps, on the
+  xPU in fp32 from the block-0 inputs the engine keeps there for this policy
+  (:meth:`OpQuery.input_accel`; no NME work, no link bytes). A second difference is about
+  0.1 % of the input, under the 16-bit rounding of a reference kept in rank memory, so it is
+  not an NME check.
+
+If the probe exceeds the step's threshold, every operator of that step the static policy
+would have reused is computed instead (reason ``"fallback"``) and stored, so the steps after
+it read fresh caches.
 
 Thresholds (:class:`StepThresholds`) come from calibration videos only:
 :func:`coda.experiments.dra_calibration.calibrate_step_dra` runs the static schedule with the probes
 (:class:`StepDRAPolicy` with ``thresholds=None`` measures, never falls back) and sets each
-reused step's threshold to a quantile of the probe values seen there, times a margin. The
-table names the model (hash), the schedule (digest), the step count and the calibration
+reused step's threshold to a quantile of the probe values seen there, times a margin:
+either one quantile for every step, or (budgeted, the default of ``coda eval`` and ``coda
+run``) a per-step quantile that spends a budget of extra executions where the profile's
+stand-in says computing a reused step is worth most, which is the first reused steps
+(:func:`coda.experiments.dra_calibration.fallback_rates`). The probe then decides which
+videos fall back at a step, the budget how many. The table names the model (hash), the schedule (digest), the step count and the calibration
 videos; a table for another model, schedule or step count is refused.
 
 Costs (read them from the events): a monitor per probed step and sample, the kept inputs
@@ -36,30 +50,41 @@ from coda.host.cache.schedule import Schedule
 from .base import CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy
 
-__all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE",
-           "DEFAULT_MARGIN"]
+__all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE", "DEFAULT_BUDGET",
+           "DEFAULT_GAMMA", "DEFAULT_MARGIN", "PROBES", "DEFAULT_PROBE"]
 
-#: quantile of the calibration probes taken as a step's threshold, chosen on the calibration
-#: videos only (the shipped profile's: digits 0-9 x seeds 100, 101), around the LeMiCa
-#: whole-step schedule for skip 0.5 of the shipped model (50 steps, CFG 5). Extra operator
-#: executions (of all 2,000 per video) and mean per-video PSNR against full compute, static
-#: 40.59 dB, on its 5 most fragile videos 37.57 dB:
-#:
-#: =========  =====  =========  ======================
-#: quantile   extra  PSNR (dB)  PSNR fragile 5 (extra)
-#: =========  =====  =========  ======================
-#: 0.5        12.8 %   42.69      41.15 (15.2 %)
-#: 0.75        6.4 %   41.66      39.28 (6.8 %)
-#: 0.9         2.5 %   41.04      38.68 (2.0 %)
-#: 0.95        1.7 %   40.75      37.64 (0.4 %)
-#: 1.0         0        40.59      37.57 (0)
-#: =========  =====  =========  ======================
-#:
-#: 0.9 is the smallest quantile within 5 % extra executions. Reported, not chosen on: the
-#: held-out seeds 0, 1 (20 videos) at 0.9: 1.2 % extra, mean PSNR 40.65 -> 40.85 dB, the
-#: static schedule's worst quarter 37.40 -> 37.55 dB.
+#: quantile of the calibration probes taken as every reused step's threshold when DRA is
+#: calibrated without a budget (``calibrate_step_dra(..., budget=None)``): 0.9, the smallest
+#: quantile within 5 % extra executions on the calibration videos around a LeMiCa
+#: whole-step schedule for skip 0.5 of the shipped model. It spreads the fallbacks evenly over
+#: the steps, where the probe mostly sees fast motion, and it left the held-out videos the
+#: static schedule loses most unchanged (``make eval``, 2026-12-05: +0.95 / 0.00 / 0.00 /
+#: +0.03 dB at skips 0.3 / 0.5 / 0.6 / 0.7).
 DEFAULT_QUANTILE = 0.9
+#: the default budget of a budgeted calibration (what ``coda eval`` and ``coda run`` use):
+#: extra operator executions, a fraction of a video's, that the fallback rates add up to on
+#: the calibration videos (:func:`coda.experiments.dra_calibration.fallback_rates`). 3 %, under
+#: the 5 % DRA may spend: videos other than the calibration ones cross the thresholds more
+#: often (a check of the acceleration probe at 4 % on the held-out videos of skip 0.6 spent
+#: 6 %).
+DEFAULT_BUDGET = 0.03
+#: the stand-in's step-weight exponent of a budgeted calibration: 3, the steep weighting
+#: of the search's second level (:func:`coda.experiments.step_plans.refined_plans`), which
+#: puts the fallbacks on the first reused steps, where the rollouts of the calibration videos
+#: show that the videos the schedule loses most are lost (computing steps 6 and 8 of the 0.7
+#: schedule: +2.6 dB on the worst quarter, +0.8 dB on the others).
+DEFAULT_GAMMA = 3.0
 DEFAULT_MARGIN = 1.0
+#: step DRA's probes of the block-0 input: ``"l1"``, its relative L1 change against the input
+#: kept at the last computed step (numerator on the NMEs); ``"accel"``, its relative second
+#: difference over the last three steps (on the xPU, fp32). On the shipped model the
+#: acceleration is the one that ranks videos by how much the static schedule will lose on
+#: them (Spearman -0.4 to -0.6 between a video's mean normalised acceleration and its PSNR,
+#: calibration and held-out videos, at every skip; the L1 change -0.1 to -0.3: it sees fast
+#: motion, which the schedules handle well).
+PROBES = ("l1", "accel")
+#: the probe of ``coda eval`` and ``coda run``
+DEFAULT_PROBE = "accel"
 
 
 @dataclass(frozen=True)
@@ -72,22 +97,37 @@ class StepThresholds:
             calibrated schedule reuses the first operator in some branch.
         num_steps: the run's step count. model_hash: :func:`coda.experiments.profile.model_hash`.
         schedule_hash: :meth:`Schedule.digest` of the calibrated schedule.
-        quantile, margin: threshold = margin x the quantile of the calibration probes.
+        quantile, margin: threshold = margin x the quantile of the calibration probes (the
+            same quantile at every step; None for a budgeted table).
         prompts, seeds: the calibration videos (every prompt with every seed).
         guidance_scale: the CFG scale of the calibration runs.
+        probe: what the thresholds bound (:data:`PROBES`): ``"l1"``, the relative L1 change
+            of the block-0 input on the NMEs, or ``"accel"``, its relative second
+            difference on the xPU (:meth:`OpQuery.input_accel`).
+        budget, gamma, rates: a budgeted table (:func:`coda.experiments.dra_calibration.
+            fallback_rates`): the extra executions (a fraction of a video's) the per-step
+            fallback ``rates`` (step -> fraction of the calibration probes above the
+            threshold, in [0, 1]) add up to, and the stand-in's weight exponent they were
+            spread by; each step's threshold is then margin x the (1 - rate) quantile
+            (0 where the rate is 1: that step always falls back). None/empty otherwise.
     Raises:
         ValueError: a threshold that is negative or not finite, a step outside
-            0..num_steps-1, a quantile outside [0, 1] or a margin <= 0.
+            0..num_steps-1, a quantile or rate outside [0, 1], a margin <= 0, neither a
+            quantile nor a budget in (0, 1].
     """
     thresholds: Mapping[int, float]
     num_steps: int
     model_hash: str
     schedule_hash: str
-    quantile: float
+    quantile: float | None
     margin: float
     prompts: tuple = ()
     seeds: tuple = ()
     guidance_scale: float = 0.0
+    budget: float | None = None
+    gamma: float | None = None
+    rates: Mapping[int, float] = field(default_factory=dict)
+    probe: str = "l1"
 
     def __post_init__(self):
         clean = {int(s): float(t) for s, t in self.thresholds.items()}
@@ -97,8 +137,20 @@ class StepThresholds:
                                  f"0..{self.num_steps - 1}")
             if not (math.isfinite(t) and t >= 0):
                 raise ValueError(f"DRA threshold {t} at step {s}: expected a finite value >= 0")
-        if not 0.0 <= self.quantile <= 1.0:
+        if self.probe not in PROBES:
+            raise ValueError(f"probe={self.probe!r}: expected one of {', '.join(PROBES)}")
+        if self.quantile is None and self.budget is None:
+            raise ValueError("DRA thresholds: neither a quantile nor a budget; expected one")
+        if self.quantile is not None and not 0.0 <= self.quantile <= 1.0:
             raise ValueError(f"quantile={self.quantile}: expected a fraction in [0, 1]")
+        if self.budget is not None and not 0.0 < self.budget <= 1.0:
+            raise ValueError(f"budget={self.budget}: expected a fraction in (0, 1]")
+        rates = {int(s): float(r) for s, r in self.rates.items()}
+        bad = {s: r for s, r in rates.items() if not 0.0 <= r <= 1.0 or s not in clean}
+        if bad:
+            raise ValueError(f"fallback rates {bad}: expected fractions in [0, 1] of steps "
+                             "with a threshold")
+        object.__setattr__(self, "rates", dict(sorted(rates.items())))
         if not (math.isfinite(self.margin) and self.margin > 0):
             raise ValueError(f"margin={self.margin}: expected a finite value > 0")
         object.__setattr__(self, "thresholds", dict(sorted(clean.items())))
@@ -126,17 +178,24 @@ class StepThresholds:
                 "num_steps": self.num_steps, "model_hash": self.model_hash,
                 "schedule_hash": self.schedule_hash, "quantile": self.quantile,
                 "margin": self.margin, "prompts": list(self.prompts),
-                "seeds": list(self.seeds), "guidance_scale": self.guidance_scale}
+                "seeds": list(self.seeds), "guidance_scale": self.guidance_scale,
+                "budget": self.budget, "gamma": self.gamma,
+                "rates": {str(s): r for s, r in self.rates.items()}, "probe": self.probe}
 
     @classmethod
     def from_dict(cls, data, what: str = "DRA thresholds") -> "StepThresholds":
         """Read :meth:`to_dict`'s form. Raises ValueError naming ``what`` if it is not one."""
         try:
+            opt = {k: None if data.get(k) is None else float(data[k])
+                   for k in ("quantile", "budget", "gamma")}
             return cls({int(k): float(v) for k, v in data["thresholds"].items()},
                        int(data["num_steps"]), str(data["model_hash"]),
-                       str(data["schedule_hash"]), float(data["quantile"]),
+                       str(data["schedule_hash"]), opt["quantile"],
                        float(data["margin"]), tuple(data.get("prompts", ())),
-                       tuple(data.get("seeds", ())), float(data.get("guidance_scale", 0.0)))
+                       tuple(data.get("seeds", ())), float(data.get("guidance_scale", 0.0)),
+                       opt["budget"], opt["gamma"],
+                       {int(k): float(v) for k, v in data.get("rates", {}).items()},
+                       str(data.get("probe", "l1")))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{what}: not a DRA threshold table ({type(exc).__name__}: "
                              f"{exc}); expected the block written by save_step_dra") from None
@@ -152,22 +211,37 @@ class StepDRAPolicy(CachePolicy):
         inner: the static policy (e.g. ``SchedulePolicy`` of a whole-step schedule).
         thresholds: a :class:`StepThresholds` (checked against the inner schedule when inner
             is a ``SchedulePolicy``), or None: probe only, never fall back (calibration).
+        probe: :data:`PROBES`; None: the table's (``"l1"`` without a table).
         fired: fallback steps (sample, branch) of the current generation.
     Raises:
         TypeError: an ``inner`` that is not a :class:`CachePolicy`.
-        ValueError: thresholds of another schedule than the inner one; at run time, a run of
-            another step count than the table's, or a probed step without a threshold.
+        ValueError: thresholds of another schedule than the inner one, or of another probe;
+            an unknown probe; at run time, a run of another step count than the table's,
+            or a probed step without a threshold.
     """
     inner: CachePolicy
     thresholds: StepThresholds | None = None
+    probe: str | None = None
     fired: int = 0
     _fallback: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.inner, CachePolicy):
             raise TypeError(f"inner policy {self.inner!r}: expected a CachePolicy")
+        table = None if self.thresholds is None else self.thresholds.probe
+        if self.probe is None:
+            self.probe = table or "l1"
+        if self.probe not in PROBES:
+            raise ValueError(f"probe={self.probe!r}: expected one of {', '.join(PROBES)}")
+        if table is not None and table != self.probe:
+            raise ValueError(f"DRA thresholds of the {table!r} probe for a policy probing "
+                             f"{self.probe!r}: expected the same probe")
         if self.thresholds is not None and isinstance(self.inner, SchedulePolicy):
             self.thresholds.check_for(schedule=self.inner.schedule)
+
+    @property
+    def input_history(self) -> bool:
+        return self.probe == "accel"
 
     @property
     def name(self) -> str:
@@ -196,17 +270,19 @@ class StepDRAPolicy(CachePolicy):
         key = (q.branch, q.sample)
         d = self.inner.decide(q)
         if q.index == 0:
-            if not d.reuse:     # the probe's reference: kept whenever the output is stored
-                return Decision(False, store=d.store, keep_input=d.store or d.keep_input,
-                                reason=d.reason)
-            if q.kept_step is None or q.segment_open:
+            l1 = self.probe == "l1"
+            if not d.reuse:     # the L1 probe's reference: kept whenever the output is stored
+                return Decision(False, store=d.store,
+                                keep_input=d.keep_input or (l1 and d.store), reason=d.reason)
+            if l1 and (q.kept_step is None or q.segment_open):
                 return d
-            change = q.input_change()
-            if self.thresholds is None or change <= self.threshold(q.step, q.num_steps):
+            change = q.input_change() if l1 else q.input_accel()
+            if change is None or self.thresholds is None or \
+                    change <= self.threshold(q.step, q.num_steps):
                 return d
             self._fallback[key] = q.step
             self.fired += 1
-            return Decision(False, store=True, keep_input=True, reason="fallback")
+            return Decision(False, store=True, keep_input=l1, reason="fallback")
         if d.reuse and self._fallback.get(key) == q.step:
             return Decision(False, store=True, reason="fallback")
         return d
@@ -214,7 +290,9 @@ class StepDRAPolicy(CachePolicy):
     def describe(self) -> dict:
         t = self.thresholds
         return {"name": self.name, "inner": self.inner.describe(),
+                "probe": self.probe,
                 "quantile": None if t is None else t.quantile,
+                "budget": None if t is None else t.budget,
                 "margin": None if t is None else t.margin,
                 "calibration": None if t is None else {"prompts": list(t.prompts),
                                                        "seeds": list(t.seeds)}}

@@ -1,0 +1,86 @@
+"""What computing a schedule's reused steps is worth, per video: the measurement behind step
+DRA's budget (:func:`coda.experiments.dra_calibration.fallback_rates`).
+
+For a schedule of the shipped model, its reused steps (those where it reuses the first
+operator) in groups of ``--group`` consecutive ones; for each group, the schedule with that
+group computed (both branches, every operator), rolled out on the videos (Ray tasks, the
+search's judge, :func:`coda.experiments.rollouts.judge`) and scored per video against full
+compute. Prints, per group, the mean PSNR gain on the quarter of the videos the schedule
+loses most and on the others. Usage (about 9 min for 16 groups of 20 videos on a 2-core
+machine)::
+
+    .venv/bin/python scripts/step_gains.py \\
+        --schedule host/cache/schedules/coda_latte_digits_50_skip0.7.json \\
+        --prompts 0-9 --seeds 100-101 --group 2 --out build/gains/coda-0.7.json
+
+Writes JSON (groups, the videos, per-video PSNR dB of the schedule and of each variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    import numpy as np
+    import torch
+
+    from coda.experiments.rollouts import full_videos, judge
+    from coda.host.cache.policies import MAX_SEED, parse_int_list
+    from coda.host.cache.schedule import BRANCHES, Schedule
+    from coda.host.cache.shipped import load_schedule
+    from coda.host.model.dit import load_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--schedule", required=True, help="schedule JSON of the shipped model")
+    ap.add_argument("--prompts", default="0-9", help="digits, e.g. 0-9")
+    ap.add_argument("--seeds", default="100-101", help="seeds, e.g. 100-101 (calibration)")
+    ap.add_argument("--group", type=int, default=2, help="reused steps per variant (>= 1)")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--workers", type=int, default=2, help="Ray workers")
+    ap.add_argument("--out", required=True, help="JSON to write")
+    args = ap.parse_args(argv)
+    if args.group < 1:
+        ap.error(f"--group {args.group}: expected >= 1")
+    torch.set_num_threads(2)
+    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
+    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
+    labels = [p for _ in seeds for p in prompts]
+    video_seeds = [s for s in seeds for _ in prompts]
+    model, _ = load_model()
+    sched = load_schedule(args.schedule, num_steps=args.steps)
+    first = sched.order()[0]
+    reused = [s for s in range(sched.num_steps)
+              if any(first in sched.reused(s, b) for b in BRANCHES)]
+    groups = [reused[i:i + args.group] for i in range(0, len(reused), args.group)]
+
+    def computing(steps) -> Schedule:
+        reuse = {(s, b): sched.reused(s, b) for s in range(sched.num_steps) for b in BRANCHES
+                 if s not in steps and sched.reused(s, b)}
+        return Schedule(sched.num_steps, sched.num_layers, reuse, f"compute {steps}", sched.ops)
+
+    full = full_videos(model, labels, video_seeds, num_steps=args.steps,
+                       guidance_scale=args.guidance, cache_dir="build/refs")
+    res = judge([sched] + [computing(set(g)) for g in groups], labels, video_seeds, full,
+                num_steps=args.steps, guidance_scale=args.guidance, workers=args.workers)
+    base = np.array(res[0]["per_video_psnr_db"])
+    worst = np.argsort(base)[:max(1, len(base) // 4)]
+    rest = np.setdiff1d(np.arange(len(base)), worst)
+    print(f"{'computed steps':>16} | gain, worst quarter (dB) | gain, the others (dB)")
+    for g, r in zip(groups, res[1:]):
+        d = np.array(r["per_video_psnr_db"]) - base
+        print(f"{str(g):>16} | {d[worst].mean():+24.2f} | {d[rest].mean():+21.2f}")
+    out = {"schedule": str(args.schedule), "groups": groups,
+           "videos": [{"prompt": p, "seed": s} for p, s in zip(labels, video_seeds)],
+           "psnr_db": {"schedule": base.tolist(),
+                       **{str(g): r["per_video_psnr_db"] for g, r in zip(groups, res[1:])}}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
