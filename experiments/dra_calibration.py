@@ -20,6 +20,7 @@ package does not import it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -133,7 +134,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
                        quantile: float = DEFAULT_QUANTILE,
                        margin: float = DEFAULT_MARGIN, budget: float | None = None,
                        profile=None, gamma: float = DEFAULT_GAMMA,
-                       probe: str = "l1") -> StepThresholds:
+                       probe: str = "l1", max_extra: float | None = None) -> StepThresholds:
     """Step DRA's thresholds for ``schedule`` from calibration videos (every label with every
     seed): per step at which the schedule reuses the first operator (in any branch),
     ``margin * numpy.quantile(probes at that step, quantile)`` (:func:`probe_values`); with
@@ -160,6 +161,9 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
             ``coda eval`` and ``coda run`` use :data:`~coda.host.cache.policies.dra.
             DEFAULT_PROBE`). A step the probe has no value at (the acceleration at step 1)
             has no threshold: DRA never falls back there.
+        max_extra: None, or the most extra executions any one video may spend, in (0, 1]:
+            the table's ``max_fallbacks`` is ``floor(max_extra * num_steps)`` per sample and
+            branch.
     Returns:
         the :class:`StepThresholds` (model hash, schedule digest, calibration videos; with
         a budget its rates).
@@ -174,6 +178,9 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
         raise ValueError(f"quantile={quantile}: expected a fraction in [0, 1]")
     if not margin > 0:
         raise ValueError(f"margin={margin}: expected > 0")
+    if max_extra is not None and not 0.0 < max_extra <= 1.0:
+        raise ValueError(f"max_extra={max_extra}: expected a fraction in (0, 1]")
+    cap = None if max_extra is None else int(math.floor(max_extra * num_steps + 1e-9))
     if budget is not None and profile is None:
         raise ValueError(f"budget={budget}: a budgeted calibration needs the profile of the "
                          "schedule's model (profile=...)")
@@ -194,7 +201,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
                               quantile if budget is None else None, margin,
                               tuple(int(x) for x in labels), tuple(int(s) for s in seeds),
                               float(guidance_scale), budget,
-                              None if budget is None else float(gamma), rates, probe)
+                              None if budget is None else float(gamma), rates, probe, cap)
 
     out = table(rates)
     if budget is None:

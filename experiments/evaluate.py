@@ -509,7 +509,8 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
     :func:`coda.host.cache.policies.get_policy`."""
     from coda.experiments.dra_calibration import calibrate_step_dra
     from coda.host.cache.policies import get_policy
-    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_PROBE
+    from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_MAX_EXTRA,
+                                              DEFAULT_PROBE)
 
     layers = len(model.transformer.transformer_blocks)
     policies_at = {}
@@ -529,7 +530,7 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                                        guidance_scale=cfg.guidance,
                                        driver_factory=driver_factory,
                                        budget=DEFAULT_BUDGET, profile=profile,
-                                       probe=DEFAULT_PROBE)
+                                       probe=DEFAULT_PROBE, max_extra=DEFAULT_MAX_EXTRA)
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,

@@ -635,7 +635,7 @@ def _dra_thresholds(args, model, sched, profile, path):
     from coda.host.nme.backend import TorchBackend
     from coda.experiments.dra_calibration import calibrate_step_dra, load_step_dra
     from coda.experiments.profile import model_hash
-    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_PROBE
+    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_MAX_EXTRA, DEFAULT_PROBE
 
     if "dra" in json.loads(Path(path).read_text()):
         return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
@@ -643,7 +643,8 @@ def _dra_thresholds(args, model, sched, profile, path):
         model, sched, profile.meta["prompts"], profile.meta["seeds"], num_steps=args.steps,
         guidance_scale=args.guidance,
         driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True),
-        budget=DEFAULT_BUDGET, profile=profile, probe=DEFAULT_PROBE)
+        budget=DEFAULT_BUDGET, profile=profile, probe=DEFAULT_PROBE,
+        max_extra=DEFAULT_MAX_EXTRA)
 
 
 def _profile(args, mhash: str, layers: int, who: str):

@@ -326,6 +326,32 @@ def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setu
     assert cal.thresholds == {s: float(np.quantile(values[s], 0.5)) for s in values}
 
 
+def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample_and_branch(setup):
+    """max_fallbacks: the first crossings fall back, the later ones reuse; the cap from
+    calibrate_step_dra(max_extra=x) is floor(x * steps) and bounds a video's extra
+    executions by x."""
+    model, _ = setup
+    sched = whole_steps({2, 4, 5})
+    always = {2: 0.0, 4: 0.0, 5: 0.0}          # every probe crosses its threshold
+    for cap, fell in ((None, {2, 4, 5}), (2, {2, 4}), (1, {2}), (0, set())):
+        table = StepThresholds(always, STEPS, model_hash(model), sched.digest(), 1.0, 1.0,
+                               max_fallbacks=cap)
+        _, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched), table), [2, 6],
+                            [40, 41])
+        steps = {(e.step, e.branch, e.sample) for e in log.of("op") if e.reason == "fallback"}
+        assert steps == {(s, b, i) for s in fell for b in BRANCHES for i in range(2)}
+        assert StepThresholds.from_dict(table.to_dict()) == table
+    kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
+    cal = calibrate_step_dra(model, sched, [2], [40], max_extra=0.3, **kw)
+    assert cal.max_fallbacks == 2                          # floor(0.3 * 8)
+    # per branch and video at most 2 steps of 10 operators of 2 * 8 * 10: <= 0.3 of them
+    assert 2 * 2 * 10 / (2 * STEPS * 10) <= 0.3
+    with pytest.raises(ValueError, match="max_extra=0.0: expected a fraction in"):
+        calibrate_step_dra(model, sched, [2], [40], max_extra=0.0, **kw)
+    with pytest.raises(ValueError, match="max_fallbacks=-1: expected an int >= 0"):
+        StepThresholds(always, STEPS, "m", "s", 1.0, 1.0, max_fallbacks=-1)
+
+
 def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_schedule(
         setup, tmp_path):
     model, _ = setup
