@@ -24,36 +24,20 @@ Writes JSON (videos, variants, per-video PSNR dB) and prints a table.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+import schedule_videos
+
 
 def main(argv=None) -> int:
-    import torch
 
     from coda.experiments.metrics import psnr_db
     from coda.experiments.rollouts import full_videos, rollout
-    from coda.host.cache.policies import MAX_SEED, parse_int_list
     from coda.host.cache.schedule import BRANCHES, Schedule
-    from coda.host.cache.shipped import load_schedule
-    from coda.host.model.dit import load_model
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--schedule", required=True, help="schedule JSON of the shipped model")
-    ap.add_argument("--prompts", default="0-9", help="digits, e.g. 0-9")
-    ap.add_argument("--seeds", default="0-1", help="seeds, e.g. 0-1")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--guidance", type=float, default=5.0)
-    ap.add_argument("--out", required=True, help="JSON to write")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(2)
-    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
-    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
-    labels = [p for _ in seeds for p in prompts]
-    video_seeds = [s for s in seeds for _ in prompts]
-    model, _ = load_model()
-    sched = load_schedule(args.schedule, num_steps=args.steps)
+    args = schedule_videos.parser(__doc__, "0-1").parse_args(argv)
+    model, sched, labels, video_seeds = schedule_videos.load(args)
     steps = range(1, sched.num_steps)
     const = frozenset.intersection(*(sched.reused(s, b) for s in steps for b in BRANCHES))
     reused = [s for s in steps if any(sched.reused(s, b) - const for b in BRANCHES)]

@@ -18,40 +18,25 @@ Writes JSON (groups, the videos, per-video PSNR dB of the schedule and of each v
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+import schedule_videos
 
 
 def main(argv=None) -> int:
     import numpy as np
-    import torch
 
     from coda.experiments.rollouts import full_videos, judge
-    from coda.host.cache.policies import MAX_SEED, parse_int_list
     from coda.host.cache.schedule import BRANCHES, Schedule
-    from coda.host.cache.shipped import load_schedule
-    from coda.host.model.dit import load_model
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--schedule", required=True, help="schedule JSON of the shipped model")
-    ap.add_argument("--prompts", default="0-9", help="digits, e.g. 0-9")
-    ap.add_argument("--seeds", default="100-101", help="seeds, e.g. 100-101 (calibration)")
+    ap = schedule_videos.parser(__doc__, "100-101")
     ap.add_argument("--group", type=int, default=2, help="reused steps per variant (>= 1)")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=2, help="Ray workers")
-    ap.add_argument("--out", required=True, help="JSON to write")
     args = ap.parse_args(argv)
     if args.group < 1:
         ap.error(f"--group {args.group}: expected >= 1")
-    torch.set_num_threads(2)
-    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
-    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
-    labels = [p for _ in seeds for p in prompts]
-    video_seeds = [s for s in seeds for _ in prompts]
-    model, _ = load_model()
-    sched = load_schedule(args.schedule, num_steps=args.steps)
+    model, sched, labels, video_seeds = schedule_videos.load(args)
     first = sched.order()[0]
     reused = [s for s in range(sched.num_steps)
               if any(first in sched.reused(s, b) for b in BRANCHES)]
@@ -72,7 +57,8 @@ def main(argv=None) -> int:
     print(f"{'computed steps':>16} | gain, worst quarter (dB) | gain, the others (dB)")
     for g, r in zip(groups, res[1:]):
         d = np.array(r["per_video_psnr_db"]) - base
-        print(f"{str(g):>16} | {d[worst].mean():+24.2f} | {d[rest].mean():+21.2f}")
+        others = f"{d[rest].mean():+21.2f}" if len(rest) else f"{'-':>21}"
+        print(f"{str(g):>16} | {d[worst].mean():+24.2f} | {others}")
     out = {"schedule": str(args.schedule), "groups": groups,
            "videos": [{"prompt": p, "seed": s} for p, s in zip(labels, video_seeds)],
            "psnr_db": {"schedule": base.tolist(),
