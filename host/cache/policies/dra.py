@@ -61,7 +61,7 @@ __all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE", "DEFAULT_BUDGE
 #: quantile within 5 % extra executions on the calibration videos around a LeMiCa
 #: whole-step schedule for skip 0.5 of the shipped model. It spreads the fallbacks evenly over
 #: the steps, where the probe mostly sees fast motion, and it left the held-out videos the
-#: static schedule loses most unchanged (``make eval``, 2026-12-05: +0.95 / 0.00 / 0.00 /
+#: static schedule loses most unchanged (``make eval``, 2026-12-06: +0.95 / 0.00 / 0.00 /
 #: +0.03 dB at skips 0.3 / 0.5 / 0.6 / 0.7).
 DEFAULT_QUANTILE = 0.9
 #: the default budget of a budgeted calibration (what ``coda eval`` and ``coda run`` use):
