@@ -6,7 +6,7 @@ operator) in groups of ``--group`` consecutive ones; for each group, the schedul
 group computed (both branches, every operator), rolled out on the videos (Ray tasks, the
 search's judge, :func:`coda.experiments.rollouts.judge`) and scored per video against full
 compute. Prints, per group, the mean PSNR gain on the quarter of the videos the schedule
-loses most and on the others. Usage (about 9 min for 16 groups of 20 videos on a 2-core
+loses most and on the others. Usage (6 min 46 s for 16 groups of 20 videos on a 2-core
 machine)::
 
     .venv/bin/python scripts/step_gains.py \\
