@@ -27,13 +27,14 @@ from typing import Callable
 import numpy as np
 
 from coda.host.cache.events import EventLog
-from coda.host.cache.policies.dra import (DEFAULT_GAMMA, DEFAULT_MARGIN, DEFAULT_QUANTILE,
+from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_GAMMA, DEFAULT_MARGIN,
+                                          DEFAULT_MAX_EXTRA, DEFAULT_PROBE, DEFAULT_QUANTILE,
                                           StepDRAPolicy, StepThresholds)
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
 
-__all__ = ["calibrate_step_dra", "fallback_rates", "fallback_extra", "probe_values",
-           "save_step_dra", "load_step_dra"]
+__all__ = ["calibrate_step_dra", "calibrate_default_dra", "fallback_rates", "fallback_extra",
+           "probe_values", "probed_steps", "save_step_dra", "load_step_dra"]
 
 
 def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
@@ -65,6 +66,14 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
             if (m.layer, m.op) == first:
                 values.setdefault(m.step, []).append(float(m.value))
     return values
+
+
+def probed_steps(schedule: Schedule) -> list[int]:
+    """The steps at which ``schedule`` reuses its first operator in some branch: where step
+    DRA probes, in order."""
+    first = schedule.order()[0]
+    return [s for s in range(schedule.num_steps)
+            if any(first in schedule.reused(s, b) for b in BRANCHES)]
 
 
 #: the most times :func:`calibrate_step_dra` spreads a budget's rates again (each a run of
@@ -99,8 +108,7 @@ def fallback_rates(schedule: Schedule, profile, budget: float,
         raise ValueError(f"profile of {profile.num_steps} steps, schedule {schedule.name!r} "
                          f"of {schedule.num_steps}: expected the same step count")
     n = schedule.num_steps
-    first = schedule.order()[0]
-    probed = sorted({s for s in range(n) for b in BRANCHES if first in schedule.reused(s, b)})
+    probed = probed_steps(schedule)
     if not probed:
         raise ValueError(f"schedule {schedule.name!r} reuses its first operator at no step: "
                          "nothing for DRA to fall back from")
@@ -188,9 +196,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
     runs = dict(num_steps=num_steps, guidance_scale=guidance_scale,
                 driver_factory=driver_factory)
     values = probe_values(model, schedule, labels, seeds, probe=probe, **runs)
-    first = schedule.order()[0]
-    probed = [s for s in range(num_steps) if s in values and
-              any(first in schedule.reused(s, b) for b in BRANCHES)]   # accel: not at step 1
+    probed = [s for s in probed_steps(schedule) if s in values]   # accel: not at step 1
 
     def table(rates: dict) -> StepThresholds:
         rates = {s: r for s, r in rates.items() if s in probed}
@@ -217,6 +223,21 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
         spread *= budget / spent
         out = table(fallback_rates(schedule, profile, spread, gamma))
     return out
+
+
+def calibrate_default_dra(model, schedule: Schedule, profile, *, num_steps: int,
+                          guidance_scale: float, driver_factory: Callable) -> StepThresholds:
+    """The thresholds ``coda eval`` and ``coda run`` use: :func:`calibrate_step_dra` on the
+    profile's calibration videos (its prompts and seeds) with the acceleration probe
+    (:data:`~coda.host.cache.policies.dra.DEFAULT_PROBE`), the default budget spread by
+    the profile (:data:`~coda.host.cache.policies.dra.DEFAULT_BUDGET`) and every video's
+    extra executions bounded (:data:`~coda.host.cache.policies.dra.DEFAULT_MAX_EXTRA`).
+    Raises what :func:`calibrate_step_dra` raises."""
+    return calibrate_step_dra(model, schedule, profile.meta["prompts"], profile.meta["seeds"],
+                              num_steps=num_steps, guidance_scale=guidance_scale,
+                              driver_factory=driver_factory, budget=DEFAULT_BUDGET,
+                              profile=profile, probe=DEFAULT_PROBE,
+                              max_extra=DEFAULT_MAX_EXTRA)
 
 
 def fallback_extra(model, schedule: Schedule, thresholds: StepThresholds, labels, seeds, *,

@@ -504,13 +504,10 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                 console, modes=("reuse",)) -> dict:
     """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
     coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
-    with the default budget (:func:`coda.experiments.dra_calibration.calibrate_step_dra`,
-    :data:`coda.host.cache.policies.dra.DEFAULT_BUDGET`), the others by
+    (:func:`coda.experiments.dra_calibration.calibrate_default_dra`), the others by
     :func:`coda.host.cache.policies.get_policy`."""
-    from coda.experiments.dra_calibration import calibrate_step_dra
+    from coda.experiments.dra_calibration import calibrate_default_dra
     from coda.host.cache.policies import get_policy
-    from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_MAX_EXTRA,
-                                              DEFAULT_PROBE)
 
     layers = len(model.transformer.transformer_blocks)
     policies_at = {}
@@ -525,12 +522,9 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                 console.print(f"{name} schedule for skip {skip}: {source}")
         sched = scheds.get("coda")
         if "coda+dra" in policies:
-            table = calibrate_step_dra(model, sched, profile.meta["prompts"],
-                                       profile.meta["seeds"], num_steps=cfg.steps,
-                                       guidance_scale=cfg.guidance,
-                                       driver_factory=driver_factory,
-                                       budget=DEFAULT_BUDGET, profile=profile,
-                                       probe=DEFAULT_PROBE, max_extra=DEFAULT_MAX_EXTRA)
+            table = calibrate_default_dra(model, sched, profile, num_steps=cfg.steps,
+                                          guidance_scale=cfg.guidance,
+                                          driver_factory=driver_factory)
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,

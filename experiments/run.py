@@ -628,23 +628,18 @@ def _policy(args, model):
 def _dra_thresholds(args, model, sched, profile, path):
     """coda+dra's thresholds: the schedule file's ``"dra"`` block if it has one (checked
     against the model, steps and schedule), else calibrated now on the profile's videos
-    with the default budget (:func:`coda.experiments.dra_calibration.calibrate_step_dra`,
-    torch backend)."""
+    (:func:`coda.experiments.dra_calibration.calibrate_default_dra`, torch backend)."""
     from pathlib import Path
 
     from coda.host.nme.backend import TorchBackend
-    from coda.experiments.dra_calibration import calibrate_step_dra, load_step_dra
+    from coda.experiments.dra_calibration import calibrate_default_dra, load_step_dra
     from coda.experiments.profile import model_hash
-    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_MAX_EXTRA, DEFAULT_PROBE
 
     if "dra" in json.loads(Path(path).read_text()):
         return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
-    return calibrate_step_dra(
-        model, sched, profile.meta["prompts"], profile.meta["seeds"], num_steps=args.steps,
-        guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True),
-        budget=DEFAULT_BUDGET, profile=profile, probe=DEFAULT_PROBE,
-        max_extra=DEFAULT_MAX_EXTRA)
+    return calibrate_default_dra(
+        model, sched, profile, num_steps=args.steps, guidance_scale=args.guidance,
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True))
 
 
 def _profile(args, mhash: str, layers: int, who: str):

@@ -346,6 +346,13 @@ def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample_and_branch(s
     assert cal.max_fallbacks == 2                          # floor(0.3 * 8)
     # per branch and video at most 2 steps of 10 operators of 2 * 8 * 10: <= 0.3 of them
     assert 2 * 2 * 10 / (2 * STEPS * 10) <= 0.3
+    # what coda eval / coda run calibrate: the profile's videos with the module's defaults
+    from coda.experiments.dra_calibration import calibrate_default_dra
+    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_MAX_EXTRA, DEFAULT_PROBE
+    _, prof = setup
+    assert calibrate_default_dra(model, sched, prof, **kw) == calibrate_step_dra(
+        model, sched, prof.meta["prompts"], prof.meta["seeds"], budget=DEFAULT_BUDGET,
+        profile=prof, probe=DEFAULT_PROBE, max_extra=DEFAULT_MAX_EXTRA, **kw)
     with pytest.raises(ValueError, match="max_extra=0.0: expected a fraction in"):
         calibrate_step_dra(model, sched, [2], [40], max_extra=0.0, **kw)
     with pytest.raises(ValueError, match="max_fallbacks=-1: expected an int >= 0"):

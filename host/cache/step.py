@@ -358,7 +358,7 @@ class StepRun:
         before, cycles, programs = (s["bytes_written"] + s["cmd_bytes"], s["nme_cycles"],
                                     s["programs"])
         l1 = self.driver.l1_to_slot(x16, key)
-        value = l1 / norm if norm > 0 else (0.0 if l1 == 0 else float("inf"))
+        value = _relative(l1, norm)
         self.hook.emit(MonitorEvent(
             **self.event_fields(row), layer=layer, op=op, index=index, reference_step=ref_step,
             value=value, bytes_to_nmp=s["bytes_written"] + s["cmd_bytes"] - before,
@@ -385,7 +385,7 @@ class StepRun:
         (_, x2), (_, x1), (_, x0) = hist
         norm = float(x1.abs().sum())
         num = float((x0 - 2.0 * x1 + x2).abs().sum())
-        value = num / norm if norm > 0 else (0.0 if num == 0 else float("inf"))
+        value = _relative(num, norm)
         self.hook.emit(MonitorEvent(
             **{**self.event_fields(row), "cache_memory": "device"}, layer=layer, op=op,
             index=0, reference_step=self.step - 1, value=value, bytes_to_nmp=0, programs=0,
@@ -406,3 +406,8 @@ class StepRun:
         """Run a row's pending segment now (no other work overlaps it)."""
         if self.pending[row]:
             segments.finish(self, segments.launch(self, row))
+
+
+def _relative(num: float, norm: float) -> float:
+    """``num / norm`` of a monitor's relative change; 0 for 0 / 0, inf for x / 0 (x > 0)."""
+    return num / norm if norm > 0 else (0.0 if num == 0 else float("inf"))
