@@ -101,11 +101,11 @@ def _flags(f: dataclasses.Field, meta: dict) -> tuple[str, ...]:
 
 def _help(f: dataclasses.Field, meta: dict, exclusive: Sequence[str] = ()) -> str:
     if meta["required"]:
-        unit = f", {meta['unit']}" if meta["unit"] else ""
+        unit = f"in {meta['unit']}" if meta["unit"] else ""
         if meta["positional"]:
-            return (f"{meta['help']}{f' ({unit[2:]})' if unit else ''}").replace("%", "%%")
+            return (f"{meta['help']}{f' ({unit})' if unit else ''}").replace("%", "%%")
         need = f"required: one of {', '.join(exclusive)}" if meta["exclusive"] else "required"
-        return (f"{meta['help']} ({need}{unit})").replace("%", "%%")
+        return (f"{meta['help']} ({need}{'; ' + unit if unit else ''})").replace("%", "%%")
     shown = meta["default_text"] or (
         "off" if f.default is False else "none" if f.default in (None, "", ()) else
         " ".join(map(str, f.default)) if isinstance(f.default, tuple) and meta["nargs"]

@@ -169,7 +169,8 @@ def run_check(cfg: GpuCheckConfig, command: str = "") -> dict:
     ``OUT/gpu_table.json``. Raises ValueError for bad input (a device this torch cannot
     use, a model or size coda calibrate refuses, counts below 1)."""
     from coda.host.cache.policies import UniformIntervalPolicy
-    from coda.host.system.calibrate import calibrate, check_device, measure
+    from coda.host.system.calibrate import calibrate, measure
+    from coda.host.cache.device import resolve_device
     from coda.host.system.presets import get_spec, video_size
     from coda.host.system.trace import with_layers
 
@@ -184,7 +185,7 @@ def run_check(cfg: GpuCheckConfig, command: str = "") -> dict:
         raise ValueError(f"--interval {cfg.interval}: expected >= 2 (every k-th step computed)")
     if cfg.platform not in GPUS:
         raise ValueError(f"--platform {cfg.platform!r}: expected one of {', '.join(GPUS)}")
-    dev = check_device(cfg.device)
+    dev = resolve_device(cfg.device, "--device")
     spec = with_layers(get_spec(cfg.model), cfg.layers)   # a bad model fails here, before work
     video_size(cfg.model, cfg.resolution, None, cfg.frames)
     out = check_output_path(cfg.out, "--out", folder=True)

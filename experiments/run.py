@@ -502,7 +502,9 @@ def _print_summary(console, report: dict, path: Path) -> None:
         value = report[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     if report["rtl"] is not None:
-        table.add_row("prompts through the RTL", ",".join(map(str, report["rtl"]["prompts"])))
+        rtl = report["rtl"]["prompts"]
+        table.add_row("prompts through the RTL",
+                      f"{len(rtl)} of {len(report['prompts'])}: digits {','.join(map(str, rtl))}")
     table.add_row("grid GIF", report["grid_gif"])
     modelled = report["modelled"]
     if not modelled["available"]:

@@ -159,7 +159,8 @@ def test_cli_writes_a_table_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     capsys.readouterr()
     cases = [(["--model", "sora"], "expected one of " + ", ".join(calibratable())),
              (["--model", "opensora-1.2"], "no diffusers class"),
-             (["--model", "wan2.1-1.3b", "--device", "cuda"], "sees no CUDA device")]
+             (["--model", "wan2.1-1.3b", "--seed", "-1"], "--seed -1: expected >= 0"),
+             (["--model", "wan2.1-1.3b", "--device", "cuda"], "--device cuda: CUDA is not available")]
     for extra, message in cases:
         if "cuda" in extra and torch.cuda.is_available():
             continue
@@ -170,6 +171,19 @@ def test_cli_writes_a_table_and_refuses_bad_input_in_one_line(tmp_path, capsys):
 
 
 TINY_ARGS = ["--resolution", "32x32", "--frames", "5"]
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_status_130(monkeypatch, capsys):
+    """coda's exit status 130 (coda.cli): an interrupt is not a bug, so no traceback."""
+    import coda.host.system.calibrate as calibrate_module
+    from coda.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibrate_module, "main", interrupted)
+    assert main(["calibrate", "--model", "latte-digits", *TINY_ARGS]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["coda: interrupted"]
 
 
 # ------------------------------------------------------------------------------ presets

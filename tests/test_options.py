@@ -152,7 +152,8 @@ class _Lists:
     param: tuple = option((), "NAME=V", type=str, action="append")
     output: str = option(None, "where", type=str, required=True, flag=("-o", "--output"))
     trace: str = option(None, "a trace", type=str, exclusive="source", required=True)
-    reads: int = option(None, "random reads", type=int, exclusive="source", required=True)
+    reads: int = option(None, "random reads", type=int, exclusive="source", required=True,
+                        unit="reads")
 
 
 def test_positional_nargs_append_flags_and_exclusive_sets(capsys):
@@ -168,6 +169,7 @@ def test_positional_nargs_append_flags_and_exclusive_sets(capsys):
     text = " ".join(parser.format_help().split())
     assert "lanes (default 1 2 4)" in text and "NAME=V (default none)" in text
     assert "a trace (required: one of --trace, --reads)" in text
+    assert "random reads (required: one of --trace, --reads; in reads)" in text
     assert "input files" in text and "-o OUTPUT, --output OUTPUT" in text
     for argv, message in ((["-o", "x", "--trace", "t"], "required: files"),
                           (["a", "-o", "x"], "one of the arguments --trace --reads is required"),

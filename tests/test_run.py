@@ -482,7 +482,8 @@ def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path, monkeypatch):
 
 
 def test_coda_run_checks_the_first_prompts_on_the_rtl_and_shows_all_in_a_grid(tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch,
+                                                                              capsys):
     """--rtl-videos 1 of 3 prompts: the first prompt runs through the RTL; all three are
     generated cached on torch, once, for the report and the grid, and the RTL video is
     checked against row 0 of that run (a video does not depend on its batch)."""
@@ -500,6 +501,7 @@ def test_coda_run_checks_the_first_prompts_on_the_rtl_and_shows_all_in_a_grid(tm
     same = lambda a, b: torch.equal(a.view(torch.int32), b.view(torch.int32))  # noqa: E731
     assert report["bit_exact_rtl_vs_torch"] is same(rtl, cached[:1]) is True
     assert report["rtl"]["prompts"] == [2]
+    assert "1 of 3: digits 2" in capsys.readouterr().out      # the summary table's row
     assert report["rtl"]["nme_cycles"] == sum(g.nme_cycles for g in rtl_events.of("segment")) > 0
     # the cosimulation's CFG interleaving, and its own replay checked against its cycles
     assert report["interleave"]["async_launches"] == got["drivers"][0].stats["programs"] > 0

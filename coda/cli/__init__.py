@@ -5,7 +5,9 @@ Each sub-command lives in the module that owns it; that module provides
 Modules are imported only when their command runs, so ``coda --help`` stays fast.
 
 Exit status: 0 done; 2 bad input or an unusable path (one line ``coda: error: ...``); 1 a
-tool the command runs failed (Verilator, a simulator: one line plus the end of its output).
+tool the command runs failed (Verilator, a simulator: one line plus the end of its output);
+130 interrupted (Ctrl-C: one line ``coda: interrupted``, no traceback; what a command had
+finished writing stays, e.g. ``coda sweep``'s finished points).
 Anything else is a bug of ours and keeps its traceback.
 """
 
@@ -95,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         # bad input or an unusable path (missing, a directory, read-only, empty file)
         print(f"coda: error: {_describe(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("coda: interrupted", file=sys.stderr)
+        return 130
     except (subprocess.CalledProcessError, RuntimeError) as exc:
         if not _is_tool_failure(exc):
             raise                    # a bug: keep the traceback

@@ -35,15 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.host.cache.device import DEVICES, resolve_device
 from coda.options import add_options, from_args, option
 
 from .gputable import TABLE_KIND, TABLE_VERSION, GpuTimes, fit_copy
 from .presets import MODELS, get_spec, video_size
 
-__all__ = ["CalibrateConfig", "DEVICES", "calibratable", "check_device", "cpu_model", "measure",
+__all__ = ["CalibrateConfig", "calibratable", "cpu_model", "measure",
            "calibrate", "configure", "main"]
 
-DEVICES = ("cpu", "cuda")
 #: segment lengths timed on the device (1 is the gated residual)
 SEGMENT_TERMS = (2, 4, 8)
 
@@ -75,20 +75,6 @@ class CalibrateConfig:
 
 def configure(parser) -> None:
     add_options(parser, CalibrateConfig)
-
-
-def check_device(device: str):
-    """``device`` as a torch.device, if this torch can run on it. Raises ValueError naming
-    the value: not one of :data:`DEVICES`, or cuda where torch sees no CUDA device."""
-    import torch
-
-    if device not in DEVICES:
-        raise ValueError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
-    if device == "cuda" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(f"--device cuda: torch {torch.__version__} ({build}) sees no CUDA "
-                         "device; use --device cpu")
-    return torch.device(device)
 
 
 def measure(fn, device, warmup: int, repeat: int) -> float:
@@ -269,8 +255,8 @@ def calibrate(model: str, *, resolution, seconds=None, frames=None, device: str 
     on ``device``, checked by :class:`~coda.host.system.gputable.GpuTimes`.
 
     Raises ValueError naming the bad value: an unknown model (the message lists the known
-    ones), a size the model cannot take, a device this torch cannot use, ``warmup < 0`` or
-    ``repeat < 1``.
+    ones), a size the model cannot take, a device this torch cannot use, ``warmup < 0``,
+    ``repeat < 1`` or ``seed < 0``.
     """
     import torch
 
@@ -280,7 +266,10 @@ def calibrate(model: str, *, resolution, seconds=None, frames=None, device: str 
                             if model == "opensora-1.2" else ""))
     if warmup < 0 or repeat < 1:
         raise ValueError(f"--warmup {warmup} / --repeat {repeat}: expected >= 0 / >= 1")
-    dev = check_device(device)
+    if seed < 0:
+        raise ValueError(f"--seed {seed}: expected >= 0 (torch would wrap a negative seed to "
+                         "2**64 + seed)")
+    dev = resolve_device(device, "--device")
     spec = get_spec(model)
     if seconds is not None and frames is not None:
         raise ValueError("--seconds and --frames: give one of them")
