@@ -41,8 +41,8 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
                  guidance_scale: float, driver_factory: Callable,
                  probe: str = "l1") -> dict[int, list[float]]:
     """The probes of the static ``schedule`` run on every (label, seed) video: step -> the
-    ``probe`` values of the block-0 input (one per video and branch that reuses the first
-    operator there; ``"l1"``: its relative L1 change, on the NMEs; ``"accel"``: its relative
+    ``probe`` values of the block-0 input (one per video that reuses the first operator
+    there, read in the first CFG branch that asks, as DRA decides; ``"l1"``: its relative L1 change, on the NMEs; ``"accel"``: its relative
     second difference, on the xPU, from step 2). One generation per seed, all labels
     batched, with a fresh ``driver_factory(len(labels))``. Raises ValueError if
     ``num_steps`` is not the schedule's, no video is given or the probe is unknown."""
@@ -84,7 +84,7 @@ MAX_SPREADS = 4
 def fallback_rates(schedule: Schedule, profile, budget: float,
                    gamma: float = DEFAULT_GAMMA) -> dict[int, float]:
     """Per probed step of ``schedule`` (one where it reuses the first operator), the fraction
-    of videos and branches DRA should send back to computing, so that the extra executions
+    of videos DRA should send back to computing (both CFG branches), so that the extra executions
     add up to ``budget`` (a fraction of a video's executions) on videos like the profile's.
 
     A fallback at step ``s`` computes what the schedule reuses there (``cost_s``: those

@@ -205,6 +205,18 @@ def e_ref_only(log, key):
 
 
 # ---------------------------------------------------------------- step-level DRA
+#: the order the shipped model's CFG branches ask the policy in (one batched call on
+#: [uncond; cond] rows, coda.host.model.sample): step DRA probes in the first that reuses
+ASK_ORDER = ("uncond", "cond")
+
+
+def probing_branch(sched, step: int):
+    """The branch whose probe decides ``step`` for both (None: no branch reuses the first
+    operator there)."""
+    first = operator_order(2)[0]
+    return next((b for b in ASK_ORDER if first in sched.reused(step, b)), None)
+
+
 def test_step_dra_probing_only_changes_nothing_but_costs_monitors(setup):
     model, prof = setup
     sched = anneal(prof, 0.4, seed=0, moves=3000).schedule
@@ -213,8 +225,8 @@ def test_step_dra_probing_only_changes_nothing_but_costs_monitors(setup):
     assert torch.equal(got, ref)
     assert stats["fallbacks"] == 0 and stats["ops_reused"] == ref_stats["ops_reused"]
     first = operator_order(2)[0]
-    probed = {(s, b, i) for s in range(STEPS) for b in BRANCHES for i in range(2)
-              if first in sched.reused(s, b)}
+    probed = {(s, probing_branch(sched, s), i) for s in range(STEPS) for i in range(2)
+              if probing_branch(sched, s) is not None}
     mons = log.of("monitor")
     assert probed and {(m.step, m.branch, m.sample) for m in mons} == probed
     assert len(mons) == len(probed) == stats["monitors"]
@@ -250,7 +262,7 @@ def test_step_dra_fallback_computes_and_stores_the_whole_step(setup):
     assert ref_stats["ops_reused"] == stats["ops_reused"]
 
 
-def test_step_dra_decides_per_sample_and_branch(setup):
+def test_step_dra_decides_per_sample_for_both_branches(setup):
     model, _ = setup
     sched = whole_steps({2, 4, 5})
     labels, seeds = [2, 6, 9], [40, 41, 42]
@@ -258,14 +270,15 @@ def test_step_dra_decides_per_sample_and_branch(setup):
     for i, (label, seed) in enumerate(zip(labels, seeds)):
         _, _, log = run(model, StepDRAPolicy(SchedulePolicy(sched)), [label], [seed])
         values[i] = {(m.step, m.branch): m.value for m in log.of("monitor")}
+        assert set(values[i]) == {(s, "uncond") for s in (2, 4, 5)}   # one probe per step
     # step 4's threshold between the videos' probes: some fall back, some do not
-    at4 = sorted(v[(4, "cond")] for v in values.values())
+    at4 = sorted(v[(4, "uncond")] for v in values.values())
     assert at4[0] < at4[-1]
     thr = 0.5 * (at4[0] + at4[1])
     dra = StepDRAPolicy(SchedulePolicy(sched), table_for(model, sched, {2: 1e9, 4: thr, 5: 1e9}))
     three, _, log3 = run(model, dra, labels, seeds)
     fired = {(e.branch, e.sample) for e in log3.of("op") if e.reason == "fallback"}
-    assert fired == {(b, i) for i in range(3) for b in BRANCHES if values[i][(4, b)] > thr}
+    assert fired == {(b, i) for i in range(3) for b in BRANCHES if values[i][(4, "uncond")] > thr}
     for i, (label, seed) in enumerate(zip(labels, seeds)):
         one, _, _ = run(model, dra, [label], [seed])
         assert torch.equal(one, three[i:i + 1])
@@ -283,7 +296,7 @@ def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setu
     assert torch.equal(got, ref) and stats["fallbacks"] == 0
     mons = log.of("monitor")
     assert {(m.step, m.branch, m.sample) for m in mons} == {
-        (s, b, i) for s in (2, 4, 5) for b in BRANCHES for i in range(2)}
+        (s, "uncond", i) for s in (2, 4, 5) for i in range(2)}
     assert all(m.probe == "accel" and m.cache_memory == "device" and m.nme_cycles == 0
                and m.bytes_to_nmp == 0 and m.reference_step == m.step - 1 for m in mons)
     assert stats["pcie_bytes"] == ref_stats["pcie_bytes"]     # nothing kept on the ranks
@@ -326,7 +339,7 @@ def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setu
     assert cal.thresholds == {s: float(np.quantile(values[s], 0.5)) for s in values}
 
 
-def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample_and_branch(setup):
+def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample(setup):
     """max_fallbacks: the first crossings fall back, the later ones reuse; the cap from
     calibrate_step_dra(max_extra=x) is floor(x * steps) and bounds a video's extra
     executions by x."""
@@ -344,7 +357,7 @@ def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample_and_branch(s
     kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
     cal = calibrate_step_dra(model, sched, [2], [40], max_extra=0.3, **kw)
     assert cal.max_fallbacks == 2                          # floor(0.3 * 8)
-    # per branch and video at most 2 steps of 10 operators of 2 * 8 * 10: <= 0.3 of them
+    # per video at most 2 steps, both branches, of 10 operators of 2 * 8 * 10: <= 0.3 of them
     assert 2 * 2 * 10 / (2 * STEPS * 10) <= 0.3
     # what coda eval / coda run calibrate: the profile's videos with the module's defaults
     from coda.experiments.dra_calibration import calibrate_default_dra
@@ -365,7 +378,7 @@ def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_sched
     sched = whole_steps({2, 4, 5})
     kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
     values = probe_values(model, sched, [2, 6], [40, 41], **kw)
-    assert sorted(values) == [2, 4, 5] and all(len(v) == 2 * 2 * 2 for v in values.values())
+    assert sorted(values) == [2, 4, 5] and all(len(v) == 2 * 2 for v in values.values())
     table = calibrate_step_dra(model, sched, [2, 6], [40, 41], quantile=0.75, margin=1.5, **kw)
     assert table.thresholds == {s: 1.5 * float(np.quantile(values[s], 0.75)) for s in values}
     assert (table.prompts, table.seeds, table.model_hash) == ((2, 6), (40, 41),
@@ -397,6 +410,7 @@ def test_budgeted_step_dra_spreads_the_budget_over_the_steps_by_the_stand_in(
     """fallback_rates: rates proportional to what computing each probed step is worth to the
     stand-in (step_values), capped at 1, adding up to the budget in extra executions; the
     budgeted calibration's thresholds are the (1 - rate) quantiles of the probes."""
+    import coda.experiments.dra_calibration as dc
     from coda.experiments.dra_calibration import fallback_extra, fallback_rates
     from coda.experiments.step_plans import StepPlan, step_change, step_values
     from coda.host.cache.weights import step_weights
@@ -442,17 +456,21 @@ def test_budgeted_step_dra_spreads_the_budget_over_the_steps_by_the_stand_in(
         fell = sum(run(model, StepDRAPolicy(SchedulePolicy(sched), first), [2, 6],
                        [seed, seed])[1]["fallbacks"] for seed in (40, 41))
         assert spent == fell / (4 * STEPS * 2 * 10)      # 4 videos, 2 branches, 10 ops
-        # what the first table spends on the calibration videos decides: kept if within the
-        # budget, else the rates spread once more by budget^2 / spent
-        want = first if spent <= budget else expected(
-            fallback_rates(sched, prof, budget * budget / spent, gamma=3.0))
+        # what the table spends on the calibration videos decides: kept if within the
+        # budget, else the rates spread again by the last spread times budget / spent
+        want, spread = first, budget
+        for _ in range(dc.MAX_SPREADS):
+            if spent <= budget:
+                break
+            spread *= budget / spent
+            want = expected(fallback_rates(sched, prof, spread, gamma=3.0))
+            spent = fallback_extra(model, sched, want, [2, 6], [40, 41], **kw)
         table = calibrate_step_dra(model, sched, [2, 6], [40, 41], budget=budget,
                                    profile=prof, gamma=3.0, **kw)
         assert table == want and table.quantile is None
     assert 0 < spent <= 0.3     # the tiny model's videos spend within it: the table is kept
     # tables that spend 0.6, then 0.45, then 0.2 of a 0.3 budget on them: the rates are
     # spread by 0.3, then 0.3 * 0.3 / 0.6, then that * 0.3 / 0.45, and that table is kept
-    import coda.experiments.dra_calibration as dc
     spends = iter([0.6, 0.45, 0.2])
     monkeypatch.setattr(dc, "fallback_extra", lambda *a, **k: next(spends))
     table = calibrate_step_dra(model, sched, [2, 6], [40, 41], budget=0.3, profile=prof,

@@ -186,6 +186,9 @@ def expected_reuse(name: str, policy, log: EventLog, ops) -> dict:
     schedule; a dynamic one's rule applied to the signals the run measured (its monitors)."""
     samples = {(e.branch, e.sample) for e in log.of("op")}
     mon = {(m.step, m.branch, m.sample, (m.layer, m.op)): m.value for m in log.of("monitor")}
+    # step DRA probes once per sample and step (the first branch that asks) for both branches
+    joint = {(m.step, m.sample): m.value for m in log.of("monitor")}
+    assert name != "coda+dra" or len(joint) == len(mon)
     out = {}
     if isinstance(policy, StaticPolicy):
         sched = policy.schedule_for(STEPS, ops)
@@ -208,7 +211,7 @@ def expected_reuse(name: str, policy, log: EventLog, ops) -> dict:
                     else frozenset()
             else:                       # coda+dra: the static schedule unless the probe fires
                 sched = policy.inner.schedule_for(STEPS, ops)
-                x = mon.get((s, b, j, ops.step_probe))
+                x = joint.get((s, j))
                 fired = x is not None and x > policy.thresholds.thresholds[s]
                 out[(s, b, j)] = frozenset() if fired else sched.reused(s, b)
     return out
