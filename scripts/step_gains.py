@@ -6,7 +6,9 @@ operator) in groups of ``--group`` consecutive ones; for each group, the schedul
 group computed (both branches, every operator), rolled out on the videos (Ray tasks, the
 search's judge, :func:`coda.experiments.rollouts.judge`) and scored per video against full
 compute. Prints, per group, the mean PSNR gain on the quarter of the videos the schedule
-loses most and on the others. Usage (6 min 46 s for 16 groups of 20 videos on a 2-core
+loses most, on the others and on all. ``--branch cond`` / ``uncond`` computes the group in
+that CFG branch only (the other reuses as scheduled); ``--groups K`` keeps the first K
+groups. Usage (6 min 46 s for 16 groups of 20 videos on a 2-core
 machine)::
 
     .venv/bin/python scripts/step_gains.py \\
@@ -32,19 +34,27 @@ def main(argv=None) -> int:
 
     ap = schedule_videos.parser(__doc__, "100-101")
     ap.add_argument("--group", type=int, default=2, help="reused steps per variant (>= 1)")
+    ap.add_argument("--groups", type=int, default=None,
+                    help="only the first K groups (default: all)")
+    ap.add_argument("--branch", choices=("both", *BRANCHES), default="both",
+                    help="the CFG branches a variant computes its group in (default both)")
     ap.add_argument("--workers", type=int, default=2, help="Ray workers")
     args = ap.parse_args(argv)
     if args.group < 1:
         ap.error(f"--group {args.group}: expected >= 1")
+    if args.groups is not None and args.groups < 1:
+        ap.error(f"--groups {args.groups}: expected >= 1")
+    computed = BRANCHES if args.branch == "both" else (args.branch,)
     model, sched, labels, video_seeds = schedule_videos.load(args)
     first = sched.order()[0]
     reused = [s for s in range(sched.num_steps)
               if any(first in sched.reused(s, b) for b in BRANCHES)]
     groups = [reused[i:i + args.group] for i in range(0, len(reused), args.group)]
+    groups = groups[:args.groups]
 
     def computing(steps) -> Schedule:
         reuse = {(s, b): sched.reused(s, b) for s in range(sched.num_steps) for b in BRANCHES
-                 if s not in steps and sched.reused(s, b)}
+                 if not (s in steps and b in computed) and sched.reused(s, b)}
         return Schedule(sched.num_steps, sched.num_layers, reuse, f"compute {steps}", sched.ops)
 
     full = full_videos(model, labels, video_seeds, num_steps=args.steps,
@@ -54,12 +64,14 @@ def main(argv=None) -> int:
     base = np.array(res[0]["per_video_psnr_db"])
     worst = np.argsort(base)[:max(1, len(base) // 4)]
     rest = np.setdiff1d(np.arange(len(base)), worst)
-    print(f"{'computed steps':>16} | gain, worst quarter (dB) | gain, the others (dB)")
+    print(f"computed in {args.branch} branch{'es' if args.branch == 'both' else ''}")
+    print(f"{'computed steps':>16} | gain, worst quarter (dB) | gain, the others (dB) | "
+          "gain, all (dB)")
     for g, r in zip(groups, res[1:]):
         d = np.array(r["per_video_psnr_db"]) - base
         others = f"{d[rest].mean():+21.2f}" if len(rest) else f"{'-':>21}"
-        print(f"{str(g):>16} | {d[worst].mean():+24.2f} | {others}")
-    out = {"schedule": str(args.schedule), "groups": groups,
+        print(f"{str(g):>16} | {d[worst].mean():+24.2f} | {others} | {d.mean():+14.2f}")
+    out = {"schedule": str(args.schedule), "branch": args.branch, "groups": groups,
            "videos": [{"prompt": p, "seed": s} for p, s in zip(labels, video_seeds)],
            "psnr_db": {"schedule": base.tolist(),
                        **{str(g): r["per_video_psnr_db"] for g, r in zip(groups, res[1:])}}}

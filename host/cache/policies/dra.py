@@ -77,11 +77,13 @@ DEFAULT_QUANTILE = 0.9
 #: often (a check of the acceleration probe at 4 % on the held-out videos of skip 0.6 spent
 #: 6 %).
 DEFAULT_BUDGET = 0.03
-#: the stand-in's step-weight exponent of a budgeted calibration: 3, the steep weighting
-#: of the search's second level (:func:`coda.experiments.step_plans.refined_plans`), which
-#: puts the fallbacks on the first reused steps, where the rollouts of the calibration videos
-#: show that the videos the schedule loses most are lost (computing steps 6 and 8 of the 0.7
-#: schedule: +2.6 dB on the worst quarter, +0.8 dB on the others).
+#: the stand-in's step-weight exponent of a budgeted calibration: 10, which puts most of the
+#: budget on the first two reused steps. That is where rollouts of the calibration videos
+#: (``scripts/step_gains.py``, seeds 100-101) show the videos the schedule loses most are
+#: lost: computing the first two reused steps gains the worst quarter +2.39 / +6.11 / +2.57
+#: dB at skips 0.5 / 0.6 / 0.7 (the others: +0.59 / -0.17 / +0.78), 2.4 / 4.6 times what the
+#: next two give at 0.5 / 0.6; the stand-in's values fall from the first pair to the second
+#: by 1.8-1.9 times with the search's exponent 3, by 4.2-4.5 times with 10.
 DEFAULT_GAMMA = 10.0
 DEFAULT_MARGIN = 1.0
 #: the most extra operator executions DRA may spend on any one video (the issue's 5 %),
