@@ -156,20 +156,21 @@ def _check_segments(report, events, sched, model, prompts, steps: int) -> None:
 
 
 def _check_dra_probes(report, events, sched, prompts, steps: int) -> None:
-    """Step DRA's probes: the first operator, at every step and branch the schedule reuses it
-    (every sample); with the file's thresholds of 0 each one falls back: every operator of
-    that step the schedule reuses is computed (reason "fallback"), and nothing else is."""
-    from coda.host.cache.schedule import BRANCHES
-
+    """Step DRA's probes: the first operator, once per sample at every step the schedule
+    reuses it, in the first branch that asks and reuses it (the batched call's rows are
+    [uncond; cond]); with the file's thresholds of 0 each one falls back, for both branches:
+    every operator of that step the schedule reuses is computed (reason "fallback"), and
+    nothing else is."""
     ops, mons = events.of("op"), events.of("monitor")
     first = sched.order()[0]
+    asks = {s: next((b for b in ("uncond", "cond") if first in sched.reused(s, b)), None)
+            for s in range(steps)}
     assert sorted((m.step, m.branch, m.sample) for m in mons) == sorted(
-        (s, b, i) for s, b in {(s, b) for s in range(steps) for b in BRANCHES
-                               if first in sched.reused(s, b)} for i in range(len(prompts)))
+        (s, b, i) for s, b in asks.items() if b is not None for i in range(len(prompts)))
     assert all((m.layer, m.op) == first for m in mons)
-    probed = {(m.step, m.branch, m.sample) for m in mons}
+    fired = {(m.step, m.sample) for m in mons}
     for e in ops:
-        assert (e.reason == "fallback") == ((e.step, e.branch, e.sample) in probed
+        assert (e.reason == "fallback") == ((e.step, e.sample) in fired
                                             and e.ref in sched.reused(e.step, e.branch)), e
     assert report["monitors"] == len(mons) > 0
 
