@@ -42,9 +42,10 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
                  probe: str = "l1") -> dict[int, list[float]]:
     """The probes of the static ``schedule`` run on every (label, seed) video: step -> the
     ``probe`` values of the block-0 input (one per video that reuses the first operator
-    there, read in the first CFG branch that asks, as DRA decides; ``"l1"``: its relative L1 change, on the NMEs; ``"accel"``: its relative
-    second difference, on the xPU, from step 2). One generation per seed, all labels
-    batched, with a fresh ``driver_factory(len(labels))``. Raises ValueError if
+    there, read in the first CFG branch that asks, as DRA decides; ``"l1"``: its relative
+    L1 change, on the NMEs; ``"accel"``: its relative second difference, on the xPU, from
+    step 2). One generation per seed, all labels batched, with a fresh
+    ``driver_factory(len(labels))``. Raises ValueError if
     ``num_steps`` is not the schedule's, no video is given or the probe is unknown."""
     if schedule.num_steps != num_steps:
         raise ValueError(f"num_steps={num_steps}: the schedule {schedule.name!r} is for "
@@ -84,8 +85,9 @@ MAX_SPREADS = 4
 def fallback_rates(schedule: Schedule, profile, budget: float,
                    gamma: float = DEFAULT_GAMMA) -> dict[int, float]:
     """Per probed step of ``schedule`` (one where it reuses the first operator), the fraction
-    of videos DRA should send back to computing (both CFG branches), so that the extra executions
-    add up to ``budget`` (a fraction of a video's executions) on videos like the profile's.
+    of videos DRA should send back to computing (both CFG branches), so that the extra
+    executions add up to ``budget`` (a fraction of a video's executions) on videos like the
+    profile's.
 
     A fallback at step ``s`` computes what the schedule reuses there (``cost_s``: those
     executions in both branches over all of a video's). The rates are ``min(1, lam *
