@@ -327,7 +327,7 @@ def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setu
     fell, _, _ = run(model, dra, [2, 6], [40, 41])
     assert torch.equal(fell, run(model, SchedulePolicy(whole_steps({2, 5})), [2, 6],
                                  [40, 41])[0])
-    with pytest.raises(ValueError, match="probe='l2': expected one of l1, accel"):
+    with pytest.raises(ValueError, match="probe='l2': expected one of l1, accel, output"):
         StepDRAPolicy(SchedulePolicy(sched), probe="l2")
     with pytest.raises(ValueError, match="of the 'accel' probe for a policy probing 'l1'"):
         StepDRAPolicy(SchedulePolicy(sched), table, probe="l1")
@@ -337,6 +337,53 @@ def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setu
     values = probe_values(model, early, [2, 6], [40], probe="accel", **kw)
     assert cal.probe == "accel" and sorted(values) == [2, 4, 5]      # none at step 1
     assert cal.thresholds == {s: float(np.quantile(values[s], 0.5)) for s in values}
+
+
+def test_step_dra_output_probe_is_the_model_outputs_second_difference(setup):
+    """probe="output": the relative second difference of the sample's model outputs over the
+    three steps before, summed over both CFG branches, on the xPU (no NME work, no link
+    bytes), from step 3; probing alone changes no bit; a threshold of 0 at a step falls back
+    there."""
+    model, _ = setup
+    sched = whole_steps({3, 5, 6})
+    ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
+    got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched), probe="output"),
+                          [2, 6], [40, 41])
+    assert torch.equal(got, ref) and stats["fallbacks"] == 0
+    mons = log.of("monitor")
+    assert {(m.step, m.branch, m.sample) for m in mons} == {
+        (s, "uncond", i) for s in (3, 5, 6) for i in range(2)}
+    assert all(m.probe == "output" and m.cache_memory == "device" and m.nme_cycles == 0
+               and m.bytes_to_nmp == 0 and m.reference_step == m.step - 1 for m in mons)
+    assert stats["pcie_bytes"] == ref_stats["pcie_bytes"]     # nothing kept on the ranks
+    # step 3 follows three computed steps: the value is the formula on the outputs of steps
+    # 0-2 of a plain generation, both branches' sums together (the sums' order may differ)
+    outputs = []
+    handle = model.transformer.register_forward_hook(
+        lambda mod, args, out: outputs.append((out[0] if isinstance(out, tuple) else out.sample)
+                                              .detach().float().clone()))
+    try:
+        generate(model, [2, 6], seeds=[40, 41], num_steps=STEPS, guidance_scale=3.0)
+    finally:
+        handle.remove()
+    for m in mons:
+        if m.step != 3:
+            continue
+        y = [[o[row] for o in outputs[:3]] for row in (m.sample, 2 + m.sample)]   # uncond|cond
+        num = sum(float((y2 - 2.0 * y1 + y0).abs().sum()) for y0, y1, y2 in y)
+        want = num / sum(float(y1.abs().sum()) for _, y1, _ in y)
+        assert m.value == pytest.approx(want, rel=1e-6)
+    table = StepThresholds({3: 1e9, 5: 0.0, 6: 1e9}, STEPS, model_hash(model),
+                           sched.digest(), 1.0, 1.0, probe="output")
+    dra = StepDRAPolicy(SchedulePolicy(sched), table)
+    assert dra.probe == "output" and dra.output_history and not dra.input_history
+    fell, _, _ = run(model, dra, [2, 6], [40, 41])
+    assert torch.equal(fell, run(model, SchedulePolicy(whole_steps({3, 6})), [2, 6],
+                                 [40, 41])[0])
+    kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
+    early = whole_steps({2, 3, 5, 6})
+    values = probe_values(model, early, [2, 6], [40], probe="output", **kw)
+    assert sorted(values) == [3, 5, 6]      # none at step 2
 
 
 def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample(setup):

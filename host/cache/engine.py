@@ -196,6 +196,7 @@ class _BranchState:
     slots: dict = field(default_factory=dict)   # key -> (shape, step written)
     kept: dict = field(default_factory=dict)    # key -> (shape, step kept, Σ|x_ref| fp32)
     inputs: dict = field(default_factory=dict)  # sample -> [(step, block-0 input fp32)], last 3
+    outputs: dict = field(default_factory=dict)  # sample -> [(step, model output fp32)], last 3
 
 
 class CodaCacheState:

@@ -155,7 +155,11 @@ class MonitorEvent:
             relative second difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|`` of the
             block-0 input, computed on the xPU in fp32 from the inputs it kept
             (``cache_memory="device"``, no NME work, no link bytes; a second difference is
-            about 0.1 % of the input, below the 16-bit rounding of kept references).
+            about 0.1 % of the input, below the 16-bit rounding of kept references); or
+            ``"output"``: step DRA's output probe, the same second difference of the
+            model's output (its prediction) over the three steps before, summed over the
+            sample's CFG branches (``cache_memory="device"``, no NME work, no link bytes;
+            ``layer``/``op`` name the first operator, where it is read).
     """
     generation: int
     step: int

@@ -186,13 +186,15 @@ class StepRun:
         self.run_open()
         assert not any(self.pending), "segments left pending after a step"
         if isinstance(output, Deferred):
-            return output.materialize()
-        if isinstance(output, tuple):
-            return type(output)(materialized(o) for o in output)
-        if isinstance(output, dict):    # diffusers' ModelOutput
+            output = output.materialize()
+        elif isinstance(output, tuple):
+            output = type(output)(materialized(o) for o in output)
+        elif isinstance(output, dict):    # diffusers' ModelOutput
             for k, v in list(output.items()):
                 if isinstance(v, Deferred):
                     output[k] = v.materialize()
+        if self.hook.policy.output_history:
+            self.record_output(output)
         return output
 
     def _execute(self, p: _Program) -> None:
@@ -261,7 +263,9 @@ class StepRun:
                         history=hook.config.history,
                         _input_change=lambda row=row: self.input_change(row, layer, op, index),
                         _input_accel=(lambda row=row: self.input_accel(row, layer, op))
-                        if history else None)
+                        if history else None,
+                        _output_accel=(lambda row=row: self.output_accel(row, layer, op))
+                        if index == 0 and hook.policy.output_history else None)
             if history:
                 self.record_input(row)
             d = hook.policy.decide(q)
@@ -390,6 +394,43 @@ class StepRun:
             **{**self.event_fields(row), "cache_memory": "device"}, layer=layer, op=op,
             index=0, reference_step=self.step - 1, value=value, bytes_to_nmp=0, programs=0,
             nme_cycles=0, probe="accel"))
+        return value
+
+    def record_output(self, output) -> None:
+        """Keep every row's model output (its first tensor, batch-first, fp32) of this step on
+        the xPU, the last three steps per sample and branch (:meth:`OpQuery.output_accel`)."""
+        y = output
+        while not isinstance(y, torch.Tensor):     # (sample, ...) or a ModelOutput
+            y = next(iter(y.values())) if isinstance(y, dict) else y[0]
+        for row in range(self.b):
+            br, j = self.branch_of[row], self.sample_of[row]
+            hist = self.hook.state.branches[br].outputs.setdefault(j, [])
+            hist.append((self.step, y[row].detach().float().clone()))
+            del hist[:-3]
+
+    def output_accel(self, row: int, layer: int, op: str) -> float | None:
+        """The relative second difference of a row's sample's model outputs over the three
+        steps before this one, summed over the sample's CFG branches that have all three, on
+        the xPU in fp32 (:meth:`OpQuery.output_accel`); None when no branch has them. Emits
+        a MonitorEvent (``probe="output"``)."""
+        j, want = self.sample_of[row], [self.step - 3, self.step - 2, self.step - 1]
+        num = norm = 0.0
+        found = False
+        for bstate in self.hook.state.branches.values():
+            hist = bstate.outputs.get(j, [])
+            if [s for s, _ in hist] != want:
+                continue
+            (_, y3), (_, y2), (_, y1) = hist
+            num += float((y1 - 2.0 * y2 + y3).abs().sum())
+            norm += float(y2.abs().sum())
+            found = True
+        if not found:
+            return None
+        value = _relative(num, norm)
+        self.hook.emit(MonitorEvent(
+            **{**self.event_fields(row), "cache_memory": "device"}, layer=layer, op=op,
+            index=0, reference_step=self.step - 1, value=value, bytes_to_nmp=0, programs=0,
+            nme_cycles=0, probe="output"))
         return value
 
     # ---- segments (:mod:`coda.host.cache.segments`) ---------------------------------

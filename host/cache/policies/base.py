@@ -73,6 +73,8 @@ class OpQuery:
     _input_change: Callable[[], float] | None = field(default=None, repr=False, compare=False)
     _input_accel: Callable[[], float | None] | None = field(default=None, repr=False,
                                                            compare=False)
+    _output_accel: Callable[[], float | None] | None = field(default=None, repr=False,
+                                                            compare=False)
 
     @property
     def ref(self) -> tuple[int, str]:
@@ -107,6 +109,20 @@ class OpQuery:
                              "policy with input_history = True")
         return self._input_accel()
 
+    def output_accel(self) -> float | None:
+        """The relative second difference of this sample's model output (the transformer's
+        prediction, every CFG branch of the sample) over the three steps before this one,
+        ``Σ_branches |y_{t-1} - 2 y_{t-2} + y_{t-3}| / Σ_branches |y_{t-2}|``, in fp32 on the
+        xPU from the outputs it kept (the engine keeps them for a policy whose
+        ``output_history`` is true); None before step 3. Emits a MonitorEvent
+        (``probe="output"``, no NME work, no host-link bytes). Raises ValueError for another
+        operator than the first, or when the policy did not ask for the history."""
+        if self._output_accel is None or self.index != 0:
+            raise ValueError(f"step {self.step}, ({self.layer}, {self.op!r}): the output "
+                             "acceleration is read at the first operator, from outputs kept "
+                             "for a policy with output_history = True")
+        return self._output_accel()
+
 
 class CachePolicy:
     """Base class of cache policies (one file each in :mod:`coda.host.cache.policies`).
@@ -119,6 +135,9 @@ class CachePolicy:
     #: the engine keeps the block-0 input of the last three steps per sample and branch on the
     #: xPU for :meth:`OpQuery.input_accel` (step DRA's acceleration probe)
     input_history = False
+    #: the engine keeps the model output of the last three steps per sample and branch on the
+    #: xPU for :meth:`OpQuery.output_accel` (step DRA's output probe)
+    output_history = False
 
     def reset(self) -> None:
         """Forget everything of the previous generation."""
