@@ -284,22 +284,31 @@ def test_step_dra_decides_per_sample_for_both_branches(setup):
         assert torch.equal(one, three[i:i + 1])
 
 
+def probed_alone(model, sched, probe: str, steps) -> list:
+    """Run ``sched`` under StepDRAPolicy with an xPU ``probe`` and no table: the same bits as
+    the static policy, no fallback, nothing more on the host link, one device-side monitor
+    (no NME work) per reused step in ``steps`` and sample, read in the first branch. Returns
+    the monitors."""
+    ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
+    got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched), probe=probe),
+                          [2, 6], [40, 41])
+    assert torch.equal(got, ref) and stats["fallbacks"] == 0
+    mons = log.of("monitor")
+    assert {(m.step, m.branch, m.sample) for m in mons} == {
+        (s, "uncond", i) for s in steps for i in range(2)}
+    assert all(m.probe == probe and m.cache_memory == "device" and m.nme_cycles == 0
+               and m.bytes_to_nmp == 0 and m.reference_step == m.step - 1 for m in mons)
+    assert stats["pcie_bytes"] == ref_stats["pcie_bytes"]     # nothing kept on the ranks
+    return mons
+
+
 def test_step_dra_acceleration_probe_is_the_block0_inputs_second_difference(setup):
     """probe="accel": the relative second difference of the block-0 input over the last three
     steps, on the xPU (no NME work, no link bytes), from step 2; probing alone changes no
     bit; a threshold of 0 at a step falls back there as the L1 probe's does."""
     model, _ = setup
     sched = whole_steps({2, 4, 5})
-    ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
-    got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched), probe="accel"),
-                          [2, 6], [40, 41])
-    assert torch.equal(got, ref) and stats["fallbacks"] == 0
-    mons = log.of("monitor")
-    assert {(m.step, m.branch, m.sample) for m in mons} == {
-        (s, "uncond", i) for s in (2, 4, 5) for i in range(2)}
-    assert all(m.probe == "accel" and m.cache_memory == "device" and m.nme_cycles == 0
-               and m.bytes_to_nmp == 0 and m.reference_step == m.step - 1 for m in mons)
-    assert stats["pcie_bytes"] == ref_stats["pcie_bytes"]     # nothing kept on the ranks
+    mons = probed_alone(model, sched, "accel", (2, 4, 5))
     # step 2's block-0 input follows two computed steps: the full-compute model's, so the
     # value is the formula on the inputs of steps 0-2 of a plain generation (the same fp32
     # tensors; the sums' order may differ: 1e-6)
@@ -346,16 +355,7 @@ def test_step_dra_output_probe_is_the_model_outputs_second_difference(setup):
     there."""
     model, _ = setup
     sched = whole_steps({3, 5, 6})
-    ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
-    got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched), probe="output"),
-                          [2, 6], [40, 41])
-    assert torch.equal(got, ref) and stats["fallbacks"] == 0
-    mons = log.of("monitor")
-    assert {(m.step, m.branch, m.sample) for m in mons} == {
-        (s, "uncond", i) for s in (3, 5, 6) for i in range(2)}
-    assert all(m.probe == "output" and m.cache_memory == "device" and m.nme_cycles == 0
-               and m.bytes_to_nmp == 0 and m.reference_step == m.step - 1 for m in mons)
-    assert stats["pcie_bytes"] == ref_stats["pcie_bytes"]     # nothing kept on the ranks
+    mons = probed_alone(model, sched, "output", (3, 5, 6))
     # step 3 follows three computed steps: the value is the formula on the outputs of steps
     # 0-2 of a plain generation, both branches' sums together (the sums' order may differ)
     outputs = []

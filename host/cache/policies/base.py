@@ -103,11 +103,8 @@ class OpQuery:
         policy whose ``input_history`` is true); None before step 2. Emits a MonitorEvent
         (``probe="accel"``, no NME work, no host-link bytes). Raises ValueError for another
         operator than the first, or when the policy did not ask for the history."""
-        if self._input_accel is None or self.index != 0:
-            raise ValueError(f"step {self.step}, ({self.layer}, {self.op!r}): the input "
-                             "acceleration is of the first operator's input, kept for a "
-                             "policy with input_history = True")
-        return self._input_accel()
+        return self._at_first_op(self._input_accel, "the input acceleration is of the first "
+                                 "operator's input, kept for a policy with input_history = True")
 
     def output_accel(self) -> float | None:
         """The relative second difference of this sample's model output (the transformer's
@@ -117,11 +114,16 @@ class OpQuery:
         ``output_history`` is true); None before step 3. Emits a MonitorEvent
         (``probe="output"``, no NME work, no host-link bytes). Raises ValueError for another
         operator than the first, or when the policy did not ask for the history."""
-        if self._output_accel is None or self.index != 0:
-            raise ValueError(f"step {self.step}, ({self.layer}, {self.op!r}): the output "
-                             "acceleration is read at the first operator, from outputs kept "
-                             "for a policy with output_history = True")
-        return self._output_accel()
+        return self._at_first_op(self._output_accel, "the output acceleration is read at the "
+                                 "first operator, from outputs kept for a policy with "
+                                 "output_history = True")
+
+    def _at_first_op(self, probe: Callable[[], float | None] | None, what: str) -> float | None:
+        """``probe()`` at the first operator; ValueError naming ``what`` it needs otherwise
+        (another operator, or no history kept: ``probe`` is None)."""
+        if probe is None or self.index != 0:
+            raise ValueError(f"step {self.step}, ({self.layer}, {self.op!r}): {what}")
+        return probe()
 
 
 class CachePolicy:
