@@ -41,12 +41,13 @@ def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
                  guidance_scale: float, driver_factory: Callable,
                  probe: str = "l1") -> dict[int, list[float]]:
     """The probes of the static ``schedule`` run on every (label, seed) video: step -> the
-    ``probe`` values of the block-0 input (one per video that reuses the first operator
-    there, read in the first CFG branch that asks, as DRA decides; ``"l1"``: its relative
-    L1 change, on the NMEs; ``"accel"``: its relative second difference, on the xPU, from
-    step 2). One generation per seed, all labels batched, with a fresh
-    ``driver_factory(len(labels))``. Raises ValueError if
-    ``num_steps`` is not the schedule's, no video is given or the probe is unknown."""
+    ``probe`` values (one per video that reuses the first operator there, read in the
+    first CFG branch that asks, as DRA decides; ``"l1"``: the block-0 input's relative L1
+    change, on the NMEs; ``"accel"``: its relative second difference, on the xPU, from step
+    2; ``"output"``: the model output's relative second difference over the three steps
+    before, on the xPU, from step 3). One generation per seed, all labels batched, with a
+    fresh ``driver_factory(len(labels))``. Raises ValueError if ``num_steps`` is not the
+    schedule's, no video is given or the probe is unknown."""
     if schedule.num_steps != num_steps:
         raise ValueError(f"num_steps={num_steps}: the schedule {schedule.name!r} is for "
                          f"{schedule.num_steps} steps")
@@ -169,8 +170,8 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
             :func:`fallback_rates`'.
         probe: what the thresholds bound (:data:`coda.host.cache.policies.dra.PROBES`;
             ``coda eval`` and ``coda run`` use :data:`~coda.host.cache.policies.dra.
-            DEFAULT_PROBE`). A step the probe has no value at (the acceleration at step 1)
-            has no threshold: DRA never falls back there.
+            DEFAULT_PROBE`). A step the probe has no value at (``"accel"`` at step 1,
+            ``"output"`` before step 3) has no threshold: DRA never falls back there.
         max_extra: None, or the most extra executions any one video may spend, in (0, 1]:
             the table's ``max_fallbacks`` is ``floor(max_extra * num_steps)`` per sample and
             branch.
@@ -198,7 +199,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
     runs = dict(num_steps=num_steps, guidance_scale=guidance_scale,
                 driver_factory=driver_factory)
     values = probe_values(model, schedule, labels, seeds, probe=probe, **runs)
-    probed = [s for s in probed_steps(schedule) if s in values]   # accel: not at step 1
+    probed = [s for s in probed_steps(schedule) if s in values]   # none before the history
 
     def table(rates: dict) -> StepThresholds:
         rates = {s: r for s, r in rates.items() if s in probed}
@@ -230,7 +231,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
 def calibrate_default_dra(model, schedule: Schedule, profile, *, num_steps: int,
                           guidance_scale: float, driver_factory: Callable) -> StepThresholds:
     """The thresholds ``coda eval`` and ``coda run`` use: :func:`calibrate_step_dra` on the
-    profile's calibration videos (its prompts and seeds) with the acceleration probe
+    profile's calibration videos (its prompts and seeds) with the default probe
     (:data:`~coda.host.cache.policies.dra.DEFAULT_PROBE`), the default budget spread by
     the profile (:data:`~coda.host.cache.policies.dra.DEFAULT_BUDGET`) and every video's
     extra executions bounded (:data:`~coda.host.cache.policies.dra.DEFAULT_MAX_EXTRA`).

@@ -59,8 +59,9 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     assert all(("coda_lat_wins" in r) == (r["policy"] != "coda-lat") for r in rows)
     assert all(("coda_wins" in r) == (r["policy"] != "coda") for r in rows)
     dra = next(r for r in rows if r["policy"] == "coda+dra")
-    # DRA's default probe, the acceleration of the block-0 input, needs two steps before the
-    # probed one; the 3-step plans reuse step 1 only: nothing to probe, nothing on the NMEs
+    # DRA's default probe, the second difference of the model's output, needs three steps
+    # before the probed one; the 3-step plans reuse step 1 only: nothing to probe, nothing on
+    # the NMEs
     assert dra["monitors"] == 0 and dra["monitor_nme_cycles"] == 0 and dra["fallbacks"] == 0
     assert (out / "pareto.png").stat().st_size > 1000
     table = (out / "table.md").read_text().splitlines()

@@ -9,21 +9,26 @@ per CFG branch: computing a step in one branch while the other reuses it costs q
 of the 0.5 / 0.6 schedules in both branches gains +0.93 / +1.46 dB on average, in the
 conditional branch only -1.55 / -1.06 dB, in the unconditional only -2.72 / -2.33 dB). At a
 step where the static policy reuses the first operator (layer 0's first op; its input is the
-block-0 input), the first CFG branch that asks reads one of two probes (:data:`PROBES`) of
-that input, and its verdict holds for the sample's other branch at that step (on the shipped
-model the branches' block-0 inputs are the same latent, so their probes agree anyway):
+block-0 input), the first CFG branch that asks reads one of three probes (:data:`PROBES`),
+and its verdict holds for the sample's other branch at that step (on the shipped model the
+branches' block-0 inputs are the same latent, so the input probes agree anyway):
 
 - ``"l1"``: its relative L1 change ``Σ|x - x_ref| / Σ|x_ref|`` against the input kept at
   the last step that computed the first operator: the numerator on the NMEs
   (:meth:`OpQuery.input_change`, one :class:`coda.host.cache.events.MonitorEvent` with its
   bytes and NME cycles), the reference kept in rank memory (``Decision(keep_input=True)``
   when the first operator is computed and its output stored);
-- ``"accel"`` (the default of ``coda eval`` and ``coda run``): its relative second
-  difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|`` over the last three steps, on the
-  xPU in fp32 from the block-0 inputs the engine keeps there for this policy
-  (:meth:`OpQuery.input_accel`; no NME work, no link bytes). A second difference is about
-  0.1 % of the input, under the 16-bit rounding of a reference kept in rank memory, so it is
-  not an NME check.
+- ``"accel"``: its relative second difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|``
+  over the last three steps, on the xPU in fp32 from the block-0 inputs the engine keeps
+  there for this policy (:meth:`OpQuery.input_accel`; no NME work, no link bytes). A second
+  difference is about 0.1 % of the input, under the 16-bit rounding of a reference kept in
+  rank memory, so it is not an NME check;
+- ``"output"`` (the default of ``coda eval`` and ``coda run``): the same second difference
+  of the model's output (the prediction the sampler steps with) over the three steps before
+  this one, summed over the sample's CFG branches, on the xPU in fp32 from the outputs the
+  engine keeps there for this policy (:meth:`OpQuery.output_accel`; no NME work, no link
+  bytes). It sees how fast the prediction itself turns, which a reused step's stale
+  outputs miss.
 
 If the probe exceeds the step's threshold, every operator of that step the static policy
 would have reused is computed instead (reason ``"fallback"``) and stored, so the steps after
@@ -92,16 +97,21 @@ DEFAULT_MARGIN = 1.0
 #: calibration seeds the acceleration's quantiles do not transfer to other seeds: at 0.7 the
 #: held-out videos spent 8 % of a 3 % budget without it)
 DEFAULT_MAX_EXTRA = 0.05
-#: step DRA's probes of the block-0 input: ``"l1"``, its relative L1 change against the input
+#: step DRA's probes: ``"l1"``, the block-0 input's relative L1 change against the input
 #: kept at the last computed step (numerator on the NMEs); ``"accel"``, its relative second
-#: difference over the last three steps (on the xPU, fp32). On the shipped model the
-#: acceleration is the one that ranks videos by how much the static schedule will lose on
-#: them (Spearman -0.4 to -0.6 between a video's mean normalised acceleration and its PSNR,
-#: calibration and held-out videos, at every skip; the L1 change -0.1 to -0.3: it sees fast
-#: motion, which the schedules handle well).
-PROBES = ("l1", "accel")
-#: the probe of ``coda eval`` and ``coda run``
-DEFAULT_PROBE = "accel"
+#: difference over the last three steps (on the xPU, fp32); ``"output"``, the relative second
+#: difference of the model's output over the three steps before (on the xPU, fp32). The L1
+#: change ranks videos barely by what the static schedule loses on them (Spearman -0.1 to
+#: -0.3 with their PSNR): it sees fast motion, which the schedules handle well.
+PROBES = ("l1", "accel", "output")
+#: the probe of ``coda eval`` and ``coda run``: the output's second difference, which ranks
+#: the videos by what computing the first two reused steps gains them (where the budget
+#: goes) better than the input's: on 60 calibration videos (seeds 100-105) Spearman +0.37 /
+#: +0.45 at steps 15 / 17 of the 0.5 schedule and +0.31 / +0.27 at steps 11 / 13 of the 0.6
+#: one (the input's +0.27 / +0.31 and +0.12 / +0.10), and the quarter it ranks highest gains
+#: +1.89 / +1.96 and +2.40 / +2.24 dB from them (the input's +1.47 / +1.13 and +1.44 / +0.68;
+#: the best quarter +2.72 and +5.23; ``scripts/step_gains.py --probes output,accel``)
+DEFAULT_PROBE = "output"
 
 
 @dataclass(frozen=True)
@@ -119,8 +129,9 @@ class StepThresholds:
         prompts, seeds: the calibration videos (every prompt with every seed).
         guidance_scale: the CFG scale of the calibration runs.
         probe: what the thresholds bound (:data:`PROBES`): ``"l1"``, the relative L1 change
-            of the block-0 input on the NMEs, or ``"accel"``, its relative second
-            difference on the xPU (:meth:`OpQuery.input_accel`).
+            of the block-0 input on the NMEs; ``"accel"``, its relative second
+            difference on the xPU (:meth:`OpQuery.input_accel`); ``"output"``, the
+            relative second difference of the model's output (:meth:`OpQuery.output_accel`).
         max_fallbacks: the most steps one sample falls back at in a generation (both CFG
             branches; None: no limit); a step's fallback costs at most 1 / num_steps of a
             video's executions, so ``floor(x * num_steps)`` bounds every video's extra
@@ -252,9 +263,8 @@ class StepDRAPolicy(CachePolicy):
     thresholds: StepThresholds | None = None
     probe: str | None = None
     fired: int = 0
-    _fallback: dict = field(default_factory=dict, repr=False)
-    _fired: dict = field(default_factory=dict, repr=False)
-    _joint: dict = field(default_factory=dict, repr=False)
+    _fired: dict = field(default_factory=dict, repr=False)    # sample -> fallback steps
+    _joint: dict = field(default_factory=dict, repr=False)    # (sample, step) -> verdict
 
     def __post_init__(self):
         if not isinstance(self.inner, CachePolicy):
@@ -275,12 +285,15 @@ class StepDRAPolicy(CachePolicy):
         return self.probe == "accel"
 
     @property
+    def output_history(self) -> bool:
+        return self.probe == "output"
+
+    @property
     def name(self) -> str:
         return f"{getattr(self.inner, 'name', 'policy')}+dra"
 
     def reset(self) -> None:
         self.inner.reset()
-        self._fallback = {}
         self._fired = {}
         self._joint = {}
         self.fired = 0
@@ -300,7 +313,6 @@ class StepDRAPolicy(CachePolicy):
         return t.thresholds[step]
 
     def decide(self, q: OpQuery) -> Decision:
-        key = (q.branch, q.sample)
         d = self.inner.decide(q)
         if q.index == 0:
             l1 = self.probe == "l1"
@@ -308,11 +320,10 @@ class StepDRAPolicy(CachePolicy):
                 return Decision(False, store=d.store,
                                 keep_input=d.keep_input or (l1 and d.store), reason=d.reason)
             if self._fires(q):
-                self._fallback[key] = q.step
                 self.fired += 1
                 return Decision(False, store=True, keep_input=l1, reason="fallback")
             return d
-        if d.reuse and self._fallback.get(key) == q.step:
+        if d.reuse and self._joint.get((q.sample, q.step)):   # the sample's verdict there
             return Decision(False, store=True, reason="fallback")
         return d
 
@@ -335,7 +346,8 @@ class StepDRAPolicy(CachePolicy):
             return False
         if self.probe == "l1" and (q.kept_step is None or q.segment_open):
             return False
-        change = q.input_change() if self.probe == "l1" else q.input_accel()
+        change = {"l1": q.input_change, "accel": q.input_accel,
+                  "output": q.output_accel}[self.probe]()
         return not (change is None or self.thresholds is None
                     or change <= self.threshold(q.step, q.num_steps))
 
