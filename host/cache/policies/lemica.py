@@ -37,7 +37,8 @@ def min_error_path(cost: np.ndarray, computed: int) -> tuple[tuple[int, ...], fl
         cost: [S, S] float; only ``cost[i, j]`` with i < j is read (+inf: no such edge).
         computed: nodes of the path, 2..S (1 when S == 1).
     Returns:
-        (the path's nodes, its total cost); ties go to the lexicographically smallest path.
+        (the path's nodes, its total cost); among equal totals, the path whose last inner
+        node is smallest, then the node before it, and so on.
     Raises:
         ValueError: a cost that is not square or has NaN / -inf above the diagonal, a node
             count out of range, or no finite path.
