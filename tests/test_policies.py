@@ -578,6 +578,14 @@ def _brute_force(cost, computed):
     return {path: sum(cost[a, b] for a, b in zip(path, path[1:])) for path in paths}
 
 
+def _cheapest(cost, computed):
+    """(path, total) of the cheapest path by brute force, ties (exactly equal totals) to
+    the smallest last inner node, then the node before it, ..."""
+    totals = _brute_force(cost, computed)
+    low = min(totals.values())
+    return min((p for p, t in totals.items() if t == low), key=lambda p: p[::-1]), low
+
+
 def test_min_error_path_is_exact_against_brute_force():
     """The DP's path is a cheapest one (float costs); with integer costs (exact sums, many
     ties) it is the tie rule's: the smallest last inner node, then the one before, ..."""
@@ -605,10 +613,7 @@ def test_min_error_path_is_exact_against_brute_force():
     def ties(case):
         n, computed, flat = case
         cost = np.array(flat, dtype=float).reshape(n, n)
-        totals = _brute_force(cost, computed)
-        low = min(totals.values())
-        want = min((p for p, t in totals.items() if t == low), key=lambda p: p[::-1])
-        assert min_error_path(cost, computed) == (want, low)
+        assert min_error_path(cost, computed) == _cheapest(cost, computed)
 
     cheapest()
     ties()
@@ -640,7 +645,7 @@ def test_lemica_reuses_whole_steps_on_the_minimum_error_path(setup):
     assert all(sched.reused(s, b) == frozenset(operator_order(2)) for s in reused
                for b in BRANCHES)
     computed = [s for s in range(STEPS) if s not in reused]
-    assert tuple(computed) == _brute_force(cost, len(computed))[0]
+    assert tuple(computed) == _cheapest(cost, len(computed))[0]
     pol = get_policy("lemica", skip=0.4, profile=prof)
     _, stats, log = run(model, pol, [2], [40])
     assert {(e.step, e.branch, e.ref) for e in log.of("op") if e.reused} == \
