@@ -3,17 +3,26 @@
 ``pytest --waves`` (or ``WAVES=1`` in the environment, as ``WAVES=1 make test``) makes the
 cocotb runs of the NME write FST waveforms under ``build/waves/<test>/`` from the traced model
 (:func:`coda.cosim.build.build_sim` with ``waves=True``); a failing run names its file.
+
+Hypothesis draws the same cases on every run (profile ``repeatable``: ``derandomize``, each
+test's cases seeded from its name), so ``make test`` on a fresh clone gives what it gave
+before; ``HYPOTHESIS_PROFILE=explore make test`` draws fresh cases, as hypothesis does by
+default, to look for new failures.
 """
 
 import os
 
 import torch
+from hypothesis import settings
 
 from coda.cosim.toolchain import setup_verilator_env
 
 setup_verilator_env()
 torch.manual_seed(0)
 torch.set_num_threads(1)
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 def pytest_addoption(parser):
