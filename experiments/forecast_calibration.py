@@ -206,10 +206,8 @@ def main(args) -> int:
     from coda.host.cache.policies import check_guidance
     from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule
     from coda.host.model.dit import load_model
-    from coda.host.model.sample import DEFAULT_GUIDANCE, cache_mem_words
-    from coda.host.nme.backend import TorchBackend
-    from coda.host.nmp.driver import NMPDriver
-    from coda.hw.nme.isa import NMEConfig
+    from coda.experiments.rollouts import torch_driver
+    from coda.host.model.sample import DEFAULT_GUIDANCE
 
     cfg = from_args(ForecastConfig, args)
     guidance = DEFAULT_GUIDANCE if cfg.guidance is None else cfg.guidance
@@ -228,13 +226,10 @@ def main(args) -> int:
     profile = Profile.load(profile_path)
     profile.check_for(mhash, steps, layers, what=f"--profile {profile_path}")
 
-    def factory(videos: int):
-        return NMPDriver(TorchBackend(), NMEConfig(
-            lanes=8, mem_words=cache_mem_words(model, videos, 2, 8)), ranks=2)
     t0 = time.perf_counter()
     tables = calibrate_forecast(model, scheds, profile.meta["prompts"], profile.meta["seeds"],
                                 num_steps=steps, guidance_scale=guidance,
-                                driver_factory=factory)
+                                driver_factory=lambda n: torch_driver(model, n))
     for path, table in tables.items():
         save_forecast(path, scheds[path], table)
         d = table.describe()

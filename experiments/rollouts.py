@@ -22,23 +22,34 @@ import torch
 
 from coda.host.cache.schedule import Schedule
 
-__all__ = ["rollout", "full_videos", "rollout_task", "judge", "loop_judge"]
+__all__ = ["torch_driver", "rollout", "full_videos", "rollout_task", "judge", "loop_judge"]
+
+
+def torch_driver(model, videos: int, *, ranks: int = 2, lanes: int = 8,
+                 inputs: bool = False):
+    """An :class:`coda.host.nmp.driver.NMPDriver` on the torch backend: ``ranks`` ranks of
+    ``lanes``-lane NMEs (default NME units), each with room for the cache of ``videos``
+    videos of ``model`` (every operator's output; with ``inputs``, the kept inputs of
+    monitors too: :func:`coda.host.model.sample.cache_mem_words`)."""
+    from coda.host.model.sample import cache_mem_words
+    from coda.host.nme.backend import TorchBackend
+    from coda.host.nmp.driver import NMPDriver
+    from coda.hw.nme.isa import NMEConfig
+
+    words = cache_mem_words(model, videos, ranks, lanes, inputs=inputs)
+    return NMPDriver(TorchBackend(), NMEConfig(lanes=lanes, mem_words=words), ranks=ranks)
 
 
 def rollout(model, schedule: Schedule, labels, seeds, *, num_steps: int,
             guidance_scale: float, batch: int = 10, ranks: int = 2) -> torch.Tensor:
     """Cached generations of (labels[i], seeds[i]) under ``schedule`` on the torch backend,
     ``batch`` videos per generation. Returns float32 [N, 1, F, H, W]."""
-    from coda.host.nme.backend import TorchBackend
-    from coda.host.nmp.driver import NMPDriver
-    from coda.host.model.sample import cache_mem_words, cached_generate
-    from coda.hw.nme.isa import NMEConfig
+    from coda.host.model.sample import cached_generate
 
     out = []
     for i in range(0, len(labels), batch):
         lab, sd = list(labels[i:i + batch]), list(seeds[i:i + batch])
-        driver = NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=cache_mem_words(
-            model, len(lab), ranks=ranks, lanes=8)), ranks=ranks)
+        driver = torch_driver(model, len(lab), ranks=ranks)
         v, _ = cached_generate(model, lab, driver, schedule, num_steps=num_steps,
                                guidance_scale=guidance_scale, seeds=sd)
         out.append(v)

@@ -105,17 +105,13 @@ def ranking(model, sched, labels, video_seeds, probes, gains: dict, args) -> dic
     from scipy.stats import spearmanr
 
     from coda.experiments.dra_calibration import probe_values
-    from coda.host.model.sample import cache_mem_words
-    from coda.host.nme.backend import TorchBackend
-    from coda.host.nmp.driver import NMPDriver
-    from coda.hw.nme.isa import NMEConfig
-
-    def driver(videos: int) -> NMPDriver:
-        words = cache_mem_words(model, videos, 2, 8, inputs=True)
-        return NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=words), ranks=2)
+    from coda.experiments.rollouts import torch_driver
 
     prompts, seeds = list(dict.fromkeys(labels)), list(dict.fromkeys(video_seeds))
     assert labels == [p for _ in seeds for p in prompts], "videos are every prompt x seed"
+    def driver(videos: int):
+        return torch_driver(model, videos, inputs=True)
+
     values = {p: probe_values(model, sched, prompts, seeds, num_steps=args.steps,
                               guidance_scale=args.guidance, driver_factory=driver, probe=p)
               for p in probes}    # per step, one per video, seed-major as the rollouts
