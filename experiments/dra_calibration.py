@@ -25,16 +25,18 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from coda.host.cache.events import EventLog
 from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_GAMMA, DEFAULT_MARGIN,
-                                          DEFAULT_MAX_EXTRA, DEFAULT_PROBE, DEFAULT_QUANTILE,
+                                          DEFAULT_MAX_EXTRA, DEFAULT_PROBES, DEFAULT_QUANTILE,
                                           StepDRAPolicy, StepThresholds)
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
 
-__all__ = ["calibrate_step_dra", "calibrate_default_dra", "fallback_rates", "fallback_extra",
-           "probe_values", "probed_steps", "save_step_dra", "load_step_dra"]
+__all__ = ["calibrate_step_dra", "calibrate_default_dra", "pick_probe", "fallback_rates",
+           "fallback_extra", "dra_videos", "probe_values", "probed_steps", "save_step_dra",
+           "load_step_dra"]
 
 
 def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
@@ -169,9 +171,10 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
             model's :class:`coda.experiments.profile.Profile`) and ``gamma`` are
             :func:`fallback_rates`'.
         probe: what the thresholds bound (:data:`coda.host.cache.policies.dra.PROBES`;
-            ``coda eval`` and ``coda run`` use :data:`~coda.host.cache.policies.dra.
-            DEFAULT_PROBE`). A step the probe has no value at (``"accel"`` at step 1,
-            ``"output"`` before step 3) has no threshold: DRA never falls back there.
+            ``coda eval`` and ``coda run`` choose one of :data:`~coda.host.cache.policies.dra.
+            DEFAULT_PROBES`: :func:`calibrate_default_dra`). A step the probe has no value
+            at (``"accel"`` at step 1, ``"output"`` before step 3) has no threshold: DRA
+            never falls back there.
         max_extra: None, or the most extra executions any one video may spend, in (0, 1]:
             the table's ``max_fallbacks`` is ``floor(max_extra * num_steps)`` per sample and
             branch.
@@ -229,35 +232,119 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
 
 
 def calibrate_default_dra(model, schedule: Schedule, profile, *, num_steps: int,
-                          guidance_scale: float, driver_factory: Callable) -> StepThresholds:
-    """The thresholds ``coda eval`` and ``coda run`` use: :func:`calibrate_step_dra` on the
-    profile's calibration videos (its prompts and seeds) with the default probe
-    (:data:`~coda.host.cache.policies.dra.DEFAULT_PROBE`), the default budget spread by
-    the profile (:data:`~coda.host.cache.policies.dra.DEFAULT_BUDGET`) and every video's
-    extra executions bounded (:data:`~coda.host.cache.policies.dra.DEFAULT_MAX_EXTRA`).
-    Raises what :func:`calibrate_step_dra` raises."""
-    return calibrate_step_dra(model, schedule, profile.meta["prompts"], profile.meta["seeds"],
-                              num_steps=num_steps, guidance_scale=guidance_scale,
-                              driver_factory=driver_factory, budget=DEFAULT_BUDGET,
-                              profile=profile, probe=DEFAULT_PROBE,
-                              max_extra=DEFAULT_MAX_EXTRA)
+                          guidance_scale: float, driver_factory: Callable,
+                          probes=DEFAULT_PROBES) -> tuple[StepThresholds, dict]:
+    """The thresholds ``coda eval`` and ``coda run`` use, on the profile's calibration videos
+    (its prompts and seeds) only: for each of ``probes``, :func:`calibrate_step_dra` with the
+    default budget spread by the profile (:data:`~coda.host.cache.policies.dra.
+    DEFAULT_BUDGET`) and every video's extra executions bounded
+    (:data:`~coda.host.cache.policies.dra.DEFAULT_MAX_EXTRA`); each table's videos
+    (:func:`dra_videos`) and the static schedule's judged against the full-compute ones
+    (per-video PSNR, :func:`coda.experiments.metrics.psnr_db`), and the table of the probe
+    :func:`pick_probe` picks kept.
+
+    Returns:
+        (the chosen :class:`StepThresholds`, a report: ``"probe"``, the one chosen;
+        ``"videos"``, the calibration videos; ``"static_psnr_db"``, per video; ``"probes"``,
+        per probe :func:`pick_probe`'s figures plus ``"extra_executions"`` (a fraction of the
+        calibration videos' executions) and ``"psnr_db"`` per video).
+    Raises:
+        ValueError: no probe, an unknown probe, and what :func:`calibrate_step_dra` raises.
+    """
+    from coda.experiments.cfg_loop import generate_videos
+    from coda.experiments.metrics import psnr_db
+    from coda.host.cache.policies.dra import PROBES
+
+    probes = tuple(probes)
+    bad = [p for p in probes if p not in PROBES]
+    if not probes or bad:
+        raise ValueError(f"probes={probes}: expected one or more of {', '.join(PROBES)}")
+    labels, seeds = profile.meta["prompts"], profile.meta["seeds"]
+    runs = dict(num_steps=num_steps, guidance_scale=guidance_scale,
+                driver_factory=driver_factory)
+    full = [generate_videos(model, list(labels), seeds=[int(s)] * len(labels),
+                            num_steps=num_steps, guidance_scale=guidance_scale)
+            for s in seeds]
+    full = torch.cat(full)
+
+    def psnr(videos) -> list[float]:
+        return [psnr_db(videos[i:i + 1], full[i:i + 1]) for i in range(len(full))]
+
+    static = psnr(dra_videos(model, schedule, None, labels, seeds, **runs)[0])
+    tables, judged = {}, {}
+    for probe in probes:
+        tables[probe] = calibrate_step_dra(model, schedule, labels, seeds, budget=DEFAULT_BUDGET,
+                                           profile=profile, probe=probe,
+                                           max_extra=DEFAULT_MAX_EXTRA, **runs)
+        videos, extra = dra_videos(model, schedule, tables[probe], labels, seeds, **runs)
+        judged[probe] = {"psnr_db": psnr(videos), "extra_executions": extra}
+    choice, figures = pick_probe(static, {p: j["psnr_db"] for p, j in judged.items()})
+    report = {"probe": choice, "videos": [[int(p), int(s)] for s in seeds for p in labels],
+              "static_psnr_db": static,
+              "probes": {p: {**figures[p], **judged[p]} for p in probes}}
+    return tables[choice], report
+
+
+def pick_probe(static_psnr, probe_psnr: dict) -> tuple[str, dict]:
+    """The probe whose DRA gains most on the corner of the calibration videos: per probe, the
+    per-video gain ``probe_psnr[p] - static_psnr`` (dB; 0 where both are equal, e.g. both
+    ``inf``), its mean over all videos (``"mean_gain_db"``) and over the quarter the static
+    schedule loses most (:func:`coda.experiments.metrics.worst_quarter`,
+    ``"corner_gain_db"``). Of the probes with a mean gain >= 0 (all if none has), the one
+    with the highest corner gain; the first in ``probe_psnr``'s order on a tie. Returns
+    (the probe, probe -> its figures). Raises ValueError for no probe or a per-video list
+    of another length than ``static_psnr``."""
+    from coda.experiments.metrics import worst_quarter
+
+    static = np.asarray(static_psnr, dtype=float)
+    if not probe_psnr:
+        raise ValueError("probe_psnr is empty: expected one per-video PSNR list per probe")
+    corner = worst_quarter(static)
+    figures = {}
+    for probe, psnr in probe_psnr.items():
+        psnr = np.asarray(psnr, dtype=float)
+        if psnr.shape != static.shape:
+            raise ValueError(f"probe {probe!r}: {psnr.shape[0] if psnr.ndim else 0} PSNR "
+                             f"values, expected one per video ({len(static)})")
+        with np.errstate(invalid="ignore"):
+            gain = np.where(psnr == static, 0.0, psnr - static)
+        figures[probe] = {"mean_gain_db": float(gain.mean()),
+                          "corner_gain_db": float(gain[corner].mean())}
+    keep = [p for p in probe_psnr if figures[p]["mean_gain_db"] >= 0] or list(probe_psnr)
+    return max(keep, key=lambda p: figures[p]["corner_gain_db"]), figures
+
+
+def dra_videos(model, schedule: Schedule, thresholds: StepThresholds | None, labels, seeds,
+               *, num_steps: int, guidance_scale: float,
+               driver_factory: Callable) -> tuple[torch.Tensor, float]:
+    """Every (label, seed) video generated by step DRA with ``thresholds`` around
+    ``schedule`` (None: the static schedule alone), seed-major (the labels of ``seeds[0]``
+    first), one generation per seed with a fresh ``driver_factory(len(labels))``; and the
+    extra operator executions DRA spent, a fraction of all of the videos' (float). Videos
+    as :func:`coda.experiments.cfg_loop.cached_videos` returns them (float32 [N, ...])."""
+    from coda.experiments.cfg_loop import cached_videos
+
+    log, out = EventLog(), []
+    for seed in seeds:
+        policy = SchedulePolicy(schedule)
+        if thresholds is not None:
+            policy = StepDRAPolicy(policy, thresholds)
+        videos, _ = cached_videos(model, list(labels), driver_factory(len(labels)), policy,
+                                  events=log, num_steps=num_steps,
+                                  guidance_scale=guidance_scale,
+                                  seeds=[int(seed)] * len(labels))
+        out.append(videos)
+    ops = log.of("op")
+    return torch.cat(out), (sum(e.reason == "fallback" for e in ops) / len(ops) if ops else 0.0)
 
 
 def fallback_extra(model, schedule: Schedule, thresholds: StepThresholds, labels, seeds, *,
                    num_steps: int, guidance_scale: float, driver_factory: Callable) -> float:
     """The extra operator executions (a fraction of all of the videos') that step DRA with
-    ``thresholds`` around ``schedule`` spends on every (label, seed) video: one generation
-    per seed, all labels batched, a fresh ``driver_factory(len(labels))`` each."""
-    from coda.experiments.cfg_loop import cached_videos
-
-    log = EventLog()
-    for seed in seeds:
-        cached_videos(model, list(labels), driver_factory(len(labels)),
-                      StepDRAPolicy(SchedulePolicy(schedule), thresholds), events=log,
-                      num_steps=num_steps, guidance_scale=guidance_scale,
-                      seeds=[int(seed)] * len(labels))
-    ops = log.of("op")
-    return sum(e.reason == "fallback" for e in ops) / len(ops) if ops else 0.0
+    ``thresholds`` around ``schedule`` spends on every (label, seed) video
+    (:func:`dra_videos`)."""
+    return dra_videos(model, schedule, thresholds, labels, seeds, num_steps=num_steps,
+                      guidance_scale=guidance_scale, driver_factory=driver_factory)[1]
 
 
 def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThresholds) -> None:

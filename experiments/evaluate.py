@@ -16,12 +16,15 @@ quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, 
 never sees that choice, is scored on exactly those videos) and, separately, the quarter
 with the fastest motion of the digit in the full-compute video (centre-of-mass travel per
 frame, what :mod:`coda.host.model.data` varies). For both: PSNR without and with DRA and the
-extra operator executions DRA spent on them. DRA's thresholds are calibrated on the profile's
-own videos (:func:`coda.experiments.dra_calibration.calibrate_step_dra`), never on the held-out ones.
+extra operator executions DRA spent on them. DRA's thresholds and its probe are chosen on the
+profile's own videos (:func:`coda.experiments.dra_calibration.calibrate_default_dra`), never
+on the held-out ones.
 
 Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
 label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
-(per-video PSNR, motion, executions) and ``DIR/corner_cases.json``; a PSNR of identical
+(per-video PSNR, motion, executions), ``DIR/corner_cases.json`` and, with ``coda+dra``,
+``DIR/dra_probes.json`` (per skip, the probe choice on the calibration videos and the table
+chosen, as :func:`coda.experiments.dra_calibration.save_step_dra` stores it); a PSNR of identical
 videos (infinite) is ``null`` there (JSON has no Infinity).
 """
 
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from coda.experiments.metrics import motion_px, psnr_db, ssim
+from coda.experiments.metrics import motion_px, psnr_db, ssim, worst_quarter
 from coda.host.cache.device import DEVICES
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.host.cache.compress import CACHE_FORMATS
@@ -186,9 +189,11 @@ def main(args) -> int:
     console = Console()
     console.print(s.preset.describe())    # the top of the output: which NME runs the segments
     driver_factory = _driver_factory(s.model, s.backend, s.nme)
-    policies_at = _calibrated(s.policies, s.skips, s.profile, Path(s.profile_path), s.model,
-                              cfg, driver_factory, console, s.modes)
+    policies_at, dra_probes = _calibrated(s.policies, s.skips, s.profile, Path(s.profile_path),
+                                          s.model, cfg, driver_factory, console, s.modes)
     s.out.mkdir(parents=True, exist_ok=True)
+    if dra_probes:
+        (s.out / "dra_probes.json").write_text(json_text(dra_probes, indent=1) + "\n")
 
     common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
     vid_labels = torch.tensor([p for _ in s.seeds for p in s.prompts])
@@ -501,16 +506,17 @@ def _driver_factory(model, backend, nme: dict):
 
 
 def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver_factory,
-                console, modes=("reuse",)) -> dict:
+                console, modes=("reuse",)) -> tuple[dict, dict]:
     """(name, skip) -> the policy, every one calibrated before any evaluated generation: the
-    coda schedules (:func:`coda_schedule`), DRA's thresholds set on the profile's own videos
-    (:func:`coda.experiments.dra_calibration.calibrate_default_dra`), the others by
-    :func:`coda.host.cache.policies.get_policy`."""
+    coda schedules (:func:`coda_schedule`), DRA's thresholds and probe chosen on the
+    profile's own videos (:func:`coda.experiments.dra_calibration.calibrate_default_dra`),
+    the others by :func:`coda.host.cache.policies.get_policy`; and ``"skip S"`` -> the DRA
+    probe choice's report at S (none without coda+dra)."""
     from coda.experiments.dra_calibration import calibrate_default_dra
     from coda.host.cache.policies import get_policy
 
     layers = len(model.transformer.transformer_blocks)
-    policies_at = {}
+    policies_at, dra_probes = {}, {}
     for skip in skips:
         table = None
         scheds = {}
@@ -522,9 +528,19 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                 console.print(f"{name} schedule for skip {skip}: {source}")
         sched = scheds.get("coda")
         if "coda+dra" in policies:
-            table = calibrate_default_dra(model, sched, profile, num_steps=cfg.steps,
-                                          guidance_scale=cfg.guidance,
-                                          driver_factory=driver_factory)
+            t0 = time.perf_counter()
+            table, report = calibrate_default_dra(model, sched, profile, num_steps=cfg.steps,
+                                                  guidance_scale=cfg.guidance,
+                                                  driver_factory=driver_factory)
+            dra_probes[f"skip {skip}"] = {**report, "wall_s": time.perf_counter() - t0,
+                                          "table": table.to_dict()}
+            console.print(f"coda+dra at skip {skip}: probe {report['probe']!r} chosen on the "
+                          f"profile's {len(report['videos'])} videos in "
+                          f"{time.perf_counter() - t0:.0f} s (" + "; ".join(
+                              f"{p}: corner {f['corner_gain_db']:+.2f} dB, mean "
+                              f"{f['mean_gain_db']:+.2f} dB, extra "
+                              f"{100 * f['extra_executions']:.1f} %"
+                              for p, f in report["probes"].items()) + ")")
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,
@@ -533,7 +549,7 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                                                    num_layers=layers, **extra)
     if "forecast" in modes:
         _forecast_tables(policies_at, profile, model, cfg, driver_factory, console)
-    return policies_at
+    return policies_at, dra_probes
 
 
 def _forecast_tables(policies_at: dict, profile, model, cfg, driver_factory, console) -> None:
@@ -565,7 +581,7 @@ def _corner_cases(per_video: dict, skips, motion) -> list[dict]:
         static, dra = per_video[("coda", skip)], per_video[("coda+dra", skip)]
         n = len(static)
         quarter = max(1, n // 4)
-        sets = {"worst-static-psnr": list(np.argsort([v["psnr_db"] for v in static])[:quarter]),
+        sets = {"worst-static-psnr": list(worst_quarter([v["psnr_db"] for v in static])),
                 "fastest-motion": list(np.argsort(-np.asarray(motion))[:quarter]),
                 "all": list(range(n))}
         for label, idx in sets.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["psnr_db", "ssim", "motion_px"]
+__all__ = ["psnr_db", "ssim", "motion_px", "worst_quarter"]
 
 
 def _frames(video: torch.Tensor) -> torch.Tensor:
@@ -50,3 +50,13 @@ def motion_px(video: torch.Tensor) -> np.ndarray:
     cx = (ink.sum(-2) * torch.arange(w, dtype=torch.float64)).sum(-1) / mass
     step = torch.sqrt(torch.diff(cy, dim=1) ** 2 + torch.diff(cx, dim=1) ** 2)
     return step.mean(dim=1).numpy()
+
+
+def worst_quarter(psnr) -> np.ndarray:
+    """The indices of the quarter of the videos (at least one) with the lowest PSNR, lowest
+    first (ties in index order): the corner set a dynamic fallback is judged on. Raises
+    ValueError for no video."""
+    psnr = np.asarray(psnr, dtype=float)
+    if psnr.ndim != 1 or not len(psnr):
+        raise ValueError(f"psnr of shape {psnr.shape}: expected one value per video, >= 1")
+    return np.argsort(psnr, kind="stable")[:max(1, len(psnr) // 4)]

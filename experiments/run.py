@@ -641,7 +641,7 @@ def _dra_thresholds(args, model, sched, profile, path):
         return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
     return calibrate_default_dra(
         model, sched, profile, num_steps=args.steps, guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True))
+        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True))[0]
 
 
 def _profile(args, mhash: str, layers: int, who: str):

@@ -33,6 +33,7 @@ import schedule_videos
 def main(argv=None) -> int:
     import numpy as np
 
+    from coda.experiments.metrics import worst_quarter
     from coda.experiments.rollouts import full_videos, judge
     from coda.host.cache.schedule import BRANCHES, Schedule
 
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     res = judge([sched] + [computing(set(g)) for g in groups], labels, video_seeds, full,
                 num_steps=args.steps, guidance_scale=args.guidance, workers=args.workers)
     base = np.array(res[0]["per_video_psnr_db"])
-    worst = np.argsort(base)[:max(1, len(base) // 4)]
+    worst = worst_quarter(base)
     rest = np.setdiff1d(np.arange(len(base)), worst)
     print(f"computed in {args.branch} branch{'es' if args.branch == 'both' else ''}")
     print(f"{'computed steps':>16} | gain, worst quarter (dB) | gain, the others (dB) | "

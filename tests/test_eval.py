@@ -27,6 +27,17 @@ def test_metrics_agree_with_the_definitions():
     assert motion_px(v)[0] == pytest.approx(2.0)
 
 
+def test_worst_quarter_is_the_lowest_quarter_of_the_videos():
+    from coda.experiments.metrics import worst_quarter
+
+    assert worst_quarter([3.0, 1.0, 2.0, 0.0, 5.0, 4.0, 7.0, 6.0]).tolist() == [3, 1]
+    assert worst_quarter([2.0, 1.0, 1.0, 0.5, 9.0]).tolist() == [3]      # 5 // 4 = 1
+    assert worst_quarter([5.0, 5.0, 5.0, 5.0]).tolist() == [0]           # ties: index order
+    assert worst_quarter([7.0]).tolist() == [0]                          # at least one
+    with pytest.raises(ValueError, match=r"psnr of shape \(0,\): expected one value per"):
+        worst_quarter([])
+
+
 @pytest.fixture(scope="module")
 def profile_3(tmp_path_factory):
     d = tmp_path_factory.mktemp("prof")
@@ -63,6 +74,13 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     # before the probed one; the 3-step plans reuse step 1 only: nothing to probe, nothing on
     # the NMEs
     assert dra["monitors"] == 0 and dra["monitor_nme_cycles"] == 0 and dra["fallbacks"] == 0
+    # the probe chosen on the profile's one video, with the table it gave
+    from coda.host.cache.policies.dra import DEFAULT_PROBES, StepThresholds
+    probes = json.loads((out / "dra_probes.json").read_text())
+    assert list(probes) == ["skip 0.3"] and probes["skip 0.3"]["videos"] == [[3, 77]]
+    chosen = probes["skip 0.3"]
+    assert chosen["probe"] in DEFAULT_PROBES and set(chosen["probes"]) == set(DEFAULT_PROBES)
+    assert StepThresholds.from_dict(chosen["table"]).probe == chosen["probe"]
     assert (out / "pareto.png").stat().st_size > 1000
     table = (out / "table.md").read_text().splitlines()
     assert len(table) == 2 + len(rows) and table[2].startswith("| uniform | 0.3 |")

@@ -406,17 +406,70 @@ def test_step_dra_falls_back_at_most_max_fallbacks_steps_per_sample(setup):
     assert cal.max_fallbacks == 2                          # floor(0.3 * 8)
     # per video at most 2 steps, both branches, of 10 operators of 2 * 8 * 10: <= 0.3 of them
     assert 2 * 2 * 10 / (2 * STEPS * 10) <= 0.3
-    # what coda eval / coda run calibrate: the profile's videos with the module's defaults
-    from coda.experiments.dra_calibration import calibrate_default_dra
-    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_MAX_EXTRA, DEFAULT_PROBE
-    _, prof = setup
-    assert calibrate_default_dra(model, sched, prof, **kw) == calibrate_step_dra(
-        model, sched, prof.meta["prompts"], prof.meta["seeds"], budget=DEFAULT_BUDGET,
-        profile=prof, probe=DEFAULT_PROBE, max_extra=DEFAULT_MAX_EXTRA, **kw)
     with pytest.raises(ValueError, match="max_extra=0.0: expected a fraction in"):
         calibrate_step_dra(model, sched, [2], [40], max_extra=0.0, **kw)
     with pytest.raises(ValueError, match="max_fallbacks=-1: expected an int >= 0"):
         StepThresholds(always, STEPS, "m", "s", 1.0, 1.0, max_fallbacks=-1)
+
+
+def test_default_dra_is_the_table_of_the_probe_its_calibration_rollouts_pick(setup):
+    """What coda eval / coda run calibrate: per default probe, the budgeted, bounded table on
+    the profile's videos; the chosen one is pick_probe's verdict on the videos each table
+    generates there, judged against full compute (every figure re-derived here)."""
+    from coda.experiments.dra_calibration import calibrate_default_dra, dra_videos, pick_probe
+    from coda.experiments.metrics import psnr_db
+    from coda.host.cache.policies.dra import DEFAULT_BUDGET, DEFAULT_MAX_EXTRA, DEFAULT_PROBES
+
+    model, prof = setup
+    sched = whole_steps({3, 4, 5, 6})
+    kw = dict(num_steps=STEPS, guidance_scale=3.0, driver_factory=driver)
+    labels, seeds = prof.meta["prompts"], prof.meta["seeds"]
+    table, report = calibrate_default_dra(model, sched, prof, **kw)
+    full = torch.cat([generate(model, labels, seeds=[s] * len(labels), num_steps=STEPS,
+                               guidance_scale=3.0) for s in seeds])
+
+    def psnr(thresholds):
+        videos, extra = dra_videos(model, sched, thresholds, labels, seeds, **kw)
+        return [psnr_db(videos[i:i + 1], full[i:i + 1]) for i in range(len(full))], extra
+
+    tables = {p: calibrate_step_dra(model, sched, labels, seeds, budget=DEFAULT_BUDGET,
+                                    profile=prof, probe=p, max_extra=DEFAULT_MAX_EXTRA, **kw)
+              for p in DEFAULT_PROBES}
+    static = psnr(None)[0]
+    judged = {p: psnr(t) for p, t in tables.items()}
+    choice, figures = pick_probe(static, {p: j[0] for p, j in judged.items()})
+    assert report["probe"] == choice and table == tables[choice]
+    assert report["static_psnr_db"] == static
+    assert report["videos"] == [[p, s] for s in seeds for p in labels]
+    assert report["probes"] == {p: {**figures[p], "psnr_db": judged[p][0],
+                                    "extra_executions": judged[p][1]} for p in DEFAULT_PROBES}
+    with pytest.raises(ValueError, match=r"probes=\('cos',\): expected one or more of"):
+        calibrate_default_dra(model, sched, prof, probes=("cos",), **kw)
+    with pytest.raises(ValueError, match=r"probes=\(\): expected one or more of"):
+        calibrate_default_dra(model, sched, prof, probes=(), **kw)
+
+
+def test_pick_probe_takes_the_best_corner_among_probes_that_do_not_lower_the_mean():
+    from coda.experiments.dra_calibration import pick_probe
+
+    static = [30.0, 10.0, 40.0, 20.0, 50.0, 60.0, 70.0, 80.0]     # corner: videos 1, 3
+    psnr = {"a": [30.0, 12.0, 40.0, 21.0, 50.0, 60.0, 70.0, 79.0],  # corner +1.5, mean +0.25
+            "b": [30.0, 16.0, 40.0, 20.0, 40.0, 60.0, 70.0, 80.0],  # corner +3, mean -0.5
+            "c": [31.0, 11.0, 40.0, 22.0, 50.0, 60.0, 70.0, 80.0]}  # corner +1.5, mean +0.5
+    choice, figures = pick_probe(static, psnr)
+    assert choice == "a"                 # b lowers the mean; a ties c and comes first
+    assert figures == {"a": {"mean_gain_db": 0.25, "corner_gain_db": 1.5},
+                       "b": {"mean_gain_db": -0.5, "corner_gain_db": 3.0},
+                       "c": {"mean_gain_db": 0.5, "corner_gain_db": 1.5}}
+    assert pick_probe(static, {"c": psnr["c"], "a": psnr["a"]})[0] == "c"
+    assert pick_probe(static, {"b": psnr["b"]})[0] == "b"    # none keeps the mean: best corner
+    inf = float("inf")                   # identical videos on both sides: no gain, not nan
+    assert pick_probe([inf, 1.0], {"a": [inf, 2.0]})[1]["a"] == {"mean_gain_db": 0.5,
+                                                                 "corner_gain_db": 1.0}
+    with pytest.raises(ValueError, match="probe_psnr is empty"):
+        pick_probe(static, {})
+    with pytest.raises(ValueError, match=r"probe 'a': 3 PSNR values, expected one per video \(8\)"):
+        pick_probe(static, {"a": [1.0, 2.0, 3.0]})
 
 
 def test_step_dra_calibration_is_the_probe_quantile_and_is_stored_with_the_schedule(

@@ -64,7 +64,7 @@ from .base import CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy
 
 __all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE", "DEFAULT_BUDGET",
-           "DEFAULT_GAMMA", "DEFAULT_MARGIN", "PROBES", "DEFAULT_PROBE",
+           "DEFAULT_GAMMA", "DEFAULT_MARGIN", "PROBES", "DEFAULT_PROBES",
            "DEFAULT_MAX_EXTRA"]
 
 #: quantile of the calibration probes taken as every reused step's threshold when DRA is
@@ -104,16 +104,16 @@ DEFAULT_MAX_EXTRA = 0.05
 #: change ranks videos barely by what the static schedule loses on them (Spearman -0.1 to
 #: -0.3 with their PSNR): it sees fast motion, which the schedules handle well.
 PROBES = ("l1", "accel", "output")
-#: the probe of ``coda eval`` and ``coda run``: the output's second difference, which ranks
-#: the videos by what computing the first two reused steps gains them (where the budget
-#: goes) better than the input's: on 60 calibration videos (seeds 100-105) Spearman +0.37 /
-#: +0.45 at steps 15 / 17 of the 0.5 schedule and +0.31 / +0.27 at steps 11 / 13 of the 0.6
-#: one (the input's +0.27 / +0.31 and +0.12 / +0.10), and the quarter it ranks highest gains
-#: +1.89 / +1.96 and +2.40 / +2.24 dB from them (the input's +1.47 / +1.13 and +1.44 / +0.68;
-#: the best quarter +2.72 and +5.23; ``scripts/step_gains.py --probes output,accel``). At
-#: step 6 of the 0.7 schedule the input's ranks better (+0.17 against +0.04): the best probe
-#: depends on the schedule, and one probe serves every schedule here.
-DEFAULT_PROBE = "output"
+#: the probes ``coda eval`` and ``coda run`` choose from, per schedule, on the calibration
+#: videos (:func:`coda.experiments.dra_calibration.calibrate_default_dra`): the output's second
+#: difference and the input's. Which one ranks the videos better by what computing the first
+#: two reused steps gains them (where the budget goes) depends on the schedule: on 60
+#: calibration videos (seeds 100-105, ``scripts/step_gains.py --probes output,accel``) the
+#: output's Spearman is +0.37 / +0.45 at steps 15 / 17 of the 0.5 schedule and +0.31 / +0.27
+#: at steps 11 / 13 of the 0.6 one (the input's +0.27 / +0.31 and +0.12 / +0.10), the
+#: input's is +0.17 at step 6 of the 0.7 one (the output's +0.04). In this order: the first
+#: wins a tie.
+DEFAULT_PROBES = ("output", "accel")
 
 
 @dataclass(frozen=True)
