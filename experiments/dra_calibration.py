@@ -9,6 +9,12 @@ quantile for every step, or, budgeted (``budget`` and the profile), the per-step
 ``1 - rate`` of :func:`fallback_rates`, which spreads a budget of extra executions over the
 reused steps by what computing each is worth to the profile's stand-in.
 
+:func:`calibrate_default_dra` is what ``coda eval``, ``coda run`` and ``coda schedule dra``
+(:func:`main`) calibrate: a budgeted table per probe of
+:data:`coda.host.cache.policies.dra.DEFAULT_PROBES`, each rolled out on the calibration videos
+against their full-compute videos, and the table of the probe :func:`pick_probe` picks (the
+best gain on the quarter of those videos the static schedule loses most).
+
 :func:`save_step_dra` writes the table as a ``"dra"`` block into the schedule's JSON file
 (beside the ``"coda"`` block of the search; :meth:`Schedule.from_json` ignores both);
 :func:`load_step_dra` reads the schedule and its table back and refuses a table of another
@@ -21,6 +27,8 @@ package does not import it.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -33,10 +41,11 @@ from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_GAMMA, DEFAULT
                                           StepDRAPolicy, StepThresholds)
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
+from coda.options import add_options, from_args, option
 
-__all__ = ["calibrate_step_dra", "calibrate_default_dra", "pick_probe", "fallback_rates",
-           "fallback_extra", "dra_videos", "probe_values", "probed_steps", "save_step_dra",
-           "load_step_dra"]
+__all__ = ["calibrate_step_dra", "calibrate_default_dra", "pick_probe", "describe_choice",
+           "fallback_rates", "fallback_extra", "dra_videos", "probe_values", "probed_steps",
+           "save_step_dra", "load_step_dra"]
 
 
 def probe_values(model, schedule: Schedule, labels, seeds, *, num_steps: int,
@@ -234,7 +243,8 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
 def calibrate_default_dra(model, schedule: Schedule, profile, *, num_steps: int,
                           guidance_scale: float, driver_factory: Callable,
                           probes=DEFAULT_PROBES) -> tuple[StepThresholds, dict]:
-    """The thresholds ``coda eval`` and ``coda run`` use, on the profile's calibration videos
+    """The thresholds ``coda eval``, ``coda run`` and ``coda schedule dra`` use, on the
+    profile's calibration videos
     (its prompts and seeds) only: for each of ``probes``, :func:`calibrate_step_dra` with the
     default budget spread by the profile (:data:`~coda.host.cache.policies.dra.
     DEFAULT_BUDGET`) and every video's extra executions bounded
@@ -283,6 +293,15 @@ def calibrate_default_dra(model, schedule: Schedule, profile, *, num_steps: int,
               "static_psnr_db": static,
               "probes": {p: {**figures[p], **judged[p]} for p in probes}}
     return tables[choice], report
+
+
+def describe_choice(report: dict) -> str:
+    """One line of :func:`calibrate_default_dra`'s report: the probe chosen, on how many
+    videos, and each probe's corner and mean gains (dB) and extra executions (%)."""
+    return (f"probe {report['probe']!r} chosen on {len(report['videos'])} calibration videos ("
+            + "; ".join(f"{p}: corner {f['corner_gain_db']:+.2f} dB, mean "
+                        f"{f['mean_gain_db']:+.2f} dB, extra {100 * f['extra_executions']:.1f} %"
+                        for p, f in report["probes"].items()) + ")")
 
 
 def pick_probe(static_psnr, probe_psnr: dict) -> tuple[str, dict]:
@@ -377,3 +396,62 @@ def load_step_dra(path: str | Path, *, model_id: str | None = None,
     table.check_for(model_id, num_steps if num_steps is not None else sched.num_steps,
                     sched, what=f"{path} DRA thresholds")
     return sched, table
+
+
+# ---------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class DRAConfig:
+    """Every option of ``coda schedule dra`` with its default."""
+    schedule: tuple = option(None, "schedule JSONs (of coda schedule search) to calibrate DRA "
+                             "for; each file's \"dra\" block is written in place",
+                             type=str, metavar="FILE", nargs="+", required=True)
+    profile: str = option(None, "profile.npz whose prompts and seeds are the calibration "
+                          "videos", type=str, metavar="FILE",
+                          default_text="the shipped one, 50 steps")
+    guidance: float = option(None, "CFG scale, finite and >= 0", type=float,
+                             default_text="the model's default")
+    threads: int = option(1, "torch CPU threads (1: the bits of coda eval's calibration)")
+
+
+def configure(parser) -> None:
+    add_options(parser, DRAConfig)
+
+
+def main(args) -> int:
+    """``coda schedule dra``: for each schedule file, step DRA's probe and thresholds chosen
+    on the profile's videos (:func:`calibrate_default_dra`, torch backend, what ``coda eval``
+    calibrates), written as its ``"dra"`` block, which ``coda run --policy coda+dra
+    --schedule FILE`` then reads instead of calibrating. Raises ValueError naming the file
+    for a schedule of another model or layer count, or the option for a bad value."""
+    import torch
+
+    from coda.experiments.profile import Profile, model_hash
+    from coda.experiments.rollouts import torch_driver
+    from coda.host.cache.policies import check_guidance
+    from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule
+    from coda.host.model.dit import load_model
+    from coda.host.model.sample import DEFAULT_GUIDANCE
+
+    cfg = from_args(DRAConfig, args)
+    guidance = DEFAULT_GUIDANCE if cfg.guidance is None else cfg.guidance
+    check_guidance(guidance)
+    if cfg.threads < 1:
+        raise ValueError(f"--threads {cfg.threads}: expected >= 1")
+    torch.set_num_threads(cfg.threads)
+    model, _ = load_model()
+    mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
+    scheds = {path: load_schedule(path, model_id=mhash, num_layers=layers)
+              for path in cfg.schedule}
+    profile_path = cfg.profile or SHIPPED_PROFILE
+    profile = Profile.load(profile_path)
+    for path, sched in scheds.items():
+        profile.check_for(mhash, sched.num_steps, layers, what=f"--profile {profile_path}")
+    for path, sched in scheds.items():
+        t0 = time.perf_counter()
+        table, report = calibrate_default_dra(
+            model, sched, profile, num_steps=sched.num_steps, guidance_scale=guidance,
+            driver_factory=lambda n: torch_driver(model, n, inputs=True))
+        save_step_dra(path, sched, table)
+        print(f"{path}: {describe_choice(report)} ({profile_path}, "
+              f"{time.perf_counter() - t0:.0f} s)")
+    return 0

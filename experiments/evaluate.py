@@ -512,7 +512,7 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
     profile's own videos (:func:`coda.experiments.dra_calibration.calibrate_default_dra`),
     the others by :func:`coda.host.cache.policies.get_policy`; and ``"skip S"`` -> the DRA
     probe choice's report at S (none without coda+dra)."""
-    from coda.experiments.dra_calibration import calibrate_default_dra
+    from coda.experiments.dra_calibration import calibrate_default_dra, describe_choice
     from coda.host.cache.policies import get_policy
 
     layers = len(model.transformer.transformer_blocks)
@@ -534,13 +534,8 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
                                                   driver_factory=driver_factory)
             dra_probes[f"skip {skip}"] = {**report, "wall_s": time.perf_counter() - t0,
                                           "table": table.to_dict()}
-            console.print(f"coda+dra at skip {skip}: probe {report['probe']!r} chosen on the "
-                          f"profile's {len(report['videos'])} videos in "
-                          f"{time.perf_counter() - t0:.0f} s (" + "; ".join(
-                              f"{p}: corner {f['corner_gain_db']:+.2f} dB, mean "
-                              f"{f['mean_gain_db']:+.2f} dB, extra "
-                              f"{100 * f['extra_executions']:.1f} %"
-                              for p, f in report["probes"].items()) + ")")
+            console.print(f"coda+dra at skip {skip}: {describe_choice(report)} in "
+                          f"{time.perf_counter() - t0:.0f} s")
         for name in policies:
             extra = {"thresholds": table} if name == "coda+dra" else {}
             policies_at[(name, skip)] = get_policy(name, skip=skip, profile=profile,

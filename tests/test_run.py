@@ -610,3 +610,43 @@ def test_coda_run_int8_refuses_a_group_that_does_not_divide_the_channels(tmp_pat
     assert main(["run", "--out", str(tmp_path), "--policy", "uniform",
                  "--cache-group", "48"]) == 2
     assert "--cache-group 48: an int8 option" in capsys.readouterr().err
+
+
+def test_coda_schedule_dra_writes_the_block_coda_run_reads(tmp_path, capsys, schedule_6,
+                                                          monkeypatch):
+    """coda schedule dra: the table calibrate_default_dra chooses on the profile's videos,
+    stored as the file's "dra" block (other blocks kept); coda run reads that block."""
+    from coda.experiments.dra_calibration import calibrate_default_dra, load_step_dra
+    from coda.experiments.profile import Profile, model_hash
+    from coda.experiments.rollouts import torch_driver
+    from coda.host.cache.shipped import load_schedule
+    from coda.host.model.dit import load_model
+
+    path, profile = tmp_path / "s.json", schedule_6 / "p" / "profile.npz"
+    path.write_text((schedule_6 / "s.json").read_text())
+    assert main(["schedule", "dra", "--schedule", str(path), "--profile", str(profile)]) == 0
+    assert f"{path}: probe '" in capsys.readouterr().out
+    model, _ = load_model()
+    sched, table = load_step_dra(path, model_id=model_hash(model), num_steps=6)
+    assert sched == load_schedule(schedule_6 / "s.json")
+    want, report = calibrate_default_dra(
+        model, sched, Profile.load(profile), num_steps=6, guidance_scale=table.guidance_scale,
+        driver_factory=lambda n: torch_driver(model, n, inputs=True))
+    assert table == want and table.probe == report["probe"]
+    kept = json.loads((schedule_6 / "s.json").read_text())
+    assert json.loads(path.read_text())["coda"] == kept["coda"]
+    # coda run: the block's table, not a calibration of its own (which would call this)
+    import coda.experiments.dra_calibration as dc
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("coda run calibrated instead of reading the \"dra\" block")
+    monkeypatch.setattr(dc, "calibrate_default_dra", refuse)
+    assert main(["run", "--out", str(tmp_path / "out"), "--steps", "6", "--backend", "torch",
+                 "--policy", "coda+dra", "--schedule", str(path), "--profile", str(profile),
+                 "--prompts", "3", "--threads", "1"]) == 0
+    params = json.loads((tmp_path / "out" / "report.json").read_text())["policy_params"]
+    assert params["probe"] == table.probe and params["budget"] == table.budget
+    assert main(["schedule", "dra", "--schedule", str(path), "--threads", "0"]) == 2
+    assert "--threads 0: expected >= 1" in capsys.readouterr().err
+    assert main(["schedule", "dra", "--schedule", str(path)]) == 2     # the shipped profile
+    assert "made for 50 steps, expected 6" in capsys.readouterr().err

@@ -285,6 +285,15 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip, l
         assert len(whole) >= reused_steps_for(skip, 50, len(always))
     assert info["target_skip"] == skip and info["calibration"]["videos"] >= 20
     assert info["model_hash"] == model_hash(model)
+    if latency is None:     # step DRA's table, chosen on the profile's videos (coda+dra)
+        from coda.experiments.dra_calibration import load_step_dra
+        from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_MAX_EXTRA,
+                                                  DEFAULT_PROBES)
+        _, table = load_step_dra(path, model_id=model_hash(model), num_steps=50)
+        assert table.probe in DEFAULT_PROBES and table.budget == DEFAULT_BUDGET
+        assert table.max_fallbacks == int(DEFAULT_MAX_EXTRA * 50 + 1e-9)
+        assert (list(table.prompts), list(table.seeds)) == (prof.meta["prompts"],
+                                                            prof.meta["seeds"])
 
 
 def test_a_latency_budget_keeps_only_candidates_modelled_that_fast(profile_6, tmp_path,
