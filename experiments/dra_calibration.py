@@ -41,6 +41,7 @@ from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_GAMMA, DEFAULT
                                           StepDRAPolicy, StepThresholds)
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
+from coda.experiments.schedule_files import ScheduleFilesConfig, load_for_calibration
 from coda.options import add_options, from_args, option
 
 __all__ = ["calibrate_step_dra", "calibrate_default_dra", "pick_probe", "describe_choice",
@@ -400,16 +401,9 @@ def load_step_dra(path: str | Path, *, model_id: str | None = None,
 
 # ---------------------------------------------------------------- the command
 @dataclass(frozen=True)
-class DRAConfig:
-    """Every option of ``coda schedule dra`` with its default."""
-    schedule: tuple = option(None, "schedule JSONs (of coda schedule search) to calibrate DRA "
-                             "for; each file's \"dra\" block is written in place",
-                             type=str, metavar="FILE", nargs="+", required=True)
-    profile: str = option(None, "profile.npz whose prompts and seeds are the calibration "
-                          "videos", type=str, metavar="FILE",
-                          default_text="the shipped one, 50 steps")
-    guidance: float = option(None, "CFG scale, finite and >= 0", type=float,
-                             default_text="the model's default")
+class DRAConfig(ScheduleFilesConfig):
+    """Every option of ``coda schedule dra`` with its default (each file's ``"dra"`` block
+    written)."""
     threads: int = option(1, "torch CPU threads (1: the bits of coda eval's calibration)")
 
 
@@ -423,29 +417,10 @@ def main(args) -> int:
     calibrates), written as its ``"dra"`` block, which ``coda run --policy coda+dra
     --schedule FILE`` then reads instead of calibrating. Raises ValueError naming the file
     for a schedule of another model or layer count, or the option for a bad value."""
-    import torch
-
-    from coda.experiments.profile import Profile, model_hash
     from coda.experiments.rollouts import torch_driver
-    from coda.host.cache.policies import check_guidance
-    from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule
-    from coda.host.model.dit import load_model
-    from coda.host.model.sample import DEFAULT_GUIDANCE
 
-    cfg = from_args(DRAConfig, args)
-    guidance = DEFAULT_GUIDANCE if cfg.guidance is None else cfg.guidance
-    check_guidance(guidance)
-    if cfg.threads < 1:
-        raise ValueError(f"--threads {cfg.threads}: expected >= 1")
-    torch.set_num_threads(cfg.threads)
-    model, _ = load_model()
-    mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
-    scheds = {path: load_schedule(path, model_id=mhash, num_layers=layers)
-              for path in cfg.schedule}
-    profile_path = cfg.profile or SHIPPED_PROFILE
-    profile = Profile.load(profile_path)
-    for path, sched in scheds.items():
-        profile.check_for(mhash, sched.num_steps, layers, what=f"--profile {profile_path}")
+    model, scheds, profile, profile_path, guidance = load_for_calibration(
+        from_args(DRAConfig, args))
     for path, sched in scheds.items():
         t0 = time.perf_counter()
         table, report = calibrate_default_dra(

@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 from coda.host.cache.forecast import ForecastTable, fit_alpha
 from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.cache.schedule import Schedule
-from coda.options import add_options, from_args, option
+from coda.experiments.schedule_files import ScheduleFilesConfig, load_for_calibration
+from coda.options import add_options, from_args
 
 __all__ = ["record_outputs", "fit_tables", "calibrate_forecast", "save_forecast", "load_forecast"]
 
@@ -177,18 +178,9 @@ def load_forecast(path: str | Path, *, model_id: str | None = None,
 
 # ---------------------------------------------------------------- the command
 @dataclass(frozen=True)
-class ForecastConfig:
-    """Every option of ``coda schedule forecast`` with its default."""
-    schedule: tuple = option(None, "schedule JSONs (of coda schedule search) to calibrate, "
-                             "all on the same videos at once; each file's \"forecast\" "
-                             "block is written in place", type=str, metavar="FILE",
-                             nargs="+", required=True)
-    profile: str = option(None, "profile.npz whose prompts and seeds are the calibration "
-                          "videos", type=str, metavar="FILE",
-                          default_text="the shipped one, 50 steps")
-    guidance: float = option(None, "CFG scale, finite and >= 0", type=float,
-                             default_text="the model's default")
-    threads: int = option(2, "torch CPU threads")
+class ForecastConfig(ScheduleFilesConfig):
+    """Every option of ``coda schedule forecast`` with its default (all schedules calibrated
+    on the same videos at once; each file's ``"forecast"`` block written)."""
 
 
 def configure(parser) -> None:
@@ -200,32 +192,11 @@ def main(args) -> int:
     profile's videos (torch backend; one full-compute recording serves every file), written
     as its ``"forecast"`` block. Raises ValueError naming the file for a schedule of another
     model, layer count or step count than the first's."""
-    import torch
-
-    from coda.experiments.profile import Profile, model_hash
-    from coda.host.cache.policies import check_guidance
-    from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule
-    from coda.host.model.dit import load_model
     from coda.experiments.rollouts import torch_driver
-    from coda.host.model.sample import DEFAULT_GUIDANCE
 
-    cfg = from_args(ForecastConfig, args)
-    guidance = DEFAULT_GUIDANCE if cfg.guidance is None else cfg.guidance
-    check_guidance(guidance)
-    if cfg.threads < 1:
-        raise ValueError(f"--threads {cfg.threads}: expected >= 1")
-    torch.set_num_threads(cfg.threads)
-    model, _ = load_model()
-    mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
-    scheds = {}
-    for path in cfg.schedule:
-        steps = next(iter(scheds.values())).num_steps if scheds else None
-        scheds[path] = load_schedule(path, model_id=mhash, num_layers=layers, num_steps=steps)
+    model, scheds, profile, profile_path, guidance = load_for_calibration(
+        from_args(ForecastConfig, args))
     steps = next(iter(scheds.values())).num_steps
-    profile_path = cfg.profile or SHIPPED_PROFILE
-    profile = Profile.load(profile_path)
-    profile.check_for(mhash, steps, layers, what=f"--profile {profile_path}")
-
     t0 = time.perf_counter()
     tables = calibrate_forecast(model, scheds, profile.meta["prompts"], profile.meta["seeds"],
                                 num_steps=steps, guidance_scale=guidance,

@@ -650,3 +650,32 @@ def test_coda_schedule_dra_writes_the_block_coda_run_reads(tmp_path, capsys, sch
     assert "--threads 0: expected >= 1" in capsys.readouterr().err
     assert main(["schedule", "dra", "--schedule", str(path)]) == 2     # the shipped profile
     assert "made for 50 steps, expected 6" in capsys.readouterr().err
+
+
+def test_coda_schedule_forecast_writes_the_calibrated_alphas(tmp_path, capsys, schedule_6):
+    """coda schedule forecast: calibrate_forecast's table on the profile's videos, stored as
+    the file's "forecast" block; a file of another step count is refused, naming it."""
+    from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
+    from coda.host.model.sample import DEFAULT_GUIDANCE
+    from coda.experiments.profile import Profile, model_hash
+    from coda.experiments.rollouts import torch_driver
+    from coda.host.model.dit import load_model
+
+    path, profile = tmp_path / "s.json", schedule_6 / "p" / "profile.npz"
+    path.write_text((schedule_6 / "s.json").read_text())
+    assert main(["schedule", "forecast", "--schedule", str(path), "--profile",
+                 str(profile)]) == 0
+    assert f"{path}: forecast alphas at " in capsys.readouterr().out
+    model, _ = load_model()
+    sched, table = load_forecast(path, model_id=model_hash(model), num_steps=6)
+    prof = Profile.load(profile)
+    want = calibrate_forecast(model, {"s": sched}, prof.meta["prompts"], prof.meta["seeds"],
+                              num_steps=6, guidance_scale=DEFAULT_GUIDANCE,
+                              driver_factory=lambda n: torch_driver(model, n))["s"]
+    assert table == want
+    other = json.loads(path.read_text())
+    other["num_steps"] = 8
+    (tmp_path / "o.json").write_text(json.dumps(other))
+    assert main(["schedule", "forecast", "--schedule", str(path), str(tmp_path / "o.json"),
+                 "--profile", str(profile)]) == 2
+    assert "o.json" in capsys.readouterr().err
