@@ -61,8 +61,10 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
     """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W].
 
     ``cache_dir``: keep them there in a file named by a hash of the model (its
-    :func:`coda.experiments.profile.model_hash`), the videos, steps, guidance, and the torch build
-    and CPU, and read it back when asked again (the bits of a generation depend on the CPU)."""
+    :func:`coda.experiments.profile.model_hash`), the videos, steps, guidance, the torch build,
+    the CPU's name and the vector ISA torch's kernels use (``get_cpu_capability``: two
+    machines named "AMD EPYC" gave different bits here), and read it back when
+    asked again (the bits of a generation depend on the CPU)."""
     from coda.host.model.sample import generate
 
     path = None
@@ -74,7 +76,8 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
         from coda.host.system.calibrate import cpu_model
         key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
                           num_steps, float(guidance_scale), torch.__version__,
-                          platform.machine(), platform.processor(), cpu_model()])
+                          platform.machine(), platform.processor(), cpu_model(),
+                          torch.backends.cpu.get_cpu_capability()])
         path = Path(cache_dir) / f"full-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
         if path.exists():
             return torch.load(path)

@@ -371,3 +371,22 @@ def test_a_bad_latency_budget_is_refused(profile_6, tmp_path, capsys, value):
     err = capsys.readouterr().err
     assert f"--latency {value}: expected a finite time > 0 (seconds) or 'uniform'" in err, err
     assert not (tmp_path / "s.json").exists()
+
+
+def test_kept_full_compute_videos_are_keyed_by_the_cpus_vector_isa(tmp_path, monkeypatch):
+    """full_videos(cache_dir=...): read back on the same machine, generated anew (another
+    file) where torch's kernels use another vector ISA, whatever the CPU is named."""
+    import torch
+
+    from coda.experiments.rollouts import full_videos
+    from coda.host.model.dit import load_model
+
+    model, _ = load_model()
+    kw = dict(num_steps=2, guidance_scale=5.0, cache_dir=tmp_path)
+    first = full_videos(model, [3], [77], **kw)
+    (kept,) = tmp_path.iterdir()
+    torch.save(torch.zeros_like(first), kept)          # what is read back is the file
+    assert torch.equal(full_videos(model, [3], [77], **kw), torch.zeros_like(first))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ANOTHER_ISA")
+    assert torch.equal(full_videos(model, [3], [77], **kw), first)
+    assert len(list(tmp_path.iterdir())) == 2
