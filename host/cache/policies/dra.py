@@ -23,7 +23,7 @@ branches' block-0 inputs are the same latent, so the input probes agree anyway):
   there for this policy (:meth:`OpQuery.input_accel`; no NME work, no link bytes). A second
   difference is about 0.1 % of the input, under the 16-bit rounding of a reference kept in
   rank memory, so it is not an NME check;
-- ``"output"`` (the default of ``coda eval`` and ``coda run``): the same second difference
+- ``"output"``: the same second difference
   of the model's output (the prediction the sampler steps with) over the three steps before
   this one, summed over the sample's CFG branches, on the xPU in fp32 from the outputs the
   engine keeps there for this policy (:meth:`OpQuery.output_accel`; no NME work, no link
@@ -32,7 +32,9 @@ branches' block-0 inputs are the same latent, so the input probes agree anyway):
 
 If the probe exceeds the step's threshold, every operator of that step the static policy
 would have reused is computed instead (reason ``"fallback"``) and stored, so the steps after
-it read fresh caches.
+it read fresh caches. ``coda eval`` and ``coda run`` choose ``"output"`` or ``"accel"``
+(:data:`DEFAULT_PROBES`) per schedule on the calibration videos
+(:func:`coda.experiments.dra_calibration.calibrate_default_dra`).
 
 Thresholds (:class:`StepThresholds`) come from calibration videos only:
 :func:`coda.experiments.dra_calibration.calibrate_step_dra` runs the static schedule with the probes
