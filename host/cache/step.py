@@ -373,10 +373,8 @@ class StepRun:
     def record_input(self, row: int) -> None:
         """Keep a row's block-0 input (video stream, fp32) of this step on the xPU, the last
         three steps per sample and branch (:meth:`OpQuery.input_accel`)."""
-        br, j = self.branch_of[row], self.sample_of[row]
-        hist = self.hook.state.branches[br].inputs.setdefault(j, [])
-        hist.append((self.step, self.h[PRIMARY][row].detach().float().clone()))
-        del hist[:-3]
+        _keep(self.hook.state.branches[self.branch_of[row]].inputs, self.sample_of[row],
+              self.step, self.h[PRIMARY][row])
 
     def input_accel(self, row: int, layer: int, op: str) -> float | None:
         """The relative second difference of a row's block-0 input over this step and the
@@ -386,10 +384,7 @@ class StepRun:
         hist = self.hook.state.branches[br].inputs.get(j, [])
         if [s for s, _ in hist] != [self.step - 2, self.step - 1, self.step]:
             return None
-        (_, x2), (_, x1), (_, x0) = hist
-        norm = float(x1.abs().sum())
-        num = float((x0 - 2.0 * x1 + x2).abs().sum())
-        value = _relative(num, norm)
+        value = _relative(*_second_difference(hist))
         self.hook.emit(MonitorEvent(
             **{**self.event_fields(row), "cache_memory": "device"}, layer=layer, op=op,
             index=0, reference_step=self.step - 1, value=value, bytes_to_nmp=0, programs=0,
@@ -403,10 +398,8 @@ class StepRun:
         while not isinstance(y, torch.Tensor):     # (sample, ...) or a ModelOutput
             y = next(iter(y.values())) if isinstance(y, dict) else y[0]
         for row in range(self.b):
-            br, j = self.branch_of[row], self.sample_of[row]
-            hist = self.hook.state.branches[br].outputs.setdefault(j, [])
-            hist.append((self.step, y[row].detach().float().clone()))
-            del hist[:-3]
+            _keep(self.hook.state.branches[self.branch_of[row]].outputs, self.sample_of[row],
+                  self.step, y[row])
 
     def output_accel(self, row: int, layer: int, op: str) -> float | None:
         """The relative second difference of a row's sample's model outputs over the three
@@ -420,10 +413,8 @@ class StepRun:
             hist = bstate.outputs.get(j, [])
             if [s for s, _ in hist] != want:
                 continue
-            (_, y3), (_, y2), (_, y1) = hist
-            num += float((y1 - 2.0 * y2 + y3).abs().sum())
-            norm += float(y2.abs().sum())
-            found = True
+            d, n = _second_difference(hist)
+            num, norm, found = num + d, norm + n, True
         if not found:
             return None
         value = _relative(num, norm)
@@ -447,6 +438,20 @@ class StepRun:
         """Run a row's pending segment now (no other work overlaps it)."""
         if self.pending[row]:
             segments.finish(self, segments.launch(self, row))
+
+
+def _keep(history: dict, sample: int, step: int, x: torch.Tensor) -> None:
+    """Append (step, an fp32 copy of ``x``) to ``history[sample]``, keeping the last three."""
+    hist = history.setdefault(sample, [])
+    hist.append((step, x.detach().to(torch.float32, copy=True)))
+    del hist[:-3]
+
+
+def _second_difference(hist) -> tuple[float, float]:
+    """(Σ|x_new - 2 x_mid + x_old|, Σ|x_mid|) of three kept (step, tensor) pairs, oldest
+    first: the numerator and denominator of a relative second difference."""
+    (_, old), (_, mid), (_, new) = hist
+    return float((new - 2.0 * mid + old).abs().sum()), float(mid.abs().sum())
 
 
 def _relative(num: float, norm: float) -> float:
