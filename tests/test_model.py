@@ -369,7 +369,8 @@ def test_two_stage_recipe_starts_stage_2_from_stage_1(tmp_path, capsys):
     out = tmp_path / "w.safetensors"
     args = ["train", "--steps", "2", "--batch-size", "1", "--image-batch-size", "2",
             "--video-steps", "1", "--video-batch-size", "1", "--video-lr", "0", "--threads", "1",
-            "--weights", str(out), "--config", str(tmp_path / "w.json")]
+            "--weights", str(out), "--config", str(tmp_path / "w.json"),
+            "--state-dir", str(tmp_path / "state")]
     assert main(args) == 0
     first, final = load_file(str(stage1_path(out))), load_file(str(out))
     assert stage1_path(out).name == "w_stage1.safetensors"
@@ -424,3 +425,162 @@ def test_evaluate_reports_every_digit():
     assert report["videos"] == 10 and len(report["per_digit_accuracy"]) == 10
     assert report["min_digit_accuracy"] == min(report["per_digit_accuracy"])
     assert 0 <= report["identity_correct"] <= report["identity_kept"] <= 1
+
+
+# ---------------------------------------------------------------- text-conditioned model
+
+def tiny_text_config():
+    from coda.host.model.dit import TEXT_CONFIG
+
+    cfg = copy.deepcopy(TEXT_CONFIG)
+    cfg["transformer"].update(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                              num_layers=2, sample_size=16, video_length=4, caption_channels=16)
+    cfg["text_encoder"].update(dim=16, layers=1, heads=2)
+    cfg["data"].update(frames=4, size=16, digit_size=8)
+    return cfg
+
+
+def test_prompt_texts_parse_back_to_their_specs():
+    """Every prompt form round-trips through its canonical text; 'a'/'an' and case are
+    normalised; words outside the vocabulary and sentences outside the forms are refused."""
+    from coda.host.model.prompts import (DEMO_PROMPTS, DIRECTIONS, SPEEDS, PromptSpec,
+                                         parse_prompt)
+
+    specs = [PromptSpec(()), *(PromptSpec((d,)) for d in range(10)),
+             *(PromptSpec((d,), r, v) for d in range(10) for r in DIRECTIONS for v in SPEEDS),
+             *(PromptSpec((a, b), "apart") for a in range(10) for b in range(10))]
+    for spec in specs:
+        assert parse_prompt(spec.text) == spec
+    assert parse_prompt("A  Eight moving UP fast") == PromptSpec((8,), "up", "fast")
+    assert parse_prompt("a eight") == PromptSpec((8,)) and PromptSpec((8,)).text == "an eight"
+    assert [parse_prompt(p).text for p in DEMO_PROMPTS] == list(DEMO_PROMPTS)
+    for bad, word in (("a seven moving sideways fast", "'sideways'"), ("a cat", "'cat'"),
+                      ("a seven <eos>", "'<eos>'")):
+        with pytest.raises(ValueError, match=f"unknown word\\(s\\) {word}"):
+            parse_prompt(bad)
+    for bad in ("seven", "a seven moving up", "a seven and a two moving apart", "moving a up fast"):
+        with pytest.raises(ValueError, match="expected 'a DIGIT moving DIRECTION SPEED'"):
+            parse_prompt(bad)
+    with pytest.raises(ValueError, match="expected no digit"):
+        PromptSpec((1, 2), "up", "fast")
+
+
+def test_tokens_are_words_eos_and_padding():
+    from coda.host.model.prompts import (EOS, MAX_TOKENS, PAD, VOCABULARY, PromptSpec,
+                                         parse_prompt, tokenize)
+
+    specs = [parse_prompt("a three and a seven drifting apart"), PromptSpec(())]
+    tokens = tokenize(specs)
+    assert tokens.shape == (2, MAX_TOKENS) and tokens.dtype == torch.long
+    words = [[VOCABULARY[i] for i in row] for row in tokens.tolist()]
+    assert words[0] == ["a", "three", "and", "a", "seven", "drifting", "apart", EOS]
+    assert words[1] == [EOS] + [PAD] * (MAX_TOKENS - 1)
+
+
+@pytest.mark.parametrize("prompt", ["a seven moving up-left fast", "a two moving down slow",
+                                    "a three and a seven drifting apart", "a four"])
+def test_prompted_videos_show_the_prompt(prompt):
+    """The rendered trajectory is what the prompt says: the ink's centroid moves by the
+    direction times the speed each frame (up to the integer-pixel rounding of the corners),
+    two digits drifting apart end on opposite halves, and the digits are the prompt's."""
+    from coda.host.model.prompts import DIRECTIONS, SPEEDS, parse_prompt
+
+    spec = parse_prompt(prompt)
+    videos = data.prompted_videos([spec] * 4, seed=3)
+    assert videos.shape == (4, 1, 8, 32, 32) and videos.min() >= -1 and videos.max() <= 1
+    assert torch.equal(videos, data.prompted_videos([spec] * 4, seed=3))
+    gen = torch.Generator().manual_seed(0)
+    corners = data.spec_corners(spec, 8, 16, gen).float()
+    assert corners.min() >= 0 and corners.max() <= 16
+    steps = corners[:, 1:] - corners[:, :-1]
+    if spec.direction in DIRECTIONS:
+        want = torch.tensor(DIRECTIONS[spec.direction]) * SPEEDS[spec.speed]
+        assert torch.allclose(steps.mean(dim=(0, 1)), want, atol=1 / 7 + 1e-6)
+    elif spec.direction == "apart":
+        assert torch.equal(steps[0], torch.tensor([[0.0, -1.0]] * 7))
+        assert torch.equal(steps[1], torch.tensor([[0.0, 1.0]] * 7))
+        clf = digit_classifier()
+        last = videos[:, 0, -1]
+        assert clf.svc.predict(frame_features(last[..., :16])).tolist().count(3) >= 3
+        assert clf.svc.predict(frame_features(last[..., 16:])).tolist().count(7) >= 3
+    else:
+        assert torch.equal(steps, torch.zeros_like(steps))
+    with pytest.raises(ValueError, match="the null prompt has no video"):
+        data.prompted_videos([data_null_spec()], seed=0)
+
+
+def data_null_spec():
+    from coda.host.model.prompts import PromptSpec
+
+    return PromptSpec(())
+
+
+def test_text_model_cross_attention_depends_on_the_query_and_batch_is_invariant():
+    """The text model's cross attention is not constant (several tokens, different weights
+    per query), and a sample's prediction does not depend on its batch."""
+    from coda.host.model.dit import latte_init
+    from coda.host.model.prompts import parse_prompt, tokenize
+
+    torch.manual_seed(0)
+    model = build_model(tiny_text_config(), seed=1)
+    latte_init(model)
+    for p in model.parameters():   # break adaLN-Zero's identity start
+        p.data.add_(0.05 * torch.randn_like(p))
+    model.eval()
+    tokens = tokenize([parse_prompt("a three and a seven drifting apart"),
+                       parse_prompt("a one moving up fast"), parse_prompt("")])
+    x = torch.randn(3, 1, 4, 16, 16)
+    t = torch.tensor([900, 500, 10])
+    seen = {}
+    attn = model.transformer.transformer_blocks[0].attn2
+
+    def keep_first(module, args, out):
+        seen.setdefault("out", out.detach())
+
+    handle = attn.register_forward_hook(keep_first)
+    with torch.no_grad():
+        full = model(x, t, tokens)
+        single = torch.cat([model(x[i:i + 1], t[i:i + 1], tokens[i:i + 1]) for i in range(3)])
+    handle.remove()
+    assert torch.equal(full, single)
+    out = seen["out"]                 # [B*F, query tokens, hidden]; one key would give equal rows
+    assert not torch.equal(out[0], out[0, :1].expand_as(out[0]))
+
+
+def test_training_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    """A training run stopped after its state was kept and resumed ends with the same EMA
+    weights, losses and state as an uninterrupted run; a state of other arguments is refused."""
+    from safetensors.torch import load_file
+
+    from coda.host.model import train as train_mod
+
+    cfg = tiny_text_config()
+    kw = dict(steps=4, batch_size=2, image_batch_size=2, lr=1e-3, seed=5, log_every=1,
+              config=cfg, state_every=2)
+    whole = train_mod.train(weights=tmp_path / "a.safetensors", config_path=tmp_path / "a.json",
+                            state_path=tmp_path / "a.pt", **kw)
+    real_update, calls = train_mod._ema_update, []
+
+    def stop_at_third(ema, model, step):
+        calls.append(step)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real_update(ema, model, step)
+
+    monkeypatch.setattr(train_mod, "_ema_update", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(weights=tmp_path / "b.safetensors", config_path=tmp_path / "b.json",
+                        state_path=tmp_path / "b.pt", **kw)
+    monkeypatch.setattr(train_mod, "_ema_update", real_update)
+    assert torch.load(tmp_path / "b.pt", weights_only=False)["step"] == 2
+    again = train_mod.train(weights=tmp_path / "b.safetensors", config_path=tmp_path / "b.json",
+                            state_path=tmp_path / "b.pt", resume=True, **kw)
+    assert again["resumed_from"] == 2 and again["final_loss"] == whole["final_loss"]
+    a, b = load_file(str(tmp_path / "a.safetensors")), load_file(str(tmp_path / "b.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa = torch.load(tmp_path / "a.pt", weights_only=False)
+    sb = torch.load(tmp_path / "b.pt", weights_only=False)
+    assert sa["losses"] == sb["losses"] and sa["step"] == sb["step"] == 4
+    with pytest.raises(ValueError, match="a training state of other arguments"):
+        train_mod.train(weights=tmp_path / "c.safetensors", config_path=tmp_path / "c.json",
+                        state_path=tmp_path / "b.pt", resume=True, **{**kw, "lr": 2e-3})

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["NUM_CLASSES", "NULL_LABEL", "HOLDOUT_FRACTION", "SPLIT_SEED", "digit_images",
-           "moving_digits", "render_frames"]
+           "moving_digits", "render_frames", "spec_corners", "prompted_videos"]
 
 NUM_CLASSES = 10
 NULL_LABEL = 10            # the "no prompt" label used by classifier-free guidance
@@ -134,3 +134,68 @@ def moving_digits(n: int, seed: int, split: str = "train", frames: int = 8, size
             pick[i] = pool[torch.randint(len(pool), (1,), generator=gen)]
     corners = _trajectories(n, frames, size - digit_size, gen)
     return render_frames(images[pick], corners, size), all_labels[pick].clone()
+
+
+def spec_corners(spec, frames: int, span: int, gen: torch.Generator) -> torch.Tensor:
+    """Top-left corners int64 [len(spec.digits), frames, 2] (row, col) of what a prompt asks.
+
+    One moving digit: a straight line at :data:`~coda.host.model.prompts.SPEEDS` pixels per
+    frame along its direction, from a start drawn so that the path stays inside [0, span]
+    (no bounce, so the trajectory shows the direction); a path longer than ``span`` stops at
+    the wall. Two digits drifting apart: the first from just left of the middle moving left,
+    the second from just right of it moving right, 1 pixel per frame each, rows drawn
+    independently. A still digit: a random position.
+    """
+    from .prompts import DIRECTIONS, SPEEDS
+
+    f = torch.arange(frames, dtype=torch.float32)
+    if spec.direction == "apart":
+        rows = torch.rand(2, generator=gen) * span
+        cols = torch.stack([span // 2 - 1 - f, span // 2 + 1 + f])
+        corners = torch.stack([rows[:, None].expand(2, frames), cols], dim=-1)
+    elif spec.direction is None:
+        corners = (torch.rand(1, 1, 2, generator=gen) * span).expand(1, frames, 2)
+    else:
+        v = torch.tensor(DIRECTIONS[spec.direction]) * SPEEDS[spec.speed]
+        travel = v * (frames - 1)
+        low, high = (-travel).clamp(min=0), span - travel.clamp(min=0)
+        start = low + torch.rand(2, generator=gen) * (high - low).clamp(min=0)
+        corners = (start[None] + f[:, None] * v[None])[None]
+    return corners.round().clamp(0, span).long()
+
+
+def prompted_videos(specs, seed: int, split: str = "train", frames: int = 8, size: int = 32,
+                    digit_size: int = 16) -> torch.Tensor:
+    """Videos that show what each prompt says (:mod:`coda.host.model.prompts`).
+
+    Args:
+        specs: list of ``PromptSpec`` with at least one digit each.
+        seed: seed of the torch generator choosing handwriting images and start points.
+        split: which digit images to draw from (``"train"`` or ``"test"``).
+        frames, size, digit_size: as :func:`moving_digits`.
+    Returns:
+        float32 [len(specs), 1, frames, size, size] in [-1, 1]; overlapping digits take the
+        brighter pixel.
+    Raises:
+        ValueError: an empty list, a spec without digits, frames < 1, size < digit_size.
+    """
+    if not specs or frames < 1:
+        raise ValueError(f"{len(specs)} specs, frames={frames}: expected >= 1 of each")
+    if size < digit_size:
+        raise ValueError(f"size={size}: expected >= digit_size={digit_size}")
+    images, labels = digit_images(split, digit_size)
+    pools = [torch.nonzero(labels == d)[:, 0] for d in range(NUM_CLASSES)]
+    gen = torch.Generator().manual_seed(int(seed))
+    video = torch.zeros(len(specs), frames, size, size)
+    for i, spec in enumerate(specs):
+        if not spec.digits:
+            raise ValueError(f"spec {i} {spec!r}: the null prompt has no video")
+        corners = spec_corners(spec, frames, size - digit_size, gen)
+        for k, digit in enumerate(spec.digits):
+            pool = pools[digit]
+            image = images[pool[torch.randint(len(pool), (1,), generator=gen)]][0]
+            for t in range(frames):
+                r, c = int(corners[k, t, 0]), int(corners[k, t, 1])
+                window = video[i, t, r:r + digit_size, c:c + digit_size]
+                torch.maximum(window, image, out=window)
+    return (video * 2.0 - 1.0)[:, None]

@@ -27,6 +27,7 @@ from coda.jsonout import json_text
 from .data import NULL_LABEL, NUM_CLASSES
 
 __all__ = ["WEIGHTS_DIR", "WEIGHTS_FILE", "CONFIG_FILE", "DEFAULT_CONFIG", "DigitLatte",
+           "TEXT_CONFIG", "TEXT_WEIGHTS_FILE", "TEXT_CONFIG_FILE", "TextLatte",
            "build_model", "latte_init", "load_model", "save_model"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -67,6 +68,21 @@ DEFAULT_CONFIG: dict = {
         "prediction_type": "v_prediction",
     },
     "data": {"frames": 8, "size": 32, "digit_size": 16},
+}
+
+
+TEXT_WEIGHTS_FILE = WEIGHTS_DIR / "latte_text.safetensors"
+TEXT_CONFIG_FILE = WEIGHTS_DIR / "latte_text.json"
+
+# The text-conditioned model: 8 spatial + 8 temporal blocks of the same width, conditioned on
+# prompts (coda.host.model.prompts) through a small text encoder; cross attention sees
+# MAX_TOKENS tokens, so it is no longer constant across queries.
+TEXT_CONFIG: dict = {
+    "conditioning": "text",
+    "transformer": {**DEFAULT_CONFIG["transformer"], "num_layers": 8},
+    "text_encoder": {"dim": 64, "layers": 2, "heads": 4},
+    "scheduler": dict(DEFAULT_CONFIG["scheduler"]),
+    "data": {**DEFAULT_CONFIG["data"], "pair_fraction": 0.3},
 }
 
 
@@ -166,6 +182,80 @@ class DigitLatte(nn.Module):
             ada.class_condition = None
 
 
+class TextLatte(nn.Module):
+    """Latte transformer + text encoder: the text-conditioned video DiT.
+
+    The prompt's token sequence (:func:`coda.host.model.prompts.tokenize`) is encoded by
+    :class:`~coda.host.model.text_encoder.TextEncoder` into ``encoder_hidden_states``
+    [B, MAX_TOKENS, caption_channels] that every spatial block cross-attends to (padding
+    zeroed, no mask, as Wan does); its pooled vector, projected to the hidden size, is added
+    to the adaLN-single timestep embedding (HunyuanVideo's and SD3's pooled text path).
+
+    Attributes:
+        transformer: the ``diffusers.LatteTransformer3DModel`` (cache hooks attach here).
+        text_encoder: the :class:`TextEncoder`.
+        pooled_projection: ``nn.Linear(caption_channels, hidden)``.
+        config: the configuration dict (see :data:`TEXT_CONFIG`).
+    """
+
+    def __init__(self, config: dict):
+        super().__init__()
+        from diffusers import LatteTransformer3DModel
+
+        from .text_encoder import TextEncoder
+
+        self.config = config
+        tcfg = config["transformer"]
+        self.transformer = LatteTransformer3DModel(**tcfg)
+        _batch_invariant_conditioning(self.transformer)
+        enc = config["text_encoder"]
+        if enc["dim"] != tcfg["caption_channels"]:
+            raise ValueError(f"text_encoder dim {enc['dim']}: expected the transformer's "
+                             f"caption_channels {tcfg['caption_channels']}")
+        self.text_encoder = TextEncoder(enc["dim"], enc["layers"], enc["heads"])
+        inner = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+        self.pooled_projection = nn.Linear(enc["dim"], inner)
+        nn.init.normal_(self.pooled_projection.weight, std=0.02)
+        nn.init.zeros_(self.pooled_projection.bias)
+
+    def condition(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``encoder_hidden_states`` [B, MAX_TOKENS, caption_channels], pooled [B, hidden]) of
+        int64 tokens [B, MAX_TOKENS], each sample encoded alone (batch-invariant bits)."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long,
+                                 device=self.pooled_projection.weight.device)
+        if self.training:
+            seq, pooled = self.text_encoder(tokens)
+            return seq, self.pooled_projection(pooled)
+        # one sample at a time: a GEMM of 1..3 rows takes another CPU kernel than 4 or more
+        parts = [self.text_encoder(tokens[i:i + 1]) for i in range(tokens.shape[0])]
+        return (torch.cat([p[0] for p in parts]),
+                torch.cat([self.pooled_projection(p[1]) for p in parts]))
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
+                tokens: torch.Tensor, temporal: bool = True) -> torch.Tensor:
+        """Model prediction (v or epsilon, see config["scheduler"]).
+
+        Args:
+            sample: float32 [B, 1, F, H, W] noisy video.
+            timestep: int64 [B] or scalar, 0..num_train_timesteps-1.
+            tokens: int64 [B, MAX_TOKENS] prompt tokens (the null prompt's for CFG's
+                unconditional branch).
+            temporal: run the temporal blocks (False for single images).
+        Returns:
+            float32 [B, 1, F, H, W].
+        """
+        b = sample.shape[0]
+        timestep = torch.as_tensor(timestep, device=sample.device).reshape(-1).expand(b)
+        seq, pooled = self.condition(tokens)
+        ada = self.transformer.adaln_single
+        ada.class_condition = pooled
+        try:
+            return self.transformer(sample, timestep=timestep, encoder_hidden_states=seq,
+                                    enable_temporal_attentions=temporal, return_dict=False)[0]
+        finally:
+            ada.class_condition = None
+
+
 def latte_init(model: DigitLatte) -> None:
     """Latte's / DiT's initialisation (diffusers' model classes leave torch's defaults, as
     they expect pretrained weights): xavier-uniform linear and patch-embedding weights with
@@ -204,7 +294,8 @@ def build_model(config: dict | None = None, seed: int = 0) -> DigitLatte:
     fixes the weights); training applies :func:`latte_init` on top. Tests use it as is: its
     blocks are not the identity, so cached and computed operators really differ."""
     torch.manual_seed(seed)
-    return DigitLatte(DEFAULT_CONFIG if config is None else config)
+    config = DEFAULT_CONFIG if config is None else config
+    return (TextLatte if config.get("conditioning") == "text" else DigitLatte)(config)
 
 
 def save_model(model: DigitLatte, weights: Path = WEIGHTS_FILE, config: Path = CONFIG_FILE) -> None:
@@ -235,6 +326,6 @@ def load_model(device: str = "cpu", weights: Path = WEIGHTS_FILE,
         if not path.exists():
             raise FileNotFoundError(f"{path}: missing; run `coda train`")
     cfg = json.loads(config.read_text())
-    model = DigitLatte(cfg)
+    model = (TextLatte if cfg.get("conditioning") == "text" else DigitLatte)(cfg)
     model.load_state_dict(load_file(str(weights)))
     return model.to(device).eval(), cfg

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,10 @@ from coda.options import add_options, option
 from coda.paths import check_output_path
 
 from .data import NULL_LABEL, moving_digits
-from .dit import CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, build_model, latte_init, save_model
+from .dit import (CONFIG_FILE, DEFAULT_CONFIG, TEXT_CONFIG, TEXT_CONFIG_FILE, TEXT_WEIGHTS_FILE,
+                  WEIGHTS_FILE, build_model, latte_init, save_model)
 
-__all__ = ["train", "stage1_path", "TrainConfig", "configure", "main"]
+__all__ = ["train", "training_batch", "stage1_path", "TrainConfig", "configure", "main"]
 
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
@@ -92,28 +94,68 @@ def min_snr_weights(sched, t: torch.Tensor, gamma: float = MIN_SNR_GAMMA) -> tor
     return clipped / (snr + 1) if sched.config.prediction_type == "v_prediction" else clipped / snr
 
 
-def _diffusion_loss(model, sched, videos, labels, gen, temporal: bool,
+def _null_condition(config: dict, n: int) -> torch.Tensor:
+    """The unconditional branch's condition of ``n`` samples: the null label, or the null
+    prompt's tokens."""
+    if config.get("conditioning") == "text":
+        from .prompts import PromptSpec, tokenize
+
+        return tokenize([PromptSpec(())]).expand(n, -1)
+    return torch.full((n,), NULL_LABEL, dtype=torch.long)
+
+
+def training_batch(config: dict, n: int, data_seed: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of training data: (videos float32 [n, 1, frames, S, S], condition).
+
+    The condition is int64 labels [n] for the label-conditioned model, or int64 prompt tokens
+    [n, MAX_TOKENS] for the text-conditioned one (single frames, ``frames == 1``, get still
+    one-digit prompts). Everything is drawn from ``data_seed``.
+    """
+    data = config["data"]
+    if config.get("conditioning") == "text":
+        from .data import prompted_videos
+        from .prompts import random_specs, tokenize
+
+        specs = random_specs(n, torch.Generator().manual_seed(int(data_seed)),
+                             data.get("pair_fraction", 0.0), still=frames == 1)
+        videos = prompted_videos(specs, data_seed, frames=frames, size=data["size"],
+                                 digit_size=data["digit_size"])
+        return videos, tokenize(specs)
+    return moving_digits(n, data_seed, frames=frames, size=data["size"], digit_size=data["digit_size"])
+
+
+def _diffusion_loss(model, sched, videos, condition, null, gen, temporal: bool,
                     snr_gamma: float = 0.0) -> torch.Tensor:
-    """v-prediction (or epsilon) MSE of one batch with label dropout and random timesteps,
-    Min-SNR-weighted when ``snr_gamma`` > 0."""
+    """v-prediction (or epsilon) MSE of one batch with condition dropout to ``null`` and
+    random timesteps, Min-SNR-weighted when ``snr_gamma`` > 0."""
     n = videos.shape[0]
     drop = torch.rand(n, generator=gen) < LABEL_DROPOUT
-    labels = torch.where(drop, torch.full_like(labels, NULL_LABEL), labels)
+    mask = drop.reshape(n, *([1] * (condition.ndim - 1)))
+    condition = torch.where(mask, null[:n], condition)
     noise = torch.randn(videos.shape, generator=gen)
     t = torch.randint(0, sched.config.num_train_timesteps, (n,), generator=gen)
     noisy = sched.add_noise(videos, noise, t)
     target = sched.get_velocity(videos, noise, t) if sched.config.prediction_type == "v_prediction" else noise
-    pred = model(noisy, t, labels, temporal=temporal)
+    pred = model(noisy, t, condition, temporal=temporal)
     if snr_gamma <= 0:
         return torch.nn.functional.mse_loss(pred, target)
     err = (pred - target).square().flatten(1).mean(1)
     return (min_snr_weights(sched, t, snr_gamma) * err).mean()
 
 
+def _save_state(path: Path, state: dict) -> None:
+    """Write a training checkpoint atomically (a temporary file renamed over ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
 def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BATCH,
           lr: float = LR, seed: int = 0, weights: Path = WEIGHTS_FILE,
           config_path: Path = CONFIG_FILE, log_every: int = 50, checkpoint_every: int = 0,
-          snr_gamma: float = 0.0, init: Path | None = None) -> dict:
+          snr_gamma: float = 0.0, init: Path | None = None, config: dict | None = None,
+          state_path: Path | None = None, state_every: int = 0, resume: bool = False) -> dict:
     """Train from scratch (or from ``init``) and save the EMA weights.
 
     Args:
@@ -121,38 +163,48 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
         batch_size: videos per step.
         image_batch_size: single frames per step (0 = videos only). Why: the frames of one
             video show one digit, so a video step teaches few digit shapes; images cost 1/F
-            of a video each. Measured here at hidden 64 (label accuracy of full-compute
-            generations, 2 per digit, 20 videos, CFG 3, 50 steps, x0 clipped): 16 videos x
-            4,000 steps gave 20.6 % label accuracy, 8 videos + 64 images x 10,000 steps 35 %.
+            of a video each (docs/model.md has the measurement).
         lr: peak learning rate.
-        seed: seeds the initial weights, the data stream, the noise and the label dropout.
+        seed: seeds the initial weights, the data stream, the noise and the condition dropout.
         weights, config_path: where to write the safetensors file and its JSON config.
         log_every: print the mean loss every this many steps.
-        snr_gamma: Min-SNR gamma of the loss weighting (:func:`min_snr_weights`; 0 = off, the
-            shipped recipe). Measured (``coda model eval``, 50 videos, CFG
-            3, eta 1): gamma 5 at 7,000 steps gave label accuracy 0.748 and digit 7 at 0.025,
-            against 0.868 and 0.50 for the plain MSE.
         checkpoint_every: also save the EMA weights every this many steps as
             ``<weights stem>_step<N>.safetensors`` (0 = never).
+        snr_gamma: Min-SNR gamma of the loss weighting (:func:`min_snr_weights`; 0 = off, the
+            shipped recipe).
         init: start from these weights (a safetensors file of the same configuration, e.g.
             an earlier stage's EMA weights) instead of a fresh initialisation; the optimiser,
             the EMA and the learning-rate schedule start afresh.
+        config: the model configuration (:data:`~coda.host.model.dit.DEFAULT_CONFIG`, the
+            label-conditioned model, when None; ``TEXT_CONFIG`` for the text-conditioned one).
+        state_path: where to keep the resumable training state (model, EMA, optimiser,
+            generator, step, losses; a torch file written atomically every ``state_every``
+            steps and at the end). None: no state is kept.
+        state_every: steps between two writes of ``state_path`` (0 = only at the end).
+        resume: continue from ``state_path`` if it exists (a finished state just writes the
+            weights again). The result is bit-identical to an uninterrupted run with the
+            same arguments, torch build, thread count and CPU.
     Returns:
-        {"steps", "final_loss" (mean of the last 100 steps), "wall_s", "parameters"}.
+        {"steps", "final_loss" (mean of the last 100 steps), "wall_s" (this run's seconds),
+        "parameters", "resumed_from" (step, 0 for a fresh start)}.
     Raises:
-        ValueError: steps or batch_size < 1, image_batch_size < 0.
+        ValueError: steps or batch_size < 1, image_batch_size < 0, state_every < 0, resume
+            without state_path, or a state written with other arguments.
         FileNotFoundError: ``init`` does not exist.
         RuntimeError: ``init`` holds weights of another configuration (torch's
             ``load_state_dict`` names the mismatching tensors).
     """
     from diffusers import DDPMScheduler
 
-    if steps < 1 or batch_size < 1 or image_batch_size < 0:
+    if steps < 1 or batch_size < 1 or image_batch_size < 0 or state_every < 0:
         raise ValueError(f"steps={steps}, batch_size={batch_size}, image_batch_size="
-                         f"{image_batch_size}: expected >= 1, >= 1, >= 0")
+                         f"{image_batch_size}, state_every={state_every}: expected >= 1, >= 1, "
+                         ">= 0, >= 0")
+    if resume and state_path is None:
+        raise ValueError("resume=True without a state_path: expected the training state's file")
     if init is not None and not Path(init).is_file():
         raise FileNotFoundError(f"init={init}: no such weights file")
-    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    cfg = copy.deepcopy(DEFAULT_CONFIG if config is None else config)
     model = build_model(cfg, seed=seed).train()
     if init is None:
         latte_init(model)
@@ -166,19 +218,40 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
     gen = torch.Generator().manual_seed(seed)
     data = cfg["data"]
     losses: list[float] = []
+    fingerprint = {"steps": steps, "batch_size": batch_size, "image_batch_size": image_batch_size,
+                   "lr": lr, "seed": seed, "snr_gamma": snr_gamma, "config": cfg,
+                   "init": None if init is None else _file_digest(Path(init))}
+    first = 0
+    if resume and Path(state_path).exists():
+        state = torch.load(state_path, weights_only=False)
+        if state["fingerprint"] != fingerprint:
+            raise ValueError(f"{state_path}: a training state of other arguments "
+                             f"({state['fingerprint']!r}); expected {fingerprint!r}")
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        losses, first = list(state["losses"]), int(state["step"])
+    null = _null_condition(cfg, max(batch_size, image_batch_size))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"training {n_params} parameters for {steps} steps, batch {batch_size} videos + "
-          f"{image_batch_size} images", flush=True)
+          f"{image_batch_size} images" + (f", resumed at step {first}" if first else ""), flush=True)
+
+    def keep_state(step: int) -> None:
+        if state_path is not None:
+            _save_state(Path(state_path), {
+                "step": step, "model": model.state_dict(), "ema": ema.state_dict(),
+                "optimizer": opt.state_dict(), "generator": gen.get_state(), "losses": losses,
+                "fingerprint": fingerprint})
+
     start = time.perf_counter()
-    for step in range(steps):
+    for step in range(first, steps):
         data_seed = seed * 1_000_003 + step
-        videos, labels = moving_digits(batch_size, data_seed, frames=data["frames"],
-                                       size=data["size"], digit_size=data["digit_size"])
-        loss = _diffusion_loss(model, sched, videos, labels, gen, True, snr_gamma)
+        videos, cond = training_batch(cfg, batch_size, data_seed, data["frames"])
+        loss = _diffusion_loss(model, sched, videos, cond, null, gen, True, snr_gamma)
         if image_batch_size:
-            images, image_labels = moving_digits(image_batch_size, (1 << 40) + data_seed, frames=1,
-                                                 size=data["size"], digit_size=data["digit_size"])
-            loss = (loss + _diffusion_loss(model, sched, images, image_labels, gen, False,
+            images, image_cond = training_batch(cfg, image_batch_size, (1 << 40) + data_seed, 1)
+            loss = (loss + _diffusion_loss(model, sched, images, image_cond, null, gen, False,
                                            snr_gamma)) / 2
         for group in opt.param_groups:
             group["lr"] = lr * _lr_factor(step, steps)
@@ -196,11 +269,24 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
             weights = Path(weights)
             stem = weights.with_name(f"{weights.stem}_step{step + 1}")
             save_model(ema, stem.with_suffix(".safetensors"), stem.with_suffix(".json"))
+        if state_every and (step + 1) % state_every == 0 and step + 1 < steps:
+            keep_state(step + 1)
     wall = time.perf_counter() - start
+    if first < steps:
+        keep_state(steps)
     save_model(ema, weights, config_path)
     final = sum(losses[-100:]) / len(losses[-100:])
-    print(f"done: {steps} steps in {wall:.1f} s, final loss {final:.4f}, wrote {weights}", flush=True)
-    return {"steps": steps, "final_loss": final, "wall_s": wall, "parameters": n_params}
+    print(f"done: {steps} steps ({steps - first} in this run, {wall:.1f} s), final loss "
+          f"{final:.4f}, wrote {weights}", flush=True)
+    return {"steps": steps, "final_loss": final, "wall_s": wall, "parameters": n_params,
+            "resumed_from": first}
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes (hex): identifies a stage's starting weights."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def stage1_path(weights: Path) -> Path:
@@ -211,6 +297,9 @@ def stage1_path(weights: Path) -> Path:
 
 
 _RECIPE = "the shipped recipe"
+# --model: (configuration, default weights file, default config file)
+_MODELS = {"digits": (DEFAULT_CONFIG, WEIGHTS_FILE, CONFIG_FILE),
+           "text": (TEXT_CONFIG, TEXT_WEIGHTS_FILE, TEXT_CONFIG_FILE)}
 
 
 @dataclass(frozen=True)
@@ -234,10 +323,19 @@ class TrainConfig:
     seed: int = option(0, "stage 1's seed; stage 2 uses seed + 1")
     threads: int = option(2, "torch CPU threads (1 is robust on a shared machine; the result's "
                           "last bits may depend on it)")
-    weights: Path = option(WEIGHTS_FILE, "where to write the weights (safetensors)",
-                           default_text=f"the shipped model's, weights/{WEIGHTS_FILE.name}")
-    config: Path = option(CONFIG_FILE, "where to write the model configuration (JSON)",
-                          default_text=f"the shipped model's, weights/{CONFIG_FILE.name}")
+    model: str = option("digits", "which model: the label-conditioned digits model or the "
+                        "text-conditioned, deeper one", choices=tuple(_MODELS))
+    weights: Path = option(None, "where to write the weights (safetensors)", type=Path,
+                           default_text=f"the model's shipped file, weights/{WEIGHTS_FILE.name} "
+                           f"or weights/{TEXT_WEIGHTS_FILE.name}")
+    config: Path = option(None, "where to write the model configuration (JSON)", type=Path,
+                          default_text="the model's shipped file beside its weights")
+    state_dir: Path = option(Path("build/train"), "where the resumable training state of "
+                             "each stage is kept (<weights stem>_stage<k>.pt)", type=Path)
+    state_every: int = option(100, "write the training state every this many steps (0 = only "
+                              "at the end of a stage)", unit="steps")
+    resume: bool = option(False, "continue from the training state in --state-dir (the same "
+                          "bits as an uninterrupted run of the same command)")
     log_every: int = option(50, "print the mean loss every this many steps", unit="steps")
     checkpoint_every: int = option(0, "also save the EMA weights every this many steps as "
                                    "<weights stem>_step<N>.safetensors (0 = never)",
@@ -260,21 +358,31 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--stage 2 with --video-steps 0: expected a stage 2 of >= 1 step")
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads}: expected >= 1")
-    check_output_path(args.weights, "--weights")
-    check_output_path(args.config, "--config")
-    first = stage1_path(args.weights) if args.video_steps else Path(args.weights)
+    if args.state_every < 0:
+        raise ValueError(f"--state-every {args.state_every}: expected >= 0")
+    model_config, default_weights, default_config = _MODELS[args.model]
+    weights = Path(args.weights) if args.weights is not None else default_weights
+    config = (Path(args.config) if args.config is not None
+              else default_config if args.weights is None else weights.with_suffix(".json"))
+    check_output_path(weights, "--weights")
+    check_output_path(config, "--config")
+    first = stage1_path(weights) if args.video_steps else weights
     init = args.init if args.init is not None else first
     # stage 2 starts from --init, or from stage 1's file, which stage 1 writes unless --stage 2
     if (args.video_steps and args.stage != "1" and (args.stage == "2" or args.init is not None)
             and not Path(init).exists()):
         raise ValueError(f"--init {init}: no such weights file (run stage 1 first)")
+    state = Path(args.state_dir)
     torch.set_num_threads(args.threads)
     if args.stage in ("all", "1"):
         train(args.steps, args.batch_size, args.image_batch_size, args.lr, args.seed, first,
-              first.with_suffix(".json") if args.video_steps else args.config, args.log_every,
-              args.checkpoint_every, args.snr_gamma)
+              first.with_suffix(".json") if args.video_steps else config, args.log_every,
+              args.checkpoint_every, args.snr_gamma, config=model_config,
+              state_path=state / f"{weights.stem}_stage1.pt", state_every=args.state_every,
+              resume=args.resume)
     if args.video_steps and args.stage in ("all", "2"):
         train(args.video_steps, args.video_batch_size, 0, args.video_lr, args.seed + 1,
-              args.weights, args.config, args.log_every, args.checkpoint_every, args.snr_gamma,
-              init)
+              weights, config, args.log_every, args.checkpoint_every, args.snr_gamma,
+              init, config=model_config, state_path=state / f"{weights.stem}_stage2.pt",
+              state_every=args.state_every, resume=args.resume)
     return 0
