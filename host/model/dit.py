@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 from coda.jsonout import json_text
+from coda.paths import write_file
 
 from .data import NULL_LABEL, NUM_CLASSES
 
 __all__ = ["WEIGHTS_DIR", "WEIGHTS_FILE", "CONFIG_FILE", "DEFAULT_CONFIG", "DigitLatte",
-           "TEXT_CONFIG", "TEXT_WEIGHTS_FILE", "TEXT_CONFIG_FILE", "TextLatte",
+           "TEXT_CONFIG", "TEXT_WEIGHTS_FILE", "TEXT_CONFIG_FILE", "TextLatte", "MODELS",
            "build_model", "latte_init", "load_model", "save_model"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -83,6 +84,13 @@ TEXT_CONFIG: dict = {
     "text_encoder": {"dim": 64, "layers": 2, "heads": 4},
     "scheduler": dict(DEFAULT_CONFIG["scheduler"]),
     "data": {**DEFAULT_CONFIG["data"], "pair_fraction": 0.3},
+}
+
+
+# The models by name (``--model``): (configuration, weights file, configuration file).
+MODELS: dict[str, tuple[dict, Path, Path]] = {
+    "digits": (DEFAULT_CONFIG, WEIGHTS_FILE, CONFIG_FILE),
+    "text": (TEXT_CONFIG, TEXT_WEIGHTS_FILE, TEXT_CONFIG_FILE),
 }
 
 
@@ -155,6 +163,21 @@ class DigitLatte(nn.Module):
             raise ValueError(f"labels={labels.tolist()}: expected values in 0..{n - 1}")
         return self.label_embedding(labels)[:, None, :]
 
+    def conditions(self, prompts) -> torch.Tensor:
+        """The condition tensor of what a user asks for: int64 labels [B] of digits 0..9.
+
+        Raises:
+            ValueError: no prompt, or a value outside 0..9.
+        """
+        labels = torch.as_tensor(prompts, dtype=torch.long).reshape(-1)
+        if labels.numel() == 0 or labels.min() < 0 or labels.max() > 9:
+            raise ValueError(f"labels={labels.tolist()}: expected at least one digit, each 0..9")
+        return labels
+
+    def null_conditions(self, n: int) -> torch.Tensor:
+        """The unconditional branch's condition of ``n`` samples: int64 [n] null labels."""
+        return torch.full((n,), self.config["null_label"], dtype=torch.long)
+
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor,
                 labels: torch.Tensor, temporal: bool = True) -> torch.Tensor:
         """Model prediction (v or epsilon, see config["scheduler"]).
@@ -217,6 +240,32 @@ class TextLatte(nn.Module):
         self.pooled_projection = nn.Linear(enc["dim"], inner)
         nn.init.normal_(self.pooled_projection.weight, std=0.02)
         nn.init.zeros_(self.pooled_projection.bias)
+
+    def conditions(self, prompts) -> torch.Tensor:
+        """The condition tensor of what a user asks for: int64 tokens [B, MAX_TOKENS].
+
+        Args:
+            prompts: a sequence of prompt texts or ``PromptSpec`` (at least one digit each).
+        Raises:
+            ValueError: no prompt, the null prompt, or a text outside the grammar
+                (:func:`coda.host.model.prompts.parse_prompt` names it).
+        """
+        from .prompts import PromptSpec, parse_prompt, tokenize
+
+        if isinstance(prompts, (str, PromptSpec)):
+            prompts = [prompts]
+        specs = [p if isinstance(p, PromptSpec) else parse_prompt(p) for p in prompts]
+        if not specs or any(not s.digits for s in specs):
+            raise ValueError(f"prompts={[s.text for s in specs]}: expected at least one prompt, "
+                             "each naming a digit (the empty prompt is CFG's unconditional branch)")
+        return tokenize(specs)
+
+    def null_conditions(self, n: int) -> torch.Tensor:
+        """The unconditional branch's condition of ``n`` samples: the empty prompt's tokens
+        int64 [n, MAX_TOKENS]."""
+        from .prompts import PromptSpec, tokenize
+
+        return tokenize([PromptSpec(())] * n)
 
     def condition(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(``encoder_hidden_states`` [B, MAX_TOKENS, caption_channels], pooled [B, hidden]) of
@@ -300,13 +349,13 @@ def build_model(config: dict | None = None, seed: int = 0) -> DigitLatte:
 
 def save_model(model: DigitLatte, weights: Path = WEIGHTS_FILE, config: Path = CONFIG_FILE) -> None:
     """Write the weights (safetensors, float32) and the configuration JSON."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     weights = Path(weights)
     weights.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(weights))
-    Path(config).write_text(json_text(model.config, indent=2) + "\n")
+    write_file(weights, save(state))
+    write_file(Path(config), json_text(model.config, indent=2) + "\n")
 
 
 def load_model(device: str = "cpu", weights: Path = WEIGHTS_FILE,

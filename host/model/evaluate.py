@@ -26,14 +26,16 @@ import numpy as np
 import torch
 
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.options import add_options, option
 
-from .classifier import digit_classifier
+from .classifier import digit_classifier, frame_features
 from .data import NUM_CLASSES, moving_digits
-from .dit import CONFIG_FILE, WEIGHTS_FILE
+from .dit import MODELS
 from .sample import DEFAULT_ETA, DEFAULT_GUIDANCE, DEFAULT_STEPS
 
-__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "motion_range", "evaluate", "ModelEvalConfig",
+__all__ = ["DEFAULT_SEED_BASE", "centroid_steps", "video_figures", "ink_centroids", "fitted_velocity",
+           "nearest_direction", "prompt_figures", "motion_range", "evaluate", "ModelEvalConfig",
            "configure", "main"]
 
 DEFAULT_SEED_BASE = 1_000_000
@@ -110,13 +112,124 @@ def video_figures(videos: torch.Tensor, labels: torch.Tensor,
     }
 
 
+def ink_centroids(videos: torch.Tensor) -> torch.Tensor:
+    """The ink's centre of mass per frame, float32 [B, F, 2] (row, col) in pixels, for videos
+    float [B, 1, F, H, W] in [-1, 1] (the frame centre where a frame has no ink)."""
+    if videos.ndim != 5 or videos.shape[1] != 1:
+        raise ValueError(f"videos shape {tuple(videos.shape)}: expected [B, 1, F, H, W]")
+    ink = ((videos[:, 0].detach().float().cpu() + 1) / 2).clamp(0, 1)
+    h, w = ink.shape[-2:]
+    mass = ink.sum(dim=(2, 3))
+    rows = (ink.sum(3) * torch.arange(h, dtype=torch.float32)).sum(2)
+    cols = (ink.sum(2) * torch.arange(w, dtype=torch.float32)).sum(2)
+    centre = torch.tensor([(h - 1) / 2, (w - 1) / 2])
+    out = torch.stack([rows, cols], dim=-1) / mass.clamp_min(1e-6)[..., None]
+    return torch.where((mass > 1e-6)[..., None], out, centre)
+
+
+def fitted_velocity(centroids: torch.Tensor) -> torch.Tensor:
+    """Least-squares slope of positions over frames: float32 [B, 2] pixels per frame of
+    centroids [B, F, 2] (F >= 2)."""
+    f = torch.arange(centroids.shape[1], dtype=torch.float32)
+    f = f - f.mean()
+    return (centroids * f[None, :, None]).sum(1) / f.square().sum()
+
+
+def nearest_direction(velocity: torch.Tensor, still_px: float = 0.25) -> list[str | None]:
+    """The :data:`~coda.host.model.prompts.DIRECTIONS` key closest in angle to each velocity
+    [B, 2] (row, col); None below ``still_px`` pixels per frame."""
+    from .prompts import DIRECTIONS
+
+    names = list(DIRECTIONS)
+    units = torch.tensor([DIRECTIONS[n] for n in names])
+    cos = velocity @ units.T / velocity.norm(dim=1, keepdim=True).clamp_min(1e-9)
+    best = cos.argmax(dim=1).tolist()
+    return [names[k] if float(velocity[i].norm()) >= still_px else None
+            for i, k in enumerate(best)]
+
+
+def prompt_figures(videos: torch.Tensor, specs) -> dict:
+    """Prompt adherence of videos generated for prompt specs (:mod:`.prompts`).
+
+    - ``digit_accuracy``: fraction of named digits recognised by the frame classifier: a
+      single digit once per frame; each of two digits drifting apart in the last frame, on
+      its half of it (left for the first-named digit);
+    - ``direction_accuracy``: a single moving digit: the direction of the least-squares
+      velocity of its ink centroid is the prompt's (nearest of the eight, at least 0.25
+      pixels per frame); two digits: the left half's centroid moves left and the right
+      half's moves right, by at least 0.25 pixels per frame each;
+    - ``speed_accuracy`` (single moving digits): the fitted speed is nearer the prompt's
+      speed (:data:`~coda.host.model.prompts.SPEEDS`) than the other speed;
+    - ``identity_kept`` (single digits): the classified digit is the same in every frame.
+
+    Args:
+        videos: float [B, 1, F, H, W] in [-1, 1], F >= 2.
+        specs: B ``PromptSpec`` with digits.
+    Returns:
+        dict of the four fractions, the counts they are over (``digits_named``,
+        ``moving_single``, ``pairs``), and ``per_video`` (a dict per video).
+    Raises:
+        ValueError: mismatched lengths, F < 2, a spec without digits.
+    """
+    from .prompts import SPEEDS
+
+    specs = list(specs)
+    if videos.ndim != 5 or videos.shape[0] != len(specs) or videos.shape[2] < 2:
+        raise ValueError(f"videos {tuple(videos.shape)}, {len(specs)} specs: expected "
+                         "[B, 1, F>=2, H, W] and B specs")
+    if any(not s.digits for s in specs):
+        raise ValueError("a spec without digits: expected prompts that name a digit")
+    clf = digit_classifier()
+    w = videos.shape[-1]
+    per_video, hits, named = [], 0, 0
+    for i, spec in enumerate(specs):
+        v = videos[i:i + 1]
+        row: dict = {"prompt": spec.text}
+        if len(spec.digits) == 2:
+            last = v[:, 0, -1]
+            halves = [last[..., : w // 2], last[..., w // 2:]]
+            got = [int(clf.svc.predict(frame_features(h))[0]) for h in halves]
+            row["digits"] = got
+            hits += sum(g == d for g, d in zip(got, spec.digits))
+            named += 2
+            left = fitted_velocity(ink_centroids(v[..., : w // 2]))[0, 1]
+            right = fitted_velocity(ink_centroids(v[..., w // 2:]))[0, 1]
+            row["direction_ok"] = bool(left <= -0.25 and right >= 0.25)
+        else:
+            pred = clf.predict_frames(v)[0]
+            row["digits"] = pred.tolist()
+            hits += int((pred == spec.digits[0]).sum())
+            named += len(pred)
+            row["identity_kept"] = bool((pred == pred[0]).all())
+            if spec.direction is not None:
+                vel = fitted_velocity(ink_centroids(v))
+                row["direction_ok"] = nearest_direction(vel)[0] == spec.direction
+                speed = float(vel.norm())
+                nearest = min(SPEEDS, key=lambda k: abs(SPEEDS[k] - speed))
+                row["speed_px"] = speed
+                row["speed_ok"] = nearest == spec.speed
+        per_video.append(row)
+
+    def fraction(key: str) -> float:
+        vals = [r[key] for r in per_video if key in r]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    return {"digit_accuracy": hits / named, "direction_accuracy": fraction("direction_ok"),
+            "speed_accuracy": fraction("speed_ok"), "identity_kept": fraction("identity_kept"),
+            "digits_named": named, "moving_single": sum("speed_ok" in r for r in per_video),
+            "pairs": sum(len(s.digits) == 2 for s in specs), "per_video": per_video}
+
+
 def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
              num_steps: int | None = None, seed_base: int = DEFAULT_SEED_BASE,
              eta: float | None = None) -> dict:
     """Generate ``10 * per_digit`` videos (full compute) and measure them.
 
     Args:
-        model: :class:`.dit.DigitLatte` in eval mode.
+        model: :class:`.dit.DigitLatte` (videos of every digit, :func:`video_figures`) or
+            :class:`.dit.TextLatte` (``10 * per_digit`` prompts drawn by
+            :func:`.prompts.random_specs` from ``seed_base``, :func:`prompt_figures`), in eval
+            mode.
         per_digit: videos per digit (>= 1).
         guidance_scale, num_steps, eta: CFG scale, DDIM steps and DDIM eta (default:
             :mod:`.sample`'s).
@@ -134,12 +247,24 @@ def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
     guidance_scale = DEFAULT_GUIDANCE if guidance_scale is None else float(guidance_scale)
     num_steps = DEFAULT_STEPS if num_steps is None else int(num_steps)
     eta = DEFAULT_ETA if eta is None else float(eta)
+    data = model.config["data"]
+    if model.config.get("conditioning") == "text":
+        from .prompts import random_specs
+
+        specs = random_specs(NUM_CLASSES * per_digit, torch.Generator().manual_seed(seed_base),
+                             data.get("pair_fraction", 0.0))
+        start = time.perf_counter()
+        videos = generate(model, specs, num_steps=num_steps, guidance_scale=guidance_scale,
+                          seed=seed_base, eta=eta)
+        wall = time.perf_counter() - start
+        return {"videos": len(specs), "guidance_scale": guidance_scale, "steps": num_steps,
+                "eta": eta, "seed_base": seed_base, **prompt_figures(videos, specs),
+                "generate_s": wall}
     labels = torch.arange(NUM_CLASSES).repeat_interleave(per_digit)
     start = time.perf_counter()
     videos = generate(model, labels, num_steps=num_steps, guidance_scale=guidance_scale,
                       seed=seed_base, eta=eta)
     wall = time.perf_counter() - start
-    data = model.config["data"]
     figures = video_figures(videos, labels, motion_range(data["frames"], data["size"],
                                                          data["digit_size"]))
     return {"videos": len(labels), "guidance_scale": guidance_scale, "steps": num_steps, "eta": eta,
@@ -160,10 +285,12 @@ class ModelEvalConfig:
     seed_base: int = option(DEFAULT_SEED_BASE, "initial-noise seed of the first video; video i "
                             "uses seed_base + i", source="far from the seeds of the demo and "
                             "of training")
-    weights: Path = option(WEIGHTS_FILE, "the model's weights (safetensors)",
-                           default_text=f"the shipped model's, weights/{WEIGHTS_FILE.name}")
-    config: Path = option(CONFIG_FILE, "the model's configuration (JSON)",
-                          default_text=f"the shipped model's, weights/{CONFIG_FILE.name}")
+    model: str = option("digits", "which shipped model (text: 10 x --per-digit random prompts)",
+                        choices=tuple(MODELS))
+    weights: Path = option(None, "the model's weights (safetensors)", type=Path,
+                           default_text="the --model's shipped file")
+    config: Path = option(None, "the model's configuration (JSON)", type=Path,
+                          default_text="the JSON file beside --weights")
     threads: int = option(1, "torch CPU threads")
     json: Path = option(None, "also write the report here", type=Path)
 
@@ -187,12 +314,16 @@ def main(args) -> int:
     if args.json is not None:
         check_output_path(args.json, "--json")
     torch.set_num_threads(args.threads)
-    model, _ = load_model(weights=args.weights, config=args.config)
+    _, default_weights, _ = MODELS[args.model]
+    weights = Path(args.weights) if args.weights is not None else default_weights
+    config = Path(args.config) if args.config is not None else weights.with_suffix(".json")
+    model, _ = load_model(weights=weights, config=config)
     report = evaluate(model, args.per_digit, args.guidance, args.steps, args.seed_base, args.eta)
-    report["weights"] = str(args.weights)
-    text = json_text({k: v for k, v in report.items() if k != "predicted"}, indent=2)
+    report["weights"] = str(weights)
+    text = json_text({k: v for k, v in report.items() if k not in ("predicted", "per_video")},
+                     indent=2)
     print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json_text(report, indent=2) + "\n")
+        write_file(args.json, json_text(report, indent=2) + "\n")
     return 0

@@ -38,7 +38,6 @@ import math
 import torch
 
 from coda.host.cache.device import resolve_device
-from .data import NULL_LABEL
 
 __all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
            "generate", "cache_mem_words", "video_psnr", "video_ssim", "side_by_side_gif",
@@ -79,8 +78,11 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     """Denoise videos of the given digits with CFG.
 
     Args:
-        model: :class:`coda.host.model.dit.DigitLatte` (eval mode), cache hooks optional.
-        labels: digits 0..9, int sequence or int64 tensor [B].
+        model: :class:`coda.host.model.dit.DigitLatte` or :class:`~coda.host.model.dit.TextLatte`
+            (eval mode), cache hooks optional.
+        labels: what to generate, B of them: digits 0..9 (int sequence or int64 tensor [B])
+            for ``DigitLatte``, prompt texts or ``PromptSpec`` for ``TextLatte``
+            (the model's ``conditions`` checks them).
         num_steps: DDIM steps (>= 1).
         guidance_scale: CFG scale s (1 = conditional only, still both branches run).
         seeds: per-sample noise seeds (default ``seed + i``).
@@ -102,9 +104,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
         ValueError: bad labels, steps, mode, frames or size; a device that is not there
             (:func:`coda.host.cache.device.resolve_device`).
     """
-    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
-    if labels.numel() == 0 or labels.min() < 0 or labels.max() > 9:
-        raise ValueError(f"labels={labels.tolist()}: expected at least one digit, each 0..9")
+    labels = model.conditions(labels)
     if num_steps < 1:
         raise ValueError(f"num_steps={num_steps}: expected >= 1")
     if cfg_mode not in CFG_MODES:
@@ -119,7 +119,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
         raise ValueError(f"frames={frames}, size={size}: expected 1 or {max_frames} frames (Latte's "
                          f"temporal embedding has video_length={max_frames} entries) and a size "
                          f"that is a positive multiple of the patch size {patch}")
-    b = labels.numel()
+    b = labels.shape[0]
     seeds = [seed + i for i in range(b)] if seeds is None else [int(s) for s in seeds]
     if len(seeds) != b:
         raise ValueError(f"{len(seeds)} seeds for {b} labels: expected one per sample")
@@ -135,7 +135,7 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
     # = initial_noise(seeds, ...), drawn on the host
     x = _draw(generators, (1, frames, size, size)).to(device)
     labels = labels.to(device)
-    null = torch.full_like(labels, NULL_LABEL)
+    null = model.null_conditions(b).to(device)
     steps = sched.timesteps
     if progress:
         from tqdm.auto import tqdm
@@ -209,8 +209,12 @@ def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int 
         columns: samples per row (>= 1; 1 stacks them top to bottom).
     Raises:
         ValueError: no videos, different shapes, or columns < 1.
+        OSError: the file cannot be written (naming ``path``; it is then left as it was,
+            :func:`coda.paths.atomic_write`).
     """
     from PIL import Image
+
+    from coda.paths import atomic_write
 
     if not videos or any(v.shape != videos[0].shape or v.ndim != 5 for v in videos):
         raise ValueError(f"videos {[tuple(v.shape) for v in videos]}: expected one or more of one "
@@ -230,7 +234,9 @@ def side_by_side_gif(path, *videos: torch.Tensor, scale: int = 4, frame_ms: int 
         pixels = ((grid.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
         img = Image.fromarray(pixels)  # uint8 [H, W] -> mode "L"
         frames.append(img.resize((img.width * scale, img.height * scale), Image.NEAREST))
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
+    with atomic_write(path) as fh:        # the whole GIF or, on an error, no change
+        frames[0].save(fh, format="GIF", save_all=True, append_images=frames[1:],
+                       duration=frame_ms, loop=0)
 
 
 def cached_generate(model, labels, driver, policy=None, *, events=None,

@@ -42,11 +42,11 @@ from pathlib import Path
 import torch
 
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import atomic_write, check_output_path
 
-from .data import NULL_LABEL, moving_digits
-from .dit import (CONFIG_FILE, DEFAULT_CONFIG, TEXT_CONFIG, TEXT_CONFIG_FILE, TEXT_WEIGHTS_FILE,
-                  WEIGHTS_FILE, build_model, latte_init, save_model)
+from .data import moving_digits
+from .dit import (CONFIG_FILE, DEFAULT_CONFIG, MODELS, TEXT_WEIGHTS_FILE, WEIGHTS_FILE, build_model,
+                  latte_init, save_model)
 
 __all__ = ["train", "training_batch", "stage1_path", "TrainConfig", "configure", "main"]
 
@@ -94,16 +94,6 @@ def min_snr_weights(sched, t: torch.Tensor, gamma: float = MIN_SNR_GAMMA) -> tor
     return clipped / (snr + 1) if sched.config.prediction_type == "v_prediction" else clipped / snr
 
 
-def _null_condition(config: dict, n: int) -> torch.Tensor:
-    """The unconditional branch's condition of ``n`` samples: the null label, or the null
-    prompt's tokens."""
-    if config.get("conditioning") == "text":
-        from .prompts import PromptSpec, tokenize
-
-        return tokenize([PromptSpec(())]).expand(n, -1)
-    return torch.full((n,), NULL_LABEL, dtype=torch.long)
-
-
 def training_batch(config: dict, n: int, data_seed: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of training data: (videos float32 [n, 1, frames, S, S], condition).
 
@@ -146,9 +136,8 @@ def _diffusion_loss(model, sched, videos, condition, null, gen, temporal: bool,
 def _save_state(path: Path, state: dict) -> None:
     """Write a training checkpoint atomically (a temporary file renamed over ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_write(path) as fh:
+        torch.save(state, fh)
 
 
 def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BATCH,
@@ -232,7 +221,7 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         losses, first = list(state["losses"]), int(state["step"])
-    null = _null_condition(cfg, max(batch_size, image_batch_size))
+    null = model.null_conditions(max(batch_size, image_batch_size))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"training {n_params} parameters for {steps} steps, batch {batch_size} videos + "
           f"{image_batch_size} images" + (f", resumed at step {first}" if first else ""), flush=True)
@@ -297,9 +286,7 @@ def stage1_path(weights: Path) -> Path:
 
 
 _RECIPE = "the shipped recipe"
-# --model: (configuration, default weights file, default config file)
-_MODELS = {"digits": (DEFAULT_CONFIG, WEIGHTS_FILE, CONFIG_FILE),
-           "text": (TEXT_CONFIG, TEXT_WEIGHTS_FILE, TEXT_CONFIG_FILE)}
+
 
 
 @dataclass(frozen=True)
@@ -324,7 +311,7 @@ class TrainConfig:
     threads: int = option(2, "torch CPU threads (1 is robust on a shared machine; the result's "
                           "last bits may depend on it)")
     model: str = option("digits", "which model: the label-conditioned digits model or the "
-                        "text-conditioned, deeper one", choices=tuple(_MODELS))
+                        "text-conditioned, deeper one", choices=tuple(MODELS))
     weights: Path = option(None, "where to write the weights (safetensors)", type=Path,
                            default_text=f"the model's shipped file, weights/{WEIGHTS_FILE.name} "
                            f"or weights/{TEXT_WEIGHTS_FILE.name}")
@@ -360,7 +347,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads {args.threads}: expected >= 1")
     if args.state_every < 0:
         raise ValueError(f"--state-every {args.state_every}: expected >= 0")
-    model_config, default_weights, default_config = _MODELS[args.model]
+    model_config, default_weights, default_config = MODELS[args.model]
     weights = Path(args.weights) if args.weights is not None else default_weights
     config = (Path(args.config) if args.config is not None
               else default_config if args.weights is None else weights.with_suffix(".json"))
