@@ -11,6 +11,7 @@ import copy
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -572,3 +573,191 @@ def test_cache_mem_words_holds_a_generation_as_the_driver_places_it(ranks, input
                   "c": (len(OP_TYPES), tokens, hidden)}
         assert driver.fits("segment", shapes), (videos, words)
         assert driver.stats["placement_misses"] == 0
+
+
+# ---------------------------------------------------------------- exceptions from user code
+ERRORS = [TypeError, ValueError, KeyError, AttributeError, RuntimeError]
+
+
+@dataclass(frozen=True, eq=False)
+class _FailingPolicy(UniformIntervalPolicy):
+    """POLICY's schedule; ``decide`` raises ``error`` for operator ``index`` at step 1."""
+    error: BaseException | None = None
+    index: int = 0
+
+    def decide(self, q):
+        if q.step == 1 and q.index == self.index:
+            raise self.error
+        return super().decide(q)
+
+
+class _FailingStoreDriver(NMPDriver):
+    """The real driver; its first ``store`` raises ``error``."""
+
+    def __init__(self, error):
+        super().__init__(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
+        self.error = error
+
+    def store(self, key, tensor, group=None, x_of=None):
+        raise self.error
+
+
+class _OtherStoreSignature(NMPDriver):
+    """A driver subclass whose ``store`` takes no ``group``."""
+
+    def __init__(self):
+        super().__init__(TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
+
+    def store(self, key, tensor):
+        return super().store(key, tensor)
+
+
+def _raises_itself(model, hook, driver, error, innermost: str):
+    """A generation ends by ``error`` itself: not wrapped, nothing chained onto it, its
+    traceback down to the frame that raised it; the generation is ended, its slots freed."""
+    with pytest.raises(type(error)) as info:
+        generate(model, [3, 7], num_steps=STEPS)
+    assert info.value is error
+    assert error.__cause__ is None and error.__context__ is None
+    assert info.traceback[-1].name == innermost
+    assert hook.state.generation is None and driver.keys() == []
+
+
+@pytest.mark.parametrize("kind", ERRORS, ids=lambda e: e.__name__)
+@pytest.mark.parametrize("index", [0, -1], ids=["first_operator", "last_operator"])
+def test_an_exception_in_policy_decide_reaches_the_caller_as_itself(kind, index):
+    # the first operator's program runs inside Latte's `hidden_states + temp_pos_embed`,
+    # where torch turns a TypeError into NotImplemented and tries the reflected operator
+    model, driver, error = tiny_model(), nmp_driver(), kind("injected")
+    n_ops = len(operator_order(2))
+    policy = _FailingPolicy(intervals={"cross_attn": 3}, default_interval=2, warmup=1,
+                            error=error, index=index % n_ops)
+    hook = cached(model, driver, policy)
+    _raises_itself(model, hook, driver, error, "decide")
+
+
+@pytest.mark.parametrize("kind", ERRORS, ids=lambda e: e.__name__)
+def test_an_exception_in_driver_store_reaches_the_caller_as_itself(kind):
+    error = kind("injected")
+    model, driver = tiny_model(), _FailingStoreDriver(error)
+    hook = cached(model, driver)
+    _raises_itself(model, hook, driver, error, "store")
+
+
+def test_a_driver_store_of_another_signature_fails_with_its_own_type_error():
+    model, driver = tiny_model(), _OtherStoreSignature()
+    hook = cached(model, driver)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'group'") as info:
+        generate(model, [3, 7], num_steps=STEPS)
+    assert info.value.__cause__ is None and info.value.__context__ is None
+    assert info.traceback[-1].name == "store" and info.traceback[-1].path.name == "step.py"
+    assert hook.state.generation is None and driver.keys() == []
+
+
+@pytest.mark.parametrize("kind", ERRORS[:2], ids=lambda e: e.__name__)
+def test_an_exception_swallowed_by_model_code_still_reaches_the_caller(kind):
+    """Model code between the blocks that catches the engine's exception (as torch's
+    operators do with a TypeError) does not hide it: the call ends by it."""
+    model, driver, error = tiny_model(), nmp_driver(), kind("injected")
+    policy = _FailingPolicy(intervals={"cross_attn": 3}, default_interval=2, warmup=1,
+                            error=error, index=0)
+    hook = cached(model, driver, policy)
+
+    def swallow(module, args, output):
+        try:
+            output.sum()
+        except Exception:
+            pass
+
+    handle = model.transformer.transformer_blocks[0].register_forward_hook(swallow)
+    try:
+        _raises_itself(model, hook, driver, error, "decide")
+    finally:
+        handle.remove()
+
+
+# ---------------------------------------------------------------- loops broken off
+def _loop(model, calls=None, *, step_index=False, cfg_mode="batched", label=3, seed=0):
+    """generate()'s CFG DDIM loop over STEPS steps, its cache contexts giving no
+    num_inference_steps and (unless ``step_index``) no step; broken off after ``calls``
+    transformer calls. Returns the latent where it stopped."""
+    from coda.host.model.data import NULL_LABEL
+    from coda.host.model.sample import initial_noise, make_scheduler
+    sched = make_scheduler(model.config)
+    sched.set_timesteps(STEPS)
+    x = initial_noise([seed], 4, 16)
+    done = 0
+    for i, t in enumerate(sched.timesteps):
+        tt = torch.full((1,), int(t), dtype=torch.long)
+        ctx = dict(step_index=i) if step_index else {}
+        if cfg_mode == "batched":
+            if done == calls:
+                return x
+            with model.transformer.cache_context("uncond|cond", **ctx):
+                uncond, cond = model(torch.cat([x, x]), torch.cat([tt, tt]),
+                                     torch.tensor([NULL_LABEL, label])).chunk(2)
+            done += 1
+        else:
+            out = {}
+            for name, lab in (("uncond", NULL_LABEL), ("cond", label)):
+                if done == calls:
+                    return x
+                with model.transformer.cache_context(name, **ctx):
+                    out[name] = model(x, tt, torch.tensor([lab]))
+                done += 1
+            uncond, cond = out["uncond"], out["cond"]
+        x = sched.step(uncond + 5.0 * (cond - uncond), t, x, eta=0.0).prev_sample
+    return x
+
+
+@pytest.mark.parametrize("step_index", [False, True], ids=["counted", "step_index"])
+@pytest.mark.parametrize("cfg_mode, calls", [("batched", 2), ("batched", 1), ("separate", 4),
+                                             ("separate", 3)])
+def test_a_loop_broken_off_does_not_shift_the_next_generations_steps(cfg_mode, calls, step_index):
+    """A loop stopped after ``calls`` transformer calls (2 steps, 1 step, mid-step), then a
+    whole loop: the whole loop is a generation of its own, with a fresh engine's bits."""
+    model = tiny_model()
+    remove_coda_cache(model.transformer)
+    hook = apply_coda_cache(model.transformer, CodaCacheConfig(nmp_driver(), POLICY,
+                                                               num_inference_steps=STEPS))
+    _loop(model, calls, step_index=step_index, cfg_mode=cfg_mode)
+    got = _loop(model, step_index=step_index, cfg_mode=cfg_mode)
+    assert hook.events.generations == 2
+    assert hook.stats["calls"] == STEPS * (1 if cfg_mode == "batched" else 2)
+    assert hook.stats["segments"] > 0
+    remove_coda_cache(model.transformer)
+    apply_coda_cache(model.transformer, CodaCacheConfig(nmp_driver(), POLICY,
+                                                        num_inference_steps=STEPS))
+    assert torch.equal(got, _loop(model, step_index=step_index, cfg_mode=cfg_mode))
+
+
+def test_a_call_the_engine_cannot_place_is_refused():
+    """Without step_index, a call while a generation runs is placed by its timestep; with
+    none to compare (a NaN timestep, earlier calls that gave step_index) or branches that
+    disagree (one call's timestep below one branch's last and above the other's), it is
+    refused."""
+    model = tiny_model()
+    remove_coda_cache(model.transformer)
+    hook = apply_coda_cache(model.transformer, CodaCacheConfig(nmp_driver(), POLICY,
+                                                               num_inference_steps=STEPS))
+    x, label = torch.zeros(1, 1, 4, 16, 16), torch.tensor([1])
+    with model.transformer.cache_context("cond"):
+        model(x, torch.tensor([900]), label)
+    with pytest.raises(ValueError, match="cannot tell whether .* give step_index"):
+        with model.transformer.cache_context("cond"):
+            model(x, torch.tensor([float("nan")]), label)
+    reset_coda_cache(model.transformer)
+    with model.transformer.cache_context("cond", step_index=0):
+        model(x, torch.tensor([900]), label)
+    with pytest.raises(ValueError, match="cannot tell whether .* give step_index"):
+        with model.transformer.cache_context("cond"):
+            model(x, torch.tensor([800]), label)
+    assert hook.state.branches["cond"].last_step == 0
+    reset_coda_cache(model.transformer)
+    for name, t in (("cond", 900), ("uncond", 800)):
+        with model.transformer.cache_context(name):
+            model(x, torch.tensor([t]), label)
+    with pytest.raises(ValueError, match="cannot tell whether .* not below the last one of "
+                                         r"branches \['uncond'\] but is below that of \['cond'\]"):
+        with model.transformer.cache_context("uncond|cond"):
+            model(torch.cat([x, x]), torch.tensor([850, 850]), torch.tensor([10, 1]))

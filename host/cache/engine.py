@@ -14,6 +14,19 @@ CogVideoX's pipeline says ``"cond_uncond"`` for the same). A context without ``s
 (diffusers 0.42's CogVideoX and HunyuanVideo pipelines) counts steps per branch from 0; one
 without ``num_inference_steps`` takes ``CodaCacheConfig.num_inference_steps``.
 
+Where a generation starts: a call with ``step_index=0`` starts one; so does any call when
+none is running (a generation ends after its last step, on ``reset_coda_cache`` / diffusers'
+``_reset_stateful_cache``, which pipelines call when their ``__call__`` ends, and on an
+exception in a call or in :func:`coda_generation`). A call without ``step_index`` while one
+is running is placed by its timestep (the context's ``timestep``, else the call's
+``timestep`` argument, its largest element): denoising lowers it every step, so a timestep
+not below the one of the branch's previous call starts a new generation at step 0 (a loop
+broken off and started again), a lower one is the next step. A call it cannot place (a
+missing or non-finite timestep, a generation whose earlier calls gave ``step_index``,
+branches of one call that disagree) raises ValueError rather than guess; so does a scheduler
+that repeats a timestep within a generation (second-order ones such as Heun's): give
+``step_index`` there.
+
 What the hooks do
 -----------------
 The transformer's own forward runs (embeddings, its block loop, the output head); each block
@@ -70,6 +83,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
@@ -193,6 +207,7 @@ class CodaCacheConfig:
 @dataclass
 class _BranchState:
     last_step: int = -1
+    timestep: float | None = None               # of the last call, if it gave no step_index
     slots: dict = field(default_factory=dict)   # key -> (shape, step written)
     kept: dict = field(default_factory=dict)    # key -> (shape, step kept, Σ|x_ref| fp32)
     inputs: dict = field(default_factory=dict)  # sample -> [(step, block-0 input fp32)], last 3
@@ -212,6 +227,18 @@ class CodaCacheState:
         self.branches: dict[str, _BranchState] = {b: _BranchState() for b in BRANCHES}
         self.calls = 0
         self.segments = 0      # segment ids issued in this generation
+
+
+def _timestep_value(t) -> float | None:
+    """A call's timestep (a number or a tensor: its largest element) as a float; None for
+    none, an empty or non-numeric one, or a non-finite value."""
+    if t is None:
+        return None
+    try:
+        value = float(torch.as_tensor(t).detach().max())
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _parse_branches(name: str, batch: int) -> list[str]:
@@ -314,7 +341,7 @@ class CodaCacheHook(ModelHook):
         branch.slots.clear()
         branch.kept.clear()
 
-    def _begin_call(self, ctx, branches: list[str]) -> int:
+    def _begin_call(self, ctx, branches: list[str], call_args: dict) -> int:
         n = ctx.num_inference_steps if ctx.num_inference_steps is not None \
             else self.config.num_inference_steps
         if n is None:
@@ -324,8 +351,14 @@ class CodaCacheHook(ModelHook):
                              "CodaCacheConfig(num_inference_steps=n)")
         st = self.state
         names = list(dict.fromkeys(branches))
-        step, n = (self._counted_step(names) if ctx.step_index is None
-                   else int(ctx.step_index)), int(n)
+        timestep = None
+        if ctx.step_index is None:
+            timestep = _timestep_value(ctx.timestep if ctx.timestep is not None
+                                       else call_args.get("timestep"))
+            step = self._counted_step(names, timestep)
+        else:
+            step = int(ctx.step_index)
+        n = int(n)
         if not 0 <= step < n:
             raise ValueError(f"step_index={step}: expected 0..{n - 1}")
         if step == 0 and (st.generation is None
@@ -342,16 +375,38 @@ class CodaCacheHook(ModelHook):
             if step != branch.last_step + 1:
                 raise ValueError(f"branch {name}: step {step} after step {branch.last_step}; "
                                  "steps must run in order from 0 (reset between generations)")
-            branch.last_step = step
+            branch.last_step, branch.timestep = step, timestep
         st.calls += 1
         return step
 
-    def _counted_step(self, names: list[str]) -> int:
+    def _counted_step(self, names: list[str], timestep: float | None) -> int:
         """The step of a call whose context has no step_index: 0 when no generation is
-        running, else one after the branches' last step (they must agree)."""
+        running or when ``timestep`` is not below the last one of the branches that ran in
+        it (a new generation), else one after the branches' last step (they must agree).
+        Raises ValueError where that cannot be told (see the module docstring)."""
         st = self.state
         if st.generation is None:
             return 0
+        ran = {b: st.branches[b] for b in names if st.branches[b].last_step >= 0}
+        if ran:
+            unknown = ("its timestep is missing or not a finite number" if timestep is None
+                       else "the generation's earlier calls gave step_index"
+                       if any(b.timestep is None for b in ran.values()) else None)
+            restart = {} if unknown else {name: timestep >= b.timestep for name, b in ran.items()}
+            if len(set(restart.values())) > 1:
+                unknown = (f"its timestep {timestep:g} is not below the last one of branches "
+                           f"{[b for b, r in restart.items() if r]} but is below that of "
+                           f"{[b for b, r in restart.items() if not r]}")
+            if unknown:
+                steps = sorted({b.last_step + 1 for b in ran.values()})
+                raise ValueError(f"cache context {'|'.join(names)!r} without step_index: cannot "
+                                 "tell whether this call continues the running generation "
+                                 f"(step {steps[0] if len(steps) == 1 else steps}) or starts a "
+                                 f"new one: {unknown}; give step_index in the cache context "
+                                 "(transformer.cache_context(name, step_index=i)) or reset "
+                                 "between generations (reset_coda_cache)")
+            if all(restart.values()):
+                return 0
         steps = {st.branches[b].last_step + 1 for b in names}
         if len(steps) != 1:
             raise ValueError(f"branches {names} are at different steps {sorted(steps)}: give "
@@ -400,21 +455,37 @@ class CodaCacheHook(ModelHook):
         inference), its blocks recorded and run by this call's
         :class:`~coda.host.cache.step.StepRun`.
         Raises ValueError for a call the architecture does not cover, a missing or bad cache
-        context, steps out of order."""
+        context, steps out of order, a call without step_index it cannot place. An exception
+        raised in the call (by the policy, the driver, the engine) reaches the caller as
+        itself, with its traceback, also where the model's code between the blocks caught
+        or replaced it (:attr:`coda.host.cache.step.StepRun.failure`); the generation is
+        then ended."""
         call_args = self.arch.bind_call(module, args, kwargs)
         self.arch.check_call(module, call_args)
         ctx = self.context_manager.context
         branches = _parse_branches(ctx.name, self.arch.batch_size(call_args))
-        step = self._begin_call(ctx, branches)
+        step = self._begin_call(ctx, branches, call_args)
+        run = failure = None
         try:
             run = self._run = StepRun(self, module, branches, step)
             with torch.no_grad():
-                output = run.finish(self.fn_ref.original_forward(*args, **kwargs))
-        except BaseException:   # KeyboardInterrupt, NMPCapacityError, ...: nothing is held
-            self._abort_generation()
-            raise
+                output = self.fn_ref.original_forward(*args, **kwargs)
+                failure = run.failure
+                if failure is None:
+                    output = run.finish(output)
+        except BaseException as exc:   # KeyboardInterrupt, NMPCapacityError, ...: nothing is held
+            failure = None if run is None else run.failure
+            if failure is None or failure is exc:
+                self._abort_generation()
+                raise
         finally:
             self._run = None
+        if failure is not None:
+            # raised in the engine under the model's own code, which hid or replaced it
+            # (torch's operators turn a TypeError into NotImplemented): raised here as itself,
+            # with its traceback, outside any handler so that nothing is chained onto it
+            self._abort_generation()
+            raise failure.with_traceback(run.failure_traceback)
         self._end_call()
         return output
 
@@ -446,7 +517,11 @@ class _BlockHook(ModelHook):
         run = self.owner._run
         if run is None:
             return self.fn_ref.original_forward(*args, **kwargs)
-        return run.block_call(self.spec, block, self.layer, args, kwargs)
+        try:
+            return run.block_call(self.spec, block, self.layer, args, kwargs)
+        except BaseException as exc:    # the model's code may catch it: the step fails by it
+            run.fail(exc)
+            raise
 
 
 def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> CodaCacheHook:

@@ -67,6 +67,9 @@ class StepRun:
     ``pending[i]``: the row's reused operators queued for its segment
     (:class:`~coda.host.cache.segments.ReusedOp`). ``hook``: the
     :class:`~coda.host.cache.engine.CodaCacheHook` (config, state, policy, events).
+    ``failure``: the first exception raised in the engine where the model's code called it
+    (a block hook, a deferred tensor), ``failure_traceback`` its traceback then; once set,
+    no recorded output is computed any more and the hook's forward raises it (:meth:`fail`).
     """
 
     def __init__(self, hook, model, branches, step):
@@ -85,6 +88,16 @@ class StepRun:
         self.h: dict[str, torch.Tensor] = {}
         self.program: _Program | None = None
         self._called: set[int] = set()
+        self.failure: BaseException | None = None
+        self.failure_traceback = None
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an exception raised in the engine under the model's code (the first one
+        counts). That code may catch it or replace it (torch's binary operators turn a
+        TypeError into NotImplemented and try the reflected operator), so the hook's forward
+        raises the recorded one, as itself, when the model's forward ends."""
+        if self.failure is None:
+            self.failure, self.failure_traceback = exc, exc.__traceback__
 
     def event_fields(self, row: int) -> dict:
         """The event fields that place a row: generation, step, branch, sample."""
@@ -166,8 +179,12 @@ class StepRun:
 
     def node_value(self, node: _Node, stream: str) -> torch.Tensor:
         """A recorded block's real output (runs its program first). Raises RuntimeError for
-        an output dropped when its program ran (the engine keeps every one still referenced)."""
+        an output dropped when its program ran (the engine keeps every one still referenced)
+        or after the step failed (:meth:`fail`)."""
         if node.values is None:
+            if self.failure is not None:
+                raise RuntimeError("CODA cache engine: a block output was needed after the step "
+                                   f"failed by {type(self.failure).__name__}")
             p = self.program
             if p is None or p.executed or not any(n is node for n in p.nodes):
                 raise RuntimeError("CODA cache engine: a block output was needed after its "

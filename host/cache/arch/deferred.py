@@ -38,7 +38,8 @@ LAYOUT_OPS = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.pe
 class Deferred(torch.Tensor):
     """A residual stream a recorded block call will produce (a wrapper tensor, no storage).
 
-    Attributes (engine side): ``_owner`` the call's run (``node_value(node, stream)``),
+    Attributes (engine side): ``_owner`` the call's run (``node_value(node, stream)``,
+    ``fail(exc)``),
     ``_node`` the recorded call, ``_stream`` the stream name, ``_chain`` the layout operations
     applied since, ``_value`` the real tensor once computed.
     """
@@ -66,11 +67,17 @@ class Deferred(torch.Tensor):
         return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
 
     def materialize(self) -> torch.Tensor:
-        """The real tensor (runs the recorded program first if it has not run)."""
+        """The real tensor (runs the recorded program first if it has not run). An exception
+        on the way is recorded as the step's failure (``_owner.fail``) before it propagates:
+        the model's code that asked for the value may catch or replace it."""
         if self._value is None:
-            value = self._owner.node_value(self._node, self._stream)
-            for func, args, kwargs in self._chain:
-                value = func(value, *args, **kwargs)
+            try:
+                value = self._owner.node_value(self._node, self._stream)
+                for func, args, kwargs in self._chain:
+                    value = func(value, *args, **kwargs)
+            except BaseException as exc:
+                self._owner.fail(exc)
+                raise
             self._value = value
         return self._value
 
