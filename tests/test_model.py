@@ -605,3 +605,22 @@ def test_prompt_figures_on_data_and_on_reversed_data():
     assert back["direction_accuracy"] == 0.0 and back["speed_accuracy"] == 1.0
     with pytest.raises(ValueError, match="expected \\[B, 1, F>=2, H, W\\] and B specs"):
         prompt_figures(videos[:2], specs)
+
+
+def test_text_model_conditions_from_indices_texts_and_specs():
+    """Prompt indices select the demo prompts (what --prompts 0-9 gives), texts and specs
+    give the same tokens; the empty prompt, an index out of range and a text outside the
+    grammar are refused."""
+    from coda.host.model.prompts import DEMO_PROMPTS, parse_prompt, tokenize
+
+    model = build_model(tiny_text_config())
+    want = tokenize([parse_prompt(p) for p in DEMO_PROMPTS])
+    assert torch.equal(model.conditions(list(range(10))), want)
+    assert torch.equal(model.conditions(torch.arange(10)), want)
+    assert torch.equal(model.conditions(list(DEMO_PROMPTS)), want)
+    assert torch.equal(model.conditions([parse_prompt(p) for p in DEMO_PROMPTS]), want)
+    assert torch.equal(model.null_conditions(2), tokenize([parse_prompt("")] * 2))
+    for bad, msg in (([10], "prompt index 10: expected 0..9"), ([""], "each naming a digit"),
+                     (["a cat"], "unknown word"), ([], "at least one prompt")):
+        with pytest.raises(ValueError, match=msg):
+            model.conditions(bad)

@@ -245,16 +245,21 @@ class TextLatte(nn.Module):
         """The condition tensor of what a user asks for: int64 tokens [B, MAX_TOKENS].
 
         Args:
-            prompts: a sequence of prompt texts or ``PromptSpec`` (at least one digit each).
+            prompts: a sequence of prompt texts, ``PromptSpec`` or indices into
+                :data:`~coda.host.model.prompts.DEMO_PROMPTS` (ints or an int64 tensor; what
+                ``--prompts 0-9`` selects), at least one digit each.
         Raises:
-            ValueError: no prompt, the null prompt, or a text outside the grammar
-                (:func:`coda.host.model.prompts.parse_prompt` names it).
+            ValueError: no prompt, the null prompt, an index out of range, or a text outside
+                the grammar (:func:`coda.host.model.prompts.parse_prompt` names it).
         """
-        from .prompts import PromptSpec, parse_prompt, tokenize
+        from .prompts import PromptSpec, demo_prompt, parse_prompt, tokenize
 
         if isinstance(prompts, (str, PromptSpec)):
             prompts = [prompts]
-        specs = [p if isinstance(p, PromptSpec) else parse_prompt(p) for p in prompts]
+        if isinstance(prompts, torch.Tensor):
+            prompts = prompts.reshape(-1).tolist()
+        specs = [p if isinstance(p, PromptSpec) else parse_prompt(p) if isinstance(p, str)
+                 else demo_prompt(p) for p in prompts]
         if not specs or any(not s.digits for s in specs):
             raise ValueError(f"prompts={[s.text for s in specs]}: expected at least one prompt, "
                              "each naming a digit (the empty prompt is CFG's unconditional branch)")

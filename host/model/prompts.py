@@ -160,6 +160,8 @@ DEMO_PROMPTS: tuple[str, ...] = (
 
 def demo_prompt(index: int) -> PromptSpec:
     """The spec of demo prompt ``index`` (0..9). Raises ValueError out of range."""
+    if hasattr(index, "__index__") and not isinstance(index, bool):
+        index = index.__index__()
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(DEMO_PROMPTS):
         raise ValueError(f"prompt index {index!r}: expected 0..{len(DEMO_PROMPTS) - 1}")
     return parse_prompt(DEMO_PROMPTS[index])
