@@ -460,15 +460,53 @@ def test_an_unsupported_transformer_is_refused_with_the_supported_ones_named():
     assert isinstance(err.value, TypeError)
 
 
-def test_diffusers_code_other_than_the_pinned_one_is_refused(monkeypatch):
-    model = build(ARCHS["wan"])
-    spec = get_architecture(model).block_lists[0][1]
-    pinned = spec.pinned()
-    monkeypatch.setattr(type(spec), "pinned", lambda self: {
-        q: (fn, "0" * 16) for q, (fn, _) in pinned.items()})
-    with pytest.raises(UnsupportedModelError, match="WanTransformerBlock.forward differs"):
+@ALL
+def test_a_model_without_the_structure_the_adapter_reads_is_refused_naming_it(name):
+    """A block lacking a submodule the replay uses (a later diffusers that renamed it) is
+    refused before any hook is registered, naming the block and the attribute."""
+    model = build(ARCHS[name])
+    arch = get_architecture(model)
+    attr, spec = arch.block_lists[0]
+    path = next(iter(spec.structure))
+    owner = getattr(model, attr)[0]
+    *parents, leaf = path.split(".")
+    for part in parents:
+        owner = getattr(owner, part)
+    delattr(owner, leaf)
+    with pytest.raises(UnsupportedModelError, match=rf"{attr}\.0.*{path} is missing"):
         apply_coda_cache(model, CodaCacheConfig(nmp_driver(), UniformIntervalPolicy()))
     assert get_coda_cache_hook(model) is None
+
+
+def test_a_block_forward_without_a_parameter_the_replay_reads_is_refused(monkeypatch):
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    model = build(ARCHS["wan"])
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):     # no rotary_emb
+        raise AssertionError("not called")
+    monkeypatch.setattr(WanTransformerBlock, "forward", forward)
+    with pytest.raises(UnsupportedModelError, match="blocks.0.forward.*'rotary_emb'"):
+        apply_coda_cache(model, CodaCacheConfig(nmp_driver(), UniformIntervalPolicy()))
+    assert get_coda_cache_hook(model) is None
+
+
+def test_another_diffusers_version_is_served_with_a_warning(monkeypatch):
+    """An untested diffusers version whose blocks have the structure the adapter reads is a
+    warning, not a refusal (once per model); reusing nothing still gives the bits."""
+    import diffusers
+
+    from coda.host.cache.arch.base import TESTED_DIFFUSERS, UntestedDiffusersWarning
+
+    arch = ARCHS["wan"]
+    model = build(arch)
+    plain = generate(model, arch, (0,))
+    monkeypatch.setattr(diffusers, "__version__", "0.99.0")
+    ops = model_ops(model)
+    with pytest.warns(UntestedDiffusersWarning, match=rf"0\.99\.0.*{TESTED_DIFFUSERS}") as rec:
+        cached(model, nmp_driver(), Schedule(STEPS, ops.num_layers, ops=ops))
+    assert len([w for w in rec if w.category is UntestedDiffusersWarning]) == 1
+    assert torch.equal(generate(model, arch, (0,)), plain)
 
 
 def test_hunyuan_token_replace_and_wan_per_token_timesteps_are_refused():

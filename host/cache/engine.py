@@ -27,6 +27,12 @@ branches of one call that disagree) raises ValueError rather than guess; so does
 that repeats a timestep within a generation (second-order ones such as Heun's): give
 ``step_index`` there.
 
+An expert a pipeline switches to mid-loop (Wan 2.2's low-noise ``transformer_2``, called
+from the boundary step on) is configured with ``CodaCacheConfig(joins_mid_loop=True)``: its
+first call at ``step_index`` k > 0 starts its own generation there, whose steps k..n-1 are
+its steps 0..n-k-1 (``state.first_step`` = k). Without it such a call is refused, as any
+call at a step above 0 without a running generation.
+
 What the hooks do
 -----------------
 The transformer's own forward runs (embeddings, its block loop, the output head); each block
@@ -164,6 +170,14 @@ class CodaCacheConfig:
         cache_group: G, channels per int8 scale (int8 only): a divisor of the hidden size C
             and a multiple of the NME's lanes; default (None) the largest such G up to 64
             (:func:`coda.host.cache.compress.resolve_group`).
+        joins_mid_loop: the model is an expert that a pipeline switches to mid-loop (Wan
+            2.2's low-noise ``transformer_2``): a call with ``step_index`` k > 0 while no
+            generation runs (or at or before the running one's first step, a loop started
+            again) starts a generation at k. Its policy, events and slots then count from
+            that call: step 0 is the pipeline's step k, ``num_steps`` is n - k, and
+            ``hook.state.first_step`` is k (a static policy warms up on the expert's own
+            first steps). Calls with ``step_index`` 0 and calls without one behave as
+            without it. Default False: such a call is refused.
     Raises (on apply):
         ValueError: a ``cache_dtype`` that is not bf16/fp16 or disagrees with the driver; a
             ``num_inference_steps`` below 1; a ``segment_output`` other than the two; a
@@ -183,6 +197,7 @@ class CodaCacheConfig:
     forecast: Any = None
     cache_format: str = "bf16"
     cache_group: int | None = None
+    joins_mid_loop: bool = False
 
     @property
     def history(self) -> int:
@@ -216,7 +231,9 @@ class _BranchState:
 
 class CodaCacheState:
     """Per-generation state: the generation in the event log, per-branch step counters, cache
-    slots and kept monitor references, the transformer calls and segments so far."""
+    slots and kept monitor references, the transformer calls and segments so far, and the
+    pipeline step of the generation's step 0 (``first_step``: above 0 only for an expert
+    that joined mid-loop, :attr:`CodaCacheConfig.joins_mid_loop`)."""
 
     def __init__(self):
         self.reset()
@@ -224,6 +241,7 @@ class CodaCacheState:
     def reset(self) -> None:
         self.generation: int | None = None
         self.num_steps: int | None = None
+        self.first_step = 0
         self.branches: dict[str, _BranchState] = {b: _BranchState() for b in BRANCHES}
         self.calls = 0
         self.segments = 0      # segment ids issued in this generation
@@ -361,15 +379,21 @@ class CodaCacheHook(ModelHook):
         n = int(n)
         if not 0 <= step < n:
             raise ValueError(f"step_index={step}: expected 0..{n - 1}")
-        if step == 0 and (st.generation is None
-                          or any(st.branches[b].last_step >= 0 for b in names)):
+        if ctx.step_index is not None and step > 0 and self._joins_at(step, names):
+            self._start_generation(n - step, first_step=step)
+        elif step == 0 and (st.generation is None
+                            or any(st.branches[b].last_step >= 0 for b in names)):
             self._start_generation(n)
         elif st.generation is None:
             raise ValueError(f"step {step} without a generation: start it at step 0 "
-                             "(reset between generations)")
-        elif n != st.num_steps:
+                             "(reset between generations); an expert that a pipeline switches "
+                             "to mid-loop (Wan 2.2's transformer_2) needs "
+                             "CodaCacheConfig(joins_mid_loop=True)")
+        elif n != st.first_step + st.num_steps:
             raise ValueError(f"num_inference_steps changed to {n} at step {step}: "
                              "start the new generation at step 0")
+        if ctx.step_index is not None:      # the generation's own step (0 at its first call)
+            step -= st.first_step
         for name in names:
             branch = st.branches[name]
             if step != branch.last_step + 1:
@@ -413,14 +437,25 @@ class CodaCacheHook(ModelHook):
                              "step_index in the cache context")
         return steps.pop()
 
-    def _start_generation(self, num_steps: int) -> None:
+    def _joins_at(self, step: int, names: list[str]) -> bool:
+        """Whether a call with ``step_index`` ``step`` > 0 starts a generation there: only
+        for an expert configured to join mid-loop, when none runs, or when the call is not
+        after the running one's first step for branches that already ran in it (the
+        pipeline's loop started again)."""
+        st = self.state
+        if not self.config.joins_mid_loop:
+            return False
+        return (st.generation is None or step < st.first_step
+                or (step == st.first_step and any(st.branches[b].last_step >= 0 for b in names)))
+
+    def _start_generation(self, num_steps: int, first_step: int = 0) -> None:
         if self.config.cache == "forecast":     # alphas of this step count and schedule
             self.config.forecast.check_for(None, num_steps, self.policy._schedule(
                 num_steps, self.num_layers, self.model_ops))
         for branch in self.state.branches.values():
             self._free_slots(branch)
         self.state.reset()
-        self.state.num_steps = num_steps
+        self.state.num_steps, self.state.first_step = num_steps, first_step
         self.state.generation = self._last_generation = self.events.start_generation()
         self.policy.reset()
 
@@ -531,15 +566,18 @@ def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> C
     Args:
         transformer: a ``LatteTransformer3DModel`` (e.g. ``DigitLatte.transformer``),
             ``CogVideoXTransformer3DModel``, ``WanTransformer3DModel`` or
-            ``HunyuanVideoTransformer3DModel`` of diffusers 0.42.1.
+            ``HunyuanVideoTransformer3DModel`` (tested on diffusers 0.42.1; another version
+            with the structure the adapter reads is served with an
+            ``UntestedDiffusersWarning``).
         config: driver, policy, cache dtype, slot keeping, event log.
     Returns:
         the hook (``hook.events``: the operator events; ``hook.stats``: the counters of the
         current or last generation; ``hook.model_ops``: the model's operators).
     Raises:
         coda.host.cache.arch.UnsupportedModelError (a TypeError): another transformer class (the
-            message names it and the supported ones), a configuration or installed diffusers
-            code the architecture's adapter does not replay exactly.
+            message names it and the supported ones), a configuration the architecture's
+            adapter does not replay, a model without the structure it reads
+            (:meth:`coda.host.cache.arch.base.Architecture.check_structure`).
         ValueError: a hook already there; a cache dtype that disagrees with the driver.
         TypeError: a policy that is not one.
     """

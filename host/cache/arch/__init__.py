@@ -1,7 +1,7 @@
 """The diffusers video transformers the cache engine serves, one module per architecture, and
 the registry that finds a transformer's one.
 
-| class (diffusers 0.42.1)          | module               | op types (forward order per block)                      | streams       | segment barriers |
+| class (tested: diffusers 0.42.1)  | module               | op types (forward order per block)                      | streams       | segment barriers |
 |-----------------------------------|----------------------|---------------------------------------------------------|---------------|------------------|
 | ``LatteTransformer3DModel``       | ``latte.py``         | spatial: spatial_attn, cross_attn, spatial_ffn; temporal: temporal_attn, temporal_ffn | video | layer 0's temporal position embedding (F > 1) |
 | ``CogVideoXTransformer3DModel``   | ``cogvideox.py``     | attn, ffn (joint text+video)                            | video, text   | none |
@@ -55,7 +55,7 @@ def get_architecture(transformer: torch.nn.Module) -> Architecture:
             return arch
     raise UnsupportedModelError(
         f"{type(transformer).__name__}: the CODA cache engine attaches to "
-        f"{', '.join(supported_classes())} (diffusers 0.42.1) only")
+        f"{', '.join(supported_classes())} only (and their subclasses)")
 
 
 def model_ops(transformer: torch.nn.Module) -> ModelOps:

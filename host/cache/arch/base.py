@@ -10,9 +10,15 @@ operator's effect on every stream. The engine (:mod:`coda.host.cache.engine`) do
 policies, events, slots, segments, CFG interleaving.
 
 A spec replays the block's forward with the same torch calls in the same order as the diffusers
-code it mirrors, so a policy that reuses nothing gives the unhooked model's bits. That code is
-pinned (:attr:`BlockSpec.pinned`: a hash of the mirrored functions' source); attaching to a
-diffusers whose code differs is refused instead of giving other bits silently.
+code it mirrors (diffusers :data:`TESTED_DIFFUSERS`), so a policy that reuses nothing gives the
+unhooked model's bits. What a spec reads of a block is declared (:attr:`BlockSpec.structure`:
+submodules and attributes with their types; :attr:`BlockSpec.call_params`: the forward's
+parameters) and checked when the engine attaches (:meth:`Architecture.check_model`): a model
+that lacks any of it is refused naming what is missing. Another diffusers version whose blocks
+have that structure is served with an :class:`UntestedDiffusersWarning`; whether its code still
+computes what the spec replays is checked on the first call by ``coda.enable_cache``'s
+self-check (:mod:`coda.host.cache.pipeline`: a step that reuses nothing must give the
+unhooked model's bits).
 
 Layouts: the engine keeps each stream of a call's batch in a *canonical* layout
 ``[B, ..., C]`` whose per-sample flattening ``[T, C]`` is the token order of the cache slots;
@@ -24,8 +30,9 @@ previous block's output, moved only by layout operations).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
+import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -33,22 +40,77 @@ import torch
 
 from coda.host.cache.schedule import ModelOps
 
-__all__ = ["UnsupportedModelError", "StepState", "BlockCall", "BlockSpec", "BlockRef",
-           "Architecture", "source_hash"]
+__all__ = ["UnsupportedModelError", "UntestedDiffusersWarning", "StepState", "BlockCall",
+           "BlockSpec", "BlockRef", "Architecture", "TESTED_DIFFUSERS", "diffusers_tested",
+           "check_structure"]
+
+#: the diffusers version whose block code the specs replay (tests/test_arch.py runs on it)
+TESTED_DIFFUSERS = "0.42.1"
+_WARNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()   # models warned about
 
 
 class UnsupportedModelError(TypeError):
-    """A transformer (class, configuration or installed diffusers code) the cache engine
-    cannot serve exactly."""
+    """A transformer (class, configuration or structure) the cache engine cannot serve
+    exactly."""
 
 
-def source_hash(fn: Callable) -> str:
-    """First 16 hex digits of the sha256 of ``fn``'s source text (``inspect.getsource``)."""
-    try:
-        text = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return "no-source"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+class UntestedDiffusersWarning(UserWarning):
+    """The installed diffusers is not :data:`TESTED_DIFFUSERS`: the model has the structure
+    the adapter reads, but its code was not checked against the replay here."""
+
+
+def diffusers_tested() -> bool:
+    """Whether the installed diffusers is :data:`TESTED_DIFFUSERS`."""
+    import diffusers
+
+    return diffusers.__version__ == TESTED_DIFFUSERS
+
+
+def _type_names(types) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join("None" if t is type(None) else t.__name__ for t in types)
+
+
+def check_structure(obj: Any, structure: dict[str, Any], where: str) -> None:
+    """Check that ``obj`` has every dotted attribute path of ``structure`` (``"norm1.linear"``)
+    with a value of its type (a class or a tuple of classes; ``type(None)`` allows None).
+
+    Raises:
+        UnsupportedModelError: naming ``where``, each missing or mistyped path, what it is
+            and what was expected.
+    """
+    problems = []
+    for path, types in structure.items():
+        value, missing = obj, None
+        for part in path.split("."):
+            if not hasattr(value, part):
+                missing = part
+                break
+            value = getattr(value, part)
+        if missing is not None:
+            problems.append(f"{path} is missing")
+        elif not isinstance(value, types):
+            problems.append(f"{path} is a {type(value).__name__}, expected {_type_names(types)}")
+    if problems:
+        import diffusers
+
+        raise UnsupportedModelError(
+            f"{where} (diffusers {diffusers.__version__}): {'; '.join(problems)}: not the "
+            "structure the CODA adapter replays (tested on diffusers "
+            f"{TESTED_DIFFUSERS})")
+
+
+def _check_params(fn: Callable, params, where: str) -> None:
+    """Refuse (UnsupportedModelError) a forward ``fn`` without parameters named ``params``."""
+    got = inspect.signature(fn).parameters
+    missing = [p for p in params if p not in got]
+    if missing:
+        import diffusers
+
+        raise UnsupportedModelError(
+            f"{where} (diffusers {diffusers.__version__}) takes no parameter "
+            f"{', '.join(map(repr, missing))}: not the forward the CODA adapter replays "
+            f"(tested on diffusers {TESTED_DIFFUSERS})")
 
 
 class StepState(Protocol):
@@ -101,6 +163,11 @@ class BlockSpec:
         streams: residual stream name -> the forward parameter carrying it, in the order the
             block returns them (``"hidden"``, the video tokens, first).
         returns_tuple: the block returns a tuple of its streams (else the one tensor).
+        structure: what the replay reads of a block: dotted attribute path -> its type (a
+            class or a tuple; ``type(None)`` allows None), checked by
+            :func:`check_structure` when the engine attaches.
+        call_params: the block forward's parameters the replay reads by name (besides the
+            streams'), checked against its signature.
     """
     block_class: str = ""
     ops: tuple[str, ...] = ()
@@ -108,10 +175,15 @@ class BlockSpec:
     ungated: frozenset[str] = frozenset()
     streams: dict[str, str] = {"hidden": "hidden_states"}
     returns_tuple: bool = False
+    structure: dict[str, Any] = {}
+    call_params: tuple[str, ...] = ()
 
-    def pinned(self) -> dict[str, tuple[Callable, str]]:
-        """``{qualified name: (function, source hash)}`` of the diffusers code it mirrors."""
-        return {}
+    def check_block(self, block: torch.nn.Module, where: str) -> None:
+        """Refuse (UnsupportedModelError, naming ``where`` and what is missing) a block
+        without the :attr:`structure` and forward parameters the replay reads."""
+        check_structure(block, self.structure, where)
+        _check_params(type(block).forward, (*self.streams.values(), *self.call_params),
+                      f"{where}.forward")
 
     # ---- arguments ----------------------------------------------------------------
     def bind(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -171,11 +243,15 @@ class Architecture:
         name: the :data:`coda.host.cache.schedule.ARCH_OP_TYPES` key. model_class: the diffusers
         class name. block_lists: ``(attribute, spec)`` of the block ``ModuleList`` s.
         barriers: what ends a segment, in words (README / report).
+        config_keys: the model configuration's keys the adapter reads.
+        call_params: the model forward's parameters the engine reads by name.
     """
     name: str = ""
     model_class: str = ""
     block_lists: tuple[tuple[str, BlockSpec], ...] = ()
     barriers: str = "none: the residual streams pass straight from block to block"
+    config_keys: tuple[str, ...] = ()
+    call_params: tuple[str, ...] = ("hidden_states", "timestep")
 
     def model_type(self) -> type:
         import diffusers
@@ -197,30 +273,52 @@ class Architecture:
         return ModelOps(self.name, tuple((ref.layer, op) for ref in self.blocks(model)
                                          for op in ref.spec.ops))
 
-    def check_model(self, model: torch.nn.Module) -> None:
-        """Refuse a configuration or installed diffusers code the specs do not mirror.
+    def check_structure(self, model: torch.nn.Module) -> None:
+        """Refuse a model without what the adapter reads: the block lists (``ModuleList`` s),
+        the configuration keys, the forward's parameters, each block's class (by name, or a
+        subclass of it), structure and parameters (:meth:`BlockSpec.check_block`).
 
         Raises:
-            UnsupportedModelError: a block of another class than its spec replays, or
-                diffusers code whose source differs from the pinned one.
+            UnsupportedModelError: naming the model, the missing or mistyped part and what
+                was expected.
         """
+        cls = type(model).__name__
+        check_structure(model, {attr: torch.nn.ModuleList for attr, _ in self.block_lists}, cls)
+        config = getattr(model, "config", None)
+        missing = [k for k in self.config_keys if not hasattr(config, k)]
+        if missing:
+            raise UnsupportedModelError(f"{cls}.config has no {', '.join(missing)}: not the "
+                                        f"configuration the CODA {self.name} adapter reads")
+        _check_params(type(model).forward, self.call_params, f"{cls}.forward")
         for ref in self.blocks(model):
             want = ref.spec.block_class
-            if type(ref.module).__name__ != want:
+            if want not in {c.__name__ for c in type(ref.module).__mro__}:
                 raise UnsupportedModelError(
-                    f"{type(model).__name__}.{ref.name} is a {type(ref.module).__name__}; the "
+                    f"{cls}.{ref.name} is a {type(ref.module).__name__}; the "
                     f"CODA {self.name} adapter replays {want} blocks only")
-        specs = {type(spec): spec for _, spec in self.block_lists}
-        for spec in specs.values():
-            for qual, (fn, digest) in spec.pinned().items():
-                got = source_hash(fn)
-                if got != digest:
-                    import diffusers
+            ref.spec.check_block(ref.module, f"{cls}.{ref.name}")
 
-                    raise UnsupportedModelError(
-                        f"diffusers {diffusers.__version__}: {qual} differs from the diffusers "
-                        f"0.42.1 code the CODA {self.name} adapter replays (source sha256 "
-                        f"{got}, expected {digest}); refusing rather than computing other bits")
+    def check_model(self, model: torch.nn.Module) -> None:
+        """Refuse a model the specs do not mirror; warn for an untested diffusers version.
+
+        Checks :meth:`check_structure` (adapters add their configuration checks). With a
+        diffusers other than :data:`TESTED_DIFFUSERS` warns
+        (:class:`UntestedDiffusersWarning`, once per model) instead of refusing.
+
+        Raises:
+            UnsupportedModelError: as :meth:`check_structure`.
+        """
+        self.check_structure(model)
+        if not diffusers_tested() and model not in _WARNED:
+            _WARNED.add(model)
+            import diffusers
+
+            warnings.warn(
+                f"diffusers {diffusers.__version__}: the CODA {self.name} adapter replays the "
+                f"block code of diffusers {TESTED_DIFFUSERS}; this model has the structure it "
+                "reads, but whether its blocks compute the same is checked only by "
+                "coda.enable_cache's first-call self-check (a step that reuses nothing must "
+                "give the unhooked model's bits)", UntestedDiffusersWarning, stacklevel=3)
 
     def bind_call(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The transformer call's arguments by name."""

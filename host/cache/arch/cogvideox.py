@@ -33,13 +33,10 @@ class _CogVideoXBlock(BlockSpec):
     op_modules = {"attn": ("attn1",), "ffn": ("ff",)}
     streams = {"hidden": "hidden_states", "encoder": "encoder_hidden_states"}
     returns_tuple = True
-
-    def pinned(self):
-        from diffusers.models.normalization import CogVideoXLayerNormZero
-        from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
-
-        return {"CogVideoXBlock.forward": (CogVideoXBlock.forward, "f27caf0be5d9de2d"),
-                "CogVideoXLayerNormZero.forward": (CogVideoXLayerNormZero.forward, "8e8e6c80a6b8de20")}
+    structure = {f"{norm}.{part}": torch.nn.Module for norm in ("norm1", "norm2")
+                 for part in ("linear", "silu", "norm")} | {"attn1": torch.nn.Module,
+                                                           "ff": torch.nn.Module}
+    call_params = ("temb", "image_rotary_emb", "attention_kwargs")
 
     def prepare(self, call, batch):
         # shift, scale, gate, enc_shift, enc_scale, enc_gate: [B, C] each, per norm
@@ -79,3 +76,4 @@ class CogVideoX(Architecture):
     name = "cogvideox"
     model_class = "CogVideoXTransformer3DModel"
     block_lists = (("transformer_blocks", _CogVideoXBlock()),)
+    config_keys = ("num_attention_heads", "attention_head_dim")

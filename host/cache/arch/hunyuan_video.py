@@ -42,15 +42,13 @@ class _DualBlock(BlockSpec):
     op_modules = {"attn": ("attn",), "ffn": ("ff", "ff_context")}
     streams = {"hidden": "hidden_states", "encoder": "encoder_hidden_states"}
     returns_tuple = True
-
-    def pinned(self):
-        from diffusers.models.normalization import AdaLayerNormZero
-        from diffusers.models.transformers.transformer_hunyuan_video import (
-                                                                             HunyuanVideoTransformerBlock)
-
-        return {"HunyuanVideoTransformerBlock.forward":
-                (HunyuanVideoTransformerBlock.forward, "dc6d07e7f1c452e3"),
-                "AdaLayerNormZero.forward": (AdaLayerNormZero.forward, "93374820c014f812")}
+    structure = ({f"{norm}.{part}": torch.nn.Module for norm in ("norm1", "norm1_context")
+                  for part in ("linear", "silu", "norm")}
+                 | {"norm1.emb": (torch.nn.Module, type(None)),
+                    "norm1_context.emb": (torch.nn.Module, type(None))}
+                 | {name: torch.nn.Module for name in ("attn", "norm2", "norm2_context", "ff",
+                                                       "ff_context")})
+    call_params = ("temb", "attention_mask", "freqs_cis")
 
     def prepare(self, call, batch):
         # shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp: [B, C] each
@@ -99,15 +97,9 @@ class _SingleBlock(BlockSpec):
     op_modules = {"single": ()}
     streams = {"hidden": "hidden_states", "encoder": "encoder_hidden_states"}
     returns_tuple = True
-
-    def pinned(self):
-        from diffusers.models.normalization import AdaLayerNormZeroSingle
-        from diffusers.models.transformers.transformer_hunyuan_video import (
-            HunyuanVideoSingleTransformerBlock)
-
-        return {"HunyuanVideoSingleTransformerBlock.forward":
-                (HunyuanVideoSingleTransformerBlock.forward, "3e921434984e3891"),
-                "AdaLayerNormZeroSingle.forward": (AdaLayerNormZeroSingle.forward, "d48dfb2b1e75e64f")}
+    structure = {f"norm.{part}": torch.nn.Module for part in ("linear", "silu", "norm")} | {
+        name: torch.nn.Module for name in ("proj_mlp", "act_mlp", "attn", "proj_out")}
+    call_params = ("temb", "attention_mask", "image_rotary_emb")
 
     def prepare(self, call, batch):
         return _mod(call.block.norm, call.args["temb"], 3)     # shift, scale, gate: [B, C]
@@ -143,11 +135,13 @@ class HunyuanVideo(Architecture):
     name = "hunyuan_video"
     model_class = "HunyuanVideoTransformer3DModel"
     block_lists = (("transformer_blocks", _DualBlock()), ("single_transformer_blocks", _SingleBlock()))
+    config_keys = ("image_condition_type", "num_attention_heads", "attention_head_dim")
 
     def check_model(self, model):
-        if model.config.image_condition_type == "token_replace":
+        if getattr(model.config, "image_condition_type", None) == "token_replace":
             raise UnsupportedModelError("HunyuanVideo image_condition_type='token_replace' (its "
                                         "token-replace blocks) is not supported")
+        self.check_structure(model)
         for block in model.transformer_blocks:
             if block.norm1.emb is not None or block.norm1_context.emb is not None:
                 raise UnsupportedModelError("HunyuanVideo block with a label embedding in its "

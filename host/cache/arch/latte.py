@@ -41,11 +41,12 @@ class _LatteBlock(BlockSpec):
     """A ``BasicTransformerBlock`` with ``norm_type="ada_norm_single"``."""
     block_class = "BasicTransformerBlock"
     temporal = False
-
-    def pinned(self):
-        from diffusers.models.attention import BasicTransformerBlock
-
-        return {"BasicTransformerBlock.forward": (BasicTransformerBlock.forward, "440071576ac5ee6f")}
+    structure = {"norm1": torch.nn.Module, "attn1": torch.nn.Module,
+                 "attn2": (torch.nn.Module, type(None)), "norm2": torch.nn.Module,
+                 "ff": torch.nn.Module, "scale_shift_table": torch.Tensor,
+                 "_chunk_size": (int, type(None)), "_chunk_dim": int}
+    call_params = ("attention_mask", "encoder_hidden_states", "encoder_attention_mask",
+                   "timestep", "cross_attention_kwargs", "class_labels", "added_cond_kwargs")
 
     def check(self, call: BlockCall) -> None:
         a = call.args
@@ -144,6 +145,9 @@ class Latte(Architecture):
     block_lists = (("transformer_blocks", _Spatial()), ("temporal_transformer_blocks", _Temporal()))
     barriers = ("the temporal position embedding the model adds after layer 0's spatial block "
                 "(F > 1); spatial <-> temporal token moves (reshape/permute) are spanned")
+    config_keys = ("norm_type", "num_attention_heads", "attention_head_dim")
+    call_params = ("hidden_states", "timestep", "encoder_attention_mask",
+                   "enable_temporal_attentions")
 
     def blocks(self, model):
         from .base import BlockRef
@@ -156,8 +160,10 @@ class Latte(Architecture):
 
     def check_model(self, model):
         cfg = model.config
-        if cfg.norm_type != "ada_norm_single":
-            raise UnsupportedModelError(f"norm_type={cfg.norm_type!r}: expected 'ada_norm_single' (Latte)")
+        if getattr(cfg, "norm_type", None) != "ada_norm_single":
+            raise UnsupportedModelError(f"norm_type={getattr(cfg, 'norm_type', None)!r}: "
+                                        "expected 'ada_norm_single' (Latte)")
+        self.check_structure(model)
         if len(model.transformer_blocks) != len(model.temporal_transformer_blocks):
             raise UnsupportedModelError("Latte with unequal spatial and temporal block counts")
         for ref in self.blocks(model):

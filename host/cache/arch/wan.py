@@ -32,11 +32,10 @@ class _WanBlock(BlockSpec):
     ops = ("attn", "cross_attn", "ffn")
     op_modules = {"attn": ("attn1",), "cross_attn": ("attn2",), "ffn": ("ffn",)}
     ungated = frozenset({"cross_attn"})
-
-    def pinned(self):
-        from diffusers.models.transformers.transformer_wan import WanTransformerBlock
-
-        return {"WanTransformerBlock.forward": (WanTransformerBlock.forward, "21c15441b009932c")}
+    structure = {"norm1": torch.nn.Module, "attn1": torch.nn.Module, "norm2": torch.nn.Module,
+                 "attn2": torch.nn.Module, "norm3": torch.nn.Module, "ffn": torch.nn.Module,
+                 "scale_shift_table": torch.Tensor}
+    call_params = ("temb", "rotary_emb")
 
     def check(self, call):
         if call.args["temb"].ndim != 3:
@@ -79,6 +78,7 @@ class Wan(Architecture):
     name = "wan"
     model_class = "WanTransformer3DModel"
     block_lists = (("blocks", _WanBlock()),)
+    config_keys = ("num_attention_heads", "attention_head_dim")
 
     def check_call(self, model, args):
         if args["timestep"].ndim == 2:
