@@ -11,7 +11,9 @@ A field is declared with :func:`option`::
 
 :func:`add_options` adds ``--steps``, ``--dram`` (underscores become dashes) with the
 field's type, default and a help text that names the default, the unit and the source;
-:func:`from_args` turns the parsed namespace back into the dataclass. ``type`` is taken
+:func:`from_args` turns the parsed namespace back into the dataclass; :func:`given` says
+whether the command line gave an option (also at its default value), so that a command can
+refuse an option that would do nothing in the mode chosen instead of ignoring it. ``type`` is taken
 from the default (``int``, ``float``, ``str``; ``bool`` becomes a ``store_true`` flag; a
 tuple's items' type for ``nargs`` / ``action="append"``) or given (a default of None or ``()``
 needs it). Beyond plain ``--name VALUE`` options a field may be a positional argument
@@ -26,9 +28,11 @@ import argparse
 import dataclasses
 from typing import Any, Callable, Sequence
 
-__all__ = ["option", "add_options", "from_args", "defaults"]
+__all__ = ["option", "add_options", "from_args", "defaults", "given"]
 
 _META = "coda_option"
+#: the namespace attribute holding the dests of the options the command line gave
+_GIVEN = "_coda_given"
 
 
 def option(default: Any, help: str, *, unit: str | None = None, source: str | None = None,
@@ -152,14 +156,46 @@ def add_options(parser: argparse.ArgumentParser, config_cls, *,
             if meta["required"] and not meta["exclusive"]:
                 kw["required"] = True
         if isinstance(f.default, bool) and meta["type"] is None:
-            kw["action"] = "store_true"
+            kw["action"] = _recording("store_true")
         else:
             kw["type"] = meta["type"] or (type(f.default[0]) if isinstance(f.default, tuple)
                                           else type(f.default))
-            for key in ("choices", "metavar", "nargs", "action"):
+            for key in ("choices", "metavar", "nargs"):
                 if meta[key] is not None:
                     kw[key] = meta[key]
+            kw["action"] = _recording(meta["action"] or "store")
         holder.add_argument(*_flags(f, meta), **kw)
+    parser.set_defaults(**{_GIVEN: frozenset()})
+
+
+_RECORDING: dict[str, type] = {}
+
+
+def _recording(action: str) -> type:
+    """argparse's ``action`` ("store", "store_true", "append") that also notes its dest in
+    the namespace as given (:func:`given`)."""
+    if action not in _RECORDING:
+        base = {"store": argparse._StoreAction, "store_true": argparse._StoreTrueAction,
+                "append": argparse._AppendAction}[action]
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            base.__call__(self, parser, namespace, values, option_string)
+            setattr(namespace, _GIVEN, getattr(namespace, _GIVEN, frozenset()) | {self.dest})
+
+        _RECORDING[action] = type(f"Given{base.__name__}", (base,), {"__call__": __call__})
+    return _RECORDING[action]
+
+
+def given(args: argparse.Namespace, name: str, default: Any = None) -> bool:
+    """Whether the command line gave the option of field ``name`` (a flag or value typed,
+    also one equal to its default), ``args`` parsed from options of :func:`add_options`.
+    For a namespace made otherwise (a test's, a library caller's): whether its value is
+    neither None nor ``default`` (the field's default)."""
+    recorded = getattr(args, _GIVEN, None)
+    if recorded is None:
+        value = getattr(args, name, None)
+        return value is not None and value != default
+    return name in recorded
 
 
 def from_args(config_cls, args: argparse.Namespace, **overrides):

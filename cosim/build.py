@@ -36,6 +36,7 @@ from coda.cosim.shared_mem import SharedMemory
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
+from coda.paths import write_file
 
 __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "build_sim",
            "nme_verilog_cached",
@@ -272,9 +273,7 @@ def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False,
                               clock_gating=clock_gating)
     except Exception as exc:  # the message must say which config failed and why
         raise CosimBuildError(f"generating the NME Verilog for {cfg} failed: {exc!r}") from exc
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(verilog)
-    tmp.replace(path)
+    write_file(path, verilog)
     return verilog
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from coda.hw.nme.isa import NMEConfig, Op, RSrc, Status
 from coda.jsonout import json_text
+from coda.paths import write_file
 
 __all__ = ["FLOAT_CLASSES", "RESULT_EVENTS", "float_class", "result_events", "NMECoverage",
            "merge", "summary", "OPERATORS"]
@@ -331,7 +332,7 @@ class NMECoverage:
         data = _totals({"config": {"fmt": self.cfg.fmt, "lanes": self.cfg.lanes},
                         "bins": bins})
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json_text(data, indent=1, sort_keys=True) + "\n")
+        write_file(Path(path), json_text(data, indent=1, sort_keys=True) + "\n")
         return data
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.paths import write_file
 
 __all__ = ["RANDOM_CONTROLLER", "DRAM_BENCH_STANDARDS", "bench_dram"]
 
@@ -46,7 +47,7 @@ def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[
                   + f", {len(violations)} violations", flush=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json_text(rows, indent=1) + "\n")
+        write_file(out, json_text(rows, indent=1) + "\n")
     return rows
 
 

@@ -38,6 +38,7 @@ from coda.hw.dram.rowpolicy import ROW_POLICIES
 from coda.hw.dram.standards import DDR4_3200, DRAMStandard, STANDARDS, get_standard
 from coda.jsonout import json_text
 from coda.options import add_options, option
+from coda.paths import remove_orphans
 
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 
@@ -287,7 +288,7 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
         exe = build_model(std, controller=controller)
         build_s = time.perf_counter() - t0
         mask = (1 << channel_addr_bits(std, controller)) - 1
-        with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
+        with _run_folder() as tmp:
             hexf, stats, cmds = (Path(tmp) / n for n in ("trace.hex", "stats.txt", "cmds.csv"))
             with open(hexf, "w") as fh:
                 fh.writelines(f"{c:x} {w:x} {(a // std.burst_bytes) & mask:x}\n"
@@ -310,6 +311,15 @@ def run_requests(std: DRAMStandard | str, requests: list[tuple[int, int, int]], 
             _discard(commands)
         raise
     return _results(std, raw, build_s, sim_s)
+
+
+def _run_folder() -> tempfile.TemporaryDirectory:
+    """A temporary folder for one run of a DRAM model, ``build/dram/runs/run-<pid>-...``
+    (removed when the run ends), after removing those of processes that are gone (runs
+    killed before their clean-up: :func:`coda.paths.remove_orphans`)."""
+    runs = build_dir("dram", "runs")
+    remove_orphans(runs, "run")
+    return tempfile.TemporaryDirectory(prefix=f"run-{os.getpid()}-", dir=runs)
 
 
 def channel_addr_bits(std: DRAMStandard, controller: dict | None = None) -> int:
@@ -415,7 +425,7 @@ def run_words(std: DRAMStandard | str, lanes: int, ops: list[tuple[int, int, int
     """
     std = get_standard(std)
     exe = build_model(std, top="word", lanes=lanes, controller=controller)
-    with tempfile.TemporaryDirectory(dir=build_dir("dram", "runs")) as tmp:
+    with _run_folder() as tmp:
         words, rsp = Path(tmp) / "words.hex", Path(tmp) / "rsp.hex"
         with open(words, "w") as fh:
             fh.writelines(f"{w:x} {a:x} {d:x} {k:x}\n" for w, a, d, k in ops)

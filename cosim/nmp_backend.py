@@ -28,7 +28,6 @@ has the whole job: ``cycles`` (NME) and ``dram_cycles`` of the same interval, ``
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 from dataclasses import dataclass, field
@@ -96,7 +95,8 @@ class NMPRTLBackend(SessionOwner):
             cycles, a faster model).
         commands: path prefix for the DRAM command logs (CSV per rank, see
             ``coda_dram_device``), written when the simulator ends (:meth:`close`); None: no log.
-        keep_logs: keep the simulator work folder after :meth:`close`.
+        keep_logs: keep the simulator work folder after :meth:`close` (``logs-<pid>-<hex>``
+            beside the build, never removed by coda).
         nme_mhz: NME clock in MHz (:func:`coda.hw.nmp.check_nme_mhz`: 1 .. the DRAM command
             clock, 2400 for DDR5-4800), the NMEs then on their own clock behind AsyncFIFOs;
             None (default): the NMEs on the DRAM clock, no crossing.
@@ -140,7 +140,7 @@ class NMPRTLBackend(SessionOwner):
             build = build_nmp_sim(cfg, self.std, self.dimms, self.ranks, flags=self.flags,
                                   clock_gating=self.clock_gating,
                                   nme_clock=self.nme_mhz is not None)
-            workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
+            workdir = self._workdir(build.path)
             sess = NMPSession(build, workdir, commands=self.commands, nme_mhz=self.nme_mhz,
                               job_timeout_s=self.job_timeout_s)
             self.sessions[cfg] = sess

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import check_shape
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME", "DUT_NAME",
@@ -115,9 +115,7 @@ def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
     except Exception as exc:
         raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
                               f"failed: {exc!r}") from exc
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_file(path, text)
     return text
 
 

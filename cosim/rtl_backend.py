@@ -47,6 +47,7 @@ from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_
 from coda.cosim.shared_mem import SharedMemory, memory_path
 from coda.hw.nme.executor import ExecResult
 from coda.hw.nme.isa import NMEConfig, Program, Status
+from coda.paths import owned_name, remove_orphans
 
 __all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit"]
 
@@ -299,6 +300,12 @@ def _close_all() -> None:
         backend.close()
 
 
+#: a simulator's work folder in its build's folder: ``run-<pid>-<hex>``, removed when its
+#: backend closes, or, left by a killed run, when the next simulator of any build starts
+#: (:func:`coda.paths.remove_orphans`); ``logs-<pid>-<hex>`` with ``keep_logs`` (kept)
+RUN_PREFIX, LOGS_PREFIX = "run", "logs"
+
+
 class SessionOwner:
     """Owner of persistent simulator sessions (``self.sessions``: key -> session with
     ``close()`` and ``workdir``; ``self.keep_logs``): stops them on :meth:`close`, at the end
@@ -307,6 +314,16 @@ class SessionOwner:
 
     sessions: dict
     keep_logs: bool
+
+    def _workdir(self, parent: Path) -> Path:
+        """A fresh work folder name for a simulator of the build in ``parent``
+        (:data:`RUN_PREFIX`, or :data:`LOGS_PREFIX` with ``keep_logs``), after removing the
+        run folders whose process is gone (runs killed before their clean-up) there and in
+        the other builds beside it (``build/cosim/*``)."""
+        parent = Path(parent)
+        for build in {parent, *(p for p in parent.parent.iterdir() if p.is_dir())}:
+            remove_orphans(build, RUN_PREFIX)
+        return parent / owned_name(LOGS_PREFIX if self.keep_logs else RUN_PREFIX)
 
     def _track(self) -> None:
         """Close this owner's simulators at interpreter exit if nobody did before."""
@@ -343,7 +360,8 @@ class RTLBackend(SessionOwner):
             withholds a due response in a cycle (pseudo-random, in HDL).
         seed: seed of the stall generator (the same seed gives the same stalls).
         job_timeout_s: wall limit of one program (s); start_timeout_s: of a simulator start.
-        keep_logs: keep the simulators' work folders (logs, hex files) after :meth:`close`.
+        keep_logs: keep the simulators' work folders (logs, hex files) after :meth:`close`
+            (``logs-<pid>-<hex>`` beside the build, never removed by coda).
         max_sims: simulator processes per configuration (1..64) that :meth:`execute_many`
             spreads its jobs over (one per rank of the driver).
         clock_gating: simulate NMEs with gated lane clocks (the default, as the DIMM-NMP's
@@ -438,7 +456,7 @@ class RTLBackend(SessionOwner):
         if sess is None or sess.proc.poll() is not None:
             t0 = time.perf_counter()
             build = self.build(cfg)
-            workdir = build.path / f"run-{os.getpid()}-{id(self):x}-{len(self.sessions)}"
+            workdir = self._workdir(build.path)
             if sess is not None:
                 sess.close()
             sess = SimSession(build, workdir, start_timeout_s=self.start_timeout_s,

@@ -36,9 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
+from coda.paths import owned_name, remove_orphans
+
 __all__ = ["SharedMemory", "MAGIC", "HEADER_BYTES", "shm_folder", "memory_path", "remove_stale"]
 
 MAGIC = b"CODAMEM1"
+#: names of rank memory files: ``coda-mem-<pid>-<hex>`` (:func:`coda.paths.owned_name`)
+MEMORY_PREFIX = "coda-mem"
 HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIIxxxxQQQ")     # magic, lanes, words, ndirty, pad, 3 offsets
 _NDIRTY_OFFSET = 16                          # byte offset of ndirty in the header
@@ -152,28 +156,16 @@ class SharedMemory:
 def memory_path(fallback: str | os.PathLike | None = None) -> Path:
     """A fresh file name for a rank memory: in ``/dev/shm`` where there is one, else in
     ``fallback`` (default: the system's temporary folder). Unique per process and call."""
-    import secrets
     import tempfile
 
     folder = shm_folder() or Path(fallback if fallback is not None else tempfile.gettempdir())
     remove_stale(folder)
-    return folder / f"coda-mem-{os.getpid()}-{secrets.token_hex(6)}"
+    return folder / owned_name(MEMORY_PREFIX)
 
 
 def remove_stale(folder: str | os.PathLike) -> list[Path]:
     """Delete the rank memory files in ``folder`` whose process is gone (a run killed by a
     signal it could not clean up after: SIGTERM, SIGKILL); returns them. The owner's pid is
-    in the name (:func:`memory_path`)."""
-    removed = []
-    for path in Path(folder).glob("coda-mem-*-*"):
-        try:
-            pid = int(path.name.split("-")[2])
-            os.kill(pid, 0)
-        except ValueError:
-            continue                     # not one of ours
-        except ProcessLookupError:
-            path.unlink(missing_ok=True)
-            removed.append(path)
-        except PermissionError:
-            pass                         # alive, another user's
-    return removed
+    in the name (:func:`memory_path`; :func:`coda.paths.remove_orphans`, which also removes
+    the simulators' work folders of such runs)."""
+    return remove_orphans(folder, MEMORY_PREFIX)

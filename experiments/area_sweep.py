@@ -51,7 +51,7 @@ from coda.synth.flow import check_synth_options, synthesize
 from coda.sweep import add_run_options
 from coda.jsonout import json_text
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import check_output_path, save_figure, write_file
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
            "bandwidth_table", "measured_table", "clock_table", "plot", "AreaSweepConfig",
@@ -395,7 +395,7 @@ def plot(rows: list[dict], path: Path, dram: str = "DDR4-3200") -> None:
     ax_area.set_title("NME area (yosys)")
     ax_bw.set_title("memory-port demand vs DRAM rank bandwidth")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -486,9 +486,9 @@ def main(args: argparse.Namespace) -> int:
         print_clock_table(crow)
     out = args.root.parent
     bench = _bench_results(Path("build/bench"))
-    (out / "sweep.json").write_text(json_text({"rows": rows, "dram": args.dram,
-                                                "clock_rows": crow, "bench": bench},
-                                               indent=1) + "\n")
+    write_file(out / "sweep.json", json_text({"rows": rows, "dram": args.dram,
+                                              "clock_rows": crow, "bench": bench},
+                                             indent=1) + "\n")
     if rows:
         plot(rows, out / "sweep.png", args.dram)
     print(f"wrote {out / 'sweep.json'}" + (f", {out / 'sweep.png'}" if rows else ""))

@@ -34,9 +34,14 @@ alone, and the cosimulation's speed, in ``build/bench/``.
    ``--nmp-ranks`` of ``--nmp-dram``, 256 KiB per stream): simulated cycles per wall second
    and the DRAM bandwidth utilisation per rank of a long residual add and a 4-stream segment;
    ``--nmp-flags`` measures other Verilator/C++ option sets
-   (:data:`coda.cosim.nmp_build.FLAG_SETS`, one build each).
+   (:data:`coda.cosim.nmp_build.FLAG_SETS`, one build each);
+6. unless ``--skip-checks``, the speed of two checks whose tests assert behaviour only, in
+   ``checks``: ``gpu_check_cpu`` (:func:`gpu_check_timing`: ``scripts/gpu_check.py`` on the CPU
+   at the size of its test, against :data:`GPU_CHECK_CPU_TARGET_S`; its output in
+   ``gpu_check/`` beside ``--out``) and ``sweep_address_check`` (:func:`address_check_timing`:
+   ``coda sweep``'s refusal of an address where no Ray cluster answers).
 
-Prints steps 3 to 5 as one JSON object; writes it to ``--out`` (default
+Prints steps 3 to 6 as one JSON object; writes it to ``--out`` (default
 ``build/bench/cosim.json``).
 """
 
@@ -44,7 +49,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +73,18 @@ from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import check_output_path, write_file
 from coda.sweep import add_run_options
 
-__all__ = ["NMP_STREAM_BYTES", "configure", "main"]
+__all__ = ["NMP_STREAM_BYTES", "GPU_CHECK_CPU_TARGET_S", "gpu_check_timing",
+           "address_check_timing", "configure", "main"]
 
 #: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
 NMP_STREAM_BYTES = 256 << 10
+#: seconds the GPU check's CPU run (:data:`coda.experiments.gpu_check.CPU_CHECK`) should take
+#: at most on a development machine, start to exit
+GPU_CHECK_CPU_TARGET_S = 60.0
+GPU_CHECK_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,8 @@ class BenchConfig:
     run_dram_prompts: str = option("0", "prompts of the cosimulated generation on the "
                                    "DRAM-timed DIMM-NMP of --nmp-dram ('' = none)")
     skip_dram: bool = option(False, "leave out the DRAM controller replays (build/bench/dram.json)")
+    skip_checks: bool = option(False, "leave out the timings of the GPU check on the CPU and of "
+                               "coda sweep's address check")
     sweep_lanes: str = option(",".join(map(str, SWEEP_LANES)), "lanes of the design-space "
                               "sweep ('' = no sweep)")
     sweep_depths: str = option(",".join(map(str, SWEEP_DEPTHS)), "buffer depths of the sweep",
@@ -140,11 +158,15 @@ def main(args: argparse.Namespace) -> int:
             return 0
     if not args.skip_dram:
         bench_dram(out=args.out.with_name("dram.json"))
-    text = json_text(_cosim_speed(args), indent=1)
+    result = _cosim_speed(args)
+    if not args.skip_checks:
+        result["checks"] = {"gpu_check_cpu": gpu_check_timing(args.out.with_name("gpu_check")),
+                            "sweep_address_check": address_check_timing()}
+    text = json_text(result, indent=1)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_file(args.out, text + "\n")
     return 0
 
 
@@ -261,4 +283,72 @@ def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
     if "ideal" in out:
         out["ideal"]["ceiling_ratio"] = round(ceiling["cycles_per_s"]
                                               / out["ideal"]["sim_cycles_per_s"], 3)
+    return out
+
+
+def gpu_check_timing(out: Path) -> dict:
+    """``scripts/gpu_check.py`` on this machine's CPU at the size of its test
+    (:data:`coda.experiments.gpu_check.CPU_CHECK`, one thread), its output in ``out``: the wall
+    seconds from start to exit (imports included) against :data:`GPU_CHECK_CPU_TARGET_S`, and
+    the check's own timed generations. Raises RuntimeError (its exit status and stderr's tail)
+    when the check fails."""
+    from coda.experiments.gpu_check import CPU_CHECK
+
+    argv = [*CPU_CHECK, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, str(GPU_CHECK_SCRIPT), *argv], capture_output=True,
+                         text=True, env=env)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"scripts/gpu_check.py failed (exit {run.returncode}): "
+                           f"{run.stderr[-2000:]}")
+    rep = json.loads((Path(out) / "gpu_check.json").read_text())
+    return {"command": "scripts/gpu_check.py " + " ".join(argv), "wall_s": round(wall, 2),
+            "target_s": GPU_CHECK_CPU_TARGET_S, "within_target": wall < GPU_CHECK_CPU_TARGET_S,
+            "full_s": rep["full"]["seconds"], "cached_s": rep["cached"]["seconds"]}
+
+
+@contextmanager
+def _local_server(answer: bytes | None):
+    """A TCP server on 127.0.0.1 for one connection: reads the client's first bytes, then sends
+    ``answer`` and closes, or (None) says nothing until the client closes. Yields the port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(100)
+            if answer is not None:
+                conn.sendall(answer)
+            else:
+                while conn.recv(100):
+                    pass
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        srv.close()
+
+
+def address_check_timing(timeout_s: float = 5.0) -> dict:
+    """Seconds :func:`coda.sweep.check_address` (with ``timeout_s``) takes to refuse a local
+    address that answers as an HTTP/1 server does (``not_a_gcs``: should be far below the
+    timeout, refused by the answer) and one that accepts and says nothing (``silent``: the
+    timeout), each with the error it gave."""
+    from coda.sweep import check_address
+
+    out = {"timeout_s": timeout_s}
+    for case, answer in (("not_a_gcs", b"HTTP/1.1 400 Bad Request\r\n\r\n"), ("silent", None)):
+        with _local_server(answer) as port:
+            t0 = time.perf_counter()
+            try:
+                check_address(f"127.0.0.1:{port}", timeout_s=timeout_s)
+                error = None
+            except ValueError as exc:
+                error = str(exc)
+            out[case] = {"seconds": round(time.perf_counter() - t0, 6), "error": error}
     return out

@@ -32,6 +32,7 @@ from coda.cosim.nmp_measure import PROGRAM_STREAMS, measure_nmp, mem_words
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area, synth_areas
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.hw.dram.standards import DEFAULT_STANDARD
 
 SWEEP_LANES = (1, 2, 4, 8, 16, 32)
@@ -382,7 +383,7 @@ def write_dse(out: Path, rows: list[dict], drams, fmt: str, clocks, stream_bytes
     units = units_label(units)
     areas = synth_areas(synth_root, fmt, units)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json_text({
+    write_file(out, json_text({
         "version": DSE_VERSION, "drams": list(drams), "dram": list(drams)[0], "fmt": fmt,
         "clocks": list(clocks), "stream_bytes": stream_bytes, "units": units, "rows": rows,
         "knees": perf_per_area(knees(rows, tolerance), areas),

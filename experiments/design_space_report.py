@@ -17,6 +17,7 @@ from coda.cosim.nme_units import parse_units, units_title
 from coda.cosim.nmp_measure import PROGRAM_STREAMS
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area
 from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.paths import save_figure
 
 __all__ = ["print_sweep", "print_knees", "plot_sweep"]
 
@@ -130,5 +131,5 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
     fig.suptitle("; ".join(units_title(u) for u in units_sets), fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

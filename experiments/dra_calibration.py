@@ -371,11 +371,13 @@ def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThreshol
     """Write ``thresholds`` as the ``"dra"`` block of the schedule file ``path`` (kept: its
     ``"coda"`` block; written fresh from ``schedule`` if the file does not exist).
 
-    Raises ValueError if the table was not calibrated on ``schedule``, or the file is not a
+    Raises ValueError if the table was not calibrated on ``schedule`` or has a threshold at
+    a step it never probes (:meth:`StepThresholds.check_probed`), or the file is not a
     schedule JSON or holds another schedule."""
     from coda.host.cache.shipped import save_schedule_block
 
     thresholds.check_for(schedule=schedule, what=f"DRA thresholds for {path}")
+    thresholds.check_probed(schedule, what=f"DRA thresholds for {path}")
     save_schedule_block(path, schedule, "dra", thresholds.to_dict())
 
 
@@ -383,8 +385,10 @@ def load_step_dra(path: str | Path, *, model_id: str | None = None,
                   num_steps: int | None = None) -> tuple[Schedule, StepThresholds]:
     """(schedule, thresholds) of a file written by :func:`save_step_dra`.
 
-    Raises ValueError naming the file: unreadable, not a schedule, no ``"dra"`` block, or a
-    table of another model hash, step count or schedule than the file's."""
+    Raises ValueError naming the file: unreadable, not a schedule, no ``"dra"`` block, a
+    malformed block (naming the field), a table of another model hash, step count or
+    schedule than the file's, or a threshold at a step the schedule never probes
+    (:meth:`StepThresholds.check_probed`)."""
     from coda.host.cache.shipped import load_schedule, schedule_block
 
     path = Path(path)
@@ -396,6 +400,7 @@ def load_step_dra(path: str | Path, *, model_id: str | None = None,
     table = StepThresholds.from_dict(block, what=f"{path} DRA thresholds")
     table.check_for(model_id, num_steps if num_steps is not None else sched.num_steps,
                     sched, what=f"{path} DRA thresholds")
+    table.check_probed(sched, what=f"{path} DRA thresholds")
     return sched, table
 
 

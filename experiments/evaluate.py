@@ -45,6 +45,7 @@ from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.jsonout import json_text
+from coda.paths import save_figure, write_file
 from coda.options import add_options, from_args, option
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
@@ -133,7 +134,7 @@ def pareto_plot(rows: list[dict], path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle("cache policies on the shipped Latte (held-out seeds)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -193,7 +194,7 @@ def main(args) -> int:
                                           s.model, cfg, driver_factory, console, s.modes)
     s.out.mkdir(parents=True, exist_ok=True)
     if dra_probes:
-        (s.out / "dra_probes.json").write_text(json_text(dra_probes, indent=1) + "\n")
+        write_file(s.out / "dra_probes.json", json_text(dra_probes, indent=1) + "\n")
 
     common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
     vid_labels = torch.tensor([p for _ in s.seeds for p in s.prompts])
@@ -218,12 +219,12 @@ def main(args) -> int:
                "prompts": s.prompts, "seeds": s.seeds, "steps": cfg.steps,
                "wall_s": time.perf_counter() - t0}
     out = s.out
-    (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
-    (out / "videos.json").write_text(json_text({"summary": summary, "videos": videos},
-                                                indent=1) + "\n")
-    (out / "corner_cases.json").write_text(json_text(corner, indent=1) + "\n")
+    write_file(out / "pareto.json", json_text(rows, indent=1) + "\n")
+    write_file(out / "videos.json", json_text({"summary": summary, "videos": videos},
+                                              indent=1) + "\n")
+    write_file(out / "corner_cases.json", json_text(corner, indent=1) + "\n")
     pareto_plot(rows, out / "pareto.png")
-    (out / "table.md").write_text(markdown_table(rows))
+    write_file(out / "table.md", markdown_table(rows))
     _print_summary(rows, corner, out, acc_full, console)
     return 0
 
@@ -370,7 +371,7 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
                           f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
                           f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
-            (out / "pareto.json").write_text(json_text(rows, indent=1) + "\n")
+            write_file(out / "pareto.json", json_text(rows, indent=1) + "\n")
     return rows, per_video
 
 

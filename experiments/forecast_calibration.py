@@ -150,11 +150,13 @@ def save_forecast(path: str | Path, schedule: Schedule, table: ForecastTable) ->
     """Write ``table`` as the ``"forecast"`` block of the schedule file ``path`` (its other
     blocks kept; written fresh from ``schedule`` if the file does not exist).
 
-    Raises ValueError if the table was not calibrated for ``schedule``, or the file is not a
-    schedule JSON or holds another schedule."""
+    Raises ValueError if the table was not calibrated for ``schedule`` or has an alpha it
+    never applies (:meth:`ForecastTable.check_applies`), or the file is not a schedule JSON
+    or holds another schedule."""
     from coda.host.cache.shipped import save_schedule_block
 
     table.check_for(None, schedule.num_steps, schedule, what=f"forecast table for {path}")
+    table.check_applies(schedule, what=f"forecast table for {path}")
     save_schedule_block(path, schedule, "forecast", table.to_dict())
 
 
@@ -163,16 +165,18 @@ def load_forecast(path: str | Path, *, model_id: str | None = None,
     """(schedule, alphas) of a schedule file with a ``"forecast"`` block
     (:func:`save_forecast`), or None if it has no such block.
 
-    Raises ValueError naming the file: unreadable, not a schedule, a malformed block, or a
-    table of another model hash, step count or schedule than the file's."""
+    Raises ValueError naming the file: unreadable, not a schedule, a malformed block (naming
+    the field), a table of another model hash, step count or schedule than the file's, or an
+    alpha the schedule never applies (:meth:`ForecastTable.check_applies`)."""
     from coda.host.cache.shipped import load_schedule, schedule_block
 
     sched = load_schedule(path, model_id=model_id, num_steps=num_steps)
     block = schedule_block(path, "forecast")
     if block is None:
         return None
-    table = ForecastTable.from_dict(block)
+    table = ForecastTable.from_dict(block, what=f"{path} forecast table")
     table.check_for(model_id, sched.num_steps, sched, what=f"{path} forecast table")
+    table.check_applies(sched, what=f"{path} forecast table")
     return sched, table
 
 

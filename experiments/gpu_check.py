@@ -33,10 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.options import add_options, from_args, option
 
-__all__ = ["GpuCheckConfig", "choose_cache_backend", "denoise",
+__all__ = ["GpuCheckConfig", "CPU_CHECK", "choose_cache_backend", "denoise",
            "run_check", "main"]
+
+#: the check at a tiny size on a CPU (Wan 2.1 1.3B cut to 2 layers, 32x32 pixels x 5 frames,
+#: 3 steps): what tests/test_gpu_check.py runs, and what ``coda bench`` times
+CPU_CHECK = ("--device", "cpu", "--resolution", "32x32", "--frames", "5", "--layers", "2",
+             "--steps", "3", "--warmup", "1", "--repeat", "2")
 
 
 @dataclass(frozen=True)
@@ -194,7 +200,7 @@ def run_check(cfg: GpuCheckConfig, command: str = "") -> dict:
     table = calibrate(cfg.model, resolution=cfg.resolution, frames=cfg.frames,
                       device=cfg.device, warmup=cfg.warmup, repeat=cfg.repeat, seed=cfg.seed,
                       command=f"{command} (its coda calibrate step)")
-    (out / "gpu_table.json").write_text(json_text(table, indent=1) + "\n")
+    write_file(out / "gpu_table.json", json_text(table, indent=1) + "\n")
     sim = _simulated(cfg, table, out)
     h, w, n = video_size(cfg.model, cfg.resolution, None, cfg.frames)
     latent = spec.latent(cfg.model, h, w, n)
@@ -275,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: error: {exc}", file=sys.stderr)
         return 2
     out = Path(cfg.out)
-    (out / "gpu_check.json").write_text(json_text(rep, indent=1) + "\n")
+    write_file(out / "gpu_check.json", json_text(rep, indent=1) + "\n")
     text = text_table(rep)
-    (out / "gpu_check.txt").write_text(text)
+    write_file(out / "gpu_check.txt", text)
     print(text, end="")
     print(f"written: {out / 'gpu_check.json'}, {out / 'gpu_check.txt'}, {out / 'gpu_table.json'}")
     return 0

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.options import add_options, defaults, given, option
+from coda.paths import atomic_write, check_output_path
 from coda.hw.dram.standards import STANDARDS
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.verilog import add_latency_arguments, resolve_preset
@@ -104,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
     are checked before any work; nothing is written when the command fails."""
     try:
         _check_options(args)
+        _check_unused(args)
         if args.make_example is not None:
             path = _check_out(args.make_example, "--make-example")
             if path.suffix != ".npz":
@@ -136,6 +137,30 @@ def _check_options(args: argparse.Namespace) -> None:
     except ValueError as exc:   # NMEConfig's messages read "field=value: expected ..."
         field, _, rest = str(exc).partition("=")
         raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+
+
+#: the options of a run (its files, where it runs): with --make-example, which runs nothing,
+#: they would do nothing and are refused (the NME's geometry and units are checked as a
+#: run checks them, so one set of those flags serves both commands)
+_RUN_OPTIONS = ("inputs", "out", "backend", "dram", "nme_mhz")
+
+
+def _check_unused(args: argparse.Namespace) -> None:
+    """Refuse an option given on the command line (also at its default value) that would do
+    nothing, instead of ignoring it: with ``--make-example`` (it writes inputs and runs
+    nothing) the options of a run, :data:`_RUN_OPTIONS`; ``--seed`` without
+    ``--make-example``. Raises ValueError naming the option."""
+    default = defaults(NMERunConfig)
+    if args.make_example is not None:
+        for name in _RUN_OPTIONS:
+            if given(args, name, default[name]):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {getattr(args, name)}: --make-example writes example "
+                                 f"inputs and runs nothing, expected no {flag} with "
+                                 "--make-example")
+    elif given(args, "seed", default["seed"]):
+        raise ValueError(f"--seed {args.seed}: the seed of --make-example's inputs, expected no "
+                         "--seed without --make-example")
 
 
 def _config(args: argparse.Namespace, mem_words: int) -> NMEConfig:
@@ -206,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
             backend.close()   # the simulators finish their FST files as they exit
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = ({"l1": np.float32(result)} if spec.output == "l1" else {"y": to_bits(result)})
-    with open(out, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
+    with atomic_write(out) as fh:   # a file object: numpy keeps the name (no ".npz" appended)
         np.savez(fh, **arrays)
     shown = f"l1={result:.6g}" if spec.output == "l1" else f"y{list(result.shape)}"
     first = tensors[spec.inputs[0]]
@@ -290,7 +315,8 @@ def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
     C = 4 * lanes channels, N = T*C + 5 elements for flat operators (a masked tail), K = 3
     segment terms, group G = 2 * lanes; values normal(0, 1) rounded to ``fmt`` (scales and
     gates uniform in [0, 1)); deterministic for a given ``seed``. Returns the path, written
-    under exactly that name.
+    under exactly that name, whole or not at all (:func:`coda.paths.atomic_write`). Raises
+    OSError naming the path when it cannot be written (e.g. a full disk).
     """
     spec = ref.get_op(op)
     dtype = torch_dtype(fmt)
@@ -324,6 +350,6 @@ def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
         out["group"] = np.int64(group)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:   # a file object: numpy keeps the name (no ".npz" appended)
+    with atomic_write(path) as fh:   # a file object: numpy keeps the name (no ".npz" appended)
         np.savez(fh, **out)
     return path

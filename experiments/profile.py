@@ -44,6 +44,7 @@ from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.cache.schedule import ARCH_OP_TYPES, BRANCHES, ModelOps
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.jsonout import json_text
+from coda.paths import atomic_write, save_figure, write_file
 from coda.options import add_options, option
 
 __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
@@ -230,15 +231,18 @@ class Profile:
 
     # ---- files
     def save(self, folder: str | Path) -> Path:
-        """Write ``folder/profile.npz`` (arrays + metadata JSON) and ``folder/profile.json``."""
+        """Write ``folder/profile.npz`` (arrays + metadata JSON) and ``folder/profile.json``,
+        each whole or not at all (:func:`coda.paths.atomic_write`). Returns the .npz path;
+        raises OSError naming the file that cannot be written."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "profile.npz"
         meta = dict(self.meta, version=PROFILE_VERSION)
         extra = {} if self.sensitivity is None else {"sensitivity": self.sensitivity}
-        np.savez_compressed(path, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
-                            meta=np.array(json_text(meta)), **extra)
-        (folder / "profile.json").write_text(json_text(meta, indent=2) + "\n")
+        with atomic_write(path) as fh:
+            np.savez_compressed(fh, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
+                                meta=np.array(json_text(meta)), **extra)
+        write_file(folder / "profile.json", json_text(meta, indent=2) + "\n")
         return path
 
     @classmethod
@@ -463,7 +467,7 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
     fig.colorbar(im, ax=axes, label="log10 relative L1 change of the output vs previous step")
     fig.suptitle(f"operator output change between steps ({len(profile.meta.get('videos', []))} "
                  f"videos, NME l1_distance)", fontsize=10)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

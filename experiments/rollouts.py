@@ -12,7 +12,6 @@ model, a :class:`coda.experiments.cfg_loop.CFGLoop` over a diffusers transformer
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from coda.host.cache.schedule import Schedule
+from coda.paths import atomic_write
 
 __all__ = ["torch_driver", "rollout", "full_videos", "rollout_task", "judge", "loop_judge"]
 
@@ -87,9 +87,8 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
                         for i in range(0, len(labels), batch)])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")    # writers side by side: one each
-        torch.save(videos, tmp)
-        tmp.replace(path)
+        with atomic_write(path) as fh:    # writers side by side: a temporary file each
+            torch.save(videos, fh)
     return videos
 
 

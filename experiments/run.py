@@ -30,7 +30,10 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
 takes each segment's tensors to the host and back, as PCIe does); ``--backend device`` keeps
 the cache in that device's memory instead, its segments torch ops there
 (:class:`coda.host.cache.device.DeviceCache`, system b of the ablation: no NME, nothing of
-the cache on the host link; the modelled systems are then a..c).
+the cache on the host link; the modelled systems are then a..c). An option the chosen
+backend would ignore is refused before any work, not ignored: with ``device`` the NME's
+(``--preset``, the latencies, ``--trail-stores``, ``--lanes``), ``--dram`` / ``--nme-mhz``
+except with ``rtl``, ``--rtl-videos`` except with ``rtl``.
 
 With ``--backend rtl`` every prompt goes through the RTL by default (the RTL run of all ten
 takes about 2.5 minutes on 2 cores: docs/results.md, Cosimulation speed); ``--rtl-videos N``
@@ -57,7 +60,6 @@ the generation, the run itself goes on.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +71,7 @@ from coda.host.cache.device import DEVICES
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.options import add_options, option
@@ -130,7 +133,7 @@ class RunConfig:
     nme_mhz: float = option(None, "with --dram: the NMEs on their own clock of F MHz (1 .. the "
                             "DRAM command clock) behind asynchronous FIFOs", type=float,
                             metavar="F", default_text="the DRAM clock")
-    lanes: int = option(8, "NME SIMD lanes")
+    lanes: int = option(8, "NME SIMD lanes (rtl / torch backends)")
     dimms: int = option(1, "DIMMs")
     ranks: int = option(2, "ranks per DIMM, one NME each")
     seed: int = option(0, "base noise seed: video i uses seed + i, each 0..2^31-1")
@@ -244,7 +247,7 @@ def main(args) -> int:
     gifs, grid = _write_gifs(run.out, run.digits, gen.full, gen.cached)
     modelled = _modelled(args, run, gen, modelled_reason)
     report = _report(args, run, gen, bit_exact, rtl, modelled, gifs, grid, t_start)
-    (run.out / "report.json").write_text(json_text(report, indent=2) + "\n")
+    write_file(run.out / "report.json", json_text(report, indent=2) + "\n")
     _print_summary(console, report, run.out / "report.json")
     if bit_exact is False:
         console.print("[red]RTL and torch backends disagree[/]")
@@ -264,6 +267,7 @@ def _setup(args) -> _Setup:
     from coda.paths import check_output_path
 
     device = resolve_device(args.device, "--device")    # no CUDA: refused first
+    _check_backend_options(args)
     digits = parse_int_list(args.prompts, "--prompts", 0, 9)
     check_steps(args.steps)
     check_guidance(args.guidance)
@@ -293,6 +297,33 @@ def _setup(args) -> _Setup:
     return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
                   backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
                   forecast_source=source, cache_format=args.cache_format, cache_group=group)
+
+
+#: options of the NME (coda.hw.verilog.NMEUnitsConfig, --lanes): none with --backend device
+_NME_OPTIONS = ("preset", "mul_latency", "add_latency", "operand_latency", "trail_stores",
+                "lanes")
+
+
+def _check_backend_options(args) -> None:
+    """Refuse, before any work, an option that would do nothing with ``--backend``, given on
+    the command line (also at its default value), instead of ignoring it: with ``device``
+    (no NME: the cache's segments are torch ops) the NME's options and ``--lanes``; ``--dram``
+    (and so ``--nme-mhz``) with any backend but ``rtl``. Raises ValueError naming the
+    option."""
+    from coda.hw.verilog import NMEUnitsConfig
+    from coda.options import defaults, given
+
+    default = {**defaults(RunConfig), **defaults(NMEUnitsConfig)}
+    if args.backend == "device":
+        for name in _NME_OPTIONS:
+            if given(args, name, default[name]):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {getattr(args, name)}: no NME runs with --backend "
+                                 "device (its cache segments are torch ops in --device "
+                                 f"memory), expected no {flag} with --backend device")
+    if args.dram is not None and args.backend != "rtl":
+        raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl (got --backend "
+                         f"{args.backend})")
 
 
 def _cache_group(args, model) -> int | None:
@@ -631,13 +662,12 @@ def _dra_thresholds(args, model, sched, profile, path):
     """coda+dra's thresholds: the schedule file's ``"dra"`` block if it has one (checked
     against the model, steps and schedule), else calibrated now on the profile's videos
     (:func:`coda.experiments.dra_calibration.calibrate_default_dra`, torch backend)."""
-    from pathlib import Path
-
     from coda.host.nme.backend import TorchBackend
     from coda.experiments.dra_calibration import calibrate_default_dra, load_step_dra
     from coda.experiments.profile import model_hash
+    from coda.host.cache.shipped import schedule_block
 
-    if "dra" in json.loads(Path(path).read_text()):
+    if schedule_block(path, "dra") is not None:
         return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
     return calibrate_default_dra(
         model, sched, profile, num_steps=args.steps, guidance_scale=args.guidance,

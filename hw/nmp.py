@@ -69,7 +69,7 @@ from coda.hw.dram.controller import STAT_BITS, STAT_NAMES, DRAMController
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.dram.word_memory import DRAMWordMemory, WordAdapter
 from coda.hw.nme.isa import NMEConfig
-from coda.hw.yosys import use_pinned_yosys
+from coda.hw.yosys import component_verilog
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
            "MAX_RANKS", "check_shape", "check_nme_mhz", "REQ_FIFO_DEPTH", "rsp_fifo_depth",
@@ -428,6 +428,11 @@ class DIMMNMP(wiring.Component):
         return m
 
 
+def _domains(nme_clock: bool) -> tuple[str, ...]:
+    """The clock domains of a RankNMP / DIMMNMP top, in the order of their Verilog ports."""
+    return ("sync", "nme") if nme_clock else ("sync",)
+
+
 def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", *, clock_gating: bool = True,
                  nme_clock: bool = False, **controller_kw) -> str:
     """Verilog of one :class:`RankNMP` as module ``name`` (ports ``clk``, ``rst`` + members;
@@ -436,13 +441,10 @@ def rank_verilog(cfg: NMEConfig, std, name: str = "rank_nmp", *, clock_gating: b
     Raises:
         ValueError: ``name`` not an identifier, or as RankNMP. FileNotFoundError: no yosys.
     """
-    from amaranth.back import verilog
-
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
-    use_pinned_yosys()
-    return verilog.convert(RankNMP(cfg, std, clock_gating=clock_gating, nme_clock=nme_clock,
-                                   **controller_kw), name=name, emit_src=False)
+    return component_verilog(RankNMP(cfg, std, clock_gating=clock_gating, nme_clock=nme_clock,
+                                     **controller_kw), name, domains=_domains(nme_clock))
 
 
 def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str = "dimm_nmp",
@@ -457,8 +459,6 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
         ValueError: bad name, dimms/ranks < 1, more than :data:`MAX_RANKS` ranks, or as
             RankNMP. FileNotFoundError: no yosys.
     """
-    from amaranth.back import verilog
-
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
     _check_system(cfg, std, dimms, ranks)   # before any Elaboratable exists (none left unused)
@@ -466,5 +466,4 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
                   **controller_kw)
     rank = rank_verilog(cfg, std, f"{name}_rank", clock_gating=clock_gating,
                         nme_clock=nme_clock, **controller_kw)
-    use_pinned_yosys()
-    return rank + "\n" + verilog.convert(top, name=name, emit_src=False)
+    return rank + "\n" + component_verilog(top, name, domains=_domains(nme_clock))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
-from coda.hw.yosys import use_pinned_yosys
+from coda.hw.yosys import component_verilog
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.options import add_options, option
 
@@ -73,15 +73,12 @@ def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False
         ValueError: ``name`` is not a Verilog identifier.
         FileNotFoundError: no yosys available.
     """
-    from amaranth.back import verilog
-
     from coda.hw.nme.top import NME
 
     if not name.isidentifier():
         raise ValueError(f"name={name!r}: expected a Verilog identifier")
-    use_pinned_yosys()
-    return verilog.convert(NME(cfg, clock_gating=clock_gating,
-                               measure_toggles=measure_toggles), name=name)
+    return component_verilog(NME(cfg, clock_gating=clock_gating, measure_toggles=measure_toggles),
+                             name, emit_src=True)
 
 
 def dimm_top_verilog(cfg: NMEConfig, name: str = "dimm", *, dram: str = DEFAULT_STANDARD,

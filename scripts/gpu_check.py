@@ -8,9 +8,9 @@ Before anything of the project is imported, with the standard library alone:
    holds any) are installed into a private folder (pip, ``--no-index --no-deps``) that goes
    first on ``sys.path``;
 2. the versions are checked: Python >= 3.11; torch, diffusers (exactly the 0.42.1 the cache
-   engine's adapters replay), numpy, simpy, amaranth, rich importable. What was found is
-   printed; a missing or wrong package ends the run with one line saying which and how to
-   bring it (exit 3);
+   engine's adapters replay), numpy, simpy, amaranth, rich, jsonschema importable. What was
+   found is printed; a missing or wrong package ends the run with one line saying which and
+   how to bring it (exit 3);
 3. without an installed ``coda`` (``pip install -e .``), the repository is put on the path
    and ``coda``'s sub-packages mapped onto its folders as pyproject.toml maps them.
 
@@ -31,12 +31,13 @@ import importlib
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: (module, version required or None): what the check imports
 NEEDS = (("torch", None), ("diffusers", "0.42.1"), ("numpy", None), ("simpy", None),
-         ("amaranth", None), ("rich", None))
+         ("amaranth", None), ("rich", None), ("jsonschema", None))
 #: coda's sub-packages and the folders they live in (pyproject.toml [tool.setuptools.package-dir])
 PACKAGE_DIRS = ("hw", "cosim", "host", "synth", "verify", "experiments")
 
@@ -77,7 +78,9 @@ def check_versions() -> list[str]:
             print(f"{name}: missing ({type(exc).__name__}: {exc})")
             problems.append(f"{name} is not importable")
             continue
-        have = getattr(mod, "__version__", None) or _dist_version(name)
+        with warnings.catch_warnings():     # jsonschema deprecates its __version__
+            warnings.simplefilter("ignore", DeprecationWarning)
+            have = getattr(mod, "__version__", None) or _dist_version(name)
         print(f"{name} {have}")
         if want is not None and have != want:
             problems.append(f"{name} {have}: expected {want}")

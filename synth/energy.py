@@ -60,7 +60,7 @@ from coda.hw.dram.standards import get_standard
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc
 from coda.jsonout import json_text
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import check_output_path, write_file
 
 __all__ = ["EnergyConstants", "HOROWITZ_45NM", "program_events", "Activity",
            "measure_activity", "energy_per_element", "estimate", "OPERATORS", "EnergyConfig",
@@ -326,7 +326,7 @@ def main(args: argparse.Namespace) -> int:
     result["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"energy_l{cfg.lanes}_{cfg.fmt}.json"
-    path.write_text(json_text(result, indent=1) + "\n")
+    write_file(path, json_text(result, indent=1) + "\n")
     print_table(result)
     print(f"report: {path} ({result['seconds']} s)")
     return 0

@@ -51,6 +51,7 @@ from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equ
 from coda.synth.tools import SynthError, tool_path, tool_versions
 from coda.synth.yosys_synth import synth_ecp5, synth_generic
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.options import add_options, option
 
 __all__ = ["nme_source", "synthesize", "print_report", "SynthConfig", "configure", "main",
@@ -168,7 +169,7 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         report["ecp5"] = result
     runtime["total"] = round(time.monotonic() - start, 2)
     report["runtime_s"] = runtime
-    (outdir / "report.json").write_text(json_text(report, indent=2) + "\n")
+    write_file(outdir / "report.json", json_text(report, indent=2) + "\n")
     return report
 
 

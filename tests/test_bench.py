@@ -676,3 +676,71 @@ def test_sweep_gives_every_point_the_units(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="units '3,5': expected M,A,O"):
         design_space.sweep(lanes=(2,), clocks=(100.0,), dram="DDR5-4800", units="3,5")
     assert len(calls) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# the speed of checks whose tests assert behaviour only (tests/test_no_timed_asserts.py)
+# ---------------------------------------------------------------------------------------
+def test_bench_times_the_sweep_address_check():
+    """How long coda sweep's address check takes to refuse an address where something answers
+    but not a Ray GCS, and one where nothing answers (its timeout); the errors are the
+    check's own."""
+    fig = bench.address_check_timing(timeout_s=0.2)
+    assert fig["timeout_s"] == 0.2
+    assert "not a Ray cluster's GCS" in fig["not_a_gcs"]["error"]
+    assert "no Ray cluster answers there (timed out)" in fig["silent"]["error"]
+    assert fig["not_a_gcs"]["seconds"] > 0 and fig["silent"]["seconds"] > 0
+
+
+def _fake_gpu_check(calls, returncode=0):
+    import subprocess
+    from pathlib import Path
+
+    def run(argv, **kw):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_check.json").write_text(json.dumps({"full": {"seconds": 1.5},
+                                                        "cached": {"seconds": 1.25}}))
+        return subprocess.CompletedProcess(argv, returncode, "", "" if returncode == 0 else
+                                           "Traceback ...\nRuntimeError: boom\n")
+    return run
+
+
+def test_bench_times_the_gpu_check_on_a_cpu(tmp_path, monkeypatch):
+    """scripts/gpu_check.py at the size its test runs (CPU_CHECK): the wall time against its
+    target and the check's own timed figures; a failed check stops the bench with its
+    stderr."""
+    from coda.experiments.gpu_check import CPU_CHECK
+
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", _fake_gpu_check(calls))
+    fig = bench.gpu_check_timing(tmp_path / "g")
+    (argv,) = calls
+    assert argv[1].endswith("scripts/gpu_check.py")
+    assert argv[2:] == [*CPU_CHECK, "--out", str(tmp_path / "g")]
+    assert fig["target_s"] == bench.GPU_CHECK_CPU_TARGET_S and fig["wall_s"] >= 0
+    assert fig["within_target"] == (fig["wall_s"] < fig["target_s"])
+    assert fig["full_s"] == 1.5 and fig["cached_s"] == 1.25
+    assert fig["command"].startswith("scripts/gpu_check.py --device cpu")
+    monkeypatch.setattr(bench.subprocess, "run", _fake_gpu_check(calls, returncode=1))
+    with pytest.raises(RuntimeError, match="(?s)exit 1.*boom"):
+        bench.gpu_check_timing(tmp_path / "g")
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_bench_writes_the_check_timings_unless_skipped(tmp_path, monkeypatch, skip):
+    monkeypatch.setattr(bench, "_cosim_speed", lambda args: {"ceiling": {}})
+    monkeypatch.setattr(bench, "gpu_check_timing", lambda out: {"wall_s": 1.0, "out": str(out)})
+    monkeypatch.setattr(bench, "address_check_timing", lambda: {"timeout_s": 5.0})
+    out = tmp_path / "cosim.json"
+    argv = ["bench", "--sweep-lanes", "", "--skip-dram", "--out", str(out)]
+    assert coda_main(argv + (["--skip-checks"] if skip else [])) == 0
+    result = json.loads(out.read_text())
+    assert result["ceiling"] == {}
+    if skip:
+        assert "checks" not in result
+    else:
+        assert result["checks"] == {"gpu_check_cpu": {"wall_s": 1.0,
+                                                      "out": str(tmp_path / "gpu_check")},
+                                    "sweep_address_check": {"timeout_s": 5.0}}

@@ -220,7 +220,7 @@ def test_fit_copy_recovers_the_line_through_two_copies(latency, bw, small, big):
 
 @pytest.mark.parametrize("edit, where", [
     (lambda t: t["ops"].__setitem__("attn", 5), "ops.attn"),
-    (lambda t: t.__setitem__("ops", []), "'ops'"),
+    (lambda t: t.__setitem__("ops", []), "ops: got a list"),
     (lambda t: t["other_s"].__setitem__("1", float("nan")), "other_s.1"),
     (lambda t: t["other_s"].__setitem__("1", -1.0), "other_s.1"),
     (lambda t: t["cache_ops"].__setitem__("segment_s", {"2": "x"}), "cache_ops.segment_s.2"),
@@ -242,5 +242,5 @@ def test_an_unreadable_table_is_refused_naming_the_flag(tmp_path):
     (tmp_path / "b.json").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="--gpu-table .*b.json: not a UTF-8"):
         GpuTimes.load(tmp_path / "b.json")
-    with pytest.raises(ValueError, match="--gpu-table .*none.json: cannot be read"):
+    with pytest.raises(ValueError, match="--gpu-table .*none.json: cannot read it"):
         GpuTimes.load(tmp_path / "none.json")

@@ -51,7 +51,8 @@ def test_fit_alpha_and_table_refuse_bad_values():
         ForecastTable({2: {"cross_attn": 1.5}}, STEPS, "m", SCHED.digest())
     with pytest.raises(ValueError, match="step 9: expected 0..5"):
         ForecastTable({9: {"cross_attn": 0.5}}, STEPS, "m", SCHED.digest())
-    with pytest.raises(ValueError, match="forecast table: malformed"):
+    with pytest.raises(ValueError, match="forecast table: num_steps: missing; expected an "
+                                         "integer"):
         ForecastTable.from_dict({"alphas": {}})
 
 

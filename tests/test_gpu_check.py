@@ -2,7 +2,8 @@
 2 layers, 32x32 pixels x 5 frames (8 tokens), 3 steps. Its figures are measured (positive),
 and consistent: the cached generation computes fewer operators than full compute, as many
 fewer as coda sim's workload reuses; the version check refuses a missing package in one line;
-the script finds the project without an installed package."""
+the script finds the project without an installed package. How long the CPU run takes is
+measured by ``coda bench`` (``checks.gpu_check_cpu``), not asserted here."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from coda.experiments.gpu_check import CPU_CHECK
 from coda.host.system.gputable import GpuTimes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-TINY = ["--device", "cpu", "--resolution", "32x32", "--frames", "5", "--layers", "2",
-        "--steps", "3", "--warmup", "1", "--repeat", "2"]
+TINY = list(CPU_CHECK)
+#: a hang guard for the CPU run, far beyond its speed target (coda.experiments.bench)
+HANG_S = 900
 
 
 def _env():
@@ -31,18 +33,19 @@ def _env():
 @pytest.fixture(scope="module")
 def check(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    t0 = time.perf_counter()
     run = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
-                         capture_output=True, text=True, env=_env(), timeout=120)
-    wall = time.perf_counter() - t0
+                         capture_output=True, text=True, env=_env(), timeout=HANG_S)
     assert run.returncode == 0, run.stderr[-3000:]
-    return {"out": out, "stdout": run.stdout, "wall": wall,
+    return {"out": out, "stdout": run.stdout,
             "report": json.loads((out / "gpu_check.json").read_text())}
 
 
-def test_the_check_runs_on_a_cpu_in_under_a_minute(check):
-    assert check["wall"] < 60, check["wall"]
+def test_the_check_runs_on_a_cpu(check):
+    """The run completes (exit 0), prints the versions it found and its table, and writes the
+    table, the report and the calibrated table."""
     assert "torch " in check["stdout"] and "diffusers 0.42.1" in check["stdout"]
+    assert all((check["out"] / f).is_file()
+               for f in ("gpu_check.json", "gpu_check.txt", "gpu_table.json"))
     text = (check["out"] / "gpu_check.txt").read_text()
     assert text in check["stdout"] and "full compute" in text and "cached" in text
 

@@ -263,3 +263,29 @@ def test_default_memory_holds_every_operand_size(n, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     with np.load(tmp_path / "o.npz") as got:
         assert same_bits(got["y"], to_bits(ops.OPS["add"](a=a, b=b)), "bf16")
+
+
+@pytest.mark.parametrize("option", [["--backend", "rtl"], ["--backend", "torch"],
+                                    ["--dram", "DDR5-4800"], ["--nme-mhz", "100.0"],
+                                    ["--inputs", "i.npz"], ["--out", "o.npz"]],
+                         ids=lambda o: " ".join(o))
+def test_an_option_of_a_run_is_refused_with_make_example(option, tmp_path, capsys):
+    """--make-example writes inputs and runs nothing: an option of a run (its files, where
+    it runs) is refused, not ignored, also one given at its default value; the NME's
+    geometry and units are checked as for a run and serve both commands."""
+    _refused(["--op", "add", "--make-example", tmp_path / "e.npz", *option],
+             f"{option[0]} {option[1]}: --make-example writes example inputs and runs "
+             f"nothing, expected no {option[0]} with --make-example", capsys)
+    assert list(tmp_path.iterdir()) == []
+    assert run(["--op", "add", "--make-example", tmp_path / "e.npz", "--fmt", "fp16",
+                "--lanes", "4", "--seed", "3", "--depth", "16", "--dimms", "2",
+                "--preset", "timing-closed", "--trail-stores", "on"]) == 0
+
+
+def test_seed_without_make_example_is_refused(tmp_path, capsys):
+    inp = tmp_path / "in.npz"
+    assert run(["--op", "add", "--make-example", inp]) == 0
+    _refused(["--op", "add", "--inputs", inp, "--out", tmp_path / "o.npz", "--seed", "0"],
+             "--seed 0: the seed of --make-example's inputs, expected no --seed without "
+             "--make-example", capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]

@@ -192,3 +192,41 @@ def test_segment_on_int8_terms_dequantises_then_runs_the_usual_terms():
         ops.segment_int8(x, g, q, s, 5)
     with pytest.raises(ValueError, match=r"quant_int8: group G=5 does not divide C=16"):
         ops.quant_int8(x, 5, BF16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.integers(1, 4), groups=st.integers(1, 3), group=st.sampled_from([1, 2, 8]),
+       dtype=st.sampled_from([BF16, FP16]), data=st.data())
+def test_quant_int8_refuses_non_finite_values(tokens, groups, group, dtype, data):
+    """An int8 group cannot hold inf or NaN (its scale max|c|/127 would not be finite and
+    the whole group would dequantise to NaN): quant_int8 refuses them, counting them and
+    naming the first, whatever the other values of c."""
+    channels = groups * group
+    finite = st.floats(-1e3, 1e3, allow_nan=False, width=32)
+    c = torch.tensor(data.draw(st.lists(finite, min_size=tokens * channels,
+                                         max_size=tokens * channels)),
+                     dtype=torch.float32).reshape(tokens, channels)
+    spots = data.draw(st.sets(st.tuples(st.integers(0, tokens - 1),
+                                        st.integers(0, channels - 1)), min_size=1, max_size=4))
+    for spot in spots:
+        c[spot] = data.draw(st.sampled_from([float("inf"), float("-inf"), float("nan")]))
+    first = min(spots)
+    with pytest.raises(ValueError) as exc:
+        ops.quant_int8(c, group, dtype)
+    message = str(exc.value)
+    assert message.startswith(f"quant_int8: {len(spots)} non-finite value")
+    assert f"the first at token {first[0]}, channel {first[1]}" in message
+    assert "cache_format='bf16'" in message
+
+
+def test_quant_int8_refuses_a_scale_beyond_the_format():
+    """max|c| / 127 beyond the format's largest number (fp16's 65504) would be an infinite
+    scale: refused, naming the group; bf16 holds it."""
+    c = torch.ones(2, 16)
+    c[1, 9] = 1e7
+    with pytest.raises(ValueError, match=r"quant_int8: token 1, channels 8\.\.15: max\|c\| = "
+                                         r"1e\+07 needs a scale beyond float16's largest "
+                                         r"number \(65504\)"):
+        ops.quant_int8(c, 8, FP16)
+    q, scale = ops.quant_int8(c, 8, BF16)
+    assert torch.isfinite(ops.dequant_int8(q, scale, 8).float()).all()

@@ -354,6 +354,23 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     (["--schedule", "missing.json"], "--schedule missing.json: cannot read it"),
     (["--policy", "magcache", "--profile", "missing.npz"], "missing.npz: no such file"),
     (["--rtl-videos", "2"], "--rtl-videos 2: an option of --backend rtl"),
+    # an option that does nothing with the chosen backend is refused, not ignored (also
+    # when given at its default value): a device cache has no NME, only rtl has DRAM timing
+    (["--backend", "device", "--preset", "timing-closed"],
+     "--preset timing-closed: no NME runs with --backend device (its cache segments are "
+     "torch ops in --device memory), expected no --preset with --backend device"),
+    (["--backend", "device", "--mul-latency", "2"], "--mul-latency 2: no NME runs with "
+                                                    "--backend device"),
+    (["--backend", "device", "--add-latency", "0"], "expected no --add-latency with "
+                                                    "--backend device"),
+    (["--backend", "device", "--operand-latency", "1"], "expected no --operand-latency"),
+    (["--backend", "device", "--trail-stores", "on"], "--trail-stores on: no NME runs"),
+    (["--backend", "device", "--lanes", "8"], "--lanes 8: no NME runs with --backend device"),
+    (["--backend", "device", "--dram", "DDR5-4800"],
+     "--dram DDR5-4800: DRAM timing needs --backend rtl (got --backend device)"),
+    (["--dram", "DDR5-4800", "--nme-mhz", "100"],
+     "--dram DDR5-4800: DRAM timing needs --backend rtl (got --backend torch)"),
+    (["--nme-mhz", "100"], "--nme-mhz 100: only with --dram"),
 ])
 def test_coda_run_rejects_bad_arguments(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
@@ -521,6 +538,24 @@ def test_coda_run_checks_the_first_prompts_on_the_rtl_and_shows_all_in_a_grid(tm
         assert np.array_equal(px[:32, 68 * i:68 * i + 32], pixels(full[i, 0, 2]))
         assert np.array_equal(px[:32, 68 * i + 34:68 * i + 66], pixels(cached[i, 0, 2]))
     assert report["grid_gif"] == str(tmp_path / "grid.gif")
+
+
+@pytest.mark.parametrize("name", ["grid.gif", "report.json"])
+def test_coda_run_on_a_full_disk_names_the_file(tmp_path, monkeypatch, capsys, name):
+    """A write that fails (here: no space left) is one line naming the file; the file is
+    not left truncated, an old one stays as it was."""
+    from full_disk import fill_disk
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_bytes(b"old")
+    fill_disk(monkeypatch, name)
+    assert main(["run", "--steps", "4", "--interval", "2", "--out", str(out), "--threads",
+                 "1", "--backend", "torch", "--prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"coda: error: {out / name}: No space left on device", err
+    assert (out / name).read_bytes() == b"old"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_coda_run_rtl_videos_must_be_among_the_prompts(tmp_path, capsys):

@@ -242,7 +242,8 @@ def test_coda_schedule_search_at_the_largest_skip(tmp_path):
 
 def test_load_schedule_refuses_unreadable_files(tmp_path):
     (tmp_path / "a.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not a schedule JSON"):
+    with pytest.raises(ValueError, match="a.json: not JSON: Expecting property name .* at "
+                                         "line 1, column 2; expected a schedule JSON"):
         load_schedule(tmp_path / "a.json")
     with pytest.raises(ValueError, match="cannot read it"):
         load_schedule(tmp_path / "missing.json")

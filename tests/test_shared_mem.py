@@ -5,6 +5,8 @@ simulator's side (DPI-C) is exercised by the RTL tests (tests/test_cosim_nme.py)
 from __future__ import annotations
 
 import mmap
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,3 +84,86 @@ def test_files_of_dead_processes_are_removed(tmp_path):
         p.write_bytes(b"x")
     assert remove_stale(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def _dead_pid() -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _run_folders(parent):
+    """A run folder of a dead process, one of this process and two that are not run
+    folders of a process (a name without a pid, a kept log folder)."""
+    dead = _dead_pid()
+    folders = {"stale": parent / f"run-{dead}-7f-0", "live": parent / f"run-{os.getpid()}-1-0",
+               "other": parent / "run-notapid-0", "kept": parent / f"logs-{dead}-7f-0"}
+    for f in folders.values():
+        f.mkdir(parents=True)
+        (f / "sim.log").write_text("log")
+    return folders
+
+
+@pytest.mark.parametrize("backend", ["rtl", "nmp"])
+def test_simulator_run_folders_of_dead_processes_are_removed(backend, tmp_path, monkeypatch):
+    """A simulator's work folder (``build/cosim/<model>/run-<pid>-...``) that a killed run
+    left is removed when the next simulator starts, of that model or another, as the memory
+    files are; a live process's folder and other folders stay. The backend removes its own
+    on close."""
+    import types
+
+    from coda.cosim import nmp_backend, rtl_backend
+    from coda.hw.nme.isa import NMEConfig
+
+    folders = _run_folders(tmp_path / "cosim" / "model")
+    other_model = _run_folders(tmp_path / "cosim" / "other")
+    started = []
+
+    class Session:
+        def __init__(self, build, workdir, **kw):
+            self.workdir, self.proc = workdir, types.SimpleNamespace(poll=lambda: None)
+            workdir.mkdir()
+            started.append(workdir)
+
+        def close(self):
+            pass
+
+    build = types.SimpleNamespace(path=tmp_path / "cosim" / "model")
+    if backend == "rtl":
+        monkeypatch.setattr(rtl_backend, "SimSession", Session)
+        owner = rtl_backend.RTLBackend()
+        monkeypatch.setattr(owner, "build", lambda cfg: build)
+    else:
+        monkeypatch.setattr(nmp_backend, "NMPSession", Session)
+        monkeypatch.setattr(nmp_backend, "build_nmp_sim", lambda *a, **kw: build)
+        owner = nmp_backend.NMPRTLBackend("DDR5-4800")
+    owner.session(NMEConfig())
+    for made in (folders, other_model):
+        assert not made["stale"].exists()
+        assert all(made[k].exists() for k in ("live", "other", "kept"))
+    assert len(started) == 1 and started[0].name.startswith(f"run-{os.getpid()}-")
+    owner.close()
+    assert not started[0].exists()
+
+
+def test_dram_replay_run_folders_of_dead_processes_are_removed(tmp_path, monkeypatch):
+    """The DRAM model's run folders (``build/dram/runs/run-<pid>-...``) likewise."""
+    from coda.cosim import dram_replay
+
+    folders = _run_folders(tmp_path)
+    used = []
+
+    def fake_run(args, **kw):
+        rsp = Path(next(a for a in args if a.startswith("+rsp="))[5:])
+        used.append(rsp.parent.name)
+        rsp.write_text("2a\n")
+
+    monkeypatch.setattr(dram_replay, "build_model", lambda *a, **kw: "model")
+    monkeypatch.setattr(dram_replay, "build_dir", lambda *parts: tmp_path)
+    monkeypatch.setattr(dram_replay.subprocess, "run", fake_run)
+    assert dram_replay.run_words("DDR5-4800", 8, [(0, 0, 0, 0)]) == [0x2a]
+    assert not folders["stale"].exists()
+    assert all(folders[k].exists() for k in ("live", "other", "kept"))
+    assert used[0].startswith(f"run-{os.getpid()}-") and not (tmp_path / used[0]).exists()

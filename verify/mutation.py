@@ -54,7 +54,7 @@ from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 from coda.jsonout import json_text
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import check_output_path, write_file
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments",
@@ -323,7 +323,7 @@ def prove_survivors(out: Path, survivors: list[dict], cfg: NMEConfig = MUTATION_
     vectors = [{"mutant": r["id"], "module": r["analysis"]["module"],
                 **{k: v for k, v in r["analysis"]["vector"].items() if k != "inputs"}}
                for r in survivors if r["analysis"].get("vector")]
-    (Path(out) / "vectors.json").write_text(json_text(
+    write_file(Path(out) / "vectors.json", json_text(
         {"generated_by": "coda mutation (coda.verify.mutation_proof.solver_vector)", "config": asdict(cfg), "vectors": vectors},
         indent=1) + "\n")
     return verdicts
@@ -408,7 +408,7 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
                                   if prove and len(finished) > equivalent else None),
                "killed_by_test": by_test, "survivors": survivors,
                "runs_failed": failed_runs, "records": finished, "tools": tool_versions()}
-    (out / "results.json").write_text(json_text(results, indent=1) + "\n")
+    write_file(out / "results.json", json_text(results, indent=1) + "\n")
     return results
 
 

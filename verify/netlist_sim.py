@@ -48,7 +48,7 @@ from coda.synth.stimuli import op_case
 from coda.synth.yosys_synth import synth_generic
 from coda.jsonout import json_text
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import check_output_path, write_file
 
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
            "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "NetlistCheckConfig",
@@ -102,7 +102,7 @@ def netlist_verilog(cfg: NMEConfig, *, timeout_s: float | None = None) -> tuple[
         result = synth_generic(out / f"{DUT_NAME}.v", DUT_NAME, out, timeout_s)
         summary = {k: result[k] for k in ("cells_total", "ff", "logic_depth", "cells", "yosys_s")}
         summary["path"] = str(out / "netlist.v")
-        stamp.write_text(json_text(summary, indent=1))
+        write_file(stamp, json_text(summary, indent=1))
         return (out / "netlist.v").read_text(), summary
 
 
@@ -328,7 +328,7 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"equivalence_l{cfg.lanes}_{cfg.fmt}.json"
     data = dict(report.__dict__, equivalent=report.equivalent)
-    path.write_text(json_text(data, indent=1, default=str) + "\n")
+    write_file(path, json_text(data, indent=1, default=str) + "\n")
     print(f"netlist of {cfg}: {report.netlist.get('cells_total')} cells, "
           f"{report.jobs} jobs, {report.cycles} cycles; rtl {report.rtl_s} s, "
           f"netlist {report.netlist_s} s (builds included)")
@@ -340,6 +340,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"cocotb subset on the netlist: {tally['tests']} tests, {tally['failed']} failed "
               f"({tally['seconds']:.0f} s, log {tally['log']})")
         ok = ok and tally["failed"] == 0 and tally["tests"] > 0
-        path.write_text(json_text(data, indent=1, default=str) + "\n")
+        write_file(path, json_text(data, indent=1, default=str) + "\n")
     print(f"report: {path}")
     return 0 if ok else 1

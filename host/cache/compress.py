@@ -11,7 +11,10 @@
   ``0.5 + 1/G`` of the bytes of a 16-bit entry (``1 + 2/G`` bytes per element against 2).
   A segment dequantises on the NMEs (:func:`coda.host.nme.ops.segment_int8`: ``q * scale``
   rounded to the format, then the usual ``g * d`` and sum), one program of up to 7 terms at the
-  default NME limits.
+  default NME limits. An int8 entry holds finite values only: an output with inf or NaN (or,
+  with fp16 scales, a group whose max|c| / 127 overflows fp16) is refused with a ValueError
+  that counts them and names the first (one of them would make its group's scale non-finite
+  and the whole group dequantise to NaN); ``bf16`` keeps every value as it is.
 
 G must divide the hidden size C and be a multiple of the NME's lanes (a GROUP stream's scale
 covers whole words); :func:`resolve_group` picks the default, the largest such G up to

@@ -22,7 +22,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["CACHE_MODES", "ALPHA_RANGE", "ForecastTable", "fit_alpha", "forecast_gates"]
+from coda.host.cache.schedule import ALL_OP_TYPES, BRANCHES, MAX_STEPS, STEP_KEY
+from coda.jsonin import check
+
+__all__ = ["CACHE_MODES", "ALPHA_RANGE", "FORECAST_SCHEMA", "ForecastTable", "fit_alpha",
+           "forecast_gates"]
 
 #: what a reused operator contributes: ``reuse`` c_k, ``forecast`` (1 + alpha) c_k - alpha c_k'
 CACHE_MODES = ("reuse", "forecast")
@@ -31,6 +35,40 @@ CACHE_MODES = ("reuse", "forecast")
 #: full step of the last difference, which the calibration videos rarely support and which
 #: amplifies the bf16 rounding of both entries
 ALPHA_RANGE = (0.0, 1.0)
+
+_NAME = {"type": "string", "maxLength": 64}
+#: :meth:`ForecastTable.to_dict` (a schedule file's ``"forecast"`` block) as a JSON schema
+#: (:func:`coda.jsonin.check`)
+FORECAST_SCHEMA: dict = {
+    "type": "object",
+    "required": ["alphas", "num_steps", "model_hash", "schedule"],
+    "properties": {
+        "alphas": {"type": "object", "maxProperties": MAX_STEPS, "propertyNames": STEP_KEY,
+                   "expected": "{step: {operator type: alpha}}",
+                   "additionalProperties": {
+                       "type": "object", "maxProperties": len(ALL_OP_TYPES),
+                       "propertyNames": _NAME,
+                       "expected": "{operator type: alpha}",
+                       "additionalProperties": {"type": "number", "minimum": ALPHA_RANGE[0],
+                                                "maximum": ALPHA_RANGE[1]}}},
+        "num_steps": {"type": "integer", "minimum": 1, "maximum": MAX_STEPS},
+        "model_hash": _NAME,
+        "schedule": _NAME,
+        "videos": {"type": "array", "maxItems": 100_000, "expected": "[[prompt, seed], ...]",
+                   "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                             "items": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                             "expected": "[prompt, seed]"}},
+        "fit": {"type": "object", "maxProperties": len(ALL_OP_TYPES) * MAX_STEPS,
+                "expected": "{\"step:operator type\": {\"reuse\": error, \"forecast\": "
+                            "error}}",
+                "additionalProperties": {
+                    "type": "object", "required": ["reuse", "forecast"],
+                    "properties": {"reuse": {"type": "number"},
+                                   "forecast": {"type": "number"}},
+                    "additionalProperties": False}},
+    },
+    "additionalProperties": False,
+}
 
 
 def fit_alpha(num: float, den: float, lo: float = ALPHA_RANGE[0],
@@ -103,6 +141,29 @@ class ForecastTable:
                              f"schedule in use ({schedule.digest()}, {schedule.name!r}); "
                              "calibrate it for this schedule")
 
+    def check_applies(self, schedule, what: str = "forecast table") -> None:
+        """Raise ValueError naming ``what`` and the alpha (``alphas.STEP.OP``) unless every
+        alpha is one a run of the :class:`coda.host.cache.schedule.Schedule` ``schedule``
+        applies: of one of its operator types, at a step where it reuses an operator of
+        that type after two computed outputs
+        (:meth:`~coda.host.cache.schedule.Schedule.computed_pairs`). A schedule file's table
+        is held to it (an alpha that never applies would still count in
+        :meth:`describe`)."""
+        types = schedule.model_ops().op_types
+        points = {(t, ref[1]) for b in BRANCHES for ref in schedule.order()
+                  for t in schedule.computed_pairs(b, ref)}
+        for step, row in sorted(self.alphas.items()):
+            for op in row:
+                if op not in types:
+                    raise ValueError(f"{what}: alphas.{step}.{op}: unknown operator type "
+                                     f"{op!r}; expected one of {', '.join(types)}")
+                if (step, op) not in points:
+                    raise ValueError(
+                        f"{what}: alphas.{step}.{op}: step {step} forecasts no {op!r} (the "
+                        f"schedule reuses no {op!r} there after two computed outputs, so the "
+                        "alpha would never apply); expected alphas only where the schedule "
+                        "forecasts")
+
     def to_dict(self) -> dict:
         return {"alphas": {str(s): dict(row) for s, row in sorted(self.alphas.items())},
                 "num_steps": self.num_steps, "model_hash": self.model_hash,
@@ -110,16 +171,18 @@ class ForecastTable:
                 "fit": {str(k): v for k, v in self.fit.items()}}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ForecastTable":
-        """The table of :meth:`to_dict`; raises ValueError for a malformed one."""
-        try:
-            return cls({int(s): {str(op): float(a) for op, a in row.items()}
-                        for s, row in data["alphas"].items()},
-                       int(data["num_steps"]), str(data["model_hash"]), str(data["schedule"]),
-                       tuple(tuple(v) for v in data.get("videos", ())),
-                       dict(data.get("fit", {})))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"forecast table: malformed ({type(exc).__name__}: {exc})") from None
+    def from_dict(cls, data: Mapping, what: str = "forecast table") -> "ForecastTable":
+        """The table of :meth:`to_dict`'s parsed JSON. Raises ValueError naming ``what``
+        and the field for one that breaks :data:`FORECAST_SCHEMA` (types, ranges) or has a
+        step outside ``0..num_steps-1``."""
+        check(data, FORECAST_SCHEMA, what)
+        for s in data["alphas"]:
+            if int(s) >= data["num_steps"]:
+                raise ValueError(f"{what}: alphas.{s}: step {s}; expected a step "
+                                 f"0..{data['num_steps'] - 1} (num_steps {data['num_steps']})")
+        return cls({int(s): dict(row) for s, row in data["alphas"].items()},
+                   data["num_steps"], data["model_hash"], data["schedule"],
+                   tuple(tuple(v) for v in data.get("videos", ())), dict(data.get("fit", {})))
 
     def describe(self) -> dict:
         vals = [a for row in self.alphas.values() for a in row.values()]

@@ -30,9 +30,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from coda.jsonin import check, parse_json, short
+
 __all__ = ["OP_TYPES", "ARCH_OP_TYPES", "ARCH_OP_KINDS", "PAB_CLASSES", "ALL_OP_TYPES",
-           "BRANCHES", "OpRef", "ModelOps",
-           "operator_order", "segment_runs", "Schedule", "ScheduleError"]
+           "BRANCHES", "OpRef", "ModelOps", "MAX_STEPS", "MAX_LAYERS", "MAX_OPS",
+           "SCHEDULE_SCHEMA", "STEP_KEY", "operator_order", "segment_runs", "Schedule",
+           "ScheduleError"]
 
 OP_TYPES: tuple[str, ...] = ("spatial_attn", "cross_attn", "spatial_ffn",
                              "temporal_attn", "temporal_ffn")
@@ -70,6 +73,52 @@ PAB_CLASSES: dict[str, str] = {"spatial_attn": "spatial", "self_attn": "spatial"
 #: every operator type of every architecture (a uniform interval may name any of them)
 ALL_OP_TYPES: tuple[str, ...] = tuple(dict.fromkeys(
     op for ops in ARCH_OP_TYPES.values() for op in ops))
+
+#: the bounds of a schedule read from a file, checked before anything is built from it
+#: (building one is linear in steps x operators): steps (DDIM takes at most the model's
+#: training timesteps, 1000 for every model here), layers (blocks in forward order),
+#: operators of a model
+MAX_STEPS = 1000
+MAX_LAYERS = 256
+MAX_OPS = 2048
+
+
+def _integer(lo: int, hi: int, what: str) -> dict:
+    return {"type": "integer", "minimum": lo, "maximum": hi,
+            "expected": f"an integer {lo}..{hi} ({what})"}
+
+
+#: a step as a JSON object's key (a table's ``{"12": ...}``): 0..MAX_STEPS-1 written as
+#: ``str(step)`` writes it, so that two keys cannot name one step (``\Z``: Python's end of
+#: text; ``$`` would let a trailing newline through)
+STEP_KEY = {"type": "string",
+            "pattern": f"^(0|[1-9][0-9]{{0,{len(str(MAX_STEPS - 1)) - 1}}})\\Z",
+            "expected": f"a step number 0..{MAX_STEPS - 1} as text, without leading zeros "
+                        "or signs"}
+# the [layer, operator type] lists (the bulk of a file) are checked by Schedule.from_data
+_OP_REFS = {"type": "array", "maxItems": MAX_OPS,
+            "expected": f"a list of at most {MAX_OPS} [layer, operator type]"}
+#: the Schedule JSON (:meth:`Schedule.to_json`) as a JSON schema (:func:`coda.jsonin.check`);
+#: other fields are left to the file that holds it (:mod:`coda.host.cache.shipped`)
+SCHEDULE_SCHEMA: dict = {
+    "type": "object",
+    "required": ["num_steps", "num_layers", "reuse"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 1000},
+        "num_steps": _integer(1, MAX_STEPS, "denoising steps"),
+        "num_layers": _integer(1, MAX_LAYERS, "layers"),
+        "reuse": {"type": "array", "maxItems": 2 * MAX_STEPS,
+                  "expected": "a list of {step, branch, reuse} entries",
+                  "items": {"type": "object", "required": ["step", "branch", "reuse"],
+                            "properties": {
+                                "step": _integer(0, MAX_STEPS - 1, "a step"),
+                                "branch": {"enum": list(BRANCHES)},
+                                "reuse": _OP_REFS},
+                            "additionalProperties": False}},
+        "arch": {"enum": list(ARCH_OP_TYPES)},
+        "ops": {**_OP_REFS, "minItems": 1},
+    },
+}
 
 # Between layer 0's spatial and temporal blocks Latte adds the temporal position embedding:
 # a computed operation, so no segment can run across it.
@@ -337,12 +386,71 @@ class Schedule:
         return json.dumps(data)
 
     @classmethod
-    def from_json(cls, text: str) -> "Schedule":
-        data = json.loads(text)
-        reuse = {(int(i["step"]), i["branch"]): frozenset((int(l), o) for l, o in i["reuse"])
-                 for i in data["reuse"]}
-        ops = None
-        if data.get("arch", "latte") != "latte" or "ops" in data:
-            ops = ModelOps(data.get("arch", "latte"),
-                           tuple((int(l), str(o)) for l, o in data["ops"]))
-        return cls(data["num_steps"], data["num_layers"], reuse, data.get("name", "custom"), ops)
+    def from_json(cls, text: str, what: str = "schedule JSON") -> "Schedule":
+        """The schedule of :meth:`to_json`'s text (other fields are ignored). Raises
+        ValueError naming ``what`` and the field (:meth:`from_data`), or text that is not
+        JSON (:func:`coda.jsonin.parse_json`)."""
+        return cls.from_data(parse_json(text, what, "a schedule JSON"), what)
+
+    @classmethod
+    def from_data(cls, data, what: str = "schedule JSON") -> "Schedule":
+        """The schedule of the parsed JSON ``data`` (:meth:`to_json`'s fields; others are
+        ignored), checked before anything is built: :data:`SCHEDULE_SCHEMA` (types,
+        :data:`MAX_STEPS`, :data:`MAX_LAYERS`, :data:`MAX_OPS`), then every step below
+        ``num_steps``, every operator a ``[layer, op]`` of an integer layer below
+        ``num_layers`` and an operator type of the architecture, one entry per (step,
+        branch), each operator once per entry.
+
+        Raises:
+            ValueError: ``"{what}: FIELD: got VALUE; expected ..."`` for the first field
+                that breaks one of those rules; ScheduleError (a ValueError) for a schedule
+                that cannot run (:class:`Schedule`, :class:`ModelOps`).
+        """
+        check(data, SCHEDULE_SCHEMA, what)
+        steps, layers = data["num_steps"], data["num_layers"]
+        arch = data.get("arch", "latte")
+        types = ARCH_OP_TYPES[arch]
+
+        def check_refs(refs, where):
+            seen = set()
+            for j, ref in enumerate(refs):
+                if not (isinstance(ref, list) and len(ref) == 2):
+                    raise ValueError(f"{what}: {where}[{j}]: got {short(ref)}; expected "
+                                     "[layer, operator type]")
+                layer, op = ref
+                if type(layer) is not int or not 0 <= layer < layers:
+                    raise ValueError(f"{what}: {where}[{j}][0]: got {short(layer)}; expected "
+                                     f"an integer layer 0..{layers - 1} (num_layers "
+                                     f"{layers})")
+                if not isinstance(op, str) or op not in types:
+                    raise ValueError(f"{what}: {where}[{j}][1]: got {short(op)}; expected "
+                                     f"one of {', '.join(types)} (the {arch} operator "
+                                     "types)")
+                if (layer, op) in seen:
+                    raise ValueError(f"{what}: {where}[{j}]: {json.dumps([layer, op])} again; "
+                                     "expected each operator once")
+                seen.add((layer, op))
+            return seen
+
+        if arch != "latte" and "ops" not in data:
+            raise ValueError(f"{what}: ops: missing; expected the {arch} model's operators, "
+                             "a list of [layer, operator type]")
+        if "ops" in data:
+            check_refs(data["ops"], "ops")
+        reuse, first = {}, {}
+        for i, entry in enumerate(data["reuse"]):
+            step, branch = entry["step"], entry["branch"]
+            if step >= steps:
+                raise ValueError(f"{what}: reuse[{i}].step: got {step}; expected a step "
+                                 f"0..{steps - 1} (num_steps {steps})")
+            if (step, branch) in first:
+                raise ValueError(f"{what}: reuse[{i}]: a second entry for step {step}, branch "
+                                 f"{branch!r} (the first: reuse[{first[step, branch]}]); "
+                                 "expected one entry per step and branch")
+            first[step, branch] = i
+            reuse[step, branch] = frozenset(check_refs(entry["reuse"], f"reuse[{i}].reuse"))
+        try:
+            ops = ModelOps(arch, tuple(map(tuple, data["ops"]))) if "ops" in data else None
+            return cls(steps, layers, reuse, data.get("name", "custom"), ops)
+        except ScheduleError as exc:
+            raise ScheduleError(f"{what}: {exc}") from None

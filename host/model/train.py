@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -20,7 +20,9 @@ per operation on CPU, docs/design.md); scalars are 0-d tensors of that dtype, ne
 :func:`quant_int8` is the host side of the compressed cache (not an NME operator): per group
 of G channels, scale = max|c| / 127 rounded to the format, q = round-half-to-even(c / scale)
 clamped to [-127, 127]; :func:`dequant_int8` inverts it within scale / 2 per element (before
-the product's rounding to the format).
+the product's rounding to the format). A group cannot hold inf or NaN (nor a max|c| whose
+scale overflows the format): :func:`quant_int8` refuses such a tensor instead of letting the
+whole group dequantise to NaN.
 
 Bad inputs raise ``ValueError`` naming the operator, the argument, the shape or dtype seen and
 the one expected. :data:`OPS` maps each name to an :class:`OpSpec` for the CLI and the driver;
@@ -250,6 +252,14 @@ def quant_int8(c: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.T
     Then ``|q * scale - c| <= scale / 2`` per element of a finite c whose scale is a normal
     number of the format (:func:`dequant_int8` adds the rounding of that product).
 
+    A group holds finite values only: one inf or NaN would make its scale non-finite and
+    every element of the group dequantise to NaN (``0 * inf``), so such a c is refused, as is
+    a group whose max|c| / 127 overflows ``dtype`` (beyond fp16's largest number, 65504; no
+    fp32 value overflows bf16). A cache that may meet them keeps its entries in the 16-bit
+    format (``cache_format="bf16"``), which holds each value as it is. The check reads one
+    flag back from c's device (a wait for it on an accelerator; none on the meta device,
+    whose tensors hold no values).
+
     Args:
         c: [T, C] float tensor (any float dtype; e.g. the model's fp32 output).
         group: G >= 1, a divisor of C.
@@ -257,7 +267,9 @@ def quant_int8(c: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.T
     Returns:
         (q int8 [T, C], scale [T, C/G] of ``dtype``).
     Raises:
-        ValueError: c not a 2-d float tensor, a G that does not divide C, another dtype.
+        ValueError: c not a 2-d float tensor, a G that does not divide C, another dtype; c
+            holding inf or NaN (their count and the first one's token and channel named), or
+            a group whose scale overflows ``dtype`` (its token and channels named).
     """
     c = _tensor("quant_int8", "c", c)
     if not c.is_floating_point() or c.dim() != 2:
@@ -273,12 +285,38 @@ def quant_int8(c: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.T
     c32 = c.float().reshape(t, ch // group, group)
     amax = c32.abs().amax(dim=2, keepdim=True)
     scale = (amax / INT8_QMAX).to(dtype)
+    # amax is NaN where a group holds a NaN; a meta tensor has no values to check
+    if c.device.type != "meta" and not bool(torch.isfinite(scale).all()):
+        _refuse_non_finite(c32.reshape(t, ch), amax.reshape(t, -1), group, dtype)
     s32 = scale.float()
     safe = torch.where(s32 > 0, s32, torch.ones_like(s32))
     q = torch.round(c32 / safe)                  # torch.round: half to even
     q = torch.where(s32 > 0, torch.nan_to_num(q, nan=0.0), torch.zeros_like(q))
     q = q.clamp(-INT8_QMAX, INT8_QMAX).to(torch.int8)
     return q.reshape(t, ch), scale.reshape(t, ch // group)
+
+
+def _refuse_non_finite(c: torch.Tensor, amax: torch.Tensor, group: int,
+                       dtype: torch.dtype) -> None:
+    """The ValueError of :func:`quant_int8` for a c ([T, C], fp32) with a non-finite group
+    scale: inf / NaN in c (counted, the first named), else a max|c| (``amax`` [T, C/G]) that
+    overflows ``dtype``."""
+    bad = ~torch.isfinite(c)
+    if bool(bad.any()):
+        token, channel = (int(i) for i in bad.nonzero()[0])
+        n = int(bad.sum())
+        raise ValueError(f"quant_int8: {n} non-finite value{'s' if n > 1 else ''} (inf or NaN) "
+                         f"in c, the first at token {token}, channel {channel}: an int8 group "
+                         "cannot hold them (its scale max|c|/127 would not be finite and the "
+                         "whole group would dequantise to NaN); keep such entries in the "
+                         "16-bit format (cache_format='bf16')")
+    over = (~torch.isfinite((amax / INT8_QMAX).to(dtype))).nonzero()[0]
+    token, g = int(over[0]), int(over[1])
+    raise ValueError(f"quant_int8: token {token}, channels {g * group}..{(g + 1) * group - 1}: "
+                     f"max|c| = {float(amax[token, g]):.4g} needs a scale beyond "
+                     f"{str(dtype).removeprefix('torch.')}'s largest number "
+                     f"({torch.finfo(dtype).max:.6g}); keep such entries in the 16-bit format "
+                     "(cache_format='bf16')")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from coda.cosim.nme_units import COMBINATIONAL, parse_units
 from coda.host.nme import compiler
 from coda.jsonout import json_text
 from coda.options import add_options, option
-from coda.paths import check_output_path
+from coda.paths import check_output_path, write_file
 
 __all__ = ["OPS", "efficiency", "PassEfficiencyConfig", "configure", "main"]
 
@@ -110,6 +110,6 @@ def main(args: argparse.Namespace) -> int:
               f"{r['ideal']:>9,}  {r['ratio']:.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json_text({"op": args.op, "tokens": args.tokens,
-                                         "channels": args.channels, "rows": rows}, indent=1))
+        write_file(args.json, json_text({"op": args.op, "tokens": args.tokens,
+                                        "channels": args.channels, "rows": rows}, indent=1))
     return 0

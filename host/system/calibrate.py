@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.host.cache.device import DEVICES, resolve_device
 from coda.options import add_options, from_args, option
 
@@ -335,7 +336,7 @@ def main(args) -> int:
                       frames=cfg.frames, device=cfg.device, warmup=cfg.warmup,
                       repeat=cfg.repeat, seed=cfg.seed, command=command)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json_text(table, indent=1) + "\n")
+    write_file(out, json_text(table, indent=1) + "\n")
     print(f"{table['model']} {table['width']}x{table['height']}, {table['frames']} frames on "
           f"{table['device']['name']} ({table['timer']}), per block:")
     for op, per in table["ops"].items():

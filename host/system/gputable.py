@@ -37,11 +37,11 @@ keeps the roofline (:mod:`coda.host.system.replay`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
-__all__ = ["TABLE_KIND", "TABLE_VERSION", "GpuTimes", "fit_copy"]
+from coda.jsonin import check, field_path, read_json
+
+__all__ = ["TABLE_KIND", "TABLE_VERSION", "TABLE_SCHEMA", "GpuTimes", "fit_copy"]
 
 TABLE_KIND = "coda-gpu-table"
 TABLE_VERSION = 1
@@ -63,43 +63,101 @@ def fit_copy(small_bytes: int, small_s: float, big_bytes: int, big_s: float) -> 
     return {"bw": bw, "latency_s": max(0.0, small_s - small_bytes / bw)}
 
 
-def _positive(s) -> bool:
-    return isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < float("inf")
+def _times(zero_ok: bool = False) -> dict:
+    """{batch: seconds}: measured times, finite, > 0 (>= 0 with ``zero_ok``: a block's
+    ``rest_s`` and ``other_s`` are differences that coda calibrate clips at 0)."""
+    bound = {"minimum": 0} if zero_ok else {"exclusiveMinimum": 0}
+    more = "= 0" if zero_ok else " 0"
+    return {"type": "object", "maxProperties": 2,
+            "propertyNames": {"enum": ["1", "2"], "expected": 'a batch size "1" or "2"'},
+            "additionalProperties": {"type": "number", **bound,
+                                     "expected": f"measured seconds >{more} (a finite number)"},
+            "expected": f"measured times >{more} s, one per batch size ({{batch: seconds}})"}
 
 
-def _per_batch(name: str, per) -> list[tuple[str, object]]:
-    """(name.batch, seconds) of a {batch: seconds} object; (name, None), a bad value, when
-    it is not one."""
-    if not isinstance(per, dict) or not per:
-        return [(name, None)]
-    return [(f"{name}.{b}", s) for b, s in per.items()]
+def _seconds(zero_ok: bool = False) -> dict:
+    bound = {"minimum": 0} if zero_ok else {"exclusiveMinimum": 0}
+    return {"type": "number", **bound,
+            "expected": f"measured seconds >{'= 0' if zero_ok else ' 0'} (a finite number)"}
 
 
-def _times(t: dict) -> list[tuple[str, object]]:
-    """Every measured time of table ``t`` (its ops, blocks, other_s and cache operators) as
-    (where, value), a non-object where an object belongs counting as a bad value."""
-    out = []
-    if not isinstance(t["ops"], dict) or not t["ops"]:
-        return [("ops", t["ops"])]
+def _count(lo: int = 1) -> dict:
+    return {"type": "integer", "minimum": lo, "maximum": 10**9}
+
+
+_TEXT = {"type": "string", "maxLength": 1000}
+_BYTES = {"type": "number", "exclusiveMinimum": 0}        # a copy's bytes or bytes/s
+_COPY = {"type": "object",
+         "required": ["small_bytes", "small_s", "bytes", "s", "bw", "latency_s"],
+         "properties": {"small_bytes": _BYTES, "small_s": _seconds(), "bytes": _BYTES,
+                        "s": _seconds(), "bw": _BYTES,
+                        "latency_s": _seconds(zero_ok=True)},
+         "additionalProperties": False}
+#: the table (module docstring) as a JSON schema (:func:`coda.jsonin.check`), after its
+#: ``kind`` and ``version``
+TABLE_SCHEMA: dict = {
+    "type": "object",
+    "required": list(FIELDS),
+    "properties": {
+        "kind": {"const": TABLE_KIND}, "version": {"const": TABLE_VERSION},
+        "device": {"type": "object", "required": ["name", "type", "torch", "cuda"],
+                   "properties": {"name": _TEXT, "type": {"enum": ["cuda", "cpu"]},
+                                  "torch": _TEXT, "cuda": {"type": ["string", "null"]},
+                                  "diffusers": _TEXT},
+                   "additionalProperties": False},
+        "timer": {"enum": list(TIMERS)}, "date": _TEXT, "command": _TEXT,
+        "statistic": {"const": "median"}, "warmup": _count(0), "repeat": _count(),
+        "seed": _count(0), "model": _TEXT, "cls": _TEXT, "dtype": _TEXT,
+        "height": _count(), "width": _count(), "frames": _count(),
+        "latent": {"type": "array", "maxItems": 8, "items": _count()},
+        "video_tokens": _count(), "text_tokens": _count(0), "hidden": _count(),
+        "per": {"const": "block"},
+        "batches": {"type": "array", "items": {"type": "integer"}, "enum": [[1], [1, 2]],
+                    "expected": "[1] or [1, 2] (the rows per call coda calibrate times)"},
+        "ops": {"type": "object", "minProperties": 1, "maxProperties": 64,
+                "propertyNames": {"maxLength": 64}, "additionalProperties": _times(),
+                "expected": "measured times > 0 s per operator and batch size "
+                            "({operator: {batch: seconds}})"},
+        "blocks": {"type": "object", "minProperties": 1, "maxProperties": 64,
+                   "additionalProperties": {
+                       "type": "object", "required": ["class", "ops", "block_s", "rest_s"],
+                       "properties": {"class": _TEXT,
+                                      "ops": {"type": "array", "minItems": 1, "maxItems": 64,
+                                              "items": _TEXT},
+                                      "block_s": _times(), "rest_s": _times(zero_ok=True)},
+                       "additionalProperties": False}},
+        "other_s": _times(zero_ok=True),
+        "cache_ops": {"type": ["object", "null"],
+                      "required": ["tokens", "channels", "gated_residual_s", "segment_s",
+                                   "residual_add_s", "slot_copy_s"],
+                      "properties": {
+                          "tokens": _count(), "channels": _count(), "dtype": _TEXT,
+                          "gated_residual_s": _seconds(),
+                          "segment_s": {"type": "object", "maxProperties": 64,
+                                        "propertyNames": {"pattern": "^[1-9][0-9]?\\Z",
+                                                          "expected": "a term count 1..99"},
+                                        "additionalProperties": _seconds(),
+                                        "expected": "{terms: measured seconds > 0}"},
+                          "residual_add_s": _seconds(), "slot_copy_s": _seconds()},
+                      "additionalProperties": False},
+        "copies": {"type": ["null", "object"], "required": ["h2d", "d2h"],
+                   "properties": {"h2d": _COPY, "d2h": _COPY},
+                   "additionalProperties": False,
+                   "expected": "null (no host link timed) or the timed copies {h2d, d2h}"},
+        "host_cpu": _TEXT,
+    },
+    "additionalProperties": False,
+}
+
+
+def _batch_objects(t: dict):
+    """(field path, {batch: seconds}) of every per-batch object of a table."""
     for op, per in t["ops"].items():
-        out += _per_batch(f"ops.{op}", per)
-    for name, block in (t["blocks"].items() if isinstance(t["blocks"], dict) else
-                        [("", t["blocks"])]):
-        if not isinstance(block, dict):
-            out.append((f"blocks.{name}", block))
-            continue
+        yield field_path(["ops", op]), per
+    for name, block in t["blocks"].items():
         for key in ("block_s", "rest_s"):
-            out += _per_batch(f"blocks.{name}.{key}", block.get(key))
-    out += _per_batch("other_s", t["other_s"])
-    cache = t["cache_ops"]
-    if cache is not None:
-        if not isinstance(cache, dict):
-            return out + [("cache_ops", cache)]
-        for key, value in cache.items():
-            if key.endswith("_s"):
-                out += (_per_batch(f"cache_ops.{key}", value) if isinstance(value, dict)
-                        else [(f"cache_ops.{key}", value)])
-    return out
+            yield field_path(["blocks", name, key]), block[key]
+    yield "other_s", t["other_s"]
 
 
 @dataclass(frozen=True)
@@ -121,42 +179,32 @@ class GpuTimes:
         if t.get("version") != TABLE_VERSION:
             raise ValueError(f"{where}: table version {t.get('version')!r}, expected "
                              f"{TABLE_VERSION}: calibrate again with this coda")
-        missing = [f for f in FIELDS if f not in t]
-        if missing:
-            raise ValueError(f"{where}: missing fields {missing}")
-        if t["timer"] not in TIMERS or t["per"] != "block":
-            raise ValueError(f"{where}: timer {t['timer']!r} / per {t['per']!r}: expected "
-                             f"one of {TIMERS} / 'block'")
-        # a block's rest_s (its forward less its operators) and other_s (the forward less
-        # its blocks) are differences, clipped at 0 by coda calibrate: 0 is allowed there
-        bad = [name for name, s in _times(t)
-               if not (_positive(s) or ((".rest_s." in name or name.startswith("other_s."))
-                                        and s == 0))]
-        if bad:
-            raise ValueError(f"{where}: {bad[:6]}: expected measured times > 0 s (finite "
-                             f"numbers, one per batch size)")
+        check(t, TABLE_SCHEMA, where)
+        # every time is of a batch size the table says it timed, and of each one: a lookup
+        # the replay makes then finds its entry (else it would keep the roofline)
+        rows = [str(b) for b in t["batches"]]
+        for name, per in _batch_objects(t):
+            if sorted(per) != rows:
+                raise ValueError(f"{where}: {name}: batch sizes [{', '.join(sorted(per))}]; "
+                                 f"expected one time per batch size of batches "
+                                 f"[{', '.join(rows)}]")
 
     @classmethod
     def load(cls, path) -> "GpuTimes":
-        """Read and check a table. Raises ValueError naming ``--gpu-table`` and the file
-        (missing, unreadable, not UTF-8 JSON, not a table, bad times)."""
-        try:
-            table = json.loads(Path(path).read_bytes().decode("utf-8"))
-        except OSError as exc:
-            raise ValueError(f"--gpu-table {path}: cannot be read ({exc.strerror or exc})") \
-                from None
-        except UnicodeDecodeError:
-            raise ValueError(f"--gpu-table {path}: not a UTF-8 text file (a coda calibrate "
-                             f"table is JSON)") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--gpu-table {path}: not JSON ({exc.msg} at line "
-                             f"{exc.lineno})") from None
-        return cls(table, str(path))
+        """Read and check a table (:func:`coda.jsonin.read_json`, then the checks of the
+        class). Raises ValueError naming ``--gpu-table``, the file and the field (missing,
+        unreadable, too large, not UTF-8 JSON, nested too deep, not a table, a field of
+        the wrong type or range, bad times)."""
+        where = f"--gpu-table {path}"
+        return cls(read_json(path, where, "a GPU table (JSON, written by coda calibrate)"),
+                   str(path))
 
     # ------------------------------------------------------------------ the workload
     def check_shape(self, shape) -> None:
         """Refuse (ValueError naming both) a table measured for another model, size or frame
-        count than the :class:`~coda.host.system.shapes.ModelShape` ``shape``."""
+        count than the :class:`~coda.host.system.shapes.ModelShape` ``shape``, or naming an
+        operator the model does not have (a block whose first operator is none of the
+        model's would add its rest to no call)."""
         t = self.table
         have = (t["model"], t["width"], t["height"], t["frames"], t["hidden"],
                 t["video_tokens"])
@@ -171,6 +219,14 @@ class GpuTimes:
                 f"{shape.hidden}): calibrate at that shape (coda calibrate --model "
                 f"{shape.name} --resolution {shape.width}x{shape.height} --frames "
                 f"{shape.frames})")
+        known = {o.op for o in shape.ops}
+        named = [(field_path(["ops", op]), op) for op in t["ops"]] + [
+            (field_path(["blocks", name, "ops", i]), op)
+            for name, blk in t["blocks"].items() for i, op in enumerate(blk["ops"])]
+        for where, op in named:
+            if op not in known:
+                raise ValueError(f"--gpu-table {self.path or ''}: {where}: operator {op!r}; "
+                                 f"expected one of {shape.name}'s: {', '.join(sorted(known))}")
 
     def op_s(self, op: str, batch: int) -> float | None:
         """Seconds of operator ``op`` (the adapter's name) for ``batch`` rows, or None."""

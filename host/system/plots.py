@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from coda.paths import save_figure
+
 __all__ = ["timeline", "breakdown_bars", "pick_steps"]
 
 _LANES = ("gpu", "h2d", "d2h", "nme")
@@ -42,7 +44,7 @@ def timeline(results: dict, steps: list[int], path: Path, title: str = "") -> Pa
         ax.text(0.5, 0.5, "no requested system fits: nothing to plot", ha="center")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
+        save_figure(fig, path, dpi=100)
         plt.close(fig)
         return path
     fig, axes = plt.subplots(len(systems), 1, figsize=(12, 1.5 + 1.3 * len(systems)),
@@ -79,7 +81,7 @@ def timeline(results: dict, steps: list[int], path: Path, title: str = "") -> Pa
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -110,7 +112,7 @@ def breakdown_bars(rows: dict, path: Path, title: str = "") -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from coda.paths import write_file
 
 from .shapes import ATTENTION, GEMM, MEMORY, Kernels, ModelShape, OpShape
 from .trace import ModelSpec, trace, with_layers
@@ -374,9 +375,7 @@ def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
     shape = trace(name, spec, height, width, n)
     if cache_dir is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")   # concurrent sweep points share it
-        tmp.write_text(shape.to_json())
-        tmp.replace(path)
+        write_file(path, shape.to_json())   # concurrent sweep points share it
     return shape
 
 

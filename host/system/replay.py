@@ -147,6 +147,10 @@ class SystemResult:
         weights: ``"resident"`` or ``"streamed"``. segments: NME launches' segments.
         history_bytes: bytes of the forecast's older entries that crossed the host link
             (system g; part of ``h2d_bytes``).
+        gpu_measured, gpu_roofline: with measured xPU times (``Platform.gpu_times``), the
+            distinct kernels (operator and batch, cache kernel and shape) the replay timed
+            from the table and those the table had no entry for (roofline); both 0 without
+            a table.
         intervals: busy intervals (for the timeline).
     """
     system: str
@@ -166,6 +170,8 @@ class SystemResult:
     segments: int = 0
     nme_launches: int = 0
     history_bytes: int = 0
+    gpu_measured: int = 0
+    gpu_roofline: int = 0
     intervals: list = field(default_factory=list, repr=False)
 
 
@@ -209,6 +215,13 @@ class _Replay:
         self.lanes = plat.lanes
         # measured xPU times (coda calibrate); the cache kernels' are of bf16 entries
         self.times = plat.gpu_times
+        self._looked: dict = {}           # kernel -> whether the table had its time
+
+    def _measured(self, key, t):
+        """``t`` (a time from the table, or None: the roofline serves), recorded under
+        ``key`` for the result's ``gpu_measured`` / ``gpu_roofline``."""
+        self._looked[key] = t is not None
+        return t
 
     # ---------------------------------------------------------------- primitives
     def _log(self, lane, t0, kind, branch, step):
@@ -272,8 +285,8 @@ class _Replay:
         if key not in self._gpu_t:
             t = None
             if self.times is not None:
-                t = (self.times.other_s(self.shape, batch) if index < 0
-                     else self.times.op_s(self.shape.ops[index].op, batch))
+                t = self._measured(key, self.times.other_s(self.shape, batch) if index < 0
+                                   else self.times.op_s(self.shape.ops[index].op, batch))
             if t is None:
                 k = self.shape.other if index < 0 else self.shape.ops[index].kernels
                 t = gpu_time(k, batch, self.g)
@@ -286,9 +299,13 @@ class _Replay:
         entry of ``terms`` (rows, each with its terms), when the table has them and the
         entries are bf16; else the roofline of one elementwise kernel moving ``nbytes``."""
         if self.times is not None and self.wl.cache_group is None:
-            each = [self.times.cache_s(name, op.tokens, op.channels, k) for k in terms]
+            each = [self._measured((name, op.tokens, op.channels, k),
+                                   self.times.cache_s(name, op.tokens, op.channels, k))
+                    for k in terms]
             if all(t is not None for t in each):
                 return sum(each)
+        elif self.times is not None:        # int8 entries: the table times bf16 ones
+            self._measured((name, op.tokens, op.channels, "int8"), None)
         return _mem_kernel(nbytes, self.g)
 
     def seg_cost(self, tokens, channels, k, events_cycles=None, streams=()):
@@ -352,7 +369,8 @@ class _Replay:
         reads two ``[tokens, channels]`` tensors and writes one in the model's dtype, timed
         as every elementwise cache kernel here (:meth:`cache_kernel`)."""
         if self.times is not None:
-            t = self.times.cache_s("residual_add", tokens, channels)
+            t = self._measured(("residual_add", tokens, channels),
+                               self.times.cache_s("residual_add", tokens, channels))
             if t is not None:
                 return t
         return _mem_kernel(3 * tokens * channels * self.elem, self.g)
@@ -528,6 +546,8 @@ class _Replay:
         # async stores still in flight end the generation too
         self.env.run()
         self.res.latency_s = self.env.now
+        self.res.gpu_measured = sum(self._looked.values())
+        self.res.gpu_roofline = len(self._looked) - self.res.gpu_measured
         return self.res
 
 

@@ -203,6 +203,8 @@ def resolve(spec: str, shape: ModelShape, num_steps: int, *, interval: int = 2,
         ValueError: ``coda`` before the annealed schedule exists, an unreadable or invalid
             file (message names the value and what is expected).
     """
+    from coda.host.cache.shipped import load_schedule
+
     if spec == "uniform":
         return uniform(shape, num_steps, interval, warmup, intervals=intervals)
     if spec == "coda":
@@ -218,11 +220,8 @@ def resolve(spec: str, shape: ModelShape, num_steps: int, *, interval: int = 2,
             raise ValueError(f"--schedule {spec!r}: expected 'coda', 'uniform' or a Schedule "
                              "JSON file (coda.host.cache.schedule.Schedule.to_json)")
         label = str(path)
-    try:
-        sched = Schedule.from_json(path.read_text())
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"--schedule {spec}: {path} is not a Schedule JSON "
-                         f"(coda.host.cache.schedule.Schedule.to_json): {exc}") from None
+    sched = load_schedule(path, what=f"--schedule {spec}" if spec != "coda"
+                          else f"--schedule coda ({path})")
     return transfer(sched, shape, num_steps, label)
 
 

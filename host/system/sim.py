@@ -38,6 +38,7 @@ from coda.host.cache.policies.uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP
 from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
 from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
+from coda.paths import write_file
 from coda.options import add_options, from_args, option
 
 from .platforms import DEFAULT_PLATFORM, GPUS
@@ -189,7 +190,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         "schedule": {**sched.describe(), "transferred": sched.source.startswith("transferred")},
         "platform": plat.describe(),
         "replay": {"prefetch": prefetch, "nme_timing": "model",
-                   "gpu_timing": "roofline" if plat.gpu_times is None else "measured",
+                   **_gpu_timing(plat, abl["results"].values()),
                    "segment_output": segment_output, "cache": cache,
                    "cache_format": wl.cache_format, "cache_group": wl.cache_group},
         "memory": {k: v for k, v in abl["memory"].items() if k != "fits"},
@@ -201,6 +202,20 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         "assumptions": _ASSUMPTIONS,
     }
     return {"report": report, "ablation": abl, "workload": wl, "shape": shape}
+
+
+def _gpu_timing(plat, results) -> dict:
+    """``gpu_timing``: ``"roofline"`` without measured times; with them ``"measured"`` only
+    if the table had every kernel the replayed systems looked up, ``"partly measured"``
+    if some kept the roofline, ``"roofline"`` if none was found there; ``gpu_lookups``: those
+    kernels counted (distinct per system, summed over the systems)."""
+    if plat.gpu_times is None:
+        return {"gpu_timing": "roofline"}
+    measured = sum(r.gpu_measured for r in results)
+    roofline = sum(r.gpu_roofline for r in results)
+    timing = ("roofline" if not measured else "measured" if not roofline
+              else "partly measured")
+    return {"gpu_timing": timing, "gpu_lookups": {"measured": measured, "roofline": roofline}}
 
 
 def setup(model: str, *, resolution=None, seconds=None, frames=None,
@@ -365,7 +380,7 @@ def main(args) -> int:
     systems = res["systems"]
     report, abl, wl = res["report"], res["ablation"], res["workload"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json_text(_jsonable(report), indent=1) + "\n")
+    write_file(out / "report.json", json_text(_jsonable(report), indent=1) + "\n")
     steps = pick_steps(wl, 2)
     sh = res["shape"]
     clock = f", NMEs at {args.nme_mhz:g} MHz" if args.nme_mhz is not None else ""
@@ -439,7 +454,7 @@ def sweep_point(params: dict, workdir: Path) -> dict:
     shape_cache = Path(workdir).resolve().parent.parent / "shapes"
     res = checked_simulate(**params, shape_cache=shape_cache)
     report = res["report"]
-    (Path(workdir) / "report.json").write_text(json_text(_jsonable(report), indent=1) + "\n")
+    write_file(Path(workdir) / "report.json", json_text(_jsonable(report), indent=1) + "\n")
     figures = {"cache_bytes": report["cache_bytes"]}
     for letter, r in report["systems"].items():
         for k in SWEEP_FIGURES:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.paths import write_file
 
 __all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation",
            "measure_tile_utilisation", "dram_check", "run_check", "configure", "main"]
@@ -401,19 +402,19 @@ def _measure_nmp(out: Path, form: str, what: str) -> None:
     if what in ("long", "all"):
         util = [measure_segment_utilisation(std, depth, segment_output=form)
                 for std in ("DDR5-4800", "DDR4-3200", "LPDDR5-6400") for depth in (256, 64)]
-        (out / f"segment_util-{form}.json").write_text(json_text(util, indent=1) + "\n")
+        write_file(out / f"segment_util-{form}.json", json_text(util, indent=1) + "\n")
         for u in util:
             print(form, u["dram"], "depth", u["depth"], u["utilisation"])
     if what in ("tile", "all"):
         tile = [measure_tile_utilisation(std, depth, segment_output=form)
                 for std in ("DDR5-4800", "DDR4-3200") for depth in (64, 256)]
-        (out / f"tile_util-{form}.json").write_text(json_text(tile, indent=1) + "\n")
+        write_file(out / f"tile_util-{form}.json", json_text(tile, indent=1) + "\n")
         for u in tile:
             print(form, u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
                   u["utilisation"])
     if what == "all":
         check = dram_check(64, segment_output=form) + dram_check(256, segment_output=form)
-        (out / f"dram_check-{form}.json").write_text(json_text(check, indent=1) + "\n")
+        write_file(out / f"dram_check-{form}.json", json_text(check, indent=1) + "\n")
         for r in check:
             print(r)
 
@@ -451,7 +452,7 @@ def main(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         runs = [run_check(std, depth, segment_output=form) for std in ("DDR5-4800", "DDR4-3200")
                 for depth in (64, 256)]
-        (args.out / f"run_check-{form}.json").write_text(json_text(runs, indent=1) + "\n")
+        write_file(args.out / f"run_check-{form}.json", json_text(runs, indent=1) + "\n")
         print(f"segment_output={form}")
         print(f"{'DRAM':11} {'depth':>5} {'segs':>4} {'total':>7} {'worst':>7}  per K: worst "
               "(mean)")
@@ -463,7 +464,7 @@ def main(args: argparse.Namespace) -> int:
     cache = args.out / "shapes"
     rows = validate(shape_cache=cache)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "validation.json").write_text(json_text(rows, indent=1) + "\n")
+    write_file(args.out / "validation.json", json_text(rows, indent=1) + "\n")
     print(f"{'model':14} {'size':9} {'frames':>6} {'steps':>5} {'GPU':8} {'published':>10} "
           f"{'predicted':>10} {'ratio':>6}")
     for r in rows:
@@ -471,6 +472,6 @@ def main(args: argparse.Namespace) -> int:
               f"{r['gpu']:8} {r['seconds']:>9.0f}s {r['predicted_s']:>9.0f}s {r['ratio']:>6.2f}"
               f"{'' if r['within_25pct'] else '  (outside +-25 %)'}")
     b = bench(shape_cache=cache)
-    (args.out / "bench.json").write_text(json_text(b, indent=1) + "\n")
+    write_file(args.out / "bench.json", json_text(b, indent=1) + "\n")
     print(json_text(b))
     return 0

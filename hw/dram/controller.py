@@ -476,11 +476,6 @@ def dram_verilog(component: wiring.Component, name: str) -> str:
     Raises:
         ValueError: ``name`` is not a Verilog identifier. FileNotFoundError: no yosys.
     """
-    from amaranth.back import verilog
+    from coda.hw.yosys import component_verilog
 
-    from coda.hw.yosys import use_pinned_yosys
-
-    if not name.isidentifier():
-        raise ValueError(f"name={name!r}: expected a Verilog identifier")
-    use_pinned_yosys()
-    return verilog.convert(component, name=name, emit_src=False)
+    return component_verilog(component, name)

@@ -60,14 +60,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from coda.host.cache.schedule import Schedule
+from coda.host.cache.schedule import BRANCHES, MAX_STEPS, STEP_KEY, Schedule
+from coda.jsonin import check
 
 from .base import CachePolicy, Decision, OpQuery
 from .static import SchedulePolicy
 
 __all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE", "DEFAULT_BUDGET",
            "DEFAULT_GAMMA", "DEFAULT_MARGIN", "PROBES", "DEFAULT_PROBES",
-           "DEFAULT_MAX_EXTRA"]
+           "DEFAULT_MAX_EXTRA", "DRA_SCHEMA"]
 
 #: quantile of the calibration probes taken as every reused step's threshold when DRA is
 #: calibrated without a budget (``calibrate_step_dra(..., budget=None)``): 0.9, the smallest
@@ -213,6 +214,19 @@ class StepThresholds:
                              f"the schedule in use ({schedule.digest()}, "
                              f"{schedule.name!r}); calibrate it again (calibrate_step_dra)")
 
+    def check_probed(self, schedule: Schedule, what: str = "DRA thresholds") -> None:
+        """Raise ValueError naming ``what`` and the threshold (``thresholds.STEP``) if one
+        is at a step where a run of ``schedule`` never probes (a step that reuses its first
+        operator in no branch: the threshold would never apply). A schedule file's table is
+        held to it."""
+        first = schedule.order()[0]
+        for step in self.thresholds:
+            if not any(first in schedule.reused(step, b) for b in BRANCHES):
+                raise ValueError(f"{what}: thresholds.{step}: step {step} is never probed (the "
+                                 f"schedule reuses its first operator {first} there in no "
+                                 "branch, so the threshold would never apply); expected "
+                                 "thresholds only at probed steps")
+
     def to_dict(self) -> dict:
         """JSON-ready (``"thresholds"``: {step as text: value}); :meth:`from_dict` reads it."""
         return {"thresholds": {str(s): t for s, t in self.thresholds.items()},
@@ -226,24 +240,63 @@ class StepThresholds:
 
     @classmethod
     def from_dict(cls, data, what: str = "DRA thresholds") -> "StepThresholds":
-        """Read :meth:`to_dict`'s form. Raises ValueError naming ``what`` if it is not one."""
+        """Read :meth:`to_dict`'s form (parsed JSON). Raises ValueError naming ``what`` and
+        the field if it breaks :data:`DRA_SCHEMA` (types, ranges), or the checks of
+        :class:`StepThresholds` (steps below ``num_steps``, rates of steps with a threshold,
+        a quantile or a budget)."""
+        check(data, DRA_SCHEMA, what)
         try:
-            opt = {k: None if data.get(k) is None else float(data[k])
-                   for k in ("quantile", "budget", "gamma")}
-            return cls({int(k): float(v) for k, v in data["thresholds"].items()},
-                       int(data["num_steps"]), str(data["model_hash"]),
-                       str(data["schedule_hash"]), opt["quantile"],
-                       float(data["margin"]), tuple(data.get("prompts", ())),
-                       tuple(data.get("seeds", ())), float(data.get("guidance_scale", 0.0)),
-                       opt["budget"], opt["gamma"],
-                       {int(k): float(v) for k, v in data.get("rates", {}).items()},
-                       str(data.get("probe", "l1")),
-                       None if data.get("max_fallbacks") is None else int(data["max_fallbacks"]))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{what}: not a DRA threshold table ({type(exc).__name__}: "
-                             f"{exc}); expected the block written by save_step_dra") from None
+            return cls({int(k): v for k, v in data["thresholds"].items()},
+                       data["num_steps"], data["model_hash"], data["schedule_hash"],
+                       data.get("quantile"), data["margin"], tuple(data.get("prompts", ())),
+                       tuple(data.get("seeds", ())), data.get("guidance_scale", 0.0),
+                       data.get("budget"), data.get("gamma"),
+                       {int(k): v for k, v in data.get("rates", {}).items()},
+                       data.get("probe", "l1"), data.get("max_fallbacks"))
         except ValueError as exc:
             raise ValueError(f"{what}: {exc}") from None
+
+
+def _fraction(lo_open: bool = False) -> dict:
+    return ({"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0,
+             "expected": "a fraction in (0, 1]"} if lo_open
+            else {"type": "number", "minimum": 0.0, "maximum": 1.0,
+                  "expected": "a fraction in [0, 1]"})
+
+
+def _optional(schema: dict) -> dict:
+    return {**schema, "type": [schema["type"], "null"],
+            "expected": f"{schema['expected']} or null"}
+
+
+_SEEDS = {"type": "array", "maxItems": 100_000,
+          "items": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}}
+#: :meth:`StepThresholds.to_dict` (a schedule file's ``"dra"`` block) as a JSON schema
+#: (:func:`coda.jsonin.check`)
+DRA_SCHEMA: dict = {
+    "type": "object",
+    "required": ["thresholds", "num_steps", "model_hash", "schedule_hash", "margin"],
+    "properties": {
+        "thresholds": {"type": "object", "maxProperties": MAX_STEPS, "propertyNames": STEP_KEY,
+                       "additionalProperties": {"type": "number", "minimum": 0.0},
+                       "expected": "{step: threshold >= 0}"},
+        "num_steps": {"type": "integer", "minimum": 1, "maximum": MAX_STEPS},
+        "model_hash": {"type": "string", "maxLength": 64},
+        "schedule_hash": {"type": "string", "maxLength": 64},
+        "quantile": _optional(_fraction()),
+        "margin": {"type": "number", "exclusiveMinimum": 0.0},
+        "prompts": _SEEDS,
+        "seeds": _SEEDS,
+        "guidance_scale": {"type": "number", "minimum": 0.0},
+        "budget": _optional(_fraction(lo_open=True)),
+        "gamma": {"type": ["number", "null"]},
+        "rates": {"type": "object", "maxProperties": MAX_STEPS, "propertyNames": STEP_KEY,
+                  "additionalProperties": _fraction(), "expected": "{step: rate 0..1}"},
+        "probe": {"enum": list(PROBES)},
+        "max_fallbacks": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_STEPS},
+    },
+    "additionalProperties": False,
+}
 
 
 @dataclass(eq=False)
