@@ -20,6 +20,7 @@ from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENC
 from coda.hw.yosys import component_verilog
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.options import add_options, option
+from coda.paths import write_file
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
            "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset",
@@ -285,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        write_file(out, text)
         print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
               f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
               f"isolation={'on' if cfg.operand_isolation else 'off'} "

@@ -95,6 +95,17 @@ def test_nme_run_example_on_a_full_disk(tmp_path, monkeypatch, capsys):
     assert path.read_bytes() == b"old" and list(tmp_path.iterdir()) == [path]
 
 
+def test_verilog_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    """coda verilog -o: the error names the file, no truncated Verilog is left, an old file
+    stays."""
+    path = tmp_path / "nme.v"
+    path.write_text("old")
+    fill_disk(monkeypatch, "nme.v")
+    assert main(["verilog", "--top", "nme", "--lanes", "1", "--depth", "16", "-o", str(path)]) == 2
+    assert capsys.readouterr().err.endswith(f"coda: error: {path}: No space left on device\n")
+    assert path.read_text() == "old" and list(tmp_path.iterdir()) == [path]
+
+
 def test_a_gif_on_a_full_disk(tmp_path, monkeypatch):
     from coda.host.model.sample import side_by_side_gif
 
