@@ -49,7 +49,7 @@ from coda.options import add_options, option
 
 __all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
            "step_sensitivity",
-           "parse_int_list", "stability_ranking", "plot_heatmap", "ARRAYS"]
+           "parse_int_list", "stability_ranking", "depth_table", "plot_heatmap", "ARRAYS"]
 
 #: the arrays of a profile, each [videos, steps, branches, layers, op types] float32
 ARRAYS = ("out_change", "in_change", "out_abs", "in_abs")
@@ -437,6 +437,23 @@ def stability_ranking(profile: Profile, skip_first: int = 1) -> list[dict]:
     return sorted(rows, key=lambda r: r["out_change"])
 
 
+def depth_table(profile: Profile, skip_first: int = 1) -> list[dict]:
+    """Mean relative output change per block index (depth) and operator type, over videos,
+    steps ``>= skip_first``, and branches. Returns one dict per depth, in forward order:
+    ``layer`` and, per operator type the model has at that depth, its ``out_change`` (a
+    dict op -> float)."""
+    mean = profile.mean("out_change")[skip_first:]            # [S, B, L, K]
+    present = {(layer, op) for layer, op in profile.model_ops.ops}
+    rows = []
+    for layer in range(profile.num_layers):
+        with np.errstate(invalid="ignore"):
+            change = {op: float(np.nanmean(mean[:, :, layer, k]))
+                      for k, op in enumerate(profile.model_ops.op_types)
+                      if (layer, op) in present}
+        rows.append({"layer": layer, "out_change": change})
+    return rows
+
+
 def plot_heatmap(profile: Profile, path: str | Path) -> None:
     """Heat map of log10 mean relative output change: one panel per operator type, rows =
     (branch, layer), columns = steps."""
@@ -581,7 +598,8 @@ def main(args) -> int:
         backend.close()
     ranking = stability_ranking(prof)
     prof.meta.update(backend=args.backend, lanes=args.lanes, ranks=args.ranks,
-                     stability_ranking=ranking, wall_s=time.perf_counter() - t0)
+                     stability_ranking=ranking, depth_table=depth_table(prof),
+                     wall_s=time.perf_counter() - t0)
     path = prof.save(out)
     plot_heatmap(prof, out / "heatmap.png")
     console.print(f"profile of {len(prof.meta['videos'])} videos x {args.steps} steps -> {path}")

@@ -17,7 +17,8 @@ from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import cached_generate
 from coda.host.cache.policies.base import CachePolicy, Decision
 from coda.experiments.profile import (Profile, ProfilingDriver, model_hash, parse_int_list,
-                               plot_heatmap, profile_model, stability_ranking)
+                               plot_heatmap, profile_model, stability_ranking,
+                               depth_table)
 from coda.host.cache.schedule import BRANCHES, OP_TYPES
 from coda.hw.nme.isa import NMEConfig
 
@@ -122,6 +123,12 @@ def test_save_load_check_and_heatmap(tiny_profile, tmp_path):
     plot_heatmap(back, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
     ranking = stability_ranking(back)
+    depth = depth_table(back)
+    assert [r["layer"] for r in depth] == list(range(back.num_layers))
+    for r in depth:
+        for k, op in enumerate(back.model_ops.op_types):
+            want = np.nanmean(back.out_change[:, 1:, :, r["layer"], k])   # equal counts per step
+            assert r["out_change"][op] == pytest.approx(float(want), rel=1e-6)
     assert ranking[0]["op"] == "cross_attn"     # exactly constant here
     assert [r["out_change"] for r in ranking] == sorted(r["out_change"] for r in ranking)
 
