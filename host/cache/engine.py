@@ -100,6 +100,7 @@ from coda.host.cache.arch import Architecture, get_architecture
 from .arch.base import BlockSpec
 from coda.host.cache.compress import check_format, resolve_group
 from coda.host.cache.events import CACHE_MEMORIES, EventLog
+from coda.host.cache.execution import check_execution
 from coda.host.cache.forecast import CACHE_MODES, ForecastTable
 from coda.host.nmp.link import SEGMENT_OUTPUTS, check_segment_output   # segment_output's forms
 from coda.host.cache.policies import as_policy
@@ -485,16 +486,27 @@ class CodaCacheHook(ModelHook):
             self.state.reset()
 
     # ---- the forward ----------------------------------------------------------
+    # not traced by torch.compile: the step's bookkeeping, decisions, monitors and segments
+    # are Python control flow with host syncs (torch.compiler.disable, as diffusers' cache
+    # hooks); compiled submodules that the block specs call still run compiled
+    @torch.compiler.disable
     def new_forward(self, module, *args, **kwargs):
         """The transformer's own forward (under ``torch.no_grad``: the engine is for
         inference), its blocks recorded and run by this call's
         :class:`~coda.host.cache.step.StepRun`.
         Raises ValueError for a call the architecture does not cover, a missing or bad cache
-        context, steps out of order, a call without step_index it cannot place. An exception
+        context, steps out of order, a call without step_index it cannot place, an offload or
+        parallel set-up added since the engine attached
+        (:func:`coda.host.cache.execution.check_execution`). An exception
         raised in the call (by the policy, the driver, the engine) reaches the caller as
         itself, with its traceback, also where the model's code between the blocks caught
         or replaced it (:attr:`coda.host.cache.step.StepRun.failure`); the generation is
         then ended."""
+        try:        # an offload / parallel hook added since the engine attached
+            check_execution(module, self.arch.blocks(module))
+        except ValueError:
+            self._abort_generation()
+            raise
         call_args = self.arch.bind_call(module, args, kwargs)
         self.arch.check_call(module, call_args)
         ctx = self.context_manager.context
@@ -548,6 +560,7 @@ class _BlockHook(ModelHook):
         super().__init__()
         self.owner, self.spec, self.layer = owner, spec, layer
 
+    @torch.compiler.disable     # a compiled block's call ends here: see CodaCacheHook
     def new_forward(self, block, *args, **kwargs):
         run = self.owner._run
         if run is None:
@@ -578,13 +591,17 @@ def apply_coda_cache(transformer: torch.nn.Module, config: CodaCacheConfig) -> C
             message names it and the supported ones), a configuration the architecture's
             adapter does not replay, a model without the structure it reads
             (:meth:`coda.host.cache.arch.base.Architecture.check_structure`).
-        ValueError: a hook already there; a cache dtype that disagrees with the driver.
+        ValueError: a hook already there; a cache dtype that disagrees with the driver; an
+            execution set-up the engine does not run exactly (offload hooks, parallelism,
+            another cache: :func:`coda.host.cache.execution.check_execution`, also checked
+            at every call).
         TypeError: a policy that is not one.
     """
     from diffusers.hooks import HookRegistry
 
     arch = get_architecture(transformer)
     arch.check_model(transformer)
+    check_execution(transformer, arch.blocks(transformer))
     hook = CodaCacheHook(config)     # checks the config before anything is registered
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     registry.register_hook(hook, HOOK_NAME)

@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry
-from diffusers.hooks.hooks import CacheContext, ModelHook
+from diffusers.hooks.hooks import ModelHook
 
 from coda.host.cache.arch import get_architecture
 from coda.host.cache.arch.base import (TESTED_DIFFUSERS, UnsupportedModelError,
                                        diffusers_tested)
 from coda.host.cache.engine import (BATCHED_CFG, CodaCacheConfig, CodaCacheHook,
                                     apply_coda_cache, get_coda_cache_hook, remove_coda_cache)
+from coda.host.cache.execution import check_execution
 from coda.host.cache.forecast import CACHE_MODES
 from coda.host.cache.policies import (MIN_CACHED_STEPS, POLICIES, CachePolicy, SchedulePolicy,
                                       as_policy, get_policy, uniform_for_skip)
@@ -162,9 +163,11 @@ class CacheHandle:
         except TypeError:
             return None
 
-    def _default_context(self) -> CacheContext:
+    def _default_context(self):
         """A context for a pipeline that sets none: both CFG branches batched as diffusers
         does when the pipeline guides, else the conditional branch; no step index."""
+        from diffusers.hooks.hooks import CacheContext   # diffusers >= 0.41 (arch.base)
+
         guided = bool(getattr(self.target, "do_classifier_free_guidance", False))
         return CacheContext(BATCHED_CFG if guided else "cond")
 
@@ -278,6 +281,7 @@ class _PipelineHook(ModelHook):
         super().__init__()
         self.handle, self.expert, self.auto_steps = handle, expert, auto_steps
 
+    @torch.compiler.disable     # bookkeeping and the self-check: never traced
     def new_forward(self, module, *args, **kwargs):
         handle = self.handle
         hook = handle.hooks[self.expert]
@@ -363,6 +367,9 @@ def enable_cache(pipe, policy: Any = "uniform", *, backend: Any = "device",
             options with a policy object; a profile or schedule missing (the message says
             how to make one), or given as a path; a ``cache`` mode other than the two, or
             ``"forecast"`` without a table; the policy's own errors.
+            An offload hook, parallelism or another cache on a transformer that the engine
+            does not run exactly (:func:`coda.host.cache.execution.check_execution`: one
+            line naming it and what to do; also at every call, for one added later).
         coda.host.cache.arch.UnsupportedModelError (a TypeError): a transformer class the
             engine does not serve, or one without the structure its adapter reads.
         TypeError: a policy or driver that is not one.
@@ -381,7 +388,9 @@ def enable_cache(pipe, policy: Any = "uniform", *, backend: Any = "device",
     if skip is not None:
         _check_skip(skip)
     for name, module in modules.items():
-        get_architecture(module).check_structure(module)
+        arch = get_architecture(module)
+        arch.check_structure(module)
+        check_execution(module, arch.blocks(module))
         if get_coda_cache_hook(module) is not None:
             raise ValueError(f"{name} already has a CODA cache hook (apply_coda_cache): "
                              "remove it first (remove_coda_cache)")

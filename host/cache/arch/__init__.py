@@ -53,9 +53,12 @@ def get_architecture(transformer: torch.nn.Module) -> Architecture:
     for arch in ARCHITECTURES.values():
         if isinstance(transformer, arch.model_type()):
             return arch
+    hint = ("; a torch.compile(model) wrapper: compile the transformer in place instead "
+            "(transformer.compile(...), transformer.compile_repeated_blocks(...)) or its "
+            "blocks" if type(transformer).__name__ == "OptimizedModule" else "")
     raise UnsupportedModelError(
         f"{type(transformer).__name__}: the CODA cache engine attaches to "
-        f"{', '.join(supported_classes())} only (and their subclasses)")
+        f"{', '.join(supported_classes())} only (and their subclasses){hint}")
 
 
 def model_ops(transformer: torch.nn.Module) -> ModelOps:

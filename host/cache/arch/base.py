@@ -42,7 +42,7 @@ from coda.host.cache.schedule import ModelOps
 
 __all__ = ["UnsupportedModelError", "UntestedDiffusersWarning", "StepState", "BlockCall",
            "BlockSpec", "BlockRef", "Architecture", "TESTED_DIFFUSERS", "diffusers_tested",
-           "check_structure"]
+           "check_structure", "check_diffusers_api"]
 
 #: the diffusers version whose block code the specs replay (tests/test_arch.py runs on it)
 TESTED_DIFFUSERS = "0.42.1"
@@ -64,6 +64,25 @@ def diffusers_tested() -> bool:
     import diffusers
 
     return diffusers.__version__ == TESTED_DIFFUSERS
+
+
+def check_diffusers_api() -> None:
+    """Refuse a diffusers whose ``cache_context`` carries only a name: the engine places a
+    call in its generation by the context's ``step_index``, ``num_inference_steps`` and
+    ``timestep`` (``diffusers.hooks.hooks.CacheContext``, from diffusers 0.41.0 on).
+
+    Raises:
+        UnsupportedModelError: naming the installed version and the first one with it.
+    """
+    from diffusers.hooks import hooks
+
+    if not hasattr(hooks, "CacheContext"):
+        import diffusers
+
+        raise UnsupportedModelError(
+            f"diffusers {diffusers.__version__}: its cache_context carries no step "
+            "(diffusers.hooks.hooks.CacheContext, from diffusers 0.41.0 on), which the CODA "
+            f"cache engine reads; install diffusers >= 0.41 (tested: {TESTED_DIFFUSERS})")
 
 
 def _type_names(types) -> str:
@@ -111,6 +130,14 @@ def _check_params(fn: Callable, params, where: str) -> None:
             f"{where} (diffusers {diffusers.__version__}) takes no parameter "
             f"{', '.join(map(repr, missing))}: not the forward the CODA adapter replays "
             f"(tested on diffusers {TESTED_DIFFUSERS})")
+
+
+def _uncompiled(module: torch.nn.Module) -> torch.nn.Module:
+    """The module a ``torch.compile(module)`` wrapper (an ``OptimizedModule``) compiled; any
+    other module as is."""
+    orig = getattr(module, "_orig_mod", None)
+    return orig if isinstance(orig, torch.nn.Module) and type(module).__name__ == \
+        "OptimizedModule" else module
 
 
 class StepState(Protocol):
@@ -260,10 +287,13 @@ class Architecture:
 
     def blocks(self, model: torch.nn.Module) -> list[BlockRef]:
         """The model's blocks in the order its forward calls them, with their layers
-        (default: the lists one after the other, layers counting on)."""
+        (default: the lists one after the other, layers counting on). A block replaced by
+        ``torch.compile(block)`` gives the module it compiled (``_orig_mod``), where the
+        engine's hooks go: the compiled call reaches them."""
         out, layer = [], 0
         for attr, spec in self.block_lists:
             for i, block in enumerate(getattr(model, attr)):
+                block = _uncompiled(block)
                 out.append(BlockRef(f"{attr}.{i}", block, spec, layer))
                 layer += 1
         return out
@@ -280,8 +310,10 @@ class Architecture:
 
         Raises:
             UnsupportedModelError: naming the model, the missing or mistyped part and what
-                was expected.
+                was expected; a diffusers without the cache-context API
+                (:func:`check_diffusers_api`).
         """
+        check_diffusers_api()
         cls = type(model).__name__
         check_structure(model, {attr: torch.nn.ModuleList for attr, _ in self.block_lists}, cls)
         config = getattr(model, "config", None)

@@ -66,6 +66,7 @@ class Deferred(torch.Tensor):
     def _meta(self) -> torch.Tensor:
         return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
 
+    @torch.compiler.disable     # runs the engine (decisions, segments): never traced
     def materialize(self) -> torch.Tensor:
         """The real tensor (runs the recorded program first if it has not run). An exception
         on the way is recorded as the step's failure (``_owner.fail``) before it propagates:
@@ -82,6 +83,7 @@ class Deferred(torch.Tensor):
         return self._value
 
     @classmethod
+    @torch.compiler.disable     # a compiled module given a deferred output: see materialize
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         src = args[0] if args else None

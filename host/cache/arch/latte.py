@@ -150,11 +150,12 @@ class Latte(Architecture):
                    "enable_temporal_attentions")
 
     def blocks(self, model):
-        from .base import BlockRef
+        from .base import BlockRef, _uncompiled
 
         (sname, spatial), (tname, temporal) = self.block_lists
         out = []
         for i, (sb, tb) in enumerate(zip(getattr(model, sname), getattr(model, tname))):
+            sb, tb = _uncompiled(sb), _uncompiled(tb)
             out += [BlockRef(f"{sname}.{i}", sb, spatial, i), BlockRef(f"{tname}.{i}", tb, temporal, i)]
         return out
 
