@@ -1,7 +1,7 @@
 """The one rule for list values of every command (a base helper: it imports nothing of coda).
 
 A comma-separated option (``--prompts 0,3``, ``--skip 0.3,0.5``, ``coda sweep --param
-moves=1,2``, a ``--grid`` TOML list) has no empty item and no value twice: a duplicate is a
+dimms=1,2``, a ``--grid`` TOML list) has no empty item and no value twice: a duplicate is a
 typo or a misunderstanding, so it is refused, never silently dropped.
 """
 

@@ -3,7 +3,7 @@
 A base helper (it imports only coda's other base helpers, coda.jsonout and coda.lists): a sweep
 *kind* (:class:`SweepKind`) is declared by
 the module that owns the work — ``coda.experiments.area_sweep`` (ECP5 / generic synthesis),
-``coda.experiments.design_space`` (the DIMM-NMP design space), ``coda.experiments.search`` (annealing restarts),
+``coda.experiments.design_space`` (the DIMM-NMP design space), ``coda.experiments.search`` (whole-step schedule searches),
 ``coda.host.system.sim`` (the system model) — and run here, either
 
 - on **Ray** (:func:`run_sweep`, default): ``ray.init()`` starts a local Ray on this machine

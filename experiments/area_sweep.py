@@ -4,7 +4,8 @@
 shared machine; NOT part of ``make test``) runs :func:`coda.synth.flow.synthesize` for every
 (target, lanes, format) as a point of the sweep engine (:mod:`coda.sweep`: tasks on a local
 Ray by default, ``--address`` for a cluster, ``--sequential`` for a plain loop; ``coda sweep
-synth`` runs the same points) into ``build/synth/sweep/points/<target>_l<lanes>_<fmt>/`` and
+synth`` runs such points over any Cartesian grid, without this command's place-and-route cap,
+tables, bandwidth bound and plot) into ``build/synth/sweep/points/<target>_l<lanes>_<fmt>/`` and
 skips configurations already done with the same hardware sources (a sweep can be stopped and
 resumed; a changed ``hw/`` or ``synth/`` is synthesised again). It then writes
 ``sweep.json``, a table, and ``sweep.png`` into ``build/synth/``.

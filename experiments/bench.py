@@ -82,7 +82,7 @@ __all__ = ["NMP_STREAM_BYTES", "GPU_CHECK_CPU_TARGET_S", "gpu_check_timing",
 #: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
 NMP_STREAM_BYTES = 256 << 10
 #: seconds the GPU check's CPU run (:data:`coda.experiments.gpu_check.CPU_CHECK`) should take
-#: at most on a development machine, start to exit
+#: at most on a small CPU-only machine, start to exit
 GPU_CHECK_CPU_TARGET_S = 60.0
 GPU_CHECK_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 

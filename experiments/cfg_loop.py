@@ -1,7 +1,7 @@
 """A pipeline-like classifier-free-guidance loop over any diffusers video transformer the cache
 engine serves, for the experiments that generate: profiling (:mod:`coda.experiments.profile`),
 DRA calibration (:mod:`coda.experiments.dra_calibration`) and the schedule search's rollouts
-(:mod:`coda.experiments.step_search`).
+(:mod:`coda.experiments.search`).
 
 The shipped model (``DigitLatte``, :mod:`coda.host.model.sample`) brings its own loop; a
 ``WanTransformer3DModel``, ``CogVideoXTransformer3DModel``, ``HunyuanVideoTransformer3DModel``
@@ -137,8 +137,8 @@ class CFGLoop:
 
     @torch.no_grad()
     def shape(self) -> dict:
-        """What the schedule search's cost model reads of the model
-        (:func:`coda.experiments.search.op_flops`): ``arch``, ``tokens`` (video tokens per
+        """The model's shapes, as a profile records them (its ``meta["shape"]``,
+        :func:`coda.experiments.profile.profile_model`): ``arch``, ``tokens`` (video tokens per
         sample), ``text_tokens`` (the text stream a joint model carries through its blocks;
         0 for one stream), ``cond_tokens`` (condition tokens), ``hidden``, ``heads``,
         ``ffn_inner`` (the FFN's hidden width), ``mlp_inner`` (HunyuanVideo's single-stream

@@ -5,7 +5,7 @@ For every policy x target skip fraction, the cached CFG generations of ``prompts
 ``ops_skipped_fraction``, PSNR and SSIM (torchmetrics, data range 2 for pixels in [-1, 1]),
 label accuracy (:mod:`coda.host.model.classifier`), segments and host-link bytes per video.
 Each policy is calibrated to the target on the profile (:func:`coda.host.cache.policies.get_policy`);
-the CODA schedule is the whole-step search's (:mod:`coda.experiments.step_search`, rollouts of the
+the CODA schedule is the whole-step search's (:mod:`coda.experiments.search`, rollouts of the
 profile's calibration videos): the shipped schedule for the target when the profile is the
 shipped one (:func:`coda.host.cache.shipped.shipped_schedule`), else searched here. Besides the
 whole-set PSNR (the pooled MSE of all videos), every row has the mean of the per-video PSNRs,
@@ -183,7 +183,7 @@ def configure(parser) -> None:
 def main(args) -> int:
     from rich.console import Console
 
-    from coda.experiments.step_search import full_videos
+    from coda.experiments.search import full_videos
 
     cfg = from_args(EvalConfig, args)
     s = _checked_setup(cfg, args)
@@ -314,7 +314,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
                              f"(--profile {profile_path} has seeds {profiled}); expected "
                              "held-out seeds, disjoint from the profile's")
     if any(name.startswith("coda") for name in policies):
-        from coda.experiments.step_search import check_reachable, constant_op_types
+        from coda.experiments.search import check_reachable, constant_op_types
         for skip in skips:       # the search's bound, for every skip before any search
             check_reachable(skip, cfg.steps, constant_op_types(profile))
     if "int8" in formats:
@@ -428,10 +428,10 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
     profile's calibration videos. ``latency``: None (chosen on quality) or ``"uniform"``
     (within the uniform baseline's modelled system-f latency at ``skip``, ``coda-lat``).
     Returns (Schedule, a line saying where it came from).
-    Raises ValueError as :func:`coda.experiments.step_search.checked_search_steps`."""
+    Raises ValueError as :func:`coda.experiments.search.checked_search_steps`."""
     from coda.experiments.profile import model_hash
     from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule, shipped_schedule
-    from coda.experiments.step_search import checked_search_steps
+    from coda.experiments.search import checked_search_steps
 
     path = shipped_schedule(skip, latency)
     if profile_path.resolve() == Path(SHIPPED_PROFILE).resolve() and path.exists():

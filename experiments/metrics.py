@@ -1,7 +1,7 @@
 """Quality metrics of cached videos against full-compute ones (pixels in [-1, 1], float
 tensors [B, 1, F, H, W]): PSNR and SSIM by torchmetrics, the digit's motion. Used by ``coda
 eval`` (:mod:`coda.experiments.evaluate`) and the schedule search's rollouts
-(:mod:`coda.experiments.step_search`)."""
+(:mod:`coda.experiments.search`)."""
 
 from __future__ import annotations
 

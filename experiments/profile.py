@@ -380,10 +380,10 @@ def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 1
     operators are reused at each part of the run: for each of ``blocks`` blocks of steps, a
     generation of the profile's first ``videos`` videos that reuses every operator at every
     other step of the block (a one-step-old cache), against full compute:
-    ``sensitivity = MSE(final video) / proxy(the reuses)``, proxy as
-    :class:`coda.experiments.search.CostModel` computes it (profiled one-step output change x
-    |output| / |input|). Early steps weigh more than their change says (a deviation there
-    moves the whole remaining trajectory); returned per step, normalised to mean 1.
+    ``sensitivity = MSE(final video) / proxy(the reuses)``, the proxy the profiled one-step
+    output change x |output| / |input| (:func:`coda.host.cache.weights.quality_weights`).
+    Early steps weigh more than their change says (a deviation there moves the whole
+    remaining trajectory); returned per step, normalised to mean 1.
     """
     from coda.experiments.cfg_loop import cached_videos, generate_videos
     from coda.host.cache.schedule import Schedule

@@ -1,5 +1,5 @@
-"""The judge of ``coda schedule search --method steps``
-(:mod:`coda.experiments.step_search`): candidate schedules rolled out as cached generations
+"""The judge of ``coda schedule search``
+(:mod:`coda.experiments.search`): candidate schedules rolled out as cached generations
 of the calibration videos and scored against their full-compute videos (PSNR over the set,
 torchmetrics via :func:`coda.experiments.metrics.psnr_db`).
 
@@ -63,8 +63,8 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
     ``cache_dir``: keep them there in a file named by a hash of the model (its
     :func:`coda.experiments.profile.model_hash`), the videos, steps, guidance, the torch build,
     the CPU's name and the vector ISA torch's kernels use (``get_cpu_capability``: two
-    machines named "AMD EPYC" gave different bits here), and read it back when
-    asked again (the bits of a generation depend on the CPU)."""
+    machines with the same CPU name gave different bits here), and read it back when asked
+    again (the bits of a generation depend on the CPU)."""
     from coda.host.model.sample import generate
 
     path = None
@@ -140,7 +140,7 @@ def judge(schedules: list[Schedule], labels, seeds, full: torch.Tensor, *, num_s
 
 
 def loop_judge(loop, driver_factory: Callable) -> Callable:
-    """A judge for :func:`coda.experiments.step_search.search_steps` over ``loop`` (a
+    """A judge for :func:`coda.experiments.search.search_steps` over ``loop`` (a
     :class:`coda.experiments.cfg_loop.CFGLoop`): ``judge(schedules, labels, seeds, full, *,
     num_steps, guidance_scale, workers)`` rolls out each schedule on the videos (labels[i],
     seeds[i]) in one batch, on a fresh ``driver_factory(videos)`` each, in this process

@@ -126,13 +126,14 @@ def check_nme_mhz(nme_mhz, std) -> float | None:
 
 #: most ranks (dimms x ranks) one DIMM-NMP may have: a bound of this tool, not of JEDEC, so
 #: that a typo (``--dimms 1000``) fails at once instead of elaborating for hours (an 8 x 8
-#: system elaborates in about 5 s on the 2-core development machine)
+#: system elaborates in seconds)
 MAX_RANKS = 256
 
 #: NME buffer depth (words per stream block) of the DIMM-NMP, where the NME alone defaults
-#: to :attr:`coda.hw.nme.isa.NMEConfig.depth` (64): with 256 KiB streams on DDR5-4800, 64
-#: words hold the rank to 81 % of its peak bandwidth (read/write turnarounds of the short
-#: blocks), 256 words reach 88 % (measured: :mod:`coda.cosim.nmp_measure`, ``coda bench``)
+#: to :attr:`coda.hw.nme.isa.NMEConfig.depth` (64): with long streams, 64 words lose part
+#: of the rank's peak bandwidth to the read/write turnarounds of the short blocks, 256 words
+#: far less (measured: :mod:`coda.cosim.nmp_measure`, ``coda bench``; docs/results.md, DRAM
+#: utilisation of segment programs)
 NMP_DEPTH = 256
 
 #: DRAM-side members of a rank (``dram_`` + the controller's name), in/out direction.

@@ -64,7 +64,7 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     # constant cross attention at steps 1-2: 1/3 is the closest to 0.3 (0, 2/15, 6/15 else)
     assert coda["ops_skipped_fraction"] == pytest.approx(1 / 3) and coda["segments"] > 0
     # coda-lat: searched within uniform's modelled latency at the skip, and counted against
-    from coda.experiments.step_search import within_budget
+    from coda.experiments.search import within_budget
     lat, uni = (next(r for r in rows if r["policy"] == p) for p in ("coda-lat", "uniform"))
     assert within_budget(lat["modelled"]["latency_s"], uni["modelled"]["latency_s"])
     assert all(("coda_lat_wins" in r) == (r["policy"] != "coda-lat") for r in rows)

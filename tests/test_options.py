@@ -20,7 +20,7 @@ COMMANDS = {
     "run": ("coda.experiments.run", "RunConfig", []),
     "eval": ("coda.experiments.evaluate", "EvalConfig", ["--out", "o"]),
     "profile": ("coda.experiments.profile", "ProfileConfig", ["--out", "o"]),
-    "schedule search": ("coda.experiments.step_search", "SearchConfig",
+    "schedule search": ("coda.experiments.search", "SearchConfig",
                         ["--profile", "p.npz", "--skip", "0.5", "--out", "s.json"]),
     "bench": ("coda.experiments.bench", "BenchConfig", []),
     "sim": ("coda.host.system.sim", "SimConfig", []),

@@ -26,8 +26,8 @@ from coda.host.cache.policies.pab import PABPolicy
 from coda.host.cache.policies.teacache import TeaCachePolicy, fit_rescale
 from coda.experiments.profile import model_hash, profile_model
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
-from coda.experiments.search import anneal, schedule_to_matrix
 from coda.hw.nme.isa import NMEConfig
+from mixed_schedule import mixed_schedule
 
 TINY = dict(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
             num_layers=2, sample_size=16, video_length=4, caption_channels=16)
@@ -112,20 +112,20 @@ def test_every_calibrated_policy_refuses_a_run_too_short_to_cache(name, short_pr
 
 def test_registry_builds_every_policy_and_refuses_bad_input(setup):
     model, prof = setup
-    sched = anneal(prof, 0.4, moves=2000).schedule
+    sched = mixed_schedule(STEPS, 2, 0.4)
     table = calibrate_step_dra(model, sched, [2], [40], num_steps=STEPS, guidance_scale=3.0,
                                driver_factory=driver)
     for name in POLICIES:
         extra = {"thresholds": table} if name == "coda+dra" else {}
         pol = get_policy(name, skip=0.4, profile=prof, num_steps=STEPS, num_layers=2,
                          schedule=sched, **extra)
-        # coda and coda-lat run the schedule they are given: the policy is named after it
-        prefix = "coda(" if name in ("coda", "coda-lat") else name.split("+")[0]
+        # coda, coda-lat and coda+dra run the schedule they are given: named after it
+        prefix = sched.name if name.startswith("coda") else name.split("+")[0]
         assert pol.name.startswith(prefix)
     assert get_policy("coda+dra", schedule=sched, thresholds=table).name.endswith("+dra")
     with pytest.raises(ValueError, match="'coda\\+dra' needs thresholds"):
         get_policy("coda+dra", schedule=sched)
-    other = anneal(prof, 0.3, moves=2000).schedule
+    other = mixed_schedule(STEPS, 2, 0.3)
     with pytest.raises(ValueError, match="calibrated for schedule"):
         get_policy("coda+dra", schedule=other, thresholds=table)
     with pytest.raises(ValueError, match="needs a schedule"):
@@ -157,12 +157,19 @@ def test_pab_pyramid_reaches_the_target_inside_its_windows():
 
 
 # ---------------------------------------------------------------- MagCache
+def reuse_matrix(sched: Schedule) -> np.ndarray:
+    """bool [steps, branches, operators] (True = reused), operators in forward order."""
+    order = sched.order()
+    return np.array([[[ref in sched.reused(s, b) for ref in order] for b in BRANCHES]
+                     for s in range(sched.num_steps)])
+
+
 def test_magcache_respects_its_limits(setup):
     _, prof = setup
     ratios = magnitude_ratios(prof)
     assert ratios.shape == (STEPS, 2, 10) and np.all(ratios[0] == 1)
     pol = MagCachePolicy(ratios, threshold=1e9, max_skips=2, retention=0.25)
-    m = schedule_to_matrix(pol.build(STEPS, 2))
+    m = reuse_matrix(pol.build(STEPS, 2))
     assert not m[:2].any() and not m[-1].any()           # retention, last step computed
     runs = np.zeros(m.shape[1:], int)
     for s in range(STEPS):
@@ -218,8 +225,8 @@ def probing_branch(sched, step: int):
 
 
 def test_step_dra_probing_only_changes_nothing_but_costs_monitors(setup):
-    model, prof = setup
-    sched = anneal(prof, 0.4, seed=0, moves=3000).schedule
+    model, _ = setup
+    sched = mixed_schedule(STEPS, 2, 0.4)
     ref, ref_stats, _ = run(model, SchedulePolicy(sched), [2, 6], [40, 41])
     got, stats, log = run(model, StepDRAPolicy(SchedulePolicy(sched)), [2, 6], [40, 41])
     assert torch.equal(got, ref)

@@ -5,7 +5,7 @@ NMP driver.
 
 Per architecture, once: a profile of full-compute generations (coda.experiments.profile), the
 calibrated policies (coda.host.cache.policies.get_policy), a CODA schedule found by the
-whole-step search judged by rollouts (coda.experiments.step_search) and its step-DRA
+whole-step search judged by rollouts (coda.experiments.search) and its step-DRA
 thresholds (coda.experiments.dra_calibration). Each policy must run, reuse exactly what its
 schedule or its rule on the signals it measured says, give a batch the bits of its videos
 one by one, keep its state per CFG branch, and (a few) give the torch backend's bits and
@@ -28,8 +28,7 @@ from coda.experiments.cfg_loop import CFGLoop
 from coda.experiments.dra_calibration import calibrate_step_dra
 from coda.experiments.profile import Profile, _InputNormDriver, profile_model
 from coda.experiments.rollouts import loop_judge
-from coda.experiments.search import anneal, schedule_to_matrix
-from coda.experiments.step_search import search_steps
+from coda.experiments.search import search_steps
 from coda.host.cache.arch import ARCHITECTURES, model_ops
 from coda.host.cache.events import EventLog
 from coda.host.cache.policies import StaticPolicy, get_policy
@@ -166,7 +165,7 @@ def test_a_profile_of_each_architecture_holds_its_operators(name, tmp_path):
 
 
 @EACH
-def test_the_coda_searches_run_on_each_architecture(name):
+def test_the_coda_search_runs_on_each_architecture(name):
     s = setup(name)
     ops = s.profile.model_ops
     coda = s.policies["coda"].schedule
@@ -174,10 +173,6 @@ def test_the_coda_searches_run_on_each_architecture(name):
     for step in range(STEPS):                                  # whole steps, both branches
         assert coda.reused(step, "cond") == coda.reused(step, "uncond")
         assert coda.reused(step, "cond") in (frozenset(), frozenset(ops.ops))
-    res = anneal(s.profile, SKIP, moves=3000)                  # the per-operator annealer
-    m, total = schedule_to_matrix(res.schedule), STEPS * 2 * len(ops.ops)
-    assert res.schedule.model_ops() == ops and m.shape == (STEPS, 2, len(ops.ops))
-    assert int(m.sum()) == round(SKIP * total) and not m[0].any() and not m[-1].any()
 
 
 # ---------------------------------------------------------------- every policy

@@ -9,13 +9,20 @@ from coda.cli import main
 
 @pytest.fixture(scope="module")
 def schedule_6(tmp_path_factory):
-    """A 6-step profile of the shipped model and a schedule annealed on it."""
+    """A 6-step profile of the shipped model and a schedule file of the shipped model that
+    mixes reused and computed operators inside its steps (tests/mixed_schedule.py)."""
+    from coda.experiments.profile import model_hash
+    from coda.host.cache.shipped import save_schedule
+    from coda.host.model.dit import load_model
+    from mixed_schedule import mixed_schedule
+
     d = tmp_path_factory.mktemp("sched")
     assert main(["profile", "--prompts", "3", "--seeds", "77", "--steps", "6",
                  "--out", str(d / "p")]) == 0
-    assert main(["schedule", "search", "--method", "anneal",
-                 "--profile", str(d / "p" / "profile.npz"),
-                 "--skip", "0.5", "--out", str(d / "s.json"), "--moves", "4000"]) == 0
+    model, _ = load_model()
+    save_schedule(d / "s.json", mixed_schedule(6, len(model.transformer.transformer_blocks), 0.5),
+                  {"model_hash": model_hash(model), "profile": str(d / "p" / "profile.npz"),
+                   "target_skip": 0.5})
     return d
 
 
@@ -66,7 +73,7 @@ def _gif_panels(path, scale: int = 4, gap: int = 2) -> list[list]:
 
 
 def _dra_schedule_that_always_falls_back(schedule_6, steps: int):
-    """A copy of the annealed schedule with DRA's thresholds in the file: 0 at every probed
+    """A copy of the mixed schedule with DRA's thresholds in the file: 0 at every probed
     step, so every probe falls back."""
     from coda.experiments.dra_calibration import save_step_dra
     from coda.experiments.profile import model_hash
@@ -236,7 +243,7 @@ def _check_gifs(report, out, full, cached) -> None:
 
 
 def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatch):
-    """An annealed schedule with DRA's monitors (l1_distance on the NME) and fallbacks: the
+    """A mixed schedule with DRA's monitors (l1_distance on the NME) and fallbacks: the
     decisions depend on NME results, so equal bits also mean equal decisions. Every figure of
     the report is derived again here from what the run computed (its videos, its operator
     events, its driver) and from the schedule."""

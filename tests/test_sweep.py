@@ -100,7 +100,7 @@ def test_sequential_records_failures_and_resumes(tmp_path):
     (["sweep", "sim", "--param", "dimms=two"], "dimms='two': expected int"),
     (["sweep", "sim", "--param", "dimms=1", "--param", "dimms=2"], "dimms is given twice"),
     # a value twice in one list is refused, as every list option refuses it
-    (["sweep", "schedule", "--param", "moves=1,1"], "--param 'moves=1,1': 1 given twice"),
+    (["sweep", "schedule", "--param", "finalists=1,1"], "--param 'finalists=1,1': 1 given twice"),
     (["sweep", "sim", "--param", "dimms=1, 01"], "--param 'dimms=1, 01': 1 given twice"),
     (["sweep", "sim", "--param", "dimms=1", "--workers", "0"], "--workers 0: expected >= 1"),
     (["sweep", "sim", "--param", "dimms=1", "--address", "127.0.0.1:1"],
@@ -133,7 +133,7 @@ def test_list_names_every_kind(capsys):
     for kind in ("synth", "bench", "schedule", "sim"):
         assert main(["sweep", kind, "--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("target", "stream_bytes", "moves", "dimms"):
+    for name in ("target", "stream_bytes", "finalists", "dimms"):
         assert name in out
 
 
@@ -185,30 +185,47 @@ def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
 
 
 def test_schedule_sweep_points_are_coda_schedule_search(tmp_path):
-    """Two annealing restarts: each point's figures are those of checked_anneal itself."""
+    """Two whole-step searches on a 6-step profile of the shipped model: each point's schedule
+    and figures are those of ``coda schedule search`` with the same settings."""
     from coda.cli.sweep import kinds
-    from coda.experiments.search import checked_anneal
-    from coda.host.cache.shipped import SHIPPED_PROFILE
 
+    assert main(["profile", "--prompts", "3", "--seeds", "77", "--steps", "6",
+                 "--out", str(tmp_path / "p")]) == 0
+    profile = str(tmp_path / "p" / "profile.npz")
     kind = kinds()["schedule"]
-    pts = grid_points(kind, {"seed": [0, 1], "moves": [3000]})
-    recs = run_sweep(kind, pts, tmp_path, sequential=True, progress=False)
+    pts = grid_points(kind, {"profile": [profile], "skip": [0.3, 0.5], "prune_videos": [1],
+                             "finalists": [2], "refine": [0]})
+    recs = run_sweep(kind, pts, tmp_path / "sw", sequential=True, progress=False)
+    assert len(recs) == 2
     for r in recs:
         assert r["status"] == "ok", r["error"]
-        res, _ = checked_anneal(SHIPPED_PROFILE, 0.5, seed=r["params"]["seed"], moves=3000)
-        assert r["figures"]["cost"] == res.cost
-        assert r["figures"]["segments"] == res.terms["segments"]
-        saved = json.loads((tmp_path / "points" / f"schedule-{r['key']}"
+        out = tmp_path / f"s{r['params']['skip']}.json"
+        assert main(["schedule", "search", "--profile", profile, "--skip",
+                     str(r["params"]["skip"]), "--workers", "0", "--prune-videos", "1",
+                     "--finalists", "2", "--refine", "0", "--out", str(out)]) == 0
+        want = json.loads(out.read_text())
+        saved = json.loads((tmp_path / "sw" / "points" / f"schedule-{r['key']}"
                             / "schedule.json").read_text())
-        assert saved["coda"]["seed"] == r["params"]["seed"]
+        assert {k: v for k, v in saved.items() if k != "coda"} == \
+            {k: v for k, v in want.items() if k != "coda"}
+        chosen = next(c for c in want["coda"]["candidates"]
+                      if c["plan"] == want["coda"]["plan"] and "round2" in c)
+        f = r["figures"]
+        assert f["psnr_db"] == chosen["round2"]["psnr_db"] and f["skip"] == chosen["skip"]
+        assert f["latency_s"] == chosen["modelled"]["latency_s"]
+        assert f["skip"] >= r["params"]["skip"]
+        assert f["rollouts"] == want["coda"]["rollouts"]
+    # the points share the full-compute videos of the calibration videos
+    assert len(list((tmp_path / "sw" / "refs").glob("full-*.pt"))) == 1
 
 
 def test_python_m_coda_sweep_exits_cleanly(tmp_path):
     """The console entry with a local Ray: exit 0 and no Ray process left behind."""
     before = _ray_processes()
-    p = subprocess.run([sys.executable, "-m", "coda", "sweep", "schedule", "--param",
-                        "seed=0,1", "--param", "moves=1000", "--workers", "2", "--no-progress",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "coda", "sweep", "sim", "--param",
+                        "model=latte-digits", "--param", "dimms=1,2", "--workers", "2",
+                        "--no-progress", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "2 points ok, 0 failed" in p.stdout
     assert not _ray_processes() - before
@@ -332,12 +349,12 @@ def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path):
 
 
 def test_schedule_search_rollouts_on_ray_give_the_bits_of_the_loop():
-    """coda schedule search's rollouts (coda.experiments.step_search.judge) as Ray tasks score as
+    """coda schedule search's rollouts (coda.experiments.search.judge) as Ray tasks score as
     in this process (Ray tests live in this file: one xdist worker runs them in turn)."""
     import torch
 
     from coda.host.model.dit import load_model
-    from coda.experiments.step_search import StepPlan, full_videos, judge
+    from coda.experiments.search import StepPlan, full_videos, judge
     model, _ = load_model()
     full = full_videos(model, [3], [77], num_steps=6, guidance_scale=5.0)
     scheds = [StepPlan(6, 4, {2, 3}).schedule(), StepPlan(6, 4, {3}, ("cross_attn",)).schedule()]

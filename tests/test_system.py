@@ -404,7 +404,7 @@ def test_bad_input_names_the_value(kwargs, match):
 
 
 def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
-    with pytest.raises(ValueError, match="coda: the annealed CODA schedule is not shipped"):
+    with pytest.raises(ValueError, match="coda: the searched CODA schedule is not shipped"):
         resolve("coda", digits_shape, 10, coda_path=tmp_path / "coda.json")
     from coda.host.cache.policies import UniformIntervalPolicy
     (tmp_path / "coda.json").write_text(UniformIntervalPolicy(warmup=3).build(50, 4).to_json())

@@ -25,7 +25,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     # the main job and the cache schedule
     (("run",), "coda.experiments.run", "the main job: cached CFG denoising of the shipped video DiT"),
     (("profile",), "coda.experiments.profile", "profile how much each DiT operator changes between steps (L1 on the NME)"),
-    (("schedule", "search"), "coda.experiments.step_search", "search a static cache schedule: whole steps judged by rollouts (or --method anneal)"),
+    (("schedule", "search"), "coda.experiments.search", "search a static cache schedule: whole steps judged by rollouts"),
     (("schedule", "forecast"), "coda.experiments.forecast_calibration", "calibrate the forecast mode's alphas for a schedule on the profile's videos (its \"forecast\" block)"),
     (("schedule", "dra"), "coda.experiments.dra_calibration", "choose step DRA's probe and thresholds for a schedule on the profile's videos (its \"dra\" block)"),
     (("eval",), "coda.experiments.evaluate", "compare cache policies: skipped operators vs quality (Pareto)"),

@@ -18,7 +18,7 @@ Kinds (each declared by the module that owns the work; parameters and defaults w
 - ``synth``: synthesis of the NME, yosys generic cells or ECP5 with nextpnr (coda.experiments.area_sweep);
 - ``bench``: the DIMM-NMP design space of one rank, cycles and DRAM utilisation of a residual
   add and a 4-stream segment (coda.experiments.design_space);
-- ``schedule``: annealing restarts of ``coda schedule search`` (coda.experiments.search);
+- ``schedule``: whole-step searches of ``coda schedule search`` (coda.experiments.search);
 - ``sim``: ``coda sim`` runs of the system model (coda.host.system.sim).
 """
 

@@ -1,8 +1,9 @@
 """Weights of the quality proxy read from a profile (:class:`coda.experiments.profile.Profile`, read
 by attribute only): the per-step weight of a reuse (:func:`step_weights`) and the per-operator
-weight (:func:`quality_weights`). Used by the schedule search (:mod:`coda.experiments.search`) and the
+weight (:func:`quality_weights`). Used by the schedule search's stand-in
+(:mod:`coda.experiments.step_plans`), DRA's calibration, the profile's step sensitivity and the
 LeMiCa-style path (:mod:`coda.host.cache.policies.lemica`); this module imports nothing of the
-project, so both can.
+project, so all of them can.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ every spatial block cross-attends to that single token. The label also condition
 as in Latte's class-conditional models (and DiT): a second table ``class_embedding`` (11 x
 hidden) is added to the timestep embedding before the adaLN projection. Why both: with one
 condition token, cross attention can only add a label-dependent bias to every token; a first
-training run with that path alone (1200 steps) ignored the label entirely (x0 error with the
-true, the null and a wrong label equal to 4 digits; classifier accuracy 10 %, chance). The model works in pixel space (no VAE): videos [B, 1, F, 32, 32] in [-1, 1].
+training run with that path alone ignored the label entirely (the same x0 error with the true,
+the null and a wrong label; the classifier's accuracy at chance). The model works in pixel
+space (no VAE): videos [B, 1, F, 32, 32] in [-1, 1].
 
 The configuration lives in ``weights/latte_digits.json`` next to the safetensors weights,
 so a checkpoint always carries the exact architecture that produced it.
@@ -37,11 +38,8 @@ CONFIG_FILE = WEIGHTS_DIR / "latte_digits.json"
 
 # A small Latte: hidden 96 = 4 heads x 24, 4 spatial + 4 temporal blocks, 4x4 patches
 # (8x8 = 64 tokens per 32x32 frame, 512 tokens per 8-frame video), 1.16 M parameters. Sized
-# so that training fits about an hour on 2 CPU cores: 7,000 steps of 8 videos + 64 images took
-# 3,779 s (0.54 s/step) here (stage 1 of the recipe; stage 2, 5,000 steps of 16 videos,
-# 2,906 s on the machine of 2026-12-03). Hidden 64 (0.53 M parameters, 10,000 steps in
-# 4,081 s) reached label accuracy 0.357 on 50 videos against 0.537 for this size (CFG 3, 50
-# DDIM steps, x0 clipped).
+# so that each stage of the recipe trains in about an hour on 2 CPU cores (measured:
+# docs/results.md, Training time); hidden 64 followed the label clearly less well.
 DEFAULT_CONFIG: dict = {
     "transformer": {
         "num_attention_heads": 4,

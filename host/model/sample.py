@@ -12,13 +12,11 @@ Guidance: ``pred = uncond + scale * (cond - uncond)`` in float32, scale 5 by def
 from pure noise at t = 999), x0 *not* clipped, and eta = 0 by default (:data:`DEFAULT_ETA`,
 deterministic, the setting in which the field's cache methods and the shipped CODA schedule are
 made). ``eta=1`` adds fresh noise of DDPM's posterior variance at every step (Song et al., DDIM,
-eq. 16): ancestral sampling. Clipping x0 to [-1, 1] (diffusers' ``clip_sample``, on until
-2026-12-01) broke the deterministic sampler: DDIM re-derives the noise from the clipped x0,
-``eps = (x_t - sqrt(abar) x0) / sqrt(1 - abar)``, so at low noise every clipped pixel's error is
-amplified by ``1 / sqrt(1 - abar)`` and left on the digit as a speckle the classifier reads as
-other digits (``coda model eval``, 50 videos, stage 1's weights: label
-accuracy 0.575 clipped at CFG 3, 0.948 unclipped at CFG 5, identity kept in 16 % and 74 % of
-the videos; the shipped two-stage weights: 0.990 and 92 %). The guidance
+eq. 16): ancestral sampling. Clipping x0 to [-1, 1] (diffusers' ``clip_sample``, on in an
+earlier version) broke the deterministic sampler: DDIM re-derives the noise from the clipped
+x0, ``eps = (x_t - sqrt(abar) x0) / sqrt(1 - abar)``, so at low noise every clipped pixel's
+error is amplified by ``1 / sqrt(1 - abar)`` and left on the digit as a speckle the
+classifier reads as other digits (``coda model eval``: docs/model.md, Sampling). The guidance
 scale was chosen on validation seeds (``--seed-base 2000000``), not on the evaluation ones; the
 docs/model.md has the table.
 The initial noise and every step's noise of sample i come from its own generator seeded

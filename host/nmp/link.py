@@ -1,7 +1,6 @@
 """Host-link (PCIe) bytes of the DIMM-NMP's tensors and segments, as
-:class:`coda.host.nmp.driver.NMPDriver` moves them: the one formula the schedule search
-(:class:`coda.experiments.search.CostModel`) and the system model
-(:mod:`coda.host.system.workload`, :mod:`coda.host.system.replay`) count with.
+:class:`coda.host.nmp.driver.NMPDriver` moves them: the one formula the system model
+(:mod:`coda.host.system.workload`, :mod:`coda.host.system.replay`) counts with.
 
 A tensor ``[T, C]`` in the NME format (bf16 or fp16: 2 bytes an element) is tiled over the
 ranks by tokens (:func:`coda.host.nmp.tiling.tile_bounds`), each rank tile whole words of

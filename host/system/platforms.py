@@ -19,9 +19,9 @@ Conventions shared with the rest of the project:
   clock, as the DIMM-NMP cosimulation does (``coda nme run --dram ... --nme-mhz F``,
   :mod:`coda.hw.nmp`): a segment then takes ``max(ideal NME cycles / f_NME, DRAM-bound
   time)``, the roofline the two-clock cosimulation follows (tests/test_nmp_clock.py); near
-  the knee (16 bytes per NME cycle at 8 lanes against a rank's measured bandwidth: about
-  1.06 GHz on DDR5-4800) the crossing's latency costs a few per cent more than the model says
-  (1,200 MHz, 8 lanes, depth 256: 83 % DRAM utilisation measured against 88 % on one clock).
+  the knee (16 bytes per NME cycle at 8 lanes against a rank's measured bandwidth) the
+  crossing's latency costs a few per cent more than the model says (measured: docs/results.md,
+  NME clock against one DDR5-4800 rank).
 """
 
 from __future__ import annotations
@@ -259,11 +259,11 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 #: (DRAM-timed 1 x 1 DIMM-NMP; ``build/system/segment_util-FORM.json``, the residual form's
 #: written as ``segment_util.json`` before the forms), on the FR-FCFS controller with the
 #: default bypass cap of 1 (hw/dram/scheduler.py).
-#: ``"residual"``: x written by the host right before each program; date 2026-12-01,
-#: development machine. ``"sum"``: x a resident slot of zeros stored once before the draws
+#: ``"residual"``: x written by the host right before each program. ``"sum"``: x a resident
+#: slot of zeros stored once before the draws
 #: (``store(..., x_of=group)``, as the cache engine places it), never rewritten; the driver
 #: then places the gate vectors otherwise (:func:`segment_utilisation`); SUM_MEASURED says
-#: when and where.
+#: how.
 SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
     "residual": {
         ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608,
@@ -309,8 +309,8 @@ SEGMENT_UTIL_WORDS = 256 * 512 // 8
 #: -> :func:`coda.host.system.validate.measure_tile_utilisation`
 #: (``build/system/tile_util-FORM.json``, residual: ``tile_util.json``, which also hold each
 #: K's min/max cycles over the draws),
-#: on the FR-FCFS controller with the default bypass cap of 1. ``"residual"``: 2026-12-01,
-#: development machine; ``"sum"``: see SUM_MEASURED.
+#: on the FR-FCFS controller with the default bypass cap of 1. Both forms: docs/results.md,
+#: DRAM utilisation of segment programs; ``"sum"``: see also SUM_MEASURED.
 SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, float]]]] = {
     "residual": {
         ("DDR5-4800", 8, 64): (3072, {
@@ -336,7 +336,7 @@ SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, flo
 
 #: where and how the ``"sum"`` tables were measured
 SUM_MEASURED = (
-    "measured here, 2026-12-04, on an AMD EPYC (lscpu model name; 2 cores shared): "
+    "measured here (docs/results.md, DRAM utilisation of segment programs): "
     "coda.host.system.validate.measure_tile_utilisation / measure_segment_utilisation"
     "(STD, DEPTH, segment_output='sum') one configuration at a time, what coda validate "
     "--measure-nmp --segment-output sum runs "
@@ -365,8 +365,8 @@ def segment_utilisation(standard: str, lanes: int, depth: int, k: int,
     colours, :mod:`coda.host.nmp.placement`, slots of colour c): a residual launch writes x at
     c^3 with the gate vectors in its range (bank c^2), y at c^1; a launch whose x is
     resident at c^3 (the sum form's slot of zeros) puts the gates in y's range at c^1,
-    whose second half is bank c, the slots' own (row conflicts all along: 10-12 % more
-    cycles, DDR5-4800, depth 64, 3,072-word tiles). A chained launch reads the previous
+    whose second half is bank c, the slots' own (row conflicts all along, more cycles). A
+    chained launch reads the previous
     one's y in place: at c^1 (its y and gates at c^3, gates in bank c^2: placed as a
     residual launch) after the first launch or an even one, at c^3 (as a sum launch) after an
     odd one. So the first launch takes ``segment_output``'s table, odd launches the residual

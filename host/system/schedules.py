@@ -17,7 +17,7 @@ of operator *indices* of a :class:`coda.host.system.shapes.ModelShape`
   something not computed at an earlier step of the branch is turned into a compute and
   counted (``fixups``). For the shipped model at the schedule's own steps the mapping is the
   identity;
-- ``coda``: the annealed schedule of the shipped model that ``coda schedule search`` ships
+- ``coda``: the searched schedule of the shipped model that ``coda schedule search`` ships
   (issue 13) at :data:`coda.host.cache.shipped.SHIPPED_SCHEDULE`, transferred like a file;
   refused while that file does not exist.
 """
@@ -39,7 +39,7 @@ __all__ = ["ModelSchedule", "coda_schedule_path", "uniform", "transfer", "resolv
 
 
 def coda_schedule_path() -> Path:
-    """Where ``--schedule coda`` finds the annealed schedule (a Schedule JSON written by
+    """Where ``--schedule coda`` finds the searched schedule (a Schedule JSON written by
     ``coda schedule search``, issue 13): :data:`coda.host.cache.shipped.SHIPPED_SCHEDULE`."""
     from coda.host.cache.shipped import SHIPPED_SCHEDULE
 
@@ -198,9 +198,9 @@ def resolve(spec: str, shape: ModelShape, num_steps: int, *, interval: int = 2,
         spec: ``"uniform"``, ``"coda"`` or a path to a :class:`Schedule` JSON.
         shape: the model. num_steps: denoising steps.
         interval, warmup, intervals: the uniform rule's (intervals: op type -> k).
-        coda_path: where the annealed schedule lives (default :func:`coda_schedule_path`).
+        coda_path: where the searched schedule lives (default :func:`coda_schedule_path`).
     Raises:
-        ValueError: ``coda`` before the annealed schedule exists, an unreadable or invalid
+        ValueError: ``coda`` before the searched schedule exists, an unreadable or invalid
             file (message names the value and what is expected).
     """
     from coda.host.cache.shipped import load_schedule
@@ -210,7 +210,7 @@ def resolve(spec: str, shape: ModelShape, num_steps: int, *, interval: int = 2,
     if spec == "coda":
         path = Path(coda_path or coda_schedule_path())
         if not path.is_file():
-            raise ValueError(f"--schedule coda: the annealed CODA schedule is not shipped yet "
+            raise ValueError(f"--schedule coda: the searched CODA schedule is not shipped yet "
                              f"(expected {path}, written by `coda schedule search`, issue 13); "
                              "use --schedule uniform or --schedule FILE")
         label = f"coda ({path.name})"

@@ -3,7 +3,7 @@
 | name        | file            | kind    | rule |
 |-------------|-----------------|---------|------|
 | ``uniform`` | ``uniform.py``  | static  | DeepCache/FORA: every operator type recomputed every k steps |
-| ``schedule``| ``static.py``   | static  | a fixed :class:`coda.host.cache.schedule.Schedule` (e.g. annealed by ``coda schedule search``) |
+| ``schedule``| ``static.py``   | static  | a fixed :class:`coda.host.cache.schedule.Schedule` (e.g. searched by ``coda schedule search``) |
 | ``coda``    | ``static.py``   | static  | the searched schedule (``coda schedule search``; the shipped one by default) |
 | ``coda-lat``| ``static.py``   | static  | as ``coda``, searched within uniform's modelled latency (``--latency uniform``) |
 | ``pab``     | ``pab.py``      | static  | PAB: broadcast ranges per attention type inside step windows |
@@ -20,7 +20,7 @@ passes to the engine into one; :func:`get_policy` makes one by name (:data:`POLI
 The commands that pick and calibrate policies (``coda run``, ``coda profile``, ``coda schedule
 search``, ``coda eval``) share one reading of their values, here: :func:`parse_int_list`,
 :func:`parse_list` (one rule for lists: no empty item, no duplicate), :func:`check_steps`,
-:func:`check_guidance`, :func:`check_seed`, :func:`check_weight`. Each raises ValueError
+:func:`check_guidance`, :func:`check_seed`. Each raises ValueError
 naming the flag, the value and what was expected.
 """
 
@@ -39,7 +39,7 @@ from .uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP, UniformIntervalPolicy
 __all__ = ["CachePolicy", "Decision", "OpQuery", "COMPUTE", "StaticPolicy", "SchedulePolicy",
            "UniformIntervalPolicy", "as_policy", "get_policy", "POLICIES", "uniform_for_skip",
            "parse_int_list", "parse_list", "check_steps", "max_steps", "check_guidance",
-           "check_seed", "check_weight", "MAX_SEED", "MIN_CACHED_STEPS", "check_cached_steps",
+           "check_seed", "MAX_SEED", "MIN_CACHED_STEPS", "check_cached_steps",
            "SCHEDULE_POLICIES", "expected_skip"]
 
 
@@ -104,7 +104,7 @@ POLICIES = {
     "pab": "ranges/windows, or skip + num_steps + num_layers",
     "teacache": "profile + (threshold or skip)",
     "magcache": "profile + (threshold or skip)",
-    "coda": "schedule (a Schedule: coda.host.cache.shipped.load_schedule or anneal)",
+    "coda": "schedule (a Schedule: coda.host.cache.shipped.load_schedule or the search)",
     "coda-lat": "as coda: the schedule searched within uniform's modelled latency",
     "fbcache": "profile + (threshold or skip)",
     "lemica": "profile + skip",
@@ -127,8 +127,8 @@ def get_policy(name: str, *, skip: float | None = None, profile=None, schedule=N
         profile: a :class:`coda.experiments.profile.Profile` (teacache, magcache, fbcache,
             lemica); its model's operators are the ones calibrated for.
         schedule: a :class:`Schedule` (coda, coda+dra): read one with
-            :func:`coda.host.cache.shipped.load_schedule` or anneal one with
-            :func:`coda.experiments.search.anneal`.
+            :func:`coda.host.cache.shipped.load_schedule` or search one with
+            :func:`coda.experiments.search.search_steps`.
         num_steps, num_layers: the run's shape (uniform and PAB with ``skip``).
         ops: the model's operators (:class:`coda.host.cache.schedule.ModelOps`,
             ``coda.host.cache.arch.model_ops(transformer)``) for uniform and PAB with
@@ -242,7 +242,7 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, ops,
     p = take("thresholds") if name == "coda+dra" else take()
     if not isinstance(schedule, Schedule):
         raise ValueError(f"policy {name!r} needs a schedule (coda.host.cache.shipped.load_schedule "
-                         f"or anneal), got {type(schedule).__name__}")
+                         f"or coda.experiments.search.search_steps), got {type(schedule).__name__}")
     policy: CachePolicy = SchedulePolicy(schedule)
     if name == "coda+dra":
         from .dra import StepDRAPolicy, StepThresholds
@@ -256,7 +256,7 @@ def _get_policy(name, skip, profile, schedule, num_steps, num_layers, ops,
 
 
 # ---------------------------------------------------------------- command-line values
-#: the largest noise / annealing seed the commands take (seeds are 0..MAX_SEED)
+#: the largest seed the commands take (seeds are 0..MAX_SEED)
 MAX_SEED = 2**31 - 1
 
 
@@ -353,11 +353,4 @@ def check_seed(value: int, flag: str = "--seed", count: int = 1) -> int:
         extra = (f" (the run's {count} videos take seeds {flag} .. {flag} + {count - 1}, "
                  f"each <= {MAX_SEED})" if count > 1 else "")
         raise ValueError(f"{flag} {value}: expected an integer 0..{hi}{extra}")
-    return value
-
-
-def check_weight(value: float, flag: str) -> float:
-    """A cost weight: finite and >= 0. Raises ValueError naming ``flag``."""
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{flag} {value}: expected a finite weight >= 0")
     return value

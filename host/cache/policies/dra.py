@@ -2,12 +2,10 @@
 recomputes a whole step when a probe says the video needs it more than the calibration
 videos did.
 
-Mixing fresh and stale operators inside one step costs quality (the search's measurement,
-:mod:`coda.experiments.search`), so DRA decides per step, not per operator; and per sample, not
-per CFG branch: computing a step in one branch while the other reuses it costs quality too
-(shipped model, 60 calibration videos, seeds 100-105: computing the first two reused steps
-of the 0.5 / 0.6 schedules in both branches gains +0.93 / +1.46 dB on average, in the
-conditional branch only -1.55 / -1.06 dB, in the unconditional only -2.72 / -2.33 dB). At a
+Mixing fresh and stale operators inside one step costs quality (what the whole-step search,
+:mod:`coda.experiments.search`, builds on), so DRA decides per step, not per operator; and per
+sample, not per CFG branch: computing a step in one branch while the other reuses it costs
+quality too, where computing it in both gains (measured: docs/scheduler.md, DRA). At a
 step where the static policy reuses the first operator (layer 0's first op; its input is the
 block-0 input), the first CFG branch that asks reads one of three probes (:data:`PROBES`),
 and its verdict holds for the sample's other branch at that step (on the shipped model the
@@ -21,8 +19,8 @@ branches' block-0 inputs are the same latent, so the input probes agree anyway):
 - ``"accel"``: its relative second difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|``
   over the last three steps, on the xPU in fp32 from the block-0 inputs the engine keeps
   there for this policy (:meth:`OpQuery.input_accel`; no NME work, no link bytes). A second
-  difference is about 0.1 % of the input, under the 16-bit rounding of a reference kept in
-  rank memory, so it is not an NME check;
+  difference is a small fraction of the input, under the 16-bit rounding of a reference kept
+  in rank memory, so it is not an NME check;
 - ``"output"``: the same second difference
   of the model's output (the prediction the sampler steps with) over the three steps before
   this one, summed over the sample's CFG branches, on the xPU in fp32 from the outputs the
@@ -75,47 +73,43 @@ __all__ = ["StepDRAPolicy", "StepThresholds", "DEFAULT_QUANTILE", "DEFAULT_BUDGE
 #: quantile within 5 % extra executions on the calibration videos around a LeMiCa
 #: whole-step schedule for skip 0.5 of the shipped model. It spreads the fallbacks evenly over
 #: the steps, where the probe mostly sees fast motion, and it left the held-out videos the
-#: static schedule loses most unchanged (``make eval``, 2026-12-06: +0.95 / 0.00 / 0.00 /
-#: +0.03 dB at skips 0.3 / 0.5 / 0.6 / 0.7).
+#: static schedule loses most nearly unchanged (measured: docs/results.md, Cache schedules:
+#: comparison).
 DEFAULT_QUANTILE = 0.9
 #: the default budget of a budgeted calibration (what ``coda eval`` and ``coda run`` use):
 #: extra operator executions, a fraction of a video's, that the fallback rates add up to on
 #: the calibration videos (:func:`coda.experiments.dra_calibration.fallback_rates`). 3 %, under
 #: the 5 % DRA may spend: videos other than the calibration ones cross the thresholds more
-#: often (a check of the acceleration probe at 4 % on the held-out videos of skip 0.6 spent
-#: 6 %).
+#: often than the calibration videos do.
 DEFAULT_BUDGET = 0.03
 #: the stand-in's step-weight exponent of a budgeted calibration: 10, which puts most of the
 #: budget on the first two reused steps. That is where rollouts of the calibration videos
 #: (``scripts/step_gains.py``, seeds 100-101) show the videos the schedule loses most are
-#: lost: computing the first two reused steps gains the worst quarter +2.39 / +6.11 / +2.57
-#: dB at skips 0.5 / 0.6 / 0.7 (the others: +0.59 / -0.17 / +0.78), 2.4 / 4.6 times what the
-#: next two give at 0.5 / 0.6; the stand-in's values fall from the first pair to the second
-#: by 1.8-1.9 times with the search's exponent 3, by 4.2-4.5 times with 10.
+#: lost: computing the first two reused steps gains the worst quarter far more than the next
+#: two, and the search's exponent 3 spreads the stand-in's values too evenly to follow that
+#: (measured: docs/scheduler.md, DRA).
 DEFAULT_GAMMA = 10.0
 DEFAULT_MARGIN = 1.0
 #: the most extra operator executions DRA may spend on any one video (the issue's 5 %),
 #: enforced per sample (``StepThresholds.max_fallbacks``): the budget bounds the
 #: spending on videos like the calibration ones, this bounds it on every video (with two
-#: calibration seeds the acceleration's quantiles do not transfer to other seeds: at 0.7 the
-#: held-out videos spent 8 % of a 3 % budget without it)
+#: calibration seeds the acceleration's quantiles do not transfer to other seeds: held-out
+#: videos overspent the budget without it; docs/scheduler.md, DRA)
 DEFAULT_MAX_EXTRA = 0.05
 #: step DRA's probes: ``"l1"``, the block-0 input's relative L1 change against the input
 #: kept at the last computed step (numerator on the NMEs); ``"accel"``, its relative second
 #: difference over the last three steps (on the xPU, fp32); ``"output"``, the relative second
 #: difference of the model's output over the three steps before (on the xPU, fp32). The L1
-#: change ranks videos barely by what the static schedule loses on them (Spearman -0.1 to
-#: -0.3 with their PSNR): it sees fast motion, which the schedules handle well.
+#: change barely ranks videos by what the static schedule loses on them: it sees fast motion,
+#: which the schedules handle well (docs/scheduler.md, DRA).
 PROBES = ("l1", "accel", "output")
 #: the probes ``coda eval`` and ``coda run`` choose from, per schedule, on the calibration
 #: videos (:func:`coda.experiments.dra_calibration.calibrate_default_dra`): the output's second
 #: difference and the input's. Which one ranks the videos better by what computing the first
-#: two reused steps gains them (where the budget goes) depends on the schedule: on 60
-#: calibration videos (seeds 100-105, ``scripts/step_gains.py --probes output,accel``) the
-#: output's Spearman is +0.37 / +0.45 at steps 15 / 17 of the 0.5 schedule and +0.31 / +0.27
-#: at steps 11 / 13 of the 0.6 one (the input's +0.27 / +0.31 and +0.12 / +0.10), the
-#: input's is +0.17 at step 6 of the 0.7 one (the output's +0.04). In this order: the first
-#: wins a tie.
+#: two reused steps gains them (where the budget goes) depends on the schedule: on the
+#: calibration videos (``scripts/step_gains.py --probes output,accel``) the output ranks
+#: better at 0.5 and 0.6, the input at 0.7 (measured: docs/scheduler.md, DRA). In this
+#: order: the first wins a tie.
 DEFAULT_PROBES = ("output", "accel")
 
 

@@ -5,8 +5,8 @@ as a path through a DAG over the denoising steps.
 A node is a computed step; an edge ``i -> j`` (i < j) computes steps i and j and reuses every
 operator of steps i+1..j-1 from step i's cache, both CFG branches alike. LeMiCa weighs an edge
 by the global error of that one reuse span, measured offline; here the weight comes from the
-profile (:class:`coda.experiments.profile.Profile`), in the schedule search's quality proxy
-(:mod:`coda.experiments.search`): a reused step s of the span costs its step weight
+profile (:class:`coda.experiments.profile.Profile`), in the quality proxy of the schedule
+search's stand-in (:mod:`coda.experiments.step_plans`): a reused step s of the span costs its step weight
 (:func:`coda.host.cache.weights.step_weights`, the measured step sensitivity) times the output
 change accumulated since step i, ``|g e_cond(s) + (1 - g) e_uncond(s)|`` with
 ``e_b(s) = D_b(s) - D_b(i)``, ``D_b`` the cumulative one-step output change of branch b

@@ -1,7 +1,7 @@
 """Static policies: the decisions of a precomputed :class:`coda.host.cache.schedule.Schedule`.
 
 Reuse exactly what the schedule lists at (step, branch); write a computed output to its cache
-slot only when the next step reuses it. The uniform-interval, PAB-style and annealed (CODA)
+slot only when the next step reuses it. The uniform-interval, PAB-style and searched (CODA)
 schedules are all static: they differ only in how the schedule is made.
 """
 
