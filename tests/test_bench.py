@@ -715,12 +715,15 @@ def test_bench_times_the_gpu_check_on_a_cpu(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(bench.subprocess, "run", _fake_gpu_check(calls))
+    clock = iter([100.0, 100.0 + bench.GPU_CHECK_CPU_TARGET_S + 1])   # a known, slow wall
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
     fig = bench.gpu_check_timing(tmp_path / "g")
+    monkeypatch.undo()
     (argv,) = calls
     assert argv[1].endswith("scripts/gpu_check.py")
     assert argv[2:] == [*CPU_CHECK, "--out", str(tmp_path / "g")]
-    assert fig["target_s"] == bench.GPU_CHECK_CPU_TARGET_S and fig["wall_s"] >= 0
-    assert fig["within_target"] == (fig["wall_s"] < fig["target_s"])
+    assert fig["target_s"] == bench.GPU_CHECK_CPU_TARGET_S
+    assert fig["wall_s"] == bench.GPU_CHECK_CPU_TARGET_S + 1 and fig["within_target"] is False
     assert fig["full_s"] == 1.5 and fig["cached_s"] == 1.25
     assert fig["command"].startswith("scripts/gpu_check.py --device cpu")
     monkeypatch.setattr(bench.subprocess, "run", _fake_gpu_check(calls, returncode=1))
