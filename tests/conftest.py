@@ -12,6 +12,8 @@ default, to look for new failures.
 
 import os
 
+import pytest
+
 import torch
 from hypothesis import settings
 
@@ -56,3 +58,15 @@ RUN_FIRST = ("test_dram_controller.py", "test_run.py", "test_dram_replay.py",
 def pytest_collection_modifyitems(config, items):
     rank = {name: k for k, name in enumerate(RUN_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(RUN_FIRST)))   # stable
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one CPU thread for a test module's tests (bits that do not depend on the
+    thread count; two xdist workers on two cores), the count restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

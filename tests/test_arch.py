@@ -178,12 +178,7 @@ def cached(model, driver, policy):
     return apply_coda_cache(model, CodaCacheConfig(driver, policy))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 ALL = pytest.mark.parametrize("name", list(ARCHS))

@@ -84,12 +84,7 @@ class SpyDriver(NMPDriver):
         return super().segment_submit(x, gates, keys)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def cached(model, driver, policy=POLICY):

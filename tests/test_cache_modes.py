@@ -20,12 +20,7 @@ from reference_driver import TorchSegmentDriver
 from test_cache_engine import POLICY, STEPS, cached, nmp_driver, tiny_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- forecast mode

@@ -18,12 +18,7 @@ from coda.host.model.dit import (CONFIG_FILE, DEFAULT_CONFIG, WEIGHTS_FILE, buil
 from coda.host.model.sample import generate
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_config():

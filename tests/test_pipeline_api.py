@@ -73,12 +73,7 @@ def wan_pipeline_cls():
                            ("AutoTokenizer", "UMT5EncoderModel"), ("WanLoraLoaderMixin",))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _wan_transformer(seed: int):
