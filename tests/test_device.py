@@ -31,9 +31,10 @@ from coda.hw.nme.isa import NMEConfig
 from test_arch import ARCHS, build, policy_for
 from test_arch import generate as arch_generate
 from test_arch import nmp_driver as arch_nmp_driver
-from test_cache_engine import _one_thread  # noqa: F401 (its autouse fixture: one thread)
 from test_cache_engine import POLICY, STEPS, tiny_model
 from test_cache_modes import _forecast_table
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 COUNTS = ("ops_computed", "ops_reused", "segments", "segment_ops", "stores", "calls")

@@ -38,7 +38,9 @@ from coda.host.cache.schedule import ARCH_OP_TYPES, BRANCHES, PAB_CLASSES
 from coda.host.nme.backend import TorchBackend
 from coda.host.nmp.driver import NMPDriver
 from coda.hw.nme.isa import NMEConfig
-from test_arch import ARCHS, SpyDriver, _one_thread, build  # noqa: F401 (autouse fixture)
+from test_arch import ARCHS, SpyDriver, build
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STEPS, SKIP, GUIDANCE, SEED = 8, 0.4, 4.0, 40
 NAMES = ("wan", "cogvideox", "hunyuan_video")
