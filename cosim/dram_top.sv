@@ -9,6 +9,12 @@
 //   +dram_cmds=FILE   command log CSV: cycle,channel,rank,bankgroup,bank,command,row,column
 //                     (devices other than channel 0 rank 0 append .c<ch>r<rank> to FILE)
 //   +dram_init=FILE   $readmemh initial contents;  +dram_dump=FILE  $writememh at the end
+// With CODA_DRAM_SHM defined (the DIMM-NMP cosimulation, cosim/nmp_top.sv) there is no HDL
+// array: the bursts live in the rank memory the host maps too (cosim/shared_mem.py; DPI-C
+// side cosim/shared_mem.cpp), the file +MEM_SHM=PREFIX with ".<SHM_INDEX>" appended, whose
+// burst map takes a device index to the burst of the NME's image it holds; a RD reads the
+// burst from it at the command, a WR writes its masked bytes at the command, as the array
+// would (+dram_init / +dram_dump do not apply).
 // With CODA_RANKS defined (coda dram replay --ranks > 1) the device is the 2**RANK_BITS ranks
 // of one channel: cmd_rank selects the rank (logged as RANK + cmd_rank; in the store index).
 `default_nettype none
@@ -16,7 +22,7 @@
 module coda_dram_device #(
     parameter int BG_BITS = 2, BA_BITS = 2, ROW_BITS = 16, COL_BITS = 10, BL_BITS = 3,
     parameter int DATA_BITS = 512, RL = 26, STORE_BITS = 12, CHANNEL = 0, RANK = 0,
-    parameter int RANK_BITS = 1
+    parameter int RANK_BITS = 1, SHM_INDEX = 0
 ) (
     input  wire clk, input wire rst,
 `ifdef CODA_RANKS
@@ -37,8 +43,27 @@ module coda_dram_device #(
     wire [FULL-1:0] full = {cmd_row, cmd_ba, cmd_bg, cmd_col[COL_BITS-1:BL_BITS]};
     wire [31:0] log_rank = RANK;
 `endif
-    logic [DATA_BITS-1:0] store [0:(1<<STORE_BITS)-1];
     wire [STORE_BITS-1:0] idx = full[STORE_BITS-1:0];
+`ifdef CODA_DRAM_SHM
+    import "DPI-C" function int coda_mem_open_bursts(input string path, input int burst_bytes,
+                                                     input int nidx);
+    import "DPI-C" function void coda_mem_read_burst(input int h, input int idx,
+                                                     output bit [DATA_BITS-1:0] data);
+    import "DPI-C" function void coda_mem_write_burst(input int h, input int idx,
+                                                      input bit [DATA_BITS-1:0] data,
+                                                      input bit [DATA_BITS/8-1:0] mask);
+    int shm = -1;                      // the rank memory's handle (shared_mem.cpp)
+    initial begin
+        string prefix, path;
+        if (!$value$plusargs("MEM_SHM=%s", prefix)) $fatal(1, "+MEM_SHM=PREFIX missing");
+        path = $sformatf("%s.%0d", prefix, SHM_INDEX);
+        shm = coda_mem_open_bursts(path, DATA_BITS / 8, 1 << STORE_BITS);
+        if (shm < 0) $fatal(1, "%s: cannot map a memory of %0d-byte bursts at %0d indexes (error %0d)",
+                            path, DATA_BITS / 8, 1 << STORE_BITS, shm);
+    end
+`else
+    logic [DATA_BITS-1:0] store [0:(1<<STORE_BITS)-1];
+`endif
     // read data ring: slot (t mod RL) written by a RD at t is read back at t + RL
     logic [DATA_BITS-1:0] ring_d [0:RL-1];
     logic [RL-1:0] ring_v;
@@ -53,10 +78,14 @@ module coda_dram_device #(
             log_fd = $fopen(fname, "w");
             $fwrite(log_fd, "cycle,channel,rank,bankgroup,bank,command,row,column\n");
         end
+`ifndef CODA_DRAM_SHM
         if ($value$plusargs("dram_init=%s", fname)) $readmemh(fname, store);
+`endif
     end
     final begin
+`ifndef CODA_DRAM_SHM
         if ($value$plusargs("dram_dump=%s", fname)) $writememh(fname, store);
+`endif
         if (log_fd != 0) $fclose(log_fd);
     end
 
@@ -75,10 +104,19 @@ module coda_dram_device #(
             ring_v[slot] <= (cmd_kind == 3'd4);
             rd_valid <= ring_v[next_slot];
             if (ring_v[next_slot]) rd_data <= ring_d[next_slot];
+`ifdef CODA_DRAM_SHM
+            if (cmd_kind == 3'd4) begin
+                bit [DATA_BITS-1:0] burst;
+                coda_mem_read_burst(shm, 32'(idx), burst);
+                ring_d[slot] <= burst;
+            end
+            if (cmd_kind == 3'd5) coda_mem_write_burst(shm, 32'(idx), cmd_wdata, cmd_wmask);
+`else
             if (cmd_kind == 3'd4) ring_d[slot] <= store[idx];
             if (cmd_kind == 3'd5)
                 for (int i = 0; i < DATA_BITS / 8; i++)
                     if (cmd_wmask[i]) store[idx][8*i +: 8] <= cmd_wdata[8*i +: 8];
+`endif
             if (log_fd != 0 && cmd_kind != 3'd0) begin
                 case (cmd_kind)
                     3'd1: kind_s = "ACT"; 3'd2: kind_s = "PRE"; 3'd3: kind_s = "PREA";

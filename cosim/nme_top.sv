@@ -73,21 +73,23 @@ module nme_tb_top #(
     // ---------------------------------------------------------------- the shared memory
     import "DPI-C" function int coda_mem_open(input string path, input int words,
                                               input int lanes);
-    import "DPI-C" function void coda_mem_read(input int addr, output bit [WB-1:0] data);
-    import "DPI-C" function void coda_mem_write(input int addr, input bit [WB-1:0] data,
+    import "DPI-C" function void coda_mem_read(input int h, input int addr,
+                                               output bit [WB-1:0] data);
+    import "DPI-C" function void coda_mem_write(input int h, input int addr,
+                                                input bit [WB-1:0] data,
                                                 input bit [LANES-1:0] mask);
-    import "DPI-C" function void coda_mem_run_start();
-    import "DPI-C" function int coda_mem_ndirty();
-    import "DPI-C" function void coda_mem_clear();
+    import "DPI-C" function void coda_mem_run_start(input int h);
+    import "DPI-C" function int coda_mem_ndirty(input int h);
+    import "DPI-C" function void coda_mem_clear(input int h);
 
     string mem_shm_path = "mem.shm", cmd_in_path = "cmd_in.hex";
+    int mem_h = -1;                    // the memory's handle (shared_mem.cpp)
     initial begin
-        int err;
         void'($value$plusargs("MEM_SHM=%s", mem_shm_path));
         void'($value$plusargs("CMD_IN=%s", cmd_in_path));
-        err = coda_mem_open(mem_shm_path, MEM_WORDS, LANES);
-        if (err != 0) $fatal(1, "+MEM_SHM=%s: cannot map a %0d-word, %0d-lane memory (error %0d)",
-                             mem_shm_path, MEM_WORDS, LANES, err);
+        mem_h = coda_mem_open(mem_shm_path, MEM_WORDS, LANES);
+        if (mem_h < 0) $fatal(1, "+MEM_SHM=%s: cannot map a %0d-word, %0d-lane memory (error %0d)",
+                              mem_shm_path, MEM_WORDS, LANES, mem_h);
     end
 
     // ---------------------------------------------------------------- the NME
@@ -167,7 +169,7 @@ module nme_tb_top #(
         tb_cmd_left <= tb_ncmd - cmd_idx;
         tb_rsp_left <= 32'(rsp_count);
         tb_timeout <= timed_out;
-        tb_ndirty <= 32'(coda_mem_ndirty());
+        tb_ndirty <= 32'(coda_mem_ndirty(mem_h));
         tb_ack <= last_req;
         jstate <= J_IDLE;
     endtask
@@ -182,13 +184,13 @@ module nme_tb_top #(
             if (32'(mem_req_addr) >= MEM_WORDS) begin
                 tb_oob <= tb_oob + 32'd1;
             end else if (mem_req_we) begin
-                coda_mem_write(32'(mem_req_addr), mem_req_wdata, mem_req_wmask);
+                coda_mem_write(mem_h, 32'(mem_req_addr), mem_req_wdata, mem_req_wmask);
                 tb_nwrites <= tb_nwrites + 32'd1;
             end
             if (!mem_req_we) begin
                 bit [WB-1:0] word;
                 word = '0;
-                if (32'(mem_req_addr) < MEM_WORDS) coda_mem_read(32'(mem_req_addr), word);
+                if (32'(mem_req_addr) < MEM_WORDS) coda_mem_read(mem_h, 32'(mem_req_addr), word);
                 if (rsp_count == (RSP_AW+1)'(RSP_DEPTH)) tb_overflow <= tb_overflow + 32'd1;
                 rsp_data[rsp_tail] <= word;
                 rsp_due[rsp_tail] <= tb_clk_count + 64'(tb_latency == 0 ? 8'd1 : tb_latency);
@@ -217,12 +219,12 @@ module nme_tb_top #(
                         last_req <= tb_req;
                         case (tb_op)
                             OP_CLEAR: begin
-                                coda_mem_clear();
+                                coda_mem_clear(mem_h);
                                 tb_ack <= tb_req;
                             end
                             OP_RUN: begin
                                 $readmemh(cmd_in_path, cmd_buf);
-                                coda_mem_run_start();
+                                coda_mem_run_start(mem_h);
                                 cmd_idx <= 16'd0;
                                 tb_cycles <= 32'd0;
                                 tb_timeout <= 1'b0;

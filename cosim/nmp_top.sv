@@ -9,15 +9,17 @@
 // command feeder; with CDC=0 nme_clk is clk. The simulator's event queue interleaves the two
 // edges in time order (coincident edges: both sides sample the values before the edge).
 //
+// Rank i's DRAM device keeps its bursts in the rank memory the host maps too, the file
+// +MEM_SHM=PREFIX with ".<i>" appended (coda_dram_device with CODA_DRAM_SHM; the scheme of the
+// NME's ideal memory, cosim/shared_mem.py): the host writes the ranks' contents there and
+// reads the results from there, nothing is loaded into or dumped from the simulator.
+//
 // cocotb drives the job port (tb_* signals, public) and waits for tb_ack to change:
-//   OP_LOAD : for every rank i with tb_load_mask[i]: $readmemh(+MEM_IN.<i>) into its device
-//             store (full or sparse "@idx data" lines; idx = device burst index)
 //   OP_RUN  : $readmemh(+CMD_IN) into the command buffer (lines: {rank mask, 64-bit word} in
-//             hex), feed tb_ncmd words to the DIMM-NMP, wait for its combined done, then for
-//             every rank's memory to drain (mem_idle), and write
-//               +RES_OUT : one line per rank "rank status l1 cycles ndirty <stat_*...>"
-//               +MEM_OUT.<i> : the bursts of rank i written during the run ("@idx data")
-//   OP_DUMP : $writememh(+MEM_OUT.<i>) of every rank's whole store
+//             hex), empty every rank memory's list of written words, feed tb_ncmd words to
+//             the DIMM-NMP, wait for its combined done, then for every rank's memory to drain
+//             (mem_idle), and write +RES_OUT: one line per rank
+//             "rank status l1 cycles ndirty <stat_*...>" (ndirty: words the rank wrote)
 // Command log: +dram_cmds=FILE (per device, see coda_dram_device). tb_cycles counts the NME
 // clock cycles from the first command word being presented to the combined done (inclusive),
 // tb_dram_cycles the DRAM clock cycles of the same interval (equal with CDC=0).
@@ -33,7 +35,7 @@ module nmp_tb_top #(
     parameter int DATA_BITS = 512, RL = 42, STORE_BITS = 13,
     parameter int CMD_DEPTH = 1024, CDC = 0
 );
-    localparam logic [2:0] OP_LOAD = 3'd1, OP_RUN = 3'd3, OP_DUMP = 3'd4;
+    localparam logic [2:0] OP_RUN = 3'd3;
     localparam int NSTAT = 8;   // coda.hw.dram.controller.STAT_NAMES order
 
     longint tck_half_fs = 208333, nme_half_fs = 208333;
@@ -65,7 +67,6 @@ module nmp_tb_top #(
     logic [31:0] tb_req /*verilator public_flat_rw*/ = 32'd0;
     logic [2:0]  tb_op /*verilator public_flat_rw*/ = 3'd0;
     logic [15:0] tb_ncmd /*verilator public_flat_rw*/ = 16'd0;
-    logic [31:0] tb_load_mask /*verilator public_flat_rw*/ = 32'd0;
     logic [31:0] tb_max_cycles /*verilator public_flat_rw*/ = 32'd100000000;
     logic [31:0] tb_ack /*verilator public_flat_rw*/ = 32'd0;
     logic [31:0] tb_cycles /*verilator public_flat_rw*/ = 32'd0;
@@ -75,11 +76,11 @@ module nmp_tb_top #(
     logic [63:0] tb_clk_count /*verilator public_flat_rw*/ = 64'd0;
     logic [31:0] tb_dram_cycles /*verilator public_flat_rw*/ = 32'd0;
 
-    string mem_in_path = "mem_in.hex", mem_out_path = "mem_out.hex", cmd_in_path = "cmd_in.hex";
-    string res_out_path = "res_out.txt";
+    import "DPI-C" function void coda_mem_run_start(input int h);
+    import "DPI-C" function int coda_mem_ndirty(input int h);
+
+    string cmd_in_path = "cmd_in.hex", res_out_path = "res_out.txt";
     initial begin
-        void'($value$plusargs("MEM_IN=%s", mem_in_path));
-        void'($value$plusargs("MEM_OUT=%s", mem_out_path));
         void'($value$plusargs("CMD_IN=%s", cmd_in_path));
         void'($value$plusargs("RES_OUT=%s", res_out_path));
     end
@@ -116,7 +117,7 @@ module nmp_tb_top #(
         .stat_cycles(st[6]), .stat_refreshes(st[7]));
 
     // ---------------------------------------------------------------- jobs
-    // The job controller runs on clk (loads, dumps, drain); a run's feeder and its cycle
+    // The job controller runs on clk (run start, drain, results); a run's feeder and its cycle
     // count run on nme_clk, started and ended by toggles (start_tog: clk -> nme_clk,
     // fin_tog: nme_clk -> clk).
     typedef enum logic [1:0] { J_IDLE, J_RUN, J_DRAIN } job_state_t;
@@ -126,7 +127,7 @@ module nmp_tb_top #(
     logic [31:0] last_req = 32'd0;
     logic [31:0] rank_cycles [NR];
     logic [NR-1:0] rank_ended = '0;
-    logic load_go = 1'b0, dump_go = 1'b0, dirty_clear = 1'b0, dirty_dump = 1'b0;
+    logic run_start = 1'b0, count_dirty = 1'b0;
     logic start_tog = 1'b0, start_seen = 1'b0, fin_tog = 1'b0, fin_seen = 1'b0;
     logic running = 1'b0;       // nme_clk domain: feeding / waiting for the combined done
     logic [2:0] settle = 3'd0;  // DRAM cycles of J_DRAIN before mem_idle is trusted
@@ -150,12 +151,11 @@ module nmp_tb_top #(
         wire [ROW_BITS+BA_BITS+BG_BITS+COL_BITS-BL_BITS-1:0] full =
             {d_row[ROW_BITS*i +: ROW_BITS], d_ba[BA_BITS*i +: BA_BITS], d_bg[BG_BITS*i +: BG_BITS],
              d_col[COL_BITS*i + BL_BITS +: COL_BITS - BL_BITS]};
-        wire [STORE_BITS-1:0] widx = full[STORE_BITS-1:0];
-        bit dirty [1 << STORE_BITS];
 
         coda_dram_device #(.BG_BITS(BG_BITS), .BA_BITS(BA_BITS), .ROW_BITS(ROW_BITS),
             .COL_BITS(COL_BITS), .BL_BITS(BL_BITS), .DATA_BITS(DATA_BITS), .RL(RL),
-            .STORE_BITS(STORE_BITS), .CHANNEL(i / RANKS_PER_DIMM), .RANK(i % RANKS_PER_DIMM)) dev (
+            .STORE_BITS(STORE_BITS), .CHANNEL(i / RANKS_PER_DIMM), .RANK(i % RANKS_PER_DIMM),
+            .SHM_INDEX(i)) dev (
             .clk(clk), .rst(rst), .cmd_kind(kind), .cmd_bg(d_bg[BG_BITS*i +: BG_BITS]),
             .cmd_ba(d_ba[BA_BITS*i +: BA_BITS]), .cmd_row(d_row[ROW_BITS*i +: ROW_BITS]),
             .cmd_col(d_col[COL_BITS*i +: COL_BITS]),
@@ -164,22 +164,8 @@ module nmp_tb_top #(
             .rd_valid(d_rvalid[i]), .rd_data(d_rdata[DATA_BITS*i +: DATA_BITS]));
 
         always @(posedge clk) begin
-            if (!rst && kind == 3'd5) dirty[widx] <= 1'b1;
-            if (dirty_clear) for (int k = 0; k < (1 << STORE_BITS); k++) dirty[k] = 1'b0;
-            if (load_go && tb_load_mask[i]) $readmemh($sformatf("%s.%0d", mem_in_path, i), dev.store);
-            if (dump_go) $writememh($sformatf("%s.%0d", mem_out_path, i), dev.store);
-            if (dirty_dump) begin
-                int fd, n;
-                n = 0;
-                fd = $fopen($sformatf("%s.%0d", mem_out_path, i), "w");
-                for (int k = 0; k < (1 << STORE_BITS); k++)
-                    if (dirty[k]) begin
-                        $fwrite(fd, "@%0h %h\n", k, dev.store[k]);
-                        n++;
-                    end
-                $fclose(fd);
-                ndirty[i] = n;
-            end
+            if (run_start) coda_mem_run_start(dev.shm);
+            if (count_dirty) ndirty[i] = coda_mem_ndirty(dev.shm);
         end
     end
 
@@ -195,12 +181,12 @@ module nmp_tb_top #(
         $fclose(fd);
     endtask
 
-    // dirty_dump runs in the rank blocks at the edge after it is set; results the edge after.
+    // count_dirty runs in the rank blocks at the edge after it is set; results the edge after.
     logic results_due = 1'b0;
     always @(posedge clk) begin
         tb_clk_count <= tb_clk_count + 64'd1;
-        load_go <= 1'b0; dump_go <= 1'b0; dirty_clear <= 1'b0; dirty_dump <= 1'b0;
-        results_due <= dirty_dump;
+        run_start <= 1'b0; count_dirty <= 1'b0;
+        results_due <= count_dirty;
         if (results_due) begin
             write_results();
             tb_ack <= last_req;
@@ -212,11 +198,9 @@ module nmp_tb_top #(
                     if (tb_req != last_req) begin
                         last_req <= tb_req;
                         case (tb_op)
-                            OP_LOAD: begin load_go <= 1'b1; tb_ack <= tb_req; end
-                            OP_DUMP: begin dump_go <= 1'b1; tb_ack <= tb_req; end
                             OP_RUN: begin
                                 $readmemh(cmd_in_path, cmd_buf);
-                                dirty_clear <= 1'b1;
+                                run_start <= 1'b1;
                                 tb_dram_cycles <= 32'd0;
                                 start_tog <= ~start_tog;
                                 jstate <= J_RUN;
@@ -235,13 +219,13 @@ module nmp_tb_top #(
                 end
                 J_DRAIN: begin
                     // writes still queued in the adapters, the crossings or the controllers
-                    // reach the devices before the dump; mem_idle is trusted once 4 DRAM and
+                    // reach the devices before the results; mem_idle is trusted once 4 DRAM and
                     // 4 NME cycles have passed since the done (the last burst has left the
                     // adapter and passed the pointer synchronisers by then)
                     if (settle != 3'd4) settle <= settle + 3'd1;
                     else if (CDC != 0 && 8'(nme_ticks - drain_tick) < 8'd4) ;
                     else if (&mem_idle || tb_timeout) begin
-                        dirty_dump <= 1'b1;
+                        count_dirty <= 1'b1;
                         jstate <= J_IDLE;
                     end
                 end

@@ -49,13 +49,24 @@ from coda.hw.nme.executor import ExecResult
 from coda.hw.nme.isa import NMEConfig, Program, Status
 from coda.paths import owned_name, remove_orphans
 
-__all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit"]
+__all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit", "sync_memory"]
 
 SERVER_MODULE = "coda.cosim.server"
 
 
 def _f32(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0]
+
+
+def sync_memory(memory: SharedMemory, mem: np.ndarray) -> int:
+    """Make the simulator's ``memory`` equal the image ``mem`` (uint16, its shape): nothing
+    to do when ``mem`` is that memory's array, else the words that differ are copied in.
+    Returns how many were. Both RTL backends load a caller's own image this way."""
+    if mem is memory.mem:
+        return 0
+    changed = memfile.changed_words(mem, memory.mem)
+    memory.mem[changed] = mem[changed]
+    return int(changed.size)
 
 
 def cycle_limit(cfg: NMEConfig, program: Program, latency: int, stall: float) -> int:
@@ -203,12 +214,8 @@ class SimSession:
     def sync_memory(self, mem: np.ndarray) -> int:
         """Make the simulator's memory equal ``mem``: nothing to do when ``mem`` is that
         memory (:attr:`memory`), else the words that differ are copied in. Returns how many
-        were."""
-        if mem is self.memory.mem:
-            return 0
-        changed = memfile.changed_words(mem, self.memory.mem)
-        self.memory.mem[changed] = mem[changed]
-        return int(changed.size)
+        were (:func:`sync_memory`)."""
+        return sync_memory(self.memory, mem)
 
     def submit(self, words: list[int], mem: np.ndarray, *, latency: int, req_stall: float,
                rsp_stall: float, seed: int, max_cycles: int) -> None:

@@ -73,7 +73,8 @@ from coda.hw.yosys import component_verilog
 
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
            "MAX_RANKS", "check_shape", "check_nme_mhz", "REQ_FIFO_DEPTH", "rsp_fifo_depth",
-           "MIN_NME_MHZ", "CDC_BURSTS_IN_FLIGHT", "NMP_DEPTH"]
+           "MIN_NME_MHZ", "CDC_BURSTS_IN_FLIGHT", "NMP_DEPTH", "DEFAULT_NME_MHZ",
+           "default_nme_mhz"]
 
 #: entries of a rank's burst-request AsyncFIFO (adapter -> controller) with ``nme_clock``:
 #: covers the pointer round trip (write, two DRAM-clock synchroniser flops, read, two
@@ -88,6 +89,30 @@ CDC_BURSTS_IN_FLIGHT = 16
 #: lowest NME clock (MHz) the tools accept: far below any buffer-chip engine, it only keeps a
 #: typo (``--nme-mhz 0.0001``) from running a cosimulation for days
 MIN_NME_MHZ = 1.0
+
+#: the NME clock (MHz) of the DRAM-timed DIMM-NMP by default (``coda run``): a buffer-chip
+#: engine on its own clock, between two bounds. Upper: the DDR5 registering clock driver and
+#: data buffer (JEDEC DDR5RCD / DDR5DB) run at the command clock, 2400 MHz for DDR5-4800, but
+#: they only retime signals, while the NME runs bf16 / fp32 arithmetic. Lower: the
+#: timing-closed NME places and routes at about 100 MHz on a Lattice ECP5 FPGA
+#: (docs/synthesis.md), and an ASIC of the same logic is about 3 to 4 times faster (Kuon and
+#: Rose, "Measuring the Gap Between FPGAs and ASICs", IEEE TCAD 26(2), 2007, abstract: the
+#: critical-path delay ratio in one process). 1000 MHz is the clock of a shipped in-memory
+#: engine of the same arithmetic: SK hynix's GDDR6-AiM reaches 1 TFLOPS with 512 bf16
+#: multiply-accumulate units, i.e. 1 GHz, in a DRAM process whose transistors are slower than
+#: a buffer chip's logic process (Kwon et al., "A 1ynm 1.25V 8Gb 16Gb/s/Pin GDDR6-Based
+#: Accelerator-in-Memory Supporting 1TFLOPS MAC Operation ...", IEEE JSSC 58(1), 2023, from
+#: ISSCC 2022). It is also about where an 8-lane NME (16 bytes per cycle) matches one
+#: DDR5-4800 rank (16.9 GB/s, docs/nme.md, The NME's own clock): neither starves the other.
+DEFAULT_NME_MHZ = 1000.0
+
+
+def default_nme_mhz(std) -> float:
+    """The default NME clock on the DRAM preset ``std`` (MHz): :data:`DEFAULT_NME_MHZ`, or
+    the command clock ``1000 / tCK_ns`` where that is slower (an NME does not outrun the DRAM
+    clock it serves, :func:`check_nme_mhz`; LPDDR5-6400's CK is 800 MHz). Raises
+    ValueError for an unknown preset."""
+    return min(DEFAULT_NME_MHZ, 1000.0 / get_standard(std).tCK_ns)
 
 
 def rsp_fifo_depth() -> int:

@@ -233,3 +233,37 @@ def test_int8_segment_tiled_bit_exact(rtl, memory):
     assert drivers[0].stats["programs"] == 2
     if memory == "dram":
         assert rtl.last.status == [0, 0] and not rtl.last.error
+
+
+def test_rank_images_are_the_dram_devices_memories():
+    """The DRAM devices keep their bursts in the rank memories the host maps: a job on rank
+    1's image runs on rank 1 (rank 0 idles), its results are written into that very array
+    (the torch backend's bits) and the memory lists exactly the words it stored; an image of
+    the caller's own sent to rank 0, whose image the caller holds, is copied in, its result
+    is a read-only copy, and rank 0's image gets its contents back."""
+    rng = np.random.default_rng(9)
+    prog = Program(4 * 3000, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),
+                              UOp(Op.ADD, RSrc.MEM, d=0, p=0, addr=3000),
+                              UOp(Op.MOV, RSrc.BUF, store=True, r=0, addr=6000)))
+    with NMPRTLBackend(STD, dimms=1, ranks=2) as be:
+        images = [be.rank_image(CFG, r) for r in range(2)]
+        assert be.rank_image(CFG, 1) is images[1]
+        for img in images:       # finite bf16 values in [1, 2) * 2^k
+            img[:] = (rng.integers(0, 1 << 16, img.shape, dtype=np.uint16) & 0x3FFF) | 0x3C00
+        before = [img.copy() for img in images]
+        want = TorchBackend().execute(CFG, prog, before[1]).mem
+        res = be.execute(CFG, prog, images[1])
+        assert res.status == Status.OK and res.mem is images[1]
+        assert np.array_equal(images[1], want) and not np.array_equal(want, before[1])
+        memory = be.sessions[CFG].memories[1]
+        assert memory.dirty_addrs().tolist() == list(range(6000, 9000))
+        assert np.array_equal(images[0], before[0])            # rank 0 idled
+        assert be.last.rank_cycles[0] > 0 and len(be.last.rank_cycles) == 1
+        own = images[0].copy()
+        own[:100] ^= 1
+        res = be.execute(CFG, prog, own)
+        assert res.mem is not images[0] and not res.mem.flags.writeable
+        assert np.array_equal(res.mem, TorchBackend().execute(CFG, prog, own).mem)
+        assert np.array_equal(images[0], before[0])            # given back
+        with pytest.raises(ValueError, match="two jobs of one launch on the same rank image"):
+            be.execute_many(CFG, [(prog, images[1]), (prog, images[1])])

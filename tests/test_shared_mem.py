@@ -167,3 +167,34 @@ def test_dram_replay_run_folders_of_dead_processes_are_removed(tmp_path, monkeyp
     assert not folders["stale"].exists()
     assert all(folders[k].exists() for k in ("live", "other", "kept"))
     assert used[0].startswith(f"run-{os.getpid()}-") and not (tmp_path / used[0]).exists()
+
+
+def test_burst_map_of_a_dram_device_memory(tmp_path):
+    """A memory a DIMM-NMP's DRAM device maps carries its burst map (device index -> burst
+    of the NME image, -1 for none) after the dirty list; attach reads it back, the image
+    keeps the NME's [words, lanes] layout, and a map that does not describe the memory's
+    bursts is refused, naming it."""
+    inv = np.array([-1, 2, 0, -1, 1], np.int64)      # 10 words of 4 per burst: 3 bursts
+    m = SharedMemory.create(tmp_path / "m", lanes=4, words=10, burst_map=inv, burst_words=4)
+    a = SharedMemory.attach(tmp_path / "m")
+    assert (a.words, a.lanes, a.burst_words) == (10, 4, 4)
+    assert a.burst_map.tolist() == inv.tolist() and a.nstray == 0
+    nbytes, (_, _, list_off) = SharedMemory.size(4, 10, inv.size)
+    assert os.path.getsize(tmp_path / "m") == nbytes
+    # the map sits after the dirty list, 64-byte aligned, inside the file
+    offset = a.burst_map.__array_interface__["data"][0] - a.mem.__array_interface__["data"][0]
+    assert offset + HEADER_BYTES >= list_off + 4 * 10 and (offset + HEADER_BYTES) % 64 == 0
+    assert offset + HEADER_BYTES + 4 * inv.size <= nbytes
+    m.mem[:] = 7
+    assert (a.mem == 7).all()
+    plain = SharedMemory.create(tmp_path / "p", lanes=4, words=10)
+    assert plain.burst_words == 0 and plain.burst_map.size == 0
+    for bad, kw, match in (
+            ("past", {"burst_map": np.array([3, 0]), "burst_words": 4}, "each a burst 0..2"),
+            ("twice", {"burst_map": np.array([1, 1]), "burst_words": 4}, "held once"),
+            ("below", {"burst_map": np.array([-2, 0]), "burst_words": 4}, "or -1"),
+            ("2d", {"burst_map": np.zeros((2, 2), int), "burst_words": 4}, r"shape \(2, 2\)"),
+            ("words", {"burst_map": np.array([0]), "burst_words": 0}, "burst_words=0"),
+            ("nomap", {"burst_words": 4}, "expected a burst_map")):
+        with pytest.raises(ValueError, match=match):
+            SharedMemory.create(tmp_path / bad, lanes=4, words=10, **kw)
