@@ -2,7 +2,9 @@
 
 ``M`` stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages between the buffers
 and the operand registers (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
-``operand_latency``). ``0,0,0`` (:data:`COMBINATIONAL`) is the NME of combinational units,
+``operand_latency``). :data:`DEFAULT_UNITS` are the default NME's
+(:data:`coda.hw.nme.isa.DEFAULT_PRESET`, the timing-closed ``5,7,1``), what a sweep measures
+unless told otherwise. ``0,0,0`` (:data:`COMBINATIONAL`) is the NME of combinational units,
 also the units of any record, row or report that names none (from before the units were a
 parameter). ``coda bench --sweep-units``, ``coda synth-sweep --units`` and
 ``coda pass-efficiency --units`` read them with :func:`parse_units`.
@@ -10,12 +12,15 @@ parameter). ``coda bench --sweep-units``, ``coda synth-sweep --units`` and
 
 from __future__ import annotations
 
-from coda.hw.nme.isa import NMEConfig
+from coda.hw.nme.isa import PRESET_FIELDS, NMEConfig
 
-__all__ = ["COMBINATIONAL", "parse_units", "units_label", "units_title"]
+__all__ = ["COMBINATIONAL", "DEFAULT_UNITS", "parse_units", "units_label", "units_title"]
 
-#: the combinational FP units: no register stage in FPMul, FPAdd or the operand path
+#: the combinational FP units: no register stage in FPMul, FPAdd or the operand path; also
+#: the units of a record that names none
 COMBINATIONAL = "0,0,0"
+#: the default NME's units (NMEConfig's defaults: the timing-closed preset)
+DEFAULT_UNITS = ",".join(str(getattr(NMEConfig, k)) for k in PRESET_FIELDS)
 
 
 def parse_units(text: str, flag: str = "units") -> tuple[int, int, int]:

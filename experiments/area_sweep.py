@@ -44,7 +44,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.cosim.nme_units import COMBINATIONAL as SWEEP_UNITS, parse_units, units_label
+from coda.cosim.nme_units import COMBINATIONAL, DEFAULT_UNITS as SWEEP_UNITS, parse_units, units_label
 from coda.experiments.synth_area import config_units, fmax_below
 from coda.hw.dram.standards import DDR4_3200, get_standard
 from coda.hw.nme.isa import NMEConfig
@@ -108,7 +108,8 @@ def sweep_kind():
 
 def _folder(params: dict) -> str:
     units = units_label(params.get("units"))
-    tag = "" if units == SWEEP_UNITS else "_u" + units.replace(",", "")
+    # folder names from before the units were a parameter: no tag for the combinational units
+    tag = "" if units == COMBINATIONAL else "_u" + units.replace(",", "")
     seed = int(params.get("seed") or 1)
     tag += "" if seed == 1 else f"_s{seed}"
     return f"{params['target']}_l{params['lanes']}_{params['fmt']}{tag}"
@@ -120,7 +121,8 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
               address: str | None = None, units: str = SWEEP_UNITS, seed: int = 1,
               log=print) -> list[dict]:
     """Synthesise every (target, lanes, fmt) configuration not yet done under ``root``, with
-    NME ``units`` ``"M,A,O"`` (mul / add / operand latency, default ``0,0,0``; ValueError
+    NME ``units`` ``"M,A,O"`` (mul / add / operand latency, default the default NME's
+    ``5,7,1``, :data:`~coda.cosim.nme_units.DEFAULT_UNITS`; ValueError
     naming it when out of range) and nextpnr placer ``seed``.
 
     Each configuration is a :func:`synth_point` run by :func:`coda.sweep.run_sweep`: a task
@@ -446,9 +448,10 @@ class AreaSweepConfig:
     root: Path = option(Path("build/synth/sweep"), "folder of the sweep's points")
     report_only: bool = option(False, "tabulate what exists")
     units: str = option(SWEEP_UNITS, "NME units of every configuration: register stages in "
-                        "each FPMul, each FPAdd, after the buffers (5,7,1 places and routes 8 "
-                        "lanes on ECP5 at about 100 MHz)", metavar="M,A,O",
-                        source="coda.cosim.nme_units.COMBINATIONAL")
+                        "each FPMul, each FPAdd, after the buffers (5,7,1, the default NME's, "
+                        "places and routes 8 lanes on ECP5 at about 100 MHz; 0,0,0 is "
+                        "combinational)", metavar="M,A,O",
+                        source="coda.cosim.nme_units.DEFAULT_UNITS")
     seed: int = option(1, "nextpnr placer seed")
 
 

@@ -8,8 +8,8 @@ utilisation of the residual add and the 4-stream segment (:mod:`coda.cosim.nmp_m
 written to ``build/bench/dse.json`` with the knee per standard and clock (:func:`knees`) and
 elements/ns per area where ``make synth-sweep`` left areas
 (:func:`coda.experiments.synth_area.perf_per_area`). Every point of the sweep has an NME with the
-units ``"M,A,O"`` (:mod:`coda.cosim.nme_units`; default ``0,0,0``, the combinational FP
-units): ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages after
+units ``"M,A,O"`` (:mod:`coda.cosim.nme_units`; default the default NME's, ``5,7,1``,
+:data:`~coda.cosim.nme_units.DEFAULT_UNITS`): ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages after
 the buffers (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
 ``operand_latency``; ``5,7,1``, the deepest units, is the NME that places and routes on ECP5
 at 99–101 MHz, ``4,5,1`` at 97–100 MHz): the sweep parameter ``units``, named in the tables'
@@ -27,7 +27,7 @@ import json
 import math
 from pathlib import Path
 
-from coda.cosim.nme_units import COMBINATIONAL, parse_units, units_label
+from coda.cosim.nme_units import COMBINATIONAL, DEFAULT_UNITS, parse_units, units_label
 from coda.cosim.nmp_measure import PROGRAM_STREAMS, measure_nmp, mem_words
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area, synth_areas
 from coda.hw.nme.isa import NMEConfig
@@ -48,8 +48,9 @@ SWEEP_STREAM_BYTES = 64 << 10
 KNEE_TOLERANCE = 0.95
 #: NME units of the sweep, ``"M,A,O"``: FPMul / FPAdd / operand register stages
 #: (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``, ``operand_latency``);
-#: ``0,0,0``: the combinational units, also the units of records and rows that name none
-SWEEP_UNITS = COMBINATIONAL
+#: the default NME's (:data:`coda.cosim.nme_units.DEFAULT_UNITS`, the timing-closed preset);
+#: records and rows that name none are the combinational ``0,0,0`` (from before the units)
+SWEEP_UNITS = DEFAULT_UNITS
 #: dse.json format: 1 (no key; one standard, NME on the DRAM clock), 2 (standard and NME
 #: clock per row, knees, areas), 3 (the NME units of the sweep and of every row and knee)
 DSE_VERSION = 3
@@ -215,8 +216,8 @@ def dse_rows(records: list[dict]) -> list[dict]:
 
 def row_units(row: dict) -> str:
     """The NME units ``"M,A,O"`` of a row of :func:`dse_rows` or :func:`knees` (a row of a
-    ``dse.json`` before units: ``0,0,0``)."""
-    return row.get("units") or SWEEP_UNITS
+    ``dse.json`` before units: ``0,0,0``, :data:`~coda.cosim.nme_units.COMBINATIONAL`)."""
+    return row.get("units") or COMBINATIONAL
 
 
 def by_units(rows: list[dict]) -> dict[str, list[dict]]:
@@ -306,8 +307,8 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
     """Design-space exploration of one rank: NME lanes x buffer depth (words per stream
     block) x NME clock (MHz; 0 = on the DRAM clock) x DRAM standard(s) ``dram``, every point
     with the NME units ``units`` (``"M,A,O"`` or a tuple: FPMul / FPAdd / operand register
-    stages, :func:`~coda.cosim.nme_units.parse_units`; default ``0,0,0``, the combinational
-    units).
+    stages, :func:`~coda.cosim.nme_units.parse_units`; default :data:`SWEEP_UNITS`, the
+    default NME's).
 
     Every point is a :func:`dse_point` run by :func:`coda.sweep.run_sweep`: a task on Ray
     (local, ``workers`` CPUs, or the cluster at ``address``) or, with ``sequential``, a loop

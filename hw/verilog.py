@@ -16,7 +16,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from coda.hw.nme.isa import MAX_ADD_LATENCY, MAX_MUL_LATENCY, MAX_OPERAND_LATENCY, NMEConfig
+from coda.hw.nme.isa import (DEFAULT_PRESET, MAX_ADD_LATENCY, MAX_MUL_LATENCY,
+                             MAX_OPERAND_LATENCY, NME_PRESETS, PRESET_FIELDS, NMEConfig,
+                             NMEPreset)
 from coda.hw.yosys import component_verilog
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.options import add_options, option
@@ -27,40 +29,7 @@ __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEP
            "NMEUnitsConfig", "VerilogConfig"]
 
 
-@dataclass(frozen=True)
-class NMEPreset:
-    """A named NME configuration (``--preset``): the register stages of its FP units and
-    operand path (:class:`coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
-    ``operand_latency``), the nextpnr placer ``seed`` its Fmax was measured at, and that
-    Fmax class (text, MHz on ECP5)."""
-    name: str
-    mul_latency: int
-    add_latency: int
-    operand_latency: int
-    seed: int
-    fmax: str
-
-    def units(self) -> dict[str, int]:
-        """The NMEConfig fields of the preset: ``{mul_latency, add_latency, operand_latency}``."""
-        return {k: getattr(self, k) for k in _UNITS}
-
-    def describe(self) -> str:
-        """One line for the top of a command's output: name, latencies, Fmax class."""
-        return (f"NME preset {self.name}: mul {self.mul_latency} / add {self.add_latency} / "
-                f"operand {self.operand_latency} register stages, Fmax {self.fmax}")
-
-
-_UNITS = ("mul_latency", "add_latency", "operand_latency")
-#: the NME configurations every command that builds an NME takes by name (``--preset``): the
-#: combinational units (the default; fewest cycles) and the units that place and route at
-#: 100 MHz (README "The NME at 100 MHz": 100.68 MHz at seed 2 on LFE5U-45F, 8 lanes bf16)
-NME_PRESETS: dict[str, NMEPreset] = {p.name: p for p in (
-    NMEPreset("combinational", 0, 0, 0, 1, "about 25 MHz on ECP5 (8 lanes bf16)"),
-    NMEPreset("timing-closed", 5, 7, 1, 2, "about 100 MHz on ECP5 (LFE5U-45F, 8 lanes bf16, "
-                                           "nextpnr seed 2)"),
-)}
-#: the preset of a command given neither --preset nor latency flags
-DEFAULT_PRESET = "combinational"
+_UNITS = PRESET_FIELDS
 
 
 def nme_verilog(cfg: NMEConfig, name: str = "nme", *, clock_gating: bool = False,
@@ -133,7 +102,7 @@ class NMEUnitsConfig:
                              f"{p.operand_latency}, Fmax {p.fmax}" for p in NME_PRESETS.values())
                          + "; latency flags that differ from a preset are refused", type=str,
                          choices=tuple(sorted(NME_PRESETS)),
-                         default_text=f"{DEFAULT_PRESET}; coda.hw.verilog.DEFAULT_PRESET")
+                         default_text=f"{DEFAULT_PRESET}; coda.hw.nme.isa.DEFAULT_PRESET")
     mul_latency: int = option(None, f"register stages inside each lane's FPMul, "
                               f"0..{MAX_MUL_LATENCY}", type=int,
                               default_text=f"{_PRESET.mul_latency}, the {DEFAULT_PRESET} "

@@ -49,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from coda.hw.nme.isa import NMEConfig
+from coda.hw.nme.isa import NME_PRESETS, NMEConfig
 from coda.sweep import add_run_options
 from coda.synth.tools import SynthError, run_tool, tool_path
 from coda.jsonout import json_text
@@ -61,8 +61,11 @@ __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "prove_survivors", "run_mutation", "MutationConfig", "configure", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
-#: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths)
-MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096)
+#: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths),
+#: with the combinational units, named: the netlist verify/mutation_arguments.toml argues
+#: about (the pipelined units give the same bits, tests/test_fp.py, tests/test_nme_sim_timing.py)
+MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096,
+                            **NME_PRESETS["combinational"].units())
 #: the cocotb tests run on every mutant (all of tests/cocotb_nme.py's checking tests; they run
 #: in the module's order, the broad micro-op matrix first)
 TEST_ORDER = ("test_uop_matrix", "test_buffer_roles", "test_long_periods",
@@ -437,7 +440,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run ``coda mutation`` (module docstring); returns 0. Bad options: ValueError before
     any work (``coda: error:``, exit 2)."""
-    from coda.host.cache.policies import check_seed
+    from coda.host.model.sample import check_seed
 
     if args.rerun_survivors and args.only:
         raise ValueError("--rerun-survivors and --only: give one of them")

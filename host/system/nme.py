@@ -16,10 +16,11 @@ the host waiting for the slowest rank. Per launch:
   token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
   cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for
   compiled segment programs of that many terms, that tile length and the segments' form
-  (:func:`coda.host.system.platforms.segment_utilisation`: long streams, 86-87 % for
-  DDR5-4800 at 8 lanes, depth 256; the shipped model's 3,072-word tiles over placements as a
-  generation makes them, 87-89 % for residual segments, 84-85 % for sum segments;
-  ``1/utilisation`` interpolated linearly in ``1/words`` between the two);
+  (:func:`coda.host.system.platforms.segment_utilisation`, the data file
+  ``host/system/segment_util.json`` that ``coda validate --measure-nmp`` writes: long streams
+  and the shipped model's 3,072-word tiles over placements as a generation makes them, per
+  segment form; ``1/utilisation`` interpolated linearly in ``1/words`` between the two;
+  figures in docs/results.md, DRAM utilisation of segment programs);
 - the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
 
 Why max: the NME's issue side runs ahead of execution, so lanes and DRAM overlap. A
@@ -68,7 +69,8 @@ class SegmentTiming:
         seconds: NME time, s. cycles: NME cycles (sum over launches of the slowest rank).
         cycles_ideal: the same on an ideal memory (what the torch backend reports).
         cycles_dram: DRAM-bound cycles (measured utilisation).
-        programs: lockstep launches. rank_dram_bytes: bytes one rank moves.
+        programs: lockstep launches. rank_dram_bytes: bytes one rank moves;
+        rank_write_bytes: the part of them it writes (stores), for the DRAM energy.
         ops: 16-bit FP operations on all ranks (adds, muls), for the energy model.
     """
     seconds: float
@@ -79,6 +81,7 @@ class SegmentTiming:
     rank_dram_bytes: int
     adds: int
     muls: int
+    rank_write_bytes: int = 0
 
 
 def program_words(program: Program, lanes: int) -> int:
@@ -119,15 +122,18 @@ def _compiled(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int
 
 @functools.lru_cache(maxsize=4096)
 def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k: int,
-                  mem_latency: int = 1, group: int | None = None) -> tuple[int, int, int]:
-    """(cycles_ideal, words moved, elements) of one segment launch of ``k`` terms on a
-    ``rows x channels`` rank tile (int8 entries of G ``group``: the ``segment_int8``
-    program), split in row chunks where the ISA needs it."""
+                  mem_latency: int = 1, group: int | None = None
+                  ) -> tuple[int, int, int, int]:
+    """(cycles_ideal, words moved, elements, words stored) of one segment launch of ``k``
+    terms on a ``rows x channels`` rank tile (int8 entries of G ``group``: the
+    ``segment_int8`` program), split in row chunks where the ISA needs it; the words stored
+    (the program's store micro-ops, one word per stream word) are DRAM writes, the rest of the
+    words moved reads (for the DRAM energy)."""
     limit = (1 << 24) - 1
     words_row = -(-channels // lanes)
     max_rows = max(1, min(limit // channels, ((1 << ADDR_BITS) - 2 * k - 1)
                           // ((2 * k + 2) * words_row)))
-    cycles = words = 0
+    cycles = words = stored = 0
     left = rows
     while left > 0:
         r = min(left, max_rows)
@@ -135,8 +141,9 @@ def launch_cycles(lanes: int, depth: int, fmt: str, rows: int, channels: int, k:
         cfg = NMEConfig(lanes=lanes, depth=depth, fmt=fmt)
         cycles += model_cycles(cfg, prog, Status.OK, mem_latency)
         words += program_words(prog, lanes)
+        stored += sum(u.store for u in prog.uops) * -(-prog.n_elems // lanes)
         left -= r
-    return cycles, words, rows * channels
+    return cycles, words, rows * channels, stored
 
 
 def _arity(fn) -> int:
@@ -203,12 +210,12 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
                    (lambda kk, w, j: dram_util(kk)))
     stream_words = -(-rows * int(channels) // lanes)
     total = ideal = dram = programs = 0
-    rank_bytes = 0
+    rank_bytes = write_bytes = 0
     per = MAX_SEGMENT_TERMS if group is None else terms_per_program(lanes, depth, group)
     for i in range(0, k, per):
         kk = min(per, k - i)
-        cyc, words, _ = launch_cycles(lanes, depth, fmt, rows, int(channels), kk, mem_latency,
-                                      group)
+        cyc, words, _, stored = launch_cycles(lanes, depth, fmt, rows, int(channels), kk,
+                                              mem_latency, group)
         nbytes = words * 2 * lanes
         if rank_peak_bytes_per_cycle is None:
             cd = 0
@@ -219,9 +226,11 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
         dram += cd
         total += max(cyc, cd)
         rank_bytes += nbytes
+        write_bytes += stored * 2 * lanes
         programs += 1
     elems = int(tokens) * int(channels)
     seconds = total / clock_hz if clock_hz else 0.0
     return SegmentTiming(seconds=seconds, cycles=total, cycles_ideal=ideal, cycles_dram=dram,
                          programs=programs, rank_dram_bytes=rank_bytes, adds=k * elems,
-                         muls=(1 if group is None else 2) * k * elems)
+                         muls=(1 if group is None else 2) * k * elems,
+                         rank_write_bytes=write_bytes)

@@ -109,7 +109,7 @@ __all__ = [
     "Op", "RSrc", "Status", "UOp", "Program", "NMEConfig",
     "encode_header", "decode_header", "encode_uop", "decode_uop",
     "ADDR_BITS", "PARAM_BITS", "MAX_MUL_LATENCY", "MAX_ADD_LATENCY", "MAX_OPERAND_LATENCY",
-    "validate",
+    "NMEPreset", "NME_PRESETS", "DEFAULT_PRESET", "PRESET_FIELDS", "validate",
 ]
 
 ADDR_BITS = 24
@@ -158,6 +158,48 @@ MAX_OPERAND_LATENCY = 1
 
 
 @dataclass(frozen=True)
+class NMEPreset:
+    """A named NME configuration (``--preset``): the register stages of its FP units and
+    operand path (:class:`NMEConfig` ``mul_latency``, ``add_latency``, ``operand_latency``),
+    the nextpnr placer ``seed`` its Fmax was measured at, and that Fmax class (text, MHz on
+    ECP5)."""
+    name: str
+    mul_latency: int
+    add_latency: int
+    operand_latency: int
+    seed: int
+    fmax: str
+
+    def units(self) -> dict[str, int]:
+        """The NMEConfig fields of the preset: ``{mul_latency, add_latency, operand_latency}``."""
+        return {k: getattr(self, k) for k in PRESET_FIELDS}
+
+    def describe(self) -> str:
+        """One line for the top of a command's output: name, latencies, Fmax class."""
+        return (f"NME preset {self.name}: mul {self.mul_latency} / add {self.add_latency} / "
+                f"operand {self.operand_latency} register stages, Fmax {self.fmax}")
+
+
+#: the NMEConfig fields a preset sets
+PRESET_FIELDS = ("mul_latency", "add_latency", "operand_latency")
+#: The NME configurations every command that builds an NME takes by name (``--preset``,
+#: :func:`coda.hw.verilog.resolve_preset`): the units that place and route at 100 MHz
+#: (docs/results.md, "ECP5 Fmax of the 8-lane NME": LFE5U-45F, 8 lanes bf16, nextpnr seed 2;
+#: docs/synthesis.md, "Reaching 100 MHz on ECP5") and
+#: the combinational units (fewest cycles per pass, about a quarter of that clock).
+NME_PRESETS: dict[str, NMEPreset] = {p.name: p for p in (
+    NMEPreset("timing-closed", 5, 7, 1, 2, "about 100 MHz on ECP5 (LFE5U-45F, 8 lanes bf16, "
+                                           "nextpnr seed 2)"),
+    NMEPreset("combinational", 0, 0, 0, 1, "about 25 MHz on ECP5 (8 lanes bf16)"),
+)}
+#: The one default NME: the preset of a command given neither ``--preset`` nor latency
+#: flags, and the register stages of :class:`NMEConfig` (so of every NME built without
+#: them: cosimulation builds, the cycle model, the system model's segment times). The
+#: timing-closed units, the NME one would build (issue 60, item 2).
+DEFAULT_PRESET = "timing-closed"
+
+
+@dataclass(frozen=True)
 class NMEConfig:
     """Elaboration parameters of one NME.
 
@@ -172,7 +214,8 @@ class NMEConfig:
         max_elems: largest ``n_elems`` accepted (<= 2**32 - 1).
         operand_isolation: hold FU operand registers still on masked lanes / idle units.
         mul_latency: register stages inside each lane's FPMul, 0..:data:`MAX_MUL_LATENCY`
-            (0: combinational). Each stage adds one cycle to every pass.
+            (0: combinational). Each stage adds one cycle to every pass. The three latencies
+            default to :data:`DEFAULT_PRESET`'s (the timing-closed units, 5 / 7 / 1).
         add_latency: register stages inside every FPAdd (the lanes' add, the L1 path's fp32
             subtract and accumulate, the lane sum), 0..:data:`MAX_ADD_LATENCY`. Each stage
             adds one cycle to every pass (two to an L1 pass that the fp32 path makes the
@@ -204,9 +247,9 @@ class NMEConfig:
     mem_words: int = 1 << 16
     max_elems: int = (1 << 24) - 1
     operand_isolation: bool = True
-    mul_latency: int = 0
-    add_latency: int = 0
-    operand_latency: int = 0
+    mul_latency: int = NME_PRESETS[DEFAULT_PRESET].mul_latency
+    add_latency: int = NME_PRESETS[DEFAULT_PRESET].add_latency
+    operand_latency: int = NME_PRESETS[DEFAULT_PRESET].operand_latency
     trail_stores: bool = False
 
     def __post_init__(self):

@@ -1,0 +1,120 @@
+"""The measured DRAM utilisation of segment programs as a data file
+(``host/system/segment_util.json``, issue 64 item 2): written by the command that measures it
+(``coda validate --measure-nmp``) with its provenance and NME, read into the system model's
+tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coda.host.system import platforms, validate
+
+
+def _entry(table="long", form="sum", dram="DDR5-4800", depth=256, util=None, date="d"):
+    return {"table": table, "segment_output": form, "dram": dram, "lanes": 8, "depth": depth,
+            "tokens": 256, "channels": 512, "ranks": 1, "words_per_stream": 16384,
+            "nme": {"preset": "timing-closed", "mul_latency": 5, "add_latency": 7,
+                    "operand_latency": 1},
+            "utilisation": util or {"1": 0.5, "8": 0.75},
+            "provenance": {"command": "c", "date": date, "machine": "m"}}
+
+
+def test_the_tables_are_the_data_file_each_entry_with_its_provenance():
+    entries = platforms.load_segment_util()
+    assert entries and platforms.SEGMENT_UTIL_FILE.name == "segment_util.json"
+    long_n = tile_n = 0
+    for e in entries:
+        key = (e["dram"], e["lanes"], e["depth"])
+        util = {int(k): v for k, v in e["utilisation"].items()}
+        if e["table"] == "long":
+            long_n += 1
+            assert platforms.SEGMENT_UTIL[e["segment_output"]][key] == util
+        else:
+            tile_n += 1
+            assert platforms.SEGMENT_UTIL_TILE[e["segment_output"]][key] == \
+                (e["words_per_stream"], util)
+        assert set(e["provenance"]) == {"command", "date", "machine"}
+        assert e["provenance"]["command"].startswith("coda validate --measure-nmp")
+        assert set(e["nme"]) == {"preset", "mul_latency", "add_latency", "operand_latency"}
+    assert long_n == sum(map(len, platforms.SEGMENT_UTIL.values()))
+    assert tile_n == sum(map(len, platforms.SEGMENT_UTIL_TILE.values()))
+
+
+def test_the_default_platforms_tables_were_measured_on_the_default_nme():
+    """What coda sim and coda run model by default (DDR5-4800, 8 lanes, depths 64 and 256,
+    both forms, both tables) was measured on the default NME, the timing-closed preset."""
+    from coda.hw.dram.standards import DEFAULT_STANDARD
+    from coda.hw.nme.isa import DEFAULT_PRESET, NME_PRESETS
+
+    default = {"preset": DEFAULT_PRESET, **NME_PRESETS[DEFAULT_PRESET].units()}
+    mine = [e for e in platforms.load_segment_util() if e["dram"] == DEFAULT_STANDARD]
+    assert {(e["table"], e["segment_output"], e["depth"]) for e in mine} == {
+        (t, f, d) for t in ("long", "tile") for f in ("sum", "residual") for d in (64, 256)}
+    assert all(e["nme"] == default for e in mine)
+    srcs = platforms.segment_util_sources(DEFAULT_STANDARD, 8, 64)
+    assert len(srcs) == 4 and all(s["nme"] == default for s in srcs)
+
+
+def test_save_merges_by_table_form_standard_lanes_and_depth(tmp_path):
+    path = tmp_path / "u.json"
+    platforms.save_segment_util([_entry(), _entry(form="residual")], path)
+    platforms.save_segment_util([_entry(util={"1": 0.25}, date="new"),
+                                 _entry(table="tile", depth=64)], path)
+    got = platforms.load_segment_util(path)
+    assert len(got) == 3
+    first = next(e for e in got if (e["table"], e["segment_output"]) == ("long", "sum"))
+    assert first["utilisation"] == {"1": 0.25} and first["provenance"]["date"] == "new"
+    assert "coda validate --measure-nmp" in json.loads(path.read_text())["about"]
+    bad = _entry(util={"1": 1.5})
+    path.write_text(json.dumps({"entries": [bad]}))
+    with pytest.raises(ValueError, match="utilisations in"):
+        platforms.load_segment_util(path)
+
+
+def test_measure_nmp_writes_what_it_measured_with_command_date_machine(tmp_path, monkeypatch):
+    """coda validate --measure-nmp merges each measurement into the data file: the
+    measurement's figures, the default NME, the command with its options, today's UTC date
+    and the CPU."""
+    import datetime
+
+    seen = []
+
+    def long(std, depth, segment_output):
+        seen.append(("long", std, depth, segment_output))
+        return {"dram": std, "lanes": 8, "depth": depth, "tokens": 256, "channels": 512,
+                "segment_output": segment_output, "utilisation": {1: 0.5, 2: 0.625}}
+
+    def tile(std, depth, segment_output):
+        seen.append(("tile", std, depth, segment_output))
+        return {"dram": std, "lanes": 8, "depth": depth, "tokens": 512, "channels": 96,
+                "ranks": 2, "words_per_stream": 3072, "segment_output": segment_output,
+                "utilisation": {1: 0.75}}
+
+    monkeypatch.setattr(validate, "measure_segment_utilisation", long)
+    monkeypatch.setattr(validate, "measure_tile_utilisation", tile)
+    path = tmp_path / "u.json"
+    validate._measure_nmp(tmp_path / "out", "residual", "long", ("DDR4-3200",), path)
+    validate._measure_nmp(tmp_path / "out", "residual", "tile", ("DDR4-3200",), path)
+    assert seen == [("long", "DDR4-3200", 256, "residual"), ("long", "DDR4-3200", 64, "residual"),
+                    ("tile", "DDR4-3200", 64, "residual"), ("tile", "DDR4-3200", 256, "residual")]
+    got = platforms.load_segment_util(path)
+    assert [(e["table"], e["depth"]) for e in got] == [("long", 64), ("long", 256),
+                                                        ("tile", 64), ("tile", 256)]
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    for e in got:
+        assert e["nme"] == {"preset": "timing-closed", "mul_latency": 5, "add_latency": 7,
+                            "operand_latency": 1}
+        assert e["provenance"]["command"] == (f"coda validate --measure-nmp --measure "
+                                              f"{e['table']} --segment-output residual "
+                                              "--drams DDR4-3200")
+        assert e["provenance"]["date"] <= today and e["provenance"]["machine"]
+        assert e["words_per_stream"] == (16384 if e["table"] == "long" else 3072)
+    assert got[0]["utilisation"] == {"1": 0.5, "2": 0.625}
+
+
+def test_validate_refuses_an_unmeasured_dram_by_name():
+    with pytest.raises(ValueError, match="--drams 'DDR5-9999'"):
+        validate._drams("DDR5-9999")
+    assert validate._drams("ddr5_4800,DDR4-3200") == ("DDR5-4800", "DDR4-3200")
