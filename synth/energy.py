@@ -13,8 +13,11 @@ output stream, the program implies
   of ``R`` when it is a buffer (stores included), a write of ``d`` unless the micro-op stores
   or is L1;
 - **DRAM traffic**: the read and write requests the RTL issued (measured, ``16 * lanes`` bits
-  each), plus row activations assuming streams run sequentially through rows (one activation
-  per row of the rank, :attr:`coda.hw.dram.standards.DRAMStandard` columns x rank width bits).
+  each; without a measurement the program's stores are writes and its other memory streams
+  reads), priced per command from the DDR5 device's IDD/IPP currents
+  (:func:`coda.hw.dram.power.command_energy`: a RD or WR burst per ``burst_bytes``), plus row
+  activations assuming streams run sequentially through rows (one ACT/PRE pair per row of
+  the rank, :attr:`coda.hw.dram.standards.DRAMStandard` columns x rank width bits).
 
 Per-event energies and their sources:
 
@@ -28,10 +31,10 @@ fp32 add                  0.9 pJ     Horowitz 2014
 SRAM access               10 pJ per  Horowitz 2014, 8 KB SRAM, 64-bit access; scaled per
                           64 bits    bit (0.156 pJ/bit). The NME buffers are smaller
                                      (``depth * 16 * lanes`` bits), so this is an upper bound
-DRAM read/write           6 pJ/bit   docs/design.md: 4-8 pJ/bit core energy (DDR4, Micron
-                                     TN-40-07 method); the midpoint, range kept in the report.
-                                     The NME sits in the buffer chip: no off-DIMM I/O energy
-row activation            4 nJ/rank  docs/design.md (Micron TN-40-07 method)
+DRAM RD / WR burst,       per        :mod:`coda.hw.dram.power`: the device's IDD/IPP currents
+ACT/PRE pair              command    (Micron 16Gb DDR5 MT60B, DDR5-4800, data sheet Table 6),
+                                     DRAMPower's method. The NME sits in the buffer chip: no
+                                     off-DIMM I/O energy
 ========================  =========  =====================================================
 
 **Toggle activity.** The Horowitz figures are per operation on typical (random) data. The FU
@@ -56,7 +59,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.hw.dram.standards import get_standard
+from coda.hw.dram.power import command_energy
+from coda.hw.dram.standards import DEFAULT_STANDARD, get_standard
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc
 from coda.jsonout import json_text
 from coda.options import add_options, option
@@ -78,18 +82,14 @@ class EnergyConstants:
     Attributes:
         add16_pj, mul16_pj, add32_pj: one FP operation.
         sram_pj_per_bit: buffer access energy per bit.
-        dram_pj_per_bit: DRAM read/write core energy per bit; dram_pj_per_bit_range: (low, high).
-        act_pj: one row activation of a rank.
-        dram: DRAM standard whose row size per rank sets activations (preset name).
+        dram: DRAM standard of the ranks (preset name): its rows set activations, its
+            device currents the per-command energies (:mod:`coda.hw.dram.power`).
     """
     add16_pj: float = 0.4
     mul16_pj: float = 1.1
     add32_pj: float = 0.9
     sram_pj_per_bit: float = 10.0 / 64
-    dram_pj_per_bit: float = 6.0
-    dram_pj_per_bit_range: tuple = (4.0, 8.0)
-    act_pj: float = 4000.0
-    dram: str = "DDR4-3200"
+    dram: str = DEFAULT_STANDARD
 
 
 HOROWITZ_45NM = EnergyConstants()
@@ -191,9 +191,9 @@ def energy_per_element(program: Program, cfg: NMEConfig, activity: Activity | No
     scaled by the measured toggles and DRAM traffic is the measured requests.
 
     Returns:
-        ``{"fu_pj", "sram_pj", "dram_pj", "dram_pj_low", "dram_pj_high", "act_pj",
+        ``{"fu_pj", "sram_pj", "dram_pj" (RD/WR bursts), "act_pj" (ACT/PRE pairs),
         "nme_pj" (fu + sram), "total_pj", "toggles_per_elem", "nominal_toggles_per_elem",
-        "dram_bits_per_elem", "events": program_events(...)}``.
+        "dram_bits_per_elem", "dram_write_bits_per_elem", "events": program_events(...)}``.
     """
     c = constants
     n = program.n_elems
@@ -204,35 +204,43 @@ def energy_per_element(program: Program, cfg: NMEConfig, activity: Activity | No
                        + ev["l1_ops"] * NOMINAL_TOGGLES["l1"])
     if activity is None:
         toggles = nominal_toggles
-        dram_bits = _modelled_dram_words(program, cfg) * 16 * cfg.lanes / n
+        words, stored = _modelled_dram_words(program, cfg)
+        dram_bits = words * 16 * cfg.lanes / n
+        write_bits = stored * 16 * cfg.lanes / n
     else:
         toggles = activity.toggles / n
         dram_bits = (activity.nreads + activity.nwrites) * 16 * cfg.lanes / n
+        write_bits = activity.nwrites * 16 * cfg.lanes / n
     fu = fu_nominal / nominal_toggles * toggles if nominal_toggles else 0.0
     sram = (ev["sram_reads"] + ev["sram_writes"]) * 16 * c.sram_pj_per_bit
     std = get_standard(c.dram)
     row_bits = std.columns * std.rank_width
-    act = dram_bits / row_bits * c.act_pj
-    dram = dram_bits * c.dram_pj_per_bit
-    lo, hi = (dram_bits * p for p in c.dram_pj_per_bit_range)
+    burst_bits = std.burst_bytes * 8
+    per = command_energy(std)
+    act = dram_bits / row_bits * per.act_pre_pj
+    dram = ((dram_bits - write_bits) * per.read_pj + write_bits * per.write_pj) / burst_bits
     return {
         "fu_pj": fu, "fu_nominal_pj": fu_nominal, "sram_pj": sram, "dram_pj": dram,
-        "dram_pj_low": lo, "dram_pj_high": hi, "act_pj": act, "nme_pj": fu + sram,
+        "act_pj": act, "nme_pj": fu + sram,
         "total_pj": fu + sram + dram + act, "toggles_per_elem": toggles,
         "nominal_toggles_per_elem": nominal_toggles, "dram_bits_per_elem": dram_bits,
+        "dram_write_bits_per_elem": write_bits,
         "events": ev,
     }
 
 
-def _modelled_dram_words(program: Program, cfg: NMEConfig) -> float:
+def _modelled_dram_words(program: Program, cfg: NMEConfig) -> tuple[float, float]:
+    """(words moved, of them stored) of ``program``: a word per stream word for a store or a
+    MEM/CHAN/GROUP stream, one per two for an INT8 stream."""
     words = -(-program.n_elems // cfg.lanes)
-    total = 0.0
+    total = stored = 0.0
     for u in program.uops:
         if u.store or RSrc(u.rsrc) in (RSrc.MEM, RSrc.CHAN, RSrc.GROUP):
             total += words
+            stored += words if u.store else 0
         elif RSrc(u.rsrc) == RSrc.INT8:
             total += -(-words // 2)
-    return total
+    return total, stored
 
 
 def estimate(cfg: NMEConfig, *, measure: bool = True, tokens: int = 64,
@@ -256,8 +264,9 @@ def estimate(cfg: NMEConfig, *, measure: bool = True, tokens: int = 64,
             activities[(a.op, a.isolation)] = a
     result = {"cfg": dataclasses.asdict(cfg), "constants": dataclasses.asdict(constants),
               "method": "estimate: Horowitz ISSCC 2014 45 nm per-op energies scaled by RTL FU "
-                        "toggle activity; SRAM per bit from the 8 KB figure; DRAM core energy "
-                        "per bit and activation per docs/design.md (Micron TN-40-07 method)",
+                        "toggle activity; SRAM per bit from the 8 KB figure; DRAM per command "
+                        "(RD/WR burst, ACT/PRE) from the device's IDD/IPP currents "
+                        "(coda.hw.dram.power, DRAMPower's method)",
               "shape": {"tokens": tokens, "channels": channels, "segment_k": 4}, "ops": {}}
     for i, op in enumerate(OPERATORS):
         case = op_case(op, cfg, tokens, channels, kind="activations", seed=seed + i)
