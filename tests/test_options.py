@@ -24,6 +24,7 @@ COMMANDS = {
                         ["--profile", "p.npz", "--skip", "0.5", "--out", "s.json"]),
     "bench": ("coda.experiments.bench", "BenchConfig", []),
     "sim": ("coda.host.system.sim", "SimConfig", []),
+    "serve": ("coda.host.system.serving", "ServeConfig", []),
     "verilog": ("coda.hw.verilog", "VerilogConfig", ["-o", "nme.v"]),
     "nme run": ("coda.experiments.nme_run", "NMERunConfig", ["--op", "add"]),
     "pass-efficiency": ("coda.host.nme.pass_efficiency", "PassEfficiencyConfig", []),

@@ -384,7 +384,7 @@ def test_cache_that_does_not_fit_is_a_row_not_an_error():
     (dict(model="wan2.1-14b", seconds=None, frames=64), "4k\\+1"),
     (dict(model="latte-1", frames=24), "exactly 16 frames"),
     (dict(model="opensora-1.2", seconds=3), "2, 4, 8 or 16"),
-    (dict(model="wan2.1-14b", gpu="h100"), "--platform"),
+    (dict(model="wan2.1-14b", gpu="b200"), "--platform"),
     (dict(model="wan2.1-14b", dram="DDR3"), "DRAM standard"),
     (dict(model="wan2.1-14b", lanes=4, depth=64), "no DIMM-NMP measurement"),
     (dict(model="wan2.1-14b", dimms=0), "--dimms"),

@@ -16,6 +16,8 @@ DIMM-NMP machine, where the time goes, and what it costs in energy.
 | ``ablation.py`` | the ablation: memory checks, speedups, bottlenecks |
 | ``plots.py`` | timeline and breakdown figures |
 | ``sim.py`` | ``coda sim`` |
+| ``parallel.py`` | several GPUs on one generation: CFG, Ulysses and ring parallelism, the inter-GPU transfers, the replay of all GPUs |
+| ``serving.py`` | ``coda serve``: a Poisson request stream on a GPU cluster, FCFS and shortest-job-first |
 | ``cost.py`` | :func:`~coda.host.system.cost.schedule_cost`: one system's latency and energy for a shipped-model schedule on a target model, for a schedule search |
 
 :func:`modelled` is the entry point for ``coda run``: the modelled systems of a real cached

@@ -91,8 +91,15 @@ def bottleneck(row: dict) -> str:
 
 
 def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdefg", *,
-                 nme_timing: str = "model", prefetch: int = 1, record: bool = True) -> dict:
+                 nme_timing: str = "model", prefetch: int = 1, record: bool = True,
+                 memory: dict | None = None, replayer=None) -> dict:
     """Replay ``wl`` as each of ``systems`` on ``plat``.
+
+    ``memory`` (default :func:`memory_plan` of ``wl``) and ``replayer`` (default one GPU:
+    :func:`~coda.host.system.replay.replay` and :func:`~coda.host.system.energy.energy`;
+    ``replayer(system, weights) -> (SystemResult, energy dict)``) let several GPUs
+    (:func:`coda.host.system.parallel.run_parallel`) share the rows, speedups and
+    bottlenecks built here.
 
     Returns ``{"memory": memory_plan, "systems": {letter: row}, "results": {letter:
     SystemResult}, "sim_s": seconds of simulation}``; each row has ``name, fits`` and, when
@@ -102,7 +109,7 @@ def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdefg", *,
     nme_busy_s, bottleneck``, and ``cache`` (the mode); else ``fits: false, reason``.
     Speedups against a system that did not run or fit are None.
     """
-    mem = memory_plan(wl, plat)
+    mem = memory if memory is not None else memory_plan(wl, plat)
     rows, results = {}, {}
     t0 = time.perf_counter()
     want = set(systems) | {"a", "c"}       # the references are always replayed
@@ -113,10 +120,13 @@ def run_ablation(wl: Workload, plat: Platform, systems: str = "abcdefg", *,
         if not ok:
             rows[s] = {"name": SYSTEMS[s], "cache": wl.cache, "fits": False, "reason": reason}
             continue
-        res = replay(wl, plat, s, nme_timing=nme_timing, prefetch=prefetch, record=record,
-                     weights=mem["weights"])
+        if replayer is None:
+            res = replay(wl, plat, s, nme_timing=nme_timing, prefetch=prefetch,
+                         record=record, weights=mem["weights"])
+            en = energy(res, plat)
+        else:
+            res, en = replayer(s, mem["weights"])
         results[s] = res
-        en = energy(res, plat)
         rows[s] = {
             "name": SYSTEMS[s], "cache": wl.cache, "fits": True, "latency_s": res.latency_s,
             "latency_per_step_s": res.latency_s / wl.num_steps, "energy_j": en["total_j"],

@@ -125,7 +125,7 @@ _INTERLEAVED = ("f", "g")
 
 @dataclass(frozen=True)
 class Interval:
-    lane: str          # "gpu", "h2d", "d2h", "nme"
+    lane: str          # "gpu", "h2d", "d2h", "nme", "p2p" (inter-GPU, parallel modes)
     start: float
     end: float
     kind: str          # "compute", "other", "cache_op", "store", "load", "weights", "x", "y", "segment", "monitor"
@@ -143,10 +143,14 @@ class SystemResult:
         latency_s: the generation. gpu_busy_s: GPU kernel time. nme_busy_s: NME time.
         h2d_bytes, d2h_bytes: PCIe bytes per direction. host_dram_bytes: bytes the host
             DIMMs / host memory served over PCIe. nme_rank_bytes: DRAM bytes the NMEs moved
-            (all ranks). nme_flops: 16-bit FP operations on the NMEs (adds + muls).
+            (all ranks); nme_write_bytes: the part of them written (for the DRAM energy).
+            nme_flops: 16-bit FP operations on the NMEs (adds + muls).
         weights: ``"resident"`` or ``"streamed"``. segments: NME launches' segments.
         history_bytes: bytes of the forecast's older entries that crossed the host link
             (system g; part of ``h2d_bytes``).
+        p2p_bytes, p2p_s: bytes this GPU sent to the other GPUs and the seconds its
+            stream waited on them (a parallel mode's collectives,
+            :mod:`coda.host.system.parallel`; 0 on one GPU).
         gpu_measured, gpu_roofline: with measured xPU times (``Platform.gpu_times``), the
             distinct kernels (operator and batch, cache kernel and shape) the replay timed
             from the table and those the table had no entry for (roofline); both 0 without
@@ -164,6 +168,7 @@ class SystemResult:
     d2h_bytes: int = 0
     host_dram_bytes: int = 0
     nme_rank_bytes: int = 0
+    nme_write_bytes: int = 0
     nme_adds: int = 0
     nme_muls: int = 0
     weights: str = "resident"
@@ -172,6 +177,8 @@ class SystemResult:
     history_bytes: int = 0
     gpu_measured: int = 0
     gpu_roofline: int = 0
+    p2p_bytes: int = 0
+    p2p_s: float = 0.0
     intervals: list = field(default_factory=list, repr=False)
 
 
@@ -192,11 +199,16 @@ def _mem_kernel(nbytes: float, gpu) -> float:
 
 class _Replay:
     def __init__(self, wl: Workload, plat: Platform, system: str, nme_timing: str,
-                 prefetch: int, record: bool):
+                 prefetch: int, record: bool, env: simpy.Environment | None = None,
+                 comm=None):
         self.wl, self.p, self.sys = wl, plat, system
         self.shape = wl.shape
         self.nme_timing, self.prefetch, self.record = nme_timing, max(0, prefetch), record
-        self.env = simpy.Environment()
+        # several GPUs share one environment, each with its own resources
+        # (coda.host.system.parallel); ``comm(i, rows)``: seconds of inter-GPU transfer the
+        # stream waits for around computed operator i (and bytes sent), or None
+        self.env = env if env is not None else simpy.Environment()
+        self.comm = comm
         self.gpu = simpy.PriorityResource(self.env, 1)
         self.h2d = simpy.Resource(self.env, 1)
         self.d2h = simpy.Resource(self.env, 1)
@@ -309,7 +321,8 @@ class _Replay:
         return _mem_kernel(nbytes, self.g)
 
     def seg_cost(self, tokens, channels, k, events_cycles=None, streams=()):
-        """(seconds, launches, rank bytes, adds, muls) of a k-term segment on this
+        """(seconds, launches, rank bytes, adds, muls, rank bytes written) of a k-term
+        segment on this
         platform (``streams``: per-stream tokens of a two-stream model)."""
         key = (tokens, channels, k, events_cycles, tuple(streams))
         if key not in self._seg_t:
@@ -324,7 +337,8 @@ class _Replay:
             seconds = t.seconds
             if events_cycles is not None and self.nme_timing == "events":
                 seconds = events_cycles / p.nme_clock_hz
-            self._seg_t[key] = (seconds, t.programs, t.rank_dram_bytes, t.adds, t.muls)
+            self._seg_t[key] = (seconds, t.programs, t.rank_dram_bytes, t.adds, t.muls,
+                                t.rank_write_bytes)
         return self._seg_t[key]
 
     # ---------------------------------------------------------------- work
@@ -350,11 +364,12 @@ class _Replay:
             if not use_events:
                 down += tensor_bytes(tokens, channels, self.p.n_ranks, self.lanes,
                                      tuple(streams))
-        seconds, launches, rank_bytes, adds, muls = self.seg_cost(tokens, channels, k,
-                                                                  events_cycles, streams)
+        seconds, launches, rank_bytes, adds, muls, write_bytes = self.seg_cost(
+            tokens, channels, k, events_cycles, streams)
         yield from self.copy("d2h", down, "x", branch, step)
         yield from self.nme_run(seconds, launches, "segment", branch, step)
         self.res.nme_rank_bytes += rank_bytes * self.p.n_ranks
+        self.res.nme_write_bytes += write_bytes * self.p.n_ranks
         self.res.nme_adds += adds
         self.res.nme_muls += muls
         self.res.segments += 1
@@ -513,6 +528,8 @@ class _Replay:
                 if i in weights:
                     yield weights.pop(i)
                 yield from self.gpu_run(self.op_time(i, len(compute)), "compute", label, step)
+                if self.comm is not None:
+                    yield from self.p2p(i, len(compute), label, step)
                 if sys != "a":
                     for j in compute:
                         sb = acts[j].store_bytes
@@ -531,24 +548,47 @@ class _Replay:
         for ev in list(loads.values()) + list(weights.values()):
             yield ev
 
-    def run(self):
-        def main():
-            for calls in self.wl.calls:
-                if self.sys in _INTERLEAVED:
-                    parts = [c2 for c in calls for c2 in self.wl.split_by_branch(c)]
-                    procs = [self.env.process(self.call(c)) for c in parts]
-                    yield simpy.AllOf(self.env, procs)
-                else:
-                    for c in calls:
-                        yield from self.call(c)
-        done = self.env.process(main())
-        self.env.run(until=done)
-        # async stores still in flight end the generation too
+    def p2p(self, i: int, rows: int, label, step):
+        """The stream waits on operator ``i``'s inter-GPU transfers for ``rows`` rows
+        (generator): ``self.comm(i, rows)`` gives (exposed seconds, bytes sent); the GPU is
+        held (no other kernel of this GPU runs) but not counted busy."""
+        seconds, nbytes = self.comm(i, rows)
+        if seconds <= 0:
+            return
+        with self.gpu.request(priority=self._priority.get(label, 0)) as req:
+            yield req
+            t0 = self.env.now
+            yield self.env.timeout(seconds)
+            self.res.p2p_s += seconds
+            self.res.p2p_bytes += nbytes
+            self._log("p2p", t0, "p2p", label, step)
+
+    def step_calls(self, calls):
+        """One step's calls (generator): in order, or in f/g the branches interleaved."""
+        if self.sys in _INTERLEAVED:
+            parts = [c2 for c in calls for c2 in self.wl.split_by_branch(c)]
+            procs = [self.env.process(self.call(c)) for c in parts]
+            yield simpy.AllOf(self.env, procs)
+        else:
+            for c in calls:
+                yield from self.call(c)
+
+    def finish(self):
+        """Run the environment out (async stores still in flight end the generation
+        too) and fill the result's totals."""
         self.env.run()
         self.res.latency_s = self.env.now
         self.res.gpu_measured = sum(self._looked.values())
         self.res.gpu_roofline = len(self._looked) - self.res.gpu_measured
         return self.res
+
+    def run(self):
+        def main():
+            for calls in self.wl.calls:
+                yield from self.step_calls(calls)
+        done = self.env.process(main())
+        self.env.run(until=done)
+        return self.finish()
 
 
 def replay(wl: Workload, plat: Platform, system: str, *, nme_timing: str = "model",
