@@ -7,7 +7,7 @@ typo or a misunderstanding, so it is refused, never silently dropped.
 
 from __future__ import annotations
 
-__all__ = ["items", "no_duplicates"]
+__all__ = ["items", "no_duplicates", "parse_int_list", "parse_list"]
 
 
 def items(text, flag: str, expected: str) -> list[str]:
@@ -29,3 +29,52 @@ def no_duplicates(values: list, text, flag: str, expected: str) -> None:
         if v in seen:
             raise ValueError(f"{flag} {text!r}: {v!r} given twice, expected {expected}")
         seen.add(v)
+
+
+def parse_int_list(text, flag: str, lo: int, hi: int) -> list[int]:
+    """``"0-9"``, ``"1,4,9"`` or ``"0-2,7"`` -> a list of ints in ``lo..hi``, order kept.
+    Empty items and duplicates (also through overlapping ranges) are refused.
+
+    Raises ValueError naming ``flag``."""
+    expected = (f"distinct integers {lo}..{hi} as a comma-separated list or ranges, such as "
+                "0-9 or 1,4,9")
+    out: list[int] = []
+    for part in items(text, flag, expected):
+        try:
+            if "-" in part[1:]:
+                a, b = (part.split("-", 1) if not part.startswith("-") else (part, ""))
+                a, b = int(a), int(b)
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {part!r} is not an integer or a range a-b "
+                             f"(a <= b), expected {expected}") from None
+    bad = [v for v in out if not lo <= v <= hi]
+    if bad:
+        raise ValueError(f"{flag} {text!r}: {bad[0]} is out of range, expected {expected}")
+    no_duplicates(out, text, flag, expected)
+    return out
+
+
+def parse_list(text, flag: str, kind=str, *, choices=None, expected: str | None = None) -> list:
+    """A comma-separated list of ``kind`` values (``str``: names, ``float``: numbers), order
+    kept; empty items and duplicates are refused, and with ``choices`` any other name.
+
+    Raises ValueError naming ``flag``."""
+    expected = expected or (f"a comma-separated list of {', '.join(choices)}" if choices
+                            else "a comma-separated list")
+    out = []
+    for part in items(text, flag, expected):
+        try:
+            value = kind(part)
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {part!r} is not a {kind.__name__}, expected "
+                             f"{expected}") from None
+        if choices is not None and value not in choices:
+            raise ValueError(f"{flag} {value!r}: unknown value, expected {expected}")
+        out.append(value)
+    no_duplicates(out, text, flag, expected)
+    return out

@@ -1,4 +1,5 @@
-"""mkdocs hook: make `coda.*` visible to the API reference's static analysis.
+"""mkdocs hooks: make `coda.*` visible to the API reference's static analysis, and render the
+result records (`<!-- record: NAME -->` lines: :mod:`coda.results`) into the pages.
 
 The package `coda` is spread over the repository's top-level folders (pyproject.toml's
 `[tool.setuptools.package-dir]`: coda.hw = hw/, coda.host = host/, ...), which a search of
@@ -32,3 +33,12 @@ def on_startup(**kwargs) -> None:
         link = top / parts[1]
         if not link.exists():
             link.symlink_to(ROOT / folder, target_is_directory=True)
+
+
+def on_page_markdown(markdown, page, **kwargs):
+    """Each `<!-- record: NAME -->` line -> docs/records/NAME.json's figures and pictures
+    (:func:`coda.results.render`); a marker without its record fails the build."""
+    from coda.results import render
+
+    depth = page.file.src_uri.count("/")
+    return render(markdown, ROOT / "docs" / "records", prefix="../" * depth + "records/")

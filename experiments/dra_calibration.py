@@ -178,7 +178,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
         quantile: in [0, 1] (1: no calibration video would fall back). margin: > 0.
         budget: None (one quantile), or extra executions in (0, 1] (:data:`DEFAULT_BUDGET`
             is what ``coda eval`` and ``coda run`` use); then ``profile`` (the schedule's
-            model's :class:`coda.experiments.profile.Profile`) and ``gamma`` are
+            model's :class:`coda.host.cache.profile.Profile`) and ``gamma`` are
             :func:`fallback_rates`'.
         probe: what the thresholds bound (:data:`coda.host.cache.policies.dra.PROBES`;
             ``coda eval`` and ``coda run`` choose one of :data:`~coda.host.cache.policies.dra.
@@ -196,7 +196,7 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
             schedule's, no labels or seeds; a budget without a profile, and what
             :func:`fallback_rates` refuses.
     """
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
 
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile={quantile}: expected a fraction in [0, 1]")

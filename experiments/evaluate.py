@@ -47,15 +47,17 @@ from coda.host.cache.forecast import CACHE_MODES
 from coda.jsonout import json_text
 from coda.paths import save_figure, write_file
 from coda.options import add_options, from_args, option
+from coda.host.cache.policies import POLICIES, policy_names
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
 
-POLICY_NAMES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "coda",
-                "coda-lat", "coda+dra")
+#: every policy of the registry
+POLICY_NAMES = tuple(POLICIES)
 DEFAULT_POLICIES = ("uniform", "pab", "teacache", "coda", "coda+dra")
-_NEEDS_PROFILE = ("teacache", "magcache", "fbcache", "lemica", "coda", "coda-lat", "coda+dra")
+#: calibrated on the profile, or searched on it (the coda schedules)
+_NEEDS_PROFILE = policy_names("needs_profile") + policy_names("needs_schedule")
 #: the static policies whose schedules --cache forecast calibrates alphas for
-FORECAST_POLICIES = ("uniform", "pab", "magcache", "coda", "coda-lat")
+FORECAST_POLICIES = policy_names("serves_forecast")
 
 
 # ---------------------------------------------------------------- one policy
@@ -226,6 +228,18 @@ def main(args) -> int:
     pareto_plot(rows, out / "pareto.png")
     write_file(out / "table.md", markdown_table(rows))
     _print_summary(rows, corner, out, acc_full, console)
+    from coda.results import record
+    figures = {}
+    for r in rows:
+        at = f"{r['policy']} @ {r['target_skip']:g}"
+        figures[f"{at}: skipped"] = round(r["ops_skipped_fraction"], 3)
+        figures[f"{at}: PSNR (dB)"] = round(r["psnr_db"], 2)
+        figures[f"{at}: SSIM"] = round(r["ssim"], 4)
+        if _latency(r):
+            figures[f"{at}: system f latency (s)"] = _latency(r)
+    record("eval-" + "-".join(f"{round(100 * k)}" for k in s.skips),
+           f"coda eval: {len(vid_labels)} videos, skip {', '.join(f'{k:g}' for k in s.skips)}",
+           figures, pictures={"quality against operators skipped": out / "pareto.png"})
     return 0
 
 
@@ -253,10 +267,11 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     """Every check of ``coda eval``'s options, then the model, the profile and the backend.
     ``args`` gives the NME's units (:func:`coda.hw.verilog.add_latency_arguments`). Raises
     ValueError naming the flag."""
-    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile, model_hash
     from coda.host.cache.device import resolve_device
-    from coda.host.cache.policies import (MAX_SEED, check_cached_steps, check_guidance,
-                                          check_steps, parse_int_list, parse_list)
+    from coda.host.cache.policies import check_cached_steps
+    from coda.host.model.sample import MAX_SEED, check_guidance, check_steps
+    from coda.lists import parse_int_list, parse_list
     from coda.host.cache.shipped import SHIPPED_PROFILE
     from coda.host.model.dit import load_model
     from coda.host.nme.backend import get_backend
@@ -429,7 +444,7 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
     (within the uniform baseline's modelled system-f latency at ``skip``, ``coda-lat``).
     Returns (Schedule, a line saying where it came from).
     Raises ValueError as :func:`coda.experiments.search.checked_search_steps`."""
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule, shipped_schedule
     from coda.experiments.search import checked_search_steps
 

@@ -127,7 +127,7 @@ def calibrate_forecast(model, schedules: dict, labels: Sequence[int], seeds: Seq
     full-compute generation per seed). ``driver_factory(videos)`` makes an NMP driver with
     room for every operator's output (:func:`coda.host.model.sample.cache_mem_words`).
     Raises ValueError for a schedule of another step count or no video."""
-    from coda.experiments.profile import model_hash as hash_of
+    from coda.host.cache.profile import model_hash as hash_of
 
     labels, seeds = [int(x) for x in labels], [int(s) for s in seeds]
     if not labels or not seeds:

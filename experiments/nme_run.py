@@ -44,7 +44,7 @@ from coda.hw.verilog import add_latency_arguments, resolve_preset
 from coda.host.nme import ops as ref
 from coda.host.nme.backend import BACKENDS, get_backend
 from coda.host.nme.bits import from_bits, to_bits, torch_dtype
-from coda.host.cache.policies import check_seed
+from coda.host.model.sample import check_seed
 from coda.host.nmp.driver import NMPCapacityError, NMPDriver, fit_mem_words
 
 __all__ = ["NMERunConfig", "configure", "main", "make_example", "read_inputs"]

@@ -25,45 +25,25 @@ ranking) and ``DIR/heatmap.png`` (operators x steps, one panel per operator type
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-import zipfile
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from coda.host.cache.device import DEVICES
-from coda.host.nmp.driver import NMPDriver
-# parse_int_list lives with the other command-line helpers; re-exported here
-from coda.host.cache.policies import MAX_SEED, check_guidance, check_steps, parse_int_list
-from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
-from coda.host.cache.schedule import ARCH_OP_TYPES, BRANCHES, ModelOps
+from coda.host.model.sample import MAX_SEED, check_guidance, check_steps
+from coda.lists import parse_int_list
+from coda.host.cache.profile import (InputNormDriver, Profile, ProfileBuilder, ProfilePolicy,
+                                     ProfilingDriver, model_hash)
+from coda.host.cache.schedule import BRANCHES
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
-from coda.jsonout import json_text
-from coda.paths import atomic_write, save_figure, write_file
+from coda.paths import save_figure
 from coda.options import add_options, option
 
-__all__ = ["Profile", "ProfilePolicy", "ProfilingDriver", "profile_model", "model_hash",
-           "step_sensitivity",
-           "parse_int_list", "stability_ranking", "depth_table", "plot_heatmap", "ARRAYS"]
-
-#: the arrays of a profile, each [videos, steps, branches, layers, op types] float32
-ARRAYS = ("out_change", "in_change", "out_abs", "in_abs")
-PROFILE_VERSION = 1
-
-
-def model_hash(model) -> str:
-    """sha256 (first 16 hex digits) of the model's configuration and weights: a profile or
-    schedule made for one model is refused for another."""
-    h = hashlib.sha256(json.dumps(model.config, sort_keys=True).encode())
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+__all__ = ["profile_model", "step_sensitivity", "stability_ranking", "depth_table",
+           "plot_heatmap"]
 
 
 def model_shape(model) -> dict:
@@ -80,244 +60,7 @@ def model_shape(model) -> dict:
             "cond_tokens": 1, "layers": len(model.transformer.transformer_blocks)}
 
 
-# ---------------------------------------------------------------- measuring
-class ProfilingDriver(NMPDriver):
-    """An :class:`NMPDriver` that measures, on the NMEs, how much an operator's output changed
-    since the step before, right before its cache slot is overwritten.
-
-    ``records`` collects ``(key, index, value, abs_mean)`` per output store, ``index`` = how
-    many times the slot was written before in this generation (= the step when every step
-    stores), ``value`` = ``Σ|new - old| / Σ|old|`` (NaN for the first write), ``abs_mean`` =
-    mean |new|. Slots whose key ends with ``"in"`` (kept inputs) are only counted.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.records: list[tuple] = []
-        self._writes: dict = {}
-        self._norms: dict = {}
-
-    def store(self, key, tensor, group=None, x_of=None):
-        if x_of is not None:        # a sum segment's slot of zeros: no operator's output
-            return super().store(key, tensor, group, x_of)
-        fresh = key not in self
-        writes = 0 if fresh else self._writes.get(key, 0)
-        is_input = isinstance(key, tuple) and key and key[-1] == "in"
-        if not is_input:
-            value = float("nan")
-            if not fresh and self.load_shape(key) == tuple(tensor.shape):
-                l1 = self.l1_to_slot(tensor, key)
-                norm = self._norms[key]
-                value = l1 / norm if norm > 0 else (0.0 if l1 == 0 else float("inf"))
-            mag = float(tensor.float().abs().sum())
-            self._norms[key] = mag
-            self.records.append((key, writes, value, mag / max(1, tensor.numel())))
-        self._writes[key] = writes + 1
-        super().store(key, tensor, group)
-
-    def load_shape(self, key) -> tuple:
-        return self._slot(key).shape
-
-    def free(self, key):
-        self._writes.pop(key, None)
-        self._norms.pop(key, None)
-        super().free(key)
-
-
-@dataclass(eq=False)
-class ProfilePolicy(CachePolicy):
-    """Compute every operator; store its output and keep its input every step; at every step
-    after the first, measure the input's change against the previous step on the NMEs
-    (:meth:`OpQuery.input_change`). ``monitors`` collects ``(step, branch, sample, layer, op,
-    value)`` of the current generation."""
-    name = "profile"
-    monitors: list = field(default_factory=list)
-
-    def reset(self) -> None:
-        self.monitors = []
-
-    def decide(self, q: OpQuery) -> Decision:
-        if q.kept_step is not None:
-            if q.kept_step != q.step - 1:
-                raise RuntimeError(f"profile: input of {q.ref} kept at step {q.kept_step}, "
-                                   f"expected {q.step - 1}")
-            q.input_change()
-        return Decision(False, store=True, keep_input=True, reason="profile")
-
-    def observe(self, event) -> None:
-        if event.kind == "monitor":
-            self.monitors.append((event.step, event.branch, event.sample, event.layer,
-                                  event.op, event.value))
-
-
-class _InputNormDriver(ProfilingDriver):
-    """Also records the mean |input| of every kept input (host side)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.input_records: list[tuple] = []
-
-    def store(self, key, tensor, group=None, x_of=None):
-        if x_of is None and isinstance(key, tuple) and key and key[-1] == "in":
-            writes = self._writes.get(key, 0) if key in self else 0
-            self.input_records.append((key, writes,
-                                       float(tensor.float().abs().sum()) / max(1, tensor.numel())))
-        super().store(key, tensor, group, x_of)
-
-
-@dataclass
-class Profile:
-    """Per-operator change between steps of a set of full-compute generations.
-
-    Attributes:
-        out_change, in_change: relative L1 change of each operator's output / input against
-            the previous step, float32 [videos, steps, branches, layers, op types] (NaN at
-            step 0), numerators computed on the NMEs.
-        out_abs, in_abs: mean |output| / |input| per element, same shape.
-        meta: model hash, prompts, seeds, steps, guidance, shape, videos ((prompt, seed) each).
-        sensitivity: per step, the final video's squared error per unit of the quality proxy
-            when operators are reused at that step (:func:`step_sensitivity`), or None.
-    """
-    out_change: np.ndarray
-    in_change: np.ndarray
-    out_abs: np.ndarray
-    in_abs: np.ndarray
-    meta: dict
-    sensitivity: np.ndarray | None = None
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.out_change.shape[1])
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.out_change.shape[3])
-
-    @property
-    def model_ops(self) -> ModelOps:
-        """The profiled model's operators: ``meta["arch"]`` and ``meta["ops"]`` (written for
-        the architectures other than Latte), else Latte's of :attr:`num_layers`. Raises
-        ScheduleError (a ValueError) for metadata that names no valid model."""
-        if "ops" not in self.meta:
-            return ModelOps.latte(self.num_layers)
-        return ModelOps(str(self.meta.get("arch", "latte")),
-                        tuple((int(layer), str(op)) for layer, op in self.meta["ops"]))
-
-    def per_op(self, arr) -> np.ndarray:
-        """``arr`` [..., layers, op types] (a name of :data:`ARRAYS` or an array of that
-        layout) as [..., operators], the model's operators in forward order
-        (:meth:`ModelOps.grid_index`; Latte's: the grid flattened as it is)."""
-        a = getattr(self, arr) if isinstance(arr, str) else np.asarray(arr)
-        flat = a.reshape(*a.shape[:-2], -1)
-        idx = self.model_ops.grid_index()
-        return flat if idx == tuple(range(flat.shape[-1])) else flat[..., list(idx)]
-
-    def mean(self, name: str = "out_change") -> np.ndarray:
-        """Mean over videos: [steps, branches, layers, op types] (step 0: NaN for changes)."""
-        arr = getattr(self, name)
-        with np.errstate(invalid="ignore"):
-            return arr.mean(axis=0) if arr.shape[0] else arr[0]
-
-    def check_for(self, model_id: str | None = None, num_steps: int | None = None,
-                  num_layers: int | None = None, what: str = "profile") -> None:
-        """Raise ValueError if this profile was made for another model / step / layer count."""
-        if model_id is not None and self.meta.get("model_hash") != model_id:
-            raise ValueError(f"{what}: made for model {self.meta.get('model_hash')!r}, "
-                             f"expected the model in use ({model_id})")
-        if num_steps is not None and self.num_steps != num_steps:
-            raise ValueError(f"{what}: made for {self.num_steps} steps, expected {num_steps}")
-        if num_layers is not None and self.num_layers != num_layers:
-            raise ValueError(f"{what}: made for {self.num_layers} layers, expected {num_layers}")
-
-    # ---- files
-    def save(self, folder: str | Path) -> Path:
-        """Write ``folder/profile.npz`` (arrays + metadata JSON) and ``folder/profile.json``,
-        each whole or not at all (:func:`coda.paths.atomic_write`). Returns the .npz path;
-        raises OSError naming the file that cannot be written."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "profile.npz"
-        meta = dict(self.meta, version=PROFILE_VERSION)
-        extra = {} if self.sensitivity is None else {"sensitivity": self.sensitivity}
-        with atomic_write(path) as fh:
-            np.savez_compressed(fh, **{k: getattr(self, k).astype(np.float32) for k in ARRAYS},
-                                meta=np.array(json_text(meta)), **extra)
-        write_file(folder / "profile.json", json_text(meta, indent=2) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path, flag: str = "--profile") -> "Profile":
-        """Read a ``profile.npz``. Raises ValueError (naming ``flag`` and the file) if it is
-        not one: unreadable, truncated or corrupt, arrays of the wrong shape, or values that
-        are not finite (changes and magnitudes must be finite and >= 0, except the changes at
-        step 0, which have no previous step; the step sensitivity finite and >= 0)."""
-        path = Path(path)
-        what = f"{flag} {path}"
-        if path.is_dir():
-            raise ValueError(f"{what}: is a folder, expected a profile.npz file")
-        if not path.is_file():
-            raise ValueError(f"{what}: no such file, expected a profile.npz written "
-                             "by coda profile")
-        try:
-            with open(path, "rb") as f:
-                magic = f.read(4)
-            if magic != b"PK\x03\x04":           # np.load would try a pickle or a .npy
-                raise zipfile.BadZipFile("not a .npz (zip) archive" if magic else "empty file")
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: np.asarray(data[k], dtype=np.float32) for k in ARRAYS}
-                meta = json.loads(str(data["meta"]))
-                sens = (np.asarray(data["sensitivity"], dtype=np.float64)
-                        if "sensitivity" in data.files else None)
-        except (OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile,
-                zlib.error) as exc:
-            # a text file, a truncated or corrupt archive, a missing or malformed array
-            raise ValueError(f"{what}: not a profile written by coda profile "
-                             f"({type(exc).__name__}: {exc})") from None
-        if not isinstance(meta, dict):
-            raise ValueError(f"{what}: not a profile written by coda profile (its metadata "
-                             f"is a {type(meta).__name__}, expected a JSON object)")
-        shapes = {a.shape for a in arrays.values()}
-        shape = arrays["out_change"].shape
-        types = ARCH_OP_TYPES.get(meta.get("arch", "latte"))
-        if types is None:
-            raise ValueError(f"{what}: architecture {meta.get('arch')!r}, expected one of "
-                             f"{sorted(ARCH_OP_TYPES)}")
-        if len(shapes) != 1 or len(shape) != 5 or shape[2] != len(BRANCHES) or \
-                shape[4] != len(types) or shape[1] < 1 or shape[0] < 1 or shape[3] < 1:
-            raise ValueError(f"{what}: arrays of shape {sorted(shapes)}, expected one "
-                             "shape [videos >= 1, steps >= 1, 2 branches, layers, "
-                             f"{len(types)} op types]")
-        probe = cls(**arrays, meta=meta)
-        try:
-            ops = probe.model_ops
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"{what}: its operators (meta \"ops\") are not a model's: "
-                             f"{exc}") from None
-        if ops.num_layers != shape[3]:
-            raise ValueError(f"{what}: operators of {ops.num_layers} layers, arrays of "
-                             f"{shape[3]}; expected the same")
-        for name, arr in arrays.items():
-            first = 1 if name.endswith("_change") else 0      # changes: NaN at step 0
-            checked = probe.per_op(arr[:, first:])            # the model's operators only
-            bad = ~np.isfinite(checked) | (checked < 0)
-            if bad.any():
-                v, s, b, i = (int(i) for i in np.argwhere(bad)[0])
-                layer, op = ops.ops[i]
-                raise ValueError(
-                    f"{what}: {int(bad.sum())} values of {name} are not finite and >= 0 (the "
-                    f"first, {checked[v, s, b, i]}, at video {v}, step {s + first}, "
-                    f"{BRANCHES[b]}, layer {layer}, {op}); expected a profile of "
-                    "finite measurements")
-        if sens is not None and sens.shape != (shape[1],):
-            raise ValueError(f"{what}: sensitivity of shape {sens.shape}, expected "
-                             f"({shape[1]},)")
-        if sens is not None and not (np.all(np.isfinite(sens)) and np.all(sens >= 0)):
-            bad = int((~(np.isfinite(sens) & (sens >= 0))).sum())
-            raise ValueError(f"{what}: {bad} of its {sens.size} step-sensitivity values are "
-                             "not finite and >= 0; expected a profile of finite measurements")
-        return cls(**arrays, meta=meta, sensitivity=sens)
-
-
+# ---------------------------------------------------------------- profiling generations
 def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
                   guidance_scale: float, progress: bool = False) -> Profile:
     """Profile full-compute CFG generations: one generation per seed, all labels batched
@@ -339,39 +82,19 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
 
     labels = [int(x) for x in labels]
     ops = model_ops(model.transformer)
-    layers, kinds = ops.num_layers, ops.op_types
-    n_vid = len(labels) * len(seeds)
-    arrays = {k: np.full((n_vid, num_steps, len(BRANCHES), layers, len(kinds)), np.nan,
-                         np.float32) for k in ARRAYS}
-    b_idx = {b: i for i, b in enumerate(BRANCHES)}
-    o_idx = {o: i for i, o in enumerate(kinds)}
+    builder = ProfileBuilder(ops, len(labels) * len(seeds), num_steps)
     for si, seed in enumerate(seeds):
         driver = driver_factory(len(labels))
         policy = ProfilePolicy()
         cached_videos(model, labels, driver, policy, num_steps=num_steps,
                       guidance_scale=guidance_scale, seeds=[seed] * len(labels),
                       progress=progress)
-        base = si * len(labels)
-        for key, step, value, mag in driver.records:
-            if len(key) != 5:           # another stream than the video's (text tokens)
-                continue
-            _, branch, sample, layer, op = key
-            idx = (base + sample, step, b_idx[branch], layer, o_idx[op])
-            arrays["out_change"][idx] = value
-            arrays["out_abs"][idx] = mag
-        for key, step, mag in driver.input_records:
-            _, branch, sample, layer, op = key[:5]
-            arrays["in_abs"][(base + sample, step, b_idx[branch], layer, o_idx[op])] = mag
-        for step, branch, sample, layer, op, value in policy.monitors:
-            arrays["in_change"][(base + sample, step, b_idx[branch], layer, o_idx[op])] = value
-    meta = {"model_hash": model_hash(model), "prompts": labels, "seeds": [int(s) for s in seeds],
-            "videos": [[p, int(s)] for s in seeds for p in labels], "steps": num_steps,
-            "guidance_scale": guidance_scale, "branches": list(BRANCHES),
-            "op_types": list(kinds), "layers": layers,
-            "shape": model.shape() if isinstance(model, CFGLoop) else model_shape(model)}
-    if ops != ModelOps.latte(layers):     # Latte's files keep their format
-        meta.update(arch=ops.arch, ops=[list(r) for r in ops.ops])
-    return Profile(**arrays, meta=meta)
+        builder.add(driver, policy, first_video=si * len(labels))
+    return builder.build({
+        "model_hash": model_hash(model), "prompts": labels, "seeds": [int(s) for s in seeds],
+        "videos": [[p, int(s)] for s in seeds for p in labels], "steps": num_steps,
+        "guidance_scale": guidance_scale,
+        "shape": model.shape() if isinstance(model, CFGLoop) else model_shape(model)})
 
 
 def step_sensitivity(model, profile: Profile, driver_factory, *, blocks: int = 10,
@@ -554,7 +277,7 @@ def make_driver_factory(model, backend, lanes: int, ranks: int, **nme):
 
     def factory(videos: int) -> ProfilingDriver:
         words = cache_mem_words(model, videos, ranks, lanes, inputs=True)   # outputs and inputs
-        return _InputNormDriver(backend, NMEConfig(lanes=lanes, mem_words=words, **nme),
+        return InputNormDriver(backend, NMEConfig(lanes=lanes, mem_words=words, **nme),
                                 ranks=ranks)
     return factory
 
@@ -567,6 +290,7 @@ def main(args) -> int:
     from coda.host.model.dit import load_model
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
+    from coda.results import record
 
     device = resolve_device(args.device, "--device")     # no CUDA: refused first
     prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
@@ -608,4 +332,8 @@ def main(args) -> int:
     for r in ranking:
         console.print(f"  {r['op']:14s} out {r['out_change']:.4f} (median over steps "
                       f"{r['out_change_median']:.4f})  in {r['in_change']:.4f}")
+    record("profile", f"profile of {len(prof.meta['videos'])} videos x {args.steps} steps",
+           {**{f"{r['op']}: mean output change": round(r["out_change"], 4) for r in ranking},
+            **{f"{r['op']}: mean input change": round(r["in_change"], 4) for r in ranking}},
+           pictures={"relative output change per operator and step": out / "heatmap.png"})
     return 0

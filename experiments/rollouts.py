@@ -61,7 +61,7 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
     """Full-compute videos of (labels[i], seeds[i]), float32 [N, 1, F, H, W].
 
     ``cache_dir``: keep them there in a file named by a hash of the model (its
-    :func:`coda.experiments.profile.model_hash`), the videos, steps, guidance, the torch build,
+    :func:`coda.host.cache.profile.model_hash`), the videos, steps, guidance, the torch build,
     the CPU's name and the vector ISA torch's kernels use (``get_cpu_capability``: two
     machines with the same CPU name gave different bits here), and read it back when asked
     again (the bits of a generation depend on the CPU)."""
@@ -72,8 +72,8 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
         import hashlib
         import platform
 
-        from coda.experiments.profile import model_hash
-        from coda.host.system.calibrate import cpu_model
+        from coda.host.cache.profile import model_hash
+        from coda.results import cpu_model
         key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
                           num_steps, float(guidance_scale), torch.__version__,
                           platform.machine(), platform.processor(), cpu_model(),

@@ -28,14 +28,14 @@ class ScheduleFilesConfig:
 
 def load_for_calibration(cfg: ScheduleFilesConfig):
     """(the shipped model, path -> its :class:`coda.host.cache.schedule.Schedule`, the
-    :class:`coda.experiments.profile.Profile`, its path, the CFG scale) for ``cfg``, after
+    :class:`coda.host.cache.profile.Profile`, its path, the CFG scale) for ``cfg``, after
     setting torch's CPU threads. Raises ValueError: a guidance that is not finite and >= 0,
     threads < 1, a schedule file of another model, layer count or step count than the
     first's, a profile of another model or step count (each naming the file)."""
     import torch
 
-    from coda.experiments.profile import Profile, model_hash
-    from coda.host.cache.policies import check_guidance
+    from coda.host.cache.profile import Profile, model_hash
+    from coda.host.model.sample import check_guidance
     from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule
     from coda.host.model.dit import load_model
     from coda.host.model.sample import DEFAULT_GUIDANCE

@@ -296,7 +296,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     ValueError naming the flag or the file (a profile of another model, a skip no whole-step
     plan reaches)."""
     from coda.host.model.dit import load_model
-    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile, model_hash
 
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")

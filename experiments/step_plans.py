@@ -351,7 +351,7 @@ def refined_plans(plan: StepPlan, profile, fits: Callable[[StepPlan], bool], *,
 
     Args:
         plan: a plan with reused steps and no refreshed operators yet.
-        profile: the profile (:class:`coda.experiments.profile.Profile`) of the plan's model.
+        profile: the profile (:class:`coda.host.cache.profile.Profile`) of the plan's model.
         fits: whether a refined plan may be a candidate.
         gammas: the stand-in's weight exponents, one step each (the same step once).
     Returns:

@@ -26,7 +26,8 @@ def load(args):
     threads. Raises ValueError naming a bad --prompts, --seeds or schedule."""
     import torch
 
-    from coda.host.cache.policies import MAX_SEED, parse_int_list
+    from coda.host.model.sample import MAX_SEED
+    from coda.lists import parse_int_list
     from coda.host.cache.shipped import load_schedule
     from coda.host.model.dit import load_model
 

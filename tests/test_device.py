@@ -16,7 +16,7 @@ import torch
 
 from coda.cli import main
 from coda.experiments.forecast_calibration import load_forecast
-from coda.experiments.profile import model_hash
+from coda.host.cache.profile import model_hash
 from coda.host.cache.device import DeviceCache, resolve_device
 from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache, remove_coda_cache
 from coda.host.cache.events import EventLog

@@ -74,7 +74,7 @@ def test_calibration_fits_each_step_and_type_on_the_recorded_outputs(tmp_path):
     and layer of the full-compute outputs at t against the extrapolation of the schedule's
     last two computed steps (computed here again in float64 from the recording); the table
     goes into the schedule file and comes back, refused for another model or step count."""
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
 
     torch.set_num_threads(1)
     model = tiny_model()

@@ -477,11 +477,83 @@ def test_the_tested_diffusers_runs_no_self_check_unless_asked(wan_pipeline_cls):
         assert handle.self_check and handle.self_checked == {"transformer": True}
 
 
+# ---------------------------------------------------------------- calibration on first use
+@pytest.mark.parametrize("policy", ["teacache", "lemica"])
+def test_calibrate_on_first_use_is_the_explicit_profile_path(wan_pipeline_cls, policy,
+                                                             tmp_path):
+    """calibrate=True: the first run computes everything (the unhooked bits) while it is
+    profiled, the second reuses; the saved profile, passed as profile= to a fresh
+    enable_cache, builds the same policy and gives the same bits and counters."""
+    import numpy as np
+
+    from coda.host.cache.profile import ARRAYS, Profile
+
+    pipe = wan_pipe(wan_pipeline_cls)
+    plain = run_wan(pipe)
+    handle = coda.enable_cache(pipe, policy, skip=0.4, calibrate=True, profile_path=tmp_path)
+    assert handle.profiles == {}
+    assert _same(run_wan(pipe), plain)
+    assert handle.summary()["ops_reused"] == 0
+    prof = handle.profiles["transformer"]
+    assert prof.num_steps == STEPS and prof.out_change.shape[0] == 1
+    assert np.isfinite(prof.per_op("out_change")[:, 1:]).all()
+    second = run_wan(pipe)
+    counts = handle.summary()
+    assert counts["ops_reused"] > 0
+    built = handle.hooks["transformer"].policy
+    coda.disable_cache(pipe)
+    loaded = Profile.load(tmp_path / "profile.npz")
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(prof, name))
+    explicit = coda.enable_cache(pipe, policy, skip=0.4, profile=loaded)
+    assert explicit.hooks["transformer"].policy.describe() == built.describe()
+    assert _same(run_wan(pipe), second)
+    assert explicit.summary()["ops_reused"] == counts["ops_reused"]
+
+
+def test_calibrate_on_first_use_gives_each_wan22_expert_its_own_profile(wan_pipeline_cls,
+                                                                       tmp_path):
+    pipe = wan_pipe(wan_pipeline_cls, two_experts=True)
+    handle = coda.enable_cache(pipe, "magcache", skip=0.3, calibrate=True,
+                               profile_path=tmp_path)
+    run_wan(pipe, steps=STEPS_22)
+    assert handle.summary()["ops_reused"] == 0
+    assert {n: p.num_steps for n, p in handle.profiles.items()} == {
+        "transformer": SWITCH, "transformer_2": STEPS_22 - SWITCH}
+    assert (tmp_path / "transformer" / "profile.npz").is_file()
+    assert (tmp_path / "transformer_2" / "profile.npz").is_file()
+    run_wan(pipe, steps=STEPS_22)
+    assert handle.summary()["ops_reused"] > 0
+    # the high-noise expert's generations are the loop's 8 steps, cut at the boundary: its
+    # schedule reuses nothing in the steps it never runs
+    high = handle.hooks["transformer"]
+    sched = high.policy.schedule_for(STEPS_22, high.model_ops)
+    assert sched.num_steps == STEPS_22
+    assert not any(sched.reuse.get((s, b)) for s in range(SWITCH, STEPS_22)
+                   for b in ("cond", "uncond"))
+
+
 # ---------------------------------------------------------------- refusals
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"policy": "fastcache"}, ValueError, "unknown policy 'fastcache': expected one of uniform"),
     ({"policy": "teacache", "skip": 0.5}, ValueError,
-     "policy 'teacache' needs profile=.*profile_model.*does not calibrate on first use"),
+     "policy 'teacache' needs profile=: a profile of this model, or calibrate=True"),
+    ({"policy": "uniform", "calibrate": True}, ValueError,
+     "calibrate=True with policy 'uniform': expected one calibrated on a profile"),
+    ({"policy": "coda", "calibrate": True}, ValueError,
+     "calibrate=True with policy 'coda': .*coda schedule search"),
+    ({"policy": "teacache", "calibrate": True}, ValueError,
+     "calibrate=True with policy 'teacache': expected skip= .* or threshold="),
+    ({"policy": "lemica", "calibrate": True, "threshold": 0.1}, ValueError,
+     r"policy 'lemica': unknown parameters \['threshold'\]; expected none"),
+    ({"policy": "teacache", "skip": 0.5, "calibrate": True, "profile": "p.npz"}, ValueError,
+     "calibrate=True and profile= are alternatives"),
+    ({"policy": "teacache", "skip": 0.5, "calibrate": "yes"}, ValueError,
+     "calibrate='yes': expected True or False"),
+    ({"policy": "uniform", "profile_path": "build/p"}, ValueError,
+     "profile_path='build/p': a calibrate=True option"),
+    ({"policy": "fbcache", "threshold": 0.1, "calibrate": True}, ValueError,
+     "fbcache and threshold=: that policy needs no profile"),
     ({"policy": "magcache", "profile": "build/profile/profile.npz"}, ValueError,
      "profile='build/profile/profile.npz': pass the loaded profile, .*Profile.load"),
     ({"policy": "coda"}, ValueError, "policy 'coda' needs schedule=: the Schedule searched"),

@@ -5,6 +5,7 @@ driver."""
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from coda.host.cache.policies.lemica import lemica_schedule, min_error_path, spa
 from coda.host.cache.policies.magcache import MagCachePolicy, magnitude_ratios
 from coda.host.cache.policies.pab import PABPolicy
 from coda.host.cache.policies.teacache import TeaCachePolicy, fit_rescale
-from coda.experiments.profile import model_hash, profile_model
+from coda.host.cache.profile import model_hash
+from coda.experiments.profile import profile_model
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, Schedule, operator_order
 from coda.hw.nme.isa import NMEConfig
 from mixed_schedule import mixed_schedule
@@ -47,9 +49,9 @@ def driver(videos=1):
 
 @pytest.fixture(scope="module")
 def setup():
-    from coda.experiments.profile import _InputNormDriver
+    from coda.host.cache.profile import InputNormDriver
     model = tiny_model()
-    prof = profile_model(model, [2, 6], [40], lambda n: _InputNormDriver(
+    prof = profile_model(model, [2, 6], [40], lambda n: InputNormDriver(
         TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 16), ranks=2),
         num_steps=STEPS, guidance_scale=3.0)
     return model, prof
@@ -78,9 +80,9 @@ def table_for(model, sched, thresholds):
 @pytest.fixture(scope="module")
 def short_profiles():
     """Profiles of the tiny model over 1, 2 and 3 steps."""
-    from coda.experiments.profile import _InputNormDriver
+    from coda.host.cache.profile import InputNormDriver
     model = tiny_model()
-    return {n: profile_model(model, [2], [40], lambda v: _InputNormDriver(
+    return {n: profile_model(model, [2], [40], lambda v: InputNormDriver(
         TorchBackend(), NMEConfig(lanes=8, mem_words=1 << 16), ranks=2),
         num_steps=n, guidance_scale=3.0) for n in (1, 2, 3)}
 
@@ -108,6 +110,37 @@ def test_every_calibrated_policy_refuses_a_run_too_short_to_cache(name, short_pr
     assert MIN_CACHED_STEPS == 3
     kw = dict(profile=short_profiles[3], num_steps=3, num_layers=2)
     assert expected_skip(get_policy(name, skip=0.3, **kw), **kw) > 0.0
+
+
+def test_registry_facts_are_what_each_class_needs(setup):
+    """Each registry fact is the class's behaviour: a policy that needs a profile (or a
+    schedule) is refused without one, naming it; one that needs neither builds from the run's
+    shape alone; an unknown parameter is refused, naming the class's own keyword parameters
+    (read from its from_inputs signature)."""
+    import inspect
+
+    from coda.host.cache.policies import policy_names
+
+    model, prof = setup
+    shape = dict(skip=0.4, num_steps=STEPS, num_layers=2)
+    for name, cls in POLICIES.items():
+        if cls.needs_profile:
+            with pytest.raises(ValueError, match=f"policy '{re.escape(name)}' needs a profile"):
+                get_policy(name, **shape)
+        elif cls.needs_schedule:
+            with pytest.raises(ValueError, match=f"policy '{re.escape(name)}' needs a schedule"):
+                get_policy(name, **shape)
+        else:
+            assert isinstance(get_policy(name, **shape), cls)
+        own = sorted(p.name for p in inspect.signature(cls.from_inputs).parameters.values()
+                     if p.kind is p.KEYWORD_ONLY)
+        with pytest.raises(ValueError, match=re.escape(f"unknown parameters ['bogus']; "
+                                                       f"expected {own or 'none'}")):
+            get_policy(name, bogus=1, **shape)
+    assert set(policy_names("needs_profile")) == {n for n, c in POLICIES.items()
+                                                  if c.needs_profile}
+    with pytest.raises(ValueError, match="fact 'cheap'"):
+        policy_names("cheap")
 
 
 def test_registry_builds_every_policy_and_refuses_bad_input(setup):

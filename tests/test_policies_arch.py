@@ -26,7 +26,9 @@ import torch
 
 from coda.experiments.cfg_loop import CFGLoop
 from coda.experiments.dra_calibration import calibrate_step_dra
-from coda.experiments.profile import Profile, _InputNormDriver, profile_model
+from coda.host.cache.profile import Profile
+from coda.experiments.profile import profile_model
+from coda.host.cache.profile import InputNormDriver
 from coda.experiments.rollouts import loop_judge
 from coda.experiments.search import search_steps
 from coda.host.cache.arch import ARCHITECTURES, model_ops
@@ -81,7 +83,7 @@ def setup(name: str) -> Setup:
     if name in _SETUPS:
         return _SETUPS[name]
     loop = make_loop(name)
-    prof = profile_model(loop, [0, 1], [SEED], lambda n: driver(n, _InputNormDriver),
+    prof = profile_model(loop, [0, 1], [SEED], lambda n: driver(n, InputNormDriver),
                          num_steps=STEPS, guidance_scale=GUIDANCE)
     ops = prof.model_ops
     pols = {n: get_policy(n, skip=SKIP, profile=prof, num_steps=STEPS, ops=ops)

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from coda.cli import main
 from coda.host.nme.backend import TorchBackend
@@ -16,9 +15,9 @@ from coda.host.nmp.driver import NMPDriver
 from coda.host.model.dit import DEFAULT_CONFIG, build_model
 from coda.host.model.sample import cached_generate
 from coda.host.cache.policies.base import CachePolicy, Decision
-from coda.experiments.profile import (Profile, ProfilingDriver, model_hash, parse_int_list,
-                               plot_heatmap, profile_model, stability_ranking,
-                               depth_table)
+from coda.host.cache.profile import Profile, model_hash
+from coda.lists import parse_int_list
+from coda.experiments.profile import plot_heatmap, profile_model, stability_ranking, depth_table
 from coda.host.cache.schedule import BRANCHES, OP_TYPES
 from coda.hw.nme.isa import NMEConfig
 
@@ -35,8 +34,8 @@ def tiny_model(seed=1):
 
 
 def factory(backend=None):
-    from coda.experiments.profile import _InputNormDriver
-    return lambda videos: _InputNormDriver(backend or TorchBackend(),
+    from coda.host.cache.profile import InputNormDriver
+    return lambda videos: InputNormDriver(backend or TorchBackend(),
                                            NMEConfig(lanes=8, mem_words=1 << 15), ranks=2)
 
 
@@ -146,7 +145,7 @@ def test_parse_int_list():
 
 
 def test_parse_list_is_the_same_rule_for_names_and_numbers():
-    from coda.host.cache.policies import parse_list
+    from coda.lists import parse_list
     assert parse_list("uniform, coda", "--policy", choices=("uniform", "coda")) == \
         ["uniform", "coda"]
     assert parse_list("0.3,0.5", "--skip", float) == [0.3, 0.5]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coda.cli import main
-from coda.experiments.profile import Profile
+from coda.host.cache.profile import Profile
 from coda.host.cache.policies import uniform_for_skip
 from coda.host.cache.schedule import BRANCHES, OP_TYPES, ScheduleError
 from coda.host.cache.shipped import load_schedule
@@ -278,7 +278,7 @@ def test_the_shipped_schedules_are_whole_step_plans_of_the_shipped_model(skip, l
     reused in both branches (plus, at every step from 1 on, the profile's constant types if
     the plan says so), as many reused steps as the target needs."""
     from coda.host.model.dit import load_model
-    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile, model_hash
     from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule, shipped_schedule
 
     model, _ = load_model()
@@ -343,7 +343,7 @@ def test_a_latency_budget_keeps_only_candidates_modelled_that_fast(profile_6, tm
     assert within_budget(chosen["modelled"]["latency_s"], lat[0])   # up to LATENCY_RTOL
     # a budget reuses more steps when it must; below the fastest plan (every step but the
     # first and the last reused, the constant types at every step) it is refused, naming it
-    from coda.experiments.profile import Profile
+    from coda.host.cache.profile import Profile
     from coda.host.system.cost import schedule_cost
     prof = Profile.load(profile_6)
     fastest = schedule_cost(StepPlan(6, prof.num_layers, frozenset(range(1, 5)),
@@ -362,7 +362,7 @@ def test_a_uniform_latency_budget(profile_6, tmp_path, capsys):
     """--latency uniform: the budget is the uniform baseline's modelled latency at the skip;
     the winner is modelled within it, and each choice of ``always`` reuses the fewest whole
     steps that fit it (without ``always``: uniform's own count, which fits by definition)."""
-    from coda.experiments.profile import Profile
+    from coda.host.cache.profile import Profile
     from coda.experiments.search import (LATENCY_RTOL, counts_within_latency, uniform_latency,
                                        within_budget)
     from coda.host.system.cost import schedule_cost

@@ -345,6 +345,26 @@ class CodaCacheHook(ModelHook):
         out["calls"] = self.state.calls
         return out
 
+    def swap(self, module, *, policy=None, driver=None) -> None:
+        """End the running generation (its slots freed) and go on with another ``policy``
+        and/or ``driver`` (what :func:`coda.enable_cache` does after calibrating on the first
+        generation). Raises what the constructor raises for them (a driver without the
+        NME lanes the model needs, a policy that the cache mode cannot serve)."""
+        self.reset_state(module)
+        if driver is not None:
+            memory = getattr(driver, "cache_memory", "nmp")
+            if memory not in CACHE_MEMORIES:
+                raise ValueError(f"driver cache_memory={memory!r}: expected one of "
+                                 f"{', '.join(CACHE_MEMORIES)}")
+            self.config.driver, self.cache_memory = driver, memory
+            self.initialize_hook(module)        # the lanes and int8 group of this driver
+        if policy is not None:
+            policy = as_policy(policy)
+            if self.config.cache == "forecast" and not isinstance(policy, StaticPolicy):
+                raise ValueError(f"cache='forecast' with policy {policy.name!r}: expected a "
+                                 "static policy")
+            self.policy = policy
+
     # ---- generation bookkeeping -------------------------------------------------
     def reset_state(self, module):
         for branch in self.state.branches.values():

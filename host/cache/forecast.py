@@ -98,7 +98,7 @@ class ForecastTable:
     Attributes:
         alphas: step -> operator type -> alpha. A (step, type) not listed forecasts with
             alpha 0 (plain reuse).
-        num_steps: the run's step count. model_hash: :func:`coda.experiments.profile.model_hash`.
+        num_steps: the run's step count. model_hash: :func:`coda.host.cache.profile.model_hash`.
         schedule: the digest of the schedule it was calibrated for
             (:meth:`coda.host.cache.schedule.Schedule.digest`).
         videos: the calibration videos, ``(prompt, seed)`` each.

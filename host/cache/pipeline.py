@@ -48,7 +48,7 @@ from coda.host.cache.engine import (BATCHED_CFG, CodaCacheConfig, CodaCacheHook,
 from coda.host.cache.execution import check_execution
 from coda.host.cache.forecast import CACHE_MODES
 from coda.host.cache.policies import (MIN_CACHED_STEPS, POLICIES, CachePolicy, SchedulePolicy,
-                                      as_policy, get_policy, uniform_for_skip)
+                                      as_policy, get_policy, policy_names, uniform_for_skip)
 from coda.host.cache.policies.static import StaticPolicy
 from coda.host.cache.schedule import ModelOps, Schedule
 
@@ -61,9 +61,9 @@ BACKENDS = ("device", "nmp")
 EXPERTS = ("transformer", "transformer_2")
 PIPELINE_HOOK_NAME = "coda_cache_pipeline"
 #: policies calibrated on a profile of the model (fbcache also runs with a given threshold)
-_PROFILE_POLICIES = ("teacache", "magcache", "fbcache", "lemica")
+_PROFILE_POLICIES = policy_names("needs_profile")
 #: policies that run a searched schedule
-_SCHEDULE_POLICIES = ("coda", "coda-lat", "coda+dra")
+_SCHEDULE_POLICIES = policy_names("needs_schedule")
 _ATTR = "_coda_cache"          # the handle, on the pipeline (or bare transformer)
 #: the rank memory of the default NMP driver, words per rank (the NMEConfig maximum)
 _NMP_MEM_WORDS = 1 << 24
@@ -152,6 +152,7 @@ class CacheHandle:
         self.cache, self.self_check = cache, self_check
         self.hooks: dict[str, CodaCacheHook] = {}
         self.self_checked: dict[str, bool] = {}
+        self.calibration: _Calibration | None = None
         self._run: dict[str, tuple[int, int]] = {}   # expert -> (generation, first step) of
         self._seen: dict[str, int] = {}              # the last run; its last generation seen
 
@@ -172,10 +173,20 @@ class CacheHandle:
         return CacheContext(BATCHED_CFG if guided else "cond")
 
     def _switch_to(self, expert: str) -> None:
-        """End the other experts' running generations (the pipeline switched experts)."""
+        """End the other experts' running generations (the pipeline switched experts); one
+        that was calibrating gets its policy now (its generation is complete)."""
         for name, hook in self.hooks.items():
             if name != expert and hook.state.generation is not None:
-                hook.reset_state(self.modules[name])
+                if self.calibration is not None and name in self.calibration.pending:
+                    self.calibration.finish(self, name)
+                else:
+                    hook.reset_state(self.modules[name])
+
+    @property
+    def profiles(self) -> dict:
+        """Expert name -> the :class:`coda.host.cache.profile.Profile` measured by
+        ``calibrate=True`` (empty before the first generation ends, or without it)."""
+        return {} if self.calibration is None else dict(self.calibration.profiles)
 
     def _record(self, expert: str) -> None:
         """Note the expert's current generation as part of the pipeline's last run (a
@@ -300,6 +311,9 @@ class _PipelineHook(ModelHook):
             handle._switch_to(self.expert)
             output = self.fn_ref.original_forward(*args, **kwargs)
             handle._record(self.expert)
+            cal = handle.calibration
+            if cal is not None and self.expert in cal.pending and cal.complete(hook):
+                cal.finish(handle, self.expert)
             if handle.self_check and not handle.self_checked.get(self.expert):
                 handle._check_bits(self.expert, module, args, kwargs, output)
             return output
@@ -308,11 +322,112 @@ class _PipelineHook(ModelHook):
                 manager.set_context(None)
 
 
+# ---------------------------------------------------------------- calibration on first use
+class _Calibration:
+    """``enable_cache(..., calibrate=True)``: each transformer's first generation runs the
+    profiling policy on a profiling driver; when it is complete (:meth:`complete`) the
+    profile is built from what was measured and the expert goes on with the named policy
+    built from it, on the handle's own driver (:meth:`finish`)."""
+
+    def __init__(self, name: str, skip, options: dict, path, experts):
+        from coda.host.cache.profile import InputNormDriver, ProfilePolicy
+        from coda.host.nme.backend import TorchBackend
+        from coda.hw.nme.isa import NMEConfig
+
+        self.name, self.skip, self.options = name, skip, dict(options)
+        self.path = None if path is None else os.fspath(path)
+        self.driver = InputNormDriver(TorchBackend(),
+                                      NMEConfig(lanes=8, mem_words=_NMP_MEM_WORDS), ranks=2)
+        self.pending = {expert: ProfilePolicy() for expert in experts}
+        self.profiles: dict = {}
+        self.two = len(experts) > 1
+
+    @classmethod
+    def for_args(cls, calibrate, path, policy, skip, profile, cache, options, modules):
+        """The calibration ``enable_cache``'s arguments ask for, or None; ValueError for
+        arguments it cannot serve (checked before any hook is placed)."""
+        if not isinstance(calibrate, bool):
+            raise ValueError(f"calibrate={calibrate!r}: expected True or False")
+        if not calibrate:
+            if path is not None:
+                raise ValueError(f"profile_path={os.fspath(path)!r}: a calibrate=True option, "
+                                 "expected none without it")
+            return None
+        need = policy_names("needs_profile")
+        if not isinstance(policy, str) or policy not in need:
+            raise ValueError(f"calibrate=True with policy {policy!r}: expected one calibrated "
+                             f"on a profile ({', '.join(need)}); uniform and pab need none, "
+                             "coda's schedule is searched by coda schedule search")
+        if profile is not None:
+            raise ValueError("calibrate=True and profile= are alternatives: the profile is "
+                             "measured on the first generation; expected one")
+        if cache != "reuse":
+            raise ValueError(f"calibrate=True with cache={cache!r}: expected 'reuse' (forecast "
+                             "alphas are calibrated for a schedule by coda schedule forecast)")
+        import inspect
+
+        allowed = [p.name for p in inspect.signature(POLICIES[policy].from_inputs)
+                   .parameters.values() if p.kind is p.KEYWORD_ONLY]
+        extra = sorted(set(options) - set(allowed))
+        if extra:
+            raise ValueError(f"policy {policy!r}: unknown parameters {extra}; expected "
+                             f"{allowed or 'none'}")
+        if skip is None and options.get("threshold") is None:
+            raise ValueError(f"calibrate=True with policy {policy!r}: expected skip= (the "
+                             "fraction to reuse, calibrated on the profile)"
+                             + (" or threshold=" if "threshold" in allowed else ""))
+        if policy == "fbcache" and "threshold" in options:
+            raise ValueError("calibrate=True with fbcache and threshold=: that policy needs no "
+                             "profile; expected no calibrate")
+        return cls(policy, skip, options, path, list(modules))
+
+    @staticmethod
+    def complete(hook: CodaCacheHook) -> bool:
+        """Whether the hook's generation has run its last step on every branch that ran
+        (the engine then ends it: :meth:`CodaCacheHook._end_call`)."""
+        st = hook.state
+        ran = [b.last_step for b in st.branches.values() if b.last_step >= 0]
+        return st.num_steps is not None and bool(ran) and all(s == st.num_steps - 1 for s in ran)
+
+    def finish(self, handle: "CacheHandle", expert: str) -> None:
+        """Build ``expert``'s profile and policy, save the profile (``profile_path``), and
+        switch the expert to the policy and the handle's driver (its generation ended)."""
+        from coda.host.cache.profile import ProfileBuilder, model_hash
+
+        hook, module = handle.hooks[expert], handle.modules[expert]
+        probe = self.pending.pop(expert)
+        mine = [r for r in self.driver.records if r[0][0] == hook._tag]
+        steps = max(index for _, index, _, _ in mine) + 1
+        videos = max(key[2] for key, _, _, _ in mine) + 1
+        builder = ProfileBuilder(hook.model_ops, videos, steps)
+        builder.add(self.driver, probe, tag=hook._tag)
+        guidance = getattr(handle.target, "guidance_scale", None)
+        profile = builder.build({
+            "model_hash": model_hash(module), "source": "coda.enable_cache(calibrate=True)",
+            "prompts": [], "seeds": [], "videos": [[i, None] for i in range(videos)],
+            "steps": steps, "first_step": hook.state.first_step,
+            "guidance_scale": float(guidance) if isinstance(guidance, (int, float)) else 1.0})
+        self.profiles[expert] = profile
+        if self.path is not None:
+            profile.save(os.path.join(self.path, expert) if self.two else self.path)
+        policy = get_policy(self.name, skip=self.skip, profile=profile, **self.options)
+        total = hook.state.num_steps
+        if isinstance(policy, StaticPolicy) and total is not None and total > steps:
+            # an expert whose generations end at the boundary (Wan 2.2's high-noise one):
+            # its schedule for the steps it runs, nothing reused in the steps it never runs
+            ran = policy.schedule_for(steps, hook.model_ops)
+            policy = SchedulePolicy(Schedule(total, ran.num_layers, dict(ran.reuse),
+                                             name=ran.name, ops=hook.model_ops))
+        hook.swap(module, policy=policy, driver=handle.driver)
+
+
 # ---------------------------------------------------------------- enable / disable
 def enable_cache(pipe, policy: Any = "uniform", *, backend: Any = "device",
                  skip: float | None = None, cache: str = "reuse", profile: Any = None,
                  schedule: Any = None, forecast: Any = None, self_check: bool | None = None,
-                 num_inference_steps: int | None = None, **policy_options) -> CacheHandle:
+                 num_inference_steps: int | None = None, calibrate: bool = False,
+                 profile_path: str | os.PathLike | None = None,
+                 **policy_options) -> CacheHandle:
     """Put the CODA cache on a diffusers pipeline (or a bare transformer) in one call.
 
     Args:
@@ -356,6 +471,16 @@ def enable_cache(pipe, policy: Any = "uniform", *, backend: Any = "device",
             the installed diffusers is not the tested one.
         num_inference_steps: the step count for pipelines whose ``cache_context`` gives
             none; default: the length of ``pipe.scheduler.timesteps`` at each call.
+        calibrate: for a policy calibrated on a profile (``"teacache"``, ``"magcache"``,
+            ``"fbcache"``, ``"lemica"``) given without ``profile``: the first generation of
+            each transformer runs at full compute while it is profiled (every operator's
+            output and input change measured on the NMEs' torch backend, as ``coda
+            profile`` does), then its policy is built from that profile (the same as
+            ``get_policy(name, skip=..., profile=...)``) and the cache goes on with it from
+            the next generation. ``handle.profiles`` holds the profiles.
+        profile_path: with ``calibrate``: a folder to save the profiles to
+            (``profile.npz``, or ``<expert>/profile.npz`` for two transformers), to pass
+            as ``profile=Profile.load(...)`` next time.
         **policy_options: the named policy's own parameters (``interval``, ``warmup`` for
             uniform; ``ranges``, ``windows`` for PAB; ``threshold``; ``thresholds`` for
             coda+dra).
@@ -394,15 +519,22 @@ def enable_cache(pipe, policy: Any = "uniform", *, backend: Any = "device",
         if get_coda_cache_hook(module) is not None:
             raise ValueError(f"{name} already has a CODA cache hook (apply_coda_cache): "
                              "remove it first (remove_coda_cache)")
-    policies = {name: _policy(policy, name, i, skip, profile, schedule, policy_options)
-                for i, name in enumerate(modules)}
+    calibration = _Calibration.for_args(calibrate, profile_path, policy, skip, profile, cache,
+                                        policy_options, modules)
+    if calibration is None:
+        policies = {name: _policy(policy, name, i, skip, profile, schedule, policy_options)
+                    for i, name in enumerate(modules)}
+    else:
+        policies = {name: calibration.pending[name] for name in modules}
     driver, label = _driver(backend)
     check = (not diffusers_tested()) if self_check is None else bool(self_check)
     handle = CacheHandle(pipe, modules, driver, label, cache, check)
+    handle.calibration = calibration
     auto_steps = num_inference_steps is None
     try:
         for name, module in modules.items():
-            config = CodaCacheConfig(driver, policies[name], cache=cache,
+            config = CodaCacheConfig(driver if calibration is None else calibration.driver,
+                                     policies[name], cache=cache,
                                      forecast=_per_expert(forecast, name, "forecast"),
                                      num_inference_steps=num_inference_steps,
                                      joins_mid_loop=name != EXPERTS[0])
@@ -507,15 +639,15 @@ def _policy(policy, expert: str, index: int, skip, profile, schedule, options) -
         prof = _per_expert(profile, expert, "profile")
         if isinstance(prof, (str, os.PathLike)):
             raise ValueError(f"profile={str(prof)!r}: pass the loaded profile, "
-                             "coda.experiments.profile.Profile.load(path) (this module does "
+                             "coda.host.cache.profile.Profile.load(path) (this module does "
                              "not read profile files)")
         if prof is None and not (policy == "fbcache" and "threshold" in options):
             raise ValueError(
-                f"policy {policy!r} needs profile=: a profile of this model "
-                "(coda.experiments.profile.profile_model over a "
-                "coda.experiments.cfg_loop.CFGLoop of the transformer and its prompts' "
-                "conditioning; docs/cache-engine.md, Profiles of any model); "
-                "enable_cache does not calibrate on first use. 'uniform' and 'pab' need none")
+                f"policy {policy!r} needs profile=: a profile of this model, or calibrate=True "
+                "to measure one on the first generation (at full compute; profile_path= saves "
+                "it), or coda.experiments.profile.profile_model over a "
+                "coda.experiments.cfg_loop.CFGLoop of the transformer (docs/cache-engine.md, "
+                "Profiles of any model). 'uniform' and 'pab' need none")
         return get_policy(policy, skip=skip, profile=prof, **options)
     if policy in _SCHEDULE_POLICIES:
         sched = _per_expert(schedule, expert, "schedule")

@@ -1,4 +1,4 @@
-"""Weights of the quality proxy read from a profile (:class:`coda.experiments.profile.Profile`, read
+"""Weights of the quality proxy read from a profile (:class:`coda.host.cache.profile.Profile`, read
 by attribute only): the per-step weight of a reuse (:func:`step_weights`) and the per-operator
 weight (:func:`quality_weights`). Used by the schedule search's stand-in
 (:mod:`coda.experiments.step_plans`), DRA's calibration, the profile's step sensitivity and the

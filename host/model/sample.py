@@ -37,7 +37,7 @@ import torch
 
 from coda.host.cache.device import resolve_device
 
-__all__ = ["CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
+__all__ = ["MAX_SEED", "max_steps", "check_steps", "check_guidance", "check_seed", "CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
            "generate", "cache_mem_words", "video_psnr", "video_ssim", "side_by_side_gif",
            "cached_generate"]
 
@@ -331,3 +331,50 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
     words = 1.5 * colours * -(-groups // colours) * per_group
     return 1 << max(18, math.ceil(math.log2(words)))
 
+
+# ---------------------------------------------------------------- the commands' generation values
+#: the largest seed the commands take (seeds are 0..MAX_SEED)
+MAX_SEED = 2**31 - 1
+
+
+def max_steps(config: dict | None = None) -> int:
+    """The most DDIM steps a run can take: the noise schedule's ``num_train_timesteps``
+    (``config["scheduler"]``, default: the shipped model's configuration file)."""
+    if config is None:
+        import json
+
+        from coda.host.model.dit import CONFIG_FILE
+        config = json.loads(CONFIG_FILE.read_text())
+    return int(config["scheduler"]["num_train_timesteps"])
+
+
+def check_steps(steps: int, flag: str = "--steps", *, lo: int = 1,
+                config: dict | None = None) -> int:
+    """``steps`` in ``lo..max_steps(config)`` (DDIM cannot take more steps than the model
+    was trained with timesteps). Raises ValueError naming ``flag``."""
+    hi = max_steps(config)
+    if not lo <= steps <= hi:
+        raise ValueError(f"{flag} {steps}: expected {lo}..{hi} (at least {lo}; at most the "
+                         f"model's {hi} training timesteps, num_train_timesteps of its "
+                         "noise schedule)")
+    return steps
+
+
+def check_guidance(value: float, flag: str = "--guidance") -> float:
+    """A CFG scale: finite and >= 0 (0: the unconditional branch alone, 1: the conditional
+    one; a negative scale would push the video away from its prompt). Raises ValueError."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{flag} {value}: expected a finite CFG scale >= 0 (0 = unconditional "
+                         "only, 1 = conditional only, > 1 = classifier-free guidance)")
+    return value
+
+
+def check_seed(value: int, flag: str = "--seed", count: int = 1) -> int:
+    """A seed in ``0..MAX_SEED``; with ``count`` > 1 the run uses ``value .. value + count -
+    1``, all in range. Raises ValueError naming ``flag``."""
+    hi = MAX_SEED - (count - 1)
+    if not 0 <= value <= hi:
+        extra = (f" (the run's {count} videos take seeds {flag} .. {flag} + {count - 1}, "
+                 f"each <= {MAX_SEED})" if count > 1 else "")
+        raise ValueError(f"{flag} {value}: expected an integer 0..{hi}{extra}")
+    return value

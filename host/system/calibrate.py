@@ -32,9 +32,9 @@ import platform as _platform
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.results import cpu_model
 from coda.paths import write_file
 from coda.host.cache.device import DEVICES, resolve_device
 from coda.options import add_options, from_args, option
@@ -42,7 +42,7 @@ from coda.options import add_options, from_args, option
 from .gputable import TABLE_KIND, TABLE_VERSION, GpuTimes, fit_copy
 from .presets import MODELS, get_spec, video_size
 
-__all__ = ["CalibrateConfig", "calibratable", "cpu_model", "measure",
+__all__ = ["CalibrateConfig", "calibratable", "measure",
            "calibrate", "configure", "main"]
 
 #: segment lengths timed on the device (1 is the gated residual)
@@ -230,18 +230,6 @@ def _device_info(device) -> dict:
             else _cpu_name())
     return {"name": name, "type": device.type, "torch": torch.__version__,
             "cuda": torch.version.cuda, "diffusers": diffusers.__version__}
-
-
-def cpu_model() -> str:
-    """The CPU's model name as ``lscpu`` prints it (``/proc/cpuinfo``), or "" where there is
-    no such file."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _cpu_name() -> str:

@@ -12,10 +12,10 @@ event it emitted (:mod:`coda.host.cache.events`). A policy never sees the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
-__all__ = ["OpQuery", "Decision", "CachePolicy", "COMPUTE", "MIN_CACHED_STEPS",
-           "SCHEDULE_POLICIES", "check_cached_steps", "calibrate_threshold"]
+__all__ = ["OpQuery", "Decision", "CachePolicy", "PolicyInputs", "COMPUTE", "MIN_CACHED_STEPS",
+           "calibrate_threshold", "refuse_short_run"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,22 @@ class CachePolicy:
     #: the engine keeps the model output of the last three steps per sample and branch on the
     #: xPU for :meth:`OpQuery.output_accel` (step DRA's output probe)
     output_history = False
+    #: what the registry (:data:`coda.host.cache.policies.POLICIES`) and the commands know of
+    #: a policy class before building one: calibrated on a profile; built from a searched
+    #: schedule; ``skip`` calibrates its parameters; ``--cache forecast`` serves it (a static
+    #: policy: which steps compute is known in advance)
+    needs_profile: ClassVar[bool] = False
+    needs_schedule: ClassVar[bool] = False
+    skip_calibrated: ClassVar[bool] = False
+    serves_forecast: ClassVar[bool] = False
+
+    @classmethod
+    def from_inputs(cls, inputs: "PolicyInputs", **params) -> "CachePolicy":
+        """The policy of this class for a run: calibrated to ``inputs.skip`` on
+        ``inputs.profile`` or the run's shape, or built from ``inputs.schedule``, with the
+        class's own keyword ``params`` (:func:`coda.host.cache.policies.get_policy`).
+        Raises ValueError for a missing input; TypeError for a class not built by name."""
+        raise TypeError(f"{cls.__name__} is not built by name (no from_inputs)")
 
     def reset(self) -> None:
         """Forget everything of the previous generation."""
@@ -180,18 +196,55 @@ def calibrate_threshold(make: Callable[[float], Any], skip_of: Callable[[Any], f
 #: computes before any reuse. (A coda schedule says itself what it reuses: coda schedule
 #: search makes one only if something can be reused.)
 MIN_CACHED_STEPS = 3
-#: the policies whose schedule (not a rule) decides what is reused
-SCHEDULE_POLICIES = ("coda", "coda+dra")
 
 
-def check_cached_steps(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
-    """``steps`` if a cache policy can reuse anything in a run of that many DDIM steps
-    (>= :data:`MIN_CACHED_STEPS`; any for :data:`SCHEDULE_POLICIES`, whose schedule is
-    checked against the steps when read); ValueError naming ``flag`` (and ``policy``)
-    otherwise: nothing would be cached."""
-    if steps < MIN_CACHED_STEPS and policy not in SCHEDULE_POLICIES:
+def refuse_short_run(steps: int, flag: str = "--steps", policy: str | None = None) -> int:
+    """``steps`` if a rule-based policy can reuse anything in that many DDIM steps (>=
+    :data:`MIN_CACHED_STEPS`); ValueError naming ``flag`` (and ``policy``) otherwise: nothing
+    would be cached."""
+    if steps < MIN_CACHED_STEPS:
         with_policy = f" with --policy {policy}" if policy else ""
         raise ValueError(f"{flag} {steps}{with_policy}: nothing would be cached (the first "
                          "step computes every operator, the next one computes before any "
                          f"reuse); expected --steps >= {MIN_CACHED_STEPS}")
     return steps
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """What a run knows when it builds a policy by name (:func:`coda.host.cache.policies.get_policy`).
+
+    Attributes:
+        name: the policy's registry name (errors name it).
+        skip: target fraction of operator executions reused, in (0, 1), or None.
+        profile: a :class:`coda.host.cache.profile.Profile` of the model, or None.
+        schedule: a :class:`coda.host.cache.schedule.Schedule` (coda, coda+dra), or None.
+        num_steps, num_layers: the run's DDIM steps and transformer blocks, or None.
+        ops: the model's operators (:class:`coda.host.cache.schedule.ModelOps`), or None.
+    """
+    name: str
+    skip: float | None = None
+    profile: Any = None
+    schedule: Any = None
+    num_steps: int | None = None
+    num_layers: int | None = None
+    ops: Any = None
+
+    def need(self, attr: str, what: str | None = None):
+        """The value of ``attr``; ValueError naming the policy and ``what`` it needs if None."""
+        value = getattr(self, attr)
+        if value is None:
+            raise ValueError(f"policy {self.name!r} needs {what or attr}")
+        return value
+
+    def calibration_profile(self):
+        """The profile a policy is calibrated on (needed), of a run long enough to reuse
+        anything (:func:`refuse_short_run` on its steps)."""
+        profile = self.need("profile", "a profile")
+        refuse_short_run(profile.num_steps, "profile --steps", self.name)
+        return profile
+
+    def shape_ops(self):
+        """The run's operators: ``ops``, else Latte's of ``num_layers`` (needed)."""
+        from coda.host.cache.schedule import ModelOps
+        return self.ops if self.ops is not None else ModelOps.latte(self.need("num_layers"))

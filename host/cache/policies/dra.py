@@ -121,7 +121,7 @@ class StepThresholds:
     Attributes:
         thresholds: step index -> threshold (>= 0, finite) for every step at which the
             calibrated schedule reuses the first operator in some branch.
-        num_steps: the run's step count. model_hash: :func:`coda.experiments.profile.model_hash`.
+        num_steps: the run's step count. model_hash: :func:`coda.host.cache.profile.model_hash`.
         schedule_hash: :meth:`Schedule.digest` of the calibrated schedule.
         quantile, margin: threshold = margin x the quantile of the calibration probes (the
             same quantile at every step; None for a budgeted table).
@@ -316,6 +316,20 @@ class StepDRAPolicy(CachePolicy):
     fired: int = 0
     _fired: dict = field(default_factory=dict, repr=False)    # sample -> fallback steps
     _joint: dict = field(default_factory=dict, repr=False)    # (sample, step) -> verdict
+    needs_schedule = True
+
+    @classmethod
+    def from_inputs(cls, inputs, *, thresholds: StepThresholds | None = None) -> "StepDRAPolicy":
+        """``inputs.schedule`` as a :class:`SchedulePolicy` with the step fallback of
+        ``thresholds`` (calibrated on that schedule); ValueError for a missing schedule or
+        thresholds."""
+        from .static import schedule_of
+        inner = SchedulePolicy(schedule_of(inputs))
+        if not isinstance(thresholds, StepThresholds):
+            raise ValueError(f"policy {inputs.name!r} needs thresholds (a StepThresholds of "
+                             "coda.experiments.dra_calibration.calibrate_step_dra or "
+                             f"load_step_dra), got {type(thresholds).__name__}")
+        return cls(inner, thresholds)
 
     def __post_init__(self):
         if not isinstance(self.inner, CachePolicy):

@@ -45,6 +45,17 @@ class FBCachePolicy(CachePolicy):
     threshold: float
     _skip: dict = field(default_factory=dict, repr=False)
     name = "fbcache"
+    needs_profile = True
+    skip_calibrated = True
+
+    @classmethod
+    def from_inputs(cls, inputs, *, threshold: float | None = None) -> "FBCachePolicy":
+        """With ``threshold``: that one (no profile needed); else the threshold whose simulated
+        skip on ``inputs.profile`` reaches ``inputs.skip`` (:meth:`calibrate`)."""
+        if threshold is not None:
+            return cls(float(threshold))
+        return cls.calibrate(inputs.need("profile", "a profile"),
+                             inputs.need("skip", "skip or threshold"))
 
     def __post_init__(self):
         if not (math.isfinite(self.threshold) and self.threshold >= 0):

@@ -5,7 +5,7 @@ as a path through a DAG over the denoising steps.
 A node is a computed step; an edge ``i -> j`` (i < j) computes steps i and j and reuses every
 operator of steps i+1..j-1 from step i's cache, both CFG branches alike. LeMiCa weighs an edge
 by the global error of that one reuse span, measured offline; here the weight comes from the
-profile (:class:`coda.experiments.profile.Profile`), in the quality proxy of the schedule
+profile (:class:`coda.host.cache.profile.Profile`), in the quality proxy of the schedule
 search's stand-in (:mod:`coda.experiments.step_plans`): a reused step s of the span costs its step weight
 (:func:`coda.host.cache.weights.step_weights`, the measured step sensitivity) times the output
 change accumulated since step i, ``|g e_cond(s) + (1 - g) e_uncond(s)|`` with
@@ -21,12 +21,16 @@ first); this one minimises the sum of the edge errors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from coda.host.cache.schedule import BRANCHES, Schedule
 from coda.host.cache.weights import quality_weights, step_weights
 
-__all__ = ["min_error_path", "span_costs", "lemica_schedule"]
+from .static import SchedulePolicy
+
+__all__ = ["min_error_path", "span_costs", "lemica_schedule", "LeMiCaPolicy"]
 
 
 def min_error_path(cost: np.ndarray, computed: int) -> tuple[tuple[int, ...], float]:
@@ -78,7 +82,7 @@ def span_costs(profile, guidance_scale: float | None = None) -> np.ndarray:
     i's cache (module docstring), +inf on and below the diagonal.
 
     Args:
-        profile: a :class:`coda.experiments.profile.Profile` (out_change, out_abs, in_abs,
+        profile: a :class:`coda.host.cache.profile.Profile` (out_change, out_abs, in_abs,
             sensitivity, meta["guidance_scale"]).
         guidance_scale: the CFG scale g (default: the profile's).
     Raises:
@@ -123,3 +127,18 @@ def lemica_schedule(profile, skip: float, guidance_scale: float | None = None) -
     every, nodes = frozenset(ops.ops), set(path)
     reuse = {(s, b): every for s in range(steps) if s not in nodes for b in BRANCHES}
     return Schedule(steps, ops.num_layers, reuse, name=f"lemica(skip={skip:g})", ops=ops)
+
+
+@dataclass(frozen=True, eq=False)
+class LeMiCaPolicy(SchedulePolicy):
+    """The schedule of :func:`lemica_schedule`, as a static policy (the registry's ``lemica``)."""
+    needs_schedule = False
+    needs_profile = True
+    skip_calibrated = True
+    serves_forecast = False
+
+    @classmethod
+    def from_inputs(cls, inputs) -> "LeMiCaPolicy":
+        """The min-error path on ``inputs.profile`` leaving ``1 - inputs.skip`` computed."""
+        return cls(lemica_schedule(inputs.need("profile", "a profile"),
+                                   inputs.need("skip")))

@@ -52,6 +52,18 @@ class MagCachePolicy(StaticPolicy):
     ops: ModelOps | None = None
     _built: dict = field(default_factory=dict, repr=False, compare=False)
     name = "magcache"
+    needs_profile = True
+    skip_calibrated = True
+    serves_forecast = True
+
+    @classmethod
+    def from_inputs(cls, inputs, *, threshold: float | None = None) -> "MagCachePolicy":
+        """Calibrated on ``inputs.profile``: the magnitude ratios measured on it, with
+        ``threshold`` if given, else the threshold reaching ``inputs.skip`` (:meth:`calibrate`)."""
+        profile = inputs.calibration_profile()
+        if threshold is not None:
+            return cls(magnitude_ratios(profile), float(threshold))
+        return cls.calibrate(profile, inputs.need("skip", "skip or threshold"))
 
     def __post_init__(self):
         if self.threshold < 0 or self.max_skips < 1 or not 0 <= self.retention < 1:
@@ -96,9 +108,9 @@ class MagCachePolicy(StaticPolicy):
         """The smallest K (1..10) that can reach ``skip``, then the threshold (bisection)
         whose skip fraction is closest to it, on the profile's model. Raises ValueError for a
         profile too short to cache anything
-        (:func:`coda.host.cache.policies.check_cached_steps`)."""
-        from .base import check_cached_steps
-        check_cached_steps(profile.num_steps, "profile --steps", "magcache")
+        (:func:`coda.host.cache.policies.base.refuse_short_run`)."""
+        from .base import refuse_short_run
+        refuse_short_run(profile.num_steps, "profile --steps", "magcache")
         ratios = magnitude_ratios(profile)
         steps, ops = profile.num_steps, profile.model_ops
         mine = None if ops.arch == "latte" else ops       # Latte: build(), its files as they were

@@ -57,6 +57,8 @@ class PABPolicy(StaticPolicy):
     windows: Mapping[str, tuple] = field(default_factory=lambda: dict(PAB_WINDOWS))
     _built: dict = field(default_factory=dict, repr=False, compare=False)
     name = "pab"
+    skip_calibrated = True
+    serves_forecast = True
 
     def __post_init__(self):
         for op in dict.fromkeys(OP_TYPES + tuple(self.ranges) + tuple(self.windows)):
@@ -102,6 +104,19 @@ class PABPolicy(StaticPolicy):
         label = ",".join(f"{op}={self.range_window(op, ops)[0]}" for op in ops.op_types)
         return Schedule(num_steps, ops.num_layers, {k: frozenset(v) for k, v in reuse.items()},
                         name=f"pab({label})", ops=ops)
+
+    @classmethod
+    def from_inputs(cls, inputs, *, ranges=None, windows=None) -> "PABPolicy":
+        """With ``inputs.skip``: :meth:`for_skip` on the run's shape; else PAB with these
+        ``ranges`` / ``windows`` (default PAB's). ValueError for both or a missing shape."""
+        if inputs.skip is not None:
+            if ranges is not None or windows is not None:
+                raise ValueError(f"policy {inputs.name!r}: skip and ranges / windows are "
+                                 "alternatives (skip calibrates them); expected one")
+            return cls.for_skip(inputs.skip, inputs.need("num_steps"), inputs.need("num_layers"),
+                                ops=inputs.ops)
+        given = {k: v for k, v in (("ranges", ranges), ("windows", windows)) if v is not None}
+        return cls(**given)
 
     @classmethod
     def for_skip(cls, skip: float, num_steps: int, num_layers: int,

@@ -64,6 +64,14 @@ class SchedulePolicy(StaticPolicy):
     """
     schedule: Schedule
     _built: dict = field(default_factory=dict, repr=False, compare=False)
+    needs_schedule = True
+    serves_forecast = True
+
+    @classmethod
+    def from_inputs(cls, inputs) -> "SchedulePolicy":
+        """The run's searched schedule, ``inputs.schedule`` (a :class:`Schedule`); ValueError
+        for anything else."""
+        return cls(schedule_of(inputs))
 
     @property
     def name(self) -> str:
@@ -90,3 +98,14 @@ class SchedulePolicy(StaticPolicy):
 
     def describe(self) -> dict:
         return {"name": self.name, "ops_skipped_fraction": self.schedule.ops_skipped_fraction()}
+
+
+def schedule_of(inputs) -> Schedule:
+    """``inputs.schedule`` if it is a :class:`Schedule`; ValueError naming the policy and
+    where a schedule comes from otherwise."""
+    if not isinstance(inputs.schedule, Schedule):
+        raise ValueError(f"policy {inputs.name!r} needs a schedule "
+                         "(coda.host.cache.shipped.load_schedule or "
+                         "coda.experiments.search.search_steps), got "
+                         f"{type(inputs.schedule).__name__}")
+    return inputs.schedule

@@ -82,6 +82,17 @@ class TeaCachePolicy(CachePolicy):
     _acc: dict = field(default_factory=dict, repr=False)
     _skip: dict = field(default_factory=dict, repr=False)
     name = "teacache"
+    needs_profile = True
+    skip_calibrated = True
+
+    @classmethod
+    def from_inputs(cls, inputs, *, threshold: float | None = None) -> "TeaCachePolicy":
+        """Calibrated on ``inputs.profile``: to ``threshold`` if given (the rescaling fitted on
+        the profile), else to ``inputs.skip`` (:meth:`calibrate`)."""
+        profile = inputs.calibration_profile()
+        if threshold is not None:
+            return cls(float(threshold), tuple(fit_rescale(profile)))
+        return cls.calibrate(profile, inputs.need("skip", "skip or threshold"))
 
     def __post_init__(self):
         if not self.threshold >= 0:
@@ -136,9 +147,9 @@ class TeaCachePolicy(CachePolicy):
     def calibrate(cls, profile, skip: float) -> "TeaCachePolicy":
         """The threshold (bisection) whose simulated skip fraction on the profile is closest
         to ``skip``, with the polynomial fitted on it. Raises ValueError for a profile too
-        short to cache anything (:func:`coda.host.cache.policies.check_cached_steps`)."""
-        from .base import check_cached_steps
-        check_cached_steps(profile.num_steps, "profile --steps", "teacache")
+        short to cache anything (:func:`coda.host.cache.policies.base.refuse_short_run`)."""
+        from .base import refuse_short_run
+        refuse_short_run(profile.num_steps, "profile --steps", "teacache")
         coeffs = tuple(fit_rescale(profile))
         return calibrate_threshold(lambda t: cls(t, coeffs),
                                    lambda p: p.simulate_skip(profile), skip, iters=40)
