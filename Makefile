@@ -19,6 +19,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --no-compile -e .
+	$(VENV)/bin/pip install --quiet --no-compile --no-deps $$($(PY) -c "import tomllib; \
+		print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['coda']['data-packages'])")
 	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 	touch $(STAMP)
 
@@ -31,11 +33,12 @@ demo: $(STAMP)
 # file's tests share its module-level builds and runs) in collection order, the longest files
 # first (tests/conftest.py RUN_FIRST; --no-loadscope-reorder keeps xdist from sorting the
 # files by their number of tests instead); cached builds under build/ are locked, so each
-# Verilator model is built once per run. TEST_WORKERS=0 runs in one process.
+# Verilator model is built once per run. TEST_WORKERS=0 runs in one process. Every test's time
+# goes to build/test-report.xml (JUnit XML), to find what costs most.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		--durations=15
+		--durations=15 --junitxml=build/test-report.xml
 
 # The documentation site (docs/, mkdocs.yml) into build/docs/, strictly: a broken link or anchor,
 # a page missing from the nav or a nav entry without its page, an API reference that does not

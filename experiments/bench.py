@@ -7,8 +7,8 @@ alone, and the cosimulation's speed, in ``build/bench/``.
    (:func:`coda.experiments.design_space.sweep`): lanes x buffer depth x NME clock
    (``--sweep-clocks``, MHz; ``dram``: the NME on the DRAM clock, no crossing) x DRAM standard
    (``--sweep-drams``, default DDR5-4800 and DDR4-3200) of one DIMM-NMP rank, every point with
-   the NME units ``--sweep-units M,A,O`` (default ``0,0,0``, the combinational FP units;
-   :mod:`coda.cosim.nme_units`), written to ``build/bench/dse.json`` (+ ``dse.png``, and two
+   the NME units ``--sweep-units M,A,O`` (default the default NME's, ``5,7,1``, the
+   timing-closed preset; :mod:`coda.cosim.nme_units`), written to ``build/bench/dse.json`` (+ ``dse.png``, and two
    tables on stdout: every point, and the knee per standard and clock with elements/ns per
    area where ``make synth-sweep`` left areas; :mod:`coda.experiments.design_space_report`,
    :mod:`coda.experiments.synth_area`); its points run through the sweep engine
@@ -22,14 +22,17 @@ alone, and the cosimulation's speed, in ``build/bench/``.
 3. unless ``--skip-nme``, the speed of the NME's cosimulation on an ideal memory
    (:func:`coda.cosim.nme_speed.measure`: simulated cycles per second, per-job overhead, two
    ranks in lockstep);
-4. unless ``--skip-nme`` or ``--run-prompts ''``, a cosimulated generation: ``coda run`` of
-   ``--run-prompts`` (default 0,1) through the RTL on an ideal memory, 1 DIMM x 2 ranks, and of
-   ``--run-dram-prompts`` (default 0; ``''``: none) on the DRAM-timed DIMM-NMP of
-   ``--nmp-dram``: each one's ``sim_cycles_per_s`` (NME cycles summed over the ranks per
-   second from launch to result, as ``coda run`` reports it), seconds and bit-exactness, and
-   the ideal-memory run's ratio to step 3's ``ceiling`` (two ranks, no host in the loop), in
-   ``rtl_generation``; the runs' own folders are beside ``--out`` (``run-ideal``,
-   ``run-dram``);
+4. unless ``--skip-nme`` or ``--run-prompts ''``, cosimulated generations of the same
+   prompts ``--run-prompts`` (default 0,1), 1 DIMM x 2 ranks, every prompt through the RTL,
+   on each memory of ``--run-memories`` (default both): ``coda run --memory ideal`` (NMEs on
+   an ideal 1-cycle memory) and ``coda run --memory dram --dram`` ``--nmp-dram`` (the
+   DRAM-timed DIMM-NMP, NMEs at ``coda run``'s default clock): each one's
+   ``sim_cycles_per_s`` (NME cycles summed over the ranks per second from launch to
+   result, as ``coda run`` reports it), seconds and bit-exactness, the ideal-memory run's
+   ratio to step 3's ``ceiling`` (two ranks, no host in the loop), and ``ideal_over_dram``,
+   the ideal run's cycles/s over the DRAM-timed run's (the issue's target: at most
+   :data:`DRAM_SPEED_TARGET`), in ``rtl_generation``; the runs' own folders are beside
+   ``--out`` (``run-ideal``, ``run-dram``);
 5. a whole DIMM-NMP (:func:`coda.cosim.nmp_measure.measure_nmp`, ``--nmp-dimms`` x
    ``--nmp-ranks`` of ``--nmp-dram``, 256 KiB per stream): simulated cycles per wall second
    and the DRAM bandwidth utilisation per rank of a long residual add and a 4-stream segment;
@@ -39,7 +42,9 @@ alone, and the cosimulation's speed, in ``build/bench/``.
    ``checks``: ``gpu_check_cpu`` (:func:`gpu_check_timing`: ``scripts/gpu_check.py`` on the CPU
    at the size of its test, against :data:`GPU_CHECK_CPU_TARGET_S`; its output in
    ``gpu_check/`` beside ``--out``) and ``sweep_address_check`` (:func:`address_check_timing`:
-   ``coda sweep``'s refusal of an address where no Ray cluster answers).
+   ``coda sweep``'s refusal of an address where no Ray cluster answers) and ``serving_1000``
+   (:func:`serving_timing`: a 1,000-request ``coda serve`` simulation, service times
+   included, against :data:`SERVING_TARGET_S`).
 
 Prints steps 3 to 6 as one JSON object; writes it to ``--out`` (default
 ``build/bench/cosim.json``).
@@ -76,14 +81,21 @@ from coda.options import add_options, option
 from coda.paths import check_output_path, write_file
 from coda.sweep import add_run_options
 
-__all__ = ["NMP_STREAM_BYTES", "GPU_CHECK_CPU_TARGET_S", "gpu_check_timing",
-           "address_check_timing", "configure", "main"]
+__all__ = ["NMP_STREAM_BYTES", "GPU_CHECK_CPU_TARGET_S", "DRAM_SPEED_TARGET", "gpu_check_timing",
+           "address_check_timing", "SERVING_TARGET_S", "serving_timing", "configure", "main"]
 
 #: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
 NMP_STREAM_BYTES = 256 << 10
+#: the most the ideal-memory generation's cycles/s may be of the DRAM-timed one's (issue 60:
+#: the DRAM-timed DIMM-NMP, ``coda run``'s default, within 1.5x of the ideal path's speed)
+DRAM_SPEED_TARGET = 1.5
+#: the memories ``--run-memories`` chooses from (``coda run --memory``)
+RUN_MEMORIES = ("ideal", "dram")
 #: seconds the GPU check's CPU run (:data:`coda.experiments.gpu_check.CPU_CHECK`) should take
 #: at most on a small CPU-only machine, start to exit
 GPU_CHECK_CPU_TARGET_S = 60.0
+#: issue 62's bound on a 1,000-request serving simulation (coda serve), wall seconds
+SERVING_TARGET_S = 60.0
 GPU_CHECK_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
@@ -108,10 +120,11 @@ class BenchConfig:
     nmp_flags: str = option(None, "comma-separated FLAG_SETS keys to compare, or 'all'",
                             type=str, default_text="the backend's default set only")
     skip_nme: bool = option(False, "only the DIMM-NMP figures")
-    run_prompts: str = option("0,1", "prompts of the cosimulated generation on an ideal "
-                              "memory ('' = none)")
-    run_dram_prompts: str = option("0", "prompts of the cosimulated generation on the "
-                                   "DRAM-timed DIMM-NMP of --nmp-dram ('' = none)")
+    run_prompts: str = option("0,1", "prompts of the cosimulated generations, the same on "
+                              "every --run-memories ('' = none)")
+    run_memories: str = option(",".join(RUN_MEMORIES), "memories of the cosimulated "
+                               "generations (coda run --memory; dram: the DIMM-NMP of "
+                               "--nmp-dram)")
     skip_dram: bool = option(False, "leave out the DRAM controller replays (build/bench/dram.json)")
     skip_checks: bool = option(False, "leave out the timings of the GPU check on the CPU and of "
                                "coda sweep's address check")
@@ -127,8 +140,9 @@ class BenchConfig:
                                      "programs", unit="bytes")
     sweep_units: str = option(SWEEP_UNITS, "NME units of every sweep point: register stages in "
                               "each FPMul, each FPAdd, and after the buffers (NMEConfig "
-                              "mul_latency, add_latency, operand_latency; 0,0,0 is "
-                              "combinational; 5,7,1 places and routes on ECP5 at about 100 MHz)",
+                              "mul_latency, add_latency, operand_latency; 5,7,1, the default "
+                              "NME's, places and routes on ECP5 at about 100 MHz; 0,0,0 is "
+                              "combinational)",
                               metavar="M,A,O")
     knee_tolerance: float = option(KNEE_TOLERANCE, "the knee: fewest lanes within this share "
                                    "of the best utilisation")
@@ -150,6 +164,7 @@ def main(args: argparse.Namespace) -> int:
     ``--sweep-report-only`` finds no records."""
     # every option is checked before any build (ValueError: ``coda: error:``, exit 2)
     check_output_path(args.out, "--out")
+    _run_memories(args.run_memories)
     grid = _sweep_grid(args)
     if grid["lanes"]:
         if not _design_space(args, grid):
@@ -161,7 +176,8 @@ def main(args: argparse.Namespace) -> int:
     result = _cosim_speed(args)
     if not args.skip_checks:
         result["checks"] = {"gpu_check_cpu": gpu_check_timing(args.out.with_name("gpu_check")),
-                            "sweep_address_check": address_check_timing()}
+                            "sweep_address_check": address_check_timing(),
+                            "serving_1000": serving_timing()}
     text = json_text(result, indent=1)
     print(text)
     if args.out:
@@ -254,27 +270,37 @@ def _cosim_speed(args: argparse.Namespace) -> dict:
     return result
 
 
+def _run_memories(text: str) -> list[str]:
+    """The memories of ``--run-memories`` (comma-separated, of :data:`RUN_MEMORIES`).
+    Raises ValueError naming the option and the bad value."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    for name in names:
+        if name not in RUN_MEMORIES:
+            raise ValueError(f"--run-memories {text!r}: {name!r} is not a memory, expected "
+                             f"some of {', '.join(RUN_MEMORIES)}")
+    return names
+
+
 def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
-    """Step 4 of the module docstring: ``coda run`` of ``--run-prompts`` (ideal memory) and
-    ``--run-dram-prompts`` (``--nmp-dram``), every prompt through the RTL; their
-    cosimulation figures, and the ideal run's ``ceiling_ratio`` (ceiling cycles/s over its
-    own)."""
+    """Step 4 of the module docstring: ``coda run`` of ``--run-prompts`` on every memory of
+    ``--run-memories``, every prompt through the RTL; their cosimulation figures, the ideal
+    run's ``ceiling_ratio`` (ceiling cycles/s over its own) and, with both,
+    ``ideal_over_dram`` against :data:`DRAM_SPEED_TARGET`."""
     from coda.experiments import run as coda_run
 
     out = {"ceiling_cycles_per_s": ceiling["cycles_per_s"]}
-    for name, prompts, dram in (("ideal", args.run_prompts, None),
-                                ("dram", args.run_dram_prompts, args.nmp_dram)):
-        if not prompts:
-            continue
+    prompts = args.run_prompts
+    for name in _run_memories(args.run_memories) if prompts else []:
         folder = args.out.with_name(f"run-{name}")
-        argv = ["--out", str(folder), "--prompts", prompts] + (["--dram", dram] if dram else [])
+        argv = ["--out", str(folder), "--prompts", prompts, "--memory", name] + (
+            ["--dram", args.nmp_dram] if name == "dram" else [])
         parser = argparse.ArgumentParser()
         coda_run.configure(parser)
         t0 = time.perf_counter()
         coda_run.main(parser.parse_args(argv))
         report = json.loads((folder / "report.json").read_text())
-        out[name] = {"command": "coda run " + " ".join(argv), "dram": dram,
-                     "prompts": report["rtl"]["prompts"],
+        out[name] = {"command": "coda run " + " ".join(argv), "dram": report["dram"],
+                     "nme_mhz": report["nme_mhz"], "prompts": report["rtl"]["prompts"],
                      "bit_exact_rtl_vs_torch": report["bit_exact_rtl_vs_torch"],
                      "nme_programs": report["rtl"]["nme_programs"],
                      "sim_cycles_per_s": round(report["sim_cycles_per_s"]),
@@ -283,6 +309,10 @@ def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
     if "ideal" in out:
         out["ideal"]["ceiling_ratio"] = round(ceiling["cycles_per_s"]
                                               / out["ideal"]["sim_cycles_per_s"], 3)
+    if "ideal" in out and "dram" in out:
+        ratio = out["ideal"]["sim_cycles_per_s"] / out["dram"]["sim_cycles_per_s"]
+        out["ideal_over_dram"] = {"ratio": round(ratio, 3), "target": DRAM_SPEED_TARGET,
+                                  "within_target": ratio <= DRAM_SPEED_TARGET}
     return out
 
 
@@ -307,6 +337,23 @@ def gpu_check_timing(out: Path) -> dict:
     return {"command": "scripts/gpu_check.py " + " ".join(argv), "wall_s": round(wall, 2),
             "target_s": GPU_CHECK_CPU_TARGET_S, "within_target": wall < GPU_CHECK_CPU_TARGET_S,
             "full_s": rep["full"]["seconds"], "cached_s": rep["cached"]["seconds"]}
+
+
+def serving_timing(requests: int = 1000) -> dict:
+    """Wall seconds of ``coda serve``'s default run cut to one rate and policy with
+    ``requests`` requests (:func:`coda.host.system.serving.serve_curve`: the classes'
+    service times, shapes from the cache under ``build/system/shapes``, and the SimPy
+    simulation), against :data:`SERVING_TARGET_S`."""
+    from coda.host.system.serving import ServeConfig, serve_curve
+
+    cfg = ServeConfig(requests=requests, rates="20", policy="fcfs")
+    t0 = time.perf_counter()
+    res = serve_curve(cfg)
+    wall = time.perf_counter() - t0
+    return {"command": f"coda serve --requests {requests} --rates 20 --policy fcfs",
+            "wall_s": round(wall, 2), **res["wall_s"], "target_s": SERVING_TARGET_S,
+            "within_target": wall <= SERVING_TARGET_S,
+            "p50_s": res["runs"][0]["p50_s"], "p99_s": res["runs"][0]["p99_s"]}
 
 
 @contextmanager

@@ -15,13 +15,19 @@ For digit prompts (default all ten) it generates, with the same seeds and CFG:
    outputs, the alphas from the schedule file's ``"forecast"`` block or calibrated on the
    profile's videos, :mod:`coda.host.cache.forecast`), with the cache segments
    ``y = x + sum_k g_k * c_k``
-   run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the Verilated NME
-   with an ideal 1-cycle memory, one simulator process per rank, in parallel; with ``--dram STD`` the
-   whole DIMM-NMP instead: every rank's NME behind its own DRAM controller timed by the
-   ``STD`` preset, all ranks in lockstep in one simulator, so ``nme_cycles`` include DRAM
-   timing; ``--nme-mhz F`` puts the NMEs on their own F MHz clock behind asynchronous
-   FIFOs, and ``rtl`` reports the jobs' NME cycles, DRAM cycles and ns; the modelled systems
-   then use their own NME timing, which clocks the NME at tCK);
+   run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the
+   Verilated RTL). With ``rtl`` the NMEs' rank memory is ``--memory``: ``dram`` (the
+   default) cosimulates the whole DIMM-NMP: every rank's NME behind its own JEDEC-timed DRAM
+   controller and device of the ``--dram`` preset (default DDR5-4800), on its own clock of
+   ``--nme-mhz`` MHz (default :data:`coda.hw.nmp.DEFAULT_NME_MHZ`, 1000 MHz, where that
+   choice is argued) behind asynchronous FIFOs, all ranks in lockstep in one simulator whose
+   DRAM devices keep their bursts in rank memories the host maps too
+   (:mod:`coda.cosim.nmp_backend`), so ``nme_cycles`` include DRAM timing, ``rtl`` reports
+   the jobs' NME cycles, DRAM cycles and ns, and the modelled systems time the NMEs by those
+   cycles; ``ideal`` is the quicker run on an ideal 1-cycle memory, one simulator process per
+   rank, in parallel, the modelled systems then timing the NMEs with their own model (the
+   NME at the DRAM command clock). ``--dram`` and ``--nme-mhz`` with ``--memory ideal`` are
+   refused;
 3. when the backend is ``rtl``, the cached generation of every prompt on the ``torch``
    backend, whose first videos must be bit-identical to the RTL's (a video's bits do not
    depend on the other videos of its batch).
@@ -33,16 +39,17 @@ the cache in that device's memory instead, its segments torch ops there
 the cache on the host link; the modelled systems are then a..c). An option the chosen
 backend would ignore is refused before any work, not ignored: with ``device`` the NME's
 (``--preset``, the latencies, ``--trail-stores``, ``--lanes``), ``--dram`` / ``--nme-mhz``
-except with ``rtl``, ``--rtl-videos`` except with ``rtl``.
+``--memory`` except with ``rtl``, ``--rtl-videos`` except with ``rtl``.
 
-With ``--backend rtl`` every prompt goes through the RTL by default (the RTL run of all ten
-takes about 2.5 minutes on 2 cores: docs/results.md, Cosimulation speed); ``--rtl-videos N``
+With ``--backend rtl`` every prompt goes through the RTL by default (docs/results.md,
+Cosimulation speed, has the times); ``--rtl-videos N``
 puts only the first N through it (their seeds and their policy as in the whole run); when
 that is fewer than the prompts, the
 report's quality figures, GIFs, counters and ``modelled`` systems are of the torch run, while
 ``rtl`` holds the RTL run's own (prompts, NME programs and cycles, seconds, and its
 ``modelled`` replay, whose ``nme_check`` compares the cycle model with the cosimulated cycles,
-or which the DRAM-timed NMEs time with ``--dram``); ``sim_cycles_per_s`` and ``interleave``
+or which the DRAM-timed NMEs time with ``--memory dram``); ``sim_cycles_per_s`` (NME
+cycles summed over the ranks per second from each launch to its results) and ``interleave``
 are always the cosimulation's.
 
 It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
@@ -55,7 +62,12 @@ DRA's ``dra_fallbacks`` and the ``pcie_bytes`` that crossed the host link (store
 inputs, segments, monitors). ``modelled`` is the generation replayed as the systems a..f of
 the system model (``"available": true``), or ``{"available": false, "reason": ...}`` when the
 system model has no DRAM measurement for the run's NMEs (e.g. ``--lanes 4``): decided before
-the generation, the run itself goes on.
+the generation, the run itself goes on. At the shipped model's size every kernel is
+launch-bound, so ``paper_scale`` gives beside it the same schedule transferred to the
+paper-scale target (:data:`coda.host.system.sim.PAPER_SCALE`: ``coda sim``'s Wan 2.1-14B,
+720p x 4 s on the edge GPU preset, 4 DIMMs x 8 ranks), with the ``coda sim`` arguments that
+compute the same figures (coda, coda+dra and uniform; the other policies have no schedule to
+transfer).
 """
 
 from __future__ import annotations
@@ -68,8 +80,10 @@ from typing import Any
 import torch
 
 from coda.host.cache.device import DEVICES
+from coda.host.cache.policies import POLICIES, policy_names
 from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.hw.nmp import DEFAULT_NME_MHZ
 from coda.jsonout import json_text
 from coda.paths import write_file
 from coda.host.cache.compress import CACHE_FORMATS
@@ -78,8 +92,12 @@ from coda.options import add_options, option
 
 DEFAULT_PROMPTS = "0-9"
 GRID_COLUMNS = 5
-POLICY_CHOICES = ("coda", "coda+dra", "uniform", "pab", "teacache", "magcache", "fbcache",
-                  "lemica")
+#: the registry's policies but coda-lat (a schedule searched within uniform's modelled
+#: latency: coda eval makes it; here --schedule gives any searched schedule as coda)
+POLICY_CHOICES = ("coda", "coda+dra") + tuple(n for n in POLICIES
+                                               if not n.startswith("coda"))
+#: what the NMEs' rank memory is with --backend rtl (--memory)
+MEMORIES = ("dram", "ideal")
 
 
 @dataclass(frozen=True)
@@ -127,12 +145,29 @@ class RunConfig:
                            default_text="2")
     warmup: int = option(None, "uniform policy: first steps always computed (1..steps-2)",
                          type=int, default_text="min(5, steps-2)")
-    dram: str = option(None, "cosimulate the DIMM-NMP with this DRAM preset (e.g. "
-                       f"{DEFAULT_STANDARD}; rtl backend only)", type=str, metavar="STD",
-                       default_text="NMEs on an ideal 1-cycle memory")
-    nme_mhz: float = option(None, "with --dram: the NMEs on their own clock of F MHz (1 .. the "
-                            "DRAM command clock) behind asynchronous FIFOs", type=float,
-                            metavar="F", default_text="the DRAM clock")
+    memory: str = option("dram", "rtl backend: the NMEs' rank memory; dram = the DIMM-NMP "
+                         "cosimulated with its DRAM timing (every rank's NME behind its own "
+                         "JEDEC-timed controller and device of --dram, on its own clock "
+                         "--nme-mhz, all ranks in lockstep in one simulator); ideal = NMEs on "
+                         "an ideal 1-cycle memory, one simulator per rank (quicker)",
+                         choices=MEMORIES)
+    dram: str = option(None, "--memory dram: the DRAM preset of the DIMM-NMP", type=str,
+                       metavar="STD", default_text=DEFAULT_STANDARD)
+    nme_mhz: float = option(None, "--memory dram: the NMEs' own clock behind asynchronous "
+                            "FIFOs, 1 .. the DRAM command clock (2400 MHz for DDR5-4800)",
+                            type=float, metavar="F",
+                            default_text=f"{DEFAULT_NME_MHZ:g} MHz, or the DRAM command clock "
+                            "where slower",
+                            source="coda.hw.nmp.DEFAULT_NME_MHZ: above the timing-closed NME's "
+                            "100 MHz on ECP5, an FPGA lower bound, below the 2400 MHz command "
+                            "clock of a DDR5 RCD / data buffer; the clock of SK hynix "
+                            "GDDR6-AiM's bf16 MAC units, IEEE JSSC 58(1) 2023")
+    dram_log: bool = option(False, "--memory dram: write every rank's DRAM command log "
+                            "(OUT/dram_cmds.csv*, about 1 MB per rank per 1,000 segment "
+                            "words) and price the DRAM energy per command and power state "
+                            "from it; without it, the commands are the controllers' counters "
+                            "and the background counts every bank open while a rank runs "
+                            "(the system model's rule, an upper bound)")
     lanes: int = option(8, "NME SIMD lanes (rtl / torch backends)")
     dimms: int = option(1, "DIMMs")
     ranks: int = option(2, "ranks per DIMM, one NME each")
@@ -247,6 +282,7 @@ def main(args) -> int:
     gifs, grid = _write_gifs(run.out, run.digits, gen.full, gen.cached)
     modelled = _modelled(args, run, gen, modelled_reason)
     report = _report(args, run, gen, bit_exact, rtl, modelled, gifs, grid, t_start)
+    report["paper_scale"] = _paper_scale(args, run)   # the same schedule at paper scale
     write_file(run.out / "report.json", json_text(report, indent=2) + "\n")
     _print_summary(console, report, run.out / "report.json")
     if bit_exact is False:
@@ -262,7 +298,8 @@ def _setup(args) -> _Setup:
     from coda.host.cache.device import resolve_device
     from coda.host.nme.backend import get_backend
     from coda.host.model.dit import load_model
-    from coda.host.cache.policies import check_guidance, check_seed, check_steps, parse_int_list
+    from coda.host.model.sample import check_guidance, check_seed, check_steps
+    from coda.lists import parse_int_list
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
@@ -277,13 +314,7 @@ def _setup(args) -> _Setup:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: expected >= 1")
-    nme_mhz = getattr(args, "nme_mhz", None)
-    if nme_mhz is not None:   # before the model loads: a bad clock fails at once
-        if args.dram is None:
-            raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock "
-                             f"meets the DRAM controller's; an ideal memory has no clock)")
-        from coda.hw.nmp import check_nme_mhz
-        nme_mhz = check_nme_mhz(nme_mhz, args.dram)
+    nme_mhz = _resolve_memory(args)   # before the model loads: a bad preset or clock fails
     preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     out = check_output_path(args.out, "--out", folder=True)
     model, _ = load_model(device)
@@ -293,7 +324,10 @@ def _setup(args) -> _Setup:
     backend = None          # --backend device: no NME; bad --backend/--dram and presets fail here
     if args.backend != "device" or args.dram is not None:
         backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
-                              **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
+                              **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}),
+                              # the DRAM-timed DIMM-NMP logs every command for the energy
+                              **({"commands": _command_log(out)} if args.dram and args.dram_log
+                                 else {}))
     return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
                   backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
                   forecast_source=source, cache_format=args.cache_format, cache_group=group)
@@ -307,9 +341,9 @@ _NME_OPTIONS = ("preset", "mul_latency", "add_latency", "operand_latency", "trai
 def _check_backend_options(args) -> None:
     """Refuse, before any work, an option that would do nothing with ``--backend``, given on
     the command line (also at its default value), instead of ignoring it: with ``device``
-    (no NME: the cache's segments are torch ops) the NME's options and ``--lanes``; ``--dram``
-    (and so ``--nme-mhz``) with any backend but ``rtl``. Raises ValueError naming the
-    option."""
+    (no NME: the cache's segments are torch ops) the NME's options and ``--lanes``;
+    ``--memory`` and ``--dram`` (and so ``--nme-mhz``, :func:`_resolve_memory`) with any
+    backend but ``rtl``. Raises ValueError naming the option."""
     from coda.hw.verilog import NMEUnitsConfig
     from coda.options import defaults, given
 
@@ -321,9 +355,41 @@ def _check_backend_options(args) -> None:
                 raise ValueError(f"{flag} {getattr(args, name)}: no NME runs with --backend "
                                  "device (its cache segments are torch ops in --device "
                                  f"memory), expected no {flag} with --backend device")
+    if given(args, "memory", default["memory"]) and args.backend != "rtl":
+        raise ValueError(f"--memory {args.memory}: the NMEs' rank memory of --backend rtl, "
+                         f"expected no --memory with --backend {args.backend}")
     if args.dram is not None and args.backend != "rtl":
         raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl (got --backend "
                          f"{args.backend})")
+
+
+def _resolve_memory(args) -> float | None:
+    """``--memory``, ``--dram`` and ``--nme-mhz`` checked and resolved before any work: with
+    ``--backend rtl --memory dram`` ``args.dram`` becomes the cosimulated preset's name
+    (``--dram``, default :data:`DEFAULT_STANDARD`) and the NMEs' clock is returned (MHz:
+    ``--nme-mhz``, checked by :func:`coda.hw.nmp.check_nme_mhz`, default
+    :func:`coda.hw.nmp.default_nme_mhz`); otherwise ``args.dram`` stays None and None is
+    returned. From then on ``args.dram`` names the DRAM the run cosimulates, or None.
+    Raises ValueError naming the flag: an unknown preset, a bad clock, ``--nme-mhz`` without
+    DRAM timing, ``--dram`` with ``--memory ideal``."""
+    from coda.hw.dram.standards import get_standard
+    from coda.hw.nmp import check_nme_mhz, default_nme_mhz
+
+    nme_mhz = getattr(args, "nme_mhz", None)
+    if args.backend != "rtl" or getattr(args, "memory", "dram") == "ideal":
+        if nme_mhz is not None:
+            why = ("an ideal memory has no clock" if args.backend == "rtl"
+                   else f"got --backend {args.backend}")
+            raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram timing (--backend rtl "
+                             f"--memory dram: the NME's own clock meets the DRAM "
+                             f"controller's; {why})")
+        if args.dram is not None:
+            raise ValueError(f"--dram {args.dram}: the DRAM preset of --memory dram, expected "
+                             "no --dram with --memory ideal")
+        return None
+    args.dram = get_standard(args.dram or DEFAULT_STANDARD).name
+    return check_nme_mhz(nme_mhz, args.dram) if nme_mhz is not None else \
+        default_nme_mhz(args.dram)
 
 
 def _cache_group(args, model) -> int | None:
@@ -362,7 +428,8 @@ def _generate(console, args, run: _Setup, driver) -> _Generation:
     seeds = [args.seed + i for i in range(len(digits))]
     run_labels = labels[:run.rtl_videos] if run.rtl_videos else labels
     where = (f"{args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
-             f"{args.dram or 'ideal memory'}" if backend is not None else args.device)
+             + (f"{args.dram}, NMEs at {run.nme_mhz:g} MHz" if args.dram else "ideal memory")
+             if backend is not None else args.device)
     console.print(f"[bold]cached[/] {len(run_labels)} prompts, segments on the "
                   f"[cyan]{args.backend}[/] backend ({where})")
     t0 = time.perf_counter()
@@ -409,7 +476,8 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
     if args.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
         rtl.update(nme_mhz=getattr(run.backend, "nme_mhz", None),
                    job_nme_cycles=gen.sim.get("cycles", 0),
-                   job_dram_cycles=gen.sim.get("dram_cycles", 0), job_ns=gen.sim.get("ns", 0.0))
+                   job_dram_cycles=gen.sim.get("dram_cycles", 0), job_ns=gen.sim.get("ns", 0.0),
+                   dram_energy=_dram_energy(args, run, n))
     if n < len(digits):
         gen.rtl_events = gen.events
         gen.cached, gen.stats, gen.driver, gen.events = (reference, ref_stats, ref_driver,
@@ -423,6 +491,53 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
                 nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model",
                 cache=args.cache, cache_format=run.cache_format, cache_group=run.cache_group)
     return bit_exact, rtl
+
+
+def _command_log(out: Path) -> Path:
+    """Path prefix of the DRAM-timed DIMM-NMP's command logs in the report folder (one CSV
+    per rank: ``dram_cmds.csv``, ``dram_cmds.csv.c<dimm>r<rank>``)."""
+    return out / "dram_cmds.csv"
+
+
+def _dram_energy(args, run, videos: int) -> dict:
+    """The report's ``rtl.dram_energy``: J split into activation/precharge, read + write,
+    refresh and background, in total and per video (``videos`` through the RTL), with the
+    per-rank detail. From the controllers' counters (ACTs = row misses + row conflicts, RD
+    and WR bursts, REFs, cycles) priced per command (:func:`coda.hw.dram.power.dram_energy`),
+    every bank counted open while its rank runs (an upper bound on the background); with
+    ``--dram-log``, from the command logs of the cached generation (one per rank) priced per
+    command and power state (:func:`coda.cosim.dram_energy.energy_files`), the counters'
+    split kept beside it as ``counters_split_j``."""
+    from coda.cosim.dram_energy import energy_files, split_j
+    from coda.hw.dram.power import command_energy, dram_energy
+    from coda.hw.dram.standards import get_standard
+
+    std = get_standard(args.dram)
+    banks = command_energy(std).banks
+    ranks = {}
+    stats = run.backend.last.stats        # per rank, cumulative since the simulator started
+    for k, s in enumerate(stats):
+        rank_s = s["cycles"] * std.tCK_ns * 1e-9
+        ranks[f"c{k // args.ranks}r{k % args.ranks}"] = dram_energy(
+            std, acts=s["row_misses"] + s["row_conflicts"], reads=s["reads"],
+            writes=s["writes"], refreshes=s["refreshes"], rank_s=rank_s,
+            bank_open_s=rank_s * banks)
+    total = {k: sum(r[k] for r in ranks.values()) for k in next(iter(ranks.values()))}
+    out = {"method": "per command from the controllers' counters and the device's IDD/IPP "
+                     "currents (coda.hw.dram.power); background with every bank open while a "
+                     "rank runs (an upper bound; --dram-log measures it per power state)",
+           "standard": args.dram, "cycles": max(s["cycles"] for s in stats),
+           "split_j": split_j(total), "ranks": ranks}
+    if args.dram_log:
+        base = _command_log(run.out)
+        logs = [base if (d, r) == (0, 0) else base.with_name(f"{base.name}.c{d}r{r}")
+                for d in range(args.dimms) for r in range(args.ranks)]
+        result = energy_files(args.dram, logs)
+        out.update(method=result["method"], logs=[str(p) for p in logs],
+                   cycles=result["cycles"], counters_split_j=out["split_j"],
+                   split_j=result["split_j"], ranks=result["ranks"])
+    out["per_video_j"] = {k: v / videos for k, v in out["split_j"].items()}
+    return out
 
 
 def _write_gifs(out: Path, digits: list[int], full, cached) -> tuple[list[str], Path]:
@@ -462,6 +577,43 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
     return modelled
 
 
+#: the policies whose schedule ``paper_scale`` transfers: a schedule file of the shipped model
+#: (coda, coda+dra) or the uniform rule; the others decide from the run's own calibration
+_PAPER_SCALE_POLICIES = ("coda", "coda+dra", "uniform")
+
+
+def _paper_scale(args, run: _Setup) -> dict:
+    """The report's ``paper_scale``: the run's schedule transferred to the paper-scale target
+    (:data:`coda.host.system.sim.PAPER_SCALE`: Wan 2.1-14B, 720p x 4 s, the edge GPU preset,
+    4 DIMMs x 8 ranks of DDR5-4800) and replayed as systems a..g by
+    :func:`coda.host.system.sim.paper_scale`, what ``coda sim`` with its ``argv`` computes,
+    ``"available": true``; or ``{"available": false, "reason": ...}`` for a policy without a
+    schedule to transfer, or one the system model refuses. At the shipped model's size
+    every kernel is launch-bound, so its modelled systems say little about the design; this
+    is the figure the design is for."""
+    from coda.host.cache.shipped import SHIPPED_SCHEDULE
+    from coda.host.system.sim import paper_scale
+
+    if run.policy_name not in _PAPER_SCALE_POLICIES:
+        return {"available": False,
+                "reason": f"--policy {run.policy_name} has no static schedule to transfer (it "
+                          "decides from this run's calibration); the transfer takes "
+                          f"{', '.join(_PAPER_SCALE_POLICIES)}"}
+    if run.policy_name == "uniform":
+        spec = {"schedule": "uniform", "interval": run.policy.default_interval,
+                "warmup": run.policy.warmup}
+    else:
+        spec = {"schedule": str(args.schedule or SHIPPED_SCHEDULE)}
+    note = ("DRA's run-time fallbacks not modelled" if run.policy_name == "coda+dra"
+            else None)
+    try:
+        out = paper_scale(**spec, steps=args.steps, cache=args.cache,
+                          cache_format=run.cache_format, note=note)
+    except ValueError as exc:
+        return {"available": False, "reason": str(exc)}
+    return {"available": True, **out}
+
+
 def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: dict | None,
             modelled: dict, gifs: list[str], grid: Path, t_start: float) -> dict:
     """``report.json`` (module docstring): the options, the policy, the bit check, quality
@@ -471,7 +623,8 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
     from coda.host.model.classifier import label_accuracy
 
     full, cached, stats, driver = gen.full, gen.cached, gen.stats, gen.driver
-    sim_cycles = gen.sim.get("cycles", 0)
+    # NME cycles summed over the ranks (the DIMM-NMP's jobs count each rank's: rank_cycles)
+    sim_cycles = gen.sim.get("rank_cycles", gen.sim.get("cycles", 0))
     sim_seconds = gen.sim.get("seconds", 0.0)
     preset = run.preset
     return {
@@ -480,6 +633,7 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
         "guidance_scale": args.guidance,
         "backend": args.backend,
         "device": args.device,
+        "memory": args.memory if args.backend == "rtl" else None,
         "dram": args.dram,
         "nme_mhz": run.nme_mhz,
         "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
@@ -540,12 +694,24 @@ def _print_summary(console, report: dict, path: Path) -> None:
     modelled = report["modelled"]
     if not modelled["available"]:
         table.add_row("modelled systems", f"not available: {modelled['reason']}")
+    if modelled["available"]:
+        table.add_row("modelled systems", "this generation of the shipped model, speedup "
+                      "against a (launch-bound at this size)")
     for letter, row in modelled.get("systems", {}).items():
         if row.get("fits", True):
             table.add_row(f"modelled {letter}: {row['name']}",
                           f"{row['latency_s']:.4g} s, {row['speedup']:.3g}x")
         else:
             table.add_row(f"modelled {letter}: {row['name']}", "does not fit")
+    paper = report.get("paper_scale", {"available": False, "reason": "not computed"})
+    if not paper["available"]:
+        table.add_row("paper scale", f"not available: {paper['reason']}")
+    else:
+        table.add_row("paper scale", paper["label"] + "; coda " + " ".join(paper["argv"]))
+    for letter, row in paper.get("systems", {}).items():
+        table.add_row(f"paper scale {letter}: {row['name']}",
+                      f"{row['latency_s']:.4g} s, {row['speedup']:.3g}x" if row["fits"]
+                      else "does not fit")
     console.print(table)
 
 
@@ -579,18 +745,20 @@ def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
     return None
 
 
-#: the policies --skip calibrates; --profile is read by these (and DRA: its calibration videos)
-_SKIP_POLICIES = ("pab", "teacache", "magcache", "fbcache", "lemica")
-_PROFILE_POLICIES = ("coda+dra", "teacache", "magcache", "fbcache", "lemica")
+#: the policies --skip calibrates (uniform's run options are --interval / --warmup instead);
+#: --profile is read by those calibrated on a profile and by coda+dra (the videos its
+#: thresholds are calibrated on when the schedule file has none)
+_SKIP_POLICIES = tuple(n for n in policy_names("skip_calibrated") if n != "uniform")
+_PROFILE_POLICIES = ("coda+dra",) + policy_names("needs_profile")
 #: the static policies --cache forecast serves
-_FORECAST_POLICIES = ("coda", "uniform", "pab", "magcache")
+_FORECAST_POLICIES = tuple(n for n in policy_names("serves_forecast") if n in POLICY_CHOICES)
 
 
 def _policy(args, model):
     """(name, policy) from the flags; every file is read and checked here, before any work.
     A flag the chosen policy does not read is refused, not ignored."""
     from coda.host.cache.policies import check_cached_steps, get_policy
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import SHIPPED_SCHEDULE, load_schedule
 
     uniform_flags = args.interval is not None or args.warmup is not None
@@ -610,7 +778,7 @@ def _policy(args, model):
     if args.skip is not None and name not in _SKIP_POLICIES:
         how = ("its schedule's (--schedule)" if name.startswith("coda")
                else "set by --interval/--warmup")
-        raise ValueError(f"--skip {args.skip}: a pab / teacache / magcache / fbcache / lemica "
+        raise ValueError(f"--skip {args.skip}: a {' / '.join(_SKIP_POLICIES)} "
                          f"option (the skip "
                          f"of {name} is {how}), expected no --skip with --policy {name}")
     if args.cache == "forecast" and name not in _FORECAST_POLICIES:
@@ -618,8 +786,8 @@ def _policy(args, model):
                          f"({', '.join(_FORECAST_POLICIES)}; the alphas are calibrated for "
                          "a schedule's computed steps)")
     if args.profile is not None and name not in _PROFILE_POLICIES and args.cache != "forecast":
-        raise ValueError(f"--profile {args.profile}: read by coda+dra / teacache / magcache / "
-                         f"fbcache / lemica only, expected no --profile with --policy {name}")
+        raise ValueError(f"--profile {args.profile}: read by {' / '.join(_PROFILE_POLICIES)} "
+                         f"only, expected no --profile with --policy {name}")
     skip = 0.5 if args.skip is None else args.skip
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
@@ -664,7 +832,7 @@ def _dra_thresholds(args, model, sched, profile, path):
     (:func:`coda.experiments.dra_calibration.calibrate_default_dra`, torch backend)."""
     from coda.host.nme.backend import TorchBackend
     from coda.experiments.dra_calibration import calibrate_default_dra, load_step_dra
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import schedule_block
 
     if schedule_block(path, "dra") is not None:
@@ -677,7 +845,7 @@ def _dra_thresholds(args, model, sched, profile, path):
 def _profile(args, mhash: str, layers: int, who: str):
     """(the profile, its path): --profile or the shipped one (50 steps), checked against the
     model, --steps and the layers; ``who`` names the option that reads it in the error."""
-    from coda.experiments.profile import Profile
+    from coda.host.cache.profile import Profile
     from coda.host.cache.shipped import SHIPPED_PROFILE
 
     if args.profile is None and args.steps != 50:
@@ -697,7 +865,7 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     :func:`coda.experiments.forecast_calibration.calibrate_forecast`, torch backend)."""
     from coda.host.nme.backend import TorchBackend
     from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import SHIPPED_SCHEDULE
 
     if args.cache != "forecast":
@@ -718,7 +886,5 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
 
 
 def _machine() -> str:
-    import os
-    import platform
-
-    return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip()
+    from coda.results import machine
+    return machine()

@@ -414,7 +414,9 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
     folder.mkdir(parents=True)
     (folder / "results.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in lines + [newer, stale, other]))
-    rows = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    # records without units are the combinational NME's (the default NME's: none here)
+    assert design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES) == []
+    rows = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, units="0,0,0")
     assert len(rows) == (1 + len(recs)) * len(nmp_measure.PROGRAM_STREAMS)
     p = lines[1]["params"]
     seg, = [r for r in rows if (r["dram"], r["nme_mhz"], r["lanes"], r["depth"], r["program"])
@@ -422,12 +424,12 @@ def test_report_only_reads_records_of_any_version(tmp_path, capsys, monkeypatch)
     assert seg["utilisation"] == 0.5                      # the newer record
     assert {(r["lanes"], r["nme_mhz"]) for r in rows if r["lanes"] == 64} == {(64, None)}
     only = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, drams=("DDR4-3200",),
-                               clocks=(100.0,), lanes=(8,))
+                               clocks=(100.0,), lanes=(8,), units="0,0,0")
     assert {(r["dram"], r["nme_mhz"], r["lanes"]) for r in only} == {("DDR4-3200", 100.0, 8)}
     monkeypatch.chdir(tmp_path)
     assert coda_main(["bench", "--sweep-report-only", "--sweep-stream-bytes", str(STREAM_BYTES),
                       "--sweep-lanes", "1,2,4,8,16,32,64", "--sweep-depths", "16,256",
-                      "--sweep-clocks", "dram,100,400,800,1200"]) == 0
+                      "--sweep-clocks", "dram,100,400,800,1200", "--sweep-units", "0,0,0"]) == 0
     dse = json.loads((tmp_path / "build" / "bench" / "dse.json").read_text())
     assert dse["version"] == design_space.DSE_VERSION and dse["areas"] == {}
     assert len(dse["rows"]) == len(rows)
@@ -459,7 +461,16 @@ def test_parse_units_reads_three_ints_and_names_a_bad_value():
     assert nme_units.parse_units("3,5,1") == (3, 5, 1)
     assert nme_units.parse_units(" 0, 0 ,0") == (0, 0, 0)
     assert nme_units.units_label(None) == nme_units.units_label("") == "0,0,0" \
-        == design_space.SWEEP_UNITS == nme_units.COMBINATIONAL
+        == nme_units.COMBINATIONAL
+    # a sweep measures the default NME unless told otherwise: NMEConfig's units, the
+    # timing-closed preset's
+    from coda.hw.nme.isa import DEFAULT_PRESET, NME_PRESETS, NMEConfig
+    timing_closed = NME_PRESETS["timing-closed"]
+    assert DEFAULT_PRESET == "timing-closed"
+    assert design_space.SWEEP_UNITS == nme_units.DEFAULT_UNITS == nme_units.units_label(
+        (timing_closed.mul_latency, timing_closed.add_latency, timing_closed.operand_latency))
+    assert nme_units.parse_units(nme_units.DEFAULT_UNITS) == (
+        NMEConfig.mul_latency, NMEConfig.add_latency, NMEConfig.operand_latency)
     assert nme_units.units_label((3, 5, 1)) == nme_units.units_label(" 3 ,5, 1") == PIPELINED
     assert nme_units.units_title(PIPELINED) == "NME units mul 3 / add 5 / operand 1"
     for bad, why in (("3,5", "2 given"), ("3,5,1,0", "4 given"), ("", "1 given"),
@@ -550,13 +561,15 @@ def _results_file(tmp_path, groups):
 
 
 def test_report_only_filters_by_units(tmp_path, capsys, monkeypatch):
-    """recorded_rows keeps the records of the units asked for (default 0,0,0, which old
-    records without units are; None: every units); --sweep-report-only --sweep-units writes
-    dse.json with those units and titles the tables with them."""
+    """recorded_rows keeps the records of the units asked for (0,0,0 is what old records
+    without units are; default the default NME's units, of which this file has none; None:
+    every units); --sweep-report-only --sweep-units writes dse.json with those units and
+    titles the tables with them."""
     recs = _clock_records()
     folder = _results_file(tmp_path, [(None, recs), (PIPELINED, recs), ("0,0,0", recs[:4])])
     n = len(recs) * len(nmp_measure.PROGRAM_STREAMS)
-    default = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES)
+    assert design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES) == []
+    default = design_space.recorded_rows(folder, stream_bytes=STREAM_BYTES, units="0,0,0")
     assert len(default) == n and {r["units"] for r in default} == {"0,0,0"}
     # the 0,0,0 records (later in the file, at half the utilisation) replace the old ones
     # of the same parameters
@@ -665,7 +678,7 @@ def test_sweep_gives_every_point_the_units(tmp_path, monkeypatch):
                        out=out, units=(3, 5, 1), synth_root=tmp_path / "none")
     assert [p["units"] for p in seen] == [PIPELINED] * 2
     kind = design_space.sweep_kind()
-    assert kind.param("units").default == "0,0,0"
+    assert kind.param("units").default == nme_units.DEFAULT_UNITS
     keys = {coda.sweep.point_key(kind, p) for p in seen}
     assert not keys & {coda.sweep.point_key(kind, {**p, "units": "0,0,0"}) for p in seen}
     assert [(c["cfg"].lanes, c["cfg"].mul_latency, c["cfg"].add_latency,
@@ -736,6 +749,7 @@ def test_bench_writes_the_check_timings_unless_skipped(tmp_path, monkeypatch, sk
     monkeypatch.setattr(bench, "_cosim_speed", lambda args: {"ceiling": {}})
     monkeypatch.setattr(bench, "gpu_check_timing", lambda out: {"wall_s": 1.0, "out": str(out)})
     monkeypatch.setattr(bench, "address_check_timing", lambda: {"timeout_s": 5.0})
+    monkeypatch.setattr(bench, "serving_timing", lambda: {"wall_s": 2.0})
     out = tmp_path / "cosim.json"
     argv = ["bench", "--sweep-lanes", "", "--skip-dram", "--out", str(out)]
     assert coda_main(argv + (["--skip-checks"] if skip else [])) == 0
@@ -746,4 +760,71 @@ def test_bench_writes_the_check_timings_unless_skipped(tmp_path, monkeypatch, sk
     else:
         assert result["checks"] == {"gpu_check_cpu": {"wall_s": 1.0,
                                                       "out": str(tmp_path / "gpu_check")},
-                                    "sweep_address_check": {"timeout_s": 5.0}}
+                                    "sweep_address_check": {"timeout_s": 5.0},
+                                    "serving_1000": {"wall_s": 2.0}}
+
+
+def test_bench_times_a_1000_request_serving_simulation(monkeypatch):
+    """coda serve's default run at one rate and policy with 1,000 requests: the wall time
+    (a known, slow fake clock) against its target, and the run's own split and figures."""
+    from coda.host.system import serving
+
+    seen = []
+
+    def fake_curve(cfg):
+        seen.append(cfg)
+        return {"wall_s": {"service_s": 3.0, "serving_s": 0.5},
+                "runs": [{"p50_s": 10.0, "p99_s": 20.0}]}
+
+    monkeypatch.setattr(serving, "serve_curve", fake_curve)
+    clock = iter([5.0, 5.0 + bench.SERVING_TARGET_S + 1])
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    fig = bench.serving_timing()
+    monkeypatch.undo()
+    (cfg,) = seen
+    assert (cfg.requests, cfg.rates, cfg.policy) == (1000, "20", "fcfs")
+    assert fig["wall_s"] == bench.SERVING_TARGET_S + 1 and fig["within_target"] is False
+    assert (fig["service_s"], fig["serving_s"]) == (3.0, 0.5)
+    assert (fig["p50_s"], fig["p99_s"]) == (10.0, 20.0)
+
+
+def test_rtl_generations_measure_both_memories_on_the_same_prompts(tmp_path, monkeypatch):
+    """Step 4 of coda bench: coda run of the same --run-prompts once per memory (--memory
+    ideal, then --memory dram on --nmp-dram), each run's report figures taken as they are,
+    and ideal_over_dram = the ideal run's cycles/s over the DRAM-timed run's against the
+    1.5x target. A memory that is not one is refused before any run, naming it."""
+    import argparse
+    from pathlib import Path
+
+    from coda.experiments import run as coda_run
+
+    speed = {"ideal": 1_200_000, "dram": 900_000}
+    seen = []
+
+    def fake_main(args):     # what coda run writes, here without running it
+        seen.append(args)
+        mem = args.memory
+        report = {"dram": "DDR5-4800" if mem == "dram" else None,
+                  "nme_mhz": 1000.0 if mem == "dram" else None,
+                  "rtl": {"prompts": [0, 1], "nme_programs": 10, "cached_generation_s": 3.0},
+                  "bit_exact_rtl_vs_torch": True, "sim_cycles_per_s": speed[mem]}
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "report.json").write_text(json.dumps(report))
+        return 0
+
+    monkeypatch.setattr(coda_run, "main", fake_main)
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    args = parser.parse_args(["--out", str(tmp_path / "cosim.json")])
+    out = bench._rtl_generations(args, {"cycles_per_s": 1_500_000})
+    assert [(a.memory, a.prompts, a.dram) for a in seen] == [("ideal", "0,1", None),
+                                                              ("dram", "0,1", "DDR5-4800")]
+    assert out["ideal"]["command"].endswith("--prompts 0,1 --memory ideal")
+    assert out["dram"]["command"].endswith("--prompts 0,1 --memory dram --dram DDR5-4800")
+    assert out["dram"]["nme_mhz"] == 1000.0 and out["dram"]["sim_cycles_per_s"] == 900_000
+    assert out["ideal"]["ceiling_ratio"] == round(1_500_000 / 1_200_000, 3)
+    assert bench.DRAM_SPEED_TARGET == 1.5
+    assert out["ideal_over_dram"] == {"ratio": round(1_200_000 / 900_000, 3), "target": 1.5,
+                                      "within_target": True}
+    with pytest.raises(ValueError, match=r"--run-memories 'ideal,hbm': 'hbm' is not a memory"):
+        bench._run_memories("ideal,hbm")

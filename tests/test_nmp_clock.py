@@ -184,8 +184,8 @@ def test_bad_nme_clock_is_refused_before_any_build(value, message):
 def test_cli_nme_mhz(tmp_path, capsys, runs):
     """``coda nme run --dram --nme-mhz`` runs on the clocked DIMM-NMP (the module's build)
     and reports both clocks; ``--nme-mhz`` without ``--dram`` or out of range is refused
-    naming it (by ``coda run`` too, before its model loads); ``coda verilog --top dimm
-    --nme-mhz`` writes the two-clock design (ports
+    naming it (by ``coda run --memory ideal`` too, before its model loads); ``coda verilog
+    --top dimm --nme-mhz`` writes the two-clock design (ports
     nme_clk / nme_rst, a header naming both clocks), ``--top nme --nme-mhz`` is refused."""
     from coda.cli import main
     inp, out = tmp_path / "in.npz", tmp_path / "out.npz"
@@ -201,7 +201,10 @@ def test_cli_nme_mhz(tmp_path, capsys, runs):
     assert "--nme-mhz 700: only with --dram" in capsys.readouterr().err
     assert main(common + ["--dram", "DDR5-4800", "--nme-mhz", "5000"]) == 2
     assert "may not exceed the DDR5-4800 command clock" in capsys.readouterr().err
-    for argv, message in ((["--nme-mhz", "800"], "--nme-mhz 800: only with --dram"),
+    # coda run's default memory is the DRAM-timed DIMM-NMP: the clock is refused on the
+    # ideal one
+    for argv, message in ((["--memory", "ideal", "--nme-mhz", "800"],
+                           "--nme-mhz 800: only with --dram"),
                           (["--dram", "DDR5-4800", "--nme-mhz", "-1"],
                            "expected a positive NME clock in MHz")):
         assert main(["run", "--out", str(tmp_path / "run"), *argv]) == 2   # before the model
@@ -261,3 +264,34 @@ def test_dse_figures_of_a_real_run_at_two_clocks():
         for key, half_ulp in (("utilisation", 5e-5), ("gbps", 5e-3)):
             rel = half_ulp / hi[key] + half_ulp / lo[key] + 1e-4
             assert hi[key] / lo[key] == pytest.approx(speedup, rel=rel), (prog, key)
+
+
+def test_command_log_energy_agrees_with_the_system_model(runs):
+    """The 2400 MHz run's command logs priced per command (coda.cosim.dram_energy) against
+    the system model's counts of the same jobs (two residual adds, two 4-term segments per
+    rank; coda.host.system.energy.dimm_dram_energy): the bursts are the same, and the totals
+    differ by no more than what the model's two simplifications leave out: the ACTs beyond
+    one per row (at most the log's whole ACT energy), the banks the log shows closed while
+    the model holds all open (their bank-open power over the closed bank-time), and one REF
+    per rank of rounding (the model's refreshes are time / tREFI)."""
+    from coda.cosim.dram_energy import energy_files
+    from coda.host.system.energy import dimm_dram_energy
+    from coda.host.system.nme import segment_timing
+    from coda.hw.dram.power import command_energy
+
+    logs = [p for p in runs["logs"] if p.name.split(".csv")[0] == "cmds-2400"]
+    got = energy_files(STD, logs)["total"]
+    seg = segment_timing(SEG_T, SEG_C, SEG_K, n_ranks=2, lanes=CFG.lanes, depth=CFG.depth)
+    word = 2 * CFG.lanes
+    add_words = ADD_N // 2 // CFG.lanes            # per rank and stream
+    reads = 2 * 2 * (2 * add_words * word + seg.rank_dram_bytes - seg.rank_write_bytes)
+    writes = 2 * 2 * (add_words * word + seg.rank_write_bytes)
+    assert (got["reads"], got["writes"]) == (reads // STD.burst_bytes, writes // STD.burst_bytes)
+    seconds = got["rank_s"] / 2
+    model = dimm_dram_energy(STD, read_bytes=reads, write_bytes=writes, ranks=2,
+                             seconds=seconds, busy_s=seconds)
+    e = command_energy(STD)
+    bound = (got["act_pre_j"] + (STD.banks * got["rank_s"] - got["bank_open_s"])
+             * e.bank_open_w + 2 * e.refresh_pj * 1e-12)
+    assert abs(model["total_j"] - got["total_j"]) <= bound
+    assert model["read_j"] + model["write_j"] == pytest.approx(got["read_j"] + got["write_j"])

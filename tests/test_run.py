@@ -1,6 +1,7 @@
 """End to end: `coda run` on the shipped model, cache segments through the Verilated NME."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from coda.cli import main
 def schedule_6(tmp_path_factory):
     """A 6-step profile of the shipped model and a schedule file of the shipped model that
     mixes reused and computed operators inside its steps (tests/mixed_schedule.py)."""
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import save_schedule
     from coda.host.model.dit import load_model
     from mixed_schedule import mixed_schedule
@@ -76,7 +77,7 @@ def _dra_schedule_that_always_falls_back(schedule_6, steps: int):
     """A copy of the mixed schedule with DRA's thresholds in the file: 0 at every probed
     step, so every probe falls back."""
     from coda.experiments.dra_calibration import save_step_dra
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.policies.dra import StepThresholds
     from coda.host.cache.schedule import BRANCHES
     from coda.host.cache.shipped import load_schedule
@@ -249,7 +250,7 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     events, its driver) and from the schedule."""
     import torch
 
-    from coda.experiments.profile import model_hash
+    from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import load_schedule
     from coda.host.model.dit import load_model
 
@@ -259,7 +260,8 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
     rc = main(["run", "--out", str(tmp_path), "--steps", str(steps), "--policy", "coda+dra",
                "--schedule", str(dra_file),
                "--profile", str(schedule_6 / "p" / "profile.npz"),
-               "--prompts", ",".join(map(str, prompts)), "--threads", "1"])
+               "--prompts", ",".join(map(str, prompts)), "--threads", "1",
+               "--memory", "ideal"])    # the cycle model is exact on the ideal memory
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["policy"] == "coda+dra" and report["policy_params"]["margin"] == 1.0
@@ -287,7 +289,7 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
 
 def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     from coda.host.model.dit import load_model
-    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile, model_hash
     from coda.experiments.run import _policy
     from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
 
@@ -393,7 +395,7 @@ def test_coda_run_refuses_a_truncated_or_non_finite_profile(tmp_path, capsys):
     before any generation, naming the file."""
     import numpy as np
 
-    from coda.experiments.profile import Profile
+    from coda.host.cache.profile import Profile
     from coda.host.cache.shipped import SHIPPED_PROFILE
 
     data = SHIPPED_PROFILE.read_bytes()
@@ -489,9 +491,27 @@ def test_coda_run_on_the_dram_timed_dimm_nmp(tmp_path, monkeypatch):
 
     got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", "4", "--warmup", "2", "--interval", "2",
-               "--prompts", "5", "--threads", "1", "--dram", "DDR5-4800"])
+               "--prompts", "5", "--threads", "1", "--dram", "DDR5-4800", "--dram-log"])
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
+    # DRAM energy: the command logs priced per command and power state; the controllers'
+    # counters give the same RD/WR and REF energy, a background at least the logged one
+    # (every bank open while the rank runs), and ACTs from the row misses and conflicts,
+    # classified when a request arrives: a refresh before it is served can close the row of
+    # a request counted as a hit, so the log holds up to one more ACT per bank and refresh
+    from coda.hw.dram.power import command_energy
+    from coda.hw.dram.standards import get_standard
+
+    energy = report["rtl"]["dram_energy"]
+    logged, counted = energy["split_j"], energy["counters_split_j"]
+    for part in ("read_write", "refresh"):
+        assert counted[part] == pytest.approx(logged[part], rel=1e-12) and logged[part] > 0
+    assert counted["background"] >= logged["background"] > 0
+    e = command_energy(get_standard("DDR5-4800"))
+    refreshes = sum(r["refreshes"] for r in energy["ranks"].values())
+    assert 0 < logged["act_pre"] - counted["act_pre"] <= refreshes * e.banks * e.act_pre_pj * 1e-12 \
+        or counted["act_pre"] == pytest.approx(logged["act_pre"], rel=1e-12)
+    assert all(Path(p).is_file() for p in energy["logs"])
     (cached, events), (reference, _) = got["cached"]
     assert report["bit_exact_rtl_vs_torch"] is torch.equal(cached.view(torch.int32),
                                                            reference.view(torch.int32)) is True
@@ -517,7 +537,8 @@ def test_coda_run_checks_the_first_prompts_on_the_rtl_and_shows_all_in_a_grid(tm
 
     got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", "4", "--warmup", "2", "--interval", "2",
-               "--prompts", "2,5,6", "--rtl-videos", "1", "--threads", "1"])
+               "--prompts", "2,5,6", "--rtl-videos", "1", "--threads", "1",
+               "--memory", "ideal"])    # the cycle model is exact on the ideal memory
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     full = got["videos"][0]
@@ -592,7 +613,7 @@ def test_coda_run_forecast_on_the_rtl_is_bit_identical_to_torch(tmp_path, schedu
     rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--interval", "2",
                "--warmup", "1", "--prompts", "5", "--threads", "1", "--cache", "forecast",
                "--profile", str(schedule_6 / "p" / "profile.npz")]
-              + (["--dram", dram] if dram else []))
+              + (["--dram", dram] if dram else ["--memory", "ideal"]))
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     (cached, events), (reference, _) = got["cached"][-2:]
@@ -628,7 +649,8 @@ def test_coda_run_int8_on_the_rtl_is_bit_identical_to_torch(tmp_path, schedule_6
     got = _capture(monkeypatch)
     rc = main(["run", "--out", str(tmp_path), "--steps", "6", "--policy", "coda",
                "--schedule", str(schedule_6 / "s.json"), "--prompts", "5", "--threads", "1",
-               "--cache-format", "int8"] + (["--dram", dram] if dram else []))
+               "--cache-format", "int8"]
+              + (["--dram", dram] if dram else ["--memory", "ideal"]))
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
     (cached, events), (reference, _) = got["cached"][-2:]
@@ -659,7 +681,7 @@ def test_coda_schedule_dra_writes_the_block_coda_run_reads(tmp_path, capsys, sch
     """coda schedule dra: the table calibrate_default_dra chooses on the profile's videos,
     stored as the file's "dra" block (other blocks kept); coda run reads that block."""
     from coda.experiments.dra_calibration import calibrate_default_dra, load_step_dra
-    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile, model_hash
     from coda.experiments.rollouts import torch_driver
     from coda.host.cache.shipped import load_schedule
     from coda.host.model.dit import load_model
@@ -699,7 +721,7 @@ def test_coda_schedule_forecast_writes_the_calibrated_alphas(tmp_path, capsys, s
     the file's "forecast" block; a file of another step count is refused, naming it."""
     from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
     from coda.host.model.sample import DEFAULT_GUIDANCE
-    from coda.experiments.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile, model_hash
     from coda.experiments.rollouts import torch_driver
     from coda.host.model.dit import load_model
 
@@ -721,3 +743,56 @@ def test_coda_schedule_forecast_writes_the_calibrated_alphas(tmp_path, capsys, s
     assert main(["schedule", "forecast", "--schedule", str(path), str(tmp_path / "o.json"),
                  "--profile", str(profile)]) == 2
     assert "o.json" in capsys.readouterr().err
+
+
+def test_coda_run_cosimulates_the_dram_timed_dimm_nmp_by_default():
+    """With no memory option coda run's rtl backend is the DRAM-timed DIMM-NMP: DDR5-4800
+    (the system model's preset) with the NMEs on their own clock of DEFAULT_NME_MHZ, capped
+    at a slower standard's command clock (LPDDR5-6400: CK = 800 MHz, tCK = 1.25 ns);
+    --memory ideal and the other backends cosimulate no DRAM."""
+    import argparse
+
+    from coda.experiments import run
+    from coda.hw.dram.standards import DEFAULT_STANDARD
+    from coda.hw.nmp import DEFAULT_NME_MHZ
+
+    def resolved(*argv):
+        parser = argparse.ArgumentParser()
+        run.configure(parser)
+        args = parser.parse_args(["--out", "o", *argv])
+        return run._resolve_memory(args), args.dram
+
+    assert DEFAULT_STANDARD == "DDR5-4800" and DEFAULT_NME_MHZ == 1000.0
+    assert resolved() == (1000.0, "DDR5-4800")
+    assert resolved("--dram", "lpddr5-6400") == (1000.0 / 1.25, "LPDDR5-6400")
+    assert resolved("--nme-mhz", "2400") == (2400.0, "DDR5-4800")
+    assert resolved("--dram", "DDR4-3200", "--nme-mhz", "400") == (400.0, "DDR4-3200")
+    assert resolved("--memory", "ideal") == (None, None)
+    assert resolved("--backend", "torch") == (None, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--memory", "ideal", "--dram", "DDR5-4800"],
+     "--dram DDR5-4800: the DRAM preset of --memory dram, expected no --dram with --memory "
+     "ideal"),
+    (["--memory", "ideal", "--nme-mhz", "500"],
+     "--nme-mhz 500: only with --dram timing (--backend rtl --memory dram: the NME's own clock "
+     "meets the DRAM controller's; an ideal memory has no clock)"),
+    (["--backend", "torch", "--memory", "dram"],
+     "--memory dram: the NMEs' rank memory of --backend rtl, expected no --memory with "
+     "--backend torch"),
+    (["--backend", "device", "--memory", "ideal"], "expected no --memory with --backend device"),
+    (["--nme-mhz", "3000"], "nme_mhz=3000: the NME clock may not exceed the DDR5-4800 command "
+                            "clock (2400 MHz)"),
+    (["--dram", "LPDDR5-6400", "--nme-mhz", "1000"],
+     "nme_mhz=1000: the NME clock may not exceed the LPDDR5-6400 command clock (800 MHz)"),
+])
+def test_coda_run_refuses_clashing_memory_options(tmp_path, capsys, argv, message):
+    """Options of the DRAM-timed memory that the chosen memory or backend would ignore, and
+    clocks beyond the standard's, are refused before any work, in one line naming them."""
+    out = tmp_path / "out"
+    assert main(["run", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coda: error:") and message in err, err
+    assert err.count("\n") == 1
+    assert not out.exists()

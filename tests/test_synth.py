@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from coda.hw.dram.power import command_energy
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.synth import ecp5, energy, flow, harness
 from coda.experiments import area_sweep as sweep
@@ -128,9 +129,14 @@ def test_sweep_points_of_pipelined_units(tmp_path, capsys):
     """The synthesis sweep's units and seeds: a folder of their own (the combinational NME
     at seed 1 keeps the old name), rows of those units only with the best seed's Fmax, bad
     units refused before any tool runs."""
+    from coda.cosim.nme_units import DEFAULT_UNITS
+
     kind = sweep.sweep_kind()
     base = {"target": "ecp5", "lanes": 8, "fmt": "bf16"}
-    assert kind.folder(kind.full(base)) == "ecp5_l8_bf16"
+    assert kind.folder(kind.full({**base, "units": "0,0,0"})) == "ecp5_l8_bf16"
+    # default: the default NME's units (the timing-closed preset), a folder of their own
+    assert kind.param("units").default == DEFAULT_UNITS
+    assert kind.folder(kind.full(base)) == "ecp5_l8_bf16_u" + DEFAULT_UNITS.replace(",", "")
     assert kind.folder(kind.full({**base, "units": "4, 5,1"})) == "ecp5_l8_bf16_u451"
     assert kind.folder(kind.full({**base, "units": "4,5,1", "seed": 2})) == \
         "ecp5_l8_bf16_u451_s2"
@@ -145,7 +151,8 @@ def test_sweep_points_of_pipelined_units(tmp_path, capsys):
                "device": "LFE5U-45F", "fmax_mhz": fmax}
         (d / "report.json").write_text(json.dumps({"config": cfg, "target": "ecp5",
                                                    "ecp5": res, "runtime_s": {"total": 1}}))
-    assert [r["lut4"] for r in sweep.collect(tmp_path)] == [15_000]
+    assert [r["lut4"] for r in sweep.collect(tmp_path, "0,0,0")] == [15_000]
+    assert sweep.collect(tmp_path) == []       # no point of the default units here
     # two seeds of the 4,5,1 netlist: the best Fmax is the row's, whatever the folder order
     assert [(r["lut4"], r["fmax_mhz"]) for r in sweep.collect(tmp_path, "4,5,1")] == \
         [(16_482, 100.88)]
@@ -176,8 +183,12 @@ def test_nominal_energy_of_add_is_exact():
     assert e["fu_pj"] == pytest.approx(0.4)                    # one fp16 add (Horowitz)
     assert e["sram_pj"] == pytest.approx(4 * 16 * 10 / 64)     # 4 accesses of 16 bits
     assert e["dram_bits_per_elem"] == pytest.approx(48)        # 2 reads + 1 write of 16 bits
-    assert e["dram_pj"] == pytest.approx(48 * 6.0)
-    assert e["act_pj"] == pytest.approx(48 / (1024 * 64) * 4000)
+    assert e["dram_write_bits_per_elem"] == pytest.approx(16)
+    # per command on DDR5-4800 (coda.hw.dram.power): a RD / WR burst per 64-byte burst, an
+    # ACT/PRE pair per 4 KiB row (1024 columns x 32 bits) of the 4 x8 devices
+    per = command_energy("DDR5-4800")
+    assert e["dram_pj"] == pytest.approx((32 * per.read_pj + 16 * per.write_pj) / (64 * 8))
+    assert e["act_pj"] == pytest.approx(48 / (1024 * 32) * per.act_pre_pj)
 
 
 def test_measured_toggles_scale_fu_energy():

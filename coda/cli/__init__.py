@@ -34,6 +34,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("model", "eval"), "coda.host.model.evaluate", "label accuracy, identity and motion of the shipped video DiT's generations"),
     # the system model
     (("sim",), "coda.host.system.sim", "latency and energy of systems a..f (GPU, PCIe, DIMM-NMP) for a video DiT"),
+    (("serve",), "coda.host.system.serving", "latency percentiles and throughput of a Poisson stream of generation requests on a GPU cluster, against arrival rate (SimPy)"),
     (("calibrate",), "coda.host.system.calibrate", "time a video DiT's operators, cache operators and host copies on a device (CUDA events) for coda sim --gpu-table"),
     (("validate",), "coda.host.system.validate", "check the system model against published latencies (and the DIMM-NMP cosimulation), time it"),
     # the hardware: RTL, cosimulation, DRAM

@@ -30,12 +30,14 @@ from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nmp import NMP_DEPTH
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS, check_nme_mhz
 
-__all__ = ["GPU", "GPUS", "PCIeLink", "PCIE4_X16", "PCIE5_X16", "PCIE_LINKS", "NMPEfficiency", "NMP_EFFICIENCY",
-           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "SUM_MEASURED", "segment_utilisation",
+__all__ = ["GPU", "GPUS", "GPULink", "GPU_LINKS", "PCIE_PRESETS", "PCIeLink", "PCIE4_X16", "PCIE5_X16", "PCIE_LINKS", "NMPEfficiency", "NMP_EFFICIENCY",
+           "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "SEGMENT_UTIL_FILE", "load_segment_util",
+           "save_segment_util", "segment_util_sources", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
            "nmp_efficiency"]
 
@@ -158,6 +160,31 @@ GPUS: dict[str, GPU] = {
                          "results_v4.1, closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json)",
                  "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
                  **_EFF_SOURCES}),
+    # Multi-GPU validation (coda validate's scaling figures: xDiT's HunyuanVideo tables).
+    "h100": GPU(
+        "h100", peak_flops=989e12, mem_bw=3.35e12, mem_bytes=80 * 2**30,
+        power_busy_w=700.0, power_stall_w=700.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: H100 SXM BF16 tensor 989 TFLOPS dense (the H200's "
+                               "compute: the same GH100 with 132 SMs; NVIDIA H100 datasheet "
+                               "1,979 TFLOPS with sparsity)",
+                 "mem_bw": "spec: H100 SXM 3.35 TB/s HBM3 (NVIDIA H100 datasheet; "
+                           "lzwjava.github.io/nvidia-h200-gpu-specs-en, H100 vs H200 table)",
+                 "mem_bytes": "spec: 80 GB HBM3", "power_busy_w": "spec: 700 W (SXM)",
+                 "nvlink": "spec: NVLink 4.0, 900 GB/s bidirectional (GPU_LINKS['nvlink4'])",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
+    "h20": GPU(
+        "h20", peak_flops=148e12, mem_bw=4.0e12, mem_bytes=96 * 2**30,
+        power_busy_w=400.0, power_stall_w=400.0 * _STALL_FRACTION, **_EFF,
+        sources={"peak_flops": "spec: H20 FP16/BF16 tensor 148 TFLOPS dense "
+                               "(willitrunai.com/gpus/h20-96gb; 'FP16 148TFLOPS', "
+                               "zangshuxian.com/new/674733024499207168)",
+                 "mem_bw": "spec: 4.0 TB/s HBM3 (willitrunai.com/gpus/h20-96gb)",
+                 "mem_bytes": "spec: 96 GB HBM3 (same page)",
+                 "power_busy_w": "spec: 400 W TDP (same page)",
+                 "nvlink": "spec: NVLink 4.0, 900 GB/s (same page; GPU_LINKS['nvlink4'])",
+                 "power_stall_w": "assumed: the RTX 4090's stalled fraction (13.3 %)",
+                 **_EFF_SOURCES}),
 }
 
 
@@ -211,7 +238,86 @@ PCIE5_X16 = PCIeLink(
                            "SOI); a lower bound for a PCIe 5.0 SerDes"})
 
 #: the host link of a GPU preset that is not PCIe 4.0 x16 (:func:`platform`'s default link)
-PCIE_LINKS: dict[str, PCIeLink] = {"h200": PCIE5_X16}
+#: (H100 SXM and H20 are Gen5 x16 parts as the H200: NVIDIA H100 datasheet, "PCIe Gen5: 128 GB/s")
+PCIE_LINKS: dict[str, PCIeLink] = {"h200": PCIE5_X16, "h100": PCIE5_X16, "h20": PCIE5_X16}
+
+
+def _pcie(gen: int, width: int) -> PCIeLink:
+    """PCIe ``gen`` x ``width`` (:data:`PCIE_PRESETS`): the theoretical rate of the lanes and
+    128b/130b encoding, and the PCIe 4.0 x16 copy engines' measured fraction of theirs."""
+    gts = {3: 8e9, 4: 16e9, 5: 32e9}[gen]
+    theory = gts * width * 128 / 130 / 8
+    return PCIeLink(
+        f"PCIe {gen}.0 x{width}", theoretical_bw=theory,
+        h2d_bw=theory * (PCIE4_X16.h2d_bw / PCIE4_X16.theoretical_bw),
+        d2h_bw=theory * (PCIE4_X16.d2h_bw / PCIE4_X16.theoretical_bw),
+        latency_s=PCIE4_X16.latency_s, pj_per_bit=PCIE4_X16.pj_per_bit,
+        sources={"theoretical_bw": f"spec: PCIe {gen}.0 {gts / 1e9:g} GT/s x {width} lanes, "
+                                   f"128b/130b = {theory / 1e9:.2f} GB/s per direction",
+                 "h2d_bw": "assumed: the PCIe 4.0 x16 measurement's fraction of its "
+                           "theoretical bandwidth (26.09 / 31.5, nvbandwidth issue #15)",
+                 "d2h_bw": "assumed: as h2d_bw, 26.83 / 31.5",
+                 "latency_s": PCIE4_X16.sources["latency_s"],
+                 "pj_per_bit": PCIE4_X16.sources["pj_per_bit"]})
+
+
+#: host links by generation and width (``coda sim --pcie genG-xW``), as edge boxes, laptops
+#: and desktops wire GPUs: PCIe 3.0 / 4.0 / 5.0 x 4 / 8 / 16
+PCIE_PRESETS: dict[str, PCIeLink] = {f"gen{g}-x{w}": _pcie(g, w) for g in (3, 4, 5)
+                                     for w in (4, 8, 16)}
+
+
+@dataclass(frozen=True)
+class GPULink:
+    """The link between the GPUs of one machine (``coda sim --gpus N --gpu-link``): what a
+    collective of the parallel modes (:mod:`coda.host.system.parallel`) crosses.
+
+    Attributes:
+        name: preset name. theoretical_bw: bytes/s per direction and GPU. bw: the effective
+            bytes/s per direction and GPU a transfer gets. latency_s: fixed cost of one
+            collective or peer-to-peer transfer, s. pj_per_bit: energy per bit moved.
+        topology: ``"switch"``: every GPU has its own port at ``bw`` into a switch
+            (NVSwitch; a PCIe switch), so concurrent transfers of different GPUs do not
+            share bandwidth. sources: field -> source.
+    """
+    name: str
+    theoretical_bw: float
+    bw: float
+    latency_s: float
+    pj_per_bit: float
+    topology: str = "switch"
+    sources: dict = field(default_factory=dict, compare=False)
+
+
+#: the achieved fraction of a link's theoretical bandwidth, the PCIe 4.0 copy engines'
+#: measured one (PCIE4_X16: 26.09 of 31.5 GB/s); used where no measurement of the link was
+#: found (assumed)
+_LINK_FRACTION = PCIE4_X16.h2d_bw / PCIE4_X16.theoretical_bw
+
+GPU_LINKS: dict[str, GPULink] = {
+    "pcie4-p2p": GPULink(
+        "PCIe 4.0 x16 peer-to-peer", theoretical_bw=PCIE4_X16.theoretical_bw,
+        bw=PCIE4_X16.h2d_bw, latency_s=20e-6, pj_per_bit=PCIE4_X16.pj_per_bit,
+        sources={"theoretical_bw": PCIE4_X16.sources["theoretical_bw"],
+                 "bw": "assumed: the measured host-to-device copy rate of the same x16 link "
+                       "(PCIE4_X16.h2d_bw, nvbandwidth issue #15), each GPU behind its own "
+                       "port of a PCIe switch (L40/L20 servers; consumer GPUs have "
+                       "peer-to-peer disabled and stage through host memory)",
+                 "latency_s": "assumed: one driver command, the kernel launch figure (20 us)",
+                 "pj_per_bit": PCIE4_X16.sources["pj_per_bit"]}),
+    "nvlink4": GPULink(
+        "NVLink 4 (NVSwitch)", theoretical_bw=450e9, bw=450e9 * _LINK_FRACTION,
+        latency_s=20e-6, pj_per_bit=0.54,
+        sources={"theoretical_bw": "spec: NVLink 4.0 900 GB/s bidirectional per H100/H20, "
+                                   "450 GB/s per direction (NVIDIA H100 datasheet; "
+                                   "willitrunai.com/gpus/h20-96gb)",
+                 "bw": "assumed: PCIe 4.0's measured fraction of its theoretical bandwidth "
+                       "(26.09 / 31.5 = 0.83) of 450 GB/s = 373 GB/s",
+                 "latency_s": "assumed: one driver command, the kernel launch figure (20 us)",
+                 "pj_per_bit": "literature: 0.54 pJ/b ground-referenced signalling at 20 Gb/s "
+                               "(Poulton et al., IEEE JSSC 48(12), 2013, NVIDIA), a lower "
+                               "bound for an NVLink SerDes"}),
+}
 
 
 @dataclass(frozen=True)
@@ -251,96 +357,108 @@ NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
 }
 
 
-#: DRAM utilisation of the compiled K-term segment programs themselves (x, K per-channel gate
-#: vectors re-read per token, K cached tensors, y) on one DIMM-NMP rank, 8 lanes, 256 tokens x
-#: 512 channels (256 KiB per stream), per segment form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`)
-#: and (standard, lanes, depth): {K: utilisation}. Measured here: ``coda validate
-#: --measure-nmp`` -> :func:`coda.host.system.validate.measure_segment_utilisation`
-#: (DRAM-timed 1 x 1 DIMM-NMP; ``build/system/segment_util-FORM.json``, the residual form's
-#: written as ``segment_util.json`` before the forms), on the FR-FCFS controller with the
-#: default bypass cap of 1 (hw/dram/scheduler.py).
-#: ``"residual"``: x written by the host right before each program. ``"sum"``: x a resident
-#: slot of zeros stored once before the draws
-#: (``store(..., x_of=group)``, as the cache engine places it), never rewritten; the driver
-#: then places the gate vectors otherwise (:func:`segment_utilisation`); SUM_MEASURED says
-#: how.
-SEGMENT_UTIL: dict[str, dict[tuple[str, int, int], dict[int, float]]] = {
-    "residual": {
-        ("DDR5-4800", 8, 256): {1: 0.862, 2: 0.8573, 3: 0.8568, 4: 0.8572, 6: 0.8608,
-                                8: 0.8615},
-        ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.715, 3: 0.7216, 4: 0.7225, 6: 0.7272,
-                               8: 0.7285},
-        ("DDR4-3200", 8, 256): {1: 0.8436, 2: 0.8177, 3: 0.801, 4: 0.8122, 6: 0.8096,
-                                8: 0.8184},
-        ("DDR4-3200", 8, 64): {1: 0.635, 2: 0.5942, 3: 0.581, 4: 0.5997, 6: 0.6002,
-                               8: 0.6014},
-        ("LPDDR5-6400", 8, 256): {1: 0.5707, 2: 0.5498, 3: 0.5414, 4: 0.528, 6: 0.5188,
-                                  8: 0.5154},
-        ("LPDDR5-6400", 8, 64): {1: 0.497, 2: 0.4696, 3: 0.4655, 4: 0.4627, 6: 0.4613,
-                                 8: 0.4609},
-    },
-    "sum": {
-        ("DDR5-4800", 8, 64): {1: 0.7462, 2: 0.7149, 3: 0.7227, 4: 0.7232, 6: 0.7275,
-                               8: 0.7282},
-        ("DDR5-4800", 8, 256): {1: 0.8624, 2: 0.8568, 3: 0.8576, 4: 0.8586, 6: 0.8603,
-                                8: 0.8608},
-        ("DDR4-3200", 8, 256): {1: 0.8545, 2: 0.8462, 3: 0.8502, 4: 0.8506, 6: 0.8558,
-                                8: 0.857},
-        ("DDR4-3200", 8, 64): {1: 0.664, 2: 0.6312, 3: 0.6443, 4: 0.6498, 6: 0.6577,
-                               8: 0.6619},
-        ("LPDDR5-6400", 8, 256): {1: 0.5689, 2: 0.5496, 3: 0.5407, 4: 0.5301, 6: 0.5196,
-                                  8: 0.5131},
-        ("LPDDR5-6400", 8, 64): {1: 0.5028, 2: 0.476, 3: 0.4708, 4: 0.4668, 6: 0.4626,
-                                 8: 0.4637},
-    },
-}
+#: The measured DRAM utilisation of compiled K-term segment programs (x, K per-channel gate
+#: vectors re-read per token, K cached tensors, y) on the DRAM-timed DIMM-NMP: a data file,
+#: one entry per (table, segment form, standard, lanes, depth) with its utilisation per K, the
+#: NME it was measured on and its provenance (command, date, machine), written by the command
+#: that measures it, ``coda validate --measure-nmp`` (:func:`save_segment_util`, from
+#: :func:`coda.host.system.validate.measure_segment_utilisation` and
+#: :func:`~coda.host.system.validate.measure_tile_utilisation`; docs/results.md, DRAM
+#: utilisation of segment programs). Tables: ``"long"``, 256 tokens x 512 channels on a 1 x 1
+#: DIMM-NMP (256 KiB per stream at 8 lanes); ``"tile"``, the shipped model's [512, 96] tiles on a
+#: 1 x 2 DIMM-NMP (3,072 words per stream and rank), K random slots of a group of 32 (one bank
+#: colour, as the driver places one branch of a video), 16 draws per K, refresh phase and open
+#: rows carried over from job to job, the utilisation of the centre (min + max) / 2 of the
+#: draws' cycles. Forms (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`): ``"residual"``, x
+#: written by the host right before each program; ``"sum"``, x a resident slot of zeros
+#: stored once (``store(..., x_of=group)``, as the cache engine places it), never rewritten,
+#: the gate vectors then placed otherwise (:func:`segment_utilisation`).
+SEGMENT_UTIL_FILE = Path(__file__).with_name("segment_util.json")
+#: the tables of a :data:`SEGMENT_UTIL_FILE` entry
+SEGMENT_UTIL_TABLES = ("long", "tile")
 
 
-#: words per stream and rank of the SEGMENT_UTIL measurements (256 tokens x 512 channels, 8 lanes)
+def _entry_key(e: dict) -> tuple:
+    return (e["table"], e["segment_output"], e["dram"], int(e["lanes"]), int(e["depth"]))
+
+
+def load_segment_util(path: Path = SEGMENT_UTIL_FILE) -> list[dict]:
+    """The entries of the segment utilisation data file (:data:`SEGMENT_UTIL_FILE`): dicts
+    ``table`` (``"long"`` / ``"tile"``), ``segment_output``, ``dram``, ``lanes``, ``depth``,
+    ``tokens``, ``channels``, ``ranks``, ``words_per_stream``, ``nme`` (preset name and
+    register stages), ``utilisation`` ({K: bytes streamed / peak bytes of the cycles}) and
+    ``provenance`` (``command``, ``date``, ``machine``). Raises ValueError naming the file
+    for an entry without those keys or with a table, form or utilisation out of range."""
+    import json
+
+    from coda.host.nmp.link import SEGMENT_OUTPUTS
+
+    entries = json.loads(Path(path).read_text())["entries"]
+    for e in entries:
+        need = {"table", "segment_output", "dram", "lanes", "depth", "words_per_stream", "nme",
+                "utilisation", "provenance"}
+        if not need <= set(e) or e["table"] not in SEGMENT_UTIL_TABLES \
+                or e["segment_output"] not in SEGMENT_OUTPUTS \
+                or not all(0 < float(u) <= 1 for u in e["utilisation"].values()):
+            raise ValueError(f"{path}: entry {e!r}: expected the keys {sorted(need)}, table in "
+                             f"{SEGMENT_UTIL_TABLES}, segment_output in {SEGMENT_OUTPUTS}, "
+                             "utilisations in (0, 1]")
+    return entries
+
+
+def save_segment_util(new: list[dict], path: Path = SEGMENT_UTIL_FILE) -> list[dict]:
+    """Merge measured entries (as :func:`load_segment_util` returns them) into the data file:
+    an entry replaces the one of the same table, form, standard, lanes and depth, the others
+    stay; written sorted, with the file's ``about``. Returns the entries written."""
+    from coda.jsonout import json_text
+    from coda.paths import write_file
+
+    have = {_entry_key(e): e for e in (load_segment_util(path) if Path(path).exists() else [])}
+    have.update({_entry_key(e): e for e in new})
+    entries = [have[k] for k in sorted(have)]
+    doc = {"about": "DRAM utilisation of compiled segment programs on the DRAM-timed "
+                    "DIMM-NMP, per table, segment form, standard, lanes and depth: {K: bytes "
+                    "streamed / peak bytes of the cycles}; written by coda validate "
+                    "--measure-nmp (coda.host.system.platforms.SEGMENT_UTIL_FILE)",
+           "entries": entries}
+    write_file(Path(path), json_text(doc, indent=1) + "\n")
+    return entries
+
+
+def _tables(entries: list[dict]) -> tuple[dict, dict]:
+    long_t: dict = {"residual": {}, "sum": {}}
+    tile_t: dict = {"residual": {}, "sum": {}}
+    for e in entries:
+        key = (e["dram"], int(e["lanes"]), int(e["depth"]))
+        util = {int(k): float(v) for k, v in e["utilisation"].items()}
+        if e["table"] == "long":
+            long_t[e["segment_output"]][key] = util
+        else:
+            tile_t[e["segment_output"]][key] = (int(e["words_per_stream"]), util)
+    return long_t, tile_t
+
+
+#: The entries of :data:`SEGMENT_UTIL_FILE` as tables: ``SEGMENT_UTIL[form][(standard, lanes,
+#: depth)] = {K: utilisation}`` (the long streams) and ``SEGMENT_UTIL_TILE[form][(standard,
+#: lanes, depth)] = (words per stream, {K: utilisation})`` (the shipped model's tiles).
+SEGMENT_UTIL, SEGMENT_UTIL_TILE = _tables(load_segment_util())
+
+#: words per stream and rank of the long-stream measurements (256 tokens x 512 channels, 8 lanes)
 SEGMENT_UTIL_WORDS = 256 * 512 // 8
 
-#: The same for the shipped model's short tiles, as a generation places them: K-term segments
-#: of [512, 96] on a 1 x 2 DIMM-NMP (256 rows x 96 channels = 3,072 words per stream and
-#: rank), K random slots of a group of 32 (one bank colour, as the driver places one branch
-#: of a video), 16 draws per K, refresh phase and open rows carried over from job to job;
-#: utilisation of the centre (min + max) / 2 of the draws' cycles. Per segment form and
-#: (standard, lanes, depth): (words per stream, {K: utilisation}); the forms' x as in
-#: :data:`SEGMENT_UTIL`. Measured here: ``coda validate --measure-nmp``
-#: -> :func:`coda.host.system.validate.measure_tile_utilisation`
-#: (``build/system/tile_util-FORM.json``, residual: ``tile_util.json``, which also hold each
-#: K's min/max cycles over the draws),
-#: on the FR-FCFS controller with the default bypass cap of 1. Both forms: docs/results.md,
-#: DRAM utilisation of segment programs; ``"sum"``: see also SUM_MEASURED.
-SEGMENT_UTIL_TILE: dict[str, dict[tuple[str, int, int], tuple[int, dict[int, float]]]] = {
-    "residual": {
-        ("DDR5-4800", 8, 64): (3072, {
-            1: 0.8204, 2: 0.7639, 3: 0.7702, 4: 0.7669, 6: 0.7654, 8: 0.766}),
-        ("DDR5-4800", 8, 256): (3072, {
-            1: 0.8877, 2: 0.8739, 3: 0.8664, 4: 0.8733, 6: 0.8721, 8: 0.8725}),
-        ("DDR4-3200", 8, 64): (3072, {
-            1: 0.7169, 2: 0.6604, 3: 0.6672, 4: 0.6726, 6: 0.6734, 8: 0.6768}),
-        ("DDR4-3200", 8, 256): (3072, {
-            1: 0.8628, 2: 0.8605, 3: 0.855, 4: 0.8597, 6: 0.862, 8: 0.8551}),
-    },
-    "sum": {
-        ("DDR5-4800", 8, 64): (3072, {
-            1: 0.7364, 2: 0.7073, 3: 0.6915, 4: 0.6883, 6: 0.6812, 8: 0.6796}),
-        ("DDR5-4800", 8, 256): (3072, {
-            1: 0.8528, 2: 0.8548, 3: 0.8447, 4: 0.8479, 6: 0.8453, 8: 0.8426}),
-        ("DDR4-3200", 8, 64): (3072, {
-            1: 0.6436, 2: 0.611, 3: 0.6053, 4: 0.6021, 6: 0.6038, 8: 0.5997}),
-        ("DDR4-3200", 8, 256): (3072, {
-            1: 0.8346, 2: 0.8383, 3: 0.8294, 4: 0.8359, 6: 0.8257, 8: 0.8275}),
-    },
-}
 
-#: where and how the ``"sum"`` tables were measured
-SUM_MEASURED = (
-    "measured here (docs/results.md, DRAM utilisation of segment programs): "
-    "coda.host.system.validate.measure_tile_utilisation / measure_segment_utilisation"
-    "(STD, DEPTH, segment_output='sum') one configuration at a time, what coda validate "
-    "--measure-nmp --segment-output sum runs "
-    "(build/system/tile_util-sum.json, segment_util-sum.json)")
+def segment_util_sources(standard: str, lanes: int, depth: int) -> str | list[dict]:
+    """Where the segment utilisations of ``standard`` x ``lanes`` x ``depth`` come from: per
+    entry of :data:`SEGMENT_UTIL_FILE` its table, form, NME and provenance; without one, the
+    lanes sweep's source (:func:`nmp_efficiency`)."""
+    name = get_standard(standard).name
+    rows = [{"table": e["table"], "segment_output": e["segment_output"], "nme": e["nme"],
+             **e["provenance"]} for e in load_segment_util()
+            if (e["dram"], int(e["lanes"]), int(e["depth"])) == (name, lanes, depth)]
+    if rows:
+        return rows
+    eff = NMP_EFFICIENCY.get(name)
+    return "no segment measurement: the lanes sweep's " + (eff.source if eff else "none")
 
 
 def _interp_k(table: dict[int, float], k: int) -> float:
@@ -423,31 +541,28 @@ def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float
 
 @dataclass(frozen=True)
 class Energy:
-    """Energy per event, pJ (GPU energy is power x time, :class:`GPU`).
+    """Energy per event, pJ (GPU energy is power x time, :class:`GPU`; the DRAM's own, per
+    command from the device's currents, :mod:`coda.hw.dram.power`).
 
     Attributes:
-        dram_pj_per_bit: DRAM read/write core energy per bit (NME accesses and host DMA).
-        dram_io_pj_per_bit: extra per bit for data crossing the DIMM's channel to the host.
-        act_pj: one row activation of a rank. add16_pj, mul16_pj: one 16-bit FP add / mul.
+        dram_io_pj_per_bit: per bit of data crossing the DIMM's channel to the host (the
+            channel's I/O, outside the device currents' differences).
+        add16_pj, mul16_pj: one 16-bit FP add / mul.
         sram_pj_per_bit: NME buffer access per bit.
     """
-    dram_pj_per_bit: float = 6.0
     dram_io_pj_per_bit: float = 1.9
-    act_pj: float = 4000.0
     add16_pj: float = 0.4
     mul16_pj: float = 1.1
     sram_pj_per_bit: float = 10.0 / 64
     sources: dict = field(default_factory=lambda: {
-        "dram_pj_per_bit": "literature: docs/design.md, 4-8 pJ/bit DDR4 core (Micron TN-40-07 "
-                           "method), midpoint 6 (as coda.synth.energy)",
         "dram_io_pj_per_bit": "assumed: the DDR channel between DIMM and CPU costs what the "
                               "1.4-1.9 pJ/b board-level I/O of IBM's 32 nm SOI transceiver "
                               "costs (literature figure for another link; no DDR5 I/O figure "
                               "was found)",
-        "act_pj": "literature: docs/design.md, row activation ~4 nJ per rank (Micron TN-40-07)",
         "add16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 add 0.4 pJ",
         "mul16_pj": "literature: Horowitz ISSCC 2014, 45 nm fp16 mul 1.1 pJ",
         "sram_pj_per_bit": "literature: Horowitz ISSCC 2014, 8 KB SRAM 10 pJ per 64-bit access",
+        "dram": "per command from the device's IDD/IPP currents: coda.hw.dram.power",
     }, compare=False)
 
 
@@ -535,9 +650,8 @@ class Platform:
                               if self.gpu_times is None else self.gpu_times.source()),
                 "energy": self.energy.sources,
                 "nmp_efficiency": {k: v.source for k, v in NMP_EFFICIENCY.items()},
-                "segment_utilisation": "measured here: coda validate --measure-nmp "
-                                       "(SEGMENT_UTIL, SEGMENT_UTIL_TILE; "
-                                       "sum form: " + SUM_MEASURED + ")",
+                "segment_utilisation": segment_util_sources(self.dram.name, self.lanes,
+                                                            self.depth),
                 "dram": f"hw/dram/standards.py {self.dram.name} (JEDEC / Ramulator 2 presets)"}
 
 

@@ -41,14 +41,16 @@ from coda.jsonout import json_text
 from coda.paths import write_file
 from coda.options import add_options, from_args, option
 
-from .platforms import DEFAULT_PLATFORM, GPUS
+from .parallel import PARALLEL_MODES
+from .platforms import DEFAULT_PLATFORM, GPU_LINKS, GPUS, PCIE_PRESETS
 from .presets import model_names
 
 #: the diffusion schedulers of every modelled model have 1000 training timesteps
 MAX_STEPS = 1000
 
 __all__ = ["configure", "main", "simulate", "checked_simulate", "parse_systems", "sweep_point",
-           "sweep_kind", "setup", "workload", "cache_summary", "SimConfig"]
+           "sweep_kind", "setup", "workload", "cache_summary", "SimConfig", "PAPER_SCALE",
+           "paper_scale", "sim_argv"]
 
 DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
@@ -109,6 +111,19 @@ class SimConfig:
                             "the roofline where the table has them; refused unless measured "
                             "for the simulated model, resolution and frames", type=str,
                             default_text="none: the roofline of the --platform preset")
+    pcie: str = option(None, "the GPU's host link: " + ", ".join(PCIE_PRESETS) + " (PCIe "
+                       "generation and lanes)", type=str, choices=tuple(PCIE_PRESETS),
+                       default_text="the GPU preset's own (PCIe 4.0 x16; Gen5 x16 for the "
+                       "H100, H20 and H200)", source="coda.host.system.platforms.PCIE_PRESETS")
+    gpus: int = option(1, "GPUs on one generation, each with its own PCIe link, DIMMs and "
+                       "NMEs (--dimms x --ranks per GPU)")
+    parallel: str = option("none", "how the GPUs split a generation: none (one GPU), cfg "
+                           "(a CFG branch per GPU), ulysses or ring (sequence shards), "
+                           "cfg+ulysses", choices=PARALLEL_MODES,
+                           source="coda.host.system.parallel.PARALLEL_MODES")
+    gpu_link: str = option("pcie4-p2p", "the link between the GPUs: " + ", ".join(GPU_LINKS),
+                           choices=tuple(GPU_LINKS),
+                           source="coda.host.system.platforms.GPU_LINKS")
     out: str = option("out-sim", "output folder")
 
 
@@ -143,7 +158,9 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
              cache_format: str = SimConfig.cache_format,
              cache_group: int | None = SimConfig.cache_group,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
-             gpu_table=None, layers: int | None = None, **platform_overrides) -> dict:
+             gpu_table=None, layers: int | None = None, gpus: int = SimConfig.gpus,
+             parallel: str = SimConfig.parallel, gpu_link: str = SimConfig.gpu_link,
+             pcie: str | None = SimConfig.pcie, **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
     segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``);
     ``cache``: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`, ``--cache``);
@@ -153,10 +170,18 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     measured xPU times (a path or a :class:`~coda.host.system.gputable.GpuTimes`,
     ``--gpu-table``) that replaces the roofline where it has entries; ``layers``: the model
     cut to that many blocks per block list (:func:`coda.host.system.presets.model_shape`;
-    a check at a small size, as ``scripts/gpu_check.py`` runs one).
+    a check at a small size, as ``scripts/gpu_check.py`` runs one); ``gpus``, ``parallel``,
+    ``gpu_link``: several GPUs on the generation (:mod:`coda.host.system.parallel`;
+    ``gpus=1, parallel="none"`` is the one-GPU model, unchanged); ``pcie``: a host link of
+    :data:`~coda.host.system.platforms.PCIE_PRESETS` instead of the GPU's own (``--pcie``).
+    With several GPUs the
+    report gains ``parallel`` (the layout, the link and its sources), ``one_gpu`` (systems
+    a..g on one GPU: ``latency_s``, ``energy_j``) and per system ``speedup_vs_1gpu``,
+    ``p2p_bytes``, ``p2p_s``, ``p2p_j``; ``memory`` is one GPU's.
 
     Returns ``{"report": JSON-able report, "ablation": run_ablation's result, "workload":
-    the Workload}``. Raises ValueError for bad input (message names the flag).
+    the Workload}`` (with several GPUs ``"device_workload"``: one GPU's shard). Raises
+    ValueError for bad input (message names the flag).
     """
     from .ablation import run_ablation
     from .schedules import resolve
@@ -168,6 +193,14 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         raise ValueError(f"--prefetch {prefetch}: expected >= 0")
     if cache not in CACHE_MODES:
         raise ValueError(f"--cache {cache!r}: expected one of {', '.join(CACHE_MODES)}")
+    from .parallel import gpu_link as link_of, layout, run_parallel, shard_shape
+
+    layout(gpus, parallel, None)      # the flags' own checks before the model is traced
+    link = link_of(gpu_link)
+    if pcie is not None:
+        if pcie not in PCIE_PRESETS:
+            raise ValueError(f"--pcie {pcie!r}: expected one of {', '.join(PCIE_PRESETS)}")
+        platform_overrides = {**platform_overrides, "pcie": PCIE_PRESETS[pcie]}
     t0 = time.perf_counter()
     shape, plat = setup(model, resolution=resolution, seconds=seconds, frames=frames, gpu=gpu,
                         dram=dram, dimms=dimms, ranks=ranks, lanes=lanes, depth=depth,
@@ -176,10 +209,18 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     t_shape = time.perf_counter() - t0
     sched = resolve(schedule, shape, steps, interval=interval, warmup=warmup,
                     intervals=intervals)
+    lay = layout(gpus, parallel, shape)
     t0 = time.perf_counter()
     wl = workload(shape, plat, sched, segment_output, cache, cache_format, cache_group)
+    wl_dev = wl if lay.gpus == 1 else workload(shard_shape(shape, lay.sp), plat, sched,
+                                               segment_output, cache, cache_format,
+                                               cache_group)
     t_events = time.perf_counter() - t0
-    abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
+    if lay.gpus == 1:
+        abl = run_ablation(wl, plat, systems, prefetch=prefetch, record=record)
+    else:
+        abl = run_parallel(wl_dev, plat, lay, link, systems, prefetch=prefetch,
+                           record=record)
     report = {
         "model": shape.describe(),
         "cache_bytes": wl.cache_bytes,
@@ -201,7 +242,92 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         "model_source": shape.source,
         "assumptions": _ASSUMPTIONS,
     }
-    return {"report": report, "ablation": abl, "workload": wl, "shape": shape}
+    if lay.gpus > 1:
+        one = run_ablation(wl, plat, systems, prefetch=prefetch, record=False)["systems"]
+        report["one_gpu"] = {s: ({"latency_s": r["latency_s"], "energy_j": r["energy_j"]}
+                                 if r["fits"] else {"fits": False, "reason": r["reason"]})
+                             for s, r in one.items()}
+        for s, r in report["systems"].items():
+            if r["fits"]:
+                r["speedup_vs_1gpu"] = (one[s]["latency_s"] / r["latency_s"]
+                                        if one.get(s, {}).get("fits") else None)
+        report["parallel"] = {**lay.describe(), "gpu_link": link.name,
+                              "gpu_link_bw": link.bw, "gpu_link_latency_s": link.latency_s,
+                              "per_gpu": "its own PCIe link, --dimms x --ranks DIMMs with "
+                                         "NMEs, a copy of the weights",
+                              "sources": link.sources}
+        report["assumptions"] = _ASSUMPTIONS + _PARALLEL_ASSUMPTIONS
+    return {"report": report, "ablation": abl, "workload": wl, "shape": shape,
+            "device_workload": wl_dev}
+
+
+#: The paper-scale target of ``coda run``'s summary: ``coda sim``'s model, size, length, GPU
+#: and DRAM defaults (:class:`SimConfig`: Wan 2.1-14B, 720p x 4 s, the edge GPU preset,
+#: DDR5-4800) on 4 DIMMs x 8 ranks, the machine docs/system-model.md and the README's ``coda
+#: sim`` example use: the smallest there that holds Wan 2.1-14B's bf16 reuse cache
+#: (SimConfig's 2 x 2 ranks do not; docs/system-model.md has the footprints).
+PAPER_SCALE = {"model": SimConfig.model, "dimms": 4, "ranks": 8}
+#: the systems a paper-scale row keeps (the rest of a coda sim report is one command away)
+_PAPER_FIGURES = ("name", "fits", "reason", "latency_s", "energy_j", "speedup",
+                  "energy_efficiency", "speedup_vs_c")
+
+
+def sim_argv(**options) -> list[str]:
+    """The ``coda sim`` command line (without ``--out``) of :func:`checked_simulate`'s
+    keyword ``options`` (SimConfig field names; None values left out), e.g. for a report
+    to say how to reproduce its figures."""
+    names = {f.name for f in dataclasses.fields(SimConfig)}
+    argv = ["sim"]
+    for k, v in options.items():
+        if k not in names:
+            raise ValueError(f"{k}={v!r}: not an option of coda sim (SimConfig)")
+        if v is not None:
+            argv += ["--" + k.replace("_", "-"), str(v)]
+    return argv
+
+
+def paper_scale(schedule: str, *, steps: int = SimConfig.steps,
+                interval: int = SimConfig.interval, warmup: int = SimConfig.warmup,
+                cache: str = SimConfig.cache, cache_format: str = SimConfig.cache_format,
+                note: str | None = None,
+                shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
+    """A schedule of the shipped model transferred to the paper-scale target
+    (:data:`PAPER_SCALE`) and replayed as systems a..g: exactly :func:`checked_simulate`
+    with those options, so ``coda sim`` with the returned ``argv`` computes the same figures.
+
+    Args:
+        schedule: ``coda sim --schedule``'s value: ``"uniform"`` (with ``interval``,
+            ``warmup``), ``"coda"`` or a Schedule JSON file of the shipped model.
+        steps: denoising steps. cache, cache_format: the cache mode and entry format (int8:
+            the target's default G, :func:`coda.host.cache.compress.resolve_group`).
+        note: a caveat of the transfer for the label (e.g. what the schedule leaves out).
+    Returns:
+        JSON-able dict: ``label`` (one line naming model, size, GPU, machine and schedule),
+        ``argv`` (the ``coda sim`` arguments), ``model`` (name, width, height, frames),
+        ``platform`` (:meth:`~coda.host.system.platforms.Platform.describe`), ``schedule``
+        (as ``coda sim``'s report), ``systems`` (letter -> :data:`_PAPER_FIGURES`: seconds,
+        joules, ratios against a and c, or ``fits: false`` with ``reason``).
+    Raises ValueError as :func:`checked_simulate` (the message names the flag)."""
+    options = dict(model=PAPER_SCALE["model"], steps=steps, dimms=PAPER_SCALE["dimms"],
+                   ranks=PAPER_SCALE["ranks"], schedule=schedule, cache=cache,
+                   cache_format=cache_format)
+    if schedule == "uniform":
+        options.update(interval=interval, warmup=warmup)
+    res = checked_simulate(**options, shape_cache=shape_cache)
+    report = res["report"]
+    m, plat = report["model"], report["platform"]
+    label = (f"the same schedule on {m['name']} {m['width']}x{m['height']}, {m['frames']} "
+             f"frames, {steps} steps, {plat['gpu']} + {plat['dimms']} DIMMs x "
+             f"{plat['ranks']} ranks of {plat['dram']}: schedule "
+             f"{report['schedule']['name']}"
+             f"{' (transferred)' if report['schedule']['transferred'] else ''}, "
+             f"{report['schedule']['ops_skipped_fraction']:.0%} of operators reused"
+             + (f"; {note}" if note else ""))
+    return {"label": label, "argv": sim_argv(**options),
+            "model": {k: m[k] for k in ("name", "width", "height", "frames")},
+            "platform": plat, "schedule": report["schedule"],
+            "systems": {s: {k: r[k] for k in _PAPER_FIGURES if k in r}
+                        for s, r in report["systems"].items()}}
 
 
 def _gpu_timing(plat, results) -> dict:
@@ -318,6 +444,18 @@ _ASSUMPTIONS = [
 ]
 
 
+_PARALLEL_ASSUMPTIONS = [
+    "several GPUs: every GPU its own PCIe link, DIMMs and NMEs; the GPUs on their own ports "
+    "of a switch (GPU_LINKS); the GPUs of a sequence-parallel group in lockstep on equal "
+    "shards (one replayed for the group); kernels do 1/N of the work, weights replicated",
+    "Ulysses: two all-to-alls around every sequence attention (Q, K, V; output) the GPU "
+    "waits for; ring: K, V passes overlapped with the attention's blocks, the excess "
+    "waited for; the GPU draws its stalled power while it waits",
+    "CFG parallel: the noise predictions exchanged after every step; sequence shards "
+    "gathered once at the end for the VAE",
+]
+
+
 def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      steps: int = SimConfig.steps, platform: str | None = None,
                      dram: str = SimConfig.dram, dimms: int = SimConfig.dimms,
@@ -331,6 +469,8 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      cache_format: str = SimConfig.cache_format,
                      cache_group: int | None = SimConfig.cache_group,
                      gpu_table: str | None = SimConfig.gpu_table,
+                     gpus: int = SimConfig.gpus, parallel: str = SimConfig.parallel,
+                     gpu_link: str = SimConfig.gpu_link, pcie: str | None = SimConfig.pcie,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
     seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
@@ -359,7 +499,8 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                    warmup=warmup, intervals=parse_intervals(intervals), systems=systems,
                    prefetch=prefetch, segment_output=segment_output, cache=cache,
                    cache_format=cache_format, cache_group=cache_group,
-                   gpu_table=gpu_table, shape_cache=shape_cache)
+                   gpu_table=gpu_table, gpus=gpus, parallel=parallel, gpu_link=gpu_link,
+                   pcie=pcie, shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
     res["systems"] = systems
     return res
@@ -369,6 +510,7 @@ def main(args) -> int:
     from rich.console import Console
 
     from coda.paths import check_output_path
+    from coda.results import record
 
     from .plots import breakdown_bars, pick_steps, timeline
 
@@ -390,6 +532,15 @@ def main(args) -> int:
              out / "timeline.png", title)
     breakdown_bars(report["systems"], out / "breakdown.png", title)
     console.print(_table(report, out))
+    figures = {}
+    for s, r in report["systems"].items():
+        if r["fits"]:
+            figures[f"{s} {r['name']}: latency (s)"] = round(r["latency_s"], 1)
+            figures[f"{s} {r['name']}: energy (kJ)"] = round(r["energy_j"] / 1e3, 2)
+            figures[f"{s} {r['name']}: speedup over a"] = round(r["speedup"], 3)
+    record("sim", title, figures, pictures={"GPU, PCIe and NME activity over two steps":
+                                            out / "timeline.png",
+                                            "time per system": out / "breakdown.png"})
     for s, r in report["systems"].items():
         if not r["fits"]:
             console.print(f"{s} does not fit: {r['reason']}")
@@ -399,22 +550,27 @@ def main(args) -> int:
 def _table(report: dict, out: Path):
     from rich.table import Table
 
-    m, cache = report["model"], report["cache"]
+    m, cache, par = report["model"], report["cache"], report.get("parallel")
     fmt = cache["format"] + ("" if cache["group"] is None else f" G={cache['group']}")
     t = Table(title=(f"coda sim: {m['name']} {m['width']}x{m['height']}, {m['frames']} frames, "
                      f"{report['steps']} steps, cache {report['cache_bytes'] / 1e9:.1f} GB "
                      f"({cache['mode']}, {fmt}), "
                      f"schedule {report['schedule']['name']}"
                      f"{' (transferred)' if report['schedule']['transferred'] else ''}, "
-                     f"{report['replay']['segment_output']} segments"),
+                     f"{report['replay']['segment_output']} segments"
+                     + (f", {par['gpus']} GPUs {par['mode']} over {par['gpu_link']}"
+                        if par else "")),
               caption=f"report: {out / 'report.json'}; speedup / energy efficiency against a "
-                      "and c; GPU stalls on NMEs / PCIe as % of latency")
-    for col in ("system", "s", "s/step", "kJ", "x a", "x c", "E x a", "E x c", "PCIe GB",
-                "GPU busy", "stall NME", "stall PCIe"):
+                      "and c; GPU stalls on NMEs / PCIe as % of latency"
+                      + ("; x 1 GPU: against the same system on one GPU; stall link: one "
+                         "GPU's wait on the other GPUs" if par else ""))
+    cols = ("system", "s", "s/step", "kJ", "x a", "x c", "E x a", "E x c", "PCIe GB",
+            "GPU busy", "stall NME", "stall PCIe") + (("x 1 GPU", "stall link") if par else ())
+    for col in cols:
         t.add_column(col, justify="left" if col == "system" else "right")
     for s, r in report["systems"].items():
         if not r["fits"]:
-            t.add_row(f"{s} {r['name']} [{r['cache']}]", "does not fit", *[""] * 10)
+            t.add_row(f"{s} {r['name']} [{r['cache']}]", "does not fit", *[""] * (len(cols) - 2))
             continue
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"   # noqa: E731
         b, lat = r.get("breakdown") or {}, r["latency_s"] or 1.0
@@ -424,7 +580,9 @@ def _table(report: dict, out: Path):
                   f(r["energy_j"] / 1e3, 1), f(r["speedup"]), f(r["speedup_vs_c"]),
                   f(r["energy_efficiency"]), f(r["energy_efficiency_vs_c"]),
                   f(r["pcie_bytes"] / 1e9, 0), f"{100 * r['gpu_busy_fraction']:.1f} %",
-                  pct("stall_nme_s"), pct("stall_pcie_s"))
+                  pct("stall_nme_s"), pct("stall_pcie_s"),
+                  *((f(r["speedup_vs_1gpu"]), f"{100 * r['p2p_s'] / lat:.1f} %") if par
+                    else ()))
     return t
 
 
@@ -443,7 +601,8 @@ def _jsonable(obj):
 # ----------------------------------------------------------------------------- sweeps
 #: figures of each system a..f kept per sweep point (``coda sweep sim``)
 SWEEP_FIGURES = ("fits", "latency_s", "energy_j", "speedup", "energy_efficiency",
-                 "speedup_vs_c", "energy_efficiency_vs_c", "pcie_bytes")
+                 "speedup_vs_c", "energy_efficiency_vs_c", "pcie_bytes", "speedup_vs_1gpu",
+                 "p2p_bytes")
 
 
 def sweep_point(params: dict, workdir: Path) -> dict:

@@ -8,25 +8,33 @@
    denoising loop only: the published times also contain text encoding and VAE decoding
    (and, where the source says so, CPU offload), so a prediction somewhat below the
    published time is expected. Written to ``validation.json``.
-2. **Simulation speed**: wall seconds to synthesise and replay a 50-step generation of
+2. **Published multi-GPU speed-ups** (:data:`PUBLISHED_SCALING`, xDiT's HunyuanVideo
+   tables): each case as system a on one GPU and on N GPUs in the published parallel mode
+   (:mod:`coda.host.system.parallel`); the modelled speed-up against the published one,
+   with the error (target +-25 %). Written to ``scaling.json``.
+3. **Simulation speed**: wall seconds to synthesise and replay a 50-step generation of
    Wan 2.1-14B at 720p x 4 s as each system (shapes traced once and cached). Written to
    ``bench.json``.
 
-With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth, minutes):
+With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth, minutes;
+``--drams`` limits the presets), on the default NME (:data:`coda.hw.nme.isa.DEFAULT_PRESET`),
+each table entry merged into the data file
+:data:`coda.host.system.platforms.SEGMENT_UTIL_FILE` with its NME and provenance (command,
+date, machine):
 
-3. the DRAM utilisation of compiled K-term segment programs on one DRAM-timed DIMM-NMP rank
+4. the DRAM utilisation of compiled K-term segment programs on one DRAM-timed DIMM-NMP rank
    (256 tokens x 512 channels, 256 KiB per stream), the table
    :data:`coda.host.system.platforms.SEGMENT_UTIL` (``segment_util.json``);
-4. the same for the shipped model's tiles ([512, 96] on 1 DIMM x 2 ranks, 3,072 words per
+5. the same for the shipped model's tiles ([512, 96] on 1 DIMM x 2 ranks, 3,072 words per
    stream and rank) over random sets of one slot group, DDR5-4800 / DDR4-3200 x depth 64 / 256,
    the table :data:`coda.host.system.platforms.SEGMENT_UTIL_TILE` (``tile_util.json``);
-5. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
+6. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
    the DRAM-timed DIMM-NMP cosimulation measures it against
    :func:`coda.host.system.nme.segment_timing` (``dram_check.json``);
 
 and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
 
-6. :func:`run_check`: a short real cached generation of the shipped model (6 steps, PAB,
+7. :func:`run_check`: a short real cached generation of the shipped model (6 steps, PAB,
    one prompt) with every segment on the 1 x 2 DRAM-timed DIMM-NMP, each SegmentEvent's
    cycles against the model, DDR5-4800 / DDR4-3200 x depth 64 / 256 (``run_check.json``).
 """
@@ -42,7 +50,8 @@ from pathlib import Path
 from coda.jsonout import json_text
 from coda.paths import write_file
 
-__all__ = ["PUBLISHED", "validate", "bench", "measure_segment_utilisation",
+__all__ = ["PUBLISHED", "PUBLISHED_SCALING", "SCALING_TOLERANCE", "validate",
+           "validate_scaling", "bench", "measure_segment_utilisation",
            "measure_tile_utilisation", "dram_check", "run_check", "configure", "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
@@ -84,6 +93,61 @@ PUBLISHED = [
          quote="HunyuanVideo 720p, 129 frames, 50 steps on A800: ~50 min",
          notes="guidance-distilled: one transformer call per step"),
 ]
+
+
+_XDIT_HUNYUAN = ("https://github.com/xdit-project/xDiT/blob/main/docs/performance/"
+                 "hunyuanvideo.md (HunyuanVideo Performance Report: official HunyuanVideo "
+                 "repository on H100 and H20, Ulysses latency in seconds, 129 frames, 50 steps)")
+_HUNYUAN_NOTES = ("guidance-distilled (one call per step); Ulysses degree = GPUs, 24 heads; "
+                  "assumed: bf16, H100 SXM / H20 on NVLink 4 through NVSwitch (the report "
+                  "names neither form factor nor link), published times end to end (text "
+                  "encoders and VAE decode included, on every GPU count)")
+
+#: published multi-GPU latencies (the 1-GPU and N-GPU seconds of one table row): model, size,
+#: frames, steps, GPU, inter-GPU link, parallel mode, GPUs, seconds on 1 and on N GPUs,
+#: source. The speed-up t1 / tN is what the model is held to (``validate_scaling``).
+PUBLISHED_SCALING = [
+    *(dict(model="hunyuanvideo", resolution="1280x720", frames=129, steps=50, gpu=g,
+           gpu_link="nvlink4", parallel="ulysses", gpus=n, seconds_1=t1, seconds_n=tn,
+           source=_XDIT_HUNYUAN, quote=f"1280x720 table, {g.upper()} row: 1 GPU {t1:,.2f}, "
+           f"{n} GPUs {tn:,.2f}", notes=_HUNYUAN_NOTES)
+      for g, t1, row in (("h100", 1904.08, ((2, 925.04), (4, 514.08), (8, 337.58))),
+                         ("h20", 6639.17, ((2, 3400.55), (4, 1762.86), (8, 940.97))))
+      for n, tn in row),
+    *(dict(model="hunyuanvideo", resolution="960x960", frames=129, steps=50, gpu="h100",
+           gpu_link="nvlink4", parallel="ulysses", gpus=n, seconds_1=1735.01, seconds_n=tn,
+           source=_XDIT_HUNYUAN, quote=f"960x960 table, H100 row: 1 GPU 1,735.01, {n} GPUs "
+           f"{tn:,.2f}", notes=_HUNYUAN_NOTES)
+      for n, tn in ((2, 934.09), (3, 645.45), (6, 367.02))),
+]
+#: the error a modelled speed-up is held to (issue 62's target)
+SCALING_TOLERANCE = 0.25
+
+
+def validate_scaling(cases=PUBLISHED_SCALING, shape_cache: Path | None = None) -> list[dict]:
+    """Modelled multi-GPU speed-ups (system a, ``coda sim --gpus N --parallel MODE`` against
+    the same on one GPU) against the published ``seconds_1 / seconds_n`` of every case.
+    Each row adds ``published_speedup``, ``predicted_speedup``, ``error``
+    (predicted / published - 1), ``within_25pct``, ``predicted_1_s`` and ``predicted_n_s``
+    (the modelled denoising loops, s) and ``link_wait_s`` (one GPU's wait on the others)."""
+    from .sim import simulate
+
+    rows = []
+    for c in cases:
+        r = simulate(c["model"], resolution=c["resolution"], frames=c["frames"],
+                     steps=c["steps"], gpu=c["gpu"], dimms=8, ranks=8, systems="a",
+                     record=False, shape_cache=shape_cache, gpus=c["gpus"],
+                     parallel=c["parallel"], gpu_link=c["gpu_link"])["report"]
+        a = r["systems"]["a"]
+        pub = c["seconds_1"] / c["seconds_n"]
+        err = a["speedup_vs_1gpu"] / pub - 1
+        rows.append({**c, "published_speedup": round(pub, 3),
+                     "predicted_speedup": round(a["speedup_vs_1gpu"], 3),
+                     "error": round(err, 4), "within_25pct": abs(err) <= SCALING_TOLERANCE,
+                     "predicted_1_s": round(r["one_gpu"]["a"]["latency_s"], 1),
+                     "predicted_n_s": round(a["latency_s"], 1),
+                     "link_wait_s": round(a["p2p_s"], 2)})
+    return rows
 
 
 def validate(cases=PUBLISHED, shape_cache: Path | None = None) -> list[dict]:
@@ -395,20 +459,71 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = DEFAULT_STANDARD,
     return rows
 
 
-def _measure_nmp(out: Path, form: str, what: str) -> None:
+#: the DRAM presets and depths ``--measure-nmp`` measures: long streams, tiles
+MEASURE_LONG = (("DDR5-4800", "DDR4-3200", "LPDDR5-6400"), (256, 64))
+MEASURE_TILE = (("DDR5-4800", "DDR4-3200"), (64, 256))
+
+
+def _util_entry(table: str, m: dict, provenance: dict) -> dict:
+    """A measurement of :func:`measure_segment_utilisation` (``table="long"``) or
+    :func:`measure_tile_utilisation` (``"tile"``) as an entry of the data file
+    :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`, with the NME it ran on (the
+    default NME, :data:`coda.hw.nme.isa.DEFAULT_PRESET`: the measurements build
+    ``NMEConfig`` without latencies) and ``provenance``."""
+    from coda.hw.nme.isa import DEFAULT_PRESET, NME_PRESETS
+
+    ranks = m.get("ranks", 1)
+    words = m.get("words_per_stream", -(-m["tokens"] * m["channels"] // m["lanes"]))
+    return {"table": table, "segment_output": m["segment_output"], "dram": m["dram"],
+            "lanes": m["lanes"], "depth": m["depth"], "tokens": m["tokens"],
+            "channels": m["channels"], "ranks": ranks, "words_per_stream": words,
+            "nme": {"preset": DEFAULT_PRESET, **NME_PRESETS[DEFAULT_PRESET].units()},
+            "utilisation": {str(k): v for k, v in m["utilisation"].items()},
+            "provenance": provenance}
+
+
+def provenance(command: str) -> dict:
+    """``{"command", "date", "machine"}`` of a measurement made now: the command, the UTC
+    date (YYYY-MM-DD) and the machine (:func:`coda.results.machine`)."""
+    import datetime
+
+    from coda.results import machine
+
+    return {"command": command,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "machine": machine()}
+
+
+def _measure_nmp(out: Path, form: str, what: str, drams: tuple[str, ...] | None = None,
+                 util_file: Path | None = None) -> None:
     """--measure-nmp: the segment utilisation tables of ``form`` (``what``: "long", "tile"
-    or "all") and the segment check, JSON files suffixed with the form under ``out``."""
+    or "all") for the presets ``drams`` (None: :data:`MEASURE_LONG`'s and
+    :data:`MEASURE_TILE`'s), JSON files suffixed with the form under ``out``, each
+    measurement merged into the data file ``util_file`` (default
+    :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`) with its provenance; and the
+    segment check (``"all"``)."""
+    from .platforms import SEGMENT_UTIL_FILE, save_segment_util
+
+    util_file = SEGMENT_UTIL_FILE if util_file is None else util_file
+    command = (f"coda validate --measure-nmp --measure {what} --segment-output {form}"
+               + (f" --drams {','.join(drams)}" if drams else ""))
     out.mkdir(parents=True, exist_ok=True)
     if what in ("long", "all"):
         util = [measure_segment_utilisation(std, depth, segment_output=form)
-                for std in ("DDR5-4800", "DDR4-3200", "LPDDR5-6400") for depth in (256, 64)]
+                for std in MEASURE_LONG[0] if not drams or std in drams
+                for depth in MEASURE_LONG[1]]
         write_file(out / f"segment_util-{form}.json", json_text(util, indent=1) + "\n")
+        save_segment_util([_util_entry("long", u, provenance(command)) for u in util],
+                          util_file)
         for u in util:
             print(form, u["dram"], "depth", u["depth"], u["utilisation"])
     if what in ("tile", "all"):
         tile = [measure_tile_utilisation(std, depth, segment_output=form)
-                for std in ("DDR5-4800", "DDR4-3200") for depth in (64, 256)]
+                for std in MEASURE_TILE[0] if not drams or std in drams
+                for depth in MEASURE_TILE[1]]
         write_file(out / f"tile_util-{form}.json", json_text(tile, indent=1) + "\n")
+        save_segment_util([_util_entry("tile", u, provenance(command)) for u in tile],
+                          util_file)
         for u in tile:
             print(form, u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
                   u["utilisation"])
@@ -434,9 +549,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only the check of a short real generation (6 steps, PAB, one "
                              "prompt) on the 1 x 2 DRAM-timed DIMM-NMP against the model, "
                              "DDR5-4800 / DDR4-3200 x depth 64 / 256 (run_check-FORM.json)")
+    parser.add_argument("--drams", type=str, default=None, metavar="STD[,STD...]",
+                        help="with --measure-nmp / --check-nmp: only these DRAM presets "
+                             "(default: DDR5-4800, DDR4-3200, LPDDR5-6400 for the long "
+                             "streams, the first two for the tiles and the check)")
     parser.add_argument("--segment-output", choices=SEGMENT_OUTPUTS, default="sum",
                         help="the segments' form measured and checked (default: the cache "
                              "engine's, sum)")
+
+
+def _drams(text: str | None) -> tuple[str, ...] | None:
+    """``--drams``: the canonical preset names, None when not given. Raises ValueError naming
+    the flag for an unknown preset or one --measure-nmp never measures."""
+    from coda.hw.dram.standards import get_standard
+
+    if text is None:
+        return None
+    names = []
+    for t in (t.strip() for t in text.split(",")):
+        try:
+            name = get_standard(t).name
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"--drams {text!r}: {exc}") from None
+        if name not in MEASURE_LONG[0]:
+            raise ValueError(f"--drams {text!r}: {name} is not measured, expected some of "
+                             f"{', '.join(MEASURE_LONG[0])}")
+        names.append(name)
+    return tuple(names)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -446,12 +585,13 @@ def main(args: argparse.Namespace) -> int:
 
     check_output_path(args.out, "--out", folder=True)
     form = args.segment_output
+    drams = _drams(args.drams)
     if args.measure_nmp:
-        _measure_nmp(args.out, form, args.measure)
+        _measure_nmp(args.out, form, args.measure, drams)
     if args.measure_nmp or args.check_nmp:
         args.out.mkdir(parents=True, exist_ok=True)
-        runs = [run_check(std, depth, segment_output=form) for std in ("DDR5-4800", "DDR4-3200")
-                for depth in (64, 256)]
+        runs = [run_check(std, depth, segment_output=form) for std in MEASURE_TILE[0]
+                if not drams or std in drams for depth in MEASURE_TILE[1]]
         write_file(args.out / f"run_check-{form}.json", json_text(runs, indent=1) + "\n")
         print(f"segment_output={form}")
         print(f"{'DRAM':11} {'depth':>5} {'segs':>4} {'total':>7} {'worst':>7}  per K: worst "
@@ -471,6 +611,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"{r['model']:14} {r['resolution']:9} {r['frames']:>6} {r['steps']:>5} "
               f"{r['gpu']:8} {r['seconds']:>9.0f}s {r['predicted_s']:>9.0f}s {r['ratio']:>6.2f}"
               f"{'' if r['within_25pct'] else '  (outside +-25 %)'}")
+    scaling = validate_scaling(shape_cache=cache)
+    write_file(args.out / "scaling.json", json_text(scaling, indent=1) + "\n")
+    print(f"{'model':13} {'size':9} {'GPU':5} {'mode':8} {'GPUs':>4} {'published':>9} "
+          f"{'predicted':>9} {'error':>7}")
+    for r in scaling:
+        print(f"{r['model']:13} {r['resolution']:9} {r['gpu']:5} {r['parallel']:8} "
+              f"{r['gpus']:>4} {r['published_speedup']:>8.2f}x {r['predicted_speedup']:>8.2f}x "
+              f"{r['error']:>+7.1%}{'' if r['within_25pct'] else '  (outside +-25 %)'}")
     b = bench(shape_cache=cache)
     write_file(args.out / "bench.json", json_text(b, indent=1) + "\n")
     print(json_text(b))
