@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from coda.host.nme import bits as hb
-from coda.hw.nme.isa import NMEConfig
+from coda.hw.nme.isa import NME_PRESETS, NMEConfig
 from coda.verify.mutation_proof import _common, _equiv_induct, analyse, owner_module
 from coda.synth.tools import run_tool, tool_path
 
-CFG = NMEConfig(lanes=2, depth=16, mem_words=256)
+#: the combinational units, named: the proofs below are about combinational lanes
+CFG = NMEConfig(lanes=2, depth=16, mem_words=256, **NME_PRESETS["combinational"].units())
 
 
 def test_owner_module_splits_flattened_names():

@@ -47,7 +47,7 @@ def test_verilog_cli_pipelined_units(tmp_path, capsys):
     from coda.cli import main
     out = tmp_path / "nme.v"
     assert main(["verilog", "--lanes", "2", "--depth", "8", "--mul-latency", "2",
-                 "--add-latency", "3", "-o", str(out)]) == 0
+                 "--add-latency", "3", "--operand-latency", "0", "-o", str(out)]) == 0
     text = out.read_text()
     assert "mul_s1_prod" in text and "mul_s3_norm" not in text     # FPMUL_CUTS[2] = (1, 2)
     assert "add_s1_shift" in text and "add_s4_norm_shift" in text  # FPADD_CUTS[3] = (1, 2, 4)
