@@ -285,6 +285,7 @@ def main(args) -> int:
     report["paper_scale"] = _paper_scale(args, run)   # the same schedule at paper scale
     write_file(run.out / "report.json", json_text(report, indent=2) + "\n")
     _print_summary(console, report, run.out / "report.json")
+    _record(report, grid)
     if bit_exact is False:
         console.print("[red]RTL and torch backends disagree[/]")
         return 1
@@ -491,6 +492,25 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
                 nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model",
                 cache=args.cache, cache_format=run.cache_format, cache_group=run.cache_group)
     return bit_exact, rtl
+
+
+def _record(report: dict, grid: Path) -> None:
+    """The run's headline figures and grid as the ``demo`` result record
+    (:func:`coda.results.record`: written only with ``CODA_RECORD_DIR`` set)."""
+    from coda.results import record
+
+    keys = ("backend", "memory", "dram", "nme_mhz", "policy", "bit_exact_rtl_vs_torch",
+            "psnr_db", "ssim", "label_accuracy_full", "label_accuracy_cached",
+            "ops_skipped_fraction", "segments", "pcie_bytes", "nme_cycles", "sim_cycles_per_s",
+            "cached_generation_s", "wall_s")
+    figures = {k: (round(v, 4) if isinstance(v, float) else v) for k in keys
+               if isinstance(v := report.get(k), (bool, int, float, str))}
+    energy = (report.get("rtl") or {}).get("dram_energy")
+    if energy:
+        figures.update({f"DRAM energy per video, {k} (uJ)": round(v * 1e6, 2)
+                        for k, v in energy["per_video_j"].items()})
+    record("demo", f"coda run: {len(report['prompts'])} prompts x {report['steps']} steps",
+           figures, pictures={"full compute | cached, every prompt": grid})
 
 
 def _command_log(out: Path) -> Path:
