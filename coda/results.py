@@ -53,7 +53,7 @@ def cpu_model() -> str:
 
 def machine() -> str:
     """The machine a figure was measured on: the CPU's model name and its logical CPUs,
-    e.g. ``"AMD EPYC, 2 CPUs"``."""
+    e.g. ``"<model name>, 2 CPUs"``."""
     name = cpu_model() or platform.processor() or platform.machine()
     return f"{name}, {os.cpu_count()} CPUs"
 

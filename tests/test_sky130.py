@@ -20,20 +20,8 @@ from coda.hw.verilog import NME_PRESETS
 from coda.synth import flow, sky130
 from coda.synth.yosys_synth import synth_sky130
 
-# a register of an 8-bit sum and a parity: flip-flops, an adder and XORs
-TOY = """
-module toy(clk, rst, a, b, y, z);
-  input clk;
-  input rst;
-  input [7:0] a;
-  input [3:0] b;
-  output [7:0] y;
-  output z;
-  reg [7:0] y;
-  always @(posedge clk) y <= rst ? 8'd0 : a + b;
-  assign z = ^a;
-endmodule
-"""
+# a register of an 8-bit sum and a parity: flip-flops, an adder and XORs (test_synth's)
+from test_synth import TOY  # noqa: E402
 
 
 def lef_product(cell: str) -> Decimal:
