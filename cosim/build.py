@@ -256,7 +256,11 @@ def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False,
     cached in ``build/cosim/verilog/``.
 
     Elaborating the NME takes tens of seconds; the cache key is the configuration and the
-    hash of every ``hw/*.py`` source, so any change of the hardware regenerates it.
+    hash of every ``hw/*.py`` source, so any change of the hardware regenerates it. It is
+    generated under a lock (:func:`~coda.cosim.toolchain.build_lock`): the generated names
+    depend on what the process elaborated before, so two processes (``make test``'s workers)
+    that each generated the same configuration would get two texts, hence two Verilator
+    builds of one NME; with the lock the second reads the first's file.
     Raises CosimBuildError if generation fails.
     """
     parts = [asdict(cfg), measure_toggles, _hw_sources_digest()] if measure_toggles else \
@@ -267,13 +271,17 @@ def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False,
     path = build_dir("cosim", "verilog") / f"{key[:20]}.v"
     if path.exists():
         return path.read_text()
-    try:
-        from coda.hw.verilog import nme_verilog
-        verilog = nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles,
-                              clock_gating=clock_gating)
-    except Exception as exc:  # the message must say which config failed and why
-        raise CosimBuildError(f"generating the NME Verilog for {cfg} failed: {exc!r}") from exc
-    write_file(path, verilog)
+    with build_lock(path.with_suffix(".lock")):
+        if path.exists():     # another process generated it while this one waited
+            return path.read_text()
+        try:
+            from coda.hw.verilog import nme_verilog
+            verilog = nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles,
+                                  clock_gating=clock_gating)
+        except Exception as exc:  # the message must say which config failed and why
+            raise CosimBuildError(f"generating the NME Verilog for {cfg} failed: {exc!r}") \
+                from exc
+        write_file(path, verilog)
     return verilog
 
 

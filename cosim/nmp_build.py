@@ -110,14 +110,18 @@ def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
     path = build_dir("cosim", "verilog") / f"dimm-{key[:20]}.v"
     if path.exists():
         return path.read_text()
-    from coda.hw.nmp import dimm_verilog
-    try:
-        text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating,
-                            nme_clock=nme_clock)
-    except Exception as exc:
-        raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
-                              f"failed: {exc!r}") from exc
-    write_file(path, text)
+    # under a lock, as coda.cosim.build.nme_verilog_cached: one text (one build) per key
+    with build_lock(path.with_suffix(".lock")):
+        if path.exists():
+            return path.read_text()
+        from coda.hw.nmp import dimm_verilog
+        try:
+            text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating,
+                                nme_clock=nme_clock)
+        except Exception as exc:
+            raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
+                                  f"failed: {exc!r}") from exc
+        write_file(path, text)
     return text
 
 

@@ -3,9 +3,13 @@ files with hierarchical signal names (a cocotb run, ``coda nme run --waves``); t
 model stays untraced; bad ``--waves`` input is refused before any work.
 
 One traced build per session, cached on disk under ``build/cosim/waves-<key>/``: a small
-NME (3 fp16 lanes, buffers of 5 words, trailing stores), one of the cycle-model
-configurations of tests/test_interp_cycles.py, whose untraced build it shares. Its C++ is a
-third of the 8-lane NME's, so the traced build (Verilator's FST writer) costs about half.
+NME (3 fp16 lanes, buffers of 5 words, trailing stores, gated lane clocks), one of the
+cycle-model configurations of tests/test_interp_cycles.py, whose untraced build it shares.
+Its C++ is a third of the 8-lane NME's, so the traced build (Verilator's FST writer) costs
+about half. The NME is the one :class:`~coda.cosim.rtl_backend.RTLBackend` simulates (gated
+lane clocks, its default), so the traced build is also the one ``coda nme run --backend rtl
+--waves`` makes, and the untraced one the build of tests/test_interp_cycles.py: a fresh
+``build/`` Verilates this NME twice (traced, untraced) for every test here, not four times.
 """
 
 from __future__ import annotations
@@ -40,9 +44,14 @@ UNIT_STATES = [f"nme_tb_top.dut.{u}.{u}_state" for u in ("intake", "check", "exe
 LANE0 = "nme_tb_top.dut.execute.lane0."
 
 
+#: the NME of RTLBackend (its default: gated lane clocks), whose builds the CLI's runs and
+#: tests/test_interp_cycles.py make too
+GATED = {"clock_gating": True}
+
+
 @pytest.fixture(scope="module")
 def traced():
-    return build_sim(BASE, waves=True)
+    return build_sim(BASE, waves=True, **GATED)
 
 
 def _check_fst(path, min_cycles: int):
@@ -63,7 +72,7 @@ def test_default_model_is_not_traced(traced, tmp_path, monkeypatch):
     """The default model keeps its own key, folder and untraced binary (also under WAVES=1);
     only the traced one has Verilator's FST writer; a waveform needs the traced model."""
     monkeypatch.setenv("WAVES", "1")
-    default = build_sim(BASE)   # cached by tests/test_interp_cycles.py
+    default = build_sim(BASE, **GATED)   # cached by tests/test_interp_cycles.py
     assert traced.waves and not default.waves
     assert traced.key != default.key and traced.path.name == f"waves-{traced.key}"
     assert default.path.name == default.key
