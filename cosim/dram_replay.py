@@ -36,6 +36,7 @@ from pathlib import Path
 from coda.hw.dram.controller import DRAMController
 from coda.hw.dram.rowpolicy import ROW_POLICIES
 from coda.hw.dram.standards import DDR4_3200, DRAMStandard, STANDARDS, get_standard
+from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
 from coda.options import add_options, option
 from coda.paths import remove_orphans
@@ -181,7 +182,7 @@ def verilator_params(std: DRAMStandard, store_bits: int = 12) -> dict[str, int]:
             "RL": std.read_latency, "STORE_BITS": store_bits}
 
 
-def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = 8,
+def build_model(std: DRAMStandard | str, top: str = "replay", lanes: int = NMEConfig.lanes,
                 store_bits: int = 12, quiet: bool = True,
                 controller: dict | None = None) -> Path:
     """Verilate (once; cached by source hash and parameters) and return the executable.

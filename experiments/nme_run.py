@@ -309,7 +309,7 @@ def _load_npz(path: Path) -> dict:
     return arrays
 
 
-def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = 8,
+def make_example(path: str | Path, op: str, fmt: str = "bf16", lanes: int = NMEConfig.lanes,
                  seed: int = 0) -> Path:
     """Write a runnable example input file for ``op``: T = 37 tokens (uneven over ranks),
     C = 4 * lanes channels, N = T*C + 5 elements for flat operators (a masked tail), K = 3

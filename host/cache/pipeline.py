@@ -337,7 +337,7 @@ class _Calibration:
         self.name, self.skip, self.options = name, skip, dict(options)
         self.path = None if path is None else os.fspath(path)
         self.driver = InputNormDriver(TorchBackend(),
-                                      NMEConfig(lanes=8, mem_words=_NMP_MEM_WORDS), ranks=2)
+                                      NMEConfig(mem_words=_NMP_MEM_WORDS), ranks=2)
         self.pending = {expert: ProfilePolicy() for expert in experts}
         self.profiles: dict = {}
         self.two = len(experts) > 1
@@ -598,7 +598,7 @@ def _driver(backend):
             from coda.host.nmp.driver import NMPDriver
             from coda.hw.nme.isa import NMEConfig
 
-            return NMPDriver(TorchBackend(), NMEConfig(lanes=8, mem_words=_NMP_MEM_WORDS),
+            return NMPDriver(TorchBackend(), NMEConfig(mem_words=_NMP_MEM_WORDS),
                              ranks=2), "nmp"
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)} or a "
                          "driver object (e.g. coda.host.nmp.driver.NMPDriver)")

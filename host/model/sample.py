@@ -37,14 +37,13 @@ import torch
 
 from coda.host.cache.device import resolve_device
 
+from .defaults import DEFAULT_ETA, DEFAULT_GUIDANCE, DEFAULT_STEPS
+
 __all__ = ["MAX_SEED", "max_steps", "check_steps", "check_guidance", "check_seed", "CFG_MODES", "DEFAULT_STEPS", "DEFAULT_GUIDANCE", "DEFAULT_ETA", "make_scheduler", "initial_noise",
            "generate", "cache_mem_words", "video_psnr", "video_ssim", "side_by_side_gif",
            "cached_generate"]
 
 CFG_MODES = ("batched", "separate")
-DEFAULT_STEPS = 50
-DEFAULT_GUIDANCE = 5.0     # chosen on validation seeds 2,000,000+ (docs/model.md)
-DEFAULT_ETA = 0.0
 
 
 def make_scheduler(config: dict):
@@ -244,8 +243,8 @@ def cached_generate(model, labels, driver, policy=None, *, events=None,
     """Generate with the CODA cache engine attached for this call only.
 
     Args:
-        model: the DigitLatte.
-        labels: digits 0..9.
+        model: the DigitLatte or TextLatte.
+        labels: what :func:`generate` takes (digits, or prompts for the text model).
         driver: an ``NMPDriver`` (its backend decides torch or RTL execution of segments) or
             a :class:`coda.host.cache.device.DeviceCache` (the cache in device memory).
         policy: a cache policy or ``Schedule`` (default ``UniformIntervalPolicy()``).

@@ -27,11 +27,12 @@ generation of the shipped model.
 from __future__ import annotations
 
 from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.hw.nme.isa import NMEConfig
 
 __all__ = ["modelled"]
 
 
-def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = 8,
+def modelled(events, model_config: dict | None = None, platform=None, *, lanes: int = NMEConfig.lanes,
              depth: int = 64, dimms: int = 1, ranks: int = 2, dram: str = DEFAULT_STANDARD,
              nme_mhz: float | None = None, cfg: str = "batched",
              nme_timing: str = "model", segment_output: str = "sum",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nmp import NMP_DEPTH
+from coda.hw.nme.isa import NMEConfig
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -587,7 +588,7 @@ class Platform:
     dram: DRAMStandard
     dimms: int
     ranks: int
-    lanes: int = 8
+    lanes: int = NMEConfig.lanes
     depth: int = NMP_DEPTH
     energy: Energy = ENERGY
     nme_mhz: float | None = None
@@ -660,7 +661,7 @@ DEFAULT_PLATFORM = "rtx4090"
 
 
 def platform(gpu: str = DEFAULT_PLATFORM, dram: str = DEFAULT_STANDARD, dimms: int = 2,
-             ranks: int = 2, *, lanes: int = 8, depth: int = NMP_DEPTH,
+             ranks: int = 2, *, lanes: int = NMEConfig.lanes, depth: int = NMP_DEPTH,
              pcie: PCIeLink | None = None, nme_mhz: float | None = None, gpu_times=None,
              **overrides) -> Platform:
     """A :class:`Platform` from preset names.

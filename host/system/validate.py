@@ -42,6 +42,7 @@ and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
 from __future__ import annotations
 
 from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.hw.nme.isa import NMEConfig
 
 import argparse
 import time
@@ -236,7 +237,7 @@ def _x_of_form(driver, segment_output: str, tokens: int, channels: int, group):
 
 
 def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
-                                lanes: int = 8, segment_output: str = "sum") -> dict:
+                                lanes: int = NMEConfig.lanes, segment_output: str = "sum") -> dict:
     """DRAM utilisation of compiled segment programs on a 1 x 1 DRAM-timed DIMM-NMP:
     bytes the program streams / (cycles x the rank's peak bytes per cycle). The segments
     have the form ``segment_output`` (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`): ``"sum"``
@@ -245,7 +246,6 @@ def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
     from coda.host.nme.backend import get_backend
     from coda.host.nmp.driver import NMPDriver
     from coda.hw.dram.standards import get_standard
-    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
 
@@ -269,7 +269,7 @@ def measure_segment_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8),
 
 def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
                              tokens: int = 512, channels: int = 96, slots: int = 32,
-                             draws: int = 16, lanes: int = 8, seed: int = 0,
+                             draws: int = 16, lanes: int = NMEConfig.lanes, seed: int = 0,
                              segment_output: str = "sum") -> dict:
     """DRAM utilisation of K-term segments of the shipped model's tile on a 1 x 2 DRAM-timed
     DIMM-NMP (the machine ``coda run --dram`` uses), over cache placements as a generation
@@ -295,7 +295,6 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
     from coda.host.nme.backend import get_backend
     from coda.host.nmp.driver import NMPDriver
     from coda.hw.dram.standards import get_standard
-    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
 
@@ -344,7 +343,7 @@ def measure_tile_utilisation(dram: str, depth: int, ks=(1, 2, 3, 4, 6, 8), *,
 
 
 def run_check(dram: str = DEFAULT_STANDARD, depth: int = 64, *, steps: int = 6,
-              prompts=(5,), lanes: int = 8, dimms: int = 1, ranks: int = 2,
+              prompts=(5,), lanes: int = NMEConfig.lanes, dimms: int = 1, ranks: int = 2,
               policy: str = "pab", warmup: bool = True, segment_output: str = "sum") -> dict:
     """A short cached generation of the shipped model with every segment on the DRAM-timed
     DIMM-NMP (as ``coda run --dram``): each SegmentEvent's measured ``nme_cycles`` against
@@ -362,7 +361,6 @@ def run_check(dram: str = DEFAULT_STANDARD, depth: int = 64, *, steps: int = 6,
     from coda.host.model.sample import cache_mem_words, cached_generate
     from coda.host.cache.policies import get_policy
     from coda.hw.dram.standards import get_standard
-    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
     from .platforms import segment_utilisation
@@ -430,20 +428,19 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = DEFAULT_STANDARD,
     from coda.host.nme.backend import get_backend
     from coda.host.nmp.driver import NMPDriver
     from coda.hw.dram.standards import get_standard
-    from coda.hw.nme.isa import NMEConfig
 
     from .nme import segment_timing
     from .platforms import segment_utilisation
 
     std = get_standard(dram)
     backend = get_backend("rtl", dram=std.name, dimms=1, ranks=2)
-    driver = NMPDriver(backend, NMEConfig(lanes=8, depth=depth, mem_words=1 << 18), 1, 2)
+    driver = NMPDriver(backend, NMEConfig(depth=depth, mem_words=1 << 18), 1, 2)
     rows = []
     try:
         x = _x_of_form(driver, segment_output, 512, 96, "check")
         for k in ks:
             cycles = _segment_cycles(driver, 512, 96, k, seed=100 + k, x=x)
-            m = segment_timing(512, 96, k, n_ranks=2, lanes=8, depth=depth,
+            m = segment_timing(512, 96, k, n_ranks=2, lanes=NMEConfig.lanes, depth=depth,
                                clock_hz=1e9 / std.tCK_ns,
                                rank_peak_bytes_per_cycle=std.burst_bytes / std.nBL,
                                dram_util=lambda kk, w, j: segment_utilisation(

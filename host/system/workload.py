@@ -40,6 +40,7 @@ command words and NME cycles, at most 7 terms a launch). It composes with the fo
 from __future__ import annotations
 
 from coda.hw.nmp import NMP_DEPTH
+from coda.hw.nme.isa import NMEConfig
 
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -316,7 +317,7 @@ def _assign_forecast_terms(seg: SegmentItem, acts: list, cache: str) -> None:
         act.terms = 2
 
 
-def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = 8,
+def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lanes: int = NMEConfig.lanes,
                depth: int = NMP_DEPTH, samples: int = 1, fmt: str = "bf16",
                segment_output: str = "sum", cache: str = "reuse",
                cache_group: int | None = None) -> EventLog:
