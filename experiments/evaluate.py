@@ -3,7 +3,9 @@
 For every policy x target skip fraction, the cached CFG generations of ``prompts x seeds``
 (seeds held out from the profile's) are compared with full compute: achieved
 ``ops_skipped_fraction``, PSNR and SSIM (torchmetrics, data range 2 for pixels in [-1, 1]),
-label accuracy (:mod:`coda.host.model.classifier`), segments and host-link bytes per video.
+prompt adherence (:func:`coda.host.model.choice.adherence`: the digits model's label
+accuracy; the text model's digit, direction and speed accuracy and identity kept), segments
+and host-link bytes per video.
 Each policy is calibrated to the target on the profile (:func:`coda.host.cache.policies.get_policy`);
 the CODA schedule is the whole-step search's (:mod:`coda.experiments.search`, rollouts of the
 profile's calibration videos): the shipped schedule for the target when the profile is the
@@ -21,7 +23,7 @@ profile's own videos (:func:`coda.experiments.dra_calibration.calibrate_default_
 on the held-out ones.
 
 Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
-label_accuracy, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
+the adherence figures, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
 (per-video PSNR, motion, executions), ``DIR/corner_cases.json`` and, with ``coda+dra``,
 ``DIR/dra_probes.json`` (per skip, the probe choice on the calibration videos and the table
 chosen, as :func:`coda.experiments.dra_calibration.save_step_dra` stores it); a PSNR of identical
@@ -41,7 +43,9 @@ import torch
 
 from coda.experiments.metrics import motion_px, psnr_db, ssim, worst_quarter
 from coda.host.cache.device import DEVICES
-from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.host.model.choice import ADHERENCE, ModelOptions
+from coda.host.model.defaults import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.hw.nme.isa import NMEConfig
 from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.jsonout import json_text
@@ -71,8 +75,12 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
     channels per scale, :mod:`coda.host.cache.compress`).
 
     Returns a dict: videos [N, 1, F, H, W], per-video PSNR, executions per video (computed,
-    reused, fallbacks), and totals over all generations (EventLog.stats)."""
+    reused, fallbacks), totals over all generations (EventLog.stats) and ``schedules``: per
+    video the :class:`coda.host.cache.schedule.Schedule` it followed (its reused operators;
+    a dynamic policy's differ from video to video)."""
+    from coda.host.cache.arch import model_ops
     from coda.host.cache.events import EventLog
+    from coda.host.cache.schedule import Schedule
     from coda.host.model.sample import cached_generate
 
     log = EventLog()
@@ -100,6 +108,11 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
         counts[n, 2] += e.reason == "fallback"
     for e in log.of("monitor"):
         mon_cycles[index[(e.generation, e.sample)]] += e.nme_cycles
+    by_video: list[list] = [[] for _ in gen_of]
+    for e in log.of("op"):
+        by_video[index[(e.generation, e.sample)]].append(e)
+    ops = model_ops(model.transformer)
+    schedules = [Schedule.from_events(ev, ops.num_layers, ops) for ev in by_video]
     for n in range(len(gen_of)):
         per_video.append({"prompt": vid_labels[n], "seed": vid_seeds[n],
                           "psnr_db": psnr_db(videos[n:n + 1], full[n:n + 1]),
@@ -112,43 +125,68 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
     stats["monitor_bytes"] = sum(m.bytes_to_nmp for m in mons)
     stats["kept_bytes"] = sum(e.kept_bytes for e in log.of("op"))
     stats["stored_bytes"] = sum(e.stored_bytes for e in log.of("op"))
-    return {"videos": videos, "per_video": per_video, "stats": stats}
+    return {"videos": videos, "per_video": per_video, "stats": stats, "schedules": schedules}
 
 
 def pareto_plot(rows: list[dict], path) -> None:
-    """PSNR and SSIM against the achieved skip fraction, one line per policy."""
+    """PSNR against the modelled system-f latency (the primary axis: equal latency is equal
+    cost; rows without a finite one left out) and PSNR and SSIM against the achieved skip
+    fraction (equal operator count), one line per policy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for name in dict.fromkeys(r["policy"] for r in rows):
-        pts = sorted((r["ops_skipped_fraction"], r["psnr_db"], r["ssim"]) for r in rows
-                     if r["policy"] == name)
+        mine = [r for r in rows if r["policy"] == name]
+        timed = sorted((_latency_s(r), r["psnr_db"]) for r in mine
+                       if math.isfinite(_latency_s(r)))
+        if timed:
+            axes[0].plot([t for t, _ in timed], [q for _, q in timed], "o-", label=name)
+        pts = sorted((r["ops_skipped_fraction"], r["psnr_db"], r["ssim"]) for r in mine)
         x = [p[0] for p in pts]
-        axes[0].plot(x, [p[1] for p in pts], "o-", label=name)
-        axes[1].plot(x, [p[2] for p in pts], "o-", label=name)
+        axes[1].plot(x, [p[1] for p in pts], "o-", label=name)
+        axes[2].plot(x, [p[2] for p in pts], "o-", label=name)
+    target = next((r["modelled"]["target"] for r in rows if "modelled" in r), "the target")
+    axes[0].set_xlabel(f"modelled latency on {target}, system f (s)")
     axes[0].set_ylabel("PSNR vs full compute (dB)")
-    axes[1].set_ylabel("SSIM vs full compute")
-    for ax in axes:
+    axes[1].set_ylabel("PSNR vs full compute (dB)")
+    axes[2].set_ylabel("SSIM vs full compute")
+    for ax in axes[1:]:
         ax.set_xlabel("operator executions skipped (fraction)")
+    for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("cache policies on the shipped Latte (held-out seeds)", fontsize=10)
+    fig.suptitle("cache policies (held-out seeds): at equal modelled latency (left), at "
+                 "equal operator count (middle, right)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
+def _latency_s(row: dict) -> float:
+    """A row's modelled system-f latency (s); NaN where not modelled."""
+    return float(row["modelled"]["latency_s"]) if "modelled" in row else math.nan
+
+
+def latency_order(rows: list[dict]) -> list[dict]:
+    """The rows as the tables list them: by target skip, then by modelled system-f latency
+    (fastest first; not modelled, or not fitting, last), then by PSNR (best first)."""
+    def key(r):
+        lat = _latency_s(r)
+        return (r["target_skip"], lat if math.isfinite(lat) else math.inf, -r["psnr_db"])
+    return sorted(rows, key=key)
+
+
 # ---------------------------------------------------------------- the command
 @dataclass(frozen=True)
-class EvalConfig:
-    """Every option of ``coda eval`` with its default (the one source of them; the NME's
-    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+class EvalConfig(ModelOptions):
+    """Every option of ``coda eval`` with its default (the one source of them; the model and
+    prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units come from
+    :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
     policy: str = option(",".join(DEFAULT_POLICIES), "comma-separated policies of "
                          + ", ".join(POLICY_NAMES))
     skip: str = option("0.3,0.5,0.6", "comma-separated distinct target skip fractions in (0, 1)")
-    prompts: str = option("0-9", "distinct digits, e.g. 0-9 or 1,4,9")
     seeds: str = option("0", "distinct noise seeds 0..2^31-1, e.g. 0 or 0-3, disjoint from the "
                         "profile's")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
@@ -164,7 +202,7 @@ class EvalConfig:
                               "and a multiple of the lanes", type=int,
                               default_text="the largest such G up to 64")
     profile: str = option(None, "profile.npz of coda profile", type=str,
-                          default_text="the shipped one for 50 steps")
+                          default_text="the --model's shipped one for 50 steps")
     backend: str = option("torch", "where segments and monitors run", choices=("torch", "rtl"))
     device: str = option("cpu", "where the DiT, the CFG loop and the cache hooks run (cuda: "
                          "a GPU, torch built with CUDA; the schedule search stays on the CPU)",
@@ -199,25 +237,26 @@ def main(args) -> int:
         write_file(s.out / "dra_probes.json", json_text(dra_probes, indent=1) + "\n")
 
     common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
-    vid_labels = torch.tensor([p for _ in s.seeds for p in s.prompts])
+    vid_labels = [p for _ in s.seeds for p in s.prompts]
     vid_seeds = [seed for seed in s.seeds for _ in s.prompts]
     t0 = time.perf_counter()
     console.print(f"[bold]full compute[/] {len(vid_labels)} videos x {cfg.steps} steps")
     on_cpu = cfg.device == "cpu"    # kept videos are the CPU's (full_videos keys them so)
-    full = full_videos(s.model, vid_labels.tolist(), vid_seeds,
+    full = full_videos(s.model, vid_labels, vid_seeds,
                        cache_dir="build/refs" if on_cpu else None, **common)
     motion = motion_px(full)
-    from coda.host.model.classifier import label_accuracy
-    acc_full = label_accuracy(full, vid_labels)
+    from coda.host.model.choice import adherence
+    adhere_full = adherence(s.model, full, vid_labels)
 
     rows, per_video = _evaluate_all(cfg, s, policies_at, full, vid_labels, driver_factory,
                                     console)
     _count_wins(rows, per_video)
     corner = _corner_cases(per_video, s.skips, motion)
-    videos = [{"prompt": int(vid_labels[i]), "seed": vid_seeds[i], "motion_px": float(motion[i]),
+    videos = [{"prompt": vid_labels[i], "seed": vid_seeds[i], "motion_px": float(motion[i]),
                **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
               for i in range(len(vid_labels))]
-    summary = {"label_accuracy_full": acc_full, "profile": str(s.profile_path),
+    summary = {"model": cfg.model, **{f"{k}_full": v for k, v in adhere_full.items()},
+               "profile": str(s.profile_path),
                "prompts": s.prompts, "seeds": s.seeds, "steps": cfg.steps,
                "wall_s": time.perf_counter() - t0}
     out = s.out
@@ -227,7 +266,7 @@ def main(args) -> int:
     write_file(out / "corner_cases.json", json_text(corner, indent=1) + "\n")
     pareto_plot(rows, out / "pareto.png")
     write_file(out / "table.md", markdown_table(rows))
-    _print_summary(rows, corner, out, acc_full, console)
+    _print_summary(rows, corner, out, adhere_full, console)
     from coda.results import record
     figures = {}
     for r in rows:
@@ -251,7 +290,7 @@ class _EvalSetup:
     modes: list[str]             # --cache: reuse and/or forecast
     formats: list[str]           # --cache-format: bf16 and/or int8
     skips: list[float]
-    prompts: list[int]
+    prompts: list                # ints (prompt indices) and prompt texts (chosen_prompts)
     seeds: list[int]
     preset: Any                  # the NME (coda.hw.verilog.resolve_preset)
     nme: dict                    # the NME's units and trail_stores, as NMEConfig fields
@@ -272,8 +311,8 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     from coda.host.cache.policies import check_cached_steps
     from coda.host.model.sample import MAX_SEED, check_guidance, check_steps
     from coda.lists import parse_int_list, parse_list
-    from coda.host.cache.shipped import SHIPPED_PROFILE
-    from coda.host.model.dit import load_model
+    from coda.host.model.choice import chosen_prompts, load_chosen
+    from coda.host.model.dit import shipped_model
     from coda.host.nme.backend import get_backend
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
@@ -294,7 +333,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     for s in skips:
         if not 0.0 < s < 1.0:
             raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
-    prompts = parse_int_list(cfg.prompts, "--prompts", 0, 9)
+    prompts = chosen_prompts(args)
     seeds = parse_int_list(cfg.seeds, "--seeds", 0, MAX_SEED)
     check_steps(cfg.steps)
     for name in policies:            # a policy that would cache nothing: nothing to compare
@@ -309,15 +348,19 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
     out = check_output_path(cfg.out, "--out", folder=True)
     profile = None
-    profile_path = cfg.profile or SHIPPED_PROFILE
+    profile_path = cfg.profile or shipped_model(cfg.model).profile
     # a given --profile is always checked (also when no policy reads it); the shipped one
     # only when a policy needs it
     if (cfg.profile is not None or "forecast" in modes
             or any(p in _NEEDS_PROFILE for p in policies)):
+        if cfg.profile is None and not Path(profile_path).exists():
+            raise ValueError(f"--policy {cfg.policy}: the {cfg.model} model has no shipped "
+                             f"profile ({Path(profile_path).name}) yet; give --profile "
+                             f"(coda profile --model {cfg.model})")
         profile = Profile.load(profile_path)
     backend = get_backend(cfg.backend)
     torch.set_num_threads(cfg.threads)
-    model, _ = load_model(device)
+    model = load_chosen(args, device)
     layers = len(model.transformer.transformer_blocks)
     if profile is not None:
         profile.check_for(model_hash(model), cfg.steps, layers,
@@ -335,7 +378,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     if "int8" in formats:
         from coda.host.cache.compress import resolve_group
         tcfg = model.config["transformer"]
-        resolve_group(tcfg["num_attention_heads"] * tcfg["attention_head_dim"], 8,
+        resolve_group(tcfg["num_attention_heads"] * tcfg["attention_head_dim"], NMEConfig.lanes,
                       cfg.cache_group)      # a bad G is refused before any work
     return _EvalSetup(policies, modes, formats, skips, prompts, seeds, preset, nme, out, profile,
                       Path(profile_path), backend, model, layers)
@@ -346,9 +389,10 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
     """One row per (skip, policy): the cached videos of every prompt and seed against
     ``full``, their quality, counters per video and modelled cost; pareto.json rewritten
     after each. Returns (rows, per-video results by (policy, skip))."""
-    from coda.host.model.classifier import label_accuracy
+    from coda.host.model.choice import adherence
 
     common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
+    headline = ADHERENCE[cfg.model][0]
     model, prompts, seeds, layers, out = s.model, s.prompts, s.seeds, s.layers, s.out
     rows, per_video = [], {}
     for skip in s.skips:
@@ -367,10 +411,11 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
             row = {"policy": name, "target_skip": skip, "cache_format": fmt,
                    "stored_bytes": st["stored_bytes"] / n,
                    "ops_skipped_fraction": st["ops_skipped_fraction"],
+                   "flops_skipped_fraction": flops_skipped(res["schedules"], model.config),
                    "psnr_db": psnr_db(res["videos"], full),
                    "mean_psnr_db": float(np.mean([v["psnr_db"] for v in res["per_video"]])),
                    "ssim": ssim(res["videos"], full),
-                   "label_accuracy": label_accuracy(res["videos"], vid_labels),
+                   **adherence(model, res["videos"], vid_labels),
                    "segments": st["segments"] / n, "pcie_bytes": st["pcie_bytes"] / n,
                    "videos": n, "per_video_counts": True,
                    "fallbacks": st["fallbacks"] / n, "monitors": st["monitors"] / n,
@@ -380,34 +425,38 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
                    "params": policy.describe(), "seconds": time.perf_counter() - t1,
                    **({"forecast": table.describe()} if table is not None else {}),
                    **_modelled(policy, cfg.steps, layers,
-                               cache="forecast" if table is not None else "reuse")}
+                               cache="forecast" if table is not None else "reuse",
+                               schedules=res["schedules"])}
             rows.append(row)
             per_video[(name, skip)] = res["per_video"]
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
                           f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
-                          f"acc {row['label_accuracy']:.3f}  ({row['seconds']:.0f} s)")
+                          f"{headline} {row[headline]:.3f}  ({row['seconds']:.0f} s)")
             write_file(out / "pareto.json", json_text(rows, indent=1) + "\n")
     return rows, per_video
 
 
-def _print_summary(rows: list[dict], corner: list[dict], out: Path, acc_full: float,
+def _print_summary(rows: list[dict], corner: list[dict], out: Path, adhere_full: dict,
                    console) -> None:
-    """The comparison table and the corner cases, on the console."""
+    """The comparison table and the corner cases, on the console; ``adhere_full``: the
+    full-compute videos' prompt adherence (:func:`coda.host.model.choice.adherence`), whose
+    first figure each row shows too."""
     from rich.table import Table
 
-    table = Table(title=f"coda eval — {out / 'pareto.json'} (full-compute label accuracy "
-                        f"{acc_full:.3f})")
-    for col in ("policy", "target", "skipped", "PSNR dB", "mean PSNR", "SSIM", "label acc",
-                "segments/video", "PCIe MB/video", "fallbacks/video", "f latency s",
-                "coda wins", "coda-lat wins"):
+    headline, acc_full = next(iter(adhere_full.items()))
+    table = Table(title=f"coda eval — {out / 'pareto.json'} (full compute: "
+                        f"{headline.replace('_', ' ')} {acc_full:.3f})")
+    for col in ("policy", "target", "f latency s", "PSNR dB", "mean PSNR", "SSIM", headline,
+                "skipped", "FLOPs skipped", "segments/video", "PCIe MB/video",
+                "fallbacks/video", "coda wins", "coda-lat wins"):
         table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r["policy"], f"{r['target_skip']:.2f}", f"{r['ops_skipped_fraction']:.3f}",
+    for r in latency_order(rows):
+        table.add_row(r["policy"], f"{r['target_skip']:.2f}", _latency(r),
                       f"{r['psnr_db']:.2f}", f"{r['mean_psnr_db']:.2f}", f"{r['ssim']:.4f}",
-                      f"{r['label_accuracy']:.3f}", f"{r['segments']:.0f}",
-                      f"{r['pcie_bytes'] / 1e6:.1f}", f"{r['fallbacks']:.1f}",
-                      _latency(r),
-                      *(_wins(r, key) for _, key in WIN_COLUMNS))
+                      f"{r[headline]:.3f}", f"{r['ops_skipped_fraction']:.3f}",
+                      f"{r.get('flops_skipped_fraction', math.nan):.3f}",
+                      f"{r['segments']:.0f}", f"{r['pcie_bytes'] / 1e6:.1f}",
+                      f"{r['fallbacks']:.1f}", *(_wins(r, key) for _, key in WIN_COLUMNS))
     console.print(table)
     for c in corner:
         console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
@@ -415,23 +464,27 @@ def _print_summary(rows: list[dict], corner: list[dict], out: Path, acc_full: fl
                       f"executions {100 * c['extra_executions']:.2f} %")
 
 
-
 def markdown_table(rows: list[dict]) -> str:
-    """The rows as the Markdown table the docs show (``DIR/table.md``): per policy and target
-    the skip reached, whole-set and mean per-video PSNR (dB), SSIM, label accuracy, segments
-    and host-link MB per video, DRA's fallbacks per video, the modelled system-f latency (s)
-    of a static schedule and the videos on which CODA (CODA within uniform's latency) beats
-    the policy."""
-    head = ("| policy | target | skipped | PSNR dB | mean PSNR dB | SSIM | label acc. | segments "
-            "| PCIe MB | fallbacks | f latency s | CODA wins | CODA-lat wins |")
-    lines = [head, "|" + "---|" * 13]
-    for r in rows:
-        lat = _latency(r)
+    """The rows as the Markdown table the docs show (``DIR/table.md``), in
+    :func:`latency_order`: per policy and target the modelled system-f latency (s; a dynamic
+    policy's the mean over its videos), whole-set and mean per-video PSNR (dB), SSIM, prompt
+    adherence (the model's headline figure, :data:`coda.host.model.choice.ADHERENCE`), the
+    operator executions and FLOPs skipped (the secondary axes), segments and host-link MB
+    per video, DRA's fallbacks per video and the videos on which CODA (CODA within uniform's
+    latency) beats the policy."""
+    headline = next((k for keys in ADHERENCE.values() for k in keys[:1] if rows and k in rows[0]),
+                    "label_accuracy")
+    head = (f"| policy | target | f latency s | PSNR dB | mean PSNR dB | SSIM | "
+            f"{headline.replace('_', ' ')} | skipped | FLOPs skipped | segments "
+            "| PCIe MB | fallbacks | CODA wins | CODA-lat wins |")
+    lines = [head, "|" + "---|" * 14]
+    for r in latency_order(rows):
         fb = f"{r['fallbacks']:.1f}" if r["fallbacks"] else ""
-        lines.append(f"| {r['policy']} | {r['target_skip']:g} | {r['ops_skipped_fraction']:.3f} "
+        lines.append(f"| {r['policy']} | {r['target_skip']:g} | {_latency(r)} "
                      f"| {r['psnr_db']:.2f} | {r['mean_psnr_db']:.2f} | {r['ssim']:.4f} "
-                     f"| {r['label_accuracy']:.3f} | {r['segments']:.0f} "
-                     f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | {lat} | "
+                     f"| {r[headline]:.3f} | {r['ops_skipped_fraction']:.3f} "
+                     f"| {r.get('flops_skipped_fraction', math.nan):.3f} | {r['segments']:.0f} "
+                     f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | "
                      + " | ".join(_wins(r, key) for _, key in WIN_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
@@ -445,11 +498,13 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
     Returns (Schedule, a line saying where it came from).
     Raises ValueError as :func:`coda.experiments.search.checked_search_steps`."""
     from coda.host.cache.profile import model_hash
-    from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule, shipped_schedule
+    from coda.host.cache.shipped import load_schedule
+    from coda.host.model.dit import shipped_model
     from coda.experiments.search import checked_search_steps
 
-    path = shipped_schedule(skip, latency)
-    if profile_path.resolve() == Path(SHIPPED_PROFILE).resolve() and path.exists():
+    shipped = shipped_model(profile.meta.get("model", "digits"))
+    path = shipped.schedule(skip, latency)
+    if profile_path.resolve() == shipped.profile.resolve() and path.exists():
         return (load_schedule(path, model_id=model_hash(model), num_steps=profile.num_steps,
                               num_layers=profile.num_layers), f"shipped {path.name}")
     rep, info = checked_search_steps(profile_path, skip, workers=workers,
@@ -458,26 +513,64 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
                           f"{rep.plan.label}, {rep.plan.describe()}")
 
 
+def flops_skipped(schedules, model_config: dict) -> float:
+    """The fraction of the cacheable operators' FLOPs the videos skipped (equal FLOPs, a
+    secondary axis: operators differ in cost, e.g. cross attention over a few text tokens is
+    cheap): per video its schedule's reused operators, each weighted by its FLOPs on the
+    shipped model (:func:`coda.host.system.presets.shipped_shape`), over every step and CFG
+    branch of every video."""
+    from coda.host.cache.schedule import BRANCHES
+    from coda.host.system.presets import shipped_shape
+
+    shape = shipped_shape(model_config)
+    flops = {(o.layer, o.op): o.kernels.total_flops() for o in shape.ops}
+    per_pass = sum(flops.values())
+    skipped = total = 0.0
+    for sched in schedules:
+        total += per_pass * sched.num_steps * len(BRANCHES)
+        skipped += sum(flops[ref] for (_, _), refs in sched.reuse.items() for ref in refs)
+    return skipped / total if total else 0.0
+
+
+#: what a row's ``modelled`` block keeps of :func:`coda.host.system.cost.schedule_cost`
+_COST_KEYS = ("latency_s", "energy_j", "segments", "host_link_bytes")
+
+
 def _modelled(policy, steps: int, layers: int, target: str | None = None,
-              cache: str = "reuse") -> dict:
-    """``{"modelled": {...}}``: the modelled latency, energy, segments and host-link bytes
-    of a static policy's schedule in system f in cache mode ``cache`` for ``target`` (default:
-    :data:`coda.host.system.cost.DEFAULT_TARGET`), as ``coda sim`` transfers a schedule;
-    ``{}`` for a dynamic policy (its reuse differs from video to video)."""
+              cache: str = "reuse", schedules=None) -> dict:
+    """``{"modelled": {...}}``: the modelled latency (s), energy (J), segments and host-link
+    bytes in system f, cache mode ``cache``, for ``target`` (default:
+    :data:`coda.host.system.cost.DEFAULT_TARGET`), each schedule transferred as ``coda sim``
+    does: a static policy's schedule (``"from": "schedule"``); a dynamic policy's per video,
+    the schedule each video followed (``schedules``, from its recorded events), then the
+    mean over the videos (``"from": "events"``, ``per_video_latency_s``). ``{}`` for a
+    dynamic policy without ``schedules``."""
     from coda.host.system.cost import DEFAULT_TARGET, schedule_cost
 
+    target = target or DEFAULT_TARGET
     build = getattr(policy, "build", None)
-    if build is None:
+    if build is not None:
+        c = schedule_cost(build(steps, layers), target, "f", cache=cache)
+        return {"modelled": {"target": target, "system": "f", "from": "schedule",
+                             **{k: c[k] for k in _COST_KEYS}}}
+    if not schedules:
         return {}
-    c = schedule_cost(build(steps, layers), target or DEFAULT_TARGET, "f", cache=cache)
-    return {"modelled": {"target": target or DEFAULT_TARGET, "system": "f",
-                         **{k: c[k] for k in ("latency_s", "energy_j", "segments",
-                                              "host_link_bytes")}}}
+    costs: dict[str, dict] = {}      # videos that followed the same schedule: costed once
+    per_video = []
+    for sched in schedules:
+        key = sched.to_json()
+        if key not in costs:
+            costs[key] = schedule_cost(sched, target, "f", cache=cache)
+        per_video.append(costs[key])
+    mean = {k: float(np.mean([c[k] for c in per_video])) for k in _COST_KEYS}
+    return {"modelled": {"target": target, "system": "f", "from": "events", **mean,
+                         "per_video_latency_s": [c["latency_s"] for c in per_video],
+                         "distinct_schedules": len(costs)}}
 
 
 def _latency(row: dict) -> str:
-    """A row's modelled system-f latency (s) as the tables show it: blank for a dynamic
-    policy, "does not fit" where the cache exceeds the target's DIMMs."""
+    """A row's modelled system-f latency (s) as the tables show it: blank where not
+    modelled, "does not fit" where the cache exceeds the target's DIMMs."""
     if "modelled" not in row:
         return ""
     lat = row["modelled"]["latency_s"]
@@ -511,13 +604,12 @@ def _driver_factory(model, backend, nme: dict):
     of ``nme`` (the preset's units)."""
     from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
-    from coda.hw.nme.isa import NMEConfig
 
     def factory(videos: int, history: int = 1, cache_format: str = "bf16",
                 cache_group: int | None = None):
         words = cache_mem_words(model, videos, 2, 8, inputs=True, history=history,
                                 cache_format=cache_format, cache_group=cache_group)
-        return NMPDriver(backend, NMEConfig(lanes=8, mem_words=words, **nme), ranks=2)
+        return NMPDriver(backend, NMEConfig(mem_words=words, **nme), ranks=2)
     return factory
 
 

@@ -38,7 +38,9 @@ from coda.lists import parse_int_list
 from coda.host.cache.profile import (InputNormDriver, Profile, ProfileBuilder, ProfilePolicy,
                                      ProfilingDriver, model_hash)
 from coda.host.cache.schedule import BRANCHES
-from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.host.model.choice import ModelOptions
+from coda.host.model.defaults import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.hw.nme.isa import NMEConfig
 from coda.paths import save_figure
 from coda.options import add_options, option
 
@@ -55,9 +57,12 @@ def model_shape(model) -> dict:
     hidden = t["num_attention_heads"] * t["attention_head_dim"]
     block = model.transformer.transformer_blocks[0]
     ffn_inner = block.ff.net[-1].in_features
+    cond_tokens = 1                  # the digits model's one label token
+    if cfg.get("conditioning") == "text":
+        from coda.host.model.prompts import MAX_TOKENS as cond_tokens
     return {"frames": frames, "tokens_per_frame": (size // t["patch_size"]) ** 2,
             "hidden": hidden, "heads": t["num_attention_heads"], "ffn_inner": ffn_inner,
-            "cond_tokens": 1, "layers": len(model.transformer.transformer_blocks)}
+            "cond_tokens": cond_tokens, "layers": len(model.transformer.transformer_blocks)}
 
 
 # ---------------------------------------------------------------- profiling generations
@@ -67,9 +72,11 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
     (video (label, seed) starts from the noise of ``seed``).
 
     Args:
-        model: a DigitLatte, or a :class:`coda.experiments.cfg_loop.CFGLoop` over any
-            diffusers transformer the cache engine serves (labels: its prompt indices).
-        labels: digits (prompt indices). seeds: noise seeds.
+        model: a shipped model (DigitLatte, TextLatte), or a
+            :class:`coda.experiments.cfg_loop.CFGLoop` over any diffusers transformer the
+            cache engine serves (labels: its prompt indices).
+        labels: prompts (indices: digits or demo prompts; texts for the text model,
+            :func:`coda.host.model.choice.chosen_prompts`). seeds: noise seeds.
         driver_factory: ``f(videos) -> ProfilingDriver`` (a fresh driver per generation).
         num_steps, guidance_scale: as :func:`coda.host.model.sample.generate`.
     Returns:
@@ -80,7 +87,7 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
     from coda.experiments.cfg_loop import CFGLoop, cached_videos
     from coda.host.cache.arch import model_ops
 
-    labels = [int(x) for x in labels]
+    labels = [x if isinstance(x, str) else int(x) for x in labels]
     ops = model_ops(model.transformer)
     builder = ProfileBuilder(ops, len(labels) * len(seeds), num_steps)
     for si, seed in enumerate(seeds):
@@ -213,10 +220,10 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- the command
 @dataclass(frozen=True)
-class ProfileConfig:
-    """Every option of ``coda profile`` with its default (the one source of them; the NME's
-    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
-    prompts: str = option("0-9", "distinct digits, e.g. 0-9 or 1,4,9")
+class ProfileConfig(ModelOptions):
+    """Every option of ``coda profile`` with its default (the one source of them; the model
+    and prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units come from
+    :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
     seeds: str = option("100", "distinct noise seeds 0..2^31-1, e.g. 100 or 100-101; evaluate "
                         "on other seeds")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 2..1000 (the model's training timesteps)")
@@ -226,7 +233,7 @@ class ProfileConfig:
                          "a GPU, torch built with CUDA)", choices=DEVICES)
     backend: str = option("torch", "where l1_distance runs (same numbers)",
                           choices=("torch", "rtl"))
-    lanes: int = option(8, "NME SIMD lanes")
+    lanes: int = option(NMEConfig.lanes, "NME SIMD lanes")
     ranks: int = option(2, "ranks (1 DIMM)")
     threads: int = option(1, "torch CPU threads")
     sensitivity_blocks: int = option(None, "blocks of steps of the step-sensitivity runs, "
@@ -273,7 +280,6 @@ def make_driver_factory(model, backend, lanes: int, ranks: int, **nme):
     NMEs of ``lanes`` lanes and the other :class:`coda.hw.nme.isa.NMEConfig` fields ``nme``
     (e.g. a preset's ``mul_latency``, ``add_latency``, ``operand_latency``)."""
     from coda.host.model.sample import cache_mem_words
-    from coda.hw.nme.isa import NMEConfig
 
     def factory(videos: int) -> ProfilingDriver:
         words = cache_mem_words(model, videos, ranks, lanes, inputs=True)   # outputs and inputs
@@ -287,13 +293,13 @@ def main(args) -> int:
 
     from coda.host.cache.device import resolve_device
     from coda.host.nme.backend import get_backend
-    from coda.host.model.dit import load_model
+    from coda.host.model.choice import chosen_prompts, load_chosen, model_meta
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
     from coda.results import record
 
     device = resolve_device(args.device, "--device")     # no CUDA: refused first
-    prompts = parse_int_list(args.prompts, "--prompts", 0, 9)
+    prompts = chosen_prompts(args)
     seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
     check_steps(args.steps, lo=2)
     check_guidance(args.guidance)
@@ -309,7 +315,7 @@ def main(args) -> int:
     torch.set_num_threads(args.threads)
     console = Console()
     console.print(preset.describe())    # the top of the output: which NME runs l1_distance
-    model, _ = load_model(device)
+    model = load_chosen(args, device)
     t0 = time.perf_counter()
     prof = profile_model(model, prompts, seeds,
                          make_driver_factory(model, backend, args.lanes, args.ranks, **nme),
@@ -321,7 +327,7 @@ def main(args) -> int:
     if hasattr(backend, "close"):
         backend.close()
     ranking = stability_ranking(prof)
-    prof.meta.update(backend=args.backend, lanes=args.lanes, ranks=args.ranks,
+    prof.meta.update(**model_meta(args), backend=args.backend, lanes=args.lanes, ranks=args.ranks,
                      stability_ranking=ranking, depth_table=depth_table(prof),
                      wall_s=time.perf_counter() - t0)
     path = prof.save(out)

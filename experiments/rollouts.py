@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from coda.host.cache.schedule import Schedule
+from coda.hw.nme.isa import NMEConfig
 from coda.paths import atomic_write
 
 __all__ = ["torch_driver", "rollout", "full_videos", "rollout_task", "judge", "loop_judge"]
 
 
-def torch_driver(model, videos: int, *, ranks: int = 2, lanes: int = 8,
+def torch_driver(model, videos: int, *, ranks: int = 2, lanes: int = NMEConfig.lanes,
                  inputs: bool = False):
     """An :class:`coda.host.nmp.driver.NMPDriver` on the torch backend: ``ranks`` ranks of
     ``lanes``-lane NMEs (default NME units), each with room for the cache of ``videos``
@@ -34,7 +35,6 @@ def torch_driver(model, videos: int, *, ranks: int = 2, lanes: int = 8,
     from coda.host.model.sample import cache_mem_words
     from coda.host.nme.backend import TorchBackend
     from coda.host.nmp.driver import NMPDriver
-    from coda.hw.nme.isa import NMEConfig
 
     words = cache_mem_words(model, videos, ranks, lanes, inputs=inputs)
     return NMPDriver(TorchBackend(), NMEConfig(lanes=lanes, mem_words=words), ranks=ranks)
@@ -74,7 +74,8 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
 
         from coda.host.cache.profile import model_hash
         from coda.results import cpu_model
-        key = json.dumps([model_hash(model), [int(x) for x in labels], [int(x) for x in seeds],
+        key = json.dumps([model_hash(model), [x if isinstance(x, str) else int(x) for x in labels],
+                          [int(x) for x in seeds],
                           num_steps, float(guidance_scale), torch.__version__,
                           platform.machine(), platform.processor(), cpu_model(),
                           torch.backends.cpu.get_cpu_capability()])
@@ -100,26 +101,28 @@ def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:
 
 
 def rollout_task(schedule_json: str, labels, seeds, full: torch.Tensor, num_steps: int,
-                 guidance_scale: float, threads: int = 1) -> dict:
+                 guidance_scale: float, threads: int = 1, model: dict | None = None) -> dict:
     """One candidate's rollout and score (a Ray task body; also run in-process): loads the
-    shipped model, generates, scores against ``full``. Returns :func:`_score`'s dict plus
-    ``wall_s``."""
-    from coda.host.model.dit import load_model
+    shipped model ``model`` names (a profile's :func:`coda.host.model.choice.model_identity`;
+    None: the digits model), generates, scores against ``full``. Returns :func:`_score`'s
+    dict plus ``wall_s``."""
+    from coda.host.model.choice import load_profiled
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    model, _ = load_model()
+    model = load_profiled(model or {}, "the profile's model")
     videos = rollout(model, Schedule.from_json(schedule_json), labels, seeds,
                      num_steps=num_steps, guidance_scale=guidance_scale)
     return {**_score(videos, full), "wall_s": time.perf_counter() - t0}
 
 
 def judge(schedules: list[Schedule], labels, seeds, full: torch.Tensor, *, num_steps: int,
-          guidance_scale: float, workers: int = 2) -> list[dict]:
+          guidance_scale: float, workers: int = 2, model: dict | None = None) -> list[dict]:
     """Every schedule's rollout score on the videos (labels[i], seeds[i]) against ``full``,
-    in order: Ray tasks on ``workers`` CPUs of a local Ray (one thread each), or in this
-    process when ``workers`` is 0 (the same bits)."""
-    args = [(s.to_json(), list(labels), list(seeds), full, num_steps, guidance_scale)
+    in order, on the shipped model ``model`` names (:func:`rollout_task`): Ray tasks on
+    ``workers`` CPUs of a local Ray (one thread each), or in this process when ``workers``
+    is 0 (the same bits)."""
+    args = [(s.to_json(), list(labels), list(seeds), full, num_steps, guidance_scale, 1, model)
             for s in schedules]
     if workers <= 0:
         return [rollout_task(*a) for a in args]
@@ -132,7 +135,7 @@ def judge(schedules: list[Schedule], labels, seeds, full: torch.Tensor, *, num_s
     try:
         task = ray.remote(num_cpus=1)(rollout_task)
         full_ref = ray.put(full)
-        refs = [task.remote(a[0], a[1], a[2], full_ref, a[4], a[5]) for a in args]
+        refs = [task.remote(a[0], a[1], a[2], full_ref, *a[4:]) for a in args]
         return ray.get(refs)
     finally:
         if started:

@@ -1,7 +1,9 @@
-"""``coda run``: the main job — cached CFG denoising of the shipped video DiT, its cache
-operators executed by the NME RTL (Verilator cosimulation) or by the torch backend.
+"""``coda run``: the main job — cached CFG denoising of a shipped video DiT (``--model``:
+digits or text), its cache operators executed by the NME RTL (Verilator cosimulation) or by
+the torch backend.
 
-For digit prompts (default all ten) it generates, with the same seeds and CFG:
+For the prompts (``--prompts``, default all ten: the digits, or the text model's demo
+prompts; ``--prompt TEXT`` for others) it generates, with the same seeds and CFG:
 
 1. the full-compute video (every operator of every step computed by the DiT);
 2. the cached video, under the cache policy ``--policy`` (default ``coda``: the searched
@@ -53,11 +55,12 @@ cycles summed over the ranks per second from each launch to its results) and ``i
 are always the cosimulation's.
 
 It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
-``DIR/<digit>_<i>.gif`` (one prompt each) and ``DIR/report.json`` and prints a summary
+``DIR/<prompt>_<i>.gif`` (one prompt each: its digit or words) and ``DIR/report.json`` and prints a summary
 table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
 the cached videos against the full-compute ones (torchmetrics, :mod:`coda.experiments.evaluate`);
-prompt adherence: the scikit-learn digit classifier's per-frame accuracy
-(:func:`coda.host.model.classifier.label_accuracy`). The report names the ``policy``, counts
+prompt adherence: the scikit-learn digit classifier's per-frame accuracy, and for the
+text model direction, speed and identity from the rendered trajectory
+(:func:`coda.host.model.choice.adherence`). The report names the ``policy``, counts
 DRA's ``dra_fallbacks`` and the ``pcie_bytes`` that crossed the host link (stores, kept
 inputs, segments, monitors). ``modelled`` is the generation replayed as the systems a..f of
 the system model (``"available": true``), or ``{"available": false, "reason": ...}`` when the
@@ -81,8 +84,10 @@ import torch
 
 from coda.host.cache.device import DEVICES
 from coda.host.cache.policies import POLICIES, policy_names
-from coda.host.model.sample import DEFAULT_GUIDANCE, DEFAULT_STEPS
+from coda.host.model.choice import ModelOptions
+from coda.host.model.defaults import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
+from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import DEFAULT_NME_MHZ
 from coda.jsonout import json_text
 from coda.paths import write_file
@@ -90,7 +95,6 @@ from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.options import add_options, option
 
-DEFAULT_PROMPTS = "0-9"
 GRID_COLUMNS = 5
 #: the registry's policies but coda-lat (a schedule searched within uniform's modelled
 #: latency: coda eval makes it; here --schedule gives any searched schedule as coda)
@@ -101,11 +105,11 @@ MEMORIES = ("dram", "ideal")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Every option of ``coda run`` with its default (the one source of them; the NME's units
-    come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+class RunConfig(ModelOptions):
+    """Every option of ``coda run`` with its default (the one source of them; the model and
+    prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units come from
+    :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
     out: str = option("out", "output folder")
-    prompts: str = option(DEFAULT_PROMPTS, "distinct digits 0..9, e.g. 0,3,7 or 0-3")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
     guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
     backend: str = option("rtl", "where cache segments run (rtl = the Verilated NME; device = "
@@ -168,7 +172,7 @@ class RunConfig:
                             "from it; without it, the commands are the controllers' counters "
                             "and the background counts every bank open while a rank runs "
                             "(the system model's rule, an upper bound)")
-    lanes: int = option(8, "NME SIMD lanes (rtl / torch backends)")
+    lanes: int = option(NMEConfig.lanes, "NME SIMD lanes (rtl / torch backends)")
     dimms: int = option(1, "DIMMs")
     ranks: int = option(2, "ranks per DIMM, one NME each")
     seed: int = option(0, "base noise seed: video i uses seed + i, each 0..2^31-1")
@@ -186,7 +190,6 @@ def _driver(backend, args, model, videos: int, inputs: bool, calibration: bool =
     entries of a calibration run, whatever --cache-format says)."""
     from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
-    from coda.hw.nme.isa import NMEConfig
 
     mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs,
                                 history=2 if args.cache == "forecast" else 1,
@@ -202,12 +205,13 @@ def _driver(backend, args, model, videos: int, inputs: bool, calibration: bool =
 class _Setup:
     """What ``coda run``'s options decided (:func:`_setup`: every one checked before any work
     or any file), handed to the parts of :func:`main`."""
-    digits: list[int]
+    prompts: list                # ints (prompt indices) and prompt texts (chosen_prompts)
     rtl_videos: int | None       # prompts through the RTL (the first ones); None: torch backend
     nme_mhz: float | None        # the NMEs' own clock (--nme-mhz, checked); None: not given
     preset: Any                  # the NME (coda.hw.verilog.resolve_preset)
     out: Path
     model: Any                   # on --device
+    model_name: str              # --model
     policy_name: str
     policy: Any
     backend: Any                 # where the cache segments run (--backend, --dram; None: device)
@@ -236,7 +240,7 @@ class _Generation:
     :func:`main`. ``cached``, ``stats``, ``events`` and ``driver`` are those of the
     ``--backend`` run, or, where the RTL ran only the first prompts, of the torch run of every
     prompt (:func:`_check_rtl_bits`; the RTL run's events are then ``rtl_events``)."""
-    labels: torch.Tensor         # every prompt's digit
+    labels: list                 # every prompt (the run's prompts)
     seeds: list[int]             # every prompt's noise seed
     full: torch.Tensor           # the full-compute videos of every prompt
     cached: torch.Tensor
@@ -258,7 +262,7 @@ def main(args) -> int:
     from rich.console import Console
 
     from coda.host.cache.device import DeviceCache
-    from coda.hw.nme.isa import NMEConfig
+    from coda.host.model.choice import prompt_slug
 
     run = _setup(args)
     torch.set_num_threads(args.threads)
@@ -269,7 +273,7 @@ def main(args) -> int:
     t_start = time.perf_counter()
     # bad --lanes etc. fail now
     driver = DeviceCache() if run.backend is None else _driver(
-        run.backend, args, run.model, run.rtl_videos or len(run.digits), run.inputs)
+        run.backend, args, run.model, run.rtl_videos or len(run.prompts), run.inputs)
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
     modelled_reason = _modelled_unavailable(args, getattr(driver.cfg, "depth", NMEConfig.depth),
@@ -279,7 +283,8 @@ def main(args) -> int:
     bit_exact = rtl = None
     if args.backend == "rtl":
         bit_exact, rtl = _check_rtl_bits(console, args, run, gen, modelled_reason)
-    gifs, grid = _write_gifs(run.out, run.digits, gen.full, gen.cached)
+    gifs, grid = _write_gifs(run.out, [prompt_slug(run.model_name, p) for p in run.prompts],
+                             gen.full, gen.cached)
     modelled = _modelled(args, run, gen, modelled_reason)
     report = _report(args, run, gen, bit_exact, rtl, modelled, gifs, grid, t_start)
     report["paper_scale"] = _paper_scale(args, run)   # the same schedule at paper scale
@@ -298,19 +303,18 @@ def _setup(args) -> _Setup:
     policy's files are checked against it). Raises ValueError naming the flag."""
     from coda.host.cache.device import resolve_device
     from coda.host.nme.backend import get_backend
-    from coda.host.model.dit import load_model
+    from coda.host.model.choice import chosen_prompts, load_chosen
     from coda.host.model.sample import check_guidance, check_seed, check_steps
-    from coda.lists import parse_int_list
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
     device = resolve_device(args.device, "--device")    # no CUDA: refused first
     _check_backend_options(args)
-    digits = parse_int_list(args.prompts, "--prompts", 0, 9)
+    prompts = chosen_prompts(args)
     check_steps(args.steps)
     check_guidance(args.guidance)
-    check_seed(args.seed, count=len(digits))
-    rtl_videos = _rtl_videos(args, len(digits))
+    check_seed(args.seed, count=len(prompts))
+    rtl_videos = _rtl_videos(args, len(prompts))
     for flag in ("interval", "warmup", "lanes", "dimms", "ranks", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -318,7 +322,7 @@ def _setup(args) -> _Setup:
     nme_mhz = _resolve_memory(args)   # before the model loads: a bad preset or clock fails
     preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
     out = check_output_path(args.out, "--out", folder=True)
-    model, _ = load_model(device)
+    model = load_chosen(args, device)
     group = _cache_group(args, model)
     policy_name, policy = _policy(args, model)
     forecast, source = _forecast(args, model, policy_name, policy)
@@ -329,7 +333,8 @@ def _setup(args) -> _Setup:
                               # the DRAM-timed DIMM-NMP logs every command for the energy
                               **({"commands": _command_log(out)} if args.dram and args.dram_log
                                  else {}))
-    return _Setup(digits, rtl_videos, nme_mhz, preset, out, model, policy_name, policy,
+    return _Setup(prompts, rtl_videos, nme_mhz, preset, out, model, args.model, policy_name,
+                  policy,
                   backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
                   forecast_source=source, cache_format=args.cache_format, cache_group=group)
 
@@ -421,12 +426,11 @@ def _generate(console, args, run: _Setup, driver) -> _Generation:
     from coda.host.cache.events import EventLog
     from coda.host.model.sample import cached_generate, generate
 
-    digits, backend = run.digits, run.backend
-    labels = torch.tensor(digits, dtype=torch.int64)
-    console.print(f"[bold]full compute[/] {len(digits)} prompts × {args.steps} steps (CFG)")
+    labels, backend = run.prompts, run.backend
+    console.print(f"[bold]full compute[/] {len(labels)} prompts × {args.steps} steps (CFG)")
     full = generate(run.model, labels, **_sampling(args))
 
-    seeds = [args.seed + i for i in range(len(digits))]
+    seeds = [args.seed + i for i in range(len(labels))]
     run_labels = labels[:run.rtl_videos] if run.rtl_videos else labels
     where = (f"{args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
              + (f"{args.dram}, NMEs at {run.nme_mhz:g} MHz" if args.dram else "ideal memory")
@@ -461,25 +465,25 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
     from coda.host.model.sample import cached_generate
     from coda.host.system import modelled as modelled_systems
 
-    n, digits = gen.backend_prompts, run.digits
-    console.print(f"[bold]cached[/] all {len(digits)} prompts, segments on the "
+    n, prompts = gen.backend_prompts, run.prompts
+    console.print(f"[bold]cached[/] all {len(prompts)} prompts, segments on the "
                   f"[cyan]torch[/] backend (its first {n} checked against "
                   f"the RTL's bits)")
-    ref_driver = _driver(get_backend("torch"), args, run.model, len(digits), run.inputs)
+    ref_driver = _driver(get_backend("torch"), args, run.model, len(prompts), run.inputs)
     ref_events = EventLog()
     reference, ref_stats = cached_generate(run.model, gen.labels, ref_driver, run.policy,
                                            events=ref_events, **run.cache_kwargs(),
                                            **_sampling(args),
                                            seeds=gen.seeds)
     bit_exact = bool(torch.equal(reference[:n].view(torch.int32), gen.cached.view(torch.int32)))
-    rtl = {"prompts": digits[:n], "nme_cycles": gen.driver.stats["nme_cycles"],
+    rtl = {"prompts": prompts[:n], "nme_cycles": gen.driver.stats["nme_cycles"],
            "nme_programs": gen.driver.stats["programs"], "cached_generation_s": gen.cached_s}
     if args.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
         rtl.update(nme_mhz=getattr(run.backend, "nme_mhz", None),
                    job_nme_cycles=gen.sim.get("cycles", 0),
                    job_dram_cycles=gen.sim.get("dram_cycles", 0), job_ns=gen.sim.get("ns", 0.0),
                    dram_energy=_dram_energy(args, run, n))
-    if n < len(digits):
+    if n < len(prompts):
         gen.rtl_events = gen.events
         gen.cached, gen.stats, gen.driver, gen.events = (reference, ref_stats, ref_driver,
                                                          ref_events)
@@ -499,8 +503,8 @@ def _record(report: dict, grid: Path) -> None:
     (:func:`coda.results.record`: written only with ``CODA_RECORD_DIR`` set)."""
     from coda.results import record
 
-    keys = ("backend", "memory", "dram", "nme_mhz", "policy", "bit_exact_rtl_vs_torch",
-            "psnr_db", "ssim", "label_accuracy_full", "label_accuracy_cached",
+    keys = ("model", "backend", "memory", "dram", "nme_mhz", "policy",
+            "bit_exact_rtl_vs_torch", "psnr_db", "ssim", *_adherence_keys(report),
             "ops_skipped_fraction", "segments", "pcie_bytes", "nme_cycles", "sim_cycles_per_s",
             "cached_generation_s", "wall_s")
     figures = {k: (round(v, 4) if isinstance(v, float) else v) for k in keys
@@ -560,18 +564,19 @@ def _dram_energy(args, run, videos: int) -> dict:
     return out
 
 
-def _write_gifs(out: Path, digits: list[int], full, cached) -> tuple[list[str], Path]:
-    """``<digit>_<i>.gif`` per prompt and ``grid.gif`` (every prompt, full compute | cached,
+def _write_gifs(out: Path, names: list[str], full, cached) -> tuple[list[str], Path]:
+    """``<name>_<i>.gif`` per prompt (``names``: :func:`coda.host.model.choice.prompt_slug`,
+    a digit or the prompt's words) and ``grid.gif`` (every prompt, full compute | cached,
     :data:`GRID_COLUMNS` pairs per row) in ``out``; returns the prompts' GIFs and the grid."""
     from coda.host.model.sample import side_by_side_gif
 
     gifs = []
-    for i, d in enumerate(digits):
-        path = out / f"{d}_{i}.gif"
+    for i, name in enumerate(names):
+        path = out / f"{name}_{i}.gif"
         side_by_side_gif(path, full[i:i + 1], cached[i:i + 1])
         gifs.append(str(path))
     grid = out / "grid.gif"
-    side_by_side_gif(grid, full, cached, scale=3, columns=min(GRID_COLUMNS, len(digits)))
+    side_by_side_gif(grid, full, cached, scale=3, columns=min(GRID_COLUMNS, len(names)))
     return gifs, grid
 
 
@@ -581,7 +586,6 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
     systems of the ablation (a..f; a..g with ``--cache forecast``), ``"available": true``; or ``{"available": false,
     "reason": reason}``."""
     from coda.host.system import modelled as modelled_systems
-    from coda.hw.nme.isa import NMEConfig
 
     if reason is not None:
         return {"available": False, "reason": reason}
@@ -611,7 +615,7 @@ def _paper_scale(args, run: _Setup) -> dict:
     schedule to transfer, or one the system model refuses. At the shipped model's size
     every kernel is launch-bound, so its modelled systems say little about the design; this
     is the figure the design is for."""
-    from coda.host.cache.shipped import SHIPPED_SCHEDULE
+    from coda.host.model.dit import shipped_model
     from coda.host.system.sim import paper_scale
 
     if run.policy_name not in _PAPER_SCALE_POLICIES:
@@ -623,7 +627,7 @@ def _paper_scale(args, run: _Setup) -> dict:
         spec = {"schedule": "uniform", "interval": run.policy.default_interval,
                 "warmup": run.policy.warmup}
     else:
-        spec = {"schedule": str(args.schedule or SHIPPED_SCHEDULE)}
+        spec = {"schedule": str(args.schedule or shipped_model(args.model).schedule())}
     note = ("DRA's run-time fallbacks not modelled" if run.policy_name == "coda+dra"
             else None)
     try:
@@ -640,15 +644,18 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
     (PSNR, SSIM) and prompt adherence of the cached videos, the counters, the cosimulation's
     speed and CFG interleaving, the files, the machine and the modelled systems."""
     from coda.experiments.evaluate import psnr_db, ssim
-    from coda.host.model.classifier import label_accuracy
+    from coda.host.model.choice import adherence
 
     full, cached, stats, driver = gen.full, gen.cached, gen.stats, gen.driver
     # NME cycles summed over the ranks (the DIMM-NMP's jobs count each rank's: rank_cycles)
     sim_cycles = gen.sim.get("rank_cycles", gen.sim.get("cycles", 0))
     sim_seconds = gen.sim.get("seconds", 0.0)
     preset = run.preset
+    adhere = {f"{k}_{which}": v for which, videos in (("full", full), ("cached", cached))
+              for k, v in adherence(run.model, videos, gen.labels).items()}
     return {
-        "prompts": run.digits,
+        "model": run.model_name,
+        "prompts": run.prompts,
         "steps": args.steps,
         "guidance_scale": args.guidance,
         "backend": args.backend,
@@ -669,8 +676,7 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
         "rtl": rtl,
         "psnr_db": psnr_db(cached, full),
         "ssim": ssim(cached, full),
-        "label_accuracy_full": label_accuracy(full, gen.labels),
-        "label_accuracy_cached": label_accuracy(cached, gen.labels),
+        **adhere,
         "ops_skipped_fraction": stats["ops_skipped_fraction"],
         "segments": stats["segments"],
         "dra_fallbacks": stats["fallbacks"],
@@ -700,16 +706,17 @@ def _print_summary(console, report: dict, path: Path) -> None:
     table = Table(title=f"coda run — report in {path}")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    for key in ("policy", "bit_exact_rtl_vs_torch", "psnr_db", "ssim", "label_accuracy_full",
-                "label_accuracy_cached", "ops_skipped_fraction", "segments", "dra_fallbacks",
-                "pcie_bytes", "nme_cycles",
-                "sim_cycles_per_s", "wall_s"):
+    for key in ("model", "policy", "bit_exact_rtl_vs_torch", "psnr_db", "ssim",
+                *_adherence_keys(report), "ops_skipped_fraction", "segments", "dra_fallbacks",
+                "pcie_bytes", "nme_cycles", "sim_cycles_per_s", "wall_s"):
         value = report[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     if report["rtl"] is not None:
-        rtl = report["rtl"]["prompts"]
-        table.add_row("prompts through the RTL",
-                      f"{len(rtl)} of {len(report['prompts'])}: digits {','.join(map(str, rtl))}")
+        from coda.host.model.choice import prompt_name
+
+        rtl = [prompt_name(report["model"], p) for p in report["rtl"]["prompts"]]
+        which = (f"digits {','.join(rtl)}" if report["model"] == "digits" else "; ".join(rtl))
+        table.add_row("prompts through the RTL", f"{len(rtl)} of {len(report['prompts'])}: {which}")
     table.add_row("grid GIF", report["grid_gif"])
     modelled = report["modelled"]
     if not modelled["available"]:
@@ -733,6 +740,15 @@ def _print_summary(console, report: dict, path: Path) -> None:
                       f"{row['latency_s']:.4g} s, {row['speedup']:.3g}x" if row["fits"]
                       else "does not fit")
     console.print(table)
+
+
+def _adherence_keys(report: dict) -> tuple[str, ...]:
+    """The report's prompt-adherence keys (``<figure>_full``, ``<figure>_cached``: the
+    model's :func:`coda.host.model.choice.adherence` figures), in report order."""
+    from coda.host.model.choice import ADHERENCE
+
+    return tuple(f"{k}_{which}" for k in ADHERENCE[report["model"]]
+                 for which in ("full", "cached"))
 
 
 def _rtl_videos(args, prompts: int) -> int | None:
@@ -779,7 +795,8 @@ def _policy(args, model):
     A flag the chosen policy does not read is refused, not ignored."""
     from coda.host.cache.policies import check_cached_steps, get_policy
     from coda.host.cache.profile import model_hash
-    from coda.host.cache.shipped import SHIPPED_SCHEDULE, load_schedule
+    from coda.host.cache.shipped import load_schedule
+    from coda.host.model.dit import shipped_model
 
     uniform_flags = args.interval is not None or args.warmup is not None
     if args.policy is not None and not args.policy.strip():
@@ -838,7 +855,9 @@ def _policy(args, model):
         raise ValueError(f"--policy {name} --steps {args.steps}: the shipped schedule is for "
                          "50 steps; give --schedule of coda schedule search for "
                          f"{args.steps} steps, or --policy uniform")
-    path = args.schedule or SHIPPED_SCHEDULE
+    path = args.schedule or _shipped_file(shipped_model(args.model).schedule(),
+                                          f"--policy {name}", "--schedule",
+                                          "coda schedule search")
     sched = load_schedule(path, model_id=mhash, num_steps=args.steps, num_layers=layers)
     if name == "coda":
         return name, get_policy(name, schedule=sched)
@@ -866,12 +885,13 @@ def _profile(args, mhash: str, layers: int, who: str):
     """(the profile, its path): --profile or the shipped one (50 steps), checked against the
     model, --steps and the layers; ``who`` names the option that reads it in the error."""
     from coda.host.cache.profile import Profile
-    from coda.host.cache.shipped import SHIPPED_PROFILE
+    from coda.host.model.dit import shipped_model
 
     if args.profile is None and args.steps != 50:
         raise ValueError(f"{who} --steps {args.steps}: the shipped profile is for 50 steps; "
                          f"give --profile of coda profile --steps {args.steps}")
-    path = args.profile or SHIPPED_PROFILE
+    path = args.profile or _shipped_file(shipped_model(args.model).profile, who, "--profile",
+                                         "coda profile")
     profile = Profile.load(path)
     profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
     return profile, path
@@ -886,14 +906,14 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     from coda.host.nme.backend import TorchBackend
     from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
     from coda.host.cache.profile import model_hash
-    from coda.host.cache.shipped import SHIPPED_SCHEDULE
+    from coda.host.model.dit import shipped_model
 
     if args.cache != "forecast":
         return None, None
     mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
     sched = policy._schedule(args.steps, layers)
     if name == "coda":
-        path = args.schedule or SHIPPED_SCHEDULE
+        path = args.schedule or shipped_model(args.model).schedule()
         found = load_forecast(path, model_id=mhash, num_steps=args.steps)
         if found is not None:
             return found[1], f"{path} (\"forecast\" block)"
@@ -903,6 +923,16 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
         num_steps=args.steps, guidance_scale=args.guidance,
         driver_factory=lambda n: _driver(TorchBackend(), args, model, n, False, True))[name]
     return table, f"calibrated on {path}'s {len(table.videos)} videos"
+
+
+def _shipped_file(path: Path, who: str, flag: str, command: str) -> Path:
+    """``path`` (a shipped schedule or profile of ``--model``) if it exists. Raises
+    ValueError naming ``who`` (the option that needs it), ``flag`` to give one instead and
+    the ``command`` that makes it."""
+    if not Path(path).exists():
+        raise ValueError(f"{who}: the model has no shipped {path.name} yet; give {flag} "
+                         f"(made by {command}) or another --policy")
+    return path
 
 
 def _machine() -> str:

@@ -27,7 +27,7 @@ class ScheduleFilesConfig:
 
 
 def load_for_calibration(cfg: ScheduleFilesConfig):
-    """(the shipped model, path -> its :class:`coda.host.cache.schedule.Schedule`, the
+    """(the model the profile was made with, path -> its :class:`coda.host.cache.schedule.Schedule`, the
     :class:`coda.host.cache.profile.Profile`, its path, the CFG scale) for ``cfg``, after
     setting torch's CPU threads. Raises ValueError: a guidance that is not finite and >= 0,
     threads < 1, a schedule file of another model, layer count or step count than the
@@ -37,7 +37,7 @@ def load_for_calibration(cfg: ScheduleFilesConfig):
     from coda.host.cache.profile import Profile, model_hash
     from coda.host.model.sample import check_guidance
     from coda.host.cache.shipped import SHIPPED_PROFILE, load_schedule
-    from coda.host.model.dit import load_model
+    from coda.host.model.choice import load_profiled
     from coda.host.model.sample import DEFAULT_GUIDANCE
 
     guidance = DEFAULT_GUIDANCE if cfg.guidance is None else cfg.guidance
@@ -45,14 +45,14 @@ def load_for_calibration(cfg: ScheduleFilesConfig):
     if cfg.threads < 1:
         raise ValueError(f"--threads {cfg.threads}: expected >= 1")
     torch.set_num_threads(cfg.threads)
-    model, _ = load_model()
+    profile_path = cfg.profile or SHIPPED_PROFILE
+    profile = Profile.load(profile_path)
+    model = load_profiled(profile.meta, f"--profile {profile_path}")   # the model it profiled
     mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
     scheds = {}
     for path in cfg.schedule:
         steps = next(iter(scheds.values())).num_steps if scheds else None
         scheds[path] = load_schedule(path, model_id=mhash, num_layers=layers, num_steps=steps)
     steps = next(iter(scheds.values())).num_steps
-    profile_path = cfg.profile or SHIPPED_PROFILE
-    profile = Profile.load(profile_path)
     profile.check_for(mhash, steps, layers, what=f"--profile {profile_path}")
     return model, scheds, profile, profile_path, guidance

@@ -24,6 +24,7 @@ per point.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -139,10 +140,12 @@ def search_steps(profile, model, skip: float, *, labels, seeds, full: torch.Tens
     :class:`SearchReport` (each candidate: label, skip, segments, the modelled cost, round-1
     and, for finalists, round-2 scores; ``pareto``: the candidates no other beats on both
     round-1 PSNR and modelled latency). ``judge_with``: the rollouts (default
-    :func:`coda.experiments.rollouts.judge`, the shipped model;
+    :func:`coda.experiments.rollouts.judge` on the shipped model the profile names;
     :func:`coda.experiments.rollouts.loop_judge` for any other model, with ``target=None``).
     Raises ValueError when no candidate meets ``max_latency_s``."""
-    judge_with = judge if judge_with is None else judge_with
+    if judge_with is None:      # the rollouts on the profile's model
+        from coda.host.model.choice import model_identity
+        judge_with = functools.partial(judge, model=model_identity(profile.meta))
     t0 = time.perf_counter()
     num_steps = num_steps or profile.num_steps
     guidance_scale = profile.meta.get("guidance", 5.0) if guidance_scale is None \
@@ -278,7 +281,8 @@ def calibration_videos(profile) -> tuple[list[int], list[int]]:
     """(labels, seeds) of the profile's videos, seed-major (every prompt of the first seed,
     then the next seed)."""
     seeds, prompts = profile.meta["seeds"], profile.meta["prompts"]
-    return ([int(p) for _ in seeds for p in prompts], [int(s) for s in seeds for _ in prompts])
+    return ([p if isinstance(p, str) else int(p) for _ in seeds for p in prompts],
+            [int(s) for s in seeds for _ in prompts])
 
 
 def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchConfig.cooldown,
@@ -295,8 +299,8 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     (:func:`full_videos`). Returns (the report, the ``info`` saved beside the schedule). Raises
     ValueError naming the flag or the file (a profile of another model, a skip no whole-step
     plan reaches)."""
-    from coda.host.model.dit import load_model
-    from coda.host.cache.profile import Profile, model_hash
+    from coda.host.cache.profile import Profile
+    from coda.host.model.choice import load_profiled
 
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
@@ -320,8 +324,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     if budget is not None and target is None:
         raise ValueError("--latency needs a --target to model the latency on")
     prof = Profile.load(profile_path)
-    model, _ = load_model()
-    prof.check_for(model_hash(model), what=f"--profile {profile_path}")
+    model = load_profiled(prof.meta, f"--profile {profile_path}")   # the model it profiled
     if cooldown > prof.num_steps - 2:
         raise ValueError(f"--cooldown {cooldown}: expected 1..{prof.num_steps - 2} steps for a "
                          f"profile of {prof.num_steps} steps")

@@ -82,8 +82,26 @@ def test_coda_eval_writes_the_pareto_rows(tmp_path, profile_3):
     assert chosen["probe"] in DEFAULT_PROBES and set(chosen["probes"]) == set(DEFAULT_PROBES)
     assert StepThresholds.from_dict(chosen["table"]).probe == chosen["probe"]
     assert (out / "pareto.png").stat().st_size > 1000
+    # every policy has a modelled system-f latency: a dynamic one's the mean over its videos
+    # of the schedule each followed (its recorded events)
+    from coda.host.cache.policies import POLICIES
+    for r in rows:
+        how = r["modelled"]["from"]
+        static = hasattr(POLICIES[r["policy"]], "build")     # a schedule it builds
+        assert how == ("schedule" if static else "events"), r["policy"]
+        if how == "events":
+            per = r["modelled"]["per_video_latency_s"]
+            assert len(per) == 2 and r["modelled"]["latency_s"] == pytest.approx(sum(per) / 2)
+        assert 0 <= r["flops_skipped_fraction"] <= r["ops_skipped_fraction"] or \
+            r["policy"] not in ("uniform", "coda")
+    # whole steps reused: every operator of the step, so the same fraction of FLOPs
+    assert coda["flops_skipped_fraction"] == pytest.approx(1 / 3)
+    # the table lists the rows by modelled latency, fastest first
     table = (out / "table.md").read_text().splitlines()
-    assert len(table) == 2 + len(rows) and table[2].startswith("| uniform | 0.3 |")
+    assert len(table) == 2 + len(rows)
+    listed = [line.split(" | ")[0].lstrip("| ") for line in table[2:]]
+    latencies = [float(line.split(" | ")[2]) for line in table[2:]]
+    assert sorted(listed) == sorted(r["policy"] for r in rows) and latencies == sorted(latencies)
     corner = json.loads((out / "corner_cases.json").read_text())
     assert {c["set"] for c in corner} == {"worst-static-psnr", "fastest-motion", "all"}
     videos = json.loads((out / "videos.json").read_text())["videos"]

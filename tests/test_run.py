@@ -301,7 +301,7 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
 
     class Args:
         policy = schedule = profile = interval = warmup = skip = None
-        steps, cache = 50, "reuse"
+        steps, cache, model = 50, "reuse", "digits"
     name, policy = _policy(Args, model)
     assert name == "coda" and policy.schedule == sched
 

@@ -386,6 +386,28 @@ class Schedule:
         return json.dumps(data)
 
     @classmethod
+    def from_events(cls, events, num_layers: int, ops: ModelOps | None = None,
+                    name: str = "recorded") -> "Schedule":
+        """The schedule one video followed: ``events`` are its operator events
+        (:class:`coda.host.cache.events.OpEvent` of one generation and sample, e.g. a dynamic
+        policy's decisions); each reused one goes into ``reuse`` at its step and branch. So a
+        dynamic policy's run can be costed as a static schedule (:func:`coda.host.system.cost.
+        schedule_cost`). Raises ValueError: no event, events of more than one video or of
+        different step counts, or what the schedule's own checks raise."""
+        events = list(events)
+        videos = {(e.generation, e.sample) for e in events}
+        steps = {e.num_steps for e in events}
+        if len(videos) != 1 or len(steps) != 1:
+            raise ValueError(f"{len(events)} events of {len(videos)} videos and step counts "
+                             f"{sorted(steps)}: expected the events of one video")
+        reuse: dict = {}
+        for e in events:
+            if e.reused:
+                reuse.setdefault((e.step, e.branch), set()).add((e.layer, e.op))
+        return cls(steps.pop(), num_layers, {k: frozenset(v) for k, v in reuse.items()},
+                   name=name, ops=ops)
+
+    @classmethod
     def from_json(cls, text: str, what: str = "schedule JSON") -> "Schedule":
         """The schedule of :meth:`to_json`'s text (other fields are ignored). Raises
         ValueError naming ``what`` and the field (:meth:`from_data`), or text that is not

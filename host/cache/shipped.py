@@ -25,7 +25,7 @@ from coda.jsonout import json_text
 from coda.paths import write_file
 
 __all__ = ["SCHEDULES_DIR", "SHIPPED_SKIPS", "shipped_schedule", "SHIPPED_SCHEDULE",
-           "SHIPPED_PROFILE", "SCHEDULE_FILE_SCHEMA", "save_schedule", "read_schedule_file",
+           "SHIPPED_PROFILE", "shipped_profile", "SCHEDULE_FILE_SCHEMA", "save_schedule", "read_schedule_file",
            "load_schedule", "save_schedule_block", "schedule_block"]
 
 #: a schedule file as a JSON schema (:func:`coda.jsonin.check`): the Schedule JSON's fields
@@ -54,22 +54,28 @@ SCHEDULES_DIR = Path(__file__).resolve().parent / "schedules"
 SHIPPED_SKIPS = (0.3, 0.5, 0.6, 0.7)
 
 
-def shipped_schedule(skip: float, latency: str | None = None) -> Path:
-    """The shipped model's searched schedule file for ``skip`` (one of
-    :data:`SHIPPED_SKIPS`; whether it exists is for the caller to check): chosen on quality
-    alone (``latency`` None), or within the uniform baseline's modelled latency
-    (``latency="uniform"``, ``coda schedule search --latency uniform``).
+def shipped_schedule(skip: float, latency: str | None = None, stem: str = "latte_digits") -> Path:
+    """A shipped model's searched schedule file for ``skip`` (one of :data:`SHIPPED_SKIPS`;
+    whether it exists is for the caller to check): chosen on quality alone (``latency``
+    None), or within the uniform baseline's modelled latency (``latency="uniform"``,
+    ``coda schedule search --latency uniform``). ``stem``: the model's weights file stem
+    (``latte_digits``, ``latte_text``: :meth:`coda.host.model.dit.ShippedModel.schedule`).
     Raises ValueError for another ``latency``."""
-    if latency is None:
-        return SCHEDULES_DIR / f"coda_latte_digits_50_skip{skip:g}.json"
-    if latency != "uniform":
+    if latency not in (None, "uniform"):
         raise ValueError(f"latency={latency!r}: expected None or 'uniform'")
-    return SCHEDULES_DIR / f"coda_latte_digits_50_skip{skip:g}_latency-uniform.json"
+    suffix = "" if latency is None else "_latency-uniform"
+    return SCHEDULES_DIR / f"coda_{stem}_50_skip{skip:g}{suffix}.json"
 
 
-#: ``coda run``'s default schedule
+def shipped_profile(stem: str = "latte_digits") -> Path:
+    """The profile a shipped model's schedules were searched on (``stem`` as in
+    :func:`shipped_schedule`)."""
+    return SCHEDULES_DIR / f"{stem}_50_profile.npz"
+
+
+#: the digits model's: ``coda run``'s default schedule and its profile
 SHIPPED_SCHEDULE = shipped_schedule(0.5)
-SHIPPED_PROFILE = SCHEDULES_DIR / "latte_digits_50_profile.npz"
+SHIPPED_PROFILE = shipped_profile()
 
 
 def save_schedule(path: str | Path, schedule: Schedule, info: dict) -> None:

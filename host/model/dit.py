@@ -18,6 +18,7 @@ so a checkpoint always carries the exact architecture that produced it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from .data import NULL_LABEL, NUM_CLASSES
 
 __all__ = ["WEIGHTS_DIR", "WEIGHTS_FILE", "CONFIG_FILE", "DEFAULT_CONFIG", "DigitLatte",
            "TEXT_CONFIG", "TEXT_WEIGHTS_FILE", "TEXT_CONFIG_FILE", "TextLatte", "MODELS",
+           "ShippedModel", "shipped_model",
            "build_model", "latte_init", "load_model", "save_model"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -85,11 +87,57 @@ TEXT_CONFIG: dict = {
 }
 
 
-# The models by name (``--model``): (configuration, weights file, configuration file).
-MODELS: dict[str, tuple[dict, Path, Path]] = {
-    "digits": (DEFAULT_CONFIG, WEIGHTS_FILE, CONFIG_FILE),
-    "text": (TEXT_CONFIG, TEXT_WEIGHTS_FILE, TEXT_CONFIG_FILE),
+@dataclass(frozen=True)
+class ShippedModel:
+    """A shipped model: what ``--model NAME`` selects.
+
+    Attributes:
+        name: the ``--model`` value (``"digits"``, ``"text"``).
+        config: the architecture ``coda train`` builds (the trained file's JSON is a copy).
+        weights: the shipped safetensors file; ``config_file``: the JSON beside it.
+    """
+    name: str
+    config: dict
+    weights: Path
+    config_file: Path
+
+    @property
+    def preset(self) -> str:
+        """The system model's preset name of this model (``latte-digits``, ``latte-text``):
+        :func:`coda.host.system.presets.get_spec`."""
+        return self.weights.stem.replace("_", "-")
+
+    def schedule(self, skip: float = 0.5, latency: str | None = None) -> Path:
+        """Its shipped searched schedule file (:func:`coda.host.cache.shipped.shipped_schedule`;
+        ``coda run``'s default is skip 0.5)."""
+        from coda.host.cache.shipped import shipped_schedule
+        return shipped_schedule(skip, latency, self.weights.stem)
+
+    @property
+    def profile(self) -> Path:
+        """The profile its shipped schedules were searched on."""
+        from coda.host.cache.shipped import shipped_profile
+        return shipped_profile(self.weights.stem)
+
+    @property
+    def architecture(self) -> dict:
+        """The trained file's configuration if it exists, else :attr:`config` (the same
+        architecture: training writes it)."""
+        return json.loads(self.config_file.read_text()) if self.config_file.exists() else self.config
+
+
+# The models by name (``--model``).
+MODELS: dict[str, ShippedModel] = {
+    "digits": ShippedModel("digits", DEFAULT_CONFIG, WEIGHTS_FILE, CONFIG_FILE),
+    "text": ShippedModel("text", TEXT_CONFIG, TEXT_WEIGHTS_FILE, TEXT_CONFIG_FILE),
 }
+
+
+def shipped_model(name: str) -> ShippedModel:
+    """The :class:`ShippedModel` called ``name``. Raises ValueError naming the models."""
+    if name not in MODELS:
+        raise ValueError(f"model {name!r}: expected one of {', '.join(MODELS)}")
+    return MODELS[name]
 
 
 def _batch_invariant_conditioning(transformer) -> None:
@@ -376,7 +424,9 @@ def load_model(device: str = "cpu", weights: Path = WEIGHTS_FILE,
     weights, config = Path(weights), Path(config)
     for path in (weights, config):
         if not path.exists():
-            raise FileNotFoundError(f"{path}: missing; run `coda train`")
+            which = next((f" --model {m.name}" for m in MODELS.values()
+                          if path in (m.weights, m.config_file)), "")
+            raise FileNotFoundError(f"{path}: missing; train it with `coda train{which}`")
     cfg = json.loads(config.read_text())
     model = (TextLatte if cfg.get("conditioning") == "text" else DigitLatte)(cfg)
     model.load_state_dict(load_file(str(weights)))

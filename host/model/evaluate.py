@@ -314,7 +314,7 @@ def main(args) -> int:
     if args.json is not None:
         check_output_path(args.json, "--json")
     torch.set_num_threads(args.threads)
-    _, default_weights, _ = MODELS[args.model]
+    default_weights = MODELS[args.model].weights
     weights = Path(args.weights) if args.weights is not None else default_weights
     config = Path(args.config) if args.config is not None else weights.with_suffix(".json")
     model, _ = load_model(weights=weights, config=config)

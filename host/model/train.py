@@ -346,7 +346,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads {args.threads}: expected >= 1")
     if args.state_every < 0:
         raise ValueError(f"--state-every {args.state_every}: expected >= 0")
-    model_config, default_weights, default_config = MODELS[args.model]
+    chosen = MODELS[args.model]
+    model_config, default_weights, default_config = chosen.config, chosen.weights, chosen.config_file
     weights = Path(args.weights) if args.weights is not None else default_weights
     config = (Path(args.config) if args.config is not None
               else default_config if args.weights is None else weights.with_suffix(".json"))

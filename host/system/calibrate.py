@@ -40,7 +40,7 @@ from coda.host.cache.device import DEVICES, resolve_device
 from coda.options import add_options, from_args, option
 
 from .gputable import TABLE_KIND, TABLE_VERSION, GpuTimes, fit_copy
-from .presets import MODELS, get_spec, video_size
+from .presets import MODELS, get_spec, shipped_presets, video_size
 
 __all__ = ["CalibrateConfig", "calibratable", "measure",
            "calibrate", "configure", "main"]
@@ -51,8 +51,9 @@ SEGMENT_TERMS = (2, 4, 8)
 
 def calibratable() -> list[str]:
     """The presets with a diffusers class to build (every one but the hand-written
-    Open-Sora): :data:`coda.host.system.presets.MODELS` and the shipped ``latte-digits``."""
-    return sorted(list(MODELS) + ["latte-digits"])
+    Open-Sora): :data:`coda.host.system.presets.MODELS` and the shipped Lattes
+    (:func:`coda.host.system.presets.shipped_presets`)."""
+    return sorted(list(MODELS) + list(shipped_presets()))
 
 
 @dataclass(frozen=True)

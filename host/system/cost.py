@@ -39,27 +39,26 @@ def parse_target(target: str) -> tuple[str, str | None]:
     """``"MODEL@RES"`` -> (model, resolution).
 
     MODEL is one of :func:`coda.host.system.presets.model_names`; RES one of
-    :data:`coda.host.system.presets.RESOLUTIONS` (``480p``, ``720p``). The shipped model
-    (``latte-digits``) has its resolution in its preset (its training size, ``SxS`` pixels):
-    ``"latte-digits"`` or ``"latte-digits@SxS"`` give (``"latte-digits"``, None); another
-    resolution is refused.
+    :data:`coda.host.system.presets.RESOLUTIONS` (``480p``, ``720p``). A shipped model
+    (``latte-digits``, ``latte-text``) has its resolution in its preset (its training size,
+    ``SxS`` pixels): ``"latte-digits"`` or ``"latte-digits@SxS"`` give (``"latte-digits"``,
+    None); another resolution is refused.
 
     Raises:
         ValueError: naming the value and the choices (models or resolutions).
     """
-    from .presets import RESOLUTIONS, model_names
+    from .presets import RESOLUTIONS, model_names, shipped_presets
 
     model, sep, res = str(target).partition("@")
     if model not in model_names():
         raise ValueError(f"target {target!r}: model {model!r} is not one of "
                          f"{', '.join(model_names())} (expected MODEL@RES, e.g. "
                          f"{DEFAULT_TARGET})")
-    if model == "latte-digits":
-        own = _shipped_resolution()
+    if model in shipped_presets():
+        own = _shipped_resolution(model)
         if sep and res != own:
-            raise ValueError(f"target {target!r}: latte-digits runs at its preset's "
-                             f"resolution only: expected 'latte-digits' or 'latte-digits@"
-                             f"{own}'")
+            raise ValueError(f"target {target!r}: {model} runs at its preset's "
+                             f"resolution only: expected '{model}' or '{model}@{own}'")
         return model, None
     if res not in RESOLUTIONS:
         raise ValueError(f"target {target!r}: resolution {res!r} is not one of "
@@ -68,13 +67,11 @@ def parse_target(target: str) -> tuple[str, str | None]:
     return model, res
 
 
-def _shipped_resolution() -> str:
-    import json
+def _shipped_resolution(preset: str) -> str:
+    from .presets import video_size
 
-    from .presets import _shipped_config
-
-    size = json.loads(_shipped_config().read_text())["data"]["size"]
-    return f"{size}x{size}"
+    height, width, _ = video_size(preset)
+    return f"{width}x{height}"
 
 
 @functools.lru_cache(maxsize=32)
@@ -91,8 +88,9 @@ def target_setup(model: str, resolution: str | None, seconds: float | None, gpu:
 
 
 def schedule_cost(schedule: Schedule, target: str = DEFAULT_TARGET, system: str = "f", *,
-                  steps: int = 50, seconds: float | None = None, gpu: str | None = None,
-                  dram: str = DEFAULT_STANDARD, dimms: int = 4, ranks: int = 8, lanes: int = 8,
+                  steps: int = SimConfig.steps, seconds: float | None = None,
+                  gpu: str | None = None, dram: str = DEFAULT_STANDARD, dimms: int = 4,
+                  ranks: int = 8, lanes: int = SimConfig.lanes,
                   depth: int = NMP_DEPTH, nme_mhz: float | None = None,
                   segment_output: str = "sum", prefetch: int = 1, cache: str = "reuse",
                   cache_format: str = SimConfig.cache_format,

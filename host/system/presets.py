@@ -3,7 +3,7 @@ with its sources, how a resolution and a duration map to frames and a latent, an
 points :func:`model_shape` / :func:`shipped_shape`.
 
 - every diffusers model (:data:`MODELS`: Latte-1, CogVideoX-2B/5B, Wan 2.1 1.3B/14B,
-  HunyuanVideo) and the shipped digit Latte (``latte-digits``) is traced on the meta device
+  HunyuanVideo) and the shipped Lattes (``latte-digits``, ``latte-text``) are traced on the meta device
   (:mod:`coda.host.system.trace`), its operators those of the cache engine's adapter;
 - Open-Sora 1.2 (STDiT3, no diffusers class) is written by hand (:func:`opensora_shape`),
   from its published configuration and the arithmetic of its blocks, and checked against the
@@ -26,7 +26,7 @@ from .trace import ModelSpec, trace, with_layers
 
 __all__ = ["MODELS", "OPENSORA", "RESOLUTIONS", "MAX_SIDE", "MAX_SECONDS", "MAX_FRAMES",
            "get_spec", "model_names", "resolve_resolution", "frames_for", "video_size", "model_shape",
-           "opensora_shape", "shipped_shape"]
+           "opensora_shape", "shipped_shape", "shipped_presets"]
 
 #: bumped when the traced fields change, so cached shape files of an older trace are not read
 SHAPES_VERSION = 2
@@ -137,20 +137,38 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-def _shipped_spec() -> ModelSpec:
-    from coda.host.model.dit import CONFIG_FILE
+def _shipped_spec(name: str) -> ModelSpec:
+    """The system model's spec of the shipped model whose preset is ``name``
+    (:attr:`coda.host.model.dit.ShippedModel.preset`), from its architecture."""
+    from coda.host.model.dit import MODELS
 
-    cfg = json.loads(Path(CONFIG_FILE).read_text())
+    chosen = next(m for m in MODELS.values() if m.preset == name)
+    cfg = chosen.architecture
     t = cfg["transformer"]
+    text = cfg.get("conditioning") == "text"
+    if text:
+        from coda.host.model.prompts import MAX_TOKENS
+    blocks = t["num_layers"]
     return ModelSpec(
-        title="shipped digit Latte (4 spatial + 4 temporal blocks, hidden 96)",
+        title=(f"shipped {'text' if text else 'digit'} Latte ({blocks} spatial + {blocks} "
+               f"temporal blocks, hidden {t['num_attention_heads'] * t['attention_head_dim']})"),
         cls="LatteTransformer3DModel", config=dict(t),
-        source="host/model/weights/latte_digits.json",
+        source=str(chosen.config_file.relative_to(chosen.config_file.parents[2])),
         vae=(1, 1), patch=(1, t["patch_size"], t["patch_size"]),
         latent_channels=t["in_channels"], fps=None, frame_rule=f"fixed:{t['video_length']}",
-        text_tokens=1, text_dim=t["caption_channels"], cfg="batched",
-        notes="pixel space (no VAE), one label token; coda.host.model.sample batches CFG.",
+        text_tokens=MAX_TOKENS if text else 1, text_dim=t["caption_channels"], cfg="batched",
+        notes=("pixel space (no VAE), the prompt's padded tokens from the small text encoder "
+               "(its cost not modelled: once per video)" if text else
+               "pixel space (no VAE), one label token") +
+              "; coda.host.model.sample batches CFG.",
         dtype="fp32")
+
+
+def shipped_presets() -> tuple[str, ...]:
+    """The system model's preset names of the shipped models (``latte-digits``,
+    ``latte-text``: :attr:`coda.host.model.dit.ShippedModel.preset`)."""
+    from coda.host.model.dit import MODELS
+    return tuple(m.preset for m in MODELS.values())
 
 
 #: Open-Sora 1.2 STDiT3-XL/2, hand-written (no diffusers class)
@@ -171,16 +189,16 @@ OPENSORA = {
 
 def get_spec(name: str) -> ModelSpec:
     """The :class:`~coda.host.system.trace.ModelSpec` of diffusers preset ``name`` (a key of
-    :data:`MODELS` or ``"latte-digits"``)."""
-    if name == "latte-digits":
-        return _shipped_spec()
+    :data:`MODELS`) or of a shipped model (:func:`shipped_presets`)."""
+    if name in shipped_presets():
+        return _shipped_spec(name)
     return MODELS[name]
 
 
 def model_names() -> list[str]:
-    """Every preset: the diffusers ones, ``opensora-1.2`` (hand-written) and
-    ``latte-digits`` (the shipped model)."""
-    return sorted(list(MODELS) + ["opensora-1.2", "latte-digits"])
+    """Every preset: the diffusers ones, ``opensora-1.2`` (hand-written) and the shipped
+    models (:func:`shipped_presets`)."""
+    return sorted(list(MODELS) + ["opensora-1.2", *shipped_presets()])
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -330,12 +348,12 @@ def opensora_shape(height: int, width: int, frames: int) -> ModelShape:
 def video_size(name: str, resolution: str | tuple[int, int] | None = None,
                seconds: float | None = None, frames: int | None = None) -> tuple[int, int, int]:
     """(height, width, frames) of a video of preset ``name`` at ``resolution`` (name, ``WxH``
-    or (height, width); None only for ``latte-digits``: its training size) and ``seconds``
+    or (height, width); None only for a shipped model: its training size) and ``seconds``
     (or ``frames``, :func:`frames_for`). Raises ValueError naming the bad value."""
     if resolution is None:
-        if name != "latte-digits":
+        if name not in shipped_presets():
             raise ValueError(f"{name}: a resolution is needed")
-        size = json.loads(_shipped_config().read_text())["data"]["size"]
+        size = _shipped_architecture(name)["data"]["size"]
         height, width = size, size
     elif isinstance(resolution, tuple):
         height, width = resolution
@@ -379,14 +397,18 @@ def model_shape(name: str, resolution: str | tuple[int, int] | None = None,
     return shape
 
 
-def _shipped_config() -> Path:
-    from coda.host.model.dit import CONFIG_FILE
-    return Path(CONFIG_FILE)
+def _shipped_architecture(name: str) -> dict:
+    """The configuration of the shipped model whose preset is ``name``."""
+    from coda.host.model.dit import MODELS
+    return next(m for m in MODELS.values() if m.preset == name).architecture
 
 
 def shipped_shape(model_config: dict | None = None) -> ModelShape:
-    """The shipped digit Latte's shape at its training size (8 frames of 32 x 32)."""
+    """A shipped Latte's shape at its training size (8 frames of 32 x 32): the model of
+    ``model_config`` (a model's ``config``: text-conditioned or not), default the digits
+    model's."""
     if model_config is None:
-        model_config = json.loads(_shipped_config().read_text())
+        model_config = _shipped_architecture("latte-digits")
+    name = "latte-text" if model_config.get("conditioning") == "text" else "latte-digits"
     size, frames = model_config["data"]["size"], model_config["data"]["frames"]
-    return trace("latte-digits", get_spec("latte-digits"), size, size, frames)
+    return trace(name, get_spec(name), size, size, frames)

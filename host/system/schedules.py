@@ -181,7 +181,9 @@ def transfer(schedule: Schedule, shape: ModelShape, num_steps: int,
             if refs:
                 reuse[(s, b)] = refs
     reuse, fixups = _check_and_fix(shape, num_steps, reuse, branches_of(shape))
-    identity = (shape.name == "latte-digits" and num_steps == src_s and tgt_l == src_l)
+    from .presets import shipped_presets
+
+    identity = (shape.name in shipped_presets() and num_steps == src_s and tgt_l == src_l)
     how = ("identity (the shipped model at the schedule's own steps)" if identity else
            f"transferred from {label or schedule.name} ({src_s} steps x {src_l} layers of the "
            f"shipped model) by operator type, relative depth and relative step")

@@ -36,6 +36,8 @@ from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.host.cache.policies.uniform import DEFAULT_INTERVAL, DEFAULT_WARMUP
 from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
+from coda.host.model.defaults import DEFAULT_STEPS
+from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
 from coda.paths import write_file
@@ -61,18 +63,19 @@ class SimConfig:
     :func:`simulate` and :func:`checked_simulate` read their defaults here)."""
     model: str = option("wan2.1-14b", f"one of {', '.join(model_names())}")
     resolution: str = option(None, "480p, 720p or WIDTHxHEIGHT", type=str,
-                             default_text="720p; latte-digits: 32x32")
+                             default_text="720p; the shipped Lattes: 32x32")
     seconds: float = option(None, "video length", type=float, unit="s",
                             default_text="4 s; fixed-length models: their frame count")
     frames: int = option(None, "frames instead of --seconds", type=int,
                          default_text="from --seconds")
-    steps: int = option(50, "denoising steps", unit="steps")
+    steps: int = option(DEFAULT_STEPS, "denoising steps", unit="steps",
+                        source="coda.host.model.defaults.DEFAULT_STEPS")
     platform: str = option(DEFAULT_PLATFORM, f"GPU: one of {', '.join(GPUS)}")
     dram: str = option(DEFAULT_STANDARD, "host DIMMs: " + ", ".join(STANDARDS))
     dimms: int = option(2, "DIMMs")
     ranks: int = option(2, "ranks per DIMM, one NME each (a DDR5 rank = one 32-bit "
                         "subchannel, as in coda.hw.dram.standards)")
-    lanes: int = option(8, "NME lanes")
+    lanes: int = option(NMEConfig.lanes, "NME lanes", source="coda.hw.nme.isa.NMEConfig")
     depth: int = option(NMP_DEPTH, "NME buffer depth", unit="words",
                         source="coda.hw.nmp.NMP_DEPTH, the DIMM-NMP's")
     nme_mhz: float = option(None, "the NMEs' own clock, as coda nme run --nme-mhz", type=float,
@@ -358,15 +361,16 @@ def setup(model: str, *, resolution=None, seconds=None, frames=None,
     hidden size that is not a multiple of ``lanes`` or a table measured at another shape."""
     from .gputable import GpuTimes
     from .platforms import platform
-    from .presets import model_shape
+    from .presets import model_shape, shipped_presets
 
     times = (None if gpu_table is None else gpu_table if isinstance(gpu_table, GpuTimes)
              else GpuTimes.load(gpu_table))
     plat = platform(gpu, dram, dimms, ranks, lanes=lanes, depth=depth, nme_mhz=nme_mhz,
                     gpu_times=times, **platform_overrides)
-    if resolution is None and model != "latte-digits":
+    shipped = model in shipped_presets()
+    if resolution is None and not shipped:
         resolution = "720p"
-    if seconds is None and frames is None and model not in ("latte-digits", "latte-1"):
+    if seconds is None and frames is None and not shipped and model != "latte-1":
         seconds = 4
     shape = model_shape(model, resolution, seconds, frames, cache_dir=shape_cache,
                         layers=layers)
