@@ -42,7 +42,7 @@ test: $(STAMP)
 
 # The documentation site (docs/, mkdocs.yml) into build/docs/, strictly: a broken link or anchor,
 # a page missing from the nav or a nav entry without its page, an API reference that does not
-# resolve all fail it. tests/test_docs.py runs the same build in `make test`.
+# resolve all fail it. tests/cli/test_docs.py runs the same build in `make test`.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean --site-dir build/docs
 
@@ -53,7 +53,7 @@ verify-long: $(STAMP)
 # Functional coverage of the NME (cocotb-coverage): the cocotb regression of both formats with
 # coverage sampling; build/coverage/coverage.json (covered_fraction, every bin) + summary.txt.
 coverage: $(STAMP)
-	$(RUN) $(PY) -m pytest -q tests/test_cosim_nme.py -k "regression or coverage" -p no:cacheprovider
+	$(RUN) $(PY) -m pytest -q tests/cosim/test_cosim_nme.py -k "regression or coverage" -p no:cacheprovider
 
 # Mutation testing of the NME RTL (long; resumable): yosys mutate, the fast cocotb regression on
 # every mutant (each a task on a local Ray); build/mutation/results.json (kill_rate, survivors).
@@ -77,11 +77,12 @@ eval: $(STAMP)
 	$(EVAL) --skip 0.3,0.5 --out build/eval/low & pid=$$!; \
 	$(EVAL) --skip 0.6,0.7 --out build/eval/high; st=$$?; wait $$pid && exit $$st
 
-# The cache engine's adapter tests (tests/test_arch.py, tests/test_pipeline_api.py) on other
-# diffusers releases, each in its own virtualenv build/compat/<version>/venv (the project's
-# pins, torch the .venv's CPU build, that diffusers): build/compat/results.json. Slow (a
-# virtualenv per release, reused once made); not part of `make test`, which runs the pinned
-# 0.42.1. COMPAT_VERSIONS=0.41.0,0.42.0 to choose (default: scripts/compat.py VERSIONS).
+# The cache engine's adapter tests (tests/host/cache/test_arch_adapters.py,
+# tests/host/cache/test_pipeline_api.py) on other diffusers releases, each in its own
+# virtualenv build/compat/<version>/venv (the project's pins, torch the .venv's CPU build,
+# that diffusers): build/compat/results.json. Slow (a virtualenv per release, reused once
+# made); not part of `make test`, which runs the pinned 0.42.1. COMPAT_VERSIONS=0.41.0,0.42.0
+# to choose (default: scripts/compat.py VERSIONS).
 COMPAT_VERSIONS ?=
 compat: $(STAMP)
 	$(RUN) $(PY) scripts/compat.py $(if $(COMPAT_VERSIONS),--versions $(COMPAT_VERSIONS))

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: cache-context API the engine reads (CacheContext, from 0.41.0), the pinned one last
 VERSIONS = ("0.41.0", "0.42.0", "0.42.1")
 #: the adapter tests: every architecture's battery, the pipelines end to end
-TESTS = ("tests/test_arch.py", "tests/test_pipeline_api.py")
+TESTS = ("tests/host/cache/test_arch_adapters.py", "tests/host/cache/test_pipeline_api.py")
 
 
 def pinned_requirements(version: str, torch_version: str) -> list[str]:

@@ -1,6 +1,6 @@
 """cocotb tests of the NME RTL against the torch reference (run inside the simulator).
 
-Started by ``tests/test_cosim_nme.py`` (or :func:`coda.cosim.build.run_cocotb`) with:
+Started by ``tests/cosim/test_cosim_nme.py`` (or :func:`coda.cosim.build.run_cocotb`) with:
 
 - ``CODA_COSIM_CFG``: the :class:`~coda.hw.nme.isa.NMEConfig` of the build, as JSON;
 - ``CODA_COSIM_LANES`` / ``CODA_COSIM_MEM_WORDS``: memory geometry (for the models);
@@ -15,8 +15,8 @@ must be untouched) and the L1 bits, NaNs by class (the NME emits a canonical NaN
 x86 payloads for fp16). References: :mod:`coda.host.nme.interp` (the program interpreter) and, for
 micro-ops and operators, torch computed directly here or through :mod:`coda.host.nme.ops`.
 
-This is the module cocotb loads (``COCOTB_TEST_MODULES=cocotb_nme``, as tests/test_cosim_nme.py,
-coda.verify.mutation and coda.verify.netlist_sim name it): it gathers the tests, in the order
+This is the module cocotb loads (``COCOTB_TEST_MODULES=cocotb_nme``, as
+tests/cosim/test_cosim_nme.py, coda.verify.mutation and coda.verify.netlist_sim name it): it gathers the tests, in the order
 they run, from tests/cocotb_nme_datapath.py (micro-ops, buffer roles, operators, FP edge
 cases, normalisation paths, solver vectors, random bits with stalls, L1 corner sums) and
 tests/cocotb_nme_control.py (tails, bad commands, the program check's rules, reset in

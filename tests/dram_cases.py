@@ -1,4 +1,4 @@
-"""The DRAM standards the tests of tests/test_dram_standards.py and test_dram_controller.py
+"""The DRAM standards the tests of tests/hw/test_dram_standards.py and test_dram_controller.py
 run over: every preset of :data:`coda.hw.dram.standards.STANDARDS`."""
 
 from coda.hw.dram.standards import STANDARDS

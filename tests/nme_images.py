@@ -1,5 +1,5 @@
-"""Random memory images of the NME for the interpreter tests (tests/test_interp_ops.py,
-test_interp_isa.py, test_interp_cycles.py): uniform 16-bit patterns with about a third
+"""Random memory images of the NME for the interpreter tests (tests/host/nme/test_interp_ops.py,
+test_interp_isa.py; tests/hw/test_nme_cycles.py): uniform 16-bit patterns with about a third
 replaced by special values of the format (zeros, infinities, NaNs, subnormals, extremes)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The NME in amaranth.sim for tests/test_nme_sim_programs.py and test_nme_sim_timing.py: a
+"""The NME in amaranth.sim for tests/hw/test_nme_sim_programs.py and test_nme_sim_timing.py: a
 seeded memory model and command driver (:func:`simulate`), an ISA reference (:func:`reference`)
 and the helpers that run programs on both and compare them (:func:`check`).
 

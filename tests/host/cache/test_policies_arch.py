@@ -1,6 +1,6 @@
 """Every cache policy on every diffusers architecture besides Latte (Wan, CogVideoX,
-HunyuanVideo), on the small random-initialised configurations of tests/test_arch.py, through a
-pipeline-like CFG loop (coda.experiments.cfg_loop.CFGLoop) with the cache engine and the real
+HunyuanVideo), on the small random-initialised configurations of
+tests/host/cache/test_arch_adapters.py, through a pipeline-like CFG loop (coda.experiments.cfg_loop.CFGLoop) with the cache engine and the real
 NMP driver.
 
 Per architecture, once: a profile of full-compute generations (coda.experiments.profile), the
@@ -9,7 +9,7 @@ whole-step search judged by rollouts (coda.experiments.search) and its step-DRA
 thresholds (coda.experiments.dra_calibration). Each policy must run, reuse exactly what its
 schedule or its rule on the signals it measured says, give a batch the bits of its videos
 one by one, keep its state per CFG branch, and (a few) give the torch backend's bits and
-events on the Verilated NMEs. The models are made batch-invariant (test_arch's
+events on the Verilated NMEs. The models are made batch-invariant (test_arch_adapters'
 batch_invariant: torch's CPU kernels round some per-sample computations differently with the
 batch size, in the unhooked model as much as in the hooked one). Quality figures need trained
 weights; these check that the machinery runs and does what it says.
@@ -40,14 +40,15 @@ from coda.host.cache.schedule import ARCH_OP_TYPES, BRANCHES, PAB_CLASSES
 from coda.host.nme.backend import TorchBackend
 from coda.host.nmp.driver import NMPDriver
 from coda.hw.nme.isa import NMEConfig
-from test_arch import ARCHS, SpyDriver, build
+from test_arch_adapters import ARCHS, SpyDriver, build
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STEPS, SKIP, GUIDANCE, SEED = 8, 0.4, 4.0, 40
 NAMES = ("wan", "cogvideox", "hunyuan_video")
 POLICIES = ("uniform", "pab", "teacache", "magcache", "fbcache", "lemica", "coda", "coda+dra")
-#: the NME build tests/test_arch.py and tests/test_run.py use: one Verilator build for all
+#: the NME build tests/host/cache/test_arch_adapters.py and tests/experiments/test_run.py use:
+#: one Verilator build for all
 CFG = NMEConfig(lanes=8, mem_words=1 << 19)
 
 
@@ -66,7 +67,7 @@ _SETUPS: dict = {}
 
 
 def make_loop(name: str, cfg: str = "batched") -> CFGLoop:
-    """Two prompts (test_arch's draws for seeds 1000, 1001) over the batch-invariant model."""
+    """Two prompts (test_arch_adapters' draws for seeds 1000, 1001) over the batch-invariant model."""
     arch = ARCHS[name]
     model = build(arch, invariant=True)
     prompts = []

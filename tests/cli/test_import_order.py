@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: package -> folder, as pyproject.toml maps them
 PACKAGES = {"coda.hw": "hw", "coda.cosim": "cosim", "coda.host": "host", "coda.synth": "synth",
             "coda.verify": "verify", "coda.experiments": "experiments", "coda": "coda"}

@@ -692,7 +692,7 @@ def test_sweep_gives_every_point_the_units(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------
-# the speed of checks whose tests assert behaviour only (tests/test_no_timed_asserts.py)
+# the speed of checks whose tests assert behaviour only (tests/cli/test_no_timed_asserts.py)
 # ---------------------------------------------------------------------------------------
 def test_bench_times_the_sweep_address_check():
     """How long coda sweep's address check takes to refuse an address where something answers

@@ -197,7 +197,7 @@ def _cycle_programs(cfg: NMEConfig) -> list[Program]:
 def test_cycle_model_matches_the_nme(lanes, depth, fmt, lm, la):
     """coda.hw.nme.cycles.model_cycles == the NME's cycles with a 1-cycle always-ready memory,
     for configurations the Verilator cosim cannot build (lanes 1, depth <= 2: zero-width
-    wires), with combinational and pipelined units (same results); tests/test_interp_cycles.py
+    wires), with combinational and pipelined units (same results); tests/hw/test_nme_cycles.py
     checks the others against Verilated counts."""
     from coda.hw.nme.cycles import model_cycles
     cfg = NMEConfig(lanes=lanes, fmt=fmt, depth=depth, nbuf=4, imem_depth=8, max_streams=8,

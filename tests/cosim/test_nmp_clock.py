@@ -10,7 +10,7 @@ Frequencies: 2400 (the DRAM clock, asynchronous crossing), 1200, 700 (a non-inte
 2400/700 = 3.43), 400, 200 and 100 MHz.
 
 Expectations are derived, not recorded: bits equal the torch reference (which the
-same-domain DIMM-NMP also equals, tests/test_cosim_nmp.py); the elapsed time follows
+same-domain DIMM-NMP also equals, tests/cosim/test_cosim_nmp.py); the elapsed time follows
 ``t(f) ~ max(N_ideal / f, t_dram)`` with ``N_ideal`` the NME's cycles on an ideal 1-cycle
 memory (the cycle model) and ``t_dram`` the DRAM-bound time (the 2400 MHz run): it scales
 with 1/f well below the knee (N_ideal / t_dram, about 0.9 GHz here since passes hand over at

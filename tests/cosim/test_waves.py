@@ -4,11 +4,11 @@ model stays untraced; bad ``--waves`` input is refused before any work.
 
 One traced build per session, cached on disk under ``build/cosim/waves-<key>/``: a small
 NME (3 fp16 lanes, buffers of 5 words, trailing stores, gated lane clocks), one of the
-cycle-model configurations of tests/test_interp_cycles.py, whose untraced build it shares.
+cycle-model configurations of tests/hw/test_nme_cycles.py, whose untraced build it shares.
 Its C++ is a third of the 8-lane NME's, so the traced build (Verilator's FST writer) costs
 about half. The NME is the one :class:`~coda.cosim.rtl_backend.RTLBackend` simulates (gated
 lane clocks, its default), so the traced build is also the one ``coda nme run --backend rtl
---waves`` makes, and the untraced one the build of tests/test_interp_cycles.py: a fresh
+--waves`` makes, and the untraced one the build of tests/hw/test_nme_cycles.py: a fresh
 ``build/`` Verilates this NME twice (traced, untraced) for every test here, not four times.
 """
 
@@ -45,7 +45,7 @@ LANE0 = "nme_tb_top.dut.execute.lane0."
 
 
 #: the NME of RTLBackend (its default: gated lane clocks), whose builds the CLI's runs and
-#: tests/test_interp_cycles.py make too
+#: tests/hw/test_nme_cycles.py make too
 GATED = {"clock_gating": True}
 
 
@@ -72,7 +72,7 @@ def test_default_model_is_not_traced(traced, tmp_path, monkeypatch):
     """The default model keeps its own key, folder and untraced binary (also under WAVES=1);
     only the traced one has Verilator's FST writer; a waveform needs the traced model."""
     monkeypatch.setenv("WAVES", "1")
-    default = build_sim(BASE, **GATED)   # cached by tests/test_interp_cycles.py
+    default = build_sim(BASE, **GATED)   # cached by tests/hw/test_nme_cycles.py
     assert traced.waves and not default.waves
     assert traced.key != default.key and traced.path.name == f"waves-{traced.key}"
     assert default.path.name == default.key

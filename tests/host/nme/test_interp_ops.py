@@ -2,8 +2,8 @@
 (:mod:`coda.host.nme.ops`), bit for bit, on random shapes, layouts and special values
 (hypothesis); the compiler's minimal programs and its errors.
 
-The interpreter against a word-by-word model of the ISA: tests/test_interp_isa.py; the
-cycle model against the RTL: tests/test_interp_cycles.py."""
+The interpreter against a word-by-word model of the ISA: tests/host/nme/test_interp_isa.py; the
+cycle model against the RTL: tests/hw/test_nme_cycles.py."""
 
 import numpy as np
 import pytest

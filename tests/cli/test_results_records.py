@@ -12,7 +12,7 @@ import pytest
 from coda.results import RECORD_ENV, RecordError, load_record, machine, record, render
 
 WHEN = datetime(2026, 12, 7, 5, 0, tzinfo=timezone.utc)
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def test_nothing_is_written_without_the_environment_variable(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """The rank memory file shared by the host and the simulator (coda.cosim.shared_mem): its
 layout round-trips, a second mapping sees the first's writes, bad files are refused. The
-simulator's side (DPI-C) is exercised by the RTL tests (tests/test_cosim_nme.py)."""
+simulator's side (DPI-C) is exercised by the RTL tests (tests/cosim/test_cosim_nme.py)."""
 
 from __future__ import annotations
 

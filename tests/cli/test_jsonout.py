@@ -10,7 +10,7 @@ import pytest
 
 from coda.jsonout import finite_or_none, json_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def strict_loads(text):

@@ -76,7 +76,7 @@ def _cocotb_tests_defined() -> list[str]:
         return (isinstance(dec, ast.Attribute) and dec.attr == "test"
                 and isinstance(dec.value, ast.Name) and dec.value.id == "cocotb")
     names = []
-    for path in sorted(Path(__file__).parent.glob("cocotb_nme*.py")):
+    for path in sorted(Path(__file__).resolve().parents[1].glob("cocotb_nme*.py")):
         tree = ast.parse(path.read_text())
         names += [f.name for f in tree.body
                   if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))

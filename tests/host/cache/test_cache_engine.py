@@ -415,7 +415,7 @@ def test_interleaved_cfg_overlaps_the_rtl_nmes_with_the_other_branch():
     from coda.host.nme.backend import get_backend
 
     model = tiny_model()
-    cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # the build tests/test_run.py uses too
+    cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # test_run.py's build too (tests/experiments)
     reference = cached(model, NMPDriver(TorchBackend(), cfg, ranks=2))
     expected = generate(model, [3, 7], num_steps=4)
     with get_backend("rtl") as backend:

@@ -28,7 +28,7 @@ import coda.host
 from coda.host.cache.arch import UnsupportedModelError, get_architecture
 from coda.host.cache.device import DeviceCache
 from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache
-from test_arch import ARCHS, build, generate, policy_for
+from test_arch_adapters import ARCHS, build, generate, policy_for
 from test_pipeline_api import _pipeline_class, run_wan, wan_pipe  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

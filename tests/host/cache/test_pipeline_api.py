@@ -311,7 +311,7 @@ def test_the_rtl_nmes_give_the_torch_backend_bits_and_events(wan_pipeline_cls):
     bits and the events, cycles included, of the NMEs' torch backend."""
     from coda.host.nme.backend import get_backend
 
-    cfg = NMEConfig(lanes=8, mem_words=1 << 19)      # the build tests/test_run.py uses too
+    cfg = NMEConfig(lanes=8, mem_words=1 << 19)      # test_run.py's build too (tests/experiments)
     pipe = wan_pipe(wan_pipeline_cls, two_experts=True)
     reference = coda.enable_cache(pipe, "uniform", skip=0.5,
                                   backend=NMPDriver(TorchBackend(), cfg, ranks=2))

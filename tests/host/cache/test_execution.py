@@ -31,7 +31,7 @@ from coda.host.cache.arch import model_ops
 from coda.host.cache.device import DeviceCache
 from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache, get_coda_cache_hook
 from coda.host.cache.schedule import Schedule
-from test_arch import STEPS, ARCHS, build, generate, policy_for  # noqa: F401
+from test_arch_adapters import STEPS, ARCHS, build, generate, policy_for  # noqa: F401
 from test_pipeline_api import _pipeline_class, run_wan, wan_pipe
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

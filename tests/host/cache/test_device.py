@@ -28,9 +28,9 @@ from coda.host.nme import ops
 from coda.host.nme.backend import TorchBackend
 from coda.host.nmp.driver import NMPDriver
 from coda.hw.nme.isa import NMEConfig
-from test_arch import ARCHS, build, policy_for
-from test_arch import generate as arch_generate
-from test_arch import nmp_driver as arch_nmp_driver
+from test_arch_adapters import ARCHS, build, policy_for
+from test_arch_adapters import generate as arch_generate
+from test_arch_adapters import nmp_driver as arch_nmp_driver
 from test_cache_engine import POLICY, STEPS, tiny_model
 from test_cache_modes import _forecast_table
 

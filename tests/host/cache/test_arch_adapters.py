@@ -352,7 +352,7 @@ def test_rtl_backend_gives_the_torch_bits_events_and_cycles(name):
 
     arch = ARCHS[name]
     model = build(arch)
-    cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # the build tests/test_run.py uses too
+    cfg = NMEConfig(lanes=8, mem_words=1 << 19)    # test_run.py's build too (tests/experiments)
     reference = cached(model, NMPDriver(TorchBackend(), cfg, ranks=2), policy_for(arch))
     expected = generate(model, arch, (0, 1), steps=3)
     with get_backend("rtl") as backend:

@@ -19,7 +19,7 @@ import pytest
 from coda.experiments.gpu_check import CPU_CHECK
 from coda.host.system.gputable import GpuTimes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 TINY = list(CPU_CHECK)
 #: a hang guard for the CPU run, far beyond its speed target (coda.experiments.bench)
