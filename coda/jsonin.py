@@ -2,15 +2,8 @@
 
 Schedule files (with their ``"coda"``, ``"forecast"`` and ``"dra"`` blocks) and GPU tables
 are untrusted input. Every one is read by :func:`read_json` and checked by :func:`check`
-against a JSON schema (``jsonschema``, Draft 2020-12) before anything is built from it:
-
-- the file: at most :data:`MAX_BYTES` (its size is checked before it is read), strict UTF-8;
-- the text: containers nested at most :data:`MAX_DEPTH` deep (scanned before the parser
-  recurses), no key twice in one object (``json`` would keep the last one silently),
-  integers of at most :data:`MAX_INT_DIGITS` digits;
-- the values: the schema's types and ranges, where ``"integer"`` is an int only (not
-  ``3.0``, ``3.9`` or ``true``) and ``"number"`` a finite int or float (not a bool, NaN or
-  Infinity, which are parsed to floats so that the schema names the field holding them).
+against a JSON schema (``jsonschema``, Draft 2020-12) before anything is built from it
+(the limits and the strict types: :func:`check`).
 
 Every refusal is one ``ValueError`` naming the file (``what``, e.g. ``--schedule PATH``), the
 field (``reuse[3].step``, ``dra.thresholds.12``) and what was expected; the CLI prints it as
@@ -136,7 +129,18 @@ _validators: dict = {}
 def check(data, schema: dict, what: str) -> None:
     """Raise ValueError ``"{what}: FIELD: got VALUE; expected ..."`` for the first place
     where ``data`` (a parsed JSON value) breaks ``schema`` (a JSON schema, Draft 2020-12,
-    with the strict ``integer`` and ``number`` of the module docstring)."""
+    with the strict ``integer`` and ``number`` below).
+
+    What :func:`read_json` and this check refuse:
+
+    - the file: at most :data:`MAX_BYTES` (its size is checked before it is read), strict UTF-8;
+    - the text: containers nested at most :data:`MAX_DEPTH` deep (scanned before the parser
+      recurses), no key twice in one object (``json`` would keep the last one silently),
+      integers of at most :data:`MAX_INT_DIGITS` digits;
+    - the values: the schema's types and ranges, where ``"integer"`` is an int only (not
+      ``3.0``, ``3.9`` or ``true``) and ``"number"`` a finite int or float (not a bool, NaN or
+      Infinity, which are parsed to floats so that the schema names the field holding them).
+    """
     key = id(schema)
     if key not in _validators:
         _Validator.check_schema(schema)

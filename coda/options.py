@@ -2,24 +2,14 @@
 with its default, unit and source; the command's argparse options are built from it, and
 its library functions take it (or read their defaults from it).
 
-A field is declared with :func:`option`::
-
-    @dataclass(frozen=True)
-    class SimConfig:
-        steps: int = option(50, "denoising steps", unit="steps")
-        dram: str = option(DEFAULT_STANDARD, "host DIMMs", source="JESD79-5 ...")
-
-:func:`add_options` adds ``--steps``, ``--dram`` (underscores become dashes) with the
-field's type, default and a help text that names the default, the unit and the source;
-:func:`from_args` turns the parsed namespace back into the dataclass; :func:`given` says
-whether the command line gave an option (also at its default value), so that a command can
-refuse an option that would do nothing in the mode chosen instead of ignoring it. ``type`` is taken
-from the default (``int``, ``float``, ``str``; ``bool`` becomes a ``store_true`` flag; a
-tuple's items' type for ``nargs`` / ``action="append"``) or given (a default of None or ``()``
-needs it). Beyond plain ``--name VALUE`` options a field may be a positional argument
-(``positional=True``), take several values (``nargs``), be repeatable (``action="append"``),
-have more than one flag (``flag=("-o", "--output")``) or be one of a mutually exclusive set
-(``exclusive=``). This module imports nothing of the project, so every layer may use it.
+A field is declared with :func:`option` (an example in its docstring).
+:func:`add_options` adds the options (``--steps``, ``--dram``: underscores become dashes)
+with the field's type, default and a help text naming the default, the unit and the
+source; :func:`from_args` turns the parsed namespace back into the dataclass; :func:`given`
+says whether the command line gave an option (also at its default), so that a command can
+refuse an option that would do nothing instead of ignoring it. How ``type``, ``nargs``,
+positionals and exclusive sets are given: :func:`option`. This module imports nothing of the
+project, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -43,6 +33,21 @@ def option(default: Any, help: str, *, unit: str | None = None, source: str | No
            action: str | None = None, positional: bool = False,
            exclusive: str | None = None) -> Any:
     """A dataclass field that is also a command-line option.
+
+    For example::
+
+        @dataclass(frozen=True)
+        class SimConfig:
+            steps: int = option(50, "denoising steps", unit="steps")
+            dram: str = option(DEFAULT_STANDARD, "host DIMMs", source="JESD79-5 ...")
+
+    ``type`` is taken
+    from the default (``int``, ``float``, ``str``; ``bool`` becomes a ``store_true`` flag; a
+    tuple's items' type for ``nargs`` / ``action="append"``) or given (a default of None or ``()``
+    needs it). Beyond plain ``--name VALUE`` options a field may be a positional argument
+    (``positional=True``), take several values (``nargs``), be repeatable (``action="append"``),
+    have more than one flag (``flag=("-o", "--output")``) or be one of a mutually exclusive set
+    (``exclusive=``).
 
     Args:
         default: the default value (immutable: a number, a string, a tuple, None).

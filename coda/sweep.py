@@ -1,31 +1,15 @@
 """The sweep engine: every point of a parameter grid a task on Ray, results in one table.
 
 A base helper (it imports only coda's other base helpers, coda.jsonout and coda.lists): a sweep
-*kind* (:class:`SweepKind`) is declared by
-the module that owns the work — ``coda.experiments.area_sweep`` (ECP5 / generic synthesis),
-``coda.experiments.design_space`` (the DIMM-NMP design space), ``coda.experiments.search`` (whole-step schedule searches),
-``coda.host.system.sim`` (the system model) — and run here, either
-
-- on **Ray** (:func:`run_sweep`, default): ``ray.init()`` starts a local Ray on this machine
-  (``workers`` CPUs) or, with ``address``, joins an existing cluster; each point is one task
-  of ``kind.cpus`` CPUs; or
-- **sequentially** in this process (``sequential=True``), the loop the same points ran in
-  before; both give the same figures (tests/test_sweep.py checks it).
-
-Results go to ``OUT/results.jsonl``, one JSON object per finished point, appended as each
-point ends (an interrupted sweep keeps what it measured):
-``{"kind", "key", "params", "status": "ok" | "failed", "figures", "error", "wall_s",
-"host", "node_id", "pid", "mode"}``. ``key`` is a hash of the kind and the full parameter set
-(defaults included); a point whose key already has an ``ok`` record is skipped on the next
-run (resumable); failed points run again. A point's files (reports, schedules, builds) go
-to ``OUT/points/<kind.folder(params)>/``. A failure (any exception of the point function,
-or a Ray worker that dies) is recorded with its error, and the sweep goes on.
-
-Grids: ``--param NAME=V1,V2,...`` (repeatable) and/or a TOML file whose top-level keys are
-parameter names with a value or a list of values; the grid is their Cartesian product, in
-the order given. Values are converted to the parameter's type before any task starts; an
-unknown kind or parameter, a value of the wrong type, an empty grid and an address where no
-Ray cluster answers are refused with one line (ValueError) before anything runs.
+*kind* (:class:`SweepKind`) is declared by the module that owns the work
+(``coda.experiments.area_sweep``, ``coda.experiments.design_space``,
+``coda.experiments.search``, ``coda.host.system.sim``) and run here by :func:`run_sweep`, on
+Ray (a local Ray with ``workers`` CPUs or, with ``address``, an existing cluster; each point
+one task of ``kind.cpus`` CPUs) or sequentially in this process (``sequential=True``; the same
+figures). Results go to ``OUT/results.jsonl``, one JSON object per finished point, appended
+as each point ends; a point whose key already has an ``ok`` record is skipped on the next run,
+failed points run again, and a failing point is recorded with its error while the sweep goes
+on. The records, the grids and the refusals: ``docs/sweeps.md``.
 """
 
 from __future__ import annotations

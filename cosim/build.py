@@ -1,21 +1,16 @@
 """Build the Verilated cosimulation of one NME configuration, once, and launch it.
 
 The simulator is ``cosim/nme_top.sv`` (HDL clock, memory model, command feeder, job port) around
-the NME's generated Verilog. A build is cached in ``build/cosim/<key>/`` where ``key`` hashes the
-NME Verilog, the top, the flags and the harness parameters, so every test session and every
-:class:`~coda.cosim.rtl_backend.RTLBackend` of the same configuration reuses one binary.
+the NME's generated Verilog. A build (:func:`build_sim`) is cached in ``build/cosim/<key>/``
+where ``key`` hashes the NME Verilog, the top, the flags and the harness parameters, so every
+test session and every :class:`~coda.cosim.rtl_backend.RTLBackend` of the same configuration
+reuses one binary; :func:`run_cocotb` runs cocotb tests on it.
 
 cocotb 2.1's Verilator runner always passes ``--public-flat-rw``, which makes every signal
 VPI-visible and the model several times slower (docs/design.md, Toolchain facts);
 :class:`LeanVerilator` drops it: only the ``tb_*`` signals of the top are public
-(``/*verilator public_flat_rw*/``).
-
-Waveforms: ``build_sim(cfg, waves=True)`` is a separate model, Verilated with ``--trace-fst``
-and cached under ``build/cosim/waves-<key>/`` (its key hashes the trace flags too, so the
-default model, key and speed are those of an untraced build); :func:`sim_command` /
-:func:`run_cocotb` with ``waves=FILE.fst`` make it write an FST file of the whole run (every
-signal of the top and of the NME, hierarchical names, 1 ps resolution) that GTKWave and Surfer
-open. :func:`waves_requested` reads the ``WAVES`` environment variable the tests honour.
+(``/*verilator public_flat_rw*/``). ``build_sim(cfg, waves=True)`` is a separate, traced model
+(FST waveforms; :func:`build_sim` has the details).
 """
 
 from __future__ import annotations
@@ -289,6 +284,13 @@ def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False
               measure_toggles: bool = False, waves: bool = False,
               clock_gating: bool = False) -> SimBuild:
     """Build (or reuse) the cosimulation of the NME ``cfg``.
+
+    Waveforms: ``build_sim(cfg, waves=True)`` is a separate model, Verilated with ``--trace-fst``
+    and cached under ``build/cosim/waves-<key>/`` (its key hashes the trace flags too, so the
+    default model, key and speed are those of an untraced build); :func:`sim_command` /
+    :func:`run_cocotb` with ``waves=FILE.fst`` make it write an FST file of the whole run (every
+    signal of the top and of the NME, hierarchical names, 1 ps resolution) that GTKWave and Surfer
+    open. :func:`waves_requested` reads the ``WAVES`` environment variable the tests honour.
 
     Args:
         cfg: the NME configuration; ``cfg.lanes`` and ``cfg.mem_words`` size the memory model.

@@ -1,37 +1,11 @@
 """Functional coverage of the NME, with cocotb-coverage: what the cocotb regression has exercised.
 
-The coverage model of one NME build (format ``fmt``, ``lanes``), sampled by the cocotb tests
-(tests/cocotb_nme.py: its checker samples every program it runs, through the interpreter's
-``observe`` hook, :func:`coda.host.nme.interp.run_words`):
-
-=================  ============================================================================
-coverpoint         bins
-=================  ============================================================================
-``op``             micro-op MOV, ADD, SUB, MUL, MAC, L1
-``op_rsrc``        micro-op x R source (BUF, MEM, CHAN, GROUP, INT8): 30
-``operands``       ADD/SUB/MUL/MAC x float class of P x float class of R: 400 (the cross)
-``mac_q``          float class of MAC's Q operand: 10
-``buffer_role``    each buffer (0..nbuf-1) as P, Q (MAC), R (R source BUF) and destination
-                   (not stored): 4 x nbuf
-``result``         ADD/SUB/MUL/MAC x result class (no sNaN: the NME emits a canonical quiet
-                   NaN) and events: ``overflow`` (finite operands, infinite result),
-                   ``underflow_subnormal`` (a normal operand, a subnormal result),
-                   ``underflow_zero`` (a nonzero exact result rounded to zero: MUL, MAC's
-                   product), ``tie`` (the exact result halfway between two neighbours)
-``l1_result``      L1's fp32 sum: zero, normal, inf, nan
-``tail``           elements modulo lanes, 0 (full last word) .. lanes-1 (masked tail)
-``operator``       the operators of coda.host.nme.ops run compiled
-``segment_k``      segment terms K = 1..8
-``dequant_group``  dequant_int8 scale shape: group = lanes or wider x one or several groups
-                   per row
-``stalls``         memory latency 1 or more x request stalls x response stalls
-``status``         every status a program ends with (OK and each error class)
-``reset_depth``    cycles into a program when a reset hits: <8, 8..63, 64..511, >=512
-=================  ============================================================================
-
-Float classes (:data:`FLOAT_CLASSES`): ``+0, -0, subnormal, min_normal`` (the smallest normal
-magnitude), ``normal, max_finite`` (the largest finite magnitude), ``+inf, -inf, qnan,
-snan``.
+:class:`NMECoverage` is the coverage model of one NME build (format ``fmt``, ``lanes``):
+coverpoints over micro-ops, R sources, the float classes of operands (:data:`FLOAT_CLASSES`)
+and results, buffer roles, tails, operators, memory stalls, statuses and resets (its docstring
+lists every coverpoint and its bins). The cocotb tests sample it (tests/cocotb_nme.py: its
+checker samples every program it runs, through the interpreter's ``observe`` hook,
+:func:`coda.host.nme.interp.run_words`).
 
 :func:`export` writes ``{"config", "bins": {coverpoint: {bin: hits}}, "covered",
 "total", "covered_fraction"}``; :func:`merge` joins the files of several runs (hits summed,
@@ -160,7 +134,39 @@ def _depth_bin(cycles: int) -> str:
 
 class NMECoverage:
     """The coverage model of one NME configuration (cocotb-coverage coverpoints in
-    ``coverage_db`` under ``nme.<fmt>_l<lanes>.``) and its samplers."""
+    ``coverage_db`` under ``nme.<fmt>_l<lanes>.``) and its samplers.
+
+    Its coverpoints and their bins:
+
+    =================  ============================================================================
+    coverpoint         bins
+    =================  ============================================================================
+    ``op``             micro-op MOV, ADD, SUB, MUL, MAC, L1
+    ``op_rsrc``        micro-op x R source (BUF, MEM, CHAN, GROUP, INT8): 30
+    ``operands``       ADD/SUB/MUL/MAC x float class of P x float class of R: 400 (the cross)
+    ``mac_q``          float class of MAC's Q operand: 10
+    ``buffer_role``    each buffer (0..nbuf-1) as P, Q (MAC), R (R source BUF) and destination
+                       (not stored): 4 x nbuf
+    ``result``         ADD/SUB/MUL/MAC x result class (no sNaN: the NME emits a canonical quiet
+                       NaN) and events: ``overflow`` (finite operands, infinite result),
+                       ``underflow_subnormal`` (a normal operand, a subnormal result),
+                       ``underflow_zero`` (a nonzero exact result rounded to zero: MUL, MAC's
+                       product), ``tie`` (the exact result halfway between two neighbours)
+    ``l1_result``      L1's fp32 sum: zero, normal, inf, nan
+    ``tail``           elements modulo lanes, 0 (full last word) .. lanes-1 (masked tail)
+    ``operator``       the operators of coda.host.nme.ops run compiled
+    ``segment_k``      segment terms K = 1..8
+    ``dequant_group``  dequant_int8 scale shape: group = lanes or wider x one or several groups
+                       per row
+    ``stalls``         memory latency 1 or more x request stalls x response stalls
+    ``status``         every status a program ends with (OK and each error class)
+    ``reset_depth``    cycles into a program when a reset hits: <8, 8..63, 64..511, >=512
+    =================  ============================================================================
+
+    Float classes (:data:`FLOAT_CLASSES`): ``+0, -0, subnormal, min_normal`` (the smallest normal
+    magnitude), ``normal, max_finite`` (the largest finite magnitude), ``+inf, -inf, qnan,
+    snan``.
+    """
 
     def __init__(self, cfg: NMEConfig):
         from cocotb_coverage.coverage import CoverCross, CoverPoint
@@ -321,7 +327,8 @@ class NMECoverage:
 
     # ------------------------------------------------------------------ export
     def export(self, path: str | Path) -> dict:
-        """Write this configuration's bins and hits as JSON (see the module docstring)."""
+        """Write this configuration's bins and hits as JSON: ``{"config", "bins": {coverpoint:
+        {bin: hits}}, "covered", "total", "covered_fraction"}``."""
         from cocotb_coverage.coverage import coverage_db
 
         bins = {}

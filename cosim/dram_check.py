@@ -2,35 +2,12 @@
 --commands`` or the cosimulation's ``+dram_cmds``).
 
 Written from the standard's timing table (:class:`coda.hw.dram.standards.DRAMStandard`), not
-from the controller: it replays the log, keeps per-bank / per-bank-group / per-rank command
-history and reports every pair of commands closer than the standard allows, every command
-illegal in the bank's state (ACT to an open bank, RD/WR to a closed bank or another row,
-REF with a bank open, REFsb with its bank open in some bank group), every overlap of data
-bursts on the shared data bus, and the refresh rate (``tREFI``): refresh falling behind (fewer
-REFs by cycle t than ``t // tREFI - refresh_postpone``) or running ahead (more than
-``refresh_postpone`` REFs pulled in: more than ``t // tREFI + 1 + refresh_postpone`` by cycle
-t); a same-bank refresh REFsb counts as ``1 / banks_per_group`` of a REF.
-
-The refresh rate with postponement (JESD79-4's "Refresh Command": at no point in time more
-than 8 REF postponed, a maximum interval of 9 x tREFI between the surrounding REFs; at most 8
-pulled in; JESD79-5: 4; the preset's ``refresh_postpone``): the REF of the k-th tREFI interval
-is owed from its end, cycle ``k * tREFI``; at most ``refresh_postpone`` may be owed at once.
-The debt only grows at interval ends and only shrinks at a REF, so checking it just before
-every REF (and at the end of the log) checks it at every cycle; keeping it bounded keeps the
-average rate one REF per tREFI (and bounds the gap between REFs).
-
-Ranks of one channel (the log's ``rank`` column; ``coda dram replay --ranks``): every rule above
-is per rank (bank state, tRRD/tFAW, refresh, tCCD/tWTR/tRTW); the ranks of a channel share
-its command bus (one command per cycle: ``command bus``) and its data bus: no two bursts may
-overlap (``data bus``), and bursts of two different ranks need ``tRTRS`` idle cycles between
-them (``tRTRS``; DRAMsim3's rank-switch rule: RD to RD / WR to WR of another rank nBL +
-tRTRS, RD to WR CL + nBL + tRTRS - CWL, WR to RD CWL + nBL + tRTRS - CL, each the burst gap).
-
-Same-bank refresh (DDR5 REFsb; the log's ``bank`` column is the bank address BA, refreshed in
-every bank group, ``bankgroup`` is empty): only for a standard with ``tRFCsb`` (JESD79-5), with
-the rules of Ramulator 2's DDR5 model: tRC after an ACT and tRP after a PRE of a refreshed bank,
-tRPab after a PREA, tRFC after a REF; tRFCsb before the next ACT or REFsb of the same BA and
-before a REF or PREA.
+from the controller: :func:`check_commands` (:func:`check_file` for a CSV file) replays the
+log, keeps per-bank / per-bank-group / per-rank command history and reports every
+:class:`Violation`: commands closer than the standard allows or illegal in the bank's state,
+overlapping data bursts, the command and data bus shared by a channel's ranks, and the refresh
+rate with postponement (JESD79-4, JESD79-5). :func:`check_commands` lists every rule and its
+source.
 
 Usage: ``coda dram check --standard DDR4-3200 CMDS.csv`` (exit 1 on violations).
 """
@@ -97,6 +74,37 @@ def _need(out, r, t, cmd, rule, since, gap, what):
 
 def check_commands(std: DRAMStandard | str, rows) -> list[Violation]:
     """Check an iterable of CSV rows (dicts with the :data:`HEADER` keys).
+
+    Written from the standard's timing table (:class:`coda.hw.dram.standards.DRAMStandard`), not
+    from the controller: it replays the log, keeps per-bank / per-bank-group / per-rank command
+    history and reports every pair of commands closer than the standard allows, every command
+    illegal in the bank's state (ACT to an open bank, RD/WR to a closed bank or another row,
+    REF with a bank open, REFsb with its bank open in some bank group), every overlap of data
+    bursts on the shared data bus, and the refresh rate (``tREFI``): refresh falling behind (fewer
+    REFs by cycle t than ``t // tREFI - refresh_postpone``) or running ahead (more than
+    ``refresh_postpone`` REFs pulled in: more than ``t // tREFI + 1 + refresh_postpone`` by cycle
+    t); a same-bank refresh REFsb counts as ``1 / banks_per_group`` of a REF.
+
+    The refresh rate with postponement (JESD79-4's "Refresh Command": at no point in time more
+    than 8 REF postponed, a maximum interval of 9 x tREFI between the surrounding REFs; at most 8
+    pulled in; JESD79-5: 4; the preset's ``refresh_postpone``): the REF of the k-th tREFI interval
+    is owed from its end, cycle ``k * tREFI``; at most ``refresh_postpone`` may be owed at once.
+    The debt only grows at interval ends and only shrinks at a REF, so checking it just before
+    every REF (and at the end of the log) checks it at every cycle; keeping it bounded keeps the
+    average rate one REF per tREFI (and bounds the gap between REFs).
+
+    Ranks of one channel (the log's ``rank`` column; ``coda dram replay --ranks``): every rule above
+    is per rank (bank state, tRRD/tFAW, refresh, tCCD/tWTR/tRTW); the ranks of a channel share
+    its command bus (one command per cycle: ``command bus``) and its data bus: no two bursts may
+    overlap (``data bus``), and bursts of two different ranks need ``tRTRS`` idle cycles between
+    them (``tRTRS``; DRAMsim3's rank-switch rule: RD to RD / WR to WR of another rank nBL +
+    tRTRS, RD to WR CL + nBL + tRTRS - CWL, WR to RD CWL + nBL + tRTRS - CL, each the burst gap).
+
+    Same-bank refresh (DDR5 REFsb; the log's ``bank`` column is the bank address BA, refreshed in
+    every bank group, ``bankgroup`` is empty): only for a standard with ``tRFCsb`` (JESD79-5), with
+    the rules of Ramulator 2's DDR5 model: tRC after an ACT and tRP after a PRE of a refreshed bank,
+    tRPab after a PREA, tRFC after a REF; tRFCsb before the next ACT or REFsb of the same BA and
+    before a REF or PREA.
 
     Returns all violations, in log order. Raises ValueError on an unknown command or a
     malformed row (naming it).

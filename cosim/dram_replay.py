@@ -3,20 +3,11 @@
 The Amaranth :class:`coda.hw.dram.controller.DRAMController` of one rank and the SV device of
 ``dram_top.sv`` are Verilated once per standard (cached under ``build/dram/``) with a C++
 main that only toggles the clock; the trace is converted to a hex file that the SV trace
-player streams in. Trace formats (one request per line, ``#`` comments allowed):
-
-- DRAMsim3: ``0xADDR READ|WRITE CYCLE`` (byte address; CYCLE in DRAM cycles; the request is
-  offered no earlier than CYCLE);
-- Ramulator load/store: ``LD|ST ADDR`` (byte address, offered back to back).
-
-Byte addresses map to bursts of ``std.burst_bytes`` (the low bits select bytes inside the
-burst and are dropped; addresses beyond the rank, or the channel's ranks, wrap). With
-``--ranks`` R > 1 the controller drives R ranks sharing one channel (command and data bus):
-rank bits between bank and row (:mod:`coda.hw.dram.mapping`), per-rank bank state, tRRD/tFAW
-and refresh, tRTRS between the bursts of two ranks; the command log's ``rank`` column names
-the rank. Results: requests served, DRAM
-cycles, achieved GB/s (bytes moved by RD/WR / (cycles * tCK)), row hits/misses/conflicts,
-average read latency (front-port acceptance to data, cycles and ns).
+player streams in. :func:`replay` runs a trace file (DRAMsim3 or Ramulator format,
+:func:`parse_trace`), :func:`run_requests` a list of requests (:func:`stream_add_trace`,
+:func:`random_read_trace`), with ``ranks`` R > 1 on R ranks of one channel. Results: requests
+served, DRAM cycles, achieved GB/s, row hits/misses/conflicts, average read latency
+(:func:`replay` lists them).
 """
 
 from __future__ import annotations
@@ -85,6 +76,12 @@ def _need_name(path, what: str) -> None:
 
 def parse_trace(path: str | Path) -> list[tuple[int, int, int]]:
     """Read a DRAMsim3 or Ramulator load/store trace, line by line.
+
+    Trace formats (one request per line, ``#`` comments allowed):
+
+    - DRAMsim3: ``0xADDR READ|WRITE CYCLE`` (byte address; CYCLE in DRAM cycles; the request is
+      offered no earlier than CYCLE);
+    - Ramulator load/store: ``LD|ST ADDR`` (byte address, offered back to back).
 
     Returns:
         ``[(cycle, we, byte_addr), ...]`` in file order (cycle 0 for load/store traces).
@@ -457,6 +454,15 @@ def _results(std: DRAMStandard, raw: dict, build_s: float, sim_s: float) -> dict
 
 def replay(std: DRAMStandard | str, trace: str | Path, **kw) -> dict:
     """Replay a trace file (see :func:`parse_trace`); keywords as :func:`run_requests`.
+
+    Byte addresses map to bursts of ``std.burst_bytes`` (the low bits select bytes inside the
+    burst and are dropped; addresses beyond the rank, or the channel's ranks, wrap). With
+    ``--ranks`` R > 1 the controller drives R ranks sharing one channel (command and data bus):
+    rank bits between bank and row (:mod:`coda.hw.dram.mapping`), per-rank bank state, tRRD/tFAW
+    and refresh, tRTRS between the bursts of two ranks; the command log's ``rank`` column names
+    the rank. Results: requests served, DRAM cycles, achieved GB/s (bytes moved by RD/WR /
+    (cycles * tCK)), row hits/misses/conflicts, average read latency (front-port acceptance to
+    data, cycles and ns).
 
     Returns a dict: standard, requests (served), reads, writes, dram_cycles, time_ns, bytes,
     gbps, peak_gbps, utilisation, row_hits, row_misses, row_conflicts, row_hit_rate,

@@ -1,24 +1,11 @@
 """Cosimulation speed of the NME on an ideal memory: build time, simulated NME cycles per
 second, per-job overhead, and the ceiling a cosimulated generation is measured against.
 
-:func:`measure` builds (or reuses) the Verilated NME, then through
-:class:`~coda.cosim.rtl_backend.RTLBackend` on the backend's own rank memories
-(:meth:`~coda.cosim.rtl_backend.RTLBackend.rank_image`, which the simulators map: no words
-move between jobs, as in ``coda run``):
-
-- ``one_rank``: one big MOV/ADD program over three streams filling the memory: NME cycles per
-  wall second of the job (launch to result) and of the simulator's own run (``sim_wall_s``
-  of the job server: Verilator evaluating the model, the request's Python excluded);
-- ``tiny_job``: many 2-element programs: wall time per job, the fixed cost of a job (socket
-  round trip, cocotb handshake, command file);
-- ``own_image``: the big program on an image of the caller's own, which the backend compares
-  with its memory and copies in, and whose result is a copy of the memory: what the rank
-  memories save per job;
-- ``ceiling``: ``ranks`` ranks in lockstep, each its own simulator process running the big
-  program on its rank memory, ``launches`` times: NME cycles summed over the ranks per wall
-  second from launch to results. No host work between launches: the most a cosimulated
-  generation on that many ranks can simulate per second on this machine, counted as
-  ``coda run`` counts its ``sim_cycles_per_s``.
+:func:`measure` builds (or reuses) the Verilated NME and times it through
+:class:`~coda.cosim.rtl_backend.RTLBackend` on the backend's own rank memories: one big program
+on one rank (``one_rank``), many tiny jobs (``tiny_job``, the fixed cost of a job), the big
+program on an image of the caller's own (``own_image``) and ``ranks`` ranks in lockstep
+(``ceiling``); its docstring says what each figure counts.
 
 ``coda bench`` (:mod:`coda.experiments.bench`) reports it unless ``--skip-nme``.
 """
@@ -43,7 +30,27 @@ def big_program(cfg: NMEConfig) -> Program:
 
 
 def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3, ranks: int = 2) -> dict:
-    """Numbers of the module docstring for ``cfg`` (seconds, cycles, cycles/s)."""
+    """Cosimulation speed figures for ``cfg`` (seconds, cycles, cycles/s).
+
+    :func:`measure` builds (or reuses) the Verilated NME, then through
+    :class:`~coda.cosim.rtl_backend.RTLBackend` on the backend's own rank memories
+    (:meth:`~coda.cosim.rtl_backend.RTLBackend.rank_image`, which the simulators map: no words
+    move between jobs, as in ``coda run``):
+
+    - ``one_rank``: one big MOV/ADD program over three streams filling the memory: NME cycles per
+      wall second of the job (launch to result) and of the simulator's own run (``sim_wall_s``
+      of the job server: Verilator evaluating the model, the request's Python excluded);
+    - ``tiny_job``: many 2-element programs: wall time per job, the fixed cost of a job (socket
+      round trip, cocotb handshake, command file);
+    - ``own_image``: the big program on an image of the caller's own, which the backend compares
+      with its memory and copies in, and whose result is a copy of the memory: what the rank
+      memories save per job;
+    - ``ceiling``: ``ranks`` ranks in lockstep, each its own simulator process running the big
+      program on its rank memory, ``launches`` times: NME cycles summed over the ranks per wall
+      second from launch to results. No host work between launches: the most a cosimulated
+      generation on that many ranks can simulate per second on this machine, counted as
+      ``coda run`` counts its ``sim_cycles_per_s``.
+    """
     from coda.cosim.build import build_sim
     from coda.cosim.rtl_backend import RTLBackend
 

@@ -7,29 +7,9 @@ one ``coda_dram_device`` per rank, ``cosim/nmp_top.sv``) and runs all ranks' pro
 simulator job: per-rank header words (each rank its own ``n_elems``), then the micro-ops
 broadcast once (rank-select mask), so the ranks start in the same cycle. Jobs whose micro-ops
 differ are sent as separate broadcast groups in the same job. More jobs than ranks run in
-batches of ``dimms * ranks``.
-
-Memory: every rank's DRAM device keeps its bursts in a rank memory the host maps too (the
-scheme of the ideal-memory backend, :mod:`coda.cosim.shared_mem`): the file holds the NME's
-image (uint16 ``[mem_words, lanes]``) and a burst map from the device's indexes to the
-image's bursts (:mod:`coda.cosim.nmp_image`). A caller that keeps its rank images in these
-memories (:meth:`NMPRTLBackend.rank_image`, as :class:`coda.host.nmp.driver.NMPDriver` does)
-moves nothing between jobs: what it writes is what the DRAM holds, what the ranks write is in
-its arrays when the job ends; a job on such an image runs on the image's rank. An image of
-the caller's own is compared with the memory of the rank it runs on and only the words that
-differ are copied in; its result is a copy of that memory after the job. One simulator
-process per system
-(:class:`coda.cosim.nmp_session.NMPSession`, running the cocotb job server
-:mod:`coda.cosim.nmp_server`) stays up; between jobs no simulated time passes. The build is
-:func:`coda.cosim.nmp_build.build_nmp_sim`.
-
-Clocks: by default (``nme_mhz=None``) the NMEs run on the DRAM command clock, one NME cycle =
-one tCK. With ``nme_mhz=F`` the system is built with the NMEs on their own clock behind
-asynchronous FIFOs (:mod:`coda.hw.nmp`) and the simulator drives an NME clock of F MHz next to
-the DRAM clock (one build serves every F). ``ExecResult.cycles`` of rank ``k`` counts NME
-cycles from the first command word presented to that rank's done; :attr:`NMPRTLBackend.last`
-has the whole job: ``cycles`` (NME) and ``dram_cycles`` of the same interval, ``ns`` =
-``cycles`` NME periods, the combined done and the controller counters.
+batches of ``dimms * ranks``. Every rank's DRAM device keeps its bursts in a rank memory the
+host maps too (:mod:`coda.cosim.shared_mem`), and the NMEs may run on their own clock
+(``nme_mhz``); :class:`NMPRTLBackend` has both, :class:`JobReport` what a job reports.
 """
 
 from __future__ import annotations
@@ -93,6 +73,28 @@ class JobReport:
 
 class NMPRTLBackend(SessionOwner):
     """Backend running the ranks' programs on a Verilated DIMM-NMP with DRAM timing.
+
+    Memory: every rank's DRAM device keeps its bursts in a rank memory the host maps too (the
+    scheme of the ideal-memory backend, :mod:`coda.cosim.shared_mem`): the file holds the NME's
+    image (uint16 ``[mem_words, lanes]``) and a burst map from the device's indexes to the
+    image's bursts (:mod:`coda.cosim.nmp_image`). A caller that keeps its rank images in these
+    memories (:meth:`NMPRTLBackend.rank_image`, as :class:`coda.host.nmp.driver.NMPDriver` does)
+    moves nothing between jobs: what it writes is what the DRAM holds, what the ranks write is in
+    its arrays when the job ends; a job on such an image runs on the image's rank. An image of
+    the caller's own is compared with the memory of the rank it runs on and only the words that
+    differ are copied in; its result is a copy of that memory after the job. One simulator
+    process per system
+    (:class:`coda.cosim.nmp_session.NMPSession`, running the cocotb job server
+    :mod:`coda.cosim.nmp_server`) stays up; between jobs no simulated time passes. The build is
+    :func:`coda.cosim.nmp_build.build_nmp_sim`.
+
+    Clocks: by default (``nme_mhz=None``) the NMEs run on the DRAM command clock, one NME cycle =
+    one tCK. With ``nme_mhz=F`` the system is built with the NMEs on their own clock behind
+    asynchronous FIFOs (:mod:`coda.hw.nmp`) and the simulator drives an NME clock of F MHz next to
+    the DRAM clock (one build serves every F). ``ExecResult.cycles`` of rank ``k`` counts NME
+    cycles from the first command word presented to that rank's done; :attr:`NMPRTLBackend.last`
+    has the whole job: ``cycles`` (NME) and ``dram_cycles`` of the same interval, ``ns`` =
+    ``cycles`` NME periods, the combined done and the controller counters.
 
     Args:
         dram: DRAM preset name (``coda.hw.dram.standards.STANDARDS``).

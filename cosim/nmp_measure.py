@@ -7,10 +7,8 @@ lockstep (``sim_cycles_per_s``: system cycles per wall second of the simulator's
 ``rank_cycles_per_s``: the same times the number of ranks, i.e. NME cycles summed over the
 system's NMEs), and the DRAM bandwidth utilisation each achieves, per rank:
 ``bytes moved by RD/WR / (cycles * burst_bytes / nBL)`` (the rank's peak bytes per cycle).
-Every rank's DRAM command log is checked by :mod:`coda.cosim.dram_check`. The default NME
-depth of the DIMM-NMP is 256 words (4 KiB per stream block at 8 lanes): measured with 256 KiB
-streams, 64 words hold DDR5-4800 to 81 % of peak (read/write turnarounds of the short blocks),
-256 words reach 88 %.
+Every rank's DRAM command log is checked by :mod:`coda.cosim.dram_check`. The NME depth is
+:data:`coda.hw.nmp.NMP_DEPTH` (why: docs/results.md, "DRAM utilisation of segment programs").
 
 ``coda bench`` reports it for the 2 x 2 system (:mod:`coda.experiments.bench`); every point of the
 design-space sweep is one 1 x 1 run (:func:`coda.experiments.design_space.dse_point`).
@@ -57,7 +55,8 @@ def mem_words(stream_words: int) -> int:
 def measure_nmp(cfg: NMEConfig, dram: str = DEFAULT_STANDARD, dimms: int = 2, ranks: int = 2,
                 flags: str | None = None, stream_words: int | None = None,
                 nme_mhz: float | None = None) -> dict:
-    """Speed and bandwidth of a ``dimms x ranks`` DIMM-NMP on long programs (module docstring).
+    """Speed and bandwidth of a ``dimms x ranks`` DIMM-NMP on long programs (the figures of the
+    module docstring).
 
     Args:
         stream_words: NME words per stream of each program (default: a quarter of the rank's

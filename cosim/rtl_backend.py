@@ -5,24 +5,11 @@ configuration it builds the cosimulation once (:func:`coda.cosim.build.build_sim
 disk) and starts simulator processes running the cocotb job server (:mod:`coda.cosim.server`),
 one per rank of the driver's jobs (up to ``max_sims``), which run in parallel; every program is
 a request over a TCP socket on 127.0.0.1, run at full Verilator speed with no Python per clock.
-Each simulator's memory is a file the host maps too (:mod:`coda.cosim.shared_mem`). A caller
-that keeps its rank images in these memories (:meth:`RTLBackend.rank_image`, as
-:class:`coda.host.nmp.driver.NMPDriver` does) moves nothing at all between jobs: what it writes
-is what the NME reads and what the NME writes is in its array when the job ends. An image of
-the caller's own is compared with the memory and only the words that differ are copied in;
-its result is a copy of the memory after the job.
+Each simulator's memory is a file the host maps too (:mod:`coda.cosim.shared_mem`).
 
 Results are bit-identical to :class:`coda.host.nme.backend.TorchBackend` for ``mem``, ``status`` and
 ``l1``; ``cycles`` are the RTL's measured clock cycles from the header being presented to
-``done`` (inclusive).
-
-Every wait has a timeout; a simulator that dies, hangs or fails to build raises
-:class:`~coda.cosim.build.CosimRunError` / :class:`~coda.cosim.build.CosimBuildError` with the
-tail of its log. Simulators are stopped by :meth:`RTLBackend.close` (also at interpreter exit).
-
-``RTLBackend(waves="run.fst")`` runs the traced model instead (``build_sim(waves=True)``) and
-each simulator writes the FST waveform of everything it ran, complete once :meth:`close` has
-stopped it (``coda nme run --waves``).
+``done`` (inclusive). :class:`RTLBackend` has the memory images, timeouts and waveforms.
 """
 
 from __future__ import annotations
@@ -360,6 +347,21 @@ class SessionOwner:
 class RTLBackend(SessionOwner):
     """Backend running programs on the Verilated NME (persistent simulators per config, one
     per rank of a lockstep launch).
+
+    Each simulator's memory is a file the host maps too (:mod:`coda.cosim.shared_mem`). A caller
+    that keeps its rank images in these memories (:meth:`RTLBackend.rank_image`, as
+    :class:`coda.host.nmp.driver.NMPDriver` does) moves nothing at all between jobs: what it writes
+    is what the NME reads and what the NME writes is in its array when the job ends. An image of
+    the caller's own is compared with the memory and only the words that differ are copied in;
+    its result is a copy of the memory after the job.
+
+    Every wait has a timeout; a simulator that dies, hangs or fails to build raises
+    :class:`~coda.cosim.build.CosimRunError` / :class:`~coda.cosim.build.CosimBuildError` with the
+    tail of its log. Simulators are stopped by :meth:`RTLBackend.close` (also at interpreter exit).
+
+    ``RTLBackend(waves="run.fst")`` runs the traced model instead (``build_sim(waves=True)``) and
+    each simulator writes the FST waveform of everything it ran, complete once :meth:`close` has
+    stopped it (``coda nme run --waves``).
 
     Args:
         latency: memory read latency in cycles (1..255).

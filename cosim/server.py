@@ -2,24 +2,12 @@
 
 Started once per NME configuration by :mod:`coda.cosim.rtl_backend`. It connects back to the
 backend on ``127.0.0.1:$CODA_COSIM_PORT``, says hello with ``$CODA_COSIM_TOKEN`` and then serves
-one JSON line per request, one JSON line per answer. The memory is the file both map
+one JSON line per request, one JSON line per answer (:func:`serve`, which lists the requests;
+the loop is :func:`serve_requests`). The memory is the file both map
 (:mod:`coda.cosim.shared_mem`): the backend writes and reads the words itself, nothing travels
 in the requests but the command words; between requests the simulator is blocked on the
 socket (no simulated time passes), during a request it runs the program in HDL with no Python
-per clock.
-
-Requests (``op`` field):
-
-- ``run``: ``{"op": "run", "words": [hex, ...], "latency": c, "req_stall": p,
-  "rsp_stall": p, "seed": s, "max_cycles": m}``: run the command words (header then micro-ops,
-  hex strings) on the memory as it is, answer ``status``, ``l1_bits``, ``cycles``,
-  ``toggles``, ``ndirty`` (the words written, listed in the memory file), ``timeout``,
-  ``aborted``, ``faults``, ``nreads``, ``nwrites``, ``sim_ns`` and ``sim_wall_s`` (wall seconds
-  of the run in the simulator, Python of the request excluded).
-- ``reset``: pulse the reset.
-- ``quit``: end the simulation.
-
-Errors inside a request answer ``{"ok": false, "error": ...}`` and keep serving.
+per clock. Errors inside a request answer ``{"ok": false, "error": ...}`` and keep serving.
 """
 
 from __future__ import annotations
@@ -113,7 +101,19 @@ async def serve_requests(handle, log=None) -> None:
 
 @cocotb.test()
 async def serve(dut):
-    """Serve backend requests until ``quit`` or the backend closes the connection."""
+    """Serve backend requests until ``quit`` or the backend closes the connection.
+
+    Requests (``op`` field):
+
+    - ``run``: ``{"op": "run", "words": [hex, ...], "latency": c, "req_stall": p,
+      "rsp_stall": p, "seed": s, "max_cycles": m}``: run the command words (header then micro-ops,
+      hex strings) on the memory as it is, answer ``status``, ``l1_bits``, ``cycles``,
+      ``toggles``, ``ndirty`` (the words written, listed in the memory file), ``timeout``,
+      ``aborted``, ``faults``, ``nreads``, ``nwrites``, ``sim_ns`` and ``sim_wall_s`` (wall seconds
+      of the run in the simulator, Python of the request excluded).
+    - ``reset``: pulse the reset.
+    - ``quit``: end the simulation.
+    """
     h = NMEHarness(dut)
     await h.start()
     await serve_requests(lambda req: _handle(h, req), dut._log)

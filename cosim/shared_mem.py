@@ -5,35 +5,10 @@ each rank of the DIMM-NMP (``coda_dram_device`` in ``cosim/dram_top.sv``, built 
 ``CODA_DRAM_SHM`` by :mod:`coda.cosim.nmp_build`) keep their words here, not in an HDL array:
 each read and write of the NME (a word) or of the DRAM device (a burst) is a DPI-C call
 (``cosim/shared_mem.cpp``) on the simulator's mapping of the file, and the host writes and
-reads the same bytes as a numpy array. Nothing is loaded
-into or dumped from the simulator between jobs: what the host writes (operands, cache
-stores) is in the rank's memory for the next program, and what the NME writes is in the
-host's array when the job ends. The simulator also lists the words the NME wrote since the
-job started (a bitmap against repeats and a list of addresses), so a caller that gave its
-own image learns which words changed without comparing whole images.
-
-A DRAM device addresses bursts, not words: its index is the low bits of ``{row, bank, bank
-group, column burst}`` (:mod:`coda.cosim.nmp_image`), so a memory made for one carries a
-burst map (``create(..., burst_map=, burst_words=)``): for every device index the burst
-``b`` it holds (words ``[b * burst_words, (b + 1) * burst_words)`` of the memory) or -1. The
-memory itself stays the NME's image, ``[words, lanes]``, so the host sees the same array
-whichever memory the NMEs run on. A burst write to an index that holds no burst is not
-stored; the header counts it (``nstray``, emptied with the dirty list).
-
-Layout of the file (this module defines it; the C++ side reads the offsets from the header,
-so the two cannot disagree), little-endian:
-
-====================  ================================================================
-offset 0, 64 bytes    header: ``uint64`` magic ``"CODAMEM1"``, then ``uint32`` lanes,
-                      words, ndirty, nstray, ``uint64`` offsets of memory, bitmap, list,
-                      ``uint32`` burst_words, nidx and the ``uint64`` offset of the map
-``mem_off``           the memory: uint16 ``[words, lanes]`` (element ``j`` of word ``w``
-                      is bits ``[16j, 16j+16)`` of the ``16*lanes``-bit word)
-``map_off``           dirty bitmap: uint8 ``[words]``, 1 if the word is in the list
-``list_off``          dirty list: uint32 ``[words]``, the first ``ndirty`` addresses
-                      written since the job started, in the order first written
-``idx_off``           burst map: int32 ``[nidx]`` (``nidx`` 0: a word memory)
-====================  ================================================================
+reads the same bytes as a numpy array (:class:`SharedMemory`, which has the file layout and the
+DRAM burst map). Nothing is loaded into or dumped from the simulator between jobs, and the
+simulator lists the words the NME wrote since the job started, so a caller that gave its own
+image learns which words changed without comparing whole images.
 
 Where ``/dev/shm`` exists (Linux tmpfs) the backend's files live there, so the pages never go
 to disk; elsewhere they are ordinary files in the simulator's work folder.
@@ -74,7 +49,35 @@ def shm_folder() -> Path | None:
 
 
 class SharedMemory:
-    """One rank's memory in a mapped file (see the module docstring for the layout).
+    """One rank's memory in a mapped file.
+
+    Nothing is loaded into or dumped from the simulator between jobs: what the host writes
+    (operands, cache stores) is in the rank's memory for the next program, and what the NME
+    writes is in the host's array when the job ends. The simulator also lists the words the NME
+    wrote since the job started (a bitmap against repeats and a list of addresses).
+
+    A DRAM device addresses bursts, not words: its index is the low bits of ``{row, bank, bank
+    group, column burst}`` (:mod:`coda.cosim.nmp_image`), so a memory made for one carries a
+    burst map (``create(..., burst_map=, burst_words=)``): for every device index the burst
+    ``b`` it holds (words ``[b * burst_words, (b + 1) * burst_words)`` of the memory) or -1. The
+    memory itself stays the NME's image, ``[words, lanes]``, so the host sees the same array
+    whichever memory the NMEs run on. A burst write to an index that holds no burst is not
+    stored; the header counts it (``nstray``, emptied with the dirty list).
+
+    Layout of the file (this module defines it; the C++ side reads the offsets from the header,
+    so the two cannot disagree), little-endian:
+
+    ====================  ================================================================
+    offset 0, 64 bytes    header: ``uint64`` magic ``"CODAMEM1"``, then ``uint32`` lanes,
+                          words, ndirty, nstray, ``uint64`` offsets of memory, bitmap, list,
+                          ``uint32`` burst_words, nidx and the ``uint64`` offset of the map
+    ``mem_off``           the memory: uint16 ``[words, lanes]`` (element ``j`` of word ``w``
+                          is bits ``[16j, 16j+16)`` of the ``16*lanes``-bit word)
+    ``map_off``           dirty bitmap: uint8 ``[words]``, 1 if the word is in the list
+    ``list_off``          dirty list: uint32 ``[words]``, the first ``ndirty`` addresses
+                          written since the job started, in the order first written
+    ``idx_off``           burst map: int32 ``[nidx]`` (``nidx`` 0: a word memory)
+    ====================  ================================================================
 
     Use :meth:`create` (the host, before the simulator starts: a new zeroed memory) or
     :meth:`attach` (an existing file, e.g. inside the simulator's cocotb process).

@@ -1,40 +1,15 @@
 """Area / Fmax sweep of the NME over lanes and formats, and where DRAM bandwidth caps lanes.
 
-``coda synth-sweep`` (``make synth-sweep``; long: minutes per configuration on a
-shared machine; NOT part of ``make test``) runs :func:`coda.synth.flow.synthesize` for every
-(target, lanes, format) as a point of the sweep engine (:mod:`coda.sweep`: tasks on a local
-Ray by default, ``--address`` for a cluster, ``--sequential`` for a plain loop; ``coda sweep
-synth`` runs such points over any Cartesian grid, without this command's place-and-route cap,
-tables, bandwidth bound and plot) into ``build/synth/sweep/points/<target>_l<lanes>_<fmt>/`` and
-skips configurations already done with the same hardware sources (a sweep can be stopped and
-resumed; a changed ``hw/`` or ``synth/`` is synthesised again). It then writes
-``sweep.json``, a table, and ``sweep.png`` into ``build/synth/``.
-
-Bandwidth bound
----------------
-The NME's memory port moves one word of ``lanes`` 16-bit elements per clock, so it asks for
-``lanes * 2 B * f_clk`` bytes/s; a rank delivers at most its peak
-``rank_width / 8 B * 2 / tCK`` bytes/s (:mod:`coda.hw.dram.standards`; DDR4-3200 x64:
-25.6 GB/s). Useful element throughput is ``min(lanes * f_clk, peak / 2 B)`` elements/s, and
-performance per area is that over LUT4s (ECP5) or generic cells. The knee is the smallest
-``lanes`` whose demand reaches the rank peak: beyond it more lanes add area, not throughput.
-``f_clk`` is the ECP5 Fmax of that configuration (nextpnr), or of the nearest lanes count that
-was placed and routed (said so in the table). If the cosim bench left throughput results in
-``build/bench/*.json`` they are listed next to the bound.
-
-Measured throughput
--------------------
-With the DIMM-NMP design-space sweep of ``make bench`` (``build/bench/dse.json``, from
-:func:`coda.experiments.design_space.sweep`: one rank; here its rows with the NME clocked at the DRAM tCK,
-best buffer depth per lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
-a residual add and of a 4-stream segment, and that per 1,000 generic cells / ECP5 LUT4s
-(performance per area, frequency-free because the cosim NME runs at tCK). The *measured knee*
-is the smallest lanes count reaching 95 % of the best elements/cycle: beyond it the DRAM, not
-the lanes, sets the throughput, and perf/area falls. A version-2 ``dse.json`` (the sweep
-over NME clocks and DRAM standards) also gives :func:`clock_table`: per standard, NME clock
-(MHz) and lanes count, the measured elements per ns per 1,000 generic cells / LUT4s, the knee
-of :func:`coda.experiments.design_space.knees` at that clock (said NME-bound when even the widest NME
-does not saturate the rank) and whether the ECP5 Fmax of that lanes count reaches the clock.
+``coda synth-sweep`` (``make synth-sweep``; long: minutes per configuration; NOT part of
+``make test``) runs :func:`coda.synth.flow.synthesize` for every (target, lanes, format) as a
+point of the sweep engine (:mod:`coda.sweep`; ``coda sweep synth`` runs such points over any
+grid, without this command's place-and-route cap, tables, bandwidth bound and plot) into
+``build/synth/sweep/points/<target>_l<lanes>_<fmt>/``, skipping configurations already done
+with the same hardware sources (a stopped sweep resumes; a changed ``hw/`` or ``synth/`` is
+synthesised again). It then writes ``sweep.json``, a table, and ``sweep.png`` into
+``build/synth/``: the bandwidth bound per configuration (:func:`bandwidth_table`) and, where
+``make bench`` left its DIMM-NMP design-space sweep, the measured throughput per area
+(:func:`measured_table`, :func:`clock_table`).
 """
 
 from __future__ import annotations
@@ -192,6 +167,16 @@ def bandwidth_table(rows: list[dict], dram: str = "DDR4-3200") -> list[dict]:
     ``gelem_s`` (useful Gelements/s), ``bound`` ("compute" or "DRAM"), ``melem_s_per_klut``
     and ``melem_s_per_kcell`` where the area is known, and ``knee`` (True on the first lanes
     count of a format whose demand reaches the peak).
+
+    The NME's memory port moves one word of ``lanes`` 16-bit elements per clock, so it asks for
+    ``lanes * 2 B * f_clk`` bytes/s; a rank delivers at most its peak
+    ``rank_width / 8 B * 2 / tCK`` bytes/s (:mod:`coda.hw.dram.standards`; DDR4-3200 x64:
+    25.6 GB/s). Useful element throughput is ``min(lanes * f_clk, peak / 2 B)`` elements/s, and
+    performance per area is that over LUT4s (ECP5) or generic cells. The knee is the smallest
+    ``lanes`` whose demand reaches the rank peak: beyond it more lanes add area, not throughput.
+    ``f_clk`` is the ECP5 Fmax of that configuration (nextpnr), or of the nearest lanes count that
+    was placed and routed (said so in the table). If the cosim bench left throughput results in
+    ``build/bench/*.json`` they are listed next to the bound.
     """
     peak = rank_peak_bytes_per_s(dram)
     out = []
@@ -227,6 +212,18 @@ DSE_PROGRAMS = ("residual_add", "segment4")
 
 def measured_table(rows: list[dict], dse: dict, dram: str | None = None) -> list[dict]:
     """Add the DIMM-NMP sweep's measured throughput and performance per area to ``rows``.
+
+    With the DIMM-NMP design-space sweep of ``make bench`` (``build/bench/dse.json``, from
+    :func:`coda.experiments.design_space.sweep`: one rank; here its rows with the NME clocked at the DRAM tCK,
+    best buffer depth per lanes count), :func:`measured_table` adds what the cosimulation achieved: elements per cycle of
+    a residual add and of a 4-stream segment, and that per 1,000 generic cells / ECP5 LUT4s
+    (performance per area, frequency-free because the cosim NME runs at tCK). The *measured knee*
+    is the smallest lanes count reaching 95 % of the best elements/cycle: beyond it the DRAM, not
+    the lanes, sets the throughput, and perf/area falls. A version-2 ``dse.json`` (the sweep
+    over NME clocks and DRAM standards) also gives :func:`clock_table`: per standard, NME clock
+    (MHz) and lanes count, the measured elements per ns per 1,000 generic cells / LUT4s, the knee
+    of :func:`coda.experiments.design_space.knees` at that clock (said NME-bound when even the widest NME
+    does not saturate the rank) and whether the ECP5 Fmax of that lanes count reaches the clock.
 
     Args:
         rows: synthesis rows (:func:`collect`, one per lanes x fmt).

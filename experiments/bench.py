@@ -1,53 +1,17 @@
 """``coda bench`` (``make bench``): the DIMM-NMP design-space sweep, the DRAM controller
 alone, and the cosimulation's speed, in ``build/bench/``.
 
-``coda bench [--lanes 8] [--fmt bf16] [--mem-words 65536]`` runs, in this order:
-
-1. unless ``--sweep-lanes ''``, the design-space sweep
-   (:func:`coda.experiments.design_space.sweep`): lanes x buffer depth x NME clock
-   (``--sweep-clocks``, MHz; ``dram``: the NME on the DRAM clock, no crossing) x DRAM standard
-   (``--sweep-drams``, default DDR5-4800 and DDR4-3200) of one DIMM-NMP rank, every point with
-   the NME units ``--sweep-units M,A,O`` (default the default NME's, ``5,7,1``, the
-   timing-closed preset; :mod:`coda.cosim.nme_units`), written to ``build/bench/dse.json`` (+ ``dse.png``, and two
-   tables on stdout: every point, and the knee per standard and clock with elements/ns per
-   area where ``make synth-sweep`` left areas; :mod:`coda.experiments.design_space_report`,
-   :mod:`coda.experiments.synth_area`); its points run through the sweep engine
-   (:mod:`coda.sweep`): tasks on a local Ray (``--workers``, default all CPUs), on a cluster
-   (``--address``) or a plain loop (``--sequential``), records in ``build/bench/dse/`` (a
-   stopped sweep resumes). ``--sweep-only`` stops after it; ``--sweep-report-only``
-   measures nothing and reports the records already there;
-2. unless ``--skip-dram``, the DRAM controller alone (:func:`coda.cosim.dram_bench.bench_dram`):
-   standard traces on DDR4-3200 and DDR5-4800, every command trace checked, written to
-   ``build/bench/dram.json``;
-3. unless ``--skip-nme``, the speed of the NME's cosimulation on an ideal memory
-   (:func:`coda.cosim.nme_speed.measure`: simulated cycles per second, per-job overhead, two
-   ranks in lockstep);
-4. unless ``--skip-nme`` or ``--run-prompts ''``, cosimulated generations of the same
-   prompts ``--run-prompts`` (default 0,1), 1 DIMM x 2 ranks, every prompt through the RTL,
-   on each memory of ``--run-memories`` (default both): ``coda run --memory ideal`` (NMEs on
-   an ideal 1-cycle memory) and ``coda run --memory dram --dram`` ``--nmp-dram`` (the
-   DRAM-timed DIMM-NMP, NMEs at ``coda run``'s default clock): each one's
-   ``sim_cycles_per_s`` (NME cycles summed over the ranks per second from launch to
-   result, as ``coda run`` reports it), seconds and bit-exactness, the ideal-memory run's
-   ratio to step 3's ``ceiling`` (two ranks, no host in the loop), and ``ideal_over_dram``,
-   the ideal run's cycles/s over the DRAM-timed run's (the issue's target: at most
-   :data:`DRAM_SPEED_TARGET`), in ``rtl_generation``; the runs' own folders are beside
-   ``--out`` (``run-ideal``, ``run-dram``);
-5. a whole DIMM-NMP (:func:`coda.cosim.nmp_measure.measure_nmp`, ``--nmp-dimms`` x
-   ``--nmp-ranks`` of ``--nmp-dram``, 256 KiB per stream): simulated cycles per wall second
-   and the DRAM bandwidth utilisation per rank of a long residual add and a 4-stream segment;
-   ``--nmp-flags`` measures other Verilator/C++ option sets
-   (:data:`coda.cosim.nmp_build.FLAG_SETS`, one build each);
-6. unless ``--skip-checks``, the speed of two checks whose tests assert behaviour only, in
-   ``checks``: ``gpu_check_cpu`` (:func:`gpu_check_timing`: ``scripts/gpu_check.py`` on the CPU
-   at the size of its test, against :data:`GPU_CHECK_CPU_TARGET_S`; its output in
-   ``gpu_check/`` beside ``--out``) and ``sweep_address_check`` (:func:`address_check_timing`:
-   ``coda sweep``'s refusal of an address where no Ray cluster answers) and ``serving_1000``
-   (:func:`serving_timing`: a 1,000-request ``coda serve`` simulation, service times
-   included, against :data:`SERVING_TARGET_S`).
-
-Prints steps 3 to 6 as one JSON object; writes it to ``--out`` (default
-``build/bench/cosim.json``).
+:func:`main` runs, in order and each skippable: the design-space sweep
+(:func:`coda.experiments.design_space.sweep`, through the sweep engine :mod:`coda.sweep`;
+``build/bench/dse.json``), the DRAM controller alone
+(:func:`coda.cosim.dram_bench.bench_dram`), the NME cosimulation's speed on an ideal memory
+(:func:`coda.cosim.nme_speed.measure`), cosimulated ``coda run`` generations on the ideal and
+the DRAM-timed memory (against :data:`DRAM_SPEED_TARGET`), a whole DIMM-NMP
+(:func:`coda.cosim.nmp_measure.measure_nmp`), and the speed of checks whose tests assert
+behaviour only (:func:`gpu_check_timing`, :func:`address_check_timing`,
+:func:`serving_timing`). It prints steps 3 to 6 as one JSON object and writes it to
+``--out`` (default ``build/bench/cosim.json``). Each step in detail: ``docs/cli.md``,
+"coda bench".
 """
 
 from __future__ import annotations
@@ -282,7 +246,7 @@ def _run_memories(text: str) -> list[str]:
 
 
 def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
-    """Step 4 of the module docstring: ``coda run`` of ``--run-prompts`` on every memory of
+    """Step 4 (``docs/cli.md``, "coda bench"): ``coda run`` of ``--run-prompts`` on every memory of
     ``--run-memories``, every prompt through the RTL; their cosimulation figures, the ideal
     run's ``ceiling_ratio`` (ceiling cycles/s over its own) and, with both,
     ``ideal_over_dram`` against :data:`DRAM_SPEED_TARGET`."""

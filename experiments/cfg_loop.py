@@ -3,17 +3,9 @@ engine serves, for the experiments that generate: profiling (:mod:`coda.experime
 DRA calibration (:mod:`coda.experiments.dra_calibration`) and the schedule search's rollouts
 (:mod:`coda.experiments.search`).
 
-The shipped model (``DigitLatte``, :mod:`coda.host.model.sample`) brings its own loop; a
-``WanTransformer3DModel``, ``CogVideoXTransformer3DModel``, ``HunyuanVideoTransformer3DModel``
-(or a ``LatteTransformer3DModel``) brings none, so :class:`CFGLoop` is one: what a diffusers
-pipeline does between its text encoder and its VAE. Per step ``i`` it calls the transformer
-under ``transformer.cache_context(name, step_index=i, num_inference_steps=n)`` (both CFG
-branches in one call, ``"uncond|cond"`` rows as diffusers' pipelines batch them, or one call
-per branch), combines ``u + g (c - u)`` and takes the scheduler's step. Prompts are the
-transformer's conditioning keyword arguments, given (the text encoder is not part of it);
-a video is (prompt index, noise seed).
-
-:func:`generate_videos` / :func:`cached_videos` run either kind of model, so the experiments
+The shipped model brings its own loop (:mod:`coda.host.model.sample`); a diffusers
+transformer brings none, so :class:`CFGLoop` is one: what a diffusers pipeline does between
+its text encoder and its VAE. :func:`generate_videos` / :func:`cached_videos` run either kind of model, so the experiments
 take a ``DigitLatte`` or a :class:`CFGLoop` alike.
 """
 
@@ -38,7 +30,17 @@ def _default_scheduler():
 
 @dataclass(eq=False)
 class CFGLoop:
-    """A CFG denoising loop over ``transformer`` (see the module docstring).
+    """A CFG denoising loop over ``transformer``.
+
+    The shipped model (``DigitLatte``, :mod:`coda.host.model.sample`) brings its own loop; a
+    ``WanTransformer3DModel``, ``CogVideoXTransformer3DModel``, ``HunyuanVideoTransformer3DModel``
+    (or a ``LatteTransformer3DModel``) brings none, so :class:`CFGLoop` is one: what a diffusers
+    pipeline does between its text encoder and its VAE. Per step ``i`` it calls the transformer
+    under ``transformer.cache_context(name, step_index=i, num_inference_steps=n)`` (both CFG
+    branches in one call, ``"uncond|cond"`` rows as diffusers' pipelines batch them, or one call
+    per branch), combines ``u + g (c - u)`` and takes the scheduler's step. Prompts are the
+    transformer's conditioning keyword arguments, given (the text encoder is not part of it);
+    a video is (prompt index, noise seed).
 
     Attributes:
         transformer: a diffusers video transformer of :mod:`coda.host.cache.arch`.

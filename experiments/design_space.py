@@ -1,24 +1,12 @@
 """The DIMM-NMP design space of one rank: the sweep, its rows and the knees.
 
-The design-space sweep :func:`sweep` (``coda bench`` unless ``--sweep-lanes ''``; ``coda sweep
-bench`` runs the same points): lanes x buffer depth x NME clock (MHz; 0, ``dram`` on the
-command line: the NME on the DRAM clock, no crossing) x DRAM standard (default DDR5-4800 and
-DDR4-3200) of one DIMM-NMP rank: elements per ns, NME and DRAM cycles, ns, GB/s and DRAM
-utilisation of the residual add and the 4-stream segment (:mod:`coda.cosim.nmp_measure`),
-written to ``build/bench/dse.json`` with the knee per standard and clock (:func:`knees`) and
-elements/ns per area where ``make synth-sweep`` left areas
-(:func:`coda.experiments.synth_area.perf_per_area`). Every point of the sweep has an NME with the
-units ``"M,A,O"`` (:mod:`coda.cosim.nme_units`; default the default NME's, ``5,7,1``,
-:data:`~coda.cosim.nme_units.DEFAULT_UNITS`): ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages after
-the buffers (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
-``operand_latency``; ``5,7,1``, the deepest units, is the NME that places and routes on ECP5
-at 99–101 MHz, ``4,5,1`` at 97–100 MHz): the sweep parameter ``units``, named in the tables'
-titles and in ``dse.json``. Every (lanes, depth, standard, units) is one Verilator build for
-all its clocks (the clock is a plusarg) and one more for the same-domain NME (cached under
-``build/cosim/``), so the first sweep takes a while; the points run through the sweep engine
-(:mod:`coda.sweep`): tasks on a local Ray, on a cluster or a plain loop, records in
-``build/bench/dse/`` (a stopped sweep resumes). The tables and the plot of the rows:
-:mod:`coda.experiments.design_space_report`.
+:func:`sweep` (``coda bench`` unless ``--sweep-lanes ''``; ``coda sweep bench`` runs the same
+points, :func:`sweep_kind`) measures lanes x buffer depth x NME clock x DRAM standard of one
+DIMM-NMP rank (:mod:`coda.cosim.nmp_measure`), every point with the NME units ``"M,A,O"``
+(:mod:`coda.cosim.nme_units`), and writes ``build/bench/dse.json`` with the knee per standard
+and clock (:func:`knees`); its points run through the sweep engine (:mod:`coda.sweep`). What
+each point measures, the units and the builds: :func:`sweep`. The tables and the plot of the
+rows: :mod:`coda.experiments.design_space_report`.
 """
 
 from __future__ import annotations
@@ -309,6 +297,25 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
     with the NME units ``units`` (``"M,A,O"`` or a tuple: FPMul / FPAdd / operand register
     stages, :func:`~coda.cosim.nme_units.parse_units`; default :data:`SWEEP_UNITS`, the
     default NME's).
+
+    The design-space sweep :func:`sweep` (``coda bench`` unless ``--sweep-lanes ''``; ``coda sweep
+    bench`` runs the same points): lanes x buffer depth x NME clock (MHz; 0, ``dram`` on the
+    command line: the NME on the DRAM clock, no crossing) x DRAM standard (default DDR5-4800 and
+    DDR4-3200) of one DIMM-NMP rank: elements per ns, NME and DRAM cycles, ns, GB/s and DRAM
+    utilisation of the residual add and the 4-stream segment (:mod:`coda.cosim.nmp_measure`),
+    written to ``build/bench/dse.json`` with the knee per standard and clock (:func:`knees`) and
+    elements/ns per area where ``make synth-sweep`` left areas
+    (:func:`coda.experiments.synth_area.perf_per_area`). Every point of the sweep has an NME with the
+    units ``"M,A,O"`` (:mod:`coda.cosim.nme_units`; default the default NME's, ``5,7,1``,
+    :data:`~coda.cosim.nme_units.DEFAULT_UNITS`): ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages after
+    the buffers (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
+    ``operand_latency``; ``5,7,1``, the deepest units, is the NME that places and routes on ECP5
+    at about 100 MHz: docs/results.md, "ECP5 Fmax of the 8-lane NME"): the sweep parameter ``units``, named in the tables'
+    titles and in ``dse.json``. Every (lanes, depth, standard, units) is one Verilator build for
+    all its clocks (the clock is a plusarg) and one more for the same-domain NME (cached under
+    ``build/cosim/``), so the first sweep takes a while; the points run through the sweep engine
+    (:mod:`coda.sweep`): tasks on a local Ray, on a cluster or a plain loop, records in
+    ``build/bench/dse/`` (a stopped sweep resumes).
 
     Every point is a :func:`dse_point` run by :func:`coda.sweep.run_sweep`: a task on Ray
     (local, ``workers`` CPUs, or the cluster at ``address``) or, with ``sequential``, a loop

@@ -1,26 +1,12 @@
 """Calibration of step-level DRA (:class:`coda.host.cache.policies.dra.StepDRAPolicy`) on
 calibration videos, and its threshold table stored with the schedule.
 
-:func:`calibrate_step_dra` runs the static schedule with DRA's probes on the calibration
-videos (e.g. the profile's prompts and seeds, ``profile.meta["prompts"]``/``["seeds"]``; never
-the held-out evaluation seeds) and sets each reused step's threshold to a quantile of the
-probe values seen at that step (over videos and both CFG branches), times a margin: one
-quantile for every step, or, budgeted (``budget`` and the profile), the per-step quantile
-``1 - rate`` of :func:`fallback_rates`, which spreads a budget of extra executions over the
-reused steps by what computing each is worth to the profile's stand-in.
-
+:func:`calibrate_step_dra` sets each reused step's threshold to a quantile of the probe values
+seen there on the calibration videos (never the held-out evaluation seeds), times a margin;
 :func:`calibrate_default_dra` is what ``coda eval``, ``coda run`` and ``coda schedule dra``
-(:func:`main`) calibrate: a budgeted table per probe of
-:data:`coda.host.cache.policies.dra.DEFAULT_PROBES`, each rolled out on the calibration videos
-against their full-compute videos, and the table of the probe :func:`pick_probe` picks (the
-best gain on the quarter of those videos the static schedule loses most).
-
-:func:`save_step_dra` writes the table as a ``"dra"`` block into the schedule's JSON file
-(beside the ``"coda"`` block of the search; :meth:`Schedule.from_json` ignores both);
-:func:`load_step_dra` reads the schedule and its table back and refuses a table of another
-model hash, step count or schedule with a ValueError naming the file.
-
-This module sits above the policies and the model (it generates videos), so the policies
+(:func:`main`) calibrate, a budgeted table per probe and the one :func:`pick_probe` picks.
+:func:`save_step_dra` / :func:`load_step_dra` keep the table as a ``"dra"`` block in the
+schedule's JSON file. This module sits above the policies and the model (it generates videos), so the policies
 package does not import it.
 """
 
@@ -195,6 +181,14 @@ def calibrate_step_dra(model, schedule: Schedule, labels, seeds, *, num_steps: i
         ValueError: a quantile outside [0, 1], a margin <= 0, ``num_steps`` not the
             schedule's, no labels or seeds; a budget without a profile, and what
             :func:`fallback_rates` refuses.
+
+    :func:`calibrate_step_dra` runs the static schedule with DRA's probes on the calibration
+    videos (e.g. the profile's prompts and seeds, ``profile.meta["prompts"]``/``["seeds"]``; never
+    the held-out evaluation seeds) and sets each reused step's threshold to a quantile of the
+    probe values seen at that step (over videos and both CFG branches), times a margin: one
+    quantile for every step, or, budgeted (``budget`` and the profile), the per-step quantile
+    ``1 - rate`` of :func:`fallback_rates`, which spreads a budget of extra executions over the
+    reused steps by what computing each is worth to the profile's stand-in.
     """
     from coda.host.cache.profile import model_hash
 
@@ -261,6 +255,12 @@ def calibrate_default_dra(model, schedule: Schedule, profile, *, num_steps: int,
         calibration videos' executions) and ``"psnr_db"`` per video).
     Raises:
         ValueError: no probe, an unknown probe, and what :func:`calibrate_step_dra` raises.
+
+    :func:`calibrate_default_dra` is what ``coda eval``, ``coda run`` and ``coda schedule dra``
+    (:func:`main`) calibrate: a budgeted table per probe of
+    :data:`coda.host.cache.policies.dra.DEFAULT_PROBES`, each rolled out on the calibration videos
+    against their full-compute videos, and the table of the probe :func:`pick_probe` picks (the
+    best gain on the quarter of those videos the static schedule loses most).
     """
     from coda.experiments.cfg_loop import generate_videos
     from coda.experiments.metrics import psnr_db
@@ -370,6 +370,11 @@ def fallback_extra(model, schedule: Schedule, thresholds: StepThresholds, labels
 def save_step_dra(path: str | Path, schedule: Schedule, thresholds: StepThresholds) -> None:
     """Write ``thresholds`` as the ``"dra"`` block of the schedule file ``path`` (kept: its
     ``"coda"`` block; written fresh from ``schedule`` if the file does not exist).
+
+    :func:`save_step_dra` writes the table as a ``"dra"`` block into the schedule's JSON file
+    (beside the ``"coda"`` block of the search; :meth:`Schedule.from_json` ignores both);
+    :func:`load_step_dra` reads the schedule and its table back and refuses a table of another
+    model hash, step count or schedule with a ValueError naming the file.
 
     Raises ValueError if the table was not calibrated on ``schedule`` or has a threshold at
     a step it never probes (:meth:`StepThresholds.check_probed`), or the file is not a

@@ -1,33 +1,13 @@
 """``coda eval``: cache policies compared on the same engine, seeds and metrics (Pareto).
 
-For every policy x target skip fraction, the cached CFG generations of ``prompts x seeds``
-(seeds held out from the profile's) are compared with full compute: achieved
-``ops_skipped_fraction``, PSNR and SSIM (torchmetrics, data range 2 for pixels in [-1, 1]),
-prompt adherence (:func:`coda.host.model.choice.adherence`: the digits model's label
-accuracy; the text model's digit, direction and speed accuracy and identity kept), segments
-and host-link bytes per video.
-Each policy is calibrated to the target on the profile (:func:`coda.host.cache.policies.get_policy`);
-the CODA schedule is the whole-step search's (:mod:`coda.experiments.search`, rollouts of the
-profile's calibration videos): the shipped schedule for the target when the profile is the
-shipped one (:func:`coda.host.cache.shipped.shipped_schedule`), else searched here. Besides the
-whole-set PSNR (the pooled MSE of all videos), every row has the mean of the per-video PSNRs,
-and the CODA rows count the videos on which CODA beats each other policy at the same target.
-
-Corner cases: the held-out videos on which the static CODA schedule degrades most (the
-quarter with the lowest PSNR under ``coda`` at each skip, picked after the run, so DRA, which
-never sees that choice, is scored on exactly those videos) and, separately, the quarter
-with the fastest motion of the digit in the full-compute video (centre-of-mass travel per
-frame, what :mod:`coda.host.model.data` varies). For both: PSNR without and with DRA and the
-extra operator executions DRA spent on them. DRA's thresholds and its probe are chosen on the
-profile's own videos (:func:`coda.experiments.dra_calibration.calibrate_default_dra`), never
-on the held-out ones.
-
-Writes ``DIR/pareto.json`` (rows: policy, target_skip, ops_skipped_fraction, psnr_db, ssim,
-the adherence figures, segments, pcie_bytes, plus details), ``DIR/pareto.png``, ``DIR/videos.json``
-(per-video PSNR, motion, executions), ``DIR/corner_cases.json`` and, with ``coda+dra``,
-``DIR/dra_probes.json`` (per skip, the probe choice on the calibration videos and the table
-chosen, as :func:`coda.experiments.dra_calibration.save_step_dra` stores it); a PSNR of identical
-videos (infinite) is ``null`` there (JSON has no Infinity).
+For every policy x target skip fraction, :func:`main` runs the cached CFG generations of
+``prompts x seeds`` (seeds held out from the profile's) through :func:`evaluate_policy` and
+compares them with full compute (skipped operators, PSNR and SSIM, prompt adherence,
+segments, host-link bytes, modelled latency). Each policy is calibrated to the target on the
+profile; the CODA schedule is the whole-step search's (:func:`coda_schedule`). DRA is scored
+on corner cases picked after the run, its thresholds and probe chosen on the profile's own
+videos, never on the held-out ones. What is measured, the corner cases and the files
+written: ``docs/scheduler.md``, "How the policies compare".
 """
 
 from __future__ import annotations

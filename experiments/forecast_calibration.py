@@ -3,15 +3,8 @@ videos: alpha per reused step and operator type, for one or more static schedule
 
 :func:`record_outputs` generates the calibration videos with full compute, every operator's
 output stored every step through a recording NMP driver (so the recorded tensors are exactly
-the cache entries a run would hold: the NME format, bf16 or fp16). :func:`fit_tables` then
-fits, per schedule, per step ``t`` that reuses an operator and per operator type, the closed
-form least-squares alpha of the full-compute output against the extrapolation of the
-schedule's last two computed steps ``k`` and ``k'`` before ``t``:
-
-    alpha = sum <c_t - c_k, c_k - c_k'> / sum |c_k - c_k'|^2
-
-over videos, CFG branches, samples, layers and residual streams, clipped to
-:data:`coda.host.cache.forecast.ALPHA_RANGE`. The calibration videos are the profile's
+the cache entries a run would hold: the NME format, bf16 or fp16). :func:`fit_tables` then fits alpha per schedule, reused step and operator type in closed
+form (least squares of the full-compute output against the extrapolation). The calibration videos are the profile's
 prompts and seeds (``profile.meta["prompts"]`` / ``["seeds"]``); never evaluation seeds.
 
 This module generates videos, so it sits with the experiments, above the cache and the
@@ -103,7 +96,17 @@ def _sums(outputs: dict, schedules: dict, acc: dict) -> None:
 
 def fit_tables(acc_by_schedule: dict, schedules: dict, *, num_steps: int, model_hash: str,
                videos: Sequence) -> dict:
-    """One :class:`ForecastTable` per schedule name from the accumulated sums."""
+    """One :class:`ForecastTable` per schedule name from the accumulated sums.
+
+    Fits, per schedule, per step ``t`` that reuses an operator and per operator type, the closed
+    form least-squares alpha of the full-compute output against the extrapolation of the
+    schedule's last two computed steps ``k`` and ``k'`` before ``t``:
+
+        alpha = sum <c_t - c_k, c_k - c_k'> / sum |c_k - c_k'|^2
+
+    over videos, CFG branches, samples, layers and residual streams, clipped to
+    :data:`coda.host.cache.forecast.ALPHA_RANGE`.
+    """
     tables = {}
     for name, acc in acc_by_schedule.items():
         alphas, fit = {}, {}

@@ -1,26 +1,13 @@
 """The GPU check: the system model's xPU side against a device, in one run
 (``scripts/gpu_check.py`` runs it on a GPU machine; ``scripts/README.md`` says how).
 
-On ``--model`` (default Wan 2.1 1.3B) at ``--resolution`` x ``--frames`` (default 480p x 81),
-with the published configuration (``--layers`` cuts it to fewer blocks per block list, for a
-check at a small size) and random weights (no download), on ``--device``:
-
-1. ``coda calibrate`` at that shape (:func:`coda.host.system.calibrate.calibrate`) writes
-   ``OUT/gpu_table.json``;
-2. a full-compute generation of ``--steps`` steps (the pipeline's CFG loop: ``cache_context``
-   per branch, as the cache engine expects) is timed end to end (CUDA events, or
-   ``time.perf_counter`` on a CPU) after one untimed transformer call;
-3. the same generation under the cache engine (``apply_coda_cache``) with the uniform policy
-   (``--interval`` 2: every other step after ``--warmup-steps`` reused, half of the steps
-   after the warm-up) is timed the same way, with the cache in the GPU's memory
-   (:class:`~coda.host.cache.device.DeviceCache`, system b: slots as device tensors, the
-   cache operators as torch ops there), chosen in one place, :func:`choose_cache_backend`;
-4. ``coda sim`` of the same generation (:func:`coda.host.system.sim.simulate`, systems a and b,
-   ``--platform``, default the H200 preset) with the roofline and with the calibrated table;
-
-and writes ``OUT/gpu_check.json`` (every figure, the versions, date, command, machine) and
-``OUT/gpu_check.txt`` (the comparison as a short table), and prints the table.
-Errors of a simulated system b are ``sim / measured - 1``.
+:func:`run_check` calibrates the model's operators on the device
+(:func:`coda.host.system.calibrate.calibrate`), times a full-compute generation and a cached
+one (uniform policy, the cache in the device's memory: :func:`choose_cache_backend`), and
+compares both with ``coda sim``'s systems a and b, with the roofline and with the calibrated
+table; it writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.txt``. Errors of a simulated
+system b are ``sim / measured - 1``. The steps in detail: :func:`run_check`; the narrative:
+``docs/system-model.md``, "The GPU check".
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ __all__ = ["GpuCheckConfig", "CPU_CHECK", "choose_cache_backend", "denoise",
            "run_check", "main"]
 
 #: the check at a tiny size on a CPU (Wan 2.1 1.3B cut to 2 layers, 32x32 pixels x 5 frames,
-#: 3 steps): what tests/test_gpu_check.py runs, and what ``coda bench`` times
+#: 3 steps): what tests/experiments/test_gpu_check.py runs, and what ``coda bench`` times
 CPU_CHECK = ("--device", "cpu", "--resolution", "32x32", "--frames", "5", "--layers", "2",
              "--steps", "3", "--warmup", "1", "--repeat", "2")
 
@@ -171,9 +158,31 @@ def _error(sim, measured):
 
 
 def run_check(cfg: GpuCheckConfig, command: str = "") -> dict:
-    """Everything the check measures and models, as a dict (module docstring); writes
+    """Everything the check measures and models, as a dict (the steps below); writes
     ``OUT/gpu_table.json``. Raises ValueError for bad input (a device this torch cannot
-    use, a model or size coda calibrate refuses, counts below 1)."""
+    use, a model or size coda calibrate refuses, counts below 1).
+
+    On ``--model`` (default Wan 2.1 1.3B) at ``--resolution`` x ``--frames`` (default 480p x 81),
+    with the published configuration (``--layers`` cuts it to fewer blocks per block list, for a
+    check at a small size) and random weights (no download), on ``--device``:
+
+    1. ``coda calibrate`` at that shape (:func:`coda.host.system.calibrate.calibrate`) writes
+       ``OUT/gpu_table.json``;
+    2. a full-compute generation of ``--steps`` steps (the pipeline's CFG loop: ``cache_context``
+       per branch, as the cache engine expects) is timed end to end (CUDA events, or
+       ``time.perf_counter`` on a CPU) after one untimed transformer call;
+    3. the same generation under the cache engine (``apply_coda_cache``) with the uniform policy
+       (``--interval`` 2: every other step after ``--warmup-steps`` reused, half of the steps
+       after the warm-up) is timed the same way, with the cache in the GPU's memory
+       (:class:`~coda.host.cache.device.DeviceCache`, system b: slots as device tensors, the
+       cache operators as torch ops there), chosen in one place, :func:`choose_cache_backend`;
+    4. ``coda sim`` of the same generation (:func:`coda.host.system.sim.simulate`, systems a and b,
+       ``--platform``, default the H200 preset) with the roofline and with the calibrated table;
+
+    and writes ``OUT/gpu_check.json`` (every figure, the versions, date, command, machine) and
+    ``OUT/gpu_check.txt`` (the comparison as a short table), and prints the table.
+    Errors of a simulated system b are ``sim / measured - 1``.
+    """
     from coda.host.cache.policies import UniformIntervalPolicy
     from coda.host.system.calibrate import calibrate, measure
     from coda.host.cache.device import resolve_device

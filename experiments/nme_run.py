@@ -1,27 +1,9 @@
 """``coda nme run``: tensors from a .npz file through one cache operator on the NMP.
 
-Usage::
-
-    coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz \\
-                 [--backend torch|rtl] [--lanes N] [--dimms D] [--ranks R] [--mem-words W]
-                 [--preset combinational|timing-closed] [--waves FILE.fst]
-    coda nme run --op OP --fmt F --make-example IN.npz [--lanes N] [--seed S]
-
-IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.nme.ops`:
-``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
-dequant_int8): floating-point inputs as uint16 arrays of raw bf16/fp16 bit patterns, ``q`` as
-int8, ``group`` as an integer scalar. OUT.npz receives ``y`` (uint16 bit patterns) or, for
-l1_distance, ``l1`` (a float32 scalar). stdout gets the NME configuration (``--preset``
-and latencies, :func:`coda.hw.verilog.resolve_preset`) and a one-line summary. Bad files, keys,
-dtypes or shapes print one clear error line and exit with status 2.
-
-``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
-with a masked tail and a token count that splits unevenly over ranks) instead of running.
-
-``--waves FILE.fst`` (with ``--backend rtl``, without ``--dram``) runs the traced NME model (a
-separate cached Verilator build, ``coda.cosim.build.build_sim(waves=True)``) and writes the FST
-waveform of the run to FILE.fst (GTKWave, Surfer); with several ranks, rank simulator n >= 1
-writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
+``coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz`` runs the operator on the
+inputs (raw bf16/fp16 bit patterns) and writes its result; ``--make-example IN.npz`` writes a
+deterministic random input file instead; ``--waves FILE.fst`` also writes the traced NME's
+waveform. The file formats and what is printed: :func:`main`.
 """
 
 from __future__ import annotations
@@ -101,7 +83,24 @@ def _fail(msg: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Run the command; returns the exit status (0 ok, 2 bad input). Options and output path
-    are checked before any work; nothing is written when the command fails."""
+    are checked before any work; nothing is written when the command fails.
+
+    IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.nme.ops`:
+    ``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
+    dequant_int8): floating-point inputs as uint16 arrays of raw bf16/fp16 bit patterns, ``q`` as
+    int8, ``group`` as an integer scalar. OUT.npz receives ``y`` (uint16 bit patterns) or, for
+    l1_distance, ``l1`` (a float32 scalar). stdout gets the NME configuration (``--preset``
+    and latencies, :func:`coda.hw.verilog.resolve_preset`) and a one-line summary. Bad files, keys,
+    dtypes or shapes print one clear error line and exit with status 2.
+
+    ``--make-example`` writes a deterministic random input file for ``--op`` / ``--fmt`` (shapes
+    with a masked tail and a token count that splits unevenly over ranks) instead of running.
+
+    ``--waves FILE.fst`` (with ``--backend rtl``, without ``--dram``) runs the traced NME model (a
+    separate cached Verilator build, ``coda.cosim.build.build_sim(waves=True)``) and writes the FST
+    waveform of the run to FILE.fst (GTKWave, Surfer); with several ranks, rank simulator n >= 1
+    writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
+    """
     try:
         _check_options(args)
         _check_unused(args)

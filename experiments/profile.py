@@ -4,20 +4,9 @@ Full-compute CFG generations of the shipped model (or any Latte) record, per vid
 CFG branch, layer and operator type, the relative L1 change ``Σ|a_s - a_{s-1}| / Σ|a_{s-1}|``
 of the operator's **output** and of its **input** against the previous step. Both numerators
 run on the NMEs with the ``l1_distance`` operator against the previous step's tensor, which
-stays in rank memory (``NMPDriver.l1_to_slot``: only the new tensor crosses the host link):
-
-- inputs through the cache engine's own monitor (:meth:`OpQuery.input_change` of
-  :class:`ProfilePolicy`, which keeps every operator's input every step; one
-  :class:`coda.host.cache.events.MonitorEvent` each);
-- outputs by :class:`ProfilingDriver`, an :class:`NMPDriver` that, before it overwrites an
-  operator's cache slot with this step's output, runs ``l1_to_slot`` of the new output against
-  the slot (the policy stores every output every step).
-
-The denominators ``Σ|a_{s-1}|`` are taken on the host when the tensor is written (as the engine
-does for kept inputs). Also recorded: the mean absolute value of each output and input
-(``out_abs``, ``in_abs``), for the cost model's weights. Everything is per video (relative L1
-per sample, never pooled over a batch); :meth:`Profile.mean` averages over videos.
-
+stays in rank memory (``NMPDriver.l1_to_slot``: only the new tensor crosses the host link): inputs through the cache engine's own monitor, outputs by
+:class:`ProfilingDriver` before it overwrites an operator's cache slot
+(:func:`profile_model`). Everything is per video; :meth:`Profile.mean` averages over videos.
 Files: ``DIR/profile.npz`` (arrays ``[videos, steps, branches, layers, op types]``, NaN at step
 0), ``DIR/profile.json`` (metadata: model hash, prompts, seeds, steps, shapes, the stability
 ranking) and ``DIR/heatmap.png`` (operators x steps, one panel per operator type).
@@ -70,6 +59,20 @@ def profile_model(model, labels, seeds, driver_factory, *, num_steps: int,
                   guidance_scale: float, progress: bool = False) -> Profile:
     """Profile full-compute CFG generations: one generation per seed, all labels batched
     (video (label, seed) starts from the noise of ``seed``).
+
+    The relative L1 changes' numerators run on the NMEs against the previous step's tensor:
+
+    - inputs through the cache engine's own monitor (:meth:`OpQuery.input_change` of
+      :class:`ProfilePolicy`, which keeps every operator's input every step; one
+      :class:`coda.host.cache.events.MonitorEvent` each);
+    - outputs by :class:`ProfilingDriver`, an :class:`NMPDriver` that, before it overwrites an
+      operator's cache slot with this step's output, runs ``l1_to_slot`` of the new output against
+      the slot (the policy stores every output every step).
+
+    The denominators ``Σ|a_{s-1}|`` are taken on the host when the tensor is written (as the engine
+    does for kept inputs). Also recorded: the mean absolute value of each output and input
+    (``out_abs``, ``in_abs``), for the cost model's weights. Everything is per video (relative L1
+    per sample, never pooled over a batch); :meth:`Profile.mean` averages over videos.
 
     Args:
         model: a shipped model (DigitLatte, TextLatte), or a

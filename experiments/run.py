@@ -2,75 +2,15 @@
 digits or text), its cache operators executed by the NME RTL (Verilator cosimulation) or by
 the torch backend.
 
-For the prompts (``--prompts``, default all ten: the digits, or the text model's demo
-prompts; ``--prompt TEXT`` for others) it generates, with the same seeds and CFG:
-
-1. the full-compute video (every operator of every step computed by the DiT);
-2. the cached video, under the cache policy ``--policy`` (default ``coda``: the searched
-   whole-step schedule shipped for the model's 50 steps at half the operator executions
-   reused, ``host/cache/schedules/coda_latte_digits_50_skip0.5.json``, or ``--schedule FILE``;
-   ``coda+dra`` adds step-level DRA, its thresholds from the schedule file's ``"dra"`` block
-   or calibrated on the profile's videos; ``uniform`` with ``--interval``/``--warmup``;
-   ``pab``, ``teacache``, ``magcache``, ``fbcache``, ``lemica`` calibrated to ``--skip`` on
-   the shipped profile or ``--profile``; with ``--cache forecast`` a static policy's reused
-   operators contribute ``(1 + alpha) c_k - alpha c_k'`` from their last two computed
-   outputs, the alphas from the schedule file's ``"forecast"`` block or calibrated on the
-   profile's videos, :mod:`coda.host.cache.forecast`), with the cache segments
-   ``y = x + sum_k g_k * c_k``
-   run on the NMP driver over the ``--backend`` (default ``rtl``: every segment through the
-   Verilated RTL). With ``rtl`` the NMEs' rank memory is ``--memory``: ``dram`` (the
-   default) cosimulates the whole DIMM-NMP: every rank's NME behind its own JEDEC-timed DRAM
-   controller and device of the ``--dram`` preset (default DDR5-4800), on its own clock of
-   ``--nme-mhz`` MHz (default :data:`coda.hw.nmp.DEFAULT_NME_MHZ`, 1000 MHz, where that
-   choice is argued) behind asynchronous FIFOs, all ranks in lockstep in one simulator whose
-   DRAM devices keep their bursts in rank memories the host maps too
-   (:mod:`coda.cosim.nmp_backend`), so ``nme_cycles`` include DRAM timing, ``rtl`` reports
-   the jobs' NME cycles, DRAM cycles and ns, and the modelled systems time the NMEs by those
-   cycles; ``ideal`` is the quicker run on an ideal 1-cycle memory, one simulator process per
-   rank, in parallel, the modelled systems then timing the NMEs with their own model (the
-   NME at the DRAM command clock). ``--dram`` and ``--nme-mhz`` with ``--memory ideal`` are
-   refused;
-3. when the backend is ``rtl``, the cached generation of every prompt on the ``torch``
-   backend, whose first videos must be bit-identical to the RTL's (a video's bits do not
-   depend on the other videos of its batch).
-
-``--device cuda`` runs the DiT, the CFG loop and the cache hooks on the GPU (the NMP driver
-takes each segment's tensors to the host and back, as PCIe does); ``--backend device`` keeps
-the cache in that device's memory instead, its segments torch ops there
-(:class:`coda.host.cache.device.DeviceCache`, system b of the ablation: no NME, nothing of
-the cache on the host link; the modelled systems are then a..c). An option the chosen
-backend would ignore is refused before any work, not ignored: with ``device`` the NME's
-(``--preset``, the latencies, ``--trail-stores``, ``--lanes``), ``--dram`` / ``--nme-mhz``
-``--memory`` except with ``rtl``, ``--rtl-videos`` except with ``rtl``.
-
-With ``--backend rtl`` every prompt goes through the RTL by default (docs/results.md,
-Cosimulation speed, has the times); ``--rtl-videos N``
-puts only the first N through it (their seeds and their policy as in the whole run); when
-that is fewer than the prompts, the
-report's quality figures, GIFs, counters and ``modelled`` systems are of the torch run, while
-``rtl`` holds the RTL run's own (prompts, NME programs and cycles, seconds, and its
-``modelled`` replay, whose ``nme_check`` compares the cycle model with the cosimulated cycles,
-or which the DRAM-timed NMEs time with ``--memory dram``); ``sim_cycles_per_s`` (NME
-cycles summed over the ranks per second from each launch to its results) and ``interleave``
-are always the cosimulation's.
-
-It writes ``DIR/grid.gif`` (every prompt, full compute | cached, five pairs per row),
-``DIR/<prompt>_<i>.gif`` (one prompt each: its digit or words) and ``DIR/report.json`` and prints a summary
-table. Quality: PSNR (dB, data range 2 for pixels in [-1, 1]) and SSIM of
-the cached videos against the full-compute ones (torchmetrics, :mod:`coda.experiments.evaluate`);
-prompt adherence: the scikit-learn digit classifier's per-frame accuracy, and for the
-text model direction, speed and identity from the rendered trajectory
-(:func:`coda.host.model.choice.adherence`). The report names the ``policy``, counts
-DRA's ``dra_fallbacks`` and the ``pcie_bytes`` that crossed the host link (stores, kept
-inputs, segments, monitors). ``modelled`` is the generation replayed as the systems a..f of
-the system model (``"available": true``), or ``{"available": false, "reason": ...}`` when the
-system model has no DRAM measurement for the run's NMEs (e.g. ``--lanes 4``): decided before
-the generation, the run itself goes on. At the shipped model's size every kernel is
-launch-bound, so ``paper_scale`` gives beside it the same schedule transferred to the
-paper-scale target (:data:`coda.host.system.sim.PAPER_SCALE`: ``coda sim``'s Wan 2.1-14B,
-720p x 4 s on the edge GPU preset, 4 DIMMs x 8 ranks), with the ``coda sim`` arguments that
-compute the same figures (coda, coda+dra and uniform; the other policies have no schedule to
-transfer).
+For the prompts it generates, with the same seeds and CFG, the full-compute video and the
+cached one under the cache policy (segments ``y = x + sum_k g_k * c_k`` on the NMP driver
+over the backend; by default on the DRAM-timed DIMM-NMP cosimulation,
+:mod:`coda.cosim.nmp_backend`), and, with the ``rtl`` backend, the cached generation again on
+the ``torch`` backend, whose videos must be bit-identical to the RTL's. :func:`main` runs it
+and writes GIFs and ``report.json`` (:func:`_report`): quality against full compute, prompt
+adherence, counters and the generation replayed as the systems of the system model, beside
+the same schedule at paper scale. The options, what each policy and memory does, and the
+report's keys: ``docs/cli.md``, "coda run".
 """
 
 from __future__ import annotations
@@ -255,7 +195,7 @@ class _Generation:
 
 
 def main(args) -> int:
-    """Run ``coda run`` (module docstring): check every option, generate the full-compute and
+    """Run ``coda run`` (``docs/cli.md``, "coda run"): check every option, generate the full-compute and
     the cached videos, check the RTL's bits against torch, model the systems, write the GIFs
     and ``report.json`` and print the summary. Returns 0, or 1 when the RTL and torch
     backends disagree."""
@@ -640,7 +580,7 @@ def _paper_scale(args, run: _Setup) -> dict:
 
 def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: dict | None,
             modelled: dict, gifs: list[str], grid: Path, t_start: float) -> dict:
-    """``report.json`` (module docstring): the options, the policy, the bit check, quality
+    """``report.json`` (``docs/cli.md``, "coda run"): the options, the policy, the bit check, quality
     (PSNR, SSIM) and prompt adherence of the cached videos, the counters, the cosimulation's
     speed and CFG interleaving, the files, the machine and the modelled systems."""
     from coda.experiments.evaluate import psnr_db, ssim

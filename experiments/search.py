@@ -1,25 +1,14 @@
 """``coda schedule search``: whole-step cache schedules, pruned on a profile, judged by rollouts.
 
-What a good static schedule looks like on a video DiT (measured on the shipped model:
-docs/results.md, Schedule search; and the finding of the step-level searches: LeMiCa's step
-graph, BudCache's annealing over whole steps, ECAD's search on real generations): every
-operator of a reused step reused together, in both CFG branches (a fresh operator computed
-on a residual stream that already holds stale outputs costs more than it saves, and CFG
-multiplies an error that only one branch makes by the guidance scale), a warm-up of computed
-steps, and the last step computed.
-
-**Search space** and **stand-in**: :mod:`coda.experiments.step_plans` (whole reused steps
-first, then operators refreshed inside the most costly reused step of the best plans).
-
-**Judge** (:func:`judge`): each candidate is a cached generation of the calibration videos
-(the profile's prompts and seeds, never held-out ones) compared with their full-compute
-videos (PSNR over the whole set, torchmetrics via :func:`coda.experiments.metrics.psnr_db`);
-candidates run as Ray tasks (:func:`rollout_task`), or in this process with ``workers=0``
-(the same bits). A first round on a few videos prunes to ``finalists``, which run on all.
-The most faithful finalist wins.
-
-``coda sweep schedule`` runs this search as a sweep kind (:func:`sweep_kind`), one search
-per point.
+Every operator of a reused step is reused together, in both CFG branches, after a warm-up of
+computed steps and with the last step computed (why: ``docs/scheduler.md``, "Search"). The
+search space and the stand-in are :mod:`coda.experiments.step_plans`; :func:`search_steps`
+runs the search and :func:`judge` scores each candidate as a cached generation of the
+calibration videos (the profile's prompts and seeds, never held-out ones) against their
+full-compute videos (whole-set PSNR, :func:`coda.experiments.metrics.psnr_db`), as Ray tasks
+(:func:`rollout_task`) or in this process with ``workers=0`` (the same bits); a first round
+on a few videos prunes to the finalists, which run on all, and the most faithful wins.
+``coda sweep schedule`` runs this search as a sweep kind (:func:`sweep_kind`).
 """
 
 from __future__ import annotations

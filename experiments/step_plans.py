@@ -2,24 +2,14 @@
 refreshed inside a reused step.
 
 **Search space** (:class:`StepPlan`): the set of reused steps (both branches, every
-operator), plus the operator types reused at *every* step from step 1 on (``always``): those
-whose profiled output never changes between steps (the digit model's cross attention
-attends to one token, the label, so its output is constant). With sum segments
-(:mod:`coda.host.cache.engine`) reusing such an operator costs only the cache format's
-rounding of its output, and every execution saved there is a step that need not be reused.
-Uniform reuse with a warm-up is a point of this space; so are PAB-like step windows. The
-second level (``refresh``, :func:`refined_plans`): operators computed inside a reused step,
-so a plan can use a budget finer than a whole step.
-
-**Stand-in** (:func:`plan_by_dp`): for a reused step ``s`` whose caches were written at the
-last computed step ``c``, the error proxy is ``w(s)^gamma * (D(s) - D(c))``: the profiled mean
-relative output change accumulated since ``c`` (``D`` cumulative over steps of
-:func:`step_change`), weighted by the profile's step sensitivity (``w``,
-:func:`coda.host.cache.weights.step_weights`). An exact dynamic programme over the computed steps
-(a path through the DAG of steps, as LeMiCa's) gives the cheapest plan with exactly the
-number of reused steps the target needs, runs of at most ``max_run`` reused steps. The
-proxy's step weights are uncertain, so several ``gamma`` and ``max_run`` and both choices of
-``always`` make the candidates, with uniform's whole-step plan among them.
+operator), plus the operator types reused at *every* step from step 1 on (``always``: those
+whose profiled output never changes, :func:`constant_op_types`); the second level
+(``refresh``, :func:`refined_plans`) computes operators inside a reused step. **Stand-in**
+(:func:`plan_by_dp`): an exact dynamic programme over the computed steps minimising
+``w(s)^gamma * (D(s) - D(c))`` (the profiled output change accumulated since the last computed
+step ``c``, weighted by the step sensitivity); :func:`candidate_plans` gives its optima over
+several ``gamma`` and ``max_run`` and both choices of ``always``, with uniform's whole-step
+plan among them. The space and the stand-in in full: ``docs/scheduler.md``, "Search".
 """
 
 from __future__ import annotations

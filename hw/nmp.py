@@ -2,57 +2,16 @@
 
 :class:`RankNMP` is one rank's buffer-chip engine: an :class:`coda.hw.nme.top.NME` whose memory is
 the rank's DRAM through :class:`coda.hw.dram.word_memory.DRAMWordMemory` (word adapter + JEDEC-timed
-controller). Two clockings:
+controller). Two clockings: the NME on the DRAM command clock (``nme_clock=False``, the default:
+no crossing), or on its own clock, meeting the controller at the burst port through two
+:class:`amaranth.lib.fifo.AsyncFIFO` (``nme_clock=True``; :class:`RankNMP` has the details,
+:func:`check_nme_mhz` validates a frequency, which is not part of the RTL).
 
-* **same domain** (``nme_clock=False``, the default): the NME and the controller share the
-  DRAM command clock (domain ``sync``; one NME cycle = one tCK of the standard), so every NME
-  access is timed by the controller with no crossing.
-* **own NME clock** (``nme_clock=True``): the NME and its word adapter
-  (:class:`coda.hw.dram.word_memory.WordAdapter`: words into whole bursts, write merging, read-line
-  reuse) run in domain ``nme`` (Verilog ports ``nme_clk``/``nme_rst``) at the NME's
-  frequency; the JEDEC-timed :class:`coda.hw.dram.controller.DRAMController` stays on the DRAM command
-  clock (``sync``: ``clk``/``rst``). They meet at the burst port through two
-  :class:`amaranth.lib.fifo.AsyncFIFO` (Gray-coded pointers, two-flop synchronisers): burst
-  requests ``{we, burst addr, data, byte mask}`` (``nme`` -> ``sync``,
-  :data:`REQ_FIFO_DEPTH` entries) and read bursts (``sync`` -> ``nme``,
-  :func:`rsp_fifo_depth` entries). Crossing whole bursts keeps the adapter's write merging
-  intact (it sees the NME's requests at the NME's rate, as on one clock; behind the crossing
-  it would see gaps and flush every word as its own masked burst) and crosses once per
-  burst, not per word. The controller's read data has no back-pressure; the adapter admits at
-  most ``max_bursts_in_flight`` read bursts until their data is back, and the response FIFO
-  holds that many, so it can never overflow. The command port, ``busy``, ``done``,
-  ``status`` and ``l1`` are the NME's own signals and live in the ``nme`` domain: nothing of
-  them crosses, because the host's command words are consumed only by the NMEs and one
-  DIMMNMP's ranks share one NME clock, so the broadcast ready and the combined done stay
-  synchronous logic (a DRAM-clocked command port would need a third FIFO and a pulse
-  synchroniser per rank for no gain: a program is a few words). ``mem_idle`` and ``stat_*``
-  are DRAM-domain outputs, sampled by the host only when the system is quiescent. The
-  frequency is not part of the RTL (the same Verilog serves every NME clock); it is a
-  property of the clock driven into ``nme_clk`` (the cosimulation's ``--nme-mhz``),
-  validated by :func:`check_nme_mhz`.
-
-:class:`DIMMNMP` holds ``dimms * ranks`` RankNMPs (global rank ``i = dimm * ranks + rank``).
-
-Command port (per-rank lengths)
--------------------------------
-The host drives one 64-bit command stream (``cmd_valid``/``cmd_ready``/``cmd_data``, the ISA
-words of :mod:`coda.hw.nme.isa`) plus a rank-select mask ``cmd_ranks[N]``, like the chip selects of a
-DIMM bus: a word goes to every rank whose mask bit is set and transfers when *all* selected
-ranks are ready (one broadcast beat). A program with per-rank ``n_elems`` (uneven tiles) is sent
-as one header word per rank (mask = that rank only, its own ``n_elems``) followed by the
-micro-op words once, broadcast (mask = all ranks). An NME checks a program only after its last
-micro-op, so all ranks start in the same cycle and run in lockstep. Equal lengths need a single
-broadcast header. Ranks may also receive different programs (masks of disjoint rank sets).
-
-Completion: a rank *participates* once it has taken a command word since the last ``done``.
-``done`` pulses one cycle after every participating rank's NME has pulsed its own done;
-``error`` (held until the next ``done``) is 1 if any participating rank ended with a status
-other than OK; ``rank_status[3*i+2:3*i]`` / ``rank_l1[32*i+31:32*i]`` are each NME's status /
-L1 outputs; ``rank_done[i]`` is each NME's done pulse; ``busy`` is any NME busy.
-
-Verilog: :func:`dimm_verilog` writes the rank once as module ``<name>_rank`` and instantiates it
-``N`` times in the ``<name>`` module (the per-rank DRAM ports are concatenated vectors, rank 0 in
-the low bits), so Verilator compiles one rank and elaboration costs one NME, not N.
+:class:`DIMMNMP` holds ``dimms * ranks`` RankNMPs (global rank ``i = dimm * ranks + rank``)
+behind one 64-bit command stream with a rank-select mask; all selected ranks run in lockstep
+and ``done`` pulses when all of them are done (:class:`DIMMNMP` has the command port protocol).
+:func:`dimm_verilog` writes its Verilog with the rank module emitted once; :func:`rank_verilog`
+writes one rank's.
 """
 
 from __future__ import annotations
@@ -224,7 +183,34 @@ def _rank_members(cfg: NMEConfig, std: DRAMStandard) -> dict:
 
 class RankNMP(wiring.Component):
     """One rank: NME + word adapter + DRAM controller, on the DRAM command clock or with the
-    NME on its own clock (``nme_clock``, see the module docstring).
+    NME on its own clock (``nme_clock``).
+
+    * **same domain** (``nme_clock=False``, the default): the NME and the controller share the
+      DRAM command clock (domain ``sync``; one NME cycle = one tCK of the standard), so every NME
+      access is timed by the controller with no crossing.
+    * **own NME clock** (``nme_clock=True``): the NME and its word adapter
+      (:class:`coda.hw.dram.word_memory.WordAdapter`: words into whole bursts, write merging,
+      read-line reuse) run in domain ``nme`` (Verilog ports ``nme_clk``/``nme_rst``) at the NME's
+      frequency; the JEDEC-timed :class:`coda.hw.dram.controller.DRAMController` stays on the DRAM
+      command clock (``sync``: ``clk``/``rst``). They meet at the burst port through two
+      :class:`amaranth.lib.fifo.AsyncFIFO` (Gray-coded pointers, two-flop synchronisers): burst
+      requests ``{we, burst addr, data, byte mask}`` (``nme`` -> ``sync``,
+      :data:`REQ_FIFO_DEPTH` entries) and read bursts (``sync`` -> ``nme``,
+      :func:`rsp_fifo_depth` entries). Crossing whole bursts keeps the adapter's write merging
+      intact (it sees the NME's requests at the NME's rate, as on one clock; behind the crossing
+      it would see gaps and flush every word as its own masked burst) and crosses once per
+      burst, not per word. The controller's read data has no back-pressure; the adapter admits
+      at most ``max_bursts_in_flight`` read bursts until their data is back, and the response
+      FIFO holds that many, so it can never overflow. The command port, ``busy``, ``done``,
+      ``status`` and ``l1`` are the NME's own signals and live in the ``nme`` domain: nothing of
+      them crosses, because the host's command words are consumed only by the NMEs and one
+      DIMMNMP's ranks share one NME clock, so the broadcast ready and the combined done stay
+      synchronous logic (a DRAM-clocked command port would need a third FIFO and a pulse
+      synchroniser per rank for no gain: a program is a few words). ``mem_idle`` and ``stat_*``
+      are DRAM-domain outputs, sampled by the host only when the system is quiescent. The
+      frequency is not part of the RTL (the same Verilog serves every NME clock); it is a
+      property of the clock driven into ``nme_clk`` (the cosimulation's ``--nme-mhz``),
+      validated by :func:`check_nme_mhz`.
 
     Args:
         cfg: the NME configuration (``2*lanes`` bytes per word must divide the burst).
@@ -291,7 +277,7 @@ class RankNMP(wiring.Component):
 
     def _crossing(self, m: Module, nme):
         """NME + adapter in domain ``nme``, controller in ``sync``, burst AsyncFIFOs between
-        (module docstring). Returns the controller (its cmd_*/rd_*/stat_* ports) and the adapter
+        (:class:`RankNMP`). Returns the controller (its cmd_*/rd_*/stat_* ports) and the adapter
         (the word port that :meth:`elaborate` connects the NME to)."""
         std = self.std
         m.submodules.nme = DomainRenamer("nme")(nme)
@@ -333,7 +319,23 @@ class RankNMP(wiring.Component):
 
 
 class DIMMNMP(wiring.Component):
-    """``dimms * ranks`` RankNMPs behind one host command port (see the module docstring).
+    """``dimms * ranks`` RankNMPs behind one host command port.
+
+    Command port (per-rank lengths): the host drives one 64-bit command stream
+    (``cmd_valid``/``cmd_ready``/``cmd_data``, the ISA words of :mod:`coda.hw.nme.isa`) plus a
+    rank-select mask ``cmd_ranks[N]``, like the chip selects of a DIMM bus: a word goes to every
+    rank whose mask bit is set and transfers when *all* selected ranks are ready (one broadcast
+    beat). A program with per-rank ``n_elems`` (uneven tiles) is sent as one header word per rank
+    (mask = that rank only, its own ``n_elems``) followed by the micro-op words once, broadcast
+    (mask = all ranks). An NME checks a program only after its last micro-op, so all ranks start
+    in the same cycle and run in lockstep. Equal lengths need a single broadcast header. Ranks
+    may also receive different programs (masks of disjoint rank sets).
+
+    Completion: a rank *participates* once it has taken a command word since the last ``done``.
+    ``done`` pulses one cycle after every participating rank's NME has pulsed its own done;
+    ``error`` (held until the next ``done``) is 1 if any participating rank ended with a status
+    other than OK; ``rank_status[3*i+2:3*i]`` / ``rank_l1[32*i+31:32*i]`` are each NME's status /
+    L1 outputs; ``rank_done[i]`` is each NME's done pulse; ``busy`` is any NME busy.
 
     Args:
         cfg, std: as :class:`RankNMP`; dimms, ranks: DIMMs and ranks per DIMM (>= 1 each).
@@ -480,6 +482,10 @@ def dimm_verilog(cfg: NMEConfig, std, dimms: int = 1, ranks: int = 1, name: str 
     module ``<name>_rank`` (one :class:`RankNMP`, emitted once in the same text;
     ``clock_gating`` and ``nme_clock`` as RankNMP: with ``nme_clock`` the module has the
     clock inputs ``clk``/``rst`` (DRAM command clock) and ``nme_clk``/``nme_rst`` (NME)).
+
+    The per-rank DRAM ports of ``name`` are concatenated vectors, rank 0 in the low bits.
+    Emitting the rank once means Verilator compiles one rank and elaboration costs one NME, not
+    ``dimms * ranks``.
 
     Raises:
         ValueError: bad name, dimms/ranks < 1, more than :data:`MAX_RANKS` ranks, or as

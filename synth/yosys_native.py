@@ -7,9 +7,6 @@ yosys release (0.70) but without WebAssembly's 4 GiB memory ceiling and about tw
 one miter). The process's address space is capped (``--mem-gib``, default 6 GiB) so a
 solver that blows up fails with ``std::bad_alloc`` instead of taking the machine's memory.
 
-Exit status: 0, or 1 when yosys reports an ERROR (its message on stdout, as the command
-line prints it); 2 for a bad command line.
-
 An internal command, not a ``coda`` sub-command: :func:`coda.synth.tools.yosys_argv` runs it
 in a child process in place of the ``yosys`` binary (same options, output and exit status),
 and ``-q`` runs it once more as its own child to filter the log.
@@ -25,6 +22,9 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``). Exit status: 0, or 1 when yosys
+    reports an ERROR (its message on stdout, as the command line prints it); 2 for a bad command
+    line."""
     ap = argparse.ArgumentParser(prog="coda.synth.yosys_native",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("-q", action="store_true", help="quiet, as yosys' -q: print only warnings, "

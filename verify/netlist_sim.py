@@ -1,24 +1,11 @@
 """Netlist equivalence by simulation: the synthesised gate-level NME against the RTL and torch.
 
-Method
-------
-1. The NME's Verilog (``coda.hw.verilog.nme_verilog(cfg, "coda_nme")``) goes through yosys'
-   technology-independent synthesis (:func:`coda.synth.yosys_synth.synth_generic`:
-   ``synth -flatten``, ``write_verilog -noattr``). The netlist is plain Verilog of yosys'
-   internal gates (``$_AND_``, ``$_MUX_``, ``$_DFF_*`` written as expressions and ``always``
-   blocks), so no cell library (simcells.v) is needed; memories are mapped to flip-flops
-   by ``memory_map``.
-2. The cosimulation top of :mod:`coda.cosim` (HDL clock, memory model with latency and random
-   stalls, job server) is built around the netlist instead of the RTL
-   (:func:`coda.cosim.build.build_sim` with ``verilog=netlist``), and the same job server
-   (:class:`coda.cosim.rtl_backend.SimSession`) runs programs on it: :class:`NetlistBackend`
-   is a full :class:`coda.host.nme.backend.Backend`.
-3. :func:`check_equivalence` runs one batch of programs (every cache operator on operands that
-   hit every float class, masked tails, several blocks, memory stalls, every kind of bad
-   command) on the torch interpreter, the RTL and the netlist, and compares: netlist vs RTL
-   everything bit for bit and cycle for cycle (memory image, status, ``l1`` bits, cycles,
-   FU toggles, read and write requests); both vs torch the memory image, status and ``l1``
-   bits (NaN ``l1`` by class).
+:func:`netlist_verilog` synthesises the NME with yosys' technology-independent flow into plain
+Verilog of yosys' internal gates (no cell library needed); :class:`NetlistBackend` runs programs
+on that netlist inside the same cosimulation top and job server as the RTL (a full
+:class:`coda.host.nme.backend.Backend`); :func:`check_equivalence` runs one batch of programs
+(:func:`equivalence_jobs`) on torch, the RTL and the netlist and compares them, netlist vs RTL
+bit for bit and cycle for cycle. Its docstring has the method step by step.
 
 Simulation is evidence, not proof: it shows equivalence on the stimuli run, nothing more.
 """
@@ -221,6 +208,26 @@ def _run_session(session: SimSession, cfg: NMEConfig, job: Job) -> tuple[dict, n
 def check_equivalence(cfg: NMEConfig, jobs: list[Job] | None = None, *,
                       seed: int = 0) -> EquivalenceReport:
     """Run ``jobs`` (default :func:`equivalence_jobs`) on torch, RTL and netlist; compare.
+
+    Method:
+
+    1. The NME's Verilog (``coda.hw.verilog.nme_verilog(cfg, "coda_nme")``) goes through yosys'
+       technology-independent synthesis (:func:`coda.synth.yosys_synth.synth_generic`:
+       ``synth -flatten``, ``write_verilog -noattr``). The netlist is plain Verilog of yosys'
+       internal gates (``$_AND_``, ``$_MUX_``, ``$_DFF_*`` written as expressions and ``always``
+       blocks), so no cell library (simcells.v) is needed; memories are mapped to flip-flops
+       by ``memory_map``.
+    2. The cosimulation top of :mod:`coda.cosim` (HDL clock, memory model with latency and random
+       stalls, job server) is built around the netlist instead of the RTL
+       (:func:`coda.cosim.build.build_sim` with ``verilog=netlist``), and the same job server
+       (:class:`coda.cosim.rtl_backend.SimSession`) runs programs on it: :class:`NetlistBackend`
+       is a full :class:`coda.host.nme.backend.Backend`.
+    3. :func:`check_equivalence` runs one batch of programs (every cache operator on operands that
+       hit every float class, masked tails, several blocks, memory stalls, every kind of bad
+       command) on the torch interpreter, the RTL and the netlist, and compares: netlist vs RTL
+       everything bit for bit and cycle for cycle (memory image, status, ``l1`` bits, cycles,
+       FU toggles, read and write requests); both vs torch the memory image, status and ``l1``
+       bits (NaN ``l1`` by class).
 
     Raises:
         CosimBuildError / CosimRunError if a simulator cannot be built or faults (a protocol

@@ -2,24 +2,12 @@
 
 ``coda sweep sim --param model=wan2.1-14b,cogvideox-5b --param dimms=2,4 --out DIR`` runs the
 Cartesian product of the ``--param`` lists (and/or of a ``--grid FILE.toml``) through
-:mod:`coda.sweep`: on a local Ray by default (``--workers N`` CPUs; all of this machine's if
-not given), on an existing cluster with ``--address HOST:PORT`` (or ``auto``), or as a plain
-loop with ``--sequential``. Records go to ``DIR/results.jsonl`` (one JSON object per point:
-parameters, figures, status, error, wall seconds, host); points already done are skipped,
-failed points are recorded and run again next time; a table of the points is printed.
+:mod:`coda.sweep` and prints a table of the points; records go to ``DIR/results.jsonl``.
 Exit status: 0 every point ok, 1 some point failed (recorded), 2 bad input (nothing ran), 130
 interrupted (finished points kept). Values are checked for their type before anything runs
-and for their range by the point that uses them (a bad value fails its point, recorded).
-A value that holds commas (``intervals`` of ``sim``) goes in a ``--grid`` TOML file.
-
-Kinds (each declared by the module that owns the work; parameters and defaults with
-``coda sweep KIND --list``):
-
-- ``synth``: synthesis of the NME, yosys generic cells or ECP5 with nextpnr (coda.experiments.area_sweep);
-- ``bench``: the DIMM-NMP design space of one rank, cycles and DRAM utilisation of a residual
-  add and a 4-stream segment (coda.experiments.design_space);
-- ``schedule``: whole-step searches of ``coda schedule search`` (coda.experiments.search);
-- ``sim``: ``coda sim`` runs of the system model (coda.host.system.sim).
+and for their range by the point that uses them. The kinds (``synth``, ``bench``,
+``schedule``, ``sim``; each declared by the module that owns the work, its parameters with
+``coda sweep KIND --list``), the records and resuming: ``docs/sweeps.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
-"""Compressed cache entries: the format a computed operator's output is kept in rank memory.
-
-``cache_format`` (:data:`CACHE_FORMATS`):
+"""Compressed cache entries: the format a computed output is kept in rank memory
+(``cache_format``, :data:`CACHE_FORMATS`).
 
 - ``"bf16"`` (default): the NME's own 16-bit format (bf16, or fp16 on an fp16 NME), the output
   rounded once to it; a segment reads it as a plain stream (:func:`coda.host.nme.ops.segment`);
-- ``"int8"``: per token and group of G channels, a scale ``max|c| / 127`` in the NME format and
-  int8 ``q = round-half-to-even(c / scale)`` (:func:`coda.host.nme.ops.quant_int8`, on the xPU
-  where the output is computed), q packed two per 16-bit element as the NME's INT8 stream
-  reads it and the scales beside it (:meth:`coda.host.nmp.driver.NMPDriver.store_int8`):
-  ``0.5 + 1/G`` of the bytes of a 16-bit entry (``1 + 2/G`` bytes per element against 2).
-  A segment dequantises on the NMEs (:func:`coda.host.nme.ops.segment_int8`: ``q * scale``
-  rounded to the format, then the usual ``g * d`` and sum), one program of up to 7 terms at the
-  default NME limits. An int8 entry holds finite values only: an output with inf or NaN (or,
-  with fp16 scales, a group whose max|c| / 127 overflows fp16) is refused with a ValueError
-  that counts them and names the first (one of them would make its group's scale non-finite
-  and the whole group dequantise to NaN); ``bf16`` keeps every value as it is.
+- ``"int8"``: per token and group of G channels, a scale ``max|c| / 127`` in the NME format
+  and int8 ``q`` (:func:`coda.host.nme.ops.quant_int8`, on the xPU where the output is
+  computed), packed by :meth:`coda.host.nmp.driver.NMPDriver.store_int8`: ``0.5 + 1/G`` of
+  the bytes of a 16-bit entry; a segment dequantises on the NMEs
+  (:func:`coda.host.nme.ops.segment_int8`). An int8 entry holds finite values only (an output
+  with inf or NaN is refused); ``bf16`` keeps every value as it is. More:
+  ``docs/cache-engine.md``, "int8 entries".
 
-G must divide the hidden size C and be a multiple of the NME's lanes (a GROUP stream's scale
-covers whole words); :func:`resolve_group` picks the default, the largest such G up to
-:data:`DEFAULT_GROUP` (64 on a hidden size that is a multiple of 64; 48 on the shipped digit
-model's C = 96).
+:func:`resolve_group` picks G: a divisor of the hidden size C and a multiple of the NME's
+lanes, by default the largest such G up to :data:`DEFAULT_GROUP`.
 """
 
 from __future__ import annotations

@@ -11,16 +11,7 @@ or the host for ``"cpu"``) and its cache operators are the NME's torch reference
 (:mod:`coda.host.nme.ops`: ``segment``, ``segment_int8``, ``l1_distance``,
 ``dequant_int8``) run there. Nothing of the cache crosses a link: its events say
 ``cache_memory="device"`` (:mod:`coda.host.cache.events`), its segments and monitors report
-no link bytes, no NME programs and no cycles.
-
-Bits: a segment is the reference's left-to-right fold ``((x + g0*c0) + g1*c1) + ...``, one
-rounding per product and per sum in the cache format, as the NMEs compute it, so on the CPU
-a generation gives the bits of the NMP driver on the torch backend (tests/test_device.py)
-for every policy that has no monitor. The monitors' ``l1_to_slot`` sums in fp32 in torch's
-order, not the NMEs' per-lane order: equal to the NMP's within the reference's tolerance
-(:func:`coda.host.nme.ops.l1_distance`), so a threshold policy (DRA, TeaCache, FBCache) may
-decide differently on a value at its threshold. On a GPU the model's own kernels round
-differently from the CPU's (tested on the CPU only).
+no link bytes, no NME programs and no cycles. Bits against the NMP driver: :class:`DeviceCache`.
 """
 
 from __future__ import annotations
@@ -97,8 +88,17 @@ class _Entry(NamedTuple):
 
 
 class DeviceCache:
-    """Cache slots in device memory and the cache operators as torch ops there (module
-    docstring): a driver for :class:`coda.host.cache.engine.CodaCacheConfig`.
+    """Cache slots in device memory and the cache operators as torch ops there (system b of
+    the ablation): a driver for :class:`coda.host.cache.engine.CodaCacheConfig`.
+
+    Bits: a segment is the reference's left-to-right fold ``((x + g0*c0) + g1*c1) + ...``, one
+    rounding per product and per sum in the cache format, as the NMEs compute it, so on the CPU
+    a generation gives the bits of the NMP driver on the torch backend (tests/host/cache/test_device.py)
+    for every policy that has no monitor. The monitors' ``l1_to_slot`` sums in fp32 in torch's
+    order, not the NMEs' per-lane order: equal to the NMP's within the reference's tolerance
+    (:func:`coda.host.nme.ops.l1_distance`), so a threshold policy (DRA, TeaCache, FBCache) may
+    decide differently on a value at its threshold. On a GPU the model's own kernels round
+    differently from the CPU's (tested on the CPU only).
 
     Args:
         fmt: the cache's 16-bit format, ``"bf16"`` (default) or ``"fp16"``.

@@ -4,85 +4,15 @@ through :class:`coda.host.nmp.driver.NMPDriver`.
 
 Follows diffusers' hook conventions (``diffusers.hooks``): a :class:`CodaCacheConfig`, a
 :class:`CodaCacheState` with ``reset()``, a stateful :class:`CodaCacheHook` (``ModelHook``)
-registered in the transformer's ``HookRegistry``, one block hook per transformer block found
-by name through the architecture registry, and :func:`apply_coda_cache`. The denoising loop
-tells the hook where it is with diffusers' ``transformer.cache_context(name,
-step_index=i, num_inference_steps=n)``; ``name`` is the CFG branch of the call (``"cond"`` or
-``"uncond"``) or, for both branches batched in one call, the branches of equal consecutive
-batch chunks joined by ``"|"`` (:data:`BATCHED_CFG` = ``"uncond|cond"``, diffusers' order;
-CogVideoX's pipeline says ``"cond_uncond"`` for the same). A context without ``step_index``
-(diffusers 0.42's CogVideoX and HunyuanVideo pipelines) counts steps per branch from 0; one
-without ``num_inference_steps`` takes ``CodaCacheConfig.num_inference_steps``.
-
-Where a generation starts: a call with ``step_index=0`` starts one; so does any call when
-none is running (a generation ends after its last step, on ``reset_coda_cache`` / diffusers'
-``_reset_stateful_cache``, which pipelines call when their ``__call__`` ends, and on an
-exception in a call or in :func:`coda_generation`). A call without ``step_index`` while one
-is running is placed by its timestep (the context's ``timestep``, else the call's
-``timestep`` argument, its largest element): denoising lowers it every step, so a timestep
-not below the one of the branch's previous call starts a new generation at step 0 (a loop
-broken off and started again), a lower one is the next step. A call it cannot place (a
-missing or non-finite timestep, a generation whose earlier calls gave ``step_index``,
-branches of one call that disagree) raises ValueError rather than guess; so does a scheduler
-that repeats a timestep within a generation (second-order ones such as Heun's): give
-``step_index`` there.
-
-An expert a pipeline switches to mid-loop (Wan 2.2's low-noise ``transformer_2``, called
-from the boundary step on) is configured with ``CodaCacheConfig(joins_mid_loop=True)``: its
-first call at ``step_index`` k > 0 starts its own generation there, whose steps k..n-1 are
-its steps 0..n-k-1 (``state.first_step`` = k). Without it such a call is refused, as any
-call at a step above 0 without a running generation.
-
-What the hooks do
------------------
-The transformer's own forward runs (embeddings, its block loop, the output head); each block
-hook records its call and returns deferred outputs (:mod:`coda.host.cache.arch.deferred`); the
-recorded blocks run, operator by operator, when something other than the next block needs
-their outputs. The architecture's block spec replays the block's forward with the same torch
-calls in the same order as the diffusers code, so a policy that reuses nothing gives
-bit-identical outputs to the unhooked model. For every operator and every sample of every
-branch the engine asks its policy (:mod:`coda.host.cache.policies`) for a :class:`Decision`:
-
-- *compute*: norm -> adaLN modulation -> attention/FFN on the xPU, added as
-  ``x + gate * out`` per residual stream; the pre-gate output ``out`` is written to the
-  sample's NMP cache slot (``driver.store``, in the NME format) if the decision says
-  ``store``, and the operator's input kept as a monitor reference if it says ``keep_input``;
-- *reuse*: its norm, modulation and attention are skipped; only its current adaLN gate is
-  computed (an ungated residual has gate = 1). Each maximal run of consecutive reused
-  operators of a sample is one segment, run by ``driver.segment_submit`` with the gates and
-  the caches in the NME format (bf16 or fp16, from the driver's ``cfg.fmt``), one program per
-  residual stream (CogVideoX and HunyuanVideo also carry the text tokens). Two forms
-  (``CodaCacheConfig.segment_output``):
-
-  - ``"sum"`` (default): the NME returns ``z = ((0 + g0*c0) + g1*c1) + ...`` (its x stream
-    is a slot of zeros resident in rank memory), z crosses PCIe up in the 16-bit format and
-    the xPU adds it to the residual stream in the model's dtype, ``h = h + z``. One tensor
-    crosses the link per segment, and a segment rounds only the reused outputs to the cache
-    format, never the residual stream: reusing an operator whose output is exactly constant
-    costs only the 16-bit rounding of that output.
-  - ``"residual"``: ``y = ((x + g0*c0) + g1*c1) + ...`` on the NME, x down and y up in the
-    16-bit format, the host casts y back: every segment rounds the whole residual stream to
-    the cache format (an fp32 model pays that rounding once per segment).
-
-  A segment runs on across block boundaries
-  where the model passes its streams straight from block to block; the model's own code in
-  between (Latte's temporal position embedding) ends it (:meth:`ModelOps.barriers`).
-
-This module holds the hooks, their configuration and the generation's bookkeeping; one
-step's forward (programs, CFG trunks, decisions per operator) is
-:class:`coda.host.cache.step.StepRun`, its segments :mod:`coda.host.cache.segments`.
-
-Everything it does is emitted as operator events (:mod:`coda.host.cache.events`) into
-``hook.events``; ``hook.state.stats`` are counted from them.
-
-Cache slots are per branch, sample and stream (the conditional and unconditional outputs never
-mix; a sample's tensor is [T, C] in the architecture's canonical token order, for Latte
-(frame, patch)). They are freed when a
-generation's last step is done (``CodaCacheConfig.keep_slots=True`` keeps them until the next
-generation starts or ``reset``); a generation starting at step 0 frees its branch's slots
-first, so nothing is carried over. A segment runs once per sample: the digit model's label
-enters adaLN, so each sample has its own gates, and a gate is one [C] vector per NME program.
-Decisions are per sample too, so a sample's result never depends on the rest of its batch.
+with one block hook per transformer block, and :func:`apply_coda_cache`. The denoising loop
+tells the hook where it is with ``transformer.cache_context(name, step_index=i,
+num_inference_steps=n)``, ``name`` the CFG branch (``"cond"``, ``"uncond"``, or
+:data:`BATCHED_CFG` for both batched in one call); how calls without ``step_index`` are
+placed: :class:`CodaCacheHook`. This module holds the hooks, their configuration and the
+generation's bookkeeping; one step's forward is :class:`coda.host.cache.step.StepRun`, its
+segments :mod:`coda.host.cache.segments`; all it does is emitted as operator events
+(:mod:`coda.host.cache.events`) into ``hook.events``. What the hooks do per operator, the
+two segment forms and the cache slots: ``docs/cache-engine.md``, "How a step runs".
 """
 
 from __future__ import annotations
@@ -155,7 +85,7 @@ class CodaCacheConfig:
             pipelines); the context's value wins when it has one.
         segment_output: ``"sum"`` (default: the NME returns ``Σ g_k ⊙ c_k`` and the xPU adds
             the residual in the model's dtype) or ``"residual"`` (the NME adds the residual
-            in the cache format); see the module docstring.
+            in the cache format); see ``docs/cache-engine.md``, "How a step runs".
         cache: what a reused operator contributes (:data:`coda.host.cache.forecast.CACHE_MODES`):
             ``"reuse"`` (default) its last computed output, ``"forecast"``
             ``(1 + alpha) c_k - alpha c_k'`` from its last two (both kept in rank memory; a
@@ -274,6 +204,32 @@ def _parse_branches(name: str, batch: int) -> list[str]:
 class CodaCacheHook(ModelHook):
     """Stateful hook on the transformer: a forward with cross-timestep caching (its blocks
     carry :class:`_BlockHook` s that hand their calls to the running step).
+
+    Context names: ``name`` is the CFG branch of the call (``"cond"`` or
+    ``"uncond"``) or, for both branches batched in one call, the branches of equal consecutive
+    batch chunks joined by ``"|"`` (:data:`BATCHED_CFG` = ``"uncond|cond"``, diffusers' order;
+    CogVideoX's pipeline says ``"cond_uncond"`` for the same). A context without ``step_index``
+    (diffusers 0.42's CogVideoX and HunyuanVideo pipelines) counts steps per branch from 0; one
+    without ``num_inference_steps`` takes ``CodaCacheConfig.num_inference_steps``.
+
+    Where a generation starts: a call with ``step_index=0`` starts one; so does any call when
+    none is running (a generation ends after its last step, on ``reset_coda_cache`` / diffusers'
+    ``_reset_stateful_cache``, which pipelines call when their ``__call__`` ends, and on an
+    exception in a call or in :func:`coda_generation`). A call without ``step_index`` while one
+    is running is placed by its timestep (the context's ``timestep``, else the call's
+    ``timestep`` argument, its largest element): denoising lowers it every step, so a timestep
+    not below the one of the branch's previous call starts a new generation at step 0 (a loop
+    broken off and started again), a lower one is the next step. A call it cannot place (a
+    missing or non-finite timestep, a generation whose earlier calls gave ``step_index``,
+    branches of one call that disagree) raises ValueError rather than guess; so does a scheduler
+    that repeats a timestep within a generation (second-order ones such as Heun's): give
+    ``step_index`` there.
+
+    An expert a pipeline switches to mid-loop (Wan 2.2's low-noise ``transformer_2``, called
+    from the boundary step on) is configured with ``CodaCacheConfig(joins_mid_loop=True)``: its
+    first call at ``step_index`` k > 0 starts its own generation there, whose steps k..n-1 are
+    its steps 0..n-k-1 (``state.first_step`` = k). Without it such a call is refused, as any
+    call at a step above 0 without a running generation.
 
     Attributes:
         config: the :class:`CodaCacheConfig`. policy: the resolved policy.
@@ -428,7 +384,7 @@ class CodaCacheHook(ModelHook):
         """The step of a call whose context has no step_index: 0 when no generation is
         running or when ``timestep`` is not below the last one of the branches that ran in
         it (a new generation), else one after the branches' last step (they must agree).
-        Raises ValueError where that cannot be told (see the module docstring)."""
+        Raises ValueError where that cannot be told (see :class:`CodaCacheHook`)."""
         st = self.state
         if st.generation is None:
             return 0

@@ -2,29 +2,16 @@
 
 One generation of a cached DiT is a stream of typed, immutable events, in the order they
 happened (forward order within a transformer call; calls in denoising order):
-
-- :class:`OpEvent` — one cacheable operator of one sample of one CFG branch at one step:
-  computed on the xPU or reused from the cache; the bytes it wrote to the DIMMs (its output
-  into its cache slot, and the input kept as a monitor reference); the segment it ran in.
-- :class:`SegmentEvent` — one coalesced segment ``y = x + Σ g_k ⊙ c_k`` of one sample: its
-  operators, the bytes that crossed the host link (x and the gates down, y up, command
-  words), the NME programs launched and their cycles.
-- :class:`MonitorEvent` — one run-time check on the NME (``l1_distance`` of an operator's
-  input against a kept reference): its value, bytes and cycles.
+:class:`OpEvent` (one cacheable operator of one sample of one CFG branch at one step:
+computed or reused, the bytes it wrote, its segment), :class:`SegmentEvent` (one coalesced
+segment ``y = x + Σ g_k ⊙ c_k`` of one sample: its operators, link bytes, NME programs and
+cycles) and :class:`MonitorEvent` (one run-time check on the NME, ``l1_distance`` of an
+operator's input against a kept reference).
 
 Policies (:mod:`coda.host.cache.policies`), the profiler, the timing model (:mod:`coda.host.system`)
 and the reports read this stream; nothing else looks inside the engine. :class:`EventLog`
-collects it and derives the usual counters (:meth:`EventLog.stats`).
-
-Units: bytes are bytes on the host link (PCIe in the modelled system), whole NME words as
-the driver moves them; cycles are NME clock cycles (per launch, the slowest rank).
-
-Where the cache lives (``cache_memory``, :data:`CACHE_MEMORIES`, on every event): ``"nmp"``
-(the DIMM-NMP's rank memories behind the host link: stores, kept inputs, segments and
-monitors cross it) or ``"device"`` (the xPU's own memory,
-:class:`coda.host.cache.device.DeviceCache`, system b of the ablation: nothing of the cache
-crosses a link; ``stored_bytes`` and ``kept_bytes`` are then the bytes written to device
-memory, and segments and monitors move, launch and count nothing on a link or an NME).
+collects it and derives the usual counters (:meth:`EventLog.stats`); its docstring has the
+units and where the cache lives (``cache_memory``).
 """
 
 from __future__ import annotations
@@ -188,6 +175,16 @@ class EventLog:
 
     ``log.generations`` counts the generations started; events carry their generation index.
     Iterating yields events in order; :meth:`of` filters by kind / generation.
+
+    Units: bytes are bytes on the host link (PCIe in the modelled system), whole NME words as
+    the driver moves them; cycles are NME clock cycles (per launch, the slowest rank).
+
+    Where the cache lives (``cache_memory``, :data:`CACHE_MEMORIES`, on every event): ``"nmp"``
+    (the DIMM-NMP's rank memories behind the host link: stores, kept inputs, segments and
+    monitors cross it) or ``"device"`` (the xPU's own memory,
+    :class:`coda.host.cache.device.DeviceCache`, system b of the ablation: nothing of the cache
+    crosses a link; ``stored_bytes`` and ``kept_bytes`` are then the bytes written to device
+    memory, and segments and monitors move, launch and count nothing on a link or an NME).
     """
 
     def __init__(self, events: Iterable[Event] = ()):

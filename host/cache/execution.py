@@ -5,26 +5,8 @@ after the engine is refused at the next call, before the call does anything).
 The engine runs the model's own forward but not its blocks' forwards: a block call is
 recorded and its operators replayed later, one by one, through the block's submodules
 (:mod:`coda.host.cache.step`). What a set-up does at a block's forward therefore never
-happens, and what it does at a submodule's forward happens at the replay. Hence:
-
-- served: hooks on the transformer itself and on modules inside its blocks, when each acts
-  at its own module's forward alone: diffusers' leaf-level group offloading without streams
-  (``apply_group_offloading(..., offload_type="leaf_level")``) where no block holds
-  parameters of its own (CogVideoX, HunyuanVideo; Wan and Latte blocks hold their
-  ``scale_shift_table``), and diffusers' layerwise casting (``enable_layerwise_casting``);
-  ``torch.compile`` of the blocks, of their submodules or of the whole transformer
-  (the engine's own code is never traced: :mod:`coda.host.cache.engine`);
-- refused: any diffusers hook on a block other than the engine's (block-level group
-  offloading, a leaf-level group holding a block's own parameters, diffusers' cache hooks on
-  blocks): it would act when the block is recorded, not when its operators run;
-  group offloading with streams (its prefetch order is learned from the first forward, and
-  reused operators skip their modules); diffusers' own cache (``transformer.enable_cache``):
-  one cache at a time; accelerate's hooks (``enable_model_cpu_offload``,
-  ``enable_sequential_cpu_offload``, a ``device_map``): not tested here, and accelerate
-  restores a transformer's forward when a pipeline resets its hooks, dropping the engine's;
-  context and tensor parallelism (``enable_parallelism``): each rank would decide on its
-  own share of the tokens, and ranks that decide differently no longer meet in their
-  collectives.
+happens, and what it does at a submodule's forward happens at the replay. What is served
+and what is refused, and why: :func:`check_execution`.
 """
 
 from __future__ import annotations
@@ -52,7 +34,26 @@ def _hooks(module: torch.nn.Module) -> dict:
 
 
 def check_execution(model: torch.nn.Module, blocks) -> None:
-    """Refuse a set-up the engine does not run exactly (module docstring).
+    """Refuse a set-up the engine does not run exactly.
+
+    - served: hooks on the transformer itself and on modules inside its blocks, when each acts
+      at its own module's forward alone: diffusers' leaf-level group offloading without streams
+      (``apply_group_offloading(..., offload_type="leaf_level")``) where no block holds
+      parameters of its own (CogVideoX, HunyuanVideo; Wan and Latte blocks hold their
+      ``scale_shift_table``), and diffusers' layerwise casting (``enable_layerwise_casting``);
+      ``torch.compile`` of the blocks, of their submodules or of the whole transformer
+      (the engine's own code is never traced: :mod:`coda.host.cache.engine`);
+    - refused: any diffusers hook on a block other than the engine's (block-level group
+      offloading, a leaf-level group holding a block's own parameters, diffusers' cache hooks on
+      blocks): it would act when the block is recorded, not when its operators run;
+      group offloading with streams (its prefetch order is learned from the first forward, and
+      reused operators skip their modules); diffusers' own cache (``transformer.enable_cache``):
+      one cache at a time; accelerate's hooks (``enable_model_cpu_offload``,
+      ``enable_sequential_cpu_offload``, a ``device_map``): not tested here, and accelerate
+      restores a transformer's forward when a pipeline resets its hooks, dropping the engine's;
+      context and tensor parallelism (``enable_parallelism``): each rank would decide on its
+      own share of the tokens, and ranks that decide differently no longer meet in their
+      collectives.
 
     Args:
         model: the transformer. blocks: its :class:`coda.host.cache.arch.base.BlockRef` s.

@@ -10,10 +10,8 @@ DIMM-NMP this is a 2-term segment with gate vectors the host scales,
 the NME, and the older entry kept in rank memory beside the newer one.
 
 :class:`ForecastTable` holds alpha per reused step and operator type, calibrated on
-calibration videos only (:func:`coda.experiments.forecast_calibration.calibrate_forecast`:
-closed-form least squares of the full-compute output against the extrapolation, clipped to
-:data:`ALPHA_RANGE`), and names the model (hash), the schedule (digest) and the step count it
-was made for; :meth:`ForecastTable.check_for` refuses another.
+calibration videos only (:func:`coda.experiments.forecast_calibration.calibrate_forecast`),
+for one model, schedule and step count (:meth:`ForecastTable.check_for` refuses another).
 """
 
 from __future__ import annotations
@@ -94,6 +92,10 @@ def forecast_gates(gate, alpha: float, dtype):
 @dataclass(frozen=True)
 class ForecastTable:
     """alpha per reused step and operator type (unitless; :data:`ALPHA_RANGE`).
+
+    Calibrated by closed-form least squares of the full-compute output against the
+    extrapolation, clipped to :data:`ALPHA_RANGE`; names the model (hash), the schedule
+    (digest) and the step count it was made for.
 
     Attributes:
         alphas: step -> operator type -> alpha. A (step, type) not listed forecasts with

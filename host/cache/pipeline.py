@@ -5,28 +5,10 @@
 2.2's two experts, ``pipe.transformer_2``), makes a driver for the cache (``backend``), a
 policy per transformer (by name, or an instance) and registers the engine
 (:func:`coda.host.cache.engine.apply_coda_cache`) on each, plus one small hook per
-transformer of this module's own that
-
-- gives the engine the step count where the pipeline's ``cache_context`` has none (diffusers
-  0.42's CogVideoX and HunyuanVideo pipelines): the pipeline scheduler's timesteps;
-- gives a call a cache context where the pipeline sets none (diffusers 0.42's LattePipeline):
-  ``"uncond|cond"`` when the pipeline does classifier-free guidance, else ``"cond"``, steps
-  placed by their timestep;
-- ends the other expert's generation when the pipeline switches experts (Wan 2.2 switches
-  from ``transformer`` to ``transformer_2`` at the boundary step, and never back), freeing its
-  cache slots; ``transformer_2`` is configured to join mid-loop
-  (:attr:`coda.host.cache.engine.CodaCacheConfig.joins_mid_loop`), so it starts its own
-  generation, with its own cache state and policy, at the boundary step;
-- checks once per transformer, on its first call (nothing is cached yet, so nothing is
-  reused), that the cached forward gives the unhooked forward's bits (``self_check``; by
-  default only with a diffusers other than
-  :data:`coda.host.cache.arch.base.TESTED_DIFFUSERS`, whose block code the adapters were not
-  checked against);
-- records which generation of each transformer belongs to the pipeline's last run, for
-  :meth:`CacheHandle.summary`.
-
-:func:`disable_cache` removes every hook: the transformers run their own forward again, with
-their parameters untouched.
+transformer of this module's own (:class:`_PipelineHook`: step counts and cache contexts
+where the pipeline gives none, the switch between Wan 2.2's experts, a self-check of the
+first call's bits). It returns a :class:`CacheHandle`. :func:`disable_cache` removes every
+hook: the transformers run their own forward again, with their parameters untouched.
 """
 
 from __future__ import annotations
@@ -286,7 +268,26 @@ def _tensors(x) -> list[torch.Tensor]:
 
 
 class _PipelineHook(ModelHook):
-    """Outermost hook on one transformer of a pipeline (module docstring)."""
+    """Outermost hook on one transformer of a pipeline. It
+
+    - gives the engine the step count where the pipeline's ``cache_context`` has none (diffusers
+      0.42's CogVideoX and HunyuanVideo pipelines): the pipeline scheduler's timesteps;
+    - gives a call a cache context where the pipeline sets none (diffusers 0.42's LattePipeline):
+      ``"uncond|cond"`` when the pipeline does classifier-free guidance, else ``"cond"``, steps
+      placed by their timestep;
+    - ends the other expert's generation when the pipeline switches experts (Wan 2.2 switches
+      from ``transformer`` to ``transformer_2`` at the boundary step, and never back), freeing its
+      cache slots; ``transformer_2`` is configured to join mid-loop
+      (:attr:`coda.host.cache.engine.CodaCacheConfig.joins_mid_loop`), so it starts its own
+      generation, with its own cache state and policy, at the boundary step;
+    - checks once per transformer, on its first call (nothing is cached yet, so nothing is
+      reused), that the cached forward gives the unhooked forward's bits (``self_check``; by
+      default only with a diffusers other than
+      :data:`coda.host.cache.arch.base.TESTED_DIFFUSERS`, whose block code the adapters were not
+      checked against);
+    - records which generation of each transformer belongs to the pipeline's last run, for
+      :meth:`CacheHandle.summary`.
+    """
 
     def __init__(self, handle: CacheHandle, expert: str, auto_steps: bool):
         super().__init__()

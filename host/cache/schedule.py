@@ -1,15 +1,6 @@
 """Cache schedules as data: which DiT operators are reused at each timestep, per CFG branch.
 
-The cacheable operators of a Latte transformer with ``L`` layers, in forward order, are::
-
-    for layer in 0..L-1:
-        (layer, "spatial_attn")   spatial self-attention       (gated by adaLN gate_msa)
-        (layer, "cross_attn")     cross attention to the label (no gate: Latte adds it as is)
-        (layer, "spatial_ffn")    FFN of the spatial block     (gated by gate_mlp)
-        [layer 0 only, F > 1: temporal position embedding, not cacheable -> segment barrier]
-        (layer, "temporal_attn")  temporal self-attention      (gated by gate_msa)
-        (layer, "temporal_ffn")   FFN of the temporal block    (gated by gate_mlp)
-
+The cacheable operators of a Latte transformer in forward order: :func:`operator_order`.
 Other architectures have other operators (:data:`ARCH_OP_TYPES`, one module each in
 :mod:`coda.host.cache.arch`, which says per architecture what a segment barrier is); their forward
 order is a :class:`ModelOps` (``coda.host.cache.arch.model_ops(transformer)``). Latte's stays the
@@ -50,7 +41,9 @@ OpRef = tuple[int, str]   # (layer, op type)
 #: attention), ``joint_attn`` (over the video and text tokens together: CogVideoX's,
 #: HunyuanVideo's dual-stream blocks), ``cross_attn`` (video queries, condition keys),
 #: ``ffn``, ``joint_block`` (HunyuanVideo's single-stream block: joint attention and an MLP
-#: in parallel, one operator: the block's ``proj_out`` mixes both).
+#: in parallel, one operator: the block's ``proj_out`` mixes both). The policies read from it
+#: what each operator is to them (PAB's class, the step and first-block probes); a schedule
+#: file names only its architecture and operators, so the table is usable without the model.
 ARCH_OP_KINDS: dict[str, dict[str, str]] = {
     "latte": {"spatial_attn": "spatial_attn", "cross_attn": "cross_attn", "spatial_ffn": "ffn",
               "temporal_attn": "temporal_attn", "temporal_ffn": "ffn"},
@@ -132,7 +125,18 @@ class ScheduleError(ValueError):
 
 def operator_order(num_layers: int) -> list[OpRef]:
     """The cacheable operators of a ``num_layers``-layer Latte in forward order (other
-    architectures: :attr:`ModelOps.ops`)."""
+    architectures: :attr:`ModelOps.ops`).
+
+    With ``L`` layers they are::
+
+        for layer in 0..L-1:
+            (layer, "spatial_attn")   spatial self-attention       (gated by adaLN gate_msa)
+            (layer, "cross_attn")     cross attention to the label (no gate: Latte adds it as is)
+            (layer, "spatial_ffn")    FFN of the spatial block     (gated by gate_mlp)
+            [layer 0 only, F > 1: temporal position embedding, not cacheable -> segment barrier]
+            (layer, "temporal_attn")  temporal self-attention      (gated by gate_msa)
+            (layer, "temporal_ffn")   FFN of the temporal block    (gated by gate_mlp)
+    """
     if num_layers < 1:
         raise ScheduleError(f"num_layers={num_layers}: expected >= 1")
     return [(layer, op) for layer in range(num_layers) for op in OP_TYPES]

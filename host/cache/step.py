@@ -9,10 +9,8 @@ the policy decides (:class:`~coda.host.cache.policies.base.Decision`); a compute
 runs on the xPU (its output stored to its cache slot, its input kept as a monitor reference,
 as the decision says), a reused one joins its row's segment
 (:mod:`coda.host.cache.segments`). CFG interleaving: a trunk pauses right after launching
-segments, so the other branch computes on the xPU while the NMEs run them.
-
-:class:`StepRun` is also what the architectures' block specs see of the engine
-(:class:`coda.host.cache.arch.base.StepState`: ``b``, ``h``, ``take``, ``put``, ``rows``).
+segments, so the other branch computes on the xPU while the NMEs run them. :class:`StepRun` is also what the
+architectures' block specs see of the engine.
 """
 
 from __future__ import annotations

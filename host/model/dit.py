@@ -8,10 +8,9 @@ as in Latte's class-conditional models (and DiT): a second table ``class_embeddi
 hidden) is added to the timestep embedding before the adaLN projection. Why both: with one
 condition token, cross attention can only add a label-dependent bias to every token; a first
 training run with that path alone ignored the label entirely (the same x0 error with the true,
-the null and a wrong label; the classifier's accuracy at chance). The model works in pixel
-space (no VAE): videos [B, 1, F, 32, 32] in [-1, 1].
-
-The configuration lives in ``weights/latte_digits.json`` next to the safetensors weights,
+the null and a wrong label; the classifier's accuracy at chance).
+The model works in pixel space (no VAE): videos [B, 1, F, 32, 32] in [-1, 1]. The
+configuration lives in ``weights/latte_digits.json`` next to the safetensors weights,
 so a checkpoint always carries the exact architecture that produced it.
 """
 

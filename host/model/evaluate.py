@@ -4,16 +4,7 @@ Full-compute CFG generations of ``per_digit`` videos of every digit 0..9 (initia
 seeds ``seed_base + i``; the default base, 10**6, is far from the noise seeds of
 :mod:`.sample` and the demo, and generation seeds never enter training, which draws its noise
 from one ``torch.Generator`` seeded by ``--seed``) are classified frame by frame with
-:func:`.classifier.digit_classifier`. Figures:
-
-- ``label_accuracy``: fraction of all frames whose classified digit is the video's label,
-  and the same per digit (``per_digit_accuracy``);
-- ``identity_kept``: fraction of videos whose classified digit is the same in every frame
-  (``identity_correct``: ... and that digit is the label);
-- motion: the digit's intensity-weighted centroid per frame; a video *moves like the data*
-  when its median frame-to-frame centroid step lies inside the 2.5 %..97.5 % range of the
-  same statistic on training-data videos (``motion_in_range``); ``median_step_px`` of the
-  generations and of the data are reported beside it.
+:func:`.classifier.digit_classifier`. Figures: :func:`video_figures`.
 """
 
 from __future__ import annotations
@@ -74,7 +65,16 @@ def motion_range(frames: int = 8, size: int = 32, digit_size: int = 16) -> tuple
 
 def video_figures(videos: torch.Tensor, labels: torch.Tensor,
                   motion: tuple[float, float] | None = None) -> dict:
-    """The figures listed in the module docstring for given videos.
+    """The figures of ``coda model eval`` for given videos.
+
+    - ``label_accuracy``: fraction of all frames whose classified digit is the video's label,
+      and the same per digit (``per_digit_accuracy``);
+    - ``identity_kept``: fraction of videos whose classified digit is the same in every frame
+      (``identity_correct``: ... and that digit is the label);
+    - motion: the digit's intensity-weighted centroid per frame; a video *moves like the data*
+      when its median frame-to-frame centroid step lies inside the 2.5 %..97.5 % range of the
+      same statistic on training-data videos (``motion_in_range``); ``median_step_px`` of the
+      generations and of the data are reported beside it.
 
     Args:
         videos: float [B, 1, F, H, W] in [-1, 1].

@@ -1,7 +1,6 @@
 """Text prompts of the moving-digit videos: grammar, vocabulary, tokenizer, random draws.
 
 Two prompt forms, both rendered by :func:`coda.host.model.data.prompted_videos`:
-
 - ``"a seven moving up-left fast"``: one digit moving in one of eight directions at one of
   two speeds (:data:`SPEEDS`, pixels per frame along the direction);
 - ``"a three and a seven drifting apart"``: two digits, the first on the left moving left,

@@ -7,26 +7,10 @@ CFG branch and the step; without hooks the context is inert. Two CFG modes:
 - ``"batched"``: one call per step on ``[uncond; cond]`` (context name ``"uncond|cond"``);
 - ``"separate"``: two calls per step, ``"uncond"`` then ``"cond"``.
 
-Guidance: ``pred = uncond + scale * (cond - uncond)`` in float32, scale 5 by default
-(:data:`DEFAULT_GUIDANCE`). DDIM with ``"trailing"`` timestep spacing (so the first step starts
-from pure noise at t = 999), x0 *not* clipped, and eta = 0 by default (:data:`DEFAULT_ETA`,
-deterministic, the setting in which the field's cache methods and the shipped CODA schedule are
-made). ``eta=1`` adds fresh noise of DDPM's posterior variance at every step (Song et al., DDIM,
-eq. 16): ancestral sampling. Clipping x0 to [-1, 1] (diffusers' ``clip_sample``, on in an
-earlier version) broke the deterministic sampler: DDIM re-derives the noise from the clipped
-x0, ``eps = (x_t - sqrt(abar) x0) / sqrt(1 - abar)``, so at low noise every clipped pixel's
-error is amplified by ``1 / sqrt(1 - abar)`` and left on the digit as a speckle the
-classifier reads as other digits (``coda model eval``: docs/model.md, Sampling). The guidance
-scale was chosen on validation seeds (``--seed-base 2000000``), not on the evaluation ones; the
-docs/model.md has the table.
-The initial noise and every step's noise of sample i come from its own generator seeded
-``seeds[i]``, so a sample does not depend on what else is in the batch.
-
-Device: ``generate(..., device=...)`` moves the model there (``model.to``) and runs the CFG
-loop there (the transformer, the guidance, the scheduler's update, the cache hooks); the
-noise is drawn on the host (CPU generators, so a video's noise is the same on every device)
-and moved, and the videos come back to the host. Without ``device`` it runs where the
-model's parameters are.
+:func:`generate` denoises (DDIM, trailing spacing, x0 not clipped, eta = 0 and CFG scale 5 by
+default: :data:`DEFAULT_ETA`, :data:`DEFAULT_GUIDANCE`; its docstring has the sampler and the
+devices); :func:`cached_generate` does so with the cache engine on an NMP driver. Why these
+settings: ``docs/model.md``, "Sampling".
 """
 
 from __future__ import annotations
@@ -73,6 +57,21 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
              cfg_mode: str = "batched", progress: bool = False,
              reset_cache: bool = True, device=None) -> torch.Tensor:
     """Denoise videos of the given digits with CFG.
+
+    Guidance: ``pred = uncond + scale * (cond - uncond)`` in float32. DDIM with
+    ``"trailing"`` timestep spacing (so the first step starts from pure noise at t = 999), x0
+    *not* clipped (clipping broke the deterministic sampler: ``docs/model.md``, "Sampling"),
+    and eta = 0 by default (deterministic, the setting in which the field's cache methods and
+    the shipped CODA schedule are made). ``eta=1`` adds fresh noise of DDPM's posterior
+    variance at every step (Song et al., DDIM, eq. 16): ancestral sampling. The initial noise
+    and every step's noise of sample i come from its own generator seeded ``seeds[i]``, so a
+    sample does not depend on what else is in the batch.
+
+    Device: ``device=...`` moves the model there (``model.to``) and runs the CFG loop there
+    (the transformer, the guidance, the scheduler's update, the cache hooks); the noise is
+    drawn on the host (CPU generators, so a video's noise is the same on every device) and
+    moved, and the videos come back to the host. Without ``device`` it runs where the
+    model's parameters are.
 
     Args:
         model: :class:`coda.host.model.dit.DigitLatte` or :class:`~coda.host.model.dit.TextLatte`

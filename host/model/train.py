@@ -1,32 +1,14 @@
 """Train the shipped video DiT on moving digits: ``coda train``.
 
-Recipe (all fixed, so the same command reproduces the weights on the same torch build and CPU;
-on another CPU the float rounding differs and the bits drift apart within a few hundred steps), two
-stages run one after the other by the default command:
-
-Stage 1 (``--steps`` 7,000): Latte's initialisation (adaLN-Zero, zero final layer:
-:func:`coda.host.model.dit.latte_init`), diffusers ``DDPMScheduler`` (1000 steps, cosine
-``squaredcos_cap_v2`` betas, v-prediction), AdamW (lr 1e-3, betas (0.9, 0.99), weight decay
-0.01) with 200 linear warm-up steps then cosine decay to 10 %, Latte's image-video joint
-training: each step a batch of fresh videos (drawn with seed ``s = seed * 1_000_003 + step``)
-and a batch of single frames (one digit at a random position, temporal blocks skipped; seed
-``2**40 + s``), the loss the mean of the two batches' losses, each a v-prediction MSE
-(``--snr-gamma`` weights it by Min-SNR, :func:`min_snr_weights`; measured worse here, so off);
-10 % label dropout to the null label (classifier-free guidance), gradient clipping at 1.0, an
-exponential moving average of the weights (decay 0.999, warmed up) which is what is saved, as
-``<weights stem>_stage1``.
-
-Stage 2 (``--video-steps`` 5,000): from stage 1's EMA weights, videos only (16 per step, no
-single frames, so every step trains the temporal blocks), seed ``seed + 1``, a fresh AdamW and
-EMA, peak lr 3e-4 with the same warm-up and cosine decay. Why: stage 1's images teach digit
-shapes but skip the temporal blocks, whose job is that the eight frames show one digit.
-Measured (``coda model eval --seed-base 2000000``, 50 validation videos, CFG 5): identity kept 0.74 (stage 1 alone) -> 0.80 (3,000 stage-2 steps) -> 0.90 (5,000 steps, the
-recipe), label accuracy 0.960 -> 0.970 -> 0.985; stage 2's loss still fell after 3,000 steps
-(mean of the last 100: 0.0424 at 3,000, 0.0410 at 5,000).
-
-Training stops after a fixed number of steps (never by wall time), so the result depends only
-on the arguments, the torch build and the CPU. Writes ``weights/latte_digits.safetensors`` +
-``latte_digits.json``.
+Two stages run one after the other by the default command: stage 1 (``--steps`` 7,000),
+Latte's image-video joint training from Latte's initialisation, and stage 2
+(``--video-steps`` 5,000), videos only from stage 1's EMA weights, so that every step trains
+the temporal blocks. :func:`train` runs one stage; :func:`main` the command. Training stops
+after a fixed number of steps (never by wall time), so the result depends only on the
+arguments, the torch build and the CPU (on another CPU the float rounding differs and the
+bits drift apart within a few hundred steps). Writes ``weights/latte_digits.safetensors`` +
+``latte_digits.json``, stage 1's EMA weights as ``<weights stem>_stage1``. The recipe in
+full: ``docs/model.md``, "Training".
 """
 
 from __future__ import annotations

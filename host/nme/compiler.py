@@ -3,37 +3,10 @@
 A program is a fixed list of micro-ops; the NME runs each one as a pass over a block of words
 (:mod:`coda.hw.nme.isa`), so the cost of an operator is its number of micro-ops (passes) and of
 memory micro-ops (streams). Each operator uses the fewest of both that keep the reference's
-order of rounded operations:
-
-| op             | micro-ops (``b0``, ``b1`` on-chip buffers)                                  | uops | streams |
-|----------------|-----------------------------------------------------------------------------|------|---------|
-| add/sub/mul    | b0=a(MEM); b0=b0 op b(MEM); store b0                                         | 3 | 3 |
-| scale          | b0=a(MEM); b0=b0*s(CHAN); store b0                                           | 3 | 3 |
-| gated_residual | b0=x(MEM); b1=g(CHAN); b0=b0+b1*c(MAC, MEM); store b0                        | 4 | 4 |
-| segment        | b0=x(MEM); per k: b1=g_k(CHAN), b0=b0+b1*c_k(MAC, MEM); store b0             | 2K+2 | 2K+2 |
-| segment_int8   | b0=x(MEM); per k: b1=q_k(INT8), b1=b1*scale_k(GROUP), b1=b1*g_k(CHAN),       | 4K+2 | 3K+2 |
-|                | b0=b0+b1; store b0                                                           |      |      |
-| cfg_combine    | b1=u(MEM); b0=c(MEM); b0=b0-b1; b0=b1+b0*s(MAC, GROUP scalar); store b0      | 5 | 4 |
-| l1_distance    | b0=a(MEM); L1 b0, b(MEM)                                                     | 2 | 2 |
-| dequant_int8   | b0=q(INT8); b0=b0*scale(GROUP, G/lanes words per scale); store b0            | 3 | 3 |
-
-Every ``+ - *`` is one rounded IEEE operation in the reference's order. The operand swaps
-are segment_int8's gate product (``g*d`` computed ``d*g``, d the dequantised term) and
-cfg_combine's product, computed ``(c-u)*s`` instead of ``s*(c-u)``: IEEE
-multiplication is commutative bit for bit, except the payload of a NaN, which the NME makes
-canonical anyway (NaNs are compared by class).
-
-Constraints (``ValueError`` naming the value and what was expected): a per-channel vector
-(CHAN) needs ``C % lanes == 0`` (a word then never straddles two tokens); a per-group scale
-(GROUP) needs ``G % lanes == 0``; ``C/lanes`` and ``G/lanes`` must fit the 16-bit ``param``
-field; the element count must be ``1 .. cfg.max_elems``; the program must fit
-``cfg.imem_depth`` micro-ops and ``cfg.max_streams`` streams; every stream must lie inside
-``cfg.mem_words``.
-
-A *layout* maps each stream name (the op's input names, ``"y"`` for the output) to the word
-address where it starts. For ``segment``, ``"g"`` and ``"c"`` may be a single base address
-(the K rows stored back to back, as :func:`plan_layout` does) or a list of K addresses (e.g.
-cache slots anywhere in memory).
+order of rounded operations: every ``+ - *`` is one rounded IEEE operation in the reference's
+order. :func:`compile_op` compiles one operator (its table of micro-ops per operator, the
+constraints it checks and the stream layout it takes are in its docstring);
+:func:`plan_layout` places the streams back to back.
 """
 
 from __future__ import annotations
@@ -283,16 +256,48 @@ def compile_op(op: str, cfg: NMEConfig, shapes: Mapping[str, Sequence[int]], lay
                group: int | None = None) -> Program:
     """Compile one cache operator into an NME program.
 
+    Micro-ops per operator:
+
+    | op             | micro-ops (``b0``, ``b1`` on-chip buffers)                                  | uops | streams |
+    |----------------|-----------------------------------------------------------------------------|------|---------|
+    | add/sub/mul    | b0=a(MEM); b0=b0 op b(MEM); store b0                                         | 3 | 3 |
+    | scale          | b0=a(MEM); b0=b0*s(CHAN); store b0                                           | 3 | 3 |
+    | gated_residual | b0=x(MEM); b1=g(CHAN); b0=b0+b1*c(MAC, MEM); store b0                        | 4 | 4 |
+    | segment        | b0=x(MEM); per k: b1=g_k(CHAN), b0=b0+b1*c_k(MAC, MEM); store b0             | 2K+2 | 2K+2 |
+    | segment_int8   | b0=x(MEM); per k: b1=q_k(INT8), b1=b1*scale_k(GROUP), b1=b1*g_k(CHAN),       | 4K+2 | 3K+2 |
+    |                | b0=b0+b1; store b0                                                           |      |      |
+    | cfg_combine    | b1=u(MEM); b0=c(MEM); b0=b0-b1; b0=b1+b0*s(MAC, GROUP scalar); store b0      | 5 | 4 |
+    | l1_distance    | b0=a(MEM); L1 b0, b(MEM)                                                     | 2 | 2 |
+    | dequant_int8   | b0=q(INT8); b0=b0*scale(GROUP, G/lanes words per scale); store b0            | 3 | 3 |
+
+    The operand swaps
+    are segment_int8's gate product (``g*d`` computed ``d*g``, d the dequantised term) and
+    cfg_combine's product, computed ``(c-u)*s`` instead of ``s*(c-u)``: IEEE
+    multiplication is commutative bit for bit, except the payload of a NaN, which the NME makes
+    canonical anyway (NaNs are compared by class).
+
+    Constraints (``ValueError`` naming the value and what was expected): a per-channel vector
+    (CHAN) needs ``C % lanes == 0`` (a word then never straddles two tokens); a per-group scale
+    (GROUP) needs ``G % lanes == 0``; ``C/lanes`` and ``G/lanes`` must fit the 16-bit ``param``
+    field; the element count must be ``1 .. cfg.max_elems``; the program must fit
+    ``cfg.imem_depth`` micro-ops and ``cfg.max_streams`` streams; every stream must lie inside
+    ``cfg.mem_words``.
+
+    A *layout* maps each stream name (the op's input names, ``"y"`` for the output) to the word
+    address where it starts. For ``segment``, ``"g"`` and ``"c"`` may be a single base address
+    (the K rows stored back to back, as :func:`plan_layout` does) or a list of K addresses (e.g.
+    cache slots anywhere in memory).
+
     Args:
-        op: operator name (see the module table).
+        op: operator name (see the table above).
         cfg: the NME configuration (lanes, fmt, limits).
         shapes: input name -> shape, as the reference :mod:`coda.host.nme.ops` takes them.
-        layout: stream name -> word address (module docstring); ``"y"`` for the output.
+        layout: stream name -> word address (above); ``"y"`` for the output.
         group: G for ``dequant_int8`` and ``segment_int8``.
     Returns:
         The :class:`Program` (``n_elems`` = elements of the output; of ``a`` for l1_distance).
     Raises:
-        ValueError: bad shapes, a constraint of the module docstring, or a bad layout.
+        ValueError: bad shapes, a constraint above, or a bad layout.
     """
     dims = op_dims(op, cfg, shapes, group)
     n = dims["n"]

@@ -1,30 +1,12 @@
 """A torch interpreter of NME programs: the functional golden model of the NME.
 
 It runs a program on a memory image exactly as :mod:`coda.hw.nme.isa` specifies, vectorised
-over words with torch (no Python per element or per word):
-
-- the program is checked first with :func:`coda.hw.nme.isa.validate`; a bad program returns its
-  error status and changes nothing;
-- the stream of ``W = ceil(n_elems / lanes)`` words is strip-mined into blocks of ``depth``
-  words; in each block every micro-op is one pass, in program order; buffer word
-  ``w mod depth`` holds word ``w``;
-- ``+ - *`` are single torch operations in the format (one IEEE round-to-nearest-even each,
-  subnormals kept); a NaN produced by ADD/SUB/MUL/MAC is the NME's canonical quiet NaN
-  (0x7FC0 bf16, 0x7E00 fp16); MOV copies bits unchanged;
-- the last word's tail lanes are masked: they store nothing and accumulate nothing;
-- L1: per-lane fp32 accumulators ``acc[lane] += |f32(P) - f32(R)|`` in the order the NME
-  visits words (block by block, micro-op by micro-op, word by word), then summed in lane
-  order 0..lanes-1 in fp32; a NaN sum is the canonical fp32 NaN (0x7FC00000).
-
+over words with torch (no Python per element or per word): :func:`run_program` and
+:func:`run_words` (their docstrings: the semantics, block by block, that it implements).
 Buffers have no initial value: :func:`coda.hw.nme.isa.validate` rejects (``BAD_OPERAND``) a
-program that reads a buffer no earlier micro-op wrote, so no accepted program can see what
-a previous program left in the NME's buffers. The interpreter relies on that: a buffer comes
-into being at its first write.
-
-Executing whole streams at once instead of block by block is only a speed-up: it is used
-when it gives the same result (one block, or no store overlapping another stream at a
-different offset; every buffer read sees a write of the same block because validate
-guarantees an earlier write); otherwise the interpreter walks the blocks.
+program that reads a buffer no earlier micro-op wrote, so a buffer comes into being at its
+first write. Executing whole streams at once instead of block by block is only a speed-up,
+used when it gives the same result; otherwise the interpreter walks the blocks.
 """
 
 from __future__ import annotations
@@ -80,6 +62,31 @@ def run_program(cfg: NMEConfig, program: Program, mem: np.ndarray, *,
     With ``inplace=False`` (default) ``mem`` is not modified and the result holds a copy
     (``mem`` itself when no micro-op stores, so nothing was written).
     Raises ValueError for a malformed image or fields that do not fit the encoding.
+
+    Semantics:
+
+    - the program is checked first with :func:`coda.hw.nme.isa.validate`; a bad program returns its
+      error status and changes nothing;
+    - the stream of ``W = ceil(n_elems / lanes)`` words is strip-mined into blocks of ``depth``
+      words; in each block every micro-op is one pass, in program order; buffer word
+      ``w mod depth`` holds word ``w``;
+    - ``+ - *`` are single torch operations in the format (one IEEE round-to-nearest-even each,
+      subnormals kept); a NaN produced by ADD/SUB/MUL/MAC is the NME's canonical quiet NaN
+      (0x7FC0 bf16, 0x7E00 fp16); MOV copies bits unchanged;
+    - the last word's tail lanes are masked: they store nothing and accumulate nothing;
+    - L1: per-lane fp32 accumulators ``acc[lane] += |f32(P) - f32(R)|`` in the order the NME
+      visits words (block by block, micro-op by micro-op, word by word), then summed in lane
+      order 0..lanes-1 in fp32; a NaN sum is the canonical fp32 NaN (0x7FC00000).
+
+    Buffers have no initial value: :func:`coda.hw.nme.isa.validate` rejects (``BAD_OPERAND``) a
+    program that reads a buffer no earlier micro-op wrote, so no accepted program can see what
+    a previous program left in the NME's buffers. The interpreter relies on that: a buffer comes
+    into being at its first write.
+
+    Executing whole streams at once instead of block by block is only a speed-up: it is used
+    when it gives the same result (one block, or no store overlapping another stream at a
+    different offset; every buffer read sees a write of the same block because validate
+    guarantees an earlier write); otherwise the interpreter walks the blocks.
     """
     return run_words(cfg, program.words(), mem, inplace=inplace)
 

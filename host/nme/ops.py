@@ -5,29 +5,11 @@ with torch eager's rounding after every single ``+ - *`` (one IEEE-754 round-to-
 per operation on CPU, docs/design.md); scalars are 0-d tensors of that dtype, never Python floats
 (a Python float would promote the arithmetic to fp32 and round differently).
 
-| op             | inputs (shapes)                         | result                                   |
-|----------------|-----------------------------------------|------------------------------------------|
-| add, sub, mul  | a, b [N]                                | a+b, a-b, a*b                            |
-| scale          | a [T,C], s [C]                          | a*s                                      |
-| gated_residual | x [T,C], g [C], c [T,C]                 | x + g*c                                  |
-| segment        | x [T,C], g [K,C], c [K,T,C], 1<=K<=8    | ((x + g0*c0) + g1*c1) + ... left to right |
-| segment_int8   | x, g as segment; q int8 [K,T,C],        | segment with c_k = dequant_int8(q_k,      |
-|                | scale [K,T,C/G], group=G                | scale_k, G) (each rounded to the format)  |
-| cfg_combine    | u, c [T,C], s []                        | u + s*(c-u)                              |
-| l1_distance    | a, b [N]                                | sum |a-b| in float32 (0-d float32 tensor) |
-| dequant_int8   | q int8 [T,C], scale [T,C/G], group=G    | q * scale, one scale per G channels      |
-
-:func:`quant_int8` is the host side of the compressed cache (not an NME operator): per group
-of G channels, scale = max|c| / 127 rounded to the format, q = round-half-to-even(c / scale)
-clamped to [-127, 127]; :func:`dequant_int8` inverts it within scale / 2 per element (before
-the product's rounding to the format). A group cannot hold inf or NaN (nor a max|c| whose
-scale overflows the format): :func:`quant_int8` refuses such a tensor instead of letting the
-whole group dequantise to NaN.
-
-Bad inputs raise ``ValueError`` naming the operator, the argument, the shape or dtype seen and
-the one expected. :data:`OPS` maps each name to an :class:`OpSpec` for the CLI and the driver;
-:data:`ENGINE_OPS` holds ``segment_int8``, which only the driver compiles (for the cache
-engine's int8 entries).
+:data:`OPS` maps each name to an :class:`OpSpec` for the CLI and the driver (the table of
+operators, inputs and results: :class:`OpSpec`); :data:`ENGINE_OPS` holds ``segment_int8``,
+which only the driver compiles (for the cache engine's int8 entries). :func:`quant_int8` is
+the host side of the compressed cache (not an NME operator). Bad inputs raise ``ValueError``
+naming the operator, the argument, the shape or dtype seen and the one expected.
 """
 
 from __future__ import annotations
@@ -329,6 +311,20 @@ class OpSpec:
         inputs: names of its tensor arguments, in call order.
         params: names of its integer arguments (after the tensors).
         output: ``"y"`` (a tensor in the inputs' format) or ``"l1"`` (a float32 scalar).
+
+    The operators (:data:`OPS`, :data:`ENGINE_OPS`):
+
+    | op             | inputs (shapes)                         | result                                   |
+    |----------------|-----------------------------------------|------------------------------------------|
+    | add, sub, mul  | a, b [N]                                | a+b, a-b, a*b                            |
+    | scale          | a [T,C], s [C]                          | a*s                                      |
+    | gated_residual | x [T,C], g [C], c [T,C]                 | x + g*c                                  |
+    | segment        | x [T,C], g [K,C], c [K,T,C], 1<=K<=8    | ((x + g0*c0) + g1*c1) + ... left to right |
+    | segment_int8   | x, g as segment; q int8 [K,T,C],        | segment with c_k = dequant_int8(q_k,      |
+    |                | scale [K,T,C/G], group=G                | scale_k, G) (each rounded to the format)  |
+    | cfg_combine    | u, c [T,C], s []                        | u + s*(c-u)                              |
+    | l1_distance    | a, b [N]                                | sum |a-b| in float32 (0-d float32 tensor) |
+    | dequant_int8   | q int8 [T,C], scale [T,C/G], group=G    | q * scale, one scale per G channels      |
     """
     name: str
     fn: Callable

@@ -3,14 +3,8 @@ operator's cycles from the cycle model (:func:`coda.hw.nme.cycles.model_cycles`,
 against the RTL) against its ideal, ``passes x words`` (every pass takes one word per cycle,
 nothing else costs time).
 
-Usage::
-
-    coda pass-efficiency [--op gated_residual] [--tokens 16384] [--channels 64]
-        [--depths 16,64,256] [--units 0,0,0 3,5,1] [--latency 1] [--trail-stores both]
-        [--json FILE]
-
-prints one row per (units, trail, depth): cycles, ideal cycles, their ratio (words per pass
-per cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
+``coda pass-efficiency`` prints one row per (units, trail, depth): cycles, ideal cycles, their
+ratio (words per pass per cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
 operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
 (:class:`coda.hw.nme.isa.NMEConfig`); the NME has 8 lanes, bf16.
 """

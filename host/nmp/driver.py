@@ -3,34 +3,12 @@
 A system has ``dimms * ranks`` NMEs; rank ``i`` (``i = dimm * ranks + rank``) owns a memory
 image of ``cfg.mem_words`` words. A tensor ``[T, C]`` is tiled over tokens across all ranks
 (rank ``i`` holds rows ``i*T//n ..``: the first ``T % n`` ranks hold one row more, see
-:func:`coda.host.nmp.tiling.tile_bounds`); flat ``[N]`` operands are tiled over elements the same way; per-channel
-vectors (gates ``[C]``) and scalars are replicated to every rank. An operator compiles to one
-program per rank (tiles may differ by one row), all run in lockstep through
-``backend.execute_many``, and the host gathers the tiles of the result.
-
-Memory: each rank has a bank-coloured allocator (:mod:`coda.host.nmp.placement`): every stream
-(a cache slot's tile, an operand, a result) is placed at a power-of-two-aligned base whose
-DRAM bank is chosen by its role, so the streams a program reads together never share a bank
-and equal segments cost equal cycles on a DRAM-timed rank. Cache slots stay until freed;
-operands and results of an operator live in scratch ranges freed when it returns. A request
-that does not fit raises :class:`NMPCapacityError` (a ``MemoryError``) naming the rank, the
-bytes requested and the bytes free.
-
-Devices: the driver and its backends are on the host. A tensor from another device (the
-xPU's, where the model runs) comes to the host where it would cross the link (stores, a
-segment's x and gates, ``l1_to_slot``, ``run_op``), and a tensor result returns to its
-inputs' device, as PCIe moves them (the same bytes counted).
-
-``stats`` (cumulative, :meth:`NMPDriver.reset_stats` clears it):
-
-- ``programs``: lockstep program launches (one per operator call);
-- ``rank_programs``: programs summed over ranks;
-- ``nme_cycles``: per launch the slowest rank's cycles, summed (NME clock cycles);
-- ``bytes_written`` / ``bytes_read``: bytes moved between host and rank memories, whole
-  words (``2 * lanes`` bytes each) as they cross the bus;
-- ``cmd_bytes``: bytes of command words sent (8 per header / micro-op word, per rank);
-- ``placement_misses``: streams placed without their bank colour or alignment (memory too
-  full or too small for it; 0 in a sized run).
+:func:`coda.host.nmp.tiling.tile_bounds`); flat ``[N]`` operands are tiled over elements the
+same way; per-channel vectors (gates ``[C]``) and scalars are replicated to every rank. An
+operator compiles to one program per rank (tiles may differ by one row), all run in lockstep
+through ``backend.execute_many``, and the host gathers the tiles of the result.
+:class:`NMPDriver` is the driver (its docstring: memory placement, devices and ``stats``);
+a request that does not fit raises :class:`NMPCapacityError`.
 """
 
 from __future__ import annotations
@@ -96,6 +74,30 @@ class NMPDriver:
     Raises:
         ValueError: dimms or ranks < 1, or more than ``coda.hw.nmp.MAX_RANKS`` (256) ranks;
         an unknown DRAM standard.
+
+    Memory: each rank has a bank-coloured allocator (:mod:`coda.host.nmp.placement`): every stream
+    (a cache slot's tile, an operand, a result) is placed at a power-of-two-aligned base whose
+    DRAM bank is chosen by its role, so the streams a program reads together never share a bank
+    and equal segments cost equal cycles on a DRAM-timed rank. Cache slots stay until freed;
+    operands and results of an operator live in scratch ranges freed when it returns. A request
+    that does not fit raises :class:`NMPCapacityError` (a ``MemoryError``) naming the rank, the
+    bytes requested and the bytes free.
+
+    Devices: the driver and its backends are on the host. A tensor from another device (the
+    xPU's, where the model runs) comes to the host where it would cross the link (stores, a
+    segment's x and gates, ``l1_to_slot``, ``run_op``), and a tensor result returns to its
+    inputs' device, as PCIe moves them (the same bytes counted).
+
+    ``stats`` (cumulative, :meth:`NMPDriver.reset_stats` clears it):
+
+    - ``programs``: lockstep program launches (one per operator call);
+    - ``rank_programs``: programs summed over ranks;
+    - ``nme_cycles``: per launch the slowest rank's cycles, summed (NME clock cycles);
+    - ``bytes_written`` / ``bytes_read``: bytes moved between host and rank memories, whole
+      words (``2 * lanes`` bytes each) as they cross the bus;
+    - ``cmd_bytes``: bytes of command words sent (8 per header / micro-op word, per rank);
+    - ``placement_misses``: streams placed without their bank colour or alignment (memory too
+      full or too small for it; 0 in a sized run).
     """
 
     def __init__(self, backend: Backend, cfg: NMEConfig, dimms: int = 1, ranks: int = 1,

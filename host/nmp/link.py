@@ -6,18 +6,9 @@ A tensor ``[T, C]`` in the NME format (bf16 or fp16: 2 bytes an element) is tile
 ranks by tokens (:func:`coda.host.nmp.tiling.tile_bounds`), each rank tile whole words of
 ``lanes`` elements (:func:`coda.host.nme.bits.words_for`).
 
-A segment (:mod:`coda.host.cache.engine`) has two forms (:data:`SEGMENT_OUTPUTS`,
-``CodaCacheConfig.segment_output``):
-
-- ``"sum"`` (the engine's default): the NME returns ``z = Σ g_k ⊙ c_k`` from a slot of zeros
-  resident in rank memory; ``z`` comes up, nothing of the residual stream goes down. The
-  slot of zeros is written once per generation, CFG branch, sample and stream
-  (:func:`tensor_bytes` of the stream), by the sample's first segment in the branch,
-  placed in the DRAM banks where the segment would put an x it sent;
-- ``"residual"``: ``x`` goes down and ``y = x + Σ g_k ⊙ c_k`` comes up.
-
-Both send the gates (one ``[C]`` vector per term, replicated to every rank) and the
-command words down.
+A segment (:mod:`coda.host.cache.engine`) has two forms (:data:`SEGMENT_OUTPUTS`):
+``"sum"`` (the engine's default: ``z = Σ g_k ⊙ c_k`` comes up) and ``"residual"`` (``x`` goes
+down, ``y`` comes up); what each moves: :func:`segment_bytes`.
 """
 
 from __future__ import annotations
@@ -70,6 +61,19 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
                   stream_tokens: tuple = (), segment_output: str = "sum") -> dict:
     """Host-link bytes of a ``k``-term segment on ``[tokens, channels]`` 16-bit tensors.
 
+    A segment (:mod:`coda.host.cache.engine`) has two forms (:data:`SEGMENT_OUTPUTS`,
+    ``CodaCacheConfig.segment_output``):
+
+    - ``"sum"`` (the engine's default): the NME returns ``z = Σ g_k ⊙ c_k`` from a slot of zeros
+      resident in rank memory; ``z`` comes up, nothing of the residual stream goes down. The
+      slot of zeros is written once per generation, CFG branch, sample and stream
+      (:func:`tensor_bytes` of the stream), by the sample's first segment in the branch,
+      placed in the DRAM banks where the segment would put an x it sent;
+    - ``"residual"``: ``x`` goes down and ``y = x + Σ g_k ⊙ c_k`` comes up.
+
+    Both send the gates (one ``[C]`` vector per term, replicated to every rank) and the
+    command words down.
+
     Down: ``x`` (``"residual"`` only: :func:`tensor_bytes`), the gates (``k`` vectors of
     ``channels`` elements, whole words, replicated to every rank with a tile) and the command
     words (:data:`CMD_WORD_BYTES` per header or micro-op word, per rank and launch; a launch
@@ -77,7 +81,7 @@ def segment_bytes(tokens: int, channels: int, k: int, n_ranks: int, lanes: int,
     tensor). A segment of more than :data:`coda.host.nme.ops.MAX_SEGMENT_TERMS` terms chains
     launches in rank memory (each reads the previous one's output there, as
     ``NMPDriver.segment_submit`` does), so its tensors cross the link once each way. The
-    one-time write of ``"sum"``'s slot of zeros is not a segment's: see the module docstring.
+    one-time write of ``"sum"``'s slot of zeros is not a segment's: see above.
 
     With ``stream_tokens`` (two residual streams), each stream is its own segment of that
     many tokens (its own gates and programs), as the cache engine runs them.

@@ -3,35 +3,12 @@
 An NME program streams its operands in lockstep: pass ``p`` reads words ``[p*depth,
 (p+1)*depth)`` of x, then of every cached c_k, and writes the same words of y. Whether two of
 those streams fight over one DRAM bank (same bank, different rows: a row conflict on every
-switch) then depends only on where they lie. With first-fit placement that differs from slot
-to slot, so identical segments took different times (depth 64, DDR5-4800: 29,546 to 35,454
-cycles for one 1-term segment shape).
-
-The controller's address mapping (:class:`coda.hw.dram.mapping.AddressMapping`) is linear
-over GF(2): bank group, bank (``bank field XOR fold(row)``) and row of ``a XOR b`` are those
-of ``a`` and ``b`` XORed. A stream of ``n`` words placed at a base aligned to a power of two
-``A >= n`` has ``base + o = base XOR o`` for every offset ``o < A``, so its bank at offset
-``o`` is ``bank(base) XOR bank(o)``. Two such streams walked in lockstep are in the same bank
-at *every* offset iff their bases are, and never otherwise: the bank of the base is the
-stream's **colour** (page colouring by bank, as in PALLOC, Yun et al., RTAS 2014). Giving
-the streams a program reads together different colours, by role, makes equal segments cost
-equal cycles and keeps them off each other's rows:
-
-- cache slots: one colour per *group* of slots that segments read together (a branch of
-  one sample), groups taking the colours in turn (:data:`SLOT_COLOUR` first);
-- an operator's scratch: each tiled stream its own range, colours :data:`SCRATCH_XOR` in
-  order XORed with its first cached operand's colour ``c`` (a segment's x at ``c^3``, y at
-  ``c^1``); replicated operands (gates, re-read all along) ride in the first range, in x's
-  rows. For a 3,072-word tile on DDR5-4800 (2,048 words per bank field) the streams of a
-  1-term segment then never meet: x, y, c in banks c^3, c^1, c (second half: c^2, c, c^1)
-  and the gates in bank c^2, x's row.
-
-Only the XOR of colours matters, so every segment of K terms on one group's slots meets
-the same conflicts: cycles no longer depend on where its slots happen to lie.
-
-A request that cannot get its colour takes another colour, and one that cannot be aligned
-is placed first-fit: placement never fails where first fit would succeed; ``misses`` counts
-both kinds (0 in a sized run).
+switch) then depends only on where they lie; with first-fit placement that differs from slot
+to slot, so identical segments took different times. :class:`BankColouredAllocator` places
+every stream at a power-of-two-aligned base whose bank (its *colour*) is chosen by role, so
+the streams a program reads together never share a bank and equal segments cost equal
+cycles (why that works, and the colours by role: its docstring; ``docs/dimm-nmp.md``,
+"Placement in rank memory").
 """
 
 from __future__ import annotations
@@ -54,6 +31,32 @@ SCRATCH_XOR = (3, 1, 2, 0)
 
 class BankColouredAllocator:
     """Word ranges of one rank memory ``[0, words)``, placed by bank colour.
+
+    The controller's address mapping (:class:`coda.hw.dram.mapping.AddressMapping`) is linear
+    over GF(2): bank group, bank (``bank field XOR fold(row)``) and row of ``a XOR b`` are those
+    of ``a`` and ``b`` XORed. A stream of ``n`` words placed at a base aligned to a power of two
+    ``A >= n`` has ``base + o = base XOR o`` for every offset ``o < A``, so its bank at offset
+    ``o`` is ``bank(base) XOR bank(o)``. Two such streams walked in lockstep are in the same bank
+    at *every* offset iff their bases are, and never otherwise: the bank of the base is the
+    stream's **colour** (page colouring by bank, as in PALLOC, Yun et al., RTAS 2014). Giving
+    the streams a program reads together different colours, by role, makes equal segments cost
+    equal cycles and keeps them off each other's rows:
+
+    - cache slots: one colour per *group* of slots that segments read together (a branch of
+      one sample), groups taking the colours in turn (:data:`SLOT_COLOUR` first);
+    - an operator's scratch: each tiled stream its own range, colours :data:`SCRATCH_XOR` in
+      order XORed with its first cached operand's colour ``c`` (a segment's x at ``c^3``, y at
+      ``c^1``); replicated operands (gates, re-read all along) ride in the first range, in x's
+      rows. For a 3,072-word tile on DDR5-4800 (2,048 words per bank field) the streams of a
+      1-term segment then never meet: x, y, c in banks c^3, c^1, c (second half: c^2, c, c^1)
+      and the gates in bank c^2, x's row.
+
+    Only the XOR of colours matters, so every segment of K terms on one group's slots meets
+    the same conflicts: cycles no longer depend on where its slots happen to lie.
+
+    A request that cannot get its colour takes another colour, and one that cannot be aligned
+    is placed first-fit: placement never fails where first fit would succeed; ``misses`` counts
+    both kinds (0 in a sized run).
 
     Args:
         words: words of the memory (>= 1).

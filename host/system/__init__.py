@@ -1,25 +1,9 @@
 """The system timing and energy model: how long a cached generation takes on a GPU + PCIe +
 DIMM-NMP machine, where the time goes, and what it costs in energy.
 
-| module | what |
-|---|---|
-| ``shapes.py`` | a model's shape: its cacheable operators and the GPU kernels (FLOPs, bytes) of each |
-| ``presets.py`` | model presets with their sources (the diffusers models, Open-Sora 1.2 by hand, the shipped model), resolutions and frame rules, ``model_shape`` |
-| ``trace.py`` | a diffusers transformer traced on the meta device, its operators those of the cache engine's adapter (``host/cache/arch``) |
-| ``platforms.py`` | GPU, PCIe, DIMM and energy presets, every number with its source; measured DIMM-NMP DRAM utilisation |
-| ``nme.py`` | NME time of a segment: cycle model of the compiled program, DRAM-bounded |
-| ``formats.py`` | cache entry formats: bf16 or int8 (bytes of an entry, of an int8 segment, terms per launch) |
-| ``schedules.py`` | schedules over any model's operators: uniform rule, transfer of a shipped-model Schedule, ``coda`` |
-| ``workload.py`` | a generation as calls x operators x rows, from a real EventLog or synthesised |
-| ``replay.py`` | the SimPy replay of systems a..g |
-| ``energy.py`` | joules from the replay |
-| ``ablation.py`` | the ablation: memory checks, speedups, bottlenecks |
-| ``plots.py`` | timeline and breakdown figures |
-| ``sim.py`` | ``coda sim`` |
-| ``parallel.py`` | several GPUs on one generation: CFG, Ulysses and ring parallelism, the inter-GPU transfers, the replay of all GPUs |
-| ``serving.py`` | ``coda serve``: a Poisson request stream on a GPU cluster, FCFS and shortest-job-first |
-| ``cost.py`` | :func:`~coda.host.system.cost.schedule_cost`: one system's latency and energy for a shipped-model schedule on a target model, for a schedule search |
-
+One module per part (shapes and the meta-device trace, platform presets, NME time, cache
+formats, schedules, workload, the SimPy replay, energy, the ablation, several GPUs,
+serving, ``coda sim``); the table of modules: ``docs/system-model.md``, "How it works".
 :func:`modelled` is the entry point for ``coda run``: the modelled systems of a real cached
 generation of the shipped model.
 """

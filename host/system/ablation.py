@@ -2,22 +2,9 @@
 mode's history over PCIe) replayed on the same workload (same schedule and cache mode), with
 memory checks, energy, speedups and what bounds each.
 
-Memory checks (``fits``):
-
-- activations: the largest traced kernel's inputs and output (per row; rows batched in a
-  call multiply it). Weights are *resident* if weights + activations fit the GPU memory,
-  else *streamed* per operator over PCIe in every system (two operators' weights buffered);
-- b keeps the cache in GPU memory: it fits only if cache + activations + weights (or the
-  streaming buffers) fit;
-- c..g keep the cache in the host DIMMs: it must fit their capacity (``dimms x ranks x``
-  rank capacity of the DRAM preset).
-
-The cache is the workload's footprint (:attr:`coda.host.system.workload.Workload.cache_bytes`):
-in the forecast mode two entries per operator stored more than once (history 2), so a cache
-that fits for plain reuse may not; int8 entries take ``0.5 + 1/G`` of the bf16 bytes
-(:mod:`coda.host.system.formats`), so one that does not fit in bf16 may.
-
-Speedup and energy efficiency are against a (GPU only) and against c (host-offloaded cache
+:func:`run_ablation` replays the systems; :func:`memory_plan` decides where weights and cache
+live and which systems fit (its docstring: the memory checks); :func:`bottleneck` says what
+bounds a system. Speedup and energy efficiency are against a (GPU only) and against c (host-offloaded cache
 with the cache operators on the GPU: the baseline the CODA paper's NMP systems improve on).
 """
 
@@ -42,6 +29,21 @@ def memory_plan(wl: Workload, plat: Platform) -> dict:
     "cache_bytes", "cache", "history", "cache_format", "cache_group", "gpu_bytes",
     "host_bytes", "fits": {system: (bool, reason)}}`` (bytes; ``cache``: the cache mode,
     ``history``: entries per operator; ``cache_format``/``cache_group``: bf16 or int8 of G).
+
+    Memory checks (``fits``):
+
+    - activations: the largest traced kernel's inputs and output (per row; rows batched in a
+      call multiply it). Weights are *resident* if weights + activations fit the GPU memory,
+      else *streamed* per operator over PCIe in every system (two operators' weights buffered);
+    - b keeps the cache in GPU memory: it fits only if cache + activations + weights (or the
+      streaming buffers) fit;
+    - c..g keep the cache in the host DIMMs: it must fit their capacity (``dimms x ranks x``
+      rank capacity of the DRAM preset).
+
+    The cache is the workload's footprint (:attr:`coda.host.system.workload.Workload.cache_bytes`):
+    in the forecast mode two entries per operator stored more than once (history 2), so a cache
+    that fits for plain reuse may not; int8 entries take ``0.5 + 1/G`` of the bf16 bytes
+    (:mod:`coda.host.system.formats`), so one that does not fit in bf16 may.
     """
     sh, g = wl.shape, plat.gpu
     rows = max(len(c.rows) for calls in wl.calls for c in calls)

@@ -1,28 +1,15 @@
 """``coda calibrate``: time a video DiT's cacheable operators, the rest of its blocks, the cache
 operators and the host link on a device, and write the table ``coda sim --gpu-table`` reads
-(:mod:`coda.host.system.gputable` says what it holds).
+(:mod:`coda.host.system.gputable`).
 
-``coda calibrate --model wan2.1-1.3b --resolution 480p --frames 81 --device cuda --out FILE``
-builds the model from its published configuration (:data:`coda.host.system.presets.MODELS`)
-with one block per block list (:func:`coda.host.system.trace.with_layers`) and the class's own
-random initialisation (seeded; no download) in its run dtype on the device, then times, at
-the requested latent and the pipeline's prompt length:
-
-- one forward of that one-block model, and each block's forward (inputs caught by a forward
-  pre-hook during the forward): ``other_s`` is the forward less its blocks;
-- each cacheable operator as the cache engine computes it: the architecture adapter's
-  ``BlockSpec.compute`` (norm, modulation, the module, the residual) on the block's inputs
-  (:mod:`coda.host.cache.arch`); a block's ``rest_s`` is its forward less its operators;
-- the cache operators of :mod:`coda.host.nme.ops` on one operator's cached ``[T, C]`` on the
-  device: the gated residual, the K-term segment (K = 2, 4, 8), the sum form's ``h + z`` and
-  a copy into a cache slot;
-- on CUDA, host <-> device copies of a ``[T, C]`` and of a ``[C]`` tensor (pinned host
-  memory), fitted to ``latency + bytes / bandwidth`` (:func:`coda.host.system.gputable.fit_copy`).
-
-Timing: CUDA events around each run after ``--warmup`` untimed runs, the median of
-``--repeat``; on the CPU (``--device cpu``: tests, machines without a GPU) the same with
-``time.perf_counter`` (the table says ``"timer": "perf_counter"``). Rows per call: 1, and 2
-for a model whose pipeline batches CFG (``ModelSpec.cfg == "batched"``).
+:func:`calibrate` builds the model from its published configuration
+(:data:`coda.host.system.presets.MODELS`) with one block per block list
+(:func:`coda.host.system.trace.with_layers`) and the class's own random initialisation
+(seeded; no download) in its run dtype on the device, and times each forward, block,
+operator, cache operator and host copy with :func:`measure` (CUDA events after warm-up, the
+median of ``--repeat``; ``time.perf_counter`` on the CPU). Rows per call: 1, and 2 for a
+model whose pipeline batches CFG. What is timed and how: ``docs/system-model.md``, "Measured
+xPU times".
 """
 
 from __future__ import annotations
@@ -240,7 +227,8 @@ def _cpu_name() -> str:
 def calibrate(model: str, *, resolution, seconds=None, frames=None, device: str = "cpu",
               warmup: int = CalibrateConfig.warmup, repeat: int = CalibrateConfig.repeat,
               seed: int = CalibrateConfig.seed, command: str | None = None) -> dict:
-    """The table (module docstring; :mod:`coda.host.system.gputable`) of ``model`` at
+    """The table (``docs/system-model.md``, "Measured xPU times";
+    :mod:`coda.host.system.gputable`) of ``model`` at
     ``resolution`` and ``seconds`` / ``frames`` (:func:`coda.host.system.presets.video_size`)
     on ``device``, checked by :class:`~coda.host.system.gputable.GpuTimes`.
 

@@ -11,10 +11,6 @@ sim``'s machine (:func:`coda.host.system.sim.setup`), with the memory check of t
 (:func:`coda.host.system.energy.energy`). Nothing is computed in a second way: a schedule
 given to :func:`schedule_cost` and written to a file for ``coda sim --schedule FILE`` gives
 the same figures.
-
-The target's shape and platform do not depend on the schedule and are kept
-(:func:`target_setup`, an LRU cache), so a call costs one transfer, one synthesis and one
-replay.
 """
 
 from __future__ import annotations
@@ -79,7 +75,12 @@ def target_setup(model: str, resolution: str | None, seconds: float | None, gpu:
                  dram: str, dimms: int, ranks: int, lanes: int, depth: int,
                  nme_mhz: float | None, shape_cache: Path | None):
     """``coda sim``'s (shape, platform) of a target (:func:`coda.host.system.sim.setup`),
-    kept per argument tuple (at most 32). Raises ValueError as ``setup``."""
+    kept per argument tuple (at most 32). Raises ValueError as ``setup``.
+
+    The target's shape and platform do not depend on the schedule and are kept
+    (:func:`target_setup`, an LRU cache), so a call costs one transfer, one synthesis and one
+    replay.
+    """
     from .sim import setup
 
     return setup(model, resolution=resolution, seconds=seconds, gpu=gpu, dram=dram,

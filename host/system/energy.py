@@ -1,25 +1,9 @@
 """Energy of a replayed generation, J, from its busy times, bytes and DRAM command counts.
 
-- GPU: ``power_busy_w x GPU busy time + power_stall_w x (latency - busy)`` (board power:
-  GPU memory traffic included);
-- PCIe: bytes x 8 x ``pcie.pj_per_bit``;
-- DRAM, per command from the DDR5 device's IDD/IPP currents (:mod:`coda.hw.dram.power`,
-  DRAMPower's method; the replay has no command log, so it uses the model's counts):
-  bursts = bytes / burst bytes (reads and writes apart: a copy to the host link reads the
-  rank, a copy from it writes; an NME reads its streams and writes its stores), one
-  ACT/PRE pair per row's worth of bytes (streams run through whole rows), a REF per tREFI
-  and rank over the generation, and background power with every bank of the platform's
-  ranks open while their NMEs run (the controller keeps rows open: ``open`` row policy) and
-  every bank closed otherwise;
-- host DRAM serving the copies: its DRAM commands plus the DIMM channel's I/O per bit
-  (``energy.dram_io_pj_per_bit``);
-- NMEs: the DRAM commands of the bytes they move in their ranks (no channel I/O: the NME
-  sits in the buffer chip), their 16-bit adds and multiplies and buffer accesses (two
-  16-bit reads and a write per multiply-add);
-- DIMM background: refresh and background power of the platform's ranks over the whole
-  generation (every system has the DIMMs; a longer generation pays more).
-
-Host CPU and the VAE are the same in every system and not counted. Every constant is in
+:func:`energy` gives the joules by component (GPU, PCIe, host DRAM, NMEs, DIMM background;
+its docstring has how each is computed); DRAM energy is per command from the DDR5 device's
+IDD/IPP currents (:mod:`coda.hw.dram.power`, DRAMPower's method), from the model's counts
+since the replay has no command log. Host CPU and the VAE are the same in every system and not counted. Every constant is in
 :class:`coda.host.system.platforms.Energy` / ``GPU`` or the device spec with its source.
 How close the counts come to a command log's energy: :func:`dimm_dram_energy`.
 """
@@ -38,13 +22,13 @@ __all__ = ["energy", "dimm_dram_energy"]
 def dimm_dram_energy(std: str | DRAMStandard, *, read_bytes: float, write_bytes: float,
                      ranks: int, seconds: float, busy_s: float) -> dict:
     """DRAM energy of ``ranks`` ranks of ``std`` over ``seconds`` that read ``read_bytes`` and
-    wrote ``write_bytes`` (all ranks together) with no command log (module docstring): one
+    wrote ``write_bytes`` (all ranks together) with no command log (:func:`energy`): one
     ACT/PRE per row of bytes, bursts of ``burst_bytes``, ``seconds / tREFI`` REFs per rank,
     every bank open for ``busy_s`` of each rank's time (the NMEs streaming) and closed for the
     rest. Against a command log of the same work (:func:`coda.cosim.dram_energy.
     energy_commands`) it differs by what these two counts leave out: the ACTs beyond one
     per row (streams interleaved over banks reopen rows) and the banks a log shows closed
-    while busy (tests/test_dram_energy.py bounds the difference by exactly those).
+    while busy (tests/hw/test_dram_energy.py bounds the difference by exactly those).
 
     Returns:
         :func:`coda.hw.dram.power.dram_energy`'s dict (J and pJ per part).
@@ -64,7 +48,26 @@ def dimm_dram_energy(std: str | DRAMStandard, *, read_bytes: float, write_bytes:
 
 
 def energy(res: SystemResult, plat: Platform) -> dict:
-    """Joules by component for one system's replay (module docstring).
+    """Joules by component for one system's replay.
+
+    - GPU: ``power_busy_w x GPU busy time + power_stall_w x (latency - busy)`` (board power:
+      GPU memory traffic included);
+    - PCIe: bytes x 8 x ``pcie.pj_per_bit``;
+    - DRAM, per command from the DDR5 device's IDD/IPP currents (:mod:`coda.hw.dram.power`,
+      DRAMPower's method; the replay has no command log, so it uses the model's counts):
+      bursts = bytes / burst bytes (reads and writes apart: a copy to the host link reads the
+      rank, a copy from it writes; an NME reads its streams and writes its stores), one
+      ACT/PRE pair per row's worth of bytes (streams run through whole rows), a REF per tREFI
+      and rank over the generation, and background power with every bank of the platform's
+      ranks open while their NMEs run (the controller keeps rows open: ``open`` row policy) and
+      every bank closed otherwise;
+    - host DRAM serving the copies: its DRAM commands plus the DIMM channel's I/O per bit
+      (``energy.dram_io_pj_per_bit``);
+    - NMEs: the DRAM commands of the bytes they move in their ranks (no channel I/O: the NME
+      sits in the buffer chip), their 16-bit adds and multiplies and buffer accesses (two
+      16-bit reads and a write per multiply-add);
+    - DIMM background: refresh and background power of the platform's ranks over the whole
+      generation (every system has the DIMMs; a longer generation pays more).
 
     Returns ``{"gpu_j", "pcie_j", "host_dram_j", "nme_j", "dimm_background_j", "total_j",
     "dram": {"act_pre", "read_write", "refresh", "background", "total"}}`` (``dram``: the

@@ -3,36 +3,10 @@ and what the replay reads of it (``coda sim --gpu-table FILE``).
 
 The table is a small JSON object, per *block* of the model (one block of each block type is
 timed; the replay counts the model's blocks from its shape), at one model, resolution and
-frame count:
-
-============  ==============================================================================
-``kind``      ``"coda-gpu-table"``; ``version``: :data:`TABLE_VERSION`
-``device``    ``name`` (``torch.cuda.get_device_name`` or the CPU's model name), ``type``
-              (``"cuda"`` / ``"cpu"``), ``torch``, ``cuda`` (None on a CPU build),
-              ``diffusers``
-``timer``     ``"cuda_events"`` (CUDA events after warm-up) or ``"perf_counter"`` (CPU)
-``date``      UTC, ISO 8601; ``command``: the ``coda calibrate`` command line
-``statistic`` ``"median"`` of ``repeat`` timed runs after ``warmup`` untimed ones
-``model``     preset name; ``cls``, ``dtype``, ``height``, ``width``, ``frames``,
-              ``latent``, ``video_tokens``, ``text_tokens``, ``hidden``
-``per``       ``"block"``; ``batches``: the rows per call timed (1, and 2 for batched CFG)
-``ops``       operator name (the adapter's, :mod:`coda.host.cache.arch`) -> {batch: s}: the
-              operator as the cache engine computes it (norm, modulation, module, residual)
-``blocks``    block list (the model's attribute, e.g. ``"blocks"``) -> ``class``, ``ops``
-              (its operators), ``block_s`` {batch: s} (the block's forward), ``rest_s``
-              {batch: s} (``block_s`` less its operators, >= 0)
-``other_s``   {batch: s}: one forward less its blocks (embeddings, output head)
-``cache_ops`` at ``tokens`` x ``channels`` (an operator's cached ``[T, C]``, ``dtype``):
-              ``gated_residual_s`` (``x + g*c``), ``segment_s`` {K: s} (``segment`` of K
-              terms, :mod:`coda.host.nme.ops`), ``residual_add_s`` (``h + z``),
-              ``slot_copy_s`` (a ``[T, C]`` copy into a cache slot)
-``copies``    None on a CPU (no host link), else ``h2d`` / ``d2h``: ``bytes`` and ``s`` of a
-              ``[T, C]`` and of a ``[C]`` copy (pinned host memory), the fitted ``bw``
-              (bytes/s) and ``latency_s``
-============  ==============================================================================
-
-Seconds throughout. Lookups return None where the table has no entry, and the replay then
-keeps the roofline (:mod:`coda.host.system.replay`).
+frame count; :data:`TABLE_SCHEMA` checks it and :class:`GpuTimes` reads it. Its fields:
+``docs/system-model.md``, "Measured xPU times". Seconds throughout. Lookups return None
+where the table has no entry, and the replay then keeps the roofline
+(:mod:`coda.host.system.replay`).
 """
 
 from __future__ import annotations
@@ -93,7 +67,7 @@ _COPY = {"type": "object",
                         "s": _seconds(), "bw": _BYTES,
                         "latency_s": _seconds(zero_ok=True)},
          "additionalProperties": False}
-#: the table (module docstring) as a JSON schema (:func:`coda.jsonin.check`), after its
+#: the table (its fields: docs/system-model.md, "Measured xPU times") as a JSON schema (:func:`coda.jsonin.check`), after its
 #: ``kind`` and ``version``
 TABLE_SCHEMA: dict = {
     "type": "object",
@@ -162,7 +136,8 @@ def _batch_objects(t: dict):
 
 @dataclass(frozen=True)
 class GpuTimes:
-    """A checked table of measured xPU times (module docstring), as the replay reads it.
+    """A checked table of measured xPU times (its fields: ``docs/system-model.md``, "Measured
+    xPU times"), as the replay reads it.
 
     Attributes:
         table: the JSON object. path: where it was read from (None: built in memory).

@@ -1,46 +1,16 @@
 """NME time of a cache segment: the RTL-exact cycle model on the compiled program of each
 rank's tile, bounded by the rank's DRAM bandwidth as the DIMM-NMP cosimulation measured it.
 
-A segment ``y = x + Σ_k g_k ⊙ c_k`` over ``[T, C]`` runs as the driver runs it
-(:meth:`coda.host.nmp.driver.NMPDriver.segment`): tiled over tokens across the ``n`` ranks (the
-first ``T mod n`` ranks hold one row more), one program per rank in lockstep, at most
-:data:`coda.host.nme.ops.MAX_SEGMENT_TERMS` terms per program (longer segments chain launches),
-the host waiting for the slowest rank. Per launch:
-
-- ``cycles_ideal``: :func:`coda.hw.nme.cycles.model_cycles` of
-  ``compile_op("segment", ...)`` on the largest tile, at memory latency ``mem_latency``
-  (1 = the torch backend's and the Verilated NME's ideal memory): exactly the cycles the
-  torch backend reports in :class:`coda.host.cache.events.SegmentEvent`;
-- ``cycles_dram``: the words the program moves on one rank (every memory read micro-op and
-  the store read or write the whole stream; a per-channel gate vector is re-read for every
-  token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes per
-  cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for
-  compiled segment programs of that many terms, that tile length and the segments' form
-  (:func:`coda.host.system.platforms.segment_utilisation`, the data file
-  ``host/system/segment_util.json`` that ``coda validate --measure-nmp`` writes: long streams
-  and the shipped model's 3,072-word tiles over placements as a generation makes them, per
-  segment form; ``1/utilisation`` interpolated linearly in ``1/words`` between the two;
-  figures in docs/results.md, DRAM utilisation of segment programs);
-- the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command clock.
-
-Why max: the NME's issue side runs ahead of execution, so lanes and DRAM overlap. A
-``K``-term segment is ``2K+2`` passes of one word (``lanes`` elements) per cycle, and every
-pass streams its words through the rank: at 8 lanes a word is 16 bytes against a DDR5-4800
-rank's 8 bytes per cycle (DDR4-3200 and LPDDR5-6400 ranks: 16), so long segments are
-DRAM-bound and take ``cycles_dram``. The utilisation is the one measured for that lanes x
-depth (for 1-4 lanes it already includes the lanes' own stalls: 0.614 at 4 lanes against
-0.884 at 8), so a configuration without a measurement is refused, never guessed.
-
-What the model cannot see: the cosimulation's cycles of one segment also depend on where
-its slots lie in rank memory (row conflicts between the streams) and on the refresh phase
-(simulated time carries over from launch to launch). Identical segments of a real
-generation (same K, shape and program) differ by up to 20 % at depth 64 and 4-5 % at depth
-256; the model gives their mean (``coda validate --check-nmp``).
-
-Where a rank tile exceeds the ISA's limits (``max_elems`` = 2^24 - 1 elements per
-program, 2^24 words of address space), it runs as several programs of whole rows
-(``row_chunks``), each timed the same way: the paper-scale models need that; the shipped
-model never does.
+:func:`segment_timing` times a segment ``y = x + Σ_k g_k ⊙ c_k`` over ``[T, C]`` as the
+driver runs it (:meth:`coda.host.nmp.driver.NMPDriver.segment`: tiled over tokens across the
+ranks, one program per rank in lockstep, launches chained beyond
+:data:`coda.host.nme.ops.MAX_SEGMENT_TERMS` terms): each launch takes ``max(cycles_ideal,
+cycles_dram)`` NME cycles at the DRAM command clock, the ideal-memory cycles being exactly
+those of the torch backend's :class:`coda.host.cache.events.SegmentEvent`. The DRAM
+utilisation comes from measurements
+(:func:`coda.host.system.platforms.segment_utilisation`), so a configuration without one is
+refused, never guessed. Why ``max``, and what the model cannot see: ``docs/system-model.md``,
+"How it works".
 """
 
 from __future__ import annotations
@@ -190,6 +160,30 @@ def segment_timing(tokens: int, channels: int, k: int, *, n_ranks: int, lanes: i
             DRAM-timed measurement of int8 programs). None: bf16.
     Raises:
         ValueError: k < 1, or shapes the compiler refuses (C not a multiple of lanes).
+
+    Tiles: the first ``T mod n`` ranks hold one row more, and the host waits for the
+    slowest rank. Per launch:
+
+    - ``cycles_ideal``: :func:`coda.hw.nme.cycles.model_cycles` of
+      ``compile_op("segment", ...)`` on the largest tile, at memory latency ``mem_latency``
+      (1 = the torch backend's and the Verilated NME's ideal memory);
+    - ``cycles_dram``: the words the program moves on one rank (every memory read micro-op
+      and the store read or write the whole stream; a per-channel gate vector is re-read for
+      every token, as the NME does) times ``2·lanes`` bytes, divided by the rank's peak bytes
+      per cycle and by the DRAM utilisation the DRAM-timed DIMM-NMP cosimulation measured for
+      compiled segment programs of that many terms, that tile length and the segments' form
+      (:func:`coda.host.system.platforms.segment_utilisation`, the data file
+      ``host/system/segment_util.json`` that ``coda validate --measure-nmp`` writes: long
+      streams and the shipped model's 3,072-word tiles over placements as a generation makes
+      them, per segment form; ``1/utilisation`` interpolated linearly in ``1/words`` between
+      the two);
+    - the launch takes ``max(cycles_ideal, cycles_dram)`` NME cycles at the DRAM command
+      clock.
+
+    Where a rank tile exceeds the ISA's limits (``max_elems`` = 2^24 - 1 elements per
+    program, 2^24 words of address space), it runs as several programs of whole rows
+    (``row_chunks``), each timed the same way: the paper-scale models need that; the shipped
+    model never does.
     """
     if k < 1:
         raise ValueError(f"segment of {k} terms: expected >= 1")

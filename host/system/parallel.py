@@ -2,48 +2,16 @@
 splits the operator/segment event stream over the GPUs, the inter-GPU transfers it adds, and
 the SimPy replay of all GPUs in one environment.
 
-Each GPU has its own PCIe link, its own host DIMMs with their NMEs (``--dimms x --ranks``
-per GPU, the machine of :mod:`coda.host.system.platforms` repeated) and its own copy of the
-weights; the GPUs are joined by a :class:`~coda.host.system.platforms.GPULink`
-(``--gpu-link``: ``pcie4-p2p``, ``nvlink4``), every GPU on its own port of a switch.
-Systems a..g keep their meaning on every GPU (the ablation of
-:mod:`coda.host.system.ablation` on each GPU's share of the work).
-
-Modes (:data:`PARALLEL_MODES`; the degrees as xDiT names them, Fang et al., arXiv
-2411.01738, and its ``--ulysses_degree``, ``--ring_degree``, ``--use_cfg_parallel``):
-
-- ``cfg`` (2 GPUs): one CFG branch per GPU, so each GPU runs a one-branch generation: its
-  cache holds its branch's entries, its segments are its branch's, and system f has no
-  second branch to interleave (f = e on every GPU). At the end of every step the two
-  noise predictions are exchanged for the CFG combination: each GPU sends its prediction
-  (latent elements x latent channels, in the model's dtype) over the link.
-- ``ulysses`` (N GPUs, DeepSpeed-Ulysses, Jacobs et al., arXiv 2309.14509): every GPU holds
-  ``ceil(T / N)`` tokens of every operator (each residual stream sharded on its own); all
-  kernels do ``1/N`` of the work (GEMMs on the shard; attention on all tokens of ``1/N`` of
-  the heads: ``1/N`` of its FLOPs); weights are replicated. Around every sequence attention
-  (an operator with attention kernels that is not cross attention: text keys and values
-  are replicated, nothing crosses) two all-to-alls: Q, K, V before and the output after,
-  each GPU sending ``(N-1)/N`` of ``4 x rows x T/N x C`` elements; the GPU waits for them
-  (two collective latencies + bytes / link bandwidth). The number of heads must divide by
-  N (as xDiT requires).
-- ``ring`` (N GPUs, ring attention, Liu et al., arXiv 2310.01889): the same shards; each
-  sequence attention runs in N blocks, and the N-1 passes of the K, V block
-  (``2 x rows x T/N x C`` elements each) overlap the blocks' compute: the GPU waits only
-  for what a pass takes beyond a block, ``(N-1) x max(0, pass - attention / N)``.
-- ``cfg+ulysses`` (N = 2U GPUs, U >= 2): two groups of U GPUs, one CFG branch each, Ulysses
-  inside the group; the step's exchange is between the two groups' matching shards.
-
-With a sequence-parallel degree the cache and its segments follow their shard: each GPU's
-DIMM-NMPs hold the entries of its tokens (``[T/N, C]`` per operator), its segments move and
-sum those, and a cached (reused) operator has no collective (its attention did not run). At
-the end of the generation the shards are gathered once for the VAE (``(N-1)/N`` of the
-latent per GPU).
-
-Replay: all GPUs of a sequence-parallel group do the same work on equal shards in
-lockstep, so one GPU stands for its group (the collectives' waits are in its stream); the
-CFG groups (one or two) each have such a representative, with its own GPU, copy engines,
-DIMMs and NMEs, in one SimPy environment; a step ends when every group has finished it
-(and, with two groups, exchanged). Totals (bytes, NME time, energy) count every GPU.
+Each GPU has its own PCIe link, its own host DIMMs with their NMEs (the machine of
+:mod:`coda.host.system.platforms` repeated) and its own copy of the weights; the GPUs are
+joined by a :class:`~coda.host.system.platforms.GPULink`, every GPU on its own port of a
+switch, and systems a..g keep their meaning on every GPU. :func:`layout` places a mode
+(:data:`PARALLEL_MODES`) on the GPUs, :class:`Comm` times a sequence-parallel GPU's
+collectives, and :func:`run_parallel` / :func:`replay_parallel` replay one representative GPU
+per group (the GPUs of a sequence-parallel group work on equal shards in lockstep), the CFG
+groups side by side in one SimPy environment; totals (bytes, NME time, energy) count every
+GPU. The modes, what each exchanges and how the cache follows the shards:
+``docs/system-model.md``, "Several GPUs".
 """
 
 from __future__ import annotations
@@ -63,7 +31,10 @@ __all__ = ["PARALLEL_MODES", "Layout", "layout", "shard_shape", "sequence_ops", 
            "branch_workload", "replay_parallel", "run_parallel", "gpu_link", "latent_bytes",
            "heads_of"]
 
-#: the parallel modes of ``coda sim --parallel`` (``none``: one GPU, today's model)
+#: the parallel modes of ``coda sim --parallel`` (``none``: one GPU, today's model); the
+#: degrees as xDiT names them (Fang et al., arXiv 2411.01738: ``--ulysses_degree``,
+#: ``--ring_degree``, ``--use_cfg_parallel``); ``ulysses``: DeepSpeed-Ulysses (Jacobs et al.,
+#: arXiv 2309.14509); ``ring``: ring attention (Liu et al., arXiv 2310.01889)
 PARALLEL_MODES = ("none", "cfg", "ulysses", "ring", "cfg+ulysses")
 #: SystemResult's numbers that are not summed over the GPUs: the wall clock, the mean busy
 #: time, one GPU's link wait, the table lookups (counted once per group)
@@ -202,7 +173,18 @@ def sequence_ops(shape: ModelShape) -> frozenset:
 class Comm:
     """The inter-GPU transfers of one GPU of a sequence-parallel group around its computed
     operators: ``comm(i, rows)`` -> (seconds its stream waits, bytes it sends); ``shard``
-    is its share of the shape (:func:`shard_shape`), ``sp`` the group's GPUs."""
+    is its share of the shape (:func:`shard_shape`), ``sp`` the group's GPUs.
+
+    Around every sequence attention (an operator with attention kernels that is not cross
+    attention: text keys and values are replicated, nothing crosses):
+
+    - ``ulysses``: two all-to-alls, Q, K, V before and the output after, each GPU sending
+      ``(N-1)/N`` of ``4 x rows x T/N x C`` elements; the GPU waits for them (two collective
+      latencies + bytes / link bandwidth);
+    - ``ring``: the attention runs in N blocks, and the N-1 passes of the K, V block
+      (``2 x rows x T/N x C`` elements each) overlap the blocks' compute: the GPU waits only
+      for what a pass takes beyond a block, ``(N-1) x max(0, pass - attention / N)``.
+    """
 
     def __init__(self, shard: ModelShape, sp: int, kind: str, link: GPULink, gpu):
         if kind not in ("ulysses", "ring"):

@@ -9,19 +9,8 @@ Every number carries its source in the ``sources`` mapping of its preset, tagged
 
 Units: FLOP/s, bytes/s, bytes, seconds, watts, picojoules (pJ).
 
-Conventions shared with the rest of the project:
-
-- a *rank* is what :mod:`coda.hw.dram.standards` calls one: what one controller drives on
-  its own data bus (DDR4: a 64-bit rank; DDR5: one 32-bit subchannel; LPDDR5: one x16
-  channel). Each rank has one NME (docs/design.md), so ``--dimms D --ranks R`` gives ``D·R``
-  NMEs, as in the driver and the DIMM-NMP cosimulation;
-- the NME runs at the DRAM command clock (1 / tCK) unless ``nme_mhz`` gives it its own
-  clock, as the DIMM-NMP cosimulation does (``coda nme run --dram ... --nme-mhz F``,
-  :mod:`coda.hw.nmp`): a segment then takes ``max(ideal NME cycles / f_NME, DRAM-bound
-  time)``, the roofline the two-clock cosimulation follows (tests/test_nmp_clock.py); near
-  the knee (16 bytes per NME cycle at 8 lanes against a rank's measured bandwidth) the
-  crossing's latency costs a few per cent more than the model says (measured: docs/results.md,
-  NME clock against one DDR5-4800 rank).
+Conventions shared with the rest of the project (what a *rank* is, the NME's clock):
+:class:`Platform`.
 """
 
 from __future__ import annotations
@@ -573,6 +562,20 @@ ENERGY = Energy()
 @dataclass(frozen=True)
 class Platform:
     """GPU + PCIe + ``dimms x ranks`` host ranks of ``dram`` with one NME each.
+
+    Conventions shared with the rest of the project:
+
+    - a *rank* is what :mod:`coda.hw.dram.standards` calls one: what one controller drives on
+      its own data bus (DDR4: a 64-bit rank; DDR5: one 32-bit subchannel; LPDDR5: one x16
+      channel). Each rank has one NME (docs/design.md), so ``--dimms D --ranks R`` gives ``D·R``
+      NMEs, as in the driver and the DIMM-NMP cosimulation;
+    - the NME runs at the DRAM command clock (1 / tCK) unless ``nme_mhz`` gives it its own
+      clock, as the DIMM-NMP cosimulation does (``coda nme run --dram ... --nme-mhz F``,
+      :mod:`coda.hw.nmp`): a segment then takes ``max(ideal NME cycles / f_NME, DRAM-bound
+      time)``, the roofline the two-clock cosimulation follows (tests/cosim/test_nmp_clock.py); near
+      the knee (16 bytes per NME cycle at 8 lanes against a rank's measured bandwidth) the
+      crossing's latency costs a few per cent more than the model says (measured: docs/results.md,
+      NME clock against one DDR5-4800 rank).
 
     Attributes:
         gpu, pcie, energy: the presets. dram: the :class:`DRAMStandard` of the host DIMMs.

@@ -7,7 +7,7 @@ points :func:`model_shape` / :func:`shipped_shape`.
   (:mod:`coda.host.system.trace`), its operators those of the cache engine's adapter;
 - Open-Sora 1.2 (STDiT3, no diffusers class) is written by hand (:func:`opensora_shape`),
   from its published configuration and the arithmetic of its blocks, and checked against the
-  traced Latte-1 blocks (the same PixArt-α block) in ``tests/test_system.py``.
+  traced Latte-1 blocks (the same PixArt-α block) in ``tests/host/system/test_system.py``.
 
 Traced shapes are cached as JSON (:func:`model_shape`'s ``cache_dir``). Units as
 :mod:`coda.host.system.shapes`.

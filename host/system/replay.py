@@ -1,96 +1,16 @@
 """Event-driven replay of a generation on GPU, PCIe, DIMMs and NMEs (SimPy), for the six
 systems of the CODA ablation and a seventh, g, for the forecast mode of the cache.
 
-Resources (``simpy.Resource``; FIFO, deterministic):
-
-- ``gpu``: the compute stream (one kernel sequence at a time);
-- ``h2d``, ``d2h``: the two PCIe copy engines (the link is full duplex);
-- ``dimm``: host access to the NMP DIMMs, capacity 2 (one copy per direction); an NME
-  program takes both, because while the NMEs run a segment they own their ranks and host
-  copies to or from those ranks wait (the DIMM-NMP cosimulation gives the NMEs the ranks for
-  the whole program). Model weights, when streamed, come from other host memory;
-- ``nme``: the NMEs of all ranks, in lockstep (one launch at a time, as the driver issues).
-
-Work items are processes that ``yield`` requests and timeouts; each records its busy
-interval (resource, start, end, kind, branch, step): the timeline plot and the breakdown are
-computed from those records, not by peeking into SimPy.
-
-Times:
-
-- GPU kernel: ``max(b·F/(P·e_class), (b·A + W)/(BW·e_mem))`` per traced kernel (F FLOPs, A
-  activation bytes per sample, W weight bytes, b rows batched, P peak FLOP/s, BW memory
-  bandwidth, e the efficiency of the kernel's class), summed per operator and bounded below
-  by ``kernels x launch_s`` (the *roofline*). With measured times
-  (``Platform.gpu_times``, ``coda sim --gpu-table``: :mod:`coda.host.system.gputable`) an
-  operator takes its measured time for the rows of the call, the rest of a call (``other``)
-  the measured forward outside the blocks plus each block's measured rest, and the cache's
-  elementwise kernels (b's and c's ``x + g⊙c``, b's stores into its slots, the sum form's
-  ``h + z``, g's older entries) their measured times at the operator's ``[T, C]`` (bf16
-  entries only); whatever the table lacks keeps the roofline. :meth:`_Replay.op_time` and
-  :meth:`_Replay.cache_kernel` are the one switch;
-- copy: ``latency_s + bytes / min(PCIe bandwidth of the direction, host channel
-  bandwidth)``;
-- NME launch: :func:`coda.host.system.nme.segment_timing` (cycle model, bounded by the
-  DRAM utilisation measured for segment programs of the workload's form on the DIMM-NMP,
-  :func:`coda.host.system.platforms.segment_utilisation`) plus one command per
-  launch (``latency_s``); or, with
-  ``nme_timing="events"``, the cycles the events report (e.g. a DRAM-timed cosimulation).
-
-Systems (:data:`SYSTEMS`), all on the same workload (same schedule):
-
-- **a** GPU only: every operator computed, nothing cached.
-- **b** cache in GPU memory: computed outputs the next step reuses are copied to a GPU
-  cache slot (a read+write kernel); a reused operator is one GPU kernel ``y = x + g⊙c``.
-  Refused (``fits: false``) when the cache does not fit next to weights and activations.
-- **c** cache in host memory, cache operators on the GPU over PCIe: stores go down (D2H)
-  asynchronously; a reused operator's cached output comes up (H2D, prefetched ``prefetch``
-  operators ahead, i.e. double-buffered), then the GPU kernel runs.
-- **d** + DIMM-NMP, one transfer per cached operator: each reused operator is its own
-  1-term segment: x down, NME, y up; the GPU waits.
-- **e** + scheduler: consecutive reused operators run as one coalesced segment (as the
-  events group them): one round trip per segment (launches of more than 8 terms chain in
-  rank memory, as the driver runs them
-  round-trips every launch); the GPU waits.
-- **f** + CFG-interleaved pipelining: e with each step's branches as separate calls that
-  share the GPU, the first branch of the step having priority (non-preemptive): while its
-  segment is on PCIe/NMEs the GPU computes the other branch; the timestep is the sync point (both branches finish before the next step). A
-  guidance-distilled model has one branch: f = e.
-- **g** f with the forecast's history over PCIe: the forecast's arithmetic (the cache mode
-  ``"forecast"``, :mod:`coda.host.cache.forecast`), both entries in the host DIMMs as in
-  c..f, but the NMEs only sum the newer entries (one term ``g (1 + alpha) c_k`` per reused
-  operator, as a plain reuse); every forecast term's older entry ``c_k'`` crosses the host
-  link (H2D, prefetched as c's loads) at each use and the GPU adds ``-g alpha c_k'`` (one
-  elementwise kernel of three ``[T, C]`` tensors, as c's cache operator). Its link bytes
-  beyond f's are the history's, ``SystemResult.history_bytes`` = forecast terms x one
-  ``[T, C]`` tensor, less f's second gate vector and command words per forecast term: g
-  against f is what keeping the history near memory buys. With ``cache="reuse"`` there is
-  no history: g = f.
-
-The cache mode (``Workload.cache``) sets how many cached tensors a reused operator reads
-(``Action.terms``: 2 for a forecast term, else 1): b's cache kernel reads ``2 + terms``
-``[T, C]`` tensors and writes one, c loads ``terms`` tensors over PCIe and its kernel reads
-``2 + terms``, d's one-operator segments and e/f's coalesced ones have a term per cached
-tensor (``SegmentItem.k``: gates, command words, NME streams).
-
-The cache format (``Workload.cache_group``, :mod:`coda.host.system.formats`): with int8
-entries every cached tensor the GPU reads or a link moves is ``0.5 + 1/G`` of a bf16 one
-(b's and c's cache kernels read ``2`` bf16 tensors and ``terms`` entries, b's store kernel
-writes one entry; c's loads and g's history loads are entries; the stores down are the
-workload's, int8 already), and the NMP segments run the ``segment_int8`` program (command
-words, NME cycles and DRAM words of :func:`coda.host.system.nme.segment_timing` with
-``group``).
-
-Segments (d, e, f) have the workload's form (``Workload.segment_output``,
-:mod:`coda.host.nmp.link`): ``"sum"`` (the cache engine's default) sends the gates and command
-words down, brings ``z = Σ g_k ⊙ c_k`` up and then adds it to the residual stream on the
-GPU (one elementwise kernel, timed as the other cache kernels: reads two ``[T, C]``
-tensors and writes one in the model's dtype), and writes each row's (branch and sample's)
-slot of zeros once per generation (by its first segment); ``"residual"`` sends x down and brings y up, with
-no GPU kernel. Below, "x down" is the gates and commands alone for ``"sum"``.
-
-When the weights do not fit next to the activations (and, for b, the cache) they are
-streamed H2D per operator, prefetched one operator ahead, in every system (counted in the
-PCIe bytes; the report says ``weights: streamed``).
+:func:`replay` runs one system (:data:`SYSTEMS`, a..g) of a
+:class:`~coda.host.system.workload.Workload` on a :class:`~coda.host.system.platforms.Platform`
+and returns a :class:`SystemResult`; :func:`breakdown` says where its time went. The
+resources (GPU stream, the two PCIe copy engines, host access to the NMP DIMMs, the NMEs in
+lockstep) are FIFO ``simpy.Resource`` objects, so a replay is deterministic; the timeline and the
+breakdown are computed from the busy intervals each work item records, not by peeking into
+SimPy. :meth:`_Replay.op_time` and :meth:`_Replay.cache_kernel` are the one switch between
+roofline and measured GPU times. The resources, the time of each work item, what each
+system does and how the cache mode, the cache format and the segments' form change it:
+``docs/system-model.md``, "The replay in detail".
 """
 
 from __future__ import annotations
@@ -183,7 +103,12 @@ class SystemResult:
 
 
 def gpu_time(k: Kernels, batch: int, gpu) -> float:
-    """Seconds of ``k``'s kernels for ``batch`` rows on ``gpu`` (module docstring)."""
+    """Seconds of ``k``'s kernels for ``batch`` rows on ``gpu``: the roofline.
+
+    ``max(b·F/(P·e_class), (b·A + W)/(BW·e_mem))`` per traced kernel (F FLOPs, A activation
+    bytes per sample, W weight bytes, b rows batched, P peak FLOP/s, BW memory bandwidth, e
+    the efficiency of the kernel's class), summed and bounded below by ``kernels x launch_s``.
+    """
     if k.count == 0:
         return 0.0
     eff = np.where(k.cls == GEMM, gpu.eff_gemm, np.where(k.cls == ATTENTION,

@@ -4,22 +4,9 @@
 paper-scale models have other operators (Wan: self/cross attention and FFN per block;
 HunyuanVideo: dual- and single-stream blocks), so a schedule here is per (step, branch) a set
 of operator *indices* of a :class:`coda.host.system.shapes.ModelShape`
-(:class:`ModelSchedule`). Three ways to get one (:func:`resolve`):
-
-- ``uniform``: :class:`coda.host.cache.policies.uniform.UniformIntervalPolicy`'s rule applied to
-  the model's operators directly (each operator recomputed every ``k`` steps of its kind,
-  after ``warmup`` steps): nothing is transferred;
-- ``FILE``: a :class:`Schedule` JSON made for the shipped model, *transferred*: target
-  operator ``(layer l of L, kind)`` at step ``s of S`` is reused iff the source schedule
-  reuses ``(floor((l + 1/2) L_src / L), kind)`` at step ``floor((s + 1/2) S_src / S)`` in the
-  same branch (relative depth, relative step, operator type; ``kind`` is the shipped
-  operator type each target operator corresponds to, :attr:`OpShape.kind`). A reuse of
-  something not computed at an earlier step of the branch is turned into a compute and
-  counted (``fixups``). For the shipped model at the schedule's own steps the mapping is the
-  identity;
-- ``coda``: the searched schedule of the shipped model that ``coda schedule search`` ships
-  (issue 13) at :data:`coda.host.cache.shipped.SHIPPED_SCHEDULE`, transferred like a file;
-  refused while that file does not exist.
+(:class:`ModelSchedule`). Three ways to get one
+(:func:`resolve`: ``uniform``, a shipped-model schedule ``FILE`` transferred by
+:func:`transfer`, or ``coda``, the shipped searched schedule).
 """
 
 from __future__ import annotations
@@ -166,7 +153,7 @@ def uniform(shape: ModelShape, num_steps: int, interval: int = 2, warmup: int = 
 def transfer(schedule: Schedule, shape: ModelShape, num_steps: int,
              label: str = "") -> ModelSchedule:
     """``schedule`` (made for the shipped model) mapped onto ``shape`` at ``num_steps`` steps
-    by operator type, relative depth and relative step (module docstring)."""
+    by operator type, relative depth and relative step (the rule: :func:`resolve`)."""
     if num_steps < 1:
         raise ScheduleError(f"--steps {num_steps}: expected >= 1")
     src_s, src_l = schedule.num_steps, schedule.num_layers
@@ -195,6 +182,21 @@ def resolve(spec: str, shape: ModelShape, num_steps: int, *, interval: int = 2,
             warmup: int = 5, intervals: Mapping[str, int] | None = None,
             coda_path: Path | None = None) -> ModelSchedule:
     """``--schedule`` value -> :class:`ModelSchedule` for ``shape``.
+
+    - ``uniform``: :class:`coda.host.cache.policies.uniform.UniformIntervalPolicy`'s rule applied to
+      the model's operators directly (each operator recomputed every ``k`` steps of its kind,
+      after ``warmup`` steps): nothing is transferred;
+    - ``FILE``: a :class:`Schedule` JSON made for the shipped model, *transferred*: target
+      operator ``(layer l of L, kind)`` at step ``s of S`` is reused iff the source schedule
+      reuses ``(floor((l + 1/2) L_src / L), kind)`` at step ``floor((s + 1/2) S_src / S)`` in the
+      same branch (relative depth, relative step, operator type; ``kind`` is the shipped
+      operator type each target operator corresponds to, :attr:`OpShape.kind`). A reuse of
+      something not computed at an earlier step of the branch is turned into a compute and
+      counted (``fixups``). For the shipped model at the schedule's own steps the mapping is the
+      identity;
+    - ``coda``: the searched schedule of the shipped model that ``coda schedule search`` ships
+      (issue 13) at :data:`coda.host.cache.shipped.SHIPPED_SCHEDULE`, transferred like a file;
+      refused while that file does not exist.
 
     Args:
         spec: ``"uniform"``, ``"coda"`` or a path to a :class:`Schedule` JSON.

@@ -2,29 +2,12 @@
 the rest of the system model: latency percentiles and throughput against arrival rate, per
 scheduling policy.
 
-``coda serve --model wan2.1-1.3b --mix 480p:50:0.5,720p:50:0.5 --gpus 4 --per-request 1
---system f --rates 20,40,60 --requests 1000 --policy fcfs,sjf --out DIR``:
-
-- **requests**: Poisson arrivals at each ``--rates`` rate (requests per hour; exponential
-  gaps, numpy's ``default_rng(--seed)``), each of a class of ``--mix``
-  (``RESOLUTION:STEPS:WEIGHT``, the model's ``--seconds``), drawn with the weights;
-- **service time**: one class's generation on ``--per-request`` GPUs in ``--parallel``
-  mode as system ``--system`` (:func:`service_time`: the one-generation replay of ``coda
-  sim``, :mod:`coda.host.system.parallel` for several GPUs), computed once per class:
-  requests of a class are the same generation;
-- **cluster**: ``--gpus`` GPUs as ``gpus / per_request`` workers (each a ``--per-request``
-  GPU group with its own PCIe links and DIMM-NMPs); a worker serves one request at a time
-  to completion (no preemption, no batching of requests);
-- **policies** (:data:`POLICIES`): ``fcfs`` (first come, first served) and ``sjf``
-  (shortest job first: the waiting request with the shortest service time, ties by arrival),
-  both non-preemptive;
-
-and writes ``DIR/serving.json`` (the classes with their service times, per policy and rate:
-``p50_s``, ``p99_s``, ``mean_s`` latency from arrival to completion, ``wait_p50_s``,
-``throughput_per_h`` (completed requests over the span from the first arrival to the last
-completion), ``utilisation`` (busy worker time over workers x that span), ``offered_load``
-(rate x mean service / workers)) and ``DIR/serving.png`` (p50 and p99 against
-throughput), and prints a table.
+:func:`serve` simulates Poisson arrivals of request classes on workers (GPU groups, one
+request at a time to completion, no preemption, no batching) under a policy
+(:data:`POLICIES`), each class's service time being its one-generation replay
+(:func:`service_time`, once per class); :func:`serve_curve` runs it per policy and rate and
+:func:`main` writes ``DIR/serving.json`` and ``DIR/serving.png``. The model, the policies and
+the figures written: ``docs/system-model.md``, "Serving".
 """
 
 from __future__ import annotations
@@ -50,7 +33,9 @@ from .replay import SYSTEMS
 __all__ = ["POLICIES", "RequestClass", "ServeConfig", "parse_mix", "service_time", "serve",
            "serve_curve", "configure", "main"]
 
-#: the scheduling policies (module docstring)
+#: the scheduling policies: ``fcfs`` (first come, first served) and ``sjf`` (shortest job
+#: first: the waiting request with the shortest service time, ties by arrival), both
+#: non-preemptive
 POLICIES = ("fcfs", "sjf")
 #: most requests one simulation takes (its arrays are held in memory)
 MAX_REQUESTS = 1_000_000
@@ -173,7 +158,7 @@ def service_time(model: str, cls: RequestClass, *, system: str = "f", seconds=No
 
 def serve(classes: list[RequestClass], service: dict, *, rate_per_h: float, requests: int,
           workers: int, policy: str = "fcfs", seed: int = 0) -> dict:
-    """One serving simulation (module docstring): ``requests`` Poisson arrivals at
+    """One serving simulation (``docs/system-model.md``, "Serving"): ``requests`` Poisson arrivals at
     ``rate_per_h`` per hour, classes drawn by weight, ``service[class name]`` seconds each,
     on ``workers`` workers under ``policy``.
 

@@ -2,18 +2,13 @@
 the FLOPs and bytes of every GPU kernel they launch; what the rest of the system model
 (workload, schedules, replay) reads of a model.
 
-Where they come from:
-
-- :mod:`coda.host.system.presets`: the models ``coda sim`` knows (their published
-  configurations, how a resolution and a duration map to a latent) and the entry point
-  :func:`~coda.host.system.presets.model_shape`;
-- :mod:`coda.host.system.trace`: every diffusers model traced on the ``meta`` device, its
-  operators those of the cache engine's adapter (:mod:`coda.host.cache.arch`);
-- :func:`~coda.host.system.presets.opensora_shape`: Open-Sora 1.2 (no diffusers class),
-  written by hand.
-
-Units: FLOPs (multiply-add = 2), bytes, tokens per sample. Every per-kernel number is per
-sample (batch 1) except ``weight_bytes``, read once per kernel whatever the batch.
+Where they come from: :mod:`coda.host.system.presets` (the models ``coda sim`` knows, how a
+resolution and a duration map to a latent, and the entry point
+:func:`~coda.host.system.presets.model_shape`), :mod:`coda.host.system.trace` (every diffusers
+model traced on the ``meta`` device, its operators those of the cache engine's adapter) and
+:func:`~coda.host.system.presets.opensora_shape` (Open-Sora 1.2, no diffusers class, written
+by hand). Units: FLOPs (multiply-add = 2), bytes, tokens per sample. Every per-kernel number
+is per sample (batch 1) except ``weight_bytes``, read once per kernel whatever the batch.
 """
 
 from __future__ import annotations

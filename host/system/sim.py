@@ -2,27 +2,13 @@
 for the six systems of the CODA ablation and the forecast's history over PCIe (g), for the
 shipped model or a paper-scale video DiT.
 
-``coda sim --model wan2.1-14b --resolution 720p --seconds 4 --platform rtx4090 --dram
-DDR5-4800 --dimms 4 --ranks 8 --schedule uniform --system all --out DIR`` traces the model's
-shapes on the meta device (cached under ``build/system/shapes``), builds the schedule
-(``uniform``: the uniform-interval rule on the model's operators; ``FILE`` / ``coda``: a
-shipped-model Schedule JSON transferred by operator type, relative depth and relative step),
-synthesises the generation's operator events (NMP segments of the form ``--segment-output``:
-``sum``, the cache engine's default, or ``residual``: :mod:`coda.host.nmp.link`) in the cache
-mode ``--cache`` (``reuse``, the default, or ``forecast``: :mod:`coda.host.cache.forecast`,
-two cached tensors per forecast term, two entries per stored operator,
-:mod:`coda.host.system.workload`), replays them as systems a..g and writes
-
-- ``DIR/report.json``: ``cache_bytes``, ``cache`` (mode, entries per operator, forecast
-  terms), the configuration (model, platform, schedule, memory plan, every parameter's
-  source) and ``systems`` keyed a..g (``name, cache, latency_s,
-  latency_per_step_s, energy_j, speedup, energy_efficiency, speedup_vs_c,
-  energy_efficiency_vs_c, pcie_bytes, gpu_busy_fraction, breakdown, bottleneck`` or
-  ``fits: false`` with ``reason``);
-- ``DIR/timeline.png`` (GPU / PCIe / NME activity over two steps, segments shaded) and
-  ``DIR/breakdown.png`` (stacked time per system);
-
-and prints a table.
+:func:`simulate` traces the model's shapes on the meta device (cached under
+``build/system/shapes``), builds the schedule (:func:`coda.host.system.schedules.resolve`),
+synthesises the generation's operator events in the segments' form and the cache mode
+(:mod:`coda.host.system.workload`), replays them as systems a..g and writes
+``DIR/report.json``, ``DIR/timeline.png`` and ``DIR/breakdown.png``, and prints a table
+(what the report holds: ``docs/system-model.md``). :func:`paper_scale` gives ``coda run``
+the same schedule at the paper-scale target, :func:`sim_argv` its command line.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """The meta-device trace: a diffusers video transformer's cacheable operators and the GPU
 kernels of each, measured rather than written down.
 
-The diffusers transformer class is instantiated from a :class:`ModelSpec`'s published config
-on the ``meta`` device (no weights, no memory), one forward runs there at the requested latent
-shape, and
-
-- a ``TorchDispatchMode`` sees every aten kernel (FLOPs from torch's own
-  ``torch.utils.flop_counter`` formulas, bytes = the kernel's input and output tensors,
-  parameter bytes apart), and
-- a ``TorchFunctionMode`` replaces ``F.scaled_dot_product_attention`` by one fused-attention
-  kernel (FLOPs ``4·B·H·L·S·E``; bytes of q, k, v and the output: what a flash-attention
-  kernel moves), instead of the ``bmm``/softmax decomposition the meta device would run;
-- forward hooks on each block's operator modules attribute every kernel to the cacheable
-  operator it belongs to: the norm/modulation kernels before an operator's module and the
-  module's own kernels are that operator's; the gated residual add after it goes to the next
-  operator of the block (the last one of a block keeps the block's tail); kernels outside the
-  blocks (embeddings, final layer, Latte's temporal position embedding) are ``other``.
-
-What the operators are is the cache engine's adapter's (:mod:`coda.host.cache.arch`), not
-restated here: its blocks in forward order with their layers
-(:meth:`~coda.host.cache.arch.base.Architecture.blocks`), each block's operators, the
-submodules that compute them, which are ungated and its residual streams
-(:class:`~coda.host.cache.arch.base.BlockSpec`). A segment barrier is read off the trace the
-way the engine meets one: a kernel between two blocks other than a pure layout operation
-(:data:`coda.host.cache.arch.deferred.LAYOUT_OPS`) computes on the residual stream, so no
-segment spans it (Latte's temporal position embedding after layer 0's spatial block).
+:func:`trace` instantiates the diffusers transformer class from a :class:`ModelSpec`'s
+published config on the ``meta`` device (no weights, no memory), runs one forward there at the
+requested latent shape, records every aten kernel (FLOPs from torch's own formulas, bytes),
+counts ``scaled_dot_product_attention`` as one fused kernel and attributes every kernel to
+the cacheable operator it belongs to (its docstring has how). What the operators are is the
+cache engine's adapter's (:mod:`coda.host.cache.arch`), not restated here.
 """
 
 from __future__ import annotations
@@ -333,6 +315,29 @@ def inputs(name: str, spec: ModelSpec, latent, dtype, device="meta", batch: int 
 def trace(name: str, spec: ModelSpec, height: int, width: int, frames: int) -> ModelShape:
     """Trace model ``name`` (preset ``spec``, a diffusers class the cache engine serves) at
     ``height x width`` pixels and ``frames`` frames on the meta device.
+
+    The forward runs under
+
+    - a ``TorchDispatchMode`` sees every aten kernel (FLOPs from torch's own
+      ``torch.utils.flop_counter`` formulas, bytes = the kernel's input and output tensors,
+      parameter bytes apart), and
+    - a ``TorchFunctionMode`` replaces ``F.scaled_dot_product_attention`` by one fused-attention
+      kernel (FLOPs ``4·B·H·L·S·E``; bytes of q, k, v and the output: what a flash-attention
+      kernel moves), instead of the ``bmm``/softmax decomposition the meta device would run;
+    - forward hooks on each block's operator modules attribute every kernel to the cacheable
+      operator it belongs to: the norm/modulation kernels before an operator's module and the
+      module's own kernels are that operator's; the gated residual add after it goes to the next
+      operator of the block (the last one of a block keeps the block's tail); kernels outside the
+      blocks (embeddings, final layer, Latte's temporal position embedding) are ``other``.
+
+    What the operators are is the cache engine's adapter's (:mod:`coda.host.cache.arch`), not
+    restated here: its blocks in forward order with their layers
+    (:meth:`~coda.host.cache.arch.base.Architecture.blocks`), each block's operators, the
+    submodules that compute them, which are ungated and its residual streams
+    (:class:`~coda.host.cache.arch.base.BlockSpec`). A segment barrier is read off the trace the
+    way the engine meets one: a kernel between two blocks other than a pure layout operation
+    (:data:`coda.host.cache.arch.deferred.LAYOUT_OPS`) computes on the residual stream, so no
+    segment spans it (Latte's temporal position embedding after layer 0's spatial block).
 
     Returns:
         the :class:`~coda.host.system.shapes.ModelShape` (per-sample kernels of every

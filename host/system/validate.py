@@ -1,42 +1,13 @@
 """Checks of the system model against the world, and its own speed.
 
-``coda validate [--out build/system]``:
-
-1. **Published full-generation latencies** (:data:`PUBLISHED`): each case is replayed as
-   system a (GPU only) on the named GPU's preset, at the published model, resolution,
-   frames and steps; predicted / published is reported. The model covers the transformer's
-   denoising loop only: the published times also contain text encoding and VAE decoding
-   (and, where the source says so, CPU offload), so a prediction somewhat below the
-   published time is expected. Written to ``validation.json``.
-2. **Published multi-GPU speed-ups** (:data:`PUBLISHED_SCALING`, xDiT's HunyuanVideo
-   tables): each case as system a on one GPU and on N GPUs in the published parallel mode
-   (:mod:`coda.host.system.parallel`); the modelled speed-up against the published one,
-   with the error (target +-25 %). Written to ``scaling.json``.
-3. **Simulation speed**: wall seconds to synthesise and replay a 50-step generation of
-   Wan 2.1-14B at 720p x 4 s as each system (shapes traced once and cached). Written to
-   ``bench.json``.
-
-With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth, minutes;
-``--drams`` limits the presets), on the default NME (:data:`coda.hw.nme.isa.DEFAULT_PRESET`),
-each table entry merged into the data file
-:data:`coda.host.system.platforms.SEGMENT_UTIL_FILE` with its NME and provenance (command,
-date, machine):
-
-4. the DRAM utilisation of compiled K-term segment programs on one DRAM-timed DIMM-NMP rank
-   (256 tokens x 512 channels, 256 KiB per stream), the table
-   :data:`coda.host.system.platforms.SEGMENT_UTIL` (``segment_util.json``);
-5. the same for the shipped model's tiles ([512, 96] on 1 DIMM x 2 ranks, 3,072 words per
-   stream and rank) over random sets of one slot group, DDR5-4800 / DDR4-3200 x depth 64 / 256,
-   the table :data:`coda.host.system.platforms.SEGMENT_UTIL_TILE` (``tile_util.json``);
-6. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
-   the DRAM-timed DIMM-NMP cosimulation measures it against
-   :func:`coda.host.system.nme.segment_timing` (``dram_check.json``);
-
-and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
-
-7. :func:`run_check`: a short real cached generation of the shipped model (6 steps, PAB,
-   one prompt) with every segment on the 1 x 2 DRAM-timed DIMM-NMP, each SegmentEvent's
-   cycles against the model, DDR5-4800 / DDR4-3200 x depth 64 / 256 (``run_check.json``).
+``coda validate`` (:func:`main`) replays published full-generation latencies
+(:data:`PUBLISHED`, :func:`validate`) and published multi-GPU speed-ups
+(:data:`PUBLISHED_SCALING`, :func:`validate_scaling`) and times the simulation itself
+(:func:`bench`). With ``--measure-nmp`` it measures, on the DRAM-timed DIMM-NMP, the DRAM
+utilisation of compiled segment programs that the model reads
+(:data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`, each entry with its NME and
+provenance); with ``--check-nmp`` it checks a real cached generation's segments against the
+model (:func:`run_check`). What each step writes: :func:`main`.
 """
 
 from __future__ import annotations
@@ -576,8 +547,47 @@ def _drams(text: str | None) -> tuple[str, ...] | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``coda validate`` (module docstring); returns 0. An unusable ``--out``:
-    ValueError before any work (``coda: error:``, exit 2)."""
+    """Run ``coda validate``; returns 0. An unusable ``--out``: ValueError before any work
+    (``coda: error:``, exit 2).
+
+    ``coda validate [--out build/system]``:
+
+    1. **Published full-generation latencies** (:data:`PUBLISHED`): each case is replayed as
+       system a (GPU only) on the named GPU's preset, at the published model, resolution,
+       frames and steps; predicted / published is reported. The model covers the transformer's
+       denoising loop only: the published times also contain text encoding and VAE decoding
+       (and, where the source says so, CPU offload), so a prediction somewhat below the
+       published time is expected. Written to ``validation.json``.
+    2. **Published multi-GPU speed-ups** (:data:`PUBLISHED_SCALING`, xDiT's HunyuanVideo
+       tables): each case as system a on one GPU and on N GPUs in the published parallel mode
+       (:mod:`coda.host.system.parallel`); the modelled speed-up against the published one,
+       with the error (target +-25 %). Written to ``scaling.json``.
+    3. **Simulation speed**: wall seconds to synthesise and replay a 50-step generation of
+       Wan 2.1-14B at 720p x 4 s as each system (shapes traced once and cached). Written to
+       ``bench.json``.
+
+    With ``--measure-nmp`` (Verilator; one DIMM-NMP build per DRAM preset and depth, minutes;
+    ``--drams`` limits the presets), on the default NME (:data:`coda.hw.nme.isa.DEFAULT_PRESET`),
+    each table entry merged into the data file
+    :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE` with its NME and provenance (command,
+    date, machine):
+
+    4. the DRAM utilisation of compiled K-term segment programs on one DRAM-timed DIMM-NMP rank
+       (256 tokens x 512 channels, 256 KiB per stream), the table
+       :data:`coda.host.system.platforms.SEGMENT_UTIL` (``segment_util.json``);
+    5. the same for the shipped model's tiles ([512, 96] on 1 DIMM x 2 ranks, 3,072 words per
+       stream and rank) over random sets of one slot group, DDR5-4800 / DDR4-3200 x depth 64 / 256,
+       the table :data:`coda.host.system.platforms.SEGMENT_UTIL_TILE` (``tile_util.json``);
+    6. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
+       the DRAM-timed DIMM-NMP cosimulation measures it against
+       :func:`coda.host.system.nme.segment_timing` (``dram_check.json``);
+
+    and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
+
+    7. :func:`run_check`: a short real cached generation of the shipped model (6 steps, PAB,
+       one prompt) with every segment on the 1 x 2 DRAM-timed DIMM-NMP, each SegmentEvent's
+       cycles against the model, DDR5-4800 / DDR4-3200 x depth 64 / 256 (``run_check.json``).
+    """
     from coda.paths import check_output_path
 
     check_output_path(args.out, "--out", folder=True)

@@ -1,40 +1,17 @@
 """The work of one generation, as the replay needs it: per step the transformer calls, per
-call and operator what each row (CFG branch x sample) does, and the segments.
+call and operator what each row (CFG branch x sample) does, and the segments
+(:class:`Workload`).
 
-Two sources, one form:
-
-- :func:`from_events`: the :class:`coda.host.cache.events.EventLog` of a real cached generation
-  (the shipped model: ``coda.host.model.sample.cached_generate(..., events=log)``);
-- :func:`synthesize`: for models whose weights cannot run here, the same event types made
-  from a :class:`coda.host.system.shapes.ModelShape` and a
-  :class:`coda.host.system.schedules.ModelSchedule` (no tensors): operators in forward
-  order, segments as the cache engine forms them (maximal runs, flushed before the row's
-  next computed operator, at a barrier and at the end of the call), bytes as the driver moves
-  them (:func:`coda.host.nmp.link.segment_bytes`, re-exported here) and NME cycles from the cycle model
-  (:func:`coda.host.system.nme.segment_timing`, ideal memory, as the torch backend reports).
-
-How a generation's rows group into transformer calls follows the model's pipeline
+Two sources, one form: :func:`from_events`, the :class:`coda.host.cache.events.EventLog` of a
+real cached generation (the shipped model), and :func:`synthesize`, the same event types made
+from a :class:`coda.host.system.shapes.ModelShape` and a
+:class:`coda.host.system.schedules.ModelSchedule` for models whose weights cannot run here
+(no tensors; bytes as the driver moves them, NME cycles from the cycle model). How a
+generation's rows group into transformer calls follows the model's pipeline
 (``ModelShape.cfg``): ``batched`` (one call per step with both branches, diffusers' order
 uncond then cond), ``two_pass`` (a call per branch, cond then uncond as ``WanPipeline``) or
-``distilled`` (one call, cond only).
-
-The cache mode (``cache``, :data:`coda.host.cache.forecast.CACHE_MODES`): ``"reuse"`` reads
-one cached tensor per reused operator; ``"forecast"`` (:mod:`coda.host.cache.forecast`) reads
-two, ``(1 + alpha) c_k - alpha c_k'``, where the operator's last two computed outputs are in
-the cache (a *forecast term*: two terms of its segment, one more ``[T, C]`` stream on the
-NMEs), keeps two entries per stored operator (history 2: the footprint doubles for every
-operator stored more than once) and stores a computed output when either of the next two
-steps reuses it (:meth:`coda.host.system.schedules.ModelSchedule.store_after_compute`,
-the cache engine's rule). A synthesised forecast generation has no alpha table (the
-paper-scale models' alphas are not calibrated here), so every reuse with two earlier computed
-steps is a forecast term, alpha = 0 steps included (the engine runs those as plain 1-term
-reuses): an upper bound of the forecast's cost.
-
-The cache format (``cache_group``: None for bf16 entries, else G of int8 entries,
-:mod:`coda.host.system.formats`): an int8 entry is ``0.5 + 1/G`` of the bf16 bytes in the
-footprint and in every store, and an int8 segment is the ``segment_int8`` program (its
-command words and NME cycles, at most 7 terms a launch). It composes with the forecast mode
-(both entries int8).
+``distilled`` (one call, cond only). How the cache mode and the cache format change the
+work: :class:`Workload`.
 """
 
 from __future__ import annotations
@@ -150,6 +127,24 @@ class Workload:
             ``"sum"`` segments are followed by the xPU's residual add.
         cache: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`).
         cache_group: G of int8 cache entries, None for bf16 (:mod:`coda.host.system.formats`).
+
+    The cache mode (``cache``, :data:`coda.host.cache.forecast.CACHE_MODES`): ``"reuse"`` reads
+    one cached tensor per reused operator; ``"forecast"`` (:mod:`coda.host.cache.forecast`) reads
+    two, ``(1 + alpha) c_k - alpha c_k'``, where the operator's last two computed outputs are in
+    the cache (a *forecast term*: two terms of its segment, one more ``[T, C]`` stream on the
+    NMEs), keeps two entries per stored operator (history 2: the footprint doubles for every
+    operator stored more than once) and stores a computed output when either of the next two
+    steps reuses it (:meth:`coda.host.system.schedules.ModelSchedule.store_after_compute`,
+    the cache engine's rule). A synthesised forecast generation has no alpha table (the
+    paper-scale models' alphas are not calibrated here), so every reuse with two earlier computed
+    steps is a forecast term, alpha = 0 steps included (the engine runs those as plain 1-term
+    reuses): an upper bound of the forecast's cost.
+
+    The cache format (``cache_group``: None for bf16 entries, else G of int8 entries,
+    :mod:`coda.host.system.formats`): an int8 entry is ``0.5 + 1/G`` of the bf16 bytes in the
+    footprint and in every store, and an int8 segment is the ``segment_int8`` program (its
+    command words and NME cycles, at most 7 terms a launch). It composes with the forecast mode
+    (both entries int8).
     """
     shape: ModelShape
     num_steps: int
@@ -226,7 +221,8 @@ def _group_rows(rows: list[tuple[str, int]], cfg: str) -> list[list[tuple[str, i
 def from_events(log: EventLog, shape: ModelShape, generation: int | None = None,
                 cfg: str | None = None, segment_output: str = "sum",
                 cache: str = "reuse", cache_group: int | None = None) -> Workload:
-    """The :class:`Workload` of one generation of ``log`` (default: the last one), whose
+    """The :class:`Workload` of one generation of ``log`` (default: the last one; the shipped
+    model's log: ``coda.host.model.sample.cached_generate(..., events=log)``), whose
     segments had the form ``segment_output`` and whose cache the mode ``cache`` (the events
     do not say them: the cache engine's ``CodaCacheConfig.segment_output`` and ``.cache``,
     or what :func:`synthesize` was given).
@@ -323,13 +319,18 @@ def synthesize(shape: ModelShape, schedule: ModelSchedule, *, n_ranks: int, lane
                cache_group: int | None = None) -> EventLog:
     """The :class:`EventLog` a cached generation of ``shape`` under ``schedule`` would emit
     on a ``n_ranks``-rank DIMM-NMP (no tensors: bytes and ideal-memory NME cycles from the
-    shapes). One generation, ``samples`` samples per branch. ``segment_output``: the
+    shapes): operators in forward order, segments as the cache engine forms them (maximal
+    runs, flushed before the row's next computed operator, at a barrier and at the end of the
+    call), bytes as the driver moves them (:func:`coda.host.nmp.link.segment_bytes`,
+    re-exported here) and NME cycles from the cycle model
+    (:func:`coda.host.system.nme.segment_timing`, ideal memory, as the torch backend
+    reports). One generation, ``samples`` samples per branch. ``segment_output``: the
     segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`); with ``"sum"`` a sample's
     first segment in a branch also writes its slot of zeros (one tensor per stream), as the
     cache engine counts it. ``cache``: the cache mode
     (:data:`coda.host.cache.forecast.CACHE_MODES`): with ``"forecast"`` a reused operator
     with two earlier computed steps (:meth:`ModelSchedule.computed_pairs`) is two terms of
-    its segment (every such reuse: no alpha table, module docstring) and a computed output
+    its segment (every such reuse: no alpha table, :class:`Workload`) and a computed output
     is stored when either of the next two steps reuses it. ``cache_group``: G of int8 entries
     (None: bf16, :mod:`coda.host.system.formats`): stores of ``0.5 + 1/G`` of the bytes and
     ``segment_int8`` segments (command words, cycles, 7 terms a launch). Raises ValueError for

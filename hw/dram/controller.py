@@ -1,65 +1,17 @@
 """Rank-local DRAM memory controller in Amaranth: the DRAM timing model of the DIMM-NMP.
 
 One :class:`DRAMController` drives one rank (see :mod:`coda.hw.dram.standards` for what a
-rank is per standard). It runs on the DRAM command clock (one cycle = one tCK) and issues at
-most one command per cycle. As in Ramulator 2, the controller is a frame around plug-in parts
-with small interfaces, each a component in its own file:
+rank is per standard), or with ``ranks`` > 1 the ranks of one channel. It runs on the DRAM
+command clock (one cycle = one tCK) and issues at most one command per cycle. As in Ramulator 2,
+the controller is a frame around plug-in parts with small interfaces, each a component in its
+own file: address mapping (:mod:`~.mapping`), request queues (:mod:`~.queue`), FR-FCFS scheduler
+(:mod:`~.scheduler`), row policy (:mod:`~.rowpolicy`), refresh (:mod:`~.refresh`) and the JEDEC
+timing table (:mod:`~.timing`); docs/dimm-nmp.md ("The controller's parts") tabulates them and
+lists the known simplifications. The controller keeps what joins them (:class:`DRAMController`).
 
-==========================================  ===================================================
-part                                        what it does
-==========================================  ===================================================
-:class:`~.mapping.AddressMapping`      burst address -> bank group, bank, row, column
-                                            (bank groups rotate fastest, permutation-based
-                                            bank interleaving)
-:class:`~.queue.RequestQueue`          the read and the write queue (circular buffers in
-                                            RAMs whose entries may leave out of order,
-                                            hazard comparison ports)
-:class:`~.scheduler.Scheduler`         the command of this cycle, FR-FCFS: refresh, then
-                                            the oldest ready column command (row hits
-                                            first), then the oldest allowed ACT/PRE within
-                                            ``lookahead`` entries, then the row policy's PRE;
-                                            a cap on how often the oldest is overtaken
-:class:`~.rowpolicy.RowPolicy`         open (default), closed or timeout: which idle
-                                            rows to close early
-:class:`~.refresh.AllBankRefresh`      a REF every tREFI, after a PREA closes the banks
-                                            (default), or for DDR5
-:class:`~.refresh.SameBankRefresh`     a REFsb of one bank address every tREFI / 4,
-                                            after PREs close that address's banks
-:class:`~.timing.TimingTable`          open rows and every JEDEC constraint as
-                                            timestamps: what may issue now, updated by what
-                                            issued
-==========================================  ===================================================
-
-With ``ranks`` R > 1 (``coda dram replay --ranks``; the DIMM-NMP has one controller per rank)
-the controller drives the R ranks of one channel: the mapping takes rank bits (between bank and
-row), the queues, scheduler and row policy see one rank of R times the banks
-(:func:`~.standards.channel_banks`), the timing table keeps every constraint per rank
-plus the data bus's rank switch (tRTRS), and each rank has its own all-bank refresh manager.
-
-The controller itself keeps what joins them: separate read and write queues; writes buffered
-and drained in batches (write mode from ``write_high`` queued writes down to ``write_low``, or
-whenever no read waits), so a read/write mix pays one turnaround per batch; ordering hazards:
-a write whose address matches a queued read is not accepted until that read has issued
-(write-after-read), and a read (a write) whose address a queued write has is *flagged* at
-acceptance: it issues only as the oldest of its queue, the oldest read only once no queued
-write has its address, which drains the writes first (read-after-write, write-after-write).
-Reads are served out of order, so each takes a response tag at acceptance; the device's bursts
-(in RD order) are parked by tag in a small buffer and returned in request order (a burst that
-is the next one due passes straight through, with no added cycle). It also counts the
-statistics. The command stream obeys the standard cycle by cycle *by construction* (the timing
-table); :mod:`coda.cosim.dram_check` verifies it independently from the command log.
-The NME's word port in front of the controller (word adapter, rank memory) is
-:mod:`~.word_memory`.
-
-A cycle reads the bank state only of the entries the scheduler looks at and writes only what
-the issued command changes, which keeps the Verilated model fast: a cycle costs
-O(lookahead^2) bank comparisons (FR-FCFS: which older entry uses the bank, which
-entry still hits it) plus the hazard comparisons against every queued address
-(O(read_queue + write_queue)), not O(banks x queue depth) counter and shift-register updates.
-
-Known simplifications: DDR5's two-cycle ACT/RD/WR command encoding and LPDDR5's
-WCK-sync and two-part ACT are modelled as one command slot per tCK; no power-down; refresh is
-postponed (``refresh_postpone``) but never pulled in; no LPDDR5 per-bank refresh.
+The command stream obeys the standard cycle by cycle *by construction* (the timing table);
+:mod:`coda.cosim.dram_check` verifies it independently from the command log. The word port in
+front of the controller is :mod:`~.word_memory`; :func:`dram_verilog` writes the Verilog.
 """
 
 from __future__ import annotations
@@ -140,6 +92,29 @@ def check_controller(std, *, read_queue: int = 16, write_queue: int = 32,
 
 class DRAMController(wiring.Component):
     """FR-FCFS controller of one DRAM rank (one clock = one tCK).
+
+    The controller itself keeps what joins its parts: separate read and write queues; writes
+    buffered and drained in batches (write mode from ``write_high`` queued writes down to
+    ``write_low``, or whenever no read waits), so a read/write mix pays one turnaround per batch;
+    ordering hazards: a write whose address matches a queued read is not accepted until that
+    read has issued (write-after-read), and a read (a write) whose address a queued write has is
+    *flagged* at acceptance: it issues only as the oldest of its queue, the oldest read only once
+    no queued write has its address, which drains the writes first (read-after-write,
+    write-after-write). Reads are served out of order, so each takes a response tag at
+    acceptance; the device's bursts (in RD order) are parked by tag in a small buffer and
+    returned in request order (a burst that is the next one due passes straight through, with
+    no added cycle). It also counts the statistics.
+
+    With ``ranks`` R > 1 the mapping takes rank bits (between bank and row), the queues,
+    scheduler and row policy see one rank of R times the banks
+    (:func:`~.standards.channel_banks`), the timing table keeps every constraint per rank plus
+    the data bus's rank switch (tRTRS), and each rank has its own all-bank refresh manager.
+
+    A cycle reads the bank state only of the entries the scheduler looks at and writes only
+    what the issued command changes, which keeps the Verilated model fast: a cycle costs
+    O(lookahead^2) bank comparisons (FR-FCFS: which older entry uses the bank, which entry still
+    hits it) plus the hazard comparisons against every queued address
+    (O(read_queue + write_queue)), not O(banks x queue depth) counter and shift-register updates.
 
     Parameters:
         std: a :class:`DRAMStandard` or preset name.

@@ -1,25 +1,10 @@
 """Address mapper of the rank memory controller (:class:`coda.hw.dram.controller.DRAMController`).
 
-A burst address ``a`` (one burst = ``std.burst_bytes``) is split LSB first into::
-
-    [ bank group | column burst | bank | row ]
-
-consecutive bursts rotate through the bank groups (so a stream pays tCCD_S, not tCCD_L),
-then walk a row; the bank index is permuted with the row (Zhang et al., MICRO-33 2000,
-permutation-based page interleaving): ``bank = bank_field XOR fold(row)`` where ``fold``
-XORs the row's ``log2(banks_per_group)``-bit chunks. Streams a power-of-two distance apart
-(STREAM's arrays) thus open rows in different banks instead of conflicting in one.
-
-With ``ranks`` R > 1 (R ranks sharing one channel, ``coda dram replay --ranks``) the rank
-bits sit between the bank and the row::
-
-    [ bank group | column burst | bank | rank | row ]
-
-so one row-stripe of every bank (DDR4: 2,048 bursts = 128 KiB, DDR5: 1,024 bursts = 64 KiB)
-lies in one rank and the next stripe in the next: a stream changes rank once a stripe (few
-rank switches), random addresses spread over all ranks (their tFAW windows add up). The rank
-is not permuted; the bank permutation folds the row as before. The flat bank index of the
-controller is then ``bank + banks * rank`` (``Cat(bg, ba, rank)``).
+:class:`AddressMapping` splits a burst address LSB first into
+``[ bank group | column burst | bank | (rank) | row ]``: consecutive bursts rotate through the
+bank groups, then walk a row, and the bank index is permuted with the row (Zhang et al.,
+MICRO-33 2000, permutation-based page interleaving); its docstring has the fields, the fold and
+the rank bits. :func:`map_burst_address` maps one address of a standard.
 
 The mapping is one object with two faces, kept side by side so they cannot drift apart:
 :meth:`AddressMapping.map` (Python integers, for models of the memory image and tests) and
@@ -55,7 +40,28 @@ class BurstFields:
 
 
 class AddressMapping:
-    """The controller's address mapping for ``std`` (see the module docstring).
+    """The controller's address mapping for ``std``.
+
+    A burst address ``a`` (one burst = ``std.burst_bytes``) is split LSB first into::
+
+        [ bank group | column burst | bank | row ]
+
+    consecutive bursts rotate through the bank groups (so a stream pays tCCD_S, not tCCD_L),
+    then walk a row; the bank index is permuted with the row (Zhang et al., MICRO-33 2000,
+    permutation-based page interleaving): ``bank = bank_field XOR fold(row)`` where ``fold``
+    XORs the row's ``log2(banks_per_group)``-bit chunks. Streams a power-of-two distance apart
+    (STREAM's arrays) thus open rows in different banks instead of conflicting in one.
+
+    With ``ranks`` R > 1 (R ranks sharing one channel, ``coda dram replay --ranks``) the rank
+    bits sit between the bank and the row::
+
+        [ bank group | column burst | bank | rank | row ]
+
+    so one row-stripe of every bank (DDR4: 2,048 bursts = 128 KiB, DDR5: 1,024 bursts = 64 KiB)
+    lies in one rank and the next stripe in the next: a stream changes rank once a stripe (few
+    rank switches), random addresses spread over all ranks (their tFAW windows add up). The rank
+    is not permuted; the bank permutation folds the row as before. The flat bank index of the
+    controller is then ``bank + banks * rank`` (``Cat(bg, ba, rank)``).
 
     Parameters:
         std: a :class:`DRAMStandard` or preset name.

@@ -1,39 +1,16 @@
 """DRAM device currents and per-command energy (DRAMPower's method) for the rank model.
 
-A device power spec (:class:`DevicePower`) holds the IDD (VDD rail) and IPP (VPP rail)
-currents of one DRAM *device* (chip) as its data sheet tabulates them, with the rail voltages.
-:func:`command_energy` turns them into the energy of one command of a whole rank (all its
-devices, ``rank_width / device_width`` of them, no ECC devices: a DDR5 subchannel of
-:mod:`coda.hw.dram.standards` is 4 x8 devices), and :func:`dram_energy` prices counts of
-commands and the time a rank spends in each background state. This is the method of
-DRAMPower (Chandrasekar et al., "Improved Power Modeling of DDR SDRAMs", DSD 2011; Micron
-TN-41-01 "Calculating Memory System Power for DDR3", the IDD-difference formulas), per rail
-``v`` in (VDD, VPP) with its currents ``I`` (IDD or IPP):
+A device power spec (:class:`DevicePower`, :func:`get_power`) holds the IDD (VDD rail) and IPP
+(VPP rail) currents of one DRAM *device* (chip) as its data sheet tabulates them, with the rail
+voltages. :func:`command_energy` turns them into the energy of one command of a whole rank (all
+its ``rank_width / device_width`` devices, no ECC devices; its docstring has DRAMPower's
+formulas), and :func:`dram_energy` prices counts of commands and background-state times.
 
-==================  ======================================================================
-ACT + PRE (a pair)  ``v * (I0 * tRC - (I1 * tRAS + I2N * (tRC - tRAS)))``: the IDD0 loop
-                    (one bank ACT-PRE every tRC) less the standby it includes, one bank open
-                    for tRAS (``I1``, below) and none for the rest of tRC
-RD burst            ``v * (I4R - I3N) * tBurst`` (tBurst = nBL tCK, the burst on the bus)
-WR burst            ``v * (I4W - I3N) * tBurst``
-REF (all banks)     ``v * (I5B - I3N) * tRFC``; every bank counts as open for the tRFC
-                    (DRAMPower's convention), so a refresh costs ``I5B * tRFC`` in all
-background          bank-wise, as DRAMPower's DDR5 model (``Calculation_DDR5``: a per-bank
-                    share ``(I3N - I2N) / B`` on top of the precharge standby ``I2N``, its
-                    shared active part set to ``I2N``): ``v * (I2N + (I3N - I2N) * b / B)``
-                    with ``b`` of the rank's ``B`` banks open; ``I1`` is that with ``b = 1``
-==================  ======================================================================
-
-Why one bank and not IDD3N as the ACT term's baseline (TN-41-01's DDR3 form): IDD3N is
-measured with *all* banks open, IDD0's loop opens one; on the DDR5 part below the maxima give
-IDD0 = 103 mA < IDD3N = 142 mA, so ``I0 tRC - (I3N tRAS + I2N (tRC - tRAS))`` is negative.
-
-The model has no power-down (the controller never drops CKE) and the cosimulated controller
-refreshes all banks (:class:`coda.hw.dram.refresh.AllBankRefresh`): IDD2P/IDD3P and a
-same-bank refresh current are not used, and a same-bank refresh (REFsb) has no energy here.
-The data bus I/O (VDDQ, termination) is not part of these currents' differences: it is the
-channel's, counted by whoever models the channel (:class:`coda.host.system.platforms.Energy`
-``dram_io_pj_per_bit`` for the host link; an NME in the buffer chip drives no DIMM channel).
+No power-down (the controller never drops CKE; IDD2P/IDD3P unused) and no same-bank refresh
+current (a REFsb has no energy here; the cosimulated controller refreshes all banks). The data
+bus I/O (VDDQ, termination) is the channel's, counted by whoever models the channel
+(:class:`coda.host.system.platforms.Energy` ``dram_io_pj_per_bit`` for the host link; an NME in
+the buffer chip drives no DIMM channel).
 """
 
 from __future__ import annotations
@@ -163,9 +140,32 @@ class CommandEnergy:
 
 
 def command_energy(std: str | DRAMStandard, power: DevicePower | None = None) -> CommandEnergy:
-    """Per-command energies and background powers of one rank of ``std`` (module docstring),
+    """Per-command energies and background powers of one rank of ``std``,
     from ``power`` (default :func:`get_power` of ``std``): each device's, times the devices
     of the rank. Currents in mA times V times ns give pJ.
+
+    The method of DRAMPower (Chandrasekar et al., "Improved Power Modeling of DDR SDRAMs", DSD
+    2011; Micron TN-41-01 "Calculating Memory System Power for DDR3", the IDD-difference
+    formulas), per rail ``v`` in (VDD, VPP) with its currents ``I`` (IDD or IPP):
+
+    ==================  ======================================================================
+    ACT + PRE (a pair)  ``v * (I0 * tRC - (I1 * tRAS + I2N * (tRC - tRAS)))``: the IDD0 loop
+                        (one bank ACT-PRE every tRC) less the standby it includes, one bank open
+                        for tRAS (``I1``, below) and none for the rest of tRC
+    RD burst            ``v * (I4R - I3N) * tBurst`` (tBurst = nBL tCK, the burst on the bus)
+    WR burst            ``v * (I4W - I3N) * tBurst``
+    REF (all banks)     ``v * (I5B - I3N) * tRFC``; every bank counts as open for the tRFC
+                        (DRAMPower's convention), so a refresh costs ``I5B * tRFC`` in all
+    background          bank-wise, as DRAMPower's DDR5 model (``Calculation_DDR5``: a per-bank
+                        share ``(I3N - I2N) / B`` on top of the precharge standby ``I2N``, its
+                        shared active part set to ``I2N``): ``v * (I2N + (I3N - I2N) * b / B)``
+                        with ``b`` of the rank's ``B`` banks open; ``I1`` is that with ``b = 1``
+    ==================  ======================================================================
+
+    Why one bank and not IDD3N as the ACT term's baseline (TN-41-01's DDR3 form): IDD3N is
+    measured with *all* banks open, IDD0's loop opens one; on the DDR5 part of :func:`get_power`
+    the maxima give IDD0 = 103 mA < IDD3N = 142 mA, so
+    ``I0 tRC - (I3N tRAS + I2N (tRC - tRAS))`` is negative.
 
     Raises:
         ValueError: no power spec for ``std``, or currents that make an energy negative.

@@ -1,28 +1,11 @@
 """Refresh manager of the rank memory controller: all-bank refresh every tREFI.
 
-Every tREFI cycles a REF falls due (the first one tREFI cycles after reset). While one is
-pending the scheduler issues no new ACT/PRE/RD/WR; the manager asks for a PREA that closes the
-open banks as soon as the timing table allows one (tRAS/tRTP/tWR), then for the REF once no
-bank is open and tRPab/tRC allow; the timing table then blocks everything for tRFC. A REF
-issued in the cycle in which the next interval elapses leaves that next one pending.
-
-Refresh postponement (``postpone=P``; 0, the default, and 1 are the behaviour above). JEDEC
-lets a controller postpone REF commands while it is busy and catch up later. DDR4 (JESD79-4,
-the "Refresh Command" section, worded as JESD79-3's): "A maximum of 8 Refresh commands can be
-postponed ..., meaning that at no point in time more than a total of 8 Refresh commands are
-allowed to be postponed. In case that 8 Refresh commands are postponed in a row, the resulting
-maximum interval between the surrounding Refresh commands is limited to 9 x tREFI"; DDR5
-(JESD79-5 4.13 "Refresh Operation", normal refresh mode): 4 REFab; LPDDR5 (JESD209-5): 8. The
-limit is the preset's :attr:`~coda.hw.dram.standards.DRAMStandard.refresh_postpone`.
-Controllers use it as "post-pay" refresh (Intel's DDR4 EMIF user guide, "Controller Pre-pay
-and Post-pay Refresh": "The accumulated refresh commands are issued continuously when the
-upper limit is reached"); so does this manager: REFs that fall due while requests are queued
-(``busy``) are counted, not issued; with no request queued the owed ones are issued (refresh
-in idle time); when P are owed the manager blocks the rank and issues all owed REFs back to
-back (one PREA, then a REF every tRFC) until none is owed. So at most P REFs are owed at any
-cycle: REFs by cycle t >= t // tREFI - P, the rule :mod:`coda.cosim.dram_check` checks (it
-counts a REF as owed from the end of its tREFI interval, as here; P = 1 issues each REF as soon
-as it is owed, as P = 0 does).
+:class:`AllBankRefresh`: every tREFI cycles a REF falls due; the manager asks for a PREA that
+closes the open banks, then for the REF, and the timing table blocks everything for tRFC. With
+``postpone=P`` it postpones up to P REFs while requests are queued and catches up back to back
+("post-pay" refresh, within JEDEC's limit, the preset's
+:attr:`~coda.hw.dram.standards.DRAMStandard.refresh_postpone`); its docstring has the rules and
+their JEDEC sources. :func:`check_postpone` validates P.
 
 Like Ramulator 2's ``AllBank`` refresh manager, it is a plug-in with a small interface (what
 the table says about the banks in, the commands it needs out).
@@ -53,7 +36,7 @@ def check_postpone(std, postpone) -> int:
 
 
 def _postponing(m, timer, interval, limit, issued, busy):
-    """Refresh owed with postponement (see the module docstring): a counter of refresh
+    """Refresh owed with postponement (see :class:`AllBankRefresh`): a counter of refresh
     commands fallen due (one every ``interval`` cycles, ``timer`` counting down to it) and not
     yet issued; returns the signal "one is pending now" (block and refresh): some are owed and
     ``limit`` of them are, or no request is queued, or a catch-up once started is not done."""
@@ -74,10 +57,34 @@ def _postponing(m, timer, interval, limit, issued, busy):
 class AllBankRefresh(wiring.Component):
     """All-bank refresh of one rank.
 
+    Every tREFI cycles a REF falls due (the first one tREFI cycles after reset). While one is
+    pending the scheduler issues no new ACT/PRE/RD/WR; the manager asks for a PREA that closes the
+    open banks as soon as the timing table allows one (tRAS/tRTP/tWR), then for the REF once no
+    bank is open and tRPab/tRC allow; the timing table then blocks everything for tRFC. A REF
+    issued in the cycle in which the next interval elapses leaves that next one pending.
+
+    Refresh postponement (``postpone=P``; 0, the default, and 1 are the behaviour above). JEDEC
+    lets a controller postpone REF commands while it is busy and catch up later. DDR4 (JESD79-4,
+    the "Refresh Command" section, worded as JESD79-3's): "A maximum of 8 Refresh commands can be
+    postponed ..., meaning that at no point in time more than a total of 8 Refresh commands are
+    allowed to be postponed. In case that 8 Refresh commands are postponed in a row, the resulting
+    maximum interval between the surrounding Refresh commands is limited to 9 x tREFI"; DDR5
+    (JESD79-5 4.13 "Refresh Operation", normal refresh mode): 4 REFab; LPDDR5 (JESD209-5): 8. The
+    limit is the preset's :attr:`~coda.hw.dram.standards.DRAMStandard.refresh_postpone`.
+    Controllers use it as "post-pay" refresh (Intel's DDR4 EMIF user guide, "Controller Pre-pay
+    and Post-pay Refresh": "The accumulated refresh commands are issued continuously when the
+    upper limit is reached"); so does this manager: REFs that fall due while requests are queued
+    (``busy``) are counted, not issued; with no request queued the owed ones are issued (refresh
+    in idle time); when P are owed the manager blocks the rank and issues all owed REFs back to
+    back (one PREA, then a REF every tRFC) until none is owed. So at most P REFs are owed at any
+    cycle: REFs by cycle t >= t // tREFI - P, the rule :mod:`coda.cosim.dram_check` checks (it
+    counts a REF as owed from the end of its tREFI interval, as here; P = 1 issues each REF as soon
+    as it is owed, as P = 0 does).
+
     Parameters:
         std: a :class:`coda.hw.dram.standards.DRAMStandard` or preset name (tREFI).
         postpone: REFs that may be owed at once while requests are queued (0 .. the
-            standard's ``refresh_postpone``; 0 and 1: none postponed, see the module docstring).
+            standard's ``refresh_postpone``; 0 and 1: none postponed, see above).
         first: cycles to the first REF (default tREFI; less staggers the ranks of a channel).
 
     Members:

@@ -5,17 +5,8 @@ conflict (a queued request needs another row of the bank). The policy watches th
 issued and keeps up to ``candidates`` banks recently served by a column command; it asks for
 a PRE of such a bank once ``delay`` cycles have passed since its last column command. The
 scheduler takes such a PRE only with nothing else to issue, when no request in its window
-uses the bank and the timing table allows it (tRAS, tRTP, tWR).
-
-===========  ==========================================================================
-policy       what it does
-===========  ==========================================================================
-``open``     never closes (no candidates): rows stay open until a conflict (the default)
-``closed``   closes a bank as soon as its last queued request is served (delay 0)
-``timeout``  closes a bank ``timeout`` cycles after its last column command if no request
-             for it came meanwhile: a request that follows soon still hits, a bank left
-             idle pays no PRE on its next (likely different) row
-===========  ==========================================================================
+uses the bank and the timing table allows it (tRAS, tRTP, tWR). :data:`ROW_POLICIES`: ``open``
+(the default), ``closed``, ``timeout``; :class:`RowPolicy` says what each does.
 """
 
 from __future__ import annotations
@@ -46,7 +37,17 @@ def check_row_policy(policy: str, timeout: int, candidates: int) -> int:
 
 
 class RowPolicy(wiring.Component):
-    """Closed / open / timeout row policy (see the module docstring).
+    """Closed / open / timeout row policy.
+
+    ===========  ==========================================================================
+    policy       what it does
+    ===========  ==========================================================================
+    ``open``     never closes (no candidates): rows stay open until a conflict (the default)
+    ``closed``   closes a bank as soon as its last queued request is served (delay 0)
+    ``timeout``  closes a bank ``timeout`` cycles after its last column command if no request
+                 for it came meanwhile: a request that follows soon still hits, a bank left
+                 idle pays no PRE on its next (likely different) row
+    ===========  ==========================================================================
 
     Parameters:
         std: a :class:`coda.hw.dram.standards.DRAMStandard` or preset name.

@@ -1,26 +1,10 @@
 """Scheduler of the rank memory controller: which command issues this cycle (FR-FCFS).
 
-First-ready, first-come-first-served (Rixner et al., ISCA 2000) over the first ``lookahead``
-entries of the active request queue (reads, or writes in write mode), oldest first:
-
-- refresh first: the refresh manager's PREA, then its REF; while a REF is pending nothing
-  else starts;
-- then the *oldest ready column command*: a RD (WR in write mode) of an entry whose row is
-  open and that the timing table allows now (row hits first, then age). An entry carrying
-  the controller's ordering ``flag`` (a read whose address had a queued write, a write whose
-  address had one: read-after-write / write-after-write) issues only as the oldest entry,
-  and the oldest read only while no queued write has its address (``raw``; the controller
-  then drains the writes);
-- else the oldest row command (ACT to a closed bank; PRE of a bank open on another row) of an
-  entry whose bank no older entry uses (a row still needed by an older request is never
-  closed) and, for a PRE, whose bank's open row no entry that could issue now still hits;
-- else a PRE asked for by the row policy (:mod:`coda.hw.dram.rowpolicy`) for a bank no
-  entry in the window uses.
-
-Starvation cap: when ``max_bypass`` column commands have issued for younger entries while the
-oldest one waited, only the oldest entry's column command may issue until it is served, and
-the hit protection of its bank is lifted (row commands keep their oldest-first order, so the
-oldest entry's ACT/PRE goes first whenever the timing table allows it).
+:class:`Scheduler`: first-ready, first-come-first-served (Rixner et al., ISCA 2000) over the
+first ``lookahead`` entries of the active request queue (reads, or writes in write mode), oldest
+first: refresh, then the oldest ready column command (row hits first), then the oldest allowed
+row command, then the row policy's PRE; a starvation cap (``max_bypass``) on how often the oldest
+entry is overtaken. Its docstring has the exact rules.
 
 Like Ramulator 2's schedulers, it is a plug-in with a small interface: the entries it may
 choose from in, questions to the timing table out, the command and the entry it chose out.
@@ -59,7 +43,29 @@ def close_request(std: DRAMStandard) -> wiring.Signature:
 
 
 class Scheduler(wiring.Component):
-    """FR-FCFS scheduler with a bypass cap (see the module docstring).
+    """FR-FCFS scheduler with a bypass cap.
+
+    First-ready, first-come-first-served (Rixner et al., ISCA 2000) over the first ``lookahead``
+    entries of the active request queue (reads, or writes in write mode), oldest first:
+
+    - refresh first: the refresh manager's PREA, then its REF; while a REF is pending nothing
+      else starts;
+    - then the *oldest ready column command*: a RD (WR in write mode) of an entry whose row is
+      open and that the timing table allows now (row hits first, then age). An entry carrying
+      the controller's ordering ``flag`` (a read whose address had a queued write, a write whose
+      address had one: read-after-write / write-after-write) issues only as the oldest entry,
+      and the oldest read only while no queued write has its address (``raw``; the controller
+      then drains the writes);
+    - else the oldest row command (ACT to a closed bank; PRE of a bank open on another row) of an
+      entry whose bank no older entry uses (a row still needed by an older request is never
+      closed) and, for a PRE, whose bank's open row no entry that could issue now still hits;
+    - else a PRE asked for by the row policy (:mod:`coda.hw.dram.rowpolicy`) for a bank no
+      entry in the window uses.
+
+    Starvation cap: when ``max_bypass`` column commands have issued for younger entries while the
+    oldest one waited, only the oldest entry's column command may issue until it is served, and
+    the hit protection of its bank is lifted (row commands keep their oldest-first order, so the
+    oldest entry's ACT/PRE goes first whenever the timing table allows it).
 
     Parameters:
         std: a :class:`DRAMStandard` or preset name.

@@ -5,14 +5,7 @@ a dependent command may issue (``now + tXX``, keeping a later one already set), 
 dependent command waits until the free-running cycle counter ``now`` reaches it; tFAW (the four
 latest ACTs) is a set of down-counters. So a command the table allows obeys the standard
 cycle by cycle *by construction*; :mod:`coda.cosim.dram_check` verifies the command stream
-independently from the command log.
-
-Per-bank and per-bank-group timestamps and open rows live in small RAMs indexed by bank (group):
-a query reads the state of one bank, an issued command writes only the words it changes. A
-constraint a command puts on every *other* bank group (tCCD_S, tRRD_S, tWTR_S) is one shared
-timestamp; the group's own (the _L value) is at least as long, so max(own, shared) equals the
-per-group constraint. The timestamps and ``now`` are not reset: a controller reset forgets open
-rows, not the timing constraints the DRAM still obeys.
+independently from the command log. :class:`TimingTable` has how the state is stored.
 
 This is the part of Ramulator 2's DRAM model (``check_ready`` / ``update_timing`` over the
 timing constraints of the standard's table) that a scheduler consults; the standard itself is
@@ -67,6 +60,13 @@ def issued_command(std: DRAMStandard) -> wiring.Signature:
 
 class TimingTable(wiring.Component):
     """Bank state and timing constraints of one rank.
+
+    Per-bank and per-bank-group timestamps and open rows live in small RAMs indexed by bank (group):
+    a query reads the state of one bank, an issued command writes only the words it changes. A
+    constraint a command puts on every *other* bank group (tCCD_S, tRRD_S, tWTR_S) is one shared
+    timestamp; the group's own (the _L value) is at least as long, so max(own, shared) equals the
+    per-group constraint. The timestamps and ``now`` are not reset: a controller reset forgets open
+    rows, not the timing constraints the DRAM still obeys.
 
     Parameters:
         std: a :class:`DRAMStandard` or preset name (same-bank-group constraints at least

@@ -1,30 +1,13 @@
 """The NME's program check: exactly :func:`coda.hw.nme.isa.validate`, before any memory access.
 
-Walk (FSM ``check``): ``V_LEN`` checks the header's lengths (``V_DIV``'s first cycle
-rejects them); ``V_DIV`` computes
-``W = ceil(N / lanes)`` and the tail lane mask (a shift when ``lanes`` is a power of two, one
-cycle; otherwise a restoring divider, one quotient bit per cycle, 33 cycles); then per micro-op
-``V_FETCH`` (read it from the instruction memory), ``V_CHECK`` (opcode, operand and address
-rules in one cycle, their outcome registered), ``V_DECIDE`` (reject, or go on to the next
-micro-op), for a scaled GROUP between them ``V_GROUP`` (a sequential shift-add multiplier for
-its extent, ``bitlen(param * lanes) + 1`` cycles) and ``V_NEXT``; and ``V_END`` the stream
-count. The rules and the rejection are one cycle apart so that no path runs from the micro-op
-word through the rules into the intake's ``status`` / ``l1`` registers.
-
-The GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
-``W - 1 >= (mem_words - addr) * param * L`` (the same truth value for positive integers, no
-division). An ``nbuf``-bit mask of the buffers written so far (``d`` of each earlier non-store,
-non-L1 micro-op) rejects reads of unwritten buffers in the same cycle as the other operand
-rules. ``V_CHECK`` also initialises each micro-op's stream phase record (its start address)
-for the issue side: each reading micro-op's record (its start address, and the index of the
-program's next reading micro-op) is written when the next one is checked, the last one's in
-``V_END`` (it points to the first one, in the next block).
-
-``V_CHECK``/``V_DECIDE`` also decide the *trailing-store* rule (:func:`stores_may_trail`, output
-``trail``): whether the reads of a later block may go to memory before the stores of earlier
-blocks have left. Each micro-op's memory range is registered in ``V_CHECK``
-(:class:`_RangeRegs`) and compared with the read ranges so far in ``V_DECIDE``, so no compare
-follows the micro-op word in its cycle.
+:class:`NMECheck` walks the header and the micro-ops (FSM ``check``: the lengths, ``W =
+ceil(N / lanes)`` and the tail mask, then per micro-op the opcode, operand and address rules,
+and the stream count), initialises each micro-op's stream phase record for the issue side, and
+decides the *trailing-store* rule (output ``trail``): whether the reads of a later block may go
+to memory before the stores of earlier blocks have left. :func:`stores_may_trail` is that rule
+in Python (for the cycle model). The rules and the rejection are one cycle apart so that no
+path runs from the micro-op word through the rules into the intake's ``status`` / ``l1``
+registers; :class:`NMECheck` has the states and their cycles.
 """
 
 from __future__ import annotations
@@ -86,6 +69,32 @@ def stores_may_trail(uops, n_words: int) -> bool:
 
 class NMECheck(wiring.Component):
     """Program check of one NME.
+
+    Walk (FSM ``check``): ``V_LEN`` checks the header's lengths (``V_DIV``'s first cycle
+    rejects them); ``V_DIV`` computes
+    ``W = ceil(N / lanes)`` and the tail lane mask (a shift when ``lanes`` is a power of two, one
+    cycle; otherwise a restoring divider, one quotient bit per cycle, 33 cycles); then per micro-op
+    ``V_FETCH`` (read it from the instruction memory), ``V_CHECK`` (opcode, operand and address
+    rules in one cycle, their outcome registered), ``V_DECIDE`` (reject, or go on to the next
+    micro-op), for a scaled GROUP between them ``V_GROUP`` (a sequential shift-add multiplier for
+    its extent, ``bitlen(param * lanes) + 1`` cycles) and ``V_NEXT``; and ``V_END`` the stream
+    count. The rules and the rejection are one cycle apart so that no path runs from the micro-op
+    word through the rules into the intake's ``status`` / ``l1`` registers.
+
+    The GROUP rule ``addr + (W-1) // (param*L) + 1 > mem_words`` is evaluated as
+    ``W - 1 >= (mem_words - addr) * param * L`` (the same truth value for positive integers, no
+    division). An ``nbuf``-bit mask of the buffers written so far (``d`` of each earlier non-store,
+    non-L1 micro-op) rejects reads of unwritten buffers in the same cycle as the other operand
+    rules. ``V_CHECK`` also initialises each micro-op's stream phase record (its start address)
+    for the issue side: each reading micro-op's record (its start address, and the index of the
+    program's next reading micro-op) is written when the next one is checked, the last one's in
+    ``V_END`` (it points to the first one, in the next block).
+
+    ``V_CHECK``/``V_DECIDE`` also decide the *trailing-store* rule (:func:`stores_may_trail`, output
+    ``trail``): whether the reads of a later block may go to memory before the stores of earlier
+    blocks have left. Each micro-op's memory range is registered in ``V_CHECK``
+    (:class:`_RangeRegs`) and compared with the read ranges so far in ``V_DECIDE``, so no compare
+    follows the micro-op word in its cycle.
 
     Parameters:
         cfg: :class:`coda.hw.nme.isa.NMEConfig` (lanes, nbuf, imem_depth, max_streams,

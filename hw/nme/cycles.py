@@ -1,5 +1,5 @@
 """The NME's cycle model: cycles of one program on :class:`coda.hw.nme.top.NME`, derived from its
-RTL and kept exact against it (``tests/test_interp.py`` re-measures the Verilated NME).
+RTL and kept exact against it (``tests/hw/test_nme_cycles.py`` re-measures the Verilated NME).
 
 It lives beside the RTL it models so that a pipeline change in ``hw/`` and its cycle model
 change together.
@@ -19,7 +19,7 @@ __all__ = ["model_cycles"]
 # Cycle costs of the NME RTL (hw/nme/top.py), read off the FSMs of its units (``intake``: IDLE,
 # LOAD; ``check``: V_*; ``execute``: X_*, the hand-overs between them one cycle each, as one
 # sequence; ``issue``: I_*, read requests ahead of execution) and its FIFOs; model_cycles says
-# where each one is spent. Checked exactly against RTLBackend counts (tests/test_interp_cycles.py).
+# where each one is spent. Checked exactly against RTLBackend counts (tests/hw/test_nme_cycles.py).
 V_LEN_CYCLES = 1             # V_LEN: header length checks
 BAD_LENGTH_REJECT_CYCLES = 1 # V_DIV's first cycle rejects a BAD_LENGTH program
 DIV_CYCLES_POW2 = 1          # V_DIV for lanes a power of two: W = ceil(N/L) by a shift
@@ -257,10 +257,10 @@ def model_cycles(cfg: NMEConfig, program: Program, status: Status, mem_latency: 
       ``result_stage + 1`` cycles after its entry); then ``+ L (la + 1)`` if there is an
       L1 micro-op (lanes summed in order), ``+ 1`` (FINISH).
 
-    Agreement with the Verilated RTL (tests/test_interp_cycles.py: 88 programs per configuration,
+    Agreement with the Verilated RTL (tests/hw/test_nme_cycles.py: 88 programs per configuration,
     every compiled operator, both formats, lanes 2/3/8, depth 3/4/5/64, all error classes,
     combinational and pipelined units): exact at memory latency 1, 4 and 20;
-    tests/test_nme_sim_timing.py checks lanes 1/2/5 at depth 1/2 exactly against the amaranth.sim
+    tests/hw/test_nme_sim_timing.py checks lanes 1/2/5 at depth 1/2 exactly against the amaranth.sim
     NME at latency 1. DRAM stalls (``mem_req_ready`` low, late responses) are not modelled.
 
     Args:

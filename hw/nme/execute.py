@@ -1,35 +1,12 @@
 """The NME's execution: strip-mined passes over the buffers and streams, through the lanes.
 
-Sequencer (FSM ``execute``): for each block of ``depth`` words (``X_BLOCK``), for each micro-op
-(``X_FETCH``/``X_LOAD``), one *pass* over the block (``X_RUN``, then ``X_END``). A pass whose R
-operand comes from memory takes one read response per cycle from the issue side's response
-stream; a pass with R from a buffer feeds one word per cycle; with ``store`` its results go
-through an 8-word FIFO to the memory request register (the store stream; each word's address
-and last-word flag go into a FIFO of their own as it enters), and words enter the pipeline
-only while that FIFO has room for them (a credit count), so ``mem_req_ready`` back-pressure
-loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more for a deep lane
-pipeline). Every word carries its pass's controls down the pipeline
-(:data:`PASS_CONTROL`), so a pass may start while the previous one's words are still in the
-lanes: the next micro-op is read while a pass runs, and the pass hands over to it in the
-cycle its last word enters (the next pass's first word may enter in the next cycle), unless
-it stores and the program's stores may not trail its reads (``trail``; then the issue side
-waits for its last store: memory order), accumulates L1, is the program's last, or its block
-is not longer than the pipeline (``LaneTiming.result_stage`` words); those drain the lanes
-first (``LaneTiming.drain_stage``; and the stores that trail) and end through ``X_END``,
-``X_LOAD``. That is the buffer read-after-write rule: the next pass's word ``i`` enters at
-least ``blen`` cycles after this pass's word ``i``, which is written ``result_stage < blen``
-cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
-accumulate's recurrence). After the last block, ``X_SUM`` adds the lanes' L1 accumulators in
-order 0..L-1 in fp32 when the program has an L1 micro-op, ``add_latency + 1`` cycles per
-lane.
-
-Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
-of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each
-lane's P, Q, R (buffer word, memory word, per-group element, int8 converted) — stage 2 with
-``NMEConfig.operand_latency`` 1, where stage 1 only registers every block-RAM output; the
-lanes (:class:`coda.hw.nme.lane.NMELane`) are the stages after it up to the result stage, which
-writes a buffer or the store FIFO. With clock gating every lane register group has its own
-gated clock (:meth:`_clock_gates`).
+:class:`NMEExec` is the sequencer (FSM ``execute``: for each block of ``depth`` words, for each
+micro-op, one *pass* over the block) and the datapath (``nbuf`` buffers, the operand selection,
+the lanes of :class:`coda.hw.nme.lane.NMELane`, the store FIFO, the L1 sum). Every word carries
+its pass's controls down the pipeline (:data:`PASS_CONTROL`), so a pass hands over to the next
+in the cycle its last word enters unless it must drain the lanes first; :class:`NMEExec` has the
+sequence, the store path, the hand-over rule and the datapath. docs/nme.md ("Passes overlap")
+explains the read-after-write argument.
 """
 
 from __future__ import annotations
@@ -65,6 +42,37 @@ PASS_CONTROL = data.StructLayout({
 
 class NMEExec(wiring.Component):
     """Execution sequencer and datapath of one NME.
+
+    Sequencer (FSM ``execute``): for each block of ``depth`` words (``X_BLOCK``), for each micro-op
+    (``X_FETCH``/``X_LOAD``), one *pass* over the block (``X_RUN``, then ``X_END``). A pass whose R
+    operand comes from memory takes one read response per cycle from the issue side's response
+    stream; a pass with R from a buffer feeds one word per cycle; with ``store`` its results go
+    through an 8-word FIFO to the memory request register (the store stream; each word's address
+    and last-word flag go into a FIFO of their own as it enters), and words enter the pipeline
+    only while that FIFO has room for them (a credit count), so ``mem_req_ready`` back-pressure
+    loses nothing (the FIFO holds ``LaneTiming.store_fifo_depth`` words: 8, more for a deep lane
+    pipeline). Every word carries its pass's controls down the pipeline
+    (:data:`PASS_CONTROL`), so a pass may start while the previous one's words are still in the
+    lanes: the next micro-op is read while a pass runs, and the pass hands over to it in the
+    cycle its last word enters (the next pass's first word may enter in the next cycle), unless
+    it stores and the program's stores may not trail its reads (``trail``; then the issue side
+    waits for its last store: memory order), accumulates L1, is the program's last, or its block
+    is not longer than the pipeline (``LaneTiming.result_stage`` words); those drain the lanes
+    first (``LaneTiming.drain_stage``; and the stores that trail) and end through ``X_END``,
+    ``X_LOAD``. That is the buffer read-after-write rule: the next pass's word ``i`` enters at
+    least ``blen`` cycles after this pass's word ``i``, which is written ``result_stage < blen``
+    cycles after it entered. An L1 pass takes one word every ``LaneTiming.l1_gap`` cycles (the
+    accumulate's recurrence). After the last block, ``X_SUM`` adds the lanes' L1 accumulators in
+    order 0..L-1 in fp32 when the program has an L1 micro-op, ``add_latency + 1`` cycles per
+    lane.
+
+    Datapath: ``nbuf`` buffers of ``depth`` x ``16*lanes`` bits (one synchronous read port, as all
+    of P, Q, R read the same word index in a pass, and one write port each); stage 1 selects each
+    lane's P, Q, R (buffer word, memory word, per-group element, int8 converted) — stage 2 with
+    ``NMEConfig.operand_latency`` 1, where stage 1 only registers every block-RAM output; the
+    lanes (:class:`coda.hw.nme.lane.NMELane`) are the stages after it up to the result stage, which
+    writes a buffer or the store FIFO. With clock gating every lane register group has its own
+    gated clock (:meth:`_clock_gates`).
 
     Parameters:
         cfg: :class:`coda.hw.nme.isa.NMEConfig` (lanes, fmt, depth, nbuf, operand_isolation).

@@ -1,34 +1,17 @@
 """IEEE-754 floating-point units of the NME (Amaranth 0.5): combinational, or pipelined.
 
-Every unit is parameterised by an :class:`FPFormat` ``(exp_bits, man_bits)``, so one
-implementation serves bf16, fp16 and fp32. Arithmetic follows IEEE-754 binary formats with
-round-to-nearest-even, subnormal inputs and outputs kept (no flush-to-zero), signed zeros,
-infinities and NaN. A NaN result is always the canonical quiet NaN (sign 0, exponent all
-ones, top mantissa bit 1, other bits 0); NaN is compared by class, so any NaN is acceptable
-where IEEE-754 gives NaN.
+Units: :class:`FPAdd` (``a + b``, or ``a - b`` when ``sub`` is 1), :class:`FPMul` (``a * b``),
+:class:`FPWiden` (exact conversion to a wider format, bf16/fp16 -> fp32) and :class:`Int8ToFP`
+(exact conversion of a two's-complement int8). Every unit is parameterised by an
+:class:`FPFormat` ``(exp_bits, man_bits)``, so one implementation serves bf16, fp16 and fp32.
+Arithmetic follows IEEE-754 binary formats with round-to-nearest-even, subnormal inputs and
+outputs kept (no flush-to-zero), signed zeros, infinities and NaN. A NaN result is always the
+canonical quiet NaN (sign 0, exponent all ones, top mantissa bit 1, other bits 0); NaN is
+compared by class. This equals torch eager on CPU bit for bit (docs/design.md, Toolchain facts).
 
-This equals torch eager on CPU bit for bit: for bf16/fp16 tensors torch computes the fp32
-result (exact for one add or mul of two 16-bit values up to one rounding, see
-docs/design.md, Toolchain facts) then rounds to the format with RNE, which is one correctly rounded
-operation; fp32 add is the native correctly rounded add.
-
-Datapath structure (for area): each unit has one alignment shifter (add only), one
-leading-zero count and one normalisation shifter, and one rounding incrementer that adds
-the round-up bit to the packed ``{exponent, mantissa}`` word, so a mantissa carry
-propagates into the exponent (subnormal -> normal, binade carry, overflow to infinity).
-
-Pipelining: :class:`FPAdd` and :class:`FPMul` take ``latency``, the number of register
-stages inside the unit (clock domain ``sync``, no enable, no reset value that matters: the
-stages load every cycle, so a unit accepts one operand pair per cycle and ``y`` is the result
-of the operands presented ``latency`` cycles earlier). ``latency=0`` is the combinational unit.
-The stages cut the datapath at fixed boundaries (:data:`FPADD_CUTS`, :data:`FPMUL_CUTS`:
-which boundaries each latency uses), so every latency computes the same function bit for bit.
-
-Units:
-    FPAdd(fmt, latency=0)   a + b, or a - b when ``sub`` is 1
-    FPMul(fmt, latency=0)   a * b
-    FPWiden(src, dst)       exact conversion to a wider format (bf16/fp16 -> fp32)
-    Int8ToFP(fmt)           exact conversion of a two's-complement int8
+:class:`FPAdd` and :class:`FPMul` take ``latency`` register stages, cut at fixed boundaries
+(:data:`FPADD_CUTS`, :data:`FPMUL_CUTS`), so every latency computes the same function bit for
+bit; docs/nme.md ("The floating-point units") has the datapath and the pipelining.
 """
 
 from __future__ import annotations

@@ -4,100 +4,13 @@ This module is the contract between the hardware (:mod:`coda.hw.nme.top`), the h
 (:mod:`coda.host.nme.compiler`) and the torch interpreter of programs (:mod:`coda.host.nme.interp`).
 It is plain Python (no torch, no Amaranth) so every side can import it.
 
-Memory model
-------------
-Each NME owns a rank-local memory of ``mem_words`` *words*; a word is ``lanes`` elements of
-16 bits (bf16 or fp16 bit patterns), so one word is ``16 * lanes`` bits. Element ``j`` of a word
-sits in bits ``[16*j, 16*j+16)``. Tensors are flattened row-major and start at a word address.
-
-A packed int8 stream holds ``2 * lanes`` int8 values per word: int8 element ``k`` of a word
-sits in bits ``[8*k, 8*k+8)`` (two's complement).
-
-A program
----------
-A program is a header plus ``n_uops`` micro-ops (1 ≤ n_uops ≤ ``imem_depth``). The header
-gives ``n_elems`` = N, the number of elements of the output stream (1 ≤ N ≤ ``max_elems``).
-The NME walks the stream in *words* ``w = 0 .. W-1`` with ``W = ceil(N / lanes)``; the last
-word has ``N - (W-1)*lanes`` valid lanes (the masked tail), the other lanes are masked: they
-store nothing, accumulate nothing, and (with operand isolation) do not toggle.
-
-The stream is strip-mined into *blocks* of ``depth`` words. For each block, all micro-ops run
-in program order, each one a *pass* over the block's words ``w``. Buffers ``b0 .. b{nbuf-1}``
-are on-chip, ``depth`` words each; a pass reads/writes buffer word ``w mod depth``.
-
-Every micro-op computes, for each valid lane of each word ``w`` of the block::
-
-    MOV : d = R
-    ADD : d = P + R
-    SUB : d = P - R
-    MUL : d = P * R
-    MAC : d = P + (Q * R)          two IEEE roundings (the product is rounded first)
-    L1  : acc[lane] += |f32(P) - f32(R)|   in fp32 (no d is written)
-
-with every ``+ - *`` one IEEE-754 operation of the format, round-to-nearest-even, subnormals
-kept — exactly torch eager on CPU for bf16/fp16 tensors. ``P`` and ``Q`` are buffers
-(``p``, ``q`` fields). ``R`` comes from the *R source* (``rsrc``):
-
-    BUF   : buffer ``r``, word ``w``
-    MEM   : memory word ``addr + w``                                   (a plain stream)
-    CHAN  : memory word ``addr + (w mod param)``       per-channel vector, param = C / lanes
-    GROUP : element ``w // param`` of the vector at ``addr``, broadcast to all lanes
-            (a per-group scale with group size G = param * lanes elements);
-            param = 0 means a scalar: element 0 broadcast everywhere
-    INT8  : packed int8 stream at ``addr``: word ``addr + w // 2``, half ``w mod 2``
-            (lanes ``0..lanes-1`` of output word w take int8 elements
-            ``(w mod 2)*lanes + j``), converted exactly to the format
-
-The destination is buffer ``d`` unless ``store`` is set: then the result goes to memory word
-``addr + w`` with the tail lanes masked. At most one memory operand per micro-op: ``store``
-requires ``rsrc == BUF``.
-
-The ``L1`` accumulators are per lane, cleared at program start; at the end the NME sums the
-lanes in order 0..lanes-1 in fp32 into the 32-bit result register ``l1``.
-
-Host interface
---------------
-The host sends 64-bit command words on a valid/ready stream: one header word then ``n_uops``
-micro-op words. The NME always consumes all ``n_uops`` words of a program (so the stream stays
-in step even for a rejected program), then validates the whole program *before* touching
-memory. A bad program sets ``status`` to an :class:`Status` error code, writes nothing, and
-leaves the NME ready for the next program. ``done`` pulses one cycle after each program
-(good or bad).
-
-Validation (all checked before the first memory access):
-
-- ``n_uops`` 0 or > ``imem_depth``            -> BAD_LENGTH
-- ``n_elems`` 0 or > ``max_elems``            -> BAD_LENGTH
-- opcode or rsrc code not defined            -> BAD_OPCODE
-- a buffer index >= ``nbuf`` used by the op  -> BAD_OPERAND
-  (``d`` is used unless ``store`` or L1; ``p`` by ADD/SUB/MUL/MAC/L1; ``q`` by MAC;
-  ``r`` when ``rsrc == BUF``)
-- ``store`` with ``rsrc != BUF``, ``store`` with ``L1``, CHAN with param 0 -> BAD_OPERAND
-- a buffer the op reads (``p`` by ADD/SUB/MUL/MAC/L1, ``q`` by MAC, ``r`` when
-  ``rsrc == BUF``) that no *earlier* micro-op of the program wrote (``d`` of a micro-op
-  that is neither a store nor L1)             -> BAD_OPERAND
-  (so no program can observe what a previous program left in the buffers: the NME keeps
-  them, a fresh model would start from zeros; the op's own ``d`` does not count)
-- memory micro-ops (rsrc != BUF, or store) > ``max_streams`` -> TOO_MANY_STREAMS
-- any word the op would touch >= ``mem_words``  -> BAD_ADDR
-  (extent in words: MEM/store ``W``; CHAN ``param``; INT8 ``ceil(W/2)``;
-  GROUP ``(W-1) // (param*lanes) + 1``, scalar ``1``)
-
-Encodings
----------
-Header word: ``[7:0] n_uops`` ``[39:8] n_elems`` ``[63:40]`` zero.
-
-Micro-op word::
-
-    [3:0]   op      (Op)
-    [6:4]   rsrc    (RSrc)
-    [7]     store
-    [11:8]  d
-    [15:12] p
-    [19:16] q
-    [23:20] r
-    [47:24] addr    (word address, 24 bits)
-    [63:48] param   (16 bits)
+A :class:`Program` is a header (``n_elems``) plus micro-ops (:class:`UOp`: an :class:`Op` over
+buffers and an operand ``R`` from an :class:`RSrc`), sent as 64-bit command words
+(:func:`encode_header`, :func:`encode_uop`) and checked by :func:`validate` before it touches
+memory; a bad one gets a :class:`Status` error. :class:`NMEConfig` holds an NME's elaboration
+parameters, :data:`NME_PRESETS` the named register-stage settings. The memory model and the host
+interface are in docs/nme.md ("Memory and the host interface"); each class and function below
+documents its own part of the semantics.
 """
 
 from __future__ import annotations
@@ -120,7 +33,24 @@ REG_BITS = 4
 
 
 class Op(enum.IntEnum):
-    """ALU operation of a micro-op (see the module docstring for semantics)."""
+    """ALU operation of a micro-op.
+
+    For each valid lane of each word ``w`` of the block (:class:`Program`)::
+
+        MOV : d = R
+        ADD : d = P + R
+        SUB : d = P - R
+        MUL : d = P * R
+        MAC : d = P + (Q * R)          two IEEE roundings (the product is rounded first)
+        L1  : acc[lane] += |f32(P) - f32(R)|   in fp32 (no d is written)
+
+    with every ``+ - *`` one IEEE-754 operation of the format, round-to-nearest-even, subnormals
+    kept — exactly torch eager on CPU for bf16/fp16 tensors. ``P`` and ``Q`` are buffers
+    (:class:`UOp` ``p``, ``q`` fields); ``R`` comes from the micro-op's :class:`RSrc`.
+
+    The ``L1`` accumulators are per lane, cleared at program start; at the end the NME sums the
+    lanes in order 0..lanes-1 in fp32 into the 32-bit result register ``l1``.
+    """
     MOV = 0
     ADD = 1
     SUB = 2
@@ -130,7 +60,18 @@ class Op(enum.IntEnum):
 
 
 class RSrc(enum.IntEnum):
-    """Where operand R comes from."""
+    """Where operand R comes from (:class:`UOp` ``rsrc``), for word ``w`` of the stream::
+
+        BUF   : buffer ``r``, word ``w``
+        MEM   : memory word ``addr + w``                                   (a plain stream)
+        CHAN  : memory word ``addr + (w mod param)``       per-channel vector, param = C / lanes
+        GROUP : element ``w // param`` of the vector at ``addr``, broadcast to all lanes
+                (a per-group scale with group size G = param * lanes elements);
+                param = 0 means a scalar: element 0 broadcast everywhere
+        INT8  : packed int8 stream at ``addr``: word ``addr + w // 2``, half ``w mod 2``
+                (lanes ``0..lanes-1`` of output word w take int8 elements
+                ``(w mod 2)*lanes + j``), converted exactly to the format
+    """
     BUF = 0
     MEM = 1
     CHAN = 2
@@ -139,7 +80,8 @@ class RSrc(enum.IntEnum):
 
 
 class Status(enum.IntEnum):
-    """NME status register after a program (0 = OK)."""
+    """NME status register after a program (0 = OK; :func:`validate` lists which error a bad
+    program gets)."""
     OK = 0
     BAD_OPCODE = 1
     BAD_ADDR = 2
@@ -284,7 +226,13 @@ class NMEConfig:
 
 @dataclass(frozen=True)
 class UOp:
-    """One micro-op. Field meanings in the module docstring."""
+    """One micro-op: ``op`` (:class:`Op`) over buffers ``d``, ``p``, ``q`` and the operand ``R``
+    from ``rsrc`` (:class:`RSrc`, with ``r``, ``addr``, ``param``).
+
+    The destination is buffer ``d`` unless ``store`` is set: then the result goes to memory word
+    ``addr + w`` with the tail lanes masked. At most one memory operand per micro-op: ``store``
+    requires ``rsrc == BUF``. :func:`encode_uop` gives the bit layout.
+    """
     op: Op
     rsrc: RSrc = RSrc.BUF
     store: bool = False
@@ -302,7 +250,19 @@ class UOp:
 
 @dataclass(frozen=True)
 class Program:
-    """A header (``n_elems``) and its micro-ops."""
+    """A header (``n_elems``) and its micro-ops.
+
+    A program has 1 ≤ ``len(uops)`` ≤ ``imem_depth`` micro-ops; ``n_elems`` = N is the number of
+    elements of the output stream (1 ≤ N ≤ ``max_elems``). The NME walks the stream in *words*
+    ``w = 0 .. W-1`` with ``W = ceil(N / lanes)``; the last word has ``N - (W-1)*lanes`` valid
+    lanes (the masked tail), the other lanes are masked: they store nothing, accumulate nothing,
+    and (with operand isolation) do not toggle.
+
+    The stream is strip-mined into *blocks* of ``depth`` words. For each block, all micro-ops run
+    in program order, each one a *pass* over the block's words ``w``. Buffers
+    ``b0 .. b{nbuf-1}`` are on-chip, ``depth`` words each; a pass reads/writes buffer word
+    ``w mod depth``.
+    """
     n_elems: int
     uops: tuple[UOp, ...]
 
@@ -319,7 +279,10 @@ def _check_field(name: str, value: int, bits: int) -> int:
 
 
 def encode_header(n_uops: int, n_elems: int) -> int:
-    """Header word. Raises ValueError if a field does not fit its bits."""
+    """Header word: ``[7:0] n_uops`` ``[39:8] n_elems`` ``[63:40]`` zero.
+
+    Raises ValueError if a field does not fit its bits.
+    """
     return (_check_field("n_uops", n_uops, N_UOPS_BITS)
             | _check_field("n_elems", n_elems, N_ELEMS_BITS) << 8)
 
@@ -330,7 +293,20 @@ def decode_header(word: int) -> tuple[int, int]:
 
 
 def encode_uop(u: UOp) -> int:
-    """64-bit word of a micro-op. Raises ValueError if a field does not fit its bits."""
+    """64-bit word of a micro-op::
+
+        [3:0]   op      (Op)
+        [6:4]   rsrc    (RSrc)
+        [7]     store
+        [11:8]  d
+        [15:12] p
+        [19:16] q
+        [23:20] r
+        [47:24] addr    (word address, 24 bits)
+        [63:48] param   (16 bits)
+
+    Raises ValueError if a field does not fit its bits.
+    """
     return (_check_field("op", int(u.op), 4)
             | _check_field("rsrc", int(u.rsrc), 3) << 4
             | int(bool(u.store)) << 7
@@ -353,10 +329,29 @@ def decode_uop(word: int) -> tuple[int, int, bool, int, int, int, int, int, int]
 
 
 def validate(n_uops: int, n_elems: int, uop_words: list[int], cfg: NMEConfig) -> Status:
-    """Golden model of the NME's program check (rules in the module docstring, in that order
-    of precedence: lengths, then per micro-op in program order opcode, operand (buffer index
-    range, store/CHAN rules, reads of buffers not written earlier), address; the stream count
-    is checked after all micro-ops).
+    """Golden model of the NME's program check, done before the first memory access.
+
+    The rules::
+
+        n_uops 0 or > imem_depth                   -> BAD_LENGTH
+        n_elems 0 or > max_elems                   -> BAD_LENGTH
+        opcode or rsrc code not defined            -> BAD_OPCODE
+        a buffer index >= nbuf used by the op      -> BAD_OPERAND
+          (d is used unless store or L1; p by ADD/SUB/MUL/MAC/L1; q by MAC; r when rsrc == BUF)
+        store with rsrc != BUF, store with L1, CHAN with param 0 -> BAD_OPERAND
+        a buffer the op reads (p by ADD/SUB/MUL/MAC/L1, q by MAC, r when rsrc == BUF)
+          that no *earlier* micro-op of the program wrote (d of a micro-op that is
+          neither a store nor L1)                  -> BAD_OPERAND
+        memory micro-ops (rsrc != BUF, or store) > max_streams -> TOO_MANY_STREAMS
+        any word the op would touch >= mem_words   -> BAD_ADDR
+          (extent in words: MEM/store W; CHAN param; INT8 ceil(W/2);
+           GROUP (W-1) // (param*lanes) + 1, scalar 1)
+
+    The buffer rule means no program can observe what a previous program left in the buffers
+    (the NME keeps them, a fresh model would start from zeros; the op's own ``d`` does not
+    count). Precedence: lengths, then per micro-op in program order opcode, operand (buffer
+    index range, store/CHAN rules, reads of buffers not written earlier), address; the stream
+    count is checked after all micro-ops.
 
     Args:
         n_uops, n_elems: header fields.

@@ -1,32 +1,13 @@
 """The NME's issue side: read requests ahead of execution, read responses, the memory port.
 
-The issue FSM (``issue``) walks (block, micro-op) like execution does and sends the read
-requests of every pass whose R operand comes from memory, up to ``max(depth, 3) +
-result_stage`` words ahead of execution (:func:`coda.hw.nme.iface.read_credits`: the entries
-of the read-response FIFO), so memory latency is paid about once per block rather than once
-per pass. Like execution it reads the next micro-op (and its stream phase record) while a
-pass runs, and a read pass over a block of at least 3 words hands over to it as its last read
-goes out, so back-to-back read passes send one read per cycle; any other pass takes 4 cycles
-(I_RUN, I_END, I_FETCH, I_LOAD). Each read carries a tag (INT8 half, GROUP element lane)
-through a tag FIFO that joins the response.
-
-Memory order is program order where it matters: the issue side does not pass a store pass
-until execution has sent its last store (execution's pass counter), unless the program's
-stores may trail (``trail``, :func:`coda.hw.nme.check.stores_may_trail`: no later block's read
-can meet an earlier block's store). Then the walk visits only the micro-ops that read memory
-(each one's phase record names the next one, and whether it is in the next block), so the
-next block's reads go out while the stores trail, and read passes hand over to each other
-across the passes without reads and across blocks.
-
-Stream phases: each instruction slot has a phase record (next request address, CHAN/GROUP
-counter, GROUP element lane, the next reading micro-op), initialised by the check and carried
-by the issue side from one block's pass to the next, so no division happens at run time.
-
-The memory request register takes the store at the head of execution's store stream or else
-a read of the issue side (stores first: a store pass then never waits for the memory port,
-and reads go out in the cycles between its stores). Reads in flight survive a reset (the
-memory still answers them): a reset-less counter tracks them, their responses find no tag
-and are dropped, and a program's first read waits until none is outstanding.
+:class:`NMEIssue` walks (block, micro-op) like execution does and sends the read requests of
+every pass whose R operand comes from memory up to ``max(depth, 3) + result_stage`` words ahead
+of execution (:func:`coda.hw.nme.iface.read_credits`), so memory latency is paid about once per
+block rather than once per pass. Memory order is program order where it matters: it holds at a
+store pass until execution has sent its last store, unless the program's stores may trail
+(:func:`coda.hw.nme.check.stores_may_trail`). It also owns the memory request register (stores
+first) and the tag FIFO that joins each read's response; :class:`NMEIssue` has the walk, the
+stream phase records and the reset behaviour.
 """
 
 from __future__ import annotations
@@ -52,6 +33,34 @@ _SLOT_BITS = ADDR_BITS + PARAM_BITS + 6 + UOP_INDEX_BITS + 1
 
 class NMEIssue(wiring.Component):
     """Read issue, response FIFO and memory request register of one NME.
+
+    The issue FSM (``issue``) walks (block, micro-op) like execution does and sends the read
+    requests of every pass whose R operand comes from memory, up to ``max(depth, 3) +
+    result_stage`` words ahead of execution (:func:`coda.hw.nme.iface.read_credits`: the entries
+    of the read-response FIFO), so memory latency is paid about once per block rather than once
+    per pass. Like execution it reads the next micro-op (and its stream phase record) while a
+    pass runs, and a read pass over a block of at least 3 words hands over to it as its last read
+    goes out, so back-to-back read passes send one read per cycle; any other pass takes 4 cycles
+    (I_RUN, I_END, I_FETCH, I_LOAD). Each read carries a tag (INT8 half, GROUP element lane)
+    through a tag FIFO that joins the response.
+
+    Memory order is program order where it matters: the issue side does not pass a store pass
+    until execution has sent its last store (execution's pass counter), unless the program's
+    stores may trail (``trail``, :func:`coda.hw.nme.check.stores_may_trail`: no later block's read
+    can meet an earlier block's store). Then the walk visits only the micro-ops that read memory
+    (each one's phase record names the next one, and whether it is in the next block), so the
+    next block's reads go out while the stores trail, and read passes hand over to each other
+    across the passes without reads and across blocks.
+
+    Stream phases: each instruction slot has a phase record (next request address, CHAN/GROUP
+    counter, GROUP element lane, the next reading micro-op), initialised by the check and carried
+    by the issue side from one block's pass to the next, so no division happens at run time.
+
+    The memory request register takes the store at the head of execution's store stream or else
+    a read of the issue side (stores first: a store pass then never waits for the memory port,
+    and reads go out in the cycles between its stores). Reads in flight survive a reset (the
+    memory still answers them): a reset-less counter tracks them, their responses find no tag
+    and are dropped, and a program's first read waits until none is outstanding.
 
     Parameters:
         cfg: :class:`coda.hw.nme.isa.NMEConfig` (lanes, depth, imem_depth).

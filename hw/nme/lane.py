@@ -1,45 +1,12 @@
 """One SIMD lane of the NME: FPMul then FPAdd in series, and the fp32 |a-b| accumulator.
 
-The lane is a pipeline fed by the NME's stage-1 operands ``p``, ``q``, ``r`` (one element
-each, format bit patterns). With combinational units (``mul_latency = add_latency = 0``) it
-has 3 stages plus the accumulator's:
-
-====== ==================================================================================
-stage  what happens
-====== ==================================================================================
-S1     operands arrive; the FPMul operand registers load (MUL: P, R; MAC: Q, R)
-S2     ``prod = FPMul(mul_a, mul_b)``; the FPAdd operand registers load
-       (ADD/SUB: P, R; MAC: P, prod) and the L1 subtractor's widened operands load
-S3     ``sum = FPAdd(add_a, add_b, sub)``; ``y`` is valid (MOV: R, MUL: prod, else sum);
-       L1: ``|f32(P) - f32(R)|`` loads the accumulator's operand register
-S4     L1: ``acc += |d|`` (fp32)
-====== ==================================================================================
-
-Pipelined units (:class:`coda.hw.nme.iface.LaneTiming`, from ``NMEConfig.mul_latency`` =
-``lm`` and ``add_latency`` = ``la``) stretch it: the product is valid in stage ``2 + lm``
-(P and R wait beside FPMul in delay registers), ``y`` in ``3 + lm + la`` (the MOV/MUL
-bypass waits beside FPAdd), ``|d|`` in ``3 + la`` and the accumulate writes in ``4 + 2 la``.
-The accumulate is a recurrence through FPAdd, so the NME feeds an L1 pass one word every
-``la + 1`` cycles. The words of an L1 pass carry their own valid bit down the L1 path (it
-runs on after the pass's result stage, into the next pass).
-
-Each ``+ - *`` is one IEEE-754 operation of :mod:`coda.hw.nme.fp` (two roundings for MAC, as the
-ISA requires). With operand isolation the operand registers of a functional unit load only
-when the lane holds a valid element and the current micro-op uses that unit; without it they
-load every cycle. With ``measure_toggles`` (a simulation-only option: the shadow registers are
-not part of the synthesised lane), ``toggles`` counts the bits of those registers that changed
-in the previous cycle (from shadow copies, so the count sits beside the datapath, not on it).
-
-Clock gating (``gated=True``, with operand isolation only): the data registers are clocked by
-the gated clocks :data:`GATED_DOMAINS` that the NME provides (see :class:`coda.hw.nme.top.NME`),
-one per register group, each running only in cycles in which its group may load (the FPMul
-operands when a stage-1 word is valid and the micro-op multiplies, and so on); the valid bits
-stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands (as
-without gating) so that every functional unit's inputs come from one gated clock. Every
-register loads under the same condition as without gating, so the lane's outputs
-(``toggles`` included: the shadow registers stay on the free-running clock) are identical
-cycle by cycle. A functional unit's logic thus only switches in the cycles it works, and a
-Verilated model only evaluates it then.
+:class:`NMELane` is a pipeline fed by the NME's stage-1 operands ``p``, ``q``, ``r`` (one
+element each, format bit patterns): 3 stages plus the accumulator's with combinational units,
+more with pipelined ones (:class:`coda.hw.nme.iface.LaneTiming`). Each ``+ - *`` is one
+IEEE-754 operation of :mod:`coda.hw.nme.fp` (two roundings for MAC, as the ISA requires).
+Operand isolation, the toggle counters and the clock gates (:data:`GATED_DOMAINS`) change
+which registers load or switch, never the lane's outputs; :class:`NMELane` has the stage
+table and the details.
 """
 
 from __future__ import annotations
@@ -81,9 +48,50 @@ def popcount(value) -> "Value":
 class NMELane(wiring.Component):
     """One lane's datapath.
 
+    The lane is a pipeline fed by the NME's stage-1 operands ``p``, ``q``, ``r`` (one element
+    each, format bit patterns). With combinational units (``mul_latency = add_latency = 0``) it
+    has 3 stages plus the accumulator's:
+
+    ====== ==================================================================================
+    stage  what happens
+    ====== ==================================================================================
+    S1     operands arrive; the FPMul operand registers load (MUL: P, R; MAC: Q, R)
+    S2     ``prod = FPMul(mul_a, mul_b)``; the FPAdd operand registers load
+           (ADD/SUB: P, R; MAC: P, prod) and the L1 subtractor's widened operands load
+    S3     ``sum = FPAdd(add_a, add_b, sub)``; ``y`` is valid (MOV: R, MUL: prod, else sum);
+           L1: ``|f32(P) - f32(R)|`` loads the accumulator's operand register
+    S4     L1: ``acc += |d|`` (fp32)
+    ====== ==================================================================================
+
+    Pipelined units (:class:`coda.hw.nme.iface.LaneTiming`, from ``NMEConfig.mul_latency`` =
+    ``lm`` and ``add_latency`` = ``la``) stretch it: the product is valid in stage ``2 + lm``
+    (P and R wait beside FPMul in delay registers), ``y`` in ``3 + lm + la`` (the MOV/MUL
+    bypass waits beside FPAdd), ``|d|`` in ``3 + la`` and the accumulate writes in ``4 + 2 la``.
+    The accumulate is a recurrence through FPAdd, so the NME feeds an L1 pass one word every
+    ``la + 1`` cycles. The words of an L1 pass carry their own valid bit down the L1 path (it
+    runs on after the pass's result stage, into the next pass).
+
+    Each ``+ - *`` is one IEEE-754 operation of :mod:`coda.hw.nme.fp` (two roundings for MAC, as the
+    ISA requires). With operand isolation the operand registers of a functional unit load only
+    when the lane holds a valid element and the current micro-op uses that unit; without it they
+    load every cycle. With ``measure_toggles`` (a simulation-only option: the shadow registers are
+    not part of the synthesised lane), ``toggles`` counts the bits of those registers that changed
+    in the previous cycle (from shadow copies, so the count sits beside the datapath, not on it).
+
+    Clock gating (``gated=True``, with operand isolation only): the data registers are clocked by
+    the gated clocks :data:`GATED_DOMAINS` that the NME provides (see :class:`coda.hw.nme.top.NME`),
+    one per register group, each running only in cycles in which its group may load (the FPMul
+    operands when a stage-1 word is valid and the micro-op multiplies, and so on); the valid bits
+    stay on the free-running clock, and FPAdd's ``sub`` is registered with its operands (as
+    without gating) so that every functional unit's inputs come from one gated clock. Every
+    register loads under the same condition as without gating, so the lane's outputs
+    (``toggles`` included: the shadow registers stay on the free-running clock) are identical
+    cycle by cycle. A functional unit's logic thus only switches in the cycles it works, and a
+    Verilated model only evaluates it then.
+
     Parameters:
         fmt: element format (:class:`coda.hw.nme.fp.FPFormat`, 16 bits wide).
-        operand_isolation: gate the FU operand registers (see module docstring).
+        operand_isolation: gate the FU operand registers (see above).
         gated: clock the data registers from :data:`GATED_DOMAINS` (with operand isolation
             only; ignored without it).
         measure_toggles: add the ``toggles`` output and its shadow registers (simulation only).

@@ -2,57 +2,16 @@
 
 The instruction set, the validation rules and the encodings are :mod:`coda.hw.nme.isa` (binding);
 this module is one implementation of it. :class:`NME` only wires four units, each a component
-with its own file:
+with its own file: :class:`~.intake.NMEIntake` (command words, ``status``/``l1``, ``done``),
+:class:`~.check.NMECheck` (exactly :func:`coda.hw.nme.isa.validate`, before any memory access),
+:class:`~.execute.NMEExec` (the passes through the buffers and lanes, stores, the L1 sum) and
+:class:`~.issue.NMEIssue` (reads issued ahead of execution, the memory request register).
+docs/nme.md ("Structure") describes each unit; their interfaces (the micro-op fields, the
+instruction memory's read port, the response and store streams) are in :mod:`coda.hw.nme.iface`.
 
-================================  ===========================================================
-unit                              what it does
-================================  ===========================================================
-:class:`~.intake.NMEIntake`   takes the header and the ``n_uops`` micro-op words into the
-                                  instruction memory (all of them, also past ``imem_depth``:
-                                  the program is then rejected with ``BAD_LENGTH``); holds
-                                  ``status``/``l1`` and pulses ``done``
-:class:`~.check.NMECheck`     applies exactly :func:`coda.hw.nme.isa.validate` before any
-                                  memory access (sequential divider for ``W = ceil(N/L)``
-                                  when L is not a power of two, shift-add multiplier for the
-                                  GROUP extent) and initialises the stream phase records
-:class:`~.execute.NMEExec`       for each block of ``depth`` words, for each micro-op, one
-                                  *pass* over the block through the buffers and the lanes;
-                                  stores leave through an 8-word FIFO under credits; the L1
-                                  sum of the lanes at the end
-:class:`~.issue.NMEIssue`     a second walk over (block, micro-op) that sends every read
-                                  pass's requests up to ``max(depth, 3) + result_stage``
-                                  words ahead of execution (memory order = program order
-                                  where it matters: it holds at a store pass until
-                                  execution has completed it, unless the program's stores
-                                  may trail its later reads; then it walks only the
-                                  reading micro-ops); the read responses with their tags;
-                                  the memory request register (stores first)
-================================  ===========================================================
-
-A program goes intake -> check (``loaded``) -> execution and issue side (``accept``) or back
-to the intake (``reject``); execution's ``finish`` ends it. Each hand-over is a one-cycle
-pulse after which the next unit starts in the next cycle, so the units together run the
-single sequence ``IDLE, LOAD, V_LEN .. V_END, X_BLOCK .. X_SUM, done`` cycle for cycle. Their
-interfaces (the micro-op fields, the instruction memory's read port, the response and store
-streams) are in :mod:`coda.hw.nme.iface`.
-
-Reset: the synchronous ``rst`` returns everything to idle. Read responses still in flight
-from before a reset are counted by a reset-less counter; they find no tag and are dropped,
-and a program's first read waits until none is outstanding.
-
-Cycle cost (memory always ready, read latency ``lat``; :func:`coda.hw.nme.cycles.model_cycles`
-is this model, checked exactly against Verilator counts): intake ``n_uops + 1``; check
-``3 * n_uops + 3`` (32 more when ``lanes`` is not a power of two, ``bitlen(param*L) + 2``
-more per scaled GROUP micro-op); execution ``2`` plus per pass ``blen`` when it hands over
-to the next pass as its last word enters (no store, no L1, not the last pass, ``blen >``
-the result stage), else ``blen + 3`` plus the drain (``3 + operand_latency + lm + la`` with
-``lm = cfg.mul_latency``, ``la = cfg.add_latency``; a store pass 2 more; an L1 pass takes
-one word per ``la + 1`` cycles and drains to the stage before its accumulate), plus the
-waits for read responses (``3 + lat`` before the first word; after each store pass, where
-the issue side held; where the issue side, which hands over from a read pass of ``blen >=
-3`` at its last read and spends 4 cycles on any other pass, falls behind); ``L (la + 1)``
-for the L1 sum; ``1`` for ``done``. Default config, y = x + g*c over 1000 elements, 1-cycle
-memory: 551 cycles.
+A program goes intake -> check -> execution and issue side in one-cycle hand-overs;
+:class:`NME` has them, the reset behaviour and the cycle cost
+(:func:`coda.hw.nme.cycles.model_cycles` models it exactly).
 """
 
 from __future__ import annotations
@@ -73,6 +32,30 @@ __all__ = ["NME", "STORE_FIFO_DEPTH"]
 
 class NME(wiring.Component):
     """One Near-Memory Engine (clock domain ``sync``; Verilog ports ``clk``, ``rst``).
+
+    A program goes intake -> check (``loaded``) -> execution and issue side (``accept``) or back
+    to the intake (``reject``); execution's ``finish`` ends it. Each hand-over is a one-cycle
+    pulse after which the next unit starts in the next cycle, so the units together run the
+    single sequence ``IDLE, LOAD, V_LEN .. V_END, X_BLOCK .. X_SUM, done`` cycle for cycle.
+
+    Reset: the synchronous ``rst`` returns everything to idle. Read responses still in flight
+    from before a reset are counted by a reset-less counter; they find no tag and are dropped,
+    and a program's first read waits until none is outstanding.
+
+    Cycle cost (memory always ready, read latency ``lat``;
+    :func:`coda.hw.nme.cycles.model_cycles` is this model, checked exactly against Verilator
+    counts): intake ``n_uops + 1``; check ``3 * n_uops + 3`` (32 more when ``lanes`` is not a
+    power of two, ``bitlen(param*L) + 2`` more per scaled GROUP micro-op); execution ``2`` plus
+    per pass ``blen`` when it hands over to the next pass as its last word enters (no store, no
+    L1, not the last pass, ``blen >`` the result stage), else ``blen + 3`` plus the drain
+    (``3 + operand_latency + lm + la`` with ``lm = cfg.mul_latency``, ``la = cfg.add_latency``;
+    a store pass 2 more; an L1 pass takes one word per ``la + 1`` cycles and drains to the stage
+    before its accumulate), plus the waits for read responses (``3 + lat`` before the first
+    word; after each store pass, where the issue side held; where the issue side, which hands
+    over from a read pass of ``blen >= 3`` at its last read and spends 4 cycles on any other
+    pass, falls behind); ``L (la + 1)`` for the L1 sum; ``1`` for ``done``. Combinational units
+    (mul, add and operand latency 0), y = x + g*c over 1000 elements, 1-cycle memory: 551
+    cycles.
 
     Parameters:
         cfg: :class:`coda.hw.nme.isa.NMEConfig` (lanes L, fmt, depth, nbuf, imem_depth,

@@ -9,12 +9,10 @@ the registry that finds a transformer's one.
 | ``HunyuanVideoTransformer3DModel``| ``hunyuan_video.py`` | dual: attn, ffn; single: single                         | video, text   | none |
 
 Each module says which diffusers module computes each operator, its gate and how its residual
-is added (:mod:`coda.host.cache.arch.base` has the interface; :mod:`coda.host.cache.arch.deferred` how a
-segment spans blocks inside the model's own forward). What each operator type is to the cache
-policies (self / joint / cross attention, FFN; PAB's class; the step and first-block probes)
-is :data:`coda.host.cache.schedule.ARCH_OP_KINDS`, read through
-:class:`~coda.host.cache.schedule.ModelOps`: one table, usable without the model (a
-schedule file names only its architecture and operators).
+is added (:mod:`coda.host.cache.arch.base`: the interface; :mod:`coda.host.cache.arch.deferred`:
+how a segment spans blocks inside the model's own forward). What each operator type is to
+the cache policies: :data:`coda.host.cache.schedule.ARCH_OP_KINDS`, read through
+:class:`~coda.host.cache.schedule.ModelOps` (usable without the model).
 """
 
 from __future__ import annotations

@@ -9,23 +9,10 @@ NME broadcasts it along tokens) and how its residual is added, so that ``x + g â
 operator's effect on every stream. The engine (:mod:`coda.host.cache.engine`) does the rest:
 policies, events, slots, segments, CFG interleaving.
 
-A spec replays the block's forward with the same torch calls in the same order as the diffusers
-code it mirrors (diffusers :data:`TESTED_DIFFUSERS`), so a policy that reuses nothing gives the
-unhooked model's bits. What a spec reads of a block is declared (:attr:`BlockSpec.structure`:
-submodules and attributes with their types; :attr:`BlockSpec.call_params`: the forward's
-parameters) and checked when the engine attaches (:meth:`Architecture.check_model`): a model
-that lacks any of it is refused naming what is missing. Another diffusers version whose blocks
-have that structure is served with an :class:`UntestedDiffusersWarning`; whether its code still
-computes what the spec replays is checked on the first call by ``coda.enable_cache``'s
-self-check (:mod:`coda.host.cache.pipeline`: a step that reuses nothing must give the
-unhooked model's bits).
-
-Layouts: the engine keeps each stream of a call's batch in a *canonical* layout
-``[B, ..., C]`` whose per-sample flattening ``[T, C]`` is the token order of the cache slots;
-:meth:`BlockSpec.to_canonical` / :meth:`BlockSpec.from_canonical` convert from / to the layout
-the block receives and returns. They must accept a trailing dimension other than ``C`` (the
-engine runs them on a ``[..., 1]`` token-index probe to check that a block's input is the
-previous block's output, moved only by layout operations).
+A spec replays the block's forward with the same torch calls in the same order as the
+diffusers code it mirrors (diffusers :data:`TESTED_DIFFUSERS`), so a policy that reuses
+nothing gives the unhooked model's bits; how what it reads is checked, and the canonical
+layouts: :class:`BlockSpec`.
 """
 
 from __future__ import annotations
@@ -44,7 +31,7 @@ __all__ = ["UnsupportedModelError", "UntestedDiffusersWarning", "StepState", "Bl
            "BlockSpec", "BlockRef", "Architecture", "TESTED_DIFFUSERS", "diffusers_tested",
            "check_structure", "check_diffusers_api"]
 
-#: the diffusers version whose block code the specs replay (tests/test_arch.py runs on it)
+#: the diffusers version whose block code the specs replay (tests/host/cache/test_arch_adapters.py runs on it)
 TESTED_DIFFUSERS = "0.42.1"
 _WARNED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()   # models warned about
 
@@ -179,6 +166,22 @@ class BlockCall:
 
 class BlockSpec:
     """One block type of an architecture (subclass per block type).
+
+    What a spec reads of a block is declared (:attr:`BlockSpec.structure`:
+    submodules and attributes with their types; :attr:`BlockSpec.call_params`: the forward's
+    parameters) and checked when the engine attaches (:meth:`Architecture.check_model`): a model
+    that lacks any of it is refused naming what is missing. Another diffusers version whose blocks
+    have that structure is served with an :class:`UntestedDiffusersWarning`; whether its code still
+    computes what the spec replays is checked on the first call by ``coda.enable_cache``'s
+    self-check (:mod:`coda.host.cache.pipeline`: a step that reuses nothing must give the
+    unhooked model's bits).
+
+    Layouts: the engine keeps each stream of a call's batch in a *canonical* layout
+    ``[B, ..., C]`` whose per-sample flattening ``[T, C]`` is the token order of the cache slots;
+    :meth:`BlockSpec.to_canonical` / :meth:`BlockSpec.from_canonical` convert from / to the layout
+    the block receives and returns. They must accept a trailing dimension other than ``C`` (the
+    engine runs them on a ``[..., 1]`` token-index probe to check that a block's input is the
+    previous block's output, moved only by layout operations).
 
     Class attributes:
         block_class: the diffusers block class it replays.

@@ -3,19 +3,10 @@
 Blocks: ``transformer_blocks[i]`` (``CogVideoXBlock``), layer ``i``. Two residual streams,
 each ``[B, T, C]``: ``"hidden"`` (the video tokens) and ``"encoder"`` (the text tokens, which
 CogVideoX carries through every block alongside the video). Both operators are joint and gate
-each stream with its own adaLN vector (``CogVideoXLayerNormZero``):
+each stream with its own adaLN vector (``CogVideoXLayerNormZero``).
 
-=========  =======================================================  ======================
-op         pre-gate output ``c`` (video / text)                     gate ``g`` (video / text)
-=========  =======================================================  ======================
-``attn``   ``attn1(norm1(video), norm1(text), rope)``: both outputs  ``gate`` / ``enc_gate``
-``ffn``    ``ff(cat(norm2(text), norm2(video)))`` split at the text  ``gate`` / ``enc_gate``
-=========  =======================================================  ======================
-
-The residual of each stream is ``x + g * c``; a reused operator is applied to both streams, so
-a segment is one NME program per stream (``SegmentEvent.stream_tokens``). The adaLN linear is
-computed once per block call on the whole batch, as the block does.
-Segment barriers: none; the model passes both streams straight from block to block.
+The operators, their gates and residuals, the segment barriers and the rest the engine
+needs to know: :class:`CogVideoX`.
 """
 
 from __future__ import annotations
@@ -73,6 +64,20 @@ class _CogVideoXBlock(BlockSpec):
 
 
 class CogVideoX(Architecture):
+    """CogVideoX as the cache engine runs it.
+
+    =========  =======================================================  ======================
+    op         pre-gate output ``c`` (video / text)                     gate ``g`` (video / text)
+    =========  =======================================================  ======================
+    ``attn``   ``attn1(norm1(video), norm1(text), rope)``: both outputs  ``gate`` / ``enc_gate``
+    ``ffn``    ``ff(cat(norm2(text), norm2(video)))`` split at the text  ``gate`` / ``enc_gate``
+    =========  =======================================================  ======================
+
+    The residual of each stream is ``x + g * c``; a reused operator is applied to both streams, so
+    a segment is one NME program per stream (``SegmentEvent.stream_tokens``). The adaLN linear is
+    computed once per block call on the whole batch, as the block does.
+    Segment barriers: none; the model passes both streams straight from block to block.
+    """
     name = "cogvideox"
     model_class = "CogVideoXTransformer3DModel"
     block_lists = (("transformer_blocks", _CogVideoXBlock()),)

@@ -11,13 +11,9 @@ as Latte's temporal position embedding, a norm, a projection, printing it) reach
 included) and hands the operation the real tensor: an operation outside the engine's
 knowledge always sees exact values, never a stand-in.
 
-Pure layout operations (``view``, ``_unsafe_view``, ``permute``, ``clone``: what
-``reshape``, ``permute`` and ``contiguous`` dispatch to) are recorded instead and replayed on
-the real tensor when it is needed. A block that receives such a moved tensor continues the
-program only if a token-index probe shows the moves take the previous block's output exactly
-onto its own canonical token order (:func:`continues`); e.g. Latte's
-``reshape(B, -1, N, C).permute(0, 2, 1, 3).reshape(-1, F, C)`` between its spatial and
-temporal blocks, so a segment spans them as it does in the Latte paper's pipeline.
+Pure layout operations between blocks are recorded and replayed on the real tensor; a
+segment spans them when :func:`continues` shows they take the previous block's output
+exactly onto the next block's canonical token order (:class:`Deferred`).
 """
 
 from __future__ import annotations
@@ -42,6 +38,14 @@ class Deferred(torch.Tensor):
     ``fail(exc)``),
     ``_node`` the recorded call, ``_stream`` the stream name, ``_chain`` the layout operations
     applied since, ``_value`` the real tensor once computed.
+
+    Pure layout operations (``view``, ``_unsafe_view``, ``permute``, ``clone``: what
+    ``reshape``, ``permute`` and ``contiguous`` dispatch to) are recorded instead and replayed on
+    the real tensor when it is needed. A block that receives such a moved tensor continues the
+    program only if a token-index probe shows the moves take the previous block's output exactly
+    onto its own canonical token order (:func:`continues`); e.g. Latte's
+    ``reshape(B, -1, N, C).permute(0, 2, 1, 3).reshape(-1, F, C)`` between its spatial and
+    temporal blocks, so a segment spans them as it does in the Latte paper's pipeline.
     """
     __torch_function__ = torch._C._disabled_torch_function_impl
 

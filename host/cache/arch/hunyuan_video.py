@@ -5,22 +5,8 @@ Blocks: dual-stream ``transformer_blocks[i]`` (``HunyuanVideoTransformerBlock``)
 (``HunyuanVideoSingleTransformerBlock``), layers L..L+S-1. Two residual streams, each
 ``[B, T, C]``: ``"hidden"`` (video tokens) and ``"encoder"`` (the refined text tokens).
 
-==========  =======  ===================================================  ===================
-op          block    pre-gate output ``c`` (video / text)                 gate ``g`` (video / text)
-==========  =======  ===================================================  ===================
-``attn``    dual     joint ``attn(norm1(video), norm1_context(text))``    ``gate_msa`` / ``c_gate_msa``
-``ffn``     dual     ``ff(norm2(video) mod)`` / ``ff_context(... text)``  ``gate_mlp`` / ``c_gate_mlp``
-``single``  single   ``proj_out(cat(attn, mlp))`` over cat(video, text),  ``gate`` / the same
-                     split back at the text                               ``gate``
-==========  =======  ===================================================  ===================
-
-The residual of each stream is ``x + g * c`` (dual blocks: ``x + c * g`` and ``x + g * c``,
-single: ``g * c + x``: the same IEEE operations); the adaLN linears (``AdaLayerNormZero``,
-``AdaLayerNormZeroSingle``) run once per block call on the whole batch, as the block does.
-A reused operator is applied to both streams: one NME program per stream per segment.
-Segment barriers: none; the model passes both streams straight through the dual blocks and
-on into the single blocks (the single block's concatenation is inside the operator).
-Refused: ``image_condition_type="token_replace"`` (other block classes).
+The operators, their gates and residuals, the segment barriers and the rest the engine
+needs to know: :class:`HunyuanVideo`.
 """
 
 from __future__ import annotations
@@ -132,6 +118,25 @@ class _SingleBlock(BlockSpec):
 
 
 class HunyuanVideo(Architecture):
+    """HunyuanVideo as the cache engine runs it.
+
+    ==========  =======  ===================================================  ===================
+    op          block    pre-gate output ``c`` (video / text)                 gate ``g`` (video / text)
+    ==========  =======  ===================================================  ===================
+    ``attn``    dual     joint ``attn(norm1(video), norm1_context(text))``    ``gate_msa`` / ``c_gate_msa``
+    ``ffn``     dual     ``ff(norm2(video) mod)`` / ``ff_context(... text)``  ``gate_mlp`` / ``c_gate_mlp``
+    ``single``  single   ``proj_out(cat(attn, mlp))`` over cat(video, text),  ``gate`` / the same
+                         split back at the text                               ``gate``
+    ==========  =======  ===================================================  ===================
+
+    The residual of each stream is ``x + g * c`` (dual blocks: ``x + c * g`` and ``x + g * c``,
+    single: ``g * c + x``: the same IEEE operations); the adaLN linears (``AdaLayerNormZero``,
+    ``AdaLayerNormZeroSingle``) run once per block call on the whole batch, as the block does.
+    A reused operator is applied to both streams: one NME program per stream per segment.
+    Segment barriers: none; the model passes both streams straight through the dual blocks and
+    on into the single blocks (the single block's concatenation is inside the operator).
+    Refused: ``image_condition_type="token_replace"`` (other block classes).
+    """
     name = "hunyuan_video"
     model_class = "HunyuanVideoTransformer3DModel"
     block_lists = (("transformer_blocks", _DualBlock()), ("single_transformer_blocks", _SingleBlock()))

@@ -2,28 +2,10 @@
 
 Blocks: ``transformer_blocks[i]`` (spatial) and ``temporal_transformer_blocks[i]`` (temporal),
 both diffusers ``BasicTransformerBlock``; the model calls spatial ``i`` then temporal ``i``,
-and both are layer ``i``. Operators (one residual stream, the video tokens):
+and both are layer ``i``. One residual stream, the video tokens.
 
-=================  ===============  ====================================  ==================
-op                 block            pre-gate output ``c``                 gate ``g``
-=================  ===============  ====================================  ==================
-``spatial_attn``   spatial          ``attn1(norm1(x) * (1+scale) + shift)``  ``gate_msa``
-``cross_attn``     spatial          ``attn2(x, label / caption tokens)``  1 (added as is)
-``spatial_ffn``    spatial          ``ff(norm2(x) * (1+scale) + shift)``  ``gate_mlp``
-``temporal_attn``  temporal         as spatial, over the frames           ``gate_msa``
-``temporal_ffn``   temporal         as spatial                            ``gate_mlp``
-=================  ===============  ====================================  ==================
-
-The residual is ``x = g * c + x`` (float32 on the xPU), the adaLN vectors
-``scale_shift_table + t`` per sample (the per-frame / per-patch copies the model passes are
-equal). Canonical layout ``[B, F, N, C]`` (tokens in (frame, patch) order: the slots' order);
-a spatial block works on ``[B*F, N, C]``, a temporal one on ``[B*N, F, C]``.
-
-Segment barrier: the temporal position embedding the model adds after layer 0's spatial block
-when F > 1 (its own code: the deferred output is computed there). Between a spatial and a
-temporal block the model only reshapes and permutes the tokens, which a segment spans.
-Refused: ``encoder_attention_mask``, ``enable_temporal_attentions=False``, adaLN other than
-``ada_norm_single``, spatial blocks without cross attention, blocks with positional embeddings.
+The operators, their gates and residuals, the segment barriers and the rest the engine
+needs to know: :class:`Latte`.
 """
 
 from __future__ import annotations
@@ -140,6 +122,29 @@ class _Temporal(_LatteBlock):
 
 
 class Latte(Architecture):
+    """Latte as the cache engine runs it.
+
+    =================  ===============  ====================================  ==================
+    op                 block            pre-gate output ``c``                 gate ``g``
+    =================  ===============  ====================================  ==================
+    ``spatial_attn``   spatial          ``attn1(norm1(x) * (1+scale) + shift)``  ``gate_msa``
+    ``cross_attn``     spatial          ``attn2(x, label / caption tokens)``  1 (added as is)
+    ``spatial_ffn``    spatial          ``ff(norm2(x) * (1+scale) + shift)``  ``gate_mlp``
+    ``temporal_attn``  temporal         as spatial, over the frames           ``gate_msa``
+    ``temporal_ffn``   temporal         as spatial                            ``gate_mlp``
+    =================  ===============  ====================================  ==================
+
+    The residual is ``x = g * c + x`` (float32 on the xPU), the adaLN vectors
+    ``scale_shift_table + t`` per sample (the per-frame / per-patch copies the model passes are
+    equal). Canonical layout ``[B, F, N, C]`` (tokens in (frame, patch) order: the slots' order);
+    a spatial block works on ``[B*F, N, C]``, a temporal one on ``[B*N, F, C]``.
+
+    Segment barrier: the temporal position embedding the model adds after layer 0's spatial block
+    when F > 1 (its own code: the deferred output is computed there). Between a spatial and a
+    temporal block the model only reshapes and permutes the tokens, which a segment spans.
+    Refused: ``encoder_attention_mask``, ``enable_temporal_attentions=False``, adaLN other than
+    ``ada_norm_single``, spatial blocks without cross attention, blocks with positional embeddings.
+    """
     name = "latte"
     model_class = "LatteTransformer3DModel"
     block_lists = (("transformer_blocks", _Spatial()), ("temporal_transformer_blocks", _Temporal()))

@@ -1,21 +1,10 @@
 """Wan 2.1 / 2.2 (diffusers ``WanTransformer3DModel``).
 
 Blocks: ``blocks[i]`` (``WanTransformerBlock``), layer ``i``. One residual stream, the video
-tokens ``[B, T, C]`` (T = F' * H' * W' patches, the slots' order). Operators:
+tokens ``[B, T, C]`` (T = F' * H' * W' patches, the slots' order).
 
-===============  ==================================================  =================
-op               pre-gate output ``c``                               gate ``g``
-===============  ==================================================  =================
-``attn``         ``attn1(norm1(x) * (1+scale_msa) + shift_msa, rope)``  ``gate_msa``
-``cross_attn``   ``attn2(norm2(x), text [+ image] tokens)``          1 (added as is)
-``ffn``          ``ffn(norm3(x) * (1+c_scale_msa) + c_shift_msa)``   ``c_gate_msa``
-===============  ==================================================  =================
-
-The adaLN vectors are ``scale_shift_table + temb`` (float32), one ``[C]`` gate per sample; the
-residual is ``(x.float() + c * g).type_as(x)`` (``x + c`` for cross attention), as the block.
-Segment barriers: none; the model passes the stream straight from block to block, so a
-segment may span any number of blocks. Refused: per-token timesteps (Wan 2.2 TI2V
-``expand_timesteps``: a gate per token, which the NME's per-channel gate cannot apply).
+The operators, their gates and residuals, the segment barriers and the rest the engine
+needs to know: :class:`Wan`.
 """
 
 from __future__ import annotations
@@ -75,6 +64,22 @@ class _WanBlock(BlockSpec):
 
 
 class Wan(Architecture):
+    """Wan as the cache engine runs it.
+
+    ===============  ==================================================  =================
+    op               pre-gate output ``c``                               gate ``g``
+    ===============  ==================================================  =================
+    ``attn``         ``attn1(norm1(x) * (1+scale_msa) + shift_msa, rope)``  ``gate_msa``
+    ``cross_attn``   ``attn2(norm2(x), text [+ image] tokens)``          1 (added as is)
+    ``ffn``          ``ffn(norm3(x) * (1+c_scale_msa) + c_shift_msa)``   ``c_gate_msa``
+    ===============  ==================================================  =================
+
+    The adaLN vectors are ``scale_shift_table + temb`` (float32), one ``[C]`` gate per sample; the
+    residual is ``(x.float() + c * g).type_as(x)`` (``x + c`` for cross attention), as the block.
+    Segment barriers: none; the model passes the stream straight from block to block, so a
+    segment may span any number of blocks. Refused: per-token timesteps (Wan 2.2 TI2V
+    ``expand_timesteps``: a gate per token, which the NME's per-channel gate cannot apply).
+    """
     name = "wan"
     model_class = "WanTransformer3DModel"
     block_lists = (("blocks", _WanBlock()),)

@@ -12,11 +12,7 @@
 | ``lemica``  | ``lemica.py``   | static  | LeMiCa: whole steps, min-error path over steps |
 | ``coda+dra``| ``dra.py``      | dynamic | a static schedule plus step-level DRA (fallback) |
 
-Every policy is a :class:`coda.host.cache.policies.base.CachePolicy` (decide before each operator,
-observe the events after it, reset between generations); :func:`as_policy` turns what a user
-passes to the engine into one; :func:`get_policy` makes one by name from the registry
-(:mod:`coda.host.cache.policies.registry`: name -> class, each class building itself with
-``from_inputs``).
+:func:`as_policy` turns what a user passes into a policy; :func:`get_policy` makes one by name.
 """
 
 from __future__ import annotations

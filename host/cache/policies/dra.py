@@ -2,54 +2,15 @@
 recomputes a whole step when a probe says the video needs it more than the calibration
 videos did.
 
-Mixing fresh and stale operators inside one step costs quality (what the whole-step search,
-:mod:`coda.experiments.search`, builds on), so DRA decides per step, not per operator; and per
-sample, not per CFG branch: computing a step in one branch while the other reuses it costs
-quality too, where computing it in both gains (measured: docs/scheduler.md, DRA). At a
-step where the static policy reuses the first operator (layer 0's first op; its input is the
-block-0 input), the first CFG branch that asks reads one of three probes (:data:`PROBES`),
-and its verdict holds for the sample's other branch at that step (on the shipped model the
-branches' block-0 inputs are the same latent, so the input probes agree anyway):
-
-- ``"l1"``: its relative L1 change ``Σ|x - x_ref| / Σ|x_ref|`` against the input kept at
-  the last step that computed the first operator: the numerator on the NMEs
-  (:meth:`OpQuery.input_change`, one :class:`coda.host.cache.events.MonitorEvent` with its
-  bytes and NME cycles), the reference kept in rank memory (``Decision(keep_input=True)``
-  when the first operator is computed and its output stored);
-- ``"accel"``: its relative second difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|``
-  over the last three steps, on the xPU in fp32 from the block-0 inputs the engine keeps
-  there for this policy (:meth:`OpQuery.input_accel`; no NME work, no link bytes). A second
-  difference is a small fraction of the input, under the 16-bit rounding of a reference kept
-  in rank memory, so it is not an NME check;
-- ``"output"``: the same second difference
-  of the model's output (the prediction the sampler steps with) over the three steps before
-  this one, summed over the sample's CFG branches, on the xPU in fp32 from the outputs the
-  engine keeps there for this policy (:meth:`OpQuery.output_accel`; no NME work, no link
-  bytes). It sees how fast the prediction itself turns, which a reused step's stale
-  outputs miss.
-
-If the probe exceeds the step's threshold, every operator of that step the static policy
-would have reused is computed instead (reason ``"fallback"``) and stored, so the steps after
-it read fresh caches. ``coda eval`` and ``coda run`` choose ``"output"`` or ``"accel"``
-(:data:`DEFAULT_PROBES`) per schedule on the calibration videos
-(:func:`coda.experiments.dra_calibration.calibrate_default_dra`).
-
-Thresholds (:class:`StepThresholds`) come from calibration videos only:
-:func:`coda.experiments.dra_calibration.calibrate_step_dra` runs the static schedule with the probes
-(:class:`StepDRAPolicy` with ``thresholds=None`` measures, never falls back) and sets each
-reused step's threshold to a quantile of the probe values seen there, times a margin:
-either one quantile for every step, or (budgeted, the default of ``coda eval`` and ``coda
-run``) a per-step quantile that spends a budget of extra executions where the profile's
-stand-in says computing a reused step is worth most, which is the first reused steps
-(:func:`coda.experiments.dra_calibration.fallback_rates`). The probe then decides which
-videos fall back at a step, the budget how many; ``max_fallbacks`` bounds what any one
-video spends. The table names the model (hash), the schedule (digest), the probe, the step
-count and the calibration videos; a table for another model, schedule, probe or step count
-is refused.
-
-Costs (read them from the events): a monitor per probed step and sample, the kept inputs
-(``kept_bytes``), and the recomputed operators (``reason == "fallback"``: exactly the extra
-executions over the static policy).
+:class:`StepDRAPolicy` decides per step, not per operator, and per sample, not per CFG
+branch (why, with the measurements: ``docs/scheduler.md``, "DRA"): at a step where the static
+policy reuses the first operator, a probe (:data:`PROBES`) above the step's threshold
+computes and stores every operator of that step the static policy would have reused (reason
+``"fallback"``). Thresholds (:class:`StepThresholds`) come from calibration videos only
+(:func:`coda.experiments.dra_calibration.calibrate_step_dra`; with ``thresholds=None`` the
+policy only measures, never falls back). Costs, read from the events: a monitor per probed
+step and sample, the kept inputs (``kept_bytes``), and the recomputed operators
+(``reason == "fallback"``: exactly the extra executions over the static policy).
 """
 
 from __future__ import annotations
@@ -309,6 +270,23 @@ class StepDRAPolicy(CachePolicy):
         ValueError: thresholds of another schedule than the inner one, or of another probe;
             an unknown probe; at run time, a run of another step count than the table's,
             or a probed step without a threshold.
+
+    The first CFG branch that asks at a probed step (the static policy reuses layer 0's
+    first operator, whose input is the block-0 input) reads the probe, and its verdict
+    holds for the sample's other branch at that step:
+
+    - ``"l1"``: the block-0 input's relative L1 change ``Σ|x - x_ref| / Σ|x_ref|`` against the
+      input kept at the last step that computed the first operator: the numerator on the NMEs
+      (:meth:`OpQuery.input_change`, one :class:`coda.host.cache.events.MonitorEvent` with its
+      bytes and NME cycles), the reference kept in rank memory (``Decision(keep_input=True)``
+      when the first operator is computed and its output stored);
+    - ``"accel"``: its relative second difference ``Σ|x_t - 2 x_{t-1} + x_{t-2}| / Σ|x_{t-1}|``
+      over the last three steps, on the xPU in fp32 from the block-0 inputs the engine keeps
+      there for this policy (:meth:`OpQuery.input_accel`; no NME work, no link bytes);
+    - ``"output"``: the same second difference of the model's output over the three steps
+      before this one, summed over the sample's CFG branches, on the xPU in fp32
+      (:meth:`OpQuery.output_accel`; no NME work, no link bytes). It sees how fast the
+      prediction itself turns, which a reused step's stale outputs miss.
     """
     inner: CachePolicy
     thresholds: StepThresholds | None = None

@@ -8,14 +8,7 @@ last step that ran the remaining blocks, ``mean|r - r_ref| / mean|r_ref|``, and 
 remaining blocks' residual while it is below the threshold; otherwise it runs them and keeps
 the new residual as the reference. The first and last steps are always computed.
 
-Here, per sample and CFG branch, the probe is the first block's *output* (the input of layer
-1's first operator), so that the kept-input monitor measures it on the NMEs
-(:meth:`OpQuery.input_change` against the input kept, ``keep_input``, at the step that last
-computed layers 1..L-1; one MonitorEvent per probe). Layer 0's operators are computed every
-step; below the threshold every operator of layers 1..L-1 is reused, else computed (its
-output stored for the next step) and the reference kept again. The threshold is calibrated
-on a profile (:meth:`FBCachePolicy.calibrate`) to a target skip fraction, with the bisection
-TeaCache and MagCache use (:func:`coda.host.cache.policies.base.calibrate_threshold`).
+How it runs here (per sample and CFG branch, the probe on the NMEs): :class:`FBCachePolicy`.
 """
 
 from __future__ import annotations
@@ -36,6 +29,15 @@ __all__ = ["FBCachePolicy"]
 class FBCachePolicy(CachePolicy):
     """First Block Cache: reuse layers 1..L-1 while the first block's output changed by less
     than ``threshold`` (relative L1, unitless) since the rest was last computed.
+
+    Here, per sample and CFG branch, the probe is the first block's *output* (the input of layer
+    1's first operator), so that the kept-input monitor measures it on the NMEs
+    (:meth:`OpQuery.input_change` against the input kept, ``keep_input``, at the step that last
+    computed layers 1..L-1; one MonitorEvent per probe). Layer 0's operators are computed every
+    step; below the threshold every operator of layers 1..L-1 is reused, else computed (its
+    output stored for the next step) and the reference kept again. The threshold is calibrated
+    on a profile (:meth:`FBCachePolicy.calibrate`) to a target skip fraction, with the bisection
+    TeaCache and MagCache use (:func:`coda.host.cache.policies.base.calibrate_threshold`).
 
     Attributes:
         threshold: finite, >= 0 (0 never reuses).

@@ -5,13 +5,7 @@ as a path through a DAG over the denoising steps.
 A node is a computed step; an edge ``i -> j`` (i < j) computes steps i and j and reuses every
 operator of steps i+1..j-1 from step i's cache, both CFG branches alike. LeMiCa weighs an edge
 by the global error of that one reuse span, measured offline; here the weight comes from the
-profile (:class:`coda.host.cache.profile.Profile`), in the quality proxy of the schedule
-search's stand-in (:mod:`coda.experiments.step_plans`): a reused step s of the span costs its step weight
-(:func:`coda.host.cache.weights.step_weights`, the measured step sensitivity) times the output
-change accumulated since step i, ``|g e_cond(s) + (1 - g) e_uncond(s)|`` with
-``e_b(s) = D_b(s) - D_b(i)``, ``D_b`` the cumulative one-step output change of branch b
-averaged over operators (each weighted by :func:`coda.host.cache.weights.quality_weights`) and g
-the profile's guidance scale.
+profile, in the quality proxy of the schedule search's stand-in (:func:`span_costs`).
 
 The path from step 0 to the last step with exactly as many nodes as the target skip leaves
 computed is found by dynamic programming over (nodes used, last node), exactly
@@ -79,7 +73,17 @@ def min_error_path(cost: np.ndarray, computed: int) -> tuple[tuple[int, ...], fl
 
 def span_costs(profile, guidance_scale: float | None = None) -> np.ndarray:
     """[S, S] edge weights: ``W[i, j]`` (i < j) = the error of reusing steps i+1..j-1 from step
-    i's cache (module docstring), +inf on and below the diagonal.
+    i's cache, +inf on and below the diagonal.
+
+    LeMiCa weighs an edge
+    by the global error of that one reuse span, measured offline; here the weight comes from the
+    profile (:class:`coda.host.cache.profile.Profile`), in the quality proxy of the schedule
+    search's stand-in (:mod:`coda.experiments.step_plans`): a reused step s of the span costs its step weight
+    (:func:`coda.host.cache.weights.step_weights`, the measured step sensitivity) times the output
+    change accumulated since step i, ``|g e_cond(s) + (1 - g) e_uncond(s)|`` with
+    ``e_b(s) = D_b(s) - D_b(i)``, ``D_b`` the cumulative one-step output change of branch b
+    averaged over operators (each weighted by :func:`coda.host.cache.weights.quality_weights`) and g
+    the profile's guidance scale.
 
     Args:
         profile: a :class:`coda.host.cache.profile.Profile` (out_change, out_abs, in_abs,

@@ -10,13 +10,8 @@ Windows are fractions of the run: PAB broadcasts spatial and temporal attention 
 in (100, 800) and cross attention in (100, 900) of 1000, i.e. steps 20 %..90 % and 10 %..90 %
 of a trailing-spaced DDIM run.
 
-Other architectures (:data:`coda.host.cache.schedule.ARCH_OP_KINDS`): each operator type is
-broadcast with the range and window of its PAB class (:meth:`ModelOps.pab_class`:
-spatial / temporal / cross attention or MLP), i.e. of the Latte operator type of that class
-(spatial_attn, temporal_attn, cross_attn, spatial_ffn), unless ``ranges`` / ``windows`` name
-the op type itself: Wan's self-attention broadcasts as spatial attention (2), its cross
-attention as cross (6), CogVideoX's and HunyuanVideo's joint attention (and HunyuanVideo's
-single-stream blocks) as spatial, every FFN as MLP (1: not broadcast).
+Other architectures: each operator type is broadcast as its PAB class
+(:meth:`PABPolicy.build_for`).
 """
 
 from __future__ import annotations
@@ -85,7 +80,16 @@ class PABPolicy(StaticPolicy):
         return self._build(num_steps, ModelOps.latte(num_layers))
 
     def build_for(self, num_steps: int, ops: ModelOps) -> Schedule:
-        """The schedule on a model of another architecture (module docstring)."""
+        """The schedule on a model of another architecture.
+
+        Other architectures (:data:`coda.host.cache.schedule.ARCH_OP_KINDS`): each operator type is
+        broadcast with the range and window of its PAB class (:meth:`ModelOps.pab_class`:
+        spatial / temporal / cross attention or MLP), i.e. of the Latte operator type of that class
+        (spatial_attn, temporal_attn, cross_attn, spatial_ffn), unless ``ranges`` / ``windows`` name
+        the op type itself: Wan's self-attention broadcasts as spatial attention (2), its cross
+        attention as cross (6), CogVideoX's and HunyuanVideo's joint attention (and HunyuanVideo's
+        single-stream blocks) as spatial, every FFN as MLP (1: not broadcast).
+        """
         return self._build(num_steps, ops)
 
     def _build(self, num_steps: int, ops: ModelOps) -> Schedule:

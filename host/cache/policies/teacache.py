@@ -6,21 +6,8 @@ consecutive steps, maps the relative L1 change through a polynomial fitted offli
 change -> output change), accumulates it over the steps it skips, and recomputes (resetting
 the sum) once the sum reaches the threshold; the first and last steps are always computed.
 
-Here, per sample and CFG branch: the first operator (:attr:`ModelOps.step_probe`: Latte's
-layer-0 spatial attention, the first block's attention on the other architectures; its input
-is the input of the first block) is computed every step and keeps its input; its relative L1 change against the previous step is measured
-on the NMEs (:meth:`OpQuery.input_change`, one MonitorEvent per sample and step); the
-polynomial (``numpy.polyfit``, degree 4) is fitted on a profile: that input change against the
-mean relative output change of the other operators at the same step. When the step is
-skipped, every other operator of that sample is reused from its cache. A dynamic policy does
-not know ahead which outputs will be reused, so it writes every computed output to its cache
-slot (their bytes count on the host link).
-
-TeaCache proper measures the timestep-*modulated* input of the first block
-(``norm1(x) * (1 + scale) + shift``); the engine keeps and compares the residual stream
-entering the probe operator instead (the one tensor its monitor keeps in rank memory, on every
-architecture alike), and the polynomial fitted on the profile maps that signal to the output
-change, whichever it is.
+How it runs here (per sample and CFG branch, the probe on the NMEs, the polynomial fitted
+on a profile by :func:`fit_rescale`): :class:`TeaCachePolicy`.
 """
 
 from __future__ import annotations
@@ -72,6 +59,22 @@ def fit_rescale(profile, degree: int = 4) -> np.ndarray:
 @dataclass(eq=False)
 class TeaCachePolicy(CachePolicy):
     """Accumulated rescaled relative-L1 threshold on the first operator's input.
+
+    Here, per sample and CFG branch: the first operator (:attr:`ModelOps.step_probe`: Latte's
+    layer-0 spatial attention, the first block's attention on the other architectures; its input
+    is the input of the first block) is computed every step and keeps its input; its relative L1 change against the previous step is measured
+    on the NMEs (:meth:`OpQuery.input_change`, one MonitorEvent per sample and step); the
+    polynomial (``numpy.polyfit``, degree 4) is fitted on a profile: that input change against the
+    mean relative output change of the other operators at the same step. When the step is
+    skipped, every other operator of that sample is reused from its cache. A dynamic policy does
+    not know ahead which outputs will be reused, so it writes every computed output to its cache
+    slot (their bytes count on the host link).
+
+    TeaCache proper measures the timestep-*modulated* input of the first block
+    (``norm1(x) * (1 + scale) + shift``); the engine keeps and compares the residual stream
+    entering the probe operator instead (the one tensor its monitor keeps in rank memory, on every
+    architecture alike), and the polynomial fitted on the profile maps that signal to the output
+    change, whichever it is.
 
     Attributes:
         threshold: reuse the step while the accumulated rescaled change is below it.
