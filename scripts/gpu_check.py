@@ -38,8 +38,25 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (module, version required or None): what the check imports
 NEEDS = (("torch", None), ("diffusers", "0.42.1"), ("numpy", None), ("simpy", None),
          ("amaranth", None), ("rich", None), ("jsonschema", None))
-#: coda's sub-packages and the folders they live in (pyproject.toml [tool.setuptools.package-dir])
-PACKAGE_DIRS = ("hw", "cosim", "host", "synth", "verify", "experiments")
+
+
+def _package_dirs() -> tuple[str, ...]:
+    """The folders of coda's top-level sub-packages (coda.hw -> hw, ...), read from
+    pyproject.toml's [tool.setuptools.package-dir], the one place that maps them."""
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib      # Python 3.11+; the device's Python may be older
+        mapping = tomllib.loads(text)["tool"]["setuptools"]["package-dir"]
+    except ImportError:
+        section = text.split("[tool.setuptools.package-dir]", 1)[1].split("\n[", 1)[0]
+        mapping = dict(re.findall(r'^"([\w.]+)"\s*=\s*"([^"]+)"', section, re.M))
+    return tuple(folder for name, folder in mapping.items() if name.count(".") == 1)
+
+
+#: coda's sub-packages' folders
+PACKAGE_DIRS = _package_dirs()
 
 
 def install_wheels(folder: Path) -> None:
