@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from coda.jsonin import check, parse_json, short
 
 __all__ = ["OP_TYPES", "ARCH_OP_TYPES", "ARCH_OP_KINDS", "PAB_CLASSES", "ALL_OP_TYPES",
            "BRANCHES", "OpRef", "ModelOps", "MAX_STEPS", "MAX_LAYERS", "MAX_OPS",
-           "SCHEDULE_SCHEMA", "STEP_KEY", "operator_order", "segment_runs", "Schedule",
+           "SCHEDULE_SCHEMA", "STEP_KEY", "operator_order", "maximal_runs", "segment_runs", "Schedule",
            "ScheduleError"]
 
 OP_TYPES: tuple[str, ...] = ("spatial_attn", "cross_attn", "spatial_ffn",
@@ -232,9 +232,32 @@ class ModelOps:
         return frozenset()
 
 
+def maximal_runs(order: Sequence, reused, barriers=()) -> list[list]:
+    """Maximal runs of consecutive ``reused`` items of ``order`` (forward order), a run also
+    ending after an item of ``barriers`` (a computed, non-cacheable operation follows it):
+    the segments of one step and branch, whatever names the operators (``(layer, op)`` here,
+    forward indices in :func:`coda.host.system.schedules.segment_runs`)."""
+    reused, barriers = set(reused), set(barriers)
+    runs: list[list] = []
+    current: list = []
+    for item in order:
+        if item in reused:
+            current.append(item)
+        elif current:
+            runs.append(current)
+            current = []
+        if item in barriers and current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return runs
+
+
 def segment_runs(reused: Iterable[OpRef], num_layers: int, frames: int = 2,
                  ops: ModelOps | None = None) -> list[list[OpRef]]:
-    """The segments of one step and branch: maximal runs of consecutive reused operators.
+    """The segments of one step and branch: maximal runs of consecutive reused operators
+    (:func:`maximal_runs` over the model's operators and barriers).
 
     Args:
         reused: the (layer, op) reused at this step.
@@ -246,22 +269,7 @@ def segment_runs(reused: Iterable[OpRef], num_layers: int, frames: int = 2,
         list of runs, each a list of (layer, op) in forward order.
     """
     ops = ModelOps.latte(num_layers) if ops is None else ops
-    barriers = ops.barriers(frames)
-    reused = set(reused)
-    runs: list[list[OpRef]] = []
-    current: list[OpRef] = []
-    for ref in ops.ops:
-        if ref in reused:
-            current.append(ref)
-        elif current:
-            runs.append(current)
-            current = []
-        if ref in barriers and current:
-            runs.append(current)
-            current = []
-    if current:
-        runs.append(current)
-    return runs
+    return maximal_runs(ops.ops, reused, ops.barriers(frames))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from coda.host.cache.policies.uniform import UniformIntervalPolicy
-from coda.host.cache.schedule import BRANCHES, Schedule, ScheduleError
+from coda.host.cache.schedule import BRANCHES, Schedule, ScheduleError, maximal_runs
 
 from .shapes import ModelShape
 
@@ -91,22 +91,11 @@ class ModelSchedule:
 
 
 def segment_runs(shape: ModelShape, reused) -> list[list[int]]:
-    """Maximal runs of consecutive reused operators (forward order), split where a computed
-    non-cacheable operation follows an operator (:attr:`OpShape.barrier_after`)."""
-    reused = set(reused)
-    runs, cur = [], []
-    for op in shape.ops:
-        if op.index in reused:
-            cur.append(op.index)
-        elif cur:
-            runs.append(cur)
-            cur = []
-        if op.barrier_after and cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
-    return runs
+    """Maximal runs of consecutive reused operators (forward indices), split where a computed
+    non-cacheable operation follows an operator (:attr:`OpShape.barrier_after`):
+    :func:`coda.host.cache.schedule.maximal_runs` over the shape's operators."""
+    return maximal_runs([op.index for op in shape.ops], reused,
+                        [op.index for op in shape.ops if op.barrier_after])
 
 
 def _check_and_fix(shape: ModelShape, num_steps: int, reuse: dict, branches) -> tuple[dict, int]:
