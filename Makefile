@@ -63,16 +63,17 @@ mutation: $(STAMP)
 bench: $(STAMP)
 	$(RUN) $(VENV)/bin/coda bench
 
-# The cache-policy benchmark (long: 26 min 16 s with its halves side by side on 2 cores, on
-# 2026-12-05, AMD EPYC, beside other jobs): uniform, PAB, TeaCache, MagCache,
-# FirstBlockCache, a LeMiCa-style step path, the searched CODA schedule (chosen on quality;
-# within uniform's modelled latency: coda-lat) and CODA + DRA at
+# The cache-policy benchmark (long; its time is in docs/results.md): uniform, PAB, TeaCache,
+# MagCache, FirstBlockCache, a LeMiCa-style step path, the searched CODA schedule (chosen on
+# quality; within uniform's modelled latency: coda-lat) and CODA + DRA at
 # 0.3 / 0.5 / 0.6 / 0.7 reused, on 20 held-out videos (prompts 0-9 x seeds 0-1; the shipped
-# profile and the CODA search used seeds 100-101); the two halves of the targets run side by
-# side, one core each: build/eval/{low,high}/pareto.json, pareto.png, videos.json,
-# corner_cases.json.
+# profile and the CODA search used seeds 100-101), each policy with its modelled system-f
+# latency, the tables ordered by it; EVAL_MODEL picks the shipped model (digits or text). The
+# two halves of the targets run side by side, one core each: build/eval/{low,high}/pareto.json,
+# table.md, pareto.png, videos.json, corner_cases.json.
+EVAL_MODEL ?= digits
 EVAL = $(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,fbcache,lemica,coda,coda-lat,coda+dra \
-	--prompts 0-9 --seeds 0-1 --steps 50 --threads 1 --batch 10 --workers 1
+	--model $(EVAL_MODEL) --prompts 0-9 --seeds 0-1 --steps 50 --threads 1 --batch 10 --workers 1
 eval: $(STAMP)
 	$(EVAL) --skip 0.3,0.5 --out build/eval/low & pid=$$!; \
 	$(EVAL) --skip 0.6,0.7 --out build/eval/high; st=$$?; wait $$pid && exit $$st
