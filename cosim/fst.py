@@ -2,7 +2,7 @@
 
 pywellen is the Python binding of ``wellen``, the waveform reader of the Surfer viewer, so a
 file it reads opens in Surfer (and GTKWave reads the same format). Enough to check a waveform
-the traced cosimulation wrote (:func:`coda.cosim.build.build_sim` with ``waves=True``):
+the traced cosimulation wrote (:func:`coda.cosim.nme.build.build_sim` with ``waves=True``):
 
     info = read_fst("build/waves/run.fst")
     info.end_time * 10.0 ** info.timescale     # seconds of simulated time

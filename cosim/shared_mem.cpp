@@ -3,14 +3,14 @@
 // simulator may map several memories (the DIMM-NMP top: one per rank); each open returns a
 // handle that the other calls take.
 //
-// The NME's word port (cosim/nme_top.sv) calls:
+// The NME's word port (cosim/nme/nme_top.sv) calls:
 //   coda_mem_open(path, words, lanes)  once at time 0: map the file; a handle >= 0, or a
 //                                      negative error code
 //   coda_mem_read(h, addr, data)       data = word addr (16*lanes bits)
 //   coda_mem_write(h, addr, data, mask)  lanes whose mask bit is set take data's element; the
 //                                      word joins the dirty list the first time it is written
 //   coda_mem_clear(h)                  zero the memory
-// A DRAM device of the DIMM-NMP (coda_dram_device in cosim/dram_top.sv, CODA_DRAM_SHM) calls:
+// A DRAM device of the DIMM-NMP (coda_dram_device in cosim/dram/dram_top.sv, CODA_DRAM_SHM) calls:
 //   coda_mem_open_bursts(path, burst_bytes, nidx)  map a memory whose header has a burst map
 //                                      of nidx device indexes and bursts of burst_bytes
 //   coda_mem_read_burst(h, idx, data)  data = the burst at device index idx (zeros where the

@@ -1,8 +1,8 @@
 """The NME's rank memory in a file both the host and the Verilated simulator map.
 
-The memory model of ``cosim/nme_top.sv`` (an NME on an ideal memory) and the DRAM device of
-each rank of the DIMM-NMP (``coda_dram_device`` in ``cosim/dram_top.sv``, built with
-``CODA_DRAM_SHM`` by :mod:`coda.cosim.nmp_build`) keep their words here, not in an HDL array:
+The memory model of ``cosim/nme/nme_top.sv`` (an NME on an ideal memory) and the DRAM device of
+each rank of the DIMM-NMP (``coda_dram_device`` in ``cosim/dram/dram_top.sv``, built with
+``CODA_DRAM_SHM`` by :mod:`coda.cosim.nmp.build`) keep their words here, not in an HDL array:
 each read and write of the NME (a word) or of the DRAM device (a burst) is a DPI-C call
 (``cosim/shared_mem.cpp``) on the simulator's mapping of the file, and the host writes and
 reads the same bytes as a numpy array (:class:`SharedMemory`, which has the file layout and the
@@ -26,8 +26,12 @@ import numpy as np
 
 from coda.paths import owned_name, remove_orphans
 
-__all__ = ["SharedMemory", "MAGIC", "HEADER_BYTES", "shm_folder", "memory_path", "remove_stale"]
+__all__ = ["SharedMemory", "MAGIC", "HEADER_BYTES", "MEM_CPP", "shm_folder", "memory_path",
+           "remove_stale"]
 
+#: DPI-C side of these memories (``shared_mem.cpp``), compiled into every NME model
+#: (:mod:`coda.cosim.nme.build`) and every DIMM-NMP model (:mod:`coda.cosim.nmp.build`)
+MEM_CPP = Path(__file__).resolve().parent / "shared_mem.cpp"
 MAGIC = b"CODAMEM1"
 #: names of rank memory files: ``coda-mem-<pid>-<hex>`` (:func:`coda.paths.owned_name`)
 MEMORY_PREFIX = "coda-mem"
@@ -57,7 +61,7 @@ class SharedMemory:
     wrote since the job started (a bitmap against repeats and a list of addresses).
 
     A DRAM device addresses bursts, not words: its index is the low bits of ``{row, bank, bank
-    group, column burst}`` (:mod:`coda.cosim.nmp_image`), so a memory made for one carries a
+    group, column burst}`` (:mod:`coda.cosim.nmp.image`), so a memory made for one carries a
     burst map (``create(..., burst_map=, burst_words=)``): for every device index the burst
     ``b`` it holds (words ``[b * burst_words, (b + 1) * burst_words)`` of the memory) or -1. The
     memory itself stays the NME's image, ``[words, lanes]``, so the host sees the same array
@@ -130,7 +134,7 @@ class SharedMemory:
         """A new zeroed memory in ``path`` (replacing any file there); with ``burst_map``
         (ints ``[nidx]``: the burst at each DRAM device index, -1 for none) and
         ``burst_words`` (words per burst), one a DRAM device can map
-        (:mod:`coda.cosim.nmp_image`)."""
+        (:mod:`coda.cosim.nmp.image`)."""
         if sys.byteorder != "little":
             raise OSError("the shared rank memory is little-endian: this host is not")
         if not 1 <= int(lanes) <= 64 or int(words) < 1:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.cosim.nme_units import COMBINATIONAL, DEFAULT_UNITS as SWEEP_UNITS, parse_units, units_label
+from coda.cosim.nme.units import COMBINATIONAL, DEFAULT_UNITS as SWEEP_UNITS, parse_units, units_label
 from coda.experiments.synth_area import config_units, fmax_below
 from coda.hw.dram.standards import DDR4_3200, get_standard
 from coda.hw.nme.isa import NMEConfig
@@ -97,7 +97,7 @@ def run_sweep(root: Path, lanes=LANES, fmts=FORMATS, targets=("generic", "ecp5")
               log=print) -> list[dict]:
     """Synthesise every (target, lanes, fmt) configuration not yet done under ``root``, with
     NME ``units`` ``"M,A,O"`` (mul / add / operand latency, default the default NME's
-    ``5,7,1``, :data:`~coda.cosim.nme_units.DEFAULT_UNITS`; ValueError
+    ``5,7,1``, :data:`~coda.cosim.nme.units.DEFAULT_UNITS`; ValueError
     naming it when out of range) and nextpnr placer ``seed``.
 
     Each configuration is a :func:`synth_point` run by :func:`coda.sweep.run_sweep`: a task
@@ -448,7 +448,7 @@ class AreaSweepConfig:
                         "each FPMul, each FPAdd, after the buffers (5,7,1, the default NME's, "
                         "places and routes 8 lanes on ECP5 at about 100 MHz; 0,0,0 is "
                         "combinational)", metavar="M,A,O",
-                        source="coda.cosim.nme_units.DEFAULT_UNITS")
+                        source="coda.cosim.nme.units.DEFAULT_UNITS")
     seed: int = option(1, "nextpnr placer seed")
 
 

@@ -4,10 +4,10 @@ alone, and the cosimulation's speed, in ``build/bench/``.
 :func:`main` runs, in order and each skippable: the design-space sweep
 (:func:`coda.experiments.design_space.sweep`, through the sweep engine :mod:`coda.sweep`;
 ``build/bench/dse.json``), the DRAM controller alone
-(:func:`coda.cosim.dram_bench.bench_dram`), the NME cosimulation's speed on an ideal memory
-(:func:`coda.cosim.nme_speed.measure`), cosimulated ``coda run`` generations on the ideal and
+(:func:`coda.cosim.dram.bench.bench_dram`), the NME cosimulation's speed on an ideal memory
+(:func:`coda.cosim.nme.speed.measure`), cosimulated ``coda run`` generations on the ideal and
 the DRAM-timed memory (against :data:`DRAM_SPEED_TARGET`), a whole DIMM-NMP
-(:func:`coda.cosim.nmp_measure.measure_nmp`), and the speed of checks whose tests assert
+(:func:`coda.cosim.nmp.measure.measure_nmp`), and the speed of checks whose tests assert
 behaviour only (:func:`gpu_check_timing`, :func:`address_check_timing`,
 :func:`serving_timing`). It prints steps 3 to 6 as one JSON object and writes it to
 ``--out`` (default ``build/bench/cosim.json``). Each step in detail: ``docs/cli.md``,
@@ -32,10 +32,10 @@ from coda.experiments.design_space import (KNEE_TOLERANCE, SWEEP_CLOCKS, SWEEP_D
                                      SWEEP_LANES, SWEEP_STREAM_BYTES, SWEEP_UNITS, clock_label,
                                      knees, parse_clocks, recorded_rows, sweep, write_dse)
 from coda.experiments.design_space_report import plot_sweep, print_knees, print_sweep
-from coda.cosim.dram_bench import bench_dram
-from coda.cosim.nme_speed import measure
-from coda.cosim.nme_units import parse_units, units_label
-from coda.cosim.nmp_measure import measure_nmp, mem_words
+from coda.cosim.dram.bench import bench_dram
+from coda.cosim.nme.speed import measure
+from coda.cosim.nme.units import parse_units, units_label
+from coda.cosim.nmp.measure import measure_nmp, mem_words
 from coda.experiments.synth_area import SYNTH_ROOT, synth_areas
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nme.isa import NMEConfig
@@ -222,7 +222,7 @@ def _cosim_speed(args: argparse.Namespace) -> dict:
     result = {} if args.skip_nme else measure(cfg)
     if not args.skip_nme:
         result["rtl_generation"] = _rtl_generations(args, result["ceiling"])
-    from coda.cosim.nmp_build import FLAG_SETS
+    from coda.cosim.nmp.build import FLAG_SETS
     flag_sets = ([None] if args.nmp_flags is None else
                  list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
     # 256 KiB per stream (the 2 x 2 and NME-clock figures of docs/results.md)

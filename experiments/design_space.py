@@ -2,8 +2,8 @@
 
 :func:`sweep` (``coda bench`` unless ``--sweep-lanes ''``; ``coda sweep bench`` runs the same
 points, :func:`sweep_kind`) measures lanes x buffer depth x NME clock x DRAM standard of one
-DIMM-NMP rank (:mod:`coda.cosim.nmp_measure`), every point with the NME units ``"M,A,O"``
-(:mod:`coda.cosim.nme_units`), and writes ``build/bench/dse.json`` with the knee per standard
+DIMM-NMP rank (:mod:`coda.cosim.nmp.measure`), every point with the NME units ``"M,A,O"``
+(:mod:`coda.cosim.nme.units`), and writes ``build/bench/dse.json`` with the knee per standard
 and clock (:func:`knees`); its points run through the sweep engine (:mod:`coda.sweep`). What
 each point measures, the units and the builds: :func:`sweep`. The tables and the plot of the
 rows: :mod:`coda.experiments.design_space_report`.
@@ -15,8 +15,8 @@ import json
 import math
 from pathlib import Path
 
-from coda.cosim.nme_units import COMBINATIONAL, DEFAULT_UNITS, parse_units, units_label
-from coda.cosim.nmp_measure import PROGRAM_STREAMS, measure_nmp, mem_words
+from coda.cosim.nme.units import COMBINATIONAL, DEFAULT_UNITS, parse_units, units_label
+from coda.cosim.nmp.measure import PROGRAM_STREAMS, measure_nmp, mem_words
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area, synth_areas
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
@@ -36,7 +36,7 @@ SWEEP_STREAM_BYTES = 64 << 10
 KNEE_TOLERANCE = 0.95
 #: NME units of the sweep, ``"M,A,O"``: FPMul / FPAdd / operand register stages
 #: (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``, ``operand_latency``);
-#: the default NME's (:data:`coda.cosim.nme_units.DEFAULT_UNITS`, the timing-closed preset);
+#: the default NME's (:data:`coda.cosim.nme.units.DEFAULT_UNITS`, the timing-closed preset);
 #: records and rows that name none are the combinational ``0,0,0`` (from before the units)
 SWEEP_UNITS = DEFAULT_UNITS
 #: dse.json format: 1 (no key; one standard, NME on the DRAM clock), 2 (standard and NME
@@ -78,7 +78,7 @@ def clock_label(nme_mhz: float | None) -> str:
 
 # ----------------------------------------------------------------------------- one point
 def program_figures(m: dict, std) -> dict:
-    """The figures of one program of a :func:`~coda.cosim.nmp_measure.measure_nmp` result
+    """The figures of one program of a :func:`~coda.cosim.nmp.measure.measure_nmp` result
     ``m`` on one rank of ``std``: ``elements`` (output elements per rank), ``cycles`` (NME
     cycles), ``dram_cycles`` (tCK), ``ns``, ``elements_per_ns``, ``cycles_per_element`` /
     ``elements_per_cycle`` (NME cycles), ``utilisation`` (rank 0: DRAM bytes moved / peak
@@ -97,10 +97,10 @@ def dse_point(params: dict, workdir: Path | None = None) -> dict:
     an NME of ``lanes`` lanes and ``depth`` words per stream block (``fmt``) on its own clock
     of ``nme_mhz`` MHz (0 or absent: on the DRAM clock, no crossing; that is a separate
     Verilator build, every other clock shares one build per lanes, depth, standard, units)
-    and ``units`` (``"M,A,O"``, :func:`~coda.cosim.nme_units.parse_units`; absent:
+    and ``units`` (``"M,A,O"``, :func:`~coda.cosim.nme.units.parse_units`; absent:
     ``0,0,0``) register stages in its FPMul / FPAdd / operand path (``NMEConfig.mul_latency``
     / ``add_latency`` / ``operand_latency``), running the residual add and the 4-stream
-    segment of :func:`~coda.cosim.nmp_measure.segment_programs` over ``stream_bytes`` bytes
+    segment of :func:`~coda.cosim.nmp.measure.segment_programs` over ``stream_bytes`` bytes
     per stream. Returns, per program ``P`` in (residual_add, segment4), the figures of
     :func:`program_figures` as ``P.<name>`` (NME cycles, DRAM cycles, ns, elements per ns
     and per NME cycle, utilisation 0..1, GB/s per rank); ``nme_mhz_effective`` (the DRAM
@@ -169,14 +169,14 @@ def sweep_kind():
 def dse_rows(records: list[dict]) -> list[dict]:
     """The finished sweep records of :func:`sweep_kind` as the rows of ``dse.json``: one per
     (dram, units, nme_mhz, lanes, depth, program) with ``dram, units`` (``"M,A,O"``,
-    :func:`~coda.cosim.nme_units.units_label`), ``nme_mhz`` (None: on the DRAM clock),
+    :func:`~coda.cosim.nme.units.units_label`), ``nme_mhz`` (None: on the DRAM clock),
     ``nme_mhz_effective, lanes, depth, program``, the :data:`ROW_KEYS` figures,
     ``sim_cycles_per_s, build_seconds``.
     Records of the first sweep (no ``nme_mhz`` parameter, no ns) are rows on the DRAM clock;
     the figures they lack (``dram_cycles``, ``ns``, ``elements_per_ns``) are derived from
     their NME cycles = DRAM cycles. Records without ``units`` (before units were a
     parameter) are the combinational NME, ``0,0,0``. Raises ValueError for an ok record
-    whose units are not :func:`~coda.cosim.nme_units.parse_units`'s."""
+    whose units are not :func:`~coda.cosim.nme.units.parse_units`'s."""
     from coda.hw.dram.standards import get_standard
 
     rows = []
@@ -204,7 +204,7 @@ def dse_rows(records: list[dict]) -> list[dict]:
 
 def row_units(row: dict) -> str:
     """The NME units ``"M,A,O"`` of a row of :func:`dse_rows` or :func:`knees` (a row of a
-    ``dse.json`` before units: ``0,0,0``, :data:`~coda.cosim.nme_units.COMBINATIONAL`)."""
+    ``dse.json`` before units: ``0,0,0``, :data:`~coda.cosim.nme.units.COMBINATIONAL`)."""
     return row.get("units") or COMBINATIONAL
 
 
@@ -295,19 +295,19 @@ def sweep(lanes=SWEEP_LANES, depths=SWEEP_DEPTHS, fmt: str = "bf16",
     """Design-space exploration of one rank: NME lanes x buffer depth (words per stream
     block) x NME clock (MHz; 0 = on the DRAM clock) x DRAM standard(s) ``dram``, every point
     with the NME units ``units`` (``"M,A,O"`` or a tuple: FPMul / FPAdd / operand register
-    stages, :func:`~coda.cosim.nme_units.parse_units`; default :data:`SWEEP_UNITS`, the
+    stages, :func:`~coda.cosim.nme.units.parse_units`; default :data:`SWEEP_UNITS`, the
     default NME's).
 
     The design-space sweep :func:`sweep` (``coda bench`` unless ``--sweep-lanes ''``; ``coda sweep
     bench`` runs the same points): lanes x buffer depth x NME clock (MHz; 0, ``dram`` on the
     command line: the NME on the DRAM clock, no crossing) x DRAM standard (default DDR5-4800 and
     DDR4-3200) of one DIMM-NMP rank: elements per ns, NME and DRAM cycles, ns, GB/s and DRAM
-    utilisation of the residual add and the 4-stream segment (:mod:`coda.cosim.nmp_measure`),
+    utilisation of the residual add and the 4-stream segment (:mod:`coda.cosim.nmp.measure`),
     written to ``build/bench/dse.json`` with the knee per standard and clock (:func:`knees`) and
     elements/ns per area where ``make synth-sweep`` left areas
     (:func:`coda.experiments.synth_area.perf_per_area`). Every point of the sweep has an NME with the
-    units ``"M,A,O"`` (:mod:`coda.cosim.nme_units`; default the default NME's, ``5,7,1``,
-    :data:`~coda.cosim.nme_units.DEFAULT_UNITS`): ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages after
+    units ``"M,A,O"`` (:mod:`coda.cosim.nme.units`; default the default NME's, ``5,7,1``,
+    :data:`~coda.cosim.nme.units.DEFAULT_UNITS`): ``M`` register stages in each FPMul, ``A`` in each FPAdd and ``O`` operand stages after
     the buffers (:class:`~coda.hw.nme.isa.NMEConfig` ``mul_latency``, ``add_latency``,
     ``operand_latency``; ``5,7,1``, the deepest units, is the NME that places and routes on ECP5
     at about 100 MHz: docs/results.md, "ECP5 Fmax of the 8-lane NME"): the sweep parameter ``units``, named in the tables'

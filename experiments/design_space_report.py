@@ -3,7 +3,7 @@ knees with performance per area, and ``dse.png``.
 
 The rows are those of :func:`coda.experiments.design_space.dse_rows`, the knees those of
 :func:`coda.experiments.design_space.knees`; one table per NME units (titled with them,
-:func:`coda.cosim.nme_units.units_title`). ``coda bench`` prints both tables and writes the
+:func:`coda.cosim.nme.units.units_title`). ``coda bench`` prints both tables and writes the
 plot next to ``dse.json``.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from coda.experiments.design_space import (KNEE_TOLERANCE, best_rows, by_units, clock_label,
                                      row_units)
-from coda.cosim.nme_units import parse_units, units_title
-from coda.cosim.nmp_measure import PROGRAM_STREAMS
+from coda.cosim.nme.units import parse_units, units_title
+from coda.cosim.nmp.measure import PROGRAM_STREAMS
 from coda.experiments.synth_area import SYNTH_ROOT, perf_per_area
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.paths import save_figure
@@ -53,7 +53,7 @@ def print_knees(knee_rows: list[dict], areas: dict[int, dict]) -> None:
     performance per area (:func:`~coda.experiments.synth_area.perf_per_area` of ``areas``; says so
     when there are none: no synthesis results under
     :data:`~coda.experiments.synth_area.SYNTH_ROOT`), one table per NME units (titled with them,
-    :func:`~coda.cosim.nme_units.units_title`)."""
+    :func:`~coda.cosim.nme.units.units_title`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -86,7 +86,7 @@ def plot_sweep(rows: list[dict], path: Path, dram: str | None = None) -> None:
     one line per NME clock (best depth per lanes, :func:`~coda.experiments.design_space.best_rows`),
     one column per program, with the rank's DRAM ceiling (peak GB/s / (2 B x streams)) on the
     elements-per-ns axes (PNG); the NME units in the figure's title
-    (:func:`~coda.cosim.nme_units.units_title`), and with rows of several units one line per
+    (:func:`~coda.cosim.nme.units.units_title`), and with rows of several units one line per
     units and clock, each labelled with its units. ``dram``: only that standard (default:
     every standard in ``rows``)."""
     import matplotlib

@@ -52,7 +52,7 @@ class NMERunConfig:
     ranks: int = option(1, "ranks per DIMM")
     dram: str = option(None, f"DRAM preset of the ranks ({', '.join(STANDARDS)}): with "
                        "--backend rtl, run the whole DIMM-NMP with DRAM timing "
-                       "(coda.cosim.nmp_backend)", type=str,
+                       "(coda.cosim.nmp.backend)", type=str,
                        default_text="one NME with an ideal memory")
     nme_mhz: float = option(None, "with --dram: the NMEs on their own clock of F MHz (1 .. the "
                             "DRAM command clock, 2400 for DDR5-4800) behind asynchronous "
@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     with a masked tail and a token count that splits unevenly over ranks) instead of running.
 
     ``--waves FILE.fst`` (with ``--backend rtl``, without ``--dram``) runs the traced NME model (a
-    separate cached Verilator build, ``coda.cosim.build.build_sim(waves=True)``) and writes the FST
+    separate cached Verilator build, ``coda.cosim.nme.build.build_sim(waves=True)``) and writes the FST
     waveform of the run to FILE.fst (GTKWave, Surfer); with several ranks, rank simulator n >= 1
     writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
     """

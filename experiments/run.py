@@ -5,7 +5,7 @@ the torch backend.
 For the prompts it generates, with the same seeds and CFG, the full-compute video and the
 cached one under the cache policy (segments ``y = x + sum_k g_k * c_k`` on the NMP driver
 over the backend; by default on the DRAM-timed DIMM-NMP cosimulation,
-:mod:`coda.cosim.nmp_backend`), and, with the ``rtl`` backend, the cached generation again on
+:mod:`coda.cosim.nmp.backend`), and, with the ``rtl`` backend, the cached generation again on
 the ``torch`` backend, whose videos must be bit-identical to the RTL's. :func:`main` runs it
 and writes GIFs and ``report.json`` (:func:`_report`): quality against full compute, prompt
 adherence, counters and the generation replayed as the systems of the system model, beside
@@ -470,9 +470,9 @@ def _dram_energy(args, run, videos: int) -> dict:
     and WR bursts, REFs, cycles) priced per command (:func:`coda.hw.dram.power.dram_energy`),
     every bank counted open while its rank runs (an upper bound on the background); with
     ``--dram-log``, from the command logs of the cached generation (one per rank) priced per
-    command and power state (:func:`coda.cosim.dram_energy.energy_files`), the counters'
+    command and power state (:func:`coda.cosim.dram.energy.energy_files`), the counters'
     split kept beside it as ``counters_split_j``."""
-    from coda.cosim.dram_energy import energy_files, split_j
+    from coda.cosim.dram.energy import energy_files, split_j
     from coda.hw.dram.power import command_energy, dram_energy
     from coda.hw.dram.standards import get_standard
 

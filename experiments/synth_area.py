@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coda.cosim.nme_units import COMBINATIONAL, units_label
+from coda.cosim.nme.units import COMBINATIONAL, units_label
 
 __all__ = ["SYNTH_ROOT", "synth_areas", "config_units", "fmax_below", "perf_per_area"]
 

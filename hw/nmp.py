@@ -33,7 +33,7 @@ from coda.hw.yosys import component_verilog
 __all__ = ["RankNMP", "DIMMNMP", "rank_verilog", "dimm_verilog", "DRAM_PORTS", "dram_port_widths",
            "MAX_RANKS", "check_shape", "check_nme_mhz", "REQ_FIFO_DEPTH", "rsp_fifo_depth",
            "MIN_NME_MHZ", "CDC_BURSTS_IN_FLIGHT", "NMP_DEPTH", "DEFAULT_NME_MHZ",
-           "default_nme_mhz"]
+           "default_nme_mhz", "index_bits"]
 
 #: entries of a rank's burst-request AsyncFIFO (adapter -> controller) with ``nme_clock``:
 #: covers the pointer round trip (write, two DRAM-clock synchroniser flops, read, two
@@ -116,7 +116,7 @@ MAX_RANKS = 256
 #: NME buffer depth (words per stream block) of the DIMM-NMP, where the NME alone defaults
 #: to :attr:`coda.hw.nme.isa.NMEConfig.depth` (64): with long streams, 64 words lose part
 #: of the rank's peak bandwidth to the read/write turnarounds of the short blocks, 256 words
-#: far less (measured: :mod:`coda.cosim.nmp_measure`, ``coda bench``; docs/results.md, DRAM
+#: far less (measured: :mod:`coda.cosim.nmp.measure`, ``coda bench``; docs/results.md, DRAM
 #: utilisation of segment programs)
 NMP_DEPTH = 256
 
@@ -125,15 +125,17 @@ DRAM_PORTS = ("cmd_kind", "cmd_bg", "cmd_ba", "cmd_row", "cmd_col", "cmd_wdata",
               "rd_valid", "rd_data")
 
 
-def _log2(n: int) -> int:
+def index_bits(n: int) -> int:
+    """Bits of an index over ``n`` items: ceil(log2(n)) (0 for one item)."""
     return (n - 1).bit_length()
 
 
 def dram_port_widths(std: DRAMStandard) -> dict[str, int]:
     """Bit widths of one rank's DRAM device port (``dram_<name>``) for ``std``."""
     D = 8 * std.burst_bytes
-    return {"cmd_kind": 3, "cmd_bg": _log2(std.bank_groups), "cmd_ba": _log2(std.banks_per_group),
-            "cmd_row": _log2(std.rows), "cmd_col": _log2(std.columns), "cmd_wdata": D,
+    return {"cmd_kind": 3, "cmd_bg": index_bits(std.bank_groups),
+            "cmd_ba": index_bits(std.banks_per_group), "cmd_row": index_bits(std.rows),
+            "cmd_col": index_bits(std.columns), "cmd_wdata": D,
             "cmd_wmask": D // 8, "rd_valid": 1, "rd_data": D}
 
 

@@ -131,7 +131,7 @@ class Activity:
 
 def measure_activity(cfg: NMEConfig, ops=OPERATORS, *, tokens: int = 64, channels: int | None = None,
                      k: int = 4, seed: int = 0) -> list[Activity]:
-    """Run every operator on the Verilated NME (:class:`coda.cosim.rtl_backend.RTLBackend`'s
+    """Run every operator on the Verilated NME (:class:`coda.cosim.nme.rtl_backend.RTLBackend`'s
     simulator) with operand isolation on and off; seeded N(0, 1) operands.
 
     Args:
@@ -142,7 +142,7 @@ def measure_activity(cfg: NMEConfig, ops=OPERATORS, *, tokens: int = 64, channel
     Raises:
         CosimBuildError / CosimRunError from the simulator; ValueError from the compiler.
     """
-    from coda.cosim.rtl_backend import RTLBackend, cycle_limit
+    from coda.cosim.nme.rtl_backend import RTLBackend, program_cycle_limit
     from coda.synth.stimuli import op_case
 
     channels = 8 * cfg.lanes if channels is None else channels
@@ -156,7 +156,7 @@ def measure_activity(cfg: NMEConfig, ops=OPERATORS, *, tokens: int = 64, channel
                 case = op_case(op, icfg, tokens, channels, k=k, kind="activations", seed=seed + i)
                 answer, _ = session.run(case.program.words(), case.mem, latency=1, req_stall=0.0,
                                         rsp_stall=0.0, seed=1,
-                                        max_cycles=cycle_limit(icfg, case.program, 1, 0.0))
+                                        max_cycles=program_cycle_limit(icfg, case.program, 1, 0.0))
                 if answer["status"] != 0:
                     raise RuntimeError(f"{op}: NME status {answer['status']}, expected OK")
                 out.append(Activity(op, isolation, case.n_elems, int(answer["toggles"]),

@@ -1,12 +1,12 @@
 """cocotb tests of the NME RTL against the torch reference (run inside the simulator).
 
-Started by ``tests/cosim/test_cosim_nme.py`` (or :func:`coda.cosim.build.run_cocotb`) with:
+Started by ``tests/cosim/test_cosim_nme.py`` (or :func:`coda.cosim.nme.build.run_cocotb`) with:
 
 - ``CODA_COSIM_CFG``: the :class:`~coda.hw.nme.isa.NMEConfig` of the build, as JSON;
 - ``CODA_COSIM_LANES`` / ``CODA_COSIM_MEM_WORDS``: memory geometry (for the models);
 - ``CODA_COSIM_SCALE``: sample-size multiplier (default 1: a few minutes for all tests);
 - ``CODA_COSIM_REPORT``: optional JSON file where tests record numbers (cycles, toggles);
-- ``CODA_COVERAGE``: optional JSON file: functional coverage (:mod:`coda.cosim.coverage`) is
+- ``CODA_COVERAGE``: optional JSON file: functional coverage (:mod:`coda.cosim.nme.coverage`) is
   sampled on every program and written there at the end of each test;
 - ``CODA_MUTANT``: on the mutant netlist of :mod:`coda.verify.mutation`, the mutant to run.
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coda.cosim.coverage import NMECoverage
-from coda.cosim.tb import NMEHarness
+from coda.cosim.nme.coverage import NMECoverage
+from coda.cosim.nme.tb import NMEHarness
 from coda.host.nme import bits as hb
 from coda.host.nme.interp import run_words
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, Status, UOp, decode_uop

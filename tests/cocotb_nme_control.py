@@ -12,7 +12,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import Timer
 
-from coda.cosim.tb import CLOCK_NS
+from coda.cosim.nme.tb import CLOCK_NS
 from coda.host.nme import bits as hb
 from coda.hw.nme.isa import Op, RSrc, Status, UOp, encode_header, encode_uop, validate
 from cocotb_nme_bench import (CFG, COV, Checker, L, cycle_limit, decode_n, finite_bits, nme_test,

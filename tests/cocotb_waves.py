@@ -16,7 +16,7 @@ import os
 import cocotb
 import numpy as np
 
-from coda.cosim.tb import NMEHarness
+from coda.cosim.nme.tb import NMEHarness
 from coda.hw.nme.isa import Op, Program, RSrc, Status, UOp
 
 WORDS = 4        # memory words copied

@@ -7,11 +7,11 @@ Their shared helpers stay here in ``tests/`` (``reference_driver.py``, ``nme_ima
 and the cocotb modules ``cocotb_nme*.py`` / ``cocotb_waves.py`` the simulator imports by name,
 as :mod:`coda.verify.mutation` and :mod:`coda.verify.netlist_sim` do): this folder goes on
 ``sys.path`` first, so a test imports them by their bare names and the simulator, whose Python
-path is this process's (:func:`coda.cosim.build.sim_env`), finds the cocotb modules.
+path is this process's (:func:`coda.cosim.nme.build.sim_env`), finds the cocotb modules.
 
 ``pytest --waves`` (or ``WAVES=1`` in the environment, as ``WAVES=1 make test``) makes the
 cocotb runs of the NME write FST waveforms under ``build/waves/<test>/`` from the traced model
-(:func:`coda.cosim.build.build_sim` with ``waves=True``); a failing run names its file.
+(:func:`coda.cosim.nme.build.build_sim` with ``waves=True``); a failing run names its file.
 
 Hypothesis draws the same cases on every run (profile ``repeatable``: ``derandomize``, each
 test's cases seeded from its name), so ``make test`` on a fresh clone gives what it gave
@@ -51,7 +51,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("waves"):
-        os.environ["WAVES"] = "1"   # read by coda.cosim.build.waves_requested()
+        os.environ["WAVES"] = "1"   # read by coda.cosim.nme.build.waves_requested()
 
 
 #: Test files that build Verilator models or run the video model (each a few minutes of one

@@ -128,7 +128,7 @@ def mutant_netlist(folder: Path) -> str:
 def build_mutants(cfg: NMEConfig, folder: Path, n: int, seed: int = 1):
     """List, apply and build: returns (the mutation records, the path of the wrapped mutant
     netlist ``folder/mutants_top.v``, its SimBuild)."""
-    from coda.cosim.build import build_sim, nme_verilog_cached
+    from coda.cosim.nme.build import build_sim, nme_verilog_cached
 
     records = list_mutations(nme_verilog_cached(cfg), folder, n, seed)
     top = folder / "mutants_top.v"
@@ -138,7 +138,7 @@ def build_mutants(cfg: NMEConfig, folder: Path, n: int, seed: int = 1):
 
 def _tests_on_path() -> None:
     """The cocotb tests live in tests/ beside the package; the simulator's PYTHONPATH is
-    this process's sys.path (coda.cosim.build.sim_env)."""
+    this process's sys.path (coda.cosim.nme.build.sim_env)."""
     tests = str(Path(__file__).resolve().parents[1] / "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
@@ -153,7 +153,7 @@ def run_mutant(build, cfg: NMEConfig, mutant: int, folder: Path, *,
     so)."""
     import xml.etree.ElementTree as ET
 
-    from coda.cosim.build import CosimRunError, run_cocotb
+    from coda.cosim.nme.build import CosimRunError, run_cocotb
 
     _tests_on_path()
     env = {"CODA_COSIM_CFG": json.dumps(asdict(cfg)), "CODA_COSIM_LANES": str(cfg.lanes),
@@ -177,7 +177,7 @@ def run_mutant(build, cfg: NMEConfig, mutant: int, folder: Path, *,
 def _mutant_point(params: dict, workdir: Path) -> dict:
     """One mutant as a sweep point (coda.sweep): the wrapped netlist is rebuilt from the
     Verilator cache (a hash and a stamp), then :func:`run_mutant`."""
-    from coda.cosim.build import build_sim
+    from coda.cosim.nme.build import build_sim
 
     cfg = NMEConfig(**json.loads(params["config"]))
     build = build_sim(cfg, verilog=Path(params["netlist"]).read_text())
@@ -189,7 +189,7 @@ def _mutant_point(params: dict, workdir: Path) -> dict:
 def mutant_kind():
     """The sweep kind of one mutant run (coda.sweep.SweepKind); its version covers the
     cocotb tests and their bus models, the netlist's SHA-256 is a parameter."""
-    import coda.cosim.tb as tb
+    import coda.cosim.nme.tb as tb
     from coda.sweep import Param, SweepKind, sources_digest
     return SweepKind(name="mutant", run=_mutant_point,
                      params=(Param("mutant", int), Param("netlist", str),
@@ -323,7 +323,7 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
        ``mutsel`` (``-ctrl mutsel 16 K``): mutant K is active when ``mutsel == K``, none at 0;
     3. wraps the netlist in a module with the NME's port contract whose ``mutsel`` is a register
        the testbench can write (``/*verilator public_flat_rw*/``), and builds it once with
-       Verilator (:func:`coda.cosim.build.build_sim`);
+       Verilator (:func:`coda.cosim.nme.build.build_sim`);
     4. runs the fast cocotb regression (tests/cocotb_nme.py's :data:`TEST_ORDER`, environment
        ``CODA_MUTANT=K``, one simulator run per mutant, the remaining tests skipped after the
        first failure) on every mutant: it is *killed* (by that test) or *survives* all of them.

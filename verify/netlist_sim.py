@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coda.cosim.build import DUT_NAME, build_sim
-from coda.cosim.rtl_backend import RTLBackend, cycle_limit
+from coda.cosim.nme.build import DUT_NAME, build_sim
+from coda.cosim.nme.rtl_backend import RTLBackend, program_cycle_limit
 from coda.cosim.toolchain import build_dir, build_lock
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.host.nme import ops as ref
@@ -96,7 +96,7 @@ def netlist_verilog(cfg: NMEConfig, *, timeout_s: float | None = None) -> tuple[
 class NetlistBackend(RTLBackend):
     """:class:`RTLBackend` whose simulator runs the yosys gate-level netlist of the NME.
 
-    Same arguments and results as :class:`coda.cosim.rtl_backend.RTLBackend`; ``name`` is
+    Same arguments and results as :class:`coda.cosim.nme.rtl_backend.RTLBackend`; ``name`` is
     ``"netlist"``. The first program of a configuration pays the synthesis (tens of seconds)
     and the Verilator build of the flat netlist.
     """
@@ -202,7 +202,7 @@ def _run_session(session: SimSession, cfg: NMEConfig, job: Job) -> tuple[dict, n
     stall = max(job.req_stall, job.rsp_stall)
     return session.run(job.program.words(), job.mem, latency=job.latency,
                        req_stall=job.req_stall, rsp_stall=job.rsp_stall, seed=job.seed,
-                       max_cycles=cycle_limit(cfg, job.program, job.latency, stall))
+                       max_cycles=program_cycle_limit(cfg, job.program, job.latency, stall))
 
 
 def check_equivalence(cfg: NMEConfig, jobs: list[Job] | None = None, *,
@@ -219,8 +219,8 @@ def check_equivalence(cfg: NMEConfig, jobs: list[Job] | None = None, *,
        by ``memory_map``.
     2. The cosimulation top of :mod:`coda.cosim` (HDL clock, memory model with latency and random
        stalls, job server) is built around the netlist instead of the RTL
-       (:func:`coda.cosim.build.build_sim` with ``verilog=netlist``), and the same job server
-       (:class:`coda.cosim.rtl_backend.SimSession`) runs programs on it: :class:`NetlistBackend`
+       (:func:`coda.cosim.nme.build.build_sim` with ``verilog=netlist``), and the same job server
+       (:class:`coda.cosim.nme.rtl_backend.SimSession`) runs programs on it: :class:`NetlistBackend`
        is a full :class:`coda.host.nme.backend.Backend`.
     3. :func:`check_equivalence` runs one batch of programs (every cache operator on operands that
        hit every float class, masked tails, several blocks, memory stalls, every kind of bad
@@ -281,11 +281,11 @@ def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
     source of the cosimulation build for the gate-level netlist.
 
     Returns:
-        :func:`coda.cosim.build.run_cocotb`'s tally ``{"tests", "failed", "log", ...}``.
+        :func:`coda.cosim.nme.build.run_cocotb`'s tally ``{"tests", "failed", "log", ...}``.
     Raises:
-        CosimBuildError / CosimRunError as :func:`coda.cosim.build.run_cocotb`.
+        CosimBuildError / CosimRunError as :func:`coda.cosim.nme.build.run_cocotb`.
     """
-    from coda.cosim.build import run_cocotb
+    from coda.cosim.nme.build import run_cocotb
 
     if str(TESTS_DIR) not in sys.path:   # the simulator's Python path is this one's
         sys.path.append(str(TESTS_DIR))

@@ -41,8 +41,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("verilog",), "coda.hw.verilog", "write synthesizable Verilog of the NME / DIMM-NMP"),
     (("nme", "run"), "coda.experiments.nme_run", "run tensors through one cache operator on a backend"),
     (("pass-efficiency",), "coda.host.nme.pass_efficiency", "NME cycles of a cache operator on a long stream against one word per pass per cycle"),
-    (("dram", "replay"), "coda.cosim.dram_replay", "replay a memory trace on the DRAM timing model"),
-    (("dram", "check"), "coda.cosim.dram_check", "check a DRAM command trace against the JEDEC timing rules (exit 1 on violations)"),
+    (("dram", "replay"), "coda.cosim.dram.replay", "replay a memory trace on the DRAM timing model"),
+    (("dram", "check"), "coda.cosim.dram.check", "check a DRAM command trace against the JEDEC timing rules (exit 1 on violations)"),
     (("bench",), "coda.experiments.bench", "DIMM-NMP design-space sweep, DRAM controller replays and cosimulation speed (build/bench/)"),
     # synthesis and verification of the NME
     (("synth",), "coda.synth.flow", "synthesise the NME with yosys / nextpnr and report area, Fmax"),

@@ -1,7 +1,7 @@
 """Backends: one NME's execution of one program on a memory image.
 
 ``TorchBackend`` runs the torch interpreter (:mod:`coda.host.nme.interp`) and models the cycle
-count; ``RTLBackend`` (:mod:`coda.cosim.rtl_backend`, written by the cosimulation side) runs
+count; ``RTLBackend`` (:mod:`coda.cosim.nme.rtl_backend`, written by the cosimulation side) runs
 the Verilated NME and must return identical ``mem``, ``status`` and ``l1`` bits.
 :func:`get_backend` picks one by name.
 """
@@ -56,9 +56,9 @@ class TorchBackend:
 def get_backend(name: str, *, dram: str | None = None, dimms: int = 1, ranks: int = 1,
                 **kw) -> Backend:
     """A backend by name: ``"torch"`` (:class:`TorchBackend`) or ``"rtl"`` (the Verilated NME,
-    :class:`coda.cosim.rtl_backend.RTLBackend`, imported only when asked for). With ``dram``
+    :class:`coda.cosim.nme.rtl_backend.RTLBackend`, imported only when asked for). With ``dram``
     (a preset of :mod:`coda.hw.dram.standards`, ``"rtl"`` only) the whole ``dimms x ranks``
-    DIMM-NMP with DRAM timing instead (:class:`coda.cosim.nmp_backend.NMPRTLBackend`).
+    DIMM-NMP with DRAM timing instead (:class:`coda.cosim.nmp.backend.NMPRTLBackend`).
 
     Keyword arguments go to the backend's constructor.
     Raises ValueError for an unknown name or preset, or ``dram`` with ``"torch"``;
@@ -68,15 +68,15 @@ def get_backend(name: str, *, dram: str | None = None, dimms: int = 1, ranks: in
         if name != "rtl":
             raise ValueError(f"--dram {dram}: DRAM timing needs --backend rtl "
                              f"(got --backend {name})")
-        from coda.cosim.nmp_backend import NMPRTLBackend
+        from coda.cosim.nmp.backend import NMPRTLBackend
         return NMPRTLBackend(dram, dimms=dimms, ranks=ranks, **kw)
     if name == "torch":
         return TorchBackend(**kw)
     if name == "rtl":
         try:
-            from coda.cosim.rtl_backend import RTLBackend
+            from coda.cosim.nme.rtl_backend import RTLBackend
         except ImportError as exc:
             raise RuntimeError(f"backend 'rtl' is unavailable: cannot import "
-                               f"coda.cosim.rtl_backend.RTLBackend ({exc})") from exc
+                               f"coda.cosim.nme.rtl_backend.RTLBackend ({exc})") from exc
         return RTLBackend(**kw)
     raise ValueError(f"unknown backend {name!r}: expected one of {list(BACKENDS)}")

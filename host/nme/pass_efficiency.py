@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coda.hw.nme.isa import NMEConfig, Status
 from coda.hw.nme.cycles import model_cycles
-from coda.cosim.nme_units import COMBINATIONAL, parse_units
+from coda.cosim.nme.units import COMBINATIONAL, parse_units
 from coda.host.nme import compiler
 from coda.jsonout import json_text
 from coda.options import add_options, option

@@ -25,7 +25,7 @@ def dimm_dram_energy(std: str | DRAMStandard, *, read_bytes: float, write_bytes:
     wrote ``write_bytes`` (all ranks together) with no command log (:func:`energy`): one
     ACT/PRE per row of bytes, bursts of ``burst_bytes``, ``seconds / tREFI`` REFs per rank,
     every bank open for ``busy_s`` of each rank's time (the NMEs streaming) and closed for the
-    rest. Against a command log of the same work (:func:`coda.cosim.dram_energy.
+    rest. Against a command log of the same work (:func:`coda.cosim.dram.energy.
     energy_commands`) it differs by what these two counts leave out: the ACTs beyond one
     per row (streams interleaved over banks reopen rows) and the banks a log shows closed
     while busy (tests/hw/test_dram_energy.py bounds the difference by exactly those).

@@ -315,7 +315,7 @@ class NMPEfficiency:
     """Measured DRAM utilisation of one DIMM-NMP rank running long NME programs.
 
     ``util[(lanes, depth)] = (residual_add, segment4)``: bytes moved / peak bytes of the
-    cycles, from ``coda.experiments.design_space.sweep`` / ``coda.cosim.nmp_measure.measure_nmp``
+    cycles, from ``coda.experiments.design_space.sweep`` / ``coda.cosim.nmp.measure.measure_nmp``
     on the DRAM-timed DIMM-NMP.
     """
     standard: str

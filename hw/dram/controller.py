@@ -10,7 +10,7 @@ timing table (:mod:`~.timing`); docs/dimm-nmp.md ("The controller's parts") tabu
 lists the known simplifications. The controller keeps what joins them (:class:`DRAMController`).
 
 The command stream obeys the standard cycle by cycle *by construction* (the timing table);
-:mod:`coda.cosim.dram_check` verifies it independently from the command log. The word port in
+:mod:`coda.cosim.dram.check` verifies it independently from the command log. The word port in
 front of the controller is :mod:`~.word_memory`; :func:`dram_verilog` writes the Verilog.
 """
 
@@ -124,7 +124,7 @@ class DRAMController(wiring.Component):
         max_bypass: column commands that may overtake the oldest request before only its
             commands may issue (default 1: measured, the DIMM-NMP's streams keep their
             in-order utilisation, 16 cost the residual add 0.18 points; random traffic wants
-            more, see :data:`coda.cosim.dram_bench.RANDOM_CONTROLLER`).
+            more, see :data:`coda.cosim.dram.bench.RANDOM_CONTROLLER`).
         row_policy: ``"open"`` (default), ``"closed"`` or ``"timeout"``
             (:mod:`coda.hw.dram.rowpolicy`); row_timeout: its cycles (default 64);
             policy_banks: banks it tracks at once (default 4).

@@ -77,7 +77,7 @@ class AllBankRefresh(wiring.Component):
     (``busy``) are counted, not issued; with no request queued the owed ones are issued (refresh
     in idle time); when P are owed the manager blocks the rank and issues all owed REFs back to
     back (one PREA, then a REF every tRFC) until none is owed. So at most P REFs are owed at any
-    cycle: REFs by cycle t >= t // tREFI - P, the rule :mod:`coda.cosim.dram_check` checks (it
+    cycle: REFs by cycle t >= t // tREFI - P, the rule :mod:`coda.cosim.dram.check` checks (it
     counts a REF as owed from the end of its tREFI interval, as here; P = 1 issues each REF as soon
     as it is owed, as P = 0 does).
 

@@ -4,7 +4,7 @@ Every bank and bank-group constraint is a timestamp: a command sets the earliest
 a dependent command may issue (``now + tXX``, keeping a later one already set), and the
 dependent command waits until the free-running cycle counter ``now`` reaches it; tFAW (the four
 latest ACTs) is a set of down-counters. So a command the table allows obeys the standard
-cycle by cycle *by construction*; :mod:`coda.cosim.dram_check` verifies the command stream
+cycle by cycle *by construction*; :mod:`coda.cosim.dram.check` verifies the command stream
 independently from the command log. :class:`TimingTable` has how the state is stored.
 
 This is the part of Ramulator 2's DRAM model (``check_ready`` / ``update_timing`` over the

@@ -137,7 +137,7 @@ def test_no_import_cycle():
     assert cycles == []
 
 
-@pytest.mark.parametrize("source, target", [("coda.hw.nmp", "coda.cosim.build"),
-                                            ("coda.cosim.rtl_backend", "coda.host.nme.backend")])
+@pytest.mark.parametrize("source, target", [("coda.hw.nmp", "coda.cosim.nme.build"),
+                                            ("coda.cosim.nme.rtl_backend", "coda.host.nme.backend")])
 def test_a_backward_import_would_fail(source, target):
     assert LAYERS[_layer(target)] > LAYERS[_layer(source)]

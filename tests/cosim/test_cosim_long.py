@@ -2,7 +2,7 @@
 
 Run by ``make verify-long`` (``pytest -m slow``). For each format (bf16, fp16) and each of
 add, sub, mul and the MAC / gated residual ``x + g*c``, big programs (~170k elements each) run
-on the Verilated NME through :class:`coda.cosim.rtl_backend.RTLBackend` (memory loaded and read
+on the Verilated NME through :class:`coda.cosim.nme.rtl_backend.RTLBackend` (memory loaded and read
 in bulk), and every result element is compared with torch computed directly (NaNs by class);
 the memory image is also compared with :class:`coda.host.nme.backend.TorchBackend`. Operands are
 uniform random 16-bit patterns (every class: zeros, subnormals, normals, inf, NaN) mixed with
@@ -52,7 +52,7 @@ def _torch(op: str, a, b, c):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["bf16", "fp16"])
 def test_million_pairs_per_op(fmt):
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.rtl_backend import RTLBackend
     from coda.host.nme import bits as hb
     from coda.host.nme.backend import TorchBackend
 

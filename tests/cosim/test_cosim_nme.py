@@ -2,7 +2,7 @@
 
 Builds each configuration once per session (and reuses it across sessions: build/cosim/<key>/),
 runs the cocotb tests of tests/cocotb_nme.py in the simulator, and checks
-:class:`coda.cosim.rtl_backend.RTLBackend` against :class:`coda.host.nme.backend.TorchBackend`.
+:class:`coda.cosim.nme.rtl_backend.RTLBackend` against :class:`coda.host.nme.backend.TorchBackend`.
 
 Configuration: 8 lanes, depth 16 (so small programs already span several blocks), a 4096-word
 memory (whole-memory dumps stay cheap).
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from coda.cosim.build import build_sim, log_tail, nme_verilog_cached, run_cocotb
-from coda.cosim.build import failure_report, waves_requested
+from coda.cosim.nme.build import build_sim, log_tail, nme_verilog_cached, run_cocotb
+from coda.cosim.nme.build import failure_report, waves_requested
 from coda.cosim.toolchain import build_dir
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, Status, UOp
 
@@ -156,8 +156,8 @@ COVERAGE_FLOOR = 1.0
 
 
 def _defined_bins(cfg: NMEConfig) -> int:
-    """Bins of the coverage model of ``cfg``, counted from its definition (coda.cosim.coverage)."""
-    from coda.cosim import coverage as cv
+    """Bins of the coverage model of ``cfg``, counted from its definition (coda.cosim.nme.coverage)."""
+    from coda.cosim.nme import coverage as cv
 
     arith = len(cv.ARITH)
     return (6 + 6 * 5                                              # op, op x R source
@@ -174,7 +174,7 @@ def test_functional_coverage():
     """The fast regression (both formats) hits at least COVERAGE_FLOOR of the coverage
     model's bins, every defined bin reported (none dropped); writes build/coverage/
     coverage.json and summary.txt (``make coverage``)."""
-    from coda.cosim.coverage import merge, summary
+    from coda.cosim.nme.coverage import merge, summary
 
     files = []
     for fmt in FORMATS:
@@ -197,7 +197,7 @@ def test_functional_coverage():
 def test_functional_coverage_long():
     """``make verify-long``: the regression at 4x its samples, both formats, hits every bin
     of the coverage model (build/coverage/long/)."""
-    from coda.cosim.coverage import merge, summary
+    from coda.cosim.nme.coverage import merge, summary
 
     files = []
     for fmt in FORMATS:
@@ -288,7 +288,7 @@ def test_rtl_backend_matches_torch_backend():
     """RTLBackend gives TorchBackend's bits (mem, status, l1) for compiled operators and a bad
     program, one persistent simulator serving all jobs; execute_many too, spread over
     ``max_sims`` parallel simulators; close stops them all."""
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.rtl_backend import RTLBackend
     from coda.host.nme.backend import TorchBackend
 
     cfg = BASE
@@ -333,7 +333,7 @@ def test_rtl_backend_rank_images_are_the_simulators_memories():
     writes between jobs reach the next program without a load, an image of the caller's own
     gives the same bits from a copy, and two jobs of one launch on one rank image are refused.
     The memory files are deleted by close."""
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.rtl_backend import RTLBackend
     from coda.host.nme.backend import TorchBackend
 
     cfg = BASE
@@ -366,7 +366,7 @@ def test_cosim_speed_measure_counts_the_models_cycles():
     """coda bench's speed figures (nme_speed.measure) run the programs they say: the big
     program's RTL cycles are the cycle model's, the ceiling counts every rank of every launch,
     and every rate is positive."""
-    from coda.cosim.nme_speed import big_program, measure
+    from coda.cosim.nme.speed import big_program, measure
     from coda.hw.nme.cycles import model_cycles
 
     out = measure(BASE, tiny_jobs=3, launches=2, ranks=2)
@@ -379,7 +379,7 @@ def test_cosim_speed_measure_counts_the_models_cycles():
 
 
 def test_rtl_backend_rejects_bad_image():
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.rtl_backend import RTLBackend
 
     with RTLBackend() as rtl:
         program = Program(8, (UOp(Op.MOV, RSrc.MEM, d=0, addr=0),))

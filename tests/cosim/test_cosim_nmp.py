@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from coda.cosim.dram_check import check_file
-from coda.cosim.nmp_backend import NMPRTLBackend
-from coda.cosim.nmp_session import command_stream
+from coda.cosim.dram.check import check_file
+from coda.cosim.nmp.backend import NMPRTLBackend
+from coda.cosim.nmp.session import command_stream
 from coda.cosim.toolchain import build_dir
 from coda.host.nme import ops as ref
 from coda.host.nme.backend import TorchBackend
@@ -182,7 +182,7 @@ def test_clock_gating_changes_no_bit_and_no_cycle():
 def test_system_shape_is_checked_before_any_build():
     """A shape the cosimulation top cannot load (its load mask holds 32 ranks) or a system
     beyond the tool's bound is refused at once, naming the shape; nothing is built."""
-    from coda.cosim.nmp_build import MAX_COSIM_RANKS, build_nmp_sim
+    from coda.cosim.nmp.build import MAX_COSIM_RANKS, build_nmp_sim
     from coda.hw.nmp import MAX_RANKS, check_shape
     assert MAX_COSIM_RANKS == 32
     with pytest.raises(ValueError, match=r"dimms=4 x ranks=9 = 36 ranks: expected at most 32"):
@@ -200,7 +200,7 @@ def test_int8_segment_tiled_bit_exact(rtl, memory):
     301/300 rows over the ranks, chained after 7 terms: the NMEs dequantise (INT8 and GROUP
     streams) with the bits of ops.segment on int8 terms and of the torch backend, behind the
     DDR5-4800 controller and on the ideal-memory Verilated NME (RTLBackend, stalls)."""
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.rtl_backend import RTLBackend
     from coda.host.nme.compiler import segment_terms
 
     rng = torch.Generator().manual_seed(5)

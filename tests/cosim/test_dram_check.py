@@ -1,4 +1,4 @@
-"""The independent JEDEC checker (:mod:`coda.cosim.dram_check`) shown to fire on every rule it
+"""The independent JEDEC checker (:mod:`coda.cosim.dram.check`) shown to fire on every rule it
 checks: for each rule a minimal hand-written command log whose last command comes one cycle
 too early, and the same log with that command one cycle later (the gap respected) passing.
 
@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from coda.cosim import dram_check
+from coda.cosim.dram import check as dram_check
 from coda.hw.dram.standards import STANDARDS
 
 ALL = list(STANDARDS)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from coda.cosim import dram_check, dram_replay
+from coda.cosim.dram import check as dram_check
+
+from coda.cosim.dram import replay as dram_replay
 from coda.hw.dram.standards import STANDARDS, get_standard
 
 

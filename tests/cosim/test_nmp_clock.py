@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 
-from coda.cosim.dram_check import check_file
-from coda.cosim.nmp_backend import NMPRTLBackend
+from coda.cosim.dram.check import check_file
+from coda.cosim.nmp.backend import NMPRTLBackend
 from coda.cosim.toolchain import build_dir
 from coda.host.nme import ops as ref
 from coda.host.nme.backend import TorchBackend
@@ -231,7 +231,7 @@ def test_dse_figures_of_a_real_run_at_two_clocks():
     knee (8 lanes x 2 B x 400 MHz = 6.4 GB/s, a third of the rank's peak), so elements/ns
     doubles from 200 to 400 MHz but for the fixed latency of a program (within 12 %); the
     bytes moved do not depend on the clock, so utilisation and GB/s grow by the same factor."""
-    from coda.cosim import nmp_measure
+    from coda.cosim.nmp import measure as nmp_measure
     from coda.experiments import design_space
 
     words = 1024
@@ -267,14 +267,14 @@ def test_dse_figures_of_a_real_run_at_two_clocks():
 
 
 def test_command_log_energy_agrees_with_the_system_model(runs):
-    """The 2400 MHz run's command logs priced per command (coda.cosim.dram_energy) against
+    """The 2400 MHz run's command logs priced per command (coda.cosim.dram.energy) against
     the system model's counts of the same jobs (two residual adds, two 4-term segments per
     rank; coda.host.system.energy.dimm_dram_energy): the bursts are the same, and the totals
     differ by no more than what the model's two simplifications leave out: the ACTs beyond
     one per row (at most the log's whole ACT energy), the banks the log shows closed while
     the model holds all open (their bank-open power over the closed bank-time), and one REF
     per rank of rounding (the model's refreshes are time / tREFI)."""
-    from coda.cosim.dram_energy import energy_files
+    from coda.cosim.dram.energy import energy_files
     from coda.host.system.energy import dimm_dram_energy
     from coda.host.system.nme import segment_timing
     from coda.hw.dram.power import command_energy

@@ -114,7 +114,9 @@ def test_simulator_run_folders_of_dead_processes_are_removed(backend, tmp_path, 
     on close."""
     import types
 
-    from coda.cosim import nmp_backend, rtl_backend
+    from coda.cosim.nmp import backend as nmp_backend
+
+    from coda.cosim.nme import rtl_backend
     from coda.hw.nme.isa import NMEConfig
 
     folders = _run_folders(tmp_path / "cosim" / "model")
@@ -150,7 +152,7 @@ def test_simulator_run_folders_of_dead_processes_are_removed(backend, tmp_path, 
 
 def test_dram_replay_run_folders_of_dead_processes_are_removed(tmp_path, monkeypatch):
     """The DRAM model's run folders (``build/dram/runs/run-<pid>-...``) likewise."""
-    from coda.cosim import dram_replay
+    from coda.cosim.dram import replay as dram_replay
 
     folders = _run_folders(tmp_path)
     used = []

@@ -41,10 +41,10 @@ def test_cocotb_rewrites_the_asserts_of_the_test_module_only(monkeypatch):
     """The simulator's environment limits cocotb's assertion rewriting (default: every module
     imported, compiled again at every start where bytecode is not written) to the test
     module's file; a user's own COCOTB_REWRITE_ASSERTION_FILES is kept."""
-    from coda.cosim.build import sim_env
+    from coda.cosim.nme.build import sim_env
 
     monkeypatch.delenv("COCOTB_REWRITE_ASSERTION_FILES", raising=False)
     assert sim_env("cocotb_nme")["COCOTB_REWRITE_ASSERTION_FILES"] == "cocotb_nme.py"
-    assert sim_env("coda.cosim.server")["COCOTB_REWRITE_ASSERTION_FILES"] == "server.py"
+    assert sim_env("coda.cosim.nme.server")["COCOTB_REWRITE_ASSERTION_FILES"] == "server.py"
     monkeypatch.setenv("COCOTB_REWRITE_ASSERTION_FILES", "*.py")
     assert sim_env("cocotb_nme")["COCOTB_REWRITE_ASSERTION_FILES"] == "*.py"

@@ -6,7 +6,7 @@ One traced build per session, cached on disk under ``build/cosim/waves-<key>/``:
 NME (3 fp16 lanes, buffers of 5 words, trailing stores, gated lane clocks), one of the
 cycle-model configurations of tests/hw/test_nme_cycles.py, whose untraced build it shares.
 Its C++ is a third of the 8-lane NME's, so the traced build (Verilator's FST writer) costs
-about half. The NME is the one :class:`~coda.cosim.rtl_backend.RTLBackend` simulates (gated
+about half. The NME is the one :class:`~coda.cosim.nme.rtl_backend.RTLBackend` simulates (gated
 lane clocks, its default), so the traced build is also the one ``coda nme run --backend rtl
 --waves`` makes, and the untraced one the build of tests/hw/test_nme_cycles.py: a fresh
 ``build/`` Verilates this NME twice (traced, untraced) for every test here, not four times.
@@ -19,7 +19,7 @@ import struct
 
 import pytest
 
-from coda.cosim.build import (LeanVerilator, build_sim, failure_report, run_cocotb,
+from coda.cosim.nme.build import (LeanVerilator, build_sim, failure_report, run_cocotb,
                               sim_command, waves_requested)
 from coda.cosim.fst import read_fst
 from coda.cosim.toolchain import build_dir
@@ -88,7 +88,7 @@ def test_default_model_is_not_traced(traced, tmp_path, monkeypatch):
 def test_runner_ignores_waves_variable(tmp_path, monkeypatch):
     """cocotb's build() lets WAVES override its argument; the project's runners do not (an
     untraced key must hold an untraced binary)."""
-    from coda.cosim.nmp_build import _runner
+    from coda.cosim.nmp.build import _runner
 
     (tmp_path / "t.v").write_text("module t; endmodule\n")
     monkeypatch.setenv("WAVES", "1")
@@ -184,7 +184,7 @@ def test_nme_run_refuses_waves_with_make_example(tmp_path, capsys):
 
 
 def test_rtl_backend_refuses_bad_waves():
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.rtl_backend import RTLBackend
 
     for bad in ("run.vcd", "", "-"):
         with pytest.raises(ValueError, match="expected an .fst file path"):

@@ -2,7 +2,7 @@
 `make bench`): the rows :func:`coda.experiments.design_space.dse_rows` makes of sweep records, their
 knees, the tables and the plot of :mod:`coda.experiments.design_space_report` (checked cell by cell
 and line by line against those rows), performance per area from synthesis reports
-(:mod:`coda.experiments.synth_area`), the NME units (:mod:`coda.cosim.nme_units`) and the options
+(:mod:`coda.experiments.synth_area`), the NME units (:mod:`coda.cosim.nme.units`) and the options
 of ``coda bench`` (:mod:`coda.experiments.bench`)."""
 
 import json
@@ -11,7 +11,8 @@ import math
 import pytest
 
 from coda.cli import main as coda_main
-from coda.cosim import nme_units, nmp_measure
+from coda.cosim.nme import units as nme_units
+from coda.cosim.nmp import measure as nmp_measure
 from coda.experiments import bench
 from coda.experiments import design_space
 from coda.experiments import design_space_report

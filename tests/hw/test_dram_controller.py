@@ -11,7 +11,9 @@ import random
 
 import pytest
 
-from coda.cosim import dram_check, dram_replay
+from coda.cosim.dram import check as dram_check
+
+from coda.cosim.dram import replay as dram_replay
 from coda.hw.dram.mapping import map_burst_address
 from coda.hw.dram.standards import STANDARDS, get_standard
 from dram_cases import ALL

@@ -1,4 +1,4 @@
-"""Command-level DRAM energy (coda.hw.dram.power, coda.cosim.dram_energy, the system model's
+"""Command-level DRAM energy (coda.hw.dram.power, coda.cosim.dram.energy, the system model's
 coda.host.system.energy.dimm_dram_energy).
 
 The hand computation below is written out from the data sheet's numbers (Micron 16Gb DDR5
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from coda.cosim.dram_check import HEADER
-from coda.cosim.dram_energy import count_commands, energy_commands
+from coda.cosim.dram.check import HEADER
+from coda.cosim.dram.energy import count_commands, energy_commands
 from coda.hw.dram.power import command_energy, dram_energy, get_power
 
 TCK = 1 / 2.4        # ns

@@ -165,7 +165,7 @@ def measure_rtl_cycles(cfg: NMEConfig, programs: list[Program], latencies=(1, 4,
 
     Returns ``{latency: [(cycles, status, image), ...]}`` in program order.
     """
-    from coda.cosim.rtl_backend import RTLBackend, cycle_limit
+    from coda.cosim.nme.rtl_backend import RTLBackend, program_cycle_limit
     if mem is None:
         mem = np.zeros((cfg.mem_words, cfg.lanes), np.uint16)
     out = {}
@@ -176,7 +176,7 @@ def measure_rtl_cycles(cfg: NMEConfig, programs: list[Program], latencies=(1, 4,
             for prog in programs:
                 answer, after = session.run(prog.words(), mem, latency=latency,
                                             req_stall=0.0, rsp_stall=0.0, seed=1,
-                                            max_cycles=cycle_limit(cfg, prog, latency, 0.0))
+                                            max_cycles=program_cycle_limit(cfg, prog, latency, 0.0))
                 rows.append((answer["cycles"], Status(answer["status"]), after))
             out[latency] = rows
     return out

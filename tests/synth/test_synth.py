@@ -129,7 +129,7 @@ def test_sweep_points_of_pipelined_units(tmp_path, capsys):
     """The synthesis sweep's units and seeds: a folder of their own (the combinational NME
     at seed 1 keeps the old name), rows of those units only with the best seed's Fmax, bad
     units refused before any tool runs."""
-    from coda.cosim.nme_units import DEFAULT_UNITS
+    from coda.cosim.nme.units import DEFAULT_UNITS
 
     kind = sweep.sweep_kind()
     base = {"target": "ecp5", "lanes": 8, "fmt": "bf16"}

@@ -29,7 +29,7 @@ def test_owner_module_splits_flattened_names():
 
 @pytest.fixture(scope="module")
 def nme_v(tmp_path_factory) -> Path:
-    from coda.cosim.build import nme_verilog_cached
+    from coda.cosim.nme.build import nme_verilog_cached
     folder = tmp_path_factory.mktemp("mutproof")
     path = folder / "nme.v"
     path.write_text(nme_verilog_cached(CFG))

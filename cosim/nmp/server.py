@@ -1,8 +1,8 @@
-"""The DIMM-NMP job server, run by cocotb inside the simulator (``cosim/nmp_top.sv``).
+"""The DIMM-NMP job server, run by cocotb inside the simulator (``cosim/nmp/nmp_top.sv``).
 
-It serves :class:`coda.cosim.nmp_session.NMPSession` requests: ``run`` (feed the command
+It serves :class:`coda.cosim.nmp.session.NMPSession` requests: ``run`` (feed the command
 words, run to the combined done and the drain of every rank's memory), by a handshake on the
-top's ``tb_*`` job port; :func:`coda.cosim.server.serve_requests` does the socket side. The
+top's ``tb_*`` job port; :func:`coda.cosim.nme.server.serve_requests` does the socket side. The
 ranks' memories are files the host maps too (:mod:`coda.cosim.shared_mem`): the host writes
 and reads them itself, nothing travels in the requests but the command count.
 """
@@ -55,5 +55,5 @@ if _cocotb is not None:
         # clock's in the top): 8 DRAM clock cycles, as the 80 ns of the former 10 ns clock
         while int(dut.tb_clk_count.value) < 8:
             await dut.tb_clk_count.value_change
-        from coda.cosim.server import serve_requests
+        from coda.cosim.nme.server import serve_requests
         await serve_requests(lambda req: _handle(dut, req), dut._log)

@@ -1,9 +1,9 @@
 """Build the Verilated cosimulation of one NME configuration, once, and launch it.
 
-The simulator is ``cosim/nme_top.sv`` (HDL clock, memory model, command feeder, job port) around
+The simulator is ``cosim/nme/nme_top.sv`` (HDL clock, memory model, command feeder, job port) around
 the NME's generated Verilog. A build (:func:`build_sim`) is cached in ``build/cosim/<key>/``
 where ``key`` hashes the NME Verilog, the top, the flags and the harness parameters, so every
-test session and every :class:`~coda.cosim.rtl_backend.RTLBackend` of the same configuration
+test session and every :class:`~coda.cosim.nme.rtl_backend.RTLBackend` of the same configuration
 reuses one binary; :func:`run_cocotb` runs cocotb tests on it.
 
 cocotb 2.1's Verilator runner always passes ``--public-flat-rw``, which makes every signal
@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from coda.cosim.shared_mem import SharedMemory
+from coda.cosim.shared_mem import MEM_CPP, SharedMemory
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
@@ -39,9 +39,6 @@ __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "bui
            "TOP_SV", "TOP_NAME", "DUT_NAME", "RSP_DEPTH", "CMD_DEPTH", "WAVES_FLAGS"]
 
 TOP_SV = Path(__file__).resolve().parent / "nme_top.sv"
-#: DPI-C side of the top's memory, whose words live in a file the host maps too
-#: (:mod:`coda.cosim.shared_mem`); compiled into every NME model
-MEM_CPP = Path(__file__).resolve().parent / "shared_mem.cpp"
 TOP_NAME = "nme_tb_top"
 DUT_NAME = "coda_nme"
 RSP_DEPTH = 512   # read responses in flight the memory model holds (NME keeps far fewer)

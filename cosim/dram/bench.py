@@ -3,7 +3,7 @@
 :func:`bench_dram` (``coda bench``, unless ``--skip-dram``): ``coda dram replay`` of
 sequential 64 B reads (16 MiB), STREAM-add (2 MiB arrays) and 65,536 random 64 B reads over
 1 GiB (seed 0) on DDR4-3200 and DDR5-4800 (DDR5 also with same-bank refresh), every command
-trace checked by :mod:`coda.cosim.dram_check`; written to ``build/bench/dram.json``.
+trace checked by :mod:`coda.cosim.dram.check`; written to ``build/bench/dram.json``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def bench_dram(standards=DRAM_BENCH_STANDARDS, out: Path | None = None) -> list[
 def _traces(std) -> list[tuple[str, list, dict | None]]:
     """The (label, requests, controller or None for the default) of :func:`bench_dram` on
     ``std``."""
-    from coda.cosim import dram_replay
+    from coda.cosim.dram import replay as dram_replay
 
     traces = [("sequential 16 MiB", [(0, 0, a) for a in range(0, 16 << 20, 64)], None),
               ("STREAM-add 2 MiB", dram_replay.stream_add_trace(std, 2 << 20), None),
@@ -72,7 +72,9 @@ def _replay(name: str, std, label: str, reqs: list, ctrl: dict | None) -> tuple[
     its command trace: the row of :func:`bench_dram` and the checker's violations."""
     import tempfile
 
-    from coda.cosim import dram_check, dram_replay
+    from coda.cosim.dram import check as dram_check
+
+    from coda.cosim.dram import replay as dram_replay
 
     with tempfile.TemporaryDirectory() as tmp:
         cmds = Path(tmp) / "cmds.csv"

@@ -11,7 +11,7 @@ Files: the top's memory is the file of its plusarg ``+MEM_SHM``
 :class:`MemoryModel` maps too: loads and dumps are numpy copies, and a program's written
 words come from the file's list of them; command words go through ``+CMD_IN``. The memory
 geometry comes from the environment (``CODA_COSIM_LANES``, ``CODA_COSIM_MEM_WORDS``), set by
-whoever started the simulator (:mod:`coda.cosim.build`), and must match the file's.
+whoever started the simulator (:mod:`coda.cosim.nme.build`), and must match the file's.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _env_int(name: str) -> int:
     value = os.environ.get(name)
     if value is None:
         raise RuntimeError(f"environment variable {name} not set: start the simulator through "
-                           "coda.cosim.build (it describes the memory geometry)")
+                           "coda.cosim.nme.build (it describes the memory geometry)")
     return int(value)
 
 
@@ -191,7 +191,7 @@ class CommandDriver:
 
         Raises ValueError for an empty or oversize word list or a bad cycle limit.
         """
-        from coda.cosim.build import CMD_DEPTH
+        from coda.cosim.nme.build import CMD_DEPTH
         if not 1 <= len(words) <= CMD_DEPTH:
             raise ValueError(f"{len(words)} command words: expected 1..{CMD_DEPTH}")
         if not 1 <= max_cycles < (1 << 32):

@@ -1,13 +1,13 @@
 """Speed and DRAM bandwidth of a whole DIMM-NMP cosimulation on long programs.
 
 :func:`measure_nmp` (default 2 DIMMs x 2 ranks of DDR5-4800 through
-:class:`~coda.cosim.nmp_backend.NMPRTLBackend`): simulated cycles (one cycle = one DRAM tCK =
+:class:`~coda.cosim.nmp.backend.NMPRTLBackend`): simulated cycles (one cycle = one DRAM tCK =
 one NME cycle) per wall second of a long residual add and of a 4-stream segment on every rank in
 lockstep (``sim_cycles_per_s``: system cycles per wall second of the simulator's own run;
 ``rank_cycles_per_s``: the same times the number of ranks, i.e. NME cycles summed over the
 system's NMEs), and the DRAM bandwidth utilisation each achieves, per rank:
 ``bytes moved by RD/WR / (cycles * burst_bytes / nBL)`` (the rank's peak bytes per cycle).
-Every rank's DRAM command log is checked by :mod:`coda.cosim.dram_check`. The NME depth is
+Every rank's DRAM command log is checked by :mod:`coda.cosim.dram.check`. The NME depth is
 :data:`coda.hw.nmp.NMP_DEPTH` (why: docs/results.md, "DRAM utilisation of segment programs").
 
 ``coda bench`` reports it for the 2 x 2 system (:mod:`coda.experiments.bench`); every point of the
@@ -68,13 +68,13 @@ def measure_nmp(cfg: NMEConfig, dram: str = DEFAULT_STANDARD, dimms: int = 2, ra
     its command and result files; the images are shared), cycles per second, and per-rank
     DRAM utilisation, row hits/misses/conflicts and refreshes; and
     ``dram_commands`` / ``violations``: the DRAM commands every rank issued and the
-    violations :mod:`coda.cosim.dram_check` finds in their logs.
+    violations :mod:`coda.cosim.dram.check` finds in their logs.
     Raises AssertionError if the checker finds a violation.
     """
     import tempfile
 
-    from coda.cosim.nmp_backend import NMPRTLBackend
-    from coda.cosim.nmp_build import DEFAULT_FLAGS, build_nmp_sim
+    from coda.cosim.nmp.backend import NMPRTLBackend
+    from coda.cosim.nmp.build import DEFAULT_FLAGS, build_nmp_sim
     from coda.hw.dram.standards import get_standard
 
     flags = flags or DEFAULT_FLAGS
@@ -152,8 +152,8 @@ def _run_program(be, cfg: NMEConfig, prog: Program, mems: list, std) -> tuple[li
 
 def _check_command_logs(std, logs: Path) -> tuple[int, list]:
     """The DRAM commands in the ranks' logs ``logs/cmds.csv*`` and the violations
-    :mod:`coda.cosim.dram_check` finds in them; removes the logs and their folder."""
-    from coda.cosim import dram_check
+    :mod:`coda.cosim.dram.check` finds in them; removes the logs and their folder."""
+    from coda.cosim.dram import check as dram_check
 
     violations, commands = [], 0
     for path in sorted(logs.glob("cmds.csv*")):

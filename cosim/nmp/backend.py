@@ -3,7 +3,7 @@
 :class:`NMPRTLBackend` implements :class:`coda.host.nme.backend.Backend` for
 :class:`coda.host.nmp.driver.NMPDriver`: ``execute_many(cfg, jobs)`` puts job ``k`` on rank ``k``
 of a ``dimms x ranks`` system (:class:`coda.hw.nmp.DIMMNMP`, one JEDEC-timed DRAM controller and
-one ``coda_dram_device`` per rank, ``cosim/nmp_top.sv``) and runs all ranks' programs in one
+one ``coda_dram_device`` per rank, ``cosim/nmp/nmp_top.sv``) and runs all ranks' programs in one
 simulator job: per-rank header words (each rank its own ``n_elems``), then the micro-ops
 broadcast once (rank-select mask), so the ranks start in the same cycle. Jobs whose micro-ops
 differ are sent as separate broadcast groups in the same job. More jobs than ranks run in
@@ -14,7 +14,6 @@ host maps too (:mod:`coda.cosim.shared_mem`), and the NMEs may run on their own 
 
 from __future__ import annotations
 
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from coda.cosim import memfile
-from coda.cosim.build import CosimRunError, log_tail
-from coda.cosim.nmp_build import (CMD_DEPTH, DEFAULT_FLAGS, FLAG_SETS, MAX_COSIM_RANKS,
+from coda.cosim.nme.build import CosimRunError, log_tail
+from coda.cosim.nmp.build import (CMD_DEPTH, DEFAULT_FLAGS, FLAG_SETS, MAX_COSIM_RANKS,
                                   build_nmp_sim)
-from coda.cosim.nmp_image import burst_index_map, words_per_burst
-from coda.cosim.nmp_session import NMPSession, command_stream, cycle_limit, rank_memory_path
-from coda.cosim.rtl_backend import SessionOwner, sync_memory
+from coda.cosim.nmp.image import burst_index_map, words_per_burst
+from coda.cosim.nmp.session import NMPSession, command_stream, job_cycle_limit, rank_memory_path
+from coda.cosim.nme.rtl_backend import SessionOwner, f32_from_bits, sync_memory
 from coda.cosim.shared_mem import SharedMemory, memory_path
 from coda.hw.dram.controller import STAT_NAMES
 from coda.hw.dram.standards import get_standard
@@ -37,10 +36,6 @@ from coda.hw.nmp import check_nme_mhz, check_shape
 from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["NMPRTLBackend", "JobReport"]
-
-
-def _f32(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0]
 
 
 @dataclass
@@ -77,16 +72,16 @@ class NMPRTLBackend(SessionOwner):
     Memory: every rank's DRAM device keeps its bursts in a rank memory the host maps too (the
     scheme of the ideal-memory backend, :mod:`coda.cosim.shared_mem`): the file holds the NME's
     image (uint16 ``[mem_words, lanes]``) and a burst map from the device's indexes to the
-    image's bursts (:mod:`coda.cosim.nmp_image`). A caller that keeps its rank images in these
+    image's bursts (:mod:`coda.cosim.nmp.image`). A caller that keeps its rank images in these
     memories (:meth:`NMPRTLBackend.rank_image`, as :class:`coda.host.nmp.driver.NMPDriver` does)
     moves nothing between jobs: what it writes is what the DRAM holds, what the ranks write is in
     its arrays when the job ends; a job on such an image runs on the image's rank. An image of
     the caller's own is compared with the memory of the rank it runs on and only the words that
     differ are copied in; its result is a copy of that memory after the job. One simulator
     process per system
-    (:class:`coda.cosim.nmp_session.NMPSession`, running the cocotb job server
-    :mod:`coda.cosim.nmp_server`) stays up; between jobs no simulated time passes. The build is
-    :func:`coda.cosim.nmp_build.build_nmp_sim`.
+    (:class:`coda.cosim.nmp.session.NMPSession`, running the cocotb job server
+    :mod:`coda.cosim.nmp.server`) stays up; between jobs no simulated time passes. The build is
+    :func:`coda.cosim.nmp.build.build_nmp_sim`.
 
     Clocks: by default (``nme_mhz=None``) the NMEs run on the DRAM command clock, one NME cycle =
     one tCK. With ``nme_mhz=F`` the system is built with the NMEs on their own clock behind
@@ -116,7 +111,7 @@ class NMPRTLBackend(SessionOwner):
 
     ``stats``: ``jobs``, ``programs``, ``cycles`` (NME cycles of each job to the combined
     done, summed over jobs), ``rank_cycles`` (each job's NME cycles summed over its ranks,
-    counted as :class:`coda.cosim.rtl_backend.RTLBackend` counts its ``cycles``: one NME
+    counted as :class:`coda.cosim.nme.rtl_backend.RTLBackend` counts its ``cycles``: one NME
     cycle per rank), ``dram_cycles`` and ``ns`` (the jobs' intervals in DRAM cycles and
     nanoseconds), ``seconds`` (wall time from each launch to its collection, less simulator
     starts), ``sim_seconds`` (the simulator's own run of the jobs), ``start_seconds``.
@@ -274,7 +269,7 @@ class NMPRTLBackend(SessionOwner):
         (sess.workdir / "cmd_in.hex").write_text(
             "".join(f"{(mask << 64) | w:x}\n" for mask, w in stream))
         sess._send({"op": "run", "ncmd": len(stream),
-                    "max_cycles": cycle_limit(programs, cfg, self.std)})
+                    "max_cycles": job_cycle_limit(programs, cfg, self.std)})
         self._pending = True
         return (cfg, sess, ranks, shared, saved, len(stream), t0)
 
@@ -342,7 +337,7 @@ class NMPRTLBackend(SessionOwner):
                 new.flags.writeable = False
             statuses.append(status_raw)
             rcycles.append(cyc)
-            results.append(ExecResult(new, status, _f32(l1_bits), cyc))
+            results.append(ExecResult(new, status, f32_from_bits(l1_bits), cyc))
         return results, rcycles, statuses, stats
 
     def rank_stats(self, cfg: NMEConfig) -> list[dict]:

@@ -9,7 +9,7 @@
 //   +dram_cmds=FILE   command log CSV: cycle,channel,rank,bankgroup,bank,command,row,column
 //                     (devices other than channel 0 rank 0 append .c<ch>r<rank> to FILE)
 //   +dram_init=FILE   $readmemh initial contents;  +dram_dump=FILE  $writememh at the end
-// With CODA_DRAM_SHM defined (the DIMM-NMP cosimulation, cosim/nmp_top.sv) there is no HDL
+// With CODA_DRAM_SHM defined (the DIMM-NMP cosimulation, cosim/nmp/nmp_top.sv) there is no HDL
 // array: the bursts live in the rank memory the host maps too (cosim/shared_mem.py; DPI-C
 // side cosim/shared_mem.cpp), the file +MEM_SHM=PREFIX with ".<SHM_INDEX>" appended, whose
 // burst map takes a device index to the burst of the NME's image it holds; a RD reads the

@@ -2,7 +2,7 @@
 second, per-job overhead, and the ceiling a cosimulated generation is measured against.
 
 :func:`measure` builds (or reuses) the Verilated NME and times it through
-:class:`~coda.cosim.rtl_backend.RTLBackend` on the backend's own rank memories: one big program
+:class:`~coda.cosim.nme.rtl_backend.RTLBackend` on the backend's own rank memories: one big program
 on one rank (``one_rank``), many tiny jobs (``tiny_job``, the fixed cost of a job), the big
 program on an image of the caller's own (``own_image``) and ``ranks`` ranks in lockstep
 (``ceiling``); its docstring says what each figure counts.
@@ -33,8 +33,8 @@ def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3, ranks: int =
     """Cosimulation speed figures for ``cfg`` (seconds, cycles, cycles/s).
 
     :func:`measure` builds (or reuses) the Verilated NME, then through
-    :class:`~coda.cosim.rtl_backend.RTLBackend` on the backend's own rank memories
-    (:meth:`~coda.cosim.rtl_backend.RTLBackend.rank_image`, which the simulators map: no words
+    :class:`~coda.cosim.nme.rtl_backend.RTLBackend` on the backend's own rank memories
+    (:meth:`~coda.cosim.nme.rtl_backend.RTLBackend.rank_image`, which the simulators map: no words
     move between jobs, as in ``coda run``):
 
     - ``one_rank``: one big MOV/ADD program over three streams filling the memory: NME cycles per
@@ -51,8 +51,8 @@ def measure(cfg: NMEConfig, tiny_jobs: int = 50, launches: int = 3, ranks: int =
       generation on that many ranks can simulate per second on this machine, counted as
       ``coda run`` counts its ``sim_cycles_per_s``.
     """
-    from coda.cosim.build import build_sim
-    from coda.cosim.rtl_backend import RTLBackend
+    from coda.cosim.nme.build import build_sim
+    from coda.cosim.nme.rtl_backend import RTLBackend
 
     t0 = time.perf_counter()
     build = build_sim(cfg)

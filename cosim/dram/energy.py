@@ -1,4 +1,4 @@
-"""Command-level DRAM energy of a command log (the CSV :mod:`coda.cosim.dram_check` reads:
+"""Command-level DRAM energy of a command log (the CSV :mod:`coda.cosim.dram.check` reads:
 ``coda dram replay --commands`` or the DIMM-NMP cosimulation's ``+dram_cmds``).
 
 The log is walked once per rank (``channel``, ``rank``): every ACT (with the PRE that closes
@@ -7,7 +7,7 @@ log the open banks are integrated (bank-cycles; a PREA closes every open bank; d
 tRFC every bank counts as open), which prices the bank-wise background. A bank still open at
 the end counts as an ACT whose PRE is still to come (the ACT-PRE pair is charged at the ACT). The energies are
 :func:`coda.hw.dram.power.dram_energy`'s (the device's IDD/IPP currents, DRAMPower's
-method); the log's rows are parsed and checked as :mod:`coda.cosim.dram_check` does.
+method); the log's rows are parsed and checked as :mod:`coda.cosim.dram.check` does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from coda.cosim.dram_check import HEADER, _command
+from coda.cosim.dram.check import HEADER, _command
 from coda.hw.dram.power import ENERGY_PARTS, dram_energy
 from coda.hw.dram.standards import DRAMStandard, get_standard
 
@@ -74,12 +74,12 @@ class LogCounts:
 def count_commands(std: DRAMStandard | str, rows, end_cycle: int | None = None
                    ) -> dict[tuple[int, int], LogCounts]:
     """Per rank ``(channel, rank)``: the counts of the log ``rows`` (dicts with the
-    :data:`coda.cosim.dram_check.HEADER` keys, in log order per rank), the time split up to
+    :data:`coda.cosim.dram.check.HEADER` keys, in log order per rank), the time split up to
     ``end_cycle`` (default: one past the log's last command, over all ranks: the devices of a
     cosimulation share one clock).
 
     Raises:
-        ValueError: a malformed row (as :mod:`coda.cosim.dram_check`), a REFsb, a command
+        ValueError: a malformed row (as :mod:`coda.cosim.dram.check`), a REFsb, a command
             before the previous one of its rank, or ``end_cycle`` before the last command.
     """
     std = get_standard(std)

@@ -3,7 +3,7 @@
 An NME's image (uint16 ``[mem_words, lanes]``) is regrouped into DRAM bursts, and each burst
 sits at the device index of its (bank group, bank, row, column) under the controller's address
 mapping (:func:`coda.hw.dram.mapping.map_burst_address`) and the device's
-``{row, bank, bankgroup, column burst}`` indexing (``cosim/dram_top.sv``). The device reads
+``{row, bank, bankgroup, column burst}`` indexing (``cosim/dram/dram_top.sv``). The device reads
 and writes the image where the host keeps it, a rank memory whose burst map
 (:func:`burst_index_map`'s inverse) takes a device index to its burst
 (:mod:`coda.cosim.shared_mem`).
@@ -18,12 +18,9 @@ import numpy as np
 from coda.hw.dram.mapping import map_burst_address
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig
+from coda.hw.nmp import index_bits
 
 __all__ = ["words_per_burst", "store_bits", "burst_index_map"]
-
-
-def _log2(n: int) -> int:
-    return (n - 1).bit_length()
 
 
 def words_per_burst(cfg: NMEConfig, std: DRAMStandard) -> int:
@@ -41,8 +38,9 @@ def store_bits(cfg: NMEConfig, std: DRAMStandard | str) -> int:
     NME can reach is distinct."""
     std = get_standard(std)
     n_bursts = -(-cfg.mem_words // words_per_burst(cfg, std))
-    floor = _log2(std.bank_groups) + _log2(std.bursts_per_row) + _log2(std.banks_per_group)
-    return max(_log2(n_bursts), floor)
+    floor = (index_bits(std.bank_groups) + index_bits(std.bursts_per_row)
+             + index_bits(std.banks_per_group))
+    return max(index_bits(n_bursts), floor)
 
 
 @functools.lru_cache(maxsize=16)
@@ -53,7 +51,8 @@ def burst_index_map(cfg: NMEConfig, std_name: str) -> tuple[np.ndarray, np.ndarr
     std = get_standard(std_name)
     n_bursts = -(-cfg.mem_words // words_per_burst(cfg, std))
     sb = store_bits(cfg, std)
-    bgb, bab, cbb = _log2(std.bank_groups), _log2(std.banks_per_group), _log2(std.bursts_per_row)
+    bgb, bab, cbb = (index_bits(std.bank_groups), index_bits(std.banks_per_group),
+                     index_bits(std.bursts_per_row))
     idx = np.empty(n_bursts, np.int64)
     for b in range(n_bursts):
         bg, ba, row, col = map_burst_address(std, b)

@@ -1,33 +1,33 @@
 """One DIMM-NMP simulator process and what a job sends it.
 
 :class:`NMPSession` starts the Verilated system with the cocotb job server
-(:mod:`coda.cosim.nmp_server`) and talks to it over a socket (the transport of
-:class:`coda.cosim.rtl_backend.SimSession`); the ranks' DRAM devices keep their bursts in rank
+(:mod:`coda.cosim.nmp.server`) and talks to it over a socket (the transport of
+:class:`coda.cosim.nme.rtl_backend.SimSession`); the ranks' DRAM devices keep their bursts in rank
 memories the host maps too (:mod:`coda.cosim.shared_mem`, files named by
 :func:`rank_memory_path`); :func:`command_stream` turns one program per rank into the
 rank-masked command words of one job (micro-ops broadcast once to the ranks that run them),
-and :func:`cycle_limit` bounds a job's simulated cycles.
+and :func:`job_cycle_limit` bounds a job's simulated cycles.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from coda.cosim.nmp_build import TOP_NAME, NMPBuild, clock_plusargs
-from coda.cosim.rtl_backend import SimSession
+from coda.cosim.nmp.build import TOP_NAME, NMPBuild, clock_plusargs
+from coda.cosim.nme.rtl_backend import SimSession
 from coda.cosim.shared_mem import SharedMemory
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig, Program
 
-__all__ = ["NMPSession", "command_stream", "cycle_limit", "rank_memory_path", "SERVER_MODULE"]
+__all__ = ["NMPSession", "command_stream", "job_cycle_limit", "rank_memory_path", "SERVER_MODULE"]
 
 #: the cocotb test module the simulator runs: the job server
-SERVER_MODULE = "coda.cosim.nmp_server"
+SERVER_MODULE = "coda.cosim.nmp.server"
 
 
 def rank_memory_path(prefix: str | Path, rank: int) -> Path:
     """The file of rank ``rank``'s memory: ``prefix`` with ``.<rank>`` appended (the name
-    ``cosim/nmp_top.sv``'s device ``rank`` maps, given ``+MEM_SHM=prefix``)."""
+    ``cosim/nmp/nmp_top.sv``'s device ``rank`` maps, given ``+MEM_SHM=prefix``)."""
     prefix = Path(prefix)
     return prefix.with_name(f"{prefix.name}.{int(rank)}")
 
@@ -105,7 +105,7 @@ def command_stream(programs: list[Program | None]) -> list[tuple[int, int]]:
     return out
 
 
-def cycle_limit(programs: list[Program], cfg: NMEConfig, std: DRAMStandard) -> int:
+def job_cycle_limit(programs: list[Program], cfg: NMEConfig, std: DRAMStandard) -> int:
     """Watchdog (NME cycles): 64 cycles per word and pass (a row miss every access, refresh;
     counted in NME cycles, which are no shorter than DRAM cycles) plus 10^6 of slack."""
     work = max((len(p.uops) + 2) * -(-p.n_elems // cfg.lanes) for p in programs

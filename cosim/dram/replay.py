@@ -42,8 +42,8 @@ __all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model"
 _HERE = Path(__file__).resolve().parent
 # every part of the controller (hw/dram/*.py: controller, mapping, queue, scheduler, refresh,
 # timing table, standards) and this harness: a change of any rebuilds the model
-_SOURCES = [_HERE / "dram_top.sv", *sorted((_HERE.parent / "hw" / "dram").glob("*.py")),
-            Path(__file__).resolve()]
+_SOURCES = [_HERE / "dram_top.sv",
+            *sorted((_HERE.parents[1] / "hw" / "dram").glob("*.py")), Path(__file__).resolve()]
 
 _MAIN_CPP = r"""
 #include <memory>

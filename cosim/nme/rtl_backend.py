@@ -1,8 +1,8 @@
 """The ``rtl`` backend: NME programs executed by the Verilated NME, from plain Python.
 
 :class:`RTLBackend` implements the :class:`coda.host.nme.backend.Backend` protocol. For each NME
-configuration it builds the cosimulation once (:func:`coda.cosim.build.build_sim`, cached on
-disk) and starts simulator processes running the cocotb job server (:mod:`coda.cosim.server`),
+configuration it builds the cosimulation once (:func:`coda.cosim.nme.build.build_sim`, cached on
+disk) and starts simulator processes running the cocotb job server (:mod:`coda.cosim.nme.server`),
 one per rank of the driver's jobs (up to ``max_sims``), which run in parallel; every program is
 a request over a TCP socket on 127.0.0.1, run at full Verilator speed with no Python per clock.
 Each simulator's memory is a file the host maps too (:mod:`coda.cosim.shared_mem`).
@@ -29,19 +29,21 @@ from pathlib import Path
 import numpy as np
 
 from coda.cosim import memfile
-from coda.cosim.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_command,
+from coda.cosim.nme.build import (CosimRunError, SimBuild, build_sim, log_tail, sim_command,
                               sim_env)
 from coda.cosim.shared_mem import SharedMemory, memory_path
 from coda.hw.nme.executor import ExecResult
 from coda.hw.nme.isa import NMEConfig, Program, Status
 from coda.paths import owned_name, remove_orphans
 
-__all__ = ["RTLBackend", "SessionOwner", "SimSession", "cycle_limit", "sync_memory"]
+__all__ = ["RTLBackend", "SessionOwner", "SimSession", "f32_from_bits", "program_cycle_limit",
+           "sync_memory"]
 
-SERVER_MODULE = "coda.cosim.server"
+SERVER_MODULE = "coda.cosim.nme.server"
 
 
-def _f32(bits: int) -> float:
+def f32_from_bits(bits: int) -> float:
+    """The fp32 value of a 32-bit pattern (a job's ``l1_bits``; bits above 32 ignored)."""
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0]
 
 
@@ -56,7 +58,7 @@ def sync_memory(memory: SharedMemory, mem: np.ndarray) -> int:
     return int(changed.size)
 
 
-def cycle_limit(cfg: NMEConfig, program: Program, latency: int, stall: float) -> int:
+def program_cycle_limit(cfg: NMEConfig, program: Program, latency: int, stall: float) -> int:
     """Watchdog limit (cycles) for one program: a generous multiple of the work it implies.
 
     Each micro-op passes over every word; each pass may wait ``latency`` cycles per block and
@@ -356,7 +358,7 @@ class RTLBackend(SessionOwner):
     its result is a copy of the memory after the job.
 
     Every wait has a timeout; a simulator that dies, hangs or fails to build raises
-    :class:`~coda.cosim.build.CosimRunError` / :class:`~coda.cosim.build.CosimBuildError` with the
+    :class:`~coda.cosim.nme.build.CosimRunError` / :class:`~coda.cosim.nme.build.CosimBuildError` with the
     tail of its log. Simulators are stopped by :meth:`RTLBackend.close` (also at interpreter exit).
 
     ``RTLBackend(waves="run.fst")`` runs the traced model instead (``build_sim(waves=True)``) and
@@ -553,7 +555,8 @@ class RTLBackend(SessionOwner):
         prepared = []
         for program, mem in jobs:
             mem = memfile.check_image(mem, cfg.mem_words, cfg.lanes)
-            prepared.append((program.words(), mem, cycle_limit(cfg, program, self.latency, stall)))
+            prepared.append((program.words(), mem,
+                             program_cycle_limit(cfg, program, self.latency, stall)))
         sessions, foreign = [], 0
         for _, mem, _ in prepared:
             sessions.append(self._job_session(cfg, mem, foreign))
@@ -600,6 +603,6 @@ class RTLBackend(SessionOwner):
             self.stats["cycles"] += answer["cycles"]
             self.stats["toggles"] += answer["toggles"]
             self.stats["sim_seconds"] += answer.get("sim_wall_s", 0.0)
-            results.append(ExecResult(out, status, _f32(answer["l1_bits"]),
+            results.append(ExecResult(out, status, f32_from_bits(answer["l1_bits"]),
                                       int(answer["cycles"])))
         return results

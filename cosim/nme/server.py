@@ -1,6 +1,6 @@
 """The persistent simulator: a cocotb test that serves jobs to :class:`RTLBackend` over TCP.
 
-Started once per NME configuration by :mod:`coda.cosim.rtl_backend`. It connects back to the
+Started once per NME configuration by :mod:`coda.cosim.nme.rtl_backend`. It connects back to the
 backend on ``127.0.0.1:$CODA_COSIM_PORT``, says hello with ``$CODA_COSIM_TOKEN`` and then serves
 one JSON line per request, one JSON line per answer (:func:`serve`, which lists the requests;
 the loop is :func:`serve_requests`). The memory is the file both map
@@ -20,7 +20,7 @@ import time
 import cocotb
 from cocotb.utils import get_sim_time
 
-from coda.cosim.tb import NMEHarness
+from coda.cosim.nme.tb import NMEHarness
 
 __all__ = ["serve"]
 
@@ -64,7 +64,7 @@ async def serve_requests(handle, log=None) -> None:
     ``await handle(request)`` until ``{"op": "quit"}``, the connection closes, or no request
     comes for ``CODA_COSIM_IDLE_S`` seconds. A handler's ValueError / KeyError / RuntimeError /
     OSError becomes ``{"ok": false, "error": ...}`` and the loop goes on. Shared by the NME
-    server below and the DIMM-NMP one (:mod:`coda.cosim.nmp_server`)."""
+    server below and the DIMM-NMP one (:mod:`coda.cosim.nmp.server`)."""
     sock = _connect()
     reader = sock.makefile("r", encoding="utf-8")
     writer = sock.makefile("w", encoding="utf-8")
