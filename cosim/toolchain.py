@@ -85,3 +85,19 @@ def build_lock(path: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cached_text(path: Path, make) -> str:
+    """The text cached at ``path``, or ``make()``'s, written there under :func:`build_lock`
+    (another process that made it meanwhile is read instead: one text, hence one build, per
+    key). ``make``'s exceptions pass through and nothing is written."""
+    from coda.paths import write_file
+
+    if path.exists():
+        return path.read_text()
+    with build_lock(path.with_suffix(".lock")):
+        if path.exists():
+            return path.read_text()
+        text = make()
+        write_file(path, text)
+    return text

@@ -28,10 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coda.cosim.shared_mem import MEM_CPP, SharedMemory
-from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
+from coda.cosim.toolchain import build_dir, build_lock, cached_text, setup_verilator_env
 from coda.hw.nme.isa import NMEConfig
 from coda.jsonout import json_text
-from coda.paths import write_file
 
 __all__ = ["SimBuild", "CosimBuildError", "CosimRunError", "LeanVerilator", "build_sim",
            "nme_verilog_cached",
@@ -261,20 +260,16 @@ def nme_verilog_cached(cfg: NMEConfig, measure_toggles: bool = False,
         parts.append({"clock_gating": True})
     key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
     path = build_dir("cosim", "verilog") / f"{key[:20]}.v"
-    if path.exists():
-        return path.read_text()
-    with build_lock(path.with_suffix(".lock")):
-        if path.exists():     # another process generated it while this one waited
-            return path.read_text()
+
+    def make() -> str:
         try:
             from coda.hw.verilog import nme_verilog
-            verilog = nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles,
-                                  clock_gating=clock_gating)
+            return nme_verilog(cfg, DUT_NAME, measure_toggles=measure_toggles,
+                               clock_gating=clock_gating)
         except Exception as exc:  # the message must say which config failed and why
             raise CosimBuildError(f"generating the NME Verilog for {cfg} failed: {exc!r}") \
                 from exc
-        write_file(path, verilog)
-    return verilog
+    return cached_text(path, make)
 
 
 def build_sim(cfg: NMEConfig, *, verilog: str | None = None, force: bool = False,

@@ -24,12 +24,11 @@ from pathlib import Path
 from coda.cosim.nme.build import LINT_FLAGS, CosimBuildError, log_tail
 from coda.cosim.nmp.image import store_bits
 from coda.cosim.shared_mem import MEM_CPP
-from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
+from coda.cosim.toolchain import build_dir, build_lock, cached_text, setup_verilator_env
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import check_shape
 from coda.jsonout import json_text
-from coda.paths import write_file
 from coda.hw.dram.standards import DEFAULT_STANDARD
 
 __all__ = ["NMPBuild", "build_nmp_sim", "FLAG_SETS", "DEFAULT_FLAGS", "TOP_NAME", "DUT_NAME",
@@ -109,21 +108,16 @@ def _verilog_cached(cfg: NMEConfig, std: DRAMStandard, dimms: int, ranks: int,
         parts.append("nme_clock")
     key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
     path = build_dir("cosim", "verilog") / f"dimm-{key[:20]}.v"
-    if path.exists():
-        return path.read_text()
-    # under a lock, as coda.cosim.nme.build.nme_verilog_cached: one text (one build) per key
-    with build_lock(path.with_suffix(".lock")):
-        if path.exists():
-            return path.read_text()
+
+    def make() -> str:
         from coda.hw.nmp import dimm_verilog
         try:
-            text = dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating,
+            return dimm_verilog(cfg, std, dimms, ranks, DUT_NAME, clock_gating=clock_gating,
                                 nme_clock=nme_clock)
         except Exception as exc:
             raise CosimBuildError(f"DIMM-NMP Verilog for {cfg}, {std.name}, {dimms}x{ranks} "
                                   f"failed: {exc!r}") from exc
-        write_file(path, text)
-    return text
+    return cached_text(path, make)   # one text (one build) per key, as the NME's
 
 
 def _runner(make_flags: list[str]):
