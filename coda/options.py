@@ -191,11 +191,12 @@ def _recording(action: str) -> type:
     return _RECORDING[action]
 
 
-def given(args: argparse.Namespace, name: str, default: Any = None) -> bool:
+def given(args: Any, name: str, default: Any = None) -> bool:
     """Whether the command line gave the option of field ``name`` (a flag or value typed,
-    also one equal to its default), ``args`` parsed from options of :func:`add_options`.
-    For a namespace made otherwise (a test's, a library caller's): whether its value is
-    neither None nor ``default`` (the field's default)."""
+    also one equal to its default): ``args`` parsed from options of :func:`add_options`, or
+    the config :func:`from_args` made of them. For a namespace or config made otherwise (a
+    test's, a library caller's): whether its value is neither None nor ``default`` (the
+    field's default)."""
     recorded = getattr(args, _GIVEN, None)
     if recorded is None:
         value = getattr(args, name, None)
@@ -206,11 +207,17 @@ def given(args: argparse.Namespace, name: str, default: Any = None) -> bool:
 def from_args(config_cls, args: argparse.Namespace, **overrides):
     """``config_cls`` from the parsed ``args`` (every :func:`option` field; a field missing
     from ``args`` keeps its default; a list, as argparse gives ``nargs`` and ``append``
-    values, becomes a tuple), then ``overrides``."""
+    values, becomes a tuple), then ``overrides``. The config keeps which options the
+    command line gave (:func:`given` answers for it as for ``args``); a copy made with
+    :func:`dataclasses.replace` forgets them."""
     values = {f.name: getattr(args, f.name) for f, _ in _fields(config_cls)
               if hasattr(args, f.name)}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    return config_cls(**{**values, **overrides})
+    config = config_cls(**{**values, **overrides})
+    recorded = getattr(args, _GIVEN, None)
+    if recorded is not None:     # frozen dataclasses too: not a field, so not compared
+        object.__setattr__(config, _GIVEN, frozenset(recorded))
+    return config
 
 
 def defaults(config_cls) -> dict[str, Any]:

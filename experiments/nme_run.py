@@ -167,9 +167,7 @@ def _config(args: argparse.Namespace, mem_words: int) -> NMEConfig:
     stages (``--mul-latency``, ``--add-latency``, ``--operand-latency``), whether stores
     trail (``--trail-stores``), ``mem_words``."""
     return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words,
-                     trail_stores=args.trail_stores == "on",
-                     mul_latency=args.mul_latency, add_latency=args.add_latency,
-                     operand_latency=args.operand_latency)
+                     trail_stores=args.trail_stores == "on", **args.nme_preset.units())
 
 
 def _check_waves(args: argparse.Namespace) -> None:

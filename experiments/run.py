@@ -125,7 +125,8 @@ def configure(parser) -> None:
     add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
 
 
-def _driver(backend, args, model, videos: int, inputs: bool, calibration: bool = False):
+def _driver(backend, args, preset, model, videos: int, inputs: bool,
+            calibration: bool = False):
     """An NMP driver sized for ``videos`` videos of this run (``calibration``: for the 16-bit
     entries of a calibration run, whatever --cache-format says)."""
     from coda.host.nmp.driver import NMPDriver
@@ -136,8 +137,7 @@ def _driver(backend, args, model, videos: int, inputs: bool, calibration: bool =
                                 cache_format="bf16" if calibration else args.cache_format,
                                 cache_group=None if calibration else args.cache_group)
     cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
-                    mul_latency=args.mul_latency, add_latency=args.add_latency,
-                    operand_latency=args.operand_latency)
+                    **preset.units())
     return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
 
 
@@ -213,7 +213,7 @@ def main(args) -> int:
     t_start = time.perf_counter()
     # bad --lanes etc. fail now
     driver = DeviceCache() if run.backend is None else _driver(
-        run.backend, args, run.model, run.rtl_videos or len(run.prompts), run.inputs)
+        run.backend, args, run.preset, run.model, run.rtl_videos or len(run.prompts), run.inputs)
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
     modelled_reason = _modelled_unavailable(args, getattr(driver.cfg, "depth", NMEConfig.depth),
@@ -409,7 +409,7 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
     console.print(f"[bold]cached[/] all {len(prompts)} prompts, segments on the "
                   f"[cyan]torch[/] backend (its first {n} checked against "
                   f"the RTL's bits)")
-    ref_driver = _driver(get_backend("torch"), args, run.model, len(prompts), run.inputs)
+    ref_driver = _driver(get_backend("torch"), args, run.preset, run.model, len(prompts), run.inputs)
     ref_events = EventLog()
     reference, ref_stats = cached_generate(run.model, gen.labels, ref_driver, run.policy,
                                            events=ref_events, **run.cache_kwargs(),
@@ -810,6 +810,7 @@ def _dra_thresholds(args, model, sched, profile, path):
     against the model, steps and schedule), else calibrated now on the profile's videos
     (:func:`coda.experiments.dra_calibration.calibrate_default_dra`, torch backend)."""
     from coda.host.nme.backend import TorchBackend
+    from coda.hw.verilog import resolve_preset
     from coda.experiments.dra_calibration import calibrate_default_dra, load_step_dra
     from coda.host.cache.profile import model_hash
     from coda.host.cache.shipped import schedule_block
@@ -818,7 +819,8 @@ def _dra_thresholds(args, model, sched, profile, path):
         return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
     return calibrate_default_dra(
         model, sched, profile, num_steps=args.steps, guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, True, True))[0]
+        driver_factory=lambda n: _driver(TorchBackend(), args, resolve_preset(args), model, n,
+                                         True, True))[0]
 
 
 def _profile(args, mhash: str, layers: int, who: str):
@@ -844,6 +846,7 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     profile's videos (--profile or the shipped one;
     :func:`coda.experiments.forecast_calibration.calibrate_forecast`, torch backend)."""
     from coda.host.nme.backend import TorchBackend
+    from coda.hw.verilog import resolve_preset
     from coda.experiments.forecast_calibration import calibrate_forecast, load_forecast
     from coda.host.cache.profile import model_hash
     from coda.host.model.dit import shipped_model
@@ -861,7 +864,8 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     table = calibrate_forecast(
         model, {name: sched}, profile.meta["prompts"], profile.meta["seeds"],
         num_steps=args.steps, guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, model, n, False, True))[name]
+        driver_factory=lambda n: _driver(TorchBackend(), args, resolve_preset(args), model, n,
+                                         False, True))[name]
     return table, f"calibrated on {path}'s {len(table.videos)} videos"
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from coda.hw.nme.isa import (DEFAULT_PRESET, MAX_ADD_LATENCY, MAX_MUL_LATENCY,
                              MAX_OPERAND_LATENCY, NME_PRESETS, PRESET_FIELDS, NMEConfig,
@@ -127,17 +127,18 @@ def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser, NMEUnitsConfig)
 
 
-def resolve_preset(args: argparse.Namespace) -> NMEPreset:
-    """The NME configuration of the options of :func:`add_latency_arguments`, set on ``args``
-    (``args.mul_latency`` etc. become ints) and returned: ``--preset NAME``'s, or the default
-    preset's with any latency flags given over it (named after the preset they equal, else
-    ``custom``, Fmax not measured). Checked before any work.
+def resolve_preset(options: Any) -> NMEPreset:
+    """The NME configuration of the options of :func:`add_latency_arguments` (``options``: the
+    parsed namespace or a config holding :class:`NMEUnitsConfig`'s fields; not changed):
+    ``--preset NAME``'s, or the default preset's with any latency flags given over it (named
+    after the preset they equal, else ``custom``, Fmax not measured). Its ``units()`` are the
+    latencies to build with. Checked before any work.
 
     Raises ValueError: a latency flag out of its range, or given with ``--preset`` and
     different from the preset's value (named, with the preset's values)."""
-    given = {k: getattr(args, k, None) for k in _UNITS}
+    given = {k: getattr(options, k, None) for k in _UNITS}
     given = {k: v for k, v in given.items() if v is not None}
-    name = getattr(args, "preset", None)
+    name = getattr(options, "preset", None)
     if name is not None:
         preset = NME_PRESETS[name]
         clash = [k for k, v in given.items() if v != getattr(preset, k)]
@@ -157,8 +158,6 @@ def resolve_preset(args: argparse.Namespace) -> NMEPreset:
     except ValueError as exc:   # NMEConfig's "mul_latency=9: expected ..." as the flag
         field, _, rest = str(exc).partition("=")
         raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
-    for k, v in preset.units().items():
-        setattr(args, k, v)
     return preset
 
 
@@ -211,15 +210,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> NMEConfig:
     """The NMEConfig the parsed options describe (ValueError names a bad option value); the
-    latencies as :func:`resolve_preset` sets them."""
-    resolve_preset(args)
+    latencies :func:`resolve_preset`'s."""
     return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, nbuf=args.nbuf,
                      imem_depth=args.imem_depth, max_streams=args.max_streams,
                      mem_words=args.mem_words,
                      operand_isolation=args.operand_isolation == "on",
-                     trail_stores=args.trail_stores == "on",
-                     mul_latency=args.mul_latency, add_latency=args.add_latency,
-                     operand_latency=args.operand_latency)
+                     trail_stores=args.trail_stores == "on", **resolve_preset(args).units())
 
 
 def main(args: argparse.Namespace) -> int:

@@ -346,9 +346,7 @@ def main(args: argparse.Namespace) -> int:
     check_synth_options(args.freq, seed)
     cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
                     operand_isolation=args.operand_isolation == "on",
-                    trail_stores=args.trail_stores == "on",
-                    mul_latency=args.mul_latency, add_latency=args.add_latency,
-                    operand_latency=args.operand_latency)
+                    trail_stores=args.trail_stores == "on", **preset.units())
     if args.target == "sky130":
         presets = [preset] if chosen else list(NME_PRESETS.values())
         try:

@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     module.configure(sub)
     args = parser.parse_args(argv)
     try:
+        config = getattr(module, "CONFIG", None)
+        if config is not None:       # the command's main starts from its config object
+            from coda.options import from_args
+            args = from_args(config, args)
         return int(module.main(args) or 0)
     except (ValueError, KeyError, OSError, EOFError) as exc:
         # bad input or an unusable path (missing, a directory, read-only, empty file)

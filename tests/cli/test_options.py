@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coda.options import add_options, defaults, from_args, option
+from coda.options import given as option_given
 
 #: command -> (module, its config class, the required options with a value)
 COMMANDS = {
@@ -112,6 +113,18 @@ def test_bool_option_is_a_flag_and_choices_are_checked():
     assert from_args(_Example, args) == _Example(out="x", quiet=True)
     with pytest.raises(argparse.ArgumentError, match="fp8"):
         _parser(_Example).parse_args(["--out", "x", "--fmt", "fp8"])
+
+
+def test_the_config_remembers_which_options_the_command_line_gave():
+    """A command's main starts from its config: given() answers for the config as for the
+    namespace (an option typed at its default is given; one left out is not)."""
+    args = _parser(_Example).parse_args(["--out", "x", "--steps", "50"])
+    cfg = from_args(_Example, args)
+    for name in ("out", "steps", "mhz", "fmt", "quiet"):
+        assert option_given(cfg, name) == option_given(args, name) == (name in ("out", "steps"))
+    # a config built otherwise: given means set to something else than the default
+    assert option_given(_Example(out="y", steps=7), "steps", 50)
+    assert not option_given(_Example(out="y"), "steps", 50)
 
 
 @given(steps=st.integers(-10**6, 10**6), mhz=st.floats(allow_nan=False, allow_infinity=False))
