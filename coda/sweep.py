@@ -32,8 +32,9 @@ from typing import Any, Callable
 
 from coda.jsonout import json_text
 from coda.lists import no_duplicates
+from coda.options import option
 
-__all__ = ["Param", "SweepKind", "sources_digest", "add_run_options", "parse_param", "load_grid", "grid_points", "check_address",
+__all__ = ["Param", "SweepKind", "sources_digest", "RayOptions", "parse_param", "load_grid", "grid_points", "check_address",
            "run_sweep", "read_results", "point_key", "MAX_POINTS"]
 
 #: Bounds of this tool (a typo like lanes=1..100000 should not queue 10^5 tasks)
@@ -131,17 +132,16 @@ def sources_digest(*paths: str | os.PathLike) -> str:
     return digest.hexdigest()[:16]
 
 
-def add_run_options(parser, what: str = "points") -> None:
-    """Add where a sweep's ``what`` run to an argparse parser: ``--workers`` (CPUs of the
-    local Ray, default all), ``--sequential`` (a loop in this process), ``--address`` (an
-    existing Ray cluster); :func:`run_sweep` checks them."""
-    parser.add_argument("--workers", type=int, default=None,
-                        help=f"CPUs of the local Ray running the {what} (default: all)")
-    parser.add_argument("--sequential", action="store_true",
-                        help=f"run the {what} one after another in this process, no Ray")
-    parser.add_argument("--address", default=None,
-                        help=f"run the {what} on the Ray cluster at HOST:PORT (or auto) "
-                             "instead of a local Ray")
+@dataclass(frozen=True)
+class RayOptions:
+    """Where a sweep's points run (the configs of ``coda sweep``, ``coda bench``, ``coda
+    synth-sweep`` and ``coda mutation`` derive from it; :func:`run_sweep` checks them)."""
+    workers: int = option(None, "CPUs of the local Ray running the points", type=int,
+                          default_text="all")
+    sequential: bool = option(False, "run the points one after another in this process, "
+                              "no Ray")
+    address: str = option(None, "run the points on the Ray cluster at HOST:PORT (or auto) "
+                          "instead of a local Ray", type=str, default_text="a local Ray")
 
 
 # ----------------------------------------------------------------------------- grids

@@ -9,7 +9,8 @@ with the same hardware sources (a stopped sweep resumes; a changed ``hw/`` or ``
 synthesised again). It then writes ``sweep.json``, a table, and ``sweep.png`` into
 ``build/synth/``: the bandwidth bound per configuration (:func:`bandwidth_table`) and, where
 ``make bench`` left its DIMM-NMP design-space sweep, the measured throughput per area
-(:func:`measured_table`, :func:`clock_table`).
+(:func:`measured_table`, :func:`clock_table`). Its :func:`main` takes the command's
+:class:`AreaSweepConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from coda.experiments.synth_area import config_units, fmax_below
 from coda.hw.dram.standards import DDR4_3200, get_standard
 from coda.hw.nme.isa import NMEConfig
 from coda.synth.flow import check_synth_options, synthesize
-from coda.sweep import add_run_options
+from coda.sweep import RayOptions
 from coda.jsonout import json_text
 from coda.options import add_options, option
 from coda.paths import check_output_path, save_figure, write_file
 
 __all__ = ["LANES", "FORMATS", "run_sweep", "collect", "rank_peak_bytes_per_s",
            "bandwidth_table", "measured_table", "clock_table", "plot", "AreaSweepConfig",
-           "configure", "main"]
+           "CONFIG", "configure", "main"]
 
 LANES = (1, 2, 4, 8, 16, 32)
 FORMATS = ("bf16", "fp16")
@@ -430,9 +431,13 @@ def print_table(rows: list[dict]) -> None:
 
 
 @dataclass(frozen=True)
-class AreaSweepConfig:
+class AreaSweepConfig(RayOptions):
     """Every option of ``coda synth-sweep`` with its default (the one source of them; where
-    its points run: :func:`coda.sweep.add_run_options`, as every sweep's)."""
+    its configurations run: :class:`coda.sweep.RayOptions`, as every sweep's).
+
+    Checked when made, before any synthesis: ``--units`` (:meth:`record_units`), the seed and
+    ``--timeout`` (:func:`coda.synth.flow.check_synth_options`), ``--dram``; ValueError naming
+    the bad value."""
     lanes: tuple[int, ...] = option(LANES, "lanes counts of the sweep", nargs="+")
     fmts: tuple[str, ...] = option(FORMATS, "element formats of the sweep", nargs="+",
                                    choices=FORMATS)
@@ -451,28 +456,40 @@ class AreaSweepConfig:
                         source="coda.cosim.nme.units.DEFAULT_UNITS")
     seed: int = option(1, "nextpnr placer seed")
 
+    def __post_init__(self):
+        self.record_units()
+        check_synth_options(100.0, self.seed, self.timeout)
+        get_standard(self.dram)
+
+    def record_units(self) -> str:
+        """``--units`` checked and written as every record writes it (``"M,A,O"``,
+        :func:`coda.cosim.nme.units.units_label`); ValueError naming ``--units``."""
+        return units_label(parse_units(self.units, "--units"))
+
+
+#: the config of ``coda synth-sweep``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = AreaSweepConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda synth-sweep``: :class:`AreaSweepConfig`, and where the
-    configurations run (:func:`coda.sweep.add_run_options`)."""
+    """Options of ``coda synth-sweep``: :class:`AreaSweepConfig` (where its configurations run
+    included)."""
     add_options(parser, AreaSweepConfig)
-    add_run_options(parser, "configurations")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the sweep (resuming), then tabulate, analyse bandwidth and plot. Returns 0. Bad
-    options: ValueError before any synthesis (``coda: error:``, exit 2)."""
-    args.units = units_label(parse_units(args.units, "--units"))
-    check_synth_options(100.0, args.seed, args.timeout)
-    get_standard(args.dram)
-    check_output_path(args.root, "--root", folder=True)
-    args.root.mkdir(parents=True, exist_ok=True)
-    if not args.report_only:
-        run_sweep(args.root, args.lanes, args.fmts, args.targets,
-                  ecp5_max_lanes=args.ecp5_max_lanes, timeout_s=args.timeout,
-                  workers=args.workers, sequential=args.sequential, address=args.address,
-                  units=args.units, seed=args.seed)
-    rows = bandwidth_table(collect(args.root, args.units), args.dram)
+def main(cfg: AreaSweepConfig) -> int:
+    """Run the sweep of ``cfg`` (its :class:`AreaSweepConfig`; resuming), then tabulate,
+    analyse bandwidth and plot. Returns 0. Bad options: ValueError before any synthesis
+    (when ``cfg`` was made, the root folder here; ``coda: error:``, exit 2)."""
+    units = cfg.record_units()
+    root = check_output_path(cfg.root, "--root", folder=True)
+    root.mkdir(parents=True, exist_ok=True)
+    if not cfg.report_only:
+        run_sweep(root, cfg.lanes, cfg.fmts, cfg.targets,
+                  ecp5_max_lanes=cfg.ecp5_max_lanes, timeout_s=cfg.timeout,
+                  workers=cfg.workers, sequential=cfg.sequential, address=cfg.address,
+                  units=units, seed=cfg.seed)
+    rows = bandwidth_table(collect(root, units), cfg.dram)
     dse_path = Path("build/bench/dse.json")
     if dse_path.exists():
         dse = json.loads(dse_path.read_text())
@@ -485,13 +502,13 @@ def main(args: argparse.Namespace) -> int:
     print_table(rows)
     if crow:
         print_clock_table(crow)
-    out = args.root.parent
+    out = root.parent
     bench = _bench_results(Path("build/bench"))
-    write_file(out / "sweep.json", json_text({"rows": rows, "dram": args.dram,
+    write_file(out / "sweep.json", json_text({"rows": rows, "dram": cfg.dram,
                                               "clock_rows": crow, "bench": bench},
                                              indent=1) + "\n")
     if rows:
-        plot(rows, out / "sweep.png", args.dram)
+        plot(rows, out / "sweep.png", cfg.dram)
     print(f"wrote {out / 'sweep.json'}" + (f", {out / 'sweep.png'}" if rows else ""))
     if bench:
         print(f"cosim bench results found: {[b['file'] for b in bench]}")

@@ -10,8 +10,9 @@ the DRAM-timed memory (against :data:`DRAM_SPEED_TARGET`), a whole DIMM-NMP
 (:func:`coda.cosim.nmp.measure.measure_nmp`), and the speed of checks whose tests assert
 behaviour only (:func:`gpu_check_timing`, :func:`address_check_timing`,
 :func:`serving_timing`). It prints steps 3 to 6 as one JSON object and writes it to
-``--out`` (default ``build/bench/cosim.json``). Each step in detail: ``docs/cli.md``,
-"coda bench".
+``--out`` (default ``build/bench/cosim.json``). It takes the command's :class:`BenchConfig`
+(``CONFIG``; the CLI builds it from the command line, a caller may build it directly). Each
+step in detail: ``docs/cli.md``, "coda bench".
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
-from coda.options import add_options, option
+from coda.options import add_options, from_args, option
 from coda.paths import check_output_path, write_file
-from coda.sweep import add_run_options
+from coda.sweep import RayOptions
 
 __all__ = ["NMP_STREAM_BYTES", "GPU_CHECK_CPU_TARGET_S", "DRAM_SPEED_TARGET", "gpu_check_timing",
-           "address_check_timing", "SERVING_TARGET_S", "serving_timing", "configure", "main"]
+           "address_check_timing", "SERVING_TARGET_S", "serving_timing", "BenchConfig", "CONFIG",
+           "configure", "main"]
 
 #: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
 NMP_STREAM_BYTES = 256 << 10
@@ -64,8 +66,12 @@ GPU_CHECK_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """Every option of ``coda bench`` with its default (the one source of them)."""
+class BenchConfig(RayOptions):
+    """Every option of ``coda bench`` with its default (the one source of them; where its
+    points run: :class:`coda.sweep.RayOptions`, as every sweep's).
+
+    Checked when made, before any build: ``--run-memories`` (:func:`_run_memories`) and the
+    design-space options (:func:`_sweep_grid`); ValueError naming the option."""
     lanes: int = option(NMEConfig.lanes, "NME lanes of the NME-alone speed run")
     fmt: str = option(NMEConfig.fmt, "NME format", choices=("bf16", "fp16"))
     mem_words: int = option(NMEConfig.mem_words, "NME memory of the NME-alone run", unit="words")
@@ -115,38 +121,44 @@ class BenchConfig:
                                      "the sweep records already in build/bench/dse/ (any code "
                                      "version) matching the options")
 
+    def __post_init__(self):
+        _run_memories(self.run_memories)
+        _sweep_grid(self)
+
+
+#: the config of ``coda bench``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = BenchConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda bench``: :class:`BenchConfig`, and where the sweep's points run."""
+    """Options of ``coda bench``: :class:`BenchConfig` (where its points run included)."""
     add_options(parser, BenchConfig)
-    add_run_options(parser, "sweep's points")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``coda bench``: the design-space sweep (unless ``--sweep-lanes ''``), then (unless
-    ``--sweep-only``) the DRAM replays and the cosimulation speed; returns 0, or 1 when
-    ``--sweep-report-only`` finds no records."""
-    # every option is checked before any build (ValueError: ``coda: error:``, exit 2)
-    check_output_path(args.out, "--out")
-    _run_memories(args.run_memories)
-    grid = _sweep_grid(args)
+def main(cfg: BenchConfig) -> int:
+    """Run ``coda bench`` of ``cfg`` (its :class:`BenchConfig`): the design-space sweep (unless
+    ``--sweep-lanes ''``), then (unless ``--sweep-only``) the DRAM replays and the
+    cosimulation speed; returns 0, or 1 when ``--sweep-report-only`` finds no records."""
+    # every option is checked before any build (ValueError: ``coda: error:``, exit 2): the
+    # values when the config was made, the output path here
+    out = check_output_path(cfg.out, "--out")
+    grid = _sweep_grid(cfg)
     if grid["lanes"]:
-        if not _design_space(args, grid):
+        if not _design_space(cfg, grid):
             return 1
-        if args.sweep_only or args.sweep_report_only:
+        if cfg.sweep_only or cfg.sweep_report_only:
             return 0
-    if not args.skip_dram:
-        bench_dram(out=args.out.with_name("dram.json"))
-    result = _cosim_speed(args)
-    if not args.skip_checks:
-        result["checks"] = {"gpu_check_cpu": gpu_check_timing(args.out.with_name("gpu_check")),
+    if not cfg.skip_dram:
+        bench_dram(out=out.with_name("dram.json"))
+    result = _cosim_speed(cfg)
+    if not cfg.skip_checks:
+        result["checks"] = {"gpu_check_cpu": gpu_check_timing(out.with_name("gpu_check")),
                             "sweep_address_check": address_check_timing(),
                             "serving_1000": serving_timing()}
     text = json_text(result, indent=1)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_file(args.out, text + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_file(out, text + "\n")
     return 0
 
 
@@ -158,19 +170,19 @@ def _ints(text: str, flag: str) -> list[int]:
         raise ValueError(f"{flag} {text!r}: expected comma-separated ints") from None
 
 
-def _sweep_grid(args: argparse.Namespace) -> dict:
-    """The design-space options read and checked: ``lanes``, ``depths`` (ints), ``clocks``
-    (MHz, 0: on the DRAM clock), ``drams`` (names), ``units`` (``"M,A,O"``). Raises
+def _sweep_grid(cfg: BenchConfig) -> dict:
+    """The design-space options of ``cfg`` read and checked: ``lanes``, ``depths`` (ints),
+    ``clocks`` (MHz, 0: on the DRAM clock), ``drams`` (names), ``units`` (``"M,A,O"``). Raises
     ValueError naming the option for a bad value, a knee tolerance outside (0, 1], no
     standard, or a clock faster than the fastest standard's DRAM clock (a clock faster only
     than a slower standard's is left out for that one: the sweep says so)."""
-    grid = {"lanes": _ints(args.sweep_lanes, "--sweep-lanes"),
-            "depths": _ints(args.sweep_depths, "--sweep-depths"),
-            "clocks": parse_clocks(args.sweep_clocks),
-            "drams": [v.strip() for v in args.sweep_drams.split(",") if v.strip()],
-            "units": units_label(parse_units(args.sweep_units, "--sweep-units"))}
-    if not 0 < args.knee_tolerance <= 1:
-        raise ValueError(f"--knee-tolerance {args.knee_tolerance}: expected 0 < t <= 1")
+    grid = {"lanes": _ints(cfg.sweep_lanes, "--sweep-lanes"),
+            "depths": _ints(cfg.sweep_depths, "--sweep-depths"),
+            "clocks": parse_clocks(cfg.sweep_clocks),
+            "drams": [v.strip() for v in cfg.sweep_drams.split(",") if v.strip()],
+            "units": units_label(parse_units(cfg.sweep_units, "--sweep-units"))}
+    if not 0 < cfg.knee_tolerance <= 1:
+        raise ValueError(f"--knee-tolerance {cfg.knee_tolerance}: expected 0 < t <= 1")
     from coda.hw.dram.standards import get_standard
     from coda.hw.nmp import check_nme_mhz
     fastest = max((get_standard(s) for s in grid["drams"]), key=lambda s: -s.tCK_ns,
@@ -183,53 +195,53 @@ def _sweep_grid(args: argparse.Namespace) -> dict:
     return grid
 
 
-def _design_space(args: argparse.Namespace, grid: dict) -> bool:
+def _design_space(cfg: BenchConfig, grid: dict) -> bool:
     """The design-space sweep of ``grid`` (:func:`_sweep_grid`) measured (or with
     ``--sweep-report-only`` the records already there), ``dse.json``, ``dse.png`` and the two
     tables; False (said on stdout) when ``--sweep-report-only`` finds no records."""
-    sweep_json = args.out.with_name("dse.json")
+    sweep_json = Path(cfg.out).with_name("dse.json")
     t0 = time.perf_counter()
-    if args.sweep_report_only:
+    if cfg.sweep_report_only:
         rows = recorded_rows(sweep_json.with_suffix(""), grid["lanes"], grid["depths"],
-                             args.fmt, grid["drams"], args.sweep_stream_bytes, grid["clocks"],
+                             cfg.fmt, grid["drams"], cfg.sweep_stream_bytes, grid["clocks"],
                              units=grid["units"])
         if not rows:
             print(f"no sweep records matching the options (units {grid['units']}) in "
                   f"{sweep_json.with_suffix('')}")
             return False
-        write_dse(sweep_json, rows, grid["drams"], args.fmt, grid["clocks"],
-                  args.sweep_stream_bytes, args.knee_tolerance, units=grid["units"])
+        write_dse(sweep_json, rows, grid["drams"], cfg.fmt, grid["clocks"],
+                  cfg.sweep_stream_bytes, cfg.knee_tolerance, units=grid["units"])
     else:
-        rows = sweep(grid["lanes"], grid["depths"], args.fmt, grid["drams"],
-                     args.sweep_stream_bytes, out=sweep_json, clocks=grid["clocks"],
-                     workers=args.workers, sequential=args.sequential,
-                     address=args.address, tolerance=args.knee_tolerance,
+        rows = sweep(grid["lanes"], grid["depths"], cfg.fmt, grid["drams"],
+                     cfg.sweep_stream_bytes, out=sweep_json, clocks=grid["clocks"],
+                     workers=cfg.workers, sequential=cfg.sequential,
+                     address=cfg.address, tolerance=cfg.knee_tolerance,
                      units=grid["units"])
     plot_sweep(rows, sweep_json.with_suffix(".png"))
     print_sweep(rows)
-    print_knees(knees(rows, args.knee_tolerance), synth_areas(SYNTH_ROOT, args.fmt,
+    print_knees(knees(rows, cfg.knee_tolerance), synth_areas(SYNTH_ROOT, cfg.fmt,
                                                               grid["units"]))
     print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')} "
           f"({time.perf_counter() - t0:.0f} s)")
     return True
 
 
-def _cosim_speed(args: argparse.Namespace) -> dict:
+def _cosim_speed(cfg: BenchConfig) -> dict:
     """The JSON of ``--out``: the NME's cosimulation speed (:func:`measure`, unless
     ``--skip-nme``) and ``dimm_nmp``: :func:`measure_nmp` of the ``--nmp-*`` system with
     :data:`NMP_STREAM_BYTES` per stream, once per ``--nmp-flags`` set."""
-    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, mem_words=args.mem_words, depth=args.depth)
-    result = {} if args.skip_nme else measure(cfg)
-    if not args.skip_nme:
-        result["rtl_generation"] = _rtl_generations(args, result["ceiling"])
+    nme = NMEConfig(lanes=cfg.lanes, fmt=cfg.fmt, mem_words=cfg.mem_words, depth=cfg.depth)
+    result = {} if cfg.skip_nme else measure(nme)
+    if not cfg.skip_nme:
+        result["rtl_generation"] = _rtl_generations(cfg, result["ceiling"])
     from coda.cosim.nmp.build import FLAG_SETS
-    flag_sets = ([None] if args.nmp_flags is None else
-                 list(FLAG_SETS) if args.nmp_flags == "all" else args.nmp_flags.split(","))
+    flag_sets = ([None] if cfg.nmp_flags is None else
+                 list(FLAG_SETS) if cfg.nmp_flags == "all" else cfg.nmp_flags.split(","))
     # 256 KiB per stream (the 2 x 2 and NME-clock figures of docs/results.md)
-    words = NMP_STREAM_BYTES // (2 * args.nmp_lanes)
-    ncfg = NMEConfig(lanes=args.nmp_lanes, fmt=args.fmt, depth=args.nmp_depth,
+    words = NMP_STREAM_BYTES // (2 * cfg.nmp_lanes)
+    ncfg = NMEConfig(lanes=cfg.nmp_lanes, fmt=cfg.fmt, depth=cfg.nmp_depth,
                      mem_words=mem_words(words))
-    result["dimm_nmp"] = [measure_nmp(ncfg, args.nmp_dram, args.nmp_dimms, args.nmp_ranks, f,
+    result["dimm_nmp"] = [measure_nmp(ncfg, cfg.nmp_dram, cfg.nmp_dimms, cfg.nmp_ranks, f,
                                       stream_words=words) for f in flag_sets]
     return result
 
@@ -245,7 +257,7 @@ def _run_memories(text: str) -> list[str]:
     return names
 
 
-def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
+def _rtl_generations(cfg: BenchConfig, ceiling: dict) -> dict:
     """Step 4 (``docs/cli.md``, "coda bench"): ``coda run`` of ``--run-prompts`` on every memory of
     ``--run-memories``, every prompt through the RTL; their cosimulation figures, the ideal
     run's ``ceiling_ratio`` (ceiling cycles/s over its own) and, with both,
@@ -253,15 +265,17 @@ def _rtl_generations(args: argparse.Namespace, ceiling: dict) -> dict:
     from coda.experiments import run as coda_run
 
     out = {"ceiling_cycles_per_s": ceiling["cycles_per_s"]}
-    prompts = args.run_prompts
-    for name in _run_memories(args.run_memories) if prompts else []:
-        folder = args.out.with_name(f"run-{name}")
+    prompts = cfg.run_prompts
+    for name in _run_memories(cfg.run_memories) if prompts else []:
+        folder = Path(cfg.out).with_name(f"run-{name}")
         argv = ["--out", str(folder), "--prompts", prompts, "--memory", name] + (
-            ["--dram", args.nmp_dram] if name == "dram" else [])
+            ["--dram", cfg.nmp_dram] if name == "dram" else [])
         parser = argparse.ArgumentParser()
         coda_run.configure(parser)
+        args = parser.parse_args(argv)
+        config = getattr(coda_run, "CONFIG", None)    # as the CLI calls a command's main
         t0 = time.perf_counter()
-        coda_run.main(parser.parse_args(argv))
+        coda_run.main(args if config is None else from_args(config, args))
         report = json.loads((folder / "report.json").read_text())
         out[name] = {"command": "coda run " + " ".join(argv), "dram": report["dram"],
                      "nme_mhz": report["nme_mhz"], "prompts": report["rtl"]["prompts"],

@@ -28,7 +28,7 @@ from coda.host.cache.policies.dra import (DEFAULT_BUDGET, DEFAULT_GAMMA, DEFAULT
 from coda.host.cache.policies.static import SchedulePolicy
 from coda.host.cache.schedule import BRANCHES, Schedule
 from coda.experiments.schedule_files import ScheduleFilesConfig, load_for_calibration
-from coda.options import add_options, from_args, option
+from coda.options import add_options, option
 
 __all__ = ["calibrate_step_dra", "calibrate_default_dra", "pick_probe", "describe_choice",
            "fallback_rates", "fallback_extra", "dra_videos", "probe_values", "probed_steps",
@@ -417,20 +417,24 @@ class DRAConfig(ScheduleFilesConfig):
     threads: int = option(1, "torch CPU threads (1: the bits of coda eval's calibration)")
 
 
+#: the configuration ``coda schedule dra`` hands to :func:`main` (coda.cli)
+CONFIG = DRAConfig
+
+
 def configure(parser) -> None:
     add_options(parser, DRAConfig)
 
 
-def main(args) -> int:
-    """``coda schedule dra``: for each schedule file, step DRA's probe and thresholds chosen
-    on the profile's videos (:func:`calibrate_default_dra`, torch backend, what ``coda eval``
-    calibrates), written as its ``"dra"`` block, which ``coda run --policy coda+dra
-    --schedule FILE`` then reads instead of calibrating. Raises ValueError naming the file
-    for a schedule of another model or layer count, or the option for a bad value."""
+def main(cfg: DRAConfig) -> int:
+    """``coda schedule dra`` as ``cfg`` says (what the command line gave, or a
+    :class:`DRAConfig` built in Python): for each schedule file, step DRA's probe and
+    thresholds chosen on the profile's videos (:func:`calibrate_default_dra`, torch backend,
+    what ``coda eval`` calibrates), written as its ``"dra"`` block, which ``coda run --policy
+    coda+dra --schedule FILE`` then reads instead of calibrating. Raises ValueError naming the
+    file for a schedule of another model or layer count, or the option for a bad value."""
     from coda.experiments.rollouts import torch_driver
 
-    model, scheds, profile, profile_path, guidance = load_for_calibration(
-        from_args(DRAConfig, args))
+    model, scheds, profile, profile_path, guidance = load_for_calibration(cfg)
     for path, sched in scheds.items():
         t0 = time.perf_counter()
         table, report = calibrate_default_dra(

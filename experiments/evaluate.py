@@ -24,13 +24,14 @@ import torch
 from coda.experiments.metrics import motion_px, psnr_db, ssim, worst_quarter
 from coda.host.cache.device import DEVICES
 from coda.host.model.choice import ADHERENCE, ModelOptions
+from coda.hw.verilog import NMEUnitsConfig
 from coda.host.model.defaults import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.nme.isa import NMEConfig
 from coda.host.cache.compress import CACHE_FORMATS
 from coda.host.cache.forecast import CACHE_MODES
 from coda.jsonout import json_text
 from coda.paths import save_figure, write_file
-from coda.options import add_options, from_args, option
+from coda.options import add_options, option
 from coda.host.cache.policies import POLICIES, policy_names
 
 __all__ = ["psnr_db", "ssim", "motion_px", "evaluate_policy", "pareto_plot", "POLICY_NAMES"]
@@ -160,10 +161,10 @@ def latency_order(rows: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------- the command
 @dataclass(frozen=True)
-class EvalConfig(ModelOptions):
+class EvalConfig(ModelOptions, NMEUnitsConfig):
     """Every option of ``coda eval`` with its default (the one source of them; the model and
-    prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units come from
-    :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units
+    :class:`coda.hw.verilog.NMEUnitsConfig`, as every NME command's)."""
     policy: str = option(",".join(DEFAULT_POLICIES), "comma-separated policies of "
                          + ", ".join(POLICY_NAMES))
     skip: str = option("0.3,0.5,0.6", "comma-separated distinct target skip fractions in (0, 1)")
@@ -194,19 +195,21 @@ class EvalConfig(ModelOptions):
     threads: int = option(1, "torch CPU threads")
 
 
+#: the config ``coda eval``'s main starts from (coda.cli)
+CONFIG = EvalConfig
+
+
 def configure(parser) -> None:
-    from coda.hw.verilog import add_latency_arguments
     add_options(parser, EvalConfig)
-    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
 
 
-def main(args) -> int:
+def main(cfg: EvalConfig) -> int:
+    """Run ``coda eval`` on ``cfg`` (docs/cli.md, "coda eval"). Returns 0."""
     from rich.console import Console
 
     from coda.experiments.search import full_videos
 
-    cfg = from_args(EvalConfig, args)
-    s = _checked_setup(cfg, args)
+    s = _checked_setup(cfg)
     console = Console()
     console.print(s.preset.describe())    # the top of the output: which NME runs the segments
     driver_factory = _driver_factory(s.model, s.backend, s.nme)
@@ -282,10 +285,9 @@ class _EvalSetup:
     layers: int
 
 
-def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
+def _checked_setup(cfg: "EvalConfig") -> _EvalSetup:
     """Every check of ``coda eval``'s options, then the model, the profile and the backend.
-    ``args`` gives the NME's units (:func:`coda.hw.verilog.add_latency_arguments`). Raises
-    ValueError naming the flag."""
+    Raises ValueError naming the flag."""
     from coda.host.cache.profile import Profile, model_hash
     from coda.host.cache.device import resolve_device
     from coda.host.cache.policies import check_cached_steps
@@ -313,7 +315,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     for s in skips:
         if not 0.0 < s < 1.0:
             raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
-    prompts = chosen_prompts(args)
+    prompts = chosen_prompts(cfg)
     seeds = parse_int_list(cfg.seeds, "--seeds", 0, MAX_SEED)
     check_steps(cfg.steps)
     for name in policies:            # a policy that would cache nothing: nothing to compare
@@ -324,8 +326,8 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
     for flag in ("batch", "threads"):
         if getattr(cfg, flag) < 1:
             raise ValueError(f"--{flag} {getattr(cfg, flag)}: expected >= 1")
-    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
-    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
+    preset = resolve_preset(cfg)    # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": cfg.trail_stores == "on"}
     out = check_output_path(cfg.out, "--out", folder=True)
     profile = None
     profile_path = cfg.profile or shipped_model(cfg.model).profile
@@ -340,7 +342,7 @@ def _checked_setup(cfg: "EvalConfig", args) -> _EvalSetup:
         profile = Profile.load(profile_path)
     backend = get_backend(cfg.backend)
     torch.set_num_threads(cfg.threads)
-    model = load_chosen(args, device)
+    model = load_chosen(cfg, device)
     layers = len(model.transformer.transformer_blocks)
     if profile is not None:
         profile.check_for(model_hash(model), cfg.steps, layers,

@@ -22,7 +22,7 @@ from coda.host.cache.forecast import ForecastTable, fit_alpha
 from coda.host.cache.policies.base import CachePolicy, Decision, OpQuery
 from coda.host.cache.schedule import Schedule
 from coda.experiments.schedule_files import ScheduleFilesConfig, load_for_calibration
-from coda.options import add_options, from_args
+from coda.options import add_options
 
 __all__ = ["record_outputs", "fit_tables", "calibrate_forecast", "save_forecast", "load_forecast"]
 
@@ -190,19 +190,23 @@ class ForecastConfig(ScheduleFilesConfig):
     on the same videos at once; each file's ``"forecast"`` block written)."""
 
 
+#: the configuration ``coda schedule forecast`` hands to :func:`main` (coda.cli)
+CONFIG = ForecastConfig
+
+
 def configure(parser) -> None:
     add_options(parser, ForecastConfig)
 
 
-def main(args) -> int:
-    """``coda schedule forecast``: alphas for each schedule file's schedule, calibrated on the
-    profile's videos (torch backend; one full-compute recording serves every file), written
-    as its ``"forecast"`` block. Raises ValueError naming the file for a schedule of another
-    model, layer count or step count than the first's."""
+def main(cfg: ForecastConfig) -> int:
+    """``coda schedule forecast`` as ``cfg`` says (what the command line gave, or a
+    :class:`ForecastConfig` built in Python): alphas for each schedule file's schedule,
+    calibrated on the profile's videos (torch backend; one full-compute recording serves
+    every file), written as its ``"forecast"`` block. Raises ValueError naming the file for a
+    schedule of another model, layer count or step count than the first's."""
     from coda.experiments.rollouts import torch_driver
 
-    model, scheds, profile, profile_path, guidance = load_for_calibration(
-        from_args(ForecastConfig, args))
+    model, scheds, profile, profile_path, guidance = load_for_calibration(cfg)
     steps = next(iter(scheds.values())).num_steps
     t0 = time.perf_counter()
     tables = calibrate_forecast(model, scheds, profile.meta["prompts"], profile.meta["seeds"],

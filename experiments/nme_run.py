@@ -3,7 +3,9 @@
 ``coda nme run --op OP --fmt F --inputs IN.npz --out OUT.npz`` runs the operator on the
 inputs (raw bf16/fp16 bit patterns) and writes its result; ``--make-example IN.npz`` writes a
 deterministic random input file instead; ``--waves FILE.fst`` also writes the traced NME's
-waveform. The file formats and what is printed: :func:`main`.
+waveform. The file formats and what is printed: :func:`main`, which takes the command's
+:class:`NMERunConfig` (``CONFIG``; the CLI builds it from the command line, a caller may build
+it directly).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from coda.options import add_options, defaults, given, option
 from coda.paths import atomic_write, check_output_path
 from coda.hw.dram.standards import STANDARDS
 from coda.hw.nme.isa import NMEConfig
-from coda.hw.verilog import add_latency_arguments, resolve_preset
+from coda.hw.verilog import NMEPreset, NMEUnitsConfig, resolve_preset
 from coda.host.nme import ops as ref
 from coda.host.nme.backend import BACKENDS, get_backend
 from coda.host.nme.bits import from_bits, to_bits, torch_dtype
 from coda.host.model.sample import check_seed
 from coda.host.nmp.driver import NMPCapacityError, NMPDriver, fit_mem_words
 
-__all__ = ["NMERunConfig", "configure", "main", "make_example", "read_inputs"]
+__all__ = ["NMERunConfig", "CONFIG", "configure", "main", "make_example", "read_inputs"]
 
 # Smallest and largest rank memory the CLI picks when --mem-words is not given (words).
 _MIN_MEM_WORDS = 1 << 10
@@ -37,9 +39,10 @@ _MAX_MEM_WORDS = 1 << 24
 
 
 @dataclass(frozen=True)
-class NMERunConfig:
+class NMERunConfig(NMEUnitsConfig):
     """Every option of ``coda nme run`` with its default (the one source of them; the NME's
-    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    units are :class:`coda.hw.verilog.NMEUnitsConfig`'s, inherited, as every NME command's).
+    :meth:`check` checks the options before any work."""
     op: str = option(None, f"operator: {', '.join(ref.OPS)}", type=str, required=True)
     fmt: str = option(NMEConfig.fmt, "element format: bf16 or fp16", source="NMEConfig.fmt")
     inputs: str = option(None, "input .npz (see module doc)", type=str)
@@ -68,12 +71,26 @@ class NMERunConfig:
                         "traced NME model, built once and cached); ranks 2.. write "
                         "FILE-<n>.fst", type=str, metavar="FILE.fst")
 
+    def check(self) -> NMEPreset:
+        """Check the options before any work, in this order; returns the NME's preset
+        (:func:`coda.hw.verilog.resolve_preset`). The format, ``--seed``, the units,
+        ``--waves`` (a writable .fst path, only for a run on the NME RTL), ``--dimms`` /
+        ``--ranks`` and the NME's geometry as a run checks them (NMEConfig), with the message
+        naming the option (``--lanes 0: expected 1..64``); then the options that would do
+        nothing (:func:`_check_unused`). Raises ValueError."""
+        preset = _check_options(self)
+        _check_unused(self)
+        return preset
+
+
+#: the config of ``coda nme run``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = NMERunConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``coda nme run`` to ``parser``: :class:`NMERunConfig` and the NME's
-    units (:func:`coda.hw.verilog.add_latency_arguments`)."""
+    """Add the options of ``coda nme run`` to ``parser``: :class:`NMERunConfig`, the NME's
+    units included."""
     add_options(parser, NMERunConfig)
-    add_latency_arguments(parser)
 
 
 def _fail(msg: str) -> int:
@@ -81,9 +98,10 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the command; returns the exit status (0 ok, 2 bad input). Options and output path
-    are checked before any work; nothing is written when the command fails.
+def main(cfg: NMERunConfig) -> int:
+    """Run the command of ``cfg`` (its :class:`NMERunConfig`); returns the exit status (0 ok, 2
+    bad input). Options (:meth:`NMERunConfig.check`) and output path are checked before any
+    work; nothing is written when the command fails.
 
     IN.npz holds the operator's inputs under their reference names (:mod:`coda.host.nme.ops`:
     ``a``, ``b``, ``s``, ``x``, ``g``, ``c``, ``u``, ``q``, ``scale``, and ``group`` = G for
@@ -102,40 +120,40 @@ def main(args: argparse.Namespace) -> int:
     writes ``FILE-<n>.fst``. The summary line then ends with ``waves=`` and the files.
     """
     try:
-        _check_options(args)
-        _check_unused(args)
-        if args.make_example is not None:
-            path = _check_out(args.make_example, "--make-example")
+        preset = cfg.check()
+        if cfg.make_example is not None:
+            path = _check_out(cfg.make_example, "--make-example")
             if path.suffix != ".npz":
-                raise ValueError(f"--make-example {args.make_example}: expected a file name "
+                raise ValueError(f"--make-example {cfg.make_example}: expected a file name "
                                  f"ending in .npz")
-            make_example(path, args.op, args.fmt, args.lanes, args.seed)
-            print(f"wrote example inputs of {args.op} ({args.fmt}) to {path}")
+            make_example(path, cfg.op, cfg.fmt, cfg.lanes, cfg.seed)
+            print(f"wrote example inputs of {cfg.op} ({cfg.fmt}) to {path}")
             return 0
-        if not args.inputs or not args.out:
+        if not cfg.inputs or not cfg.out:
             raise ValueError("--inputs IN.npz and --out OUT.npz are required "
                              "(or --make-example IN.npz)")
-        return _run(args)
+        return _run(cfg, preset)
     except (ValueError, KeyError, FileNotFoundError, NMPCapacityError, RuntimeError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         return _fail(str(msg))
 
 
-def _check_options(args: argparse.Namespace) -> None:
+def _check_options(cfg: NMERunConfig) -> NMEPreset:
     """The format and geometry options, checked as a run checks them (NMEConfig), with the
-    message naming the option: ``--lanes 0: expected 1..64``."""
-    torch_dtype(args.fmt)
-    check_seed(args.seed)     # --make-example's seed: the range of every command's seeds
-    args.nme_preset = resolve_preset(args)
-    _check_waves(args)
-    if args.dimms < 1 or args.ranks < 1:
-        raise ValueError(f"--dimms {args.dimms} --ranks {args.ranks}: expected >= 1 each")
-    mem_words = _MAX_MEM_WORDS if args.mem_words is None else args.mem_words
+    message naming the option: ``--lanes 0: expected 1..64``. Returns the NME's preset."""
+    torch_dtype(cfg.fmt)
+    check_seed(cfg.seed)     # --make-example's seed: the range of every command's seeds
+    preset = resolve_preset(cfg)
+    _check_waves(cfg)
+    if cfg.dimms < 1 or cfg.ranks < 1:
+        raise ValueError(f"--dimms {cfg.dimms} --ranks {cfg.ranks}: expected >= 1 each")
+    mem_words = _MAX_MEM_WORDS if cfg.mem_words is None else cfg.mem_words
     try:
-        _config(args, mem_words)
+        _config(cfg, preset, mem_words)
     except ValueError as exc:   # NMEConfig's messages read "field=value: expected ..."
         field, _, rest = str(exc).partition("=")
         raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+    return preset
 
 
 #: the options of a run (its files, where it runs): with --make-example, which runs nothing,
@@ -144,44 +162,44 @@ def _check_options(args: argparse.Namespace) -> None:
 _RUN_OPTIONS = ("inputs", "out", "backend", "dram", "nme_mhz")
 
 
-def _check_unused(args: argparse.Namespace) -> None:
+def _check_unused(cfg: NMERunConfig) -> None:
     """Refuse an option given on the command line (also at its default value) that would do
     nothing, instead of ignoring it: with ``--make-example`` (it writes inputs and runs
     nothing) the options of a run, :data:`_RUN_OPTIONS`; ``--seed`` without
     ``--make-example``. Raises ValueError naming the option."""
     default = defaults(NMERunConfig)
-    if args.make_example is not None:
+    if cfg.make_example is not None:
         for name in _RUN_OPTIONS:
-            if given(args, name, default[name]):
+            if given(cfg, name, default[name]):
                 flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} {getattr(args, name)}: --make-example writes example "
+                raise ValueError(f"{flag} {getattr(cfg, name)}: --make-example writes example "
                                  f"inputs and runs nothing, expected no {flag} with "
                                  "--make-example")
-    elif given(args, "seed", default["seed"]):
-        raise ValueError(f"--seed {args.seed}: the seed of --make-example's inputs, expected no "
+    elif given(cfg, "seed", default["seed"]):
+        raise ValueError(f"--seed {cfg.seed}: the seed of --make-example's inputs, expected no "
                          "--seed without --make-example")
 
 
-def _config(args: argparse.Namespace, mem_words: int) -> NMEConfig:
+def _config(cfg: NMERunConfig, preset: NMEPreset, mem_words: int) -> NMEConfig:
     """The NME of the options: lanes, format, depth, the units' and operand path's register
-    stages (``--mul-latency``, ``--add-latency``, ``--operand-latency``), whether stores
-    trail (``--trail-stores``), ``mem_words``."""
-    return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=mem_words,
-                     trail_stores=args.trail_stores == "on", **args.nme_preset.units())
+    stages (``preset``, of ``--preset``, ``--mul-latency``, ``--add-latency``,
+    ``--operand-latency``), whether stores trail (``--trail-stores``), ``mem_words``."""
+    return NMEConfig(lanes=cfg.lanes, fmt=cfg.fmt, depth=cfg.depth, mem_words=mem_words,
+                     trail_stores=cfg.trail_stores == "on", **preset.units())
 
 
-def _check_waves(args: argparse.Namespace) -> None:
+def _check_waves(cfg: NMERunConfig) -> None:
     """``--waves``: only for a run on the NME RTL (``--backend rtl``, no ``--dram``, no
     ``--make-example``) and a writable file path ending in .fst; ValueError otherwise."""
-    waves = getattr(args, "waves", None)
+    waves = cfg.waves
     if waves is None:
         return
-    if args.make_example is not None:
+    if cfg.make_example is not None:
         raise ValueError(f"--waves {waves}: --make-example runs nothing to record")
-    if args.backend != "rtl":
+    if cfg.backend != "rtl":
         raise ValueError(f"--waves {waves}: waveforms come from the RTL simulator, "
-                         f"expected --backend rtl (got --backend {args.backend})")
-    if args.dram is not None:
+                         f"expected --backend rtl (got --backend {cfg.backend})")
+    if cfg.dram is not None:
         raise ValueError(f"--waves {waves}: not available with --dram (the DIMM-NMP "
                          f"cosimulation); waveforms are of the NME on an ideal memory")
     if check_output_path(waves, "--waves").suffix != ".fst":
@@ -196,32 +214,34 @@ def _check_out(path: str, flag: str) -> Path:
     return check_output_path(path, flag)
 
 
-def _run(args: argparse.Namespace) -> int:
-    spec = ref.get_op(args.op)
-    out = _check_out(args.out, "--out")
-    inputs = read_inputs(args.inputs, args.op, args.fmt)
+def _run(cfg: NMERunConfig, preset: NMEPreset) -> int:
+    """Run the operator of ``cfg`` on the NME of ``preset``'s units (the options checked):
+    read the inputs, run, write the output and print the summary; returns 0."""
+    spec = ref.get_op(cfg.op)
+    out = _check_out(cfg.out, "--out")
+    inputs = read_inputs(cfg.inputs, cfg.op, cfg.fmt)
     tensors = {n: inputs[n] for n in spec.inputs}
     params = {n: inputs[n] for n in spec.params}
     meta = {n: torch.empty_like(t, device="meta") for n, t in tensors.items()}
     spec(**meta, **params)  # shape errors before any memory is sized
-    waves = getattr(args, "waves", None)
-    nme_mhz = getattr(args, "nme_mhz", None)
-    if nme_mhz is not None and args.dram is None:
+    waves = cfg.waves
+    nme_mhz = cfg.nme_mhz
+    if nme_mhz is not None and cfg.dram is None:
         raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram (the NME's own clock meets "
                          f"the DRAM controller's; an ideal memory has no clock)")
-    backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+    backend = get_backend(cfg.backend, dram=cfg.dram, dimms=cfg.dimms, ranks=cfg.ranks,
                           **({"waves": waves} if waves else {}),
                           **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}))
     try:
-        cfg = _config(args, args.mem_words or _MAX_MEM_WORDS)
-        if not args.mem_words:   # sized by the placement the driver makes
-            cfg = replace(cfg, mem_words=fit_mem_words(
-                backend, cfg, args.op, {n: tuple(t.shape) for n, t in tensors.items()},
-                params.get("group"), args.dimms, args.ranks, min_words=_MIN_MEM_WORDS,
+        nme = _config(cfg, preset, cfg.mem_words or _MAX_MEM_WORDS)
+        if not cfg.mem_words:   # sized by the placement the driver makes
+            nme = replace(nme, mem_words=fit_mem_words(
+                backend, nme, cfg.op, {n: tuple(t.shape) for n, t in tensors.items()},
+                params.get("group"), cfg.dimms, cfg.ranks, min_words=_MIN_MEM_WORDS,
                 max_words=_MAX_MEM_WORDS))
-        driver = NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
+        driver = NMPDriver(backend, nme, dimms=cfg.dimms, ranks=cfg.ranks)
         start = time.perf_counter()
-        result = driver.run_op(args.op, **tensors, **params)
+        result = driver.run_op(cfg.op, **tensors, **params)
         wall = time.perf_counter() - start
     finally:
         if waves:
@@ -234,13 +254,13 @@ def _run(args: argparse.Namespace) -> int:
     first = tensors[spec.inputs[0]]
     timing = ""
     last = getattr(backend, "last", None)
-    if args.dram and last is not None:   # the DIMM-NMP's last job: both clocks
+    if cfg.dram and last is not None:   # the DIMM-NMP's last job: both clocks
         timing = (f"nme_mhz={last.nme_mhz:.6g} ns={last.ns:.1f} job_nme_cycles={last.cycles} "
                   f"dram_cycles={last.dram_cycles} ")
-    print(args.nme_preset.describe())    # the top of the output: which NME ran
-    print(f"{args.op} {args.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
-          f"backend={args.backend} dimms={args.dimms} ranks={args.ranks} lanes={args.lanes} "
-          f"{'dram=' + args.dram + ' ' if args.dram else ''}{timing}"
+    print(preset.describe())    # the top of the output: which NME ran
+    print(f"{cfg.op} {cfg.fmt} {spec.inputs[0]}{list(first.shape)} -> {shown} "
+          f"backend={cfg.backend} dimms={cfg.dimms} ranks={cfg.ranks} lanes={cfg.lanes} "
+          f"{'dram=' + cfg.dram + ' ' if cfg.dram else ''}{timing}"
           f"nme_cycles={driver.stats['nme_cycles']} programs={driver.stats['rank_programs']} "
           f"wall={wall * 1e3:.1f} ms -> {out}"
           + (f" waves={','.join(str(p) for p in backend.wave_files)}" if waves else ""))

@@ -29,6 +29,7 @@ from coda.host.model.defaults import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import DEFAULT_NME_MHZ
+from coda.hw.verilog import NMEUnitsConfig
 from coda.jsonout import json_text
 from coda.paths import write_file
 from coda.host.cache.compress import CACHE_FORMATS
@@ -45,10 +46,12 @@ MEMORIES = ("dram", "ideal")
 
 
 @dataclass(frozen=True)
-class RunConfig(ModelOptions):
+class RunConfig(NMEUnitsConfig, ModelOptions):
     """Every option of ``coda run`` with its default (the one source of them; the model and
-    prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units come from
-    :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units
+    :class:`coda.hw.verilog.NMEUnitsConfig`, as every NME command's). Every field has a
+    default: ``main(RunConfig(backend="torch", prompts="0", steps=4, out="/tmp/r"))`` runs
+    as ``coda run`` with those options does."""
     out: str = option("out", "output folder")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 1..1000 (the model's training timesteps)")
     guidance: float = option(DEFAULT_GUIDANCE, "CFG scale, finite and >= 0")
@@ -119,26 +122,30 @@ class RunConfig(ModelOptions):
     threads: int = option(2, "torch CPU threads")
 
 
+#: the configuration ``coda run`` hands to :func:`main` (coda.cli)
+CONFIG = RunConfig
+
+
 def configure(parser) -> None:
-    from coda.hw.verilog import add_latency_arguments
+    """Options of ``coda run``: :class:`RunConfig` (with the NME's units, --preset and the
+    units' latencies: every NME command's)."""
     add_options(parser, RunConfig)
-    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
 
 
-def _driver(backend, args, preset, model, videos: int, inputs: bool,
+def _driver(backend, cfg: RunConfig, preset, model, videos: int, inputs: bool,
             calibration: bool = False):
     """An NMP driver sized for ``videos`` videos of this run (``calibration``: for the 16-bit
     entries of a calibration run, whatever --cache-format says)."""
     from coda.host.nmp.driver import NMPDriver
     from coda.host.model.sample import cache_mem_words
 
-    mem_words = cache_mem_words(model, videos, args.dimms * args.ranks, args.lanes, inputs,
-                                history=2 if args.cache == "forecast" else 1,
-                                cache_format="bf16" if calibration else args.cache_format,
-                                cache_group=None if calibration else args.cache_group)
-    cfg = NMEConfig(lanes=args.lanes, mem_words=mem_words, trail_stores=args.trail_stores == "on",
+    mem_words = cache_mem_words(model, videos, cfg.dimms * cfg.ranks, cfg.lanes, inputs,
+                                history=2 if cfg.cache == "forecast" else 1,
+                                cache_format="bf16" if calibration else cfg.cache_format,
+                                cache_group=None if calibration else cfg.cache_group)
+    nme = NMEConfig(lanes=cfg.lanes, mem_words=mem_words, trail_stores=cfg.trail_stores == "on",
                     **preset.units())
-    return NMPDriver(backend, cfg, dimms=args.dimms, ranks=args.ranks)
+    return NMPDriver(backend, nme, dimms=cfg.dimms, ranks=cfg.ranks)
 
 
 @dataclass
@@ -148,6 +155,8 @@ class _Setup:
     prompts: list                # ints (prompt indices) and prompt texts (chosen_prompts)
     rtl_videos: int | None       # prompts through the RTL (the first ones); None: torch backend
     nme_mhz: float | None        # the NMEs' own clock (--nme-mhz, checked); None: not given
+    dram: str | None             # the DRAM the run cosimulates (--memory dram: --dram's
+    #                              canonical name, default DDR5-4800); None: no DRAM timing
     preset: Any                  # the NME (coda.hw.verilog.resolve_preset)
     out: Path
     model: Any                   # on --device
@@ -194,40 +203,42 @@ class _Generation:
     rtl_events: Any = None
 
 
-def main(args) -> int:
-    """Run ``coda run`` (``docs/cli.md``, "coda run"): check every option, generate the full-compute and
-    the cached videos, check the RTL's bits against torch, model the systems, write the GIFs
-    and ``report.json`` and print the summary. Returns 0, or 1 when the RTL and torch
-    backends disagree."""
+def main(cfg: RunConfig) -> int:
+    """Run ``coda run`` (``docs/cli.md``, "coda run") as ``cfg`` says: what the command line
+    gave (:mod:`coda.cli`), or a :class:`RunConfig` built in Python, e.g.
+    ``main(RunConfig(backend="torch", prompts="0", steps=4, out="/tmp/r"))``. Check every
+    option, generate the full-compute and the cached videos, check the RTL's bits against
+    torch, model the systems, write the GIFs and ``report.json`` and print the summary.
+    Returns 0, or 1 when the RTL and torch backends disagree."""
     from rich.console import Console
 
     from coda.host.cache.device import DeviceCache
     from coda.host.model.choice import prompt_slug
 
-    run = _setup(args)
-    torch.set_num_threads(args.threads)
+    run = _setup(cfg)
+    torch.set_num_threads(cfg.threads)
     console = Console()
     # the top of the output: which NME runs the segments
     console.print(run.preset.describe() if run.backend is not None else
-                  f"the cache in {args.device} memory, its segments torch ops there (no NME)")
+                  f"the cache in {cfg.device} memory, its segments torch ops there (no NME)")
     t_start = time.perf_counter()
     # bad --lanes etc. fail now
     driver = DeviceCache() if run.backend is None else _driver(
-        run.backend, args, run.preset, run.model, run.rtl_videos or len(run.prompts), run.inputs)
+        run.backend, cfg, run.preset, run.model, run.rtl_videos or len(run.prompts), run.inputs)
     # whether the modelled systems can be computed for this NME (the system model has DRAM
     # utilisations only for measured lanes x depth): decided now, the run goes on without
-    modelled_reason = _modelled_unavailable(args, getattr(driver.cfg, "depth", NMEConfig.depth),
+    modelled_reason = _modelled_unavailable(cfg, getattr(driver.cfg, "depth", NMEConfig.depth),
                                             run.modelled_dram)
     run.out.mkdir(parents=True, exist_ok=True)
-    gen = _generate(console, args, run, driver)
+    gen = _generate(console, cfg, run, driver)
     bit_exact = rtl = None
-    if args.backend == "rtl":
-        bit_exact, rtl = _check_rtl_bits(console, args, run, gen, modelled_reason)
+    if cfg.backend == "rtl":
+        bit_exact, rtl = _check_rtl_bits(console, cfg, run, gen, modelled_reason)
     gifs, grid = _write_gifs(run.out, [prompt_slug(run.model_name, p) for p in run.prompts],
                              gen.full, gen.cached)
-    modelled = _modelled(args, run, gen, modelled_reason)
-    report = _report(args, run, gen, bit_exact, rtl, modelled, gifs, grid, t_start)
-    report["paper_scale"] = _paper_scale(args, run)   # the same schedule at paper scale
+    modelled = _modelled(cfg, run, gen, modelled_reason)
+    report = _report(cfg, run, gen, bit_exact, rtl, modelled, gifs, grid, t_start)
+    report["paper_scale"] = _paper_scale(cfg, run)   # the same schedule at paper scale
     write_file(run.out / "report.json", json_text(report, indent=2) + "\n")
     _print_summary(console, report, run.out / "report.json")
     _record(report, grid)
@@ -237,7 +248,7 @@ def main(args) -> int:
     return 0
 
 
-def _setup(args) -> _Setup:
+def _setup(cfg: RunConfig) -> _Setup:
     """Every check before any work or any file: flags, output folder, policy, backend (whose
     simulators are built and started only when the first segment runs); loads the model (the
     policy's files are checked against it). Raises ValueError naming the flag."""
@@ -248,35 +259,35 @@ def _setup(args) -> _Setup:
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
 
-    device = resolve_device(args.device, "--device")    # no CUDA: refused first
-    _check_backend_options(args)
-    prompts = chosen_prompts(args)
-    check_steps(args.steps)
-    check_guidance(args.guidance)
-    check_seed(args.seed, count=len(prompts))
-    rtl_videos = _rtl_videos(args, len(prompts))
+    device = resolve_device(cfg.device, "--device")    # no CUDA: refused first
+    _check_backend_options(cfg)
+    prompts = chosen_prompts(cfg)
+    check_steps(cfg.steps)
+    check_guidance(cfg.guidance)
+    check_seed(cfg.seed, count=len(prompts))
+    rtl_videos = _rtl_videos(cfg, len(prompts))
     for flag in ("interval", "warmup", "lanes", "dimms", "ranks", "threads"):
-        value = getattr(args, flag)
+        value = getattr(cfg, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag} {value}: expected >= 1")
-    nme_mhz = _resolve_memory(args)   # before the model loads: a bad preset or clock fails
-    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
-    out = check_output_path(args.out, "--out", folder=True)
-    model = load_chosen(args, device)
-    group = _cache_group(args, model)
-    policy_name, policy = _policy(args, model)
-    forecast, source = _forecast(args, model, policy_name, policy)
+    nme_mhz, dram = _resolve_memory(cfg)   # before the model loads: a bad preset or clock fails
+    preset = resolve_preset(cfg)   # bad or clashing --preset / latency flags fail here
+    out = check_output_path(cfg.out, "--out", folder=True)
+    model = load_chosen(cfg, device)
+    group = _cache_group(cfg, model)
+    policy_name, policy = _policy(cfg, model)
+    forecast, source = _forecast(cfg, model, policy_name, policy)
     backend = None          # --backend device: no NME; bad --backend/--dram and presets fail here
-    if args.backend != "device" or args.dram is not None:
-        backend = get_backend(args.backend, dram=args.dram, dimms=args.dimms, ranks=args.ranks,
+    if cfg.backend != "device" or dram is not None:
+        backend = get_backend(cfg.backend, dram=dram, dimms=cfg.dimms, ranks=cfg.ranks,
                               **({"nme_mhz": nme_mhz} if nme_mhz is not None else {}),
                               # the DRAM-timed DIMM-NMP logs every command for the energy
-                              **({"commands": _command_log(out)} if args.dram and args.dram_log
+                              **({"commands": _command_log(out)} if dram and cfg.dram_log
                                  else {}))
-    return _Setup(prompts, rtl_videos, nme_mhz, preset, out, model, args.model, policy_name,
-                  policy,
-                  backend, modelled_dram=args.dram or DEFAULT_STANDARD, forecast=forecast,
-                  forecast_source=source, cache_format=args.cache_format, cache_group=group)
+    return _Setup(prompts, rtl_videos, nme_mhz, dram, preset, out, model, cfg.model,
+                  policy_name, policy,
+                  backend, modelled_dram=dram or DEFAULT_STANDARD, forecast=forecast,
+                  forecast_source=source, cache_format=cfg.cache_format, cache_group=group)
 
 
 #: options of the NME (coda.hw.verilog.NMEUnitsConfig, --lanes): none with --backend device
@@ -284,82 +295,81 @@ _NME_OPTIONS = ("preset", "mul_latency", "add_latency", "operand_latency", "trai
                 "lanes")
 
 
-def _check_backend_options(args) -> None:
+def _check_backend_options(cfg: RunConfig) -> None:
     """Refuse, before any work, an option that would do nothing with ``--backend``, given on
     the command line (also at its default value), instead of ignoring it: with ``device``
     (no NME: the cache's segments are torch ops) the NME's options and ``--lanes``;
     ``--memory`` and ``--dram`` (and so ``--nme-mhz``, :func:`_resolve_memory`) with any
     backend but ``rtl``. Raises ValueError naming the option."""
-    from coda.hw.verilog import NMEUnitsConfig
     from coda.options import defaults, given
 
-    default = {**defaults(RunConfig), **defaults(NMEUnitsConfig)}
-    if args.backend == "device":
+    default = defaults(RunConfig)
+    if cfg.backend == "device":
         for name in _NME_OPTIONS:
-            if given(args, name, default[name]):
+            if given(cfg, name, default[name]):
                 flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} {getattr(args, name)}: no NME runs with --backend "
+                raise ValueError(f"{flag} {getattr(cfg, name)}: no NME runs with --backend "
                                  "device (its cache segments are torch ops in --device "
                                  f"memory), expected no {flag} with --backend device")
-    if given(args, "memory", default["memory"]) and args.backend != "rtl":
-        raise ValueError(f"--memory {args.memory}: the NMEs' rank memory of --backend rtl, "
-                         f"expected no --memory with --backend {args.backend}")
-    if args.dram is not None and args.backend != "rtl":
-        raise ValueError(f"--dram {args.dram}: DRAM timing needs --backend rtl (got --backend "
-                         f"{args.backend})")
+    if given(cfg, "memory", default["memory"]) and cfg.backend != "rtl":
+        raise ValueError(f"--memory {cfg.memory}: the NMEs' rank memory of --backend rtl, "
+                         f"expected no --memory with --backend {cfg.backend}")
+    if cfg.dram is not None and cfg.backend != "rtl":
+        raise ValueError(f"--dram {cfg.dram}: DRAM timing needs --backend rtl (got --backend "
+                         f"{cfg.backend})")
 
 
-def _resolve_memory(args) -> float | None:
-    """``--memory``, ``--dram`` and ``--nme-mhz`` checked and resolved before any work: with
-    ``--backend rtl --memory dram`` ``args.dram`` becomes the cosimulated preset's name
-    (``--dram``, default :data:`DEFAULT_STANDARD`) and the NMEs' clock is returned (MHz:
-    ``--nme-mhz``, checked by :func:`coda.hw.nmp.check_nme_mhz`, default
-    :func:`coda.hw.nmp.default_nme_mhz`); otherwise ``args.dram`` stays None and None is
-    returned. From then on ``args.dram`` names the DRAM the run cosimulates, or None.
+def _resolve_memory(cfg: RunConfig) -> tuple[float | None, str | None]:
+    """``--memory``, ``--dram`` and ``--nme-mhz`` checked and resolved before any work:
+    (the NMEs' clock, the DRAM the run cosimulates). With ``--backend rtl --memory dram``:
+    the clock in MHz (``--nme-mhz``, checked by :func:`coda.hw.nmp.check_nme_mhz`, default
+    :func:`coda.hw.nmp.default_nme_mhz`) and the cosimulated preset's name (``--dram``,
+    default :data:`DEFAULT_STANDARD`); otherwise (None, None). ``cfg`` is not changed:
+    the run reads the DRAM from :class:`_Setup`'s ``dram``.
     Raises ValueError naming the flag: an unknown preset, a bad clock, ``--nme-mhz`` without
     DRAM timing, ``--dram`` with ``--memory ideal``."""
     from coda.hw.dram.standards import get_standard
     from coda.hw.nmp import check_nme_mhz, default_nme_mhz
 
-    nme_mhz = getattr(args, "nme_mhz", None)
-    if args.backend != "rtl" or getattr(args, "memory", "dram") == "ideal":
+    nme_mhz = getattr(cfg, "nme_mhz", None)
+    if cfg.backend != "rtl" or getattr(cfg, "memory", "dram") == "ideal":
         if nme_mhz is not None:
-            why = ("an ideal memory has no clock" if args.backend == "rtl"
-                   else f"got --backend {args.backend}")
+            why = ("an ideal memory has no clock" if cfg.backend == "rtl"
+                   else f"got --backend {cfg.backend}")
             raise ValueError(f"--nme-mhz {nme_mhz:g}: only with --dram timing (--backend rtl "
                              f"--memory dram: the NME's own clock meets the DRAM "
                              f"controller's; {why})")
-        if args.dram is not None:
-            raise ValueError(f"--dram {args.dram}: the DRAM preset of --memory dram, expected "
+        if cfg.dram is not None:
+            raise ValueError(f"--dram {cfg.dram}: the DRAM preset of --memory dram, expected "
                              "no --dram with --memory ideal")
-        return None
-    args.dram = get_standard(args.dram or DEFAULT_STANDARD).name
-    return check_nme_mhz(nme_mhz, args.dram) if nme_mhz is not None else \
-        default_nme_mhz(args.dram)
+        return None, None
+    dram = get_standard(cfg.dram or DEFAULT_STANDARD).name
+    return (check_nme_mhz(nme_mhz, dram) if nme_mhz is not None else default_nme_mhz(dram),
+            dram)
 
 
-def _cache_group(args, model) -> int | None:
+def _cache_group(cfg: RunConfig, model) -> int | None:
     """--cache-format int8: G (--cache-group, or the default for the model's hidden size and
     --lanes), checked; None for bf16. Raises ValueError naming G and C."""
     from coda.host.cache.compress import resolve_group
 
-    if args.cache_format != "int8":
-        if args.cache_group is not None:
-            raise ValueError(f"--cache-group {args.cache_group}: an int8 option, expected "
+    if cfg.cache_format != "int8":
+        if cfg.cache_group is not None:
+            raise ValueError(f"--cache-group {cfg.cache_group}: an int8 option, expected "
                              "--cache-format int8")
         return None
     tcfg = model.config["transformer"]
-    return resolve_group(tcfg["num_attention_heads"] * tcfg["attention_head_dim"], args.lanes,
-                         args.cache_group)
+    return resolve_group(tcfg["num_attention_heads"] * tcfg["attention_head_dim"], cfg.lanes,
+                         cfg.cache_group)
 
 
-def _sampling(args) -> dict:
+def _sampling(cfg: RunConfig) -> dict:
     """The keyword arguments of every generation of the run (steps, CFG, base seed)."""
-    return dict(num_steps=args.steps, guidance_scale=args.guidance, seed=args.seed,
+    return dict(num_steps=cfg.steps, guidance_scale=cfg.guidance, seed=cfg.seed,
                 progress=True)
 
 
-def _generate(console, args, run: _Setup, driver) -> _Generation:
+def _generate(console, cfg: RunConfig, run: _Setup, driver) -> _Generation:
     """The full-compute videos of every prompt, then the cached videos of the prompts that
     go through ``--backend`` (with ``rtl`` the first ``--rtl-videos``) with their segments
     on ``driver``; closes the backend."""
@@ -367,20 +377,20 @@ def _generate(console, args, run: _Setup, driver) -> _Generation:
     from coda.host.model.sample import cached_generate, generate
 
     labels, backend = run.prompts, run.backend
-    console.print(f"[bold]full compute[/] {len(labels)} prompts × {args.steps} steps (CFG)")
-    full = generate(run.model, labels, **_sampling(args))
+    console.print(f"[bold]full compute[/] {len(labels)} prompts × {cfg.steps} steps (CFG)")
+    full = generate(run.model, labels, **_sampling(cfg))
 
-    seeds = [args.seed + i for i in range(len(labels))]
+    seeds = [cfg.seed + i for i in range(len(labels))]
     run_labels = labels[:run.rtl_videos] if run.rtl_videos else labels
-    where = (f"{args.dimms} DIMM × {args.ranks} ranks, {args.lanes} lanes, "
-             + (f"{args.dram}, NMEs at {run.nme_mhz:g} MHz" if args.dram else "ideal memory")
-             if backend is not None else args.device)
+    where = (f"{cfg.dimms} DIMM × {cfg.ranks} ranks, {cfg.lanes} lanes, "
+             + (f"{run.dram}, NMEs at {run.nme_mhz:g} MHz" if run.dram else "ideal memory")
+             if backend is not None else cfg.device)
     console.print(f"[bold]cached[/] {len(run_labels)} prompts, segments on the "
-                  f"[cyan]{args.backend}[/] backend ({where})")
+                  f"[cyan]{cfg.backend}[/] backend ({where})")
     t0 = time.perf_counter()
     events = EventLog()
     cached, stats = cached_generate(run.model, run_labels, driver, run.policy, events=events,
-                                    **run.cache_kwargs(), **_sampling(args),
+                                    **run.cache_kwargs(), **_sampling(cfg),
                                     seeds=seeds[:len(run_labels)])
     cached_s = time.perf_counter() - t0
     sim = dict(getattr(backend, "stats", {}))
@@ -391,7 +401,7 @@ def _generate(console, args, run: _Setup, driver) -> _Generation:
                        cached_s, sim, cosim_stats=driver.stats)
 
 
-def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
+def _check_rtl_bits(console, cfg: RunConfig, run: _Setup, gen: _Generation,
                     modelled_reason: str | None) -> tuple[bool, dict]:
     """With ``--backend rtl``: the torch backend generates every prompt once, and its first
     videos check the RTL's bit for bit (a video's bits do not depend on the others of its
@@ -409,20 +419,20 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
     console.print(f"[bold]cached[/] all {len(prompts)} prompts, segments on the "
                   f"[cyan]torch[/] backend (its first {n} checked against "
                   f"the RTL's bits)")
-    ref_driver = _driver(get_backend("torch"), args, run.preset, run.model, len(prompts), run.inputs)
+    ref_driver = _driver(get_backend("torch"), cfg, run.preset, run.model, len(prompts), run.inputs)
     ref_events = EventLog()
     reference, ref_stats = cached_generate(run.model, gen.labels, ref_driver, run.policy,
                                            events=ref_events, **run.cache_kwargs(),
-                                           **_sampling(args),
+                                           **_sampling(cfg),
                                            seeds=gen.seeds)
     bit_exact = bool(torch.equal(reference[:n].view(torch.int32), gen.cached.view(torch.int32)))
     rtl = {"prompts": prompts[:n], "nme_cycles": gen.driver.stats["nme_cycles"],
            "nme_programs": gen.driver.stats["programs"], "cached_generation_s": gen.cached_s}
-    if args.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
+    if run.dram:   # the DIMM-NMP's jobs: NME clock, both clocks' cycles, time
         rtl.update(nme_mhz=getattr(run.backend, "nme_mhz", None),
                    job_nme_cycles=gen.sim.get("cycles", 0),
                    job_dram_cycles=gen.sim.get("dram_cycles", 0), job_ns=gen.sim.get("ns", 0.0),
-                   dram_energy=_dram_energy(args, run, n))
+                   dram_energy=_dram_energy(cfg, run, n))
     if n < len(prompts):
         gen.rtl_events = gen.events
         gen.cached, gen.stats, gen.driver, gen.events = (reference, ref_stats, ref_driver,
@@ -431,10 +441,10 @@ def _check_rtl_bits(console, args, run: _Setup, gen: _Generation,
             # cycle model with the cycles the cosimulation measured (ideal memory), or
             # the DRAM-timed NMEs time it (--dram)
             rtl["modelled"] = modelled_systems(
-                gen.rtl_events, run.model.config, lanes=args.lanes, depth=gen.driver.cfg.depth,
-                dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram,
-                nme_mhz=run.nme_mhz, nme_timing="events" if args.dram else "model",
-                cache=args.cache, cache_format=run.cache_format, cache_group=run.cache_group)
+                gen.rtl_events, run.model.config, lanes=cfg.lanes, depth=gen.driver.cfg.depth,
+                dimms=cfg.dimms, ranks=cfg.ranks, dram=run.modelled_dram,
+                nme_mhz=run.nme_mhz, nme_timing="events" if run.dram else "model",
+                cache=cfg.cache, cache_format=run.cache_format, cache_group=run.cache_group)
     return bit_exact, rtl
 
 
@@ -463,7 +473,7 @@ def _command_log(out: Path) -> Path:
     return out / "dram_cmds.csv"
 
 
-def _dram_energy(args, run, videos: int) -> dict:
+def _dram_energy(cfg: RunConfig, run: _Setup, videos: int) -> dict:
     """The report's ``rtl.dram_energy``: J split into activation/precharge, read + write,
     refresh and background, in total and per video (``videos`` through the RTL), with the
     per-rank detail. From the controllers' counters (ACTs = row misses + row conflicts, RD
@@ -476,13 +486,13 @@ def _dram_energy(args, run, videos: int) -> dict:
     from coda.hw.dram.power import command_energy, dram_energy
     from coda.hw.dram.standards import get_standard
 
-    std = get_standard(args.dram)
+    std = get_standard(run.dram)
     banks = command_energy(std).banks
     ranks = {}
     stats = run.backend.last.stats        # per rank, cumulative since the simulator started
     for k, s in enumerate(stats):
         rank_s = s["cycles"] * std.tCK_ns * 1e-9
-        ranks[f"c{k // args.ranks}r{k % args.ranks}"] = dram_energy(
+        ranks[f"c{k // cfg.ranks}r{k % cfg.ranks}"] = dram_energy(
             std, acts=s["row_misses"] + s["row_conflicts"], reads=s["reads"],
             writes=s["writes"], refreshes=s["refreshes"], rank_s=rank_s,
             bank_open_s=rank_s * banks)
@@ -490,13 +500,13 @@ def _dram_energy(args, run, videos: int) -> dict:
     out = {"method": "per command from the controllers' counters and the device's IDD/IPP "
                      "currents (coda.hw.dram.power); background with every bank open while a "
                      "rank runs (an upper bound; --dram-log measures it per power state)",
-           "standard": args.dram, "cycles": max(s["cycles"] for s in stats),
+           "standard": run.dram, "cycles": max(s["cycles"] for s in stats),
            "split_j": split_j(total), "ranks": ranks}
-    if args.dram_log:
+    if cfg.dram_log:
         base = _command_log(run.out)
         logs = [base if (d, r) == (0, 0) else base.with_name(f"{base.name}.c{d}r{r}")
-                for d in range(args.dimms) for r in range(args.ranks)]
-        result = energy_files(args.dram, logs)
+                for d in range(cfg.dimms) for r in range(cfg.ranks)]
+        result = energy_files(run.dram, logs)
         out.update(method=result["method"], logs=[str(p) for p in logs],
                    cycles=result["cycles"], counters_split_j=out["split_j"],
                    split_j=result["split_j"], ranks=result["ranks"])
@@ -520,7 +530,7 @@ def _write_gifs(out: Path, names: list[str], full, cached) -> tuple[list[str], P
     return gifs, grid
 
 
-def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
+def _modelled(cfg: RunConfig, run: _Setup, gen: _Generation, reason: str | None) -> dict:
     """The report's ``modelled``: the run's events replayed on the default platform (RTX
     4090, PCIe 4.0 x16, these DIMMs with DDR5-4800 unless --dram says otherwise) as the
     systems of the ablation (a..f; a..g with ``--cache forecast``), ``"available": true``; or ``{"available": false,
@@ -530,13 +540,13 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
     if reason is not None:
         return {"available": False, "reason": reason}
     modelled = modelled_systems(     # a device cache has no NME: the default depth
-        gen.events, run.model.config, lanes=args.lanes,
+        gen.events, run.model.config, lanes=cfg.lanes,
         depth=getattr(gen.driver.cfg, "depth", NMEConfig.depth),
-        dimms=args.dimms, ranks=args.ranks, dram=run.modelled_dram, nme_mhz=run.nme_mhz,
+        dimms=cfg.dimms, ranks=cfg.ranks, dram=run.modelled_dram, nme_mhz=run.nme_mhz,
         # the events' NME cycles (counted at nme_mhz) time the NMEs when they all came
         # from the DRAM-timed DIMM-NMP
-        nme_timing="events" if args.dram and gen.rtl_events is None else "model",
-        cache=args.cache, cache_format=run.cache_format, cache_group=run.cache_group)
+        nme_timing="events" if run.dram and gen.rtl_events is None else "model",
+        cache=cfg.cache, cache_format=run.cache_format, cache_group=run.cache_group)
     modelled["available"] = True
     return modelled
 
@@ -546,7 +556,7 @@ def _modelled(args, run: _Setup, gen: _Generation, reason: str | None) -> dict:
 _PAPER_SCALE_POLICIES = ("coda", "coda+dra", "uniform")
 
 
-def _paper_scale(args, run: _Setup) -> dict:
+def _paper_scale(cfg: RunConfig, run: _Setup) -> dict:
     """The report's ``paper_scale``: the run's schedule transferred to the paper-scale target
     (:data:`coda.host.system.sim.PAPER_SCALE`: Wan 2.1-14B, 720p x 4 s, the edge GPU preset,
     4 DIMMs x 8 ranks of DDR5-4800) and replayed as systems a..g by
@@ -567,19 +577,20 @@ def _paper_scale(args, run: _Setup) -> dict:
         spec = {"schedule": "uniform", "interval": run.policy.default_interval,
                 "warmup": run.policy.warmup}
     else:
-        spec = {"schedule": str(args.schedule or shipped_model(args.model).schedule())}
+        spec = {"schedule": str(cfg.schedule or shipped_model(cfg.model).schedule())}
     note = ("DRA's run-time fallbacks not modelled" if run.policy_name == "coda+dra"
             else None)
     try:
-        out = paper_scale(**spec, steps=args.steps, cache=args.cache,
+        out = paper_scale(**spec, steps=cfg.steps, cache=cfg.cache,
                           cache_format=run.cache_format, note=note)
     except ValueError as exc:
         return {"available": False, "reason": str(exc)}
     return {"available": True, **out}
 
 
-def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: dict | None,
-            modelled: dict, gifs: list[str], grid: Path, t_start: float) -> dict:
+def _report(cfg: RunConfig, run: _Setup, gen: _Generation, bit_exact: bool | None,
+            rtl: dict | None, modelled: dict, gifs: list[str], grid: Path,
+            t_start: float) -> dict:
     """``report.json`` (``docs/cli.md``, "coda run"): the options, the policy, the bit check, quality
     (PSNR, SSIM) and prompt adherence of the cached videos, the counters, the cosimulation's
     speed and CFG interleaving, the files, the machine and the modelled systems."""
@@ -596,19 +607,19 @@ def _report(args, run: _Setup, gen: _Generation, bit_exact: bool | None, rtl: di
     return {
         "model": run.model_name,
         "prompts": run.prompts,
-        "steps": args.steps,
-        "guidance_scale": args.guidance,
-        "backend": args.backend,
-        "device": args.device,
-        "memory": args.memory if args.backend == "rtl" else None,
-        "dram": args.dram,
+        "steps": cfg.steps,
+        "guidance_scale": cfg.guidance,
+        "backend": cfg.backend,
+        "device": cfg.device,
+        "memory": cfg.memory if cfg.backend == "rtl" else None,
+        "dram": run.dram,
         "nme_mhz": run.nme_mhz,
-        "dimms": args.dimms, "ranks": args.ranks, "lanes": args.lanes,
+        "dimms": cfg.dimms, "ranks": cfg.ranks, "lanes": cfg.lanes,
         "nme": {"preset": preset.name, **preset.units(), "fmax": preset.fmax,
-                "trail_stores": args.trail_stores == "on"},
+                "trail_stores": cfg.trail_stores == "on"},
         "policy": run.policy_name,
         "policy_params": run.policy.describe(),
-        "cache": args.cache,
+        "cache": cfg.cache,
         "cache_format": run.cache_format, "cache_group": run.cache_group,
         "forecast": None if run.forecast is None else {"source": run.forecast_source,
                                                        **run.forecast.describe()},
@@ -691,23 +702,23 @@ def _adherence_keys(report: dict) -> tuple[str, ...]:
                  for which in ("full", "cached"))
 
 
-def _rtl_videos(args, prompts: int) -> int | None:
+def _rtl_videos(cfg: RunConfig, prompts: int) -> int | None:
     """How many prompts (the first ones) run through the RTL: None with ``--backend torch``.
     Raises ValueError: ``--rtl-videos`` with the torch backend, or outside 1..prompts."""
-    if args.backend != "rtl":
-        if args.rtl_videos is not None:
-            raise ValueError(f"--rtl-videos {args.rtl_videos}: an option of --backend rtl, "
-                             f"expected no --rtl-videos with --backend {args.backend}")
+    if cfg.backend != "rtl":
+        if cfg.rtl_videos is not None:
+            raise ValueError(f"--rtl-videos {cfg.rtl_videos}: an option of --backend rtl, "
+                             f"expected no --rtl-videos with --backend {cfg.backend}")
         return None
-    if args.rtl_videos is None:
+    if cfg.rtl_videos is None:
         return prompts
-    if not 1 <= args.rtl_videos <= prompts:
-        raise ValueError(f"--rtl-videos {args.rtl_videos}: expected 1..{prompts} (the number of "
+    if not 1 <= cfg.rtl_videos <= prompts:
+        raise ValueError(f"--rtl-videos {cfg.rtl_videos}: expected 1..{prompts} (the number of "
                          f"--prompts)")
-    return args.rtl_videos
+    return cfg.rtl_videos
 
 
-def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
+def _modelled_unavailable(cfg: RunConfig, depth: int, dram: str) -> str | None:
     """None when the report's ``modelled`` section (the generation replayed as systems a..f,
     :func:`coda.host.system.modelled`) can be computed for this run's NMEs (``--lanes``,
     the driver's buffer ``depth``, ``--dimms``, ``--ranks``, ``dram``), else why not (the
@@ -715,7 +726,7 @@ def _modelled_unavailable(args, depth: int, dram: str) -> str | None:
     from coda.host.system.platforms import DEFAULT_PLATFORM, platform
 
     try:
-        platform(DEFAULT_PLATFORM, dram, args.dimms, args.ranks, lanes=args.lanes, depth=depth)
+        platform(DEFAULT_PLATFORM, dram, cfg.dimms, cfg.ranks, lanes=cfg.lanes, depth=depth)
     except ValueError as exc:
         return str(exc)
     return None
@@ -730,7 +741,7 @@ _PROFILE_POLICIES = ("coda+dra",) + policy_names("needs_profile")
 _FORECAST_POLICIES = tuple(n for n in policy_names("serves_forecast") if n in POLICY_CHOICES)
 
 
-def _policy(args, model):
+def _policy(cfg: RunConfig, model):
     """(name, policy) from the flags; every file is read and checked here, before any work.
     A flag the chosen policy does not read is refused, not ignored."""
     from coda.host.cache.policies import check_cached_steps, get_policy
@@ -738,74 +749,74 @@ def _policy(args, model):
     from coda.host.cache.shipped import load_schedule
     from coda.host.model.dit import shipped_model
 
-    uniform_flags = args.interval is not None or args.warmup is not None
-    if args.policy is not None and not args.policy.strip():
-        raise ValueError(f"--policy {args.policy!r}: empty, expected one of "
+    uniform_flags = cfg.interval is not None or cfg.warmup is not None
+    if cfg.policy is not None and not cfg.policy.strip():
+        raise ValueError(f"--policy {cfg.policy!r}: empty, expected one of "
                          f"{', '.join(POLICY_CHOICES)} (or no --policy: coda)")
-    name = args.policy if args.policy is not None else ("uniform" if uniform_flags else "coda")
+    name = cfg.policy if cfg.policy is not None else ("uniform" if uniform_flags else "coda")
     if name not in POLICY_CHOICES:
         raise ValueError(f"--policy {name!r}: unknown policy, expected one of "
                          f"{', '.join(POLICY_CHOICES)}")
     if uniform_flags and name != "uniform":
         raise ValueError(f"--interval/--warmup: options of --policy uniform, expected no "
                          f"--interval/--warmup with --policy {name}")
-    if args.schedule is not None and not name.startswith("coda"):
-        raise ValueError(f"--schedule {args.schedule}: a coda / coda+dra option, expected no "
+    if cfg.schedule is not None and not name.startswith("coda"):
+        raise ValueError(f"--schedule {cfg.schedule}: a coda / coda+dra option, expected no "
                          f"--schedule with --policy {name}")
-    if args.skip is not None and name not in _SKIP_POLICIES:
+    if cfg.skip is not None and name not in _SKIP_POLICIES:
         how = ("its schedule's (--schedule)" if name.startswith("coda")
                else "set by --interval/--warmup")
-        raise ValueError(f"--skip {args.skip}: a {' / '.join(_SKIP_POLICIES)} "
+        raise ValueError(f"--skip {cfg.skip}: a {' / '.join(_SKIP_POLICIES)} "
                          f"option (the skip "
                          f"of {name} is {how}), expected no --skip with --policy {name}")
-    if args.cache == "forecast" and name not in _FORECAST_POLICIES:
+    if cfg.cache == "forecast" and name not in _FORECAST_POLICIES:
         raise ValueError(f"--cache forecast with --policy {name}: expected a static policy "
                          f"({', '.join(_FORECAST_POLICIES)}; the alphas are calibrated for "
                          "a schedule's computed steps)")
-    if args.profile is not None and name not in _PROFILE_POLICIES and args.cache != "forecast":
-        raise ValueError(f"--profile {args.profile}: read by {' / '.join(_PROFILE_POLICIES)} "
+    if cfg.profile is not None and name not in _PROFILE_POLICIES and cfg.cache != "forecast":
+        raise ValueError(f"--profile {cfg.profile}: read by {' / '.join(_PROFILE_POLICIES)} "
                          f"only, expected no --profile with --policy {name}")
-    skip = 0.5 if args.skip is None else args.skip
+    skip = 0.5 if cfg.skip is None else cfg.skip
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
-    check_cached_steps(args.steps, "--steps", name)   # any rule-based policy: else no reuse
+    check_cached_steps(cfg.steps, "--steps", name)   # any rule-based policy: else no reuse
     layers = len(model.transformer.transformer_blocks)
     mhash = model_hash(model)
     if name == "uniform":
-        interval = 2 if args.interval is None else args.interval
+        interval = 2 if cfg.interval is None else cfg.interval
         # default 5, fewer for a short run (the last two steps: one computed, one reused)
-        warmup = max(1, min(5, args.steps - 2)) if args.warmup is None else args.warmup
+        warmup = max(1, min(5, cfg.steps - 2)) if cfg.warmup is None else cfg.warmup
         if interval < 2:
             raise ValueError(f"--interval {interval}: recomputes every step, nothing would be "
                              "cached; expected >= 2")
-        if warmup > args.steps - 2:
-            given = "" if args.warmup is not None else " (the default)"
-            raise ValueError(f"--warmup {warmup}{given} with --steps {args.steps}: nothing "
+        if warmup > cfg.steps - 2:
+            given = "" if cfg.warmup is not None else " (the default)"
+            raise ValueError(f"--warmup {warmup}{given} with --steps {cfg.steps}: nothing "
                              "would be cached (the uniform policy computes the --warmup first "
                              "steps and the step after them before any reuse); expected "
-                             f"--warmup 1..{args.steps - 2} (--steps - 2)")
+                             f"--warmup 1..{cfg.steps - 2} (--steps - 2)")
         return name, get_policy("uniform", interval=interval, warmup=warmup)
     profile = None
     if name in _PROFILE_POLICIES:
-        profile = _profile(args, mhash, layers, f"--policy {name}")[0]
+        profile = _profile(cfg, mhash, layers, f"--policy {name}")[0]
     if name in _SKIP_POLICIES:
         return name, get_policy(name, skip=skip, profile=profile,
-                                num_steps=args.steps, num_layers=layers)
-    if args.schedule is None and args.steps != 50:
-        raise ValueError(f"--policy {name} --steps {args.steps}: the shipped schedule is for "
+                                num_steps=cfg.steps, num_layers=layers)
+    if cfg.schedule is None and cfg.steps != 50:
+        raise ValueError(f"--policy {name} --steps {cfg.steps}: the shipped schedule is for "
                          "50 steps; give --schedule of coda schedule search for "
-                         f"{args.steps} steps, or --policy uniform")
-    path = args.schedule or _shipped_file(shipped_model(args.model).schedule(),
+                         f"{cfg.steps} steps, or --policy uniform")
+    path = cfg.schedule or _shipped_file(shipped_model(cfg.model).schedule(),
                                           f"--policy {name}", "--schedule",
                                           "coda schedule search")
-    sched = load_schedule(path, model_id=mhash, num_steps=args.steps, num_layers=layers)
+    sched = load_schedule(path, model_id=mhash, num_steps=cfg.steps, num_layers=layers)
     if name == "coda":
         return name, get_policy(name, schedule=sched)
     return name, get_policy(name, schedule=sched,
-                            thresholds=_dra_thresholds(args, model, sched, profile, path))
+                            thresholds=_dra_thresholds(cfg, model, sched, profile, path))
 
 
-def _dra_thresholds(args, model, sched, profile, path):
+def _dra_thresholds(cfg: RunConfig, model, sched, profile, path):
     """coda+dra's thresholds: the schedule file's ``"dra"`` block if it has one (checked
     against the model, steps and schedule), else calibrated now on the profile's videos
     (:func:`coda.experiments.dra_calibration.calibrate_default_dra`, torch backend)."""
@@ -816,30 +827,30 @@ def _dra_thresholds(args, model, sched, profile, path):
     from coda.host.cache.shipped import schedule_block
 
     if schedule_block(path, "dra") is not None:
-        return load_step_dra(path, model_id=model_hash(model), num_steps=args.steps)[1]
+        return load_step_dra(path, model_id=model_hash(model), num_steps=cfg.steps)[1]
     return calibrate_default_dra(
-        model, sched, profile, num_steps=args.steps, guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, resolve_preset(args), model, n,
+        model, sched, profile, num_steps=cfg.steps, guidance_scale=cfg.guidance,
+        driver_factory=lambda n: _driver(TorchBackend(), cfg, resolve_preset(cfg), model, n,
                                          True, True))[0]
 
 
-def _profile(args, mhash: str, layers: int, who: str):
+def _profile(cfg: RunConfig, mhash: str, layers: int, who: str):
     """(the profile, its path): --profile or the shipped one (50 steps), checked against the
     model, --steps and the layers; ``who`` names the option that reads it in the error."""
     from coda.host.cache.profile import Profile
     from coda.host.model.dit import shipped_model
 
-    if args.profile is None and args.steps != 50:
-        raise ValueError(f"{who} --steps {args.steps}: the shipped profile is for 50 steps; "
-                         f"give --profile of coda profile --steps {args.steps}")
-    path = args.profile or _shipped_file(shipped_model(args.model).profile, who, "--profile",
+    if cfg.profile is None and cfg.steps != 50:
+        raise ValueError(f"{who} --steps {cfg.steps}: the shipped profile is for 50 steps; "
+                         f"give --profile of coda profile --steps {cfg.steps}")
+    path = cfg.profile or _shipped_file(shipped_model(cfg.model).profile, who, "--profile",
                                          "coda profile")
     profile = Profile.load(path)
-    profile.check_for(mhash, args.steps, layers, what=f"--profile {path}")
+    profile.check_for(mhash, cfg.steps, layers, what=f"--profile {path}")
     return profile, path
 
 
-def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
+def _forecast(cfg: RunConfig, model, name: str, policy) -> tuple[Any, str | None]:
     """--cache forecast: (alphas, where they came from); (None, None) for reuse. The alphas
     are the schedule file's ``"forecast"`` block (coda: --schedule or the shipped one) if it
     has one (checked against the model, steps and schedule), else calibrated now on the
@@ -851,20 +862,20 @@ def _forecast(args, model, name: str, policy) -> tuple[Any, str | None]:
     from coda.host.cache.profile import model_hash
     from coda.host.model.dit import shipped_model
 
-    if args.cache != "forecast":
+    if cfg.cache != "forecast":
         return None, None
     mhash, layers = model_hash(model), len(model.transformer.transformer_blocks)
-    sched = policy._schedule(args.steps, layers)
+    sched = policy._schedule(cfg.steps, layers)
     if name == "coda":
-        path = args.schedule or shipped_model(args.model).schedule()
-        found = load_forecast(path, model_id=mhash, num_steps=args.steps)
+        path = cfg.schedule or shipped_model(cfg.model).schedule()
+        found = load_forecast(path, model_id=mhash, num_steps=cfg.steps)
         if found is not None:
             return found[1], f"{path} (\"forecast\" block)"
-    profile, path = _profile(args, mhash, layers, "--cache forecast")
+    profile, path = _profile(cfg, mhash, layers, "--cache forecast")
     table = calibrate_forecast(
         model, {name: sched}, profile.meta["prompts"], profile.meta["seeds"],
-        num_steps=args.steps, guidance_scale=args.guidance,
-        driver_factory=lambda n: _driver(TorchBackend(), args, resolve_preset(args), model, n,
+        num_steps=cfg.steps, guidance_scale=cfg.guidance,
+        driver_factory=lambda n: _driver(TorchBackend(), cfg, resolve_preset(cfg), model, n,
                                          False, True))[name]
     return table, f"calibrated on {path}'s {len(table.videos)} videos"
 

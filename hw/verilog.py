@@ -7,6 +7,10 @@ dependency) is used.
 
 Adding a top: write a ``def my_top_verilog(cfg, name) -> str`` and add it to :data:`TOPS`
 (the CLI's ``--top`` choices come from that table).
+
+``coda verilog``'s :func:`main` takes its :class:`VerilogConfig` (``CONFIG``; the CLI builds it
+from the command line, a caller may build it directly); every command that builds an NME
+holds the NME's units in its config by deriving it from :class:`NMEUnitsConfig`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from coda.paths import write_file
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
            "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset",
-           "NMEUnitsConfig", "VerilogConfig"]
+           "NMEUnitsConfig", "VerilogConfig", "CONFIG"]
 
 
 _UNITS = PRESET_FIELDS
@@ -96,7 +100,10 @@ class NMEUnitsConfig:
     :func:`add_latency_arguments`: ``--preset NAME`` (:data:`NME_PRESETS`) and the register
     stages of the FP units and of the operand path (NMEConfig's ``mul_latency``,
     ``add_latency``, ``operand_latency``, ranges from :mod:`coda.hw.nme.isa`), None unless
-    given (:func:`resolve_preset` fills them in), and ``--trail-stores on|off``."""
+    given (:func:`resolve_preset` reads them: build with its ``units()``), and
+    ``--trail-stores on|off``. A command's config derives from it (dataclass inheritance,
+    every field has a default) to hold these options beside its own, so that one
+    ``add_options`` of that config adds them all (:class:`VerilogConfig`)."""
     preset: str = option(None, "named NME configuration: " + "; ".join(
                              f"{p.name} = mul {p.mul_latency} / add {p.add_latency} / operand "
                              f"{p.operand_latency}, Fmax {p.fmax}" for p in NME_PRESETS.values())
@@ -122,8 +129,9 @@ class NMEUnitsConfig:
 def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of :class:`NMEUnitsConfig` (``--preset``, ``--mul-latency``,
     ``--add-latency``, ``--operand-latency``, ``--trail-stores``) to ``parser``: every command
-    that builds an NME calls it. The latencies are None unless given: :func:`resolve_preset`
-    fills them in."""
+    that builds an NME and does not derive its config from :class:`NMEUnitsConfig` calls it.
+    The latencies are None unless given: :func:`resolve_preset` reads them (build with its
+    ``units()``)."""
     add_options(parser, NMEUnitsConfig)
 
 
@@ -165,11 +173,15 @@ _DIMM = TOP_OPTIONS["dimm"]
 
 
 @dataclass(frozen=True)
-class VerilogConfig:
+class VerilogConfig(NMEUnitsConfig):
     """Every option of ``coda verilog`` with its default (the one source of them; the NME's
-    units come from :class:`NMEUnitsConfig`, as every NME command's; the NME's sizes default
-    to :class:`coda.hw.nme.isa.NMEConfig`'s, the ``--top dimm`` options to
-    :data:`TOP_OPTIONS`)."""
+    units are :class:`NMEUnitsConfig`'s, inherited, as every NME command's; the NME's sizes
+    default to :class:`coda.hw.nme.isa.NMEConfig`'s, the ``--top dimm`` options to
+    :data:`TOP_OPTIONS`).
+
+    Checked when made: the units (:func:`resolve_preset`), the NME's sizes (NMEConfig), no
+    option of another top (e.g. ``--dimms`` with ``--top nme``), ``--clock-gating on`` only
+    with operand isolation; ValueError naming the bad value and what was expected."""
     top: str = option("nme", "which design to write", choices=tuple(sorted(TOPS)))
     lanes: int = option(NMEConfig.lanes, "SIMD lanes, 1..64", source="NMEConfig.lanes")
     fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
@@ -200,61 +212,70 @@ class VerilogConfig:
     output: str = option(None, "Verilog file to write ('-': stdout)", type=str, required=True,
                          flag=("-o", "--output"))
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda verilog``: :class:`VerilogConfig` and the NME's units
-    (:func:`add_latency_arguments`)."""
-    add_options(parser, VerilogConfig)
-    add_latency_arguments(parser)
-
-
-def config_from_args(args: argparse.Namespace) -> NMEConfig:
-    """The NMEConfig the parsed options describe (ValueError names a bad option value); the
-    latencies :func:`resolve_preset`'s."""
-    return NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, nbuf=args.nbuf,
-                     imem_depth=args.imem_depth, max_streams=args.max_streams,
-                     mem_words=args.mem_words,
-                     operand_isolation=args.operand_isolation == "on",
-                     trail_stores=args.trail_stores == "on", **resolve_preset(args).units())
-
-
-def main(args: argparse.Namespace) -> int:
-    """Write the Verilog of ``args.top``; print to stderr which NME it is (the preset line,
-    :meth:`NMEPreset.describe`) and, for a file, a one-line summary. Returns 0.
-
-    Raises:
-        ValueError: a bad option value (named), an option another top takes (e.g. ``--dimms``
-            with ``--top nme``), or ``--clock-gating on`` without operand isolation."""
-    from coda.paths import check_output_path
-    preset = resolve_preset(args)
-    cfg = config_from_args(args)
-    out = None if args.output == "-" else check_output_path(args.output, "-o")
-    options = TOP_OPTIONS.get(args.top, {})
-    foreign = sorted({k for opts in TOP_OPTIONS.values() for k in opts} - set(options))
-    given = [f"--{k.replace('_', '-')}" for k in foreign if getattr(args, k) is not None]
-    if given:
-        raise ValueError(f"{', '.join(given)} given with --top {args.top}: only "
-                         + "; ".join(f"--top {t} takes "
-                                     + ", ".join("--" + k.replace("_", "-") for k in o)
-                                     for t, o in TOP_OPTIONS.items() if o))
-    extra = {k: default if getattr(args, k) is None else getattr(args, k)
-             for k, default in options.items()}
-    if args.clock_gating is not None:
-        if args.clock_gating == "on" and not cfg.operand_isolation:
+    def __post_init__(self):
+        nme = config_from_args(self)   # the units' and the sizes' ValueError, named
+        options = TOP_OPTIONS.get(self.top, {})
+        foreign = sorted({k for opts in TOP_OPTIONS.values() for k in opts} - set(options))
+        given = [f"--{k.replace('_', '-')}" for k in foreign if getattr(self, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given with --top {self.top}: only "
+                             + "; ".join(f"--top {t} takes "
+                                         + ", ".join("--" + k.replace("_", "-") for k in o)
+                                         for t, o in TOP_OPTIONS.items() if o))
+        if self.clock_gating == "on" and not nme.operand_isolation:
             raise ValueError("--clock-gating on needs --operand-isolation on (without it the "
                              "operand registers load every cycle, so no clock may stop)")
-        extra["clock_gating"] = args.clock_gating == "on"
-    gated = extra.get("clock_gating", args.top == "dimm") and cfg.operand_isolation
+
+
+#: the config of ``coda verilog``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = VerilogConfig
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda verilog``: :class:`VerilogConfig`, the NME's units included."""
+    add_options(parser, VerilogConfig)
+
+
+def config_from_args(cfg: Any) -> NMEConfig:
+    """The NMEConfig that ``cfg`` (a :class:`VerilogConfig`, or any object with its fields,
+    e.g. a parsed namespace) describes (ValueError names a bad option value); the latencies
+    :func:`resolve_preset`'s."""
+    return NMEConfig(lanes=cfg.lanes, fmt=cfg.fmt, depth=cfg.depth, nbuf=cfg.nbuf,
+                     imem_depth=cfg.imem_depth, max_streams=cfg.max_streams,
+                     mem_words=cfg.mem_words,
+                     operand_isolation=cfg.operand_isolation == "on",
+                     trail_stores=cfg.trail_stores == "on", **resolve_preset(cfg).units())
+
+
+def main(cfg: VerilogConfig) -> int:
+    """Write the Verilog of ``cfg.top`` (``cfg``: the command's :class:`VerilogConfig`, checked
+    when made); print to stderr which NME it is (the preset line, :meth:`NMEPreset.describe`)
+    and, for a file, a one-line summary. Returns 0.
+
+    Raises:
+        ValueError: an output path that cannot be written (as :class:`VerilogConfig`, when
+            made: a bad option value, named; an option another top takes, e.g. ``--dimms``
+            with ``--top nme``; ``--clock-gating on`` without operand isolation)."""
+    from coda.paths import check_output_path
+    preset = resolve_preset(cfg)
+    nme = config_from_args(cfg)
+    out = None if cfg.output == "-" else check_output_path(cfg.output, "-o")
+    options = TOP_OPTIONS.get(cfg.top, {})
+    extra = {k: default if getattr(cfg, k) is None else getattr(cfg, k)
+             for k, default in options.items()}
+    if cfg.clock_gating is not None:
+        extra["clock_gating"] = cfg.clock_gating == "on"
+    gated = extra.get("clock_gating", cfg.top == "dimm") and nme.operand_isolation
     print(preset.describe(), file=sys.stderr)   # the top of the output: which NME
-    text = TOPS[args.top](cfg, args.top if args.name is None else args.name, **extra)
-    if args.output == "-":
+    text = TOPS[cfg.top](nme, cfg.top if cfg.name is None else cfg.name, **extra)
+    if cfg.output == "-":
         sys.stdout.write(text)
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_file(out, text)
-        print(f"wrote {out} ({len(text.splitlines())} lines, top {args.top}, "
-              f"lanes={cfg.lanes} fmt={cfg.fmt} depth={cfg.depth} nbuf={cfg.nbuf} "
-              f"isolation={'on' if cfg.operand_isolation else 'off'} "
+        print(f"wrote {out} ({len(text.splitlines())} lines, top {cfg.top}, "
+              f"lanes={nme.lanes} fmt={nme.fmt} depth={nme.depth} nbuf={nme.nbuf} "
+              f"isolation={'on' if nme.operand_isolation else 'off'} "
               f"clock_gating={'on' if gated else 'off'}"
               + "".join(f" {k}={v}" for k, v in extra.items() if k in options) + ")",
               file=sys.stderr)

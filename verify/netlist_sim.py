@@ -8,6 +8,7 @@ on that netlist inside the same cosimulation top and job server as the RTL (a fu
 bit for bit and cycle for cycle. Its docstring has the method step by step.
 
 Simulation is evidence, not proof: it shows equivalence on the stimuli run, nothing more.
+``coda netlist check``'s :func:`main` takes its :class:`NetlistCheckConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from coda.cosim.nme.build import DUT_NAME, build_sim
-from coda.cosim.nme.rtl_backend import RTLBackend, program_cycle_limit
+from coda.cosim.nme.rtl_backend import RTLBackend, SimSession, program_cycle_limit
 from coda.cosim.toolchain import build_dir, build_lock
 from coda.hw.nme.isa import NMEConfig, Op, Program, RSrc, UOp
 from coda.host.nme import ops as ref
@@ -39,7 +40,7 @@ from coda.paths import check_output_path, write_file
 
 __all__ = ["Job", "netlist_verilog", "NetlistBackend", "equivalence_jobs", "check_equivalence",
            "EquivalenceReport", "run_cocotb_subset", "COCOTB_SUBSET", "NetlistCheckConfig",
-           "configure", "main"]
+           "CONFIG", "configure", "main"]
 
 #: where the NME's cocotb tests live (``tests/cocotb_nme.py``: they compare the RTL with the
 #: torch reference of coda.host, so they sit above every layer, with the other tests)
@@ -300,7 +301,8 @@ def run_cocotb_subset(cfg: NMEConfig, testcase: str = COCOTB_SUBSET, *,
 @dataclass(frozen=True)
 class NetlistCheckConfig:
     """Every option of ``coda netlist check`` with its default (the one source of them; a
-    small NME by default: the gate-level simulation is slow)."""
+    small NME by default: the gate-level simulation is slow). Checked when made: the NME's
+    sizes (:meth:`nme`); ValueError naming the bad value."""
     lanes: int = option(2, "SIMD lanes")
     fmt: str = option(NMEConfig.fmt, "element format", choices=("bf16", "fp16"),
                       source="NMEConfig.fmt")
@@ -314,35 +316,49 @@ class NetlistCheckConfig:
     cocotb: bool = option(False, f"also run the cosim cocotb tests {COCOTB_SUBSET!r} on the "
                           "netlist")
 
+    def __post_init__(self):
+        self.nme()
+
+    def nme(self) -> NMEConfig:
+        """The NME checked: lanes, format, depth, memory, operand isolation (ValueError from
+        NMEConfig for a bad size)."""
+        return NMEConfig(lanes=self.lanes, fmt=self.fmt, depth=self.depth,
+                         mem_words=self.mem_words,
+                         operand_isolation=self.operand_isolation == "on")
+
+
+#: the config of ``coda netlist check``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = NetlistCheckConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda netlist check``: :class:`NetlistCheckConfig`."""
     add_options(parser, NetlistCheckConfig)
 
 
-def main(args: argparse.Namespace) -> int:
-    """``coda netlist check``: check one configuration, write a JSON report.
+def main(cfg: NetlistCheckConfig) -> int:
+    """``coda netlist check`` of ``cfg`` (its :class:`NetlistCheckConfig`): check one
+    configuration, write a JSON report.
 
     Returns 0 when the netlist is equivalent on every job, 1 otherwise. Bad options:
     ValueError before any build (``coda: error:``, exit 2).
     """
-    cfg = NMEConfig(lanes=args.lanes, fmt=args.fmt, depth=args.depth, mem_words=args.mem_words,
-                    operand_isolation=args.operand_isolation == "on")
-    if args.out is not None:
-        check_output_path(args.out, "--out", folder=True)
-    report = check_equivalence(cfg, seed=args.seed)
-    out = args.out or build_dir("synth", "netlist_sim")
+    nme = cfg.nme()
+    if cfg.out is not None:
+        check_output_path(cfg.out, "--out", folder=True)
+    report = check_equivalence(nme, seed=cfg.seed)
+    out = Path(cfg.out) if cfg.out is not None else build_dir("synth", "netlist_sim")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"equivalence_l{cfg.lanes}_{cfg.fmt}.json"
+    path = out / f"equivalence_l{nme.lanes}_{nme.fmt}.json"
     data = dict(report.__dict__, equivalent=report.equivalent)
     write_file(path, json_text(data, indent=1, default=str) + "\n")
-    print(f"netlist of {cfg}: {report.netlist.get('cells_total')} cells, "
+    print(f"netlist of {nme}: {report.netlist.get('cells_total')} cells, "
           f"{report.jobs} jobs, {report.cycles} cycles; rtl {report.rtl_s} s, "
           f"netlist {report.netlist_s} s (builds included)")
     print("EQUIVALENT" if report.equivalent else "MISMATCH:\n  " + "\n  ".join(report.mismatches))
     ok = report.equivalent
-    if args.cocotb:
-        tally = run_cocotb_subset(cfg, seed=args.seed)
+    if cfg.cocotb:
+        tally = run_cocotb_subset(nme, seed=cfg.seed)
         data["cocotb"] = {k: str(v) for k, v in tally.items()}
         print(f"cocotb subset on the netlist: {tally['tests']} tests, {tally['failed']} failed "
               f"({tally['seconds']:.0f} s, log {tally['log']})")

@@ -1,7 +1,9 @@
 """The ``coda`` console command.
 
 Each sub-command lives in the module that owns it; that module provides
-``configure(parser: argparse.ArgumentParser) -> None`` and ``main(args) -> int``.
+``configure(parser: argparse.ArgumentParser) -> None``, ``CONFIG`` (the config dataclass its
+options are built from) and ``main(cfg: CONFIG) -> int``: the command line parsed into
+``CONFIG`` (:func:`coda.options.from_args`) is what ``main`` starts from.
 Modules are imported only when their command runs, so ``coda --help`` stays fast.
 
 Exit status: 0 done; 2 bad input or an unusable path (one line ``coda: error: ...``); 1 a
@@ -94,11 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     module.configure(sub)
     args = parser.parse_args(argv)
     try:
-        config = getattr(module, "CONFIG", None)
-        if config is not None:       # the command's main starts from its config object
-            from coda.options import from_args
-            args = from_args(config, args)
-        return int(module.main(args) or 0)
+        from coda.options import from_args
+        # the command's main starts from its config object
+        return int(module.main(from_args(module.CONFIG, args)) or 0)
     except (ValueError, KeyError, OSError, EOFError) as exc:
         # bad input or an unusable path (missing, a directory, read-only, empty file)
         print(f"coda: error: {_describe(exc)}", file=sys.stderr)

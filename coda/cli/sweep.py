@@ -7,7 +7,8 @@ Exit status: 0 every point ok, 1 some point failed (recorded), 2 bad input (noth
 interrupted (finished points kept). Values are checked for their type before anything runs
 and for their range by the point that uses them. The kinds (``synth``, ``bench``,
 ``schedule``, ``sim``; each declared by the module that owns the work, its parameters with
-``coda sweep KIND --list``), the records and resuming: ``docs/sweeps.md``.
+``coda sweep KIND --list``), the records and resuming: ``docs/sweeps.md``. :func:`main` takes
+the command's :class:`SweepConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coda.options import add_options, option
+from coda.sweep import RayOptions
 
-__all__ = ["kinds", "SweepConfig", "configure", "main"]
+__all__ = ["kinds", "SweepConfig", "CONFIG", "configure", "main"]
 
 
 def kinds() -> dict:
@@ -35,10 +37,10 @@ KIND_NAMES = ("synth", "bench", "schedule", "sim")
 
 
 @dataclass(frozen=True)
-class SweepConfig:
-    """Every option of ``coda sweep`` with its default (the one source of them; where the
-    points run: :func:`coda.sweep.add_run_options`; the parameters of each kind and their
-    defaults: ``coda sweep KIND --list``)."""
+class SweepConfig(RayOptions):
+    """Every option of ``coda sweep`` with its default (the one source of them; where its
+    points run, :class:`coda.sweep.RayOptions`, as every sweep's; the parameters of each kind
+    and their defaults: ``coda sweep KIND --list``). Checked when made: the kind (ValueError naming it)."""
     kind: str = option(None, f"one of {', '.join(KIND_NAMES)}", type=str, positional=True,
                        required=True, metavar="KIND")
     param: tuple[str, ...] = option((), "a parameter and its values (repeatable; the grid is "
@@ -51,43 +53,50 @@ class SweepConfig:
     no_progress: bool = option(False, "no progress bar")
     list: bool = option(False, "print KIND's parameters and defaults, run nothing")
 
+    def __post_init__(self):
+        if self.kind not in KIND_NAMES:
+            raise ValueError(f"sweep kind {self.kind!r}: expected one of "
+                             f"{', '.join(KIND_NAMES)}")
+
+
+#: the config of ``coda sweep``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = SweepConfig
+
 
 def configure(parser) -> None:
-    """Options of ``coda sweep``: :class:`SweepConfig`, and where the points run
-    (:func:`coda.sweep.add_run_options`)."""
-    from coda.sweep import add_run_options
-
+    """Options of ``coda sweep``: :class:`SweepConfig` (where its points run included)."""
     add_options(parser, SweepConfig)
-    add_run_options(parser)
 
 
-def main(args) -> int:
+def main(cfg: SweepConfig) -> int:
+    """Run ``coda sweep`` of ``cfg`` (its :class:`SweepConfig`): the grid of ``--param`` and
+    ``--grid`` checked before anything runs, every point a task (:func:`coda.sweep.run_sweep`),
+    then the table. Returns 0 (every point ok, or ``--list``), 1 (some point failed), 130
+    (interrupted); bad input: ValueError (``coda: error:``, exit 2)."""
     from coda.paths import check_output_path
     from coda.sweep import grid_points, load_grid, parse_param, run_sweep
 
-    if args.kind not in KIND_NAMES:
-        raise ValueError(f"sweep kind {args.kind!r}: expected one of {', '.join(KIND_NAMES)}")
-    kind = kinds()[args.kind]
-    if args.list:
+    kind = kinds()[cfg.kind]
+    if cfg.list:
         for p in kind.params:
             print(f"{p.name:12s} {p.type.__name__:6s} default {p.default!r}")
         return 0
     grid: dict[str, list] = {}
-    if args.grid is not None:
-        grid.update(load_grid(kind, args.grid))
-    for text in args.param:
+    if cfg.grid is not None:
+        grid.update(load_grid(kind, cfg.grid))
+    for text in cfg.param:
         name, values = parse_param(kind, text)
         if name in grid:
             raise ValueError(f"--param {text!r}: {name} is given twice")
         grid[name] = values
     points = grid_points(kind, grid)
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers {args.workers}: expected >= 1")
-    out = check_output_path(f"build/sweep/{kind.name}" if args.out is None else args.out,
+    if cfg.workers is not None and cfg.workers < 1:
+        raise ValueError(f"--workers {cfg.workers}: expected >= 1")
+    out = check_output_path(f"build/sweep/{kind.name}" if cfg.out is None else cfg.out,
                             "--out", folder=True)
     try:
-        records = run_sweep(kind, points, out, address=args.address, workers=args.workers,
-                            sequential=args.sequential, progress=not args.no_progress)
+        records = run_sweep(kind, points, out, address=cfg.address, workers=cfg.workers,
+                            sequential=cfg.sequential, progress=not cfg.no_progress)
     except KeyboardInterrupt:
         done = Path(out) / "results.jsonl"
         print("coda: interrupted; " + (f"the points finished so far are in {done} (a rerun "

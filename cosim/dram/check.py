@@ -9,7 +9,8 @@ overlapping data bursts, the command and data bus shared by a channel's ranks, a
 rate with postponement (JESD79-4, JESD79-5). :func:`check_commands` lists every rule and its
 source.
 
-Usage: ``coda dram check --standard DDR4-3200 CMDS.csv`` (exit 1 on violations).
+Usage: ``coda dram check --standard DDR4-3200 CMDS.csv`` (exit 1 on violations); its
+:func:`main` takes the command's :class:`DRAMCheckConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.options import add_options, option
 
-__all__ = ["Violation", "check_commands", "check_file", "DRAMCheckConfig", "configure", "main"]
+__all__ = ["Violation", "check_commands", "check_file", "DRAMCheckConfig", "CONFIG", "configure",
+           "main"]
 
 NEVER = -(1 << 62)
 HEADER = ["cycle", "channel", "rank", "bankgroup", "bank", "command", "row", "column"]
@@ -344,12 +346,20 @@ def check_file(std: DRAMStandard | str, path: str | Path) -> list[Violation]:
 
 @dataclass(frozen=True)
 class DRAMCheckConfig:
-    """Every option of ``coda dram check`` (the one source of them; none has a default)."""
+    """Every option of ``coda dram check`` (the one source of them; none has a default).
+    Checked when made: the standard (ValueError naming it and the known ones)."""
     standard: str = option(None, "the DRAM preset the trace was made for, e.g. DDR4-3200",
                            type=str, required=True)
     csv: tuple[str, ...] = option(None, "command trace(s): CSV with the header "
                                   + ",".join(HEADER), type=str, nargs="+", positional=True,
                                   required=True)
+
+    def __post_init__(self):
+        get_standard(self.standard)
+
+
+#: the config of ``coda dram check``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = DRAMCheckConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -357,13 +367,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_options(parser, DRAMCheckConfig)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``coda dram check``: prints the first 50 violations of each file and their count;
-    returns 0 when there are none, 1 otherwise (ValueError for an unknown standard or a
-    wrong header, OSError for an unreadable file: ``coda: error:``, exit 2)."""
-    std = get_standard(args.standard)
+def main(cfg: DRAMCheckConfig) -> int:
+    """Run ``coda dram check`` of ``cfg`` (its :class:`DRAMCheckConfig`): prints the first 50
+    violations of each file and their count; returns 0 when there are none, 1 otherwise
+    (ValueError for an unknown standard or a wrong header, OSError for an unreadable file:
+    ``coda: error:``, exit 2)."""
+    std = get_standard(cfg.standard)
     bad = 0
-    for path in args.csv:
+    for path in cfg.csv:
         found = check_file(std, path)
         bad += len(found)
         for v in found[:50]:

@@ -7,7 +7,8 @@ player streams in. :func:`replay` runs a trace file (DRAMsim3 or Ramulator forma
 :func:`parse_trace`), :func:`run_requests` a list of requests (:func:`stream_add_trace`,
 :func:`random_read_trace`), with ``ranks`` R > 1 on R ranks of one channel. Results: requests
 served, DRAM cycles, achieved GB/s, row hits/misses/conflicts, average read latency
-(:func:`replay` lists them).
+(:func:`replay` lists them). ``coda dram replay``'s :func:`main` takes its
+:class:`DRAMReplayConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from coda.cosim.toolchain import build_dir, build_lock, setup_verilator_env
 
 __all__ = ["parse_trace", "stream_add_trace", "random_read_trace", "build_model", "run_requests",
            "replay", "run_words",
-           "parse_size", "DRAMReplayConfig", "configure", "main", "verilator_params",
+           "parse_size", "DRAMReplayConfig", "CONFIG", "configure", "main", "verilator_params",
            "channel_addr_bits"]
 
 _HERE = Path(__file__).resolve().parent
@@ -487,7 +488,13 @@ _CTRL = "DRAMController's default"
 @dataclass(frozen=True)
 class DRAMReplayConfig:
     """Every option of ``coda dram replay`` with its default (the one source of them; the
-    controller's from :data:`CONTROLLER_DEFAULTS`, i.e. :class:`DRAMController`'s own)."""
+    controller's from :data:`CONTROLLER_DEFAULTS`, i.e. :class:`DRAMController`'s own).
+
+    Checked when made, before any build: the standard, the controller options
+    (:func:`controller_options`), exactly one trace source (``--trace``, ``--stream-add``,
+    ``--random-reads``), the generated trace's size and ``--span``, and that it fits
+    ``--max-cycles``; ValueError naming the bad value. The ``--trace`` file is read by
+    :func:`main`."""
     standard: str = option(DDR4_3200.name, f"DRAM preset, one of {', '.join(STANDARDS)}")
     trace: str = option(None, "DRAMsim3 (0xADDR READ|WRITE CYCLE) or LD|ST ADDR trace",
                         type=str, exclusive="source", required=True)
@@ -527,54 +534,74 @@ class DRAMReplayConfig:
                              "overtake the oldest request before only its commands issue",
                              source=_CTRL)
 
+    def __post_init__(self):
+        std = get_standard(self.standard)
+        controller_options(self)
+        sources = [s for s in ("trace", "stream_add", "random_reads")
+                   if getattr(self, s) is not None]
+        if len(sources) != 1:
+            raise ValueError(f"trace sources {sources or 'none'}: expected one of --trace, "
+                             "--stream-add, --random-reads")
+        if self.random_reads is not None:
+            parse_size(self.span)
+            _cycle_bound(std, max(self.random_reads, 1), 0, self.max_cycles)
+        elif self.stream_add is not None:
+            # refuse a run too long for its size before building its (maybe huge) request list
+            _cycle_bound(std, _stream_add_requests(std, parse_size(self.stream_add)), 0,
+                         self.max_cycles)
+
+
+#: the config of ``coda dram replay``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = DRAMReplayConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda dram replay``: :class:`DRAMReplayConfig`."""
     add_options(parser, DRAMReplayConfig)
 
 
-def controller_options(args) -> dict:
-    """The :class:`coda.hw.dram.controller.DRAMController` keywords of the CLI options (only those
-    differing from its defaults, so the default model is one cached build).
+def controller_options(cfg) -> dict:
+    """The :class:`coda.hw.dram.controller.DRAMController` keywords of the options of ``cfg`` (a
+    :class:`DRAMReplayConfig`; only those differing from the controller's defaults, so the
+    default model is one cached build).
 
     Raises ValueError naming a bad value (checked here, before any build)."""
     from coda.hw.dram.controller import check_controller
-    opts = {k: getattr(args, k) for k, d in CONTROLLER_DEFAULTS.items()
-            if getattr(args, k) != d}
-    check_controller(args.standard, **opts)     # raises on a bad value, naming it
+    opts = {k: getattr(cfg, k) for k, d in CONTROLLER_DEFAULTS.items()
+            if getattr(cfg, k) != d}
+    check_controller(cfg.standard, **opts)     # raises on a bad value, naming it
     return opts
 
 
-def main(args) -> int:
-    std = get_standard(args.standard)
-    controller_options(args)
-    if args.trace is not None:
-        requests = parse_trace(args.trace)
-        source = str(args.trace)
-    elif args.random_reads is not None:
-        span = parse_size(args.span)
-        _cycle_bound(std, max(args.random_reads, 1), 0, args.max_cycles)
-        requests = random_read_trace(std, args.random_reads, span, args.seed)
-        source = f"random-reads {args.random_reads} over {args.span} (seed {args.seed})"
+def main(cfg: DRAMReplayConfig) -> int:
+    """Run ``coda dram replay`` of ``cfg`` (its :class:`DRAMReplayConfig`, checked when made):
+    read or generate the trace, replay it (:func:`run_requests`), print the results (and
+    write ``--json``, ``--commands``); returns 0. ValueError for a bad trace file, OSError
+    for an unreadable one or an output that cannot be written (``coda: error:``, exit 2)."""
+    std = get_standard(cfg.standard)
+    controller = controller_options(cfg)
+    if cfg.trace is not None:
+        requests = parse_trace(cfg.trace)
+        source = str(cfg.trace)
+    elif cfg.random_reads is not None:
+        requests = random_read_trace(std, cfg.random_reads, parse_size(cfg.span), cfg.seed)
+        source = f"random-reads {cfg.random_reads} over {cfg.span} (seed {cfg.seed})"
     else:
-        size = parse_size(args.stream_add)
-        # refuse a run too long for its size before building its (maybe huge) request list
-        _cycle_bound(std, _stream_add_requests(std, size), 0, args.max_cycles)
-        requests = stream_add_trace(std, size)
-        source = f"stream-add {args.stream_add}"
-    created = args.json is not None and _claim_output(args.json, "json")
+        requests = stream_add_trace(std, parse_size(cfg.stream_add))
+        source = f"stream-add {cfg.stream_add}"
+    created = cfg.json is not None and _claim_output(cfg.json, "json")
     try:
-        res = run_requests(std, requests, commands=args.commands, max_cycles=args.max_cycles,
-                           controller=controller_options(args))
+        res = run_requests(std, requests, commands=cfg.commands, max_cycles=cfg.max_cycles,
+                           controller=controller)
     except BaseException:
         if created:
-            _discard(args.json)
+            _discard(cfg.json)
         raise
     res["trace"] = source
-    res["controller"] = controller_options(args)
+    res["controller"] = controller
     ns = res["time_ns"]
     span = f"{ns:.1f} ns" if ns < 1e3 else f"{ns / 1e3:.1f} us"   # short runs: ns, not 0.0 us
-    print(f"{std.name}" + (f" x {args.ranks} ranks" if args.ranks > 1 else "") + f"  {source}")
+    print(f"{std.name}" + (f" x {cfg.ranks} ranks" if cfg.ranks > 1 else "") + f"  {source}")
     print(f"  requests served    {res['requests']} ({res['reads']} RD, {res['writes']} WR)")
     print(f"  DRAM cycles        {res['dram_cycles']} ({span})")
     print(f"  bandwidth          {res['gbps']:.2f} GB/s of {res['peak_gbps']:.1f} "
@@ -586,6 +613,6 @@ def main(args) -> int:
     print(f"  refreshes          {res['refreshes']}")
     print(f"  simulation         {res['sim_s']:.2f} s ({res['sim_cycles_per_s'] / 1e6:.2f} M "
           f"cycles/s), model build {res['build_s']:.1f} s")
-    if args.json is not None:
-        _write_output(args.json, [(json_text(res, indent=2) + "\n").encode()])
+    if cfg.json is not None:
+        _write_output(cfg.json, [(json_text(res, indent=2) + "\n").encode()])
     return 0

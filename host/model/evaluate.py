@@ -295,35 +295,42 @@ class ModelEvalConfig:
     json: Path = option(None, "also write the report here", type=Path)
 
 
+#: the configuration ``coda model eval`` hands to :func:`main` (coda.cli)
+CONFIG = ModelEvalConfig
+
+
 def configure(parser) -> None:
     """Options of ``coda model eval``: :class:`ModelEvalConfig`."""
     add_options(parser, ModelEvalConfig)
 
 
-def main(args) -> int:
-    """Print the JSON report of :func:`evaluate` for the shipped (or a given) model. Bad
-    options: ValueError before any generation (``coda: error:``, exit 2)."""
+def main(cfg: ModelEvalConfig) -> int:
+    """Print the JSON report of :func:`evaluate` for the shipped (or a given) model, as
+    ``cfg`` says (what the command line gave, or a :class:`ModelEvalConfig` built in Python,
+    e.g. ``main(ModelEvalConfig(per_digit=1))``). Bad options: ValueError before any
+    generation (``coda: error:``, exit 2)."""
     from coda.paths import check_output_path
 
     from .dit import load_model
 
-    if args.per_digit < 1:
-        raise ValueError(f"--per-digit {args.per_digit}: expected >= 1")
-    if args.threads < 1:
-        raise ValueError(f"--threads {args.threads}: expected >= 1")
-    if args.json is not None:
-        check_output_path(args.json, "--json")
-    torch.set_num_threads(args.threads)
-    default_weights = MODELS[args.model].weights
-    weights = Path(args.weights) if args.weights is not None else default_weights
-    config = Path(args.config) if args.config is not None else weights.with_suffix(".json")
+    if cfg.per_digit < 1:
+        raise ValueError(f"--per-digit {cfg.per_digit}: expected >= 1")
+    if cfg.threads < 1:
+        raise ValueError(f"--threads {cfg.threads}: expected >= 1")
+    json_path = None if cfg.json is None else Path(cfg.json)
+    if json_path is not None:
+        check_output_path(json_path, "--json")
+    torch.set_num_threads(cfg.threads)
+    default_weights = MODELS[cfg.model].weights
+    weights = Path(cfg.weights) if cfg.weights is not None else default_weights
+    config = Path(cfg.config) if cfg.config is not None else weights.with_suffix(".json")
     model, _ = load_model(weights=weights, config=config)
-    report = evaluate(model, args.per_digit, args.guidance, args.steps, args.seed_base, args.eta)
+    report = evaluate(model, cfg.per_digit, cfg.guidance, cfg.steps, cfg.seed_base, cfg.eta)
     report["weights"] = str(weights)
     text = json_text({k: v for k, v in report.items() if k not in ("predicted", "per_video")},
                      indent=2)
     print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_file(args.json, json_text(report, indent=2) + "\n")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(json_path, json_text(report, indent=2) + "\n")
     return 0

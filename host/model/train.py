@@ -312,46 +312,52 @@ class TrainConfig:
                               f"better here; the paper's is {MIN_SNR_GAMMA:g})", source=_RECIPE)
 
 
+#: the configuration ``coda train`` hands to :func:`main` (coda.cli)
+CONFIG = TrainConfig
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda train``: :class:`TrainConfig`."""
     add_options(parser, TrainConfig)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``coda train``: stage 1 then stage 2 (or the one ``--stage`` names); returns 0.
+def main(cfg: TrainConfig) -> int:
+    """Run ``coda train`` with ``cfg`` (what the command line gave, or a :class:`TrainConfig`
+    built in Python, e.g. ``main(TrainConfig(steps=10, video_steps=0))``): stage 1 then
+    stage 2 (or the one ``--stage`` names); returns 0.
     Bad options: ValueError before any training (``coda: error:``, exit 2)."""
-    if args.video_steps < 0:
-        raise ValueError(f"--video-steps {args.video_steps}: expected >= 0")
-    if args.video_steps == 0 and args.stage == "2":
+    if cfg.video_steps < 0:
+        raise ValueError(f"--video-steps {cfg.video_steps}: expected >= 0")
+    if cfg.video_steps == 0 and cfg.stage == "2":
         raise ValueError("--stage 2 with --video-steps 0: expected a stage 2 of >= 1 step")
-    if args.threads < 1:
-        raise ValueError(f"--threads {args.threads}: expected >= 1")
-    if args.state_every < 0:
-        raise ValueError(f"--state-every {args.state_every}: expected >= 0")
-    chosen = MODELS[args.model]
+    if cfg.threads < 1:
+        raise ValueError(f"--threads {cfg.threads}: expected >= 1")
+    if cfg.state_every < 0:
+        raise ValueError(f"--state-every {cfg.state_every}: expected >= 0")
+    chosen = MODELS[cfg.model]
     model_config, default_weights, default_config = chosen.config, chosen.weights, chosen.config_file
-    weights = Path(args.weights) if args.weights is not None else default_weights
-    config = (Path(args.config) if args.config is not None
-              else default_config if args.weights is None else weights.with_suffix(".json"))
+    weights = Path(cfg.weights) if cfg.weights is not None else default_weights
+    config = (Path(cfg.config) if cfg.config is not None
+              else default_config if cfg.weights is None else weights.with_suffix(".json"))
     check_output_path(weights, "--weights")
     check_output_path(config, "--config")
-    first = stage1_path(weights) if args.video_steps else weights
-    init = args.init if args.init is not None else first
+    first = stage1_path(weights) if cfg.video_steps else weights
+    init = Path(cfg.init) if cfg.init is not None else first
     # stage 2 starts from --init, or from stage 1's file, which stage 1 writes unless --stage 2
-    if (args.video_steps and args.stage != "1" and (args.stage == "2" or args.init is not None)
+    if (cfg.video_steps and cfg.stage != "1" and (cfg.stage == "2" or cfg.init is not None)
             and not Path(init).exists()):
         raise ValueError(f"--init {init}: no such weights file (run stage 1 first)")
-    state = Path(args.state_dir)
-    torch.set_num_threads(args.threads)
-    if args.stage in ("all", "1"):
-        train(args.steps, args.batch_size, args.image_batch_size, args.lr, args.seed, first,
-              first.with_suffix(".json") if args.video_steps else config, args.log_every,
-              args.checkpoint_every, args.snr_gamma, config=model_config,
-              state_path=state / f"{weights.stem}_stage1.pt", state_every=args.state_every,
-              resume=args.resume)
-    if args.video_steps and args.stage in ("all", "2"):
-        train(args.video_steps, args.video_batch_size, 0, args.video_lr, args.seed + 1,
-              weights, config, args.log_every, args.checkpoint_every, args.snr_gamma,
+    state = Path(cfg.state_dir)
+    torch.set_num_threads(cfg.threads)
+    if cfg.stage in ("all", "1"):
+        train(cfg.steps, cfg.batch_size, cfg.image_batch_size, cfg.lr, cfg.seed, first,
+              first.with_suffix(".json") if cfg.video_steps else config, cfg.log_every,
+              cfg.checkpoint_every, cfg.snr_gamma, config=model_config,
+              state_path=state / f"{weights.stem}_stage1.pt", state_every=cfg.state_every,
+              resume=cfg.resume)
+    if cfg.video_steps and cfg.stage in ("all", "2"):
+        train(cfg.video_steps, cfg.video_batch_size, 0, cfg.video_lr, cfg.seed + 1,
+              weights, config, cfg.log_every, cfg.checkpoint_every, cfg.snr_gamma,
               init, config=model_config, state_path=state / f"{weights.stem}_stage2.pt",
-              state_every=args.state_every, resume=args.resume)
+              state_every=cfg.state_every, resume=cfg.resume)
     return 0

@@ -6,7 +6,8 @@ nothing else costs time).
 ``coda pass-efficiency`` prints one row per (units, trail, depth): cycles, ideal cycles, their
 ratio (words per pass per cycle, <= 1). ``--units M,A,O`` are the NME's ``mul_latency, add_latency,
 operand_latency``, ``--trail-stores on|off|both`` its ``trail_stores``
-(:class:`coda.hw.nme.isa.NMEConfig`); the NME has 8 lanes, bf16.
+(:class:`coda.hw.nme.isa.NMEConfig`); the NME has 8 lanes, bf16. :func:`main` takes the
+command's :class:`PassEfficiencyConfig` (``CONFIG``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from coda.jsonout import json_text
 from coda.options import add_options, option
 from coda.paths import check_output_path, write_file
 
-__all__ = ["OPS", "efficiency", "PassEfficiencyConfig", "configure", "main"]
+__all__ = ["OPS", "efficiency", "PassEfficiencyConfig", "CONFIG", "configure", "main"]
 
 #: Operators measured, and their input shapes from (tokens T, channels C).
 OPS = {
@@ -58,7 +59,9 @@ def efficiency(op: str, tokens: int, channels: int, cfg: NMEConfig,
 
 @dataclass(frozen=True)
 class PassEfficiencyConfig:
-    """Every option of ``coda pass-efficiency`` with its default (the one source of them)."""
+    """Every option of ``coda pass-efficiency`` with its default (the one source of them).
+    Checked when made: ``--units`` (:meth:`unit_stages`), ``--depths`` (:meth:`depth_list`);
+    ValueError naming the option."""
     op: str = option("gated_residual", "operator", choices=tuple(sorted(OPS)))
     tokens: int = option(16384, "tokens T of the [T, C] stream")
     channels: int = option(64, "channels C of the [T, C] stream")
@@ -70,40 +73,57 @@ class PassEfficiencyConfig:
                                "reads (both: a row each)", choices=("on", "off", "both"))
     json: Path = option(None, "write the rows to this file", type=Path)
 
+    def __post_init__(self):
+        self.unit_stages()
+        self.depth_list()
+
+    def unit_stages(self) -> list[tuple[int, int, int]]:
+        """``--units`` as (mul, add, operand) register stages, one per NME
+        (:func:`coda.cosim.nme.units.parse_units`; ValueError naming ``--units``)."""
+        return [parse_units(u, "--units") for u in self.units]
+
+    def depth_list(self) -> list[int]:
+        """``--depths`` as ints (ValueError naming ``--depths``)."""
+        try:
+            return [int(d) for d in self.depths.split(",") if d]
+        except ValueError:
+            raise ValueError(f"--depths {self.depths!r}: expected comma-separated ints") from None
+
+
+#: the config of ``coda pass-efficiency``: the CLI calls ``main(from_args(CONFIG, args))``
+CONFIG = PassEfficiencyConfig
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``coda pass-efficiency``: :class:`PassEfficiencyConfig`."""
     add_options(parser, PassEfficiencyConfig)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Print the table (and write ``--json``); returns 0. A bad option (``--units`` out of
-    range, channels the lanes do not divide): ValueError, ``coda: error:``, exit 2."""
-    units = [parse_units(u, "--units") for u in args.units]
-    if args.json is not None:
-        check_output_path(args.json, "--json")
-    try:
-        depths = [int(d) for d in args.depths.split(",") if d]
-    except ValueError:
-        raise ValueError(f"--depths {args.depths!r}: expected comma-separated ints") from None
+def main(cfg: PassEfficiencyConfig) -> int:
+    """Print the table of ``cfg`` (the command's :class:`PassEfficiencyConfig`; and write
+    ``--json``); returns 0. A bad option (``--units`` out of range, channels the lanes do not
+    divide): ValueError, ``coda: error:``, exit 2."""
+    units = cfg.unit_stages()
+    out = None if cfg.json is None else check_output_path(cfg.json, "--json")
+    depths = cfg.depth_list()
     rows = []
-    trails = {"on": (True,), "off": (False,), "both": (False, True)}[args.trail_stores]
+    trails = {"on": (True,), "off": (False,), "both": (False, True)}[cfg.trail_stores]
     for m, a, o in units:
         for trail in trails:
             for depth in depths:
-                cfg = NMEConfig(depth=depth, mul_latency=m, add_latency=a,
+                nme = NMEConfig(depth=depth, mul_latency=m, add_latency=a,
                                 operand_latency=o, trail_stores=trail)
                 rows.append({"units": f"{m},{a},{o}", "trail": "on" if trail else "off",
-                             "depth": depth, **efficiency(args.op, args.tokens,
-                                                          args.channels, cfg, args.latency)})
-    print(f"{args.op} [{args.tokens}, {args.channels}], 8 lanes bf16, memory latency "
-          f"{args.latency}: units (mul,add,operand)  trail  depth  cycles  ideal  "
+                             "depth": depth, **efficiency(cfg.op, cfg.tokens,
+                                                          cfg.channels, nme, cfg.latency)})
+    print(f"{cfg.op} [{cfg.tokens}, {cfg.channels}], 8 lanes bf16, memory latency "
+          f"{cfg.latency}: units (mul,add,operand)  trail  depth  cycles  ideal  "
           "words/pass/cycle")
     for r in rows:
         print(f"  {r['units']:>7}  {r['trail']:>5}  {r['depth']:>5}  {r['cycles']:>9,}  "
               f"{r['ideal']:>9,}  {r['ratio']:.3f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_file(args.json, json_text({"op": args.op, "tokens": args.tokens,
-                                        "channels": args.channels, "rows": rows}, indent=1))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_file(out, json_text({"op": cfg.op, "tokens": cfg.tokens, "channels": cfg.channels,
+                                   "rows": rows}, indent=1))
     return 0

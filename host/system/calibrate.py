@@ -18,13 +18,14 @@ import datetime
 import platform as _platform
 import statistics
 import time
+import dataclasses
 from dataclasses import dataclass
 
 from coda.jsonout import json_text
 from coda.results import cpu_model
 from coda.paths import write_file
 from coda.host.cache.device import DEVICES, resolve_device
-from coda.options import add_options, from_args, option
+from coda.options import add_options, option
 
 from .gputable import TABLE_KIND, TABLE_VERSION, GpuTimes, fit_copy
 from .presets import MODELS, get_spec, shipped_presets, video_size
@@ -60,6 +61,10 @@ class CalibrateConfig:
                          unit="runs")
     seed: int = option(0, "seed of the random weights and inputs")
     out: str = option("build/gpu_table.json", "the table (JSON)")
+
+
+#: the configuration ``coda calibrate`` hands to :func:`main` (coda.cli)
+CONFIG = CalibrateConfig
 
 
 def configure(parser) -> None:
@@ -302,13 +307,18 @@ def calibrate(model: str, *, resolution, seconds=None, frames=None, device: str 
     return table
 
 
-def main(args) -> int:
+def main(cfg: CalibrateConfig) -> int:
+    """Run ``coda calibrate`` as ``cfg`` says (what the command line gave, or a
+    :class:`CalibrateConfig` built in Python, e.g. ``main(CalibrateConfig(device="cuda"))``):
+    time the model's blocks (:func:`calibrate`), write the table to ``--out`` and print it.
+    Returns 0; a bad option: ValueError naming it."""
     from coda.paths import check_output_path
 
-    cfg = from_args(CalibrateConfig, args)
     out = check_output_path(cfg.out, "--out")
+    # the options as fields (vars() would also hold the command line's given-options record)
     command = ("coda calibrate " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(cfg).items() if v is not None))
+        f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
+        if getattr(cfg, f.name) is not None))
     table = calibrate(cfg.model, resolution=cfg.resolution, seconds=cfg.seconds,
                       frames=cfg.frames, device=cfg.device, warmup=cfg.warmup,
                       repeat=cfg.repeat, seed=cfg.seed, command=command)

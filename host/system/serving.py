@@ -22,7 +22,7 @@ import simpy
 
 from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
 from coda.jsonout import json_text
-from coda.options import add_options, from_args, option
+from coda.options import add_options, option
 from coda.paths import write_file
 
 from .parallel import PARALLEL_MODES
@@ -269,18 +269,25 @@ def serve_curve(cfg: ServeConfig, shape_cache: Path | None = None) -> dict:
             "wall_s": {"service_s": round(t_service, 3), "serving_s": round(t_serve, 3)}}
 
 
+#: the configuration ``coda serve`` hands to :func:`main` (coda.cli)
+CONFIG = ServeConfig
+
+
 def configure(parser) -> None:
     add_options(parser, ServeConfig)
 
 
-def main(args) -> int:
+def main(cfg: ServeConfig) -> int:
+    """Run ``coda serve`` as ``cfg`` says (what the command line gave, or a
+    :class:`ServeConfig` built in Python, e.g. ``main(ServeConfig(requests=50, out="/tmp/s"))``):
+    :func:`serve_curve`, ``serving.json`` and ``serving.png`` in ``--out``, the table printed.
+    Returns 0; a bad option: ValueError naming it, before any file."""
     from rich.console import Console
     from rich.table import Table
 
     from coda.paths import check_output_path, save_figure
 
-    out = check_output_path(args.out, "--out", folder=True)
-    cfg = from_args(ServeConfig, args)
+    out = check_output_path(cfg.out, "--out", folder=True)
     res = serve_curve(cfg)
     out.mkdir(parents=True, exist_ok=True)
     write_file(out / "serving.json", json_text(res, indent=1) + "\n")

@@ -27,7 +27,7 @@ from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
 from coda.paths import write_file
-from coda.options import add_options, from_args, option
+from coda.options import add_options, option
 
 from .parallel import PARALLEL_MODES
 from .platforms import DEFAULT_PLATFORM, GPU_LINKS, GPUS, PCIE_PRESETS
@@ -114,6 +114,10 @@ class SimConfig:
                            choices=tuple(GPU_LINKS),
                            source="coda.host.system.platforms.GPU_LINKS")
     out: str = option("out-sim", "output folder")
+
+
+#: the configuration ``coda sim`` hands to :func:`main` (coda.cli)
+CONFIG = SimConfig
 
 
 def configure(parser) -> None:
@@ -496,7 +500,12 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
     return res
 
 
-def main(args) -> int:
+def main(cfg: SimConfig) -> int:
+    """Run ``coda sim`` as ``cfg`` says (what the command line gave, or a :class:`SimConfig`
+    built in Python, e.g. ``main(SimConfig(steps=10, out="/tmp/sim"))``): simulate the
+    systems (:func:`checked_simulate`), write ``report.json``, ``timeline.png`` and
+    ``breakdown.png`` to ``--out`` and print the table. Returns 0; a bad option: ValueError
+    naming it, before any file."""
     from rich.console import Console
 
     from coda.paths import check_output_path
@@ -504,9 +513,9 @@ def main(args) -> int:
 
     from .plots import breakdown_bars, pick_steps, timeline
 
-    out = check_output_path(args.out, "--out", folder=True)
+    out = check_output_path(cfg.out, "--out", folder=True)
     console = Console(width=max(Console().width, 150))
-    options = dataclasses.asdict(from_args(SimConfig, args))
+    options = dataclasses.asdict(cfg)
     del options["out"]
     res = checked_simulate(**options)
     systems = res["systems"]
@@ -515,9 +524,9 @@ def main(args) -> int:
     write_file(out / "report.json", json_text(_jsonable(report), indent=1) + "\n")
     steps = pick_steps(wl, 2)
     sh = res["shape"]
-    clock = f", NMEs at {args.nme_mhz:g} MHz" if args.nme_mhz is not None else ""
+    clock = f", NMEs at {cfg.nme_mhz:g} MHz" if cfg.nme_mhz is not None else ""
     title = (f"{sh.name} {sh.width}x{sh.height} {sh.frames} frames, {report['steps']} steps, "
-             f"{args.platform} + {args.dimms}x{args.ranks} {args.dram}{clock}; steps {steps}")
+             f"{cfg.platform} + {cfg.dimms}x{cfg.ranks} {cfg.dram}{clock}; steps {steps}")
     timeline({s: r for s, r in abl["results"].items() if s in systems}, steps,
              out / "timeline.png", title)
     breakdown_bars(report["systems"], out / "breakdown.png", title)

@@ -17,14 +17,17 @@ from coda.hw.nme.isa import NMEConfig
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from coda.jsonout import json_text
+from coda.options import add_options, option
 from coda.paths import write_file
 
 __all__ = ["PUBLISHED", "PUBLISHED_SCALING", "SCALING_TOLERANCE", "validate",
            "validate_scaling", "bench", "measure_segment_utilisation",
-           "measure_tile_utilisation", "dram_check", "run_check", "configure", "main"]
+           "measure_tile_utilisation", "dram_check", "run_check", "ValidateConfig", "CONFIG",
+           "configure", "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
 PUBLISHED = [
@@ -502,28 +505,42 @@ def _measure_nmp(out: Path, form: str, what: str, drams: tuple[str, ...] | None 
             print(r)
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Options of ``coda validate``."""
-    from coda.host.nmp.link import SEGMENT_OUTPUTS
+#: the segment forms --segment-output takes: :data:`coda.host.nmp.link.SEGMENT_OUTPUTS`
+#: (written out here: that module imports torch, and ``coda validate --help`` should not)
+_SEGMENT_OUTPUTS = ("sum", "residual")
 
-    parser.add_argument("--out", type=Path, default=Path("build/system"))
-    parser.add_argument("--measure-nmp", action="store_true",
-                        help="also measure segment DRAM utilisation and check segment times "
-                             "on the DRAM-timed DIMM-NMP cosimulation (Verilator, minutes)")
-    parser.add_argument("--measure", choices=("all", "long", "tile"), default="all",
-                        help="with --measure-nmp: only the long-stream table (long), only "
-                             "the tile table (tile), or both and the segment check (all)")
-    parser.add_argument("--check-nmp", action="store_true",
-                        help="only the check of a short real generation (6 steps, PAB, one "
-                             "prompt) on the 1 x 2 DRAM-timed DIMM-NMP against the model, "
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """Every option of ``coda validate`` with its default (the one source of them)."""
+    out: Path = option(Path("build/system"), "folder of the reports (validation.json, "
+                       "scaling.json, bench.json; with --measure-nmp / --check-nmp also "
+                       "run_check-FORM.json, dram_check-FORM.json)", type=Path)
+    measure_nmp: bool = option(False, "also measure segment DRAM utilisation and check segment "
+                               "times on the DRAM-timed DIMM-NMP cosimulation (Verilator, "
+                               "minutes)")
+    measure: str = option("all", "with --measure-nmp: only the long-stream table (long), only "
+                          "the tile table (tile), or both and the segment check (all)",
+                          choices=("all", "long", "tile"))
+    check_nmp: bool = option(False, "only the check of a short real generation (6 steps, PAB, "
+                             "one prompt) on the 1 x 2 DRAM-timed DIMM-NMP against the model, "
                              "DDR5-4800 / DDR4-3200 x depth 64 / 256 (run_check-FORM.json)")
-    parser.add_argument("--drams", type=str, default=None, metavar="STD[,STD...]",
-                        help="with --measure-nmp / --check-nmp: only these DRAM presets "
-                             "(default: DDR5-4800, DDR4-3200, LPDDR5-6400 for the long "
-                             "streams, the first two for the tiles and the check)")
-    parser.add_argument("--segment-output", choices=SEGMENT_OUTPUTS, default="sum",
-                        help="the segments' form measured and checked (default: the cache "
-                             "engine's, sum)")
+    drams: str = option(None, "with --measure-nmp / --check-nmp: only these DRAM presets, "
+                        "comma-separated", type=str, metavar="STD[,STD...]",
+                        default_text="DDR5-4800, DDR4-3200, LPDDR5-6400 for the long streams, "
+                        "the first two for the tiles and the check")
+    segment_output: str = option("sum", "the segments' form measured and checked",
+                                 choices=_SEGMENT_OUTPUTS,
+                                 default_text="the cache engine's, sum")
+
+
+#: the configuration ``coda validate`` hands to :func:`main` (coda.cli)
+CONFIG = ValidateConfig
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``coda validate``: :class:`ValidateConfig`."""
+    add_options(parser, ValidateConfig)
 
 
 def _drams(text: str | None) -> tuple[str, ...] | None:
@@ -546,8 +563,10 @@ def _drams(text: str | None) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run ``coda validate``; returns 0. An unusable ``--out``: ValueError before any work
+def main(cfg: ValidateConfig) -> int:
+    """Run ``coda validate`` as ``cfg`` says (what the command line gave, or a
+    :class:`ValidateConfig` built in Python, e.g. ``main(ValidateConfig(out="/tmp/v"))``);
+    returns 0. An unusable ``--out`` or a bad ``--drams``: ValueError before any work
     (``coda: error:``, exit 2).
 
     ``coda validate [--out build/system]``:
@@ -590,16 +609,17 @@ def main(args: argparse.Namespace) -> int:
     """
     from coda.paths import check_output_path
 
-    check_output_path(args.out, "--out", folder=True)
-    form = args.segment_output
-    drams = _drams(args.drams)
-    if args.measure_nmp:
-        _measure_nmp(args.out, form, args.measure, drams)
-    if args.measure_nmp or args.check_nmp:
-        args.out.mkdir(parents=True, exist_ok=True)
+    out = Path(cfg.out)
+    check_output_path(out, "--out", folder=True)
+    form = cfg.segment_output
+    drams = _drams(cfg.drams)
+    if cfg.measure_nmp:
+        _measure_nmp(out, form, cfg.measure, drams)
+    if cfg.measure_nmp or cfg.check_nmp:
+        out.mkdir(parents=True, exist_ok=True)
         runs = [run_check(std, depth, segment_output=form) for std in MEASURE_TILE[0]
                 if not drams or std in drams for depth in MEASURE_TILE[1]]
-        write_file(args.out / f"run_check-{form}.json", json_text(runs, indent=1) + "\n")
+        write_file(out / f"run_check-{form}.json", json_text(runs, indent=1) + "\n")
         print(f"segment_output={form}")
         print(f"{'DRAM':11} {'depth':>5} {'segs':>4} {'total':>7} {'worst':>7}  per K: worst "
               "(mean)")
@@ -608,10 +628,10 @@ def main(args: argparse.Namespace) -> int:
                            for k, v in r["per_k"].items())
             print(f"{r['dram']:11} {r['depth']:>5} {r['segments']:>4} "
                   f"{r['total_rel_error']:>+7.1%} {r['max_abs_rel_error']:>7.1%}  {ks}")
-    cache = args.out / "shapes"
+    cache = out / "shapes"
     rows = validate(shape_cache=cache)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_file(args.out / "validation.json", json_text(rows, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    write_file(out / "validation.json", json_text(rows, indent=1) + "\n")
     print(f"{'model':14} {'size':9} {'frames':>6} {'steps':>5} {'GPU':8} {'published':>10} "
           f"{'predicted':>10} {'ratio':>6}")
     for r in rows:
@@ -619,7 +639,7 @@ def main(args: argparse.Namespace) -> int:
               f"{r['gpu']:8} {r['seconds']:>9.0f}s {r['predicted_s']:>9.0f}s {r['ratio']:>6.2f}"
               f"{'' if r['within_25pct'] else '  (outside +-25 %)'}")
     scaling = validate_scaling(shape_cache=cache)
-    write_file(args.out / "scaling.json", json_text(scaling, indent=1) + "\n")
+    write_file(out / "scaling.json", json_text(scaling, indent=1) + "\n")
     print(f"{'model':13} {'size':9} {'GPU':5} {'mode':8} {'GPUs':>4} {'published':>9} "
           f"{'predicted':>9} {'error':>7}")
     for r in scaling:
@@ -627,6 +647,6 @@ def main(args: argparse.Namespace) -> int:
               f"{r['gpus']:>4} {r['published_speedup']:>8.2f}x {r['predicted_speedup']:>8.2f}x "
               f"{r['error']:>+7.1%}{'' if r['within_25pct'] else '  (outside +-25 %)'}")
     b = bench(shape_cache=cache)
-    write_file(args.out / "bench.json", json_text(b, indent=1) + "\n")
+    write_file(out / "bench.json", json_text(b, indent=1) + "\n")
     print(json_text(b))
     return 0

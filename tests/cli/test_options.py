@@ -26,6 +26,7 @@ COMMANDS = {
     "bench": ("coda.experiments.bench", "BenchConfig", []),
     "sim": ("coda.host.system.sim", "SimConfig", []),
     "serve": ("coda.host.system.serving", "ServeConfig", []),
+    "validate": ("coda.host.system.validate", "ValidateConfig", []),
     "verilog": ("coda.hw.verilog", "VerilogConfig", ["-o", "nme.v"]),
     "nme run": ("coda.experiments.nme_run", "NMERunConfig", ["--op", "add"]),
     "pass-efficiency": ("coda.host.nme.pass_efficiency", "PassEfficiencyConfig", []),
@@ -58,6 +59,19 @@ def _parser(cls) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="t", exit_on_error=False)
     add_options(parser, cls)
     return parser
+
+
+def test_every_command_starts_from_its_config():
+    """coda.cli hands each command's main its CONFIG, parsed: every command has one, the
+    class its options are built from."""
+    from coda.cli import COMMANDS as CLI
+
+    for _, module, _ in CLI:
+        config = importlib.import_module(module).CONFIG
+        assert dataclasses.is_dataclass(config) and defaults(config), module
+    for command, (module, cls, _) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        assert mod.CONFIG is getattr(mod, cls), command
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -794,7 +794,6 @@ def test_rtl_generations_measure_both_memories_on_the_same_prompts(tmp_path, mon
     ideal, then --memory dram on --nmp-dram), each run's report figures taken as they are,
     and ideal_over_dram = the ideal run's cycles/s over the DRAM-timed run's against the
     1.5x target. A memory that is not one is refused before any run, naming it."""
-    import argparse
     from pathlib import Path
 
     from coda.experiments import run as coda_run
@@ -814,10 +813,8 @@ def test_rtl_generations_measure_both_memories_on_the_same_prompts(tmp_path, mon
         return 0
 
     monkeypatch.setattr(coda_run, "main", fake_main)
-    parser = argparse.ArgumentParser()
-    bench.configure(parser)
-    args = parser.parse_args(["--out", str(tmp_path / "cosim.json")])
-    out = bench._rtl_generations(args, {"cycles_per_s": 1_500_000})
+    cfg = bench.BenchConfig(out=tmp_path / "cosim.json")     # what main starts from
+    out = bench._rtl_generations(cfg, {"cycles_per_s": 1_500_000})
     assert [(a.memory, a.prompts, a.dram) for a in seen] == [("ideal", "0,1", None),
                                                               ("dram", "0,1", "DDR5-4800")]
     assert out["ideal"]["command"].endswith("--prompts 0,1 --memory ideal")

@@ -290,7 +290,7 @@ def test_coda_run_rtl_is_bit_identical_to_torch(tmp_path, schedule_6, monkeypatc
 def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     from coda.host.model.dit import load_model
     from coda.host.cache.profile import Profile, model_hash
-    from coda.experiments.run import _policy
+    from coda.experiments.run import RunConfig, _policy
     from coda.host.cache.shipped import SHIPPED_PROFILE, SHIPPED_SCHEDULE, load_schedule
 
     model, _ = load_model()
@@ -299,10 +299,9 @@ def test_the_shipped_schedule_is_the_default_and_fits_the_shipped_model():
     assert abs(sched.ops_skipped_fraction() - 0.5) < 0.01
     Profile.load(SHIPPED_PROFILE).check_for(model_hash(model), 50, 4)
 
-    class Args:
-        policy = schedule = profile = interval = warmup = skip = None
-        steps, cache, model = 50, "reuse", "digits"
-    name, policy = _policy(Args, model)
+    cfg = RunConfig(policy=None, schedule=None, profile=None, interval=None, warmup=None,
+                    skip=None, steps=50, cache="reuse", model="digits")
+    name, policy = _policy(cfg, model)
     assert name == "coda" and policy.schedule == sched
 
 
@@ -443,13 +442,12 @@ def _uniform_schedule(interval: int, warmup: int, steps: int):
 
 
 def test_modelled_availability_is_decided_from_the_flags():
-    from coda.experiments.run import _modelled_unavailable
+    from coda.experiments.run import RunConfig, _modelled_unavailable
 
-    class Args:
-        lanes, dimms, ranks = 8, 1, 2
-    assert _modelled_unavailable(Args, 64, "DDR5-4800") is None
-    Args.lanes = 16
-    assert "16 lanes, depth 64" in _modelled_unavailable(Args, 64, "DDR5-4800")
+    cfg = RunConfig(lanes=8, dimms=1, ranks=2)
+    assert _modelled_unavailable(cfg, 64, "DDR5-4800") is None
+    cfg = RunConfig(lanes=16, dimms=1, ranks=2)
+    assert "16 lanes, depth 64" in _modelled_unavailable(cfg, 64, "DDR5-4800")
 
 
 def test_coda_run_refuses_a_schedule_or_profile_for_another_model_or_step_count(
@@ -755,12 +753,18 @@ def test_coda_run_cosimulates_the_dram_timed_dimm_nmp_by_default():
     from coda.experiments import run
     from coda.hw.dram.standards import DEFAULT_STANDARD
     from coda.hw.nmp import DEFAULT_NME_MHZ
+    from coda.options import from_args
 
     def resolved(*argv):
+        """(the NMEs' clock, the cosimulated DRAM) of the command line ``argv``; the config
+        itself is not changed (its --dram stays what was given)."""
         parser = argparse.ArgumentParser()
         run.configure(parser)
-        args = parser.parse_args(["--out", "o", *argv])
-        return run._resolve_memory(args), args.dram
+        cfg = from_args(run.RunConfig, parser.parse_args(["--out", "o", *argv]))
+        given_dram = cfg.dram
+        result = run._resolve_memory(cfg)
+        assert cfg.dram == given_dram
+        return result
 
     assert DEFAULT_STANDARD == "DDR5-4800" and DEFAULT_NME_MHZ == 1000.0
     assert resolved() == (1000.0, "DDR5-4800")

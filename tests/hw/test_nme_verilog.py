@@ -107,3 +107,27 @@ def test_clock_gating_cli(tmp_path):
         clocks = set(re.findall(r"always @\((?:pos|neg)edge (\w+)\)", text))
         assert clocks == ({"clk"} | {f"{d}_clk" for d in GATED_DOMAINS} if gated else {"clk"})
         assert ("always @(negedge clk)" in text) == gated
+
+
+def test_main_starts_from_its_config(tmp_path, capsys):
+    """``coda verilog``'s main takes its config (``CONFIG``, the NME's units inherited from
+    NMEUnitsConfig), built here directly as a library caller does; the refusals of the
+    command line come when the config is made, with the same messages."""
+    import dataclasses
+
+    from coda.hw import verilog
+
+    assert verilog.CONFIG is verilog.VerilogConfig
+    assert issubclass(verilog.VerilogConfig, verilog.NMEUnitsConfig)
+    out = tmp_path / "nme.v"
+    cfg = verilog.VerilogConfig(lanes=2, depth=8, preset="combinational", output=str(out))
+    assert verilog.main(cfg) == 0
+    assert out.read_text() == nme_verilog(NMEConfig(lanes=2, depth=8, mul_latency=0,
+                                                    add_latency=0, operand_latency=0))
+    assert "combinational" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--dimms given with --top nme"):
+        verilog.VerilogConfig(dimms=2, output=str(out))
+    with pytest.raises(ValueError, match="--clock-gating on needs --operand-isolation on"):
+        dataclasses.replace(cfg, clock_gating="on", operand_isolation="off")
+    with pytest.raises(ValueError, match=r"--mul-latency \d+ with --preset combinational"):
+        dataclasses.replace(cfg, mul_latency=MAX_MUL_LATENCY)

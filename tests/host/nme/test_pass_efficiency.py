@@ -56,6 +56,26 @@ def test_cli_table_json_and_bad_options(tmp_path, capsys):
     assert "CHAN needs C % lanes == 0" in capsys.readouterr().err
 
 
+def test_main_starts_from_its_config(tmp_path, capsys):
+    """``main`` takes the command's config, built here directly as a library caller does;
+    a bad value is refused when the config is made, with the CLI's message."""
+    from coda.host.nme import pass_efficiency as pe
+
+    assert pe.CONFIG is pe.PassEfficiencyConfig
+    out = tmp_path / "eff.json"
+    cfg = pe.PassEfficiencyConfig(tokens=256, depths="16", units=("0,0,0",), trail_stores="on",
+                                  json=out)
+    assert pe.main(cfg) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["units"], r["trail"], r["depth"]) for r in rows] == [("0,0,0", "on", 16)]
+    assert rows[0]["cycles"] == efficiency("gated_residual", 256, 64, NMEConfig(
+        depth=16, mul_latency=0, add_latency=0, operand_latency=0, trail_stores=True))["cycles"]
+    with pytest.raises(ValueError, match=r"--depths '16,x': expected comma-separated ints"):
+        pe.PassEfficiencyConfig(depths="16,x")
+    with pytest.raises(ValueError, match=r"--units 'a,b': expected M,A,O"):
+        pe.PassEfficiencyConfig(units=("a,b",))
+
+
 def test_unknown_op_is_refused():
     with pytest.raises(ValueError, match=r"op='fma': expected one of \['add', 'gated_residual'\]"):
         efficiency("fma", 8, 8, NMEConfig())

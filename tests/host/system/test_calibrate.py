@@ -152,6 +152,8 @@ def test_cli_writes_a_table_and_refuses_bad_input_in_one_line(tmp_path, capsys):
                  str(frames), "--warmup", "0", "--repeat", "1", "--out", str(out)]) == 0
     table = GpuTimes.load(out).table
     assert table["model"] == "latte-digits" and table["command"].startswith("coda calibrate")
+    # the command's options, nothing else (not the config's record of the options given)
+    assert "--resolution 32x32" in table["command"] and "_coda" not in table["command"]
     # Latte's spatial and temporal blocks are one class in two block lists: one entry each
     lists = ARCHITECTURES["LatteTransformer3DModel"].block_lists
     assert {k: v["ops"] for k, v in table["blocks"].items()} == {

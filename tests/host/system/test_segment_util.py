@@ -118,3 +118,21 @@ def test_validate_refuses_an_unmeasured_dram_by_name():
     with pytest.raises(ValueError, match="--drams 'DDR5-9999'"):
         validate._drams("DDR5-9999")
     assert validate._drams("ddr5_4800,DDR4-3200") == ("DDR5-4800", "DDR4-3200")
+
+
+def test_validate_main_starts_from_its_config(tmp_path, capsys):
+    """``coda validate``'s main takes its ValidateConfig (the command line's, or one built in
+    Python); a bad --drams is refused before any work or file, either way; its
+    --segment-output choices are the NMP link's segment forms."""
+    from coda.cli import main
+    from coda.host.nmp.link import SEGMENT_OUTPUTS
+
+    assert validate.CONFIG is validate.ValidateConfig
+    assert validate.ValidateConfig().segment_output == "sum"
+    assert validate._SEGMENT_OUTPUTS == SEGMENT_OUTPUTS
+    out = tmp_path / "v"
+    with pytest.raises(ValueError, match="--drams 'DDR5-9999'"):
+        validate.main(validate.ValidateConfig(out=out, check_nmp=True, drams="DDR5-9999"))
+    assert main(["validate", "--out", str(out), "--check-nmp", "--drams", "DDR5-9999"]) == 2
+    assert "--drams 'DDR5-9999'" in capsys.readouterr().err
+    assert not out.exists()
