@@ -145,7 +145,12 @@ class CFGLoop:
         0 for one stream), ``cond_tokens`` (condition tokens), ``hidden``, ``heads``,
         ``ffn_inner`` (the FFN's hidden width), ``mlp_inner`` (HunyuanVideo's single-stream
         MLP), ``layers``. Measured on one forward of prompt 0 at the first timestep (the
-        transformer unhooked), the stream shapes at the first block's input."""
+        transformer unhooked), the stream shapes at the first block's input; once per loop."""
+        if getattr(self, "_shape", None) is None:
+            self._shape = self._measure_shape()
+        return dict(self._shape)
+
+    def _measure_shape(self) -> dict:
         from coda.host.cache.arch import get_architecture
 
         arch = get_architecture(self.transformer)

@@ -28,6 +28,7 @@ from coda.host.cache.profile import (InputNormDriver, Profile, ProfileBuilder, P
                                      ProfilingDriver, model_hash)
 from coda.host.cache.schedule import BRANCHES
 from coda.host.model.choice import ModelOptions
+from coda.hw.verilog import NMEUnitsConfig
 from coda.host.model.defaults import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from coda.hw.nme.isa import NMEConfig
 from coda.paths import save_figure
@@ -223,10 +224,10 @@ def plot_heatmap(profile: Profile, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- the command
 @dataclass(frozen=True)
-class ProfileConfig(ModelOptions):
+class ProfileConfig(ModelOptions, NMEUnitsConfig):
     """Every option of ``coda profile`` with its default (the one source of them; the model
-    and prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units come from
-    :func:`coda.hw.verilog.add_latency_arguments`, as every NME command's)."""
+    and prompts are :class:`coda.host.model.choice.ModelOptions`, the NME's units
+    :class:`coda.hw.verilog.NMEUnitsConfig`, as every NME command's)."""
     seeds: str = option("100", "distinct noise seeds 0..2^31-1, e.g. 100 or 100-101; evaluate "
                         "on other seeds")
     steps: int = option(DEFAULT_STEPS, "DDIM steps, 2..1000 (the model's training timesteps)")
@@ -248,10 +249,12 @@ class ProfileConfig(ModelOptions):
                                      default_text="min(4, prompts x seeds)")
 
 
+#: the config ``coda profile``'s main starts from (coda.cli)
+CONFIG = ProfileConfig
+
+
 def configure(parser) -> None:
-    from coda.hw.verilog import add_latency_arguments
     add_options(parser, ProfileConfig)
-    add_latency_arguments(parser)     # --preset, the units' latencies: every NME command's
 
 
 def _sensitivity_plan(blocks: int | None, videos: int | None, steps: int,
@@ -291,57 +294,61 @@ def make_driver_factory(model, backend, lanes: int, ranks: int, **nme):
     return factory
 
 
-def main(args) -> int:
+def main(cfg: ProfileConfig) -> int:
+    """Run ``coda profile`` on ``cfg`` (docs/cli.md, "coda profile"). Returns 0."""
     from rich.console import Console
 
     from coda.host.cache.device import resolve_device
     from coda.host.nme.backend import get_backend
-    from coda.host.model.choice import chosen_prompts, load_chosen, model_meta
+    from coda.experiments.pipeline_model import check_model_options, load_model
     from coda.hw.verilog import resolve_preset
     from coda.paths import check_output_path
     from coda.results import record
 
-    device = resolve_device(args.device, "--device")     # no CUDA: refused first
-    prompts = chosen_prompts(args)
-    seeds = parse_int_list(args.seeds, "--seeds", 0, MAX_SEED)
-    check_steps(args.steps, lo=2)
-    check_guidance(args.guidance)
+    device = resolve_device(cfg.device, "--device")     # no CUDA: refused first
+    texts = check_model_options(cfg)
+    if texts is None:
+        from coda.host.model.choice import chosen_prompts
+        texts = chosen_prompts(cfg)
+    seeds = parse_int_list(cfg.seeds, "--seeds", 0, MAX_SEED)
+    check_steps(cfg.steps, lo=2)
+    check_guidance(cfg.guidance)
     for flag in ("lanes", "ranks", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: expected >= 1")
-    blocks, videos = _sensitivity_plan(args.sensitivity_blocks, args.sensitivity_videos,
-                                       args.steps, len(prompts) * len(seeds))
-    preset = resolve_preset(args)   # bad or clashing --preset / latency flags fail here
-    nme = {**preset.units(), "trail_stores": args.trail_stores == "on"}
-    out = check_output_path(args.out, "--out", folder=True)
-    backend = get_backend(args.backend)
-    torch.set_num_threads(args.threads)
+        if getattr(cfg, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(cfg, flag)}: expected >= 1")
+    blocks, videos = _sensitivity_plan(cfg.sensitivity_blocks, cfg.sensitivity_videos,
+                                       cfg.steps, len(texts) * len(seeds))
+    preset = resolve_preset(cfg)   # bad or clashing --preset / latency flags fail here
+    nme = {**preset.units(), "trail_stores": cfg.trail_stores == "on"}
+    out = check_output_path(cfg.out, "--out", folder=True)
+    backend = get_backend(cfg.backend)
+    torch.set_num_threads(cfg.threads)
     console = Console()
     console.print(preset.describe())    # the top of the output: which NME runs l1_distance
-    model = load_chosen(args, device)
+    model, prompts, meta = load_model(cfg, device)
     t0 = time.perf_counter()
     prof = profile_model(model, prompts, seeds,
-                         make_driver_factory(model, backend, args.lanes, args.ranks, **nme),
-                         num_steps=args.steps, guidance_scale=args.guidance, progress=True)
+                         make_driver_factory(model, backend, cfg.lanes, cfg.ranks, **nme),
+                         num_steps=cfg.steps, guidance_scale=cfg.guidance, progress=True)
     if blocks:
         console.print(f"step sensitivity: {blocks} blocks x {videos} videos")
-        plain = make_driver_factory(model, backend, args.lanes, args.ranks, **nme)
+        plain = make_driver_factory(model, backend, cfg.lanes, cfg.ranks, **nme)
         prof.sensitivity = step_sensitivity(model, prof, plain, blocks=blocks, videos=videos)
     if hasattr(backend, "close"):
         backend.close()
     ranking = stability_ranking(prof)
-    prof.meta.update(**model_meta(args), backend=args.backend, lanes=args.lanes, ranks=args.ranks,
+    prof.meta.update(**meta, backend=cfg.backend, lanes=cfg.lanes, ranks=cfg.ranks,
                      stability_ranking=ranking, depth_table=depth_table(prof),
                      wall_s=time.perf_counter() - t0)
     path = prof.save(out)
     plot_heatmap(prof, out / "heatmap.png")
-    console.print(f"profile of {len(prof.meta['videos'])} videos x {args.steps} steps -> {path}")
+    console.print(f"profile of {len(prof.meta['videos'])} videos x {cfg.steps} steps -> {path}")
     console.print("operator types, most stable first (mean relative L1 change of the output "
                   "between steps; input change):")
     for r in ranking:
         console.print(f"  {r['op']:14s} out {r['out_change']:.4f} (median over steps "
                       f"{r['out_change_median']:.4f})  in {r['in_change']:.4f}")
-    record("profile", f"profile of {len(prof.meta['videos'])} videos x {args.steps} steps",
+    record("profile", f"profile of {len(prof.meta['videos'])} videos x {cfg.steps} steps",
            {**{f"{r['op']}: mean output change": round(r["out_change"], 4) for r in ranking},
             **{f"{r['op']}: mean input change": round(r["in_change"], 4) for r in ranking}},
            pictures={"relative output change per operator and step": out / "heatmap.png"})

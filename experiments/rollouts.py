@@ -65,7 +65,7 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
     the CPU's name and the vector ISA torch's kernels use (``get_cpu_capability``: two
     machines with the same CPU name gave different bits here), and read it back when asked
     again (the bits of a generation depend on the CPU)."""
-    from coda.host.model.sample import generate
+    from coda.experiments.cfg_loop import CFGLoop, generate_videos
 
     path = None
     if cache_dir is not None:
@@ -74,7 +74,10 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
 
         from coda.host.cache.profile import model_hash
         from coda.results import cpu_model
-        key = json.dumps([model_hash(model), [x if isinstance(x, str) else int(x) for x in labels],
+        ident = model_hash(model)
+        if isinstance(model, CFGLoop):   # its prompts are indices into its embeddings
+            ident = [ident, list(model.latent_shape), _embeddings_digest(model)]
+        key = json.dumps([ident, [x if isinstance(x, str) else int(x) for x in labels],
                           [int(x) for x in seeds],
                           num_steps, float(guidance_scale), torch.__version__,
                           platform.machine(), platform.processor(), cpu_model(),
@@ -82,7 +85,7 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
         path = Path(cache_dir) / f"full-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
         if path.exists():
             return torch.load(path)
-    videos = torch.cat([generate(model, list(labels[i:i + batch]),
+    videos = torch.cat([generate_videos(model, list(labels[i:i + batch]),
                                  seeds=list(seeds[i:i + batch]), num_steps=num_steps,
                                  guidance_scale=guidance_scale)
                         for i in range(0, len(labels), batch)])
@@ -91,6 +94,19 @@ def full_videos(model, labels, seeds, *, num_steps: int, guidance_scale: float,
         with atomic_write(path) as fh:    # writers side by side: a temporary file each
             torch.save(videos, fh)
     return videos
+
+
+def _embeddings_digest(loop) -> str:
+    """A digest of a :class:`CFGLoop`'s prompt embeddings (what its prompt indices mean)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for pair in loop.prompts:
+        for branch in pair:
+            for name in sorted(branch):
+                h.update(name.encode())
+                h.update(branch[name].detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _score(videos: torch.Tensor, full: torch.Tensor) -> dict:

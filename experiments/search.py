@@ -28,7 +28,8 @@ from coda.options import add_options, option
 
 # the space and the stand-in live in coda.experiments.step_plans, the judge in
 # coda.experiments.rollouts; both re-exported here
-from coda.experiments.rollouts import full_videos, judge, rollout, rollout_task
+from coda.experiments.rollouts import (full_videos, judge, loop_judge, rollout, rollout_task,
+                                       torch_driver)
 from coda.experiments.step_plans import (StepPlan, candidate_plans,
                                          check_reachable, constant_op_types, plan_by_dp,
                                          refined_plans, reused_steps_for, step_change,
@@ -262,6 +263,10 @@ class SearchConfig:
                           type=str, default_text="any")
 
 
+#: the config ``coda schedule search``'s main starts from (coda.cli)
+CONFIG = SearchConfig
+
+
 def configure(parser) -> None:
     add_options(parser, SearchConfig)
 
@@ -283,13 +288,15 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
                          target: str | None = SearchConfig.target,
                          max_latency_s: float | str | None = None,
                          log=print) -> tuple[SearchReport, dict]:
-    """:func:`search_steps` for the shipped model on the profile file after ``coda schedule
-    search``'s checks; the calibration videos' full-compute videos are kept in ``refs_dir``
+    """:func:`search_steps` for the model the profile file was made with (a shipped model, or a
+    diffusers pipeline's loop: :func:`coda.experiments.pipeline_model.load_profiled_model`)
+    after ``coda schedule search``'s checks; the calibration videos' full-compute videos are kept in ``refs_dir``
     (:func:`full_videos`). Returns (the report, the ``info`` saved beside the schedule). Raises
     ValueError naming the flag or the file (a profile of another model, a skip no whole-step
     plan reaches)."""
+    from coda.experiments.cfg_loop import CFGLoop
+    from coda.experiments.pipeline_model import load_profiled_model
     from coda.host.cache.profile import Profile
-    from coda.host.model.choice import load_profiled
 
     if not 0.0 < skip < 1.0:
         raise ValueError(f"--skip {skip}: expected a fraction in (0, 1)")
@@ -313,7 +320,7 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     if budget is not None and target is None:
         raise ValueError("--latency needs a --target to model the latency on")
     prof = Profile.load(profile_path)
-    model = load_profiled(prof.meta, f"--profile {profile_path}")   # the model it profiled
+    model = load_profiled_model(prof.meta, f"--profile {profile_path}")   # the one profiled
     if cooldown > prof.num_steps - 2:
         raise ValueError(f"--cooldown {cooldown}: expected 1..{prof.num_steps - 2} steps for a "
                          f"profile of {prof.num_steps} steps")
@@ -327,10 +334,13 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     full = full_videos(model, labels, seeds, num_steps=prof.num_steps, guidance_scale=guidance,
                        cache_dir=refs_dir)
     full_s = time.perf_counter() - t0
+    judge_with = None            # the shipped model's: Ray tasks loading it
+    if isinstance(model, CFGLoop):   # a pipeline's loop: rolled out in this process
+        judge_with = loop_judge(model, lambda videos: torch_driver(model, videos))
     rep = search_steps(prof, model, skip, labels=labels, seeds=seeds, full=full,
                        prune_videos=prune_videos, finalists=finalists, workers=workers,
                        cooldown=cooldown, guidance_scale=guidance, target=target,
-                       max_latency_s=budget, refine=refine, log=log)
+                       max_latency_s=budget, refine=refine, log=log, judge_with=judge_with)
     rollouts = [c for c in rep.candidates for r in ("round1", "round2") if r in c]
     info = {"model_hash": prof.meta.get("model_hash"), "profile": str(profile_path),
             "profile_seeds": prof.meta.get("seeds"), "target_skip": skip, "method": "steps",
@@ -349,19 +359,20 @@ def checked_search_steps(profile_path, skip: float, *, cooldown: int = SearchCon
     return rep, info
 
 
-def main(args) -> int:
+def main(cfg: SearchConfig) -> int:
+    """Run ``coda schedule search`` on ``cfg`` (docs/cli.md). Returns 0."""
     from rich.console import Console
 
     from coda.host.cache.shipped import save_schedule
     from coda.paths import check_output_path
 
-    out = check_output_path(args.out, "--out")
+    out = check_output_path(cfg.out, "--out")
     console = Console()
-    rep, info = checked_search_steps(args.profile, args.skip, cooldown=args.cooldown,
-                                     workers=args.workers, prune_videos=args.prune_videos,
-                                     finalists=args.finalists, refine=args.refine,
-                                     target=args.target,
-                                     max_latency_s=args.latency, log=console.print)
+    rep, info = checked_search_steps(cfg.profile, cfg.skip, cooldown=cfg.cooldown,
+                                     workers=cfg.workers, prune_videos=cfg.prune_videos,
+                                     finalists=cfg.finalists, refine=cfg.refine,
+                                     target=cfg.target,
+                                     max_latency_s=cfg.latency, log=console.print)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_schedule(out, rep.schedule, info)
     console.print(f"schedule {rep.schedule.name} -> {out}  ({info['search_s']:.0f} s, "

@@ -31,9 +31,11 @@ ADHERENCE: dict[str, tuple[str, ...]] = {
 class ModelOptions:
     """The model and prompt options shared by the commands that generate (a command's
     configuration dataclass derives from it)."""
-    model: str = option("digits", "which shipped model: digits (label-conditioned, 4 spatial "
-                        "+ 4 temporal blocks) or text (prompts through a text encoder, 8 + 8 "
-                        "blocks)", choices=tuple(MODELS))
+    model: str = option("digits", "the model: a shipped one, digits (label-conditioned, 4 "
+                        "spatial + 4 temporal blocks) or text (prompts through a text "
+                        "encoder, 8 + 8 blocks); or (coda profile, then coda schedule search "
+                        "on its profile) a diffusers pipeline: a local folder (save_pretrained) or a Hub id",
+                        metavar="NAME|FOLDER|ID")
     weights: Path = option(None, "the model's weights (safetensors; its configuration is the "
                            "JSON beside them)", type=Path, metavar="FILE",
                            default_text="the --model's shipped file")
@@ -41,14 +43,29 @@ class ModelOptions:
                           "(digits model) or the demo prompts (text model, docs/model.md)")
     prompt: tuple = option((), "a prompt text (text model), e.g. 'a seven moving up-left "
                            "fast'; repeatable; after --prompts' prompts, or alone when "
-                           "--prompts is not given", type=str, action="append", metavar="TEXT")
+                           "--prompts is not given; a pipeline --model's prompts",
+                           type=str, action="append", metavar="TEXT")
+    negative_prompt: str = option("", "a pipeline --model: the negative prompt (CFG's "
+                                  "unconditional branch)", metavar="TEXT")
+    frames: int = option(None, "a pipeline --model: video frames", type=int,
+                         default_text="the pipeline's default")
+    height: int = option(None, "a pipeline --model: video height", type=int, unit="pixels",
+                         default_text="the pipeline's default")
+    width: int = option(None, "a pipeline --model: video width", type=int, unit="pixels",
+                        default_text="the pipeline's default")
 
 
 def chosen_model(args) -> tuple[ShippedModel, Path, Path]:
     """(the :class:`ShippedModel` of ``args.model``, its weights file, its configuration
     file: ``--weights`` and the JSON beside it, or the shipped pair).
-    Raises ValueError for an unknown model."""
-    chosen = shipped_model(getattr(args, "model", "digits"))
+    Raises ValueError for a model that is not a shipped one (a diffusers pipeline: which
+    commands take one)."""
+    name = getattr(args, "model", "digits")
+    if name not in MODELS:
+        raise ValueError(f"--model {name}: expected a shipped model ({', '.join(MODELS)}); a "
+                         "diffusers pipeline is taken by coda profile and coda schedule "
+                         "search, and coda.enable_cache(pipe) puts the cache on it")
+    chosen = shipped_model(name)
     weights = getattr(args, "weights", None)
     if weights is None:
         return chosen, chosen.weights, chosen.config_file
@@ -74,7 +91,8 @@ def load_chosen(args, device="cpu"):
 def chosen_prompts(args) -> list[int | str]:
     """The prompts ``args`` ask for: ``--prompts``' indices, then ``--prompt``'s texts (only
     the texts when ``--prompts`` is not given), each text in its canonical form.
-    Raises ValueError: a bad index list, ``--prompt`` with the digits model, a text outside
+    Raises ValueError: a pipeline ``--model`` or its options (``--frames`` ...) with a
+    shipped model, a bad index list, ``--prompt`` with the digits model, a text outside
     the grammar (naming it and the forms expected), the same prompt twice, no prompt."""
     from coda.lists import parse_int_list
 
@@ -82,6 +100,11 @@ def chosen_prompts(args) -> list[int | str]:
 
     texts = list(getattr(args, "prompt", ()) or ())
     model = getattr(args, "model", "digits")
+    chosen_model(args)           # a pipeline --model: named as such, before its prompts
+    for name in ("negative_prompt", "frames", "height", "width"):
+        if given(args, name, "" if name == "negative_prompt" else None):
+            raise ValueError(f"--{name.replace('_', '-')}: an option of a diffusers pipeline "
+                             f"--model, expected none with --model {model}")
     if texts and model != "text":
         raise ValueError(f"--prompt {texts[0]!r}: prompt texts need --model text (the digits "
                          "model takes --prompts 0..9, its digits)")

@@ -281,7 +281,8 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
                     history: int = 1, cache_format: str = "bf16",
                     cache_group: int | None = None) -> int:
     """Words of rank memory (a power of two, >= 2**18) that hold the cache of ``videos``
-    videos generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
+    videos of ``model`` (a shipped model, or a :class:`coda.experiments.cfg_loop.CFGLoop`:
+    its measured shape and operators) generated at once, tiled over ``ranks`` ranks of ``lanes``-element (16-bit) words.
 
     Per video, every CFG branch x operator type x layer keeps a slot of [F*N tokens, hidden]
     16-bit elements (``history`` of them: 2 in forecast mode, :mod:`coda.host.cache.forecast`,
@@ -310,10 +311,18 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
         raise ValueError(f"videos={videos}, ranks={ranks}, lanes={lanes}: expected >= 1 each")
     if history not in (1, 2):
         raise ValueError(f"history={history}: expected 1 (reuse) or 2 (forecast)")
-    cfg = model.config
-    tcfg = cfg["transformer"]
-    tokens = cfg["data"]["frames"] * (cfg["data"]["size"] // tcfg["patch_size"]) ** 2
-    hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+    if callable(getattr(model, "shape", None)):  # a CFGLoop over a diffusers transformer
+        from coda.host.cache.arch import model_ops
+
+        shape = model.shape()        # a joint model's slots hold its text stream too
+        tokens, hidden = shape["tokens"] + shape["text_tokens"], shape["hidden"]
+        ops = len(model_ops(model.transformer).ops)
+    else:
+        cfg = model.config
+        tcfg = cfg["transformer"]
+        tokens = cfg["data"]["frames"] * (cfg["data"]["size"] // tcfg["patch_size"]) ** 2
+        hidden = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
+        ops = len(OP_TYPES) * len(model.transformer.transformer_blocks)
     rows = -(-tokens // ranks)
     tile = -(-(rows * hidden) // lanes)           # words of the largest 16-bit tile
     region = 1 << (tile - 1).bit_length()
@@ -324,7 +333,6 @@ def cache_mem_words(model, videos: int, ranks: int, lanes: int, inputs: bool = F
         out_region = 1 << (words8 - 1).bit_length()
     colours = get_standard(DEFAULT_STANDARD).banks_per_group
     groups = videos * len(BRANCHES)
-    ops = len(OP_TYPES) * len(model.transformer.transformer_blocks)
     per_group = ops * (history * out_region + inputs * region) + region
     words = 1.5 * colours * -(-groups // colours) * per_group
     return 1 << max(18, math.ceil(math.log2(words)))

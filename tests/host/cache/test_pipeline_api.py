@@ -12,10 +12,8 @@ and every call passes prompt embeddings, so no text model is ever needed.
 from __future__ import annotations
 
 import functools
-import importlib
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -30,78 +28,21 @@ from coda.host.cache.policies.fbcache import FBCachePolicy
 from coda.host.nme.backend import TorchBackend
 from coda.host.nmp.driver import NMPDriver
 from coda.hw.nme.isa import NMEConfig
+from tiny_pipelines import pipeline_class, wan_pipe, wan_pipeline_class, wan_transformer
 
 STEPS = 6
 #: Wan 2.2: 8 flow-matching steps (shift 3) have timesteps 1000 948 883 801 | 694 548 338 9;
 #: boundary 0.75 * 1000 gives the high-noise expert steps 0-3, the low-noise one steps 4-7
-STEPS_22, BOUNDARY, SWITCH = 8, 0.75, 4
+STEPS_22, SWITCH = 8, 4
 
 
 # ---------------------------------------------------------------- the pipelines, offline
-def _pipeline_class(module: str, cls: str, text_classes: tuple[str, ...],
-                    mixins: tuple[str, ...] = ()):
-    """``cls`` of diffusers' ``module``, imported with a stand-in ``transformers`` (the text
-    classes only name types in the pipeline's signatures) and the LoRA mixins its import
-    wants (diffusers exports them only with transformers installed); both removed after."""
-    import diffusers.loaders
-    import diffusers.loaders.lora_pipeline as lora
-    import diffusers.pipelines  # noqa: F401  (diffusers' availability checks run first)
-
-    stub = types.ModuleType("transformers")
-    for name in text_classes:
-        setattr(stub, name, type(name, (), {}))
-    had = sys.modules.get("transformers")
-    added = [m for m in mixins if not hasattr(diffusers.loaders, m)]
-    sys.modules["transformers"] = stub
-    for m in added:
-        setattr(diffusers.loaders, m, getattr(lora, m))
-    try:
-        return getattr(importlib.import_module(module), cls)
-    finally:
-        sys.modules.pop(module, None)
-        for m in added:
-            delattr(diffusers.loaders, m)
-        if had is None:
-            sys.modules.pop("transformers", None)
-        else:
-            sys.modules["transformers"] = had
-
-
 @pytest.fixture(scope="module")
 def wan_pipeline_cls():
-    return _pipeline_class("diffusers.pipelines.wan.pipeline_wan", "WanPipeline",
-                           ("AutoTokenizer", "UMT5EncoderModel"), ("WanLoraLoaderMixin",))
+    return wan_pipeline_class()
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _wan_transformer(seed: int):
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=64, num_layers=2,
-        rope_max_seq_len=32).eval()
-
-
-def wan_pipe(cls, two_experts: bool = False):
-    """A tiny Wan 2.1 pipeline, or Wan 2.2's two experts with a boundary: the same weights
-    every time it is built."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
-
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                           temperal_downsample=[False, True, True], latents_mean=[0.0] * 4,
-                           latents_std=[1.0] * 4).eval()
-    pipe = cls(tokenizer=None, text_encoder=None, vae=vae,
-               scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-               transformer=_wan_transformer(1),
-               transformer_2=_wan_transformer(2) if two_experts else None,
-               boundary_ratio=BOUNDARY if two_experts else None)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def _prompts(batch: int = 1, dim: int = 16):
@@ -277,7 +218,7 @@ def test_an_expert_joining_mid_loop_is_configured_in_the_engine():
     before (a single transformer keeps its checks); with it, the call starts a generation
     at k, the steps after follow in order, a call at k again starts over, a skipped step is
     refused."""
-    model = _wan_transformer(3)
+    model = wan_transformer(3)
     g = torch.Generator().manual_seed(0)
     x, text = torch.randn(1, 4, 2, 8, 8, generator=g), torch.randn(1, 6, 16, generator=g)
 
@@ -337,7 +278,7 @@ def test_cogvideox_pipeline_without_step_index_in_its_context():
     from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler,
                            CogVideoXTransformer3DModel)
 
-    cls = _pipeline_class("diffusers.pipelines.cogvideo.pipeline_cogvideox", "CogVideoXPipeline",
+    cls = pipeline_class("diffusers.pipelines.cogvideo.pipeline_cogvideox", "CogVideoXPipeline",
                           ("T5EncoderModel", "T5Tokenizer"), ("CogVideoXLoraLoaderMixin",))
 
     def build():
@@ -380,7 +321,7 @@ def test_latte_pipeline_that_sets_no_cache_context():
     handle gives one (both CFG branches batched)."""
     from diffusers import AutoencoderKL, DDIMScheduler, LatteTransformer3DModel
 
-    cls = _pipeline_class("diffusers.pipelines.latte.pipeline_latte", "LattePipeline",
+    cls = pipeline_class("diffusers.pipelines.latte.pipeline_latte", "LattePipeline",
                           ("T5EncoderModel", "T5Tokenizer"))
 
     def build():
@@ -420,7 +361,7 @@ def test_latte_pipeline_that_sets_no_cache_context():
 
 
 def test_a_bare_transformer_takes_the_cache_too():
-    model = _wan_transformer(3)
+    model = wan_transformer(3)
     handle = coda.enable_cache(model, "uniform", backend="nmp")
     assert get_coda_cache_hook(model) is handle.hooks["transformer"]
     assert handle.summary()["experts"] == {"transformer": None}

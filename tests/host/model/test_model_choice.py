@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from coda.host.model.choice import (ADHERENCE, ModelOptions, adherence, chosen_prompts,
+from coda.host.model.choice import (ADHERENCE, ModelOptions, adherence, chosen_model,
+                                    chosen_prompts,
                                     load_chosen, load_profiled, model_identity, model_meta)
 from coda.host.model.prompts import DEMO_PROMPTS
 from coda.options import add_options
@@ -69,9 +70,15 @@ def test_bad_prompts_are_refused_naming_them(argv, message):
     assert message in str(err.value)
 
 
-def test_an_unknown_model_is_refused_by_the_parser():
-    with pytest.raises(SystemExit):
-        parse("--model", "wan")
+def test_a_model_that_is_not_shipped_is_refused_where_only_shipped_ones_serve():
+    """--model takes a diffusers pipeline too (coda profile, schedule search:
+    tests/experiments/test_pipeline_model.py); what needs a shipped model names the two and
+    where a pipeline goes."""
+    with pytest.raises(ValueError, match="--model wan: expected a shipped model "
+                                         r"\(digits, text\); a diffusers pipeline is taken"):
+        chosen_model(parse("--model", "wan"))
+    with pytest.raises(ValueError, match="--model wan: expected a shipped model"):
+        chosen_prompts(parse("--model", "wan", "--prompt", "a cat"))
 
 
 def test_weights_of_the_other_kind_or_missing_are_refused(tiny_text_weights, tmp_path):
