@@ -29,11 +29,12 @@ def kinds() -> dict:
     from coda.experiments.design_space import sweep_kind as bench
     from coda.experiments.search import sweep_kind as schedule
     from coda.host.system.sim import sweep_kind as sim
+    from coda.host.system.serving import sweep_kind as serve
     from coda.experiments.area_sweep import sweep_kind as synth
-    return {k.name: k for k in (synth(), bench(), schedule(), sim())}
+    return {k.name: k for k in (synth(), bench(), schedule(), sim(), serve())}
 
 
-KIND_NAMES = ("synth", "bench", "schedule", "sim")
+KIND_NAMES = ("synth", "bench", "schedule", "sim", "serve")
 
 
 @dataclass(frozen=True)

@@ -328,3 +328,56 @@ def _plot(res: dict, path: Path, save_figure) -> Path:
     ax.set_title(f"{res['model']}: {res['cluster']['gpus']} GPUs, "
                  f"{res['cluster']['per_request']} a request", fontsize=9)
     return save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------- sweeps
+#: figures of a serving simulation kept per ``coda sweep serve`` point (seconds, requests/h)
+SWEEP_FIGURES = ("p50_s", "p99_s", "mean_s", "wait_p99_s", "throughput_per_h", "utilisation",
+                 "offered_load")
+#: ServeConfig's options that are not sweep parameters (a point writes into its own folder)
+_NOT_SWEPT = ("out",)
+
+
+def sweep_point(params: dict, workdir: Path) -> dict:
+    """One ``coda sweep serve`` point: :func:`serve_curve` of ``ServeConfig(**params)`` (the
+    flags of ``coda serve`` by their Python names; one arrival rate and one policy, the grid
+    gives the others); writes ``workdir/serving.json``. Returns SWEEP_FIGURES of the run,
+    ``service_s.<class>`` (each class's service time) and ``timing``. Raises ValueError naming
+    the parameter for a comma list of rates or policies, or as :func:`serve_curve`."""
+    for name in ("rates", "policy"):
+        if "," in str(params.get(name, "")):
+            raise ValueError(f"{name}={params[name]!r}: one value per sweep point (give the "
+                             f"values as the grid's: --param {name}=a,b)")
+    cfg = ServeConfig(**params, out=str(workdir))
+    res = serve_curve(cfg, shape_cache=Path(workdir).resolve().parent.parent / "shapes")
+    write_file(Path(workdir) / "serving.json", json_text(res, indent=1) + "\n")
+    run = res["runs"][0]
+    figures = {k: run[k] for k in SWEEP_FIGURES}
+    figures.update({f"service_s.{c['name']}": c["service_s"] for c in res["classes"]})
+    figures["timing"] = res["wall_s"]
+    return figures
+
+
+def sweep_kind():
+    """The ``serve`` sweep kind (coda.sweep.SweepKind): serving simulations over arrival
+    rates x policies x cluster sizes x parallel modes x systems ..., one point per rate and
+    policy (``coda serve`` with one ``--rates`` and one ``--policy``)."""
+    import coda.hw
+    from coda.sweep import Param, SweepKind, sources_digest
+
+    types = {"int": int, "float": float, "str": str}
+    params = []
+    for f in dataclasses.fields(ServeConfig):
+        if f.name in _NOT_SWEPT:
+            continue
+        default = f.default
+        if f.name == "rates":
+            default = default.split(",")[0]
+        elif f.name == "policy":
+            default = POLICIES[0]
+        params.append(Param(f.name, types[f.type], default))
+    return SweepKind(
+        name="serve", run=sweep_point, description=__doc__.splitlines()[0],
+        version=sources_digest(Path(__file__).parent, Path(coda.hw.__file__).parent),
+        params=tuple(params),
+        headline=("p50_s", "p99_s", "throughput_per_h", "utilisation"))

@@ -130,10 +130,10 @@ def test_bad_input_refused_before_any_task(tmp_path, capsys, argv, message):
 
 
 def test_list_names_every_kind(capsys):
-    for kind in ("synth", "bench", "schedule", "sim"):
+    for kind in ("synth", "bench", "schedule", "sim", "serve"):
         assert main(["sweep", kind, "--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("target", "stream_bytes", "finalists", "dimms"):
+    for name in ("target", "stream_bytes", "finalists", "dimms", "per_request"):
         assert name in out
 
 
@@ -182,6 +182,38 @@ def test_sim_sweep_on_local_ray_equals_sequential_loop(tmp_path, capsys):
     # resuming: only the failed point runs again (sequentially here, to spare a Ray start)
     assert main([*args, "--sequential", "--out", str(tmp_path / "ray")]) == 1
     assert len(read_results(tmp_path / "ray")) == 5
+
+
+def test_serve_sweep_points_are_coda_serve_runs(tmp_path):
+    """Serving over rates x policies x cluster sizes: each point's figures are the run of
+    ``coda serve`` with that one rate and policy; a comma list in a point is refused."""
+    from coda.cli.sweep import kinds
+    from coda.host.system.serving import SWEEP_FIGURES, ServeConfig, serve_curve
+
+    kind = kinds()["serve"]
+    common = {"model": ["latte-digits"], "mix": ["64x64:20:1"], "requests": [60]}
+    pts = grid_points(kind, {**common, "rates": ["5000", "20000"], "policy": ["fcfs", "sjf"],
+                             "gpus": [1, 2]})
+    recs = run_sweep(kind, pts, tmp_path / "sw", sequential=True, progress=False)
+    assert len(recs) == 8 and all(r["status"] == "ok" for r in recs), recs
+    for r in recs:
+        params = {k: v for k, v in r["params"].items()}
+        want = serve_curve(ServeConfig(**params))["runs"][0]
+        assert {k: r["figures"][k] for k in SWEEP_FIGURES} == {k: want[k] for k in SWEEP_FIGURES}
+        saved = json.loads((tmp_path / "sw" / "points" / f"serve-{r['key']}"
+                            / "serving.json").read_text())
+        assert saved["runs"][0]["p99_s"] == r["figures"]["p99_s"]
+    # more GPUs never wait longer at the same arrivals (one 0.16 s class: load 0.2 and 0.9
+    # on one GPU)
+    fig = {(r["params"]["rates"], r["params"]["policy"], r["params"]["gpus"]): r["figures"]
+           for r in recs}
+    for rate in ("5000", "20000"):
+        for pol in ("fcfs", "sjf"):
+            assert fig[(rate, pol, 2)]["p99_s"] <= fig[(rate, pol, 1)]["p99_s"]
+        assert fig[("20000", pol, 2)]["p99_s"] < fig[("20000", pol, 1)]["p99_s"]
+    bad = grid_points(kind, {**common, "rates": ["10,20"]})
+    rec = run_sweep(kind, bad, tmp_path / "bad", sequential=True, progress=False)[0]
+    assert rec["status"] != "ok" and "rates='10,20': one value per sweep point" in rec["error"]
 
 
 def test_schedule_sweep_points_are_coda_schedule_search(tmp_path):
