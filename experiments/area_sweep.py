@@ -2,8 +2,8 @@
 
 ``coda synth-sweep`` (``make synth-sweep``; long: minutes per configuration; NOT part of
 ``make test``) runs :func:`coda.synth.flow.synthesize` for every (target, lanes, format) as a
-point of the sweep engine (:mod:`coda.sweep`; ``coda sweep synth`` runs such points over any
-grid, without this command's place-and-route cap, tables, bandwidth bound and plot) into
+point of the sweep engine (:mod:`coda.sweep`: on a local Ray, a cluster with ``--address``,
+or in this process with ``--sequential``) into
 ``build/synth/sweep/points/<target>_l<lanes>_<fmt>/``, skipping configurations already done
 with the same hardware sources (a stopped sweep resumes; a changed ``hw/`` or ``synth/`` is
 synthesised again). It then writes ``sweep.json``, a table, and ``sweep.png`` into
@@ -39,7 +39,7 @@ FORMATS = ("bf16", "fp16")
 
 
 def synth_point(params: dict, workdir: Path) -> dict:
-    """One ``coda sweep synth`` point: :func:`coda.synth.flow.synthesize` of an NME of
+    """One ``coda synth-sweep`` point: :func:`coda.synth.flow.synthesize` of an NME of
     ``lanes`` lanes and format ``fmt`` for ``target`` into ``workdir`` (``report.json``,
     netlists, logs).
 

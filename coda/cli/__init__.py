@@ -53,7 +53,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("energy",), "coda.synth.energy", "estimate the energy per element of each cache operator on the NME (toggles on the RTL)"),
     (("mutation",), "coda.verify.mutation", "mutation testing of the NME RTL against the cocotb regression (long; resumable)"),
     # any of the above as a grid
-    (("sweep",), "coda.cli.sweep", "run a sweep (synth, bench, schedule, sim, serve): every point a Ray task"),
+    (("sweep",), "coda.cli.sweep", "run a sweep (bench, schedule, sim, serve): every point a Ray task"),
 ]
 
 

@@ -30,11 +30,12 @@ def kinds() -> dict:
     from coda.experiments.search import sweep_kind as schedule
     from coda.host.system.sim import sweep_kind as sim
     from coda.host.system.serving import sweep_kind as serve
-    from coda.experiments.area_sweep import sweep_kind as synth
-    return {k.name: k for k in (synth(), bench(), schedule(), sim(), serve())}
+    return {k.name: k for k in (bench(), schedule(), sim(), serve())}
 
 
-KIND_NAMES = ("synth", "bench", "schedule", "sim", "serve")
+#: the kinds of ``coda sweep`` (the NME's synthesis grid is ``coda synth-sweep``'s: one command
+#: per job, with its tables, bandwidth bound and plot)
+KIND_NAMES = ("bench", "schedule", "sim", "serve")
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def test_sequential_records_failures_and_resumes(tmp_path):
 
 # ----------------------------------------------------------------------------- the command
 @pytest.mark.parametrize("argv, message", [
-    (["sweep", "nosuch", "--param", "x=1"], "sweep kind 'nosuch': expected one of synth, bench"),
+    (["sweep", "nosuch", "--param", "x=1"], "sweep kind 'nosuch': expected one of bench, schedule"),
     (["sweep", "sim", "--param", "nosuch=1"], "parameter 'nosuch' of sweep kind 'sim'"),
     (["sweep", "sim"], "empty grid"),
     (["sweep", "sim", "--param", "dimms=two"], "dimms='two': expected int"),
@@ -130,10 +130,10 @@ def test_bad_input_refused_before_any_task(tmp_path, capsys, argv, message):
 
 
 def test_list_names_every_kind(capsys):
-    for kind in ("synth", "bench", "schedule", "sim", "serve"):
+    for kind in ("bench", "schedule", "sim", "serve"):
         assert main(["sweep", kind, "--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("target", "stream_bytes", "finalists", "dimms", "per_request"):
+    for name in ("stream_bytes", "finalists", "dimms", "per_request"):
         assert name in out
 
 
