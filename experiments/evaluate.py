@@ -55,14 +55,16 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
     cache entries in ``cache_format`` (``"bf16"`` or ``"int8"`` with ``cache_group``
     channels per scale, :mod:`coda.host.cache.compress`).
 
-    Returns a dict: videos [N, 1, F, H, W], per-video PSNR, executions per video (computed,
+    ``model``: a shipped model or a pipeline's :class:`coda.experiments.cfg_loop.CFGLoop`
+    (reuse mode, 16-bit entries). Returns a dict: videos [N, 1, F, H, W] (a loop's final
+    latents), per-video PSNR, executions per video (computed,
     reused, fallbacks), totals over all generations (EventLog.stats) and ``schedules``: per
     video the :class:`coda.host.cache.schedule.Schedule` it followed (its reused operators;
     a dynamic policy's differ from video to video)."""
     from coda.host.cache.arch import model_ops
     from coda.host.cache.events import EventLog
     from coda.host.cache.schedule import Schedule
-    from coda.host.model.sample import cached_generate
+    from coda.experiments.cfg_loop import cached_videos
 
     log = EventLog()
     videos = []
@@ -73,9 +75,11 @@ def evaluate_policy(model, policy, labels, seeds, full, *, num_steps, guidance_s
         lab, sd = vid_labels[i:i + batch], vid_seeds[i:i + batch]
         mode = {"cache": "forecast", "forecast": forecast} if forecast is not None else {}
         fmt = {"cache_format": cache_format, "cache_group": cache_group}
-        v, _ = cached_generate(model, lab, driver_factory(len(lab), 2 if mode else 1, **fmt),
-                               policy, events=log, num_steps=num_steps,
-                               guidance_scale=guidance_scale, seeds=sd, **mode, **fmt)
+        driver = driver_factory(len(lab), 2 if mode else 1, **fmt)
+        if fmt == {"cache_format": "bf16", "cache_group": None}:
+            fmt = {}                 # the default entries: what a pipeline's loop runs
+        v, _ = cached_videos(model, lab, driver, policy, events=log, num_steps=num_steps,
+                             guidance_scale=guidance_scale, seeds=sd, **mode, **fmt)
         gen_of.extend((log.generations - 1, j) for j in range(len(lab)))
         videos.append(v)
     videos = torch.cat(videos)
@@ -207,6 +211,7 @@ def main(cfg: EvalConfig) -> int:
     """Run ``coda eval`` on ``cfg`` (docs/cli.md, "coda eval"). Returns 0."""
     from rich.console import Console
 
+    from coda.experiments.pipeline_model import is_pipeline
     from coda.experiments.search import full_videos
 
     s = _checked_setup(cfg)
@@ -227,15 +232,17 @@ def main(cfg: EvalConfig) -> int:
     on_cpu = cfg.device == "cpu"    # kept videos are the CPU's (full_videos keys them so)
     full = full_videos(s.model, vid_labels, vid_seeds,
                        cache_dir="build/refs" if on_cpu else None, **common)
-    motion = motion_px(full)
+    shipped = not is_pipeline(cfg.model)      # a pipeline's videos are latents: no motion
+    motion = motion_px(full) if shipped else None   # of ink, no prompt classifier
     from coda.host.model.choice import adherence
-    adhere_full = adherence(s.model, full, vid_labels)
+    adhere_full = adherence(s.model, full, vid_labels) if shipped else {}
 
     rows, per_video = _evaluate_all(cfg, s, policies_at, full, vid_labels, driver_factory,
                                     console)
     _count_wins(rows, per_video)
     corner = _corner_cases(per_video, s.skips, motion)
-    videos = [{"prompt": vid_labels[i], "seed": vid_seeds[i], "motion_px": float(motion[i]),
+    videos = [{"prompt": vid_labels[i], "seed": vid_seeds[i],
+               **({"motion_px": float(motion[i])} if shipped else {}),
                **{f"{name}@{skip}": pv[i] for (name, skip), pv in per_video.items()}}
               for i in range(len(vid_labels))]
     summary = {"model": cfg.model, **{f"{k}_full": v for k, v in adhere_full.items()},
@@ -293,7 +300,8 @@ def _checked_setup(cfg: "EvalConfig") -> _EvalSetup:
     from coda.host.cache.policies import check_cached_steps
     from coda.host.model.sample import MAX_SEED, check_guidance, check_steps
     from coda.lists import parse_int_list, parse_list
-    from coda.host.model.choice import chosen_prompts, load_chosen
+    from coda.experiments.pipeline_model import check_model_options, load_model
+    from coda.host.model.choice import chosen_prompts
     from coda.host.model.dit import shipped_model
     from coda.host.nme.backend import get_backend
     from coda.hw.verilog import resolve_preset
@@ -315,7 +323,16 @@ def _checked_setup(cfg: "EvalConfig") -> _EvalSetup:
     for s in skips:
         if not 0.0 < s < 1.0:
             raise ValueError(f"--skip {s}: expected fractions in (0, 1)")
-    prompts = chosen_prompts(cfg)
+    texts = check_model_options(cfg)         # a diffusers pipeline's prompts, else None
+    if texts is None:
+        prompts = chosen_prompts(cfg)
+    else:
+        prompts = list(range(len(texts)))     # indices into the loop's encoded prompts
+        if "forecast" in modes or "int8" in formats or cfg.profile is None:
+            raise ValueError(f"--model {cfg.model}: a diffusers pipeline is compared in reuse "
+                             "mode with 16-bit entries on a profile of it; expected --cache "
+                             "reuse, --cache-format bf16 and --profile FILE (coda profile "
+                             f"--model {cfg.model})")
     seeds = parse_int_list(cfg.seeds, "--seeds", 0, MAX_SEED)
     check_steps(cfg.steps)
     for name in policies:            # a policy that would cache nothing: nothing to compare
@@ -330,7 +347,7 @@ def _checked_setup(cfg: "EvalConfig") -> _EvalSetup:
     nme = {**preset.units(), "trail_stores": cfg.trail_stores == "on"}
     out = check_output_path(cfg.out, "--out", folder=True)
     profile = None
-    profile_path = cfg.profile or shipped_model(cfg.model).profile
+    profile_path = cfg.profile or shipped_model(cfg.model).profile   # a pipeline: given
     # a given --profile is always checked (also when no policy reads it); the shipped one
     # only when a policy needs it
     if (cfg.profile is not None or "forecast" in modes
@@ -342,8 +359,8 @@ def _checked_setup(cfg: "EvalConfig") -> _EvalSetup:
         profile = Profile.load(profile_path)
     backend = get_backend(cfg.backend)
     torch.set_num_threads(cfg.threads)
-    model = load_chosen(cfg, device)
-    layers = len(model.transformer.transformer_blocks)
+    model, _, _ = load_model(cfg, device)
+    layers = _layers(model)
     if profile is not None:
         profile.check_for(model_hash(model), cfg.steps, layers,
                           what=f"--profile {profile_path}")
@@ -371,11 +388,12 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
     """One row per (skip, policy): the cached videos of every prompt and seed against
     ``full``, their quality, counters per video and modelled cost; pareto.json rewritten
     after each. Returns (rows, per-video results by (policy, skip))."""
+    from coda.host.cache.arch import model_ops
     from coda.host.model.choice import adherence
 
     common = dict(num_steps=cfg.steps, guidance_scale=cfg.guidance)
-    headline = ADHERENCE[cfg.model][0]
-    model, prompts, seeds, layers, out = s.model, s.prompts, s.seeds, s.layers, s.out
+    headline = ADHERENCE.get(cfg.model, (None,))[0]    # None: a pipeline (no classifier)
+    model, prompts, seeds, out = s.model, s.prompts, s.seeds, s.out
     rows, per_video = [], {}
     for skip in s.skips:
         names = [n for n in s.policies if "reuse" in s.modes] + \
@@ -393,11 +411,12 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
             row = {"policy": name, "target_skip": skip, "cache_format": fmt,
                    "stored_bytes": st["stored_bytes"] / n,
                    "ops_skipped_fraction": st["ops_skipped_fraction"],
-                   "flops_skipped_fraction": flops_skipped(res["schedules"], model.config),
+                   "flops_skipped_fraction": (flops_skipped(res["schedules"], model.config)
+                                              if headline else None),
                    "psnr_db": psnr_db(res["videos"], full),
                    "mean_psnr_db": float(np.mean([v["psnr_db"] for v in res["per_video"]])),
                    "ssim": ssim(res["videos"], full),
-                   **adherence(model, res["videos"], vid_labels),
+                   **(adherence(model, res["videos"], vid_labels) if headline else {}),
                    "segments": st["segments"] / n, "pcie_bytes": st["pcie_bytes"] / n,
                    "videos": n, "per_video_counts": True,
                    "fallbacks": st["fallbacks"] / n, "monitors": st["monitors"] / n,
@@ -406,14 +425,15 @@ def _evaluate_all(cfg: "EvalConfig", s: _EvalSetup, policies_at: dict, full, vid
                    "monitor_bytes": st["monitor_bytes"] / n, "kept_bytes": st["kept_bytes"] / n,
                    "params": policy.describe(), "seconds": time.perf_counter() - t1,
                    **({"forecast": table.describe()} if table is not None else {}),
-                   **_modelled(policy, cfg.steps, layers,
+                   **_modelled(policy, cfg.steps, model_ops(model.transformer),
                                cache="forecast" if table is not None else "reuse",
                                schedules=res["schedules"])}
             rows.append(row)
             per_video[(name, skip)] = res["per_video"]
             console.print(f"  {name:9s} skip {skip:.2f}: achieved {row['ops_skipped_fraction']:.3f}"
                           f"  PSNR {row['psnr_db']:.2f} dB  SSIM {row['ssim']:.4f}  "
-                          f"{headline} {row[headline]:.3f}  ({row['seconds']:.0f} s)")
+                          + (f"{headline} {row[headline]:.3f}  " if headline else "")
+                          + f"({row['seconds']:.0f} s)")
             write_file(out / "pareto.json", json_text(rows, indent=1) + "\n")
     return rows, per_video
 
@@ -425,18 +445,18 @@ def _print_summary(rows: list[dict], corner: list[dict], out: Path, adhere_full:
     first figure each row shows too."""
     from rich.table import Table
 
-    headline, acc_full = next(iter(adhere_full.items()))
-    table = Table(title=f"coda eval — {out / 'pareto.json'} (full compute: "
-                        f"{headline.replace('_', ' ')} {acc_full:.3f})")
-    for col in ("policy", "target", "f latency s", "PSNR dB", "mean PSNR", "SSIM", headline,
-                "skipped", "FLOPs skipped", "segments/video", "PCIe MB/video",
+    headline, acc_full = next(iter(adhere_full.items()), (None, None))
+    table = Table(title=f"coda eval — {out / 'pareto.json'}" + (
+        f" (full compute: {headline.replace('_', ' ')} {acc_full:.3f})" if headline else ""))
+    for col in ("policy", "target", "f latency s", "PSNR dB", "mean PSNR", "SSIM",
+                *([headline] if headline else []), "skipped", "FLOPs skipped", "segments/video", "PCIe MB/video",
                 "fallbacks/video", "coda wins", "coda-lat wins"):
         table.add_column(col, justify="right")
     for r in latency_order(rows):
         table.add_row(r["policy"], f"{r['target_skip']:.2f}", _latency(r),
                       f"{r['psnr_db']:.2f}", f"{r['mean_psnr_db']:.2f}", f"{r['ssim']:.4f}",
-                      f"{r[headline]:.3f}", f"{r['ops_skipped_fraction']:.3f}",
-                      f"{r.get('flops_skipped_fraction', math.nan):.3f}",
+                      *([f"{r[headline]:.3f}"] if headline else []),
+                      f"{r['ops_skipped_fraction']:.3f}", _fraction(r),
                       f"{r['segments']:.0f}", f"{r['pcie_bytes'] / 1e6:.1f}",
                       f"{r['fallbacks']:.1f}", *(_wins(r, key) for _, key in WIN_COLUMNS))
     console.print(table)
@@ -444,6 +464,12 @@ def _print_summary(rows: list[dict], corner: list[dict], out: Path, adhere_full:
         console.print(f"corner cases ({c['set']}, skip {c['target_skip']}): PSNR coda "
                       f"{c['psnr_coda']:.2f} -> coda+dra {c['psnr_coda_dra']:.2f} dB, extra "
                       f"executions {100 * c['extra_executions']:.2f} %")
+
+
+def _fraction(row: dict) -> str:
+    """The FLOPs-skipped column: the fraction, or "–" where not modelled (a pipeline)."""
+    value = row.get("flops_skipped_fraction")
+    return "–" if value is None else f"{value:.3f}"
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -455,20 +481,27 @@ def markdown_table(rows: list[dict]) -> str:
     per video, DRA's fallbacks per video and the videos on which CODA (CODA within uniform's
     latency) beats the policy."""
     headline = next((k for keys in ADHERENCE.values() for k in keys[:1] if rows and k in rows[0]),
-                    "label_accuracy")
-    head = (f"| policy | target | f latency s | PSNR dB | mean PSNR dB | SSIM | "
-            f"{headline.replace('_', ' ')} | skipped | FLOPs skipped | segments "
-            "| PCIe MB | fallbacks | CODA wins | CODA-lat wins |")
-    lines = [head, "|" + "---|" * 14]
+                    None)            # None: a pipeline's rows (no prompt classifier)
+    adh = f" {headline.replace('_', ' ')} |" if headline else ""
+    head = (f"| policy | target | f latency s | PSNR dB | mean PSNR dB | SSIM |{adh} skipped "
+            "| FLOPs skipped | segments | PCIe MB | fallbacks | CODA wins | CODA-lat wins |")
+    lines = [head, "|" + "---|" * (14 if headline else 13)]
     for r in latency_order(rows):
         fb = f"{r['fallbacks']:.1f}" if r["fallbacks"] else ""
         lines.append(f"| {r['policy']} | {r['target_skip']:g} | {_latency(r)} "
                      f"| {r['psnr_db']:.2f} | {r['mean_psnr_db']:.2f} | {r['ssim']:.4f} "
-                     f"| {r[headline]:.3f} | {r['ops_skipped_fraction']:.3f} "
-                     f"| {r.get('flops_skipped_fraction', math.nan):.3f} | {r['segments']:.0f} "
+                     + (f"| {r[headline]:.3f} " if headline else "")
+                     + f"| {r['ops_skipped_fraction']:.3f} "
+                     f"| {_fraction(r)} | {r['segments']:.0f} "
                      f"| {r['pcie_bytes'] / 1e6:.1f} | {fb} | "
                      + " | ".join(_wins(r, key) for _, key in WIN_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _layers(model) -> int:
+    """The transformer layers of a shipped model or a pipeline's loop."""
+    from coda.host.cache.arch import model_ops
+    return model_ops(model.transformer).num_layers
 
 
 def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: int = 2,
@@ -484,9 +517,13 @@ def coda_schedule(profile, profile_path: Path, model, skip: float, *, workers: i
     from coda.host.model.dit import shipped_model
     from coda.experiments.search import checked_search_steps
 
-    shipped = shipped_model(profile.meta.get("model", "digits"))
-    path = shipped.schedule(skip, latency)
-    if profile_path.resolve() == shipped.profile.resolve() and path.exists():
+    from coda.experiments.pipeline_model import is_pipeline
+
+    name = profile.meta.get("model", "digits")
+    shipped = None if is_pipeline(name) else shipped_model(name)
+    path = None if shipped is None else shipped.schedule(skip, latency)
+    if shipped is not None and profile_path.resolve() == shipped.profile.resolve() \
+            and path.exists():
         return (load_schedule(path, model_id=model_hash(model), num_steps=profile.num_steps,
                               num_layers=profile.num_layers), f"shipped {path.name}")
     rep, info = checked_search_steps(profile_path, skip, workers=workers,
@@ -518,9 +555,10 @@ def flops_skipped(schedules, model_config: dict) -> float:
 _COST_KEYS = ("latency_s", "energy_j", "segments", "host_link_bytes")
 
 
-def _modelled(policy, steps: int, layers: int, target: str | None = None,
+def _modelled(policy, steps: int, ops, target: str | None = None,
               cache: str = "reuse", schedules=None) -> dict:
-    """``{"modelled": {...}}``: the modelled latency (s), energy (J), segments and host-link
+    """``{"modelled": {...}}``: for a run of ``steps`` steps of the model of ``ops`` (its
+    :class:`coda.host.cache.schedule.ModelOps`), the modelled latency (s), energy (J), segments and host-link
     bytes in system f, cache mode ``cache``, for ``target`` (default:
     :data:`coda.host.system.cost.DEFAULT_TARGET`), each schedule transferred as ``coda sim``
     does: a static policy's schedule (``"from": "schedule"``); a dynamic policy's per video,
@@ -530,9 +568,12 @@ def _modelled(policy, steps: int, layers: int, target: str | None = None,
     from coda.host.system.cost import DEFAULT_TARGET, schedule_cost
 
     target = target or DEFAULT_TARGET
-    build = getattr(policy, "build", None)
-    if build is not None:
-        c = schedule_cost(build(steps, layers), target, "f", cache=cache)
+    if getattr(policy, "build", None) is not None:  # a static policy
+        # the shipped Latte's operators by layer count (profiles made before ModelOps carry
+        # none); any other model's on its own operators
+        sched = (policy.build(steps, ops.num_layers) if ops.arch == "latte"
+                 else policy.build_for(steps, ops))
+        c = schedule_cost(sched, target, "f", cache=cache)
         return {"modelled": {"target": target, "system": "f", "from": "schedule",
                              **{k: c[k] for k in _COST_KEYS}}}
     if not schedules:
@@ -605,7 +646,7 @@ def _calibrated(policies, skips, profile, profile_path: Path, model, cfg, driver
     from coda.experiments.dra_calibration import calibrate_default_dra, describe_choice
     from coda.host.cache.policies import get_policy
 
-    layers = len(model.transformer.transformer_blocks)
+    layers = _layers(model)
     policies_at, dra_probes = {}, {}
     for skip in skips:
         table = None
@@ -643,7 +684,7 @@ def _forecast_tables(policies_at: dict, profile, model, cfg, driver_factory, con
     profile's videos (:func:`coda.experiments.forecast_calibration.calibrate_forecast`)."""
     from coda.experiments.forecast_calibration import calibrate_forecast
 
-    layers = len(model.transformer.transformer_blocks)
+    layers = _layers(model)
     static = {f"{name}@{skip}": (name, skip) for name, skip in policies_at
               if name in FORECAST_POLICIES}
     t0 = time.perf_counter()
@@ -667,8 +708,10 @@ def _corner_cases(per_video: dict, skips, motion) -> list[dict]:
         n = len(static)
         quarter = max(1, n // 4)
         sets = {"worst-static-psnr": list(worst_quarter([v["psnr_db"] for v in static])),
-                "fastest-motion": list(np.argsort(-np.asarray(motion))[:quarter]),
+                "fastest-motion": (None if motion is None
+                                   else list(np.argsort(-np.asarray(motion))[:quarter])),
                 "all": list(range(n))}
+        sets = {k: v for k, v in sets.items() if v is not None}
         for label, idx in sets.items():
             execs = sum(static[i]["computed"] + static[i]["reused"] for i in idx)
             extra = sum(dra[i]["computed"] - static[i]["computed"] for i in idx)

@@ -1,7 +1,8 @@
 """A user's diffusers pipeline as the model of the commands that generate: ``--model`` names
 a shipped model (``digits``, ``text``) or a diffusers pipeline, a local folder
-(``save_pretrained``) or a Hub id; ``coda profile`` and ``coda schedule search`` (on that
-profile) then run a :class:`coda.experiments.cfg_loop.CFGLoop` over its transformer.
+(``save_pretrained``) or a Hub id; ``coda profile``, ``coda schedule search`` (on that
+profile) and ``coda eval`` then run a :class:`coda.experiments.cfg_loop.CFGLoop` over its
+transformer.
 
 :func:`pipeline_loop` encodes the prompts once with the pipeline's own ``encode_prompt`` and
 takes the latent shape from its ``prepare_latents`` and scheduler from the pipeline; a

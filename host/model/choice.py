@@ -1,7 +1,10 @@
 """Which shipped model a command generates with, and what it asks it for: the options
 ``--model``, ``--weights``, ``--prompts`` and ``--prompt`` of ``coda run``, ``coda profile``
 and ``coda eval``, and what a profile records so that the commands that follow it
-(``coda schedule search``, the DRA and forecast calibrations) load the same model.
+(``coda schedule search``, the DRA and forecast calibrations) load the same model. A
+``--model`` that names a diffusers pipeline instead is
+:mod:`coda.experiments.pipeline_model`'s (the options ``--negative-prompt``, ``--frames``,
+``--height``, ``--width`` are its).
 
 A prompt is an ``int`` (an index 0..9: a digit for the digits model, one of
 :data:`~coda.host.model.prompts.DEMO_PROMPTS` for the text model) or a prompt text (text
@@ -33,8 +36,8 @@ class ModelOptions:
     configuration dataclass derives from it)."""
     model: str = option("digits", "the model: a shipped one, digits (label-conditioned, 4 "
                         "spatial + 4 temporal blocks) or text (prompts through a text "
-                        "encoder, 8 + 8 blocks); or (coda profile, then coda schedule search "
-                        "on its profile) a diffusers pipeline: a local folder (save_pretrained) or a Hub id",
+                        "encoder, 8 + 8 blocks); or (coda profile, coda eval; coda schedule "
+                        "search on its profile) a diffusers pipeline: a local folder (save_pretrained) or a Hub id",
                         metavar="NAME|FOLDER|ID")
     weights: Path = option(None, "the model's weights (safetensors; its configuration is the "
                            "JSON beside them)", type=Path, metavar="FILE",
@@ -63,8 +66,9 @@ def chosen_model(args) -> tuple[ShippedModel, Path, Path]:
     name = getattr(args, "model", "digits")
     if name not in MODELS:
         raise ValueError(f"--model {name}: expected a shipped model ({', '.join(MODELS)}); a "
-                         "diffusers pipeline is taken by coda profile and coda schedule "
-                         "search, and coda.enable_cache(pipe) puts the cache on it")
+                         "diffusers pipeline is taken by coda profile, coda schedule "
+                         "search and coda eval, and coda.enable_cache(pipe) puts the cache on "
+                         "it")
     chosen = shipped_model(name)
     weights = getattr(args, "weights", None)
     if weights is None:
