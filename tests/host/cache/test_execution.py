@@ -32,7 +32,8 @@ from coda.host.cache.device import DeviceCache
 from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache, get_coda_cache_hook
 from coda.host.cache.schedule import Schedule
 from test_arch_adapters import STEPS, ARCHS, build, generate, policy_for  # noqa: F401
-from test_pipeline_api import _pipeline_class, run_wan, wan_pipe
+from test_pipeline_api import run_wan
+from tiny_pipelines import wan_pipe, wan_pipeline_class
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -136,9 +137,7 @@ def test_group_offloading_added_after_the_cache_is_refused_at_the_next_call(send
                                                                           tmp_path):
     """Offloading applied to a pipeline's transformer after enable_cache: the next call is
     refused before it does anything, and the running generation's slots are freed."""
-    cls = _pipeline_class("diffusers.pipelines.wan.pipeline_wan", "WanPipeline",
-                          ("AutoTokenizer", "UMT5EncoderModel"), ("WanLoraLoaderMixin",))
-    pipe = wan_pipe(cls)
+    pipe = wan_pipe(wan_pipeline_class())
     handle = coda.enable_cache(pipe, "uniform", skip=0.5, backend="nmp")
     run_wan(pipe)
     _offload(pipe.transformer, "block_level", tmp_path)

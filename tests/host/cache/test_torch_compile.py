@@ -29,7 +29,8 @@ from coda.host.cache.arch import UnsupportedModelError, get_architecture
 from coda.host.cache.device import DeviceCache
 from coda.host.cache.engine import CodaCacheConfig, apply_coda_cache
 from test_arch_adapters import ARCHS, build, generate, policy_for
-from test_pipeline_api import _pipeline_class, run_wan, wan_pipe  # noqa: F401
+from test_pipeline_api import run_wan
+from tiny_pipelines import wan_pipe, wan_pipeline_class
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,8 +73,7 @@ def _fresh_dynamo():
 
 @pytest.fixture(scope="module")
 def wan_pipeline_cls():
-    return _pipeline_class("diffusers.pipelines.wan.pipeline_wan", "WanPipeline",
-                           ("AutoTokenizer", "UMT5EncoderModel"), ("WanLoraLoaderMixin",))
+    return wan_pipeline_class()
 
 
 def _no_engine_code_in_graphs(backend: CountingBackend) -> None:
