@@ -39,12 +39,14 @@ def check_model_options(options) -> list[str] | None:
     from :class:`coda.host.model.choice.ModelOptions`). Returns the prompt texts for a
     pipeline ``--model``, None for a shipped model.
 
-    Raises ValueError: a pipeline without ``--prompt``, or with ``--prompts`` / ``--weights``;
-    a size below 1; an empty or repeated prompt."""
+    Raises ValueError: a ``--model`` that is neither a pipeline folder nor a Hub id; a
+    pipeline without ``--prompt``, or with ``--prompts`` / ``--weights``; a size below 1; an
+    empty or repeated prompt."""
     from coda.options import given
 
     if not is_pipeline(options.model):
         return None              # coda.host.model.choice.chosen_prompts checks its options
+    _check_spec(options.model)       # a missing folder is named before the other options
     texts = list(options.prompt or ())
     if given(options, "prompts", "0-9"):
         raise ValueError(f"--prompts {options.prompts}: prompt indices name the shipped "
@@ -70,19 +72,27 @@ def check_model_options(options) -> list[str] | None:
     return texts
 
 
-def _folder(spec: str) -> Path:
-    """The local folder of pipeline ``spec``: a folder with ``model_index.json``, or a Hub
-    id downloaded (or found in the Hugging Face cache) by ``DiffusionPipeline.download``."""
+def _check_spec(spec: str) -> None:
+    """ValueError unless ``spec`` can name a pipeline: a folder with ``model_index.json``, or
+    (nothing of that name here) a Hub id ``owner/name``."""
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "model_index.json").is_file():
             raise ValueError(f"--model {spec}: a folder without model_index.json, expected a "
                              "diffusers pipeline folder (pipe.save_pretrained) or a shipped "
                              "model (digits, text)")
-        return path
-    if path.exists() or spec.count("/") != 1:
+    elif path.exists() or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
         raise ValueError(f"--model {spec}: expected digits, text, a diffusers pipeline folder "
                          "or a Hub id (owner/name)")
+
+
+def _folder(spec: str) -> Path:
+    """The local folder of pipeline ``spec``: a folder with ``model_index.json``, or a Hub
+    id downloaded (or found in the Hugging Face cache) by ``DiffusionPipeline.download``."""
+    _check_spec(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
     from diffusers import DiffusionPipeline
 
     try:

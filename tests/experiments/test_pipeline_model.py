@@ -156,6 +156,9 @@ def test_pipeline_options_are_checked(pipeline_folder, loadable, tmp_path, capsy
     assert "without model_index.json" in error("--model", str(tmp_path), "--prompt", "x")
     assert "expected digits, text, a diffusers pipeline folder" in error(
         "--model", "no-such-model", "--prompt", "x")
+    # a missing folder is named first, before the options a pipeline would need
+    assert "--model /no/such/pipe: expected digits, text, a diffusers pipeline folder" in \
+        error("--model", "/no/such/pipe")
     assert not (tmp_path / "o").exists()
     # coda eval compares a pipeline in reuse mode, 16-bit entries, on a profile of it
     for extra in ([], ["--profile", "p.npz", "--cache", "forecast"],
