@@ -42,7 +42,7 @@ from coda.hw.dram.standards import DEFAULT_STANDARD
 from coda.hw.nme.isa import NMEConfig
 from coda.hw.nmp import NMP_DEPTH
 from coda.jsonout import json_text
-from coda.options import add_options, from_args, option
+from coda.options import add_options, option
 from coda.paths import check_output_path, write_file
 from coda.sweep import RayOptions
 
@@ -270,12 +270,10 @@ def _rtl_generations(cfg: BenchConfig, ceiling: dict) -> dict:
         folder = Path(cfg.out).with_name(f"run-{name}")
         argv = ["--out", str(folder), "--prompts", prompts, "--memory", name] + (
             ["--dram", cfg.nmp_dram] if name == "dram" else [])
-        parser = argparse.ArgumentParser()
-        coda_run.configure(parser)
-        args = parser.parse_args(argv)
-        config = getattr(coda_run, "CONFIG", None)    # as the CLI calls a command's main
+        run_cfg = coda_run.RunConfig(out=str(folder), prompts=prompts, memory=name,
+                                     **({"dram": cfg.nmp_dram} if name == "dram" else {}))
         t0 = time.perf_counter()
-        coda_run.main(args if config is None else from_args(config, args))
+        coda_run.main(run_cfg)
         report = json.loads((folder / "report.json").read_text())
         out[name] = {"command": "coda run " + " ".join(argv), "dram": report["dram"],
                      "nme_mhz": report["nme_mhz"], "prompts": report["rtl"]["prompts"],

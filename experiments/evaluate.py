@@ -568,12 +568,9 @@ def _modelled(policy, steps: int, ops, target: str | None = None,
     from coda.host.system.cost import DEFAULT_TARGET, schedule_cost
 
     target = target or DEFAULT_TARGET
-    if getattr(policy, "build", None) is not None:  # a static policy
-        # the shipped Latte's operators by layer count (profiles made before ModelOps carry
-        # none); any other model's on its own operators
-        sched = (policy.build(steps, ops.num_layers) if ops.arch == "latte"
-                 else policy.build_for(steps, ops))
-        c = schedule_cost(sched, target, "f", cache=cache)
+    build = getattr(policy, "build_for", None)      # a static policy, on the model's operators
+    if build is not None:
+        c = schedule_cost(build(steps, ops), target, "f", cache=cache)
         return {"modelled": {"target": target, "system": "f", "from": "schedule",
                              **{k: c[k] for k in _COST_KEYS}}}
     if not schedules:

@@ -29,7 +29,7 @@ from coda.options import add_options, option
 from coda.paths import write_file
 
 __all__ = ["nme_verilog", "TOPS", "config_from_args", "configure", "main", "NMEPreset",
-           "NME_PRESETS", "DEFAULT_PRESET", "add_latency_arguments", "resolve_preset",
+           "NME_PRESETS", "DEFAULT_PRESET", "resolve_preset",
            "NMEUnitsConfig", "VerilogConfig", "CONFIG"]
 
 
@@ -96,9 +96,8 @@ _PRESET = NME_PRESETS[DEFAULT_PRESET]
 @dataclass(frozen=True)
 class NMEUnitsConfig:
     """The NME-units options of every command that builds an NME (``coda verilog``, ``coda
-    synth``, ``coda nme run``, ``coda run``, ``coda eval``, ``coda profile``), added by
-    :func:`add_latency_arguments`: ``--preset NAME`` (:data:`NME_PRESETS`) and the register
-    stages of the FP units and of the operand path (NMEConfig's ``mul_latency``,
+    synth``, ``coda nme run``, ``coda run``, ``coda eval``, ``coda profile``): ``--preset
+    NAME`` (:data:`NME_PRESETS`) and the register stages of the FP units and of the operand path (NMEConfig's ``mul_latency``,
     ``add_latency``, ``operand_latency``, ranges from :mod:`coda.hw.nme.isa`), None unless
     given (:func:`resolve_preset` reads them: build with its ``units()``), and
     ``--trail-stores on|off``. A command's config derives from it (dataclass inheritance,
@@ -126,17 +125,8 @@ class NMEUnitsConfig:
                                source="NMEConfig.trail_stores")
 
 
-def add_latency_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the options of :class:`NMEUnitsConfig` (``--preset``, ``--mul-latency``,
-    ``--add-latency``, ``--operand-latency``, ``--trail-stores``) to ``parser``: every command
-    that builds an NME and does not derive its config from :class:`NMEUnitsConfig` calls it.
-    The latencies are None unless given: :func:`resolve_preset` reads them (build with its
-    ``units()``)."""
-    add_options(parser, NMEUnitsConfig)
-
-
 def resolve_preset(options: Any) -> NMEPreset:
-    """The NME configuration of the options of :func:`add_latency_arguments` (``options``: the
+    """The NME configuration of the options of :class:`NMEUnitsConfig` (``options``: the
     parsed namespace or a config holding :class:`NMEUnitsConfig`'s fields; not changed):
     ``--preset NAME``'s, or the default preset's with any latency flags given over it (named
     after the preset they equal, else ``custom``, Fmax not measured). Its ``units()`` are the

@@ -815,6 +815,7 @@ def test_rtl_generations_measure_both_memories_on_the_same_prompts(tmp_path, mon
     monkeypatch.setattr(coda_run, "main", fake_main)
     cfg = bench.BenchConfig(out=tmp_path / "cosim.json")     # what main starts from
     out = bench._rtl_generations(cfg, {"cycles_per_s": 1_500_000})
+    assert all(isinstance(a, coda_run.RunConfig) for a in seen)
     assert [(a.memory, a.prompts, a.dram) for a in seen] == [("ideal", "0,1", None),
                                                               ("dram", "0,1", "DDR5-4800")]
     assert out["ideal"]["command"].endswith("--prompts 0,1 --memory ideal")

@@ -79,8 +79,11 @@ class MagCachePolicy(StaticPolicy):
 
     def build_for(self, num_steps: int, ops: ModelOps) -> Schedule:
         """The schedule on the model of ``ops``: the ratios' own (ScheduleError otherwise)."""
-        if self.ratios.shape[0] != num_steps or self.ops is None or self.ops != ops:
-            mine = "latte" if self.ops is None else self.ops.arch
+        # ratios without operators are a Latte's (profiles made before ModelOps)
+        own = self.ops if self.ops is not None or self.ratios.shape[2] % 5 else \
+            ModelOps.latte(self.ratios.shape[2] // 5)
+        if self.ratios.shape[0] != num_steps or own != ops:
+            mine = "latte" if own is None else own.arch
             raise ScheduleError(f"magcache: ratios for {self.ratios.shape[0]} steps of a {mine} "
                                 f"model with {self.ratios.shape[2]} operators; this run has "
                                 f"{num_steps} steps of a {ops.arch} model with {len(ops.ops)}")
