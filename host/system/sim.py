@@ -32,6 +32,8 @@ from coda.options import add_options, option
 from .parallel import PARALLEL_MODES
 from .platforms import DEFAULT_PLATFORM, GPU_LINKS, GPUS, PCIE_PRESETS
 from .presets import model_names
+from .prices import PriceConfig
+from .prices import prices as price_table
 
 #: the diffusion schedulers of every modelled model have 1000 training timesteps
 MAX_STEPS = 1000
@@ -44,9 +46,10 @@ DEFAULT_SHAPE_CACHE = Path("build/system/shapes")
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class SimConfig(PriceConfig):
     """Every option of ``coda sim`` with its default (the one source of them: :func:`setup`,
-    :func:`simulate` and :func:`checked_simulate` read their defaults here)."""
+    :func:`simulate` and :func:`checked_simulate` read their defaults here); the prices of
+    the cost per video from :class:`coda.host.system.prices.PriceConfig`."""
     model: str = option("wan2.1-14b", f"one of {', '.join(model_names())}")
     resolution: str = option(None, "480p, 720p or WIDTHxHEIGHT", type=str,
                              default_text="720p; the shipped Lattes: 32x32")
@@ -113,6 +116,9 @@ class SimConfig:
     gpu_link: str = option("pcie4-p2p", "the link between the GPUs: " + ", ".join(GPU_LINKS),
                            choices=tuple(GPU_LINKS),
                            source="coda.host.system.platforms.GPU_LINKS")
+    utilisation: float = option(None, "fraction of its working life the machine generates "
+                                "videos", type=float, group="cost per video",
+                                default_text="1, coda.host.system.prices.SOURCES")
     out: str = option("out-sim", "output folder")
 
 
@@ -153,7 +159,7 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
              shape_cache: Path | None = DEFAULT_SHAPE_CACHE, record: bool = True,
              gpu_table=None, layers: int | None = None, gpus: int = SimConfig.gpus,
              parallel: str = SimConfig.parallel, gpu_link: str = SimConfig.gpu_link,
-             pcie: str | None = SimConfig.pcie, **platform_overrides) -> dict:
+             pcie: str | None = SimConfig.pcie, prices=None, **platform_overrides) -> dict:
     """Everything ``coda sim`` computes, as a dict (no files). ``segment_output``: the NMP
     segments' form (:data:`coda.host.nmp.link.SEGMENT_OUTPUTS`, ``--segment-output``);
     ``cache``: the cache mode (:data:`coda.host.cache.forecast.CACHE_MODES`, ``--cache``);
@@ -166,8 +172,11 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     a check at a small size, as ``scripts/gpu_check.py`` runs one); ``gpus``, ``parallel``,
     ``gpu_link``: several GPUs on the generation (:mod:`coda.host.system.parallel`;
     ``gpus=1, parallel="none"`` is the one-GPU model, unchanged); ``pcie``: a host link of
-    :data:`~coda.host.system.platforms.PCIE_PRESETS` instead of the GPU's own (``--pcie``).
-    With several GPUs the
+    :data:`~coda.host.system.platforms.PCIE_PRESETS` instead of the GPU's own (``--pcie``);
+    ``prices``: a :class:`~coda.host.system.prices.Prices` (None: the GPU preset's sourced
+    prices, :func:`coda.host.system.prices.prices`): every system that fits gains ``cost``,
+    its cost per video (:func:`coda.host.system.prices.video_cost`: ``usd``, its capital and
+    energy parts, USD), and the report ``prices``. With several GPUs the
     report gains ``parallel`` (the layout, the link and its sources), ``one_gpu`` (systems
     a..g on one GPU: ``latency_s``, ``energy_j``) and per system ``speedup_vs_1gpu``,
     ``p2p_bytes``, ``p2p_s``, ``p2p_j``; ``memory`` is one GPU's.
@@ -214,6 +223,8 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
     else:
         abl = run_parallel(wl_dev, plat, lay, link, systems, prefetch=prefetch,
                            record=record)
+    pr = prices if prices is not None else price_table(gpu)
+    _add_costs(abl["systems"], plat, pr, lay.gpus)
     report = {
         "model": shape.describe(),
         "cache_bytes": wl.cache_bytes,
@@ -232,12 +243,15 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         "simulation_s": {"shapes": round(t_shape, 3), "events": round(t_events, 3),
                          "replay": round(abl["sim_s"], 3)},
         "sources": plat.sources(),
+        "prices": pr.describe(),
         "model_source": shape.source,
         "assumptions": _ASSUMPTIONS,
     }
     if lay.gpus > 1:
         one = run_ablation(wl, plat, systems, prefetch=prefetch, record=False)["systems"]
-        report["one_gpu"] = {s: ({"latency_s": r["latency_s"], "energy_j": r["energy_j"]}
+        _add_costs(one, plat, pr, 1)
+        report["one_gpu"] = {s: ({"latency_s": r["latency_s"], "energy_j": r["energy_j"],
+                                  "cost": r["cost"]}
                                  if r["fits"] else {"fits": False, "reason": r["reason"]})
                              for s, r in one.items()}
         for s, r in report["systems"].items():
@@ -252,6 +266,18 @@ def simulate(model: str, *, resolution=None, seconds=None, frames=None,
         report["assumptions"] = _ASSUMPTIONS + _PARALLEL_ASSUMPTIONS
     return {"report": report, "ablation": abl, "workload": wl, "shape": shape,
             "device_workload": wl_dev}
+
+
+def _add_costs(rows: dict, plat, pr, gpus: int) -> None:
+    """Each fitting system's row of :func:`~coda.host.system.ablation.run_ablation` gains
+    ``cost``: the cost per video on ``gpus`` GPUs of ``plat`` at prices ``pr``
+    (:func:`coda.host.system.prices.video_cost`)."""
+    from .prices import machine_capital, video_cost
+
+    for s, r in rows.items():
+        if r.get("fits"):
+            r["cost"] = video_cost(r["latency_s"], r["energy_j"],
+                                   machine_capital(plat, pr, s, gpus), pr)
 
 
 #: The paper-scale target of ``coda run``'s summary: ``coda sim``'s model, size, length, GPU
@@ -465,11 +491,14 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                      gpu_table: str | None = SimConfig.gpu_table,
                      gpus: int = SimConfig.gpus, parallel: str = SimConfig.parallel,
                      gpu_link: str = SimConfig.gpu_link, pcie: str | None = SimConfig.pcie,
+                     price_gpu: float | None = None, price_dram_gb: float | None = None,
+                     price_nme: float | None = None, usd_per_kwh: float | None = None,
+                     lifetime_years: float | None = None, utilisation: float | None = None,
                      shape_cache: Path | None = DEFAULT_SHAPE_CACHE) -> dict:
     """:func:`simulate` after ``coda sim``'s checks of its flags (counts >= 1, one of
-    seconds / frames), with ``system`` and ``intervals`` as the command line writes them.
-    Returns simulate's dict plus ``systems`` (the letters) and ``wall_s``. Raises
-    ValueError naming the flag."""
+    seconds / frames, the prices: :func:`coda.host.system.prices.prices`), with ``system``
+    and ``intervals`` as the command line writes them. Returns simulate's dict plus
+    ``systems`` (the letters) and ``wall_s``. Raises ValueError naming the flag."""
     from coda.host.nmp.link import SEGMENT_OUTPUTS
 
     from .schedules import parse_intervals
@@ -485,6 +514,9 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
             raise ValueError(f"--{flag} {value}: expected >= 1")
     if seconds is not None and frames is not None:
         raise ValueError("--seconds and --frames: give one of them")
+    pr = price_table(platform or DEFAULT_PLATFORM, price_gpu=price_gpu,
+                     price_dram_gb=price_dram_gb, price_nme=price_nme, usd_per_kwh=usd_per_kwh,
+                     lifetime_years=lifetime_years, utilisation=utilisation)
     t0 = time.perf_counter()
     res = simulate(model, resolution=resolution, seconds=seconds, frames=frames, steps=steps,
                    gpu=platform or DEFAULT_PLATFORM, dram=dram, dimms=dimms, ranks=ranks,
@@ -494,7 +526,7 @@ def checked_simulate(*, model: str, resolution=None, seconds=None, frames=None,
                    prefetch=prefetch, segment_output=segment_output, cache=cache,
                    cache_format=cache_format, cache_group=cache_group,
                    gpu_table=gpu_table, gpus=gpus, parallel=parallel, gpu_link=gpu_link,
-                   pcie=pcie, shape_cache=shape_cache)
+                   pcie=pcie, prices=pr, shape_cache=shape_cache)
     res["report"]["wall_s"] = round(time.perf_counter() - t0, 3)
     res["systems"] = systems
     return res
@@ -559,11 +591,13 @@ def _table(report: dict, out: Path):
                      f"{report['replay']['segment_output']} segments"
                      + (f", {par['gpus']} GPUs {par['mode']} over {par['gpu_link']}"
                         if par else "")),
-              caption=f"report: {out / 'report.json'}; speedup / energy efficiency against a "
+              caption=f"report: {out / 'report.json'}; $/video: the machine's price "
+                      "amortised over the generation plus its electricity (report: prices, "
+                      "with sources); speedup / energy efficiency against a "
                       "and c; GPU stalls on NMEs / PCIe as % of latency"
                       + ("; x 1 GPU: against the same system on one GPU; stall link: one "
                          "GPU's wait on the other GPUs" if par else ""))
-    cols = ("system", "s", "s/step", "kJ", "x a", "x c", "E x a", "E x c", "PCIe GB",
+    cols = ("system", "s", "s/step", "kJ", "$/video", "x a", "x c", "E x a", "E x c", "PCIe GB",
             "GPU busy", "stall NME", "stall PCIe") + (("x 1 GPU", "stall link") if par else ())
     for col in cols:
         t.add_column(col, justify="left" if col == "system" else "right")
@@ -576,13 +610,19 @@ def _table(report: dict, out: Path):
         pct = lambda k: f"{100 * b[k] / lat:.1f} %" if k in b else "-"   # noqa: E731
         t.add_row(f"{s} {r['name']} [{r['cache']}]", f(r["latency_s"], 1),
                   f(r["latency_per_step_s"], 3),
-                  f(r["energy_j"] / 1e3, 1), f(r["speedup"]), f(r["speedup_vs_c"]),
+                  f(r["energy_j"] / 1e3, 1), _usd(r["cost"]["usd"]), f(r["speedup"]),
+                  f(r["speedup_vs_c"]),
                   f(r["energy_efficiency"]), f(r["energy_efficiency_vs_c"]),
                   f(r["pcie_bytes"] / 1e9, 0), f"{100 * r['gpu_busy_fraction']:.1f} %",
                   pct("stall_nme_s"), pct("stall_pcie_s"),
                   *((f(r["speedup_vs_1gpu"]), f"{100 * r['p2p_s'] / lat:.1f} %") if par
                     else ()))
     return t
+
+
+def _usd(v) -> str:
+    """A cost for the table: three significant digits, ``-`` without a price."""
+    return "-" if v is None else f"{v:.3g}"
 
 
 def _jsonable(obj):
