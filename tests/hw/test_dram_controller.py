@@ -214,7 +214,7 @@ def _rank_burst_at(s, ranks, rank, bg, ba, row, burst):
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("name", ["DDR4-3200", "DDR5-4800"])
+@pytest.mark.parametrize("name", [pytest.param("DDR4-3200", marks=pytest.mark.slow), "DDR5-4800"])
 def test_ranks_share_the_bus_with_a_rank_switch_and_keep_their_own_tfaw(name, tmp_path):
     """Two ranks: a read of bank 0 in each: the ACTs one cycle apart (tRRD is per rank), the
     second RD nBL + tRTRS after the first (its burst tRTRS after the first's end). Five reads
@@ -245,9 +245,12 @@ def test_ranks_share_the_bus_with_a_rank_switch_and_keep_their_own_tfaw(name, tm
     assert dram_check.check_file(s, cmds) == []
 
 
-@pytest.mark.parametrize("name,ranks,postpone", [("DDR4-3200", 2, 0), ("DDR5-4800", 2, 0),
-                                                 ("DDR4-3200", 4, 0), ("DDR5-4800", 4, 0),
-                                                 ("DDR4-3200", 2, 8)])
+# each controller variant is a Verilator build of its own: `make test` runs one of each rank
+# feature (two ranks, refresh postponed per rank), `make verify-long` every standard and 4 ranks
+@pytest.mark.parametrize("name,ranks,postpone", [
+    pytest.param("DDR4-3200", 2, 0, marks=pytest.mark.slow), ("DDR5-4800", 2, 0),
+    pytest.param("DDR4-3200", 4, 0, marks=pytest.mark.slow),
+    pytest.param("DDR5-4800", 4, 0, marks=pytest.mark.slow), ("DDR4-3200", 2, 8)])
 def test_ranks_random_and_adversarial_no_violations(name, ranks, postpone, tmp_path):
     """The adversarial mix (conflicts, runs, reads and writes, idle time past two tREFI) over
     the channel's ranks: every rank used and refreshed (staggered), 0 violations of the
