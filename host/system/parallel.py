@@ -260,8 +260,10 @@ def replay_parallel(wl: Workload, plat: Platform, system: str, lay: Layout, link
         d = _Replay(gwl, plat, system, nme_timing, prefetch, record, env=env, comm=comm)
         d.res.weights = weights
         devs.append(d)
-    exchange = latent_bytes(wl.shape) // lay.sp if lay.cfg > 1 else 0
-    gather = latent_bytes(wl.shape) * (lay.sp - 1) // lay.sp if lay.sp > 1 else 0
+    # every sample of a batched generation exchanges (and gathers) its own latent
+    latents = latent_bytes(wl.shape) * wl.samples
+    exchange = latents // lay.sp if lay.cfg > 1 else 0
+    gather = latents * (lay.sp - 1) // lay.sp if lay.sp > 1 else 0
     extra = {"bytes": 0}
 
     def main():

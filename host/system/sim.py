@@ -400,13 +400,17 @@ def setup(model: str, *, resolution=None, seconds=None, frames=None,
 
 def workload(shape, plat, sched, segment_output: str = "sum", cache: str = "reuse",
              cache_format: str = SimConfig.cache_format,
-             cache_group: int | None = SimConfig.cache_group):
+             cache_group: int | None = SimConfig.cache_group, samples: int = 1):
     """The :class:`~coda.host.system.workload.Workload` of one generation of ``shape`` under
     the :class:`~coda.host.system.schedules.ModelSchedule` ``sched`` on ``plat``'s DIMM-NMP
     (synthesised events), its segments of form ``segment_output``, its cache in mode
     ``cache``, its entries ``cache_format`` (int8: G ``cache_group``, default
     :func:`coda.host.cache.compress.resolve_group` of the hidden size; ValueError naming G
-    and C for a bad one)."""
+    and C for a bad one). ``samples``: videos generated together in one batched generation
+    (rows per branch, each with its own cache entries and segments; every transformer call
+    carries all of a step's rows, as a batched pipeline call does); ValueError below 1."""
+    if int(samples) < 1:
+        raise ValueError(f"samples {samples!r}: expected >= 1")
     from .formats import cache_group as resolve
     from .workload import from_events, synthesize
 
@@ -414,7 +418,8 @@ def workload(shape, plat, sched, segment_output: str = "sum", cache: str = "reus
     for c in sorted({o.channels for o in shape.ops} - {shape.hidden}) if group else ():
         resolve(cache_format, c, plat.lanes, group)
     log = synthesize(shape, sched, n_ranks=plat.n_ranks, lanes=plat.lanes, depth=plat.depth,
-                     segment_output=segment_output, cache=cache, cache_group=group)
+                     samples=int(samples), segment_output=segment_output, cache=cache,
+                     cache_group=group)
     return from_events(log, shape, segment_output=segment_output, cache=cache,
                        cache_group=group)
 
