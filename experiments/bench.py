@@ -10,9 +10,11 @@ the DRAM-timed memory (against :data:`DRAM_SPEED_TARGET`), a whole DIMM-NMP
 (:func:`coda.cosim.nmp.measure.measure_nmp`), and the speed of checks whose tests assert
 behaviour only (:func:`gpu_check_timing`, :func:`address_check_timing`,
 :func:`serving_timing`). It prints steps 3 to 6 as one JSON object and writes it to
-``--out`` (default ``build/bench/cosim.json``). It takes the command's :class:`BenchConfig`
-(``CONFIG``; the CLI builds it from the command line, a caller may build it directly). Each
-step in detail: ``docs/cli.md``, "coda bench".
+``--out`` (default ``build/bench/cosim.json``), and ends with the ``bench`` result record
+(:func:`record_figures`, :func:`coda.results.record`: written only with ``CODA_RECORD_DIR``
+set): the headline figures of the parts that ran, which parts did not, and ``dse.png``. It
+takes the command's :class:`BenchConfig` (``CONFIG``; the CLI builds it from the command
+line, a caller may build it directly). Each step in detail: ``docs/cli.md``, "coda bench".
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from coda.sweep import RayOptions
 
 __all__ = ["NMP_STREAM_BYTES", "GPU_CHECK_CPU_TARGET_S", "DRAM_SPEED_TARGET", "gpu_check_timing",
            "address_check_timing", "SERVING_TARGET_S", "serving_timing", "BenchConfig", "CONFIG",
-           "configure", "main"]
+           "configure", "main", "record_figures", "parts_not_run"]
 
 #: bytes per stream of the 2 x 2 DIMM-NMP figures of ``make bench``
 NMP_STREAM_BYTES = 256 << 10
@@ -138,18 +140,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(cfg: BenchConfig) -> int:
     """Run ``coda bench`` of ``cfg`` (its :class:`BenchConfig`): the design-space sweep (unless
     ``--sweep-lanes ''``), then (unless ``--sweep-only``) the DRAM replays and the
-    cosimulation speed; returns 0, or 1 when ``--sweep-report-only`` finds no records."""
+    cosimulation speed, then the ``bench`` result record of what ran (:func:`_record`; none
+    with ``--sweep-report-only``, which measures nothing); returns 0, or 1 when
+    ``--sweep-report-only`` finds no records."""
     # every option is checked before any build (ValueError: ``coda: error:``, exit 2): the
     # values when the config was made, the output path here
     out = check_output_path(cfg.out, "--out")
     grid = _sweep_grid(cfg)
+    knee_rows = None
     if grid["lanes"]:
-        if not _design_space(cfg, grid):
+        knee_rows = _design_space(cfg, grid)
+        if knee_rows is None:
             return 1
-        if cfg.sweep_only or cfg.sweep_report_only:
+        if cfg.sweep_report_only:       # nothing measured: no record
             return 0
-    if not cfg.skip_dram:
-        bench_dram(out=out.with_name("dram.json"))
+        if cfg.sweep_only:
+            _record(cfg, knee_rows, None, None)
+            return 0
+    dram_rows = None if cfg.skip_dram else bench_dram(out=out.with_name("dram.json"))
     result = _cosim_speed(cfg)
     if not cfg.skip_checks:
         result["checks"] = {"gpu_check_cpu": gpu_check_timing(out.with_name("gpu_check")),
@@ -159,7 +167,181 @@ def main(cfg: BenchConfig) -> int:
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_file(out, text + "\n")
+    _record(cfg, knee_rows, dram_rows, result)
     return 0
+
+
+# ----------------------------------------------------------------------------- the record
+#: the programs of the design-space sweep and the DIMM-NMP as the record names them
+_PROGRAMS = {"residual_add": "residual add", "segment4": "4-stream segment"}
+
+
+def _value(d, *keys):
+    """``d[k0][k1]...`` when every key is there and the value is a number, string or bool;
+    else None (a part that did not measure it)."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d if isinstance(d, (bool, int, float, str)) else None
+
+
+def _put(figures: dict, label: str, value) -> None:
+    """``figures[label] = value`` unless ``value`` is None (not measured)."""
+    if value is not None:
+        figures[label] = value
+
+
+def _knee_figures(figures: dict, knee_rows: list[dict], depths: bool) -> None:
+    """The knee per (standard, NME clock, program) of :func:`coda.experiments.design_space.knees`:
+    its lanes, its utilisation, its buffer depth (``depths``: more than one depth swept) and,
+    where the rank is not DRAM-bound at that clock, the lanes to saturate it."""
+    units = sorted({k["units"] for k in knee_rows if k.get("units")})
+    if units:
+        _put(figures, "design-space sweep: NME units (mul, add, operand stages)",
+             "; ".join(units))
+    if knee_rows:
+        _put(figures, "design-space sweep: knee = fewest lanes within this share of the best "
+                      "utilisation", knee_rows[0].get("tolerance"))
+    for k in knee_rows:
+        clock = "on the DRAM clock" if not k["nme_mhz"] else f"{k['nme_mhz']:g} MHz"
+        at = (f"knee, {k['dram']} {clock}, {_PROGRAMS.get(k['program'], k['program'])}"
+              + (f", units {k['units']}" if len(units) > 1 else ""))
+        _put(figures, f"{at}: lanes", k["knee_lanes"])
+        if depths:
+            _put(figures, f"{at}: depth (words)", k["knee_depth"])
+        _put(figures, f"{at}: DRAM utilisation", k["knee_utilisation"])
+        _put(figures, f"{at}: DRAM-bound", k["saturated"])
+        _put(figures, f"{at}: lanes to saturate (extrapolated)", k["lanes_to_saturate"])
+
+
+def _dram_figures(figures: dict, dram_rows: list[dict]) -> None:
+    """Per (standard, trace) of :func:`bench_dram`: GB/s, utilisation, the share of the ACT
+    bound (random reads); the JEDEC violations of every trace together."""
+    for r in dram_rows:
+        at = f"DRAM controller, {r['standard']}, {r['trace']}"
+        _put(figures, f"{at}: GB/s", _value(r, "gbps"))
+        _put(figures, f"{at}: utilisation", _value(r, "utilisation"))
+        _put(figures, f"{at}: share of the ACT bound", _value(r, "of_act_bound"))
+    _put(figures, "DRAM controller: JEDEC violations, every trace",
+         sum(r.get("violations", 0) for r in dram_rows))
+
+
+def _cosim_figures(figures: dict, result: dict) -> None:
+    """The headline figures of ``--out``'s JSON (:func:`_cosim_speed` and the checks): the
+    NME alone, the cosimulated generations and their ratio, the DIMM-NMP, the checks."""
+    for label, keys in (("NME alone, one rank: NME cycles/s", ("one_rank", "cycles_per_s")),
+                        ("NME alone, one rank: NME cycles/s of the simulator's own run",
+                         ("one_rank", "sim_cycles_per_s")),
+                        ("NME alone, own image: NME cycles/s", ("own_image", "cycles_per_s")),
+                        ("NME alone, tiny job: ms per job", ("tiny_job", "ms_per_job")),
+                        ("NME alone, simulator start (s)", ("simulator_start_seconds",))):
+        _put(figures, label, _value(result, *keys))
+    ranks = _value(result, "ceiling", "ranks")
+    _put(figures, "NME alone, ceiling" + (f" ({ranks} ranks in lockstep)" if ranks else "")
+         + ": NME cycles/s", _value(result, "ceiling", "cycles_per_s"))
+    gen = result.get("rtl_generation") or {}
+    for mem in RUN_MEMORIES:
+        at = f"coda run --memory {mem}"
+        for label, key in (("NME cycles/s", "sim_cycles_per_s"),
+                           ("bit-exact RTL vs torch", "bit_exact_rtl_vs_torch"),
+                           ("NME programs", "nme_programs"),
+                           ("cached generation (s)", "cached_generation_s"),
+                           ("wall (s)", "wall_s"),
+                           ("ceiling / its NME cycles/s", "ceiling_ratio")):
+            _put(figures, f"{at}: {label}", _value(gen, mem, key))
+    for label, key in (("ratio", "ratio"), ("target", "target"),
+                       ("within target", "within_target")):
+        _put(figures, f"ideal-memory / DRAM-timed NME cycles/s: {label}",
+             _value(gen, "ideal_over_dram", key))
+    several = len(result.get("dimm_nmp") or []) > 1
+    for m in result.get("dimm_nmp") or []:
+        at = (f"DIMM-NMP {m.get('system', '')}, {_value(m, 'cfg', 'lanes')} lanes, depth "
+              f"{_value(m, 'cfg', 'depth')}" + (f", {m.get('flags')}" if several else ""))
+        for prog, name in _PROGRAMS.items():
+            _put(figures, f"{at}, {name}: DRAM utilisation per rank (lowest)",
+                 _value(m, prog, "min_utilisation"))
+            _put(figures, f"{at}, {name}: NME cycles", _value(m, prog, "cycles"))
+            _put(figures, f"{at}, {name}: NME cycles/s of the simulator's own run",
+                 _value(m, prog, "sim_cycles_per_s"))
+        _put(figures, f"{at}: refresh ceiling", _value(m, "refresh_ceiling"))
+        _put(figures, f"{at}: JEDEC violations", _value(m, "violations"))
+    checks = result.get("checks") or {}
+    for at, check, keys in (
+            ("GPU check on the CPU", "gpu_check_cpu",
+             (("wall (s)", "wall_s"), ("target (s)", "target_s"),
+              ("within target", "within_target"), ("full-compute generation (s)", "full_s"),
+              ("cached generation (s)", "cached_s"))),
+            ("serving check, 1,000 requests", "serving_1000",
+             (("wall (s)", "wall_s"), ("target (s)", "target_s"),
+              ("within target", "within_target"), ("service times (s)", "service_s"),
+              ("serving simulation (s)", "serving_s"), ("p50 latency (s)", "p50_s"),
+              ("p99 latency (s)", "p99_s")))):
+        for label, key in keys:
+            _put(figures, f"{at}: {label}", _value(checks, check, key))
+    for case, label in (("not_a_gcs", "an address that is not a Ray GCS"),
+                        ("silent", "a silent address")):
+        _put(figures, f"coda sweep's address check, {label}: refused in (s)",
+             _value(checks, "sweep_address_check", case, "seconds"))
+    _put(figures, "coda sweep's address check: timeout (s)",
+         _value(checks, "sweep_address_check", "timeout_s"))
+
+
+def parts_not_run(cfg: BenchConfig) -> list[str]:
+    """The parts of ``coda bench`` that ``cfg`` leaves out, each with the option that did."""
+    swept = bool(_sweep_grid(cfg)["lanes"])
+    if swept and (cfg.sweep_only or cfg.sweep_report_only):
+        return ["DRAM controller replays, NME cosimulation speed, coda run generations, "
+                "DIMM-NMP, check timings (--sweep-" + ("only" if cfg.sweep_only else
+                                                       "report-only") + ")"]
+    out = [] if swept else ["design-space sweep (--sweep-lanes '')"]
+    if cfg.skip_dram:
+        out.append("DRAM controller replays (--skip-dram)")
+    memories = _run_memories(cfg.run_memories) if cfg.run_prompts else []
+    if cfg.skip_nme:
+        out.append("NME cosimulation speed and coda run generations (--skip-nme)")
+    elif not memories:
+        out.append("coda run generations (--run-prompts '' or --run-memories '')")
+    else:
+        out += [f"coda run --memory {m} (--run-memories {cfg.run_memories})"
+                for m in RUN_MEMORIES if m not in memories]
+    if cfg.skip_checks:
+        out.append("GPU check, address check and serving timings (--skip-checks)")
+    return out
+
+
+def record_figures(cfg: BenchConfig, knee_rows: list[dict] | None, dram_rows: list[dict] | None,
+                   result: dict | None) -> dict:
+    """The figures of the ``bench`` record, from what this run measured: ``parts not run``
+    (:func:`parts_not_run`, or ``none``), the knees of the design-space sweep (``knee_rows``,
+    :func:`coda.experiments.design_space.knees`; None: not run), the DRAM replays
+    (``dram_rows``, :func:`bench_dram`'s ``dram.json``; None: not run) and ``--out``'s JSON
+    (``result``; None: not run). Values are those of the JSON files, unchanged."""
+    figures = {"parts not run": "; ".join(parts_not_run(cfg)) or "none"}
+    if knee_rows is not None:
+        _knee_figures(figures, knee_rows, len(_sweep_grid(cfg)["depths"]) > 1)
+    if dram_rows is not None:
+        _dram_figures(figures, dram_rows)
+    if result is not None:
+        _cosim_figures(figures, result)
+    return figures
+
+
+def _record(cfg: BenchConfig, knee_rows: list[dict] | None, dram_rows: list[dict] | None,
+            result: dict | None) -> None:
+    """The ``bench`` result record (:func:`coda.results.record`: written only with
+    ``CODA_RECORD_DIR`` set): :func:`record_figures` and, when the sweep ran, ``dse.png``."""
+    from coda.results import record
+
+    ran = ([f"design-space sweep ({len(knee_rows)} knees)"] if knee_rows is not None else []) + (
+        ["DRAM controller replays"] if dram_rows is not None else []) + (
+        ["cosimulation speed"] if result is not None else [])
+    pictures = ({} if knee_rows is None else
+                {"elements per ns and DRAM utilisation against NME lanes, per standard, "
+                 "program and NME clock (best depth per lanes)":
+                 Path(cfg.out).with_name("dse.png")})
+    record("bench", "coda bench: " + ", ".join(ran),
+           record_figures(cfg, knee_rows, dram_rows, result), pictures=pictures)
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -195,10 +377,11 @@ def _sweep_grid(cfg: BenchConfig) -> dict:
     return grid
 
 
-def _design_space(cfg: BenchConfig, grid: dict) -> bool:
+def _design_space(cfg: BenchConfig, grid: dict) -> list[dict] | None:
     """The design-space sweep of ``grid`` (:func:`_sweep_grid`) measured (or with
     ``--sweep-report-only`` the records already there), ``dse.json``, ``dse.png`` and the two
-    tables; False (said on stdout) when ``--sweep-report-only`` finds no records."""
+    tables. Returns the knees (:func:`coda.experiments.design_space.knees`, those of
+    ``dse.json``), or None (said on stdout) when ``--sweep-report-only`` finds no records."""
     sweep_json = Path(cfg.out).with_name("dse.json")
     t0 = time.perf_counter()
     if cfg.sweep_report_only:
@@ -208,7 +391,7 @@ def _design_space(cfg: BenchConfig, grid: dict) -> bool:
         if not rows:
             print(f"no sweep records matching the options (units {grid['units']}) in "
                   f"{sweep_json.with_suffix('')}")
-            return False
+            return None
         write_dse(sweep_json, rows, grid["drams"], cfg.fmt, grid["clocks"],
                   cfg.sweep_stream_bytes, cfg.knee_tolerance, units=grid["units"])
     else:
@@ -219,11 +402,11 @@ def _design_space(cfg: BenchConfig, grid: dict) -> bool:
                      units=grid["units"])
     plot_sweep(rows, sweep_json.with_suffix(".png"))
     print_sweep(rows)
-    print_knees(knees(rows, cfg.knee_tolerance), synth_areas(SYNTH_ROOT, cfg.fmt,
-                                                              grid["units"]))
+    knee_rows = knees(rows, cfg.knee_tolerance)
+    print_knees(knee_rows, synth_areas(SYNTH_ROOT, cfg.fmt, grid["units"]))
     print(f"sweep: {sweep_json}, {sweep_json.with_suffix('.png')} "
           f"({time.perf_counter() - t0:.0f} s)")
-    return True
+    return knee_rows
 
 
 def _cosim_speed(cfg: BenchConfig) -> dict:

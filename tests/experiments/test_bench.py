@@ -827,3 +827,269 @@ def test_rtl_generations_measure_both_memories_on_the_same_prompts(tmp_path, mon
                                       "within_target": True}
     with pytest.raises(ValueError, match=r"--run-memories 'ideal,hbm': 'hbm' is not a memory"):
         bench._run_memories("ideal,hbm")
+
+
+# ---------------------------------------------------------------------------------------
+# the bench result record (coda.results): the figures of the JSON the run wrote, dse.png
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_records(monkeypatch):
+    """No test of this file writes a result record unless it sets CODA_RECORD_DIR itself."""
+    from coda.results import RECORD_ENV
+
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+
+
+def _roofline_nmp(calls):
+    """A stand-in for measure_nmp of the shape the sweep (dse_point) and the DIMM-NMP step
+    read: utilisation of the synthetic roofline rank (:func:`_clock_util`), cycles from the
+    stream length, every rank alike, no violations."""
+    def measure_nmp(cfg, dram="DDR5-4800", dimms=2, ranks=2, flags=None, stream_words=None,
+                    nme_mhz=None):
+        calls.append((cfg.lanes, dram, dimms, ranks, nme_mhz))
+        std = get_standard(dram)
+        util = round(_clock_util(std, cfg.lanes, nme_mhz), 4)
+        mhz = nme_mhz or 1000.0 / std.tCK_ns
+        out = {"system": f"{dimms}x{ranks} {std.name}", "flags": flags or "default",
+               "cfg": {"lanes": cfg.lanes, "depth": cfg.depth, "mem_words": cfg.mem_words},
+               "build_seconds_recorded": 1.0, "refresh_ceiling": round(std.refresh_ceiling, 4),
+               "violations": 0}
+        for prog, streams in nmp_measure.PROGRAM_STREAMS.items():
+            cycles = streams * stream_words + 7 * cfg.lanes
+            out[prog] = {"elements_per_rank": stream_words * cfg.lanes, "cycles": cycles,
+                         "dram_cycles": 2 * cycles, "ns": round(1000.0 * cycles / mhz, 1),
+                         "cycles_per_element": round(cycles / (stream_words * cfg.lanes), 3),
+                         "ranks": [{"utilisation": util, "gbps": round(util * std.peak_gbps, 2)}]
+                         * (dimms * ranks), "min_utilisation": util,
+                         "sim_cycles_per_s": 1000 * cycles + streams}
+        return out
+    return measure_nmp
+
+
+def _fake_bench(monkeypatch, calls):
+    """Every measurement of coda bench replaced by a quick stand-in of the shape its step
+    reads (the sweep's and the DIMM-NMP's measure_nmp, the NME alone, coda run, the DRAM
+    replays writing dram.json, the GPU check's subprocess, the serving check); the address
+    check is the real one with a short timeout. The sweep engine, knees, dse.json, dse.png,
+    the ratio of the generations and cosim.json are the bench's own."""
+    from pathlib import Path
+
+    from coda.experiments import run as coda_run
+    from coda.jsonout import json_text
+
+    monkeypatch.setattr(design_space, "measure_nmp", _roofline_nmp(calls))
+    monkeypatch.setattr(bench, "measure_nmp", _roofline_nmp(calls))
+
+    def measure(cfg):
+        one = {"launches": 1, "cycles": 9 * cfg.mem_words, "cycles_per_s": 1234567,
+               "sim_cycles_per_s": 2345678}
+        return {"cfg": {"lanes": cfg.lanes, "mem_words": cfg.mem_words},
+                "simulator_start_seconds": 0.42, "one_rank": one,
+                "tiny_job": {"cycles": 3, "ms_per_job": 0.71},
+                "own_image": {**one, "cycles_per_s": 1111111},
+                "ceiling": {**one, "launches": 3, "cycles_per_s": 1567890, "ranks": 2}}
+    monkeypatch.setattr(bench, "measure", measure)
+
+    def run_main(args):
+        dram = args.memory == "dram"
+        report = {"dram": "DDR5-4800" if dram else None, "nme_mhz": 1000.0 if dram else None,
+                  "rtl": {"prompts": [0, 1], "nme_programs": 16, "cached_generation_s": 3.21},
+                  "bit_exact_rtl_vs_torch": True,
+                  "sim_cycles_per_s": 987654.3 if dram else 1203456.7}
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "report.json").write_text(json.dumps(report))
+        return 0
+    monkeypatch.setattr(coda_run, "main", run_main)
+
+    def bench_dram(out):
+        rows = [{"standard": "DDR5-4800", "trace": "STREAM-add 2 MiB", "violations": 0,
+                 "gbps": 15.59, "utilisation": 0.812},
+                {"standard": "DDR4-3200", "trace": "random 65536 x 64 B / 1 GiB",
+                 "violations": 0, "gbps": 11.13, "utilisation": 0.435, "act_bound_gbps": 12.05,
+                 "of_act_bound": 11.13 / 12.05}]
+        out.write_text(json_text(rows, indent=1) + "\n")
+        return rows
+    monkeypatch.setattr(bench, "bench_dram", bench_dram)
+    monkeypatch.setattr(bench.subprocess, "run", _fake_gpu_check([]))
+    real_address_check = bench.address_check_timing
+    monkeypatch.setattr(bench, "address_check_timing",
+                        lambda: real_address_check(timeout_s=0.05))
+    monkeypatch.setattr(bench, "serving_timing", lambda: {
+        "command": "coda serve --requests 1000 --rates 20 --policy fcfs", "wall_s": 4.56,
+        "service_s": 3.0, "serving_s": 1.5, "target_s": bench.SERVING_TARGET_S,
+        "within_target": True, "p50_s": 10.0, "p99_s": 20.0})
+
+
+#: the smallest design-space sweep: two lanes counts, one depth, one standard, one NME clock
+#: beside the same-domain NME (the NME port limits the first, so it has lanes to saturate)
+TINY_SWEEP = ["--sweep-lanes", "1,2", "--sweep-depths", "16", "--sweep-clocks", "100,dram",
+              "--sweep-drams", "DDR5-4800", "--sweep-stream-bytes", "4096", "--sequential"]
+PROGRAMS = {"residual_add": "residual add", "segment4": "4-stream segment"}
+
+
+def _leaves(obj):
+    """Every number, string and bool in a JSON value."""
+    if isinstance(obj, dict):
+        return [v for x in obj.values() for v in _leaves(x)]
+    if isinstance(obj, list):
+        return [v for x in obj for v in _leaves(x)]
+    return [obj]
+
+
+def _knee_at(k):
+    clock = "on the DRAM clock" if not k["nme_mhz"] else f"{k['nme_mhz']:g} MHz"
+    return f"knee, {k['dram']} {clock}, {PROGRAMS[k['program']]}"
+
+
+def test_bench_ends_with_a_record_of_its_json_and_plot(tmp_path, monkeypatch):
+    """coda bench on a tiny sweep, every part run (measurements replaced by stand-ins):
+    the record ``bench`` in CODA_RECORD_DIR holds the knees of dse.json, the DRAM rows of
+    dram.json and the headline figures of cosim.json, each equal to the JSON's value, says
+    that no part was left out, and carries dse.png; nothing else is a figure."""
+    from coda.results import RECORD_ENV, load_record, render
+
+    calls = []
+    _fake_bench(monkeypatch, calls)
+    monkeypatch.chdir(tmp_path)                          # synthesis areas: none here
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path / "records"))
+    out = tmp_path / "bench" / "cosim.json"
+    assert coda_main(["bench", *TINY_SWEEP, "--out", str(out)]) == 0
+    cosim = json.loads(out.read_text())
+    dram = json.loads(out.with_name("dram.json").read_text())
+    dse = json.loads(out.with_name("dse.json").read_text())
+    assert len(dse["rows"]) == 2 * 2 * len(PROGRAMS)    # lanes x clocks x programs
+    rec = load_record(tmp_path / "records", "bench")
+    fig = dict(rec["figures"])
+    assert len(fig) == len(rec["figures"])               # no label twice
+    assert fig.pop("parts not run") == "none"
+
+    expected = {"design-space sweep: NME units (mul, add, operand stages)": dse["units"],
+                "design-space sweep: knee = fewest lanes within this share of the best "
+                "utilisation": dse["knees"][0]["tolerance"]}
+    assert {k["saturated"] for k in dse["knees"]} == {True, False}
+    for k in dse["knees"]:
+        at = _knee_at(k)
+        expected.update({f"{at}: lanes": k["knee_lanes"],
+                         f"{at}: DRAM utilisation": k["knee_utilisation"],
+                         f"{at}: DRAM-bound": k["saturated"]})
+        if not k["saturated"]:
+            expected[f"{at}: lanes to saturate (extrapolated)"] = k["lanes_to_saturate"]
+    for r in dram:
+        at = f"DRAM controller, {r['standard']}, {r['trace']}"
+        expected.update({f"{at}: GB/s": r["gbps"], f"{at}: utilisation": r["utilisation"]})
+        if "of_act_bound" in r:
+            expected[f"{at}: share of the ACT bound"] = r["of_act_bound"]
+    expected["DRAM controller: JEDEC violations, every trace"] = sum(r["violations"]
+                                                                      for r in dram)
+    gen, checks = cosim["rtl_generation"], cosim["checks"]
+    expected.update({
+        "NME alone, one rank: NME cycles/s": cosim["one_rank"]["cycles_per_s"],
+        "NME alone, one rank: NME cycles/s of the simulator's own run":
+            cosim["one_rank"]["sim_cycles_per_s"],
+        "NME alone, own image: NME cycles/s": cosim["own_image"]["cycles_per_s"],
+        "NME alone, tiny job: ms per job": cosim["tiny_job"]["ms_per_job"],
+        "NME alone, simulator start (s)": cosim["simulator_start_seconds"],
+        f"NME alone, ceiling ({cosim['ceiling']['ranks']} ranks in lockstep): NME cycles/s":
+            cosim["ceiling"]["cycles_per_s"],
+        "ideal-memory / DRAM-timed NME cycles/s: ratio": gen["ideal_over_dram"]["ratio"],
+        "ideal-memory / DRAM-timed NME cycles/s: target": gen["ideal_over_dram"]["target"],
+        "ideal-memory / DRAM-timed NME cycles/s: within target":
+            gen["ideal_over_dram"]["within_target"],
+        "coda run --memory ideal: ceiling / its NME cycles/s": gen["ideal"]["ceiling_ratio"]})
+    for mem in ("ideal", "dram"):
+        for label, key in (("NME cycles/s", "sim_cycles_per_s"),
+                           ("bit-exact RTL vs torch", "bit_exact_rtl_vs_torch"),
+                           ("NME programs", "nme_programs"),
+                           ("cached generation (s)", "cached_generation_s"),
+                           ("wall (s)", "wall_s")):
+            expected[f"coda run --memory {mem}: {label}"] = gen[mem][key]
+    (nmp,) = cosim["dimm_nmp"]
+    at = f"DIMM-NMP {nmp['system']}, {nmp['cfg']['lanes']} lanes, depth {nmp['cfg']['depth']}"
+    for prog, name in PROGRAMS.items():
+        expected.update({
+            f"{at}, {name}: DRAM utilisation per rank (lowest)": nmp[prog]["min_utilisation"],
+            f"{at}, {name}: NME cycles": nmp[prog]["cycles"],
+            f"{at}, {name}: NME cycles/s of the simulator's own run":
+                nmp[prog]["sim_cycles_per_s"]})
+    expected.update({f"{at}: refresh ceiling": nmp["refresh_ceiling"],
+                     f"{at}: JEDEC violations": nmp["violations"]})
+    gpu, serve, address = (checks["gpu_check_cpu"], checks["serving_1000"],
+                           checks["sweep_address_check"])
+    for label, key in (("wall (s)", "wall_s"), ("target (s)", "target_s"),
+                       ("within target", "within_target")):
+        expected[f"GPU check on the CPU: {label}"] = gpu[key]
+        expected[f"serving check, 1,000 requests: {label}"] = serve[key]
+    expected.update({
+        "GPU check on the CPU: full-compute generation (s)": gpu["full_s"],
+        "GPU check on the CPU: cached generation (s)": gpu["cached_s"],
+        "serving check, 1,000 requests: service times (s)": serve["service_s"],
+        "serving check, 1,000 requests: serving simulation (s)": serve["serving_s"],
+        "serving check, 1,000 requests: p50 latency (s)": serve["p50_s"],
+        "serving check, 1,000 requests: p99 latency (s)": serve["p99_s"],
+        "coda sweep's address check, an address that is not a Ray GCS: refused in (s)":
+            address["not_a_gcs"]["seconds"],
+        "coda sweep's address check, a silent address: refused in (s)":
+            address["silent"]["seconds"],
+        "coda sweep's address check: timeout (s)": address["timeout_s"]})
+    assert fig == expected
+    # every figure is a value the run wrote (the violations' sum aside: 0, as each row's)
+    written = _leaves([cosim, dram, dse["knees"], dse["units"]])
+    assert all(any(v == w and type(v) is type(w) for w in written) for v in fig.values())
+
+    dse_png = out.with_name("dse.png")
+    ((caption, path),) = rec["pictures"]
+    assert path == "img/bench-0.png"
+    assert (tmp_path / "records" / path).read_bytes() == dse_png.read_bytes()
+    assert dse_png.stat().st_size > 0
+    page = render("<!-- record: bench -->\n", tmp_path / "records", prefix="records/")
+    assert f"![{caption}](records/img/bench-0.png)" in page
+    assert f"| NME alone, tiny job: ms per job | {cosim['tiny_job']['ms_per_job']:,.4g} |" in page
+
+
+def test_bench_record_of_a_sweep_only_run_says_what_did_not_run(tmp_path, monkeypatch):
+    """--sweep-only: the record holds the knees and dse.png and names the parts left out;
+    --sweep-report-only measures nothing and writes no record; without CODA_RECORD_DIR the
+    same run writes none."""
+    from coda.results import RECORD_ENV, load_record
+
+    calls = []
+    _fake_bench(monkeypatch, calls)
+    monkeypatch.chdir(tmp_path)
+    records = tmp_path / "records"
+    monkeypatch.setenv(RECORD_ENV, str(records))
+    out = tmp_path / "bench" / "cosim.json"
+    assert coda_main(["bench", *TINY_SWEEP, "--sweep-only", "--out", str(out)]) == 0
+    assert not out.exists() and not out.with_name("dram.json").exists()
+    assert {c[2:4] for c in calls} == {(1, 1)}             # sweep points only
+    dse = json.loads(out.with_name("dse.json").read_text())
+    fig = dict(load_record(records, "bench")["figures"])
+    assert "--sweep-only" in fig.pop("parts not run")
+    assert {label for label in fig if label.startswith("knee, ")} == {
+        f"{_knee_at(k)}: {what}" for k in dse["knees"]
+        for what in ("lanes", "DRAM utilisation", "DRAM-bound")
+        + (() if k["saturated"] else ("lanes to saturate (extrapolated)",))}
+    assert not [label for label in fig if label.startswith(("DRAM controller", "NME alone",
+                                                            "coda run", "DIMM-NMP"))]
+    assert [p for _, p in load_record(records, "bench")["pictures"]] == ["img/bench-0.png"]
+
+    (records / "bench.json").unlink()
+    n = len(calls)
+    assert coda_main(["bench", *TINY_SWEEP, "--sweep-report-only", "--out", str(out)]) == 0
+    assert len(calls) == n and not (records / "bench.json").exists()
+    monkeypatch.delenv(RECORD_ENV)
+    assert coda_main(["bench", *TINY_SWEEP, "--sweep-only", "--out", str(out)]) == 0
+    assert not (records / "bench.json").exists()
+
+
+def test_bench_names_the_parts_its_options_leave_out():
+    """parts_not_run: each skipped part with the option that skipped it."""
+    assert bench.parts_not_run(bench.BenchConfig()) == []
+    assert bench.parts_not_run(bench.BenchConfig(sweep_lanes="", skip_dram=True,
+                                                 skip_nme=True, skip_checks=True)) == [
+        "design-space sweep (--sweep-lanes '')", "DRAM controller replays (--skip-dram)",
+        "NME cosimulation speed and coda run generations (--skip-nme)",
+        "GPU check, address check and serving timings (--skip-checks)"]
+    assert bench.parts_not_run(bench.BenchConfig(run_memories="ideal")) == [
+        "coda run --memory dram (--run-memories ideal)"]
+    assert bench.parts_not_run(bench.BenchConfig(run_prompts="")) == [
+        "coda run generations (--run-prompts '' or --run-memories '')"]
