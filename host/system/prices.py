@@ -210,8 +210,9 @@ def video_cost(latency_s: float, energy_j: float, capital: dict | None, pr: Pric
     generation's ``latency_s`` at ``pr.utilisation`` of ``pr.lifetime_years``, plus
     ``energy_j`` at ``pr.usd_per_kwh``.
 
-    Returns ``{"usd", "capital_usd", "energy_usd", "gpu_usd", "dimm_usd", "nme_usd"}`` (the
-    last three: the capital part split by the parts of the machine), or ``{"usd": None,
+    Returns ``{"usd", "capital_usd", "energy_usd", "gpu_usd", "dimm_usd", "nme_usd",
+    "machine_usd"}`` (``gpu_usd``, ``dimm_usd``, ``nme_usd``: the capital part split by the
+    parts of the machine; ``machine_usd``: the machine's purchase price), or ``{"usd": None,
     "reason"}`` without a GPU price. Raises ValueError for a negative or non-finite latency
     or energy."""
     for name, v in (("latency_s", latency_s), ("energy_j", energy_j)):
@@ -223,7 +224,8 @@ def video_cost(latency_s: float, energy_j: float, capital: dict | None, pr: Pric
     parts = {k: capital[k] * share for k in ("gpu_usd", "dimm_usd", "nme_usd")}
     energy_usd = energy_j / 3.6e6 * pr.usd_per_kwh
     cap = sum(parts.values())
-    return {"usd": cap + energy_usd, "capital_usd": cap, "energy_usd": energy_usd, **parts}
+    return {"usd": cap + energy_usd, "capital_usd": cap, "energy_usd": energy_usd, **parts,
+            "machine_usd": capital["total_usd"]}
 
 
 def serving_cost(capital: dict | None, span_s: float, energy_j: float, videos: int,

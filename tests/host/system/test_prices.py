@@ -58,6 +58,7 @@ def test_video_cost_formula(system, gpus):
     assert c["energy_usd"] == pytest.approx(want_e)
     assert c["usd"] == pytest.approx(want_cap + want_e)
     assert c["gpu_usd"] + c["dimm_usd"] + c["nme_usd"] == pytest.approx(c["capital_usd"])
+    assert c["machine_usd"] == cap["total_usd"]
 
 
 @settings(max_examples=50, deadline=None)
