@@ -653,7 +653,8 @@ def sweep_point(params: dict, workdir: Path) -> dict:
     """One ``coda sweep sim`` point: :func:`checked_simulate` with ``params`` (the flags of
     ``coda sim`` by their Python names); writes ``workdir/report.json``. Returns the flat
     figures ``cache_bytes`` and ``<system>.<figure>`` for each system and SWEEP_FIGURES
-    (seconds, joules, bytes, ratios), plus ``timing`` (the simulation's wall seconds)."""
+    (seconds, joules, bytes, ratios) and ``<system>.cost_usd`` (the cost per video, USD;
+    None without a GPU price), plus ``timing`` (the simulation's wall seconds)."""
     shape_cache = Path(workdir).resolve().parent.parent / "shapes"
     res = checked_simulate(**params, shape_cache=shape_cache)
     report = res["report"]
@@ -663,6 +664,8 @@ def sweep_point(params: dict, workdir: Path) -> dict:
         for k in SWEEP_FIGURES:
             if k in r:
                 figures[f"{letter}.{k}"] = r[k]
+        if "cost" in r:
+            figures[f"{letter}.cost_usd"] = r["cost"]["usd"]
     figures["timing"] = {"wall_s": report["wall_s"], **report["simulation_s"]}
     return _jsonable(figures)
 

@@ -134,3 +134,12 @@ def test_sim_reports_the_cost_of_every_system():
             _capital(plat, pr1, s, 1) * one["latency_s"] / pr1.lifetime_s)
     with pytest.raises(ValueError, match="--price-gpu 0"):
         checked_simulate(**kw, price_gpu=0)
+
+
+def test_sim_sweep_point_records_the_cost(tmp_path):
+    from coda.host.system.sim import sweep_point
+
+    (tmp_path / "pts" / "p").mkdir(parents=True)
+    fig = sweep_point(dict(model="latte-digits", system="a,f", price_gpu=1000.0),
+                      tmp_path / "pts" / "p")
+    assert fig["a.cost_usd"] > 0 and fig["f.cost_usd"] > 0
