@@ -49,7 +49,7 @@ NMP_SYSTEMS = "defg"
 #: (the presets only used to check the model against published latencies)
 GPU_PRICES: dict[str, tuple[float | None, str]] = {
     "rtx4090": (1599.0, "list: NVIDIA's launch price of the GeForce RTX 4090 Founders "
-                        "Edition, USD 1,599, announced 2022-09-20, on sale 2022-10-12 "
+                        "Edition, USD 1,599, announced 20 September 2022, on sale 12 October 2022 "
                         "(pcgamer.com, 'RTX 4090 release date, price, specs'; tomsguide.com)"),
     "l4": (2500.0, "market: NVIDIA publishes no list price; USD 2,500 retail (runlocalai.co/"
                    "hardware/nvidia-l4, 2026; chipversus.com/hardware/gpu/l4 lists an MSRP of "
@@ -104,7 +104,7 @@ SOURCES = {
                    "MWh sold (EIA Electric Power Monthly, Tables 5.2 and 5.1): 12.4 cents "
                    "per kWh",
     "lifetime_years": "market: Amazon's estimated useful life of servers, 5 years since "
-                      "2022-01-01 (Amazon 10-K 2022; Microsoft and Alphabet use 6 years, "
+                      "1 January 2022 (Amazon 10-K 2022; Microsoft and Alphabet use 6 years, "
                       "Meta 5; shaulkoral.com, 'Useful life of servers and network assets')",
     "utilisation": "assumed: the machine generates videos for its whole working life (a "
                    "lower bound of the capital per video; coda serve measures the cluster's "
