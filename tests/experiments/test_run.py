@@ -599,7 +599,10 @@ def test_coda_run_dram_needs_rtl_and_a_known_preset(tmp_path, capsys):
     assert "DDR9" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("dram", [None, "DDR5-4800"])
+# the DRAM-timed variant (a DIMM-NMP build of its own) in `make verify-long`: the segment
+# programs it runs are bit-exact on the DRAM-timed DIMM-NMP in tests/cosim/test_cosim_nmp.py,
+# and `coda run` on it end to end in test_coda_run_on_the_dram_timed_dimm_nmp
+@pytest.mark.parametrize("dram", [None, pytest.param("DDR5-4800", marks=pytest.mark.slow)])
 def test_coda_run_forecast_on_the_rtl_is_bit_identical_to_torch(tmp_path, schedule_6,
                                                                  monkeypatch, dram):
     """--cache forecast: the alphas calibrated on the profile's videos (its prompt 3, seed 77)
@@ -632,7 +635,10 @@ def test_coda_run_forecast_refuses_a_dynamic_policy(tmp_path, capsys):
             in capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("dram", [None, "DDR5-4800"])
+# the DRAM-timed variant (a DIMM-NMP build of its own) in `make verify-long`: the segment
+# programs it runs are bit-exact on the DRAM-timed DIMM-NMP in tests/cosim/test_cosim_nmp.py,
+# and `coda run` on it end to end in test_coda_run_on_the_dram_timed_dimm_nmp
+@pytest.mark.parametrize("dram", [None, pytest.param("DDR5-4800", marks=pytest.mark.slow)])
 def test_coda_run_int8_on_the_rtl_is_bit_identical_to_torch(tmp_path, schedule_6,
                                                              monkeypatch, dram):
     """--cache-format int8: outputs quantised on the host (G = 48, the default for the
