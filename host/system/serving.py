@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import simpy
-
-from collections import deque
 
 from coda.hw.dram.standards import DEFAULT_STANDARD, STANDARDS
 from coda.jsonout import json_text
