@@ -58,7 +58,8 @@ class SweepConfig(RayOptions):
     def __post_init__(self):
         if self.kind not in KIND_NAMES:
             raise ValueError(f"sweep kind {self.kind!r}: expected one of "
-                             f"{', '.join(KIND_NAMES)}")
+                             f"{', '.join(KIND_NAMES)} (a kind's parameters: coda sweep KIND "
+                             "--list)")
 
 
 #: the config of ``coda sweep``: the CLI calls ``main(from_args(CONFIG, args))``

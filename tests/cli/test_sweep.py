@@ -95,6 +95,7 @@ def test_sequential_records_failures_and_resumes(tmp_path):
 # ----------------------------------------------------------------------------- the command
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "nosuch", "--param", "x=1"], "sweep kind 'nosuch': expected one of bench, schedule"),
+    (["sweep", "list"], "serve (a kind's parameters: coda sweep KIND --list)"),
     (["sweep", "sim", "--param", "nosuch=1"], "parameter 'nosuch' of sweep kind 'sim'"),
     (["sweep", "sim"], "empty grid"),
     (["sweep", "sim", "--param", "dimms=two"], "dimms='two': expected int"),
