@@ -80,7 +80,7 @@ TEXT_CONFIG_FILE = WEIGHTS_DIR / "latte_text.json"
 TEXT_CONFIG: dict = {
     "conditioning": "text",
     "transformer": {**DEFAULT_CONFIG["transformer"], "num_layers": 8},
-    "text_encoder": {"dim": 64, "layers": 2, "heads": 4},
+    "text_encoder": {"dim": 64, "layers": 2, "heads": 4, "pretrain_steps": 1500},
     "scheduler": dict(DEFAULT_CONFIG["scheduler"]),
     "data": {**DEFAULT_CONFIG["data"], "pair_fraction": 0.3},
 }
@@ -254,7 +254,8 @@ class TextLatte(nn.Module):
     """Latte transformer + text encoder: the text-conditioned video DiT.
 
     The prompt's token sequence (:func:`coda.host.model.prompts.tokenize`) is encoded by
-    :class:`~coda.host.model.text_encoder.TextEncoder` into ``encoder_hidden_states``
+    :class:`~coda.host.model.text_encoder.TextEncoder` (frozen: ``coda train`` pretrains it
+    on prompts for ``config["text_encoder"]["pretrain_steps"]`` steps, then trains the rest) into ``encoder_hidden_states``
     [B, MAX_TOKENS, caption_channels] that every spatial block cross-attends to (padding
     zeroed, no mask, as Wan does); its pooled vector, projected to the hidden size, is added
     to the adaLN-single timestep embedding (HunyuanVideo's and SD3's pooled text path).
@@ -281,6 +282,7 @@ class TextLatte(nn.Module):
             raise ValueError(f"text_encoder dim {enc['dim']}: expected the transformer's "
                              f"caption_channels {tcfg['caption_channels']}")
         self.text_encoder = TextEncoder(enc["dim"], enc["layers"], enc["heads"])
+        self.text_encoder.requires_grad_(False)   # pretrained first, then frozen, as T5 is
         inner = tcfg["num_attention_heads"] * tcfg["attention_head_dim"]
         self.pooled_projection = nn.Linear(enc["dim"], inner)
         nn.init.normal_(self.pooled_projection.weight, std=0.02)

@@ -220,6 +220,31 @@ def prompt_figures(videos: torch.Tensor, specs) -> dict:
             "pairs": sum(len(s.digits) == 2 for s in specs), "per_video": per_video}
 
 
+def text_diagnostics(model, per_digit: int, guidance_scale: float, num_steps: int,
+                     seed_base: int, eta: float) -> dict:
+    """Where a text model's digit errors come from, apart from motion.
+
+    - ``still_digit_accuracy``: single frames of the still prompts ``a zero`` .. ``a nine``
+      (``per_digit`` each, noise seeds ``seed_base + i``), classified;
+    - ``digit_word_cosine_max``: the largest cosine similarity between the text encoder's
+      outputs at the digit word of two different still prompts (1 = two digit words the
+      DiT cannot tell apart).
+    """
+    from .prompts import PromptSpec, tokenize
+    from .sample import generate
+
+    stills = [PromptSpec((d,)) for d in range(NUM_CLASSES) for _ in range(per_digit)]
+    frames = generate(model, stills, num_steps=num_steps, guidance_scale=guidance_scale,
+                      seed=seed_base, eta=eta, frames=1)
+    pred = digit_classifier().svc.predict(frame_features(frames[:, 0, 0]))
+    with torch.no_grad():
+        seq, _ = model.text_encoder(tokenize([PromptSpec((d,)) for d in range(NUM_CLASSES)]))
+    words = torch.nn.functional.normalize(seq[:, 1], dim=1)
+    cos = (words @ words.T)[~torch.eye(NUM_CLASSES, dtype=torch.bool)]
+    return {"still_digit_accuracy": float(np.mean(pred == [s.digits[0] for s in stills])),
+            "digit_word_cosine_max": float(cos.max())}
+
+
 def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
              num_steps: int | None = None, seed_base: int = DEFAULT_SEED_BASE,
              eta: float | None = None) -> dict:
@@ -235,7 +260,8 @@ def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
             :mod:`.sample`'s).
         seed_base: initial-noise seed of the first video; video i uses ``seed_base + i``.
     Returns:
-        :func:`video_figures`' dict plus ``videos``, ``guidance_scale``, ``steps``,
+        :func:`video_figures`' dict (a text model: :func:`prompt_figures`' and
+        :func:`text_diagnostics`') plus ``videos``, ``guidance_scale``, ``steps``,
         ``generate_s`` (wall seconds).
     Raises:
         ValueError: per_digit < 1 (and whatever :func:`.sample.generate` raises).
@@ -259,6 +285,7 @@ def evaluate(model, per_digit: int = 5, guidance_scale: float | None = None,
         wall = time.perf_counter() - start
         return {"videos": len(specs), "guidance_scale": guidance_scale, "steps": num_steps,
                 "eta": eta, "seed_base": seed_base, **prompt_figures(videos, specs),
+                **text_diagnostics(model, per_digit, guidance_scale, num_steps, seed_base, eta),
                 "generate_s": wall}
     labels = torch.arange(NUM_CLASSES).repeat_interleave(per_digit)
     start = time.perf_counter()

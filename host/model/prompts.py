@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DIGIT_WORDS", "DIRECTIONS", "SPEEDS", "VOCABULARY", "PAD", "EOS", "MAX_TOKENS",
+__all__ = ["DIGIT_WORDS", "DIRECTIONS", "SPEEDS", "VOCABULARY", "PAD", "EOS", "MASK", "MAX_TOKENS",
            "PromptSpec", "parse_prompt", "tokenize", "random_specs", "DEMO_PROMPTS",
            "demo_prompt"]
 
@@ -33,8 +33,8 @@ DIRECTIONS: dict[str, tuple[float, float]] = {
     "down-left": (math.sqrt(0.5), -math.sqrt(0.5)), "down-right": (math.sqrt(0.5), math.sqrt(0.5)),
 }
 SPEEDS: dict[str, float] = {"slow": 1.0, "fast": 2.0}   # pixels per frame along the direction
-PAD, EOS = "<pad>", "<eos>"
-VOCABULARY: tuple[str, ...] = (PAD, EOS, "a", "an", "and", "moving", "drifting", "apart",
+PAD, EOS, MASK = "<pad>", "<eos>", "<mask>"   # MASK: the text encoder's pretraining corruption
+VOCABULARY: tuple[str, ...] = (PAD, EOS, MASK, "a", "an", "and", "moving", "drifting", "apart",
                                *DIGIT_WORDS, *DIRECTIONS, *SPEEDS)
 MAX_TOKENS = 8           # "a three and a seven drifting apart" + <eos>
 _INDEX = {w: i for i, w in enumerate(VOCABULARY)}
@@ -90,7 +90,7 @@ def parse_prompt(text: str) -> PromptSpec:
     if not isinstance(text, str):
         raise ValueError(f"prompt {text!r}: expected a string")
     words = text.lower().split()
-    unknown = [w for w in words if w not in _INDEX or w in (PAD, EOS)]
+    unknown = [w for w in words if w not in _INDEX or w in (PAD, EOS, MASK)]
     forms = ("expected 'a DIGIT moving DIRECTION SPEED', 'a DIGIT and a DIGIT drifting apart' "
              f"or 'a DIGIT' (DIGIT in {'/'.join(DIGIT_WORDS)}; DIRECTION in "
              f"{'/'.join(DIRECTIONS)}; SPEED in {'/'.join(SPEEDS)})")

@@ -56,7 +56,8 @@ def _lr_factor(step: int, steps: int) -> float:
 def _ema_update(ema: torch.nn.Module, model: torch.nn.Module, step: int) -> None:
     decay = min(EMA_DECAY, (1 + step) / (10 + step))
     for pe, pm in zip(ema.parameters(), model.parameters()):
-        pe.mul_(decay).add_(pm, alpha=1 - decay)
+        if pm.requires_grad:       # frozen parts (the text encoder) stay as they are
+            pe.mul_(decay).add_(pm, alpha=1 - decay)
 
 
 def min_snr_weights(sched, t: torch.Tensor, gamma: float = MIN_SNR_GAMMA) -> torch.Tensor:
@@ -178,13 +179,18 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
     model = build_model(cfg, seed=seed).train()
     if init is None:
         latte_init(model)
+        if cfg.get("conditioning") == "text":
+            from .text_encoder import pretrain
+
+            pretrain(model.text_encoder, cfg["text_encoder"]["pretrain_steps"], seed=seed)
     else:
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(str(init)))
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     sched = DDPMScheduler(**cfg["scheduler"])
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed)
     data = cfg["data"]
     losses: list[float] = []
@@ -227,7 +233,7 @@ def train(steps: int, batch_size: int = BATCH, image_batch_size: int = IMAGE_BAT
             group["lr"] = lr * _lr_factor(step, steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         _ema_update(ema, model, step)
         losses.append(loss.item())

@@ -430,7 +430,7 @@ def tiny_text_config():
     cfg = copy.deepcopy(TEXT_CONFIG)
     cfg["transformer"].update(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
                               num_layers=2, sample_size=16, video_length=4, caption_channels=16)
-    cfg["text_encoder"].update(dim=16, layers=1, heads=2)
+    cfg["text_encoder"].update(dim=16, layers=1, heads=2, pretrain_steps=3)
     cfg["data"].update(frames=4, size=16, digit_size=8)
     return cfg
 
@@ -540,6 +540,78 @@ def test_text_model_cross_attention_depends_on_the_query_and_batch_is_invariant(
     assert torch.equal(full, single)
     out = seen["out"]                 # [B*F, query tokens, hidden]; one key would give equal rows
     assert not torch.equal(out[0], out[0, :1].expand_as(out[0]))
+
+
+def test_pretrained_text_encoder_keeps_every_word_and_reads_the_grammar():
+    """After pretraining, the tied head reads every word of held-out prompts back from the
+    encoder's output, a masked word is inferred from its context where the grammar fixes it,
+    and the ten digit words come out distinct."""
+    from coda.host.model.prompts import MASK, VOCABULARY, PromptSpec, parse_prompt, random_specs, tokenize
+    from coda.host.model.text_encoder import TextEncoder, pretrain, reconstruct
+
+    torch.manual_seed(0)
+    enc = TextEncoder()
+    tokens = tokenize(random_specs(200, torch.Generator().manual_seed(12345)))
+    out = pretrain(enc, 300, batch=128, lr=3e-3, seed=1)
+    assert out["steps"] == 300
+    enc.eval()
+    assert torch.equal(reconstruct(enc, tokens), tokens)
+    masked = tokenize([parse_prompt("a seven moving up fast")])
+    masked[0, 2] = VOCABULARY.index(MASK)                       # "moving" masked
+    assert VOCABULARY[int(reconstruct(enc, masked)[0, 2])] == "moving"
+    with torch.no_grad():
+        seq, _ = enc(tokenize([PromptSpec((d,)) for d in range(10)]))
+    digit = torch.nn.functional.normalize(seq[:, 1], dim=1)
+    cos = digit @ digit.T
+    assert cos[~torch.eye(10, dtype=torch.bool)].max() < 0.9
+    with pytest.raises(ValueError, match="expected >= 0, >= 1 and in \\[0, 1\\)"):
+        pretrain(enc, 1, mask_fraction=1.0)
+
+
+def test_text_diagnostics_see_merged_digit_words():
+    """The digit-word cosine is the largest over pairs of digit words: an encoder whose ten
+    digit embeddings are made one reads 1; the single-frame accuracy is over 10 x per_digit
+    frames."""
+    from coda.host.model.evaluate import text_diagnostics
+    from coda.host.model.prompts import DIGIT_WORDS, VOCABULARY
+
+    model = build_model(tiny_text_config(), seed=3).eval()
+    out = text_diagnostics(model, per_digit=1, guidance_scale=2.0, num_steps=2, seed_base=5,
+                           eta=0.0)
+    assert out["digit_word_cosine_max"] < 1 - 1e-3
+    assert out["still_digit_accuracy"] in {k / 10 for k in range(11)}
+    rows = [VOCABULARY.index(w) for w in DIGIT_WORDS]
+    with torch.no_grad():
+        emb = model.text_encoder.token_embedding.weight
+        emb[rows] = emb[rows[0]].clone()
+    merged = text_diagnostics(model, per_digit=1, guidance_scale=2.0, num_steps=2, seed_base=5,
+                              eta=0.0)
+    assert merged["digit_word_cosine_max"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_training_keeps_the_pretrained_text_encoder_frozen(tmp_path):
+    """coda train pretrains the text encoder, then trains everything else: the written
+    weights hold the encoder of a plain pretraining run, bit for bit, and the DiT moved."""
+    from safetensors.torch import load_file
+
+    from coda.host.model import train as train_mod
+    from coda.host.model.dit import latte_init
+    from coda.host.model.text_encoder import pretrain
+
+    cfg = tiny_text_config()
+    train_mod.train(steps=3, batch_size=2, image_batch_size=2, lr=1e-3, seed=4, log_every=1,
+                    config=cfg, weights=tmp_path / "w.safetensors", config_path=tmp_path / "w.json")
+    got = load_file(str(tmp_path / "w.safetensors"))
+    ref = build_model(copy.deepcopy(cfg), seed=4)
+    latte_init(ref)
+    start = {k: v.clone() for k, v in ref.state_dict().items()}
+    pretrain(ref.text_encoder, cfg["text_encoder"]["pretrain_steps"], seed=4)
+    for k, v in ref.state_dict().items():
+        if k.startswith("text_encoder."):
+            assert torch.equal(got[k], v), k
+    assert any(not torch.equal(got[k], start[k]) for k in start
+               if k.startswith("text_encoder.")), "pretraining changed nothing"
+    assert not torch.equal(got["pooled_projection.weight"], start["pooled_projection.weight"])
 
 
 def test_training_resumes_to_the_same_bits(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ def tiny_text_config():
     cfg = copy.deepcopy(TEXT_CONFIG)
     cfg["transformer"].update(num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
                               num_layers=2, caption_channels=16)
-    cfg["text_encoder"].update(dim=16, layers=1, heads=2)
+    cfg["text_encoder"].update(dim=16, layers=1, heads=2, pretrain_steps=3)
     return cfg        # the data's size (8 frames of 32 x 32): the classifier's
 
 
