@@ -26,6 +26,7 @@ from coda.hw.dram.standards import DRAMStandard, get_standard
 from coda.hw.nmp import MAX_RANKS, check_nme_mhz
 
 __all__ = ["GPU", "GPUS", "GPULink", "GPU_LINKS", "PCIE_PRESETS", "PCIeLink", "PCIE4_X16", "PCIE5_X16", "PCIE_LINKS", "NMPEfficiency", "NMP_EFFICIENCY",
+           "NMP_EFFICIENCY_FILE", "load_nmp_efficiency", "save_nmp_efficiency",
            "SEGMENT_UTIL", "SEGMENT_UTIL_TILE", "SEGMENT_UTIL_FILE", "load_segment_util",
            "save_segment_util", "segment_util_sources", "segment_utilisation",
            "Energy", "ENERGY", "Platform", "platform", "PLATFORM_NAMES", "DEFAULT_PLATFORM",
@@ -315,36 +316,102 @@ class NMPEfficiency:
     """Measured DRAM utilisation of one DIMM-NMP rank running long NME programs.
 
     ``util[(lanes, depth)] = (residual_add, segment4)``: bytes moved / peak bytes of the
-    cycles, from ``coda.experiments.design_space.sweep`` / ``coda.cosim.nmp.measure.measure_nmp``
-    on the DRAM-timed DIMM-NMP.
+    cycles (residual_add None where not measured); ``source``: each entry's command, date,
+    machine and NME. Built from :data:`NMP_EFFICIENCY_FILE`.
     """
     standard: str
     util: dict
     source: str
 
 
-_SWEEP_CMD = ("coda.experiments.design_space.sweep(lanes=(8,), depths=(64,) or (256,), dram=STD) on a "
-              "1 x 1 DIMM-NMP, 256 KiB streams (measured here for the system model, on the FR-FCFS "
-              "controller with the default bypass cap of 1; build/system/nmp_*.json)")
-NMP_EFFICIENCY: dict[str, NMPEfficiency] = {
-    "DDR5-4800": NMPEfficiency(
-        "DDR5-4800",
-        # segment4 utilisation = its elements/cycle (4 streams x 2 B = the 8 B/cycle peak)
-        {(8, 256): (0.8815, 0.8842), (8, 64): (0.8133, 0.8244),
-         (1, 256): (None, 0.149), (2, 256): (None, 0.311), (4, 256): (None, 0.617),
-         (16, 256): (None, 0.888), (32, 256): (None, 0.899)},
-        "measured here: make bench (docs/results.md: 2 x 2 DDR5-4800 DIMM-NMP, 8 lanes, depth "
-        "256, 256 KiB streams: 88.2 % / 88.4 % per rank; lanes sweep 0.149-0.899 "
-        "elements/cycle of the 4-stream segment, re-measured on the FR-FCFS controller: "
-        "coda.experiments.design_space.sweep(lanes=(n,), depths=(256,)), build/system/nmp_lanes*.json) "
-        "and " + _SWEEP_CMD),
-    "DDR4-3200": NMPEfficiency(
-        "DDR4-3200", {(8, 256): (0.8643, 0.8686), (8, 64): (0.688, 0.7139)},
-        "measured here: " + _SWEEP_CMD),
-    "LPDDR5-6400": NMPEfficiency(
-        "LPDDR5-6400", {(8, 256): (0.5919, 0.5818), (8, 64): (0.5393, 0.5415)},
-        "measured here: " + _SWEEP_CMD),
-}
+#: The measured DRAM utilisation of the residual add (3 streams) and the 4-stream segment of
+#: :func:`coda.cosim.nmp.measure.segment_programs` on the DRAM-timed DIMM-NMP, 256 KiB per
+#: stream: a data file, one entry per (standard, lanes, depth) with the NME it ran on and its
+#: provenance (command, date, machine), written by ``coda validate --measure-nmp --measure
+#: streams`` (:func:`save_nmp_efficiency`, from
+#: :func:`coda.host.system.validate.measure_stream_utilisation`).
+NMP_EFFICIENCY_FILE = Path(__file__).with_name("nmp_efficiency.json")
+
+
+def _read_entries(path: Path, need: set, ok, expected: str) -> list[dict]:
+    """The ``entries`` of a measured-table data file, each with the keys ``need`` and
+    passing ``ok``; ValueError naming the file, the entry and ``expected`` otherwise."""
+    import json
+
+    entries = json.loads(Path(path).read_text())["entries"]
+    for e in entries:
+        if not need <= set(e) or not ok(e):
+            raise ValueError(f"{path}: entry {e!r}: expected the keys {sorted(need)}, "
+                             f"{expected}")
+    return entries
+
+
+def _merge_entries(path: Path, new: list[dict], key, about: str, read) -> list[dict]:
+    """Merge ``new`` entries into a measured-table data file (``read`` loads it): an entry
+    replaces the one of the same ``key``, the others stay; written sorted with ``about``.
+    Returns the entries written."""
+    from coda.jsonout import json_text
+    from coda.paths import write_file
+
+    have = {key(e): e for e in (read(path) if Path(path).exists() else [])}
+    have.update({key(e): e for e in new})
+    entries = [have[k] for k in sorted(have)]
+    write_file(Path(path), json_text({"about": about, "entries": entries}, indent=1) + "\n")
+    return entries
+
+
+def _efficiency_key(e: dict) -> tuple:
+    return (e["dram"], int(e["lanes"]), int(e["depth"]))
+
+
+def _unit_or_none(u) -> bool:
+    return u is None or 0 < float(u) <= 1
+
+
+def load_nmp_efficiency(path: Path = NMP_EFFICIENCY_FILE) -> list[dict]:
+    """The entries of :data:`NMP_EFFICIENCY_FILE`: dicts ``dram``, ``lanes``, ``depth``,
+    ``stream_bytes``, ``nme`` (preset name and register stages), ``utilisation``
+    (``residual_add``: 0..1 or None, ``segment4``: 0..1) and ``provenance`` (``command``,
+    ``date``, ``machine``). Raises ValueError naming the file for an entry without those
+    keys or with a utilisation out of range."""
+    return _read_entries(
+        path, {"dram", "lanes", "depth", "stream_bytes", "nme", "utilisation", "provenance"},
+        lambda e: (_unit_or_none(e["utilisation"].get("residual_add"))
+                   and e["utilisation"].get("segment4") is not None
+                   and _unit_or_none(e["utilisation"]["segment4"])),
+        "utilisation.segment4 in (0, 1], utilisation.residual_add in (0, 1] or null")
+
+
+def save_nmp_efficiency(new: list[dict], path: Path = NMP_EFFICIENCY_FILE) -> list[dict]:
+    """Merge measured entries (as :func:`load_nmp_efficiency` returns them) into the data
+    file: an entry replaces the one of the same standard, lanes and depth. Returns the
+    entries written."""
+    return _merge_entries(
+        path, new, _efficiency_key,
+        "DRAM utilisation of long NME programs on one DIMM-NMP rank, per standard, lanes and "
+        "depth: bytes moved / peak bytes of the cycles of the residual add (3 streams; null: "
+        "not measured) and of the 4-stream segment; written by coda validate --measure-nmp "
+        "--measure streams (coda.host.system.platforms.NMP_EFFICIENCY_FILE)",
+        load_nmp_efficiency)
+
+
+def _efficiency_tables(entries: list[dict]) -> dict[str, NMPEfficiency]:
+    util: dict[str, dict] = {}
+    source: dict[str, list[str]] = {}
+    for e in entries:
+        u = e["utilisation"]
+        util.setdefault(e["dram"], {})[(int(e["lanes"]), int(e["depth"]))] = (
+            None if u.get("residual_add") is None else float(u["residual_add"]),
+            float(u["segment4"]))
+        pv = e["provenance"]
+        source.setdefault(e["dram"], []).append(
+            f"{e['lanes']} lanes x depth {e['depth']}: {pv['command']} ({pv['date']}, "
+            f"{pv['machine']}, NME {e['nme']['preset']})")
+    return {k: NMPEfficiency(k, util[k], "measured: " + "; ".join(source[k])) for k in util}
+
+
+#: :data:`NMP_EFFICIENCY_FILE` as tables per standard
+NMP_EFFICIENCY: dict[str, NMPEfficiency] = _efficiency_tables(load_nmp_efficiency())
 
 
 #: The measured DRAM utilisation of compiled K-term segment programs (x, K per-channel gate
@@ -379,40 +446,27 @@ def load_segment_util(path: Path = SEGMENT_UTIL_FILE) -> list[dict]:
     register stages), ``utilisation`` ({K: bytes streamed / peak bytes of the cycles}) and
     ``provenance`` (``command``, ``date``, ``machine``). Raises ValueError naming the file
     for an entry without those keys or with a table, form or utilisation out of range."""
-    import json
-
     from coda.host.nmp.link import SEGMENT_OUTPUTS
 
-    entries = json.loads(Path(path).read_text())["entries"]
-    for e in entries:
-        need = {"table", "segment_output", "dram", "lanes", "depth", "words_per_stream", "nme",
-                "utilisation", "provenance"}
-        if not need <= set(e) or e["table"] not in SEGMENT_UTIL_TABLES \
-                or e["segment_output"] not in SEGMENT_OUTPUTS \
-                or not all(0 < float(u) <= 1 for u in e["utilisation"].values()):
-            raise ValueError(f"{path}: entry {e!r}: expected the keys {sorted(need)}, table in "
-                             f"{SEGMENT_UTIL_TABLES}, segment_output in {SEGMENT_OUTPUTS}, "
-                             "utilisations in (0, 1]")
-    return entries
+    return _read_entries(
+        path, {"table", "segment_output", "dram", "lanes", "depth", "words_per_stream", "nme",
+               "utilisation", "provenance"},
+        lambda e: (e["table"] in SEGMENT_UTIL_TABLES and e["segment_output"] in SEGMENT_OUTPUTS
+                   and all(0 < float(u) <= 1 for u in e["utilisation"].values())),
+        f"table in {SEGMENT_UTIL_TABLES}, segment_output in {SEGMENT_OUTPUTS}, utilisations "
+        "in (0, 1]")
 
 
 def save_segment_util(new: list[dict], path: Path = SEGMENT_UTIL_FILE) -> list[dict]:
     """Merge measured entries (as :func:`load_segment_util` returns them) into the data file:
     an entry replaces the one of the same table, form, standard, lanes and depth, the others
     stay; written sorted, with the file's ``about``. Returns the entries written."""
-    from coda.jsonout import json_text
-    from coda.paths import write_file
-
-    have = {_entry_key(e): e for e in (load_segment_util(path) if Path(path).exists() else [])}
-    have.update({_entry_key(e): e for e in new})
-    entries = [have[k] for k in sorted(have)]
-    doc = {"about": "DRAM utilisation of compiled segment programs on the DRAM-timed "
-                    "DIMM-NMP, per table, segment form, standard, lanes and depth: {K: bytes "
-                    "streamed / peak bytes of the cycles}; written by coda validate "
-                    "--measure-nmp (coda.host.system.platforms.SEGMENT_UTIL_FILE)",
-           "entries": entries}
-    write_file(Path(path), json_text(doc, indent=1) + "\n")
-    return entries
+    return _merge_entries(
+        path, new, _entry_key,
+        "DRAM utilisation of compiled segment programs on the DRAM-timed DIMM-NMP, per table, "
+        "segment form, standard, lanes and depth: {K: bytes streamed / peak bytes of the "
+        "cycles}; written by coda validate --measure-nmp "
+        "(coda.host.system.platforms.SEGMENT_UTIL_FILE)", load_segment_util)
 
 
 def _tables(entries: list[dict]) -> tuple[dict, dict]:
@@ -524,7 +578,7 @@ def nmp_efficiency(standard: str, lanes: int, depth: int, streams: int) -> float
         have = {k: sorted(v.util) for k, v in NMP_EFFICIENCY.items()}
         raise ValueError(f"no DIMM-NMP measurement for {standard} with {lanes} lanes, depth "
                          f"{depth}: measured (lanes, depth) are {have} (run "
-                         "coda.experiments.design_space sweep to add one)")
+                         "coda.host.system.validate.measure_stream_utilisation to add one)")
     add, seg = row
     return seg if streams >= 4 or add is None else add
 

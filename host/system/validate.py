@@ -26,7 +26,7 @@ from coda.paths import write_file
 
 __all__ = ["PUBLISHED", "PUBLISHED_SCALING", "SCALING_TOLERANCE", "validate",
            "validate_scaling", "bench", "measure_segment_utilisation",
-           "measure_tile_utilisation", "dram_check", "run_check", "ValidateConfig", "CONFIG",
+           "measure_tile_utilisation", "measure_stream_utilisation", "dram_check", "run_check", "ValidateConfig", "CONFIG",
            "configure", "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
@@ -433,6 +433,34 @@ def dram_check(depth: int = 64, ks=(1, 2, 4, 8), dram: str = DEFAULT_STANDARD,
 #: the DRAM presets and depths ``--measure-nmp`` measures: long streams, tiles
 MEASURE_LONG = (("DDR5-4800", "DDR4-3200", "LPDDR5-6400"), (256, 64))
 MEASURE_TILE = (("DDR5-4800", "DDR4-3200"), (64, 256))
+#: the (standard, lanes, depth) of ``--measure streams``: 8 lanes at both depths on every
+#: preset, and DDR5-4800's lanes sweep (what the system model's lanes options read)
+MEASURE_STREAMS = tuple([(std, 8, d) for std in MEASURE_LONG[0] for d in (64, 256)]
+                        + [("DDR5-4800", n, 256) for n in (1, 2, 4, 16, 32)])
+#: bytes per stream of ``--measure streams`` (long programs: launch costs vanish)
+STREAM_BYTES = 256 * 1024
+
+
+def measure_stream_utilisation(dram: str, lanes: int, depth: int,
+                               stream_bytes: int = STREAM_BYTES) -> dict:
+    """DRAM utilisation of the residual add (3 streams) and the 4-stream segment of
+    :func:`coda.cosim.nmp.measure.segment_programs` on a 1 x 1 DRAM-timed DIMM-NMP of the
+    default NME with ``lanes`` lanes and ``depth`` words per block, ``stream_bytes`` per
+    stream: rank 0's bytes moved / peak bytes of the cycles (one Verilator build).
+    Returns {"dram", "lanes", "depth", "stream_bytes", "utilisation": {"residual_add",
+    "segment4"}}. Raises ValueError for lanes or depth < 1 or fewer bytes than one word."""
+    from coda.cosim.nmp.measure import PROGRAM_STREAMS, mem_words, measure_nmp
+    from coda.hw.dram.standards import get_standard
+
+    if lanes < 1 or depth < 1 or stream_bytes < 2 * lanes:
+        raise ValueError(f"lanes={lanes}, depth={depth}, stream_bytes={stream_bytes}: expected "
+                         f">= 1, >= 1 and at least one word ({2 * max(lanes, 1)} bytes)")
+    std = get_standard(dram)
+    words = stream_bytes // (2 * lanes)
+    r = measure_nmp(NMEConfig(lanes=lanes, depth=depth, mem_words=mem_words(words)), std.name,
+                    1, 1, stream_words=words)
+    return {"dram": std.name, "lanes": lanes, "depth": depth, "stream_bytes": stream_bytes,
+            "utilisation": {p: r[p]["ranks"][0]["utilisation"] for p in PROGRAM_STREAMS}}
 
 
 def _util_entry(table: str, m: dict, provenance: dict) -> dict:
@@ -441,16 +469,22 @@ def _util_entry(table: str, m: dict, provenance: dict) -> dict:
     :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`, with the NME it ran on (the
     default NME, :data:`coda.hw.nme.isa.DEFAULT_PRESET`: the measurements build
     ``NMEConfig`` without latencies) and ``provenance``."""
-    from coda.hw.nme.isa import DEFAULT_PRESET, NME_PRESETS
-
     ranks = m.get("ranks", 1)
     words = m.get("words_per_stream", -(-m["tokens"] * m["channels"] // m["lanes"]))
     return {"table": table, "segment_output": m["segment_output"], "dram": m["dram"],
             "lanes": m["lanes"], "depth": m["depth"], "tokens": m["tokens"],
             "channels": m["channels"], "ranks": ranks, "words_per_stream": words,
-            "nme": {"preset": DEFAULT_PRESET, **NME_PRESETS[DEFAULT_PRESET].units()},
+            "nme": _nme_of_measurement(),
             "utilisation": {str(k): v for k, v in m["utilisation"].items()},
             "provenance": provenance}
+
+
+def _nme_of_measurement() -> dict:
+    """The NME the measurements ran on: the default preset (they build ``NMEConfig`` without
+    latencies, :data:`coda.hw.nme.isa.DEFAULT_PRESET`), its name and register stages."""
+    from coda.hw.nme.isa import DEFAULT_PRESET, NME_PRESETS
+
+    return {"preset": DEFAULT_PRESET, **NME_PRESETS[DEFAULT_PRESET].units()}
 
 
 def provenance(command: str) -> dict:
@@ -466,18 +500,20 @@ def provenance(command: str) -> dict:
 
 
 def _measure_nmp(out: Path, form: str, what: str, drams: tuple[str, ...] | None = None,
-                 util_file: Path | None = None) -> None:
-    """--measure-nmp: the segment utilisation tables of ``form`` (``what``: "long", "tile"
-    or "all") for the presets ``drams`` (None: :data:`MEASURE_LONG`'s and
-    :data:`MEASURE_TILE`'s), JSON files suffixed with the form under ``out``, each
-    measurement merged into the data file ``util_file`` (default
-    :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`) with its provenance; and the
-    segment check (``"all"``)."""
-    from .platforms import SEGMENT_UTIL_FILE, save_segment_util
+                 util_file: Path | None = None, eff_file: Path | None = None) -> None:
+    """--measure-nmp: the segment utilisation tables of ``form`` (``what``: "long", "tile",
+    "streams" or "all") for the presets ``drams`` (None: :data:`MEASURE_LONG`'s,
+    :data:`MEASURE_TILE`'s and :data:`MEASURE_STREAMS`'), JSON files under ``out``, each
+    measurement merged into its data file, ``util_file`` (default
+    :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`) or, for the streams,
+    ``eff_file`` (default :data:`coda.host.system.platforms.NMP_EFFICIENCY_FILE`), with its
+    provenance; and the segment check (``"all"``)."""
+    from .platforms import NMP_EFFICIENCY_FILE, SEGMENT_UTIL_FILE, save_nmp_efficiency, save_segment_util
 
     util_file = SEGMENT_UTIL_FILE if util_file is None else util_file
-    command = (f"coda validate --measure-nmp --measure {what} --segment-output {form}"
-               + (f" --drams {','.join(drams)}" if drams else ""))
+    eff_file = NMP_EFFICIENCY_FILE if eff_file is None else eff_file
+    only = f" --drams {','.join(drams)}" if drams else ""
+    command = f"coda validate --measure-nmp --measure {what} --segment-output {form}{only}"
     out.mkdir(parents=True, exist_ok=True)
     if what in ("long", "all"):
         util = [measure_segment_utilisation(std, depth, segment_output=form)
@@ -498,6 +534,16 @@ def _measure_nmp(out: Path, form: str, what: str, drams: tuple[str, ...] | None 
         for u in tile:
             print(form, u["dram"], "depth", u["depth"], "tile", u["words_per_stream"], "words",
                   u["utilisation"])
+    if what in ("streams", "all"):
+        streams = [measure_stream_utilisation(std, lanes, depth)
+                   for std, lanes, depth in MEASURE_STREAMS if not drams or std in drams]
+        write_file(out / "stream_util.json", json_text(streams, indent=1) + "\n")
+        # the streams do not depend on the segment form: their command omits it
+        where = provenance(f"coda validate --measure-nmp --measure {what}{only}")
+        save_nmp_efficiency([{**m, "nme": _nme_of_measurement(), "provenance": where}
+                             for m in streams], eff_file)
+        for m in streams:
+            print(m["dram"], m["lanes"], "lanes, depth", m["depth"], m["utilisation"])
     if what == "all":
         check = dram_check(64, segment_output=form) + dram_check(256, segment_output=form)
         write_file(out / f"dram_check-{form}.json", json_text(check, indent=1) + "\n")
@@ -520,8 +566,9 @@ class ValidateConfig:
                                "times on the DRAM-timed DIMM-NMP cosimulation (Verilator, "
                                "minutes)")
     measure: str = option("all", "with --measure-nmp: only the long-stream table (long), only "
-                          "the tile table (tile), or both and the segment check (all)",
-                          choices=("all", "long", "tile"))
+                          "the tile table (tile), only the residual add's and 4-stream "
+                          "segment's utilisation (streams), or all three and the segment "
+                          "check (all)", choices=("all", "long", "tile", "streams"))
     check_nmp: bool = option(False, "only the check of a short real generation (6 steps, PAB, "
                              "one prompt) on the 1 x 2 DRAM-timed DIMM-NMP against the model, "
                              "DDR5-4800 / DDR4-3200 x depth 64 / 256 (run_check-FORM.json)")
@@ -600,6 +647,9 @@ def main(cfg: ValidateConfig) -> int:
     6. the NME time of segments of the shipped model's shape (K = 1, 2, 4, 8, fresh slots) as
        the DRAM-timed DIMM-NMP cosimulation measures it against
        :func:`coda.host.system.nme.segment_timing` (``dram_check.json``);
+    7. the utilisation of the residual add and the 4-stream segment over 256 KiB streams on
+       one rank, :data:`MEASURE_STREAMS` (``--measure streams``; ``stream_util.json``), merged
+       into :data:`coda.host.system.platforms.NMP_EFFICIENCY_FILE`;
 
     and with ``--measure-nmp`` or ``--check-nmp`` (seconds per configuration):
 

@@ -1,7 +1,7 @@
-"""The measured DRAM utilisation of segment programs as a data file
-(``host/system/segment_util.json``, issue 64 item 2): written by the command that measures it
-(``coda validate --measure-nmp``) with its provenance and NME, read into the system model's
-tables."""
+"""The measured DRAM utilisation of segment programs and of the residual add / 4-stream
+segment as data files (``host/system/segment_util.json``, ``nmp_efficiency.json``, issue 64
+item 2): written by the command that measures them (``coda validate --measure-nmp``) with
+their provenance and NME, read into the system model's tables."""
 
 from __future__ import annotations
 
@@ -136,3 +136,73 @@ def test_validate_main_starts_from_its_config(tmp_path, capsys):
     assert main(["validate", "--out", str(out), "--check-nmp", "--drams", "DDR5-9999"]) == 2
     assert "--drams 'DDR5-9999'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _eff(dram="DDR5-4800", lanes=8, depth=256, add=0.5, seg=0.75, date="d"):
+    return {"dram": dram, "lanes": lanes, "depth": depth, "stream_bytes": 262144,
+            "nme": {"preset": "timing-closed", "mul_latency": 5, "add_latency": 7,
+                    "operand_latency": 1},
+            "utilisation": {"residual_add": add, "segment4": seg},
+            "provenance": {"command": "c", "date": date, "machine": "m"}}
+
+
+def test_nmp_efficiency_is_its_data_file_each_entry_with_its_provenance():
+    entries = platforms.load_nmp_efficiency()
+    assert entries and platforms.NMP_EFFICIENCY_FILE.name == "nmp_efficiency.json"
+    for e in entries:
+        u = e["utilisation"]
+        assert platforms.NMP_EFFICIENCY[e["dram"]].util[(e["lanes"], e["depth"])] == \
+            (u["residual_add"], u["segment4"])
+        assert platforms.nmp_efficiency(e["dram"], e["lanes"], e["depth"], 4) == u["segment4"]
+        assert platforms.nmp_efficiency(e["dram"], e["lanes"], e["depth"], 3) == \
+            (u["segment4"] if u["residual_add"] is None else u["residual_add"])
+        assert set(e["provenance"]) == {"command", "date", "machine"}
+        assert set(e["nme"]) == {"preset", "mul_latency", "add_latency", "operand_latency"}
+        assert e["provenance"]["date"] in platforms.NMP_EFFICIENCY[e["dram"]].source
+    assert len(entries) == sum(len(v.util) for v in platforms.NMP_EFFICIENCY.values())
+    with pytest.raises(ValueError, match="no DIMM-NMP measurement for DDR5-4800 with 3 lanes"):
+        platforms.nmp_efficiency("DDR5-4800", 3, 256, 4)
+
+
+def test_save_nmp_efficiency_merges_by_standard_lanes_and_depth(tmp_path):
+    path = tmp_path / "e.json"
+    platforms.save_nmp_efficiency([_eff(), _eff(depth=64)], path)
+    platforms.save_nmp_efficiency([_eff(add=None, seg=0.25, date="new"), _eff(lanes=4)], path)
+    got = platforms.load_nmp_efficiency(path)
+    assert [(e["lanes"], e["depth"]) for e in got] == [(4, 256), (8, 64), (8, 256)]
+    assert got[2]["utilisation"] == {"residual_add": None, "segment4": 0.25}
+    assert got[2]["provenance"]["date"] == "new"
+    assert "--measure streams" in json.loads(path.read_text())["about"]
+    for bad in (_eff(seg=1.5), _eff(add=0.0), _eff(seg=None)):
+        path.write_text(json.dumps({"entries": [bad]}))
+        with pytest.raises(ValueError, match="utilisation.segment4 in \\(0, 1\\]"):
+            platforms.load_nmp_efficiency(path)
+
+
+def test_measure_streams_writes_what_it_measured_with_command_date_machine(tmp_path, monkeypatch):
+    """--measure streams measures each configuration of MEASURE_STREAMS of the chosen
+    presets and merges it into the efficiency file with the default NME and its provenance
+    (a command without the segment form, which the streams do not depend on)."""
+    seen, real = [], validate.measure_stream_utilisation
+
+    def streams(std, lanes, depth):
+        seen.append((std, lanes, depth))
+        return {"dram": std, "lanes": lanes, "depth": depth, "stream_bytes": 262144,
+                "utilisation": {"residual_add": 0.5, "segment4": 0.625}}
+
+    monkeypatch.setattr(validate, "measure_stream_utilisation", streams)
+    path = tmp_path / "e.json"
+    validate._measure_nmp(tmp_path / "out", "sum", "streams", ("DDR4-3200",), eff_file=path)
+    assert seen == [c for c in validate.MEASURE_STREAMS if c[0] == "DDR4-3200"] and seen
+    got = platforms.load_nmp_efficiency(path)
+    assert [(e["dram"], e["lanes"], e["depth"]) for e in got] == sorted(seen)
+    from coda.hw.nme.isa import DEFAULT_PRESET, NME_PRESETS
+
+    for e in got:
+        assert e["nme"] == {"preset": DEFAULT_PRESET, **NME_PRESETS[DEFAULT_PRESET].units()}
+        assert e["provenance"]["command"] == ("coda validate --measure-nmp --measure streams "
+                                              "--drams DDR4-3200")
+        assert e["utilisation"] == {"residual_add": 0.5, "segment4": 0.625}
+    assert json.loads((tmp_path / "out" / "stream_util.json").read_text())[0]["lanes"] == 8
+    with pytest.raises(ValueError, match="lanes=0"):
+        real("DDR5-4800", 0, 256)
