@@ -149,14 +149,16 @@ def generate(model, labels, *, num_steps: int = DEFAULT_STEPS,
 def _predict(model, x, t, labels, null, step, num_steps, cfg_mode):
     transformer = model.transformer
     tt = torch.full((x.shape[0],), int(t), dtype=torch.long, device=x.device)
+    temporal = x.shape[2] > 1      # single images skip the temporal blocks, as in training
     if cfg_mode == "batched":
         with transformer.cache_context("uncond|cond", step_index=step, num_inference_steps=num_steps):
-            out = model(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([null, labels]))
+            out = model(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([null, labels]),
+                        temporal=temporal)
         return out.chunk(2)
     with transformer.cache_context("uncond", step_index=step, num_inference_steps=num_steps):
-        uncond = model(x, tt, null)
+        uncond = model(x, tt, null, temporal=temporal)
     with transformer.cache_context("cond", step_index=step, num_inference_steps=num_steps):
-        cond = model(x, tt, labels)
+        cond = model(x, tt, labels, temporal=temporal)
     return uncond, cond
 
 

@@ -230,15 +230,21 @@ def test_changing_the_step_count_between_runs():
     assert torch.equal(longer, generate(model, [6], num_steps=9))
 
 
-def test_second_generation_with_other_frames_and_size_equals_a_fresh_process(tmp_path):
+def test_second_generation_with_another_size_equals_a_fresh_process(tmp_path):
+    """A generation of another size after a first one gives the bits of a fresh process;
+    single images (which skip the temporal blocks, as in training) are refused by the
+    engine, which runs the full spatio-temporal model, with the reason."""
     model = tiny_model()
     cached(model, nmp_driver())
     first = generate(model, [3], num_steps=STEPS, frames=4, size=16)
-    second = generate(model, [3], num_steps=STEPS, frames=1, size=8)
-    assert first.shape == (1, 1, 4, 16, 16) and second.shape == (1, 1, 1, 8, 8)
+    with pytest.raises(ValueError, match="enable_temporal_attentions=False: the CODA cache "
+                                         "engine runs the full spatio-temporal Latte only"):
+        generate(model, [3], num_steps=STEPS, frames=1, size=8)
+    second = generate(model, [3], num_steps=STEPS, frames=4, size=8)
+    assert first.shape == (1, 1, 4, 16, 16) and second.shape == (1, 1, 4, 8, 8)
     out = tmp_path / "second.pt"
     script = _TINY_SRC + textwrap.dedent(f"""
-        video = generate(model, [3], num_steps={STEPS}, frames=1, size=8)
+        video = generate(model, [3], num_steps={STEPS}, frames=4, size=8)
         torch.save(video, {str(out)!r})
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)

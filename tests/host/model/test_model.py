@@ -213,6 +213,24 @@ def test_quality_metrics_known_values():
         video_psnr(ref, ref[:1])
 
 
+def test_single_images_skip_the_temporal_blocks_as_in_training(monkeypatch):
+    """generate(frames=1) runs the model as its single frames were trained (Latte's
+    image-video joint training: no temporal blocks); videos run them."""
+    model = build_model(tiny_config(), seed=2).eval()
+    seen = []
+    real = type(model).forward
+
+    def spy(self, sample, timestep, labels, temporal=True):
+        seen.append((sample.shape[2], temporal))
+        return real(self, sample, timestep, labels, temporal=temporal)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    generate(model, [4], num_steps=2, frames=1)
+    generate(model, [4], num_steps=2)
+    frames = model.config["data"]["frames"]
+    assert seen == [(1, False)] * 2 + [(frames, True)] * 2
+
+
 def test_cached_generate_reports_and_detaches():
     from coda.host.nme.backend import TorchBackend
     from coda.host.cache.engine import get_coda_cache_hook
