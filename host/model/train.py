@@ -1,6 +1,7 @@
 """Train the shipped video DiT on moving digits: ``coda train``.
 
-Two stages run one after the other by the default command: stage 1 (``--steps`` 7,000),
+Two stages run one after the other by the default command: stage 1 (``--steps``, the
+model's recipe: 7,000 for the digit model, 5,000 for the text model),
 Latte's image-video joint training from Latte's initialisation, and stage 2
 (``--video-steps`` 5,000), videos only from stage 1's EMA weights, so that every step trains
 the temporal blocks. :func:`train` runs one stage; :func:`main` the command. Training stops
@@ -33,7 +34,6 @@ __all__ = ["train", "training_batch", "stage1_path", "TrainConfig", "configure",
 
 LABEL_DROPOUT = 0.1
 WARMUP_STEPS = 200
-STEPS = 7000           # stage 1 of the recipe: videos + single frames (image-video joint)
 BATCH = 8
 IMAGE_BATCH = 64
 LR = 1e-3
@@ -280,7 +280,9 @@ _RECIPE = "the shipped recipe"
 class TrainConfig:
     """Every option of ``coda train`` with its default (the one source of them: the
     recipe's constants of this module)."""
-    steps: int = option(STEPS, "stage 1 steps", unit="steps", source=_RECIPE)
+    steps: int = option(None, "stage 1 steps", type=int, unit="steps",
+                        default_text="the model's recipe, ShippedModel.stage1_steps: "
+                        + ", ".join(f"{m.stage1_steps:,} ({k})" for k, m in MODELS.items()))
     batch_size: int = option(BATCH, "stage 1 videos per step", source=_RECIPE)
     image_batch_size: int = option(IMAGE_BATCH, "stage 1 single frames per step (image-video "
                                    "joint training; 0 = off)", source=_RECIPE)
@@ -341,6 +343,7 @@ def main(cfg: TrainConfig) -> int:
     if cfg.state_every < 0:
         raise ValueError(f"--state-every {cfg.state_every}: expected >= 0")
     chosen = MODELS[cfg.model]
+    steps = chosen.stage1_steps if cfg.steps is None else cfg.steps
     model_config, default_weights, default_config = chosen.config, chosen.weights, chosen.config_file
     weights = Path(cfg.weights) if cfg.weights is not None else default_weights
     config = (Path(cfg.config) if cfg.config is not None
@@ -356,7 +359,7 @@ def main(cfg: TrainConfig) -> int:
     state = Path(cfg.state_dir)
     torch.set_num_threads(cfg.threads)
     if cfg.stage in ("all", "1"):
-        train(cfg.steps, cfg.batch_size, cfg.image_batch_size, cfg.lr, cfg.seed, first,
+        train(steps, cfg.batch_size, cfg.image_batch_size, cfg.lr, cfg.seed, first,
               first.with_suffix(".json") if cfg.video_steps else config, cfg.log_every,
               cfg.checkpoint_every, cfg.snr_gamma, config=model_config,
               state_path=state / f"{weights.stem}_stage1.pt", state_every=cfg.state_every,

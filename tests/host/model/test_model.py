@@ -177,27 +177,32 @@ def test_shipped_weights_are_small_and_load():
     assert CONFIG_FILE.exists() and not model.training
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_shipped_training_logs_are_the_recipe(stage):
+@pytest.mark.parametrize("model, stage", [("digits", 1), ("digits", 2), ("text", 1)])
+def test_shipped_training_logs_are_the_recipe(model, stage):
     """The shipped weights' training logs were written by the recipe's defaults: the header's
-    steps and batches are the defaults of that stage, and every logged learning rate is the
-    peak times the warm-up + cosine factor of that step (``_lr_factor``), to the log's digits."""
+    steps and batches are the defaults of that model and stage, and every logged learning
+    rate is the peak times the warm-up + cosine factor of that step (``_lr_factor``), to the
+    log's digits."""
     import re
 
     from coda.host.model import train as recipe
+    from coda.host.model.dit import MODELS
 
-    steps, batch, images, peak = ((recipe.STEPS, recipe.BATCH, recipe.IMAGE_BATCH, recipe.LR)
+    chosen = MODELS[model]
+    steps, batch, images, peak = ((chosen.stage1_steps, recipe.BATCH, recipe.IMAGE_BATCH, recipe.LR)
                                   if stage == 1 else
                                   (recipe.VIDEO_STEPS, recipe.VIDEO_BATCH, 0, recipe.VIDEO_LR))
-    lines = (WEIGHTS_FILE.parent / f"train_stage{stage}.log").read_text().splitlines()
-    assert lines[0] == (f"training {sum(p.numel() for p in build_model().parameters())} "
-                        f"parameters for {steps} steps, batch {batch} videos + {images} images")
+    name = f"train_stage{stage}.log" if model == "digits" else f"train_{model}_stage{stage}.log"
+    lines = (WEIGHTS_FILE.parent / name).read_text().splitlines()
+    params = sum(p.numel() for p in build_model(chosen.config).parameters())
+    assert lines[0] == (f"training {params} parameters for {steps} steps, batch {batch} videos "
+                        f"+ {images} images")
     logged = [re.match(r"step\s+(\d+)\s+loss \S+\s+lr (\S+)", line) for line in lines[1:-1]]
     assert all(logged) and int(logged[-1][1]) == steps
     for m in logged:
         step = int(m[1])
         assert float(m[2]) == pytest.approx(peak * recipe._lr_factor(step - 1, steps), rel=5e-3)
-    assert lines[-1].startswith(f"done: {steps} steps in ")
+    assert lines[-1].startswith(f"done: {steps} steps ")
 
 
 def test_quality_metrics_known_values():
@@ -630,6 +635,23 @@ def test_training_keeps_the_pretrained_text_encoder_frozen(tmp_path):
     assert any(not torch.equal(got[k], start[k]) for k in start
                if k.startswith("text_encoder.")), "pretraining changed nothing"
     assert not torch.equal(got["pooled_projection.weight"], start["pooled_projection.weight"])
+
+
+def test_train_takes_stage_1_length_from_the_models_recipe(tmp_path, monkeypatch):
+    """coda train's stage 1 runs the chosen model's recipe length unless --steps says
+    otherwise."""
+    from coda.host.model import train as train_mod
+    from coda.host.model.dit import MODELS
+
+    got = []
+    monkeypatch.setattr(train_mod, "train", lambda steps, *a, **k: got.append(steps))
+    for model in MODELS:
+        train_mod.main(train_mod.TrainConfig(model=model, video_steps=0,
+                                             weights=tmp_path / f"{model}.safetensors"))
+    train_mod.main(train_mod.TrainConfig(model="text", video_steps=0, steps=3,
+                                         weights=tmp_path / "t.safetensors"))
+    assert got == [m.stage1_steps for m in MODELS.values()] + [3]
+    assert MODELS["digits"].stage1_steps == 7000 and MODELS["text"].stage1_steps == 5000
 
 
 def test_training_resumes_to_the_same_bits(tmp_path, monkeypatch):
