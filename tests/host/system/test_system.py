@@ -415,12 +415,14 @@ def test_schedule_coda_refused_until_shipped(tmp_path, digits_shape):
 
 
 def test_segment_utilisation_table():
-    from coda.host.system.platforms import SEGMENT_UTIL, SEGMENT_UTIL_TILE, segment_utilisation
+    from coda.host.system.platforms import (NMP_EFFICIENCY, SEGMENT_UTIL, SEGMENT_UTIL_TILE,
+                                            segment_utilisation)
 
     t = SEGMENT_UTIL["sum"][("DDR5-4800", 8, 256)]
     assert segment_utilisation("DDR5-4800", 8, 256, 4) == t[4]
     assert segment_utilisation("ddr5_4800", 8, 256, 5) == pytest.approx((t[4] + t[6]) / 2)
-    assert segment_utilisation("DDR5-4800", 2, 256, 3) == 0.311     # lanes sweep fallback
+    # without a segment table: the 4-stream segment's of the lanes sweep
+    assert segment_utilisation("DDR5-4800", 2, 256, 3) == NMP_EFFICIENCY["DDR5-4800"].util[(2, 256)][1]
     with pytest.raises(ValueError, match="no DIMM-NMP measurement"):
         segment_utilisation("DDR5-4800", 4, 64, 1)
     # each form its own measurement: the tile table for the shipped model's tiles
