@@ -259,10 +259,11 @@ class TextLatte(nn.Module):
 
     The prompt's token sequence (:func:`coda.host.model.prompts.tokenize`) is encoded by
     :class:`~coda.host.model.text_encoder.TextEncoder` (frozen: ``coda train`` pretrains it
-    on prompts for ``config["text_encoder"]["pretrain_steps"]`` steps, then trains the rest) into ``encoder_hidden_states``
-    [B, MAX_TOKENS, caption_channels] that every spatial block cross-attends to (padding
-    zeroed, no mask, as Wan does); its pooled vector, projected to the hidden size, is added
-    to the adaLN-single timestep embedding (HunyuanVideo's and SD3's pooled text path).
+    on prompts for ``config["text_encoder"]["pretrain_steps"]`` steps, then trains the rest)
+    into ``encoder_hidden_states`` [B, MAX_TOKENS, caption_channels] that every spatial block
+    cross-attends to (padding zeroed, no mask, as Wan does); its pooled vector, projected to
+    the hidden size, is added to the adaLN-single timestep embedding (HunyuanVideo's and SD3's
+    pooled text path).
 
     Attributes:
         transformer: the ``diffusers.LatteTransformer3DModel`` (cache hooks attach here).

@@ -236,7 +236,7 @@ def text_diagnostics(model, per_digit: int, guidance_scale: float, num_steps: in
     stills = [PromptSpec((d,)) for d in range(NUM_CLASSES) for _ in range(per_digit)]
     frames = generate(model, stills, num_steps=num_steps, guidance_scale=guidance_scale,
                       seed=seed_base, eta=eta, frames=1)
-    pred = digit_classifier().svc.predict(frame_features(frames[:, 0, 0]))
+    pred = digit_classifier().predict_frames(frames)[:, 0]
     with torch.no_grad():
         seq, _ = model.text_encoder(tokenize([PromptSpec((d,)) for d in range(NUM_CLASSES)]))
     words = torch.nn.functional.normalize(seq[:, 1], dim=1)

@@ -26,7 +26,8 @@ from coda.paths import write_file
 
 __all__ = ["PUBLISHED", "PUBLISHED_SCALING", "SCALING_TOLERANCE", "validate",
            "validate_scaling", "bench", "measure_segment_utilisation",
-           "measure_tile_utilisation", "measure_stream_utilisation", "dram_check", "run_check", "ValidateConfig", "CONFIG",
+           "measure_tile_utilisation", "measure_stream_utilisation", "dram_check", "run_check",
+           "ValidateConfig", "CONFIG",
            "configure", "main"]
 
 #: published generation times: model, size, frames, steps, GPU, seconds, source, quote
@@ -508,7 +509,8 @@ def _measure_nmp(out: Path, form: str, what: str, drams: tuple[str, ...] | None 
     :data:`coda.host.system.platforms.SEGMENT_UTIL_FILE`) or, for the streams,
     ``eff_file`` (default :data:`coda.host.system.platforms.NMP_EFFICIENCY_FILE`), with its
     provenance; and the segment check (``"all"``)."""
-    from .platforms import NMP_EFFICIENCY_FILE, SEGMENT_UTIL_FILE, save_nmp_efficiency, save_segment_util
+    from .platforms import (NMP_EFFICIENCY_FILE, SEGMENT_UTIL_FILE, save_nmp_efficiency,
+                            save_segment_util)
 
     util_file = SEGMENT_UTIL_FILE if util_file is None else util_file
     eff_file = NMP_EFFICIENCY_FILE if eff_file is None else eff_file

@@ -569,7 +569,8 @@ def test_pretrained_text_encoder_keeps_every_word_and_reads_the_grammar():
     """After pretraining, the tied head reads every word of held-out prompts back from the
     encoder's output, a masked word is inferred from its context where the grammar fixes it,
     and the ten digit words come out distinct."""
-    from coda.host.model.prompts import MASK, VOCABULARY, PromptSpec, parse_prompt, random_specs, tokenize
+    from coda.host.model.prompts import (MASK, VOCABULARY, PromptSpec, parse_prompt, random_specs,
+                                         tokenize)
     from coda.host.model.text_encoder import TextEncoder, pretrain, reconstruct
 
     torch.manual_seed(0)
